@@ -1,0 +1,74 @@
+// CPU kernels: the reference implementation of every op, fp32 compute.
+// Weights come as TensorViews in f32, f16 or bf16 and are converted on the fly.
+// All functions are blocking and parallelise internally with oneTBB; call them from
+// inside the CPU device's tbb::task_arena to bound the threads. Thread-safe (no state).
+//
+// Determinism contract (tests rely on it): the value computed for one row/sequence never
+// depends on how many other rows are in the call, on their contents, or on the thread
+// count. A batch of prompts therefore gives bit-identical results to each prompt alone.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace flexh2o::cpu {
+
+enum class Epilogue {
+  kStore,       // y = x W^T + b
+  kRelu,        // y = max(0, x W^T + b)
+  kAccumulate,  // y += x W^T + b   (residual add)
+};
+
+// y[M,N] = epilogue(x[M,K] . w[N,K]^T + bias[N]). w: f32/f16/bf16, row-major [N, K] (the
+// Hugging Face nn.Linear layout). bias: null or [N] of any float dtype. x and y must not alias.
+void linear(const float* x, int64_t M, int64_t K, const TensorView& w, const TensorView* bias,
+            float* y, Epilogue ep);
+
+// out[t, :] = table[ids[t], :] as fp32. table: [V, D]. ids are checked against V (throws).
+void embedding(const int32_t* ids, int64_t T, const TensorView& table, float* out);
+// out[t, :] += table[rows[t], :] (learned position embeddings). rows checked against V.
+void add_embedding(const int32_t* rows, int64_t T, const TensorView& table, float* out);
+
+// y = (x - mean) / sqrt(var + eps) * gamma + beta, per row of D. x and y may alias.
+void layernorm(const float* x, int64_t M, int64_t D, const TensorView& gamma,
+               const TensorView& beta, float eps, float* y);
+// y = x / sqrt(mean(x^2) + eps) * gamma, per row of D. x and y may alias.
+void rmsnorm(const float* x, int64_t M, int64_t D, const TensorView& gamma, float eps, float* y);
+
+// Rotary embedding in the Hugging Face (non-interleaved, rotate_half) layout, in place.
+// x: T rows, row t at x + t*row_stride holding n_heads*head_dim floats; row t is rotated
+// by position positions[t]; inv_freq[i] = theta^(-2i/head_dim).
+void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
+            const int32_t* positions, float theta);
+
+// gate[i] = silu(gate[i]) * up[i] for i < n.
+void silu_mul(float* gate, const float* up, int64_t n);
+
+// Copies T new rows per sequence into a KV cache [B, kv_heads, capacity, head_dim] at slots
+// [slot0, slot0+T). src row (b,t) at src + (b*T + t)*src_stride holds kv_heads*head_dim floats.
+void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
+              int64_t head_dim, float* cache, int64_t capacity, int64_t slot0);
+
+// Causal softmax attention of tq new queries per sequence over the first n_keys slots of a
+// KV cache. Query t of sequence b sits at slot n_keys - tq + t and attends to slots
+// [key_start[b], that slot]; slots before key_start[b] are left padding and get probability 0.
+// GQA: query head h reads kv head h / (n_heads / kv_heads).
+struct AttentionArgs {
+  const float* q = nullptr;  // [B, tq] rows at stride q_stride, each n_heads*head_dim floats
+  int64_t q_stride = 0;
+  const float* k = nullptr;  // cache [B, kv_heads, capacity, head_dim]
+  const float* v = nullptr;  // same layout as k
+  int64_t batch = 0, tq = 0, n_heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t capacity = 0, n_keys = 0;
+  const int32_t* key_start = nullptr;  // [B] first valid slot; null means 0 for all
+  float scale = 0.f;                   // softmax(q.k * scale); usually 1/sqrt(head_dim)
+  float* out = nullptr;                // [B, tq] rows at stride out_stride, n_heads*head_dim
+  int64_t out_stride = 0;
+  // Optional [B, n_heads, capacity]: for each key slot, += the attention probability it got,
+  // summed over the tq queries (H2O scores: prefill column sums, decode per-step probs).
+  float* key_scores = nullptr;
+};
+void attention(const AttentionArgs& a);
+
+}  // namespace flexh2o::cpu

@@ -1,0 +1,34 @@
+// Read-only memory mapping of a whole file (model checkpoints are mapped, never copied).
+// Move-only RAII owner: the mapping lives until the MappedFile is destroyed; views into it
+// must not outlive it. Thread-safe for concurrent reads.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+
+namespace flexh2o {
+
+class MappedFile {
+ public:
+  MappedFile() = default;
+  // Maps `path` read-only. Throws flexh2o::Error naming the path if it cannot be opened or
+  // mapped. An empty file maps to size() == 0 and data() == nullptr.
+  static MappedFile open(const std::filesystem::path& path);
+
+  MappedFile(MappedFile&& o) noexcept;
+  MappedFile& operator=(MappedFile&& o) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  const std::byte* data_ = nullptr;
+  size_t size_ = 0;
+  std::filesystem::path path_;
+};
+
+}  // namespace flexh2o

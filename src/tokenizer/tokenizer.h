@@ -1,0 +1,68 @@
+// Tokenizers of real checkpoints: GPT-2/OPT byte-level BPE (vocab.json + merges.txt) and
+// Hugging Face tokenizer.json (ByteLevel; sentencepiece-style BPE with byte fallback and the
+// U+2581 normaliser/decoder as in LLaMA-2; ByteLevel with a Split regex as in LLaMA-3).
+// Added/special tokens are matched before BPE. Immutable after load: thread-safe to share.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flexh2o {
+
+class Tokenizer {
+ public:
+  // Loads from a directory holding tokenizer.json, or vocab.json + merges.txt (GPT-2 style),
+  // plus optional tokenizer_config.json / special_tokens_map.json for BOS/EOS/PAD and
+  // add_bos_token. Throws flexh2o::Error naming the missing or malformed file.
+  static Tokenizer load(const std::filesystem::path& dir);
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // add_special: prepend BOS (and append EOS) as the checkpoint's convention says
+  // (OPT: </s>=2 first; LLaMA: <s> first). Special-token text in `text` is always matched.
+  std::vector<int32_t> encode(std::string_view text, bool add_special) const;
+  // Concatenated text; special tokens are rendered as their strings unless skip_special.
+  // Invalid UTF-8 byte sequences become U+FFFD.
+  std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
+
+  int32_t vocab_size() const;  // largest id + 1, added tokens included
+  std::optional<int32_t> bos_id() const;
+  std::optional<int32_t> eos_id() const;
+  std::optional<int32_t> pad_id() const;
+  bool is_special(int32_t id) const;
+  // Raw vocabulary string of a token (e.g. "Ġworld"); throws for out-of-range ids.
+  const std::string& token_string(int32_t id) const;
+  // The bytes a token decodes to (e.g. " world"); may be a partial UTF-8 sequence.
+  std::string token_bytes(int32_t id) const;
+
+  struct Impl;
+
+ private:
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Turns a stream of token ids into text pieces that are always complete UTF-8: bytes of a
+// character split across tokens are held back until the character is complete.
+// Holds a reference to the tokenizer, which must outlive it. Not thread-safe.
+class StreamingDecoder {
+ public:
+  explicit StreamingDecoder(const Tokenizer& tok, bool skip_special = false);
+  std::string push(int32_t id);  // newly completed text (may be empty)
+  std::string flush();           // whatever is left; incomplete bytes become U+FFFD
+
+ private:
+  const Tokenizer* tok_;
+  bool skip_special_;
+  std::string pending_;
+};
+
+}  // namespace flexh2o
