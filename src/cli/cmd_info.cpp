@@ -1,0 +1,79 @@
+// `flexh2o info MODEL`: config, parameter count, bytes per tensor group, KV bytes per token.
+#include <iomanip>
+#include <iostream>
+#include <map>
+
+#include "cli/commands.h"
+
+namespace flexh2o::cli {
+using nlohmann::json;
+
+void register_info(CLI::App& app, InfoArgs& a) {
+  auto* i = app.add_subcommand("info", "Describe a model: config, parameters, bytes per tensor group, KV bytes/token");
+  i->add_option("model", a.model, "Model directory, hub id (ORG/NAME) or preset name")->required();
+  i->add_flag("--json", a.json, "Print one JSON object");
+}
+
+namespace {
+std::string group_of(const std::string& name) {
+  if (name.find("embed_") != std::string::npos) return "embeddings";
+  if (name.find("lm_head") != std::string::npos) return "lm_head";
+  if (name.find("norm") != std::string::npos) return "norms";
+  if (name.find("self_attn.") != std::string::npos) return "attention";
+  return "mlp";
+}
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(u ? 2 : 0) << b << " " << units[u];
+  return os.str();
+}
+}  // namespace
+
+int run_info(const InfoArgs& a, const Env& env) {
+  std::string source;
+  ModelConfig c = resolve_config(env, a.model, &source);
+  const size_t esize = dtype_size(c.dtype);
+  std::map<std::string, int64_t> group_bytes;
+  int64_t params = 0;
+  for (const WeightSpec& s : weight_specs(c)) {
+    params += s.shape.numel();
+    group_bytes[group_of(s.name)] += s.shape.numel() * int64_t(esize);
+  }
+  json j{{"name", c.name},
+         {"source", source},
+         {"model_type", c.model_type},
+         {"vocab_size", c.vocab_size},
+         {"hidden_size", c.hidden},
+         {"num_layers", c.n_layers},
+         {"num_heads", c.n_heads},
+         {"num_kv_heads", c.n_kv_heads},
+         {"head_dim", c.head_dim},
+         {"ffn_dim", c.ffn_dim},
+         {"max_position_embeddings", c.max_positions},
+         {"tie_word_embeddings", c.tie_embeddings},
+         {"dtype", dtype_name(c.dtype)},
+         {"parameters", params},
+         {"weight_bytes", params * int64_t(esize)},
+         {"bytes_per_group", group_bytes},
+         {"kv_bytes_per_token_f16", c.kv_bytes_per_token(DType::F16)},
+         {"kv_bytes_per_token_f32", c.kv_bytes_per_token(DType::F32)}};
+  if (a.json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "model        " << c.name << " (" << c.model_type << ", " << source << ")\n"
+            << "shape        " << c.n_layers << " layers, hidden " << c.hidden << ", " << c.n_heads << " heads ("
+            << c.n_kv_heads << " kv) x " << c.head_dim << ", ffn " << c.ffn_dim << ", vocab " << c.vocab_size
+            << ", " << c.max_positions << " positions\n"
+            << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
+            << "weights      " << human_bytes(double(params) * double(esize)) << " in " << dtype_name(c.dtype) << "\n";
+  for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(double(b)) << "\n";
+  std::cout << "KV per token " << human_bytes(double(c.kv_bytes_per_token(DType::F16))) << " (f16), "
+            << human_bytes(double(c.kv_bytes_per_token(DType::F32))) << " (f32)\n";
+  return 0;
+}
+
+}  // namespace flexh2o::cli

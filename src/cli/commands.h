@@ -1,0 +1,46 @@
+// The flexh2o subcommands. Each registers its flags on a CLI11 subcommand and runs with the
+// parsed values; run_* returns the process exit code (0 ok, 1 failure or some bad input lines).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "cli/common.h"
+
+namespace flexh2o::cli {
+
+struct GenerateArgs {
+  std::string model, tokenizer, prompt, input, output, report, device = "auto";
+  int64_t max_new_tokens = 32, batch_size = 8;
+  float temperature = 1.0f, top_p = 1.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+  int threads = 0;
+  bool greedy = false, ignore_eos = false, quiet = false;
+};
+void register_generate(CLI::App& app, GenerateArgs& a);
+int run_generate(const GenerateArgs& a, const Env& env);
+
+struct TokenizeArgs {
+  std::string tokenizer, input, output;
+  bool no_special = false;
+};
+void register_tokenize(CLI::App& app, TokenizeArgs& a, bool detokenize);
+int run_tokenize(const TokenizeArgs& a, bool detokenize);
+
+struct InfoArgs {
+  std::string model;
+  bool json = false;
+};
+void register_info(CLI::App& app, InfoArgs& a);
+int run_info(const InfoArgs& a, const Env& env);
+
+struct EvalPplArgs {
+  std::string model, tokenizer, file, device = "auto";
+  int64_t max_tokens = 1024;
+  int threads = 0;
+  bool json = false;
+};
+void register_eval_ppl(CLI::App& app, EvalPplArgs& a);
+int run_eval_ppl(const EvalPplArgs& a, const Env& env);
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,111 @@
+// Model/tokenizer resolution, device selection, JSONL iteration and small helpers.
+#include "cli/common.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <fstream>
+#include <istream>
+#include <ostream>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_probe.h"
+
+namespace flexh2o::cli {
+namespace fs = std::filesystem;
+
+std::optional<fs::path> preset_path(const Env& env, const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos) return std::nullopt;
+  fs::path p = env.configs_dir / "models" / (name + ".json");
+  if (fs::is_regular_file(p)) return p;
+  return std::nullopt;
+}
+
+ModelConfig resolve_config(const Env& env, const std::string& spec, std::string* source) {
+  if (!fs::is_directory(spec)) {
+    if (auto p = preset_path(env, spec)) {
+      if (source) *source = "preset " + spec;
+      ModelConfig c = ModelConfig::from_file(*p);
+      c.name = spec;
+      return c;
+    }
+  }
+  fs::path dir = resolve_model_dir(spec, env.hub);
+  if (source) *source = dir.string();
+  return ModelConfig::from_file(dir / "config.json");
+}
+
+LoadedModel load_model(const Env& env, const std::string& spec, const std::string& tokenizer_dir,
+                       uint64_t dummy_seed) {
+  auto t0 = std::chrono::steady_clock::now();
+  LoadedModel lm;
+  std::optional<fs::path> dir;
+  if (!fs::is_directory(spec) && preset_path(env, spec)) {
+    ModelConfig c = resolve_config(env, spec);
+    lm.model = std::make_unique<Model>(Model::dummy(c, dummy_seed));
+    lm.source = "preset " + spec + " (dummy weights: timings are real, text is meaningless)";
+  } else {
+    dir = resolve_model_dir(spec, env.hub);
+    lm.model = std::make_unique<Model>(Model::load_dir(*dir));
+    lm.source = dir->string();
+  }
+  if (!tokenizer_dir.empty()) {
+    lm.tokenizer.emplace(Tokenizer::load(tokenizer_dir));
+  } else if (dir && (fs::exists(*dir / "tokenizer.json") || fs::exists(*dir / "vocab.json"))) {
+    lm.tokenizer.emplace(Tokenizer::load(*dir));
+  }
+  lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return lm;
+}
+
+std::string select_device(const std::string& requested, std::ostream& log) {
+  if (requested == "cpu") return "cpu";
+  if (requested != "cuda" && requested != "auto")
+    FH_FAIL("--device must be cpu, cuda or auto, got \"", requested, "\"");
+  CudaProbe p = probe_cuda();
+  std::string why = p.available ? "the CUDA compute backend is not part of this version yet"
+                                : p.reason;
+  if (requested == "cuda") FH_FAIL("--device cuda: ", why, "; use --device cpu");
+  log << "flexh2o: --device auto: using the CPU (" << why << ")\n";
+  return "cpu";
+}
+
+int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const nlohmann::json&)>& fn,
+                       const std::function<void(int64_t, const std::string&)>& on_error) {
+  std::string line;
+  int64_t lineno = 0, bad = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      ++bad;
+      on_error(lineno, std::string("invalid JSON: ") + e.what());
+      continue;
+    }
+    if (!j.is_object()) {
+      ++bad;
+      on_error(lineno, "expected a JSON object");
+      continue;
+    }
+    fn(lineno, j);
+  }
+  return bad;
+}
+
+size_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return size_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+void write_json_file(const fs::path& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  if (!out) FH_FAIL("cannot write ", path.string());
+  out << j.dump(2) << "\n";
+  if (!out) FH_FAIL("error writing ", path.string());
+}
+
+}  // namespace flexh2o::cli

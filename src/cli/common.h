@@ -1,0 +1,57 @@
+// Shared pieces of the flexh2o subcommands: the environment main() read, model and
+// tokenizer resolution (directory, HF hub id, or preset name -> dummy weights), device
+// selection, JSONL reading with line numbers, progress lines and run-report helpers.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "loader/hub.h"
+#include "model/weights.h"
+#include "tokenizer/tokenizer.h"
+
+namespace flexh2o::cli {
+
+struct Env {
+  HubEnv hub;
+  std::filesystem::path configs_dir;  // holds models/*.json presets
+  bool stderr_is_tty = false;
+};
+
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  std::optional<Tokenizer> tokenizer;  // absent for presets unless --tokenizer given
+  std::string source;                  // directory or "preset NAME (dummy weights)"
+  double load_seconds = 0;
+};
+
+// Path of the preset config for `name` (e.g. "opt-1.3b"), if configs/models/NAME.json exists.
+std::optional<std::filesystem::path> preset_path(const Env& env, const std::string& name);
+// Config only (no weights): for `info` and planning.
+ModelConfig resolve_config(const Env& env, const std::string& spec, std::string* source = nullptr);
+// Loads weights (mmap or dummy) and, when present, the tokenizer (`tokenizer_dir` overrides).
+LoadedModel load_model(const Env& env, const std::string& spec, const std::string& tokenizer_dir,
+                       uint64_t dummy_seed = 0);
+
+// --device cpu|cuda|auto -> "cpu" (the only compute backend so far) or throws with the reason.
+std::string select_device(const std::string& requested, std::ostream& log);
+
+// Calls fn(line_number, parsed_object) for each non-blank line; invalid JSON or a non-object
+// calls on_error(line_number, message) instead. Returns the number of bad lines.
+int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const nlohmann::json&)>& fn,
+                       const std::function<void(int64_t, const std::string&)>& on_error);
+
+// Peak resident set size of this process in bytes.
+size_t peak_rss_bytes();
+
+// Writes `j` (pretty) to `path`; throws naming the path if it cannot.
+void write_json_file(const std::filesystem::path& path, const nlohmann::json& j);
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,127 @@
+// Batch generation driver: left padding, prefill, decode loop, stopping, stats.
+#include "engine/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+
+namespace flexh2o {
+
+const char* finish_reason_name(FinishReason r) { return r == FinishReason::kEos ? "eos" : "length"; }
+
+void validate_request(const GenerationRequest& r, const ModelConfig& c) {
+  if (r.prompt_ids.empty()) FH_FAIL("empty prompt: give at least one token");
+  for (int32_t id : r.prompt_ids)
+    if (id < 0 || id >= c.vocab_size) FH_FAIL("prompt token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
+  if (int64_t(r.prompt_ids.size()) > c.max_positions)
+    FH_FAIL("prompt is ", r.prompt_ids.size(), " tokens, longer than the model's max_position_embeddings (",
+            c.max_positions, ")");
+  if (r.max_new_tokens < 0) FH_FAIL("max_new_tokens must be >= 0, got ", r.max_new_tokens);
+  validate(r.sampling);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void run_batch(Forward& fwd, const std::vector<GenerationRequest>& reqs, size_t first, size_t count,
+               const GenerateOptions& opts, std::vector<GenerationResult>& out, GenerateStats& st,
+               int64_t& done_tokens, int64_t total_tokens) {
+  const ModelConfig& c = fwd.model().config();
+  const int64_t B = int64_t(count);
+  int64_t S = 0, max_new = 0;
+  for (size_t b = 0; b < count; ++b) {
+    const GenerationRequest& r = reqs[first + b];
+    S = std::max<int64_t>(S, int64_t(r.prompt_ids.size()));
+    // A sequence cannot grow past the model's positions.
+    int64_t room = c.max_positions - int64_t(r.prompt_ids.size());
+    max_new = std::max<int64_t>(max_new, std::min(r.max_new_tokens, room));
+  }
+  KvCache cache(c, B, S + std::max<int64_t>(max_new, 1));
+  std::vector<int32_t> ids(size_t(B * S), opts.pad_id), pos(size_t(B * S), 0);
+  std::vector<int64_t> len(size_t(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& p = reqs[first + size_t(b)].prompt_ids;
+    const int64_t pad = S - int64_t(p.size());
+    cache.key_start()[size_t(b)] = int32_t(pad);
+    for (int64_t t = 0; t < int64_t(p.size()); ++t) {
+      ids[size_t(b * S + pad + t)] = p[size_t(t)];
+      pos[size_t(b * S + pad + t)] = int32_t(t);
+    }
+    len[size_t(b)] = int64_t(p.size());
+    st.prompt_tokens += int64_t(p.size());
+  }
+  st.padded_prompt_tokens += B * S;
+  std::vector<Sampler> samplers;
+  std::vector<bool> finished(size_t(B), false);
+  for (int64_t b = 0; b < B; ++b) {
+    samplers.emplace_back(reqs[first + size_t(b)].sampling);
+    const GenerationRequest& r = reqs[first + size_t(b)];
+    if (r.max_new_tokens == 0 || len[size_t(b)] >= c.max_positions) {
+      finished[size_t(b)] = true;
+      if (opts.on_result) opts.on_result(first + size_t(b), out[first + size_t(b)]);
+    }
+  }
+  std::vector<float> logits;
+  auto t0 = Clock::now();
+  fwd.step(ids.data(), pos.data(), S, cache, LogitsRows::kLast, logits);
+  st.prefill_seconds += seconds_since(t0);
+  st.peak_kv_bytes = std::max(st.peak_kv_bytes, cache.bytes());
+
+  t0 = Clock::now();
+  std::vector<int32_t> next(size_t(B), opts.pad_id), next_pos(size_t(B), 0);
+  while (true) {
+    bool any = false;
+    for (int64_t b = 0; b < B; ++b) {
+      const size_t bi = size_t(b);
+      if (finished[bi]) continue;
+      const GenerationRequest& r = reqs[first + bi];
+      GenerationResult& res = out[first + bi];
+      const int32_t tok = samplers[bi].sample(logits.data() + b * c.vocab_size, c.vocab_size);
+      res.tokens.push_back(tok);
+      ++st.generated_tokens;
+      ++done_tokens;
+      const bool eos = !opts.ignore_eos && opts.eos_id && tok == *opts.eos_id;
+      const int64_t total_len = len[bi] + int64_t(res.tokens.size());
+      if (eos || int64_t(res.tokens.size()) >= r.max_new_tokens || total_len >= c.max_positions) {
+        finished[bi] = true;
+        res.finish = eos ? FinishReason::kEos : FinishReason::kLength;
+        if (opts.on_result) opts.on_result(first + bi, res);
+        continue;
+      }
+      any = true;
+      next[bi] = tok;
+      next_pos[bi] = int32_t(total_len - 1);
+    }
+    if (opts.on_progress) opts.on_progress(done_tokens, total_tokens);
+    if (!any) break;
+    // Finished sequences ride along with a harmless token; their output is ignored.
+    fwd.step(next.data(), next_pos.data(), 1, cache, LogitsRows::kLast, logits);
+    ++st.decode_steps;
+  }
+  st.decode_seconds += seconds_since(t0);
+}
+
+}  // namespace
+
+std::vector<GenerationResult> generate(Forward& fwd, const std::vector<GenerationRequest>& requests,
+                                       const GenerateOptions& opts, GenerateStats* stats) {
+  FH_CHECK(opts.batch_size > 0, "batch size must be positive, got ", opts.batch_size);
+  const ModelConfig& c = fwd.model().config();
+  for (const auto& r : requests) validate_request(r, c);
+  std::vector<GenerationResult> out(requests.size());
+  GenerateStats st;
+  int64_t total = 0, done = 0;
+  for (const auto& r : requests) total += r.max_new_tokens;
+  for (size_t first = 0; first < requests.size(); first += size_t(opts.batch_size)) {
+    size_t count = std::min(requests.size() - first, size_t(opts.batch_size));
+    run_batch(fwd, requests, first, count, opts, out, st, done, total);
+    ++st.batches;
+  }
+  if (stats) *stats = st;
+  return out;
+}
+
+}  // namespace flexh2o

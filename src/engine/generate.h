@@ -1,0 +1,56 @@
+// Batch generation: requests are cut into batches, left-padded, prefilled together, then
+// decoded step by step until every sequence stops (EOS or its max_new_tokens). Results come
+// back in request order. Blocking; progress is reported through a callback.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/forward.h"
+#include "engine/sampler.h"
+
+namespace flexh2o {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt_ids;  // BOS already included where the model expects it
+  int64_t max_new_tokens = 32;
+  SamplingParams sampling;
+};
+
+enum class FinishReason { kEos, kLength };
+const char* finish_reason_name(FinishReason r);
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;  // generated ids only
+  FinishReason finish = FinishReason::kLength;
+};
+
+struct GenerateOptions {
+  int64_t batch_size = 8;              // sequences prefilled/decoded together
+  std::optional<int32_t> eos_id;       // stop token; none = never stop early
+  bool ignore_eos = false;             // generate exactly max_new_tokens
+  int32_t pad_id = 0;                  // id placed in left padding (never attended)
+  // Called after each decode step: (tokens generated so far, total to generate at most).
+  std::function<void(int64_t, int64_t)> on_progress;
+  // Called once per finished request index with its result (streaming output).
+  std::function<void(size_t, const GenerationResult&)> on_result;
+};
+
+struct GenerateStats {
+  double prefill_seconds = 0, decode_seconds = 0;
+  int64_t prompt_tokens = 0, padded_prompt_tokens = 0, generated_tokens = 0;
+  int64_t batches = 0, decode_steps = 0;
+  size_t peak_kv_bytes = 0;
+};
+
+// Checks a request against the model (non-empty prompt, ids in vocab, prompt within
+// max_position_embeddings, sampling params); throws flexh2o::Error describing the problem.
+void validate_request(const GenerationRequest& r, const ModelConfig& c);
+
+std::vector<GenerationResult> generate(Forward& fwd, const std::vector<GenerationRequest>& requests,
+                                       const GenerateOptions& opts, GenerateStats* stats = nullptr);
+
+}  // namespace flexh2o

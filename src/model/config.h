@@ -1,0 +1,53 @@
+// ModelConfig: the architecture facts the engine needs, parsed from a Hugging Face config.json.
+// Supported families: OPT (pre-LN, learned positions offset 2, ReLU FFN, tied lm_head) and
+// LLaMA (RMSNorm, rotary, SwiGLU, GQA). Parsing validates every field it uses and throws
+// flexh2o::Error naming the file and the key. Plain value type.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace flexh2o {
+
+enum class Arch { kOpt, kLlama };
+
+struct ModelConfig {
+  Arch arch = Arch::kOpt;
+  std::string model_type;  // "opt" | "llama"
+  std::string name;        // _name_or_path or the directory name, for reports
+  int64_t vocab_size = 0;
+  int64_t hidden = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;  // == n_heads for OPT
+  int64_t head_dim = 0;
+  int64_t ffn_dim = 0;     // OPT ffn_dim / LLaMA intermediate_size
+  int64_t max_positions = 0;
+  float norm_eps = 1e-5f;  // layer_norm eps (OPT) / rms_norm_eps (LLaMA)
+  float rope_theta = 10000.f;
+  bool tie_embeddings = true;
+  bool attention_bias = false;  // q/k/v/o biases (always true for OPT)
+  bool mlp_bias = false;        // fc/gate/up/down biases (always true for OPT)
+  std::optional<int32_t> bos_id, eos_id, pad_id;
+  DType dtype = DType::F16;  // torch_dtype: what dummy weights use
+
+  // Parses `path` (a config.json). Throws naming the file and key on any problem.
+  static ModelConfig from_file(const std::filesystem::path& path);
+  // Parses JSON text; `source` names it in errors.
+  static ModelConfig from_json_text(const std::string& text, const std::string& source);
+
+  int64_t q_dim() const { return n_heads * head_dim; }
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  // Bytes of K and V for one token across all layers, at `dtype`.
+  int64_t kv_bytes_per_token(DType kv_dtype) const {
+    return 2 * n_layers * kv_dim() * int64_t(dtype_size(kv_dtype));
+  }
+  // OPT learned positions are stored with an offset of 2.
+  int64_t position_offset() const { return arch == Arch::kOpt ? 2 : 0; }
+};
+
+}  // namespace flexh2o

@@ -1,0 +1,220 @@
+// Weight specs per family, binding with shape checks, and the checkpoint / dummy sources.
+#include "model/weights.h"
+
+#include <tbb/parallel_for.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "loader/safetensors.h"
+
+namespace flexh2o {
+namespace {
+
+std::string layer_prefix(const ModelConfig& c, int i) {
+  return (c.arch == Arch::kOpt ? "model.decoder.layers." : "model.layers.") + std::to_string(i) + ".";
+}
+
+bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+}  // namespace
+
+std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
+  std::vector<WeightSpec> s;
+  const int64_t H = c.hidden, V = c.vocab_size, F = c.ffn_dim, Q = c.q_dim(), KV = c.kv_dim();
+  auto add = [&](std::string name, Shape shape, int layer) { s.push_back({std::move(name), shape, layer}); };
+  if (c.arch == Arch::kOpt) {
+    add("model.decoder.embed_tokens.weight", {V, H}, -1);
+    add("model.decoder.embed_positions.weight", {c.max_positions + 2, H}, -1);
+    for (int i = 0; i < c.n_layers; ++i) {
+      std::string p = layer_prefix(c, i);
+      add(p + "self_attn_layer_norm.weight", {H}, i);
+      add(p + "self_attn_layer_norm.bias", {H}, i);
+      for (const char* n : {"q_proj", "k_proj", "v_proj"}) {
+        add(p + "self_attn." + n + ".weight", {H, H}, i);
+        add(p + "self_attn." + n + ".bias", {H}, i);
+      }
+      add(p + "self_attn.out_proj.weight", {H, H}, i);
+      add(p + "self_attn.out_proj.bias", {H}, i);
+      add(p + "final_layer_norm.weight", {H}, i);
+      add(p + "final_layer_norm.bias", {H}, i);
+      add(p + "fc1.weight", {F, H}, i);
+      add(p + "fc1.bias", {F}, i);
+      add(p + "fc2.weight", {H, F}, i);
+      add(p + "fc2.bias", {H}, i);
+    }
+    add("model.decoder.final_layer_norm.weight", {H}, -1);
+    add("model.decoder.final_layer_norm.bias", {H}, -1);
+  } else {
+    add("model.embed_tokens.weight", {V, H}, -1);
+    for (int i = 0; i < c.n_layers; ++i) {
+      std::string p = layer_prefix(c, i);
+      add(p + "input_layernorm.weight", {H}, i);
+      const std::pair<const char*, Shape> proj[] = {
+          {"q_proj", {Q, H}}, {"k_proj", {KV, H}}, {"v_proj", {KV, H}}, {"o_proj", {H, Q}}};
+      for (const auto& [n, shape] : proj) {
+        add(p + "self_attn." + n + ".weight", shape, i);
+        if (c.attention_bias) add(p + "self_attn." + n + ".bias", {shape[0]}, i);
+      }
+      add(p + "post_attention_layernorm.weight", {H}, i);
+      const std::pair<const char*, Shape> mlp[] = {
+          {"gate_proj", {F, H}}, {"up_proj", {F, H}}, {"down_proj", {H, F}}};
+      for (const auto& [n, shape] : mlp) {
+        add(p + "mlp." + n + ".weight", shape, i);
+        if (c.mlp_bias) add(p + "mlp." + n + ".bias", {shape[0]}, i);
+      }
+    }
+    add("model.norm.weight", {H}, -1);
+  }
+  if (!c.tie_embeddings) add("lm_head.weight", {V, H}, -1);
+  return s;
+}
+
+ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, const std::string& source) {
+  ModelWeights w;
+  w.layers.resize(size_t(c.n_layers));
+  for (const WeightSpec& spec : weight_specs(c)) {
+    TensorView v = lookup(spec);
+    if (v.empty()) FH_FAIL(source, ": tensor \"", spec.name, "\" is missing (required by config.json)");
+    if (!is_float(v.dtype))
+      FH_FAIL(source, ": tensor \"", spec.name, "\" has dtype ", dtype_name(v.dtype),
+              "; weights must be F32, F16 or BF16");
+    if (v.shape != spec.shape)
+      FH_FAIL(source, ": tensor \"", spec.name, "\" has shape ", v.shape.str(), " but config.json implies ",
+              spec.shape.str());
+    const std::string& n = spec.name;
+    auto ends = [&](const char* suffix) {
+      size_t len = std::char_traits<char>::length(suffix);
+      return n.size() >= len && n.compare(n.size() - len, len, suffix) == 0;
+    };
+    if (spec.layer < 0) {
+      if (ends("embed_tokens.weight")) w.embed = v;
+      else if (ends("embed_positions.weight")) w.pos_embed = v;
+      else if (ends("norm.weight") || ends("final_layer_norm.weight")) w.final_norm_w = v;
+      else if (ends("final_layer_norm.bias")) w.final_norm_b = v;
+      else if (ends("lm_head.weight")) w.lm_head = v;
+      continue;
+    }
+    LayerWeights& L = w.layers[size_t(spec.layer)];
+    const std::pair<const char*, TensorView*> table[] = {
+        {"self_attn_layer_norm.weight", &L.ln1_w}, {"self_attn_layer_norm.bias", &L.ln1_b},
+        {"input_layernorm.weight", &L.ln1_w},      {"post_attention_layernorm.weight", &L.ln2_w},
+        {"final_layer_norm.weight", &L.ln2_w},     {"final_layer_norm.bias", &L.ln2_b},
+        {"q_proj.weight", &L.q_w}, {"q_proj.bias", &L.q_b}, {"k_proj.weight", &L.k_w}, {"k_proj.bias", &L.k_b},
+        {"v_proj.weight", &L.v_w}, {"v_proj.bias", &L.v_b}, {"out_proj.weight", &L.o_w}, {"out_proj.bias", &L.o_b},
+        {"o_proj.weight", &L.o_w}, {"o_proj.bias", &L.o_b},
+        {"fc1.weight", &L.fc1_w}, {"fc1.bias", &L.fc1_b}, {"fc2.weight", &L.fc2_w}, {"fc2.bias", &L.fc2_b},
+        {"gate_proj.weight", &L.gate_w}, {"gate_proj.bias", &L.gate_b}, {"up_proj.weight", &L.up_w},
+        {"up_proj.bias", &L.up_b}, {"down_proj.weight", &L.down_w}, {"down_proj.bias", &L.down_b}};
+    bool bound = false;
+    for (const auto& [suffix, slot] : table) {
+      if (ends(suffix)) {
+        *slot = v;
+        bound = true;
+        break;
+      }
+    }
+    FH_CHECK(bound, "weight spec ", n, " has no slot");
+  }
+  if (c.tie_embeddings) w.lm_head = w.embed;
+  return w;
+}
+
+Model Model::load_dir(const std::filesystem::path& dir) {
+  Model m;
+  m.config_ = ModelConfig::from_file(dir / "config.json");
+  auto archive = std::make_shared<SafetensorsArchive>(SafetensorsArchive::open_dir(dir));
+  // Some OPT checkpoints drop the "model." prefix; accept either spelling.
+  auto lookup = [&](const WeightSpec& spec) -> TensorView {
+    if (const TensorEntry* e = archive->find(spec.name)) return e->view;
+    if (spec.name.rfind("model.", 0) == 0)
+      if (const TensorEntry* e = archive->find(spec.name.substr(6))) return e->view;
+    return {};
+  };
+  m.weights_ = bind_weights(m.config_, lookup, dir.string());
+  m.owner_ = archive;
+  return m;
+}
+
+namespace {
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+// Fills `n` elements of `dtype` at `out` with center + U(-amp, amp), deterministic in (seed, name).
+void fill_uniform(void* out, DType dtype, int64_t n, uint64_t seed, float center, float amp) {
+  constexpr int64_t kChunk = 1 << 20;
+  tbb::parallel_for(int64_t(0), (n + kChunk - 1) / kChunk, [&](int64_t chunk) {
+    uint64_t s = seed ^ (uint64_t(chunk) * 0xd1b54a32d192ed03ull);
+    int64_t lo = chunk * kChunk, hi = std::min(n, lo + kChunk);
+    for (int64_t i = lo; i < hi; ++i) {
+      float u = float(splitmix64(s) >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+      float v = center + amp * (2.f * u - 1.f);
+      switch (dtype) {
+        case DType::F32: static_cast<float*>(out)[i] = v; break;
+        case DType::F16: static_cast<uint16_t*>(out)[i] = f32_to_f16(v); break;
+        case DType::BF16: static_cast<uint16_t*>(out)[i] = f32_to_bf16(v); break;
+        default: break;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+Model Model::dummy(const ModelConfig& c, uint64_t seed) {
+  Model m;
+  m.config_ = c;
+  m.dummy_ = true;
+  auto buffers = std::make_shared<std::vector<std::unique_ptr<std::byte[]>>>();
+  auto lookup = [&](const WeightSpec& spec) -> TensorView {
+    TensorView v{nullptr, c.dtype, spec.shape};
+    auto buf = std::make_unique<std::byte[]>(v.nbytes());
+    // Norm gains near 1, everything else small and centred: activations stay finite.
+    bool norm = spec.shape.ndim == 1 && spec.name.find("norm.weight") != std::string::npos;
+    bool bias = spec.shape.ndim == 1 && !norm;
+    float amp = norm ? 0.05f : bias ? 0.01f : std::sqrt(3.f) * 0.02f;
+    fill_uniform(buf.get(), c.dtype, v.numel(), fnv1a(spec.name) ^ seed, norm ? 1.f : 0.f, amp);
+    v.data = buf.get();
+    buffers->push_back(std::move(buf));
+    return v;
+  };
+  m.weights_ = bind_weights(c, lookup, "dummy weights");
+  m.owner_ = buffers;
+  return m;
+}
+
+size_t Model::weight_bytes() const {
+  size_t total = 0;
+  auto add = [&](const TensorView& v) { total += v.empty() ? 0 : v.nbytes(); };
+  add(weights_.embed);
+  add(weights_.pos_embed);
+  for (const LayerWeights& L : weights_.layers) {
+    for (const TensorView* v : {&L.ln1_w, &L.ln1_b, &L.q_w, &L.q_b, &L.k_w, &L.k_b, &L.v_w, &L.v_b, &L.o_w,
+                                &L.o_b, &L.ln2_w, &L.ln2_b, &L.fc1_w, &L.fc1_b, &L.fc2_w, &L.fc2_b, &L.gate_w,
+                                &L.up_w, &L.down_w, &L.gate_b, &L.up_b, &L.down_b})
+      add(*v);
+  }
+  add(weights_.final_norm_w);
+  add(weights_.final_norm_b);
+  if (!config_.tie_embeddings) add(weights_.lm_head);
+  return total;
+}
+
+int64_t Model::parameter_count() const {
+  int64_t n = 0;
+  for (const WeightSpec& s : weight_specs(config_)) n += s.shape.numel();
+  return n;
+}
+
+}  // namespace flexh2o

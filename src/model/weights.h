@@ -1,0 +1,76 @@
+// The weights a model family reads: a spec (every tensor with its HF name and shape), the
+// bound views the forward pass uses, and the sources that provide them (a safetensors
+// checkpoint, or deterministic dummy values for shapes no machine here can hold).
+// Views point into memory owned by the Model (mapped files or dummy buffers).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace flexh2o {
+
+struct WeightSpec {
+  std::string name;  // Hugging Face parameter name, e.g. "model.decoder.layers.3.fc1.weight"
+  Shape shape;
+  int layer = -1;  // transformer layer index, or -1 for embeddings / final norm / lm_head
+};
+
+// Every tensor the engine reads for `c`, in model order (embeddings, layers, head).
+// A tied lm_head is not listed (it is the token embedding).
+std::vector<WeightSpec> weight_specs(const ModelConfig& c);
+
+// One transformer layer. Unused fields stay empty (e.g. LLaMA has no biases or ln*_b;
+// OPT has no gate/up/down).
+struct LayerWeights {
+  TensorView ln1_w, ln1_b;  // self_attn_layer_norm / input_layernorm
+  TensorView q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b;
+  TensorView ln2_w, ln2_b;  // final_layer_norm / post_attention_layernorm
+  TensorView fc1_w, fc1_b, fc2_w, fc2_b;  // OPT: fc1 = up (ReLU), fc2 = down
+  TensorView gate_w, up_w, down_w;        // LLaMA SwiGLU
+  TensorView gate_b, up_b, down_b;
+};
+
+struct ModelWeights {
+  TensorView embed;      // [vocab, hidden]
+  TensorView pos_embed;  // OPT only: [max_positions + 2, hidden]
+  std::vector<LayerWeights> layers;
+  TensorView final_norm_w, final_norm_b;
+  TensorView lm_head;  // [vocab, hidden]; the embedding when tied
+};
+
+// Looks a tensor up for a spec; returns an empty view when absent.
+using WeightLookup = std::function<TensorView(const WeightSpec&)>;
+
+// Binds every spec through `lookup`, checking presence, float dtype and shape. Throws
+// flexh2o::Error naming the tensor, the shape found and the shape config.json implies.
+// `source` names the checkpoint in messages.
+ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, const std::string& source);
+
+// A loaded model: config + bound weights + whatever owns the bytes. Move-only.
+class Model {
+ public:
+  // Loads DIR/config.json and DIR's safetensors (single or sharded), mmapped, no copies.
+  static Model load_dir(const std::filesystem::path& dir);
+  // Deterministic random weights (not constant: constants hide indexing bugs) in c.dtype.
+  static Model dummy(const ModelConfig& c, uint64_t seed = 0);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  bool is_dummy() const { return dummy_; }
+  // Total bytes of the bound weights (tied lm_head counted once).
+  size_t weight_bytes() const;
+  int64_t parameter_count() const;
+
+ private:
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::shared_ptr<void> owner_;
+  bool dummy_ = false;
+};
+
+}  // namespace flexh2o
