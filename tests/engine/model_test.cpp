@@ -1,0 +1,188 @@
+// Model loading edge cases and bad input: config.json problems, missing or misshapen tensors,
+// dummy weights, request validation. Every error must name the file/tensor/field.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "engine/generate.h"
+#include "loader/safetensors.h"
+#include "loader/safetensors_writer.h"
+#include "test_util.h"
+
+namespace flexh2o {
+namespace {
+using test::model_dir;
+using test::TempDir;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+nlohmann::json tiny_config() { return test::read_json(model_dir("tiny-opt") / "config.json"); }
+
+TEST(ModelConfig, ParsesBothFamilies) {
+  ModelConfig o = ModelConfig::from_file(model_dir("tiny-opt") / "config.json");
+  EXPECT_EQ(o.arch, Arch::kOpt);
+  EXPECT_EQ(o.hidden, 256);
+  EXPECT_EQ(o.n_kv_heads, 4);
+  EXPECT_EQ(o.head_dim, 64);
+  EXPECT_EQ(o.position_offset(), 2);
+  ModelConfig l = ModelConfig::from_file(model_dir("tiny-llama") / "config.json");
+  EXPECT_EQ(l.arch, Arch::kLlama);
+  EXPECT_EQ(l.n_kv_heads, 2);
+  EXPECT_FALSE(l.tie_embeddings);
+  EXPECT_EQ(l.ffn_dim, 688);
+  EXPECT_EQ(l.kv_bytes_per_token(DType::F16), 2 * 4 * 2 * 64 * 2);
+}
+
+TEST(ModelConfig, MissingKeyIsNamed) {
+  auto j = tiny_config();
+  j.erase("num_attention_heads");
+  std::string msg = error_of([&] { ModelConfig::from_json_text(j.dump(), "x/config.json"); });
+  EXPECT_NE(msg.find("x/config.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("num_attention_heads"), std::string::npos) << msg;
+}
+
+TEST(ModelConfig, UnknownModelTypeIsNamed) {
+  auto j = tiny_config();
+  j["model_type"] = "bloom";
+  std::string msg = error_of([&] { ModelConfig::from_json_text(j.dump(), "config.json"); });
+  EXPECT_NE(msg.find("unknown model_type \"bloom\""), std::string::npos) << msg;
+}
+
+TEST(ModelConfig, BadValuesAndUnsupportedVariants) {
+  auto j = tiny_config();
+  j["hidden_size"] = -3;
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("hidden_size"), std::string::npos);
+  j = tiny_config();
+  j["do_layer_norm_before"] = false;
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("post-LN"), std::string::npos);
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text("{nope", "c"); }).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of([&] { ModelConfig::from_file("/nonexistent/config.json"); }).find("/nonexistent/config.json"),
+            std::string::npos);
+}
+
+// Copies tiny-opt into `dst`, applying `edit` to the tensor list first.
+void write_edited(const std::filesystem::path& dst,
+                  const std::function<void(std::vector<std::pair<std::string, TensorView>>&)>& edit) {
+  test::copy_model_files(model_dir("tiny-opt"), dst);
+  SafetensorsArchive a = SafetensorsArchive::open_dir(model_dir("tiny-opt"));
+  std::vector<std::pair<std::string, TensorView>> t;
+  for (const auto& e : a.tensors()) t.push_back({e.name, e.view});
+  edit(t);
+  write_safetensors(dst / "model.safetensors", t);
+}
+
+TEST(ModelLoad, MissingTensorIsNamed) {
+  TempDir tmp;
+  write_edited(tmp.path(), [](auto& t) {
+    std::erase_if(t, [](const auto& p) { return p.first == "model.decoder.layers.2.fc1.bias"; });
+  });
+  std::string msg = error_of([&] { Model::load_dir(tmp.path()); });
+  EXPECT_NE(msg.find("model.decoder.layers.2.fc1.bias"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("missing"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, ShapeDisagreeingWithConfigIsNamed) {
+  TempDir tmp;
+  write_edited(tmp.path(), [](auto& t) {
+    for (auto& [n, v] : t)
+      if (n == "model.decoder.layers.1.fc2.weight") v.shape = Shape{256, 512};  // half of [256, 1024]
+  });
+  std::string msg = error_of([&] { Model::load_dir(tmp.path()); });
+  EXPECT_NE(msg.find("model.decoder.layers.1.fc2.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[256, 512]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[256, 1024]"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, ConfigDisagreeingWithTensors) {
+  TempDir tmp;
+  write_edited(tmp.path(), [](auto&) {});
+  auto j = tiny_config();
+  j["ffn_dim"] = 2048;
+  std::ofstream(tmp.path() / "config.json") << j.dump();
+  std::string msg = error_of([&] { Model::load_dir(tmp.path()); });
+  EXPECT_NE(msg.find("fc1.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("config.json implies [2048, 256]"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, IntegerWeightRejected) {
+  TempDir tmp;
+  std::vector<int32_t> ints(256, 1);
+  write_edited(tmp.path(), [&](auto& t) {
+    for (auto& [n, v] : t)
+      if (n == "model.decoder.final_layer_norm.bias") v = TensorView{ints.data(), DType::I32, Shape{256}};
+  });
+  std::string msg = error_of([&] { Model::load_dir(tmp.path()); });
+  EXPECT_NE(msg.find("final_layer_norm.bias"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("I32"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, MissingConfigAndWeightsAreNamed) {
+  TempDir tmp;
+  EXPECT_NE(error_of([&] { Model::load_dir(tmp.path()); }).find("config.json"), std::string::npos);
+  test::copy_model_files(model_dir("tiny-opt"), tmp.path());
+  EXPECT_NE(error_of([&] { Model::load_dir(tmp.path()); }).find("model.safetensors"), std::string::npos);
+}
+
+TEST(DummyWeights, DeterministicVariedAndRunnable) {
+  ModelConfig c = ModelConfig::from_file(model_dir("tiny-llama") / "config.json");
+  Model a = Model::dummy(c, 1), b = Model::dummy(c, 1), other = Model::dummy(c, 2);
+  const TensorView& qa = a.weights().layers[1].q_w;
+  ASSERT_EQ(qa.nbytes(), b.weights().layers[1].q_w.nbytes());
+  EXPECT_EQ(0, std::memcmp(qa.data, b.weights().layers[1].q_w.data, qa.nbytes()));
+  EXPECT_NE(0, std::memcmp(qa.data, other.weights().layers[1].q_w.data, qa.nbytes()));
+  // Not constant: many distinct values, and different tensors differ.
+  std::set<uint16_t> distinct(qa.as<uint16_t>(), qa.as<uint16_t>() + qa.numel());
+  EXPECT_GT(distinct.size(), 1000u);
+  EXPECT_NE(0, std::memcmp(qa.data, a.weights().layers[1].k_w.data, 1024));
+  EXPECT_EQ(a.parameter_count(), Model::load_dir(model_dir("tiny-llama")).parameter_count());
+  CpuDevice dev(2);
+  Forward fwd(a, dev);
+  GenerationRequest r;
+  r.prompt_ids = {0, 5, 6, 7};
+  r.max_new_tokens = 4;
+  r.sampling.temperature = 0;
+  auto out = generate(fwd, {r}, GenerateOptions{});
+  EXPECT_EQ(out[0].tokens.size(), 4u);
+}
+
+TEST(Requests, BadRequestsAreExplained) {
+  ModelConfig c = ModelConfig::from_file(model_dir("tiny-opt") / "config.json");
+  GenerationRequest r;
+  EXPECT_NE(error_of([&] { validate_request(r, c); }).find("empty prompt"), std::string::npos);
+  r.prompt_ids.assign(size_t(c.max_positions) + 1, 5);
+  std::string msg = error_of([&] { validate_request(r, c); });
+  EXPECT_NE(msg.find("1025 tokens"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("max_position_embeddings (1024)"), std::string::npos) << msg;
+  r.prompt_ids = {2, 4096};
+  EXPECT_NE(error_of([&] { validate_request(r, c); }).find("4096"), std::string::npos);
+  r.prompt_ids = {2, 5};
+  r.sampling.top_p = 0;
+  EXPECT_NE(error_of([&] { validate_request(r, c); }).find("top_p"), std::string::npos);
+}
+
+TEST(Requests, GenerationStopsAtMaxPositions) {
+  Model m = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  GenerationRequest r;
+  r.prompt_ids.assign(1020, 262);
+  r.prompt_ids[0] = 2;
+  r.max_new_tokens = 50;
+  r.sampling.temperature = 0;
+  GenerateOptions o;
+  o.ignore_eos = true;
+  auto out = generate(fwd, {r}, o);
+  EXPECT_EQ(out[0].tokens.size(), 4u);  // 1020 + 4 = 1024 positions
+  EXPECT_EQ(out[0].finish, FinishReason::kLength);
+}
+
+}  // namespace
+}  // namespace flexh2o
