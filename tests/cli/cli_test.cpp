@@ -1,0 +1,199 @@
+// The flexh2o program as a user runs it: generate (JSONL contract, report, bad lines),
+// tokenize/detokenize, info, hub-cache resolution, device selection, exit codes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../engine/test_util.h"
+
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using flexh2o::test::model_dir;
+using flexh2o::test::read_json;
+using flexh2o::test::TempDir;
+
+struct Run {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs the flexh2o binary with `args` (shell words), capturing stdout and stderr.
+Run flexh2o(const std::string& args, const std::string& env = "") {
+  TempDir tmp;
+  const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
+  std::string cmd = env + " " + std::string(FLEXH2O_BINARY_DIR) + "/flexh2o " + args + " >" + out.string() +
+                    " 2>" + err.string() + " </dev/null";
+  Run r;
+  int st = std::system(cmd.c_str());
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = flexh2o::test::read_text(out);
+  r.err = flexh2o::test::read_text(err);
+  return r;
+}
+
+std::vector<json> read_jsonl(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<json> v;
+  std::string line;
+  while (std::getline(in, line)) v.push_back(json::parse(line));
+  return v;
+}
+
+const std::string kOpt = model_dir("tiny-opt").string();
+
+TEST(Cli, GenerateJsonlKeepsOrderAndMatchesReference) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl", rep = tmp.path() / "run.json";
+  auto greedy = read_json(model_dir("tiny-opt") / "reference/greedy.json");
+  {
+    std::ofstream f(in);
+    int i = 0;
+    for (const auto& p : greedy["prompts"]) f << json{{"id", "p" + std::to_string(i++)}, {"prompt", p["prompt"]}} << "\n";
+    f << json{{"prompt_ids", greedy["prompts"][0]["ids"]}, {"max_new_tokens", 5}} << "\n";
+  }
+  Run r = flexh2o("generate --model " + kOpt + " --input " + in.string() + " --output " + out.string() +
+                  " --report " + rep.string() + " --greedy --ignore-eos -n 32 --batch-size 3 --device cpu");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto lines = read_jsonl(out);
+  ASSERT_EQ(lines.size(), 4u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(lines[i]["id"], "p" + std::to_string(i));
+    EXPECT_EQ(lines[i]["token_ids"], greedy["prompts"][i]["generated_ids"]);
+    EXPECT_EQ(lines[i]["text"], greedy["prompts"][i]["generated_text"]);
+    EXPECT_EQ(lines[i]["finish_reason"], "length");
+  }
+  EXPECT_EQ(lines[3]["id"], 3);  // no id given: the line's index
+  auto first5 = greedy["prompts"][0]["generated_ids"].get<std::vector<int>>();
+  first5.resize(5);
+  EXPECT_EQ(lines[3]["token_ids"].get<std::vector<int>>(), first5);
+  auto report = read_json(rep);
+  for (const char* k : {"prefill_seconds", "decode_seconds", "tokens_per_s", "peak_rss_bytes", "generated_tokens"})
+    EXPECT_TRUE(report.contains(k)) << k;
+  EXPECT_EQ(report["generated_tokens"], 3 * 32 + 5);
+  EXPECT_NE(r.out.find("[\"p0\"]"), std::string::npos);  // human-readable results on stdout
+}
+
+TEST(Cli, BadLinesAreReportedWithLineNumbersOthersStillRun) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  std::string long_prompt(5000, 'x');
+  {
+    std::ofstream f(in);
+    f << R"({"id": "ok1", "prompt": "And God said", "max_new_tokens": 3})" << "\n";
+    f << R"({"id": "broken", "prompt": )" << "\n";  // line 2: invalid JSON
+    f << R"({"id": "empty", "prompt": ""})" << "\n";
+    f << json{{"id", "long"}, {"prompt_ids", std::vector<int>(1100, 5)}} << "\n";
+    f << "\n";
+    f << R"({"id": "ok2", "prompt": "Jesus wept.", "max_new_tokens": 2, "temperature": 0})" << "\n";
+  }
+  Run r = flexh2o("generate -m " + kOpt + " -i " + in.string() + " -o " + out.string() + " --device cpu");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("in.jsonl:2: invalid JSON"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("in.jsonl:3: empty prompt"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("in.jsonl:4: prompt is 1100 tokens"), std::string::npos) << r.err;
+  auto lines = read_jsonl(out);
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[0]["id"], "ok1");
+  EXPECT_EQ(lines[0]["token_ids"].size(), 3u);
+  EXPECT_EQ(lines[1]["line"], 2);
+  EXPECT_TRUE(lines[1].contains("error"));
+  EXPECT_EQ(lines[2]["id"], "empty");
+  EXPECT_TRUE(lines[3]["error"].get<std::string>().find("max_position_embeddings") != std::string::npos);
+  EXPECT_EQ(lines[4]["id"], "ok2");
+  EXPECT_EQ(lines[4]["token_ids"].size(), 2u);
+}
+
+TEST(Cli, SinglePromptPrintsText) {
+  Run r = flexh2o("generate -m " + kOpt + " --prompt 'In the beginning God created' --greedy -n 8 --device auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, ", and the LORD, and the LORD\n");
+  EXPECT_NE(r.err.find("using the CPU"), std::string::npos) << r.err;
+}
+
+TEST(Cli, ModelErrorsAreClearAndNonZero) {
+  Run missing = flexh2o("generate -m /nonexistent/model --prompt hi");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.err.find("/nonexistent/model"), std::string::npos) << missing.err;
+
+  TempDir tmp;
+  flexh2o::test::copy_model_files(model_dir("tiny-opt"), tmp.path());
+  std::string bytes = flexh2o::test::read_text(model_dir("tiny-opt") / "model.safetensors");
+  std::ofstream(tmp.path() / "model.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  Run trunc = flexh2o("generate -m " + tmp.path().string() + " --prompt hi");
+  EXPECT_EQ(trunc.code, 1);
+  EXPECT_NE(trunc.err.find("model.safetensors"), std::string::npos) << trunc.err;
+
+  Run cuda = flexh2o("generate -m " + kOpt + " --prompt hi --device cuda");
+  EXPECT_EQ(cuda.code, 1);
+  EXPECT_NE(cuda.err.find("--device cuda"), std::string::npos) << cuda.err;
+
+  Run usage = flexh2o("generate --prompt hi");
+  EXPECT_EQ(usage.code, 2);
+}
+
+TEST(Cli, HubIdResolvesFromLocalCache) {
+  TempDir tmp;
+  fs::path snap = tmp.path() / "hub/models--tiny--opt/snapshots/abc123";
+  fs::create_directories(snap);
+  for (const auto& e : fs::directory_iterator(model_dir("tiny-opt")))
+    if (e.is_regular_file()) fs::create_symlink(e.path(), snap / e.path().filename());
+  fs::create_directories(tmp.path() / "hub/models--tiny--opt/refs");
+  std::ofstream(tmp.path() / "hub/models--tiny--opt/refs/main") << "abc123";
+  Run ok = flexh2o("generate -m tiny/opt --prompt 'Jesus wept.' --greedy -n 3", "HF_HOME=" + tmp.path().string());
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  Run absent = flexh2o("info facebook/opt-1.3b", "HF_HOME=" + tmp.path().string());
+  EXPECT_EQ(absent.code, 1);
+  EXPECT_NE(absent.err.find("huggingface-cli download facebook/opt-1.3b"), std::string::npos) << absent.err;
+}
+
+TEST(Cli, TokenizeAndDetokenizeRoundTrip) {
+  TempDir tmp;
+  auto cases = read_json(model_dir("tiny-opt") / "reference/tokenizer_cases.json");
+  const fs::path in = tmp.path() / "t.jsonl", ids = tmp.path() / "ids.jsonl";
+  {
+    std::ofstream f(in);
+    for (const auto& c : cases["cases"]) f << json{{"text", c["text"]}} << "\n";
+  }
+  Run t = flexh2o("tokenize --tokenizer " + kOpt + " --no-special -i " + in.string() + " -o " + ids.string());
+  ASSERT_EQ(t.code, 0) << t.err;
+  auto lines = read_jsonl(ids);
+  ASSERT_EQ(lines.size(), cases["cases"].size());
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i]["ids"], cases["cases"][i]["ids"]);
+  Run d = flexh2o("detokenize --tokenizer " + kOpt + " -i " + ids.string());
+  ASSERT_EQ(d.code, 0) << d.err;
+  std::istringstream ds(d.out);
+  std::string line;
+  for (size_t i = 0; std::getline(ds, line); ++i) EXPECT_EQ(json::parse(line)["text"], cases["cases"][i]["decoded"]);
+  Run with_bos = flexh2o("tokenize --tokenizer " + kOpt + " -i " + in.string());
+  EXPECT_EQ(json::parse(with_bos.out.substr(0, with_bos.out.find('\n')))["ids"][0], 2);
+  Run none = flexh2o("tokenize --tokenizer " + tmp.path().string() + " -i " + in.string());
+  EXPECT_EQ(none.code, 1);
+}
+
+TEST(Cli, InfoDescribesPresetsAndDirectories) {
+  Run r = flexh2o("info opt-30b --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = json::parse(r.out);
+  EXPECT_NEAR(j["parameters"].get<double>(), 29.97e9, 0.05e9);
+  EXPECT_EQ(j["kv_bytes_per_token_f16"], 2 * 48 * 7168 * 2);
+  Run d = flexh2o("info " + model_dir("tiny-llama").string());
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_NE(d.out.find("4 heads (2 kv)"), std::string::npos) << d.out;
+}
+
+TEST(Cli, EvalPplMatchesReference) {
+  auto ref = read_json(model_dir("tiny-opt") / "reference/perplexity_full.json");
+  Run r = flexh2o("eval-ppl -m " + kOpt + " --max-tokens 1024 --json --device cpu " +
+                  (model_dir("tiny-opt") / "reference/eval.txt").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = json::parse(r.out);
+  EXPECT_EQ(j["tokens"], 1024);
+  EXPECT_NEAR(j["perplexity"].get<double>(), ref["perplexity"].get<double>(), 0.005 * ref["perplexity"].get<double>());
+}
+
+}  // namespace
