@@ -41,7 +41,7 @@ void run_batch(Forward& fwd, const std::vector<GenerationRequest>& reqs, size_t 
   }
   KvCache cache(c, B, S + std::max<int64_t>(max_new, 1));
   std::vector<int32_t> ids(size_t(B * S), opts.pad_id), pos(size_t(B * S), 0);
-  std::vector<int64_t> len(size_t(B));
+  std::vector<int64_t> len(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     const auto& p = reqs[first + size_t(b)].prompt_ids;
     const int64_t pad = S - int64_t(p.size());
