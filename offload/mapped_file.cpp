@@ -1,1 +1,84 @@
-// TODO: implementation in progress
+// MappedFile: open + fstat + mmap(PROT_READ, MAP_PRIVATE) of a whole file, unmapped on destruction.
+// The descriptor is closed right after mapping (the mapping keeps the file alive). This is not
+// the NVMe read path (that is BlockDevice/io_uring); it serves checkpoints read in place.
+#include "offload/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "core/error.h"
+
+namespace flexh2o {
+
+namespace {
+
+// Closes a descriptor on scope exit; the mapping outlives it.
+struct FdGuard {
+  int fd = -1;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+MappedFile MappedFile::open(const std::filesystem::path& path) {
+  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (fd.fd < 0) {
+    int e = errno;
+    FH_FAIL("cannot open ", path.string(), ": ", std::strerror(e), ".");
+  }
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) {
+    int e = errno;
+    FH_FAIL("cannot stat ", path.string(), ": ", std::strerror(e), ".");
+  }
+  if (!S_ISREG(st.st_mode))
+    FH_FAIL("cannot map ", path.string(), ": ", S_ISDIR(st.st_mode) ? "it is a directory" : "it is not a regular file",
+            ".");
+
+  MappedFile f;
+  f.path_ = path;
+  f.size_ = size_t(st.st_size);
+  if (f.size_ == 0) return f;  // mmap rejects length 0; an empty file maps to nullptr
+
+  void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    FH_FAIL("cannot map ", path.string(), " (", f.size_, " bytes): ", std::strerror(e), ".");
+  }
+  // Checkpoints are read front to back once, then served from the tiers: a hint, never an error.
+  (void)::madvise(p, f.size_, MADV_SEQUENTIAL);
+  f.data_ = static_cast<const std::byte*>(p);
+  return f;
+}
+
+MappedFile::MappedFile(MappedFile&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), path_(std::move(o.path_)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    MappedFile old(std::move(*this));  // unmaps our current mapping when it goes out of scope
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    path_ = std::move(o.path_);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ == nullptr) return;
+  if (::munmap(const_cast<std::byte*>(data_), size_) != 0) {
+    int e = errno;
+    std::fprintf(stderr, "flexh2o: munmap of %s failed: %s\n", path_.c_str(), std::strerror(e));
+  }
+}
+
+}  // namespace flexh2o

@@ -1,1 +1,275 @@
-// TODO: implementation in progress
+// Safetensors reader: maps each file once, validates its JSON header strictly and builds views
+// into the mapping. Layout: u64 little-endian header length N, N bytes of JSON, data section.
+// Sharded checkpoints are read through model.safetensors.index.json ("weight_map"). This file
+// never copies tensor bytes and never writes; see safetensors_writer.cpp for the writer.
+#include "loader/safetensors.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace flexh2o {
+
+namespace {
+
+using nlohmann::json;
+
+// Same bound as the reference implementation: a header above this is corruption, not a model.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+// One tensor as parsed from a header, before it is turned into a view.
+struct RawEntry {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;  // relative to the start of the data section
+};
+
+// ---------------------------------------------------------------------------------------------
+// Header parsing
+// ---------------------------------------------------------------------------------------------
+
+uint64_t read_u64_le(const std::byte* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | uint64_t(std::to_integer<uint8_t>(p[i]));
+  return v;
+}
+
+// Reads a non-negative JSON integer; `what` names it in the error.
+uint64_t get_uint(const json& v, const std::string& file, const std::string& tensor, const char* what) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer())  // signed and negative (nlohmann stores non-negatives as unsigned)
+    FH_FAIL("tensor ", tensor, " in ", file, " has a negative ", what, " (", v.dump(), ").");
+  FH_FAIL("tensor ", tensor, " in ", file, " has a non-integer ", what, " (", v.dump(), ").");
+}
+
+RawEntry parse_entry(const std::string& file, const std::string& name, const json& v) {
+  if (!v.is_object()) FH_FAIL("tensor ", name, " in ", file, " is not a JSON object (", v.dump(), ").");
+  for (const char* field : {"dtype", "shape", "data_offsets"})
+    if (!v.contains(field)) FH_FAIL("tensor ", name, " in ", file, " has no \"", field, "\" field.");
+  RawEntry e;
+  e.name = name;
+
+  const json& dt = v["dtype"];
+  if (!dt.is_string()) FH_FAIL("tensor ", name, " in ", file, " has a dtype that is not a string (", dt.dump(), ").");
+  if (!parse_dtype(dt.get<std::string>(), &e.dtype))
+    FH_FAIL("tensor ", name, " in ", file, " has unsupported dtype ", dt.get<std::string>(),
+            " (supported: F32, F16, BF16, I32, I64, U8).");
+
+  const json& sh = v["shape"];
+  if (!sh.is_array()) FH_FAIL("tensor ", name, " in ", file, " has a shape that is not an array (", sh.dump(), ").");
+  if (sh.size() > size_t(kMaxDims))
+    FH_FAIL("tensor ", name, " in ", file, " has rank ", sh.size(), "; at most ", kMaxDims, " dimensions are supported.");
+  // numel * element size must fit: each step is checked against overflow.
+  uint64_t bytes = dtype_size(e.dtype);
+  for (const json& d : sh) {
+    uint64_t n = get_uint(d, file, name, "shape dimension");
+    if (n > uint64_t(std::numeric_limits<int64_t>::max()) ||
+        (n != 0 && bytes > std::numeric_limits<uint64_t>::max() / n))
+      FH_FAIL("tensor ", name, " in ", file, " has a shape whose byte size overflows (", sh.dump(), ").");
+    bytes *= n;
+    e.shape.dims[e.shape.ndim++] = int64_t(n);
+  }
+
+  const json& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2)
+    FH_FAIL("tensor ", name, " in ", file, " has data_offsets that are not a [begin, end] pair (", off.dump(), ").");
+  e.begin = get_uint(off[0], file, name, "data_offsets begin");
+  e.end = get_uint(off[1], file, name, "data_offsets end");
+  if (e.begin > e.end)
+    FH_FAIL("tensor ", name, " in ", file, " has data_offsets with begin ", e.begin, " > end ", e.end, ".");
+  if (e.end - e.begin != bytes)
+    FH_FAIL("tensor ", name, " in ", file, " has shape ", e.shape.str(), " x ", dtype_name(e.dtype), " = ", bytes,
+            " bytes but data_offsets span ", e.end - e.begin, " bytes [", e.begin, ", ", e.end, ").");
+  return e;
+}
+
+// Parses and validates the header of `f`; entries come back with offsets checked against the
+// data section and against each other.
+std::vector<RawEntry> parse_header(const MappedFile& f, uint64_t* data_start,
+                                   std::map<std::string, std::string>* metadata) {
+  const std::string file = f.path().string();
+  if (f.size() < 8)
+    FH_FAIL(file, " is not a safetensors file: it is ", f.size(),
+            " bytes long, shorter than the 8-byte header length field.");
+  const uint64_t n = read_u64_le(f.data());
+  if (n > kMaxHeaderBytes)
+    FH_FAIL(file, " is not a valid safetensors file: header length ", n, " is absurdly large (limit ",
+            kMaxHeaderBytes, " bytes).");
+  if (n > f.size() - 8)
+    FH_FAIL(file, " is truncated or corrupt: header length ", n, " runs past the end of the file (",
+            f.size(), " bytes).");
+
+  const char* text = reinterpret_cast<const char*>(f.data() + 8);
+  json h;
+  try {
+    h = json::parse(text, text + n);
+  } catch (const json::parse_error& ex) {
+    FH_FAIL(file, " has a header that is not valid JSON: ", ex.what());
+  }
+  if (!h.is_object()) FH_FAIL(file, " has a header that is a JSON ", h.type_name(), ", not an object.");
+
+  const uint64_t data_size = f.size() - 8 - n;
+  std::vector<RawEntry> out;
+  out.reserve(h.size());
+  for (const auto& [key, v] : h.items()) {
+    if (key == "__metadata__") {
+      if (!v.is_object()) FH_FAIL(file, " has a __metadata__ entry that is not a JSON object.");
+      for (const auto& [mk, mv] : v.items()) {
+        if (!mv.is_string()) FH_FAIL(file, " has __metadata__ field ", mk, " that is not a string (", mv.dump(), ").");
+        if (metadata) (*metadata)[mk] = mv.get<std::string>();
+      }
+      continue;
+    }
+    RawEntry e = parse_entry(file, key, v);
+    if (e.end > data_size)
+      FH_FAIL(file, " is truncated: tensor ", key, " needs data bytes [", e.begin, ", ", e.end,
+              ") but the data section holds only ", data_size, " bytes.");
+    if ((8 + n + e.begin) % dtype_size(e.dtype) != 0)
+      FH_FAIL("tensor ", key, " in ", file, " starts at file offset ", 8 + n + e.begin,
+              ", which is not aligned to its ", dtype_name(e.dtype), " element size.");
+    out.push_back(std::move(e));
+  }
+
+  // Overlap check: sorted by begin, every non-empty range must start at or after the previous end.
+  std::vector<const RawEntry*> by_off;
+  for (const RawEntry& e : out)
+    if (e.end > e.begin) by_off.push_back(&e);
+  std::sort(by_off.begin(), by_off.end(), [](const RawEntry* a, const RawEntry* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_off.size(); ++i)
+    if (by_off[i]->begin < by_off[i - 1]->end)
+      FH_FAIL(file, " is corrupt: tensors ", by_off[i - 1]->name, " [", by_off[i - 1]->begin, ", ",
+              by_off[i - 1]->end, ") and ", by_off[i]->name, " [", by_off[i]->begin, ", ", by_off[i]->end,
+              ") overlap.");
+  *data_start = 8 + n;
+  return out;
+}
+
+// Appends the tensors of files[file_index] to `out` as views into its mapping.
+void add_file_tensors(const MappedFile& f, size_t file_index, std::vector<TensorEntry>* out,
+                      std::map<std::string, std::string>* metadata) {
+  uint64_t data_start = 0;
+  std::vector<RawEntry> raw = parse_header(f, &data_start, metadata);
+  for (RawEntry& r : raw) {
+    TensorEntry t;
+    t.name = std::move(r.name);
+    t.view.data = f.data() + data_start + r.begin;
+    t.view.dtype = r.dtype;
+    t.view.shape = r.shape;
+    t.file_index = file_index;
+    out->push_back(std::move(t));
+  }
+}
+
+void sort_and_check_unique(std::vector<TensorEntry>* ts, const std::vector<MappedFile>& files) {
+  std::sort(ts->begin(), ts->end(), [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
+  for (size_t i = 1; i < ts->size(); ++i)
+    if ((*ts)[i].name == (*ts)[i - 1].name)
+      FH_FAIL("tensor ", (*ts)[i].name, " appears in both ", files[(*ts)[i - 1].file_index].path().string(), " and ",
+              files[(*ts)[i].file_index].path().string(), ".");
+}
+
+json read_json_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) FH_FAIL("cannot read ", p.string(), ".");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return json::parse(ss.str());
+  } catch (const json::parse_error& ex) {
+    FH_FAIL(p.string(), " is not valid JSON: ", ex.what());
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsArchive
+// ---------------------------------------------------------------------------------------------
+
+SafetensorsArchive SafetensorsArchive::open_file(const std::filesystem::path& file) {
+  SafetensorsArchive a;
+  a.source_ = file;
+  a.files_.push_back(MappedFile::open(file));
+  add_file_tensors(a.files_[0], 0, &a.tensors_, &a.metadata_);
+  sort_and_check_unique(&a.tensors_, a.files_);
+  return a;
+}
+
+SafetensorsArchive SafetensorsArchive::open_dir(const std::filesystem::path& dir) {
+  const auto index_path = dir / "model.safetensors.index.json";
+  const auto single_path = dir / "model.safetensors";
+  std::error_code ec;
+  if (!std::filesystem::exists(index_path, ec)) {
+    if (!std::filesystem::exists(single_path, ec))
+      FH_FAIL("no checkpoint in ", dir.string(), ": neither model.safetensors nor model.safetensors.index.json exists.");
+    return open_file(single_path);
+  }
+
+  const std::string index = index_path.string();
+  const json j = read_json_file(index_path);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    FH_FAIL(index, " has no \"weight_map\" object mapping tensor names to shard files.");
+
+  // Shard name -> file index; each shard is opened once, in name order.
+  std::map<std::string, size_t> shard_index;
+  for (const auto& [tensor, shard] : j["weight_map"].items()) {
+    if (!shard.is_string()) FH_FAIL(index, " maps tensor ", tensor, " to ", shard.dump(), ", not a file name.");
+    const std::filesystem::path sp(shard.get<std::string>());
+    if (sp.empty() || sp.is_absolute() || sp.filename() != sp)
+      FH_FAIL(index, " maps tensor ", tensor, " to shard \"", sp.string(),
+              "\", which is not a plain file name in the checkpoint directory.");
+    shard_index.emplace(sp.string(), 0);
+  }
+  if (shard_index.empty()) FH_FAIL(index, " has an empty weight_map.");
+
+  SafetensorsArchive a;
+  a.source_ = index_path;
+  for (auto& [shard, idx] : shard_index) {
+    const auto p = dir / shard;
+    if (!std::filesystem::is_regular_file(p, ec))
+      FH_FAIL("shard ", shard, " listed in ", index, " is missing (looked for ", p.string(), ").");
+    idx = a.files_.size();
+    a.files_.push_back(MappedFile::open(p));
+  }
+  for (size_t i = 0; i < a.files_.size(); ++i)
+    add_file_tensors(a.files_[i], i, &a.tensors_, i == 0 ? &a.metadata_ : nullptr);
+  sort_and_check_unique(&a.tensors_, a.files_);
+
+  for (const auto& [tensor, shard] : j["weight_map"].items()) {
+    const size_t want = shard_index.at(shard.get<std::string>());
+    const TensorEntry* t = a.find(tensor);
+    if (t == nullptr || t->file_index != want)
+      FH_FAIL("tensor ", tensor, " is listed in ", index, " under shard ", shard.get<std::string>(),
+              " but is absent from ", a.files_[want].path().string(), ".");
+  }
+  return a;
+}
+
+const TensorEntry* SafetensorsArchive::find(std::string_view name) const {
+  auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                             [](const TensorEntry& t, std::string_view n) { return t.name < n; });
+  return (it != tensors_.end() && it->name == name) ? &*it : nullptr;
+}
+
+const TensorEntry& SafetensorsArchive::get(std::string_view name) const {
+  const TensorEntry* t = find(name);
+  if (t == nullptr) FH_FAIL("tensor ", name, " missing from ", source_.string(), ".");
+  return *t;
+}
+
+size_t SafetensorsArchive::total_bytes() const {
+  size_t n = 0;
+  for (const TensorEntry& t : tensors_) n += t.view.nbytes();
+  return n;
+}
+
+}  // namespace flexh2o

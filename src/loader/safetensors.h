@@ -26,7 +26,8 @@ class SafetensorsArchive {
  public:
   // dir/model.safetensors.index.json if present (sharded), else dir/model.safetensors.
   static SafetensorsArchive open_dir(const std::filesystem::path& dir);
-  // One .safetensors file.
+  // One .safetensors file. Tensor data must be aligned to its element size in the file (true
+  // of every file written by the safetensors library or write_safetensors); else it throws.
   static SafetensorsArchive open_file(const std::filesystem::path& file);
 
   // nullptr when absent.
@@ -39,8 +40,11 @@ class SafetensorsArchive {
   size_t total_bytes() const;
   // Free-form string map from the "__metadata__" header entry of the first file.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // What was opened: the .safetensors file, or the index.json of a sharded checkpoint.
+  const std::filesystem::path& source() const { return source_; }
 
  private:
+  std::filesystem::path source_;
   std::vector<MappedFile> files_;
   std::vector<TensorEntry> tensors_;  // sorted by name
   std::map<std::string, std::string> metadata_;
