@@ -1,0 +1,156 @@
+// Private: causal softmax attention for one (sequence, query head, query range), written
+// over a vector-traits type T and instantiated per ISA; the TBB driver is attention.cpp.
+// Every sum runs over keys in slot order starting at key_start, so a sequence gives the
+// same bits whatever its padding, its batch, or the query block it falls in.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/detail/isa.h"
+#include "kernels/cpu/detail/linear_impl.h"
+#include "kernels/cpu/detail/math_impl.h"
+
+namespace flexh2o::cpu::detail {
+
+// acc[q*NV + v] += sum over j in [j0, j1) of prow[q][j] * V[j][v*L ...] (in j order).
+template <class T, int QN, int NV>
+inline void pv_run(typename T::V* acc, const float* const* prow, const float* v0, int64_t d,
+                   int tail, int64_t j0, int64_t j1) {
+  using V = typename T::V;
+  constexpr int L = T::L;
+  V r[QN * NV];
+  for (int i = 0; i < QN * NV; ++i) r[i] = acc[i];
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* vp = v0 + j * d;
+    V vv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      vv[v] = (v == NV - 1 && tail) ? T::load_tail(vp + v * L, tail) : T::load(vp + v * L);
+#pragma GCC unroll 8
+    for (int q = 0; q < QN; ++q) {
+      V p = T::set1(prow[q][j]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) r[q * NV + v] = T::fma(p, vv[v], r[q * NV + v]);
+    }
+  }
+  for (int i = 0; i < QN * NV; ++i) acc[i] = r[i];
+}
+
+template <class T, int QN>
+inline void pv_run_rt(int nv, typename T::V* acc, const float* const* prow, const float* v0,
+                      int64_t d, int tail, int64_t j0, int64_t j1) {
+  static_assert(T::PV_V <= 4);
+  switch (nv) {
+    case 1: pv_run<T, QN, 1>(acc, prow, v0, d, tail, j0, j1); break;
+    case 2: if constexpr (T::PV_V >= 2) pv_run<T, QN, 2>(acc, prow, v0, d, tail, j0, j1); break;
+    case 3: if constexpr (T::PV_V >= 3) pv_run<T, QN, 3>(acc, prow, v0, d, tail, j0, j1); break;
+    default: if constexpr (T::PV_V >= 4) pv_run<T, QN, 4>(acc, prow, v0, d, tail, j0, j1); break;
+  }
+}
+
+template <class T>
+void attention_task(const AttnTask& task) {
+  using V = typename T::V;
+  constexpr int L = T::L, MR = T::MR, NR = T::NR, PQ = T::PV_Q, PV = T::PV_V;
+  const AttentionArgs& a = *task.a;
+  const int64_t b = task.b, h = task.h, d = a.head_dim;
+  const int64_t g = h / (a.n_heads / a.kv_heads);
+  const int64_t ks = a.key_start ? a.key_start[b] : 0;
+  const float* kb = a.k + ((b * a.kv_heads + g) * a.capacity + ks) * d;  // key j: kb + j*d
+  const float* vb = a.v + ((b * a.kv_heads + g) * a.capacity + ks) * d;
+  float* kscore = a.key_scores ? a.key_scores + (b * a.n_heads + h) * a.capacity + ks : nullptr;
+  const int64_t ld = a.n_keys;
+  auto n_of = [&](int64_t t) { return a.n_keys - a.tq + t - ks + 1; };  // keys query t sees
+  auto qrow = [&](int64_t t) { return a.q + (b * a.tq + t) * a.q_stride + h * d; };
+  auto orow = [&](int64_t t) { return a.out + (b * a.tq + t) * a.out_stride + h * d; };
+
+  for (int64_t qb0 = task.t0; qb0 < task.t1; qb0 += kAttnQB) {
+    const int64_t qb1 = qb0 + kAttnQB < task.t1 ? qb0 + kAttnQB : task.t1;
+    float* S = task.scratch;  // row i - qb0: scores, then probabilities
+    // ---- scores: MR queries x NR keys per tile, dot products along d
+    for (int64_t i0 = qb0; i0 < qb1; i0 += MR) {
+      const int mr = int(qb1 - i0 < MR ? qb1 - i0 : MR);
+      const int64_t nmax = n_of(i0 + mr - 1);
+      if (nmax <= 0) continue;
+      const float* xr[MR];
+      for (int i = 0; i < MR; ++i) xr[i] = qrow(i0 + (i < mr ? i : mr - 1));
+      for (int64_t j0 = 0; j0 < nmax; j0 += NR) {
+        const int nr = int(nmax - j0 < NR ? nmax - j0 : NR);
+        const float* wr[NR];
+        for (int j = 0; j < NR; ++j) wr[j] = kb + (j0 + (j < nr ? j : nr - 1)) * d;
+        float part[MR * NR];
+        dot_tile_rt<T>(mr, xr, wr, d, part);
+        for (int i = 0; i < mr; ++i)
+          for (int j = 0; j < nr; ++j) S[(i0 - qb0 + i) * ld + j0 + j] = part[i * NR + j] * a.scale;
+      }
+    }
+    // ---- softmax per query (fp32, max-subtracted), H2O key scores
+    for (int64_t t = qb0; t < qb1; ++t) {
+      const int64_t n = n_of(t);
+      if (n <= 0) continue;
+      float* row = S + (t - qb0) * ld;
+      V mv = T::set1(row[0]);
+      int64_t j = 0;
+      for (; j + L <= n; j += L) mv = T::max(mv, T::load(row + j));
+      float mx = T::hmax(mv);
+      for (; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
+      const V mxv = T::set1(mx);
+      V sv = T::zero();
+      for (j = 0; j + L <= n; j += L) {
+        V e = vexp<T>(T::sub(T::load(row + j), mxv));
+        T::store(row + j, e);
+        sv = T::add(sv, e);
+      }
+      if (j < n) {
+        const int r = int(n - j);
+        V e = vexp<T>(T::sub(T::load_tail(row + j, r), mxv));
+        T::store_tail(row + j, e, r);
+        sv = T::add(sv, T::load_tail(row + j, r));
+      }
+      float sum;
+      T::template reduce<1>(&sv, &sum);
+      const V inv = T::set1(1.f / sum);
+      for (j = 0; j + L <= n; j += L) T::store(row + j, T::mul(T::load(row + j), inv));
+      if (j < n) T::store_tail(row + j, T::mul(T::load_tail(row + j, int(n - j)), inv), int(n - j));
+      if (kscore) {
+        for (j = 0; j + L <= n; j += L)
+          T::store(kscore + j, T::add(T::load(kscore + j), T::load(row + j)));
+        if (j < n) {
+          const int r = int(n - j);
+          T::store_tail(kscore + j, T::add(T::load_tail(kscore + j, r), T::load_tail(row + j, r)), r);
+        }
+      }
+    }
+    // ---- out = P . V: PQ queries share each V row; chains run over keys in order
+    for (int64_t d0 = 0; d0 < d; d0 += int64_t(PV) * L) {
+      const int64_t dc = d - d0 < int64_t(PV) * L ? d - d0 : int64_t(PV) * L;
+      const int nv = int((dc + L - 1) / L);
+      const int tail = int(dc % L);
+      for (int64_t i0 = qb0; i0 < qb1; i0 += PQ) {
+        const int qn = int(qb1 - i0 < PQ ? qb1 - i0 : PQ);
+        V acc[PQ * PV];
+        for (int i = 0; i < PQ * PV; ++i) acc[i] = T::zero();
+        const float* prow[PQ];
+        for (int q = 0; q < qn; ++q) prow[q] = S + (i0 + q - qb0) * ld;
+        int64_t done = 0;
+        if (qn == PQ && n_of(i0) > 0) {  // common key range of the tile (n grows with t)
+          done = n_of(i0);
+          pv_run_rt<T, PQ>(nv, acc, prow, vb + d0, d, tail, 0, done);
+        }
+        for (int q = 0; q < qn; ++q) {  // each query finishes its own keys alone
+          const int64_t n = n_of(i0 + q);
+          V* aq = acc + q * nv;
+          if (n > done) pv_run_rt<T, 1>(nv, aq, prow + q, vb + d0, d, tail, done, n);
+          float* o = orow(i0 + q) + d0;
+          for (int v = 0; v < nv; ++v) {
+            const V r = n > 0 ? aq[v] : T::zero();
+            if (v == nv - 1 && tail) T::store_tail(o + v * L, r, tail);
+            else T::store(o + v * L, r);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace flexh2o::cpu::detail

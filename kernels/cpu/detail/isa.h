@@ -1,0 +1,73 @@
+// Private: the ISA variants of the CPU kernels and the per-variant function tables.
+// Each variant lives in its own translation unit compiled with its own flags (isa_*.cpp);
+// the TBB drivers (linear.cpp, attention.cpp) call into a table picked once at run time.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/ops.h"
+
+namespace flexh2o::cpu::detail {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+// Raw 16-bit storage types used to select the conversion in the vector loads.
+struct half_t { uint16_t bits; };
+struct bf16_t { uint16_t bits; };
+
+// ---- linear -------------------------------------------------------------------------
+// Reduction order of every output (all variants, all paths): K is cut into chunks of
+// kLinearKC; within a chunk, lane-wise FMA chains over vectors of L along K (masked tail),
+// then a fixed halving tree to a scalar; chunk partials are summed left to right; then
+// + bias; then the epilogue. Nothing depends on M, on the tile an output falls in, or on
+// the thread that computes it.
+constexpr int64_t kLinearKC = 512;  // K chunk (floats)
+constexpr int64_t kLinearMB = 256;  // rows of x per packed task
+constexpr int64_t kLinearNB = 96;   // rows of w per task (multiple of every NR)
+constexpr int64_t kLinearDirectMaxM = 8;  // M at or below this: read w in its dtype directly
+
+struct LinearTask {
+  const float* x = nullptr;  // [M, K]
+  int64_t M = 0, K = 0, N = 0;
+  const void* w = nullptr;  // [N, K] in wdtype
+  DType wdtype = DType::F32;
+  const float* bias = nullptr;  // [N] fp32 or null
+  float* y = nullptr;           // [M, N]
+  Epilogue ep = Epilogue::kStore;
+  int64_t m0 = 0, m1 = 0, n0 = 0, n1 = 0;  // the block this task computes
+  float* scratch = nullptr;  // packed path only: linear_scratch_floats() floats
+  bool packed = false;       // convert w blocks to fp32 (large M) vs read w directly
+};
+constexpr int64_t linear_scratch_floats() { return kLinearNB * kLinearKC + kLinearMB * kLinearNB; }
+
+// ---- attention ----------------------------------------------------------------------
+constexpr int64_t kAttnQB = 32;  // queries per score block
+struct AttnTask {
+  const AttentionArgs* a = nullptr;
+  int64_t b = 0, h = 0, t0 = 0, t1 = 0;  // sequence, query head, query range
+  float* scratch = nullptr;  // attention_scratch_floats(n_keys) floats
+};
+constexpr int64_t attention_scratch_floats(int64_t n_keys) { return kAttnQB * (n_keys + 64); }
+
+struct KernelTable {
+  const char* name;
+  void (*linear_task)(const LinearTask& t);
+  void (*attention_task)(const AttnTask& t);
+  void (*silu_mul)(float* gate, const float* up, int64_t n);
+};
+
+const KernelTable& kernels_scalar();
+const KernelTable& kernels_avx2();
+const KernelTable& kernels_avx512();
+
+bool isa_supported(Isa isa);   // can this machine run the variant?
+Isa best_isa();                // detected once, cached in a function-local static
+const KernelTable& kernels(Isa isa);  // throws if the variant is unsupported here
+
+// The public ops with the variant chosen explicitly (tests use these to cover every variant).
+void linear_isa(Isa isa, const float* x, int64_t M, int64_t K, const TensorView& w,
+                const TensorView* bias, float* y, Epilogue ep);
+void attention_isa(Isa isa, const AttentionArgs& a);
+void silu_mul_isa(Isa isa, float* gate, const float* up, int64_t n);
+
+}  // namespace flexh2o::cpu::detail

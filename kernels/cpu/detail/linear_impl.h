@@ -1,0 +1,156 @@
+// Private: the linear (x . w^T) kernel, written once over a vector-traits type T and
+// instantiated in each ISA translation unit. One task = one block of outputs; the TBB
+// driver is in linear.cpp. See the reduction-order contract in detail/isa.h.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/detail/isa.h"
+
+namespace flexh2o::cpu::detail {
+
+// ---------------------------------------------------------------------------------------
+// Micro-kernel: partial dot products of MR x rows with T::NR w rows over kc elements.
+// xr[m] / wr[n] point at the first element of the chunk. out[m*NR + n].
+template <class T, int MR, class W>
+inline void dot_tile(const float* const* xr, const W* const* wr, int64_t kc, float* out) {
+  using V = typename T::V;
+  constexpr int NR = T::NR, L = T::L;
+  V acc[MR * NR];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR * NR; ++i) acc[i] = T::zero();
+  int64_t k = 0;
+  for (; k + L <= kc; k += L) {
+    V xv[MR];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) xv[m] = T::load(xr[m] + k);
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) {
+      V wv = T::load(wr[n] + k);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) acc[m * NR + n] = T::fma(xv[m], wv, acc[m * NR + n]);
+    }
+  }
+  if (k < kc) {
+    const int r = int(kc - k);
+    V xv[MR];
+    for (int m = 0; m < MR; ++m) xv[m] = T::load_tail(xr[m] + k, r);
+    for (int n = 0; n < NR; ++n) {
+      V wv = T::load_tail(wr[n] + k, r);
+      for (int m = 0; m < MR; ++m) acc[m * NR + n] = T::fma(xv[m], wv, acc[m * NR + n]);
+    }
+  }
+  T::template reduce<MR * NR>(acc, out);
+}
+
+template <class T, class W>
+inline void dot_tile_rt(int mr, const float* const* xr, const W* const* wr, int64_t kc, float* out) {
+  static_assert(T::MR <= 4);
+  switch (mr) {
+    case 1: dot_tile<T, 1>(xr, wr, kc, out); break;
+    case 2: if constexpr (T::MR >= 2) dot_tile<T, 2>(xr, wr, kc, out); break;
+    case 3: if constexpr (T::MR >= 3) dot_tile<T, 3>(xr, wr, kc, out); break;
+    default: if constexpr (T::MR >= 4) dot_tile<T, 4>(xr, wr, kc, out); break;
+  }
+}
+
+template <class T>
+inline float apply_epilogue(Epilogue ep, float s, float bias, bool has_bias, float old) {
+  float r = has_bias ? s + bias : s;
+  switch (ep) {
+    case Epilogue::kStore: return r;
+    case Epilogue::kRelu: return r > 0.f ? r : 0.f;
+    case Epilogue::kAccumulate: return old + r;
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Direct path (small M): w is read in its own dtype, converted in registers.
+template <class T, class W>
+void linear_direct(const LinearTask& t) {
+  constexpr int MR = T::MR, NR = T::NR;
+  const W* w = static_cast<const W*>(t.w);
+  const int64_t K = t.K;
+  for (int64_t n = t.n0; n < t.n1; n += NR) {
+    const int nr = int(t.n1 - n < NR ? t.n1 - n : NR);
+    for (int64_t m = t.m0; m < t.m1; m += MR) {
+      const int mr = int(t.m1 - m < MR ? t.m1 - m : MR);
+      float s[MR * NR], part[MR * NR];
+      for (int64_t k0 = 0; k0 < K; k0 += kLinearKC) {
+        const int64_t kc = K - k0 < kLinearKC ? K - k0 : kLinearKC;
+        const float* xr[MR];
+        const W* wr[NR];
+        for (int i = 0; i < MR; ++i) xr[i] = t.x + (m + (i < mr ? i : 0)) * K + k0;
+        for (int j = 0; j < NR; ++j) wr[j] = w + (n + (j < nr ? j : 0)) * K + k0;
+        dot_tile_rt<T>(mr, xr, wr, kc, part);
+        for (int i = 0; i < mr * NR; ++i) s[i] = k0 == 0 ? part[i] : s[i] + part[i];
+      }
+      for (int i = 0; i < mr; ++i)
+        for (int j = 0; j < nr; ++j) {
+          float* yp = t.y + (m + i) * t.N + n + j;
+          *yp = apply_epilogue<T>(t.ep, s[i * NR + j], t.bias ? t.bias[n + j] : 0.f, t.bias, *yp);
+        }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Packed path (large M): per K chunk, the task's w rows are converted (exactly) into an
+// fp32 panel that stays in L2 while MR-row strips of x stream past it.
+template <class T, class W>
+void linear_packed(const LinearTask& t) {
+  constexpr int MR = T::MR, NR = T::NR, L = T::L;
+  const W* w = static_cast<const W*>(t.w);
+  const int64_t K = t.K, nb = t.n1 - t.n0, mb = t.m1 - t.m0;
+  float* panel = t.scratch;                      // [nb, kLinearKC]
+  float* sum = t.scratch + kLinearNB * kLinearKC;  // [mb, nb]
+  for (int64_t k0 = 0; k0 < K; k0 += kLinearKC) {
+    const int64_t kc = K - k0 < kLinearKC ? K - k0 : kLinearKC;
+    for (int64_t j = 0; j < nb; ++j) {
+      const W* src = w + (t.n0 + j) * K + k0;
+      float* dst = panel + j * kLinearKC;
+      int64_t k = 0;
+      for (; k + L <= kc; k += L) T::store(dst + k, T::load(src + k));
+      if (k < kc) T::store_tail(dst + k, T::load_tail(src + k, int(kc - k)), int(kc - k));
+    }
+    for (int64_t n = 0; n < nb; n += NR) {
+      const int nr = int(nb - n < NR ? nb - n : NR);
+      const float* wr[NR];
+      for (int j = 0; j < NR; ++j) wr[j] = panel + (n + (j < nr ? j : 0)) * kLinearKC;
+      for (int64_t m = 0; m < mb; m += MR) {
+        const int mr = int(mb - m < MR ? mb - m : MR);
+        const float* xr[MR];
+        for (int i = 0; i < MR; ++i) xr[i] = t.x + (t.m0 + m + (i < mr ? i : 0)) * K + k0;
+        float part[MR * NR];
+        dot_tile_rt<T>(mr, xr, wr, kc, part);
+        for (int i = 0; i < mr; ++i)
+          for (int j = 0; j < nr; ++j) {
+            float& s = sum[(m + i) * nb + n + j];
+            s = k0 == 0 ? part[i * NR + j] : s + part[i * NR + j];
+          }
+      }
+    }
+  }
+  for (int64_t i = 0; i < mb; ++i)
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t n = t.n0 + j;
+      float* yp = t.y + (t.m0 + i) * t.N + n;
+      *yp = apply_epilogue<T>(t.ep, sum[i * nb + j], t.bias ? t.bias[n] : 0.f, t.bias, *yp);
+    }
+}
+
+template <class T>
+void linear_task(const LinearTask& t) {
+  switch (t.wdtype) {
+    case DType::F32:
+      return t.packed ? linear_packed<T, float>(t) : linear_direct<T, float>(t);
+    case DType::F16:
+      return t.packed ? linear_packed<T, half_t>(t) : linear_direct<T, half_t>(t);
+    case DType::BF16:
+      return t.packed ? linear_packed<T, bf16_t>(t) : linear_direct<T, bf16_t>(t);
+    default: return;  // rejected by the driver
+  }
+}
+
+}  // namespace flexh2o::cpu::detail

@@ -1,0 +1,46 @@
+// Private: element-wise vector math over a traits type T (exp, silu). Instantiated per ISA.
+// exp is the Cephes single-precision scheme (max error ~2 ulp on [-87, 88]); inputs are
+// clamped to that range, so exp(x) for x < -87.3 returns ~1e-38 rather than 0.
+#pragma once
+
+#include <cstdint>
+
+namespace flexh2o::cpu::detail {
+
+template <class T>
+inline typename T::V vexp(typename T::V x) {
+  using V = typename T::V;
+  x = T::min(T::max(x, T::set1(-87.3f)), T::set1(88.7f));
+  V n = T::round(T::mul(x, T::set1(1.44269504088896341f)));
+  V r = T::fma(n, T::set1(-0.693359375f), x);
+  r = T::fma(n, T::set1(2.12194440e-4f), r);
+  V p = T::set1(1.9875691500E-4f);
+  p = T::fma(p, r, T::set1(1.3981999507E-3f));
+  p = T::fma(p, r, T::set1(8.3334519073E-3f));
+  p = T::fma(p, r, T::set1(4.1665795894E-2f));
+  p = T::fma(p, r, T::set1(1.6666665459E-1f));
+  p = T::fma(p, r, T::set1(5.0000001201E-1f));
+  p = T::fma(p, T::mul(r, r), r);
+  p = T::add(p, T::set1(1.f));
+  // n can reach 128 at the top of the range: scale in two steps to stay representable.
+  V half = T::round(T::mul(n, T::set1(0.5f)));
+  return T::mul(T::mul(p, T::pow2i(half)), T::pow2i(T::sub(n, half)));
+}
+
+template <class T>
+void silu_mul(float* gate, const float* up, int64_t n) {
+  using V = typename T::V;
+  constexpr int L = T::L;
+  auto f = [](V g, V u) {
+    V e = vexp<T>(T::sub(T::zero(), g));
+    return T::mul(T::div(g, T::add(T::set1(1.f), e)), u);
+  };
+  int64_t i = 0;
+  for (; i + L <= n; i += L) T::store(gate + i, f(T::load(gate + i), T::load(up + i)));
+  if (i < n) {
+    const int r = int(n - i);
+    T::store_tail(gate + i, f(T::load_tail(gate + i, r), T::load_tail(up + i, r)), r);
+  }
+}
+
+}  // namespace flexh2o::cpu::detail

@@ -1,0 +1,95 @@
+// Private: AVX2 + FMA + F16C vector traits (8 fp32 lanes) for the kernel templates.
+// Include only from isa_avx2.cpp (compiled with -mavx2 -mfma -mf16c); everything here has
+// internal linkage so no AVX2 code can leak into other translation units.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/detail/isa.h"
+
+namespace flexh2o::cpu::detail {
+namespace {
+
+struct VecAvx2 {
+  using V = __m256;
+  static constexpr int L = 8;
+  static constexpr int MR = 3, NR = 4;  // linear register tile: 12 accumulators
+  static constexpr int PV_Q = 2, PV_V = 4;
+
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float f) { return _mm256_set1_ps(f); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load(const half_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static V load(const bf16_t* p) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static __m256i mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  // n in [1, L): lanes >= n are 0 and their memory is not touched.
+  static V load_tail(const float* p, int n) { return _mm256_maskload_ps(p, mask(n)); }
+  template <typename T16>
+  static V load_tail(const T16* p, int n) {
+    T16 buf[8] = {};
+    std::memcpy(buf, p, size_t(n) * sizeof(T16));
+    return load(buf);
+  }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static void store_tail(float* p, V v, int n) { _mm256_maskstore_ps(p, mask(n), v); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V min(V a, V b) { return _mm256_min_ps(a, b); }
+  static V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V pow2i(V n) {
+    __m256i i = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(i, 23));
+  }
+  static float hmax(V a) {
+    alignas(32) float f[8];
+    store(f, a);
+    float m = f[0];
+    for (int i = 1; i < 8; ++i) m = f[i] > m ? f[i] : m;
+    return m;
+  }
+
+  // Fixed tree per lane: 256->128 halves, {0+2,1+3}, {0+1}; grouping never changes bits.
+  static V lvl1(V a, V b) {
+    return add(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  }
+  static V lvl3(V a, V b) {
+    return add(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  static V lvl4(V a, V b) {
+    return add(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  template <int G>  // G in {1, 2, 4, 8}
+  static void reduce_group(const V* acc, float* out) {
+    static_assert(G == 1 || G == 2 || G == 4 || G == 8);
+    V t[4], v[2];
+    constexpr int n1 = G > 1 ? G / 2 : 1, n3 = n1 > 1 ? n1 / 2 : 1;
+    for (int i = 0; i < n1; ++i) t[i] = lvl1(acc[2 * i], acc[G > 1 ? 2 * i + 1 : 0]);
+    for (int i = 0; i < n3; ++i) v[i] = lvl3(t[2 * i], t[n1 > 1 ? 2 * i + 1 : 0]);
+    V r = lvl4(v[0], v[n3 > 1 ? 1 : 0]);
+    alignas(32) float f[8];
+    store(f, r);
+    for (int o = 0; o < G; ++o) out[o] = f[4 * (o % 2) + o / 2];
+  }
+  template <int G>
+  static void reduce(const V* acc, float* out) {
+    constexpr int P = G >= 8 ? 8 : G >= 4 ? 4 : G >= 2 ? 2 : 1;
+    reduce_group<P>(acc, out);
+    if constexpr (G > P) reduce<G - P>(acc + P, out + P);
+  }
+};
+
+}  // namespace
+}  // namespace flexh2o::cpu::detail

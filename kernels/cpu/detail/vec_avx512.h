@@ -1,0 +1,98 @@
+// Private: AVX-512 vector traits (16 fp32 lanes) for the kernel templates.
+// Include only from isa_avx512.cpp (compiled with -mavx512f/bw/vl -mfma -mf16c); everything
+// here has internal linkage so no AVX-512 code can leak into other translation units.
+#pragma once
+
+#include <immintrin.h>
+
+#include "kernels/cpu/detail/isa.h"
+
+namespace flexh2o::cpu::detail {
+namespace {
+
+struct VecAvx512 {
+  using V = __m512;
+  static constexpr int L = 16;
+  static constexpr int MR = 4, NR = 6;  // linear register tile: 24 accumulators
+  static constexpr int PV_Q = 4, PV_V = 4;  // attention P.V tile: queries x vectors of d
+
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float f) { return _mm512_set1_ps(f); }
+  static __mmask16 mask(int n) { return __mmask16((1u << n) - 1u); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load(const half_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static V load(const bf16_t* p) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  // n in [1, L): lanes >= n are 0 and their memory is not touched.
+  static V load_tail(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
+  static V load_tail(const half_t* p, int n) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p));
+  }
+  static V load_tail(const bf16_t* p, int n) {
+    __m256i h = _mm256_maskz_loadu_epi16(mask(n), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void store_tail(float* p, V v, int n) { _mm512_mask_storeu_ps(p, mask(n), v); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V pow2i(V n) {  // 2^n for integral n in [-126, 127]
+    __m512i i = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(i, 23));
+  }
+  static float hmax(V a) { return _mm512_reduce_max_ps(a); }  // exact in any order
+
+  // Fixed summation tree, applied to groups of accumulators at once. Per lane it is always
+  // 512->256 halves, 256->128 halves, {0+2,1+3}, {0+1}, so pairing accumulators (or pairing
+  // one with itself) never changes an output's bits.
+  static V lvl1(V a, V b) {
+    return add(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  static V lvl2(V a, V b) {
+    return add(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+  }
+  static V lvl3(V a, V b) {
+    return add(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  static V lvl4(V a, V b) {
+    return add(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  // Reduces G (1, 2, 4, 8 or 16) accumulators; out[i] = sum of acc[i].
+  template <int G>
+  static void reduce_group(const V* acc, float* out) {
+    static_assert(G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
+    V t[8], u[4], v[2];
+    constexpr int n1 = G > 1 ? G / 2 : 1, n2 = n1 > 1 ? n1 / 2 : 1, n3 = n2 > 1 ? n2 / 2 : 1;
+    for (int i = 0; i < n1; ++i) t[i] = lvl1(acc[2 * i], acc[G > 1 ? 2 * i + 1 : 0]);
+    for (int i = 0; i < n2; ++i) u[i] = lvl2(t[2 * i], t[n1 > 1 ? 2 * i + 1 : 0]);
+    for (int i = 0; i < n3; ++i) v[i] = lvl3(u[2 * i], u[n2 > 1 ? 2 * i + 1 : 0]);
+    V r = lvl4(v[0], v[n3 > 1 ? 1 : 0]);
+    alignas(64) float f[16];
+    store(f, r);
+    for (int o = 0; o < G; ++o) out[o] = f[4 * (o % 4) + o / 4];
+  }
+  template <int G>
+  static void reduce(const V* acc, float* out) {
+    if constexpr (G >= 16) {
+      reduce_group<16>(acc, out);
+      if constexpr (G > 16) reduce<G - 16>(acc + 16, out + 16);
+    } else {
+      constexpr int P = G >= 8 ? 8 : G >= 4 ? 4 : G >= 2 ? 2 : 1;
+      reduce_group<P>(acc, out);
+      if constexpr (G > P) reduce<G - P>(acc + P, out + P);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace flexh2o::cpu::detail

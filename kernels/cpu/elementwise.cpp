@@ -1,0 +1,113 @@
+// Row-wise data movement and element-wise ops: embedding, add_embedding, rotary, write_kv,
+// silu_mul. Portable code except silu_mul, whose vector exp comes from the ISA table.
+// Parallel over rows (or fixed element blocks) when the work is large.
+#include <tbb/parallel_for.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/detail/isa.h"
+#include "kernels/cpu/detail/rows.h"
+#include "kernels/cpu/ops.h"
+
+namespace flexh2o::cpu {
+
+// ---- embeddings -----------------------------------------------------------------------
+
+namespace {
+
+void gather_rows(const int32_t* ids, int64_t T, const TensorView& table, float* out, bool add,
+                 const char* what) {
+  FH_CHECK(table.shape.ndim == 2 && table.data, what, ": table must be 2-D, got ", table.shape.str());
+  const int64_t V = table.shape[0], D = table.shape[1];
+  for (int64_t t = 0; t < T; ++t)
+    FH_CHECK(ids[t] >= 0 && ids[t] < V, what, ": row ", ids[t], " at position ", t,
+             " is outside the table of ", V, " rows");
+  detail::for_rows(T, D, [&](int64_t t) {
+    float* o = out + t * D;
+    if (!add) return detail::row_to_f32(table, ids[t], D, o);
+    std::vector<float> tmp(static_cast<size_t>(D));
+    detail::row_to_f32(table, ids[t], D, tmp.data());
+    for (int64_t i = 0; i < D; ++i) o[i] += tmp[i];
+  });
+}
+
+}  // namespace
+
+void embedding(const int32_t* ids, int64_t T, const TensorView& table, float* out) {
+  gather_rows(ids, T, table, out, false, "embedding");
+}
+
+void add_embedding(const int32_t* rows, int64_t T, const TensorView& table, float* out) {
+  gather_rows(rows, T, table, out, true, "add_embedding");
+}
+
+// ---- rotary ---------------------------------------------------------------------------
+
+void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
+            const int32_t* positions, float theta) {
+  FH_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary: head_dim ", head_dim, " must be even");
+  FH_CHECK(row_stride >= n_heads * head_dim, "rotary: row_stride ", row_stride, " < n_heads*head_dim");
+  const int64_t half = head_dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = std::pow(double(theta), -2.0 * double(i) / double(head_dim));
+  detail::for_rows(T, n_heads * head_dim * 4, [&](int64_t t) {
+    std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+      const double ang = double(positions[t]) * inv_freq[i];
+      c[i] = float(std::cos(ang));
+      s[i] = float(std::sin(ang));
+    }
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + t * row_stride + h * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * c[i] - x2 * s[i];
+        v[i + half] = x2 * c[i] + x1 * s[i];
+      }
+    }
+  });
+}
+
+// ---- KV cache -------------------------------------------------------------------------
+
+void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
+              int64_t head_dim, float* cache, int64_t capacity, int64_t slot0) {
+  FH_CHECK(slot0 >= 0 && slot0 + T <= capacity, "write_kv: slots [", slot0, ", ", slot0 + T,
+           ") exceed capacity ", capacity);
+  FH_CHECK(src_stride >= kv_heads * head_dim, "write_kv: src_stride ", src_stride,
+           " < kv_heads*head_dim");
+  detail::for_rows(B * kv_heads, T * head_dim, [&](int64_t bg) {
+    const int64_t b = bg / kv_heads, g = bg % kv_heads;
+    float* dst = cache + (bg * capacity + slot0) * head_dim;
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(dst + t * head_dim, src + (b * T + t) * src_stride + g * head_dim,
+                  size_t(head_dim) * sizeof(float));
+  });
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------
+
+namespace detail {
+
+void silu_mul_isa(Isa isa, float* gate, const float* up, int64_t n) {
+  const KernelTable& kt = kernels(isa);
+  constexpr int64_t kBlock = int64_t(1) << 15;  // fixed blocks: results do not depend on threads
+  if (n <= kBlock) return kt.silu_mul(gate, up, n);
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, (n + kBlock - 1) / kBlock),
+                    [&](const tbb::blocked_range<int64_t>& r) {
+                      const int64_t i0 = r.begin() * kBlock;
+                      const int64_t i1 = r.end() * kBlock < n ? r.end() * kBlock : n;
+                      kt.silu_mul(gate + i0, up + i0, i1 - i0);
+                    });
+}
+
+}  // namespace detail
+
+void silu_mul(float* gate, const float* up, int64_t n) {
+  detail::silu_mul_isa(detail::best_isa(), gate, up, n);
+}
+
+}  // namespace flexh2o::cpu

@@ -1,1 +1,0 @@
-// TODO: implementation in progress

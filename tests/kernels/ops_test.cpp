@@ -1,0 +1,129 @@
+// The small CPU ops against double-precision references: layernorm, rmsnorm, rotary (HF
+// rotate_half), silu_mul (every ISA variant), embedding / add_embedding (every weight dtype,
+// bad ids throw) and write_kv.
+#include <cmath>
+
+#include "kernels/cpu/ops.h"
+#include "tests/kernels/ref.h"
+
+namespace flexh2o::cpu::test {
+namespace {
+
+class Norms : public ::testing::TestWithParam<std::tuple<DType, int64_t /*M*/, int64_t /*D*/>> {};
+
+TEST_P(Norms, LayerNormAndRmsNorm) {
+  const auto [dt, M, D] = GetParam();
+  auto x = randn(size_t(M * D), 4, 3.f);
+  for (auto& v : x) v += 1.5f;  // non-zero mean
+  const Weights g = make_weights(dt, {D}, 5), b = make_weights(dt, {D}, 6);
+  std::vector<float> y(x.size());
+  std::vector<double> r(x.size());
+  layernorm(x.data(), M, D, g.view, b.view, 1e-5f, y.data());
+  for (int64_t m = 0; m < M; ++m) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < D; ++i) mean += x[m * D + i];
+    mean /= D;
+    for (int64_t i = 0; i < D; ++i) var += (x[m * D + i] - mean) * (x[m * D + i] - mean);
+    var /= D;
+    for (int64_t i = 0; i < D; ++i)
+      r[m * D + i] = (x[m * D + i] - mean) / std::sqrt(var + 1e-5) * g.values[i] + b.values[i];
+  }
+  expect_close(y.data(), r.data(), r.size(), 1e-5, 1e-4, "layernorm");
+  std::vector<float> inplace = x;  // x and y may alias
+  layernorm(inplace.data(), M, D, g.view, b.view, 1e-5f, inplace.data());
+  EXPECT_TRUE(bit_equal(inplace.data(), y.data(), y.size()));
+
+  rmsnorm(x.data(), M, D, g.view, 1e-6f, y.data());
+  for (int64_t m = 0; m < M; ++m) {
+    double ms = 0;
+    for (int64_t i = 0; i < D; ++i) ms += double(x[m * D + i]) * x[m * D + i];
+    ms /= D;
+    for (int64_t i = 0; i < D; ++i) r[m * D + i] = x[m * D + i] / std::sqrt(ms + 1e-6) * g.values[i];
+  }
+  expect_close(y.data(), r.data(), r.size(), 1e-5, 1e-4, "rmsnorm");
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Norms,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::F16, DType::BF16),
+                                            ::testing::Values<int64_t>(1, 3, 129),
+                                            ::testing::Values<int64_t>(1, 17, 768, 1031)));
+
+TEST(Rotary, MatchesHfRotateHalf) {
+  for (int64_t hd : {64, 80, 128}) {
+    const int64_t T = 9, H = 3, stride = H * hd + 7;
+    auto x = randn(size_t(T * stride), 8);
+    const auto x0 = x;
+    std::vector<int32_t> pos(T);
+    for (int64_t t = 0; t < T; ++t) pos[t] = int32_t(t * 37 + (t % 2) * 1000);
+    rotary(x.data(), T, H, hd, stride, pos.data(), 10000.f);
+    std::vector<double> r(x.begin(), x.end());
+    const int64_t half = hd / 2;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < hd; ++i) {  // q*cos + rotate_half(q)*sin, rotate_half = [-x2, x1]
+          const double inv = std::pow(10000.0, -2.0 * double(i % half) / double(hd));
+          const double a = pos[t] * inv;
+          const float* v = x0.data() + t * stride + h * hd;
+          const double rot = i < half ? -double(v[i + half]) : double(v[i - half]);
+          r[t * stride + h * hd + i] = v[i] * std::cos(a) + rot * std::sin(a);
+        }
+    expect_close(x.data(), r.data(), r.size(), 1e-5, 1e-5, "rotary hd=" + std::to_string(hd));
+  }
+}
+
+class SiluMul : public ::testing::TestWithParam<Isa> {};
+TEST_P(SiluMul, MatchesReference) {
+  for (int64_t n : {1, 7, 16, 1000, 100003}) {
+    auto g = randn(size_t(n), 9, 6.f), u = randn(size_t(n), 10);
+    if (n > 4) g[0] = 95.f, g[1] = -95.f, g[2] = 0.f;  // extremes
+    const auto g0 = g;
+    detail::silu_mul_isa(GetParam(), g.data(), u.data(), n);
+    std::vector<double> r(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) r[i] = g0[i] / (1.0 + std::exp(-double(g0[i]))) * u[i];
+    expect_close(g.data(), r.data(), r.size(), 1e-6, 1e-5, "silu_mul n=" + std::to_string(n));
+  }
+}
+INSTANTIATE_TEST_SUITE_P(All, SiluMul, ::testing::ValuesIn(available_isas()),
+                         [](const ::testing::TestParamInfo<Isa>& i) { return isa_str(i.param); });
+
+TEST(Embedding, GathersAndAddsEveryDtype) {
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    const int64_t V = 50, D = 33, T = 6;
+    const Weights tab = make_weights(dt, {V, D}, 12);
+    const std::vector<int32_t> ids = {0, 49, 7, 7, 13, 1};
+    std::vector<float> out(size_t(T * D), -1.f);
+    embedding(ids.data(), T, tab.view, out.data());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < D; ++i) ASSERT_EQ(out[t * D + i], tab.values[ids[t] * D + i]);
+    const std::vector<int32_t> rows = {2, 3, 4, 5, 6, 7};
+    add_embedding(rows.data(), T, tab.view, out.data());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < D; ++i)
+        ASSERT_EQ(out[t * D + i], tab.values[ids[t] * D + i] + tab.values[rows[t] * D + i]);
+    const std::vector<int32_t> bad = {0, 50};
+    EXPECT_THROW(embedding(bad.data(), 2, tab.view, out.data()), Error);
+    const std::vector<int32_t> neg = {-1};
+    EXPECT_THROW(add_embedding(neg.data(), 1, tab.view, out.data()), Error);
+  }
+}
+
+TEST(WriteKv, CopiesRowsIntoSlots) {
+  const int64_t B = 2, T = 3, KV = 2, hd = 5, cap = 8, slot0 = 4, stride = KV * hd + 1;
+  const auto src = randn(size_t(B * T * stride), 13);
+  std::vector<float> cache(size_t(B * KV * cap * hd), -7.f);
+  write_kv(src.data(), stride, B, T, KV, hd, cache.data(), cap, slot0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < KV; ++g)
+      for (int64_t s = 0; s < cap; ++s)
+        for (int64_t i = 0; i < hd; ++i) {
+          const float v = cache[((b * KV + g) * cap + s) * hd + i];
+          if (s >= slot0 && s < slot0 + T)
+            ASSERT_EQ(v, src[(b * T + s - slot0) * stride + g * hd + i]);
+          else
+            ASSERT_EQ(v, -7.f);
+        }
+  EXPECT_THROW(write_kv(src.data(), stride, B, T, KV, hd, cache.data(), cap, 6), Error);
+}
+
+}  // namespace
+}  // namespace flexh2o::cpu::test
