@@ -46,6 +46,7 @@ class Tokenizer {
   struct Impl;
 
  private:
+  friend class StreamingDecoder;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
@@ -63,6 +64,8 @@ class StreamingDecoder {
   const Tokenizer* tok_;
   bool skip_special_;
   std::string pending_;
+  int stripped_ = 0;       // leading strip characters removed so far (LLaMA-2 style decoders)
+  bool at_start_ = true;   // nothing emitted yet: the leading strip may still apply
 };
 
 }  // namespace flexh2o

@@ -1,0 +1,58 @@
+// Loads a GPT-2/OPT style tokenizer from vocab.json + merges.txt: byte-level BPE with the GPT-2
+// pre-tokeniser regex and ByteLevel decoder. Special tokens and BOS/EOS come from config.cpp.
+// A merge naming a token absent from vocab.json is an error (as in Hugging Face tokenizers).
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "tokenizer/detail/pipeline.h"
+
+namespace flexh2o::tok {
+
+std::unique_ptr<Tokenizer::Impl> load_vocab_merges(const std::filesystem::path& vocab_file,
+                                                   const std::filesystem::path& merges_file) {
+  const std::string vname = vocab_file.string(), mname = merges_file.string();
+  VocabMap vocab;
+  try {
+    auto j = nlohmann::json::parse(read_file(vocab_file));
+    if (!j.is_object()) FH_FAIL(vname, ": expected a JSON object of token -> id");
+    vocab.reserve(j.size());
+    for (const auto& [tok, id] : j.items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        FH_FAIL(vname, ": id of token \"", tok, "\" is not a non-negative 32-bit integer");
+      vocab.emplace(tok, id.get<int32_t>());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    FH_FAIL(vname, ": malformed JSON: ", e.what());
+  }
+
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::string text = read_file(merges_file);
+  std::size_t line_no = 0;
+  for (std::size_t pos = 0; pos < text.size();) {
+    std::size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    std::string_view line(text.data() + pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
+    auto sp = line.find(' ');
+    if (sp == std::string_view::npos || sp == 0 || sp + 1 == line.size() ||
+        line.find(' ', sp + 1) != std::string_view::npos)
+      FH_FAIL(mname, ": line ", line_no, " is not \"a b\": \"", line, "\"");
+    merges.emplace_back(std::string(line.substr(0, sp)), std::string(line.substr(sp + 1)));
+  }
+
+  auto impl = std::make_unique<Tokenizer::Impl>();
+  impl->source = vname;
+  impl->model = std::make_unique<BpeModel>(std::move(vocab), merges, BpeModel::Options{}, mname);
+  PreTokenizer pt{};
+  pt.kind = PreTokenizer::Kind::kByteLevel;
+  pt.use_regex = true;
+  pt.pattern = Pattern{{}, std::make_shared<Regex>(kGpt2Pattern, "GPT-2 pre-tokenizer")};
+  impl->pre_tokenizers.push_back(std::move(pt));
+  impl->decode.per_token.push_back({DecodeStep::Kind::kByteLevel, {}, {}});
+  return impl;
+}
+
+}  // namespace flexh2o::tok

@@ -1,0 +1,112 @@
+// Bad input: missing files, malformed JSON, merges naming unknown tokens, unsupported
+// tokenizer.json component types. Every error must name the file/field or type at fault.
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/test_util.h"
+
+namespace flexh2o {
+namespace {
+
+using test::data_dir;
+using test::read_json;
+using test::ScratchDir;
+using test::write_file;
+
+// Loads `dir` expecting flexh2o::Error whose message contains every string in `parts`.
+void expect_load_error(const std::filesystem::path& dir, std::initializer_list<std::string> parts) {
+  try {
+    (void)Tokenizer::load(dir);
+    ADD_FAILURE() << "expected an error loading " << dir;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+TEST(LoadErrors, MissingDirectory) {
+  expect_load_error("/nonexistent/flexh2o/tok", {"/nonexistent/flexh2o/tok", "does not exist"});
+}
+
+TEST(LoadErrors, NoTokenizerFiles) {
+  ScratchDir dir;
+  write_file(dir.path() / "vocab.json", "{}");  // merges.txt missing: not a GPT-2 dir either
+  expect_load_error(dir.path(), {"no tokenizer found", "tokenizer.json", "vocab.json + merges.txt"});
+}
+
+TEST(LoadErrors, MalformedVocabJson) {
+  ScratchDir dir;
+  write_file(dir.path() / "vocab.json", "{\"a\": 0, \"b\": ");
+  write_file(dir.path() / "merges.txt", "#version: 0.2\n");
+  expect_load_error(dir.path(), {"vocab.json", "malformed JSON"});
+  write_file(dir.path() / "vocab.json", "{\"a\": \"zero\"}");
+  expect_load_error(dir.path(), {"vocab.json", "\"a\""});
+}
+
+// Decision: a merge naming a token absent from vocab.json is an error (Hugging Face tokenizers
+// refuses such files too); silently skipping it would hide a mismatched vocab/merges pair.
+TEST(LoadErrors, MergeWithUnknownToken) {
+  ScratchDir dir;
+  write_file(dir.path() / "vocab.json", R"({"a": 0, "b": 1, "ab": 2})");
+  write_file(dir.path() / "merges.txt", "#version: 0.2\na b\nab zz\n");
+  expect_load_error(dir.path(), {"merges.txt", "'zz'", "merge 2"});
+  write_file(dir.path() / "merges.txt", "#version: 0.2\na b c\n");
+  expect_load_error(dir.path(), {"merges.txt", "line 2"});
+  write_file(dir.path() / "merges.txt", "#version: 0.2\na b\n");  // and the good file loads
+  const auto tok = Tokenizer::load(dir.path());
+  EXPECT_EQ(tok.encode("ab", false), std::vector<int32_t>{2});
+}
+
+TEST(LoadErrors, MalformedTokenizerConfig) {
+  ScratchDir dir;
+  for (const char* f : {"vocab.json", "merges.txt"}) std::filesystem::copy_file(data_dir() / "tiny-opt" / f, dir.path() / f);
+  write_file(dir.path() / "tokenizer_config.json", "{not json");
+  expect_load_error(dir.path(), {"tokenizer_config.json", "malformed"});
+  write_file(dir.path() / "tokenizer_config.json", R"({"bos_token": 5})");
+  expect_load_error(dir.path(), {"tokenizer_config.json", "bos_token"});
+  write_file(dir.path() / "tokenizer_config.json", R"({"add_bos_token": true, "bos_token": "<nope>"})");
+  expect_load_error(dir.path(), {"tokenizer_config.json", "add_bos_token", "bos_token"});
+}
+
+// Writes the llama3 tokenizer.json with `edit` applied, and expects the load to fail naming `parts`.
+template <typename Edit>
+void expect_json_error(Edit edit, std::initializer_list<std::string> parts) {
+  ScratchDir dir;
+  auto j = read_json(data_dir() / "tokenizers/llama3/tokenizer.json");
+  edit(j);
+  write_file(dir.path() / "tokenizer.json", j.dump());
+  expect_load_error(dir.path(), parts);
+}
+
+TEST(TokenizerJsonErrors, UnknownComponentTypesAreNamed) {
+  using nlohmann::json;
+  expect_json_error([](json& j) { j["model"]["type"] = "WordPiece"; }, {"tokenizer.json", "model", "\"WordPiece\""});
+  expect_json_error([](json& j) { j["model"]["type"] = "Unigram"; }, {"\"Unigram\""});
+  expect_json_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["type"] = "Digits"; },
+                    {"pre_tokenizer", "\"Digits\""});
+  expect_json_error([](json& j) { j["normalizer"] = {{"type", "NFKC"}}; }, {"normalizer", "\"NFKC\""});
+  expect_json_error([](json& j) { j["decoder"] = {{"type", "CTC"}}; }, {"decoder", "\"CTC\""});
+  expect_json_error([](json& j) { j["post_processor"] = {{"type", "Mystery"}}; }, {"post_processor", "\"Mystery\""});
+}
+
+TEST(TokenizerJsonErrors, StructuralProblems) {
+  using nlohmann::json;
+  expect_json_error([](json& j) { j.erase("model"); }, {"tokenizer.json", "\"model\""});
+  expect_json_error([](json& j) { j["model"]["merges"].push_back(json::array({"Ġ", "notatoken"})); },
+                    {"tokenizer.json", "notatoken"});
+  expect_json_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; },
+                    {"tokenizer.json", "Split", "(unclosed"});
+  expect_json_error([](json& j) { j["model"]["unk_token"] = "<missing-unk>"; }, {"<missing-unk>"});
+  ScratchDir dir;
+  write_file(dir.path() / "tokenizer.json", "{\"model\": {");
+  expect_load_error(dir.path(), {"tokenizer.json", "malformed JSON"});
+}
+
+TEST(Decode, OutOfRangeIdThrows) {
+  const auto tok = Tokenizer::load(data_dir() / "tiny-opt");
+  const std::vector<int32_t> bad{5, 999999};
+  EXPECT_THROW((void)tok.decode(bad), Error);
+  StreamingDecoder dec(tok);
+  EXPECT_THROW((void)dec.push(-3), Error);
+}
+
+}  // namespace
+}  // namespace flexh2o
