@@ -1,0 +1,165 @@
+// bench_kernels: CPU kernels at OPT-125M / OPT-1.3B layer shapes against the machine's
+// ceilings. linear with f16 weights: decode M=1/8/64 as GB/s of weight bytes vs the read
+// bandwidth (weights rotated through > L3 so they come from DRAM), prefill M=512/2048 as
+// GFLOP/s vs OpenBLAS sgemm; attention prefill/decode times. Usage: bench_kernels [--json FILE]
+#include <tbb/global_control.h>
+#include <tbb/info.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ceilings.h"
+#include "core/dtype.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops.h"
+
+namespace {
+
+using namespace flexh2o;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Model {
+  const char* name;
+  int64_t hidden, ffn, heads;
+};
+
+std::vector<uint16_t> random_f16(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, 0.02f);
+  std::vector<uint16_t> v(n);
+  for (auto& h : v) h = f32_to_f16(d(g));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
+  const int threads = tbb::info::default_concurrency();
+  std::printf("machine: %s\n", bench::machine_info().c_str());
+  // The machine may be shared: ceilings are re-measured after the kernels, and the larger
+  // value is kept (ratios are then conservative).
+  double sgemm = bench::measure_sgemm_gflops(threads);
+  double bw = bench::measure_read_bandwidth_gbs(threads);
+  std::printf("ceilings: OpenBLAS sgemm %.1f GFLOP/s (%d threads), read bandwidth %.1f GB/s\n\n",
+              sgemm, threads, bw);
+  nlohmann::json out = {{"machine", bench::machine_info()}, {"cpu_isa", cpu::cpu_isa_name()},
+                        {"threads", threads}, {"sgemm_gflops", sgemm}, {"read_bw_gbs", bw}};
+
+  const Model models[] = {{"opt-125m", 768, 3072, 12}, {"opt-1.3b", 2048, 8192, 32}};
+  std::printf("%-9s %-14s %5s %8s %8s %10s\n", "model", "linear KxN", "M", "GB/s", "GFLOP/s", "ms");
+  std::vector<std::string> rows;
+  for (const Model& md : models) {
+    const std::pair<int64_t, int64_t> shapes[] = {
+        {md.hidden, md.hidden}, {md.hidden, md.ffn}, {md.ffn, md.hidden}};
+    double layer_linear_ms_2048 = 0;
+    for (auto [K, N] : shapes) {
+      const size_t wbytes = size_t(K * N) * 2;
+      // Enough distinct copies that a pass through them does not fit in the L3.
+      const size_t copies = std::max<size_t>(1, (size_t(640) << 20) / wbytes);
+      const auto w = random_f16(size_t(K * N) * copies, 1);
+      for (int64_t M : {1, 8, 64, 512, 2048}) {
+        std::vector<float> x(size_t(M * K), 0.01f), y(size_t(M * N));
+        const bool decode = M <= 64;
+        const size_t ncopy = decode ? copies : 1;
+        auto run = [&](size_t c) {
+          TensorView tv{w.data() + size_t(K * N) * (c % ncopy), DType::F16, Shape{N, K}};
+          cpu::linear(x.data(), M, K, tv, nullptr, y.data(), cpu::Epilogue::kStore);
+        };
+        run(0);  // warm-up
+        double best = 1e30;
+        const int reps = decode ? 3 : (M == 2048 && K * N > (int64_t(1) << 24) ? 2 : 3);
+        for (int r = 0; r < reps; ++r) {
+          const size_t calls = decode ? ncopy : 1;
+          const auto t0 = Clock::now();
+          for (size_t c = 0; c < calls; ++c) run(c + 1);
+          best = std::min(best, seconds_since(t0) / double(calls));
+        }
+        const double gbs = double(wbytes) / best / 1e9, gflops = 2.0 * M * K * N / best / 1e9;
+        if (M == 2048) layer_linear_ms_2048 += best * 1e3 * (K == N ? 2 : 1);  // q,k,v,out: 4 K=N
+        std::printf("%-9s %5lldx%-8lld %5lld %8.1f %8.1f %10.3f\n", md.name, (long long)K,
+                    (long long)N, (long long)M, gbs, gflops, best * 1e3);
+        out["linear"].push_back({{"model", md.name}, {"K", K}, {"N", N}, {"M", M},
+                                 {"ms", best * 1e3}, {"gbs", gbs}, {"gflops", gflops}});
+      }
+    }
+    // Attention: one layer, B=1, 2048-token prefill with H2O key scores, and a decode step.
+    const int64_t d = 64, H = md.heads, T = 2048, cap = 2304;
+    std::vector<float> q(size_t(T * H * d), 0.1f), kc(size_t(H * cap * d)), vc(size_t(H * cap * d)),
+        o(size_t(T * H * d)), ks(size_t(H * cap));
+    std::mt19937 g(3);
+    std::normal_distribution<float> nd;
+    for (auto& v : kc) v = nd(g);
+    for (auto& v : vc) v = nd(g);
+    for (auto& v : q) v = nd(g);
+    for (int64_t tq : {T, int64_t(1)}) {
+      cpu::AttentionArgs a;
+      a.q = q.data();
+      a.q_stride = H * d;
+      a.k = kc.data();
+      a.v = vc.data();
+      a.batch = 1;
+      a.tq = tq;
+      a.n_heads = H;
+      a.kv_heads = H;
+      a.head_dim = d;
+      a.capacity = cap;
+      a.n_keys = T;
+      a.scale = 0.125f;
+      a.out = o.data();
+      a.out_stride = H * d;
+      a.key_scores = ks.data();
+      cpu::attention(a);
+      double best = 1e30;
+      for (int r = 0; r < (tq == 1 ? 20 : 3); ++r) {
+        const auto t0 = Clock::now();
+        cpu::attention(a);
+        best = std::min(best, seconds_since(t0));
+      }
+      const double keys = tq == 1 ? double(T) : double(T) * (T + 1) / 2;
+      const double gflops = 4.0 * keys * d * H / best / 1e9;
+      std::printf("%-9s attention %s tq=%lld keys=%lld: %.3f ms, %.1f GFLOP/s%s\n", md.name,
+                  tq == 1 ? "decode " : "prefill", (long long)tq, (long long)T, best * 1e3, gflops,
+                  tq == 1 ? "" : ("  (" + std::to_string(int(100 * best * 1e3 / layer_linear_ms_2048)) +
+                                  "% of the layer's linear time at M=2048)").c_str());
+      out["attention"].push_back({{"model", md.name}, {"tq", tq}, {"n_keys", T}, {"heads", H},
+                                  {"head_dim", d}, {"ms", best * 1e3}, {"gflops", gflops},
+                                  {"layer_linear_ms_m2048", layer_linear_ms_2048}});
+    }
+    std::printf("\n");
+  }
+  sgemm = std::max(sgemm, bench::measure_sgemm_gflops(threads));
+  bw = std::max(bw, bench::measure_read_bandwidth_gbs(threads));
+  std::printf("ceilings (max of before/after): sgemm %.1f GFLOP/s, read %.1f GB/s\n", sgemm, bw);
+  out["sgemm_gflops"] = sgemm;
+  out["read_bw_gbs"] = bw;
+  std::printf("\n%-9s %-14s %5s %9s   (decode M<=64: GB/s of f16 weights / read BW; "
+              "prefill: GFLOP/s / sgemm)\n", "model", "linear KxN", "M", "ratio");
+  for (auto& l : out["linear"]) {
+    const bool decode = l["M"].get<int64_t>() <= 64;
+    const double ratio = decode ? l["gbs"].get<double>() / bw : l["gflops"].get<double>() / sgemm;
+    l["ratio"] = ratio;
+    l["vs"] = decode ? "read_bw" : "sgemm";
+    std::printf("%-9s %5lldx%-8lld %5lld %8.0f%%\n", l["model"].get<std::string>().c_str(),
+                (long long)l["K"].get<int64_t>(), (long long)l["N"].get<int64_t>(),
+                (long long)l["M"].get<int64_t>(), ratio * 100);
+  }
+  if (!json_path.empty()) {
+    std::ofstream(json_path) << out.dump(2) << "\n";
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
