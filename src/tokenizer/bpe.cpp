@@ -90,13 +90,14 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
       int32_t rank;
       int pos;
       int32_t left, right;  // ids at push time, to detect stale entries
+      int32_t merged;
       bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
     };
     std::priority_queue<Cand, std::vector<Cand>, std::greater<>> pq;
     auto push = [&](int i) {
       if (i < 0 || next[i] < 0) return;
       auto it = merges_.find(key(ids[i], ids[next[i]]));
-      if (it != merges_.end()) pq.push({it->second.rank, i, ids[i], ids[next[i]]});
+      if (it != merges_.end()) pq.push({it->second.rank, i, ids[i], ids[next[i]], it->second.id});
     };
     for (int i = 0; i + 1 < n; ++i) push(i);
     while (!pq.empty()) {
@@ -105,7 +106,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
       int i = c.pos;
       if (!alive[i] || next[i] < 0 || ids[i] != c.left || ids[next[i]] != c.right) continue;
       int j = next[i];
-      ids[i] = merges_.at(key(c.left, c.right)).id;
+      ids[i] = c.merged;
       alive[j] = 0;
       next[i] = next[j];
       if (next[j] >= 0) prev[next[j]] = i;

@@ -19,7 +19,9 @@ class Tokenizer {
  public:
   // Loads from a directory holding tokenizer.json, or vocab.json + merges.txt (GPT-2 style),
   // plus optional tokenizer_config.json / special_tokens_map.json for BOS/EOS/PAD and
-  // add_bos_token. Throws flexh2o::Error naming the missing or malformed file.
+  // add_bos_token. Throws flexh2o::Error naming the missing or malformed file. A merge naming a
+  // token absent from the vocabulary is an error; tokenizer.json component types other than the
+  // supported ones (model BPE; see detail/pipeline.h) are rejected naming the type.
   static Tokenizer load(const std::filesystem::path& dir);
 
   Tokenizer(Tokenizer&&) noexcept;

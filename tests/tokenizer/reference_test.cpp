@@ -89,6 +89,21 @@ TEST_P(ReferenceCases, SharedConstAcrossThreads) {
 INSTANTIATE_TEST_SUITE_P(TinyModels, ReferenceCases, ::testing::Values("tiny-opt", "tiny-llama"),
                          [](const auto& info) { return std::string(info.param == std::string("tiny-opt") ? "opt" : "llama"); });
 
+// The same awkward + fuzzed texts as the tokenizer.json variants, through HF's BPE built from
+// tiny-opt's vocab.json + merges.txt (tests/tools/make_tokenizer_cases.py).
+TEST(VocabMergesFiles, MatchHuggingFaceOnFuzzedTexts) {
+  const auto tok = Tokenizer::load(data_dir() / "tiny-opt");
+  const auto ref = read_json(data_dir() / "tokenizers/tiny-opt-files/cases.json");
+  ASSERT_GT(ref.at("cases").size(), 60u);
+  for (const auto& c : ref.at("cases")) {
+    const std::string text = c.at("text");
+    SCOPED_TRACE("text: \"" + text + "\"");
+    const auto want = c.at("ids").get<std::vector<int32_t>>();
+    EXPECT_EQ(tok.encode(text, false), want);
+    EXPECT_EQ(tok.decode(want), text);
+  }
+}
+
 // vocab.json + merges.txt with no configuration at all (a bare GPT-2 style directory).
 TEST(BareGpt2Dir, EncodesWithoutConfig) {
   test::ScratchDir dir;

@@ -12,11 +12,14 @@ Variants:
              <0xNN> tokens, Replace/ByteFallback/Fuse/Strip decoder, TemplateProcessing "<s> $A".
   llama3     Split (LLaMA-3 regex) + ByteLevel(use_regex=false), ignore_merges,
              Sequence[ByteLevel, TemplateProcessing] post-processor.
+  tiny-opt-files  cases only: HF's BPE built from tests/data/tiny-opt/vocab.json + merges.txt,
+             to check the vocab.json+merges.txt path on the same texts (no files duplicated).
   metaspace  Mistral-style: Metaspace pre-tokenizer (prepend_scheme first, no split) and a
              Metaspace/ByteFallback/Fuse decoder.
 """
 import json
 import pathlib
+import random
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from tokenizers import pre_tokenizers, processors, trainers
@@ -38,6 +41,18 @@ TEXTS = [
     "<0x41> literal byte token text",
     "In the beginning God created the heaven and the earth.",
 ]
+
+
+def fuzz_texts(n=60, seed=1234):
+    """Random mixes of the awkward pieces above (fixed seed: the output is committed)."""
+    parts = [" ", "  ", "\n", "\t", "\r", "a", "Z", "e", "th", "the", "'", "'s", "'S", "'ll", "1",
+             "23", "4567", ".", ",", "!", "...", "é", "ß", "Ω", "日", "😀", "\u00a0", "<s>", "</s>",
+             "<mask>", "<|eot_id|>", "<|endoftext|>", "God", "LORD", "x", "q"]
+    rng = random.Random(seed)
+    return ["".join(rng.choice(parts) for _ in range(rng.randint(1, 25))) for _ in range(n)]
+
+
+TEXTS += fuzz_texts()
 
 
 def train_bpe(model, normalizer, pre_tok, specials, vocab_size, alphabet=()):
@@ -174,7 +189,23 @@ def llama3():
            "LLaMA-3 style: Split regex + ByteLevel(use_regex=false), ignore_merges")
 
 
+def tiny_opt_files():
+    src = ROOT / "tests/data/tiny-opt"
+    tok = Tokenizer(models.BPE.from_file(str(src / "vocab.json"), str(src / "merges.txt")))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>"])
+    cases = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids} for t in TEXTS]
+    d = OUT / "tiny-opt-files"
+    d.mkdir(parents=True, exist_ok=True)
+    out = {"description": "HF tokenizers on tiny-opt vocab.json+merges.txt (ids exclude BOS)",
+           "cases": cases}
+    (d / "cases.json").write_text(json.dumps(out, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"tiny-opt-files: {len(cases)} cases")
+
+
 if __name__ == "__main__":
+    tiny_opt_files()
     bytelevel()
     llama2()
     metaspace()
