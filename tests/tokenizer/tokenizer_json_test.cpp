@@ -1,6 +1,8 @@
 // tokenizer.json variants built by tests/tools/make_tokenizer_cases.py with Hugging Face
 // `tokenizers` (ByteLevel, LLaMA-2 sentencepiece-style, Mistral Metaspace, LLaMA-3 Split):
 // encode (with and without special tokens), tokens and decode must match exactly.
+#include <chrono>
+
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/test_util.h"
 
@@ -105,6 +107,38 @@ TEST(TokenizerJsonSpecifics, BothMergeForms) {
   auto bl = read_json(data_dir() / "tokenizers/bytelevel/tokenizer.json");
   EXPECT_TRUE(l2.at("model").at("merges").at(0).is_array());
   EXPECT_TRUE(bl.at("model").at("merges").at(0).is_string());
+}
+
+}  // namespace
+}  // namespace flexh2o
+
+namespace flexh2o {
+namespace {
+
+// Pathological inputs: one huge word, a huge whitespace run (regex lookahead) and a huge run
+// of unknown characters (byte fallback). Must round-trip and stay well under a second.
+TEST(LongInputs, RoundTripQuickly) {
+  const std::vector<std::string> inputs = {
+      std::string(200000, 'a'), std::string(200000, ' ') + "x", std::string(50000, '\n'),
+      [] {
+        std::string s;
+        for (int i = 0; i < 20000; ++i) s += "\xF0\x9F\x98\x80";  // emoji, absent from training
+        return s;
+      }()};
+  for (const char* variant : {"bytelevel", "llama2", "metaspace", "llama3"}) {
+    const auto tok = Tokenizer::load(test::data_dir() / "tokenizers" / variant);
+    for (const auto& text : inputs) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto ids = tok.encode(text, false);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_LT(s, 2.0) << variant << ": " << text.size() << " bytes took " << s << " s";
+      const std::string back = tok.decode(ids);
+      // Metaspace (prepend_scheme "first") folds a leading space into the prepended U+2581 and the
+      // decoder strips it, exactly as Hugging Face does: that input loses one space.
+      const std::size_t lost = (std::string(variant) == "metaspace" && text[0] == ' ') ? 1 : 0;
+      EXPECT_TRUE(back == text.substr(lost)) << variant << ": round trip of " << text.size() << " bytes differs";
+    }
+  }
 }
 
 }  // namespace
