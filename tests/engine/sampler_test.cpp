@@ -1,6 +1,7 @@
 // Sampler: greedy ties, top-k / top-p truncation, seeded reproducibility, temperature.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
