@@ -45,6 +45,7 @@ std::vector<uint16_t> random_f16(size_t n, uint32_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bench::ensure_openblas_coretype(argv);
   std::string json_path;
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
@@ -61,7 +62,6 @@ int main(int argc, char** argv) {
 
   const Model models[] = {{"opt-125m", 768, 3072, 12}, {"opt-1.3b", 2048, 8192, 32}};
   std::printf("%-9s %-14s %5s %8s %8s %10s\n", "model", "linear KxN", "M", "GB/s", "GFLOP/s", "ms");
-  std::vector<std::string> rows;
   for (const Model& md : models) {
     const std::pair<int64_t, int64_t> shapes[] = {
         {md.hidden, md.hidden}, {md.hidden, md.ffn}, {md.ffn, md.hidden}};

@@ -8,6 +8,15 @@
 
 namespace flexh2o::bench {
 
+// OpenBLAS (DYNAMIC_ARCH) picks its kernels from CPUID when it is loaded; in VMs with an
+// unrecognised CPU model it falls back to "Prescott" (SSE3), which is no ceiling at all. Call
+// first thing in main(): if that happened, re-executes the program with OPENBLAS_CORETYPE set
+// to the best core type the CPU supports (SkylakeX / Haswell). Returns only if no re-exec
+// was needed (or it failed).
+void ensure_openblas_coretype(char** argv);
+// OpenBLAS's kernel set, e.g. "SkylakeX".
+std::string openblas_core();
+
 // Best of several cblas_sgemm runs on 2048^3 fp32, with OpenBLAS limited to `threads`.
 // Units: GFLOP/s (2*M*N*K per run).
 double measure_sgemm_gflops(int threads);
