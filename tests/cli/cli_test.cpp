@@ -17,18 +17,18 @@ using flexh2o::test::model_dir;
 using flexh2o::test::read_json;
 using flexh2o::test::TempDir;
 
-struct Run {
+struct RunResult {
   int code = -1;
   std::string out, err;
 };
 
 // Runs the flexh2o binary with `args` (shell words), capturing stdout and stderr.
-Run flexh2o(const std::string& args, const std::string& env = "") {
+RunResult flexh2o(const std::string& args, const std::string& env = "") {
   TempDir tmp;
   const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
   std::string cmd = env + " " + std::string(FLEXH2O_BINARY_DIR) + "/flexh2o " + args + " >" + out.string() +
                     " 2>" + err.string() + " </dev/null";
-  Run r;
+  RunResult r;
   int st = std::system(cmd.c_str());
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   r.out = flexh2o::test::read_text(out);
@@ -56,7 +56,7 @@ TEST(Cli, GenerateJsonlKeepsOrderAndMatchesReference) {
     for (const auto& p : greedy["prompts"]) f << json{{"id", "p" + std::to_string(i++)}, {"prompt", p["prompt"]}} << "\n";
     f << json{{"prompt_ids", greedy["prompts"][0]["ids"]}, {"max_new_tokens", 5}} << "\n";
   }
-  Run r = flexh2o("generate --model " + kOpt + " --input " + in.string() + " --output " + out.string() +
+  RunResult r = flexh2o("generate --model " + kOpt + " --input " + in.string() + " --output " + out.string() +
                   " --report " + rep.string() + " --greedy --ignore-eos -n 32 --batch-size 3 --device cpu");
   ASSERT_EQ(r.code, 0) << r.err;
   auto lines = read_jsonl(out);
@@ -91,7 +91,7 @@ TEST(Cli, BadLinesAreReportedWithLineNumbersOthersStillRun) {
     f << "\n";
     f << R"({"id": "ok2", "prompt": "Jesus wept.", "max_new_tokens": 2, "temperature": 0})" << "\n";
   }
-  Run r = flexh2o("generate -m " + kOpt + " -i " + in.string() + " -o " + out.string() + " --device cpu");
+  RunResult r = flexh2o("generate -m " + kOpt + " -i " + in.string() + " -o " + out.string() + " --device cpu");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("in.jsonl:2: invalid JSON"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("in.jsonl:3: empty prompt"), std::string::npos) << r.err;
@@ -109,14 +109,14 @@ TEST(Cli, BadLinesAreReportedWithLineNumbersOthersStillRun) {
 }
 
 TEST(Cli, SinglePromptPrintsText) {
-  Run r = flexh2o("generate -m " + kOpt + " --prompt 'In the beginning God created' --greedy -n 8 --device auto");
+  RunResult r = flexh2o("generate -m " + kOpt + " --prompt 'In the beginning God created' --greedy -n 8 --device auto");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, ", and the LORD, and the LORD\n");
   EXPECT_NE(r.err.find("using the CPU"), std::string::npos) << r.err;
 }
 
 TEST(Cli, ModelErrorsAreClearAndNonZero) {
-  Run missing = flexh2o("generate -m /nonexistent/model --prompt hi");
+  RunResult missing = flexh2o("generate -m /nonexistent/model --prompt hi");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.err.find("/nonexistent/model"), std::string::npos) << missing.err;
 
@@ -124,15 +124,15 @@ TEST(Cli, ModelErrorsAreClearAndNonZero) {
   flexh2o::test::copy_model_files(model_dir("tiny-opt"), tmp.path());
   std::string bytes = flexh2o::test::read_text(model_dir("tiny-opt") / "model.safetensors");
   std::ofstream(tmp.path() / "model.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
-  Run trunc = flexh2o("generate -m " + tmp.path().string() + " --prompt hi");
+  RunResult trunc = flexh2o("generate -m " + tmp.path().string() + " --prompt hi");
   EXPECT_EQ(trunc.code, 1);
   EXPECT_NE(trunc.err.find("model.safetensors"), std::string::npos) << trunc.err;
 
-  Run cuda = flexh2o("generate -m " + kOpt + " --prompt hi --device cuda");
+  RunResult cuda = flexh2o("generate -m " + kOpt + " --prompt hi --device cuda");
   EXPECT_EQ(cuda.code, 1);
   EXPECT_NE(cuda.err.find("--device cuda"), std::string::npos) << cuda.err;
 
-  Run usage = flexh2o("generate --prompt hi");
+  RunResult usage = flexh2o("generate --prompt hi");
   EXPECT_EQ(usage.code, 2);
 }
 
@@ -144,9 +144,9 @@ TEST(Cli, HubIdResolvesFromLocalCache) {
     if (e.is_regular_file()) fs::create_symlink(e.path(), snap / e.path().filename());
   fs::create_directories(tmp.path() / "hub/models--tiny--opt/refs");
   std::ofstream(tmp.path() / "hub/models--tiny--opt/refs/main") << "abc123";
-  Run ok = flexh2o("generate -m tiny/opt --prompt 'Jesus wept.' --greedy -n 3", "HF_HOME=" + tmp.path().string());
+  RunResult ok = flexh2o("generate -m tiny/opt --prompt 'Jesus wept.' --greedy -n 3", "HF_HOME=" + tmp.path().string());
   EXPECT_EQ(ok.code, 0) << ok.err;
-  Run absent = flexh2o("info facebook/opt-1.3b", "HF_HOME=" + tmp.path().string());
+  RunResult absent = flexh2o("info facebook/opt-1.3b", "HF_HOME=" + tmp.path().string());
   EXPECT_EQ(absent.code, 1);
   EXPECT_NE(absent.err.find("huggingface-cli download facebook/opt-1.3b"), std::string::npos) << absent.err;
 }
@@ -159,36 +159,36 @@ TEST(Cli, TokenizeAndDetokenizeRoundTrip) {
     std::ofstream f(in);
     for (const auto& c : cases["cases"]) f << json{{"text", c["text"]}} << "\n";
   }
-  Run t = flexh2o("tokenize --tokenizer " + kOpt + " --no-special -i " + in.string() + " -o " + ids.string());
+  RunResult t = flexh2o("tokenize --tokenizer " + kOpt + " --no-special -i " + in.string() + " -o " + ids.string());
   ASSERT_EQ(t.code, 0) << t.err;
   auto lines = read_jsonl(ids);
   ASSERT_EQ(lines.size(), cases["cases"].size());
   for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i]["ids"], cases["cases"][i]["ids"]);
-  Run d = flexh2o("detokenize --tokenizer " + kOpt + " -i " + ids.string());
+  RunResult d = flexh2o("detokenize --tokenizer " + kOpt + " -i " + ids.string());
   ASSERT_EQ(d.code, 0) << d.err;
   std::istringstream ds(d.out);
   std::string line;
   for (size_t i = 0; std::getline(ds, line); ++i) EXPECT_EQ(json::parse(line)["text"], cases["cases"][i]["decoded"]);
-  Run with_bos = flexh2o("tokenize --tokenizer " + kOpt + " -i " + in.string());
+  RunResult with_bos = flexh2o("tokenize --tokenizer " + kOpt + " -i " + in.string());
   EXPECT_EQ(json::parse(with_bos.out.substr(0, with_bos.out.find('\n')))["ids"][0], 2);
-  Run none = flexh2o("tokenize --tokenizer " + tmp.path().string() + " -i " + in.string());
+  RunResult none = flexh2o("tokenize --tokenizer " + tmp.path().string() + " -i " + in.string());
   EXPECT_EQ(none.code, 1);
 }
 
 TEST(Cli, InfoDescribesPresetsAndDirectories) {
-  Run r = flexh2o("info opt-30b --json");
+  RunResult r = flexh2o("info opt-30b --json");
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = json::parse(r.out);
   EXPECT_NEAR(j["parameters"].get<double>(), 29.97e9, 0.05e9);
   EXPECT_EQ(j["kv_bytes_per_token_f16"], 2 * 48 * 7168 * 2);
-  Run d = flexh2o("info " + model_dir("tiny-llama").string());
+  RunResult d = flexh2o("info " + model_dir("tiny-llama").string());
   ASSERT_EQ(d.code, 0) << d.err;
   EXPECT_NE(d.out.find("4 heads (2 kv)"), std::string::npos) << d.out;
 }
 
 TEST(Cli, EvalPplMatchesReference) {
   auto ref = read_json(model_dir("tiny-opt") / "reference/perplexity_full.json");
-  Run r = flexh2o("eval-ppl -m " + kOpt + " --max-tokens 1024 --json --device cpu " +
+  RunResult r = flexh2o("eval-ppl -m " + kOpt + " --max-tokens 1024 --json --device cpu " +
                   (model_dir("tiny-opt") / "reference/eval.txt").string());
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = json::parse(r.out);
