@@ -43,6 +43,7 @@ double decode_weight_bytes(const Model& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bench::ensure_openblas_coretype(argv);
   std::string json_path = "bench_model.json", configs = FLEXH2O_SOURCE_CONFIGS;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
@@ -55,14 +56,14 @@ int main(int argc, char** argv) {
     }
   }
   const int threads = int(std::thread::hardware_concurrency());
-  std::printf("machine: %d threads, ISA %s\n", threads, cpu::cpu_isa_name());
+  std::printf("machine: %s\n", bench::machine_info().c_str());
   const double gemm_ceiling = bench::measure_sgemm_gflops(threads);
-  const double bw_ceiling = bench::measure_read_bandwidth_gbs();
+  const double bw_ceiling = bench::measure_read_bandwidth_gbs(threads);
   std::printf("ceilings: OpenBLAS sgemm %.1f GFLOP/s, read bandwidth %.1f GB/s\n\n", gemm_ceiling, bw_ceiling);
 
   std::vector<Case> cases = {{"opt-125m", 4, 256, 64, 32, 1}, {"opt-1.3b", 1, 256, 64, 16, 1}};
   if (quick) cases.resize(1);
-  nlohmann::json out{{"machine", {{"threads", threads}, {"isa", cpu::cpu_isa_name()}}},
+  nlohmann::json out{{"machine", bench::machine_info()},
                      {"sgemm_ceiling_gflops", gemm_ceiling},
                      {"read_bandwidth_gbs", bw_ceiling},
                      {"cases", nlohmann::json::array()}};
