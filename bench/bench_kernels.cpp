@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
     for (auto& v : kc) v = nd(g);
     for (auto& v : vc) v = nd(g);
     for (auto& v : q) v = nd(g);
+    const int32_t seq_keys = int32_t(T);  // left-aligned cache: T filled slots
     for (int64_t tq : {T, int64_t(1)}) {
       cpu::AttentionArgs a;
       a.q = q.data();
@@ -117,7 +118,7 @@ int main(int argc, char** argv) {
       a.kv_heads = H;
       a.head_dim = d;
       a.capacity = cap;
-      a.n_keys = T;
+      a.seq_keys = &seq_keys;
       a.scale = 0.125f;
       a.out = o.data();
       a.out_stride = H * d;

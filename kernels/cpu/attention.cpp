@@ -18,21 +18,22 @@ void attention_isa(Isa isa, const AttentionArgs& a) {
            "attention: bad sizes");
   FH_CHECK(a.n_heads % a.kv_heads == 0, "attention: n_heads ", a.n_heads,
            " is not a multiple of kv_heads ", a.kv_heads);
-  FH_CHECK(a.tq <= a.n_keys && a.n_keys <= a.capacity, "attention: need tq <= n_keys <= capacity, got ",
-           a.tq, ", ", a.n_keys, ", ", a.capacity);
   if (a.batch == 0 || a.tq == 0) return;
-  FH_CHECK(a.q && a.k && a.v && a.out, "attention: null pointer");
+  FH_CHECK(a.q && a.k && a.v && a.out && a.seq_keys, "attention: null pointer");
   FH_CHECK(a.q_stride >= a.n_heads * a.head_dim && a.out_stride >= a.n_heads * a.head_dim,
            "attention: row stride smaller than n_heads*head_dim");
-  for (int64_t b = 0; b < a.batch && a.key_start; ++b)
-    FH_CHECK(a.key_start[b] >= 0 && a.key_start[b] <= a.n_keys, "attention: key_start[", b,
-             "]=", a.key_start[b], " outside [0, ", a.n_keys, "]");
+  int64_t max_keys = 1;
+  for (int64_t b = 0; b < a.batch; ++b) {
+    FH_CHECK(a.seq_keys[b] >= 0 && a.seq_keys[b] <= a.capacity, "attention: seq_keys[", b, "]=",
+             a.seq_keys[b], " outside [0, capacity=", a.capacity, "]");
+    max_keys = a.seq_keys[b] > max_keys ? a.seq_keys[b] : max_keys;
+  }
   const KernelTable& kt = kernels(isa);
   const int64_t qblocks = a.key_scores ? 1 : (a.tq + kAttnQB - 1) / kAttnQB;
   const int64_t per_block = a.key_scores ? a.tq : kAttnQB;
   const int64_t ntasks = a.batch * a.n_heads * qblocks;
   tbb::enumerable_thread_specific<std::vector<float>> scratch(
-      [&] { return std::vector<float>(size_t(attention_scratch_floats(a.n_keys))); });
+      [&] { return std::vector<float>(size_t(attention_scratch_floats(max_keys))); });
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, ntasks, 1), [&](const tbb::blocked_range<int64_t>& r) {
     AttnTask t;
     t.a = &a;

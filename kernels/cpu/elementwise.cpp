@@ -1,6 +1,6 @@
 // Row-wise data movement and element-wise ops: embedding, add_embedding, rotary, write_kv,
-// silu_mul. Portable code except silu_mul, whose vector exp comes from the ISA table.
-// Parallel over rows (or fixed element blocks) when the work is large.
+// kv_gather/score_gather, silu_mul. Portable code except silu_mul, whose vector exp comes
+// from the ISA table. Parallel over rows (or fixed element blocks) when the work is large.
 #include <tbb/parallel_for.h>
 
 #include <cmath>
@@ -74,18 +74,55 @@ void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_
 // ---- KV cache -------------------------------------------------------------------------
 
 void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
-              int64_t head_dim, float* cache, int64_t capacity, int64_t slot0) {
-  FH_CHECK(slot0 >= 0 && slot0 + T <= capacity, "write_kv: slots [", slot0, ", ", slot0 + T,
-           ") exceed capacity ", capacity);
+              int64_t head_dim, float* cache, int64_t capacity, const int32_t* seq_keys) {
+  FH_CHECK(B >= 0 && T >= 0 && kv_heads > 0 && head_dim > 0, "write_kv: bad sizes");
   FH_CHECK(src_stride >= kv_heads * head_dim, "write_kv: src_stride ", src_stride,
            " < kv_heads*head_dim");
+  if (B == 0 || T == 0) return;
+  FH_CHECK(src && cache && seq_keys, "write_kv: null pointer");
+  for (int64_t b = 0; b < B; ++b)
+    FH_CHECK(seq_keys[b] >= 0 && seq_keys[b] <= capacity, "write_kv: seq_keys[", b, "]=",
+             seq_keys[b], " outside [0, capacity=", capacity, "]");
   detail::for_rows(B * kv_heads, T * head_dim, [&](int64_t bg) {
     const int64_t b = bg / kv_heads, g = bg % kv_heads;
-    float* dst = cache + (bg * capacity + slot0) * head_dim;
-    for (int64_t t = 0; t < T; ++t)
-      std::memcpy(dst + t * head_dim, src + (b * T + t) * src_stride + g * head_dim,
+    const int64_t first = seq_keys[b] - T;  // slot of row t = first + t
+    float* dst = cache + bg * capacity * head_dim;
+    for (int64_t t = first < 0 ? -first : 0; t < T; ++t)
+      std::memcpy(dst + (first + t) * head_dim, src + (b * T + t) * src_stride + g * head_dim,
                   size_t(head_dim) * sizeof(float));
   });
+}
+
+void kv_gather(float* cache, int64_t B, int64_t kv_heads, int64_t capacity, int64_t head_dim,
+               const int32_t* keep, int64_t keep_stride, const int32_t* keep_count) {
+  FH_CHECK(B >= 0 && kv_heads > 0 && capacity >= 0 && head_dim > 0 && keep_stride >= 0,
+           "kv_gather: bad sizes");
+  const int64_t rows = B * kv_heads;
+  if (rows == 0) return;
+  FH_CHECK(keep_count && (cache || capacity == 0), "kv_gather: null pointer");
+  for (int64_t r = 0; r < rows; ++r) {  // validate everything before moving anything
+    const int64_t n = keep_count[r];
+    FH_CHECK(n >= 0 && n <= capacity && n <= keep_stride, "kv_gather: keep_count[", r, "]=", n,
+             " outside [0, min(capacity=", capacity, ", keep_stride=", keep_stride, ")]");
+    const int32_t* k = keep + r * keep_stride;
+    for (int64_t i = 0; i < n; ++i)
+      FH_CHECK(k[i] >= i && k[i] < capacity, "kv_gather: row ", r, ": keep[", i, "]=", k[i],
+               " must be in [", i, ", capacity=", capacity, ") (in-place gather needs keep[i] >= i)");
+  }
+  // Ascending i: slot keep[i] >= i has not been overwritten yet (earlier steps wrote slots < i).
+  detail::for_rows(rows, capacity * head_dim, [&](int64_t r) {
+    const int32_t* k = keep + r * keep_stride;
+    float* base = cache + r * capacity * head_dim;
+    for (int64_t i = 0; i < keep_count[r]; ++i)
+      if (k[i] != i)
+        std::memcpy(base + i * head_dim, base + int64_t(k[i]) * head_dim,
+                    size_t(head_dim) * sizeof(float));
+  });
+}
+
+void score_gather(float* scores, int64_t B, int64_t heads, int64_t capacity, const int32_t* keep,
+                  int64_t keep_stride, const int32_t* keep_count) {
+  kv_gather(scores, B, heads, capacity, 1, keep, keep_stride, keep_count);
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------

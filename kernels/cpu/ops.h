@@ -45,28 +45,51 @@ void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_
 // gate[i] = silu(gate[i]) * up[i] for i < n.
 void silu_mul(float* gate, const float* up, int64_t n);
 
-// Copies T new rows per sequence into a KV cache [B, kv_heads, capacity, head_dim] at slots
-// [slot0, slot0+T). src row (b,t) at src + (b*T + t)*src_stride holds kv_heads*head_dim floats.
-void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
-              int64_t head_dim, float* cache, int64_t capacity, int64_t slot0);
+// KV cache layout: [B, kv_heads, capacity, head_dim] fp32, left-aligned: sequence b's cached
+// tokens fill slots [0, n_b) of each of its (b, head) rows, with no padding inside. seq_keys
+// ([B], int32) gives n_b AFTER this step's T (or tq) new tokens are written. Row t of a
+// step (0 <= t < T) of sequence b belongs at slot seq_keys[b] - T + t; a row whose slot is
+// negative is a left-padding row (the sequence has fewer than T new tokens this step).
 
-// Causal softmax attention of tq new queries per sequence over the first n_keys slots of a
-// KV cache. Query t of sequence b sits at slot n_keys - tq + t and attends to slots
-// [key_start[b], that slot]; slots before key_start[b] are left padding and get probability 0.
-// GQA: query head h reads kv head h / (n_heads / kv_heads).
+// Copies the T new rows of each sequence into the cache: src row (b,t), at
+// src + (b*T + t)*src_stride holding kv_heads*head_dim floats, goes to slot
+// seq_keys[b] - T + t of every kv head; padding rows (negative slot) are skipped. Checks
+// 0 <= seq_keys[b] <= capacity (throws before writing anything).
+void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
+              int64_t head_dim, float* cache, int64_t capacity, const int32_t* seq_keys);
+
+// In-place compaction of a left-aligned cache (KV eviction), independently per (b, h) row:
+// new slot i <- old slot keep[(b*kv_heads + h)*keep_stride + i] for i < keep_count[b*kv_heads + h];
+// slots >= keep_count are left unchanged. Precondition (checked for every row before anything
+// is moved; throws): 0 <= keep_count <= min(capacity, keep_stride) and i <= keep[i] < capacity.
+// It covers stable compaction (keep increasing) and swap-remove ("move the last slot into the
+// victim"). Rows of head_dim floats are moved whole, so the op is generic over row width:
+// head_dim = 1 compacts a [B, heads, capacity] score array (that is what score_gather does).
+void kv_gather(float* cache, int64_t B, int64_t kv_heads, int64_t capacity, int64_t head_dim,
+               const int32_t* keep, int64_t keep_stride, const int32_t* keep_count);
+// kv_gather with head_dim = 1, for H2O key scores [B, heads, capacity] (heads may be n_heads).
+void score_gather(float* scores, int64_t B, int64_t heads, int64_t capacity, const int32_t* keep,
+                  int64_t keep_stride, const int32_t* keep_count);
+
+// Causal softmax attention of tq new queries per sequence over its left-aligned KV cache
+// rows. Query row t of sequence b sits at slot p = seq_keys[b] - tq + t and attends to slots
+// [0, p]; if p < 0 the row is left padding: its output row is written as zeros and it adds
+// nothing to key_scores. Slots >= seq_keys[b] are never read. GQA: query head h reads kv
+// head h / (n_heads / kv_heads). Checks 0 <= seq_keys[b] <= capacity (throws).
 struct AttentionArgs {
   const float* q = nullptr;  // [B, tq] rows at stride q_stride, each n_heads*head_dim floats
   int64_t q_stride = 0;
   const float* k = nullptr;  // cache [B, kv_heads, capacity, head_dim]
   const float* v = nullptr;  // same layout as k
   int64_t batch = 0, tq = 0, n_heads = 0, kv_heads = 0, head_dim = 0;
-  int64_t capacity = 0, n_keys = 0;
-  const int32_t* key_start = nullptr;  // [B] first valid slot; null means 0 for all
-  float scale = 0.f;                   // softmax(q.k * scale); usually 1/sqrt(head_dim)
-  float* out = nullptr;                // [B, tq] rows at stride out_stride, n_heads*head_dim
+  int64_t capacity = 0;
+  const int32_t* seq_keys = nullptr;  // [B] filled slots of sequence b (incl. this step's tq)
+  float scale = 0.f;                  // softmax(q.k * scale); usually 1/sqrt(head_dim)
+  float* out = nullptr;               // [B, tq] rows at stride out_stride, n_heads*head_dim
   int64_t out_stride = 0;
   // Optional [B, n_heads, capacity]: for each key slot, += the attention probability it got,
   // summed over the tq queries (H2O scores: prefill column sums, decode per-step probs).
+  // Slots >= seq_keys[b] are not touched.
   float* key_scores = nullptr;
 };
 void attention(const AttentionArgs& a);

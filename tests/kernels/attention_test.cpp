@@ -1,7 +1,11 @@
 // attention(): every output and H2O key score against a double-precision reference on every
-// ISA variant: causal + left-padding masks, GQA, decode (tq=1), head_dim 64/80/128, with
-// and without key_scores; padding/unwritten cache slots hold NaN and must never be read.
-// Determinism: a sequence alone vs inside a padded batch gives identical bits.
+// ISA variant: left-aligned caches with per-sequence seq_keys, causal mask, left-padding
+// query rows (zeros out), GQA, decode (tq=1), head_dim 64/80/128, with and without
+// key_scores; unwritten cache slots hold NaN and must never be read.
+// Determinism: a sequence alone vs inside a batch of other lengths gives identical bits.
+#include <tbb/task_arena.h>
+
+#include <algorithm>
 #include <limits>
 #include <tuple>
 
@@ -12,9 +16,15 @@ namespace flexh2o::cpu::test {
 namespace {
 
 struct AttnCase {
-  int64_t B, tq, n_keys, H, KV;
-  std::vector<int32_t> key_start;
+  int64_t B, tq, H, KV;
+  std::vector<int32_t> seq_keys;  // [B]
 };
+
+int64_t max_keys(const AttnCase& c) {
+  int64_t m = 0;
+  for (int32_t n : c.seq_keys) m = std::max<int64_t>(m, n);
+  return m;
+}
 
 struct AttnData {
   AttnCase c;
@@ -32,8 +42,7 @@ struct AttnData {
     a.kv_heads = c.KV;
     a.head_dim = d;
     a.capacity = cap;
-    a.n_keys = c.n_keys;
-    a.key_start = c.key_start.empty() ? nullptr : c.key_start.data();
+    a.seq_keys = c.seq_keys.data();
     a.scale = 1.f / std::sqrt(float(d));
     a.out = out.data();
     a.out_stride = c.H * d;
@@ -42,10 +51,8 @@ struct AttnData {
   }
 };
 
-int32_t kstart(const AttnCase& c, int64_t b) { return c.key_start.empty() ? 0 : c.key_start[b]; }
-
 AttnData make(const AttnCase& c, int64_t d, bool scores, uint32_t seed) {
-  AttnData t{c, d, c.n_keys + 5, {}, {}, {}, {}, {}};
+  AttnData t{c, d, max_keys(c) + 5, {}, {}, {}, {}, {}};
   t.q = randn(size_t(c.B * c.tq * (c.H * d + 3)), seed);
   t.k = randn(size_t(c.B * c.KV * t.cap * d), seed + 1);
   t.v = randn(size_t(c.B * c.KV * t.cap * d), seed + 2);
@@ -53,7 +60,7 @@ AttnData make(const AttnCase& c, int64_t d, bool scores, uint32_t seed) {
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t g = 0; g < c.KV; ++g)
       for (int64_t s = 0; s < t.cap; ++s)
-        if (s < kstart(c, b) || s >= c.n_keys)
+        if (s >= c.seq_keys[b])
           for (int64_t i = 0; i < d; ++i) {
             t.k[((b * c.KV + g) * t.cap + s) * d + i] = nan;
             t.v[((b * c.KV + g) * t.cap + s) * d + i] = nan;
@@ -73,8 +80,8 @@ void reference(const AttnData& t, std::vector<double>& out, std::vector<double>&
     for (int64_t h = 0; h < c.H; ++h) {
       const int64_t g = h / (c.H / c.KV);
       for (int64_t tt = 0; tt < c.tq; ++tt) {
-        const int64_t pos = c.n_keys - c.tq + tt, s0 = kstart(c, b);
-        if (pos < s0) continue;  // padding query: output 0
+        const int64_t pos = c.seq_keys[b] - c.tq + tt, s0 = 0;
+        if (pos < 0) continue;  // padding query: output 0
         const float* qr = t.q.data() + (b * c.tq + tt) * (c.H * d + 3) + h * d;
         std::vector<double> p(size_t(pos + 1), 0.0);
         double mx = -1e300, sum = 0;
@@ -97,12 +104,14 @@ void reference(const AttnData& t, std::vector<double>& out, std::vector<double>&
 
 const std::vector<AttnCase>& cases() {
   static const std::vector<AttnCase> k = {
-      {1, 7, 7, 4, 4, {}},             // plain causal prefill
-      {3, 5, 19, 4, 2, {0, 3, 11}},    // chunked prefill over a cache, padding, GQA 2
-      {2, 1, 40, 4, 1, {0, 5}},        // decode, MQA
-      {2, 10, 10, 4, 2, {0, 4}},       // left-padded prompt: 4 padding queries
-      {1, 70, 100, 2, 1, {}},          // several query blocks
-      {2, 37, 37, 4, 2, {0, 37}},      // an all-padding sequence
+      {1, 7, 4, 4, {7}},               // plain causal prefill
+      {3, 5, 4, 2, {19, 16, 8}},       // chunked prefill over a cache, GQA 2
+      {2, 1, 4, 1, {40, 35}},          // decode, MQA, different lengths
+      {2, 10, 4, 2, {10, 6}},          // left-padded prompt: 4 padding query rows
+      {1, 70, 2, 1, {100}},            // several query blocks
+      {2, 37, 4, 2, {37, 0}},          // an all-padding sequence (empty cache)
+      {3, 6, 4, 2, {2, 6, 30}},        // chunk longer than a short sequence's cache
+      {2, 1, 4, 4, {1, 0}},            // decode of a 1-token cache next to an idle slot
   };
   return k;
 }
@@ -117,6 +126,11 @@ TEST_P(AttentionCases, MatchesReference) {
   std::vector<double> ro, rk;
   reference(t, ro, rk);
   expect_close(t.out.data(), ro.data(), ro.size(), 2e-5, 1e-4, "out");
+  const AttnCase& cc = t.c;
+  for (int64_t b = 0; b < cc.B; ++b)  // padding rows: exactly +0.0 (not only within tolerance)
+    for (int64_t tt = 0; tt < cc.tq && cc.seq_keys[b] - cc.tq + tt < 0; ++tt)
+      for (int64_t i = 0; i < cc.H * d; ++i)
+        ASSERT_EQ(t.out[size_t((b * cc.tq + tt) * cc.H * d + i)], 0.f) << "padding row b=" << b << " t=" << tt;
   if (!scores) return;
   expect_close(t.ks.data(), rk.data(), rk.size(), 2e-6, 1e-4, "key_scores");
   const AttnCase& c = t.c;
@@ -125,13 +139,13 @@ TEST_P(AttentionCases, MatchesReference) {
       double total = 0;
       for (int64_t s = 0; s < t.cap; ++s) {
         const float v = t.ks[size_t((b * c.H + h) * t.cap + s)];
-        if (s < kstart(c, b) || s >= c.n_keys) {
+        if (s >= c.seq_keys[b]) {
           EXPECT_EQ(v, 0.f) << "padding slot " << s;  // exactly 0
         }
         total += v;
       }
       int64_t valid = 0;  // each valid query's probabilities sum to 1
-      for (int64_t tt = 0; tt < c.tq; ++tt) valid += (c.n_keys - c.tq + tt >= kstart(c, b));
+      for (int64_t tt = 0; tt < c.tq; ++tt) valid += (c.seq_keys[b] - c.tq + tt >= 0);
       EXPECT_NEAR(total, double(valid), 1e-4 * double(valid + 1));
     }
 }
@@ -150,37 +164,45 @@ INSTANTIATE_TEST_SUITE_P(All, AttentionCases,
 
 class AttentionDeterminism : public ::testing::TestWithParam<Isa> {};
 
-// One sequence alone vs the same sequence at b=1 of a batch, left-padded by 5 slots, next to
-// sequences with other padding: outputs and key scores are bit-identical (prefill and decode).
+// One sequence alone vs the same sequence at b=1 of a batch whose other sequences have other
+// lengths (so b=1 gets left-padding query rows in prefill): outputs and key scores are
+// bit-identical (prefill and decode), and the thread count does not change any bit.
 TEST_P(AttentionDeterminism, SequenceAloneEqualsInBatch) {
   const Isa isa = GetParam();
   const int64_t d = 80, H = 4, KV = 2;
   for (int64_t L : {int64_t(45), int64_t(1)}) {  // prefill of 45; decode step over 60 keys
-    const int64_t keys = L == 1 ? 60 : L, pad = 5;
-    AttnData alone = make({1, L, keys, H, KV, {0}}, d, true, 3);
-    AttnData batch = make({3, L + (L == 1 ? 0 : pad), keys + pad, H, KV, {2, pad, 0}}, d, true, 11);
-    const int64_t cap_b = batch.cap, tqb = batch.c.tq;
-    // Copy the sequence into slot range [pad, pad+keys) of b=1 and its queries to the tail rows.
+    const int64_t keys = L == 1 ? 60 : L, pad = L == 1 ? 0 : 5;
+    const int64_t tqb = L + pad;
+    AttnData alone = make({1, L, H, KV, {int32_t(keys)}}, d, true, 3);
+    AttnData batch = make({3, tqb, H, KV, {int32_t(keys + 33), int32_t(keys), int32_t(tqb)}}, d, true, 11);
+    const int64_t cap_b = batch.cap;
     for (int64_t g = 0; g < KV; ++g)
       for (int64_t s = 0; s < keys; ++s)
         for (int64_t i = 0; i < d; ++i) {
-          batch.k[((1 * KV + g) * cap_b + pad + s) * d + i] = alone.k[((0 * KV + g) * alone.cap + s) * d + i];
-          batch.v[((1 * KV + g) * cap_b + pad + s) * d + i] = alone.v[((0 * KV + g) * alone.cap + s) * d + i];
+          batch.k[((1 * KV + g) * cap_b + s) * d + i] = alone.k[((0 * KV + g) * alone.cap + s) * d + i];
+          batch.v[((1 * KV + g) * cap_b + s) * d + i] = alone.v[((0 * KV + g) * alone.cap + s) * d + i];
         }
     const int64_t qs = H * d + 3;
     for (int64_t tt = 0; tt < L; ++tt)
       for (int64_t i = 0; i < qs; ++i)
-        batch.q[size_t((1 * tqb + tqb - L + tt) * qs + i)] = alone.q[size_t(tt * qs + i)];
+        batch.q[size_t((1 * tqb + pad + tt) * qs + i)] = alone.q[size_t(tt * qs + i)];
     detail::attention_isa(isa, alone.args());
     detail::attention_isa(isa, batch.args());
     for (int64_t tt = 0; tt < L; ++tt)
-      EXPECT_TRUE(bit_equal(alone.out.data() + tt * H * d, batch.out.data() + (1 * tqb + tqb - L + tt) * H * d,
+      EXPECT_TRUE(bit_equal(alone.out.data() + tt * H * d, batch.out.data() + (1 * tqb + pad + tt) * H * d,
                             size_t(H * d)))
           << "L=" << L << " query " << tt;
     for (int64_t h = 0; h < H; ++h)
-      EXPECT_TRUE(bit_equal(alone.ks.data() + h * alone.cap, batch.ks.data() + (1 * H + h) * cap_b + pad,
+      EXPECT_TRUE(bit_equal(alone.ks.data() + h * alone.cap, batch.ks.data() + (1 * H + h) * cap_b,
                             size_t(keys)))
           << "key scores, head " << h;
+    AttnData again = batch;
+    std::fill(again.out.begin(), again.out.end(), -1.f);
+    std::fill(again.ks.begin(), again.ks.end(), 0.f);
+    tbb::task_arena one(1);
+    one.execute([&] { detail::attention_isa(isa, again.args()); });
+    EXPECT_TRUE(bit_equal(again.out.data(), batch.out.data(), batch.out.size())) << "threads, L=" << L;
+    EXPECT_TRUE(bit_equal(again.ks.data(), batch.ks.data(), batch.ks.size())) << "threads, L=" << L;
   }
 }
 
@@ -188,10 +210,16 @@ INSTANTIATE_TEST_SUITE_P(All, AttentionDeterminism, ::testing::ValuesIn(availabl
                          [](const ::testing::TestParamInfo<Isa>& i) { return isa_str(i.param); });
 
 TEST(Attention, RejectsBadArguments) {
-  AttnData t = make({1, 4, 4, 4, 3, {}}, 64, false, 1);  // 4 heads over 3 kv heads
+  AttnData t = make({1, 4, 4, 3, {4}}, 64, false, 1);  // 4 heads over 3 kv heads
   EXPECT_THROW(attention(t.args()), Error);
-  AttnData u = make({1, 4, 4, 4, 2, {5}}, 64, false, 1);  // key_start beyond n_keys
+  AttnData u = make({1, 4, 4, 2, {5}}, 64, false, 1);
+  u.c.seq_keys[0] = int32_t(u.cap + 1);  // beyond capacity
   EXPECT_THROW(attention(u.args()), Error);
+  u.c.seq_keys[0] = -1;  // negative
+  EXPECT_THROW(attention(u.args()), Error);
+  AttentionArgs n = u.args();
+  n.seq_keys = nullptr;
+  EXPECT_THROW(attention(n), Error);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The small CPU ops against double-precision references: layernorm, rmsnorm, rotary (HF
 // rotate_half), silu_mul (every ISA variant), embedding / add_embedding (every weight dtype,
-// bad ids throw) and write_kv.
+// bad ids throw), write_kv and kv_gather/score_gather.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
@@ -107,22 +108,94 @@ TEST(Embedding, GathersAndAddsEveryDtype) {
   }
 }
 
-TEST(WriteKv, CopiesRowsIntoSlots) {
-  const int64_t B = 2, T = 3, KV = 2, hd = 5, cap = 8, slot0 = 4, stride = KV * hd + 1;
+TEST(WriteKv, CopiesRowsIntoSequenceSlots) {
+  // seq_keys: b=0 appends 3 rows after 4 cached ones; b=1 fills [0,3); b=2 has only 2 real
+  // rows (row 0 is padding and is skipped).
+  const int64_t B = 3, T = 3, KV = 2, hd = 5, cap = 8, stride = KV * hd + 1;
+  const std::vector<int32_t> seq_keys = {7, 3, 2};
   const auto src = randn(size_t(B * T * stride), 13);
   std::vector<float> cache(size_t(B * KV * cap * hd), -7.f);
-  write_kv(src.data(), stride, B, T, KV, hd, cache.data(), cap, slot0);
+  write_kv(src.data(), stride, B, T, KV, hd, cache.data(), cap, seq_keys.data());
   for (int64_t b = 0; b < B; ++b)
     for (int64_t g = 0; g < KV; ++g)
       for (int64_t s = 0; s < cap; ++s)
         for (int64_t i = 0; i < hd; ++i) {
           const float v = cache[((b * KV + g) * cap + s) * hd + i];
-          if (s >= slot0 && s < slot0 + T)
-            ASSERT_EQ(v, src[(b * T + s - slot0) * stride + g * hd + i]);
+          const int64_t t = s - (seq_keys[b] - T);  // source row of slot s
+          if (t >= 0 && t < T && s < seq_keys[b])
+            ASSERT_EQ(v, src[(b * T + t) * stride + g * hd + i]) << b << " " << g << " " << s;
           else
-            ASSERT_EQ(v, -7.f);
+            ASSERT_EQ(v, -7.f) << b << " " << g << " " << s;
         }
-  EXPECT_THROW(write_kv(src.data(), stride, B, T, KV, hd, cache.data(), cap, 6), Error);
+  const std::vector<int32_t> over = {9, 3, 2}, neg = {7, -1, 2};
+  EXPECT_THROW(write_kv(src.data(), stride, B, T, KV, hd, cache.data(), cap, over.data()), Error);
+  EXPECT_THROW(write_kv(src.data(), stride, B, T, KV, hd, cache.data(), cap, neg.data()), Error);
+}
+
+// A cache whose element (row r, slot s, i) encodes r, s and i, so every move is traceable.
+std::vector<float> traced_cache(int64_t rows, int64_t cap, int64_t hd) {
+  std::vector<float> c(size_t(rows * cap * hd));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t s = 0; s < cap; ++s)
+      for (int64_t i = 0; i < hd; ++i) c[size_t((r * cap + s) * hd + i)] = float(r * 10000 + s * 100 + i);
+  return c;
+}
+
+TEST(KvGather, StableCompactionAndSwapRemovePerHead) {
+  const int64_t B = 2, KV = 2, cap = 9, hd = 3, stride = 10;
+  std::vector<int32_t> keep(size_t(B * KV * stride), -99);
+  std::vector<int32_t> count(size_t(B * KV));
+  auto set = [&](int64_t r, std::vector<int32_t> k) {
+    std::copy(k.begin(), k.end(), keep.begin() + r * stride);
+    count[size_t(r)] = int32_t(k.size());
+  };
+  set(0, {0, 2, 3, 6, 8});                 // stable compaction: evict 1, 4, 5, 7
+  set(1, {0, 1, 2, 8, 4, 5, 6, 7});        // swap-remove: victim 3 <- last slot 8
+  set(2, {0, 1, 2, 3, 4, 5, 6, 7, 8});     // keep everything (identity)
+  set(3, {});                              // evict everything
+  const auto before = traced_cache(B * KV, cap, hd);
+  auto cache = before;
+  kv_gather(cache.data(), B, KV, cap, hd, keep.data(), stride, count.data());
+  for (int64_t r = 0; r < B * KV; ++r)
+    for (int64_t s = 0; s < cap; ++s)
+      for (int64_t i = 0; i < hd; ++i) {
+        const int64_t from = s < count[size_t(r)] ? keep[size_t(r * stride + s)] : s;  // tail unchanged
+        ASSERT_EQ(cache[size_t((r * cap + s) * hd + i)], before[size_t((r * cap + from) * hd + i)])
+            << "row " << r << " slot " << s;
+      }
+  // Scores (head_dim 1) through score_gather: same moves.
+  auto sc = traced_cache(B * KV, cap, 1), sc0 = sc;
+  score_gather(sc.data(), B, KV, cap, keep.data(), stride, count.data());
+  for (int64_t r = 0; r < B * KV; ++r)
+    for (int64_t s = 0; s < cap; ++s) {
+      const int64_t from = s < count[size_t(r)] ? keep[size_t(r * stride + s)] : s;
+      ASSERT_EQ(sc[size_t(r * cap + s)], sc0[size_t(r * cap + from)]);
+    }
+}
+
+TEST(KvGather, RejectsBadKeepListsBeforeMovingAnything) {
+  const int64_t B = 1, KV = 2, cap = 6, hd = 2, stride = 6;
+  const auto before = traced_cache(B * KV, cap, hd);
+  auto run = [&](std::vector<int32_t> k0, std::vector<int32_t> k1) {
+    std::vector<int32_t> keep(size_t(KV * stride), 0), count = {int32_t(k0.size()), int32_t(k1.size())};
+    std::copy(k0.begin(), k0.end(), keep.begin());
+    std::copy(k1.begin(), k1.end(), keep.begin() + stride);
+    auto cache = before;
+    bool threw = false;
+    try {
+      kv_gather(cache.data(), B, KV, cap, hd, keep.data(), stride, count.data());
+    } catch (const Error&) {
+      threw = true;
+    }
+    if (threw) EXPECT_TRUE(cache == before) << "cache modified by a rejected call";
+    return threw;
+  };
+  EXPECT_FALSE(run({0, 2, 4}, {5, 1}));  // valid (the guard of this test itself)
+  // Row 0 is valid and would move data; row 1 breaks keep[i] >= i: nothing may move.
+  EXPECT_TRUE(run({1, 2, 5}, {0, 2, 1}));
+  EXPECT_TRUE(run({1, 2, 5}, {0, 6}));            // keep beyond capacity
+  EXPECT_TRUE(run({1, 2, 5}, {-1}));              // negative
+  EXPECT_TRUE(run({0, 1, 2, 3, 4, 5, 5}, {}));    // keep_count > capacity / keep_stride
 }
 
 }  // namespace

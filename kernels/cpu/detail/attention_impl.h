@@ -1,7 +1,7 @@
 // Private: causal softmax attention for one (sequence, query head, query range), written
 // over a vector-traits type T and instantiated per ISA; the TBB driver is attention.cpp.
-// Every sum runs over keys in slot order starting at key_start, so a sequence gives the
-// same bits whatever its padding, its batch, or the query block it falls in.
+// Every sum runs over keys in slot order starting at slot 0 of the sequence's left-aligned
+// cache, so a sequence gives the same bits whatever its batch or the query block it falls in.
 #pragma once
 
 #include <cstdint>
@@ -55,12 +55,12 @@ void attention_task(const AttnTask& task) {
   const AttentionArgs& a = *task.a;
   const int64_t b = task.b, h = task.h, d = a.head_dim;
   const int64_t g = h / (a.n_heads / a.kv_heads);
-  const int64_t ks = a.key_start ? a.key_start[b] : 0;
-  const float* kb = a.k + ((b * a.kv_heads + g) * a.capacity + ks) * d;  // key j: kb + j*d
-  const float* vb = a.v + ((b * a.kv_heads + g) * a.capacity + ks) * d;
-  float* kscore = a.key_scores ? a.key_scores + (b * a.n_heads + h) * a.capacity + ks : nullptr;
-  const int64_t ld = a.n_keys;
-  auto n_of = [&](int64_t t) { return a.n_keys - a.tq + t - ks + 1; };  // keys query t sees
+  const int64_t nk = a.seq_keys[b];
+  const float* kb = a.k + (b * a.kv_heads + g) * a.capacity * d;  // key j: kb + j*d
+  const float* vb = a.v + (b * a.kv_heads + g) * a.capacity * d;
+  float* kscore = a.key_scores ? a.key_scores + (b * a.n_heads + h) * a.capacity : nullptr;
+  const int64_t ld = nk > 0 ? nk : 1;
+  auto n_of = [&](int64_t t) { return nk - a.tq + t + 1; };  // keys query t sees (<= 0: padding)
   auto qrow = [&](int64_t t) { return a.q + (b * a.tq + t) * a.q_stride + h * d; };
   auto orow = [&](int64_t t) { return a.out + (b * a.tq + t) * a.out_stride + h * d; };
 

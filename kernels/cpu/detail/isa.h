@@ -45,7 +45,7 @@ constexpr int64_t kAttnQB = 32;  // queries per score block
 struct AttnTask {
   const AttentionArgs* a = nullptr;
   int64_t b = 0, h = 0, t0 = 0, t1 = 0;  // sequence, query head, query range
-  float* scratch = nullptr;  // attention_scratch_floats(n_keys) floats
+  float* scratch = nullptr;  // attention_scratch_floats(max seq_keys) floats
 };
 constexpr int64_t attention_scratch_floats(int64_t n_keys) { return kAttnQB * (n_keys + 64); }
 
