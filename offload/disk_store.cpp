@@ -1,0 +1,491 @@
+// DiskStore implementation: the on-disk header, the O_DIRECT probe, atomic tmp+fsync+rename writes,
+// aligned/bounced byte-range I/O split into 1 MiB requests (so the backend's queue depth is used),
+// and XXH3-64 verification. The header is native-endian (little-endian on our targets).
+#include "offload/disk_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "offload/aligned_buffer.h"
+
+namespace flexh2o {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t kChunk = size_t(1) << 20;        // one IoRequest
+constexpr size_t kStageBytes = size_t(16) << 20;  // staging/bounce buffer for put/verify/unaligned
+constexpr char kMagic[8] = {'F', 'H', '2', 'O', 'S', 'T', 'O', 'R'};
+constexpr uint32_t kFlagComplete = 1, kFlagHashed = 2;
+constexpr const char* kSuffix = ".fhs";
+
+// Move-only owner of a file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  void reset() noexcept {
+    if (fd_ >= 0 && ::close(fd_) != 0) std::fprintf(stderr, "flexh2o: close(%d): %s\n", fd_, std::strerror(errno));
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// On-disk header, serialised into the first 4096 bytes of every store file.
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t flags;
+  uint64_t payload_bytes;
+  uint64_t content_hash;  // XXH3_64bits of the payload (kFlagHashed)
+  uint32_t dtype;
+  uint32_t ndim;
+  int64_t dims[kMaxDims];
+  uint32_t identity_len;
+  uint32_t name_len;
+  char identity[1024];
+  char name[1024];
+  uint64_t header_hash;  // XXH3_64bits of all bytes above
+};
+static_assert(sizeof(Header) <= kStoreHeaderBytes);
+static_assert(kStoreMaxString <= sizeof(Header::name));
+
+uint64_t header_hash(const Header& h) { return XXH3_64bits(&h, offsetof(Header, header_hash)); }
+
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+std::string_view header_str(const char* p, uint32_t n) { return {p, std::min<size_t>(n, 1024)}; }
+
+void check_name(std::string_view name) {
+  bool ok = !name.empty() && name.size() <= kStoreMaxString && name[0] != '.';
+  for (char c : name)
+    ok &= (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+          c == '_' || c == '-';
+  FH_CHECK(ok, "invalid store entry name '", name, "' (use 1..", kStoreMaxString,
+           " of [A-Za-z0-9._-], not starting with '.')");
+}
+
+// Appends requests of at most kChunk bytes covering [off, off+len) <-> mem.
+void add_requests(std::vector<IoRequest>& reqs, int fd, uint64_t off, std::byte* mem, size_t len, IoOp op) {
+  for (size_t p = 0; p < len; p += kChunk)
+    reqs.push_back(IoRequest{fd, off + p, mem + p, std::min(kChunk, len - p), op, 0});
+}
+
+Status wrap(const Status& st, std::string_view what, const fs::path& path) {
+  return {st.code(), detail::concat(what, " '", path.string(), "': ", st.message()), st.retryable()};
+}
+
+}  // namespace
+
+struct DiskStore::Entry {
+  Fd fd;
+  fs::path path;
+  uint64_t payload_bytes = 0;
+  bool hashed = false;
+  uint64_t content_hash = 0;
+  DType dtype = DType::U8;
+  Shape shape;
+};
+
+namespace {
+
+// Opens dir/name.fhs and checks its header: kNotFound (missing), kInvalid (another model identity
+// or name), kCorrupt (bad magic/version/header hash, incomplete, truncated), kIoError.
+Status load_entry(IoBackend& io, bool direct, const fs::path& path, std::string_view identity,
+                  std::string_view name, std::atomic<uint64_t>& bytes_read,
+                  std::shared_ptr<DiskStore::Entry>* out) {
+  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0)));
+  if (fd.get() < 0) {
+    int e = errno;
+    return {e == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
+            detail::concat("cannot open store file '", path.string(), "': ", std::strerror(e))};
+  }
+  struct stat sb {};
+  if (::fstat(fd.get(), &sb) != 0)
+    return {StatusCode::kIoError, detail::concat("fstat '", path.string(), "': ", std::strerror(errno))};
+  auto corrupt = [&](auto&&... why) {
+    return Status(StatusCode::kCorrupt, detail::concat("store file '", path.string(), "' ", why...));
+  };
+  if (uint64_t(sb.st_size) < kStoreHeaderBytes)
+    return corrupt("is truncated: ", sb.st_size, " bytes, smaller than its ", kStoreHeaderBytes, "-byte header");
+  AlignedBuffer buf(kStoreHeaderBytes);
+  IoRequest r{fd.get(), 0, buf.data(), kStoreHeaderBytes, IoOp::kRead, 0};
+  if (Status st = io.submit_and_wait({&r, 1}); !st.ok()) return wrap(st, "reading header of", path);
+  bytes_read += kStoreHeaderBytes;
+  Header h;
+  std::memcpy(&h, buf.data(), sizeof h);
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return corrupt("is not a flexh2o store file (bad magic)");
+  if (h.version != kStoreFormatVersion)
+    return corrupt("has format version ", h.version, ", expected ", kStoreFormatVersion);
+  if (h.header_hash != header_hash(h)) return corrupt("has a corrupt header (header hash mismatch)");
+  if (!(h.flags & kFlagComplete)) return corrupt("is incomplete (an interrupted write)");
+  if (header_str(h.identity, h.identity_len) != identity)
+    return {StatusCode::kInvalid,
+            detail::concat("store file '", path.string(), "' belongs to model '",
+                           header_str(h.identity, h.identity_len), "', not '", identity, "'")};
+  if (header_str(h.name, h.name_len) != name)
+    return {StatusCode::kInvalid, detail::concat("store file '", path.string(), "' holds entry '",
+                                                 header_str(h.name, h.name_len), "', not '", name, "'")};
+  if (h.ndim > uint32_t(kMaxDims) || h.dtype > uint32_t(DType::U8)) return corrupt("has an invalid dtype/shape");
+  uint64_t need = kStoreHeaderBytes + h.payload_bytes;
+  if (uint64_t(sb.st_size) < need)
+    return corrupt("is truncated: ", sb.st_size, " bytes, expected at least ", need);
+  auto e = std::make_shared<DiskStore::Entry>();
+  e->fd = std::move(fd);
+  e->path = path;
+  e->payload_bytes = h.payload_bytes;
+  e->hashed = (h.flags & kFlagHashed) != 0;
+  e->content_hash = h.content_hash;
+  e->dtype = DType(h.dtype);
+  e->shape.ndim = int(h.ndim);
+  for (int i = 0; i < int(h.ndim); ++i) e->shape.dims[i] = h.dims[i];
+  *out = std::move(e);
+  return Status::Ok();
+}
+
+}  // namespace
+
+// --------------------------------------------------------------------------------------------
+// open / lifetime
+// --------------------------------------------------------------------------------------------
+
+std::unique_ptr<DiskStore> DiskStore::open(const fs::path& dir, std::string model_identity, IoBackend& io,
+                                           const DiskStoreOptions& opts) {
+  FH_CHECK(!model_identity.empty() && model_identity.size() <= kStoreMaxString,
+           "model identity must be 1..", kStoreMaxString, " bytes, got ", model_identity.size());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    FH_FAIL("offload directory '", dir.string(), "' cannot be created: ",
+            ec ? ec.message() : std::string("a non-directory is in the way"));
+  fs::path probe = dir / detail::concat(".fh2o-probe-", ::getpid());
+  bool direct = opts.use_direct_io;
+  std::string note = direct ? "O_DIRECT (page cache bypassed)" : "buffered I/O (O_DIRECT disabled by option)";
+  Fd fd(::open(probe.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600));
+  if (fd.get() < 0 && direct && errno == EINVAL) {
+    direct = false;
+    note = "filesystem refuses O_DIRECT (e.g. tmpfs): buffered I/O through the page cache";
+    fd = Fd(::open(probe.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0600));
+  }
+  if (fd.get() < 0)
+    FH_FAIL("offload directory '", dir.string(), "' is not writable: ", std::strerror(errno));
+  AlignedBuffer page(kIoAlign);
+  ssize_t w = ::pwrite(fd.get(), page.data(), kIoAlign, 0);
+  int werr = errno;
+  if (w < 0 && direct && werr == EINVAL) {  // accepted the flag at open, refuses the I/O
+    direct = false;
+    note = "filesystem rejects O_DIRECT writes: buffered I/O through the page cache";
+    fd = Fd(::open(probe.c_str(), O_RDWR | O_CLOEXEC));
+    w = fd.get() < 0 ? -1 : ::pwrite(fd.get(), page.data(), kIoAlign, 0);
+    werr = errno;
+  }
+  fd.reset();
+  ::unlink(probe.c_str());
+  if (w != ssize_t(kIoAlign))
+    FH_FAIL("offload directory '", dir.string(), "' is not writable: ", std::strerror(werr));
+  return std::unique_ptr<DiskStore>(new DiskStore(dir, std::move(model_identity), io, direct, std::move(note)));
+}
+
+DiskStore::DiskStore(fs::path dir, std::string identity, IoBackend& io, bool direct, std::string note)
+    : dir_(std::move(dir)), identity_(std::move(identity)), io_(io), direct_(direct), io_note_(std::move(note)) {}
+
+DiskStore::~DiskStore() = default;
+
+fs::path DiskStore::path_of(std::string_view name) const {
+  check_name(name);
+  return dir_ / (std::string(name) + kSuffix);
+}
+
+std::vector<std::string> DiskStore::list() const {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(dir_, ec)) {
+    std::string f = de.path().filename().string();
+    if (f.size() > 4 && f.ends_with(kSuffix)) names.push_back(f.substr(0, f.size() - 4));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::shared_ptr<DiskStore::Entry> DiskStore::entry(std::string_view name, Status* st) {
+  fs::path path = path_of(name);
+  std::lock_guard lk(mu_);
+  if (auto it = entries_.find(name); it != entries_.end()) return it->second;
+  std::shared_ptr<Entry> e;
+  *st = load_entry(io_, direct_, path, identity_, name, bytes_read_, &e);
+  if (st->ok()) entries_.emplace(std::string(name), e);
+  return e;
+}
+
+// --------------------------------------------------------------------------------------------
+// byte-range I/O
+// --------------------------------------------------------------------------------------------
+
+Status DiskStore::io(std::vector<IoRequest>& reqs, const Entry& e) {
+  Status st = io_.submit_and_wait(reqs);
+  uint64_t n[2] = {0, 0};
+  for (const IoRequest& r : reqs) n[r.op == IoOp::kWrite] += r.done;
+  bytes_read_ += n[0];
+  bytes_written_ += n[1];
+  if (!st.ok()) return wrap(st, reqs.front().op == IoOp::kRead ? "reading" : "writing", e.path);
+  return st;
+}
+
+// [off, off+len) of the payload (may extend into the page padding). Aligned ranges go straight
+// through; others bounce window by window (at most kStageBytes each).
+Status DiskStore::rw(Entry& e, IoOp op, uint64_t off, size_t len, std::byte* mem) {
+  std::vector<IoRequest> reqs;
+  uint64_t fo = kStoreHeaderBytes + off;
+  if (!direct_ || (is_io_aligned(fo) && is_io_aligned(uint64_t(len)) && is_io_aligned(mem))) {
+    add_requests(reqs, e.fd.get(), fo, mem, len, op);
+    return io(reqs, e);
+  }
+  AlignedBuffer bounce(std::min<uint64_t>(kStageBytes, align_up(fo + len) - align_down(fo)));
+  for (uint64_t s = fo, end = fo + len; s < end;) {
+    uint64_t a0 = align_down(s);
+    uint64_t stop = std::min<uint64_t>(end, a0 + bounce.size());
+    uint64_t a1 = align_up(stop);
+    std::byte* user = mem + (s - fo);
+    reqs.clear();
+    if (op == IoOp::kRead) {
+      add_requests(reqs, e.fd.get(), a0, bounce.data(), a1 - a0, IoOp::kRead);
+      if (Status st = io(reqs, e); !st.ok()) return st;
+      std::memcpy(user, bounce.data() + (s - a0), stop - s);
+    } else {
+      // Read-modify-write of partially covered edge pages.
+      if (s != a0) add_requests(reqs, e.fd.get(), a0, bounce.data(), kIoAlign, IoOp::kRead);
+      if (stop != a1 && (a1 - kIoAlign != a0 || s == a0))
+        add_requests(reqs, e.fd.get(), a1 - kIoAlign, bounce.data() + (a1 - kIoAlign - a0), kIoAlign, IoOp::kRead);
+      if (!reqs.empty())
+        if (Status st = io(reqs, e); !st.ok()) return st;
+      std::memcpy(bounce.data() + (s - a0), user, stop - s);
+      reqs.clear();
+      add_requests(reqs, e.fd.get(), a0, bounce.data(), a1 - a0, IoOp::kWrite);
+      if (Status st = io(reqs, e); !st.ok()) return st;
+    }
+    s = stop;
+  }
+  return Status::Ok();
+}
+
+Status DiskStore::read(std::string_view name, uint64_t byte_offset, size_t length, void* dst) {
+  Status st;
+  auto e = entry(name, &st);
+  if (!e) return st;
+  FH_CHECK(byte_offset <= e->payload_bytes && length <= e->payload_bytes - byte_offset, "read of [",
+           byte_offset, ", +", length, ") is outside entry '", name, "' of ", e->payload_bytes, " bytes");
+  FH_CHECK(dst != nullptr || length == 0, "read into a null buffer");
+  if (length == 0) return Status::Ok();
+  return rw(*e, IoOp::kRead, byte_offset, length, static_cast<std::byte*>(dst));
+}
+
+Status DiskStore::write(std::string_view name, uint64_t byte_offset, size_t length, const void* src) {
+  Status st;
+  auto e = entry(name, &st);
+  if (!e) return st;
+  FH_CHECK(!e->hashed, "write() to '", name, "': entries made by put() are immutable");
+  FH_CHECK(byte_offset <= e->payload_bytes && length <= e->payload_bytes - byte_offset, "write of [",
+           byte_offset, ", +", length, ") is outside entry '", name, "' of ", e->payload_bytes, " bytes");
+  FH_CHECK(src != nullptr || length == 0, "write from a null buffer");
+  if (length == 0) return Status::Ok();
+  // The aligned path never writes through `src`; the bounce path only reads it.
+  return rw(*e, IoOp::kWrite, byte_offset, length, static_cast<std::byte*>(const_cast<void*>(src)));
+}
+
+// --------------------------------------------------------------------------------------------
+// put / create / reuse / verify / remove
+// --------------------------------------------------------------------------------------------
+
+Status DiskStore::put(std::string_view name, TensorView payload) {
+  FH_CHECK(payload.data != nullptr || payload.nbytes() == 0, "put('", name, "') with null data");
+  return write_new(name, &payload, payload.nbytes());
+}
+
+Status DiskStore::create(std::string_view name, uint64_t payload_bytes) {
+  return write_new(name, nullptr, payload_bytes);
+}
+
+// Writes NAME.fhs.tmp (payload, then the header with the complete flag), fsyncs, renames, fsyncs
+// the directory. Any failure removes the tmp file.
+Status DiskStore::write_new(std::string_view name, const TensorView* payload, uint64_t bytes) {
+  const fs::path final_path = path_of(name);
+  fs::path tmp = final_path;
+  tmp += ".tmp";
+  const uint64_t total = kStoreHeaderBytes + align_up(bytes);
+  ::unlink(tmp.c_str());
+  auto e = std::make_shared<Entry>();
+  e->path = tmp;
+  e->fd = Fd(::open(tmp.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | (direct_ ? O_DIRECT : 0), 0644));
+  if (e->fd.get() < 0)
+    return {StatusCode::kIoError, detail::concat("cannot create '", tmp.string(), "': ", std::strerror(errno))};
+
+  auto fail = [&](Status st) {
+    e->fd.reset();
+    ::unlink(tmp.c_str());
+    if (st.code() != StatusCode::kNoSpace) return st;
+    struct statvfs vs {};
+    uint64_t avail = ::statvfs(dir_.c_str(), &vs) == 0 ? uint64_t(vs.f_bavail) * vs.f_frsize : 0;
+    return Status(StatusCode::kNoSpace,
+                  detail::concat("offload directory '", dir_.string(), "' is out of space: entry '", name,
+                                 "' needs ", total, " bytes, ", avail, " bytes free (", st.message(), ")"));
+  };
+
+  if (int rc = ::posix_fallocate(e->fd.get(), 0, off_t(total)); rc != 0) {
+    Status st(rc == ENOSPC || rc == EDQUOT ? StatusCode::kNoSpace : StatusCode::kIoError,
+              detail::concat("fallocate of '", tmp.string(), "': ", std::strerror(rc)));
+    return fail(st);
+  }
+
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.version = kStoreFormatVersion;
+  h.flags = kFlagComplete;
+  h.payload_bytes = bytes;
+  h.identity_len = uint32_t(identity_.size());
+  std::memcpy(h.identity, identity_.data(), identity_.size());
+  h.name_len = uint32_t(name.size());
+  std::memcpy(h.name, name.data(), name.size());
+  if (payload) {
+    h.dtype = uint32_t(payload->dtype);
+    h.ndim = uint32_t(payload->shape.ndim);
+    for (int i = 0; i < payload->shape.ndim; ++i) h.dims[i] = payload->shape.dims[i];
+    h.flags |= kFlagHashed;
+    // Stage, hash and write the payload 16 MiB at a time (16 requests: fills the queue).
+    XXH3_state_t* xs = XXH3_createState();
+    FH_CHECK(xs != nullptr, "XXH3_createState failed");
+    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> guard(xs, &XXH3_freeState);
+    XXH3_64bits_reset(xs);
+    AlignedBuffer stage(std::min<uint64_t>(kStageBytes, align_up(bytes)));
+    auto* src = static_cast<const std::byte*>(payload->data);
+    std::vector<IoRequest> reqs;
+    for (uint64_t p = 0; p < bytes; p += stage.size()) {
+      size_t c = size_t(std::min<uint64_t>(stage.size(), bytes - p));
+      std::memcpy(stage.data(), src + p, c);
+      std::memset(stage.data() + c, 0, align_up(c) - c);
+      XXH3_64bits_update(xs, src + p, c);
+      reqs.clear();
+      add_requests(reqs, e->fd.get(), kStoreHeaderBytes + p, stage.data(), align_up(c), IoOp::kWrite);
+      if (Status st = io(reqs, *e); !st.ok()) return fail(st);
+    }
+    h.content_hash = XXH3_64bits_digest(xs);
+  } else {
+    h.dtype = uint32_t(DType::U8);
+    h.ndim = 1;
+    h.dims[0] = int64_t(bytes);  // payload is the fallocated zeros
+  }
+  h.header_hash = header_hash(h);
+  {
+    AlignedBuffer hb(kStoreHeaderBytes);
+    std::memcpy(hb.data(), &h, sizeof h);
+    std::vector<IoRequest> reqs{IoRequest{e->fd.get(), 0, hb.data(), kStoreHeaderBytes, IoOp::kWrite, 0}};
+    if (Status st = io(reqs, *e); !st.ok()) return fail(st);
+  }
+  if (::fdatasync(e->fd.get()) != 0) {
+    int err = errno;
+    return fail({err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kIoError,
+                 detail::concat("fdatasync '", tmp.string(), "': ", std::strerror(err))});
+  }
+  {
+    std::lock_guard lk(mu_);  // no reader may see the old entry's fd once the name is replaced
+    if (::rename(tmp.c_str(), final_path.c_str()) != 0)
+      return fail({StatusCode::kIoError, detail::concat("rename '", tmp.string(), "' -> '",
+                                                        final_path.string(), "': ", std::strerror(errno))});
+    e->path = final_path;
+    e->payload_bytes = bytes;
+    e->hashed = (h.flags & kFlagHashed) != 0;
+    e->content_hash = h.content_hash;
+    e->dtype = DType(h.dtype);
+    e->shape.ndim = int(h.ndim);
+    for (int i = 0; i < e->shape.ndim; ++i) e->shape.dims[i] = h.dims[i];
+    entries_.insert_or_assign(std::string(name), e);
+  }
+  Fd dfd(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() < 0 || ::fsync(dfd.get()) != 0)
+    return {StatusCode::kIoError, detail::concat("fsync of directory '", dir_.string(), "': ", std::strerror(errno))};
+  return Status::Ok();
+}
+
+bool DiskStore::reuse(std::string_view name, DType dtype, const Shape& shape, std::string* why) {
+  fs::path path = path_of(name);
+  std::shared_ptr<Entry> e;
+  Status st = load_entry(io_, direct_, path, identity_, name, bytes_read_, &e);
+  auto no = [&](const std::string& msg) {
+    if (why) *why = msg + "; it will be rebuilt";
+    return false;
+  };
+  if (!st.ok()) return no(st.message());
+  uint64_t expect = uint64_t(shape.numel()) * dtype_size(dtype);
+  if (e->dtype != dtype || e->shape != shape || e->payload_bytes != expect)
+    return no(detail::concat("store file '", path.string(), "' holds ", dtype_name(e->dtype), " ",
+                             e->shape.str(), " (", e->payload_bytes, " bytes), expected ", dtype_name(dtype),
+                             " ", shape.str(), " (", expect, " bytes)"));
+  if (why) *why = detail::concat("reusing '", path.string(), "'");
+  std::lock_guard lk(mu_);
+  entries_.insert_or_assign(std::string(name), std::move(e));
+  return true;
+}
+
+Status DiskStore::verify(std::string_view name) {
+  fs::path path = path_of(name);
+  std::shared_ptr<Entry> e;
+  if (Status st = load_entry(io_, direct_, path, identity_, name, bytes_read_, &e); !st.ok()) {
+    if (st.code() == StatusCode::kInvalid) return {StatusCode::kCorrupt, st.message()};
+    return st;
+  }
+  if (!e->hashed) return Status::Ok();
+  XXH3_state_t* xs = XXH3_createState();
+  FH_CHECK(xs != nullptr, "XXH3_createState failed");
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> guard(xs, &XXH3_freeState);
+  XXH3_64bits_reset(xs);
+  AlignedBuffer stage(std::min<uint64_t>(kStageBytes, align_up(e->payload_bytes)));
+  for (uint64_t p = 0; p < e->payload_bytes; p += stage.size()) {
+    size_t c = size_t(std::min<uint64_t>(stage.size(), e->payload_bytes - p));
+    if (Status st = rw(*e, IoOp::kRead, p, align_up(c), stage.data()); !st.ok()) return st;
+    XXH3_64bits_update(xs, stage.data(), c);
+  }
+  uint64_t got = XXH3_64bits_digest(xs);
+  if (got != e->content_hash)
+    return {StatusCode::kCorrupt,
+            detail::concat("store file '", path.string(), "' is corrupt: payload hash ", hex(got),
+                           " does not match its header ", hex(e->content_hash), "; delete it to rebuild")};
+  return Status::Ok();
+}
+
+Status DiskStore::remove(std::string_view name) {
+  fs::path path = path_of(name);
+  std::lock_guard lk(mu_);
+  if (auto it = entries_.find(name); it != entries_.end()) entries_.erase(it);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    return {StatusCode::kIoError, detail::concat("cannot remove '", path.string(), "': ", std::strerror(errno))};
+  return Status::Ok();
+}
+
+}  // namespace flexh2o

@@ -1,0 +1,114 @@
+// DiskStore: the NVMe tier's offload directory. One file per entry (a weight tensor or a KV file):
+// a 4096-byte header (magic, version, model identity, entry name, dtype, shape, payload size,
+// XXH3-64 content hash, complete flag) followed by the payload padded to 4096 bytes.
+// Not a cache policy: which tensors live here is the planner's decision; this only stores bytes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "offload/io_backend.h"
+
+namespace flexh2o {
+
+inline constexpr size_t kStoreHeaderBytes = 4096;
+inline constexpr uint32_t kStoreFormatVersion = 1;
+inline constexpr size_t kStoreMaxString = 1000;  // max bytes of identity and entry name
+
+struct DiskStoreOptions {
+  // Try O_DIRECT (kept only if the filesystem accepts it). false forces buffered I/O through the
+  // page cache (debugging, tests of the fallback; tmpfs accepts O_DIRECT since Linux 6.6).
+  bool use_direct_io = true;
+};
+
+class DiskStore {
+ public:
+  // Creates `dir` if needed and probes it: throws flexh2o::Error naming the directory when it cannot
+  // be created or written. O_DIRECT is used when the filesystem accepts it (tmpfs does not: then
+  // buffered I/O, see io_note()). `model_identity` (model name + config hash, <= kStoreMaxString
+  // bytes) is stamped into every header; files with another identity are never reused. `io` must
+  // outlive the store.
+  static std::unique_ptr<DiskStore> open(const std::filesystem::path& dir, std::string model_identity,
+                                         IoBackend& io, const DiskStoreOptions& opts = {});
+  ~DiskStore();
+  DiskStore(const DiskStore&) = delete;
+  DiskStore& operator=(const DiskStore&) = delete;
+
+  // Entry names: 1..kStoreMaxString of [A-Za-z0-9._-], not starting with '.'; anything else throws.
+  // File of an entry: dir / (name + ".fhs").
+  std::filesystem::path path_of(std::string_view name) const;
+
+  // Writes a weight file once, atomically: NAME.fhs.tmp is written, fsynced and renamed, so a crash
+  // or ENOSPC never leaves a partial file under the real name (an existing file is replaced).
+  // The payload may have any alignment (it is bounced through aligned buffers).
+  // Errors: kNoSpace (tmp removed; the message names the directory and bytes needed), kIoError.
+  [[nodiscard]] Status put(std::string_view name, TensorView payload);
+
+  // True when NAME.fhs exists, is complete and its header matches this store's identity and the
+  // expected dtype/shape (payload size = numel * dtype size), and the file is not truncated.
+  // Otherwise false with the reason in *why (may be null): the caller rebuilds it with put().
+  // Does not hash the payload (see verify()). On true the entry is ready for read().
+  bool reuse(std::string_view name, DType dtype, const Shape& shape, std::string* why = nullptr);
+
+  // Re-reads the payload and compares its XXH3-64 with the header (for --verify-store). kCorrupt
+  // naming the file on mismatch, truncation or a bad header; kNotFound if missing. Entries made by
+  // create() carry no hash (their content changes) and only get the header and size checks.
+  [[nodiscard]] Status verify(std::string_view name);
+
+  // Creates (or replaces) a zero-filled, preallocated entry of `payload_bytes` for data written in
+  // place (KV cache files). Not hashed. Errors: kNoSpace (nothing left behind), kIoError.
+  [[nodiscard]] Status create(std::string_view name, uint64_t payload_bytes);
+
+  // Byte-range I/O on an entry's payload; blocks until done. Any offset/length/address works:
+  // ranges that are 4096-aligned (offset, length and buffer) go straight to the device, others
+  // bounce through an aligned buffer (writes then read-modify-write the edge pages, so concurrent
+  // unaligned writes must not share a 4096-byte page). Out-of-range is misuse (throws); so is
+  // write() to an entry made by put(). Opens entries written by an earlier run on first use.
+  // Thread-safe: concurrent reads and writes of disjoint ranges/entries; put/create/remove of a
+  // name must not race with I/O on that name.
+  [[nodiscard]] Status read(std::string_view name, uint64_t byte_offset, size_t length, void* dst);
+  [[nodiscard]] Status write(std::string_view name, uint64_t byte_offset, size_t length,
+                             const void* src);
+
+  // Deletes the entry's file (no error if absent).
+  [[nodiscard]] Status remove(std::string_view name);
+  // Names of all *.fhs files in the directory, sorted.
+  std::vector<std::string> list() const;
+
+  const std::filesystem::path& dir() const { return dir_; }
+  bool direct_io() const { return direct_; }
+  const std::string& io_note() const { return io_note_; }  // "O_DIRECT" or why buffered
+  // Bytes moved to/from the files (headers and page padding included), for the run report.
+  uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
+  uint64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
+
+  struct Entry;  // open file + header fields (disk_store.cpp)
+
+ private:
+  DiskStore(std::filesystem::path dir, std::string identity, IoBackend& io, bool direct,
+            std::string note);
+  std::shared_ptr<Entry> entry(std::string_view name, Status* st);
+  [[nodiscard]] Status io(std::vector<IoRequest>& reqs, const Entry& e);
+  [[nodiscard]] Status rw(Entry& e, IoOp op, uint64_t off, size_t len, std::byte* mem);
+  [[nodiscard]] Status write_new(std::string_view name, const TensorView* payload, uint64_t bytes);
+
+  std::filesystem::path dir_;
+  std::string identity_;
+  IoBackend& io_;
+  bool direct_;
+  std::string io_note_;
+  std::mutex mu_;  // guards entries_
+  std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_;
+  std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0};
+};
+
+}  // namespace flexh2o
