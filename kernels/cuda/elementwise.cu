@@ -1,0 +1,156 @@
+// Row-wise and element-wise CUDA ops of ops.h: embedding, add_embedding, layernorm, rmsnorm,
+// rotary, silu_mul. fp32 math on fp16/bf16 storage; grid-stride loops with 64-bit indices;
+// norms use one block per row with two block reductions.
+#include "kernels/cuda/detail/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace flexh2o::gpu {
+namespace {
+
+using detail::from_f;
+using detail::to_f;
+
+template <class T, bool kAdd>
+__global__ void embedding_kernel(const int32_t* ids, int64_t T_, const T* table, int64_t V, int64_t D,
+                                 T* out) {
+  const int64_t n = T_ * D;
+  for (int64_t i = detail::global_tid(); i < n; i += detail::grid_stride()) {
+    const int64_t t = i / D, d = i % D;
+    const int64_t id = ids[t];
+    const float e = (id >= 0 && id < V) ? to_f(table[id * D + d]) : 0.f;
+    out[i] = from_f<T>(kAdd ? to_f(out[i]) + e : e);
+  }
+}
+
+// One block per row (grid-stride over rows). Each thread reads x[i] and writes y[i] for the
+// same i after both reductions, so x and y may alias.
+template <class T, bool kLayer>
+__global__ void norm_kernel(const T* x, int64_t M, int64_t D, const T* gamma, const T* beta,
+                            float eps, T* y) {
+  __shared__ float red[32];
+  for (int64_t r = blockIdx.x; r < M; r += gridDim.x) {
+    const T* xr = x + r * D;
+    T* yr = y + r * D;
+    float mean = 0.f;
+    if (kLayer) {
+      float s = 0.f;
+      for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += to_f(xr[i]);
+      mean = detail::block_reduce<false>(s, red) / float(D);
+    }
+    float s2 = 0.f;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+      const float v = to_f(xr[i]) - mean;
+      s2 += v * v;
+    }
+    const float inv = 1.f / sqrtf(detail::block_reduce<false>(s2, red) / float(D) + eps);
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+      float v = (to_f(xr[i]) - mean) * inv * to_f(gamma[i]);
+      if (kLayer) v += to_f(beta[i]);
+      yr[i] = from_f<T>(v);
+    }
+  }
+}
+
+template <class T>
+__global__ void rotary_kernel(T* x, int64_t T_, int64_t n_heads, int64_t head_dim, int64_t row_stride,
+                              const int32_t* positions, double theta) {
+  const int64_t half = head_dim / 2, n = T_ * n_heads * half;
+  for (int64_t idx = detail::global_tid(); idx < n; idx += detail::grid_stride()) {
+    const int64_t i = idx % half, h = (idx / half) % n_heads, t = idx / (half * n_heads);
+    const double inv_freq = pow(theta, -2.0 * double(i) / double(head_dim));
+    const double ang = double(positions[t]) * inv_freq;
+    const float c = float(cos(ang)), s = float(sin(ang));
+    T* p = x + t * row_stride + h * head_dim;
+    const float x1 = to_f(p[i]), x2 = to_f(p[i + half]);
+    p[i] = from_f<T>(x1 * c - x2 * s);
+    p[i + half] = from_f<T>(x2 * c + x1 * s);
+  }
+}
+
+template <class T>
+__global__ void silu_mul_kernel(T* gate, const T* up, int64_t n) {
+  for (int64_t i = detail::global_tid(); i < n; i += detail::grid_stride()) {
+    const float g = to_f(gate[i]);
+    gate[i] = from_f<T>(g / (1.f + expf(-g)) * to_f(up[i]));
+  }
+}
+
+template <bool kAdd>
+void embedding_impl(const char* op, DType dt, const int32_t* ids, int64_t T, const void* table,
+                    int64_t V, int64_t D, void* out, cudaStream_t stream) {
+  FH_CHECK(T >= 0 && V > 0 && D > 0, op, ": bad sizes T=", T, " V=", V, " D=", D);
+  if (T == 0) return;
+  FH_CHECK(ids && table && out, op, ": null pointer");
+  detail::dispatch_half(dt, op, [&](auto tag) {
+    using E = decltype(tag);
+    embedding_kernel<E, kAdd><<<detail::grid_size_1d(T * D), detail::kThreads, 0, stream>>>(
+        ids, T, static_cast<const E*>(table), V, D, static_cast<E*>(out));
+    FH_CUDA_LAUNCH_CHECK(op, stream);
+  });
+}
+
+template <bool kLayer>
+void norm_impl(const char* op, DType dt, const void* x, int64_t M, int64_t D, const void* gamma,
+               const void* beta, float eps, void* y, cudaStream_t stream) {
+  FH_CHECK(M >= 0 && D > 0, op, ": bad sizes M=", M, " D=", D);
+  if (M == 0) return;
+  FH_CHECK(x && gamma && y && (!kLayer || beta), op, ": null pointer");
+  const unsigned grid = unsigned(M < 65536 ? M : 65536);
+  detail::dispatch_half(dt, op, [&](auto tag) {
+    using E = decltype(tag);
+    norm_kernel<E, kLayer><<<grid, detail::kThreads, 0, stream>>>(
+        static_cast<const E*>(x), M, D, static_cast<const E*>(gamma), static_cast<const E*>(beta), eps,
+        static_cast<E*>(y));
+    FH_CUDA_LAUNCH_CHECK(op, stream);
+  });
+}
+
+}  // namespace
+
+void embedding(DType dt, const int32_t* ids, int64_t T, const void* table, int64_t V, int64_t D,
+               void* out, cudaStream_t stream) {
+  embedding_impl<false>("embedding", dt, ids, T, table, V, D, out, stream);
+}
+void add_embedding(DType dt, const int32_t* rows, int64_t T, const void* table, int64_t V, int64_t D,
+                   void* out, cudaStream_t stream) {
+  embedding_impl<true>("add_embedding", dt, rows, T, table, V, D, out, stream);
+}
+
+void layernorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, const void* beta,
+               float eps, void* y, cudaStream_t stream) {
+  norm_impl<true>("layernorm", dt, x, M, D, gamma, beta, eps, y, stream);
+}
+void rmsnorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, float eps, void* y,
+             cudaStream_t stream) {
+  norm_impl<false>("rmsnorm", dt, x, M, D, gamma, nullptr, eps, y, stream);
+}
+
+void rotary(DType dt, void* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
+            const int32_t* positions, float theta, cudaStream_t stream) {
+  FH_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary: head_dim ", head_dim, " must be even");
+  FH_CHECK(T >= 0 && n_heads > 0, "rotary: bad sizes T=", T, " n_heads=", n_heads);
+  FH_CHECK(row_stride >= n_heads * head_dim, "rotary: row_stride ", row_stride, " < n_heads*head_dim");
+  FH_CHECK(theta > 0.f, "rotary: theta must be positive");
+  if (T == 0) return;
+  FH_CHECK(x && positions, "rotary: null pointer");
+  detail::dispatch_half(dt, "rotary", [&](auto tag) {
+    using E = decltype(tag);
+    rotary_kernel<E><<<detail::grid_size_1d(T * n_heads * head_dim / 2), detail::kThreads, 0, stream>>>(
+        static_cast<E*>(x), T, n_heads, head_dim, row_stride, positions, double(theta));
+    FH_CUDA_LAUNCH_CHECK("rotary", stream);
+  });
+}
+
+void silu_mul(DType dt, void* gate, const void* up, int64_t n, cudaStream_t stream) {
+  FH_CHECK(n >= 0, "silu_mul: bad size ", n);
+  if (n == 0) return;
+  FH_CHECK(gate && up, "silu_mul: null pointer");
+  detail::dispatch_half(dt, "silu_mul", [&](auto tag) {
+    using E = decltype(tag);
+    silu_mul_kernel<E><<<detail::grid_size_1d(n), detail::kThreads, 0, stream>>>(
+        static_cast<E*>(gate), static_cast<const E*>(up), n);
+    FH_CUDA_LAUNCH_CHECK("silu_mul", stream);
+  });
+}
+
+}  // namespace flexh2o::gpu

@@ -1,0 +1,57 @@
+// CUDA ops, part 1: linear (cuBLAS), embeddings, norms, rotary, silu*mul. Host-only
+// declarations; kernels live in linear.cu / elementwise.cu. Semantics match kernels/cpu/ops.h
+// except that tensors are fp16 or bf16 (`dt`, one dtype per call) with fp32 accumulation.
+// All pointers are device pointers unless stated; every call is asynchronous on `stream`
+// (enqueue only; argument errors throw flexh2o::Error before anything is enqueued).
+// Unsupported dtypes throw. Rows are contiguous (stride = row length) unless a stride is given.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/cuda/resources.h"
+
+namespace flexh2o::gpu {
+
+enum class Epilogue {
+  kStore,       // y = x W^T + b
+  kRelu,        // y = max(0, x W^T + b)
+  kAccumulate,  // y += x W^T + b   (residual add)
+};
+
+// True for the activation dtypes the CUDA ops take (F16, BF16).
+bool dtype_supported(DType dt);
+
+// y[M,N] = epilogue(x[M,K] . w[N,K]^T + bias[N]); x, w, bias, y all `dt`; w row-major [N,K]
+// (nn.Linear layout); bias may be null. cuBLAS GEMM (tensor cores, fp32 accumulate), then one
+// element-wise pass for bias/ReLU. y must not alias x. Uses (and rebinds) `cublas` on `stream`.
+void linear(CublasHandle& cublas, DType dt, const void* x, int64_t M, int64_t K, const void* w,
+            int64_t N, const void* bias, void* y, Epilogue ep, cudaStream_t stream);
+
+// out[t,:] = table[ids[t],:]; table [V,D]. ids (device, int32) outside [0,V) give a zero row:
+// validate ids on the host (the CPU op throws; a kernel cannot).
+void embedding(DType dt, const int32_t* ids, int64_t T, const void* table, int64_t V, int64_t D,
+               void* out, cudaStream_t stream);
+// out[t,:] += table[rows[t],:] (OPT learned positions; rows already include OPT's offset 2).
+void add_embedding(DType dt, const int32_t* rows, int64_t T, const void* table, int64_t V,
+                   int64_t D, void* out, cudaStream_t stream);
+
+// Per row of D: y = (x-mean)/sqrt(var+eps)*gamma + beta (two-pass fp32). x and y may alias.
+void layernorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, const void* beta,
+               float eps, void* y, cudaStream_t stream);
+// Per row of D: y = x/sqrt(mean(x^2)+eps)*gamma. x and y may alias.
+void rmsnorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, float eps, void* y,
+             cudaStream_t stream);
+
+// HF rotate_half rotary, in place: row t at x + t*row_stride (elements) holds n_heads*head_dim
+// values rotated by positions[t] (device int32); inv_freq[i] = theta^(-2i/head_dim).
+// Angles are computed in double, like the CPU op. head_dim must be even.
+void rotary(DType dt, void* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
+            const int32_t* positions, float theta, cudaStream_t stream);
+
+// gate[i] = silu(gate[i]) * up[i] for i < n.
+void silu_mul(DType dt, void* gate, const void* up, int64_t n, cudaStream_t stream);
+
+}  // namespace flexh2o::gpu

@@ -1,0 +1,147 @@
+// ops.h (linear, embeddings, norms, rotary, silu_mul) against kernels/cpu on random inputs,
+// for F16 and BF16 and awkward shapes (1, primes, non-multiples of 8/16). The CPU reference
+// gets the same dt-rounded inputs; tolerances cover the fp16/bf16 rounding of the output.
+#include <tuple>
+
+#include "core/tensor.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops.h"
+#include "util.h"
+
+namespace flexh2o::gpu::test {
+namespace {
+
+// A dt-rounded host tensor and a view of its dt bits (for the CPU ops' weight arguments).
+struct HostT {
+  std::vector<float> f;
+  std::vector<uint16_t> bits;
+  TensorView view;
+};
+HostT host_tensor(DType dt, std::vector<int64_t> shape, uint32_t seed, float scale = 1.f) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  HostT t;
+  t.f = round_to(randn(size_t(n), seed, scale), dt);
+  t.bits = to_bits(t.f, dt);
+  t.view.data = t.bits.data();
+  t.view.dtype = dt;
+  t.view.shape.ndim = int(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) t.view.shape.dims[i] = shape[i];
+  return t;
+}
+
+class OpsGpu : public GpuTest, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(OpsGpu, LinearAllEpiloguesMatchCpu) {
+  const DType dt = GetParam();
+  CublasHandle cublas;
+  for (auto [M, K, N] : {std::tuple{1, 1, 1}, {3, 17, 5}, {7, 64, 33}, {13, 257, 31}, {64, 128, 96}}) {
+    const float ws = 1.f / std::sqrt(float(K));
+    HostT x = host_tensor(dt, {M, K}, 1, 1.f), w = host_tensor(dt, {N, K}, 2, ws), b = host_tensor(dt, {N}, 3);
+    HostT y0 = host_tensor(dt, {M, N}, 4);
+    void* dx = upload(x.f, dt);
+    void* dw = upload(w.f, dt);
+    void* db = upload(b.f, dt);
+    for (cpu::Epilogue ep : {cpu::Epilogue::kStore, cpu::Epilogue::kRelu, cpu::Epilogue::kAccumulate})
+      for (bool bias : {false, true}) {
+        std::vector<float> ref = y0.f;
+        cpu::linear(x.f.data(), M, K, w.view, bias ? &b.view : nullptr, ref.data(), ep);
+        void* dy = upload(y0.f, dt);
+        linear(cublas, dt, dx, M, K, dw, N, bias ? db : nullptr, dy, static_cast<Epilogue>(int(ep)), stream());
+        const std::string what = std::string("linear ") + dt_str(dt) + " M=" + std::to_string(M) + " K=" +
+                                 std::to_string(K) + " N=" + std::to_string(N) + " ep=" +
+                                 std::to_string(int(ep)) + " bias=" + std::to_string(bias);
+        // kAccumulate rounds twice (GEMM into y, then + bias): allow two output roundings.
+        const Tol t = tol_for(dt, ep == cpu::Epilogue::kAccumulate ? 2.f : 1.f);
+        expect_close(download(dy, size_t(M * N), dt), ref, {t.atol, 2 * t.rtol}, what);
+      }
+  }
+}
+
+TEST_P(OpsGpu, EmbeddingAndPositionsMatchCpu) {
+  const DType dt = GetParam();
+  const int64_t V = 37;
+  for (int64_t D : {1, 13, 96})
+    for (int64_t T : {1, 7}) {
+      HostT table = host_tensor(dt, {V, D}, 5), pos = host_tensor(dt, {V, D}, 6);
+      std::vector<int32_t> ids(static_cast<size_t>(T)), rows(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) {
+        ids[size_t(t)] = int32_t((t * 11 + 3) % V);
+        rows[size_t(t)] = int32_t(t + 2);
+      }
+      std::vector<float> ref(size_t(T * D));
+      cpu::embedding(ids.data(), T, table.view, ref.data());
+      void* out = alloc<uint16_t>(size_t(T * D));
+      embedding(dt, upload_raw(ids), T, upload(table.f, dt), V, D, out, stream());
+      expect_close(download(out, ref.size(), dt), ref, {0.f, 0.f}, "embedding (exact copy)");
+      cpu::add_embedding(rows.data(), T, pos.view, ref.data());
+      add_embedding(dt, upload_raw(rows), T, upload(pos.f, dt), V, D, out, stream());
+      expect_close(download(out, ref.size(), dt), ref, tol_for(dt, 2.f), "add_embedding");
+    }
+}
+
+TEST_P(OpsGpu, EmbeddingOutOfRangeIdGivesZeroRow) {
+  const DType dt = GetParam();
+  HostT table = host_tensor(dt, {5, 3}, 7);
+  void* out = upload(std::vector<float>(6, 1.f), dt);
+  embedding(dt, upload_raw(std::vector<int32_t>{-1, 5}), 2, upload(table.f, dt), 5, 3, out, stream());
+  for (float v : download(out, 6, dt)) EXPECT_EQ(v, 0.f);
+}
+
+TEST_P(OpsGpu, NormsMatchCpu) {
+  const DType dt = GetParam();
+  for (int64_t M : {1, 5, 33})
+    for (int64_t D : {1, 7, 100, 769}) {
+      HostT x = host_tensor(dt, {M, D}, 8, 3.f), g = host_tensor(dt, {D}, 9), b = host_tensor(dt, {D}, 10);
+      for (auto& v : x.f) v += 0.5f;  // nonzero mean (values stay as uploaded: re-round below)
+      x.f = round_to(x.f, dt);
+      const std::string sh = std::string(dt_str(dt)) + " M=" + std::to_string(M) + " D=" + std::to_string(D);
+      std::vector<float> ref(x.f.size());
+      cpu::layernorm(x.f.data(), M, D, g.view, b.view, 1e-5f, ref.data());
+      void* dx = upload(x.f, dt);
+      layernorm(dt, dx, M, D, upload(g.f, dt), upload(b.f, dt), 1e-5f, dx, stream());  // in place
+      // |y| grows with |gamma| ~ 3: scale the absolute tolerance.
+      expect_close(download(dx, ref.size(), dt), ref, tol_for(dt, 4.f), "layernorm " + sh);
+      cpu::rmsnorm(x.f.data(), M, D, g.view, 1e-6f, ref.data());
+      void* dy = alloc<uint16_t>(x.f.size());
+      rmsnorm(dt, upload(x.f, dt), M, D, upload(g.f, dt), 1e-6f, dy, stream());
+      expect_close(download(dy, ref.size(), dt), ref, tol_for(dt, 4.f), "rmsnorm " + sh);
+    }
+}
+
+TEST_P(OpsGpu, RotaryMatchesCpuWithRowStride) {
+  const DType dt = GetParam();
+  for (int64_t T : {1, 5})
+    for (int64_t H : {1, 3})
+      for (int64_t hd : {2, 6, 64}) {
+        const int64_t stride = H * hd + 3;
+        HostT x = host_tensor(dt, {T, stride}, 11);
+        std::vector<int32_t> pos(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t * 97 + 1);
+        std::vector<float> ref = x.f;
+        cpu::rotary(ref.data(), T, H, hd, stride, pos.data(), 10000.f);
+        void* dx = upload(x.f, dt);
+        rotary(dt, dx, T, H, hd, stride, upload_raw(pos), 10000.f, stream());
+        expect_close(download(dx, ref.size(), dt), ref, tol_for(dt),
+                     std::string("rotary ") + dt_str(dt) + " T=" + std::to_string(T) + " H=" +
+                         std::to_string(H) + " hd=" + std::to_string(hd));
+      }
+}
+
+TEST_P(OpsGpu, SiluMulMatchesCpu) {
+  const DType dt = GetParam();
+  for (int64_t n : {1, 31, 1000}) {
+    HostT g = host_tensor(dt, {n}, 12, 3.f), u = host_tensor(dt, {n}, 13);
+    std::vector<float> ref = g.f;
+    cpu::silu_mul(ref.data(), u.f.data(), n);
+    void* dg = upload(g.f, dt);
+    silu_mul(dt, dg, upload(u.f, dt), n, stream());
+    expect_close(download(dg, ref.size(), dt), ref, tol_for(dt), "silu_mul n=" + std::to_string(n));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, OpsGpu, ::testing::Values(DType::F16, DType::BF16),
+                         [](const auto& i) { return std::string(dt_str(i.param)); });
+
+}  // namespace
+}  // namespace flexh2o::gpu::test

@@ -1,0 +1,109 @@
+// Test helpers for the CUDA kernels: the GpuTest fixture (skips without a device and owns a
+// stream and a device arena), dtype-aware uploads/downloads, rounding to a dtype, and the
+// element-wise check |x-ref| <= atol + rtol*|ref| in which any NaN fails.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_probe.h"
+#include "kernels/cuda/resources.h"
+
+namespace flexh2o::gpu::test {
+
+inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+inline uint16_t to_bits(float f, DType dt) { return dt == DType::F16 ? f32_to_f16(f) : f32_to_bf16(f); }
+inline float from_bits(uint16_t h, DType dt) { return dt == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h); }
+inline std::vector<float> round_to(std::vector<float> v, DType dt) {
+  for (auto& x : v) x = from_bits(to_bits(x, dt), dt);
+  return v;
+}
+inline std::vector<uint16_t> to_bits(const std::vector<float>& v, DType dt) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = to_bits(v[i], dt);
+  return b;
+}
+inline const char* dt_str(DType dt) { return dt == DType::F16 ? "f16" : "bf16"; }
+
+// Tolerances for outputs stored in dt (one rounding of the output plus fp32 accumulation).
+struct Tol {
+  float atol, rtol;
+};
+inline Tol tol_for(DType dt, float scale = 1.f) {
+  return dt == DType::F16 ? Tol{2e-3f * scale, 4e-3f} : Tol{1.6e-2f * scale, 1.6e-2f};
+}
+
+// Counts elements failing |x-ref| <= atol + rtol*|ref| (NaN in either fails); reports a few.
+inline void expect_close(const std::vector<float>& got, const std::vector<float>& ref, Tol t,
+                         const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float x = got[i], r = ref[i];
+    const bool ok = !std::isnan(x) && !std::isnan(r) && std::fabs(x - r) <= t.atol + t.rtol * std::fabs(r);
+    if (!ok && ++bad <= 5) ADD_FAILURE() << what << ": element " << i << " got " << x << " want " << r;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements out of tolerance";
+}
+
+// Base fixture of every GPU test: skips (with the probe's reason) when no device is usable.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const CudaProbe p = probe_cuda();
+    if (!p.available) GTEST_SKIP() << "no CUDA device: " << p.reason;
+    stream_.emplace();
+    DeviceArena::create(size_t(256) << 20, &arena_).throw_if_error();
+  }
+  cudaStream_t stream() const { return stream_->get(); }
+  void sync() { stream_->synchronize(); }
+
+  template <class T>
+  T* alloc(size_t n) {
+    T* p = nullptr;
+    arena_.allocate_n(n ? n : 1, &p).throw_if_error();
+    return p;
+  }
+  template <class T>
+  T* upload_raw(const std::vector<T>& v) {
+    T* p = alloc<T>(v.size());
+    if (!v.empty()) FH_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+  }
+  template <class T>
+  std::vector<T> download_raw(const T* p, size_t n) {
+    sync();
+    std::vector<T> v(n);
+    if (n) FH_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  // fp32 values -> dt on the device (values are rounded to dt).
+  void* upload(const std::vector<float>& v, DType dt) { return upload_raw(to_bits(v, dt)); }
+  std::vector<float> download(const void* p, size_t n, DType dt) {
+    auto bits = download_raw(static_cast<const uint16_t*>(p), n);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = from_bits(bits[i], dt);
+    return v;
+  }
+
+  std::optional<Stream> stream_;
+  DeviceArena arena_;
+};
+
+}  // namespace flexh2o::gpu::test
