@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < 2; ++rep) {
       KvCache cache(c, k.prefill_batch, k.prefill_len);
       auto t0 = Clock::now();
-      fwd.step(ids.data(), pos.data(), k.prefill_len, cache, LogitsRows::kLast, logits);
+      fwd.step(ids.data(), pos.data(), k.prefill_len, nullptr, cache, LogitsRows::kLast, logits);
       best = std::min(best, secs(t0));
     }
     const double gflops = prefill_flops(c, k.prefill_batch, k.prefill_len) / best / 1e9;

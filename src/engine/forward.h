@@ -1,7 +1,7 @@
-// The transformer forward pass on the CPU device (OPT and LLaMA), one step at a time:
-// T new tokens for each of B sequences, appended to a KvCache. Prefill is a step with T =
-// padded prompt length; decode is a step with T = 1. The layer function is separate so the
-// offloading scheduler can drive layers one by one. Not thread-safe: one Forward per driver.
+// The in-memory forward pass (everything resident, one device): T new tokens for each of B
+// sequences, appended to a KvCache. Prefill is a step with T = padded prompt length; decode
+// a step with T = 1. The offloading executor runs the same LayerCompute unit by unit.
+// Not thread-safe: one Forward per driver thread.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 
 #include "engine/cpu_device.h"
 #include "engine/kv_cache.h"
+#include "engine/layer_compute.h"
 #include "model/weights.h"
 
 namespace flexh2o {
@@ -20,22 +21,21 @@ class Forward {
   // `model` and `dev` must outlive the Forward.
   Forward(const Model& model, CpuDevice& dev) : model_(model), dev_(dev) {}
 
-  // ids, positions: [B, T] row-major (B = cache.batch()). Appends K/V at slots
-  // [cache.length(), +T) and advances cache.length(). Logits (fp32) are written to `logits`:
-  // kLast -> [B, vocab] for each sequence's last row; kAll -> [B, T, vocab].
-  void step(const int32_t* ids, const int32_t* positions, int64_t T, KvCache& cache, LogitsRows rows,
-            std::vector<float>& logits);
+  // ids, positions: [B, T] row-major (B = cache.batch()), left-padded: sequence b's last
+  // real_rows[b] rows are tokens (null: all T). Appends their K/V after each sequence's
+  // cached tokens. Logits: kLast -> [B, vocab] of each last row; kAll -> [B, T, vocab].
+  void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, KvCache& cache,
+            LogitsRows rows, std::vector<float>& logits);
 
   const Model& model() const { return model_; }
   CpuDevice& device() { return dev_; }
 
  private:
-  void layer(int i, int64_t B, int64_t T, const int32_t* positions, KvCache& cache);
-
   const Model& model_;
   CpuDevice& dev_;
-  // Scratch, grown on demand and reused across steps.
-  std::vector<float> hidden_, normed_, q_, k_, v_, attn_, ffn_a_, ffn_b_, last_;
+  LayerCompute compute_;
+  std::vector<float> hidden_;
+  std::vector<int32_t> seq_keys_;
 };
 
 }  // namespace flexh2o

@@ -26,10 +26,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-void run_batch(Forward& fwd, const std::vector<GenerationRequest>& reqs, size_t first, size_t count,
+void run_batch(StepRunner& run, const std::vector<GenerationRequest>& reqs, size_t first, size_t count,
                const GenerateOptions& opts, std::vector<GenerationResult>& out, GenerateStats& st,
                int64_t& done_tokens, int64_t total_tokens) {
-  const ModelConfig& c = fwd.model().config();
+  const ModelConfig& c = run.config();
   const int64_t B = int64_t(count);
   int64_t S = 0, max_new = 0;
   for (size_t b = 0; b < count; ++b) {
@@ -39,13 +39,14 @@ void run_batch(Forward& fwd, const std::vector<GenerationRequest>& reqs, size_t 
     int64_t room = c.max_positions - int64_t(r.prompt_ids.size());
     max_new = std::max<int64_t>(max_new, std::min(r.max_new_tokens, room));
   }
-  KvCache cache(c, B, S + std::max<int64_t>(max_new, 1));
+  run.begin_batch(B, S + std::max<int64_t>(max_new, 1));
   std::vector<int32_t> ids(size_t(B * S), opts.pad_id), pos(size_t(B * S), 0);
   std::vector<int64_t> len(static_cast<size_t>(B));
+  std::vector<int32_t> real_rows(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     const auto& p = reqs[first + size_t(b)].prompt_ids;
     const int64_t pad = S - int64_t(p.size());
-    cache.key_start()[size_t(b)] = int32_t(pad);
+    real_rows[size_t(b)] = int32_t(p.size());
     for (int64_t t = 0; t < int64_t(p.size()); ++t) {
       ids[size_t(b * S + pad + t)] = p[size_t(t)];
       pos[size_t(b * S + pad + t)] = int32_t(t);
@@ -66,9 +67,9 @@ void run_batch(Forward& fwd, const std::vector<GenerationRequest>& reqs, size_t 
   }
   std::vector<float> logits;
   auto t0 = Clock::now();
-  fwd.step(ids.data(), pos.data(), S, cache, LogitsRows::kLast, logits);
+  run.step(ids.data(), pos.data(), S, real_rows.data(), logits);
   st.prefill_seconds += seconds_since(t0);
-  st.peak_kv_bytes = std::max(st.peak_kv_bytes, cache.bytes());
+  st.peak_kv_bytes = std::max(st.peak_kv_bytes, run.kv_bytes());
 
   t0 = Clock::now();
   std::vector<int32_t> next(size_t(B), opts.pad_id), next_pos(size_t(B), 0);
@@ -98,7 +99,7 @@ void run_batch(Forward& fwd, const std::vector<GenerationRequest>& reqs, size_t 
     if (opts.on_progress) opts.on_progress(done_tokens, total_tokens);
     if (!any) break;
     // Finished sequences ride along with a harmless token; their output is ignored.
-    fwd.step(next.data(), next_pos.data(), 1, cache, LogitsRows::kLast, logits);
+    run.step(next.data(), next_pos.data(), 1, nullptr, logits);
     ++st.decode_steps;
   }
   st.decode_seconds += seconds_since(t0);
@@ -109,15 +110,23 @@ void run_batch(Forward& fwd, const std::vector<GenerationRequest>& reqs, size_t 
 std::vector<GenerationResult> generate(Forward& fwd, const std::vector<GenerationRequest>& requests,
                                        const GenerateOptions& opts, GenerateStats* stats) {
   FH_CHECK(opts.batch_size > 0, "batch size must be positive, got ", opts.batch_size);
-  const ModelConfig& c = fwd.model().config();
+  InMemoryRunner runner(fwd, opts.batch_size);
+  return generate(runner, requests, opts, stats);
+}
+
+std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<GenerationRequest>& requests,
+                                       const GenerateOptions& opts, GenerateStats* stats) {
+  const int64_t batch = runner.max_batch();
+  FH_CHECK(batch > 0, "batch size must be positive, got ", batch);
+  const ModelConfig& c = runner.config();
   for (const auto& r : requests) validate_request(r, c);
   std::vector<GenerationResult> out(requests.size());
   GenerateStats st;
   int64_t total = 0, done = 0;
   for (const auto& r : requests) total += r.max_new_tokens;
-  for (size_t first = 0; first < requests.size(); first += size_t(opts.batch_size)) {
-    size_t count = std::min(requests.size() - first, size_t(opts.batch_size));
-    run_batch(fwd, requests, first, count, opts, out, st, done, total);
+  for (size_t first = 0; first < requests.size(); first += size_t(batch)) {
+    size_t count = std::min(requests.size() - first, size_t(batch));
+    run_batch(runner, requests, first, count, opts, out, st, done, total);
     ++st.batches;
   }
   if (stats) *stats = st;

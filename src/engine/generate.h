@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/forward.h"
+#include "engine/runner.h"
 #include "engine/sampler.h"
 
 namespace flexh2o {
@@ -29,7 +30,7 @@ struct GenerationResult {
 };
 
 struct GenerateOptions {
-  int64_t batch_size = 8;              // sequences prefilled/decoded together
+  int64_t batch_size = 8;              // sequences prefilled/decoded together (in-memory Forward)
   std::optional<int32_t> eos_id;       // stop token; none = never stop early
   bool ignore_eos = false;             // generate exactly max_new_tokens
   int32_t pad_id = 0;                  // id placed in left padding (never attended)
@@ -50,6 +51,10 @@ struct GenerateStats {
 // max_position_embeddings, sampling params); throws flexh2o::Error describing the problem.
 void validate_request(const GenerationRequest& r, const ModelConfig& c);
 
+// Cuts requests into batches of runner.max_batch(); results in request order.
+std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<GenerationRequest>& requests,
+                                       const GenerateOptions& opts, GenerateStats* stats = nullptr);
+// In-memory convenience: batches of opts.batch_size on `fwd`.
 std::vector<GenerationResult> generate(Forward& fwd, const std::vector<GenerationRequest>& requests,
                                        const GenerateOptions& opts, GenerateStats* stats = nullptr);
 

@@ -70,7 +70,8 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   return s;
 }
 
-ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, const std::string& source) {
+ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, const std::string& source,
+                          std::vector<BoundTensor>* bound) {
   ModelWeights w;
   w.layers.resize(size_t(c.n_layers));
   for (const WeightSpec& spec : weight_specs(c)) {
@@ -82,6 +83,7 @@ ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, cons
     if (v.shape != spec.shape)
       FH_FAIL(source, ": tensor \"", spec.name, "\" has shape ", v.shape.str(), " but config.json implies ",
               spec.shape.str());
+    if (bound) bound->push_back({spec, v});
     const std::string& n = spec.name;
     auto ends = [&](const char* suffix) {
       size_t len = std::char_traits<char>::length(suffix);
@@ -131,8 +133,13 @@ Model Model::load_dir(const std::filesystem::path& dir) {
       if (const TensorEntry* e = archive->find(spec.name.substr(6))) return e->view;
     return {};
   };
-  m.weights_ = bind_weights(m.config_, lookup, dir.string());
+  m.weights_ = bind_weights(m.config_, lookup, dir.string(), &m.tensors_);
   m.owner_ = archive;
+  for (const MappedFile& f : archive->files()) {
+    std::error_code ec;
+    auto mtime = std::filesystem::last_write_time(f.path(), ec).time_since_epoch().count();
+    m.signature_ += f.path().filename().string() + ":" + std::to_string(f.size()) + ":" + std::to_string(mtime) + ";";
+  }
   return m;
 }
 
@@ -189,25 +196,15 @@ Model Model::dummy(const ModelConfig& c, uint64_t seed) {
     buffers->push_back(std::move(buf));
     return v;
   };
-  m.weights_ = bind_weights(c, lookup, "dummy weights");
+  m.weights_ = bind_weights(c, lookup, "dummy weights", &m.tensors_);
+  m.signature_ = "dummy:" + std::to_string(seed);
   m.owner_ = buffers;
   return m;
 }
 
 size_t Model::weight_bytes() const {
   size_t total = 0;
-  auto add = [&](const TensorView& v) { total += v.empty() ? 0 : v.nbytes(); };
-  add(weights_.embed);
-  add(weights_.pos_embed);
-  for (const LayerWeights& L : weights_.layers) {
-    for (const TensorView* v : {&L.ln1_w, &L.ln1_b, &L.q_w, &L.q_b, &L.k_w, &L.k_b, &L.v_w, &L.v_b, &L.o_w,
-                                &L.o_b, &L.ln2_w, &L.ln2_b, &L.fc1_w, &L.fc1_b, &L.fc2_w, &L.fc2_b, &L.gate_w,
-                                &L.up_w, &L.down_w, &L.gate_b, &L.up_b, &L.down_b})
-      add(*v);
-  }
-  add(weights_.final_norm_w);
-  add(weights_.final_norm_b);
-  if (!config_.tie_embeddings) add(weights_.lm_head);
+  for (const BoundTensor& t : tensors_) total += t.view.nbytes();
   return total;
 }
 

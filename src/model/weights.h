@@ -43,13 +43,21 @@ struct ModelWeights {
   TensorView lm_head;  // [vocab, hidden]; the embedding when tied
 };
 
+// One bound tensor: its spec and where its bytes are.
+struct BoundTensor {
+  WeightSpec spec;
+  TensorView view;
+};
+
 // Looks a tensor up for a spec; returns an empty view when absent.
 using WeightLookup = std::function<TensorView(const WeightSpec&)>;
 
 // Binds every spec through `lookup`, checking presence, float dtype and shape. Throws
 // flexh2o::Error naming the tensor, the shape found and the shape config.json implies.
 // `source` names the checkpoint in messages.
-ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, const std::string& source);
+// When `bound` is given it receives every spec with its view, in weight_specs() order.
+ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, const std::string& source,
+                          std::vector<BoundTensor>* bound = nullptr);
 
 // A loaded model: config + bound weights + whatever owns the bytes. Move-only.
 class Model {
@@ -61,7 +69,12 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
+  // Every tensor in weight_specs() order (a tied lm_head is not listed: it is the embedding).
+  const std::vector<BoundTensor>& tensors() const { return tensors_; }
   bool is_dummy() const { return dummy_; }
+  // Identifies the bytes (checkpoint files' names, sizes and mtimes, or the dummy seed), so an
+  // offload store written from another checkpoint is never reused.
+  const std::string& signature() const { return signature_; }
   // Total bytes of the bound weights (tied lm_head counted once).
   size_t weight_bytes() const;
   int64_t parameter_count() const;
@@ -69,8 +82,10 @@ class Model {
  private:
   ModelConfig config_;
   ModelWeights weights_;
+  std::vector<BoundTensor> tensors_;
   std::shared_ptr<void> owner_;
   bool dummy_ = false;
+  std::string signature_;
 };
 
 }  // namespace flexh2o

@@ -33,7 +33,7 @@ std::vector<float> all_logits(Forward& fwd, const std::vector<int32_t>& ids) {
   std::vector<int32_t> pos(ids.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i);
   std::vector<float> logits;
-  fwd.step(ids.data(), pos.data(), int64_t(ids.size()), cache, LogitsRows::kAll, logits);
+  fwd.step(ids.data(), pos.data(), int64_t(ids.size()), nullptr, cache, LogitsRows::kAll, logits);
   return logits;
 }
 

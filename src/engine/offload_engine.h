@@ -1,0 +1,101 @@
+// The offloading engine: weights, KV cache and hidden states homed on device / host / disk
+// tiers by a Policy, moved by a zig-zag schedule that overlaps every transfer with compute.
+// The compute device here is the CPU device standing in for a GPU: its "device memory" is
+// host memory charged to the device budget (--gpu-mem), and copies between tiers are real
+// copies on their own queues; disk I/O is real (DiskStore: io_uring + O_DIRECT or pread).
+// One OffloadEngine drives one batch at a time; not thread-safe.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/executor.h"
+#include "engine/layer_compute.h"
+#include "engine/placement.h"
+#include "engine/runner.h"
+#include "offload/disk_store.h"
+#include "offload/tier.h"
+
+namespace flexh2o {
+
+struct OffloadOptions {
+  Policy policy;
+  uint64_t device_mem = 0, host_mem = 0, disk_mem = 0;  // bytes; 0 = unlimited
+  std::filesystem::path offload_dir;                     // needed when anything is homed on disk
+  IoBackendChoice io = IoBackendChoice::kAuto;
+  bool verify_store = false;  // re-hash reused weight files
+};
+
+enum class Link : uint8_t { kDiskToHost = 0, kHostToDevice, kDeviceToHost, kHostToDisk };
+constexpr int kNumLinks = 4;
+const char* link_name(Link l);
+
+// Counted by the engine as it moves bytes (logical payload bytes, not page padding).
+struct TransferCounters {
+  std::array<std::atomic<uint64_t>, kNumLinks> bytes{};
+  void add(Link l, uint64_t n) { bytes[size_t(l)].fetch_add(n, std::memory_order_relaxed); }
+  uint64_t get(Link l) const { return bytes[size_t(l)].load(std::memory_order_relaxed); }
+};
+
+struct OffloadReport {
+  std::array<uint64_t, kNumLinks> bytes{};
+  std::array<double, kNumQueues> busy{}, wait{};
+  double wall = 0;             // seconds inside schedules
+  double overlap_efficiency = 0;  // max(compute, busiest link) / wall
+  std::array<uint64_t, 3> peak{};  // per tier
+  std::string io_note;          // which I/O backend / O_DIRECT
+  size_t weights_reused = 0, weights_written = 0;
+};
+
+class OffloadEngine final : public StepRunner {
+ public:
+  // Places the weights (writing disk-homed ones to the store, or reusing valid files) and
+  // allocates the per-run buffers. Throws flexh2o::Error when the policy is invalid, a budget
+  // is too small (saying what the minimum is), or the offload directory is unusable.
+  OffloadEngine(const Model& model, CpuDevice& dev, const OffloadOptions& opts);
+  ~OffloadEngine() override;
+
+  const ModelConfig& config() const override { return model_.config(); }
+  int64_t max_batch() const override { return opts_.policy.block_size(); }
+  void begin_batch(int64_t B, int64_t capacity) override;
+  void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+            std::vector<float>& logits) override;
+  size_t kv_bytes() const override { return kv_bytes_; }
+
+  const WeightPlacement& placement() const { return placement_; }
+  OffloadReport report() const;
+  const TierBudget& budget(Tier t) const { return *budgets_[size_t(t)]; }
+  const Schedule& last_schedule() const { return schedule_; }
+
+  struct Impl;  // buffers and actions (offload_actions.cpp)
+
+ private:
+  const Model& model_;
+  CpuDevice& dev_;
+  OffloadOptions opts_;
+  WeightPlacement placement_;
+  std::array<std::unique_ptr<TierBudget>, 3> budgets_;
+  std::unique_ptr<IoBackend> io_;
+  std::unique_ptr<DiskStore> store_;
+  std::unique_ptr<Impl> impl_;
+  Schedule schedule_;
+  QueueTimes times_{};
+  TransferCounters counters_;
+  size_t kv_bytes_ = 0;
+  size_t reused_ = 0, written_ = 0;
+};
+
+// Bytes a budget must hold at least for this model/policy/batch shape, per tier, with a
+// breakdown ("weights homed", "weight double buffer", ...), for clear "budget too small" errors.
+struct MemoryNeed {
+  std::array<uint64_t, 3> bytes{};
+  std::string breakdown;
+};
+MemoryNeed memory_need(const ModelConfig& c, const WeightPlacement& wp, const Policy& p, int64_t prompt_len,
+                       int64_t capacity);
+
+}  // namespace flexh2o

@@ -1,0 +1,97 @@
+// Private state of OffloadEngine: weight homes, per-batch KV homes and staging slots, the
+// micro-batches of the current step, and the step actions. Included only by the engine's
+// .cpp files.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "engine/offload_engine.h"
+
+namespace flexh2o {
+
+int64_t kv_capacity_align(const ModelConfig& c);
+
+struct WeightHome {
+  Tier tier = Tier::kDevice;
+  TensorView source;       // the model's view (shape, dtype, original address)
+  size_t bytes = 0;
+  TierBuffer home;         // device / host home
+  std::string store_name;  // disk home
+  TierCharge disk_charge;
+  size_t slot_offset = 0;   // in the device weight slot, when streamed
+  size_t stage_offset = 0;  // in the host disk staging slot, when on disk
+};
+
+struct MicroBatch {
+  int64_t first = 0, n = 0;  // global sequence range
+  KvSplit split;
+  // Per layer: K/V homes of the device and host segments, name of the disk segment file.
+  std::vector<TierBuffer> kv_device, kv_host;
+  std::vector<std::string> kv_disk;
+  std::vector<TierCharge> kv_disk_charge;
+  TierBuffer hidden_device;  // act on device: [n * s_max, H]
+  TierBuffer hidden_host;    // act on host: [n * s_max, H]
+  std::vector<float> logits;  // [n, V]
+};
+
+struct OffloadEngine::Impl {
+  explicit Impl(OffloadEngine& engine) : e(engine), c(engine.config()), p(engine.opts_.policy) {}
+
+  void place_weights();
+  void begin_batch(int64_t B, int64_t capacity);
+  void prepare_step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows);
+  void run(const Step& s);
+  void finish_step(std::vector<float>& logits);
+  void alloc(Tier t, size_t bytes, const std::string& what, TierBuffer& out);
+
+  static size_t align(size_t n) { return (n + 4095) / 4096 * 4096; }
+  // Floats of one K (or V) region for n sequences.
+  int64_t region(int64_t n) const { return n * c.n_kv_heads * capacity * c.head_dim; }
+
+  // Actions
+  void load_weight_disk(int u);
+  void load_weight(int u);
+  void load_cache_disk(int u, int k);
+  void load_cache(int u, int k);
+  void load_hidden(int u, int k);
+  void compute(int u, int k);
+  void store_hidden(int u, int k);
+  void store_cache(int u, int k);
+  void store_cache_disk(int u, int k);
+
+  ModelWeights unit_weights(int u) const;  // views where unit u's tensors are now
+  float* device_hidden(int u, int k);
+  int pair(int u, int k) const { return (u - 1) * int(mbs.size()) + k; }
+  // Copies rows [r0(b), r1(b)) of every (sequence, head) between K/V regions of two buffers.
+  void copy_rows(float* dst, int64_t dst_n, int64_t dst_first, const float* src, int64_t src_n, int64_t src_first,
+                 int64_t count, const std::vector<int32_t>& r0, const std::vector<int32_t>& r1, int64_t seq0,
+                 Link link);
+  // Reads/writes rows of the disk segment file of (layer, k).
+  void disk_rows(int layer, int k, float* host, bool write, const std::vector<int32_t>& r0,
+                 const std::vector<int32_t>& r1);
+
+  OffloadEngine& e;
+  const ModelConfig& c;
+  const Policy& p;
+  std::string io_note;
+  LayerCompute compute_;
+  std::vector<std::vector<WeightHome>> units;
+  std::array<TierBuffer, 2> weight_slot, weight_stage;
+
+  // Current batch
+  int64_t batch = 0, capacity = 0, s_max = 0, batch_no = 0;
+  std::vector<MicroBatch> mbs;
+  std::array<TierBuffer, 2> kv_stage_device, kv_stage_host, kv_bounce, hidden_slot;
+  TierCharge scratch_charge;
+  std::vector<int32_t> len_before, len_after;  // [B] cached tokens before / after this step
+
+  // Current step
+  bool prefill = true;
+  int64_t T = 0;
+  const int32_t* ids = nullptr;
+  const int32_t* positions = nullptr;
+};
+
+}  // namespace flexh2o

@@ -1,0 +1,88 @@
+// Policy validation, printing and JSON (de)serialisation.
+#include "engine/policy.h"
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace flexh2o {
+namespace {
+
+void check_pair(const char* what, double gpu, double cpu) {
+  for (double v : {gpu, cpu})
+    if (!(v >= 0 && v <= 100)) FH_FAIL(what, " percentages must be in [0, 100], got ", gpu, " and ", cpu);
+  if (gpu + cpu > 100 + 1e-9) FH_FAIL(what, " percentages on device and host sum to ", gpu + cpu, " > 100");
+}
+
+}  // namespace
+
+void Policy::validate() const {
+  if (gpu_batch_size < 1) FH_FAIL("gpu_batch_size must be >= 1, got ", gpu_batch_size);
+  if (num_gpu_batches < 1) FH_FAIL("num_gpu_batches must be >= 1, got ", num_gpu_batches);
+  check_pair("weight", w_gpu_percent, w_cpu_percent);
+  check_pair("KV cache", cache_gpu_percent, cache_cpu_percent);
+  check_pair("activation", act_gpu_percent, act_cpu_percent);
+  const bool single = act_gpu_percent == 100 || act_cpu_percent == 100 || act_disk_percent() == 100;
+  if (!single)
+    FH_FAIL("activations must live on one tier (percent 100 0, 0 100 or 0 0), got ", act_gpu_percent, " ",
+            act_cpu_percent);
+  if (act_disk_percent() == 100) FH_FAIL("activations cannot be homed on disk; use the device or the host");
+}
+
+std::string Policy::str() const {
+  std::ostringstream os;
+  os << "--percent " << w_gpu_percent << " " << w_cpu_percent << " " << cache_gpu_percent << " "
+     << cache_cpu_percent << " " << act_gpu_percent << " " << act_cpu_percent << " --gpu-batch-size "
+     << gpu_batch_size << " --num-gpu-batches " << num_gpu_batches;
+  if (cpu_cache_compute) os << " --cpu-cache-compute";
+  if (!overlap) os << " --overlap false";
+  return os.str();
+}
+
+Policy policy_from_json(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) FH_FAIL(source, ": a policy must be a JSON object");
+  Policy p;
+  for (const auto& [key, v] : j.items()) {
+    try {
+      if (key == "gpu_batch_size") p.gpu_batch_size = v.get<int64_t>();
+      else if (key == "num_gpu_batches") p.num_gpu_batches = v.get<int64_t>();
+      else if (key == "w_gpu_percent") p.w_gpu_percent = v.get<double>();
+      else if (key == "w_cpu_percent") p.w_cpu_percent = v.get<double>();
+      else if (key == "cache_gpu_percent") p.cache_gpu_percent = v.get<double>();
+      else if (key == "cache_cpu_percent") p.cache_cpu_percent = v.get<double>();
+      else if (key == "act_gpu_percent") p.act_gpu_percent = v.get<double>();
+      else if (key == "act_cpu_percent") p.act_cpu_percent = v.get<double>();
+      else if (key == "overlap") p.overlap = v.get<bool>();
+      else if (key == "sep_layer") p.sep_layer = v.get<bool>();
+      else if (key == "pin_weight") p.pin_weight = v.get<bool>();
+      else if (key == "cpu_cache_compute") p.cpu_cache_compute = v.get<bool>();
+      else if (key == "percent") {
+        auto a = v.get<std::vector<double>>();
+        if (a.size() != 6) FH_FAIL(source, ": \"percent\" needs 6 numbers, got ", a.size());
+        p.w_gpu_percent = a[0], p.w_cpu_percent = a[1], p.cache_gpu_percent = a[2];
+        p.cache_cpu_percent = a[3], p.act_gpu_percent = a[4], p.act_cpu_percent = a[5];
+      } else {
+        FH_FAIL(source, ": unknown policy key \"", key, "\"");
+      }
+    } catch (const nlohmann::json::exception&) {
+      FH_FAIL(source, ": policy key \"", key, "\" has the wrong type: ", v.dump());
+    }
+  }
+  p.validate();
+  return p;
+}
+
+nlohmann::json policy_to_json(const Policy& p) {
+  return {{"gpu_batch_size", p.gpu_batch_size},
+          {"num_gpu_batches", p.num_gpu_batches},
+          {"percent",
+           {p.w_gpu_percent, p.w_cpu_percent, p.cache_gpu_percent, p.cache_cpu_percent, p.act_gpu_percent,
+            p.act_cpu_percent}},
+          {"overlap", p.overlap},
+          {"sep_layer", p.sep_layer},
+          {"pin_weight", p.pin_weight},
+          {"cpu_cache_compute", p.cpu_cache_compute}};
+}
+
+}  // namespace flexh2o

@@ -1,0 +1,49 @@
+// StepRunner: what the generation driver needs from an engine — start a batch, run one token
+// step, return each sequence's last-row logits. The in-memory Forward and the offloading
+// engine both implement it, so one driver (generate.h) serves every placement.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "engine/forward.h"
+
+namespace flexh2o {
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual const ModelConfig& config() const = 0;
+  // Largest batch one begin_batch() may hold (the driver cuts requests into such batches).
+  virtual int64_t max_batch() const = 0;
+  // Starts a batch of B sequences, each with room for `capacity` tokens (prompt + generated).
+  virtual void begin_batch(int64_t B, int64_t capacity) = 0;
+  // One token step; ids/positions [B, T] left-padded, sequence b's last real_rows[b] rows are
+  // tokens (null: all T). logits <- [B, vocab] of each sequence's last row.
+  virtual void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+                    std::vector<float>& logits) = 0;
+  // Bytes of KV cache the current batch holds (all tiers).
+  virtual size_t kv_bytes() const = 0;
+};
+
+// Everything resident: Forward + KvCache.
+class InMemoryRunner final : public StepRunner {
+ public:
+  InMemoryRunner(Forward& fwd, int64_t max_batch) : fwd_(fwd), max_batch_(max_batch) {}
+  const ModelConfig& config() const override { return fwd_.model().config(); }
+  int64_t max_batch() const override { return max_batch_; }
+  void begin_batch(int64_t B, int64_t capacity) override { cache_.emplace(config(), B, capacity); }
+  void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+            std::vector<float>& logits) override {
+    fwd_.step(ids, positions, T, real_rows, *cache_, LogitsRows::kLast, logits);
+  }
+  size_t kv_bytes() const override { return cache_ ? cache_->bytes() : 0; }
+
+ private:
+  Forward& fwd_;
+  int64_t max_batch_;
+  std::optional<KvCache> cache_;
+};
+
+}  // namespace flexh2o
