@@ -5,6 +5,7 @@
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "core/error.h"
@@ -52,13 +53,18 @@ void linear_isa(Isa isa, const float* x, int64_t M, int64_t K, const TensorView&
                       });
     return;
   }
+  // +16 floats so the per-thread scratch can be aligned to 64 B (the state holds vectors).
   tbb::enumerable_thread_specific<std::vector<float>> scratch(
-      [] { return std::vector<float>(size_t(linear_scratch_floats())); });
+      [] { return std::vector<float>(size_t(linear_scratch_floats() + 16)); });
+  auto aligned = [](std::vector<float>& v) {
+    const auto p = reinterpret_cast<uintptr_t>(v.data());
+    return v.data() + ((64 - p % 64) % 64) / sizeof(float);
+  };
   const int64_t mblocks = (M + kLinearMB - 1) / kLinearMB, nblocks = (N + kLinearNB - 1) / kLinearNB;
   tbb::parallel_for(tbb::blocked_range2d<int64_t>(0, nblocks, 1, 0, mblocks, 1),
                     [&](const tbb::blocked_range2d<int64_t>& r) {
                       LinearTask t = base;
-                      t.scratch = scratch.local().data();
+                      t.scratch = aligned(scratch.local());
                       for (int64_t nbk = r.rows().begin(); nbk < r.rows().end(); ++nbk)
                         for (int64_t mbk = r.cols().begin(); mbk < r.cols().end(); ++mbk) {
                           t.n0 = nbk * kLinearNB;

@@ -112,6 +112,8 @@ const std::vector<AttnCase>& cases() {
       {2, 37, 4, 2, {37, 0}},          // an all-padding sequence (empty cache)
       {3, 6, 4, 2, {2, 6, 30}},        // chunk longer than a short sequence's cache
       {2, 1, 4, 4, {1, 0}},            // decode of a 1-token cache next to an idle slot
+      {1, 300, 2, 1, {400}},           // key scores over several slot blocks (256)
+      {2, 270, 2, 2, {270, 200}},      // several slot blocks, one sequence left-padded
   };
   return k;
 }
@@ -170,7 +172,8 @@ class AttentionDeterminism : public ::testing::TestWithParam<Isa> {};
 TEST_P(AttentionDeterminism, SequenceAloneEqualsInBatch) {
   const Isa isa = GetParam();
   const int64_t d = 80, H = 4, KV = 2;
-  for (int64_t L : {int64_t(45), int64_t(1)}) {  // prefill of 45; decode step over 60 keys
+  for (int64_t L : {int64_t(45), int64_t(1), int64_t(300)}) {  // prefills of 45 and 300 (two
+                                                                // score blocks); decode step
     const int64_t keys = L == 1 ? 60 : L, pad = L == 1 ? 0 : 5;
     const int64_t tqb = L + pad;
     AttnData alone = make({1, L, H, KV, {int32_t(keys)}}, d, true, 3);

@@ -58,7 +58,7 @@ void attention_task(const AttnTask& task) {
   const int64_t nk = a.seq_keys[b];
   const float* kb = a.k + (b * a.kv_heads + g) * a.capacity * d;  // key j: kb + j*d
   const float* vb = a.v + (b * a.kv_heads + g) * a.capacity * d;
-  float* kscore = a.key_scores ? a.key_scores + (b * a.n_heads + h) * a.capacity : nullptr;
+  float* kscore = task.scores;
   const int64_t ld = nk > 0 ? nk : 1;
   auto n_of = [&](int64_t t) { return nk - a.tq + t + 1; };  // keys query t sees (<= 0: padding)
   auto qrow = [&](int64_t t) { return a.q + (b * a.tq + t) * a.q_stride + h * d; };

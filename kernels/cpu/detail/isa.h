@@ -16,15 +16,16 @@ struct half_t { uint16_t bits; };
 struct bf16_t { uint16_t bits; };
 
 // ---- linear -------------------------------------------------------------------------
-// Reduction order of every output (all variants, all paths): K is cut into chunks of
-// kLinearKC; within a chunk, lane-wise FMA chains over vectors of L along K (masked tail),
-// then a fixed halving tree to a scalar; chunk partials are summed left to right; then
-// + bias; then the epilogue. Nothing depends on M, on the tile an output falls in, or on
-// the thread that computes it.
+// Reduction order of every output (all variants, all paths): lane-wise FMA chains over
+// vectors of L along all of K (masked tail last), then a fixed halving tree to a scalar;
+// then + bias; then the epilogue. The packed path cuts K into chunks of kLinearKC (a
+// multiple of every L) for cache blocking only: the chains' state is carried between
+// chunks, so nothing depends on M, on the tile an output falls in, or on the thread.
 constexpr int64_t kLinearKC = 512;  // K chunk (floats)
-constexpr int64_t kLinearMB = 256;  // rows of x per packed task
+constexpr int64_t kLinearMB = 96;   // rows of x per packed task (multiple of every MR)
 constexpr int64_t kLinearNB = 96;   // rows of w per task (multiple of every NR)
 constexpr int64_t kLinearDirectMaxM = 8;  // M at or below this: read w in its dtype directly
+constexpr int64_t kLinearMaxL = 16;       // widest vector (floats) of any variant
 
 struct LinearTask {
   const float* x = nullptr;  // [M, K]
@@ -35,16 +36,25 @@ struct LinearTask {
   float* y = nullptr;           // [M, N]
   Epilogue ep = Epilogue::kStore;
   int64_t m0 = 0, m1 = 0, n0 = 0, n1 = 0;  // the block this task computes
-  float* scratch = nullptr;  // packed path only: linear_scratch_floats() floats
+  float* scratch = nullptr;  // packed path only: linear_scratch_floats() floats, 64-B aligned
   bool packed = false;       // convert w blocks to fp32 (large M) vs read w directly
 };
-constexpr int64_t linear_scratch_floats() { return kLinearNB * kLinearKC + kLinearMB * kLinearNB; }
+// fp32 panel [NB, KC] + accumulator state (MB x NB outputs x L lanes; MR | MB, NR | NB).
+constexpr int64_t linear_scratch_floats() {
+  return kLinearNB * kLinearKC + kLinearMB * kLinearNB * kLinearMaxL;
+}
 
 // ---- attention ----------------------------------------------------------------------
 constexpr int64_t kAttnQB = 32;  // queries per score block
+// With key_scores and tq > 1, tasks are (sequence, head, block of kAttnScoreQB cache slots):
+// a block's queries add their probabilities, in query order, into a zeroed partial row, and
+// the partials are added to key_scores block by block in slot order. Blocks are aligned to
+// slots, not to query rows, so left padding (batch composition) never moves a boundary.
+constexpr int64_t kAttnScoreQB = 256;
 struct AttnTask {
   const AttentionArgs* a = nullptr;
   int64_t b = 0, h = 0, t0 = 0, t1 = 0;  // sequence, query head, query range
+  float* scores = nullptr;  // key-score row (slot 0 first) the queries add to; null: none
   float* scratch = nullptr;  // attention_scratch_floats(max seq_keys) floats
 };
 constexpr int64_t attention_scratch_floats(int64_t n_keys) { return kAttnQB * (n_keys + 64); }

@@ -10,15 +10,25 @@
 namespace flexh2o::cpu::detail {
 
 // ---------------------------------------------------------------------------------------
-// Micro-kernel: partial dot products of MR x rows with T::NR w rows over kc elements.
-// xr[m] / wr[n] point at the first element of the chunk. out[m*NR + n].
+// Micro-kernel: MR x rows against T::NR w rows over kc elements, K-vectorised: accumulator
+// (m, n) holds L lane-wise FMA chains. The chains start from zero or from `in` (the state a
+// previous K chunk left), and end either reduced through the fixed tree into out[m*NR + n]
+// (when out is non-null) or stored to `st` to be continued by the next chunk. Since every
+// chunk but the last is a multiple of L, chunking K never changes a chain.
+// xr[m] / wr[n] point at the first element of the chunk.
 template <class T, int MR, class W>
-inline void dot_tile(const float* const* xr, const W* const* wr, int64_t kc, float* out) {
+inline void dot_tile(const float* const* xr, const W* const* wr, int64_t kc,
+                     const typename T::V* in, typename T::V* st, float* out) {
   using V = typename T::V;
   constexpr int NR = T::NR, L = T::L;
   V acc[MR * NR];
+  if (in) {
 #pragma GCC unroll 32
-  for (int i = 0; i < MR * NR; ++i) acc[i] = T::zero();
+    for (int i = 0; i < MR * NR; ++i) acc[i] = in[i];
+  } else {
+#pragma GCC unroll 32
+    for (int i = 0; i < MR * NR; ++i) acc[i] = T::zero();
+  }
   int64_t k = 0;
   for (; k + L <= kc; k += L) {
     V xv[MR];
@@ -40,18 +50,35 @@ inline void dot_tile(const float* const* xr, const W* const* wr, int64_t kc, flo
       for (int m = 0; m < MR; ++m) acc[m * NR + n] = T::fma(xv[m], wv, acc[m * NR + n]);
     }
   }
-  T::template reduce<MR * NR>(acc, out);
+  // Reduce/store from a copy: if acc's address escaped, GCC 12 keeps acc in memory and
+  // stores all MR*NR accumulators on every iteration of the loops above.
+  V fin[MR * NR];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR * NR; ++i) fin[i] = acc[i];
+  if (out) {
+    T::template reduce<MR * NR>(fin, out);
+  } else {
+#pragma GCC unroll 32
+    for (int i = 0; i < MR * NR; ++i) st[i] = fin[i];
+  }
 }
 
 template <class T, class W>
-inline void dot_tile_rt(int mr, const float* const* xr, const W* const* wr, int64_t kc, float* out) {
+inline void dot_tile_rt(int mr, const float* const* xr, const W* const* wr, int64_t kc,
+                        const typename T::V* in, typename T::V* st, float* out) {
   static_assert(T::MR <= 4);
   switch (mr) {
-    case 1: dot_tile<T, 1>(xr, wr, kc, out); break;
-    case 2: if constexpr (T::MR >= 2) dot_tile<T, 2>(xr, wr, kc, out); break;
-    case 3: if constexpr (T::MR >= 3) dot_tile<T, 3>(xr, wr, kc, out); break;
-    default: if constexpr (T::MR >= 4) dot_tile<T, 4>(xr, wr, kc, out); break;
+    case 1: dot_tile<T, 1>(xr, wr, kc, in, st, out); break;
+    case 2: if constexpr (T::MR >= 2) dot_tile<T, 2>(xr, wr, kc, in, st, out); break;
+    case 3: if constexpr (T::MR >= 3) dot_tile<T, 3>(xr, wr, kc, in, st, out); break;
+    default: if constexpr (T::MR >= 4) dot_tile<T, 4>(xr, wr, kc, in, st, out); break;
   }
+}
+
+// Whole dot products (one chunk, reduced): attention scores and the small-M linear path.
+template <class T, class W>
+inline void dot_tile_rt(int mr, const float* const* xr, const W* const* wr, int64_t kc, float* out) {
+  dot_tile_rt<T>(mr, xr, wr, kc, nullptr, nullptr, out);
 }
 
 template <class T>
@@ -66,7 +93,8 @@ inline float apply_epilogue(Epilogue ep, float s, float bias, bool has_bias, flo
 }
 
 // ---------------------------------------------------------------------------------------
-// Direct path (small M): w is read in its own dtype, converted in registers.
+// Direct path (small M): w is read in its own dtype, converted in registers; each tile runs
+// over all of K at once.
 template <class T, class W>
 void linear_direct(const LinearTask& t) {
   constexpr int MR = T::MR, NR = T::NR;
@@ -74,18 +102,14 @@ void linear_direct(const LinearTask& t) {
   const int64_t K = t.K;
   for (int64_t n = t.n0; n < t.n1; n += NR) {
     const int nr = int(t.n1 - n < NR ? t.n1 - n : NR);
+    const W* wr[NR];
+    for (int j = 0; j < NR; ++j) wr[j] = w + (n + (j < nr ? j : 0)) * K;
     for (int64_t m = t.m0; m < t.m1; m += MR) {
       const int mr = int(t.m1 - m < MR ? t.m1 - m : MR);
-      float s[MR * NR], part[MR * NR];
-      for (int64_t k0 = 0; k0 < K; k0 += kLinearKC) {
-        const int64_t kc = K - k0 < kLinearKC ? K - k0 : kLinearKC;
-        const float* xr[MR];
-        const W* wr[NR];
-        for (int i = 0; i < MR; ++i) xr[i] = t.x + (m + (i < mr ? i : 0)) * K + k0;
-        for (int j = 0; j < NR; ++j) wr[j] = w + (n + (j < nr ? j : 0)) * K + k0;
-        dot_tile_rt<T>(mr, xr, wr, kc, part);
-        for (int i = 0; i < mr * NR; ++i) s[i] = k0 == 0 ? part[i] : s[i] + part[i];
-      }
+      float s[MR * NR];
+      const float* xr[MR];
+      for (int i = 0; i < MR; ++i) xr[i] = t.x + (m + (i < mr ? i : 0)) * K;
+      dot_tile_rt<T>(mr, xr, wr, K, s);
       for (int i = 0; i < mr; ++i)
         for (int j = 0; j < nr; ++j) {
           float* yp = t.y + (m + i) * t.N + n + j;
@@ -97,16 +121,20 @@ void linear_direct(const LinearTask& t) {
 
 // ---------------------------------------------------------------------------------------
 // Packed path (large M): per K chunk, the task's w rows are converted (exactly) into an
-// fp32 panel that stays in L2 while MR-row strips of x stream past it.
+// fp32 panel that stays in L2 while MR-row strips of x stream past it. Between chunks each
+// tile's accumulator vectors wait in `state` (L2), so the chains continue over all of K.
 template <class T, class W>
 void linear_packed(const LinearTask& t) {
+  using V = typename T::V;
   constexpr int MR = T::MR, NR = T::NR, L = T::L;
   const W* w = static_cast<const W*>(t.w);
   const int64_t K = t.K, nb = t.n1 - t.n0, mb = t.m1 - t.m0;
-  float* panel = t.scratch;                      // [nb, kLinearKC]
-  float* sum = t.scratch + kLinearNB * kLinearKC;  // [mb, nb]
+  float* panel = t.scratch;  // [nb, kLinearKC]
+  V* state = reinterpret_cast<V*>(t.scratch + kLinearNB * kLinearKC);  // [ngroups][mtiles][MR*NR]
+  const int64_t mtiles = (mb + MR - 1) / MR;
   for (int64_t k0 = 0; k0 < K; k0 += kLinearKC) {
     const int64_t kc = K - k0 < kLinearKC ? K - k0 : kLinearKC;
+    const bool first = k0 == 0, last = k0 + kc == K;
     for (int64_t j = 0; j < nb; ++j) {
       const W* src = w + (t.n0 + j) * K + k0;
       float* dst = panel + j * kLinearKC;
@@ -118,26 +146,26 @@ void linear_packed(const LinearTask& t) {
       const int nr = int(nb - n < NR ? nb - n : NR);
       const float* wr[NR];
       for (int j = 0; j < NR; ++j) wr[j] = panel + (n + (j < nr ? j : 0)) * kLinearKC;
-      for (int64_t m = 0; m < mb; m += MR) {
+      V* st = state + (n / NR) * mtiles * (MR * NR);
+      for (int64_t m = 0; m < mb; m += MR, st += MR * NR) {
         const int mr = int(mb - m < MR ? mb - m : MR);
         const float* xr[MR];
         for (int i = 0; i < MR; ++i) xr[i] = t.x + (t.m0 + m + (i < mr ? i : 0)) * K + k0;
-        float part[MR * NR];
-        dot_tile_rt<T>(mr, xr, wr, kc, part);
+        if (!last) {
+          dot_tile_rt<T>(mr, xr, wr, kc, first ? nullptr : st, st, nullptr);
+          continue;
+        }
+        float s[MR * NR];
+        dot_tile_rt<T>(mr, xr, wr, kc, first ? nullptr : st, nullptr, s);
         for (int i = 0; i < mr; ++i)
           for (int j = 0; j < nr; ++j) {
-            float& s = sum[(m + i) * nb + n + j];
-            s = k0 == 0 ? part[i * NR + j] : s + part[i * NR + j];
+            const int64_t nn = t.n0 + n + j;
+            float* yp = t.y + (t.m0 + m + i) * t.N + nn;
+            *yp = apply_epilogue<T>(t.ep, s[i * NR + j], t.bias ? t.bias[nn] : 0.f, t.bias, *yp);
           }
       }
     }
   }
-  for (int64_t i = 0; i < mb; ++i)
-    for (int64_t j = 0; j < nb; ++j) {
-      const int64_t n = t.n0 + j;
-      float* yp = t.y + (t.m0 + i) * t.N + n;
-      *yp = apply_epilogue<T>(t.ep, sum[i * nb + j], t.bias ? t.bias[n] : 0.f, t.bias, *yp);
-    }
 }
 
 template <class T>
