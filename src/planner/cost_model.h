@@ -1,0 +1,100 @@
+// Cost model of OUR offloading engine (src/engine): for a Policy on a HardwareProfile and a
+// workload, the bytes each link carries (exactly what OffloadEngine counts), the time of
+// prefill and decode, memory per tier, throughput and the bottleneck resource.
+// Time: every schedule step gets a duration (bytes / link rate, FLOPs / compute rate) and
+// the engine's own zig-zag Schedule (build_schedule) is list-scheduled the way the executor
+// runs it — one in-order worker per queue, a step starts when its queue is free and its
+// dependencies are done; with overlap off, all steps run in order on one thread. Plain C++.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/offload_engine.h"
+#include "engine/schedule.h"
+#include "planner/hardware.h"
+#include "policies/kv_config.h"
+
+namespace flexh2o {
+
+struct Workload {
+  int64_t prompt_len = 512, gen_len = 32;  // every sequence; gen_len counts the prefill's token
+  std::optional<KvPolicyConfig> kv;        // a KV policy (h2o, ...): the cache keeps its budget only
+};
+
+// Bytes of each weight tensor of the three kinds of unit (all layers are alike), in the order
+// place_weights() walks them; a tied lm_head is the last entry of `head`.
+struct ModelShape {
+  ModelConfig config;
+  std::vector<size_t> embed, layer, head;
+  // From the config alone, weights in config.dtype (presets, dummy weights).
+  static ModelShape from_config(const ModelConfig& c);
+  // From a loaded model (its checkpoint's dtypes).
+  static ModelShape from_model(const Model& m);
+  uint64_t total_bytes() const;  // all units, tied head counted twice (as the engine streams it)
+};
+
+// Per-tier bytes of one unit under the midpoint rule; same result as place_weights().
+std::array<uint64_t, 3> place_unit(const std::vector<size_t>& tensor_bytes, const Policy& p);
+
+struct Estimate {
+  Policy policy;
+  int64_t block = 0;                         // sequences per run (gbs x num_gpu_batches)
+  std::array<uint64_t, kNumLinks> bytes{};   // whole run, indexed by Link
+  std::array<double, kNumQueues> busy{};     // seconds each resource works, whole run
+  double prefill_s = 0, decode_s = 0;        // whole run
+  double prefill_layer_s = 0, decode_layer_s = 0;  // one layer, steady state (decode: mean length)
+  double throughput = 0;                     // generated tokens / (prefill + decode), tokens/s
+  std::string bottleneck;                    // queue_name() of the busiest resource
+  std::array<uint64_t, 3> memory{};          // bytes per tier (home + working set), memory_need()
+  bool fits = true;                          // memory within every tier's usable capacity
+  std::string memory_note;                   // which tier overflows and by how much, when !fits
+  int64_t kv_tokens = 0;                     // KV slots per sequence (H2O budget or prompt+gen)
+};
+
+// Not thread-safe (caches schedules). Cheap to construct.
+class CostModel {
+ public:
+  CostModel(ModelShape m, HardwareProfile hw, Workload w);
+
+  // Full estimate. Throws flexh2o::Error for an invalid policy.
+  Estimate estimate(const Policy& p);
+  // Faster estimate for the search: decode simulated at the mean length only; no bytes.
+  Estimate quick(const Policy& p);
+  // Bytes per tier, identical to memory_need() of the engine for this shape (fast, no strings).
+  std::array<uint64_t, 3> memory(const Policy& p) const;
+  // The engine's memory_need() breakdown text for this policy.
+  std::string memory_breakdown(const Policy& p) const;
+  // Bytes per link over the whole run; exactly what OffloadEngine counts for `block`
+  // sequences of prompt_len tokens generating gen_len tokens each.
+  std::array<uint64_t, kNumLinks> bytes(const Policy& p) const;
+
+  const ModelShape& shape() const { return m_; }
+  const HardwareProfile& hardware() const { return hw_; }
+  const Workload& workload() const { return w_; }
+  int64_t kv_keep() const { return keep_; }  // KV slots a sequence keeps (budget or prompt+gen)
+  int64_t capacity() const;                  // KV slots per sequence, aligned like the engine
+
+ private:
+  struct Sim {
+    double t = 0;
+    std::array<double, kNumQueues> busy{};
+  };
+  Sim token_step(const Policy& p, bool prefill, int64_t len_before);
+  Sim simulate(const Policy& p, bool prefill, int64_t len_before, int layers);
+  Estimate finish(const Policy& p, double prefill, const std::array<double, kNumQueues>& busy, double decode,
+                  double pl, double dl);
+  const Schedule& schedule(const ScheduleShape& s, uint64_t key);
+
+  ModelShape m_;
+  HardwareProfile hw_;
+  Workload w_;
+  int64_t keep_ = 0;
+  std::map<uint64_t, Schedule> schedules_;
+};
+
+}  // namespace flexh2o

@@ -1,0 +1,121 @@
+// HardwareProfile JSON (de)serialisation and validation.
+#include "planner/hardware.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace flexh2o {
+namespace {
+
+using nlohmann::json;
+constexpr double kG = 1e9, kT = 1e12;
+
+// Reads j[group][key] as a number >= 0 (> 0 when `positive`); `required` false -> default.
+double field(const json& j, const std::string& origin, const char* group, const char* key, bool required,
+             bool positive, double def = 0) {
+  const std::string path = std::string(group) + "." + key;
+  if (!j.contains(group) || !j[group].is_object() || !j[group].contains(key)) {
+    if (required) FH_FAIL(origin, ": hardware profile field \"", path, "\" is missing");
+    return def;
+  }
+  const json& v = j[group][key];
+  if (!v.is_number()) FH_FAIL(origin, ": hardware profile field \"", path, "\" must be a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < 0) FH_FAIL(origin, ": hardware profile field \"", path, "\" is negative (", x, ")");
+  if (positive && x == 0) FH_FAIL(origin, ": hardware profile field \"", path, "\" must be > 0");
+  return x;
+}
+
+}  // namespace
+
+double HardwareProfile::usable(int tier) const {
+  const double cap = tier == 0 ? device_memory : tier == 1 ? host_memory : disk_memory;
+  return cap * usable_fraction;
+}
+
+HardwareProfile HardwareProfile::from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) FH_FAIL(origin, ": a hardware profile must be a JSON object");
+  HardwareProfile h;
+  h.name = j.value("name", std::string());
+  h.source = j.value("source", std::string());
+  h.device_memory = field(j, origin, "memory_gb", "device", true, true) * kG;
+  h.host_memory = field(j, origin, "memory_gb", "host", true, true) * kG;
+  h.disk_memory = field(j, origin, "memory_gb", "disk", true, false) * kG;
+  if (j.contains("usable_fraction")) {
+    const json& u = j["usable_fraction"];
+    if (!u.is_number() || !(u.get<double>() > 0 && u.get<double>() <= 1))
+      FH_FAIL(origin, ": hardware profile field \"usable_fraction\" must be in (0, 1]");
+    h.usable_fraction = u.get<double>();
+  }
+  const char* bw = "bandwidth_gbps";
+  h.host_to_device = field(j, origin, bw, "host_to_device", true, true) * kG;
+  h.device_to_host = field(j, origin, bw, "device_to_host", true, true) * kG;
+  h.disk_to_host = field(j, origin, bw, "disk_to_host", true, true) * kG;
+  h.host_to_disk = field(j, origin, bw, "host_to_disk", true, true) * kG;
+  h.device_to_host_cache = field(j, origin, bw, "device_to_host_cache", false, false) * kG;
+  h.host_to_disk_cache = field(j, origin, bw, "host_to_disk_cache", false, false) * kG;
+  h.disk_to_host_cache = field(j, origin, bw, "disk_to_host_cache", false, false) * kG;
+  if (h.disk_to_host_cache == 0) h.disk_to_host_cache = h.disk_to_host;
+  if (h.device_to_host_cache == 0) h.device_to_host_cache = h.device_to_host;
+  if (h.host_to_disk_cache == 0) h.host_to_disk_cache = h.host_to_disk;
+  const char* dev = "device_tflops";
+  h.device_gemm_prefill = field(j, origin, dev, "gemm_prefill", true, true) * kT;
+  h.device_gemm_decode = field(j, origin, dev, "gemm_decode", true, true) * kT;
+  h.device_attention_prefill = field(j, origin, dev, "attention_prefill", true, true) * kT;
+  h.device_attention_decode = field(j, origin, dev, "attention_decode", true, true) * kT;
+  h.device_weight_read = field(j, origin, "device_gbps", "weight_read", false, false) * kG;
+  h.host_attention = field(j, origin, "host_tflops", "attention", true, true) * kT;
+  h.host_gemm = field(j, origin, "host_tflops", "gemm", false, false) * kT;
+  h.host_eff_c1 = field(j, origin, "host_attention_efficiency", "c1", false, false);
+  h.host_eff_c2 = field(j, origin, "host_attention_efficiency", "c2", false, false);
+  h.host_eff_c3 = field(j, origin, "host_attention_efficiency", "c3", false, false);
+  return h;
+}
+
+HardwareProfile HardwareProfile::load(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) FH_FAIL("cannot read hardware profile ", file.string());
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    FH_FAIL(file.string(), ": invalid JSON: ", e.what());
+  }
+  HardwareProfile h = from_json(j, file.string());
+  if (h.name.empty()) h.name = file.stem().string();
+  return h;
+}
+
+json HardwareProfile::to_json() const {
+  json j;
+  j["name"] = name;
+  j["source"] = source;
+  j["memory_gb"] = {{"device", device_memory / kG}, {"host", host_memory / kG}, {"disk", disk_memory / kG}};
+  j["usable_fraction"] = usable_fraction;
+  j["bandwidth_gbps"] = {{"host_to_device", host_to_device / kG},       {"device_to_host", device_to_host / kG},
+                         {"device_to_host_cache", device_to_host_cache / kG}, {"disk_to_host", disk_to_host / kG},
+                         {"host_to_disk", host_to_disk / kG},           {"host_to_disk_cache", host_to_disk_cache / kG},
+                         {"disk_to_host_cache", disk_to_host_cache / kG}};
+  j["device_tflops"] = {{"gemm_prefill", device_gemm_prefill / kT},
+                        {"gemm_decode", device_gemm_decode / kT},
+                        {"attention_prefill", device_attention_prefill / kT},
+                        {"attention_decode", device_attention_decode / kT}};
+  j["device_gbps"] = {{"weight_read", device_weight_read / kG}};
+  j["host_tflops"] = {{"attention", host_attention / kT}, {"gemm", host_gemm / kT}};
+  j["host_attention_efficiency"] = {{"c1", host_eff_c1}, {"c2", host_eff_c2}, {"c3", host_eff_c3}};
+  return j;
+}
+
+HardwareProfile resolve_profile(const std::string& spec, const std::filesystem::path& configs_dir) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(spec)) return HardwareProfile::load(spec);
+  const fs::path p = configs_dir / "hardware" / (spec + ".json");
+  if (fs::is_regular_file(p)) return HardwareProfile::load(p);
+  FH_FAIL("hardware profile \"", spec, "\" is neither a file nor a name in ", (configs_dir / "hardware").string(),
+          " (try t4-paper or h200, or run `flexh2o profile`)");
+}
+
+}  // namespace flexh2o

@@ -1,0 +1,48 @@
+// HardwareProfile: what the cost model knows about a machine — tier capacities, link
+// bandwidths and compute rates — as a plain value read from / written to JSON
+// (configs/hardware/*.json, or `flexh2o profile`). Not a measurement tool (see profile.h).
+// Units in the struct are SI: bytes, bytes/s, FLOP/s. The JSON uses GB, GB/s and TFLOPS (1e9, 1e12).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace flexh2o {
+
+struct HardwareProfile {
+  std::string name, source;  // source: where the numbers come from (measured, datasheet, fitted)
+  // Tier capacities in bytes, and the fraction of each the planner may fill (FlexGen's alpha).
+  double device_memory = 0, host_memory = 0, disk_memory = 0;
+  double usable_fraction = 1.0;
+  // Links, bytes/s. *_cache variants apply to KV traffic (FlexGen fits them separately); 0 in
+  // the JSON means "same as the plain link".
+  double host_to_device = 0, device_to_host = 0, device_to_host_cache = 0;
+  double disk_to_host = 0, host_to_disk = 0, host_to_disk_cache = 0, disk_to_host_cache = 0;
+  // Compute on the device, FLOP/s: GEMM at prefill (large M) and decode (M = a micro-batch),
+  // attention at prefill and decode. weight_read: bytes/s a GEMV streams weights (roofline
+  // term for small micro-batches; 0 = not modelled).
+  double device_gemm_prefill = 0, device_gemm_decode = 0;
+  double device_attention_prefill = 0, device_attention_decode = 0;
+  double device_weight_read = 0;
+  // Host attention (cpu_cache_compute), FLOP/s, with FlexGen's efficiency correction
+  // F_eff = F * max(0.1, 1 + c1*a*b - c2*a - c3*b), a = max(0, log2(64/gbs)),
+  // b = max(0, log2(4096/hidden)); c1 = c2 = c3 = 0 disables it.
+  double host_attention = 0, host_gemm = 0;
+  double host_eff_c1 = 0, host_eff_c2 = 0, host_eff_c3 = 0;
+
+  double usable(int tier) const;  // tier 0 device, 1 host, 2 disk; bytes the planner may use
+  // Throws flexh2o::Error naming the field when one is missing from `j`, negative, or (for
+  // the rates and capacities the model divides by) zero. `origin` names the file.
+  static HardwareProfile from_json(const nlohmann::json& j, const std::string& origin);
+  static HardwareProfile load(const std::filesystem::path& file);
+  nlohmann::json to_json() const;
+};
+
+// A profile path, or a name looked up as `configs_dir`/hardware/NAME.json. Throws listing
+// what was tried.
+HardwareProfile resolve_profile(const std::string& spec, const std::filesystem::path& configs_dir);
+
+}  // namespace flexh2o

@@ -1,0 +1,183 @@
+// Policy search over a grid, and FlexGen's published cost model for comparison.
+//
+// Why a grid and not FlexGen's LP: the LP relaxes the weight split to continuous fractions,
+// but the midpoint rule places whole tensors, so the realised split is a step function of the
+// percentages (and so are memory and bytes); our time is a list-scheduled makespan, not a
+// linear max. A grid is exact for what the engine can run: weights in steps of 5%, KV in
+// steps of 10%, activations on device or host, CPU attention on/off, every gpu_batch_size of
+// a grid and num_gpu_batches 1..64. Pruning that loses nothing: for fixed batch, KV and
+// activation placement, moving weights to a faster tier never adds bytes to any link, so
+// only the highest-tier weight split that fits is timed (device share first, then host);
+// memory is checked before any timing; and num_gpu_batches stops growing once nothing fits
+// or throughput has not improved for 3 steps (it is unimodal in practice, as FlexGen uses).
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/error.h"
+#include "policies/kv_policy.h"
+
+namespace flexh2o {
+namespace {
+
+std::vector<int64_t> default_batches() {
+  return {1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 48, 52, 56, 64, 80, 96, 128, 160, 192, 256, 384, 512};
+}
+
+bool fits(const CostModel& cm, const Policy& p, int tier) {
+  return double(cm.memory(p)[size_t(tier)]) <= cm.hardware().usable(tier);
+}
+
+// Highest-tier weight split that fits (device share, then host share); false if none.
+bool place_weights_greedy(const CostModel& cm, Policy& p, int step, bool allow_disk) {
+  for (int wg = 100; wg >= 0; wg -= step) {
+    p.w_gpu_percent = wg;
+    p.w_cpu_percent = 100 - wg;
+    if (!fits(cm, p, 0)) continue;
+    for (int wc = 100 - wg; wc >= 0; wc -= step) {
+      p.w_cpu_percent = wc;
+      if (!allow_disk && wg + wc < 100) return false;
+      if (fits(cm, p, 1)) return fits(cm, p, 2);
+    }
+    return false;  // host cannot hold even the rest with all of it on disk
+  }
+  return false;
+}
+
+std::string gb(double b) {
+  std::ostringstream os;
+  os.precision(4);
+  os << b / 1e9 << " GB";
+  return os.str();
+}
+
+}  // namespace
+
+PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
+  const HardwareProfile& hw = cm.hardware();
+  // Infeasible outright: the weights plus one sequence's KV exceed all tiers together.
+  {
+    Policy tiny;
+    tiny.gpu_batch_size = tiny.num_gpu_batches = 1;
+    tiny.w_gpu_percent = tiny.w_cpu_percent = 0;
+    tiny.cache_gpu_percent = tiny.cache_cpu_percent = 0;
+    tiny.act_gpu_percent = 100;
+    tiny.act_cpu_percent = 0;
+    const auto m = cm.memory(tiny);
+    const double need = double(m[0] + m[1] + m[2]);
+    const double have = hw.usable(0) + hw.usable(1) + hw.usable(2);
+    if (need > have)
+      FH_FAIL("infeasible: ", cm.shape().config.name, " needs at least ", gb(need), " (weights ",
+              gb(double(cm.shape().total_bytes())), " + one sequence's KV and buffers) but the tiers of ", hw.name,
+              " hold ", gb(have), " usable together (device ", gb(hw.usable(0)), ", host ", gb(hw.usable(1)),
+              ", disk ", gb(hw.usable(2)), "): short by ", gb(need - have));
+  }
+  PlanResult r;
+  bool found = false;
+  const std::vector<int64_t> batches = o.gpu_batch_sizes.empty() ? default_batches() : o.gpu_batch_sizes;
+  for (int64_t gbs : batches) {
+    double best_gbs = 0;
+    int stale = 0;
+    for (int64_t ngb = 1; ngb <= o.max_num_gpu_batches; ++ngb) {
+      if (o.max_block > 0 && gbs * ngb > o.max_block) break;
+      double best_here = 0;
+      for (int cg = 100; cg >= 0; cg -= o.cache_step) {
+        for (int cc = 100 - cg; cc >= 0; cc -= o.cache_step) {
+          if (!o.allow_disk && cg + cc < 100) continue;
+          for (int act = 0; act < (o.allow_act_on_host ? 2 : 1); ++act) {
+            for (int cpu = 0; cpu < (o.allow_cpu_cache_compute && cg < 100 ? 2 : 1); ++cpu) {
+              Policy p;
+              p.gpu_batch_size = gbs;
+              p.num_gpu_batches = ngb;
+              p.cache_gpu_percent = cg;
+              p.cache_cpu_percent = cc;
+              p.act_gpu_percent = act ? 0 : 100;
+              p.act_cpu_percent = act ? 100 : 0;
+              p.cpu_cache_compute = cpu;
+              p.overlap = o.overlap;
+              if (!place_weights_greedy(cm, p, o.weight_step, o.allow_disk)) {
+                ++r.rejected_memory;
+                continue;
+              }
+              const Estimate e = cm.quick(p);
+              ++r.evaluated;
+              best_here = std::max(best_here, e.throughput);
+              if (!found || e.throughput > r.best.throughput) {
+                r.best = e;
+                found = true;
+              }
+            }
+          }
+        }
+      }
+      if (best_here == 0) break;  // nothing fits at this block size: larger ones fit less
+      if (best_here > best_gbs * (1 + 1e-9)) best_gbs = best_here, stale = 0;
+      else if (++stale >= 3) break;
+    }
+  }
+  if (!found) {
+    Policy p;
+    p.gpu_batch_size = p.num_gpu_batches = 1;
+    p.w_gpu_percent = p.w_cpu_percent = p.cache_gpu_percent = p.cache_cpu_percent = 0;
+    const auto m = cm.memory(p);
+    std::ostringstream os;
+    for (int t = 0; t < 3; ++t)
+      if (double(m[size_t(t)]) > hw.usable(t))
+        os << " " << tier_name(Tier(t)) << " needs " << gb(double(m[size_t(t)])) << ", usable "
+           << gb(hw.usable(t)) << " (short by " << gb(double(m[size_t(t)]) - hw.usable(t)) << ");";
+    FH_FAIL("infeasible: no policy of the search space fits ", cm.shape().config.name, " on ", hw.name,
+            ": the smallest (batch 1, everything offloaded)", os.str(), "\n", cm.memory_breakdown(p));
+  }
+  r.best = cm.estimate(r.best.policy);
+  return r;
+}
+
+Policy plan_policy(const ModelConfig& c, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts) {
+  CostModel cm(ModelShape::from_config(c), hw, w);
+  return search_policy(cm, opts).best.policy;
+}
+
+Policy plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts) {
+  CostModel cm(ModelShape::from_model(m), hw, w);
+  return search_policy(cm, opts).best.policy;
+}
+
+double flexgen_reference_throughput(const ModelConfig& c, const HardwareProfile& hw, const Workload& w,
+                                    const Policy& p) {
+  // experimental/cost_model.py (PAPERS.md §4), per layer, fp16, fractions from the policy.
+  const double s = double(w.prompt_len), n = double(w.gen_len), l = double(c.n_layers);
+  const double h1 = double(c.hidden), h2 = double(c.ffn_dim), bls = double(p.block_size());
+  const double gbs = double(p.gpu_batch_size);
+  double ctx = s + n / 2;  // average context; H2O: the kept budget
+  if (w.kv && w.kv->kind != KvPolicyKind::kFull) {
+    const KvBudget b = make_policy(*w.kv)->budget(w.prompt_len);
+    if (!b.unbounded) ctx = std::min(ctx, double(b.total()));
+  }
+  const double wg = p.w_gpu_percent / 100, wc = p.w_cpu_percent / 100, wn = 1 - wg - wc;
+  const double cg = p.cache_gpu_percent / 100, cc = p.cache_cpu_percent / 100, cn = 1 - cg - cc;
+  const double hc = p.act_cpu_percent / 100, hn = 1 - p.act_gpu_percent / 100 - hc;
+  const double wi = 8 * h1 * h1 + 4 * h1 * h2;
+  const double ctog_p = (wi * (wc + wn) + 2 * s * h1 * bls * (hc + hn)) / hw.host_to_device;
+  const double gtoc_p = 4 * (s + 1) * h1 * bls * (cc + cn) / hw.device_to_host_cache +
+                        2 * s * h1 * bls * (hc + hn) / hw.device_to_host;
+  const double dtoc_p = (wi * wn + 2 * s * h1 * bls * hn) / hw.disk_to_host;
+  const double ctod_p = 4 * bls * (s + 1) * h1 * cn / hw.host_to_disk_cache + 2 * s * h1 * bls * hn / hw.host_to_disk;
+  const double comp_p = bls * (8 * s * h1 * h1 + 4 * s * h1 * h2) / hw.device_gemm_prefill +
+                        4 * bls * s * s * h1 / hw.device_attention_prefill;
+  const double t_pre = std::max({ctog_p + dtoc_p, gtoc_p + ctod_p, comp_p});
+  const double a = std::max(0.0, std::log2(64 / gbs)), b = std::max(0.0, std::log2(4096 / h1));
+  const double f_cpu = hw.host_attention * std::max(0.1, 1 + hw.host_eff_c1 * a * b - hw.host_eff_c2 * a - hw.host_eff_c3 * b);
+  const double ctog_g = (wi * (wc + wn) + 2 * h1 * bls * (hc + hn)) / hw.host_to_device;
+  const double gtoc_g = 2 * h1 * bls * (hc + hn) / hw.device_to_host;
+  const double dtoc_g = (4 * bls * ctx * h1 * cn + 2 * h1 * bls * hn) / hw.disk_to_host + wi * wn / (0.95 * hw.disk_to_host);
+  const double ctod_g = (4 * bls * h1 * cn + 2 * h1 * bls * hn) / hw.host_to_disk;
+  const double comp_g = bls * (8 * h1 * h1 + 4 * h1 * h2) / hw.device_gemm_decode +
+                        4 * bls * ctx * h1 * cg / hw.device_attention_decode + 4 * bls * ctx * h1 * (cc + cn) / f_cpu;
+  const double t_gen = ctog_g + std::max({gtoc_g, dtoc_g, ctod_g, comp_g});
+  const double total = t_pre * l + t_gen * (n - 1) * l;
+  return bls * n / total;
+}
+
+}  // namespace flexh2o

@@ -1,0 +1,47 @@
+// Policy search: the Policy (batch shape and tier percentages) that maximises predicted
+// throughput of our engine under the tiers' usable memory, by exact search over a grid with
+// pruning (see planner.cpp for why a grid and not FlexGen's LP). Plain C++; no I/O.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "planner/cost_model.h"
+
+namespace flexh2o {
+
+struct SearchOptions {
+  std::vector<int64_t> gpu_batch_sizes;  // empty: 1, 2, 4, 8, 12, ..., 512
+  int64_t max_num_gpu_batches = 64;
+  int64_t max_block = 0;          // cap on gbs x num_gpu_batches (0: none), e.g. the request count
+  int weight_step = 5;            // percent grid of the weight split
+  int cache_step = 10;            // percent grid of the KV split
+  bool allow_cpu_cache_compute = true;
+  bool allow_act_on_host = true;
+  bool allow_disk = true;         // weights / KV may be homed on disk
+  bool overlap = true;
+};
+
+struct PlanResult {
+  Estimate best;              // full estimate of the chosen policy
+  int64_t evaluated = 0;      // policies whose time was predicted
+  int64_t rejected_memory = 0;
+};
+
+// Searches. Throws flexh2o::Error when nothing fits, stating the shortfall (bytes the smallest
+// run needs vs the usable capacity of all tiers together, or of the tier that overflows).
+PlanResult search_policy(CostModel& cm, const SearchOptions& opts = {});
+
+// The entry point for `generate --policy auto`: the best policy for `c` on `hw`.
+// `weights_from` (optional) supplies the checkpoint's dtypes; presets use c.dtype.
+Policy plan_policy(const ModelConfig& c, const HardwareProfile& hw, const Workload& w,
+                   const SearchOptions& opts = {});
+Policy plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts = {});
+
+// FlexGen's own published cost model (PAPERS.md §4, experimental/cost_model.py) evaluated for
+// a policy: fp16 weights and KV, its fitted constants taken from `hw`. Returns tokens/s.
+// For comparison only: it models FlexGen's scheduler, not ours.
+double flexgen_reference_throughput(const ModelConfig& c, const HardwareProfile& hw, const Workload& w,
+                                    const Policy& p);
+
+}  // namespace flexh2o

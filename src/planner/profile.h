@@ -1,0 +1,26 @@
+// Measures this machine into a HardwareProfile (`flexh2o profile`): tier capacities (RAM,
+// free space at the offload directory), host<->device copies (on the CPU device: memcpy
+// between buffers), NVMe reads/writes through DiskStore + IoBackend (large sequential, and
+// KV-sized chunks), and GEMM / attention rates of kernels/cpu at prefill and decode shapes.
+// Blocking; takes a few seconds; writes and removes a scratch store under offload_dir.
+#pragma once
+
+#include <filesystem>
+
+#include "engine/cpu_device.h"
+#include "planner/hardware.h"
+
+namespace flexh2o {
+
+struct ProfileOptions {
+  std::filesystem::path offload_dir;    // empty: disk fields measured under the temp dir
+  size_t copy_bytes = size_t(64) << 20;  // per host<->device copy
+  size_t disk_bytes = size_t(128) << 20; // per sequential disk pass
+  size_t kv_chunk_bytes = 16 << 10;     // KV-style disk transfers (one row block of one head)
+  int64_t gemm_dim = 1024;              // K = N of the GEMM probe (f16 weights)
+  double min_seconds = 0.15;            // repeat each probe at least this long
+};
+
+HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& opts = {});
+
+}  // namespace flexh2o
