@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "engine/generate.h"
+#include "engine/offload_engine.h"
 #include "kernels/cpu/isa.h"
 
 namespace flexh2o::cli {
@@ -88,6 +89,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   g->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
   g->add_option("--threads", a.threads, "CPU threads (default: all)");
   g->add_flag("--quiet,-q", a.quiet, "Do not print results to stdout when --output is a file");
+  add_offload_flags(g, a.offload);
 }
 
 int run_generate(const GenerateArgs& a, const Env& env) {
@@ -169,8 +171,19 @@ int run_generate(const GenerateArgs& a, const Env& env) {
 
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
+  std::unique_ptr<StepRunner> runner;
+  OffloadEngine* offload = nullptr;
+  if (offload_requested(a.offload)) {
+    auto eng = std::make_unique<OffloadEngine>(*lm.model, dev, make_offload_options(a.offload));
+    offload = eng.get();
+    std::cerr << "flexh2o: offloading with " << eng->options().policy.str() << " (block of "
+              << eng->max_batch() << " sequences)\n";
+    runner = std::move(eng);
+  } else {
+    runner = std::make_unique<InMemoryRunner>(fwd, a.batch_size);
+  }
   GenerateOptions go;
-  go.batch_size = a.batch_size;
+  go.batch_size = runner->max_batch();
   go.ignore_eos = a.ignore_eos;
   go.eos_id = lm.tokenizer && lm.tokenizer->eos_id() ? lm.tokenizer->eos_id() : cfg.eos_id;
   go.pad_id = cfg.pad_id.value_or(0);
@@ -187,7 +200,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
     flush();
   };
   GenerateStats st;
-  generate(fwd, reqs, go, &st);
+  generate(*runner, reqs, go, &st);
   if (env.stderr_is_tty) std::fprintf(stderr, "\n");
   flush();
 
@@ -199,7 +212,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
               {"cpu_isa", cpu::cpu_isa_name()},
               {"requests", items.size()},
               {"failed_requests", bad},
-              {"batch_size", a.batch_size},
+              {"batch_size", runner->max_batch()},
               {"batches", st.batches},
               {"prompt_tokens", st.prompt_tokens},
               {"padded_prompt_tokens", st.padded_prompt_tokens},
@@ -214,6 +227,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
               {"weight_bytes", lm.model->weight_bytes()},
               {"peak_kv_bytes", st.peak_kv_bytes},
               {"peak_rss_bytes", peak_rss_bytes()}};
+  if (offload) report["offload"] = offload_report_json(*offload);
   if (!a.report.empty()) write_json_file(a.report, report);
   std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << reqs.size() << " prompts in " << total_s
             << " s (" << report["tokens_per_s"].get<double>() << " tok/s; prefill " << st.prefill_seconds

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/common.h"
+#include "cli/offload_flags.h"
 
 namespace flexh2o::cli {
 
@@ -16,6 +17,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   int threads = 0;
   bool greedy = false, ignore_eos = false, quiet = false;
+  OffloadArgs offload;
 };
 void register_generate(CLI::App& app, GenerateArgs& a);
 int run_generate(const GenerateArgs& a, const Env& env);

@@ -109,11 +109,17 @@ OffloadEngine::OffloadEngine(const Model& model, CpuDevice& dev, const OffloadOp
     if (opts_.offload_dir.empty())
       FH_FAIL("policy ", opts_.policy.str(), " homes data on disk: give --offload-dir DIR");
     std::string why;
-    io_ = make_io_backend(opts_.io, &why);
-    if (!io_) FH_FAIL("no usable I/O backend: ", why);
+    IoBackend* io = opts_.io_backend;
+    if (!io) {
+      io_ = make_io_backend(opts_.io, &why);
+      if (!io_) FH_FAIL("no usable I/O backend: ", why);
+      io = io_.get();
+    } else {
+      why = std::string(io->name()) + " backend (caller-provided)";
+    }
     const std::string identity = c.name + "|" + c.model_type + "|" + std::to_string(c.n_layers) + "x" +
                                  std::to_string(c.hidden) + "|" + model.signature();
-    store_ = DiskStore::open(opts_.offload_dir, identity, *io_);
+    store_ = DiskStore::open(opts_.offload_dir, identity, *io);
     impl_->io_note = why + "; " + store_->io_note();
   }
   impl_->place_weights();

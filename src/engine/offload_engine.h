@@ -28,6 +28,9 @@ struct OffloadOptions {
   std::filesystem::path offload_dir;                     // needed when anything is homed on disk
   IoBackendChoice io = IoBackendChoice::kAuto;
   bool verify_store = false;  // re-hash reused weight files
+  // Caller-owned backend to use instead of probing one (tests wrap it to inject faults);
+  // must outlive the engine.
+  IoBackend* io_backend = nullptr;
 };
 
 enum class Link : uint8_t { kDiskToHost = 0, kHostToDevice, kDeviceToHost, kHostToDisk };
@@ -67,6 +70,7 @@ class OffloadEngine final : public StepRunner {
   size_t kv_bytes() const override { return kv_bytes_; }
 
   const WeightPlacement& placement() const { return placement_; }
+  const OffloadOptions& options() const { return opts_; }
   OffloadReport report() const;
   const TierBudget& budget(Tier t) const { return *budgets_[size_t(t)]; }
   const Schedule& last_schedule() const { return schedule_; }

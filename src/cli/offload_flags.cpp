@@ -1,0 +1,136 @@
+// Parsing of the offloading flags, byte sizes and the offload section of the run report.
+#include "cli/offload_flags.h"
+
+#include <cmath>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace flexh2o::cli {
+
+void add_offload_flags(CLI::App* app, OffloadArgs& a) {
+  const char* g = "Offloading (FlexGen-compatible)";
+  app->add_option("--percent", a.percent,
+                  "Placement: w_gpu w_cpu cache_gpu cache_cpu act_gpu act_cpu (percent; disk gets the rest)")
+      ->expected(6)->group(g);
+  app->add_option("--gpu-batch-size", a.gpu_batch_size, "Sequences per micro-batch")->group(g);
+  app->add_option("--num-gpu-batches", a.num_gpu_batches, "Micro-batches sharing one weight load (block = product)")
+      ->group(g);
+  app->add_flag("--cpu-cache-compute,--cpu", a.cpu_cache_compute,
+                "Decode attention on the host where the KV cache lives")->group(g);
+  app->add_option("--overlap", a.overlap, "Overlap transfers with compute (true/false)")->capture_default_str()->group(g);
+  app->add_option("--sep-layer", a.sep_layer, "Accepted for FlexGen compatibility")->capture_default_str()->group(g);
+  app->add_option("--pin-weight", a.pin_weight, "Pin host-homed weights (CUDA device)")->capture_default_str()->group(g);
+  app->add_option("--policy", a.policy_file, "JSON policy file (fields of the flags above); flags override it")->group(g);
+  app->add_option("--offload-dir", a.offload_dir, "Directory for disk-homed weights and KV (NVMe)")->group(g);
+  app->add_option("--gpu-mem", a.gpu_mem, "Compute-device memory budget, e.g. 16GiB (default: unlimited)")->group(g);
+  app->add_option("--cpu-mem", a.cpu_mem, "Host memory budget (default: unlimited)")->group(g);
+  app->add_option("--disk-mem", a.disk_mem, "Disk budget in the offload dir (default: unlimited)")->group(g);
+  app->add_option("--io", a.io, "Disk I/O backend: auto (io_uring if it works), uring, pread")->capture_default_str()
+      ->group(g);
+  app->add_flag("--verify-store", a.verify_store, "Re-hash reused offload files before trusting them")->group(g);
+}
+
+bool offload_requested(const OffloadArgs& a) {
+  return !a.percent.empty() || a.gpu_batch_size || a.num_gpu_batches || a.cpu_cache_compute ||
+         !a.policy_file.empty() || !a.offload_dir.empty() || !a.gpu_mem.empty() || !a.cpu_mem.empty() ||
+         !a.disk_mem.empty();
+}
+
+uint64_t parse_bytes(const std::string& text, const std::string& flag) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    FH_FAIL(flag, ": expected a size like 16GiB or 512MB, got \"", text, "\"");
+  }
+  std::string unit = text.substr(pos);
+  for (auto& ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  double mult = 0;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kib") mult = 1024.0;
+  else if (unit == "kb") mult = 1e3;
+  else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "mb") mult = 1e6;
+  else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "gb") mult = 1e9;
+  else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "tb") mult = 1e12;
+  if (mult == 0 || !(v > 0) || !std::isfinite(v))
+    FH_FAIL(flag, ": expected a positive size like 16GiB or 512MB, got \"", text, "\"");
+  return uint64_t(v * mult);
+}
+
+namespace {
+bool parse_bool(const std::string& s, const char* flag) {
+  if (s == "true" || s == "1" || s == "on" || s == "yes") return true;
+  if (s == "false" || s == "0" || s == "off" || s == "no") return false;
+  FH_FAIL(flag, " must be true or false, got \"", s, "\"");
+}
+}  // namespace
+
+OffloadOptions make_offload_options(const OffloadArgs& a) {
+  OffloadOptions o;
+  if (!a.policy_file.empty()) {
+    std::ifstream in(a.policy_file);
+    if (!in) FH_FAIL("cannot read --policy ", a.policy_file);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      FH_FAIL(a.policy_file, ": not valid JSON (", e.what(), ")");
+    }
+    o.policy = policy_from_json(j, a.policy_file);
+  }
+  Policy& p = o.policy;
+  if (!a.percent.empty()) {
+    p.w_gpu_percent = a.percent[0], p.w_cpu_percent = a.percent[1], p.cache_gpu_percent = a.percent[2];
+    p.cache_cpu_percent = a.percent[3], p.act_gpu_percent = a.percent[4], p.act_cpu_percent = a.percent[5];
+  }
+  if (a.gpu_batch_size) p.gpu_batch_size = a.gpu_batch_size;
+  if (a.num_gpu_batches) p.num_gpu_batches = a.num_gpu_batches;
+  if (a.cpu_cache_compute) p.cpu_cache_compute = true;
+  p.overlap = parse_bool(a.overlap, "--overlap");
+  p.sep_layer = parse_bool(a.sep_layer, "--sep-layer");
+  p.pin_weight = parse_bool(a.pin_weight, "--pin-weight");
+  p.validate();
+  if (!a.gpu_mem.empty()) o.device_mem = parse_bytes(a.gpu_mem, "--gpu-mem");
+  if (!a.cpu_mem.empty()) o.host_mem = parse_bytes(a.cpu_mem, "--cpu-mem");
+  if (!a.disk_mem.empty()) o.disk_mem = parse_bytes(a.disk_mem, "--disk-mem");
+  o.offload_dir = a.offload_dir;
+  if (a.io == "auto") o.io = IoBackendChoice::kAuto;
+  else if (a.io == "uring") o.io = IoBackendChoice::kUring;
+  else if (a.io == "pread") o.io = IoBackendChoice::kPread;
+  else FH_FAIL("--io must be auto, uring or pread, got \"", a.io, "\"");
+  o.verify_store = a.verify_store;
+  return o;
+}
+
+nlohmann::json offload_report_json(const OffloadEngine& e) {
+  OffloadReport r = e.report();
+  nlohmann::json links, busy, wait, peak;
+  for (int l = 0; l < kNumLinks; ++l) links[link_name(Link(l))] = r.bytes[size_t(l)];
+  for (int q = 0; q < kNumQueues; ++q) {
+    busy[queue_name(Queue(q))] = r.busy[size_t(q)];
+    wait[queue_name(Queue(q))] = r.wait[size_t(q)];
+  }
+  for (int t = 0; t < 3; ++t) {
+    peak[tier_name(Tier(t))] = r.peak[size_t(t)];
+  }
+  nlohmann::json budgets;
+  for (int t = 0; t < 3; ++t) budgets[tier_name(Tier(t))] = e.budget(Tier(t)).capacity();
+  return {{"policy", policy_to_json(e.options().policy)},
+          {"bytes_moved", links},
+          {"queue_busy_seconds", busy},
+          {"queue_wait_seconds", wait},
+          {"schedule_wall_seconds", r.wall},
+          {"overlap_efficiency", r.overlap_efficiency},
+          {"peak_bytes", peak},
+          {"budget_bytes", budgets},
+          {"io", r.io_note},
+          {"weights_reused", r.weights_reused},
+          {"weights_written", r.weights_written}};
+}
+
+}  // namespace flexh2o::cli

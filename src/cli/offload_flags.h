@@ -1,0 +1,32 @@
+// Offloading flags shared by the subcommands that run a model (FlexGen-compatible spellings:
+// --percent, --gpu-batch-size, --num-gpu-batches, --cpu-cache-compute, --overlap,
+// --offload-dir) plus tier budgets, a JSON policy file and the run-report section.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/offload_engine.h"
+
+namespace flexh2o::cli {
+
+struct OffloadArgs {
+  std::vector<double> percent;  // 6 numbers
+  int64_t gpu_batch_size = 0, num_gpu_batches = 0;
+  bool cpu_cache_compute = false, verify_store = false;
+  std::string overlap = "true", sep_layer = "true", pin_weight = "true";
+  std::string policy_file, offload_dir, gpu_mem, cpu_mem, disk_mem, io = "auto";
+};
+
+void add_offload_flags(CLI::App* app, OffloadArgs& a);
+// True when any flag asks for the offloading engine (otherwise the in-memory path runs).
+bool offload_requested(const OffloadArgs& a);
+// Policy from --policy FILE (if given) overridden by explicit flags; budgets; directory.
+OffloadOptions make_offload_options(const OffloadArgs& a);
+// "16GiB", "512MB", "1.5G", "4096" -> bytes. Throws naming `flag` on anything else.
+uint64_t parse_bytes(const std::string& text, const std::string& flag);
+nlohmann::json offload_report_json(const OffloadEngine& e);
+
+}  // namespace flexh2o::cli
