@@ -1,0 +1,228 @@
+// The planner: the cost model's bytes per link equal what OffloadEngine counts (tiny-opt and
+// tiny-llama, a grid of policies), its placement and memory equal the engine's, the search
+// respects every budget, infeasible requests and bad profiles fail with clear errors, and the
+// t4-paper profile reproduces FlexGen's published cost-model anchors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/generate.h"
+#include "engine/offload_engine.h"
+#include "engine/test_util.h"
+#include "planner/planner.h"
+
+namespace flexh2o {
+namespace {
+using test::model_dir;
+
+Policy make(const char* percent, int gbs, int ngb, bool cpu_attn, bool overlap = true) {
+  Policy p;
+  std::istringstream is(percent);
+  is >> p.w_gpu_percent >> p.w_cpu_percent >> p.cache_gpu_percent >> p.cache_cpu_percent >> p.act_gpu_percent >>
+      p.act_cpu_percent;
+  p.gpu_batch_size = gbs;
+  p.num_gpu_batches = ngb;
+  p.cpu_cache_compute = cpu_attn;
+  p.overlap = overlap;
+  return p;
+}
+
+HardwareProfile big_profile() {
+  return HardwareProfile::load(std::filesystem::path(FLEXH2O_SOURCE_CONFIGS) / "hardware" / "h200.json");
+}
+
+struct BytesCase {
+  const char* model;
+  const char* percent;
+  int gbs, ngb;
+  bool cpu_attn;
+};
+
+class PlannerBytes : public ::testing::TestWithParam<BytesCase> {};
+
+TEST_P(PlannerBytes, EqualTheEngineCounters) {
+  const BytesCase& bc = GetParam();
+  Model model = Model::load_dir(model_dir(bc.model));
+  CpuDevice dev(2);
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = make(bc.percent, bc.gbs, bc.ngb, bc.cpu_attn);
+  o.offload_dir = dir.path();
+  OffloadEngine eng(model, dev, o);
+  Workload w;
+  w.prompt_len = 7;
+  w.gen_len = 5;
+  std::vector<GenerationRequest> reqs(size_t(o.policy.block_size()));
+  for (auto& r : reqs) {
+    r.prompt_ids.assign(size_t(w.prompt_len), 100);
+    r.max_new_tokens = w.gen_len;
+    r.sampling.temperature = 0;
+  }
+  GenerateOptions go;
+  go.ignore_eos = true;
+  generate(eng, reqs, go);
+  CostModel cm(ModelShape::from_model(model), big_profile(), w);
+  const auto want = eng.report().bytes;
+  const auto got = cm.bytes(o.policy);
+  for (int l = 0; l < kNumLinks; ++l)
+    EXPECT_EQ(got[size_t(l)], want[size_t(l)]) << link_name(Link(l)) << " for " << o.policy.str();
+  const Estimate e = cm.estimate(o.policy);
+  EXPECT_EQ(e.bytes, got);
+  EXPECT_GT(e.throughput, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, PlannerBytes,
+    ::testing::Values(BytesCase{"tiny-opt", "0 100 0 100 100 0", 2, 2, false},
+                      BytesCase{"tiny-opt", "0 100 0 100 100 0", 2, 2, true},
+                      BytesCase{"tiny-opt", "20 30 0 50 0 100", 2, 2, false},
+                      BytesCase{"tiny-opt", "0 50 0 0 0 100", 4, 2, true},
+                      BytesCase{"tiny-opt", "100 0 34 33 100 0", 3, 3, false},
+                      BytesCase{"tiny-opt", "100 0 34 33 0 100", 3, 3, true},
+                      BytesCase{"tiny-opt", "0 0 0 0 100 0", 3, 1, false},
+                      BytesCase{"tiny-opt", "100 0 100 0 100 0", 2, 3, false},
+                      BytesCase{"tiny-llama", "30 30 100 0 100 0", 2, 2, false},
+                      BytesCase{"tiny-llama", "0 0 0 100 0 100", 3, 2, true},
+                      BytesCase{"tiny-llama", "50 0 34 33 100 0", 2, 3, false},
+                      BytesCase{"tiny-llama", "0 0 0 0 100 0", 3, 1, false},
+                      BytesCase{"tiny-llama", "0 100 0 0 0 100", 1, 2, true}));
+
+TEST(PlannerPlacement, UnitsAndMemoryEqualTheEngine) {
+  for (const char* name : {"tiny-opt", "tiny-llama"}) {
+    Model model = Model::load_dir(model_dir(name));
+    const ModelShape from_model = ModelShape::from_model(model);
+    const ModelShape from_config = ModelShape::from_config(model.config());
+    Workload w;
+    w.prompt_len = 33;
+    w.gen_len = 9;
+    CostModel cm(from_model, big_profile(), w);
+    for (const char* pct : {"0 100 0 100 100 0", "20 30 0 50 0 100", "55 25 34 33 100 0", "0 0 0 0 100 0"}) {
+      for (int gbs : {1, 3, 8}) {
+        const Policy p = make(pct, gbs, 2, false);
+        const WeightPlacement wp = place_weights(model, p);
+        EXPECT_EQ(place_unit(from_model.embed, p), (std::array<uint64_t, 3>{wp.units[0].bytes[0], wp.units[0].bytes[1], wp.units[0].bytes[2]}));
+        const auto& lu = wp.units[1].bytes;
+        EXPECT_EQ(place_unit(from_model.layer, p), (std::array<uint64_t, 3>{lu[0], lu[1], lu[2]})) << name << " " << pct;
+        const auto& hu = wp.units.back().bytes;
+        EXPECT_EQ(place_unit(from_model.head, p), (std::array<uint64_t, 3>{hu[0], hu[1], hu[2]})) << name << " " << pct;
+        const MemoryNeed need = memory_need(model.config(), wp, p, w.prompt_len, cm.capacity());
+        const auto mine = cm.memory(p);
+        for (int t = 0; t < 3; ++t) EXPECT_EQ(mine[size_t(t)], need.bytes[size_t(t)]) << name << " " << pct << " tier " << t;
+      }
+    }
+    // Dummy presets use the config's dtype; the checkpoint here may differ, but the layout is the same.
+    EXPECT_EQ(from_config.layer.size(), from_model.layer.size());
+    EXPECT_EQ(from_config.head.size(), from_model.head.size());
+  }
+}
+
+HardwareProfile small_profile(double dev_mb, double host_mb, double disk_mb) {
+  HardwareProfile h = big_profile();
+  h.name = "small";
+  h.device_memory = dev_mb * 1e6;
+  h.host_memory = host_mb * 1e6;
+  h.disk_memory = disk_mb * 1e6;
+  h.usable_fraction = 1;
+  return h;
+}
+
+TEST(PlannerSearch, NeverViolatesABudget) {
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  Workload w;
+  w.prompt_len = 64;
+  w.gen_len = 16;
+  for (auto [d, h, k] : {std::tuple{8.0, 64.0, 1000.0}, {7.0, 12.0, 1000.0}, {12.0, 6.0, 100.0}, {200.0, 200.0, 0.0}}) {
+    CostModel cm(ModelShape::from_model(model), small_profile(d, h, k), w);
+    SearchOptions so;
+    so.gpu_batch_sizes = {1, 2, 4, 8, 16, 32};
+    so.max_num_gpu_batches = 16;
+    const PlanResult r = search_policy(cm, so);
+    EXPECT_GT(r.evaluated, 0);
+    const auto m = cm.memory(r.best.policy);
+    for (int t = 0; t < 3; ++t)
+      EXPECT_LE(double(m[size_t(t)]), cm.hardware().usable(t)) << "tier " << t << " " << r.best.policy.str();
+    EXPECT_TRUE(r.best.fits);
+    EXPECT_NO_THROW(r.best.policy.validate());
+  }
+}
+
+TEST(PlannerSearch, AllOnDeviceWhenEverythingFits) {
+  CostModel cm(ModelShape::from_config(Model::load_dir(model_dir("tiny-opt")).config()), big_profile(), Workload{64, 16, {}});
+  SearchOptions so;
+  so.gpu_batch_sizes = {4, 8};
+  so.max_num_gpu_batches = 4;
+  const Policy p = search_policy(cm, so).best.policy;
+  EXPECT_EQ(p.w_gpu_percent, 100);
+  EXPECT_EQ(p.cache_gpu_percent, 100);
+}
+
+TEST(PlannerSearch, InfeasibleStatesTheShortfall) {
+  ModelConfig c = ModelConfig::from_file(std::filesystem::path(FLEXH2O_SOURCE_CONFIGS) / "models" / "opt-175b.json");
+  c.name = "opt-175b";
+  CostModel cm(ModelShape::from_config(c), small_profile(16e3, 64e3, 100e3), Workload{512, 32, {}});
+  try {
+    search_policy(cm);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("infeasible"), std::string::npos) << m;
+    EXPECT_NE(m.find("short by"), std::string::npos) << m;
+    EXPECT_NE(m.find("opt-175b"), std::string::npos) << m;
+  }
+}
+
+TEST(PlannerProfile, MissingOrNegativeFieldsAreNamed) {
+  nlohmann::json good = big_profile().to_json();
+  EXPECT_NO_THROW(HardwareProfile::from_json(good, "good.json"));
+  const HardwareProfile back = HardwareProfile::from_json(good, "good.json");
+  EXPECT_DOUBLE_EQ(back.host_to_device, big_profile().host_to_device);
+  auto expect_error = [](const nlohmann::json& j, const std::string& field) {
+    try {
+      HardwareProfile::from_json(j, "p.json");
+      ADD_FAILURE() << "accepted a profile with bad " << field;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("p.json"), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json j = good;
+  j["bandwidth_gbps"].erase("host_to_device");
+  expect_error(j, "bandwidth_gbps.host_to_device");
+  j = good;
+  j["memory_gb"]["host"] = -3;
+  expect_error(j, "memory_gb.host");
+  j = good;
+  j["device_tflops"]["gemm_decode"] = 0;
+  expect_error(j, "device_tflops.gemm_decode");
+  j = good;
+  j.erase("host_tflops");
+  expect_error(j, "host_tflops.attention");
+  j = good;
+  j["bandwidth_gbps"]["disk_to_host"] = "fast";
+  expect_error(j, "bandwidth_gbps.disk_to_host");
+  j = good;
+  j["usable_fraction"] = 1.5;
+  expect_error(j, "usable_fraction");
+}
+
+TEST(PlannerAnchors, FlexGenReferenceOnT4Paper) {
+  const std::filesystem::path cfg = FLEXH2O_SOURCE_CONFIGS;
+  const HardwareProfile t4 = HardwareProfile::load(cfg / "hardware" / "t4-paper.json");
+  const ModelConfig c = ModelConfig::from_file(cfg / "models" / "opt-30b.json");
+  // PAPERS.md §9.1: 20/80 weights, KV + activations on CPU, 48 x 3, CPU attention: measured 7.32.
+  const double fg = flexgen_reference_throughput(c, t4, Workload{512, 32, {}}, make("20 80 0 100 0 100", 48, 3, true));
+  EXPECT_GT(fg, 6.0);
+  EXPECT_LT(fg, 9.0);
+  // H2O 10% + 10%, 0/100 weights, 52 x 14: measured 12.66.
+  KvPolicyConfig kv;
+  kv.kind = KvPolicyKind::kH2o;
+  kv.heavy_ratio = 0.1;
+  kv.recent_ratio = 0.1;
+  const double h2o = flexgen_reference_throughput(c, t4, Workload{512, 32, kv}, make("0 100 0 100 0 100", 52, 14, true));
+  EXPECT_GT(h2o, 9.0);
+  EXPECT_LT(h2o, 18.0);
+}
+
+}  // namespace
+}  // namespace flexh2o
