@@ -19,6 +19,7 @@
 #include "engine/runner.h"
 #include "offload/disk_store.h"
 #include "offload/tier.h"
+#include "policies/kv_policy.h"
 
 namespace flexh2o {
 
@@ -31,6 +32,8 @@ struct OffloadOptions {
   // Caller-owned backend to use instead of probing one (tests wrap it to inject faults);
   // must outlive the engine.
   IoBackend* io_backend = nullptr;
+  // KV-cache policy (null = full cache). Caller-owned; must outlive the engine.
+  const KvPolicy* kv_policy = nullptr;
 };
 
 enum class Link : uint8_t { kDiskToHost = 0, kHostToDevice, kDeviceToHost, kHostToDisk };

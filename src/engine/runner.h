@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/forward.h"
+#include "policies/kv_policy.h"
 
 namespace flexh2o {
 
@@ -27,10 +28,12 @@ class StepRunner {
   virtual size_t kv_bytes() const = 0;
 };
 
-// Everything resident: Forward + KvCache.
+// Everything resident: Forward + KvCache. With a KV policy (policies/kv_policy.h; null =
+// full cache), each sequence's cache is kept at the policy's budget.
 class InMemoryRunner final : public StepRunner {
  public:
-  InMemoryRunner(Forward& fwd, int64_t max_batch) : fwd_(fwd), max_batch_(max_batch) {}
+  InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* policy = nullptr)
+      : fwd_(fwd), max_batch_(max_batch), policy_(policy) {}
   const ModelConfig& config() const override { return fwd_.model().config(); }
   int64_t max_batch() const override { return max_batch_; }
   void begin_batch(int64_t B, int64_t capacity) override { cache_.emplace(config(), B, capacity); }
@@ -43,6 +46,7 @@ class InMemoryRunner final : public StepRunner {
  private:
   Forward& fwd_;
   int64_t max_batch_;
+  const KvPolicy* policy_;
   std::optional<KvCache> cache_;
 };
 
