@@ -1,12 +1,14 @@
 // In-memory forward: embedding, every layer over the whole-batch KV segment, head.
 #include "engine/forward.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace flexh2o {
 
 void Forward::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
-                   KvCache& cache, LogitsRows rows, std::vector<float>& logits) {
+                   KvCache& cache, LogitsRows rows, std::vector<float>& logits, const KvPolicy* policy) {
   const ModelConfig& c = model_.config();
   const ModelWeights& w = model_.weights();
   const int64_t B = cache.batch(), M = B * T;
@@ -27,13 +29,41 @@ void Forward::step(const int32_t* ids, const int32_t* positions, int64_t T, cons
   const StepShape s{B, T, positions, seq_keys_.data()};
   dev_.run([&] {
     compute_.embed(c, w, ids, s, hidden_.data());
+    const bool evict = policy && cache.has_policy();
+    const bool prefill = std::all_of(cache.lengths().begin(), cache.lengths().end(), [](int32_t n) { return n == 0; });
     for (int i = 0; i < c.n_layers; ++i) {
       KvSegment seg = cache.segment(i);
+      if (evict && policy->needs_scores()) {
+        scores_.assign(size_t(B * c.n_heads * cache.capacity()), 0.f);
+        seg.key_scores = scores_.data();
+      }
       compute_.layer(c, w.layers[size_t(i)], s, hidden_.data(), {&seg, 1});
+      if (evict) {
+        evicted_ = seq_keys_;
+        EvictArgs ea;
+        ea.policy = policy;
+        ea.config = &c;
+        ea.seg = seg;
+        ea.state = &cache.state(i);
+        ea.len_before = cache.lengths().data();
+        ea.len_after = evicted_.data();
+        ea.seen_before = cache.seen().data();
+        ea.budgets = cache.budgets().data();
+        ea.prefill = prefill;
+        ea.salt = uint64_t(i);
+        ea.dirty_lo = &dirty_lo_;
+        ea.dirty_hi = &dirty_hi_;
+        apply_kv_policy(ea);
+      }
     }
     compute_.head(c, w, s, hidden_.data(), rows == LogitsRows::kLast, logits);
   });
-  cache.lengths() = seq_keys_;
+  if (policy && cache.has_policy()) {
+    for (int64_t b = 0; b < B; ++b) cache.seen()[size_t(b)] += seq_keys_[size_t(b)] - cache.length(b);
+    cache.lengths() = evicted_;
+  } else {
+    cache.lengths() = seq_keys_;
+  }
 }
 
 }  // namespace flexh2o

@@ -24,8 +24,10 @@ class Forward {
   // ids, positions: [B, T] row-major (B = cache.batch()), left-padded: sequence b's last
   // real_rows[b] rows are tokens (null: all T). Appends their K/V after each sequence's
   // cached tokens. Logits: kLast -> [B, vocab] of each last row; kAll -> [B, T, vocab].
+  // With `policy` (and cache.enable_policy() done), each layer's cache is cut back to the
+  // sequence's budget right after its attention (see kv_evict.h).
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, KvCache& cache,
-            LogitsRows rows, std::vector<float>& logits);
+            LogitsRows rows, std::vector<float>& logits, const KvPolicy* policy = nullptr);
 
   const Model& model() const { return model_; }
   CpuDevice& device() { return dev_; }
@@ -35,7 +37,8 @@ class Forward {
   CpuDevice& dev_;
   LayerCompute compute_;
   std::vector<float> hidden_;
-  std::vector<int32_t> seq_keys_;
+  std::vector<int32_t> seq_keys_, evicted_, dirty_lo_, dirty_hi_;
+  std::vector<float> scores_;
 };
 
 }  // namespace flexh2o

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/kv_evict.h"
 #include "engine/layer_compute.h"
 #include "model/config.h"
 
@@ -22,6 +23,17 @@ class KvCache {
     k_.assign(size_t(c.n_layers), std::vector<float>(per_layer, 0.f));
     v_.assign(size_t(c.n_layers), std::vector<float>(per_layer, 0.f));
   }
+  // With a policy: per-layer scores/positions, per-sequence budgets and tokens seen.
+  void enable_policy(const ModelConfig& c, std::vector<KvBudget> budgets) {
+    state_.resize(k_.size());
+    for (auto& s : state_) s.reset(batch_, c.n_kv_heads, capacity_);
+    budgets_ = std::move(budgets);
+    seen_.assign(size_t(batch_), 0);
+  }
+  bool has_policy() const { return !state_.empty(); }
+  KvPolicyState& state(int layer) { return state_[size_t(layer)]; }
+  const std::vector<KvBudget>& budgets() const { return budgets_; }
+  std::vector<int32_t>& seen() { return seen_; }
   KvCache(KvCache&&) = default;
   KvCache& operator=(KvCache&&) = default;
 
@@ -34,12 +46,19 @@ class KvCache {
   KvSegment segment(int layer) {
     return KvSegment{k_[size_t(layer)].data(), v_[size_t(layer)].data(), 0, batch_, capacity_};
   }
-  size_t bytes() const { return k_.size() * 2 * k_[0].size() * sizeof(float); }
+  size_t bytes() const {
+    size_t n = k_.size() * 2 * k_[0].size() * sizeof(float);
+    for (const auto& s : state_) n += s.bytes();
+    return n;
+  }
 
  private:
   int64_t batch_, capacity_;
   std::vector<int32_t> lengths_;
   std::vector<std::vector<float>> k_, v_;
+  std::vector<KvPolicyState> state_;
+  std::vector<KvBudget> budgets_;
+  std::vector<int32_t> seen_;
 };
 
 }  // namespace flexh2o

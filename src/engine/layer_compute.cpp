@@ -75,6 +75,7 @@ void LayerCompute::attend(const ModelConfig& c, const StepShape& s, const KvSegm
   a.scale = 1.0f / std::sqrt(float(c.head_dim));
   a.out = attn_.data() + row0 * Q;
   a.out_stride = Q;
+  a.key_scores = seg.key_scores;
   cpu::attention(a);
 }
 

@@ -19,6 +19,9 @@ struct KvSegment {
   float* v = nullptr;
   int64_t first_seq = 0, n_seq = 0;
   int64_t capacity = 0;  // slots per (sequence, kv head) in this buffer
+  // Optional [n_seq, n_heads, capacity], zeroed by the caller: += each slot's attention
+  // probability summed over this step's queries (H2O scores).
+  float* key_scores = nullptr;
 };
 
 // One step's shape: B sequences x T rows (left-padded); positions [B*T]; seq_keys [B] =

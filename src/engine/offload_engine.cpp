@@ -186,12 +186,19 @@ void OffloadEngine::Impl::alloc(Tier t, size_t bytes, const std::string& what, T
 void OffloadEngine::begin_batch(int64_t B, int64_t capacity) {
   FH_CHECK(B >= 1 && B <= max_batch(), "batch of ", B, " outside [1, ", max_batch(), "]");
   impl_->begin_batch(B, capacity);
-  kv_bytes_ = size_t(B) * kv_seq_bytes(config(), impl_->capacity) * size_t(config().n_layers);
+  kv_bytes_ = 0;
 }
 
 void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                          std::vector<float>& logits) {
   impl_->prepare_step(ids, positions, T, real_rows);
+  if (impl_->prefill) {
+    kv_bytes_ = 0;
+    for (const auto& mb : impl_->mbs) {
+      kv_bytes_ += size_t(mb.split.n_device) * kv_seq_bytes(config(), impl_->cap_w) * size_t(config().n_layers);
+      kv_bytes_ += size_t(mb.n - mb.split.n_device) * kv_seq_bytes(config(), impl_->cap_h) * size_t(config().n_layers);
+    }
+  }
   const Policy& p = opts_.policy;
   ScheduleShape shape;
   shape.units = config().n_layers + 2;
@@ -221,6 +228,7 @@ void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T
 OffloadReport OffloadEngine::report() const {
   OffloadReport r;
   for (int l = 0; l < kNumLinks; ++l) r.bytes[size_t(l)] = counters_.get(Link(l));
+  r.kv_bytes = counters_.kv.load();
   r.busy = times_.busy;
   r.wait = times_.wait;
   r.wall = times_.wall;

@@ -43,12 +43,15 @@ const char* link_name(Link l);
 // Counted by the engine as it moves bytes (logical payload bytes, not page padding).
 struct TransferCounters {
   std::array<std::atomic<uint64_t>, kNumLinks> bytes{};
+  std::atomic<uint64_t> kv{0};  // the KV-cache part of all links together
   void add(Link l, uint64_t n) { bytes[size_t(l)].fetch_add(n, std::memory_order_relaxed); }
+  void add_kv(uint64_t n) { kv.fetch_add(n, std::memory_order_relaxed); }
   uint64_t get(Link l) const { return bytes[size_t(l)].load(std::memory_order_relaxed); }
 };
 
 struct OffloadReport {
   std::array<uint64_t, kNumLinks> bytes{};
+  uint64_t kv_bytes = 0;  // KV-cache rows moved over all links (the policy's effect)
   std::array<double, kNumQueues> busy{}, wait{};
   double wall = 0;             // seconds inside schedules
   double overlap_efficiency = 0;  // max(compute, busiest link) / wall

@@ -27,6 +27,7 @@ struct WeightHome {
 struct MicroBatch {
   int64_t first = 0, n = 0;  // global sequence range
   KvSplit split;
+  std::vector<KvPolicyState> policy_state;  // per layer, when a KV policy is set
   // Per layer: K/V homes of the device and host segments, name of the disk segment file.
   std::vector<TierBuffer> kv_device, kv_host;
   std::vector<std::string> kv_disk;
@@ -47,8 +48,9 @@ struct OffloadEngine::Impl {
   void alloc(Tier t, size_t bytes, const std::string& what, TierBuffer& out);
 
   static size_t align(size_t n) { return (n + 4095) / 4096 * 4096; }
-  // Floats of one K (or V) region for n sequences.
-  int64_t region(int64_t n) const { return n * c.n_kv_heads * capacity * c.head_dim; }
+  // Floats of one K (or V) region for n sequences at a capacity.
+  int64_t region(int64_t n, int64_t cap) const { return n * c.n_kv_heads * cap * c.head_dim; }
+  void allocate_batch(const int32_t* real_rows);
 
   // Actions
   void load_weight_disk(int u);
@@ -64,13 +66,18 @@ struct OffloadEngine::Impl {
   ModelWeights unit_weights(int u) const;  // views where unit u's tensors are now
   float* device_hidden(int u, int k);
   int pair(int u, int k) const { return (u - 1) * int(mbs.size()) + k; }
-  // Copies rows [r0(b), r1(b)) of every (sequence, head) between K/V regions of two buffers.
-  void copy_rows(float* dst, int64_t dst_n, int64_t dst_first, const float* src, int64_t src_n, int64_t src_first,
-                 int64_t count, const std::vector<int32_t>& r0, const std::vector<int32_t>& r1, int64_t seq0,
-                 Link link);
-  // Reads/writes rows of the disk segment file of (layer, k).
-  void disk_rows(int layer, int k, float* host, bool write, const std::vector<int32_t>& r0,
-                 const std::vector<int32_t>& r1);
+  // A K/V buffer: n sequences at a capacity (K region, then V region).
+  struct KvBuf {
+    float* data;
+    int64_t n, cap;
+  };
+  // Copies slots [lo, hi) of each (sequence, head) row, for `count` sequences starting at global
+  // sequence seq0, from src (starting at its sequence src_first) to dst (at dst_first).
+  // lo/hi are indexed by global (sequence * kv_heads + head).
+  void copy_rows(KvBuf dst, int64_t dst_first, KvBuf src, int64_t src_first, int64_t count, const int32_t* lo,
+                 const int32_t* hi, int64_t seq0, Link link);
+  // Reads/writes rows of the disk segment file of (layer, k) from/to a host buffer of the same layout.
+  void disk_rows(int layer, int k, float* host, bool write, const int32_t* lo, const int32_t* hi);
 
   OffloadEngine& e;
   const ModelConfig& c;
@@ -80,8 +87,15 @@ struct OffloadEngine::Impl {
   std::vector<std::vector<WeightHome>> units;
   std::array<TierBuffer, 2> weight_slot, weight_stage;
 
-  // Current batch
-  int64_t batch = 0, capacity = 0, s_max = 0, batch_no = 0;
+  // Current batch. cap_w: slots per row of device-side buffers (the whole prompt during
+  // prefill); cap_h: of host/disk homes and staging (the policy's budget when one is set).
+  int64_t batch = 0, capacity = 0, cap_w = 0, cap_h = 0, s_max = 0, batch_no = 0;
+  bool allocated = false;
+  std::vector<KvBudget> budgets;                   // [B] with a policy
+  std::vector<int32_t> seen;                       // [B] tokens seen (next token's position)
+  std::vector<int32_t> len_final;                  // [B] cached tokens after this step's eviction
+  std::vector<int32_t> load_lo, load_hi;           // [B*kvh] rows to load this step: [0, len_before)
+  std::vector<std::vector<int32_t>> dirty_lo, dirty_hi;  // per layer [B*kvh]: rows to store
   std::vector<MicroBatch> mbs;
   std::array<TierBuffer, 2> kv_stage_device, kv_stage_host, kv_bounce, hidden_slot;
   TierCharge scratch_charge;

@@ -36,10 +36,29 @@ class InMemoryRunner final : public StepRunner {
       : fwd_(fwd), max_batch_(max_batch), policy_(policy) {}
   const ModelConfig& config() const override { return fwd_.model().config(); }
   int64_t max_batch() const override { return max_batch_; }
-  void begin_batch(int64_t B, int64_t capacity) override { cache_.emplace(config(), B, capacity); }
+  void begin_batch(int64_t B, int64_t capacity) override {
+    cache_.reset();
+    batch_ = B;
+    capacity_ = capacity;
+  }
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
             std::vector<float>& logits) override {
-    fwd_.step(ids, positions, T, real_rows, *cache_, LogitsRows::kLast, logits);
+    if (!cache_) {  // the first step is the prefill: budgets follow the prompt lengths
+      std::vector<KvBudget> budgets;
+      int64_t cap = capacity_;
+      if (policy_) {
+        int64_t need = T;
+        for (int64_t b = 0; b < batch_; ++b) {
+          budgets.push_back(policy_->budget(real_rows ? real_rows[b] : T));
+          if (!budgets.back().unbounded) need = std::max(need, budgets.back().total());
+          else need = capacity_;
+        }
+        cap = std::min(capacity_, need);  // prompt during prefill, then at most the budget
+      }
+      cache_.emplace(config(), batch_, cap);
+      if (policy_) cache_->enable_policy(config(), std::move(budgets));
+    }
+    fwd_.step(ids, positions, T, real_rows, *cache_, LogitsRows::kLast, logits, policy_);
   }
   size_t kv_bytes() const override { return cache_ ? cache_->bytes() : 0; }
 
@@ -47,6 +66,7 @@ class InMemoryRunner final : public StepRunner {
   Forward& fwd_;
   int64_t max_batch_;
   const KvPolicy* policy_;
+  int64_t batch_ = 0, capacity_ = 0;
   std::optional<KvCache> cache_;
 };
 

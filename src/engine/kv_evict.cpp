@@ -1,0 +1,73 @@
+// KV eviction after attention: score accumulation, victim selection, in-place compaction.
+#include "engine/kv_evict.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "policies/keep_list.h"
+
+namespace flexh2o {
+
+void apply_kv_policy(const EvictArgs& a) {
+  const ModelConfig& c = *a.config;
+  const int64_t kvh = c.n_kv_heads, hd = c.head_dim, cap = a.seg.capacity, group = c.n_heads / c.n_kv_heads;
+  const int64_t scap = a.state->capacity;  // the state may be wider than this segment's buffer
+  FH_CHECK(a.state->kv_heads == kvh, "policy state shape mismatch");
+  a.dirty_lo->assign(size_t(a.seg.n_seq * kvh), 0);
+  a.dirty_hi->assign(size_t(a.seg.n_seq * kvh), 0);
+  std::vector<int32_t> victims, keep;
+  for (int64_t b = 0; b < a.seg.n_seq; ++b) {
+    const int64_t before = a.len_before[b], n = a.len_after[b];
+    const int64_t budget = a.budgets[b].total();
+    const int64_t keep_n = a.budgets[b].unbounded ? n : std::min<int64_t>(n, std::max<int64_t>(budget - 1, 0));
+    FH_CHECK(n <= scap, "policy state holds ", scap, " slots, sequence has ", n);
+    for (int64_t h = 0; h < kvh; ++h) {
+      const int64_t row = ((a.state_first + b) * kvh + h) * scap;
+      float* acc = a.state->acc.data() + row;
+      int32_t* pos = a.state->pos.data() + row;
+      for (int64_t s = before; s < n; ++s) {
+        pos[s] = int32_t(a.seen_before[b] + (s - before));
+        acc[s] = 0.f;
+      }
+      if (a.seg.key_scores) {
+        for (int64_t g = 0; g < group; ++g) {
+          const float* p = a.seg.key_scores + ((b * c.n_heads) + h * group + g) * cap;
+          for (int64_t s = 0; s < n; ++s) acc[s] += p[s];
+        }
+      }
+      int32_t lo = int32_t(before), hi = int32_t(n);
+      if (keep_n < n) {
+        // The salt names the (layer, head) only: a sequence's choices must not depend on its
+        // place in the batch (positions already differ between sequences).
+        SlotView view{{acc, size_t(n)}, {pos, size_t(n)}, a.salt * 0x9e3779b97f4a7c15ull + uint64_t(h)};
+        a.policy->select_victims(view, a.budgets[b], keep_n, victims);
+        make_keep_list(n, victims, a.prefill ? Compaction::kStable : Compaction::kMoveLast, keep);
+        lo = int32_t(keep_n);
+        hi = 0;
+        float* k = a.seg.k + (b * kvh + h) * cap * hd;
+        float* v = a.seg.v + (b * kvh + h) * cap * hd;
+        for (int64_t i = 0; i < keep_n; ++i) {
+          const int64_t src = keep[size_t(i)];
+          if (src == i) continue;
+          std::memcpy(k + i * hd, k + src * hd, size_t(hd) * sizeof(float));
+          std::memcpy(v + i * hd, v + src * hd, size_t(hd) * sizeof(float));
+          acc[i] = acc[src];
+          pos[i] = pos[src];
+          lo = std::min(lo, int32_t(i));
+          hi = std::max(hi, int32_t(i + 1));
+        }
+        // New rows that stayed where they were written.
+        if (before < keep_n) {
+          lo = std::min(lo, int32_t(before));
+          hi = std::max(hi, int32_t(keep_n));
+        }
+      }
+      (*a.dirty_lo)[size_t(b * kvh + h)] = lo;
+      (*a.dirty_hi)[size_t(b * kvh + h)] = std::max(lo, hi);
+    }
+    a.len_after[b] = int32_t(keep_n);
+  }
+}
+
+}  // namespace flexh2o

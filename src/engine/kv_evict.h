@@ -1,0 +1,49 @@
+// Applying a KV-cache policy to a left-aligned cache segment after a step's attention:
+// accumulate each slot's attention (H2O scores; query heads sharing a KV head are summed),
+// record token positions, ask the policy for victims per (sequence, KV head) and compact the
+// rows in place. Reports which slots changed so slower tiers can be updated with just those.
+// Plain CPU code shared by the in-memory and offloading paths. Not thread-safe per state.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/layer_compute.h"
+#include "policies/kv_policy.h"
+
+namespace flexh2o {
+
+// Policy state of n sequences of one layer: score and token position of every slot.
+struct KvPolicyState {
+  int64_t n_seq = 0, kv_heads = 0, capacity = 0;
+  std::vector<float> acc;    // [n_seq, kv_heads, capacity]
+  std::vector<int32_t> pos;  // [n_seq, kv_heads, capacity]
+  void reset(int64_t n, int64_t heads, int64_t cap) {
+    n_seq = n, kv_heads = heads, capacity = cap;
+    acc.assign(size_t(n * heads * cap), 0.f);
+    pos.assign(size_t(n * heads * cap), 0);
+  }
+  size_t bytes() const { return acc.size() * sizeof(float) + pos.size() * sizeof(int32_t); }
+};
+
+struct EvictArgs {
+  const KvPolicy* policy = nullptr;
+  const ModelConfig* config = nullptr;
+  KvSegment seg;                  // K/V rows of seg.n_seq sequences (and optional key_scores)
+  int64_t state_first = 0;        // index of seg's first sequence inside `state` (its capacity >= seg's)
+  KvPolicyState* state = nullptr;
+  const int32_t* len_before = nullptr;  // [seg.n_seq] cached tokens before the step
+  int32_t* len_after = nullptr;         // [seg.n_seq] in: before + new rows; out: after eviction
+  const int32_t* seen_before = nullptr; // [seg.n_seq] tokens the sequence had seen before the step
+  const KvBudget* budgets = nullptr;    // [seg.n_seq]
+  bool prefill = false;                 // stable compaction (prefill) or move-last (decode)
+  uint64_t salt = 0;                    // mixed into random's per-row salt (the layer)
+  // Out, [seg.n_seq * kv_heads]: slots [lo, hi) of each row were written by this step
+  // (new rows that survived, or rows moved into victims' slots); empty when lo >= hi.
+  std::vector<int32_t>* dirty_lo = nullptr;
+  std::vector<int32_t>* dirty_hi = nullptr;
+};
+
+void apply_kv_policy(const EvictArgs& a);
+
+}  // namespace flexh2o
