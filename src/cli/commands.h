@@ -6,6 +6,7 @@
 
 #include "cli/common.h"
 #include "cli/offload_flags.h"
+#include "policies/kv_config.h"
 
 namespace flexh2o::cli {
 
@@ -44,5 +45,22 @@ struct EvalPplArgs {
 };
 void register_eval_ppl(CLI::App& app, EvalPplArgs& a);
 int run_eval_ppl(const EvalPplArgs& a, const Env& env);
+
+struct PlanArgs {
+  std::string model, hardware, kv_policy, overlap = "true";
+  int64_t prompt_len = 512, gen_len = 32, gpu_batch_size = 0, num_gpu_batches = 0;
+  KvPolicyConfig kv;
+  std::vector<double> percent;
+  bool cpu_cache_compute = false, json = false;
+};
+void register_plan(CLI::App& app, PlanArgs& a);
+int run_plan(const PlanArgs& a, const Env& env);
+
+struct ProfileArgs {
+  std::string offload_dir, output, name;
+  int threads = 0;
+};
+void register_profile(CLI::App& app, ProfileArgs& a);
+int run_profile(const ProfileArgs& a, const Env& env);
 
 }  // namespace flexh2o::cli

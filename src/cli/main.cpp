@@ -56,11 +56,15 @@ int main(int argc, char** argv) {
   TokenizeArgs tok, detok;
   InfoArgs info;
   EvalPplArgs ppl;
+  PlanArgs plan;
+  ProfileArgs profile;
   register_generate(app, gen);
   register_tokenize(app, tok, false);
   register_tokenize(app, detok, true);
   register_info(app, info);
   register_eval_ppl(app, ppl);
+  register_plan(app, plan);
+  register_profile(app, profile);
 
   try {
     app.parse(argc, argv);
@@ -81,6 +85,8 @@ int main(int argc, char** argv) {
     if (name == "detokenize") return run_tokenize(detok, true);
     if (name == "info") return run_info(info, env);
     if (name == "eval-ppl") return run_eval_ppl(ppl, env);
+    if (name == "plan") return run_plan(plan, env);
+    if (name == "profile") return run_profile(profile, env);
     std::cerr << "flexh2o: unknown command " << name << "\n";
     return 2;
   } catch (const std::exception& e) {

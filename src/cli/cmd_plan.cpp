@@ -1,0 +1,133 @@
+// `flexh2o plan`: predicts our engine's throughput for a model on a hardware profile — the
+// best policy found by the search, or the one given with --percent/--gpu-batch-size/... —
+// with memory per tier, the bottleneck, and FlexGen's own cost model beside it.
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "planner/planner.h"
+
+namespace flexh2o::cli {
+
+void register_plan(CLI::App& app, PlanArgs& a) {
+  CLI::App* s = app.add_subcommand("plan", "Predict throughput and pick a policy (cost model of this engine)");
+  s->add_option("-m,--model", a.model, "Model directory or preset name (opt-6.7b, opt-30b, ...)")->required();
+  s->add_option("--hardware", a.hardware, "Hardware profile file or name in configs/hardware (t4-paper, h200)")
+      ->required();
+  s->add_option("--prompt-len", a.prompt_len, "Prompt tokens per sequence");
+  s->add_option("--gen-len", a.gen_len, "Generated tokens per sequence");
+  s->add_option("--kv-policy", a.kv_policy, "KV policy: full or h2o (others use their budget too)");
+  s->add_option("--heavy-ratio", a.kv.heavy_ratio, "H2O heavy hitters, fraction of the prompt");
+  s->add_option("--recent-ratio", a.kv.recent_ratio, "H2O recent window, fraction of the prompt");
+  s->add_option("--heavy-budget", a.kv.heavy_budget, "H2O heavy hitters, tokens");
+  s->add_option("--recent-budget", a.kv.recent_budget, "H2O recent window, tokens");
+  s->add_option("--percent", a.percent, "Evaluate this placement: w_g w_c c_g c_c a_g a_c")->expected(6);
+  s->add_option("--gpu-batch-size", a.gpu_batch_size, "With --percent");
+  s->add_option("--num-gpu-batches", a.num_gpu_batches, "With --percent");
+  s->add_flag("--cpu-cache-compute", a.cpu_cache_compute, "With --percent: decode attention on the host");
+  s->add_option("--overlap", a.overlap, "true|false")->check(CLI::IsMember({"true", "false"}));
+  s->add_flag("--json", a.json, "One JSON object on stdout");
+}
+
+namespace {
+
+nlohmann::json estimate_json(const Estimate& e) {
+  nlohmann::json j;
+  j["policy"] = policy_to_json(e.policy);
+  j["policy_flags"] = e.policy.str();
+  j["throughput_tokens_per_s"] = e.throughput;
+  j["effective_batch"] = e.block;
+  j["bottleneck"] = e.bottleneck;
+  j["prefill_s"] = e.prefill_s;
+  j["decode_s"] = e.decode_s;
+  j["prefill_layer_s"] = e.prefill_layer_s;
+  j["decode_layer_s"] = e.decode_layer_s;
+  j["memory_bytes"] = {{"device", e.memory[0]}, {"host", e.memory[1]}, {"disk", e.memory[2]}};
+  j["fits"] = e.fits;
+  if (!e.fits) j["memory_note"] = e.memory_note;
+  nlohmann::json b, busy;
+  for (int l = 0; l < kNumLinks; ++l) b[link_name(Link(l))] = e.bytes[size_t(l)];
+  for (int q = 0; q < kNumQueues; ++q) busy[queue_name(Queue(q))] = e.busy[size_t(q)];
+  j["bytes_per_link"] = b;
+  j["busy_s"] = busy;
+  j["kv_tokens_per_sequence"] = e.kv_tokens;
+  return j;
+}
+
+}  // namespace
+
+int run_plan(const PlanArgs& a, const Env& env) {
+  std::string source;
+  ModelConfig c = resolve_config(env, a.model, &source);
+  if (c.name.empty()) c.name = a.model;
+  const HardwareProfile hw = resolve_profile(a.hardware, env.configs_dir);
+  Workload w;
+  w.prompt_len = a.prompt_len;
+  w.gen_len = a.gen_len;
+  if (!a.kv_policy.empty() && a.kv_policy != "full") {
+    KvPolicyConfig kv = a.kv;
+    kv.kind = parse_kv_policy_kind(a.kv_policy);
+    validate(kv);
+    w.kv = kv;
+  }
+  // Dummy presets use config.dtype; a checkpoint directory is planned with the same shapes.
+  CostModel cm(ModelShape::from_config(c), hw, w);
+  Estimate e;
+  int64_t evaluated = 0;
+  const bool given = !a.percent.empty();
+  if (given) {
+    Policy p;
+    p.w_gpu_percent = a.percent[0];
+    p.w_cpu_percent = a.percent[1];
+    p.cache_gpu_percent = a.percent[2];
+    p.cache_cpu_percent = a.percent[3];
+    p.act_gpu_percent = a.percent[4];
+    p.act_cpu_percent = a.percent[5];
+    if (a.gpu_batch_size > 0) p.gpu_batch_size = a.gpu_batch_size;
+    if (a.num_gpu_batches > 0) p.num_gpu_batches = a.num_gpu_batches;
+    p.cpu_cache_compute = a.cpu_cache_compute;
+    p.overlap = a.overlap != "false";
+    e = cm.estimate(p);
+  } else {
+    SearchOptions so;
+    so.overlap = a.overlap != "false";
+    PlanResult r = search_policy(cm, so);
+    e = r.best;
+    evaluated = r.evaluated;
+  }
+  const double fg = flexgen_reference_throughput(c, hw, w, e.policy);
+  if (a.json) {
+    nlohmann::json j = estimate_json(e);
+    j["model"] = c.name;
+    j["hardware"] = hw.name;
+    j["prompt_len"] = w.prompt_len;
+    j["gen_len"] = w.gen_len;
+    j["kv_policy"] = w.kv ? describe(*w.kv) : "full";
+    j["searched"] = !given;
+    j["policies_evaluated"] = evaluated;
+    j["flexgen_cost_model_tokens_per_s"] = fg;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << std::setprecision(4) << "model      " << c.name << " (" << source << ")\n"
+            << "hardware   " << hw.name << "\n"
+            << "workload   prompt " << w.prompt_len << " + gen " << w.gen_len << ", KV "
+            << (w.kv ? describe(*w.kv) : std::string("full")) << " (" << e.kv_tokens << " slots/sequence)\n"
+            << "policy     " << e.policy.str() << (given ? "  (given)" : "  (searched, " + std::to_string(evaluated) + " policies timed)") << "\n"
+            << "throughput " << e.throughput << " tokens/s (effective batch " << e.block << "; prefill " << e.prefill_s
+            << " s, decode " << e.decode_s << " s)\n"
+            << "per layer  prefill " << e.prefill_layer_s * 1e3 << " ms, decode " << e.decode_layer_s * 1e3 << " ms\n"
+            << "bottleneck " << e.bottleneck << "\n"
+            << "memory     device " << double(e.memory[0]) / 1e9 << " GB, host " << double(e.memory[1]) / 1e9
+            << " GB, disk " << double(e.memory[2]) / 1e9 << " GB" << (e.fits ? "" : "  DOES NOT FIT: " + e.memory_note)
+            << "\n"
+            << "busy       ";
+  for (int q = 0; q < kNumQueues; ++q) std::cout << queue_name(Queue(q)) << " " << e.busy[size_t(q)] << " s  ";
+  std::cout << "\nFlexGen's published cost model for this policy: " << fg
+            << " tokens/s (fp16 KV, FlexGen's scheduler; ours keeps KV in fp32 and list-schedules our queues)\n";
+  return 0;
+}
+
+}  // namespace flexh2o::cli
