@@ -17,6 +17,10 @@ namespace flexh2o {
 namespace {
 
 constexpr uint64_t kF = sizeof(float);  // KV and hidden states are fp32 in every tier
+// Passes over a layer's activation rows (hidden wide) by its non-GEMM ops: 2 norms (read +
+// write), 2 residual adds (3 each), attention in/out copies and KV writes (~4); the FFN's
+// activation adds 2 passes over ffn_dim-wide rows (counted separately).
+constexpr double kLayerPasses = 14;
 
 int64_t align_capacity(const ModelConfig& c, int64_t cap) {
   // The engine's kv_capacity_align(): slots such that every row block starts on 4096 bytes.
@@ -81,14 +85,26 @@ std::array<uint64_t, 3> place_unit(const std::vector<size_t>& tensor_bytes, cons
 CostModel::CostModel(ModelShape m, HardwareProfile hw, Workload w) : m_(std::move(m)), hw_(std::move(hw)), w_(std::move(w)) {
   FH_CHECK(w_.prompt_len >= 1 && w_.gen_len >= 1, "workload needs prompt_len >= 1 and gen_len >= 1, got ",
            w_.prompt_len, " and ", w_.gen_len);
-  keep_ = w_.prompt_len + w_.gen_len;
+  // The engine (offload_actions.cpp, kv_evict.cpp) with a bounded budget B per sequence:
+  // after every step a sequence keeps min(len, B - 1) rows (room for the incoming token);
+  // device-side buffers hold max(prompt, B) slots (the prefill attends the whole prompt),
+  // host/disk homes B slots; both capped at prompt + gen and aligned.
+  const int64_t full = w_.prompt_len + w_.gen_len;
+  keep_ = full;
+  cap_w_ = cap_h_ = full;
   if (w_.kv && w_.kv->kind != KvPolicyKind::kFull) {
     const KvBudget b = make_policy(*w_.kv)->budget(w_.prompt_len);
-    if (!b.unbounded) keep_ = std::min(keep_, std::max<int64_t>(1, b.total()));
+    if (!b.unbounded) {
+      keep_ = std::min(full, std::max<int64_t>(b.total() - 1, 0));
+      cap_w_ = std::min(full, std::max(w_.prompt_len, b.total()));
+      cap_h_ = std::min(full, std::max<int64_t>(b.total(), 1));
+    }
   }
+  cap_w_ = align_capacity(m_.config, cap_w_);
+  cap_h_ = align_capacity(m_.config, cap_h_);
 }
 
-int64_t CostModel::capacity() const { return align_capacity(m_.config, keep_); }
+int64_t CostModel::capacity() const { return cap_h_; }
 
 std::array<uint64_t, 3> CostModel::memory(const Policy& p) const {
   // Same items as memory_need() (src/engine/offload_engine.cpp); the test checks equality.
@@ -100,12 +116,13 @@ std::array<uint64_t, 3> CostModel::memory(const Policy& p) const {
   const uint64_t max_streamed = std::max({e[1] + e[2], l[1] + l[2], h[1] + h[2]});
   const uint64_t max_disk = std::max({e[2], l[2], h[2]});
   const KvSplit split = split_kv(p.gpu_batch_size, p);
-  const uint64_t per_seq = uint64_t(2 * c.n_kv_heads * capacity() * c.head_dim) * kF;
+  const uint64_t per_w = uint64_t(2 * c.n_kv_heads * cap_w_ * c.head_dim) * kF;  // device-side buffers
+  const uint64_t per_seq = uint64_t(2 * c.n_kv_heads * cap_h_ * c.head_dim) * kF; // host/disk homes
   const uint64_t hidden = uint64_t(p.gpu_batch_size * w_.prompt_len * c.hidden) * kF;
   const bool act_host = p.act_cpu_percent == 100;
   const uint64_t off = uint64_t(split.n_host + split.n_disk), nd = uint64_t(split.n_disk);
   std::array<uint64_t, 3> m{};
-  m[0] = w[0] + 2 * max_streamed + L * K * uint64_t(split.n_device) * per_seq + 2 * off * per_seq +
+  m[0] = w[0] + 2 * max_streamed + L * K * uint64_t(split.n_device) * per_w + 2 * off * per_w +
          (act_host ? 2 * hidden : K * hidden) +
          uint64_t(LayerCompute::scratch_bytes(c, p.gpu_batch_size * w_.prompt_len));
   m[1] = w[1] + 2 * max_disk + L * K * uint64_t(split.n_host) * per_seq + 4 * nd * per_seq + (act_host ? K * hidden : 0);
@@ -234,8 +251,22 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
                  host_n * double(c.q_dim()) * kF / hw_.host_to_device;
     }
   }
-  const double embed_c = hw_.device_weight_read > 0 ? n * T * hid / hw_.device_weight_read : 0;
-  const double head_c = gemm(2 * n * double(c.hidden * c.vocab_size), head_w, false);
+  double embed_c = hw_.device_weight_read > 0 ? n * T * hid / hw_.device_weight_read : 0;
+  double head_c = gemm(2 * n * double(c.hidden * c.vocab_size), head_w, false);
+  // Non-GEMM ops (norms, activation, residual adds, bias, rotary, KV writes) stream the
+  // activation rows a few times; plus a fixed cost per compute step (kernel dispatch).
+  if (hw_.device_elementwise > 0) {
+    const double rows_bytes = n * T * hid;
+    const double ffn_ratio = double(c.ffn_dim) / double(c.hidden);
+    layer_c += rows_bytes * (kLayerPasses + 2 * ffn_ratio) / hw_.device_elementwise;
+    embed_c += rows_bytes * 2 / hw_.device_elementwise;
+    head_c += (n * hid * 2 + n * double(c.vocab_size) * kF) / hw_.device_elementwise;
+  }
+  layer_c += hw_.compute_step_overhead;
+  embed_c += hw_.compute_step_overhead;
+  head_c += hw_.compute_step_overhead;
+  // KV disk requests: one per (sequence, KV head, K|V) with rows to move.
+  const double disk_req = nd * double(c.n_kv_heads) * 2;
 
   std::vector<double> fin(sched.steps.size());
   std::array<double, kNumQueues> qfree{};
@@ -248,14 +279,19 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
     switch (st.kind) {
       case StepKind::kLoadWeightDisk: d = double(pu[2]) / hw_.disk_to_host; break;
       case StepKind::kLoadWeight: d = double(pu[1] + pu[2]) / hw_.host_to_device; break;
-      case StepKind::kLoadCacheDisk: d = nd * before * row / hw_.disk_to_host_cache; break;
+      case StepKind::kLoadCacheDisk:
+        d = nd * before * row / hw_.disk_to_host_cache + (before > 0 ? disk_req * hw_.disk_read_request : 0);
+        break;
       case StepKind::kLoadCache: d = off * before * row / hw_.host_to_device; break;
       case StepKind::kLoadHidden: d = n * T * hid / hw_.host_to_device; break;
       case StepKind::kCompute: d = uk == 0 ? embed_c : uk == 2 ? head_c : layer_c; break;
       case StepKind::kStoreHidden: d = n * T * hid / hw_.device_to_host; break;
       case StepKind::kStoreCache: d = off * rows_new * row / hw_.device_to_host_cache; break;
-      case StepKind::kStoreCacheDisk: d = nd * rows_new * row / hw_.host_to_disk_cache; break;
+      case StepKind::kStoreCacheDisk:
+        d = nd * rows_new * row / hw_.host_to_disk_cache + (rows_new > 0 ? disk_req * hw_.disk_write_request : 0);
+        break;
     }
+    if (st.kind != StepKind::kCompute) d += hw_.schedule_step_overhead;
     const size_t q = size_t(st.queue);
     out.busy[q] += d;
     if (!p.overlap) {
@@ -312,7 +348,8 @@ Estimate CostModel::finish(const Policy& p, double prefill, const std::array<dou
 Estimate CostModel::estimate(const Policy& p) {
   p.validate();
   const int64_t s = w_.prompt_len, n = w_.gen_len, L = m_.config.n_layers;
-  const Sim pre = token_step(p, true, 0);
+  Sim pre = token_step(p, true, 0);
+  pre.t += hw_.token_step_overhead;
   std::array<double, kNumQueues> busy = pre.busy;
   double decode = 0;
   // Decode step i (1..n-1) sees len_before = s + i - 1 cached tokens (capped by the KV budget);
@@ -326,7 +363,7 @@ Estimate CostModel::estimate(const Policy& p) {
   }
   for (auto [i, w] : pts) {
     const Sim d = token_step(p, false, std::min(s + i - 1, keep_));
-    decode += w * d.t;
+    decode += w * (d.t + hw_.token_step_overhead);
     for (int q = 0; q < kNumQueues; ++q) busy[size_t(q)] += w * d.busy[size_t(q)];
   }
   double dl = 0;
@@ -344,12 +381,13 @@ Estimate CostModel::estimate(const Policy& p) {
 
 Estimate CostModel::quick(const Policy& p) {
   const int64_t s = w_.prompt_len, n = w_.gen_len;
-  const Sim pre = token_step(p, true, 0);
+  Sim pre = token_step(p, true, 0);
+  pre.t += hw_.token_step_overhead;
   std::array<double, kNumQueues> busy = pre.busy;
   double decode = 0;
   if (n > 1) {
     const Sim d = token_step(p, false, std::min(s + (n - 1) / 2, keep_));
-    decode = double(n - 1) * d.t;
+    decode = double(n - 1) * (d.t + hw_.token_step_overhead);
     for (int q = 0; q < kNumQueues; ++q) busy[size_t(q)] += double(n - 1) * d.busy[size_t(q)];
   }
   return finish(p, pre.t, busy, decode, 0, 0);

@@ -76,8 +76,13 @@ class CostModel {
   const ModelShape& shape() const { return m_; }
   const HardwareProfile& hardware() const { return hw_; }
   const Workload& workload() const { return w_; }
-  int64_t kv_keep() const { return keep_; }  // KV slots a sequence keeps (budget or prompt+gen)
-  int64_t capacity() const;                  // KV slots per sequence, aligned like the engine
+  // KV rows a sequence keeps after a step: min(prompt+gen, budget-1) under a bounded KV
+  // policy (the engine leaves room for the incoming token), else prompt+gen.
+  int64_t kv_keep() const { return keep_; }
+  // KV slots per sequence of the host/disk homes, aligned like the engine (prompt+gen without
+  // a bounded KV policy, else the budget); device-side buffers: device_capacity().
+  int64_t capacity() const;
+  int64_t device_capacity() const { return cap_w_; }
 
  private:
   struct Sim {
@@ -93,7 +98,7 @@ class CostModel {
   ModelShape m_;
   HardwareProfile hw_;
   Workload w_;
-  int64_t keep_ = 0;
+  int64_t keep_ = 0, cap_w_ = 0, cap_h_ = 0;
   std::map<uint64_t, Schedule> schedules_;
 };
 

@@ -72,6 +72,13 @@ HardwareProfile HardwareProfile::from_json(const json& j, const std::string& ori
   h.host_eff_c1 = field(j, origin, "host_attention_efficiency", "c1", false, false);
   h.host_eff_c2 = field(j, origin, "host_attention_efficiency", "c2", false, false);
   h.host_eff_c3 = field(j, origin, "host_attention_efficiency", "c3", false, false);
+  const char* ov = "overheads_us";
+  h.compute_step_overhead = field(j, origin, ov, "compute_step", false, false) * 1e-6;
+  h.schedule_step_overhead = field(j, origin, ov, "schedule_step", false, false) * 1e-6;
+  h.token_step_overhead = field(j, origin, ov, "token_step", false, false) * 1e-6;
+  h.disk_read_request = field(j, origin, ov, "disk_read_request", false, false) * 1e-6;
+  h.disk_write_request = field(j, origin, ov, "disk_write_request", false, false) * 1e-6;
+  h.device_elementwise = field(j, origin, "device_gbps", "elementwise", false, false) * kG;
   return h;
 }
 
@@ -103,7 +110,12 @@ json HardwareProfile::to_json() const {
                         {"gemm_decode", device_gemm_decode / kT},
                         {"attention_prefill", device_attention_prefill / kT},
                         {"attention_decode", device_attention_decode / kT}};
-  j["device_gbps"] = {{"weight_read", device_weight_read / kG}};
+  j["device_gbps"] = {{"weight_read", device_weight_read / kG}, {"elementwise", device_elementwise / kG}};
+  j["overheads_us"] = {{"compute_step", compute_step_overhead * 1e6},
+                       {"schedule_step", schedule_step_overhead * 1e6},
+                       {"token_step", token_step_overhead * 1e6},
+                       {"disk_read_request", disk_read_request * 1e6},
+                       {"disk_write_request", disk_write_request * 1e6}};
   j["host_tflops"] = {{"attention", host_attention / kT}, {"gemm", host_gemm / kT}};
   j["host_attention_efficiency"] = {{"c1", host_eff_c1}, {"c2", host_eff_c2}, {"c3", host_eff_c3}};
   return j;

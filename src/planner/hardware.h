@@ -32,6 +32,18 @@ struct HardwareProfile {
   // b = max(0, log2(4096/hidden)); c1 = c2 = c3 = 0 disables it.
   double host_attention = 0, host_gemm = 0;
   double host_eff_c1 = 0, host_eff_c2 = 0, host_eff_c3 = 0;
+  // Fixed costs, seconds (JSON "overheads_us", microseconds; all optional, 0 = not modelled):
+  //  compute_step: per compute step of the schedule (one unit on one micro-batch): dispatch to
+  //    the device's workers, the executor's hand-off, kernel launches, non-GEMM ops' fixed part;
+  //  schedule_step: per non-compute step (queue hand-off of a load/store);
+  //  token_step: per token step of the whole batch (sampling, the generate loop, schedule setup);
+  //  disk_read / disk_write: per disk request; the engine moves KV in one request per (sequence,
+  //    KV head, K|V), so KV disk time = requests x this + bytes / *_cache bandwidth.
+  // elementwise: bytes/s of the non-GEMM ops per activation row (norms, activation, residual,
+  //  embedding/logits copies), charged as rows x hidden x 4 B x kElementwisePasses; 0 = free.
+  double compute_step_overhead = 0, schedule_step_overhead = 0, token_step_overhead = 0;
+  double disk_read_request = 0, disk_write_request = 0;
+  double device_elementwise = 0;
 
   double usable(int tier) const;  // tier 0 device, 1 host, 2 disk; bytes the planner may use
   // Throws flexh2o::Error naming the field when one is missing from `j`, negative, or (for

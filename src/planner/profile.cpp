@@ -11,7 +11,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/executor.h"
+#include "engine/layer_compute.h"
+#include "engine/schedule.h"
 #include "kernels/cpu/ops.h"
+#include "model/weights.h"
 #include "offload/aligned_buffer.h"
 #include "offload/disk_store.h"
 #include "offload/io_backend.h"
@@ -85,8 +89,28 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
           s.throw_if_error();
         }
       };
-      h.host_to_disk_cache = double(chunks * o.kv_chunk_bytes) / time_per_call(o.min_seconds, [&] { pass(true); });
-      h.disk_to_host_cache = double(chunks * o.kv_chunk_bytes) / time_per_call(o.min_seconds, [&] { pass(false); });
+      const double tw_big = time_per_call(o.min_seconds, [&] { pass(true); }) / double(chunks);
+      const double tr_big = time_per_call(o.min_seconds, [&] { pass(false); }) / double(chunks);
+      // The engine moves KV rows in one request per (sequence, KV head, K|V): a decode store is
+      // one row (head_dim floats). Probe that size too and split each request's time into a
+      // fixed part and a per-byte part.
+      const size_t tiny = o.kv_row_bytes;
+      auto pass_small = [&](bool write) {
+        for (size_t i = 0; i < chunks; ++i) {
+          const uint64_t off = uint64_t(i) * o.kv_chunk_bytes;
+          Status s = write ? store->write("probe", off, tiny, small.data()) : store->read("probe", off, tiny, small.data());
+          s.throw_if_error();
+        }
+      };
+      const double tw_small = time_per_call(o.min_seconds, [&] { pass_small(true); }) / double(chunks);
+      const double tr_small = time_per_call(o.min_seconds, [&] { pass_small(false); }) / double(chunks);
+      auto split = [&](double t_small, double t_big, double* latency, double* bw) {
+        const double per_byte = std::max(0.0, (t_big - t_small) / double(o.kv_chunk_bytes - tiny));
+        *latency = std::max(0.0, t_small - per_byte * double(tiny));
+        *bw = per_byte > 0 ? 1.0 / per_byte : double(o.kv_chunk_bytes) / t_big;
+      };
+      split(tw_small, tw_big, &h.disk_write_request, &h.host_to_disk_cache);
+      split(tr_small, tr_big, &h.disk_read_request, &h.disk_to_host_cache);
       store->remove("probe").throw_if_error();
     }
     std::error_code ec;
@@ -107,10 +131,74 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
       });
       return t;
     };
-    const double tp = rate(512), td = rate(16), t1 = rate(1);
+    const double tp = rate(512), td = rate(16);
     h.device_gemm_prefill = h.host_gemm = 2.0 * 512 * double(N * K) / tp;
     h.device_gemm_decode = 2.0 * 16 * double(N * K) / td;
-    h.device_weight_read = double(N * K) * 2 / t1;
+    // GEMV streaming rate with a matrix larger than the caches (real layers' weights are
+    // tens of MB; a cache-resident probe overstates it several times).
+    const int64_t NB = o.weight_read_rows;
+    std::vector<uint16_t> wb(size_t(NB * K));
+    for (auto& x : wb) x = f32_to_f16(u(rng));
+    const TensorView wbv{wb.data(), DType::F16, Shape{NB, K}};
+    std::vector<float> x1(static_cast<size_t>(K), 0.01f), y1(static_cast<size_t>(NB));
+    const double t1 = time_per_call(o.min_seconds, [&] {
+      dev.run([&] { cpu::linear(x1.data(), 1, K, wbv, nullptr, y1.data(), cpu::Epilogue::kStore); });
+    });
+    h.device_weight_read = double(NB * K) * 2 / t1;
+  }
+  // Non-GEMM ops: a layernorm over many rows (read + write), bytes/s.
+  {
+    const int64_t M = 2048, D = 1024;
+    std::vector<float> x(size_t(M * D), 0.5f), y(x.size()), g(size_t(D), 1.f), b(size_t(D), 0.f);
+    const TensorView gv{g.data(), DType::F32, Shape{D}}, bv{b.data(), DType::F32, Shape{D}};
+    const double t = time_per_call(o.min_seconds, [&] { dev.run([&] { cpu::layernorm(x.data(), M, D, gv, bv, 1e-5f, y.data()); }); });
+    h.device_elementwise = 2.0 * double(M * D) * sizeof(float) / t;
+  }
+  // Fixed cost of one compute step: a whole decoder layer of a tiny model (hidden 64) on one
+  // row: every kernel's dispatch and the layer's bookkeeping, almost no arithmetic.
+  {
+    const ModelConfig tc = ModelConfig::from_json_text(
+        R"({"model_type": "opt", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "ffn_dim": 256, "max_position_embeddings": 64,
+            "word_embed_proj_dim": 64, "do_layer_norm_before": true, "activation_function": "relu",
+            "torch_dtype": "float16"})",
+        "profile probe model");
+    const Model tm = Model::dummy(tc, 1);
+    LayerCompute lc;
+    const int64_t cap = 32, len = 16;
+    std::vector<float> k(size_t(tc.n_kv_heads * cap * tc.head_dim), 0.01f), v(k.size(), 0.01f);
+    std::vector<float> hidden(size_t(tc.hidden), 0.1f);
+    const int32_t pos = int32_t(len - 1), keys = int32_t(len);
+    const StepShape st{1, 1, &pos, &keys};
+    const KvSegment seg{k.data(), v.data(), 0, 1, cap};
+    h.compute_step_overhead = time_per_call(o.min_seconds, [&] {
+      dev.run([&] { lc.layer(tc, tm.weights().layers[0], st, hidden.data(), std::span<const KvSegment>(&seg, 1)); });
+    });
+  }
+  // Fixed cost of a non-compute step: the executor's hand-off between queue threads, measured
+  // on a real schedule shape with no-op actions, per step of its critical path.
+  {
+    ScheduleShape sh;
+    sh.units = 8;
+    sh.micro_batches = 2;
+    sh.unit_streams.assign(size_t(sh.units), true);
+    sh.unit_disk.assign(size_t(sh.units), false);
+    sh.prefill = false;
+    sh.kv_host = true;
+    const Schedule sched = build_schedule(sh);
+    std::vector<double> fin(sched.steps.size());
+    std::array<double, kNumQueues> qfree{};
+    double path = 0;
+    for (size_t i = 0; i < sched.steps.size(); ++i) {
+      const Step& stp = sched.steps[i];
+      double start = qfree[size_t(stp.queue)];
+      for (int d : stp.deps) start = std::max(start, fin[size_t(d)]);
+      fin[i] = start + 1;
+      qfree[size_t(stp.queue)] = fin[i];
+      path = std::max(path, fin[i]);
+    }
+    const double t = time_per_call(o.min_seconds, [&] { run_schedule(sched, true, [](const Step&) {}); });
+    h.schedule_step_overhead = t / path;
   }
   // Attention (seq_keys layout), prefill and decode; host attention is the same kernel here.
   {

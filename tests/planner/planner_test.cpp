@@ -11,6 +11,7 @@
 #include "engine/offload_engine.h"
 #include "engine/test_util.h"
 #include "planner/planner.h"
+#include "policies/kv_policy.h"
 
 namespace flexh2o {
 namespace {
@@ -87,6 +88,89 @@ INSTANTIATE_TEST_SUITE_P(
                       BytesCase{"tiny-llama", "50 0 34 33 100 0", 2, 3, false},
                       BytesCase{"tiny-llama", "0 0 0 0 100 0", 3, 1, false},
                       BytesCase{"tiny-llama", "0 100 0 0 0 100", 1, 2, true}));
+
+// With a KV policy the engine keeps min(len, budget - 1) rows per sequence: prefill stores the
+// kept rows, each decode step loads them and stores one row per (sequence, KV head).
+struct KvBytesCase {
+  const char* model;
+  const char* percent;
+  int gbs, ngb;
+  bool cpu_attn;
+  KvPolicyKind kind;
+  int64_t heavy, recent;  // budgets in tokens (h2o: both; local: recent)
+  int64_t prompt, gen;
+};
+
+class PlannerKvBytes : public ::testing::TestWithParam<KvBytesCase> {};
+
+TEST_P(PlannerKvBytes, EqualTheEngineCounters) {
+  const KvBytesCase& bc = GetParam();
+  Model model = Model::load_dir(model_dir(bc.model));
+  CpuDevice dev(2);
+  test::TempDir dir;
+  KvPolicyConfig kc;
+  kc.kind = bc.kind;
+  if (bc.kind == KvPolicyKind::kH2o) kc.heavy_budget = bc.heavy;
+  kc.recent_budget = bc.recent;
+  const auto policy = make_policy(kc);
+  OffloadOptions o;
+  o.policy = make(bc.percent, bc.gbs, bc.ngb, bc.cpu_attn);
+  o.offload_dir = dir.path();
+  o.kv_policy = policy.get();
+  OffloadEngine eng(model, dev, o);
+  Workload w;
+  w.prompt_len = bc.prompt;
+  w.gen_len = bc.gen;
+  w.kv = kc;
+  std::vector<GenerationRequest> reqs(size_t(o.policy.block_size()));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    for (int64_t t = 0; t < w.prompt_len; ++t) reqs[i].prompt_ids.push_back(int32_t(100 + 7 * t + int64_t(i)));
+    reqs[i].max_new_tokens = w.gen_len;
+    reqs[i].sampling.temperature = 0;
+  }
+  GenerateOptions go;
+  go.ignore_eos = true;
+  generate(eng, reqs, go);
+  CostModel cm(ModelShape::from_model(model), big_profile(), w);
+  EXPECT_EQ(cm.kv_keep(), std::min(bc.prompt + bc.gen, bc.heavy + bc.recent - 1));
+  const OffloadReport rep = eng.report();
+  const auto got = cm.bytes(o.policy);
+  for (int l = 0; l < kNumLinks; ++l)
+    EXPECT_EQ(got[size_t(l)], rep.bytes[size_t(l)]) << link_name(Link(l)) << " for " << o.policy.str() << " "
+                                                    << describe(kc);
+  // Without the policy the cache grows to prompt+gen: strictly more KV bytes when anything is offloaded.
+  Workload full = w;
+  full.kv.reset();
+  CostModel cf(ModelShape::from_model(model), big_profile(), full);
+  const auto fb = cf.bytes(o.policy);
+  if (o.policy.cache_gpu_percent < 100 && !bc.cpu_attn) {
+    EXPECT_LT(got[size_t(Link::kHostToDevice)], fb[size_t(Link::kHostToDevice)]);
+  }
+  const Estimate e = cm.estimate(o.policy);
+  EXPECT_EQ(e.bytes, got);
+  EXPECT_EQ(e.kv_tokens, cm.kv_keep());
+  EXPECT_GT(e.throughput, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, PlannerKvBytes,
+    ::testing::Values(
+        // h2o, prompt longer than the budget: prefill evicts, every decode step evicts.
+        KvBytesCase{"tiny-opt", "0 100 0 100 100 0", 2, 2, false, KvPolicyKind::kH2o, 3, 2, 12, 6},
+        KvBytesCase{"tiny-opt", "0 100 0 100 100 0", 2, 2, true, KvPolicyKind::kH2o, 3, 2, 12, 6},
+        KvBytesCase{"tiny-opt", "20 30 0 50 0 100", 2, 2, false, KvPolicyKind::kH2o, 2, 2, 12, 6},
+        KvBytesCase{"tiny-opt", "0 50 0 0 0 100", 4, 2, true, KvPolicyKind::kH2o, 3, 3, 12, 6},
+        KvBytesCase{"tiny-opt", "100 0 34 33 100 0", 3, 3, false, KvPolicyKind::kH2o, 3, 2, 12, 6},
+        KvBytesCase{"tiny-opt", "100 0 100 0 100 0", 2, 3, false, KvPolicyKind::kH2o, 3, 2, 12, 6},
+        // budget above the prompt: the cache grows first, then evicts.
+        KvBytesCase{"tiny-opt", "0 100 0 0 100 0", 2, 2, false, KvPolicyKind::kH2o, 4, 6, 7, 8},
+        KvBytesCase{"tiny-opt", "0 100 34 33 0 100", 3, 2, true, KvPolicyKind::kLocal, 0, 9, 7, 8},
+        KvBytesCase{"tiny-opt", "0 0 0 0 100 0", 3, 1, false, KvPolicyKind::kLocal, 0, 5, 12, 6},
+        KvBytesCase{"tiny-llama", "30 30 0 100 100 0", 2, 2, false, KvPolicyKind::kH2o, 3, 2, 12, 6},
+        KvBytesCase{"tiny-llama", "0 0 0 100 0 100", 3, 2, true, KvPolicyKind::kH2o, 3, 2, 12, 6},
+        KvBytesCase{"tiny-llama", "50 0 34 33 100 0", 2, 3, false, KvPolicyKind::kH2o, 4, 6, 7, 8},
+        KvBytesCase{"tiny-llama", "0 0 0 0 100 0", 3, 1, false, KvPolicyKind::kLocal, 0, 5, 12, 6},
+        KvBytesCase{"tiny-llama", "0 100 0 0 0 100", 1, 2, true, KvPolicyKind::kLocal, 0, 9, 7, 8}));
 
 TEST(PlannerPlacement, UnitsAndMemoryEqualTheEngine) {
   for (const char* name : {"tiny-opt", "tiny-llama"}) {
