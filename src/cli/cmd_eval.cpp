@@ -1,17 +1,62 @@
-// `flexh2o eval-ppl`: teacher-forced perplexity of the first N tokens of a text file.
+// `flexh2o eval-ppl` (perplexity of a text file) and `flexh2o eval-choice` (multiple-choice
+// accuracy, lm-eval-harness style), both with a KV policy applied exactly as in generation.
+// Not here: the scoring itself (engine/evaluate.h) and the policies (policies/).
+//
+// Documented choices:
+//  * eval-ppl streams: a 1-token prefill of BOS, then one token per decode step, so the policy's
+//    budget holds at every step (attention sees at most B cached tokens, the new one included).
+//    Budgets are fixed at prefill from the prompt length, which is 1 here, so ratio flags are
+//    taken as fractions of N = the tokens scored and converted to absolute budgets first
+//    (floor(ratio * N), at least 1 when ratio > 0). `--kv-policy full` uses the faster prefill
+//    path (same numbers, it is tested) unless --streaming is given.
+//  * eval-choice: the context (few-shot examples + item) is the prompt; ratio flags are
+//    fractions of each item's context length, as in generation. acc = argmax of the summed
+//    log-likelihood; acc_norm = argmax of the per-TOKEN mean (lm-eval divides by bytes); ties
+//    go to the lowest choice index (numpy argmax, as lm-eval).
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/evaluate.h"
 #include "engine/perplexity.h"
 
 namespace flexh2o::cli {
 using nlohmann::json;
 
+namespace {
+
+std::optional<int32_t> bos_of(const LoadedModel& lm) {
+  auto bos = lm.tokenizer->bos_id();
+  return bos ? bos : lm.model->config().bos_id;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) FH_FAIL("cannot read ", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+json budget_json(const KvPolicy* policy, int64_t prompt_len) {
+  if (!policy) return nullptr;
+  const KvBudget b = policy->budget(prompt_len);
+  if (b.unbounded) return nullptr;
+  return {{"sinks", b.sinks}, {"heavy", b.heavy}, {"recent", b.recent}, {"total", b.total()}};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// eval-ppl
+
 void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
-  auto* e = app.add_subcommand("eval-ppl", "Perplexity of a text file (teacher forcing, BOS prepended)");
+  auto* e = app.add_subcommand(
+      "eval-ppl",
+      "Perplexity of a text file (teacher forcing, BOS prepended). With a KV policy the text is fed one\n"
+      "token per decode step; --heavy-ratio/--recent-ratio are then fractions of the tokens scored");
   e->add_option("--model,-m", a.model, "Model directory or hub id")->required();
   e->add_option("--tokenizer", a.tokenizer, "Tokenizer directory (default: the model directory)");
   e->add_option("--max-tokens", a.max_tokens, "Score the first N tokens of the file")->capture_default_str()
@@ -19,33 +64,209 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
   e->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
   e->add_option("--threads", a.threads, "CPU threads (default: all)");
   e->add_flag("--json", a.json, "Print one JSON object");
+  e->add_flag("--streaming", a.streaming, "Feed one token per step even with --kv-policy full");
+  add_kv_flags(e, a.kv);
   e->add_option("file", a.file, "UTF-8 text file")->required();
 }
 
 int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
+  KvPolicyConfig kv = make_kv_config(a.kv);  // flag errors before loading anything
   select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
   if (!lm.tokenizer) FH_FAIL("eval-ppl needs a tokenizer: pass --tokenizer DIR");
-  std::ifstream in(a.file);
-  if (!in) FH_FAIL("cannot read ", a.file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::vector<int32_t> toks = lm.tokenizer->encode(ss.str(), /*add_special=*/false);
+  const std::string text = read_file(a.file);
+  std::vector<int32_t> toks = lm.tokenizer->encode(text, /*add_special=*/false);
   const ModelConfig& c = lm.model->config();
   std::vector<int32_t> ids;
-  auto bos = lm.tokenizer->bos_id() ? lm.tokenizer->bos_id() : c.bos_id;
-  if (bos) ids.push_back(*bos);
+  if (auto bos = bos_of(lm)) ids.push_back(*bos);
   const int64_t n = std::min<int64_t>({a.max_tokens, int64_t(toks.size()), c.max_positions});
+  if (n < 1 || (ids.empty() && n < 2)) FH_FAIL(a.file, ": no tokens to score");
   ids.insert(ids.end(), toks.begin(), toks.begin() + n);
+  const int64_t scored = int64_t(ids.size()) - 1;
+  if (kv.kind != KvPolicyKind::kFull) kv = ratios_to_budgets(kv, scored);
+  std::unique_ptr<KvPolicy> policy = kv.kind == KvPolicyKind::kFull ? nullptr : make_policy(kv);
+
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
-  PerplexityResult r = perplexity(fwd, ids);
+  const bool stream = policy || a.streaming;
+  PerplexityResult r;
+  if (stream) {
+    InMemoryRunner runner(fwd, 1, policy.get());
+    r = streaming_perplexity(runner, ids);
+  } else {
+    r = perplexity(fwd, ids);
+  }
   json j{{"perplexity", r.perplexity}, {"mean_nll", r.mean_nll}, {"tokens", r.tokens},
-         {"text_tokens", toks.size()}, {"kv_policy", "full"}};
+         {"text_tokens", toks.size()}, {"kv_policy", describe(kv)},
+         {"kv_budget", budget_json(policy.get(), 1)}, {"mode", stream ? "streaming" : "prefill"}};
   if (a.json)
     std::cout << j.dump() << "\n";
   else
-    std::cout << "perplexity " << r.perplexity << " over " << r.tokens << " tokens (mean NLL " << r.mean_nll << ")\n";
+    std::cout << "perplexity " << r.perplexity << " over " << r.tokens << " tokens (mean NLL " << r.mean_nll
+              << ", " << describe(kv) << ", " << (stream ? "streaming" : "prefill") << ")\n";
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// eval-choice
+
+namespace {
+
+struct TaskItem {
+  std::string context;
+  std::vector<std::string> choices;
+  int64_t label = 0;
+  int64_t line = 0;
+};
+
+std::vector<TaskItem> read_tasks(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) FH_FAIL("cannot read --tasks ", path);
+  std::vector<TaskItem> items;
+  std::string err;
+  auto bad = [&](int64_t line, const std::string& msg) {
+    if (err.empty()) err = path + ":" + std::to_string(line) + ": " + msg;
+  };
+  for_each_jsonl(
+      in,
+      [&](int64_t line, const json& j) {
+        TaskItem t;
+        t.line = line;
+        if (!j.contains("context") || !j["context"].is_string()) return bad(line, "\"context\" must be a string");
+        t.context = j["context"].get<std::string>();
+        if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].size() < 2)
+          return bad(line, "\"choices\" must be an array of at least 2 strings");
+        for (const auto& ch : j["choices"]) {
+          if (!ch.is_string() || ch.get<std::string>().empty())
+            return bad(line, "every choice must be a non-empty string");
+          t.choices.push_back(ch.get<std::string>());
+        }
+        if (!j.contains("label") || !j["label"].is_number_integer()) return bad(line, "\"label\" must be an integer");
+        t.label = j["label"].get<int64_t>();
+        if (t.label < 0 || t.label >= int64_t(t.choices.size()))
+          return bad(line, "\"label\" " + std::to_string(t.label) + " is not a choice index");
+        items.push_back(std::move(t));
+      },
+      bad);
+  if (!err.empty()) FH_FAIL(err);
+  if (items.empty()) FH_FAIL(path, ": no task items");
+  return items;
+}
+
+uint64_t mix64(uint64_t x) {  // splitmix64 finaliser: portable, deterministic
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The k other items with the smallest hash(seed, item, j): deterministic, excludes `item`.
+std::vector<size_t> fewshot_indices(size_t item, size_t n, int64_t k, uint64_t seed) {
+  std::vector<std::pair<uint64_t, size_t>> keyed;
+  for (size_t j = 0; j < n; ++j)
+    if (j != item) keyed.push_back({mix64(seed ^ mix64(item * 0x100000001b3ull ^ j)), j});
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<size_t> out;
+  for (int64_t i = 0; i < k && i < int64_t(keyed.size()); ++i) out.push_back(keyed[size_t(i)].second);
+  return out;
+}
+
+}  // namespace
+
+void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
+  auto* e = app.add_subcommand(
+      "eval-choice",
+      "Multiple-choice accuracy (lm-eval-harness style: the choice with the highest log-likelihood wins).\n"
+      "--tasks is JSONL, one item a line: {\"context\": \"...\", \"choices\": [\" a\", \" b\", ...], \"label\": 0}.\n"
+      "Each choice is appended to the context verbatim (put the separating space in the choice).\n"
+      "Few-shot examples are other items with their right answer, joined by blank lines.");
+  e->add_option("--model,-m", a.model, "Model directory or hub id")->required();
+  e->add_option("--tokenizer", a.tokenizer, "Tokenizer directory (default: the model directory)");
+  e->add_option("--tasks", a.tasks, "Task file (JSONL, see above)")->required();
+  e->add_option("--num-fewshot", a.num_fewshot, "Solved examples prepended to each item (other items of the file)")
+      ->capture_default_str();
+  e->add_option("--fewshot-seed", a.fewshot_seed, "Seed of the (deterministic) few-shot selection")
+      ->capture_default_str();
+  e->add_option("--limit", a.limit, "Evaluate only the first N items (0: all)")->capture_default_str();
+  e->add_option("--batch-size", a.batch_size, "Choices scored together (default: all choices of an item)");
+  e->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
+  e->add_option("--threads", a.threads, "CPU threads (default: all)");
+  e->add_flag("--json", a.json, "Print one JSON object");
+  add_kv_flags(e, a.kv);
+}
+
+int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
+  const KvPolicyConfig kv = make_kv_config(a.kv);
+  if (a.num_fewshot < 0) FH_FAIL("--num-fewshot must be >= 0, got ", a.num_fewshot);
+  if (a.limit < 0) FH_FAIL("--limit must be >= 0, got ", a.limit);
+  if (a.batch_size < 0) FH_FAIL("--batch-size must be >= 0, got ", a.batch_size);
+  std::vector<TaskItem> items = read_tasks(a.tasks);
+  if (a.num_fewshot >= int64_t(items.size()))
+    FH_FAIL("--num-fewshot ", a.num_fewshot, " needs more items than the ", items.size(), " in ", a.tasks);
+  select_device(a.device, std::cerr);
+  LoadedModel lm = load_model(env, a.model, a.tokenizer);
+  if (!lm.tokenizer) FH_FAIL("eval-choice needs a tokenizer: pass --tokenizer DIR");
+  const Tokenizer& tok = *lm.tokenizer;
+  const auto bos = bos_of(lm);
+  std::unique_ptr<KvPolicy> policy = kv.kind == KvPolicyKind::kFull ? nullptr : make_policy(kv);
+  size_t max_choices = 0;
+  for (const auto& t : items) max_choices = std::max(max_choices, t.choices.size());
+  CpuDevice dev(a.threads);
+  Forward fwd(*lm.model, dev);
+  InMemoryRunner runner(fwd, a.batch_size > 0 ? a.batch_size : int64_t(max_choices), policy.get());
+
+  const size_t n = a.limit > 0 ? std::min(items.size(), size_t(a.limit)) : items.size();
+  int64_t correct = 0, correct_norm = 0, context_tokens = 0;
+  double chance = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const TaskItem& t = items[i];
+    std::string context;
+    for (size_t j : fewshot_indices(i, items.size(), a.num_fewshot, a.fewshot_seed))
+      context += items[j].context + items[j].choices[size_t(items[j].label)] + "\n\n";
+    context += t.context;
+    // lm-eval's _encode_pair: trailing spaces of the context move to the continuation; the
+    // continuation's tokens are those of encode(context + choice) after encode(context).
+    size_t keep = context.find_last_not_of(' ');
+    std::string ctx = keep == std::string::npos ? std::string() : context.substr(0, keep + 1);
+    const std::string moved = context.substr(ctx.size());
+    std::vector<int32_t> ctx_ids;
+    if (bos) ctx_ids.push_back(*bos);
+    const std::vector<int32_t> ctx_enc = tok.encode(ctx, false);
+    ctx_ids.insert(ctx_ids.end(), ctx_enc.begin(), ctx_enc.end());
+    if (ctx_ids.empty()) FH_FAIL(a.tasks, ":", t.line, ": empty context and no BOS token");
+    std::vector<std::vector<int32_t>> conts;
+    for (const auto& ch : t.choices) {
+      std::vector<int32_t> whole = tok.encode(ctx + moved + ch, false);
+      std::vector<int32_t> cont;
+      if (whole.size() > ctx_enc.size() && std::equal(ctx_enc.begin(), ctx_enc.end(), whole.begin()))
+        cont.assign(whole.begin() + std::ptrdiff_t(ctx_enc.size()), whole.end());
+      else
+        cont = tok.encode(moved + ch, false);  // the merge crossed the boundary
+      if (cont.empty()) FH_FAIL(a.tasks, ":", t.line, ": a choice encodes to no tokens");
+      conts.push_back(std::move(cont));
+    }
+    ChoiceResult r;
+    try {
+      r = score_choices(runner, ctx_ids, conts);
+    } catch (const Error& e) {
+      FH_FAIL(a.tasks, ":", t.line, ": ", e.what(), a.num_fewshot ? " (try a smaller --num-fewshot)" : "");
+    }
+    correct += r.best == t.label;
+    correct_norm += r.best_norm == t.label;
+    chance += 1.0 / double(t.choices.size());
+    context_tokens += int64_t(ctx_ids.size());
+  }
+  const double dn = double(n);
+  json j{{"acc", double(correct) / dn}, {"acc_norm", double(correct_norm) / dn}, {"count", n},
+         {"correct", correct}, {"correct_norm", correct_norm}, {"chance", chance / dn},
+         {"num_fewshot", a.num_fewshot}, {"mean_context_tokens", double(context_tokens) / dn},
+         {"kv_policy", describe(kv)}, {"acc_norm_unit", "token"}};
+  if (a.json)
+    std::cout << j.dump() << "\n";
+  else
+    std::cout << "acc " << j["acc"].get<double>() << " acc_norm " << j["acc_norm"].get<double>() << " over " << n
+              << " items (chance " << j["chance"].get<double>() << ", " << a.num_fewshot << "-shot, "
+              << describe(kv) << ")\n";
   return 0;
 }
 

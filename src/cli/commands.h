@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/common.h"
+#include "cli/kv_flags.h"
 #include "cli/offload_flags.h"
 #include "policies/kv_config.h"
 
@@ -41,10 +42,22 @@ struct EvalPplArgs {
   std::string model, tokenizer, file, device = "auto";
   int64_t max_tokens = 1024;
   int threads = 0;
-  bool json = false;
+  bool json = false, streaming = false;
+  KvArgs kv;
 };
 void register_eval_ppl(CLI::App& app, EvalPplArgs& a);
 int run_eval_ppl(const EvalPplArgs& a, const Env& env);
+
+struct EvalChoiceArgs {
+  std::string model, tokenizer, tasks, device = "auto";
+  int64_t num_fewshot = 0, limit = 0, batch_size = 0;
+  uint64_t fewshot_seed = 1234;
+  int threads = 0;
+  bool json = false;
+  KvArgs kv;
+};
+void register_eval_choice(CLI::App& app, EvalChoiceArgs& a);
+int run_eval_choice(const EvalChoiceArgs& a, const Env& env);
 
 struct PlanArgs {
   std::string model, hardware, kv_policy, overlap = "true";

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   TokenizeArgs tok, detok;
   InfoArgs info;
   EvalPplArgs ppl;
+  EvalChoiceArgs choice;
   PlanArgs plan;
   ProfileArgs profile;
   register_generate(app, gen);
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   register_tokenize(app, detok, true);
   register_info(app, info);
   register_eval_ppl(app, ppl);
+  register_eval_choice(app, choice);
   register_plan(app, plan);
   register_profile(app, profile);
 
@@ -85,6 +87,7 @@ int main(int argc, char** argv) {
     if (name == "detokenize") return run_tokenize(detok, true);
     if (name == "info") return run_info(info, env);
     if (name == "eval-ppl") return run_eval_ppl(ppl, env);
+    if (name == "eval-choice") return run_eval_choice(choice, env);
     if (name == "plan") return run_plan(plan, env);
     if (name == "profile") return run_profile(profile, env);
     std::cerr << "flexh2o: unknown command " << name << "\n";

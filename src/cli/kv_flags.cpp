@@ -1,0 +1,49 @@
+// Parsing of the KV-cache policy flags (kv_flags.h) into a validated KvPolicyConfig.
+#include "cli/kv_flags.h"
+
+#include "core/error.h"
+#include "policies/kv_policy.h"
+
+namespace flexh2o::cli {
+
+void add_kv_flags(CLI::App* app, KvArgs& a) {
+  const char* g = "KV cache policy";
+  app->add_option("--kv-policy", a.policy, "KV cache policy: full, local, sinks, h2o, random")
+      ->capture_default_str()->group(g);
+  app->add_option("--heavy-ratio", a.heavy_ratio,
+                  "Heavy hitters (h2o) or random picks (random), fraction of the prompt length")->group(g);
+  app->add_option("--recent-ratio", a.recent_ratio, "Recent window, fraction of the prompt length")->group(g);
+  app->add_option("--heavy-budget", a.heavy_budget, "Heavy hitters / random picks, tokens")->group(g);
+  app->add_option("--recent-budget", a.recent_budget, "Recent window, tokens")->group(g);
+  app->add_option("--sink-tokens", a.sink_tokens, "Attention-sink tokens kept by --kv-policy sinks (default 4)")
+      ->group(g);
+  app->add_option("--kv-seed", a.seed, "Seed of --kv-policy random")->group(g);
+}
+
+KvPolicyConfig make_kv_config(const KvArgs& a) {
+  KvPolicyConfig c;
+  c.kind = parse_kv_policy_kind(a.policy);
+  c.heavy_ratio = a.heavy_ratio;
+  c.recent_ratio = a.recent_ratio;
+  c.heavy_budget = a.heavy_budget;
+  c.recent_budget = a.recent_budget;
+  c.sink_tokens = a.sink_tokens;
+  c.seed = a.seed.value_or(0);
+  if (a.seed && c.kind != KvPolicyKind::kRandom)
+    FH_FAIL("--kv-seed does not apply to --kv-policy ", kv_policy_name(c.kind));
+  validate(c);
+  return c;
+}
+
+KvPolicyConfig ratios_to_budgets(const KvPolicyConfig& cfg, int64_t length) {
+  FH_CHECK(length >= 1, "reference length must be >= 1, got ", length);
+  if (!cfg.heavy_ratio && !cfg.recent_ratio) return cfg;
+  const KvBudget b = make_policy(cfg)->budget(length);
+  KvPolicyConfig out = cfg;
+  if (cfg.heavy_ratio) out.heavy_budget = b.heavy, out.heavy_ratio.reset();
+  if (cfg.recent_ratio) out.recent_budget = b.recent, out.recent_ratio.reset();
+  validate(out);
+  return out;
+}
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,39 @@
+// KV-cache policy flags shared by the subcommands that run a model (generate, eval-ppl,
+// eval-choice): --kv-policy, --heavy-ratio/--recent-ratio, --heavy-budget/--recent-budget,
+// --sink-tokens, --kv-seed. Parsing only; the policies themselves live in policies/.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "policies/kv_config.h"
+
+namespace flexh2o::cli {
+
+// Raw flag values; unset optionals mean "flag not given".
+struct KvArgs {
+  std::string policy = "full";          // --kv-policy full|local|sinks|h2o|random
+  std::optional<double> heavy_ratio;    // --heavy-ratio  fraction of the prompt length, [0, 1]
+  std::optional<double> recent_ratio;   // --recent-ratio fraction of the prompt length, [0, 1]
+  std::optional<int64_t> heavy_budget;  // --heavy-budget tokens
+  std::optional<int64_t> recent_budget; // --recent-budget tokens
+  std::optional<int64_t> sink_tokens;   // --sink-tokens  tokens (sinks only; default 4)
+  std::optional<uint64_t> seed;         // --kv-seed      (random only; default 0)
+};
+
+// Adds the flags above to `app` in the group "KV cache policy". `a` must outlive parsing.
+void add_kv_flags(CLI::App* app, KvArgs& a);
+
+// The validated config. Throws flexh2o::Error naming the flag: unknown --kv-policy, a flag
+// the policy does not read, out-of-range values, ratio and budget for the same part, zero total.
+KvPolicyConfig make_kv_config(const KvArgs& a);
+
+// `cfg` with every ratio replaced by the absolute token budget it means for a reference length
+// of `length` tokens (the policy's own rule: floor(ratio * length), raised to 1 when ratio > 0).
+// eval-ppl uses this so that ratios are fractions of the tokens scored, not of the 1-token
+// prefill. Budgets and non-budget fields are kept as given. `cfg` must be valid; length >= 1.
+KvPolicyConfig ratios_to_budgets(const KvPolicyConfig& cfg, int64_t length);
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,65 @@
+// Accuracy evaluation through the StepRunner interface, so the KV policy the runner was built
+// with holds exactly as in generation: streaming perplexity (one token per decode step) and
+// lm-eval-harness-style log-likelihood / multiple-choice scoring. Blocking; single-threaded
+// driver (the runner may use threads inside a step). No tokenization here: ids in, numbers out.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "engine/perplexity.h"
+#include "engine/runner.h"
+
+namespace flexh2o {
+
+// Teacher-forced perplexity of ids[1..n] given the prefix, n = ids.size() - 1 (ids = BOS + text).
+// begin_batch(1, n); step 0 is a 1-token prefill of ids[0] at position 0; step t feeds ids[t] at
+// position t (T = 1); after every step the next token is scored with a log-softmax of the
+// returned logits, accumulated in double. So with a policy budget of B tokens, the token at
+// position t is predicted from at most B cached tokens (itself included), and tokens t < B see
+// exactly what the full cache sees. ids.size() must be in [2, max_positions + 1]; ids must lie
+// in the vocabulary. If `token_nll` is non-null it receives the n per-token NLLs (natural log).
+// `on_progress(done, n)` (optional) is called after each step.
+PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_t> ids,
+                                      std::vector<double>* token_nll = nullptr,
+                                      const std::function<void(int64_t, int64_t)>& on_progress = {});
+
+// One log-likelihood query: log P(continuation | context). context is non-empty (BOS included
+// where the model expects it); continuation is non-empty; together <= max_positions tokens.
+struct LoglikRequest {
+  std::vector<int32_t> context;
+  std::vector<int32_t> continuation;
+};
+struct LoglikResult {
+  double loglik = 0;    // sum over continuation tokens of log p(token | everything before), nats
+  int64_t tokens = 0;   // continuation.size()
+  bool greedy = false;  // every continuation token was the argmax (lm-eval's is_greedy)
+};
+
+// Scores requests in batches of runner.max_batch(): the contexts of a batch are left-padded
+// (pad id 0, never attended) and prefilled in one step, so the runner's policy budget is set by
+// each context's own length and applied over it; then the continuations are teacher-forced one
+// token per step. Sequences whose continuation is shorter ride along (their logits ignored).
+// Results in request order. Throws flexh2o::Error on empty/too long requests or bad ids.
+std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests);
+
+// Multiple choice (lm-eval-harness "multiple_choice" output type).
+struct ChoiceResult {
+  std::vector<double> loglik;       // per choice: sum of token log-probabilities (nats)
+  std::vector<double> loglik_norm;  // per choice: loglik / number of choice tokens
+  std::vector<int64_t> tokens;      // per choice: number of tokens
+  std::vector<bool> greedy;         // per choice: lm-eval's is_greedy
+  int64_t best = -1;                // argmax of loglik       (acc);      ties -> lowest index
+  int64_t best_norm = -1;           // argmax of loglik_norm  (acc_norm); ties -> lowest index
+};
+
+// Scores every choice as a continuation of `context`: the choices run as a batch of sequences
+// that share the context (one prefill of the context per batch of runner.max_batch() choices),
+// each choice teacher-forced one token per step. Note: lm-eval's acc_norm divides by the
+// choice's length in bytes; here the normalisation is per token (document it where reported).
+ChoiceResult score_choices(StepRunner& runner, std::span<const int32_t> context,
+                           const std::vector<std::vector<int32_t>>& choices);
+
+}  // namespace flexh2o
