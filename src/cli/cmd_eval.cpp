@@ -9,8 +9,12 @@
 //    taken as fractions of N = the tokens scored and converted to absolute budgets first
 //    (floor(ratio * N), at least 1 when ratio > 0). `--kv-policy full` uses the faster prefill
 //    path (same numbers, it is tested) unless --streaming is given.
-//  * eval-choice: the context (few-shot examples + item) is the prompt; ratio flags are
-//    fractions of each item's context length, as in generation. acc = argmax of the summed
+//  * eval-choice: the context (few-shot examples + item) is the prompt, prefilled once per
+//    batch of choices; ratio flags are fractions of each item's context length, as in
+//    generation. The engine evicts after prefill attention (H2O-FlexGen semantics), so a
+//    choice's FIRST token is scored with the full context and only later tokens see the capped
+//    cache (h2o_hf's lm-eval masking restricts attention inside the prompt too; stream the
+//    context, as eval-ppl does, for that). acc = argmax of the summed
 //    log-likelihood; acc_norm = argmax of the per-TOKEN mean (lm-eval divides by bytes); ties
 //    go to the lowest choice index (numpy argmax, as lm-eval).
 #include <fstream>
