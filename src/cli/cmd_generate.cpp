@@ -90,6 +90,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   g->add_option("--threads", a.threads, "CPU threads (default: all)");
   g->add_flag("--quiet,-q", a.quiet, "Do not print results to stdout when --output is a file");
   add_offload_flags(g, a.offload);
+  add_kv_flags(g, a.kv);
 }
 
 int run_generate(const GenerateArgs& a, const Env& env) {
@@ -171,16 +172,32 @@ int run_generate(const GenerateArgs& a, const Env& env) {
 
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
+  const KvPolicyConfig kv_config = make_kv_config(a.kv);
+  std::unique_ptr<KvPolicy> kv_policy;
+  if (kv_config.kind != KvPolicyKind::kFull) kv_policy = make_policy(kv_config);
   std::unique_ptr<StepRunner> runner;
   OffloadEngine* offload = nullptr;
   if (offload_requested(a.offload)) {
-    auto eng = std::make_unique<OffloadEngine>(*lm.model, dev, make_offload_options(a.offload));
+    OffloadOptions oo = make_offload_options(a.offload);
+    if (a.offload.policy_file == "auto") {
+      int64_t prompt = 1, gen = 1;
+      for (const auto& r : reqs) {
+        prompt = std::max<int64_t>(prompt, int64_t(r.prompt_ids.size()));
+        gen = std::max<int64_t>(gen, r.max_new_tokens);
+      }
+      std::optional<KvPolicyConfig> kv;
+      if (kv_policy) kv = kv_config;
+      oo.policy = plan_auto_policy(a.offload, *lm.model, env.configs_dir, prompt, gen, kv,
+                                   std::max<int64_t>(1, int64_t(reqs.size())), dev, std::cerr);
+    }
+    oo.kv_policy = kv_policy.get();
+    auto eng = std::make_unique<OffloadEngine>(*lm.model, dev, oo);
     offload = eng.get();
     std::cerr << "flexh2o: offloading with " << eng->options().policy.str() << " (block of "
               << eng->max_batch() << " sequences)\n";
     runner = std::move(eng);
   } else {
-    runner = std::make_unique<InMemoryRunner>(fwd, a.batch_size);
+    runner = std::make_unique<InMemoryRunner>(fwd, a.batch_size, kv_policy.get());
   }
   GenerateOptions go;
   go.batch_size = runner->max_batch();
@@ -210,6 +227,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
               {"device", device},
               {"threads", dev.threads()},
               {"cpu_isa", cpu::cpu_isa_name()},
+              {"kv_policy", describe(kv_config)},
               {"requests", items.size()},
               {"failed_requests", bad},
               {"batch_size", runner->max_batch()},

@@ -20,6 +20,7 @@ struct GenerateArgs {
   int threads = 0;
   bool greedy = false, ignore_eos = false, quiet = false;
   OffloadArgs offload;
+  KvArgs kv;
 };
 void register_generate(CLI::App& app, GenerateArgs& a);
 int run_generate(const GenerateArgs& a, const Env& env);

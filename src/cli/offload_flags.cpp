@@ -5,6 +5,8 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "planner/planner.h"
+#include "planner/profile.h"
 
 namespace flexh2o::cli {
 
@@ -21,7 +23,12 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
   app->add_option("--overlap", a.overlap, "Overlap transfers with compute (true/false)")->capture_default_str()->group(g);
   app->add_option("--sep-layer", a.sep_layer, "Accepted for FlexGen compatibility")->capture_default_str()->group(g);
   app->add_option("--pin-weight", a.pin_weight, "Pin host-homed weights (CUDA device)")->capture_default_str()->group(g);
-  app->add_option("--policy", a.policy_file, "JSON policy file (fields of the flags above); flags override it")->group(g);
+  app->add_option("--policy", a.policy_file,
+                  "JSON policy file (fields of the flags above; flags override it), or \"auto\": the planner picks")
+      ->group(g);
+  app->add_option("--hardware", a.hardware,
+                  "Hardware profile for --policy auto: a name in configs/hardware or a file (default: measure this machine)")
+      ->group(g);
   app->add_option("--offload-dir", a.offload_dir, "Directory for disk-homed weights and KV (NVMe)")->group(g);
   app->add_option("--gpu-mem", a.gpu_mem, "Compute-device memory budget, e.g. 16GiB (default: unlimited)")->group(g);
   app->add_option("--cpu-mem", a.cpu_mem, "Host memory budget (default: unlimited)")->group(g);
@@ -72,7 +79,7 @@ bool parse_bool(const std::string& s, const char* flag) {
 
 OffloadOptions make_offload_options(const OffloadArgs& a) {
   OffloadOptions o;
-  if (!a.policy_file.empty()) {
+  if (!a.policy_file.empty() && a.policy_file != "auto") {
     std::ifstream in(a.policy_file);
     if (!in) FH_FAIL("cannot read --policy ", a.policy_file);
     nlohmann::json j;
@@ -107,6 +114,36 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   return o;
 }
 
+Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
+                        int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv,
+                        int64_t requests, CpuDevice& dev, std::ostream& log) {
+  if (!a.percent.empty() || a.gpu_batch_size || a.num_gpu_batches)
+    FH_FAIL("--policy auto chooses --percent / --gpu-batch-size / --num-gpu-batches itself; drop them");
+  HardwareProfile hw;
+  if (a.hardware.empty()) {
+    log << "flexh2o: --policy auto: measuring this machine (give --hardware to skip)\n";
+    ProfileOptions po;
+    po.offload_dir = a.offload_dir;
+    hw = measure_profile(dev, po);
+  } else {
+    hw = resolve_profile(a.hardware, configs_dir);
+  }
+  if (!a.gpu_mem.empty()) hw.device_memory = double(parse_bytes(a.gpu_mem, "--gpu-mem"));
+  if (!a.cpu_mem.empty()) hw.host_memory = double(parse_bytes(a.cpu_mem, "--cpu-mem"));
+  if (!a.disk_mem.empty()) hw.disk_memory = double(parse_bytes(a.disk_mem, "--disk-mem"));
+  Workload w;
+  w.prompt_len = prompt_len;
+  w.gen_len = gen_len;
+  w.kv = kv;
+  SearchOptions so;
+  so.max_block = requests;
+  so.allow_disk = !a.offload_dir.empty();
+  Policy p = plan_policy(m, hw, w, so);
+  p.overlap = a.overlap != "false";
+  log << "flexh2o: --policy auto on " << hw.name << ": " << p.str() << "\n";
+  return p;
+}
+
 nlohmann::json offload_report_json(const OffloadEngine& e) {
   OffloadReport r = e.report();
   nlohmann::json links, busy, wait, peak;
@@ -122,6 +159,7 @@ nlohmann::json offload_report_json(const OffloadEngine& e) {
   for (int t = 0; t < 3; ++t) budgets[tier_name(Tier(t))] = e.budget(Tier(t)).capacity();
   return {{"policy", policy_to_json(e.options().policy)},
           {"bytes_moved", links},
+          {"kv_bytes_moved", r.kv_bytes},
           {"queue_busy_seconds", busy},
           {"queue_wait_seconds", wait},
           {"schedule_wall_seconds", r.wall},

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/offload_engine.h"
+#include "policies/kv_config.h"
 
 namespace flexh2o::cli {
 
@@ -18,13 +19,21 @@ struct OffloadArgs {
   bool cpu_cache_compute = false, verify_store = false;
   std::string overlap = "true", sep_layer = "true", pin_weight = "true";
   std::string policy_file, offload_dir, gpu_mem, cpu_mem, disk_mem, io = "auto";
+  std::string hardware;  // profile for --policy auto (name in configs/hardware or a path)
 };
 
 void add_offload_flags(CLI::App* app, OffloadArgs& a);
 // True when any flag asks for the offloading engine (otherwise the in-memory path runs).
 bool offload_requested(const OffloadArgs& a);
 // Policy from --policy FILE (if given) overridden by explicit flags; budgets; directory.
+// With --policy auto the policy fields are left at their defaults (see plan_auto_policy).
 OffloadOptions make_offload_options(const OffloadArgs& a);
+// --policy auto: the planner's best policy for this model and workload on the --hardware
+// profile (this machine, measured, when none is given), with --gpu-mem / --cpu-mem /
+// --disk-mem overriding the profile's capacities. Prints the choice and its prediction.
+Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
+                        int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv,
+                        int64_t requests, CpuDevice& dev, std::ostream& log);
 // "16GiB", "512MB", "1.5G", "4096" -> bytes. Throws naming `flag` on anything else.
 uint64_t parse_bytes(const std::string& text, const std::string& flag);
 nlohmann::json offload_report_json(const OffloadEngine& e);

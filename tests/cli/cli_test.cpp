@@ -186,6 +186,49 @@ TEST(Cli, InfoDescribesPresetsAndDirectories) {
   EXPECT_NE(d.out.find("4 heads (2 kv)"), std::string::npos) << d.out;
 }
 
+TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
+  TempDir tmp;
+  const std::string in = (fs::path(FLEXH2O_TEST_DATA) / "../../configs/prompts/bible.jsonl").string();
+  auto tokens_of = [&](const std::string& extra) {
+    const fs::path out = tmp.path() / "o.jsonl";
+    RunResult r = flexh2o("generate -m " + kOpt + " -i " + in + " -o " + out.string() + " --greedy -q " + extra);
+    EXPECT_EQ(r.code, 0) << extra << "\n" << r.err;
+    std::vector<json> ids;
+    for (auto& l : read_jsonl(out)) ids.push_back(l["token_ids"]);
+    return ids;
+  };
+  const auto want = tokens_of("");
+  ASSERT_EQ(want.size(), 5u);
+  const std::string dir = " --offload-dir " + (tmp.path() / "store").string();
+  EXPECT_EQ(tokens_of("--percent 20 30 0 50 0 100 --gpu-batch-size 2 --num-gpu-batches 2" + dir), want);
+  EXPECT_EQ(tokens_of("--percent 0 100 0 100 100 0 --gpu-batch-size 3 --cpu-cache-compute --overlap false"), want);
+  EXPECT_EQ(tokens_of("--kv-policy h2o --heavy-budget 300 --recent-budget 300"), want);
+  EXPECT_EQ(tokens_of("--policy auto --hardware t4-paper --gpu-mem 8MiB" + dir), want);
+  EXPECT_NE(tokens_of("--kv-policy local --recent-budget 3"), want);  // a 3-token window changes things
+  {
+    const fs::path rep = tmp.path() / "r.json";
+    RunResult r = flexh2o("generate -m " + kOpt + " -i " + in + " -o /dev/null -q --percent 0 100 0 100 100 0 "
+                          "--kv-policy h2o --heavy-ratio 0.2 --recent-ratio 0.2 --report " + rep.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = read_json(rep);
+    EXPECT_GT(j["offload"]["bytes_moved"]["host_to_device"].get<uint64_t>(), 0u);
+    EXPECT_GT(j["offload"]["kv_bytes_moved"].get<uint64_t>(), 0u);
+    EXPECT_NE(j["kv_policy"].get<std::string>().find("h2o"), std::string::npos);
+  }
+  RunResult bad = flexh2o("generate -m " + kOpt + " --prompt hi --percent 50 60 100 0 100 0");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("sum to 110"), std::string::npos) << bad.err;
+  RunResult mem = flexh2o("generate -m " + kOpt + " --prompt hi --gpu-mem lots");
+  EXPECT_EQ(mem.code, 1);
+  EXPECT_NE(mem.err.find("--gpu-mem"), std::string::npos) << mem.err;
+  RunResult small = flexh2o("generate -m " + kOpt + " --prompt hi --percent 0 100 100 0 100 0 --gpu-mem 100KiB");
+  EXPECT_EQ(small.code, 1);
+  EXPECT_NE(small.err.find("needs at least"), std::string::npos) << small.err;
+  RunResult kv = flexh2o("generate -m " + kOpt + " --prompt hi --kv-policy h2o --heavy-ratio 1.5");
+  EXPECT_EQ(kv.code, 1);
+  EXPECT_NE(kv.err.find("--heavy-ratio"), std::string::npos) << kv.err;
+}
+
 TEST(Cli, EvalPplMatchesReference) {
   auto ref = read_json(model_dir("tiny-opt") / "reference/perplexity_full.json");
   RunResult r = flexh2o("eval-ppl -m " + kOpt + " --max-tokens 1024 --json --device cpu " +
