@@ -230,7 +230,9 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   auto gemm = [&](double flops, double wbytes, bool large_m) {
     if (large_m) return flops / hw_.device_gemm_prefill;
     const double t = flops / hw_.device_gemm_decode;
-    return hw_.device_weight_read > 0 ? std::max(t, wbytes / hw_.device_weight_read) : t;
+    if (hw_.device_weight_read <= 0) return t;
+    const double r = wbytes / hw_.device_weight_read;
+    return hw_.gemm_time_sum ? t + r : std::max(t, r);
   };
   const double layer_w = double(std::accumulate(m_.layer.begin(), m_.layer.end(), size_t(0)));
   const double head_w = double(std::accumulate(m_.head.begin(), m_.head.end(), size_t(0)));
@@ -298,10 +300,12 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
       out.t += d;
       continue;
     }
-    double start = qfree[q];
+    // One disk for reads and writes: the two disk queues take turns.
+    const size_t r = !hw_.disk_duplex && st.queue == Queue::kDiskWrite ? size_t(Queue::kDiskRead) : q;
+    double start = qfree[r];
     for (int dep : st.deps) start = std::max(start, fin[size_t(dep)]);
     fin[i] = start + d;
-    qfree[q] = fin[i];
+    qfree[r] = fin[i];
     out.t = std::max(out.t, fin[i]);
   }
   return out;

@@ -72,6 +72,16 @@ HardwareProfile HardwareProfile::from_json(const json& j, const std::string& ori
   h.host_eff_c1 = field(j, origin, "host_attention_efficiency", "c1", false, false);
   h.host_eff_c2 = field(j, origin, "host_attention_efficiency", "c2", false, false);
   h.host_eff_c3 = field(j, origin, "host_attention_efficiency", "c3", false, false);
+  if (j.contains("device_gemm_time")) {
+    const json& g = j["device_gemm_time"];
+    if (!g.is_string() || (g.get<std::string>() != "sum" && g.get<std::string>() != "max"))
+      FH_FAIL(origin, ": hardware profile field \"device_gemm_time\" must be \"max\" or \"sum\"");
+    h.gemm_time_sum = g.get<std::string>() == "sum";
+  }
+  if (j.contains("disk_duplex")) {
+    if (!j["disk_duplex"].is_boolean()) FH_FAIL(origin, ": hardware profile field \"disk_duplex\" must be true or false");
+    h.disk_duplex = j["disk_duplex"].get<bool>();
+  }
   const char* ov = "overheads_us";
   h.compute_step_overhead = field(j, origin, ov, "compute_step", false, false) * 1e-6;
   h.schedule_step_overhead = field(j, origin, ov, "schedule_step", false, false) * 1e-6;
@@ -111,6 +121,8 @@ json HardwareProfile::to_json() const {
                         {"attention_prefill", device_attention_prefill / kT},
                         {"attention_decode", device_attention_decode / kT}};
   j["device_gbps"] = {{"weight_read", device_weight_read / kG}, {"elementwise", device_elementwise / kG}};
+  j["device_gemm_time"] = gemm_time_sum ? "sum" : "max";
+  j["disk_duplex"] = disk_duplex;
   j["overheads_us"] = {{"compute_step", compute_step_overhead * 1e6},
                        {"schedule_step", schedule_step_overhead * 1e6},
                        {"token_step", token_step_overhead * 1e6},

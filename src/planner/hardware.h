@@ -27,6 +27,14 @@ struct HardwareProfile {
   double device_gemm_prefill = 0, device_gemm_decode = 0;
   double device_attention_prefill = 0, device_attention_decode = 0;
   double device_weight_read = 0;
+  // Decode GEMM time = max(flops / gemm_decode, bytes / weight_read) (a GPU's roofline, the
+  // default) or their sum (JSON "device_gemm_time": "sum"): on the CPU device one core both
+  // streams the f16 weights and does the arithmetic, so the two do not overlap.
+  bool gemm_time_sum = false;
+  // Disk reads and writes share one device (JSON "disk_duplex": false): the cost model then
+  // serialises the disk-read and disk-write queues. The profiler measures it (concurrent read +
+  // write passes vs their sum); datasheet profiles default to duplex (FlexGen's model).
+  bool disk_duplex = true;
   // Host attention (cpu_cache_compute), FLOP/s, with FlexGen's efficiency correction
   // F_eff = F * max(0.1, 1 + c1*a*b - c2*a - c3*b), a = max(0, log2(64/gbs)),
   // b = max(0, log2(4096/hidden)); c1 = c2 = c3 = 0 disables it.
