@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   std::string json_path = "bench_offload.json", configs = FLEXH2O_SOURCE_CONFIGS, dir = "bench_offload_store";
   std::string pipeline_model = "opt-1.3b", h2o_model = "opt-125m";
   int64_t cpu_mem_mib = 256;
+  bool run_pipeline = true, run_h2o = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--json") json_path = argv[i + 1];
@@ -94,13 +95,14 @@ int main(int argc, char** argv) {
     else if (a == "--pipeline-model") pipeline_model = argv[i + 1];
     else if (a == "--h2o-model") h2o_model = argv[i + 1];
     else if (a == "--cpu-mem-mib") cpu_mem_mib = std::stoll(argv[i + 1]);
+    else if (a == "--only") run_pipeline = std::string(argv[i + 1]) == "pipeline", run_h2o = !run_pipeline;
   }
   const int threads = int(std::thread::hardware_concurrency());
   CpuDevice dev(threads);
   nlohmann::json out{{"threads", threads}};
   std::printf("machine: %d threads; offload dir %s\n\n", threads, dir.c_str());
 
-  {  // ---- pipeline ----
+  if (run_pipeline) {  // ---- pipeline ----
     ModelConfig c = ModelConfig::from_file(configs + "/models/" + pipeline_model + ".json");
     c.name = pipeline_model;
     Model m = Model::dummy(c, 3);
@@ -133,7 +135,7 @@ int main(int argc, char** argv) {
                        {"disk_to_host_bytes", full.report.bytes[size_t(Link::kDiskToHost)]}};
   }
 
-  {  // ---- h2o vs full ----
+  if (run_h2o) {  // ---- h2o vs full ----
     ModelConfig c = ModelConfig::from_file(configs + "/models/" + h2o_model + ".json");
     c.name = h2o_model;
     Model m = Model::dummy(c, 4);
