@@ -23,15 +23,7 @@ std::vector<std::pair<std::size_t, std::size_t>> Pattern::find_all(std::string_v
 }
 
 std::string Pattern::replace_all(std::string_view text, std::string_view with) const {
-  std::string out;
-  std::size_t prev = 0;
-  for (auto [b, e] : find_all(text)) {
-    out.append(text.substr(prev, b - prev));
-    out.append(with);
-    prev = e;
-  }
-  out.append(text.substr(prev));
-  return out;
+  return replace_spans(text, find_all(text), with);
 }
 
 // ---------------------------------------------------------------------------------------------

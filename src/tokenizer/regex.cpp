@@ -75,16 +75,21 @@ std::vector<std::pair<std::size_t, std::size_t>> Regex::find_all(std::string_vie
   return out;
 }
 
-std::string Regex::replace_all(std::string_view text, std::string_view with) const {
+std::string replace_spans(std::string_view text, const std::vector<std::pair<std::size_t, std::size_t>>& spans,
+                          std::string_view with) {
   std::string out;
   std::size_t prev = 0;
-  for (auto [b, e] : find_all(text)) {
+  for (auto [b, e] : spans) {
     out.append(text.substr(prev, b - prev));
     out.append(with);
     prev = e;
   }
   out.append(text.substr(prev));
   return out;
+}
+
+std::string Regex::replace_all(std::string_view text, std::string_view with) const {
+  return replace_spans(text, find_all(text), with);
 }
 
 std::string regex_escape(std::string_view literal) {

@@ -32,6 +32,10 @@ class Regex {
 };
 
 // Escapes a literal string for use inside a PCRE2 pattern.
+// text with every [begin, end) span (sorted, disjoint) replaced by `with`.
+std::string replace_spans(std::string_view text, const std::vector<std::pair<std::size_t, std::size_t>>& spans,
+                          std::string_view with);
+
 std::string regex_escape(std::string_view literal);
 
 }  // namespace flexh2o::tok
