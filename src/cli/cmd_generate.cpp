@@ -9,8 +9,8 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "engine/generate.h"
+#include "cli/run_setup.h"
 #include "engine/offload_engine.h"
-#include "kernels/cpu/isa.h"
 
 namespace flexh2o::cli {
 namespace {
@@ -172,33 +172,14 @@ int run_generate(const GenerateArgs& a, const Env& env) {
 
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
-  const KvPolicyConfig kv_config = make_kv_config(a.kv);
-  std::unique_ptr<KvPolicy> kv_policy;
-  if (kv_config.kind != KvPolicyKind::kFull) kv_policy = make_policy(kv_config);
-  std::unique_ptr<StepRunner> runner;
-  OffloadEngine* offload = nullptr;
-  if (offload_requested(a.offload)) {
-    OffloadOptions oo = make_offload_options(a.offload);
-    if (a.offload.policy_file == "auto") {
-      int64_t prompt = 1, gen = 1;
-      for (const auto& r : reqs) {
-        prompt = std::max<int64_t>(prompt, int64_t(r.prompt_ids.size()));
-        gen = std::max<int64_t>(gen, r.max_new_tokens);
-      }
-      std::optional<KvPolicyConfig> kv;
-      if (kv_policy) kv = kv_config;
-      oo.policy = plan_auto_policy(a.offload, *lm.model, env.configs_dir, prompt, gen, kv,
-                                   std::max<int64_t>(1, int64_t(reqs.size())), dev, std::cerr);
-    }
-    oo.kv_policy = kv_policy.get();
-    auto eng = std::make_unique<OffloadEngine>(*lm.model, dev, oo);
-    offload = eng.get();
-    std::cerr << "flexh2o: offloading with " << eng->options().policy.str() << " (block of "
-              << eng->max_batch() << " sequences)\n";
-    runner = std::move(eng);
-  } else {
-    runner = std::make_unique<InMemoryRunner>(fwd, a.batch_size, kv_policy.get());
+  int64_t prompt = 1, gen = 1;
+  for (const auto& r : reqs) {
+    prompt = std::max<int64_t>(prompt, int64_t(r.prompt_ids.size()));
+    gen = std::max<int64_t>(gen, r.max_new_tokens);
   }
+  RunSetup rs = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,
+                               int64_t(reqs.size()), std::cerr);
+  StepRunner* runner = rs.runner.get();
   GenerateOptions go;
   go.batch_size = runner->max_batch();
   go.ignore_eos = a.ignore_eos;
@@ -222,30 +203,9 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   flush();
 
   const double total_s = st.prefill_seconds + st.decode_seconds;
-  json report{{"model", cfg.name},
-              {"model_source", lm.source},
-              {"device", device},
-              {"threads", dev.threads()},
-              {"cpu_isa", cpu::cpu_isa_name()},
-              {"kv_policy", describe(kv_config)},
-              {"requests", items.size()},
-              {"failed_requests", bad},
-              {"batch_size", runner->max_batch()},
-              {"batches", st.batches},
-              {"prompt_tokens", st.prompt_tokens},
-              {"padded_prompt_tokens", st.padded_prompt_tokens},
-              {"generated_tokens", st.generated_tokens},
-              {"load_seconds", lm.load_seconds},
-              {"prefill_seconds", st.prefill_seconds},
-              {"decode_seconds", st.decode_seconds},
-              {"total_seconds", total_s},
-              {"prefill_tokens_per_s", st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0.0},
-              {"decode_tokens_per_s", st.decode_seconds > 0 ? st.generated_tokens / st.decode_seconds : 0.0},
-              {"tokens_per_s", total_s > 0 ? st.generated_tokens / total_s : 0.0},
-              {"weight_bytes", lm.model->weight_bytes()},
-              {"peak_kv_bytes", st.peak_kv_bytes},
-              {"peak_rss_bytes", peak_rss_bytes()}};
-  if (offload) report["offload"] = offload_report_json(*offload);
+  json report = run_report(lm, rs, st, dev, device);
+  report["requests"] = items.size();
+  report["failed_requests"] = bad;
   if (!a.report.empty()) write_json_file(a.report, report);
   std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << reqs.size() << " prompts in " << total_s
             << " s (" << report["tokens_per_s"].get<double>() << " tok/s; prefill " << st.prefill_seconds

@@ -25,6 +25,17 @@ struct GenerateArgs {
 void register_generate(CLI::App& app, GenerateArgs& a);
 int run_generate(const GenerateArgs& a, const Env& env);
 
+struct BenchArgs {
+  std::string model, report, device = "auto";
+  int64_t prompt_len = 512, gen_len = 32, num_prompts = 0, batch_size = 8;
+  uint64_t seed = 0;
+  int threads = 0;
+  OffloadArgs offload;
+  KvArgs kv;
+};
+void register_bench(CLI::App& app, BenchArgs& a);
+int run_bench(const BenchArgs& a, const Env& env);
+
 struct TokenizeArgs {
   std::string tokenizer, input, output;
   bool no_special = false;

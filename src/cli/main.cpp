@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  flexh2o generate -m tests/data/tiny-opt --input prompts.jsonl --output out.jsonl --report run.json\n"
       "  flexh2o generate -m facebook/opt-1.3b --prompt \"Hello\" --greedy -n 20\n"
+      "  flexh2o bench -m opt-1.3b --prompt-len 512 --gen-len 32 --percent 50 50 0 100 100 0 --gpu-batch-size 8\n"
       "  flexh2o info opt-30b\n"
       "  flexh2o tokenize --tokenizer tests/data/tiny-opt < texts.jsonl\n",
       "flexh2o"};
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   app.add_option("--configs", configs, "Directory with models/*.json presets (default: the installed configs/)");
 
   GenerateArgs gen;
+  BenchArgs bench;
   TokenizeArgs tok, detok;
   InfoArgs info;
   EvalPplArgs ppl;
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
   PlanArgs plan;
   ProfileArgs profile;
   register_generate(app, gen);
+  register_bench(app, bench);
   register_tokenize(app, tok, false);
   register_tokenize(app, detok, true);
   register_info(app, info);
@@ -83,6 +86,7 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.get_subcommands().front();
     const std::string name = sub->get_name();
     if (name == "generate") return run_generate(gen, env);
+    if (name == "bench") return run_bench(bench, env);
     if (name == "tokenize") return run_tokenize(tok, false);
     if (name == "detokenize") return run_tokenize(detok, true);
     if (name == "info") return run_info(info, env);

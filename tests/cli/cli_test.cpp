@@ -229,6 +229,27 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
   EXPECT_NE(kv.err.find("--heavy-ratio"), std::string::npos) << kv.err;
 }
 
+TEST(Cli, BenchRunsFixedLengthWorkloadsWithPoliciesAndPresets) {
+  TempDir tmp;
+  const fs::path rep = tmp.path() / "bench.json";
+  RunResult r = flexh2o("bench -m " + kOpt + " --prompt-len 20 --gen-len 6 --percent 0 100 0 100 100 0 "
+                        "--gpu-batch-size 2 --num-gpu-batches 2 --kv-policy h2o --heavy-budget 4 --recent-budget 4 "
+                        "--report " + rep.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = read_json(rep);
+  EXPECT_EQ(j["generated_tokens"], 4 * 6);  // one block of 2 x 2, EOS ignored
+  EXPECT_EQ(j["workload"]["prompt_len"], 20);
+  EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
+  // KV bytes follow the budget: prefill stores 7 rows, decode loads 7 and stores 1 per step.
+  const uint64_t row = 2 * 4 * 64 * 4 * 4;  // K+V, 4 kv heads x 64 dims fp32, 4 layers
+  EXPECT_EQ(j["offload"]["kv_bytes_moved"].get<uint64_t>(), 4 * (7 + 5 * 8) * row);
+  RunResult preset = flexh2o("bench -m opt-125m --prompt-len 8 --gen-len 2 --num-prompts 2 --threads 2");
+  EXPECT_EQ(preset.code, 0) << preset.err;
+  RunResult too_long = flexh2o("bench -m " + kOpt + " --prompt-len 1000 --gen-len 100");
+  EXPECT_EQ(too_long.code, 1);
+  EXPECT_NE(too_long.err.find("exceeds"), std::string::npos) << too_long.err;
+}
+
 TEST(Cli, EvalPplMatchesReference) {
   auto ref = read_json(model_dir("tiny-opt") / "reference/perplexity_full.json");
   RunResult r = flexh2o("eval-ppl -m " + kOpt + " --max-tokens 1024 --json --device cpu " +

@@ -1,0 +1,34 @@
+// What generate and bench share: turning the offloading and KV-policy flags into a runner
+// (in-memory Forward or OffloadEngine, with --policy auto planned for the workload), and the
+// JSON run report from the generation stats.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "cli/common.h"
+#include "cli/kv_flags.h"
+#include "cli/offload_flags.h"
+#include "engine/generate.h"
+
+namespace flexh2o::cli {
+
+struct RunSetup {
+  KvPolicyConfig kv_config;
+  std::unique_ptr<KvPolicy> kv_policy;  // null for full
+  std::unique_ptr<StepRunner> runner;
+  OffloadEngine* offload = nullptr;     // the runner, when offloading
+};
+
+// `fwd` and `dev` must outlive the result. prompt_len / gen_len / requests describe the
+// workload (for --policy auto). Logs the choice to `log`.
+RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
+                        Forward& fwd, CpuDevice& dev, const Env& env, int64_t prompt_len, int64_t gen_len,
+                        int64_t requests, std::ostream& log);
+
+// The run report (timings, tokens/s, memory; the offload section when offloading).
+nlohmann::json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& st, const CpuDevice& dev,
+                          const std::string& device);
+
+}  // namespace flexh2o::cli
