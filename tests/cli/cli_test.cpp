@@ -1,14 +1,13 @@
 // The flexh2o program as a user runs it: generate (JSONL contract, report, bad lines),
 // tokenize/detokenize, info, hub-cache resolution, device selection, exit codes.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "../engine/test_util.h"
+#include "cli_run.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -17,24 +16,9 @@ using flexh2o::test::model_dir;
 using flexh2o::test::read_json;
 using flexh2o::test::TempDir;
 
-struct RunResult {
-  int code = -1;
-  std::string out, err;
-};
+using flexh2o::test::RunResult;
 
-// Runs the flexh2o binary with `args` (shell words), capturing stdout and stderr.
-RunResult flexh2o(const std::string& args, const std::string& env = "") {
-  TempDir tmp;
-  const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
-  std::string cmd = env + " " + std::string(FLEXH2O_BINARY_DIR) + "/flexh2o " + args + " >" + out.string() +
-                    " 2>" + err.string() + " </dev/null";
-  RunResult r;
-  int st = std::system(cmd.c_str());
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = flexh2o::test::read_text(out);
-  r.err = flexh2o::test::read_text(err);
-  return r;
-}
+RunResult flexh2o(const std::string& args, const std::string& env = "") { return flexh2o::test::run_flexh2o(args, env); }
 
 std::vector<json> read_jsonl(const fs::path& p) {
   std::ifstream in(p);

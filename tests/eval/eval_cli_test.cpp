@@ -2,13 +2,12 @@
 // perplexity, policy budgets in the output, accuracy above chance on the shipped task file,
 // and bad flags / bad task files (clear error naming the flag or line, non-zero exit).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../engine/test_util.h"
+#include "cli_run.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -17,23 +16,9 @@ using flexh2o::test::model_dir;
 using flexh2o::test::read_json;
 using flexh2o::test::TempDir;
 
-struct RunResult {
-  int code = -1;
-  std::string out, err;
-};
+using flexh2o::test::RunResult;
 
-RunResult flexh2o(const std::string& args) {
-  TempDir tmp;
-  const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
-  std::string cmd = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o " + args + " >" + out.string() + " 2>" +
-                    err.string() + " </dev/null";
-  RunResult r;
-  int st = std::system(cmd.c_str());
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = flexh2o::test::read_text(out);
-  r.err = flexh2o::test::read_text(err);
-  return r;
-}
+RunResult flexh2o(const std::string& args, const std::string& env = "") { return flexh2o::test::run_flexh2o(args, env); }
 
 json run_json(const std::string& args) {
   RunResult r = flexh2o(args + " --json --device cpu --threads 2");
