@@ -117,8 +117,14 @@ void OffloadEngine::Impl::prepare_step(const int32_t* step_ids, const int32_t* s
     len_final[size_t(b)] = int32_t(keep);
     for (int64_t h = 0; h < kvh; ++h) load_hi[size_t(b * kvh + h)] = len_before[size_t(b)];
   }
-  for (int64_t i = 0; i < batch * T; ++i)
+  for (int64_t i = 0; i < batch * T; ++i) {
     FH_CHECK(positions[i] >= 0 && positions[i] < c.max_positions, "position ", positions[i], " out of range");
+    FH_CHECK(ids[i] >= 0 && ids[i] < c.vocab_size, "token id ", ids[i], " outside the vocabulary [0, ", c.vocab_size,
+             ")");
+  }
+  gather_rows = batch * T < c.vocab_size;
+  local_ids.resize(size_t(batch * T));
+  for (int64_t i = 0; i < batch * T; ++i) local_ids[size_t(i)] = int32_t(i);
 }
 
 void OffloadEngine::Impl::finish_step(std::vector<float>& logits) {
@@ -149,6 +155,14 @@ void OffloadEngine::Impl::load_weight_disk(int u) {
   std::byte* stage = weight_stage[size_t(u % 2)].data();
   for (const WeightHome& h : units[size_t(u)]) {
     if (h.tier != Tier::kDisk) continue;
+    if (h.token_table && gather_rows) {  // the step's rows only, in step order
+      const size_t row = h.bytes / size_t(c.vocab_size);
+      for (int64_t i = 0; i < batch * T; ++i)
+        e.store_->read(h.store_name, uint64_t(ids[i]) * row, row, stage + h.stage_offset + size_t(i) * row)
+            .throw_if_error();
+      e.counters_.add(Link::kDiskToHost, uint64_t(batch * T) * row);
+      continue;
+    }
     e.store_->read(h.store_name, 0, h.bytes, stage + h.stage_offset).throw_if_error();
     e.counters_.add(Link::kDiskToHost, h.bytes);
   }
@@ -158,7 +172,18 @@ void OffloadEngine::Impl::load_weight(int u) {
   std::byte* slot = weight_slot[size_t(u % 2)].data();
   for (const WeightHome& h : units[size_t(u)]) {
     if (h.tier == Tier::kDevice) continue;
-    const std::byte* src = h.tier == Tier::kHost ? h.home.data() : weight_stage[size_t(u % 2)].data() + h.stage_offset;
+    const bool staged = h.tier == Tier::kDisk;
+    const std::byte* src = staged ? weight_stage[size_t(u % 2)].data() + h.stage_offset : h.home.data();
+    if (h.token_table && gather_rows) {
+      const size_t row = h.bytes / size_t(c.vocab_size), n = size_t(batch * T);
+      if (staged) {
+        std::memcpy(slot + h.slot_offset, src, n * row);  // already in step order
+      } else {
+        for (size_t i = 0; i < n; ++i) std::memcpy(slot + h.slot_offset + i * row, src + size_t(ids[i]) * row, row);
+      }
+      e.counters_.add(Link::kHostToDevice, n * row);
+      continue;
+    }
     std::memcpy(slot + h.slot_offset, src, h.bytes);
     e.counters_.add(Link::kHostToDevice, h.bytes);
   }
@@ -172,6 +197,7 @@ ModelWeights OffloadEngine::Impl::unit_weights(int u) const {
       if (h.source.data != v.data) continue;
       v.data = h.tier == Tier::kDevice ? static_cast<const void*>(h.home.data())
                                        : static_cast<const void*>(weight_slot[size_t(u % 2)].data() + h.slot_offset);
+      if (h.token_table && h.tier != Tier::kDevice && gather_rows) v.shape = Shape({batch * T, c.hidden});
       return;
     }
     FH_CHECK(v.empty(), "unit ", u, " has no home for a tensor it uses");
@@ -313,7 +339,8 @@ void OffloadEngine::Impl::compute(int u, int k) {
   const ModelWeights w = unit_weights(u);
   e.dev_.run([&] {
     if (u == 0) {
-      compute_.embed(c, w, ids + mb.first * T, s, hidden);
+      const bool local = gather_rows && token_streamed;
+      compute_.embed(c, w, (local ? local_ids.data() : ids) + mb.first * T, s, hidden);
       return;
     }
     if (u == c.n_layers + 1) {

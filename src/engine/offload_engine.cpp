@@ -138,6 +138,8 @@ void OffloadEngine::Impl::place_weights() {
       h.tier = t.tier;
       h.source = t.source;
       h.bytes = t.bytes;
+      h.token_table = u == 0 && t.source.data == e.model_.weights().embed.data;
+      if (h.token_table && t.tier != Tier::kDevice) token_streamed = true;
       const std::string what = std::string("weight ") + t.name;
       if (t.tier == Tier::kDisk) {
         h.store_name = store_name(t.name);

@@ -22,6 +22,7 @@ struct WeightHome {
   TierCharge disk_charge;
   size_t slot_offset = 0;   // in the device weight slot, when streamed
   size_t stage_offset = 0;  // in the host disk staging slot, when on disk
+  bool token_table = false; // unit 0's token embedding: streamed as the step's rows only
 };
 
 struct MicroBatch {
@@ -103,6 +104,11 @@ struct OffloadEngine::Impl {
 
   // Current step
   bool prefill = true;
+  // Streamed token table: only the step's rows move (row i = table[ids[i]]), and the embedding
+  // reads them through local_ids = 0..batch*T-1. Off when the step has >= vocab rows.
+  bool gather_rows = false;
+  bool token_streamed = false;  // the token table is host- or disk-homed
+  std::vector<int32_t> local_ids;
   int64_t T = 0;
   const int32_t* ids = nullptr;
   const int32_t* positions = nullptr;

@@ -43,7 +43,7 @@ ModelShape ModelShape::from_config(const ModelConfig& c) {
     else if (w.layer > 0) continue;
     else if (w.name.find("embed_") != std::string::npos) s.embed.push_back(n);
     else s.head.push_back(n);
-    if (w.name.find("embed_tokens") != std::string::npos) embed_bytes = n;
+    if (w.name.find("embed_tokens") != std::string::npos) embed_bytes = n, s.token_index = s.embed.size() - 1;
   }
   if (c.tie_embeddings) s.head.push_back(embed_bytes);
   return s;
@@ -57,6 +57,7 @@ ModelShape ModelShape::from_model(const Model& m) {
     else if (t.spec.layer > 0) continue;
     else if (t.spec.name.find("embed_") != std::string::npos) s.embed.push_back(t.view.nbytes());
     else s.head.push_back(t.view.nbytes());
+    if (t.view.data == m.weights().embed.data) s.token_index = s.embed.size() - 1;
   }
   if (s.config.tie_embeddings) s.head.push_back(m.weights().embed.nbytes());
   return s;
@@ -76,6 +77,23 @@ std::array<uint64_t, 3> place_unit(const std::vector<size_t>& tensor_bytes, cons
     const double mid = total ? (double(cum) + double(b) / 2) / double(total) * 100 : 0;
     cum += b;
     out[size_t(midpoint_tier(mid, p.w_gpu_percent, p.w_cpu_percent))] += b;
+  }
+  return out;
+}
+
+std::array<uint64_t, 3> embed_moved(const ModelShape& m, const Policy& p, uint64_t rows) {
+  // offload_actions.cpp load_weight_disk/load_weight: a streamed token table moves only the
+  // step's rows (all of it when a step has >= vocab rows).
+  std::array<uint64_t, 3> out{};
+  const size_t total = std::accumulate(m.embed.begin(), m.embed.end(), size_t(0));
+  size_t cum = 0;
+  for (size_t i = 0; i < m.embed.size(); ++i) {
+    const size_t b = m.embed[i];
+    const double mid = total ? (double(cum) + double(b) / 2) / double(total) * 100 : 0;
+    cum += b;
+    const Tier t = midpoint_tier(mid, p.w_gpu_percent, p.w_cpu_percent);
+    const uint64_t V = uint64_t(m.config.vocab_size);
+    out[size_t(t)] += i == m.token_index && t != Tier::kDevice ? std::min(rows, V) * (b / V) : b;
   }
   return out;
 }
@@ -155,11 +173,16 @@ std::array<uint64_t, kNumLinks> CostModel::bytes(const Policy& p) const {
   const ModelConfig& c = m_.config;
   std::array<uint64_t, kNumLinks> b{};
   auto add = [&](Link l, uint64_t n) { b[size_t(l)] += n; };
-  const auto e = place_unit(m_.embed, p), l = place_unit(m_.layer, p), h = place_unit(m_.head, p);
+  const auto l = place_unit(m_.layer, p), h = place_unit(m_.head, p);
   const uint64_t L = uint64_t(c.n_layers), K = uint64_t(p.num_gpu_batches), B = uint64_t(p.block_size());
   const uint64_t steps = uint64_t(w_.gen_len), s = uint64_t(w_.prompt_len);
-  add(Link::kDiskToHost, steps * (e[2] + L * l[2] + h[2]));
-  add(Link::kHostToDevice, steps * (e[1] + e[2] + L * (l[1] + l[2]) + h[1] + h[2]));
+  add(Link::kDiskToHost, steps * (L * l[2] + h[2]));
+  add(Link::kHostToDevice, steps * (L * (l[1] + l[2]) + h[1] + h[2]));
+  for (uint64_t i = 0; i < steps; ++i) {  // the embedding unit moves the step's rows
+    const auto em = embed_moved(m_, p, B * (i == 0 ? s : 1));
+    add(Link::kDiskToHost, em[2]);
+    add(Link::kHostToDevice, em[1] + em[2]);
+  }
   const uint64_t hid = uint64_t(c.hidden) * kF;
   if (p.act_cpu_percent == 100) {
     const uint64_t rows = B * (s + steps - 1);  // prefill s rows, then 1 per decode step
@@ -267,6 +290,11 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   layer_c += hw_.compute_step_overhead;
   embed_c += hw_.compute_step_overhead;
   head_c += hw_.compute_step_overhead;
+  // The embedding unit moves only the block's rows of a streamed token table; from disk each
+  // row is its own read request.
+  const uint64_t em_rows = uint64_t(p.block_size()) * uint64_t(T);
+  const auto em = embed_moved(m_, p, em_rows);
+  const double em_disk_requests = em[2] < pe[2] ? double(em_rows) : 0.0;
   // KV disk requests: one per (sequence, KV head, K|V) with rows to move.
   const double disk_req = nd * double(c.n_kv_heads) * 2;
 
@@ -279,8 +307,10 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
     const auto& pu = uk == 0 ? pe : uk == 2 ? ph : pl;
     double d = 0;
     switch (st.kind) {
-      case StepKind::kLoadWeightDisk: d = double(pu[2]) / hw_.disk_to_host; break;
-      case StepKind::kLoadWeight: d = double(pu[1] + pu[2]) / hw_.host_to_device; break;
+      case StepKind::kLoadWeightDisk:
+        d = double(uk == 0 ? em[2] : pu[2]) / hw_.disk_to_host + (uk == 0 ? em_disk_requests * hw_.disk_read_request : 0);
+        break;
+      case StepKind::kLoadWeight: d = double(uk == 0 ? em[1] + em[2] : pu[1] + pu[2]) / hw_.host_to_device; break;
       case StepKind::kLoadCacheDisk:
         d = nd * before * row / hw_.disk_to_host_cache + (before > 0 ? disk_req * hw_.disk_read_request : 0);
         break;

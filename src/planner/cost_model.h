@@ -31,6 +31,7 @@ struct Workload {
 struct ModelShape {
   ModelConfig config;
   std::vector<size_t> embed, layer, head;
+  size_t token_index = 0;  // which of `embed` is the token table (vocab rows)
   // From the config alone, weights in config.dtype (presets, dummy weights).
   static ModelShape from_config(const ModelConfig& c);
   // From a loaded model (its checkpoint's dtypes).
@@ -40,6 +41,9 @@ struct ModelShape {
 
 // Per-tier bytes of one unit under the midpoint rule; same result as place_weights().
 std::array<uint64_t, 3> place_unit(const std::vector<size_t>& tensor_bytes, const Policy& p);
+// Per-tier bytes the embedding unit moves in a step of `rows` token rows: a host- or disk-homed
+// token table moves only min(rows, vocab) of its rows (the engine gathers them).
+std::array<uint64_t, 3> embed_moved(const ModelShape& m, const Policy& p, uint64_t rows);
 
 struct Estimate {
   Policy policy;

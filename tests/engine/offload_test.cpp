@@ -129,9 +129,12 @@ TEST(OffloadBytes, MatchWhatThePolicyImplies) {
     go.ignore_eos = true;
     generate(eng, reqs, go);
     const uint64_t steps = gen;  // prefill + (gen - 1) decode steps
-    const uint64_t all_weights = model.weight_bytes() + model.weights().embed.nbytes();  // tied head loads it again
+    // Every weight once per step, the tied head's table again, except that the embedding unit
+    // moves only the step's token rows: 4 x 9 at the prefill, 4 per decode step.
+    const uint64_t table = model.weights().embed.nbytes(), table_row = table / uint64_t(c.vocab_size);
+    const uint64_t all_weights = model.weight_bytes();  // - table (gathered) + table (tied head)
     const uint64_t row = uint64_t(2 * c.n_kv_heads * c.head_dim) * sizeof(float), L = uint64_t(c.n_layers);
-    uint64_t h2d = steps * all_weights, d2h = 0;
+    uint64_t h2d = steps * all_weights + (4 * 9 + (steps - 1) * 4) * table_row, d2h = 0;
     for (int64_t n : lens) {
       d2h += L * uint64_t(n) * row;  // prefill stores every prompt row
       for (int64_t j = 0; j < gen - 1; ++j) {
@@ -172,7 +175,11 @@ TEST(OffloadBytes, DiskLinksCarryDiskHomedData) {
   go.ignore_eos = true;
   generate(eng, reqs, go);
   const uint64_t row = uint64_t(2 * c.n_kv_heads * c.head_dim) * sizeof(float), L = uint64_t(c.n_layers);
-  uint64_t d2h_disk = uint64_t(gen) * model.weight_bytes(), h2disk = 0;
+  // Every weight from disk once per step, but only the step's rows of the token table (3 x 6
+  // at the prefill, 3 per decode step).
+  const uint64_t table = model.weights().embed.nbytes(), table_row = table / uint64_t(c.vocab_size);
+  uint64_t d2h_disk = uint64_t(gen) * (model.weight_bytes() - table) + (3 * 6 + uint64_t(gen - 1) * 3) * table_row;
+  uint64_t h2disk = 0;
   for (int64_t n : lens) {
     h2disk += L * uint64_t(n) * row;
     for (int64_t j = 0; j < gen - 1; ++j) {

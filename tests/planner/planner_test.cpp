@@ -42,18 +42,15 @@ struct BytesCase {
 
 class PlannerBytes : public ::testing::TestWithParam<BytesCase> {};
 
-TEST_P(PlannerBytes, EqualTheEngineCounters) {
-  const BytesCase& bc = GetParam();
-  Model model = Model::load_dir(model_dir(bc.model));
+// Runs one block of `w` through the engine and compares its counters with the cost model.
+void expect_bytes_equal(const char* model_name, const Policy& policy, const Workload& w) {
+  Model model = Model::load_dir(model_dir(model_name));
   CpuDevice dev(2);
   test::TempDir dir;
   OffloadOptions o;
-  o.policy = make(bc.percent, bc.gbs, bc.ngb, bc.cpu_attn);
+  o.policy = policy;
   o.offload_dir = dir.path();
   OffloadEngine eng(model, dev, o);
-  Workload w;
-  w.prompt_len = 7;
-  w.gen_len = 5;
   std::vector<GenerationRequest> reqs(size_t(o.policy.block_size()));
   for (auto& r : reqs) {
     r.prompt_ids.assign(size_t(w.prompt_len), 100);
@@ -71,6 +68,30 @@ TEST_P(PlannerBytes, EqualTheEngineCounters) {
   const Estimate e = cm.estimate(o.policy);
   EXPECT_EQ(e.bytes, got);
   EXPECT_GT(e.throughput, 0);
+}
+
+TEST_P(PlannerBytes, EqualTheEngineCounters) {
+  const BytesCase& bc = GetParam();
+  Workload w;
+  w.prompt_len = 7;
+  w.gen_len = 5;
+  expect_bytes_equal(bc.model, make(bc.percent, bc.gbs, bc.ngb, bc.cpu_attn), w);
+}
+
+// A streamed token table moves only a step's rows, unless the step has at least vocab rows
+// (8 x 520 > tiny-opt's 4096): then the prefill moves the whole table.
+TEST(PlannerBytesEmbedding, WholeTableWhenAStepHasVocabRows) {
+  Workload w;
+  w.prompt_len = 520;
+  w.gen_len = 2;
+  for (const char* percent : {"0 0 100 0 100 0", "0 100 100 0 100 0"})
+    expect_bytes_equal("tiny-opt", make(percent, 4, 2, false), w);
+  ModelShape m = ModelShape::from_model(Model::load_dir(model_dir("tiny-opt")));
+  const Policy disk = make("0 0 100 0 100 0", 4, 2, false);
+  const uint64_t table = m.embed[m.token_index], row = table / uint64_t(m.config.vocab_size);
+  EXPECT_EQ(embed_moved(m, disk, 3)[2] - embed_moved(m, disk, 1)[2], 2 * row);
+  EXPECT_EQ(embed_moved(m, disk, 4096)[2], embed_moved(m, disk, 100000)[2]);
+  EXPECT_GE(embed_moved(m, disk, 4096)[2], table);
 }
 
 INSTANTIATE_TEST_SUITE_P(
