@@ -43,7 +43,9 @@ struct RunResult {
   OffloadReport report;
 };
 
-RunResult run(const Model& m, CpuDevice& dev, OffloadOptions o, const std::vector<GenerationRequest>& reqs) {
+RunResult run(const Model& m, CpuDevice& dev, OffloadOptions o, const std::vector<GenerationRequest>& reqs,
+              const std::string& trace_path = "") {
+  o.trace = !trace_path.empty();
   OffloadEngine e(m, dev, o);
   GenerateOptions go;
   go.ignore_eos = true;
@@ -54,30 +56,47 @@ RunResult run(const Model& m, CpuDevice& dev, OffloadOptions o, const std::vecto
   r.seconds = secs(t0);
   r.tokens_per_s = double(st.generated_tokens) / r.seconds;
   r.report = e.report();
+  if (o.trace) {
+    std::ofstream f(trace_path);
+    e.write_trace(f);
+  }
   return r;
 }
 
-// Reads every disk-homed weight `steps` times through a DiskStore, as the engine's disk queue does.
-double io_only(const Model& m, const WeightPlacement& wp, const fs::path& dir, int steps) {
+// Reads every disk-homed weight once per token step through a DiskStore, as the engine's disk
+// queue does: whole tensors, except the token table, of which a step reads only its rows
+// (block x prompt rows at the prefill, block rows per decode step; 4 KiB apart here).
+double io_only(const Model& m, const WeightPlacement& wp, const fs::path& dir, int steps, int64_t block,
+               int64_t prompt) {
   std::string why;
   auto io = make_io_backend(IoBackendChoice::kAuto, &why);
   auto store = DiskStore::open(dir / "io-only", "io-only", *io);
   size_t max_bytes = 0;
-  std::vector<std::pair<std::string, TensorView>> files;
+  struct File { std::string name; TensorView v; bool rows; };
+  std::vector<File> files;
   for (const auto& u : wp.units)
     for (const auto& t : u.tensors)
       if (t.tier == Tier::kDisk) {
         std::string name = "t" + std::to_string(files.size());
         store->put(name, t.source).throw_if_error();
-        files.push_back({name, t.source});
+        files.push_back({name, t.source, &u == &wp.units.front() && t.source.data == m.weights().embed.data});
         max_bytes = std::max(max_bytes, t.bytes);
       }
   std::vector<std::byte> buf(max_bytes + 4096);
   auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(buf.data()) + 4095) / 4096 * 4096);
+  const int64_t V = m.config().vocab_size;
   auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s)
-    for (const auto& [name, v] : files) store->read(name, 0, v.nbytes(), aligned).throw_if_error();
-  (void)m;
+    for (const auto& f : files) {
+      if (!f.rows) {
+        store->read(f.name, 0, f.v.nbytes(), aligned).throw_if_error();
+        continue;
+      }
+      const size_t row = f.v.nbytes() / size_t(V);
+      const int64_t n = block * (s == 0 ? prompt : 1);
+      for (int64_t i = 0; i < n; ++i)
+        store->read(f.name, uint64_t((i * 7919) % V) * row, row, aligned + size_t(i) * row).throw_if_error();
+    }
   return secs(t0);
 }
 
@@ -116,12 +135,12 @@ int main(int argc, char** argv) {
     o.policy.num_gpu_batches = 2;
     o.offload_dir = fs::path(dir) / "pipeline";
     { OffloadEngine warm(m, dev, o); }  // write the store once, outside the timing
-    RunResult full = run(m, dev, o, reqs);
+    RunResult full = run(m, dev, o, reqs, "bench_offload_trace.json");
     OffloadOptions resident = o;
     resident.policy.w_gpu_percent = 100;
     RunResult compute = run(m, dev, resident, reqs);
     const int steps = int(reqs[0].max_new_tokens);
-    const double io = io_only(m, place_weights(m, o.policy), dir, steps);
+    const double io = io_only(m, place_weights(m, o.policy), dir, steps, 8, 32);
     const double bound = std::max(compute.seconds, io);
     std::printf("pipeline %s, 50%% weights on disk, KV on host, 4x2 block, 32+6 tokens:\n", pipeline_model.c_str());
     std::printf("  wall %.2f s | compute-only %.2f s | I/O-only %.2f s | overlap efficiency %.2f (target 0.85)\n",
@@ -129,6 +148,7 @@ int main(int argc, char** argv) {
     std::printf("  engine's own: %.2f (compute busy %.2f s, disk->host busy %.2f s, schedule wall %.2f s); %s\n\n",
                 full.report.overlap_efficiency, full.report.busy[0], full.report.busy[size_t(Queue::kDiskRead)],
                 full.report.wall, full.report.io_note.c_str());
+    std::printf("  schedule trace: bench_offload_trace.json (Perfetto / chrome://tracing)\n\n");
     out["pipeline"] = {{"model", pipeline_model}, {"wall_s", full.seconds}, {"compute_only_s", compute.seconds},
                        {"io_only_s", io}, {"overlap_efficiency", bound / full.seconds},
                        {"engine_overlap_efficiency", full.report.overlap_efficiency},

@@ -15,14 +15,21 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
 
-QueueTimes run_schedule(const Schedule& s, bool overlap, const std::function<void(const Step&)>& action) {
+QueueTimes run_schedule(const Schedule& s, bool overlap, const std::function<void(const Step&)>& action,
+                        bool trace) {
   QueueTimes t;
   const auto t0 = Clock::now();
+  if (trace) t.spans.resize(s.steps.size());
+  auto span = [&](size_t i, Clock::time_point a) {
+    if (trace) t.spans[i] = {int(i), std::chrono::duration<double>(a - t0).count(), since(t0)};
+  };
   if (!overlap) {
-    for (const Step& st : s.steps) {
+    for (size_t i = 0; i < s.steps.size(); ++i) {
+      const Step& st = s.steps[i];
       auto a = Clock::now();
       action(st);
       t.busy[size_t(st.queue)] += since(a);
+      span(i, a);
     }
     t.wall = since(t0);
     return t;
@@ -59,6 +66,7 @@ QueueTimes run_schedule(const Schedule& s, bool overlap, const std::function<voi
         return;
       }
       t.busy[size_t(q)] += since(a);
+      span(i, a);  // each worker writes only its own steps' spans
       std::lock_guard<std::mutex> lock(mu);
       done[i] = 1;
       cv.notify_all();

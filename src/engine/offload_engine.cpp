@@ -4,7 +4,9 @@
 #include "engine/offload_engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <ostream>
 #include <sstream>
 
 #include "core/error.h"
@@ -218,13 +220,32 @@ void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T
   shape.cpu_attention = p.cpu_cache_compute;
   shape.act_on_host = p.act_cpu_percent == 100;
   schedule_ = build_schedule(shape);
-  QueueTimes t = run_schedule(schedule_, p.overlap, [&](const Step& s) { impl_->run(s); });
+  const double t0 = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+  QueueTimes t = run_schedule(schedule_, p.overlap, [&](const Step& s) { impl_->run(s); }, opts_.trace);
+  for (const StepSpan& sp : t.spans)
+    trace_.push_back({schedule_.label(sp.step) + (impl_->prefill ? " prefill" : ""),
+                      schedule_.steps[size_t(sp.step)].queue, t0 + sp.start, t0 + sp.end});
   for (int q = 0; q < kNumQueues; ++q) {
     times_.busy[size_t(q)] += t.busy[size_t(q)];
     times_.wait[size_t(q)] += t.wait[size_t(q)];
   }
   times_.wall += t.wall;
   impl_->finish_step(logits);
+}
+
+void OffloadEngine::write_trace(std::ostream& os) const {
+  os << "{\"traceEvents\": [\n";
+  for (int q = 0; q < kNumQueues; ++q)
+    os << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": " << q
+       << ", \"args\": {\"name\": \"" << queue_name(Queue(q)) << "\"}},\n";
+  char buf[64];
+  for (size_t i = 0; i < trace_.size(); ++i) {
+    const TraceEvent& ev = trace_[i];
+    std::snprintf(buf, sizeof buf, "%.1f, \"dur\": %.1f", ev.start * 1e6, (ev.end - ev.start) * 1e6);
+    os << "{\"name\": \"" << ev.name << "\", \"ph\": \"X\", \"pid\": 1, \"tid\": " << int(ev.queue)
+       << ", \"ts\": " << buf << "}" << (i + 1 < trace_.size() ? ",\n" : "\n");
+  }
+  os << "], \"displayTimeUnit\": \"ms\"}\n";
 }
 
 OffloadReport OffloadEngine::report() const {

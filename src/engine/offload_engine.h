@@ -8,7 +8,9 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +36,8 @@ struct OffloadOptions {
   IoBackend* io_backend = nullptr;
   // KV-cache policy (null = full cache). Caller-owned; must outlive the engine.
   const KvPolicy* kv_policy = nullptr;
+  // Record when every schedule step ran (write_trace()); a few dozen bytes per step.
+  bool trace = false;
 };
 
 enum class Link : uint8_t { kDiskToHost = 0, kHostToDevice, kDeviceToHost, kHostToDisk };
@@ -80,6 +84,10 @@ class OffloadEngine final : public StepRunner {
   OffloadReport report() const;
   const TierBudget& budget(Tier t) const { return *budgets_[size_t(t)]; }
   const Schedule& last_schedule() const { return schedule_; }
+  // With OffloadOptions::trace: every step run so far as Chrome trace-event JSON (open in
+  // Perfetto or chrome://tracing): one row per queue, one slice per step, named like
+  // "C(3,1)" (schedule.h), microseconds since the engine was created.
+  void write_trace(std::ostream& os) const;
 
   struct Impl;  // buffers and actions (offload_actions.cpp)
 
@@ -94,6 +102,13 @@ class OffloadEngine final : public StepRunner {
   std::unique_ptr<Impl> impl_;
   Schedule schedule_;
   QueueTimes times_{};
+  struct TraceEvent {
+    std::string name;
+    Queue queue;
+    double start, end;  // seconds since epoch_
+  };
+  std::vector<TraceEvent> trace_;
+  std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   TransferCounters counters_;
   size_t kv_bytes_ = 0;
   size_t reused_ = 0, written_ = 0;

@@ -41,20 +41,23 @@ int Schedule::find(StepKind kind, int u, int k) const {
   return -1;
 }
 
+std::string Schedule::label(int i) const {
+  const Step& s = steps[size_t(i)];
+  std::ostringstream l;
+  l << step_name(s.kind) << "(" << s.u;
+  if (s.kind != StepKind::kLoadWeight && s.kind != StepKind::kLoadWeightDisk) l << "," << s.k;
+  l << ")";
+  return l.str();
+}
+
 std::string Schedule::str() const {
   std::ostringstream os;
-  auto label = [&](const Step& s) {
-    std::ostringstream l;
-    l << step_name(s.kind) << "(" << s.u;
-    if (s.kind != StepKind::kLoadWeight && s.kind != StepKind::kLoadWeightDisk) l << "," << s.k;
-    l << ")";
-    return l.str();
-  };
-  for (const Step& s : steps) {
-    os << label(s) << " [" << queue_name(s.queue) << "]";
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    os << label(int(i)) << " [" << queue_name(s.queue) << "]";
     if (!s.deps.empty()) {
       os << " <-";
-      for (int d : s.deps) os << " " << label(steps[size_t(d)]);
+      for (int d : s.deps) os << " " << label(d);
     }
     os << "\n";
   }

@@ -51,6 +51,7 @@ struct Schedule {
   std::vector<Step> steps;  // a topological order; each queue runs its steps in this order
   int find(StepKind kind, int u, int k) const;  // index or -1
   std::string str() const;                      // one line per step: "C(3,1) <- LW(3) LC(3,1)"
+  std::string label(int i) const;               // "C(3,1)", "LW(3)"
 };
 
 Schedule build_schedule(const ScheduleShape& s);

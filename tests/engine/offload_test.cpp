@@ -4,6 +4,10 @@
 // budgets, and clear errors for budgets that are too small.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
 #include "engine/generate.h"
 #include "engine/offload_engine.h"
 #include "test_util.h"
@@ -195,6 +199,48 @@ TEST(OffloadBytes, DiskLinksCarryDiskHomedData) {
   OffloadEngine again(model, dev, o);
   EXPECT_EQ(again.report().weights_reused, model.tensors().size());
   EXPECT_EQ(again.report().weights_written, 0u);
+}
+
+// The trace names every schedule step of every token step once, on its queue, and a queue's
+// slices never overlap (one worker per queue).
+TEST(OffloadTrace, EveryStepOnceOnItsQueue) {
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  OffloadOptions o;
+  o.policy = make_policy(Case{"tiny-opt", "30 70 0 100 0 100", 2, 2, true, false});
+  o.trace = true;
+  OffloadEngine eng(model, dev, o);
+  std::vector<GenerationRequest> reqs(3);
+  for (auto& r : reqs) {
+    r.prompt_ids = {2, 100, 200, 300};
+    r.max_new_tokens = 3;
+    r.sampling.temperature = 0;
+  }
+  GenerateOptions go;
+  go.ignore_eos = true;
+  generate(eng, reqs, go);
+  std::ostringstream os;
+  eng.write_trace(os);
+  const nlohmann::json j = nlohmann::json::parse(os.str());
+  const size_t per_step = eng.last_schedule().steps.size();
+  size_t slices = 0, prefill = 0;
+  std::map<int, std::vector<std::pair<double, double>>> by_queue;
+  std::set<std::string> names;
+  for (const auto& ev : j["traceEvents"]) {
+    if (ev["ph"] != "X") continue;
+    ++slices;
+    const std::string name = ev["name"];
+    if (name.find(" prefill") != std::string::npos) ++prefill;
+    names.insert(name);
+    by_queue[ev["tid"].get<int>()].push_back({ev["ts"].get<double>(), ev["ts"].get<double>() + ev["dur"].get<double>()});
+  }
+  EXPECT_EQ(slices - prefill, 2 * per_step);  // two decode steps of the same shape
+  EXPECT_GT(prefill, 0u);
+  EXPECT_TRUE(names.count("C(0,0) prefill") && names.count("LW(5)"));
+  for (auto& [q, v] : by_queue) {
+    std::sort(v.begin(), v.end());
+    for (size_t i = 1; i < v.size(); ++i) EXPECT_LE(v[i - 1].second, v[i].first + 0.2) << "queue " << q;
+  }
 }
 
 TEST(OffloadBudgets, PeaksStayWithinBudgetsAndSmallBudgetsAreExplained) {
