@@ -36,6 +36,10 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
   app->add_option("--io", a.io, "Disk I/O backend: auto (io_uring if it works), uring, pread")->capture_default_str()
       ->group(g);
   app->add_flag("--verify-store", a.verify_store, "Re-hash reused offload files before trusting them")->group(g);
+  app->add_option("--trace", a.trace,
+                  "Write every schedule step (loads, stores, compute per queue) as Chrome trace-event JSON "
+                  "to FILE; open it in ui.perfetto.dev to see what the pipeline waits on")
+      ->group(g);
 }
 
 bool offload_requested(const OffloadArgs& a) {
@@ -111,6 +115,7 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   else if (a.io == "pread") o.io = IoBackendChoice::kPread;
   else FH_FAIL("--io must be auto, uring or pread, got \"", a.io, "\"");
   o.verify_store = a.verify_store;
+  o.trace = !a.trace.empty();
   return o;
 }
 
@@ -169,6 +174,18 @@ nlohmann::json offload_report_json(const OffloadEngine& e) {
           {"io", r.io_note},
           {"weights_reused", r.weights_reused},
           {"weights_written", r.weights_written}};
+}
+
+}  // namespace flexh2o::cli
+
+namespace flexh2o::cli {
+
+void write_trace_file(const OffloadArgs& a, const OffloadEngine& e, std::ostream& log) {
+  if (a.trace.empty()) return;
+  std::ofstream f(a.trace);
+  if (f) e.write_trace(f);
+  if (!f) FH_FAIL("cannot write the trace file ", a.trace);
+  log << "flexh2o: schedule trace written to " << a.trace << " (open it in ui.perfetto.dev)\n";
 }
 
 }  // namespace flexh2o::cli

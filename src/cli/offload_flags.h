@@ -20,6 +20,7 @@ struct OffloadArgs {
   std::string overlap = "true", sep_layer = "true", pin_weight = "true";
   std::string policy_file, offload_dir, gpu_mem, cpu_mem, disk_mem, io = "auto";
   std::string hardware;  // profile for --policy auto (name in configs/hardware or a path)
+  std::string trace;     // --trace FILE: the schedule's steps as Chrome trace-event JSON
 };
 
 void add_offload_flags(CLI::App* app, OffloadArgs& a);
@@ -37,5 +38,7 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
 // "16GiB", "512MB", "1.5G", "4096" -> bytes. Throws naming `flag` on anything else.
 uint64_t parse_bytes(const std::string& text, const std::string& flag);
 nlohmann::json offload_report_json(const OffloadEngine& e);
+// Writes --trace FILE (if given) from an engine built with it; throws when it cannot be written.
+void write_trace_file(const OffloadArgs& a, const OffloadEngine& e, std::ostream& log);
 
 }  // namespace flexh2o::cli
