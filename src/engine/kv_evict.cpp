@@ -9,9 +9,9 @@
 
 namespace flexh2o {
 
-void apply_kv_policy(const EvictArgs& a) {
+void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
   const ModelConfig& c = *a.config;
-  const int64_t kvh = c.n_kv_heads, hd = c.head_dim, cap = a.seg.capacity, group = c.n_heads / c.n_kv_heads;
+  const int64_t kvh = c.n_kv_heads, cap = a.seg.capacity, group = c.n_heads / c.n_kv_heads;
   const int64_t scap = a.state->capacity;  // the state may be wider than this segment's buffer
   FH_CHECK(a.state->kv_heads == kvh, "policy state shape mismatch");
   a.dirty_lo->assign(size_t(a.seg.n_seq * kvh), 0);
@@ -45,13 +45,10 @@ void apply_kv_policy(const EvictArgs& a) {
         make_keep_list(n, victims, a.prefill ? Compaction::kStable : Compaction::kMoveLast, keep);
         lo = int32_t(keep_n);
         hi = 0;
-        float* k = a.seg.k + (b * kvh + h) * cap * hd;
-        float* v = a.seg.v + (b * kvh + h) * cap * hd;
+        move(b, h, {keep.data(), size_t(keep_n)});
         for (int64_t i = 0; i < keep_n; ++i) {
           const int64_t src = keep[size_t(i)];
           if (src == i) continue;
-          std::memcpy(k + i * hd, k + src * hd, size_t(hd) * sizeof(float));
-          std::memcpy(v + i * hd, v + src * hd, size_t(hd) * sizeof(float));
           acc[i] = acc[src];
           pos[i] = pos[src];
           lo = std::min(lo, int32_t(i));
@@ -68,6 +65,20 @@ void apply_kv_policy(const EvictArgs& a) {
     }
     a.len_after[b] = int32_t(keep_n);
   }
+}
+
+void apply_kv_policy(const EvictArgs& a) {
+  const int64_t kvh = a.config->n_kv_heads, hd = a.config->head_dim, cap = a.seg.capacity;
+  decide_kv_policy(a, [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
+    float* k = a.seg.k + (b * kvh + h) * cap * hd;
+    float* v = a.seg.v + (b * kvh + h) * cap * hd;
+    for (size_t i = 0; i < keep.size(); ++i) {
+      const int64_t src = keep[i];
+      if (src == int64_t(i)) continue;
+      std::memcpy(k + int64_t(i) * hd, k + src * hd, size_t(hd) * sizeof(float));
+      std::memcpy(v + int64_t(i) * hd, v + src * hd, size_t(hd) * sizeof(float));
+    }
+  });
 }
 
 }  // namespace flexh2o

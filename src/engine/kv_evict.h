@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "engine/layer_compute.h"
@@ -44,6 +46,18 @@ struct EvictArgs {
   std::vector<int32_t>* dirty_hi = nullptr;
 };
 
+// Decides and applies: decide_kv_policy() below, then moves the K/V rows of a.seg in place.
 void apply_kv_policy(const EvictArgs& a);
+
+// Receives one (sequence b of the segment, KV head h) row's compaction: new slot i gets old
+// slot keep[i] for i < keep.size(); keep[i] >= i (apply in ascending i, or in any order for
+// move-last). Called only for rows that evict; the span is valid during the call only.
+using KvKeepFn = std::function<void(int64_t b, int64_t h, std::span<const int32_t> keep)>;
+
+// The policy's decision without touching K/V (a.seg.k / a.seg.v are not read, may be null):
+// updates a.state (new slots' positions, scores accumulated from a.seg.key_scores, acc/pos
+// compacted), a.len_after and the dirty ranges exactly as apply_kv_policy does, and hands each
+// evicting row's keep list to `move`. The GPU runner applies the lists with gpu::kv_gather.
+void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move);
 
 }  // namespace flexh2o
