@@ -50,4 +50,21 @@ void linear(CublasHandle& cublas, DType dt, const void* x, int64_t M, int64_t K,
   });
 }
 
+void linear_f32out(CublasHandle& cublas, DType dt, const void* x, int64_t M, int64_t K, const void* w,
+                   int64_t N, float* y, cudaStream_t stream) {
+  FH_CHECK(M >= 0 && K > 0 && N > 0, "linear_f32out: bad sizes M=", M, " K=", K, " N=", N);
+  FH_CHECK(M <= INT_MAX && K <= INT_MAX && N <= INT_MAX, "linear_f32out: sizes must fit in int for cuBLAS");
+  if (M == 0) return;
+  FH_CHECK(x && w && y, "linear_f32out: null pointer");
+  detail::dispatch_half(dt, "linear_f32out", [&](auto tag) {
+    using T = decltype(tag);
+    const cudaDataType_t ct = std::is_same_v<T, __half> ? CUDA_R_16F : CUDA_R_16BF;
+    const float alpha = 1.f, beta = 0.f;
+    cublas.bind(stream);
+    FH_CUDA_CHECK(cublasGemmEx(cublas.get(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha,
+                               w, ct, int(K), x, ct, int(K), &beta, y, CUDA_R_32F, int(N),
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  });
+}
+
 }  // namespace flexh2o::gpu

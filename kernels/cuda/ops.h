@@ -30,6 +30,11 @@ bool dtype_supported(DType dt);
 void linear(CublasHandle& cublas, DType dt, const void* x, int64_t M, int64_t K, const void* w,
             int64_t N, const void* bias, void* y, Epilogue ep, cudaStream_t stream);
 
+// y[M,N] (fp32) = x[M,K] . w[N,K]^T with x, w in `dt`: the lm_head, whose logits are kept in
+// fp32 (no rounding to dt before sampling). No bias. Same cuBLAS path and rules as linear().
+void linear_f32out(CublasHandle& cublas, DType dt, const void* x, int64_t M, int64_t K, const void* w,
+                   int64_t N, float* y, cudaStream_t stream);
+
 // out[t,:] = table[ids[t],:]; table [V,D]. ids (device, int32) outside [0,V) give a zero row:
 // validate ids on the host (the CPU op throws; a kernel cannot).
 void embedding(DType dt, const int32_t* ids, int64_t T, const void* table, int64_t V, int64_t D,

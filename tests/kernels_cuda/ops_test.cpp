@@ -58,6 +58,21 @@ TEST_P(OpsGpu, LinearAllEpiloguesMatchCpu) {
   }
 }
 
+TEST_P(OpsGpu, LinearWithFp32OutputMatchesCpu) {
+  const DType dt = GetParam();
+  CublasHandle cublas;
+  for (auto [M, K, N] : {std::tuple{1, 1, 1}, {3, 17, 5}, {13, 257, 4099}}) {
+    HostT x = host_tensor(dt, {M, K}, 7), w = host_tensor(dt, {N, K}, 8, 1.f / std::sqrt(float(K)));
+    std::vector<float> ref(size_t(M * N));
+    cpu::linear(x.f.data(), M, K, w.view, nullptr, ref.data(), cpu::Epilogue::kStore);
+    float* dy = alloc<float>(ref.size());
+    linear_f32out(cublas, dt, upload(x.f, dt), M, K, upload(w.f, dt), N, dy, stream());
+    // fp32 output: only the accumulation order differs from the CPU.
+    expect_close(download_raw(dy, ref.size()), ref, {1e-4f, 1e-4f},
+                 std::string("linear_f32out ") + dt_str(dt) + " N=" + std::to_string(N));
+  }
+}
+
 TEST_P(OpsGpu, EmbeddingAndPositionsMatchCpu) {
   const DType dt = GetParam();
   const int64_t V = 37;
