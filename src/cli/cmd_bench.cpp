@@ -25,14 +25,17 @@ void register_bench(CLI::App& app, BenchArgs& a) {
       ->check(CLI::PositiveNumber);
   b->add_option("--seed", a.seed, "Seed of the synthetic prompt ids")->capture_default_str();
   b->add_option("--report", a.report, "Write the JSON run report here");
-  b->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
+  b->add_option("--device", a.device,
+                "cpu, cuda (everything on the GPU: weights, KV cache, activations; offloading flags are "
+                "not wired to CUDA yet) or auto (cuda when a GPU is usable and no offloading flag is given)")
+      ->capture_default_str();
   b->add_option("--threads", a.threads, "CPU threads (default: all)");
   add_offload_flags(b, a.offload);
   add_kv_flags(b, a.kv);
 }
 
 int run_bench(const BenchArgs& a, const Env& env) {
-  const std::string device = select_device(a.device, std::cerr);
+  const std::string device = select_device(a.device, std::cerr, cuda_unsupported_reason(a.offload));
   LoadedModel lm = load_model(env, a.model, "");
   const ModelConfig& c = lm.model->config();
   if (a.prompt_len + a.gen_len > c.max_positions)
@@ -42,7 +45,7 @@ int run_bench(const BenchArgs& a, const Env& env) {
   Forward fwd(*lm.model, dev);
   const int64_t guess = a.num_prompts ? a.num_prompts : a.batch_size;
   RunSetup rs = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, a.prompt_len, a.gen_len,
-                               guess, std::cerr);
+                               guess, device, std::cerr);
   const int64_t n = a.num_prompts ? a.num_prompts : rs.runner->max_batch();
   std::mt19937_64 rng(a.seed);
   std::vector<GenerationRequest> reqs(static_cast<size_t>(n));
@@ -65,6 +68,12 @@ int run_bench(const BenchArgs& a, const Env& env) {
             << report["tokens_per_s"].get<double>() << " tok/s (prefill " << st.prefill_seconds << " s, decode "
             << st.decode_seconds << " s; block " << rs.runner->max_batch() << "; KV policy "
             << report["kv_policy"].get<std::string>() << ")\n";
+  if (rs.gpu) {
+    const auto& g = report["gpu"];
+    std::cout << "device: " << g["name"].get<std::string>() << " (" << g["memory_bytes"].get<uint64_t>()
+              << " bytes), weights " << g["dtype"].get<std::string>() << " " << g["weight_bytes"].get<uint64_t>()
+              << " bytes, peak KV " << report["peak_kv_bytes"].get<uint64_t>() << " bytes\n";
+  }
   if (rs.offload) {
     const auto& off = report["offload"];
     std::cout << "bytes moved: " << off["bytes_moved"].dump() << "; KV " << off["kv_bytes_moved"].get<uint64_t>()

@@ -86,7 +86,10 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   g->add_option("--top-p", a.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
   g->add_option("--seed", a.seed, "Base seed; line i uses seed+i unless it sets its own")->capture_default_str();
   g->add_flag("--ignore-eos", a.ignore_eos, "Generate exactly max_new_tokens (benchmarks need fixed lengths)");
-  g->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
+  g->add_option("--device", a.device,
+                "cpu, cuda (everything on the GPU: weights, KV cache, activations; offloading flags are "
+                "not wired to CUDA yet) or auto (cuda when a GPU is usable and no offloading flag is given)")
+      ->capture_default_str();
   g->add_option("--threads", a.threads, "CPU threads (default: all)");
   g->add_flag("--quiet,-q", a.quiet, "Do not print results to stdout when --output is a file");
   add_offload_flags(g, a.offload);
@@ -95,7 +98,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
 
 int run_generate(const GenerateArgs& a, const Env& env) {
   if (a.prompt.empty() && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl");
-  const std::string device = select_device(a.device, std::cerr);
+  const std::string device = select_device(a.device, std::cerr, cuda_unsupported_reason(a.offload));
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
   const ModelConfig& cfg = lm.model->config();
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
@@ -178,7 +181,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
     gen = std::max<int64_t>(gen, r.max_new_tokens);
   }
   RunSetup rs = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,
-                               int64_t(reqs.size()), std::cerr);
+                               int64_t(reqs.size()), device, std::cerr);
   StepRunner* runner = rs.runner.get();
   GenerateOptions go;
   go.batch_size = runner->max_batch();

@@ -58,13 +58,16 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
   return lm;
 }
 
-std::string select_device(const std::string& requested, std::ostream& log) {
+std::string select_device(const std::string& requested, std::ostream& log, const std::string& cuda_unsupported) {
   if (requested == "cpu") return "cpu";
   if (requested != "cuda" && requested != "auto")
     FH_FAIL("--device must be cpu, cuda or auto, got \"", requested, "\"");
   CudaProbe p = probe_cuda();
-  std::string why = p.available ? "the CUDA compute backend is not part of this version yet"
-                                : p.reason;
+  const std::string why = !p.available ? p.reason : cuda_unsupported;
+  if (why.empty()) {
+    if (requested == "auto") log << "flexh2o: --device auto: using the GPU (" << p.device_name << ")\n";
+    return "cuda";
+  }
   if (requested == "cuda") FH_FAIL("--device cuda: ", why, "; use --device cpu");
   log << "flexh2o: --device auto: using the CPU (" << why << ")\n";
   return "cpu";

@@ -1,17 +1,38 @@
 // Runner construction from flags and the JSON run report, shared by generate and bench.
 #include "cli/run_setup.h"
 
+#include "core/error.h"
+#include "gpu/memory_plan.h"
 #include "kernels/cpu/isa.h"
 
 namespace flexh2o::cli {
 using nlohmann::json;
 
+std::string cuda_unsupported_reason(const OffloadArgs& off) {
+  OffloadArgs rest = off;
+  rest.percent.clear();
+  const bool resident = off.percent.empty() || off.percent == std::vector<double>{100, 0, 100, 0, 100, 0};
+  if (resident && !offload_requested(rest)) return "";
+  return "offloading on the CUDA device is not wired yet (only everything on the GPU: no offloading flags, "
+         "or --percent 100 0 100 0 100 0)";
+}
+
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& dev, const Env& env, int64_t prompt_len, int64_t gen_len,
-                        int64_t requests, std::ostream& log) {
+                        int64_t requests, const std::string& device, std::ostream& log) {
   RunSetup rs;
   rs.kv_config = make_kv_config(kv);
   if (rs.kv_config.kind != KvPolicyKind::kFull) rs.kv_policy = make_policy(rs.kv_config);
+  if (device == "cuda") {
+    if (const std::string why = cuda_unsupported_reason(off); !why.empty()) FH_FAIL("--device cuda: ", why);
+    auto g = std::make_unique<gpu::GpuRunner>(model, gpu::GpuRunnerOptions{batch_size, rs.kv_policy.get(), 0});
+    const gpu::GpuRunInfo gi = g->info();
+    log << "flexh2o: on " << gi.device_name << " (" << gpu::format_bytes(gi.device_total_bytes) << "): weights "
+        << gi.dtype << " " << gpu::format_bytes(gi.weight_bytes) << " uploaded in " << gi.upload_seconds << " s\n";
+    rs.gpu = g.get();
+    rs.runner = std::move(g);
+    return rs;
+  }
   if (!offload_requested(off)) {
     rs.runner = std::make_unique<InMemoryRunner>(fwd, batch_size, rs.kv_policy.get());
     return rs;
@@ -57,6 +78,12 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
               {"peak_kv_bytes", st.peak_kv_bytes},
               {"peak_rss_bytes", peak_rss_bytes()}};
   if (rs.offload) report["offload"] = offload_report_json(*rs.offload);
+  if (rs.gpu) {
+    const gpu::GpuRunInfo gi = rs.gpu->info();
+    report["gpu"] = {{"name", gi.device_name},       {"memory_bytes", gi.device_total_bytes},
+                     {"dtype", gi.dtype},            {"weight_bytes", gi.weight_bytes},
+                     {"upload_seconds", gi.upload_seconds}};
+  }
   return report;
 }
 

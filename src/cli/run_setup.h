@@ -1,6 +1,6 @@
-// What generate and bench share: turning the offloading and KV-policy flags into a runner
-// (in-memory Forward or OffloadEngine, with --policy auto planned for the workload), and the
-// JSON run report from the generation stats.
+// What generate and bench share: turning the device, offloading and KV-policy flags into a
+// runner (in-memory Forward, OffloadEngine with --policy auto planned for the workload, or the
+// all-resident GpuRunner on --device cuda), and the JSON run report from the generation stats.
 #pragma once
 
 #include <memory>
@@ -11,6 +11,7 @@
 #include "cli/kv_flags.h"
 #include "cli/offload_flags.h"
 #include "engine/generate.h"
+#include "gpu/gpu_runner.h"
 
 namespace flexh2o::cli {
 
@@ -19,15 +20,22 @@ struct RunSetup {
   std::unique_ptr<KvPolicy> kv_policy;  // null for full
   std::unique_ptr<StepRunner> runner;
   OffloadEngine* offload = nullptr;     // the runner, when offloading
+  gpu::GpuRunner* gpu = nullptr;        // the runner, on --device cuda
 };
 
-// `fwd` and `dev` must outlive the result. prompt_len / gen_len / requests describe the
-// workload (for --policy auto). Logs the choice to `log`.
+// Why these flags cannot run on the CUDA device yet ("" when they can: no offloading flags,
+// or exactly --percent 100 0 100 0 100 0). Pass to select_device().
+std::string cuda_unsupported_reason(const OffloadArgs& off);
+
+// `fwd`, `dev` and `model` must outlive the result. prompt_len / gen_len / requests describe
+// the workload (for --policy auto); `device` is select_device()'s answer ("cuda": GpuRunner,
+// which uploads the weights now). Logs the choice to `log`.
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& dev, const Env& env, int64_t prompt_len, int64_t gen_len,
-                        int64_t requests, std::ostream& log);
+                        int64_t requests, const std::string& device, std::ostream& log);
 
-// The run report (timings, tokens/s, memory; the offload section when offloading).
+// The run report (timings, tokens/s, memory; the offload section when offloading; the gpu
+// section — device name and memory, dtype, weight bytes — on --device cuda).
 nlohmann::json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& st, const CpuDevice& dev,
                           const std::string& device);
 

@@ -96,7 +96,25 @@ TEST(Cli, SinglePromptPrintsText) {
   RunResult r = flexh2o("generate -m " + kOpt + " --prompt 'In the beginning God created' --greedy -n 8 --device auto");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, ", and the LORD, and the LORD\n");
-  EXPECT_NE(r.err.find("using the CPU"), std::string::npos) << r.err;
+  // auto picks the GPU when one is usable, else the CPU, and says which.
+  EXPECT_TRUE(r.err.find("using the CPU") != std::string::npos || r.err.find("using the GPU") != std::string::npos)
+      << r.err;
+}
+
+TEST(Cli, DeviceCudaWithoutAGpuFailsClearlyAndAutoFallsBack) {
+  RunResult probe = flexh2o("generate -m " + kOpt + " --prompt hi -n 1 --device auto");
+  ASSERT_EQ(probe.code, 0) << probe.err;
+  if (probe.err.find("using the GPU") != std::string::npos) GTEST_SKIP() << "a GPU is present (label gpu tests cover it)";
+  for (const std::string& cmd : {"generate -m " + kOpt + " --prompt hi", "bench -m " + kOpt + " --prompt-len 4 --gen-len 2",
+                                "generate -m " + kOpt + " --prompt hi --percent 50 50 0 100 0 100"}) {
+    RunResult r = flexh2o(cmd + " --device cuda");
+    EXPECT_EQ(r.code, 1) << cmd;
+    EXPECT_NE(r.err.find("--device cuda: "), std::string::npos) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("use --device cpu"), std::string::npos) << cmd << ": " << r.err;
+  }
+  RunResult bench = flexh2o("bench -m " + kOpt + " --prompt-len 4 --gen-len 2 --num-prompts 2 --device auto");
+  EXPECT_EQ(bench.code, 0) << bench.err;
+  EXPECT_NE(bench.err.find("--device auto: using the CPU ("), std::string::npos) << bench.err;
 }
 
 TEST(Cli, ModelErrorsAreClearAndNonZero) {

@@ -1,10 +1,12 @@
 // Host-side pieces of the GPU runner, tested without a GPU: device byte counts and the
 // "does not fit" message, decide_kv_policy() (the decision the GPU runner applies with
-// kv_gather) against apply_kv_policy(), and the clear error GpuRunner gives when there is no GPU (or no CUDA in the build).
+// kv_gather) against apply_kv_policy(), the CLI's rule for which runs may use CUDA, and the
+// clear error GpuRunner gives when there is no GPU (or no CUDA in the build).
 #include <gtest/gtest.h>
 
 #include <random>
 
+#include "cli/run_setup.h"
 #include "engine/kv_evict.h"
 #include "engine/test_util.h"
 #include "gpu/gpu_runner.h"
@@ -120,6 +122,19 @@ TEST(DecideKvPolicy, KeepListsReproduceApplyAtPrefillAndDecode) {
     check_decide_equals_apply(true, kind);
     check_decide_equals_apply(false, kind);
   }
+}
+
+TEST(CudaGate, OnlyAllResidentRunsMayUseCuda) {
+  cli::OffloadArgs off;
+  EXPECT_EQ(cli::cuda_unsupported_reason(off), "");
+  off.percent = {100, 0, 100, 0, 100, 0};
+  EXPECT_EQ(cli::cuda_unsupported_reason(off), "");
+  off.percent = {50, 50, 100, 0, 100, 0};
+  EXPECT_NE(cli::cuda_unsupported_reason(off).find("offloading on the CUDA device is not wired yet"),
+            std::string::npos);
+  off.percent.clear();
+  off.gpu_mem = "16GiB";
+  EXPECT_NE(cli::cuda_unsupported_reason(off), "");
 }
 
 TEST(GpuRunnerWithoutGpu, SaysWhyAndWhatToUseInstead) {
