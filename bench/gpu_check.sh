@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the one script for a one-shot GPU session (H200, 15 minutes of device time):
 # configure + build (Release, sm_90), ctest -L gpu, bench_gpu (measured ceilings + kernels),
-# then placeholders for the end-to-end GPU runs that are not wired yet. Must finish well under
+# end-to-end: tiny-opt greedy tokens on the GPU vs the CPU, OPT-6.7B (dummy weights) all on the
+# GPU; placeholders for the offloaded runs that are not wired yet. Must finish well under
 # 8 minutes; every step has its own timeout. Outputs go to $OUT (collected by the device tool)
 # or ./gpu_check_out. Without a GPU it says why and exits non-zero. Usage: bench/gpu_check.sh
 #   FLEXH2O_PREBUILT=dir  skip configure/build and use binaries already built in dir.
@@ -52,9 +53,10 @@ if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
   fi
   grep -q "CUDA backend ON" "$LOG" || die configure "CMake did not enable CUDA (nvcc not usable?)"
   record configure ok "Release, sm_90"
-  step "build kernels_cuda_test bench_gpu (-j16)"
+  step "build kernels_cuda_test gpu_runner_test bench_gpu flexh2o (-j16)"
   tb=$SECONDS
-  if ! timeout 330 cmake --build "$BUILD" -j16 --target kernels_cuda_test bench_gpu >>"$LOG" 2>&1; then
+  if ! timeout 330 cmake --build "$BUILD" -j16 --target kernels_cuda_test gpu_runner_test bench_gpu flexh2o \
+      >>"$LOG" 2>&1; then
     grep -E "error|FAILED" "$LOG" | head -20
     die build "compile/link failed (see $LOG)"
   fi
@@ -73,6 +75,10 @@ if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
 else
   timeout 200 "$TEST_BIN" --gtest_output="json:$OUTDIR/gtest_gpu.json" >"$OUTDIR/ctest_gpu.txt" 2>&1
   rc=$?
+  RUNNER_BIN="$BUILD/tests/gpu/gpu_runner_test"
+  if [ -x "$RUNNER_BIN" ]; then
+    timeout 120 "$RUNNER_BIN" --gtest_output="json:$OUTDIR/gtest_gpu_runner.json" >>"$OUTDIR/ctest_gpu.txt" 2>&1 || rc=1
+  fi
   grep -E "PASSED|FAILED|SKIPPED \]" "$OUTDIR/ctest_gpu.txt" | tail -8 | tee -a "$LOG"
 fi
 if grep -q "Skipped" "$OUTDIR/ctest_gpu.txt" && grep -q "no CUDA device" "$OUTDIR/ctest_gpu.txt"; then
@@ -95,11 +101,47 @@ else
   record bench_gpu FAIL "$BENCH_BIN not built"
 fi
 
-# ---- 4. end-to-end on GPU: placeholders until the engine runs on CUDA -------------------
-step "end-to-end (placeholders)"
-# TODO(engine on CUDA): tiny-opt greedy tokens on GPU vs the CPU path (exact token match,
-# logits NMSE); OPT-6.7B and OPT-30B dummy-weight prefill/decode throughput with offloading.
-for e in "e2e tiny-opt GPU vs CPU" "e2e OPT-6.7B dummy" "e2e OPT-30B dummy"; do
+# ---- 4. end-to-end on GPU ----------------------------------------------------------------
+FH="$BUILD/flexh2o"
+step "e2e tiny-opt: generate --device cuda vs --device cpu (greedy tokens)"
+E2E_IN="$ROOT/configs/prompts/bible.jsonl"
+if [ ! -x "$FH" ]; then
+  record "e2e tiny-opt GPU vs CPU" FAIL "$FH not built"
+else
+  ok=1
+  for dev in cpu cuda; do
+    timeout 60 "$FH" generate -m "$ROOT/tests/data/tiny-opt" -i "$E2E_IN" -o "$OUTDIR/e2e_tiny_opt_$dev.jsonl" \
+        --greedy --ignore-eos -n 24 --batch-size 4 --device "$dev" --report "$OUTDIR/e2e_tiny_opt_$dev.json" \
+        >>"$LOG" 2>&1 || ok=0
+  done
+  tok() { grep -o '"token_ids":\[[^]]*\]' "$1"; }
+  if [ $ok -eq 0 ]; then
+    record "e2e tiny-opt GPU vs CPU" FAIL "a generate run failed (see $LOG)"
+  elif diff <(tok "$OUTDIR/e2e_tiny_opt_cpu.jsonl") <(tok "$OUTDIR/e2e_tiny_opt_cuda.jsonl") >>"$LOG" 2>&1; then
+    record "e2e tiny-opt GPU vs CPU" ok "$(tok "$OUTDIR/e2e_tiny_opt_cuda.jsonl" | wc -l) prompts, tokens equal"
+  else
+    record "e2e tiny-opt GPU vs CPU" FAIL "greedy tokens differ (diff in $LOG)"
+  fi
+fi
+
+step "e2e OPT-6.7B dummy, all on the GPU: bench 512+32 x 32"
+if [ -x "$FH" ]; then
+  timeout 240 "$FH" bench -m opt-6.7b --prompt-len 512 --gen-len 32 --batch-size 32 --device cuda \
+      --report "$OUTDIR/e2e_opt67b_gpu.json" >"$OUTDIR/e2e_opt67b_gpu.txt" 2>&1
+  rc=$?
+  tee -a "$LOG" <"$OUTDIR/e2e_opt67b_gpu.txt"
+  [ -f "$OUTDIR/e2e_opt67b_gpu.json" ] && tee -a "$LOG" <"$OUTDIR/e2e_opt67b_gpu.json" >/dev/null
+  if [ $rc -eq 0 ]; then
+    record "e2e OPT-6.7B dummy GPU" ok "$(grep -o '[0-9.e+]* tok/s' "$OUTDIR/e2e_opt67b_gpu.txt" | head -1)"
+  else
+    record "e2e OPT-6.7B dummy GPU" FAIL "rc=$rc, see e2e_opt67b_gpu.txt"
+  fi
+else
+  record "e2e OPT-6.7B dummy GPU" FAIL "$FH not built"
+fi
+
+# TODO(offloading on CUDA): OPT-6.7B and OPT-30B dummy-weight throughput with --gpu-mem 16GiB.
+for e in "e2e OPT-6.7B offloaded" "e2e OPT-30B dummy"; do
   say "$e: not yet wired"
   record "$e" skip "not yet wired"
 done
