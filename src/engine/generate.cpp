@@ -28,7 +28,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 void run_batch(StepRunner& run, const std::vector<GenerationRequest>& reqs, size_t first, size_t count,
                const GenerateOptions& opts, std::vector<GenerationResult>& out, GenerateStats& st,
-               int64_t& done_tokens, int64_t total_tokens) {
+               int64_t& done_tokens, int64_t total_tokens, bool last_batch) {
   const ModelConfig& c = run.config();
   const int64_t B = int64_t(count);
   int64_t S = 0, max_new = 0;
@@ -66,7 +66,12 @@ void run_batch(StepRunner& run, const std::vector<GenerationRequest>& reqs, size
     }
   }
   std::vector<float> logits;
+  // Steps this batch runs without EOS: the prefill, then one per further token.
+  const int64_t steps = std::max<int64_t>(max_new, 1);
+  int64_t step_no = 0;
+  auto hint = [&] { run.expect_more_steps(++step_no < steps || !last_batch); };
   auto t0 = Clock::now();
+  hint();
   run.step(ids.data(), pos.data(), S, real_rows.data(), logits);
   st.prefill_seconds += seconds_since(t0);
   st.peak_kv_bytes = std::max(st.peak_kv_bytes, run.kv_bytes());
@@ -99,6 +104,7 @@ void run_batch(StepRunner& run, const std::vector<GenerationRequest>& reqs, size
     if (opts.on_progress) opts.on_progress(done_tokens, total_tokens);
     if (!any) break;
     // Finished sequences ride along with a harmless token; their output is ignored.
+    hint();
     run.step(next.data(), next_pos.data(), 1, nullptr, logits);
     ++st.decode_steps;
   }
@@ -126,7 +132,7 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
   for (const auto& r : requests) total += r.max_new_tokens;
   for (size_t first = 0; first < requests.size(); first += size_t(batch)) {
     size_t count = std::min(requests.size() - first, size_t(batch));
-    run_batch(runner, requests, first, count, opts, out, st, done, total);
+    run_batch(runner, requests, first, count, opts, out, st, done, total, first + count >= requests.size());
     ++st.batches;
   }
   if (stats) *stats = st;

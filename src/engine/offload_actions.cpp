@@ -152,6 +152,7 @@ void OffloadEngine::Impl::run(const Step& s) {
 // ---- weights ---------------------------------------------------------------------------
 
 void OffloadEngine::Impl::load_weight_disk(int u) {
+  if (u == c.n_layers + 2) u = 1;  // the next step's first layer (schedule.h: prefetch_next)
   std::byte* stage = weight_stage[size_t(u % 2)].data();
   for (const WeightHome& h : units[size_t(u)]) {
     if (h.tier != Tier::kDisk) continue;
@@ -169,6 +170,7 @@ void OffloadEngine::Impl::load_weight_disk(int u) {
 }
 
 void OffloadEngine::Impl::load_weight(int u) {
+  if (u == c.n_layers + 2) u = 1;
   std::byte* slot = weight_slot[size_t(u % 2)].data();
   for (const WeightHome& h : units[size_t(u)]) {
     if (h.tier == Tier::kDevice) continue;

@@ -219,7 +219,11 @@ void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T
   }
   shape.cpu_attention = p.cpu_cache_compute;
   shape.act_on_host = p.act_cpu_percent == 100;
+  shape.first_layer_loaded = first_layer_loaded_;
+  shape.prefetch_next = more_steps_;
   schedule_ = build_schedule(shape);
+  // Set once the schedule has run; a failed step leaves slot 1 in an unknown state.
+  first_layer_loaded_ = false;
   const double t0 = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
   QueueTimes t = run_schedule(schedule_, p.overlap, [&](const Step& s) { impl_->run(s); }, opts_.trace);
   for (const StepSpan& sp : t.spans)
@@ -230,6 +234,8 @@ void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T
     times_.wait[size_t(q)] += t.wait[size_t(q)];
   }
   times_.wall += t.wall;
+  step_bound_ += *std::max_element(t.busy.begin(), t.busy.end());
+  first_layer_loaded_ = schedule_.find(StepKind::kLoadWeight, shape.units, 0) >= 0;
   impl_->finish_step(logits);
 }
 
@@ -258,6 +264,7 @@ OffloadReport OffloadEngine::report() const {
   double busiest = 0;
   for (int q = 1; q < kNumQueues; ++q) busiest = std::max(busiest, times_.busy[size_t(q)]);
   r.overlap_efficiency = r.wall > 0 ? std::max(times_.busy[0], busiest) / r.wall : 0;
+  r.step_overlap_efficiency = r.wall > 0 ? step_bound_ / r.wall : 0;
   for (int t = 0; t < 3; ++t) r.peak[size_t(t)] = budgets_[size_t(t)]->peak();
   r.io_note = impl_->io_note;
   r.weights_reused = reused_;

@@ -58,7 +58,11 @@ struct OffloadReport {
   uint64_t kv_bytes = 0;  // KV-cache rows moved over all links (the policy's effect)
   std::array<double, kNumQueues> busy{}, wait{};
   double wall = 0;             // seconds inside schedules
-  double overlap_efficiency = 0;  // max(compute, busiest link) / wall
+  double overlap_efficiency = 0;  // max(compute, busiest link) / wall, over the whole run
+  // Sum over token steps of max(compute, busiest link) in that step / wall: the bound moves
+  // between steps (a prefill is compute-bound, decode steps may be link-bound), and this
+  // measures how well each step hides everything behind its own slowest resource.
+  double step_overlap_efficiency = 0;
   std::array<uint64_t, 3> peak{};  // per tier
   std::string io_note;          // which I/O backend / O_DIRECT
   size_t weights_reused = 0, weights_written = 0;
@@ -78,6 +82,8 @@ class OffloadEngine final : public StepRunner {
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
             std::vector<float>& logits) override;
   size_t kv_bytes() const override { return kv_bytes_; }
+  // true (the default): each step also loads the next step's first layer when it streams.
+  void expect_more_steps(bool more) override { more_steps_ = more; }
 
   const WeightPlacement& placement() const { return placement_; }
   const OffloadOptions& options() const { return opts_; }
@@ -102,6 +108,7 @@ class OffloadEngine final : public StepRunner {
   std::unique_ptr<Impl> impl_;
   Schedule schedule_;
   QueueTimes times_{};
+  double step_bound_ = 0;  // sum over steps of max(queue busy)
   struct TraceEvent {
     std::string name;
     Queue queue;
@@ -111,6 +118,7 @@ class OffloadEngine final : public StepRunner {
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   TransferCounters counters_;
   size_t kv_bytes_ = 0;
+  bool more_steps_ = true, first_layer_loaded_ = false;
   size_t reused_ = 0, written_ = 0;
 };
 

@@ -26,6 +26,9 @@ class StepRunner {
                     std::vector<float>& logits) = 0;
   // Bytes of KV cache the current batch holds (all tiers).
   virtual size_t kv_bytes() const = 0;
+  // A hint before each step: whether another step (of this batch or the next) is expected after
+  // it, so an engine may prefetch for it. A wrong hint costs time, never correctness.
+  virtual void expect_more_steps(bool more) { (void)more; }
 };
 
 // Everything resident: Forward + KvCache. With a KV policy (policies/kv_policy.h; null =

@@ -44,6 +44,10 @@ int Schedule::find(StepKind kind, int u, int k) const {
 std::string Schedule::label(int i) const {
   const Step& s = steps[size_t(i)];
   std::ostringstream l;
+  if (units > 0 && s.u == units) {
+    l << step_name(s.kind) << "(1 next)";
+    return l.str();
+  }
   l << step_name(s.kind) << "(" << s.u;
   if (s.kind != StepKind::kLoadWeight && s.kind != StepKind::kLoadWeightDisk) l << "," << s.k;
   l << ")";
@@ -76,9 +80,11 @@ class Builder {
     prefetch_pair(0, 0);
     for (int u = 0; u < s_.units; ++u) {
       for (int k = 0; k < K_; ++k) {
-        if (k == 0 && u + 1 < s_.units) load_weights(u + 1);
+        // Queues run in emission order: the next micro-batch's KV goes first, so it never
+        // waits behind the next unit's weights (which may be waiting on the disk).
         if (k + 1 < K_) prefetch_pair(u, k + 1);
-        else if (u + 1 < s_.units) prefetch_pair(u + 1, 0);
+        if (k == 0 && u + 1 < s_.units) load_weights(u + 1);
+        if (k + 1 == K_ && u + 1 < s_.units) prefetch_pair(u + 1, 0);
         compute(u, k);
         store_pair(u, k);
         if (deferred_hidden_ >= 0) {  // its input was stored just now (one micro-batch)
@@ -87,6 +93,8 @@ class Builder {
         }
       }
     }
+    prefetch_next_first_layer();  // last in every queue: nothing of this step waits behind it
+    out_.units = s_.units;
     return std::move(out_);
   }
 
@@ -120,6 +128,7 @@ class Builder {
 
   void load_weights(int u) {
     if (!s_.unit_streams[size_t(u)]) return;
+    if (u == 1 && s_.first_layer_loaded) return;
     if (s_.unit_disk[size_t(u)]) {
       std::vector<int> d;
       dep(d, StepKind::kLoadWeight, u - 2, 0);  // host staging slot u%2 was read by LW(u-2)
@@ -129,6 +138,28 @@ class Builder {
     dep(d, StepKind::kLoadWeightDisk, u, 0);
     dep(d, StepKind::kCompute, u - 2, K_ - 1);  // device slot u%2 was read by unit u-2
     emit(StepKind::kLoadWeight, Queue::kHostToDevice, u, 0, d);
+  }
+
+  // Next step's unit 1 into slot 1 (unit index s_.units): after the last step here that reads
+  // device slot 1 (a compute of an odd streamed unit) and host staging slot 1 (an LW of an odd
+  // disk unit).
+  void prefetch_next_first_layer() {
+    if (!s_.prefetch_next || s_.units < 3 || !s_.unit_streams[1]) return;
+    int last_dev = -1, last_stage = -1;
+    for (int v = 1; v < s_.units; v += 2) {
+      if (s_.unit_streams[size_t(v)]) last_dev = v;
+      if (s_.unit_disk[size_t(v)] && id(StepKind::kLoadWeight, v, 0) >= 0) last_stage = v;
+    }
+    const int next = s_.units;
+    if (s_.unit_disk[1]) {
+      std::vector<int> d;
+      if (last_stage >= 0) dep(d, StepKind::kLoadWeight, last_stage, 0);
+      emit(StepKind::kLoadWeightDisk, Queue::kDiskRead, next, 0, d);
+    }
+    std::vector<int> d;
+    dep(d, StepKind::kLoadWeightDisk, next, 0);
+    if (last_dev >= 0) dep(d, StepKind::kCompute, last_dev, K_ - 1);
+    emit(StepKind::kLoadWeight, Queue::kHostToDevice, next, 0, d);
   }
 
   void prefetch_pair(int u, int k) {

@@ -45,13 +45,19 @@ struct ScheduleShape {
   bool kv_host = false, kv_disk = false;  // micro-batches have host / disk KV segments
   bool cpu_attention = false;             // decode attention on the host (cpu_cache_compute)
   bool act_on_host = false;
+  // Cross-step prefetch of the first layer (unit 1) when it streams: `first_layer_loaded` says
+  // the previous step already loaded it (no LWD(1)/LW(1) here); `prefetch_next` appends
+  // LWD/LW of the next step's unit 1 as unit index `units` (slot 1, after its last reader here),
+  // so the disk works through the end of this step instead of idling at the step boundary.
+  bool first_layer_loaded = false, prefetch_next = false;
 };
 
 struct Schedule {
   std::vector<Step> steps;  // a topological order; each queue runs its steps in this order
+  int units = 0;            // of the shape; a load of unit `units` is the next step's unit 1
   int find(StepKind kind, int u, int k) const;  // index or -1
   std::string str() const;                      // one line per step: "C(3,1) <- LW(3) LC(3,1)"
-  std::string label(int i) const;               // "C(3,1)", "LW(3)"
+  std::string label(int i) const;               // "C(3,1)", "LW(3)", "LW(1 next)"
 };
 
 Schedule build_schedule(const ScheduleShape& s);

@@ -238,6 +238,10 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   sh.kv_disk = sp.n_disk > 0;
   sh.cpu_attention = p.cpu_cache_compute;
   sh.act_on_host = p.act_cpu_percent == 100;
+  // The engine prefetches the next step's first layer at the end of each step (all but the
+  // run's last), so decode steps start with it loaded.
+  sh.first_layer_loaded = !prefill;
+  sh.prefetch_next = true;
   const uint64_t key = uint64_t(layers) | uint64_t(K) << 8 | uint64_t(streams(pe)) << 40 |
                        uint64_t(streams(pl)) << 41 | uint64_t(streams(ph)) << 42 | uint64_t(pe[2] > 0) << 43 |
                        uint64_t(pl[2] > 0) << 44 | uint64_t(ph[2] > 0) << 45 | uint64_t(prefill) << 46 |

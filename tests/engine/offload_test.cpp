@@ -234,9 +234,17 @@ TEST(OffloadTrace, EveryStepOnceOnItsQueue) {
     names.insert(name);
     by_queue[ev["tid"].get<int>()].push_back({ev["ts"].get<double>(), ev["ts"].get<double>() + ev["dur"].get<double>()});
   }
-  EXPECT_EQ(slices - prefill, 2 * per_step);  // two decode steps of the same shape
+  // Two decode steps of the same shape; the first also loads the next step's first layer
+  // (one LW: weights are on the host), the last (the run's last step) does not.
+  EXPECT_EQ(slices - prefill, 2 * per_step + 1);
   EXPECT_GT(prefill, 0u);
-  EXPECT_TRUE(names.count("C(0,0) prefill") && names.count("LW(5)"));
+  EXPECT_TRUE(names.count("C(0,0) prefill") && names.count("LW(5)") && names.count("LW(1 next) prefill") &&
+              names.count("LW(1 next)"));
+  EXPECT_EQ(eng.last_schedule().find(StepKind::kLoadWeight, 1, 0), -1);  // it was loaded by the step before
+  // Per step, max(queue busy) <= step wall, and a sum of maxima >= the maximum of sums.
+  const OffloadReport r = eng.report();
+  EXPECT_GE(r.step_overlap_efficiency, r.overlap_efficiency - 1e-9);
+  EXPECT_LE(r.step_overlap_efficiency, 1.0 + 1e-6);
   for (auto& [q, v] : by_queue) {
     std::sort(v.begin(), v.end());
     for (size_t i = 1; i < v.size(); ++i) EXPECT_LE(v[i - 1].second, v[i].first + 0.2) << "queue " << q;

@@ -2,6 +2,7 @@
 // (dependencies honoured under random delays, errors propagated, overlap off = in order).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -76,11 +77,48 @@ TEST(Schedule, StepsExistOnlyWhereThePlacementNeedsThem) {
 }
 
 TEST(Schedule, EveryShapeIsWellFormed) {
-  for (int K : {1, 2, 3})
-    for (int bits = 0; bits < 128; ++bits) {
-      auto s = shape(3, K, bits & 1, (bits & 1) && (bits & 2), bits & 4, bits & 8, bits & 16, bits & 32, bits & 64);
-      expect_well_formed(build_schedule(s));
-    }
+  for (int layers : {2, 3})
+    for (int K : {1, 2, 3})
+      for (int bits = 0; bits < 512; ++bits) {
+        auto s = shape(layers, K, bits & 1, (bits & 1) && (bits & 2), bits & 4, bits & 8, bits & 16, bits & 32,
+                       bits & 64);
+        s.first_layer_loaded = bits & 128;
+        s.prefetch_next = bits & 256;
+        expect_well_formed(build_schedule(s));
+      }
+}
+
+// Queues run in emission order, so the next micro-batch's KV is emitted before the next unit's
+// weights (which may wait on the disk); and a step can load the next step's first layer into
+// slot 1 once its last reader here is done (layers 2: the head, unit 3; layers 3: unit 3).
+TEST(Schedule, KvBeforeNextWeightsAndCrossStepPrefetch) {
+  for (int layers : {2, 3}) {
+    ScheduleShape sh = shape(layers, 2, true, true, false, true, false, false, false);
+    sh.prefetch_next = true;
+    Schedule s = build_schedule(sh);
+    expect_well_formed(s);
+    EXPECT_LT(s.find(StepKind::kLoadCache, 1, 1), s.find(StepKind::kLoadWeight, 2, 0));
+    const int next = sh.units;
+    const int lw = s.find(StepKind::kLoadWeight, next, 0), lwd = s.find(StepKind::kLoadWeightDisk, next, 0);
+    ASSERT_GE(lw, 0);
+    ASSERT_GE(lwd, 0);
+    const Step& st = s.steps[size_t(lw)];
+    EXPECT_EQ(st.queue, Queue::kHostToDevice);
+    EXPECT_NE(std::find(st.deps.begin(), st.deps.end(), s.find(StepKind::kCompute, 3, 1)), st.deps.end());
+    EXPECT_NE(std::find(st.deps.begin(), st.deps.end(), lwd), st.deps.end());
+    const Step& sd = s.steps[size_t(lwd)];  // host staging slot 1: last read by LW(3)
+    EXPECT_NE(std::find(sd.deps.begin(), sd.deps.end(), s.find(StepKind::kLoadWeight, 3, 0)), sd.deps.end());
+    EXPECT_EQ(s.label(lw), "LW(1 next)");
+    // The next step starts with it loaded: no LW(1)/LWD(1), and C(1,*) waits on no weight load.
+    sh.first_layer_loaded = true;
+    Schedule n = build_schedule(sh);
+    EXPECT_EQ(n.find(StepKind::kLoadWeight, 1, 0), -1);
+    EXPECT_EQ(n.find(StepKind::kLoadWeightDisk, 1, 0), -1);
+    EXPECT_GE(n.find(StepKind::kLoadWeight, 2, 0), 0);
+  }
+  ScheduleShape resident = shape(3, 2, false, false, false, true, false, false, false);
+  resident.prefetch_next = true;  // nothing streams: nothing to prefetch
+  EXPECT_EQ(build_schedule(resident).find(StepKind::kLoadWeight, resident.units, 0), -1);
 }
 
 TEST(Executor, HonoursDependenciesUnderRandomDelays) {
