@@ -64,6 +64,7 @@ int run_bench(const BenchArgs& a, const Env& env) {
   json report = run_report(lm, rs, st, dev, device);
   report["workload"] = {{"prompts", n}, {"prompt_len", a.prompt_len}, {"gen_len", a.gen_len}};
   if (!a.report.empty()) write_json_file(a.report, report);
+  if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);
   std::cout << c.name << " " << a.prompt_len << "+" << a.gen_len << " x " << n << " sequences: "
             << report["tokens_per_s"].get<double>() << " tok/s (prefill " << st.prefill_seconds << " s, decode "
             << st.decode_seconds << " s; block " << rs.runner->max_batch() << "; KV policy "

@@ -210,6 +210,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   report["requests"] = items.size();
   report["failed_requests"] = bad;
   if (!a.report.empty()) write_json_file(a.report, report);
+  if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);
   std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << reqs.size() << " prompts in " << total_s
             << " s (" << report["tokens_per_s"].get<double>() << " tok/s; prefill " << st.prefill_seconds
             << " s, decode " << st.decode_seconds << " s)\n";

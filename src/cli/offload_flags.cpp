@@ -116,6 +116,8 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   else FH_FAIL("--io must be auto, uring or pread, got \"", a.io, "\"");
   o.verify_store = a.verify_store;
   o.trace = !a.trace.empty();
+  if (o.trace && !std::ofstream(a.trace))  // fail before the run, not after it
+    FH_FAIL("--trace: cannot write ", a.trace);
   return o;
 }
 
@@ -169,6 +171,7 @@ nlohmann::json offload_report_json(const OffloadEngine& e) {
           {"queue_wait_seconds", wait},
           {"schedule_wall_seconds", r.wall},
           {"overlap_efficiency", r.overlap_efficiency},
+          {"step_overlap_efficiency", r.step_overlap_efficiency},
           {"peak_bytes", peak},
           {"budget_bytes", budgets},
           {"io", r.io_note},

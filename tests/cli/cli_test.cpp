@@ -217,6 +217,19 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
     EXPECT_GT(j["offload"]["kv_bytes_moved"].get<uint64_t>(), 0u);
     EXPECT_NE(j["kv_policy"].get<std::string>().find("h2o"), std::string::npos);
   }
+  {  // --trace: Chrome trace-event JSON with one slice per schedule step; an unwritable path fails
+    const fs::path tr = tmp.path() / "trace.json";
+    RunResult r = flexh2o("bench -m " + kOpt + " --prompt-len 5 --gen-len 3 --percent 0 100 0 100 100 0 --trace " +
+                          tr.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = read_json(tr);
+    size_t slices = 0;
+    for (const auto& ev : j["traceEvents"]) slices += ev["ph"] == "X";
+    EXPECT_GT(slices, 20u);
+    RunResult no = flexh2o("generate -m " + kOpt + " --prompt hi --percent 0 100 0 100 100 0 --trace /nonexistent/t.json");
+    EXPECT_EQ(no.code, 1);
+    EXPECT_NE(no.err.find("trace"), std::string::npos) << no.err;
+  }
   RunResult bad = flexh2o("generate -m " + kOpt + " --prompt hi --percent 50 60 100 0 100 0");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("sum to 110"), std::string::npos) << bad.err;
