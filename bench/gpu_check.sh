@@ -6,6 +6,8 @@
 # 8 minutes; every step has its own timeout. Outputs go to $OUT (collected by the device tool)
 # or ./gpu_check_out. Without a GPU it says why and exits non-zero. Usage: bench/gpu_check.sh
 #   FLEXH2O_PREBUILT=dir  skip configure/build and use binaries already built in dir.
+# With gpu_pack/ (made here by bench/gpu_pack.sh and carried by the device tool) it uses the
+# packed binaries when they run on the image, else builds against the packed .debs.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUTDIR="${OUT:-$ROOT/gpu_check_out}"
@@ -42,6 +44,34 @@ if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
   nvcc --version | tail -2 | tee -a "$LOG"
 fi
 record preflight ok "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+
+# ---- 0b. gpu_pack: prebuilt binaries, or the libraries the image lacks -------------------
+PACK="$ROOT/gpu_pack"
+if [ -z "${FLEXH2O_PREBUILT:-}" ] && [ -d "$PACK" ]; then
+  step "gpu_pack"
+  export LD_LIBRARY_PATH="$PACK/lib:${LD_LIBRARY_PATH:-}"
+  src="$(cat "$PACK/source_root" 2>/dev/null || true)"
+  # The binaries find test data and configs under the source path they were built at.
+  if [ -n "$src" ] && [ "$src" != "$ROOT" ] && [ ! -e "$src" ]; then
+    mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src" && say "linked $src -> $ROOT"
+  fi
+  if "$PACK/build/flexh2o" --version >>"$LOG" 2>&1 && [ -x "$PACK/build/tests/kernels_cuda/kernels_cuda_test" ]; then
+    FLEXH2O_PREBUILT="$PACK/build"
+    BUILD="$FLEXH2O_PREBUILT"
+    record gpu_pack ok "prebuilt binaries run here"
+  else
+    say "gpu_pack: the prebuilt binaries do not run here; building against the packed .debs"
+    DEPS=/tmp/flexh2o_deps
+    mkdir -p "$DEPS"
+    for f in "$PACK"/debs/*.deb; do dpkg -x "$f" "$DEPS"; done
+    export CMAKE_PREFIX_PATH="$DEPS/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+    export PKG_CONFIG_PATH="$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig:$DEPS/usr/share/pkgconfig"
+    export PKG_CONFIG_SYSROOT_DIR="$DEPS"
+    export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH"
+    command -v pkg-config >/dev/null 2>&1 || export PATH="$PATH:$DEPS/usr/bin"
+    record gpu_pack ok "building against packed .debs"
+  fi
+fi
 
 # ---- 1. configure + build (only the GPU targets) ----------------------------------------
 if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
