@@ -152,8 +152,9 @@ void OffloadEngine::Impl::run(const Step& s) {
 // ---- weights ---------------------------------------------------------------------------
 
 void OffloadEngine::Impl::load_weight_disk(int u) {
+  const size_t slot = size_t((u + slot_phase) % 2);
   if (u == c.n_layers + 2) u = 1;  // the next step's first layer (schedule.h: prefetch_next)
-  std::byte* stage = weight_stage[size_t(u % 2)].data();
+  std::byte* stage = weight_stage[slot].data();
   for (const WeightHome& h : units[size_t(u)]) {
     if (h.tier != Tier::kDisk) continue;
     if (h.token_table && gather_rows) {  // the step's rows only, in step order
@@ -170,12 +171,13 @@ void OffloadEngine::Impl::load_weight_disk(int u) {
 }
 
 void OffloadEngine::Impl::load_weight(int u) {
+  const size_t s = size_t((u + slot_phase) % 2);
   if (u == c.n_layers + 2) u = 1;
-  std::byte* slot = weight_slot[size_t(u % 2)].data();
+  std::byte* slot = weight_slot[s].data();
   for (const WeightHome& h : units[size_t(u)]) {
     if (h.tier == Tier::kDevice) continue;
     const bool staged = h.tier == Tier::kDisk;
-    const std::byte* src = staged ? weight_stage[size_t(u % 2)].data() + h.stage_offset : h.home.data();
+    const std::byte* src = staged ? weight_stage[s].data() + h.stage_offset : h.home.data();
     if (h.token_table && gather_rows) {
       const size_t row = h.bytes / size_t(c.vocab_size), n = size_t(batch * T);
       if (staged) {
@@ -198,7 +200,8 @@ ModelWeights OffloadEngine::Impl::unit_weights(int u) const {
     for (const WeightHome& h : units[size_t(u)]) {
       if (h.source.data != v.data) continue;
       v.data = h.tier == Tier::kDevice ? static_cast<const void*>(h.home.data())
-                                       : static_cast<const void*>(weight_slot[size_t(u % 2)].data() + h.slot_offset);
+                                       : static_cast<const void*>(weight_slot[size_t((u + slot_phase) % 2)].data() +
+                                                                  h.slot_offset);
       if (h.token_table && h.tier != Tier::kDevice && gather_rows) v.shape = Shape({batch * T, c.hidden});
       return;
     }

@@ -236,6 +236,9 @@ void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T
   times_.wall += t.wall;
   step_bound_ += *std::max_element(t.busy.begin(), t.busy.end());
   first_layer_loaded_ = schedule_.find(StepKind::kLoadWeight, shape.units, 0) >= 0;
+  // The prefetched unit 1 sits in the slot of this step's unit `units`: shift the parity so
+  // the next step finds it there.
+  if (first_layer_loaded_) impl_->slot_phase = (shape.units - 1 + impl_->slot_phase) % 2;
   impl_->finish_step(logits);
 }
 

@@ -87,6 +87,7 @@ struct OffloadEngine::Impl {
   LayerCompute compute_;
   std::vector<std::vector<WeightHome>> units;
   std::array<TierBuffer, 2> weight_slot, weight_stage;
+  int slot_phase = 0;  // unit u's weights use slot (u + slot_phase) % 2 (schedule.h)
 
   // Current batch. cap_w: slots per row of device-side buffers (the whole prompt during
   // prefill); cap_h: of host/disk homes and staging (the policy's budget when one is set).

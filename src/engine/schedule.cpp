@@ -140,13 +140,15 @@ class Builder {
     emit(StepKind::kLoadWeight, Queue::kHostToDevice, u, 0, d);
   }
 
-  // Next step's unit 1 into slot 1 (unit index s_.units): after the last step here that reads
-  // device slot 1 (a compute of an odd streamed unit) and host staging slot 1 (an LW of an odd
-  // disk unit).
+  // Next step's unit 1 as unit index s_.units: it takes the slot of the same parity, the one
+  // the last layer (units - 2) uses, never the head's (still computing at the end of the step);
+  // the engine shifts the next step's slot parity to match (OffloadEngine::slot_phase_). It
+  // waits for the last step here that reads that device slot (a compute of a streamed unit of
+  // that parity) and that host staging slot (an LW of a disk-homed one).
   void prefetch_next_first_layer() {
     if (!s_.prefetch_next || s_.units < 3 || !s_.unit_streams[1]) return;
     int last_dev = -1, last_stage = -1;
-    for (int v = 1; v < s_.units; v += 2) {
+    for (int v = 2 - s_.units % 2; v < s_.units; v += 2) {
       if (s_.unit_streams[size_t(v)]) last_dev = v;
       if (s_.unit_disk[size_t(v)] && id(StepKind::kLoadWeight, v, 0) >= 0) last_stage = v;
     }

@@ -47,8 +47,9 @@ struct ScheduleShape {
   bool act_on_host = false;
   // Cross-step prefetch of the first layer (unit 1) when it streams: `first_layer_loaded` says
   // the previous step already loaded it (no LWD(1)/LW(1) here); `prefetch_next` appends
-  // LWD/LW of the next step's unit 1 as unit index `units` (slot 1, after its last reader here),
-  // so the disk works through the end of this step instead of idling at the step boundary.
+  // LWD/LW of the next step's unit 1 as unit index `units` (into the slot of units-2's parity,
+  // after its last reader here), so the disk works through the end of this step instead of
+  // idling at the step boundary. Slots: unit u uses (u + phase) % 2, phase kept by the engine.
   bool first_layer_loaded = false, prefetch_next = false;
 };
 

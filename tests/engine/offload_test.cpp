@@ -109,6 +109,34 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-llama", "50 0 34 33 100 0", 2, 3, true, false},
                       Case{"tiny-llama", "0 100 0 0 100 0", 1, 2, false, false}));
 
+// The cross-step prefetch puts the next step's first layer in the last layer's slot and shifts
+// the slot parity (every step when the layer count is even, never when odd): both, over several
+// batches, with weights streamed from the host and from disk, give the in-memory tokens.
+TEST(OffloadPrefetch, OddAndEvenLayerCountsMatchInMemory) {
+  ModelConfig c = Model::load_dir(model_dir("tiny-opt")).config();
+  auto reqs = requests("tiny-opt");
+  GenerateOptions go;
+  go.ignore_eos = true;
+  for (int layers : {3, 4}) {
+    c.n_layers = layers;
+    Model model = Model::dummy(c, 5);
+    CpuDevice dev(2);
+    Forward fwd(model, dev);
+    go.batch_size = 3;
+    const auto want = generate(fwd, reqs, go);
+    for (const char* percent : {"0 100 100 0 100 0", "30 0 100 0 100 0"}) {
+      test::TempDir dir;
+      OffloadOptions o;
+      o.policy = make_policy(Case{"tiny-opt", percent, 2, 1, true, false});
+      o.offload_dir = dir.path();
+      OffloadEngine eng(model, dev, o);
+      const auto got = generate(eng, reqs, go);
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_EQ(got[i].tokens, want[i].tokens) << layers << " layers, " << percent << ", request " << i;
+    }
+  }
+}
+
 // Bytes each link must carry for weights on the host, KV on the host, hidden states on the
 // device: computed here from the model and the request shapes, not from the engine's plan.
 TEST(OffloadBytes, MatchWhatThePolicyImplies) {

@@ -89,8 +89,8 @@ TEST(Schedule, EveryShapeIsWellFormed) {
 }
 
 // Queues run in emission order, so the next micro-batch's KV is emitted before the next unit's
-// weights (which may wait on the disk); and a step can load the next step's first layer into
-// slot 1 once its last reader here is done (layers 2: the head, unit 3; layers 3: unit 3).
+// weights (which may wait on the disk); and a step loads the next step's first layer into the
+// last layer's slot once that layer is done here (never the head's: it computes last).
 TEST(Schedule, KvBeforeNextWeightsAndCrossStepPrefetch) {
   for (int layers : {2, 3}) {
     ScheduleShape sh = shape(layers, 2, true, true, false, true, false, false, false);
@@ -104,10 +104,11 @@ TEST(Schedule, KvBeforeNextWeightsAndCrossStepPrefetch) {
     ASSERT_GE(lwd, 0);
     const Step& st = s.steps[size_t(lw)];
     EXPECT_EQ(st.queue, Queue::kHostToDevice);
-    EXPECT_NE(std::find(st.deps.begin(), st.deps.end(), s.find(StepKind::kCompute, 3, 1)), st.deps.end());
+    const int last = sh.units - 2;  // the last layer
+    EXPECT_NE(std::find(st.deps.begin(), st.deps.end(), s.find(StepKind::kCompute, last, 1)), st.deps.end());
     EXPECT_NE(std::find(st.deps.begin(), st.deps.end(), lwd), st.deps.end());
-    const Step& sd = s.steps[size_t(lwd)];  // host staging slot 1: last read by LW(3)
-    EXPECT_NE(std::find(sd.deps.begin(), sd.deps.end(), s.find(StepKind::kLoadWeight, 3, 0)), sd.deps.end());
+    const Step& sd = s.steps[size_t(lwd)];  // its host staging slot: last read by LW(last)
+    EXPECT_NE(std::find(sd.deps.begin(), sd.deps.end(), s.find(StepKind::kLoadWeight, last, 0)), sd.deps.end());
     EXPECT_EQ(s.label(lw), "LW(1 next)");
     // The next step starts with it loaded: no LW(1)/LWD(1), and C(1,*) waits on no weight load.
     sh.first_layer_loaded = true;
