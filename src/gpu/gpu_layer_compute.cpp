@@ -2,6 +2,8 @@
 // operations as engine/layer_compute.cpp, with activations in F16/BF16 (fp32 accumulation).
 #include "gpu/gpu_layer_compute.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "core/error.h"
@@ -12,21 +14,6 @@
 #include "kernels/cuda/ops.h"
 
 namespace flexh2o::gpu {
-namespace {
-
-size_t aligned(size_t n) { return (n + kTensorAlign - 1) / kTensorAlign * kTensorAlign; }
-
-// Element counts of the scratch tensors, in allocation order.
-struct ScratchShape {
-  int64_t normed, q, k, v, attn, ffn_a, ffn_b, last;
-};
-ScratchShape scratch_shape(const ModelConfig& c, int64_t M, int64_t B) {
-  const bool llama = c.arch == Arch::kLlama;
-  return {M * c.hidden, M * c.q_dim(), M * c.kv_dim(), M * c.kv_dim(), M * c.q_dim(),
-          M * c.ffn_dim, llama ? M * c.ffn_dim : 0, B * c.hidden};
-}
-
-}  // namespace
 
 GpuLayerCompute::GpuLayerCompute(const ModelConfig& c, DType dt) : c_(c), dt_(dt) {
   FH_CHECK(dtype_supported(dt), "GPU compute dtype must be F16 or BF16, got ", dtype_name(dt));
@@ -35,29 +22,37 @@ GpuLayerCompute::GpuLayerCompute(const ModelConfig& c, DType dt) : c_(c), dt_(dt
 }
 
 size_t GpuLayerCompute::scratch_bytes(const ModelConfig& c, DType dt, int64_t M, int64_t B) {
-  const ScratchShape s = scratch_shape(c, M, B);
-  const size_t es = dtype_size(dt);
-  size_t n = 0;
-  for (int64_t e : {s.normed, s.q, s.k, s.v, s.attn, s.ffn_a, s.ffn_b, s.last}) n += aligned(size_t(e) * es + 1);
-  return n;
+  return gpu_scratch_bytes(c, dt, M, B);
+}
+
+Status GpuLayerCompute::carve(DeviceArena& a, int64_t M, int64_t B) {
+  const std::array<int64_t, 8> e = gpu_scratch_elems(c_, M, B);
+  void** ptrs[8] = {&normed_, &q_, &k_, &v_, &attn_, &ffn_a_, &ffn_b_, &last_};
+  const size_t es = dtype_size(dt_);
+  for (size_t i = 0; i < 8; ++i)
+    if (Status s = a.allocate(size_t(e[i]) * es + 1, ptrs[i], kTensorAlign); !s.ok()) return s;
+  rows_ = M, seqs_ = B;
+  return Status::Ok();
 }
 
 void GpuLayerCompute::reserve(int64_t M, int64_t B) {
   if (M <= rows_ && B <= seqs_) return;
   M = std::max(M, rows_), B = std::max(B, seqs_);
   scratch_ = DeviceArena();  // free the old slab first
+  rows_ = seqs_ = 0;
   const size_t need = scratch_bytes(c_, dt_, M, B);
   if (!DeviceArena::create(need, &scratch_).ok()) {
     const DeviceInfo d = current_device_info();
     FH_FAIL(fit_error("the activations of a step of " + std::to_string(M) + " rows", need, d.free_bytes,
                       d.total_bytes, d.name, "lower --batch-size or the prompt length"));
   }
-  const ScratchShape s = scratch_shape(c_, M, B);
-  const size_t es = dtype_size(dt_);
-  for (auto [ptr, n] : {std::pair{&normed_, s.normed}, {&q_, s.q}, {&k_, s.k}, {&v_, s.v}, {&attn_, s.attn},
-                        {&ffn_a_, s.ffn_a}, {&ffn_b_, s.ffn_b}, {&last_, s.last}})
-    scratch_.allocate(size_t(n) * es + 1, ptr).throw_if_error();
-  rows_ = M, seqs_ = B;
+  carve(scratch_, M, B).throw_if_error();
+}
+
+Status GpuLayerCompute::carve_scratch(DeviceArena& a, int64_t M, int64_t B) {
+  scratch_ = DeviceArena();
+  rows_ = seqs_ = 0;
+  return carve(a, M, B);
 }
 
 void GpuLayerCompute::embed(const GpuModelWeights& w, const GpuStep& s, void* hidden, cudaStream_t stream) {

@@ -47,6 +47,10 @@ class GpuLayerCompute {
   // Makes room for steps of up to M rows / B sequences (reallocates the scratch when it
   // grows). Throws Error naming the bytes when the device has no room.
   void reserve(int64_t M, int64_t B);
+  // Instead of owning it: carves the scratch for M rows / B sequences out of the caller's
+  // arena (memory_plan.h's gpu_scratch_bytes of it), valid while `a` holds it. Fails like
+  // DeviceArena::allocate (kOutOfBudget) without touching `a` beyond what fitted.
+  Status carve_scratch(DeviceArena& a, int64_t M, int64_t B);
 
   // hidden[B*T, H] = token embedding (+ OPT learned positions).
   void embed(const GpuModelWeights& w, const GpuStep& s, void* hidden, cudaStream_t stream);
@@ -58,6 +62,8 @@ class GpuLayerCompute {
   void head(const GpuModelWeights& w, const GpuStep& s, const void* hidden, float* logits, cudaStream_t stream);
 
  private:
+  Status carve(DeviceArena& a, int64_t M, int64_t B);
+
   ModelConfig c_;
   DType dt_;
   CublasHandle cublas_;

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -16,34 +15,6 @@ namespace flexh2o::gpu {
 namespace {
 
 constexpr size_t kChunkBytes = size_t(32) << 20;  // per half of the pinned staging buffer
-
-// Elements [off, off+n) of `v` converted to `dt` (F16 or BF16) into `out`.
-void convert(const TensorView& v, int64_t off, int64_t n, DType dt, uint16_t* out) {
-  if (v.dtype == dt) {
-    std::memcpy(out, static_cast<const uint16_t*>(v.data) + off, size_t(n) * sizeof(uint16_t));
-    return;
-  }
-  const bool to_f16 = dt == DType::F16;
-  switch (v.dtype) {
-    case DType::F32: {
-      const float* s = v.as<float>() + off;
-      for (int64_t i = 0; i < n; ++i) out[i] = to_f16 ? f32_to_f16(s[i]) : f32_to_bf16(s[i]);
-      return;
-    }
-    case DType::F16: {  // -> BF16
-      const uint16_t* s = v.as<uint16_t>() + off;
-      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(f16_to_f32(s[i]));
-      return;
-    }
-    case DType::BF16: {  // -> F16
-      const uint16_t* s = v.as<uint16_t>() + off;
-      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(bf16_to_f32(s[i]));
-      return;
-    }
-    default:
-      FH_FAIL("GPU upload: unsupported weight dtype ", dtype_name(v.dtype));
-  }
-}
 
 }  // namespace
 
@@ -90,7 +61,7 @@ GpuModel::GpuModel(const Model& m, size_t max_bytes) {
       const int64_t cnt = std::min(per_chunk, n - off);
       if (in_flight[half]) done[half].synchronize();  // the copy out of this half has finished
       uint16_t* host = static_cast<uint16_t*>(pin.data()) + size_t(half) * size_t(per_chunk);
-      convert(t.view, off, cnt, dt, host);
+      convert_weights(t.view, off, cnt, dt, host);
       FH_CUDA_CHECK(cudaMemcpyAsync(d + off, host, size_t(cnt) * sizeof(uint16_t), cudaMemcpyHostToDevice,
                                     stream.get()));
       done[half].record(stream.get());

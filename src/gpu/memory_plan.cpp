@@ -2,6 +2,9 @@
 #include "gpu/memory_plan.h"
 
 #include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
 
 namespace flexh2o::gpu {
 namespace {
@@ -30,6 +33,45 @@ size_t gpu_weight_bytes(const Model& m, DType dt) {
 
 size_t gpu_kv_bytes(const ModelConfig& c, DType dt, int64_t batch, int64_t capacity) {
   return size_t(2 * c.n_layers * batch * c.n_kv_heads * capacity * c.head_dim) * dtype_size(dt);
+}
+
+std::array<int64_t, 8> gpu_scratch_elems(const ModelConfig& c, int64_t M, int64_t B) {
+  const bool llama = c.arch == Arch::kLlama;
+  return {M * c.hidden, M * c.q_dim(), M * c.kv_dim(), M * c.kv_dim(), M * c.q_dim(),
+          M * c.ffn_dim, llama ? M * c.ffn_dim : 0, B * c.hidden};
+}
+
+size_t gpu_scratch_bytes(const ModelConfig& c, DType dt, int64_t M, int64_t B) {
+  size_t n = 0;
+  for (int64_t e : gpu_scratch_elems(c, M, B)) n += align_up(size_t(e) * dtype_size(dt) + 1, kTensorAlign);
+  return n;
+}
+
+void convert_weights(const TensorView& v, int64_t off, int64_t n, DType dt, uint16_t* out) {
+  if (v.dtype == dt) {
+    std::memcpy(out, static_cast<const uint16_t*>(v.data) + off, size_t(n) * sizeof(uint16_t));
+    return;
+  }
+  const bool to_f16 = dt == DType::F16;
+  switch (v.dtype) {
+    case DType::F32: {
+      const float* s = v.as<float>() + off;
+      for (int64_t i = 0; i < n; ++i) out[i] = to_f16 ? f32_to_f16(s[i]) : f32_to_bf16(s[i]);
+      return;
+    }
+    case DType::F16: {  // -> BF16
+      const uint16_t* s = v.as<uint16_t>() + off;
+      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(f16_to_f32(s[i]));
+      return;
+    }
+    case DType::BF16: {  // -> F16
+      const uint16_t* s = v.as<uint16_t>() + off;
+      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(bf16_to_f32(s[i]));
+      return;
+    }
+    default:
+      FH_FAIL("GPU upload: unsupported weight dtype ", dtype_name(v.dtype));
+  }
 }
 
 std::string format_bytes(size_t bytes) {

@@ -1,0 +1,173 @@
+// GpuOffloadRunner against the all-resident GpuRunner on the tiny models (label gpu; skipped
+// without a device). Same dtype, same kernels, same weight bytes: with one micro-batch the
+// GEMM shapes are identical too, so logits must be bitwise equal; with two micro-batches each
+// GEMM has half the rows and cuBLAS may pick another kernel (another summation order), so
+// logits are held to a tight relative tolerance (1e-3 of the row's peak) and greedy tokens
+// must be equal. Also: every weight placement of the stream schedule (all streamed, none,
+// no overlap), the bytes counted per step, and the budget errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/generate.h"
+#include "engine/test_util.h"
+#include "gpu/gpu_offload_runner.h"
+#include "gpu/gpu_runner.h"
+#include "kernels/cuda/cuda_probe.h"
+#include "tokenizer/tokenizer.h"
+
+namespace flexh2o {
+namespace {
+using test::model_dir;
+
+class GpuOffloadTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const CudaProbe p = probe_cuda();
+    if (!p.available) GTEST_SKIP() << "no CUDA device: " << p.reason;
+  }
+};
+
+gpu::GpuOffloadOptions options(double wg, int64_t gbs, int64_t ngb, bool overlap = true) {
+  gpu::GpuOffloadOptions o;
+  o.policy.w_gpu_percent = wg, o.policy.w_cpu_percent = 100 - wg;
+  o.policy.gpu_batch_size = gbs, o.policy.num_gpu_batches = ngb;
+  o.policy.overlap = overlap;
+  return o;
+}
+
+std::vector<GenerationRequest> requests(const std::string& model, int64_t gen) {
+  Tokenizer tok = Tokenizer::load(model_dir(model));
+  std::vector<GenerationRequest> reqs;
+  for (const char* p : {"In the beginning God created the heaven and the earth. And the earth was without form",
+                        "And", "The LORD is my shepherd; I shall not want. He maketh me to lie down", "Jesus wept."}) {
+    GenerationRequest r;
+    r.prompt_ids = tok.encode(p, true);
+    r.max_new_tokens = gen;
+    r.sampling.temperature = 0;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+std::vector<std::vector<int32_t>> tokens(StepRunner& r, const std::vector<GenerationRequest>& reqs) {
+  GenerateOptions o;
+  o.ignore_eos = true;
+  std::vector<std::vector<int32_t>> out;
+  for (auto& g : generate(r, reqs, o)) out.push_back(g.tokens);
+  return out;
+}
+
+// Prefill + teacher-forced decode through both runners; `exact`: bitwise equal logits.
+void compare_steps(const std::string& name, const Model& m, StepRunner& ref, StepRunner& off, bool exact,
+                   const std::string& what) {
+  const ModelConfig& c = m.config();
+  auto reqs = requests(name, 1);
+  const int64_t B = int64_t(reqs.size()), steps = 5;
+  int64_t S = 0;
+  for (auto& r : reqs) S = std::max<int64_t>(S, int64_t(r.prompt_ids.size()));
+  std::vector<int32_t> ids(size_t(B * S), c.pad_id.value_or(0)), pos(size_t(B * S), 0), real(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& p = reqs[size_t(b)].prompt_ids;
+    const int64_t pad = S - int64_t(p.size());
+    real[size_t(b)] = int32_t(p.size());
+    for (size_t t = 0; t < p.size(); ++t) ids[size_t(b * S + pad) + t] = p[t], pos[size_t(b * S + pad) + t] = int32_t(t);
+  }
+  ref.begin_batch(B, S + steps);
+  off.begin_batch(B, S + steps);
+  std::vector<float> lr, lo;
+  std::vector<int32_t> next(static_cast<size_t>(B)), next_pos(static_cast<size_t>(B));
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s == 0) {
+      ref.step(ids.data(), pos.data(), S, real.data(), lr);
+      off.step(ids.data(), pos.data(), S, real.data(), lo);
+    } else {
+      ref.step(next.data(), next_pos.data(), 1, nullptr, lr);
+      off.step(next.data(), next_pos.data(), 1, nullptr, lo);
+    }
+    ASSERT_EQ(lo.size(), lr.size());
+    for (int64_t b = 0; b < B; ++b) {
+      const float* r = lr.data() + b * c.vocab_size;
+      const float* o = lo.data() + b * c.vocab_size;
+      double peak = 0, worst = 0;
+      for (int64_t j = 0; j < c.vocab_size; ++j) peak = std::max(peak, double(std::fabs(r[j])));
+      for (int64_t j = 0; j < c.vocab_size; ++j) worst = std::max(worst, double(std::fabs(r[j] - o[j])));
+      if (exact) EXPECT_EQ(worst, 0.0) << what << " step " << s << " seq " << b;
+      else EXPECT_LE(worst, 1e-3 * peak + 1e-3) << what << " step " << s << " seq " << b;
+      next[size_t(b)] = int32_t(std::max_element(r, r + c.vocab_size) - r);
+      next_pos[size_t(b)] = real[size_t(b)] + int32_t(s);
+    }
+  }
+}
+
+TEST_P(GpuOffloadTest, OneMicroBatchIsBitwiseTheResidentRunner) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  gpu::GpuRunner ref(m, {4, nullptr, 0});
+  gpu::GpuOffloadRunner off(m, options(30, 4, 1));
+  compare_steps(GetParam(), m, ref, off, true, GetParam() + " 30/70, 1 micro-batch");
+  const gpu::GpuOffloadReport r = off.report();
+  EXPECT_GT(r.weight_device_bytes, 0u);
+  EXPECT_GT(r.weight_host_bytes, 0u);
+  EXPECT_GT(r.weight_bytes_moved, 0u);
+  EXPECT_EQ(r.steps, 5);
+}
+
+TEST_P(GpuOffloadTest, TwoMicroBatchesMatchTheResidentRunnerClosely) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  gpu::GpuRunner ref(m, {4, nullptr, 0});
+  gpu::GpuOffloadRunner off(m, options(30, 2, 2));
+  compare_steps(GetParam(), m, ref, off, false, GetParam() + " 30/70, 2 micro-batches");
+}
+
+TEST_P(GpuOffloadTest, GreedyTokensEqualTheResidentRunnerForEveryPlacement) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  auto reqs = requests(GetParam(), 8);
+  gpu::GpuRunner ref(m, {4, nullptr, 0});
+  const auto want = tokens(ref, reqs);
+  struct Case {
+    double wg;
+    int64_t gbs, ngb;
+    bool overlap;
+  };
+  for (const Case& k : {Case{30, 4, 1, true}, Case{30, 2, 2, true}, Case{0, 2, 2, true}, Case{100, 4, 1, true},
+                        Case{30, 1, 2, false}, Case{0, 3, 1, true}}) {
+    gpu::GpuOffloadRunner off(m, options(k.wg, k.gbs, k.ngb, k.overlap));
+    EXPECT_EQ(tokens(off, reqs), want) << GetParam() << " w_g " << k.wg << " block " << k.gbs << "x" << k.ngb
+                                       << (k.overlap ? "" : " no overlap");
+    if (k.wg == 100) {
+      EXPECT_EQ(off.report().weight_bytes_moved, 0u);
+    }
+  }
+}
+
+TEST_P(GpuOffloadTest, TooSmallBudgetFailsNamingTheBytes) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  gpu::GpuOffloadOptions o = options(30, 4, 1);
+  o.device_budget = size_t(1) << 20;  // less than the cuBLAS workspace alone
+  try {
+    gpu::GpuOffloadRunner r(m, o);
+    FAIL() << "constructed within 1 MiB";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const char* s : {"weights homed on the GPU", "weight double buffer", "cuBLAS workspace", "budget is 1.0 MiB"})
+      EXPECT_NE(msg.find(s), std::string::npos) << s << " in: " << msg;
+  }
+  // Room for the weights but not for a long batch's KV cache: refused at the prefill.
+  o.device_budget = size_t(48) << 20;
+  gpu::GpuOffloadRunner r(m, o);
+  r.begin_batch(4, 2000);
+  std::vector<int32_t> ids(4 * 1000, 1), pos(4 * 1000);
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i % 1000);
+  std::vector<float> logits;
+  try {
+    r.step(ids.data(), pos.data(), 1000, nullptr, logits);
+    FAIL() << "a 4 x 2000 batch fit in 48 MiB";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV cache (4 x 2000 tokens)"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, GpuOffloadTest, ::testing::Values("tiny-opt", "tiny-llama"));
+
+}  // namespace
+}  // namespace flexh2o
