@@ -63,7 +63,8 @@ std::string select_device(const std::string& requested, std::ostream& log, const
   if (requested != "cuda" && requested != "auto")
     FH_FAIL("--device must be cpu, cuda or auto, got \"", requested, "\"");
   CudaProbe p = probe_cuda();
-  const std::string why = !p.available ? p.reason : cuda_unsupported;
+  // A run CUDA can never take is refused as such, with or without a GPU.
+  const std::string why = !cuda_unsupported.empty() ? cuda_unsupported : p.available ? "" : p.reason;
   if (why.empty()) {
     if (requested == "auto") log << "flexh2o: --device auto: using the GPU (" << p.device_name << ")\n";
     return "cuda";

@@ -8,13 +8,28 @@
 namespace flexh2o::cli {
 using nlohmann::json;
 
-std::string cuda_unsupported_reason(const OffloadArgs& off) {
+namespace {
+// No offloading flags, or exactly --percent 100 0 100 0 100 0: the all-resident GpuRunner.
+bool all_resident(const OffloadArgs& off) {
   OffloadArgs rest = off;
   rest.percent.clear();
   const bool resident = off.percent.empty() || off.percent == std::vector<double>{100, 0, 100, 0, 100, 0};
-  if (resident && !offload_requested(rest)) return "";
-  return "offloading on the CUDA device is not wired yet (only everything on the GPU: no offloading flags, "
-         "or --percent 100 0 100 0 100 0)";
+  return resident && !offload_requested(rest);
+}
+}  // namespace
+
+std::string cuda_unsupported_reason(const OffloadArgs& off, const std::string& requested) {
+  if (all_resident(off)) return "";
+  if (requested != "cuda") return "offloading flags run on the CPU device unless --device cuda is given";
+  const std::vector<double>& pc = off.percent;
+  const bool gpu_cache_act = pc.empty() || (pc[2] == 100 && pc[3] == 0 && pc[4] == 100 && pc[5] == 0);
+  const bool no_disk = pc.empty() || pc[0] + pc[1] >= 100 - 1e-9;
+  if (gpu_cache_act && no_disk && !off.cpu_cache_compute && off.policy_file.empty() && off.offload_dir.empty() &&
+      off.disk_mem.empty())
+    return "";
+  return "KV/activation offloading and the disk tier on CUDA are not wired yet (--device cuda runs weight "
+         "offloading only: --percent w_g w_c 100 0 100 0 with w_g + w_c = 100, no --policy, --offload-dir, "
+         "--disk-mem or --cpu-cache-compute)";
 }
 
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
@@ -25,6 +40,19 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
   if (rs.kv_config.kind != KvPolicyKind::kFull) rs.kv_policy = make_policy(rs.kv_config);
   if (device == "cuda") {
     if (const std::string why = cuda_unsupported_reason(off); !why.empty()) FH_FAIL("--device cuda: ", why);
+    if (!all_resident(off)) {
+      const OffloadOptions oo = make_offload_options(off);
+      gpu::GpuOffloadOptions go{oo.policy, size_t(oo.device_mem), size_t(oo.host_mem), rs.kv_policy.get()};
+      auto g = std::make_unique<gpu::GpuOffloadRunner>(model, go);
+      const gpu::GpuOffloadReport r = g->report();
+      log << "flexh2o: on " << r.device_name << ": weight offloading with " << r.policy << " (block of "
+          << g->max_batch() << "): " << r.dtype << " weights " << gpu::format_bytes(r.weight_device_bytes)
+          << " on the GPU, " << gpu::format_bytes(r.weight_host_bytes) << " streamed from pinned host memory; budget "
+          << gpu::format_bytes(r.budget_bytes) << "; set up in " << r.upload_seconds << " s\n";
+      rs.gpu_offload = g.get();
+      rs.runner = std::move(g);
+      return rs;
+    }
     auto g = std::make_unique<gpu::GpuRunner>(model, gpu::GpuRunnerOptions{batch_size, rs.kv_policy.get(), 0});
     const gpu::GpuRunInfo gi = g->info();
     log << "flexh2o: on " << gi.device_name << " (" << gpu::format_bytes(gi.device_total_bytes) << "): weights "
@@ -83,6 +111,25 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
     report["gpu"] = {{"name", gi.device_name},       {"memory_bytes", gi.device_total_bytes},
                      {"dtype", gi.dtype},            {"weight_bytes", gi.weight_bytes},
                      {"upload_seconds", gi.upload_seconds}};
+  }
+  if (rs.gpu_offload) {
+    const gpu::GpuOffloadReport r = rs.gpu_offload->report();
+    report["gpu"] = {{"name", r.device_name},  {"memory_bytes", r.device_total_bytes},
+                     {"dtype", r.dtype},       {"weight_bytes", r.weight_device_bytes},
+                     {"upload_seconds", r.upload_seconds}};
+    report["offload"] = {
+        {"policy", r.policy},
+        {"bytes_moved", {{"host_to_device", r.host_to_device_bytes}, {"device_to_host", r.device_to_host_bytes}}},
+        {"weight_bytes_moved", r.weight_bytes_moved},
+        {"weights_device_bytes", r.weight_device_bytes},
+        {"weights_host_bytes", r.weight_host_bytes},
+        {"weights_host_pinned_in_place_bytes", r.host_registered_bytes},
+        {"weight_slot_bytes", r.slot_bytes},
+        {"device_budget_bytes", r.budget_bytes},
+        {"device_peak_bytes", r.arena_peak_bytes},
+        {"token_steps", r.steps},
+        {"step_seconds", r.step_seconds},
+        {"mean_step_seconds", r.steps ? r.step_seconds / double(r.steps) : 0.0}};
   }
   return report;
 }
