@@ -18,6 +18,14 @@ LOG="$OUTDIR/gpu_check.log"
 T0=$SECONDS
 declare -a SUMMARY=()
 
+# The device tool allows 600 s a call: every step's timeout is capped by what is left of
+# BUDGET, so the summary is always printed.
+BUDGET="${FLEXH2O_GPU_CHECK_BUDGET:-540}"
+tmo() {  # tmo SECONDS -> min(SECONDS, seconds left in BUDGET), at least 5
+  local left=$((BUDGET - (SECONDS - T0)))
+  [ "$left" -lt 5 ] && left=5
+  echo $(($1 < left ? $1 : left))
+}
 say() { echo "$*" | tee -a "$LOG"; }
 step() { say ""; say "== [$((SECONDS - T0))s] $*"; }
 record() { SUMMARY+=("$(printf '%-28s %-8s %s' "$1" "$2" "$3")"); }
@@ -37,8 +45,8 @@ die() {
 step "preflight"
 export PATH="/usr/local/cuda/bin:$PATH"
 command -v nvidia-smi >/dev/null 2>&1 || die preflight "nvidia-smi not found: no NVIDIA driver on this machine (this script needs a CUDA GPU)"
-timeout 60 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$LOG"
-timeout 60 nvidia-smi -L 2>/dev/null | grep -q '^GPU' || die preflight "nvidia-smi lists no GPU"
+timeout "$(tmo 60)" nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$LOG"
+timeout "$(tmo 60)" nvidia-smi -L 2>/dev/null | grep -q '^GPU' || die preflight "nvidia-smi lists no GPU"
 if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
   command -v nvcc >/dev/null 2>&1 || die preflight "nvcc not found (CUDA toolkit missing)"
   nvcc --version | tail -2 | tee -a "$LOG"
@@ -76,7 +84,7 @@ fi
 # ---- 1. configure + build (only the GPU targets) ----------------------------------------
 if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
   step "configure"
-  if ! timeout 150 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  if ! timeout "$(tmo 150)" cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DFLEXH2O_ENABLE_CUDA=ON >>"$LOG" 2>&1; then
     grep -E "Could NOT find|No package|not found|Error" "$LOG" | head -20
     die configure "cmake failed (missing host packages on this image? see $LOG)"
@@ -85,7 +93,7 @@ if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
   record configure ok "Release, sm_90"
   step "build kernels_cuda_test gpu_runner_test bench_gpu flexh2o (-j16)"
   tb=$SECONDS
-  if ! timeout 330 cmake --build "$BUILD" -j16 --target kernels_cuda_test gpu_runner_test bench_gpu flexh2o \
+  if ! timeout "$(tmo 330)" cmake --build "$BUILD" -j16 --target kernels_cuda_test gpu_runner_test bench_gpu flexh2o \
       >>"$LOG" 2>&1; then
     grep -E "error|FAILED" "$LOG" | head -20
     die build "compile/link failed (see $LOG)"
@@ -98,16 +106,16 @@ step "tests (label gpu)"
 TEST_BIN="$BUILD/tests/kernels_cuda/kernels_cuda_test"
 [ -x "$TEST_BIN" ] || die tests "$TEST_BIN not built"
 if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
-  (cd "$BUILD" && timeout 200 ctest -L gpu --output-on-failure -j4 \
+  (cd "$BUILD" && timeout "$(tmo 200)" ctest -L gpu --output-on-failure -j4 \
       --output-junit "$OUTDIR/ctest_gpu.xml") >"$OUTDIR/ctest_gpu.txt" 2>&1
   rc=$?
   tail -5 "$OUTDIR/ctest_gpu.txt" | tee -a "$LOG"
 else
-  timeout 200 "$TEST_BIN" --gtest_output="json:$OUTDIR/gtest_gpu.json" >"$OUTDIR/ctest_gpu.txt" 2>&1
+  timeout "$(tmo 200)" "$TEST_BIN" --gtest_output="json:$OUTDIR/gtest_gpu.json" >"$OUTDIR/ctest_gpu.txt" 2>&1
   rc=$?
   RUNNER_BIN="$BUILD/tests/gpu/gpu_runner_test"
   if [ -x "$RUNNER_BIN" ]; then
-    timeout 120 "$RUNNER_BIN" --gtest_output="json:$OUTDIR/gtest_gpu_runner.json" >>"$OUTDIR/ctest_gpu.txt" 2>&1 || rc=1
+    timeout "$(tmo 120)" "$RUNNER_BIN" --gtest_output="json:$OUTDIR/gtest_gpu_runner.json" >>"$OUTDIR/ctest_gpu.txt" 2>&1 || rc=1
   fi
   grep -E "PASSED|FAILED|SKIPPED \]" "$OUTDIR/ctest_gpu.txt" | tail -8 | tee -a "$LOG"
 fi
@@ -123,7 +131,7 @@ fi
 step "bench_gpu"
 BENCH_BIN="$BUILD/bench/bench_gpu"
 if [ -x "$BENCH_BIN" ]; then
-  timeout 180 "$BENCH_BIN" --json "$OUTDIR/bench_gpu.json" >"$OUTDIR/bench_gpu.txt" 2>&1
+  timeout "$(tmo 180)" "$BENCH_BIN" --json "$OUTDIR/bench_gpu.json" >"$OUTDIR/bench_gpu.txt" 2>&1
   rc=$?
   cat "$OUTDIR/bench_gpu.txt" | tee -a "$LOG" >/dev/null
   [ $rc -eq 0 ] && record bench_gpu ok "bench_gpu.json" || record bench_gpu FAIL "rc=$rc, see bench_gpu.txt"
@@ -140,7 +148,7 @@ if [ ! -x "$FH" ]; then
 else
   ok=1
   for dev in cpu cuda; do
-    timeout 60 "$FH" generate -m "$ROOT/tests/data/tiny-opt" -i "$E2E_IN" -o "$OUTDIR/e2e_tiny_opt_$dev.jsonl" \
+    timeout "$(tmo 60)" "$FH" generate -m "$ROOT/tests/data/tiny-opt" -i "$E2E_IN" -o "$OUTDIR/e2e_tiny_opt_$dev.jsonl" \
         --greedy --ignore-eos -n 24 --batch-size 4 --device "$dev" --report "$OUTDIR/e2e_tiny_opt_$dev.json" \
         >>"$LOG" 2>&1 || ok=0
   done
@@ -156,7 +164,7 @@ fi
 
 step "e2e OPT-6.7B dummy, all on the GPU: bench 512+32 x 32"
 if [ -x "$FH" ]; then
-  timeout 240 "$FH" bench -m opt-6.7b --prompt-len 512 --gen-len 32 --batch-size 32 --device cuda \
+  timeout "$(tmo 240)" "$FH" bench -m opt-6.7b --prompt-len 512 --gen-len 32 --batch-size 32 --device cuda \
       --report "$OUTDIR/e2e_opt67b_gpu.json" >"$OUTDIR/e2e_opt67b_gpu.txt" 2>&1
   rc=$?
   tee -a "$LOG" <"$OUTDIR/e2e_opt67b_gpu.txt"
@@ -183,7 +191,7 @@ e2e_offload() {  # name, timeout, file tag, bench args...
     record "$name" FAIL "$FH not built"
     return
   fi
-  timeout "$limit" "$FH" bench "$@" --device cuda --report "$OUTDIR/$tag.json" >"$OUTDIR/$tag.txt" 2>&1
+  timeout "$(tmo "$limit")" "$FH" bench "$@" --device cuda --report "$OUTDIR/$tag.json" >"$OUTDIR/$tag.txt" 2>&1
   local rc=$?
   tee -a "$LOG" <"$OUTDIR/$tag.txt"
   [ -f "$OUTDIR/$tag.json" ] && tee -a "$LOG" <"$OUTDIR/$tag.json" >/dev/null
