@@ -6,6 +6,7 @@
 #include "engine/generate.h"
 #include "engine/offload_engine.h"
 #include "policies/kv_policy.h"
+#include "bible_requests.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -23,19 +24,7 @@ std::unique_ptr<KvPolicy> policy(KvPolicyKind kind, int64_t heavy, int64_t recen
 }
 
 std::vector<GenerationRequest> requests(const std::string& model, int64_t gen) {
-  Tokenizer tok = Tokenizer::load(model_dir(model));
-  const char* prompts[] = {"In the beginning God created the heaven and the earth. And the earth was without form",
-                           "And", "The LORD is my shepherd; I shall not want. He maketh me to lie down",
-                           "Jesus wept."};
-  std::vector<GenerationRequest> reqs;
-  for (const char* p : prompts) {
-    GenerationRequest r;
-    r.prompt_ids = tok.encode(p, true);
-    r.max_new_tokens = gen;
-    r.sampling.temperature = 0;
-    reqs.push_back(r);
-  }
-  return reqs;
+  return test::bible_requests(model, gen);
 }
 
 std::vector<std::vector<int32_t>> run(const Model& m, const KvPolicy* p, const std::vector<GenerationRequest>& reqs,

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "engine/generate.h"
+#include "engine/bible_requests.h"
 #include "engine/test_util.h"
 #include "gpu/gpu_offload_runner.h"
 #include "gpu/gpu_runner.h"
@@ -37,17 +38,7 @@ gpu::GpuOffloadOptions options(double wg, int64_t gbs, int64_t ngb, bool overlap
 }
 
 std::vector<GenerationRequest> requests(const std::string& model, int64_t gen) {
-  Tokenizer tok = Tokenizer::load(model_dir(model));
-  std::vector<GenerationRequest> reqs;
-  for (const char* p : {"In the beginning God created the heaven and the earth. And the earth was without form",
-                        "And", "The LORD is my shepherd; I shall not want. He maketh me to lie down", "Jesus wept."}) {
-    GenerationRequest r;
-    r.prompt_ids = tok.encode(p, true);
-    r.max_new_tokens = gen;
-    r.sampling.temperature = 0;
-    reqs.push_back(r);
-  }
-  return reqs;
+  return test::bible_requests(model, gen);
 }
 
 std::vector<std::vector<int32_t>> tokens(StepRunner& r, const std::vector<GenerationRequest>& reqs) {

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "engine/generate.h"
+#include "engine/bible_requests.h"
 #include "engine/test_util.h"
 #include "gpu/gpu_runner.h"
 #include "kernels/cuda/cuda_probe.h"
@@ -25,19 +26,8 @@ class GpuRunnerTest : public ::testing::TestWithParam<std::string> {
   }
 };
 
-// Prompts of different lengths: the batch is left-padded.
 std::vector<GenerationRequest> requests(const std::string& model, int64_t gen) {
-  Tokenizer tok = Tokenizer::load(model_dir(model));
-  std::vector<GenerationRequest> reqs;
-  for (const char* p : {"In the beginning God created the heaven and the earth. And the earth was without form",
-                        "And", "The LORD is my shepherd; I shall not want. He maketh me to lie down", "Jesus wept."}) {
-    GenerationRequest r;
-    r.prompt_ids = tok.encode(p, true);
-    r.max_new_tokens = gen;
-    r.sampling.temperature = 0;
-    reqs.push_back(r);
-  }
-  return reqs;
+  return test::bible_requests(model, gen);
 }
 
 std::unique_ptr<KvPolicy> h2o(int64_t heavy, int64_t recent) {
