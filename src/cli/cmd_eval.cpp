@@ -19,11 +19,13 @@
 //    go to the lowest choice index (numpy argmax, as lm-eval).
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
 #include "engine/evaluate.h"
+#include "engine/offload_engine.h"
 #include "engine/perplexity.h"
 
 namespace flexh2o::cli {
@@ -70,11 +72,19 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
   e->add_flag("--json", a.json, "Print one JSON object");
   e->add_flag("--streaming", a.streaming, "Feed one token per step even with --kv-policy full");
   add_kv_flags(e, a.kv);
+  add_offload_flags(e, a.offload);
   e->add_option("file", a.file, "UTF-8 text file")->required();
+  e->footer(
+      "Offloading flags (--percent, --offload-dir, --gpu-mem, ...) run the streaming evaluation through the\n"
+      "offloading engine on the CPU device: the same numbers as in memory, for models that do not fit.");
 }
 
 int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   KvPolicyConfig kv = make_kv_config(a.kv);  // flag errors before loading anything
+  const bool offload = offload_requested(a.offload);
+  std::optional<OffloadOptions> oo;
+  if (offload) oo = make_offload_options(a.offload);
+  if (offload && a.offload.policy_file == "auto") FH_FAIL("eval-ppl: --policy auto is not supported; give --percent");
   select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
   if (!lm.tokenizer) FH_FAIL("eval-ppl needs a tokenizer: pass --tokenizer DIR");
@@ -92,9 +102,16 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
 
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
-  const bool stream = policy || a.streaming;
+  const bool stream = policy || a.streaming || offload;
   PerplexityResult r;
-  if (stream) {
+  json off_report;
+  if (offload) {
+    oo->kv_policy = policy.get();
+    OffloadEngine engine(*lm.model, dev, *oo);
+    r = streaming_perplexity(engine, ids);
+    off_report = offload_report_json(engine);
+    write_trace_file(a.offload, engine, std::cerr);
+  } else if (stream) {
     InMemoryRunner runner(fwd, 1, policy.get());
     r = streaming_perplexity(runner, ids);
   } else {
@@ -103,6 +120,7 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   json j{{"perplexity", r.perplexity}, {"mean_nll", r.mean_nll}, {"tokens", r.tokens},
          {"text_tokens", toks.size()}, {"kv_policy", describe(kv)},
          {"kv_budget", budget_json(policy.get(), 1)}, {"mode", stream ? "streaming" : "prefill"}};
+  if (offload) j["offload"] = off_report;
   if (a.json)
     std::cout << j.dump() << "\n";
   else

@@ -56,6 +56,7 @@ struct EvalPplArgs {
   int threads = 0;
   bool json = false, streaming = false;
   KvArgs kv;
+  OffloadArgs offload;  // any offloading flag: streamed through the offloading engine
 };
 void register_eval_ppl(CLI::App& app, EvalPplArgs& a);
 int run_eval_ppl(const EvalPplArgs& a, const Env& env);

@@ -67,6 +67,24 @@ TEST_P(EvalCli, RatiosAreFractionsOfTheTokensScored) {
   EXPECT_EQ(big["perplexity"], full["perplexity"]);
 }
 
+// Offloading flags stream the text through the offloading engine: exactly the in-memory
+// streaming numbers (full cache, KV on the host; H2O with weights and KV on disk).
+TEST_P(EvalCli, OffloadedPerplexityEqualsInMemory) {
+  flexh2o::test::TempDir dir;
+  const std::string base = "eval-ppl --model " + model() + " --max-tokens 120 ";
+  json mem = run_json(base + "--streaming " + eval_txt(GetParam()));
+  json off = run_json(base + "--percent 0 100 0 100 100 0 --gpu-batch-size 1 " + eval_txt(GetParam()));
+  EXPECT_EQ(off["perplexity"], mem["perplexity"]);
+  EXPECT_GT(off["offload"]["bytes_moved"]["host_to_device"].get<uint64_t>(), 0u);
+  const std::string h2o = "--kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1 ";
+  json mem_h = run_json(base + h2o + eval_txt(GetParam()));
+  json off_h = run_json(base + h2o + "--percent 0 0 0 0 100 0 --gpu-batch-size 1 --offload-dir " +
+                        (dir.path() / "store").string() + " " + eval_txt(GetParam()));
+  EXPECT_EQ(off_h["perplexity"], mem_h["perplexity"]);
+  EXPECT_EQ(off_h["kv_budget"], mem_h["kv_budget"]);
+  EXPECT_GT(off_h["offload"]["bytes_moved"]["disk_to_host"].get<uint64_t>(), 0u);
+}
+
 TEST_P(EvalCli, ChoiceAccuracyBeatsChanceWithTheFullCache) {
   json j = run_json("eval-choice --model " + model() + " --tasks " + kTasks);
   ASSERT_TRUE(j.contains("acc")) << j;
