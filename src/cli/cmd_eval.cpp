@@ -215,6 +215,10 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
   e->add_option("--threads", a.threads, "CPU threads (default: all)");
   e->add_flag("--json", a.json, "Print one JSON object");
   add_kv_flags(e, a.kv);
+  add_offload_flags(e, a.offload);
+  e->footer(
+      "Offloading flags (--percent, --gpu-batch-size, --offload-dir, ...) score the choices through the\n"
+      "offloading engine on the CPU device (blocks of --gpu-batch-size x --num-gpu-batches sequences).");
 }
 
 int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
@@ -235,7 +239,20 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   for (const auto& t : items) max_choices = std::max(max_choices, t.choices.size());
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
-  InMemoryRunner runner(fwd, a.batch_size > 0 ? a.batch_size : int64_t(max_choices), policy.get());
+  std::unique_ptr<StepRunner> owned;
+  OffloadEngine* engine = nullptr;
+  if (offload_requested(a.offload)) {
+    if (a.offload.policy_file == "auto") FH_FAIL("eval-choice: --policy auto is not supported; give --percent");
+    OffloadOptions o = make_offload_options(a.offload);
+    o.kv_policy = policy.get();
+    auto e = std::make_unique<OffloadEngine>(*lm.model, dev, o);
+    engine = e.get();
+    owned = std::move(e);
+  } else {
+    owned = std::make_unique<InMemoryRunner>(fwd, a.batch_size > 0 ? a.batch_size : int64_t(max_choices),
+                                             policy.get());
+  }
+  StepRunner& runner = *owned;
 
   const size_t n = a.limit > 0 ? std::min(items.size(), size_t(a.limit)) : items.size();
   int64_t correct = 0, correct_norm = 0, context_tokens = 0;
@@ -283,6 +300,10 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
          {"correct", correct}, {"correct_norm", correct_norm}, {"chance", chance / dn},
          {"num_fewshot", a.num_fewshot}, {"mean_context_tokens", double(context_tokens) / dn},
          {"kv_policy", describe(kv)}, {"acc_norm_unit", "token"}};
+  if (engine) {
+    j["offload"] = offload_report_json(*engine);
+    write_trace_file(a.offload, *engine, std::cerr);
+  }
   if (a.json)
     std::cout << j.dump() << "\n";
   else

@@ -68,6 +68,7 @@ struct EvalChoiceArgs {
   int threads = 0;
   bool json = false;
   KvArgs kv;
+  OffloadArgs offload;  // any offloading flag: scored through the offloading engine
 };
 void register_eval_choice(CLI::App& app, EvalChoiceArgs& a);
 int run_eval_choice(const EvalChoiceArgs& a, const Env& env);

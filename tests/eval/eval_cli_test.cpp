@@ -85,6 +85,15 @@ TEST_P(EvalCli, OffloadedPerplexityEqualsInMemory) {
   EXPECT_GT(off_h["offload"]["bytes_moved"]["disk_to_host"].get<uint64_t>(), 0u);
 }
 
+TEST_P(EvalCli, OffloadedChoiceScoresEqualInMemory) {
+  const std::string base = "eval-choice --model " + model() + " --tasks " + kTasks + " --limit 12 ";
+  json mem = run_json(base);
+  json off = run_json(base + "--percent 30 70 0 100 100 0 --gpu-batch-size 2 --num-gpu-batches 2");
+  EXPECT_EQ(off["correct"], mem["correct"]);
+  EXPECT_EQ(off["correct_norm"], mem["correct_norm"]);
+  EXPECT_GT(off["offload"]["bytes_moved"]["host_to_device"].get<uint64_t>(), 0u);
+}
+
 TEST_P(EvalCli, ChoiceAccuracyBeatsChanceWithTheFullCache) {
   json j = run_json("eval-choice --model " + model() + " --tasks " + kTasks);
   ASSERT_TRUE(j.contains("acc")) << j;
