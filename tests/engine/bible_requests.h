@@ -2,6 +2,7 @@
 // that compare runners (CPU KV policies, GPU runners) on the tiny models.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,30 @@ inline std::vector<GenerationRequest> bible_requests(const std::string& model, i
     reqs.push_back(r);
   }
   return reqs;
+}
+
+// The left-padded [B, S] batch generate() builds from `reqs`: ids, positions, real rows.
+struct PaddedBatch {
+  int64_t B = 0, S = 0;
+  std::vector<int32_t> ids, pos, real;
+};
+inline PaddedBatch left_pad(const std::vector<GenerationRequest>& reqs, int32_t pad_id) {
+  PaddedBatch pb;
+  pb.B = int64_t(reqs.size());
+  for (const auto& r : reqs) pb.S = std::max<int64_t>(pb.S, int64_t(r.prompt_ids.size()));
+  pb.ids.assign(size_t(pb.B * pb.S), pad_id);
+  pb.pos.assign(size_t(pb.B * pb.S), 0);
+  pb.real.assign(size_t(pb.B), 0);
+  for (int64_t b = 0; b < pb.B; ++b) {
+    const auto& p = reqs[size_t(b)].prompt_ids;
+    const int64_t pad = pb.S - int64_t(p.size());
+    pb.real[size_t(b)] = int32_t(p.size());
+    for (size_t t = 0; t < p.size(); ++t) {
+      pb.ids[size_t(b * pb.S + pad) + t] = p[t];
+      pb.pos[size_t(b * pb.S + pad) + t] = int32_t(t);
+    }
+  }
+  return pb;
 }
 
 }  // namespace flexh2o::test

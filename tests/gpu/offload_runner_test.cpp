@@ -55,15 +55,9 @@ void compare_steps(const std::string& name, const Model& m, StepRunner& ref, Ste
   const ModelConfig& c = m.config();
   auto reqs = requests(name, 1);
   const int64_t B = int64_t(reqs.size()), steps = 5;
-  int64_t S = 0;
-  for (auto& r : reqs) S = std::max<int64_t>(S, int64_t(r.prompt_ids.size()));
-  std::vector<int32_t> ids(size_t(B * S), c.pad_id.value_or(0)), pos(size_t(B * S), 0), real(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& p = reqs[size_t(b)].prompt_ids;
-    const int64_t pad = S - int64_t(p.size());
-    real[size_t(b)] = int32_t(p.size());
-    for (size_t t = 0; t < p.size(); ++t) ids[size_t(b * S + pad) + t] = p[t], pos[size_t(b * S + pad) + t] = int32_t(t);
-  }
+  test::PaddedBatch pb = test::left_pad(reqs, c.pad_id.value_or(0));
+  const int64_t S = pb.S;
+  std::vector<int32_t>&ids = pb.ids, &pos = pb.pos, &real = pb.real;
   ref.begin_batch(B, S + steps);
   off.begin_batch(B, S + steps);
   std::vector<float> lr, lo;
