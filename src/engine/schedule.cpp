@@ -142,7 +142,7 @@ class Builder {
 
   // Next step's unit 1 as unit index s_.units: it takes the slot of the same parity, the one
   // the last layer (units - 2) uses, never the head's (still computing at the end of the step);
-  // the engine shifts the next step's slot parity to match (OffloadEngine::slot_phase_). It
+  // the engine shifts the next step's slot parity to match (OffloadEngine::Impl::slot_phase). It
   // waits for the last step here that reads that device slot (a compute of a streamed unit of
   // that parity) and that host staging slot (an LW of a disk-homed one).
   void prefetch_next_first_layer() {
