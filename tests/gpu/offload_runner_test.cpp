@@ -14,6 +14,7 @@
 #include "engine/test_util.h"
 #include "gpu/gpu_offload_runner.h"
 #include "gpu/gpu_runner.h"
+#include "gpu_fixture.h"
 #include "kernels/cuda/cuda_probe.h"
 #include "tokenizer/tokenizer.h"
 
@@ -21,13 +22,7 @@ namespace flexh2o {
 namespace {
 using test::model_dir;
 
-class GpuOffloadTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const CudaProbe p = probe_cuda();
-    if (!p.available) GTEST_SKIP() << "no CUDA device: " << p.reason;
-  }
-};
+class GpuOffloadTest : public test::GpuModelTest {};
 
 gpu::GpuOffloadOptions options(double wg, int64_t gbs, int64_t ngb, bool overlap = true) {
   gpu::GpuOffloadOptions o;

@@ -10,6 +10,7 @@
 #include "engine/bible_requests.h"
 #include "engine/test_util.h"
 #include "gpu/gpu_runner.h"
+#include "gpu_fixture.h"
 #include "kernels/cuda/cuda_probe.h"
 #include "policies/kv_policy.h"
 #include "tokenizer/tokenizer.h"
@@ -18,13 +19,7 @@ namespace flexh2o {
 namespace {
 using test::model_dir;
 
-class GpuRunnerTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const CudaProbe p = probe_cuda();
-    if (!p.available) GTEST_SKIP() << "no CUDA device: " << p.reason;
-  }
-};
+class GpuRunnerTest : public test::GpuModelTest {};
 
 std::vector<GenerationRequest> requests(const std::string& model, int64_t gen) {
   return test::bible_requests(model, gen);
