@@ -79,7 +79,9 @@ int run_bench(const BenchArgs& a, const Env& env) {
     const auto& off = report["offload"];
     std::cout << "offload: " << off["policy"].get<std::string>() << "; bytes moved " << off["bytes_moved"].dump()
               << "; " << off["token_steps"].get<int64_t>() << " token steps, mean "
-              << off["mean_step_seconds"].get<double>() << " s\n";
+              << off["mean_step_seconds"].get<double>() << " s; overlap efficiency "
+              << off["overlap_efficiency"].get<double>() << "; host attention "
+              << off["host_attention_seconds"].get<double>() << " s\n";
   }
   if (rs.offload) {
     const auto& off = report["offload"];

@@ -22,14 +22,17 @@ std::string cuda_unsupported_reason(const OffloadArgs& off, const std::string& r
   if (all_resident(off)) return "";
   if (requested != "cuda") return "offloading flags run on the CPU device unless --device cuda is given";
   const std::vector<double>& pc = off.percent;
-  const bool gpu_cache_act = pc.empty() || (pc[2] == 100 && pc[3] == 0 && pc[4] == 100 && pc[5] == 0);
+  auto is = [&](size_t i, double g, double c) { return pc.empty() ? g == 100 : pc[i] == g && pc[i + 1] == c; };
+  const bool cache_gpu = is(2, 100, 0), cache_host = is(2, 0, 100) && off.cpu_cache_compute;
+  const bool act_whole = is(4, 100, 0) || is(4, 0, 100);
   const bool no_disk = pc.empty() || pc[0] + pc[1] >= 100 - 1e-9;
-  if (gpu_cache_act && no_disk && !off.cpu_cache_compute && off.policy_file.empty() && off.offload_dir.empty() &&
+  if ((cache_gpu || cache_host) && act_whole && no_disk && off.policy_file.empty() && off.offload_dir.empty() &&
       off.disk_mem.empty())
     return "";
-  return "KV/activation offloading and the disk tier on CUDA are not wired yet (--device cuda runs weight "
-         "offloading only: --percent w_g w_c 100 0 100 0 with w_g + w_c = 100, no --policy, --offload-dir, "
-         "--disk-mem or --cpu-cache-compute)";
+  return "this offloading policy is not wired on CUDA yet: --device cuda takes --percent w_g w_c c_g c_c a_g a_c "
+         "with w_g + w_c = 100 (no weights on disk), the cache wholly on the GPU (100 0) or wholly on the host "
+         "with --cpu-cache-compute (0 100), the activations wholly on either (100 0 or 0 100), and no --policy, "
+         "--offload-dir or --disk-mem";
 }
 
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
@@ -45,7 +48,7 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
       gpu::GpuOffloadOptions go{oo.policy, size_t(oo.device_mem), size_t(oo.host_mem), rs.kv_policy.get()};
       auto g = std::make_unique<gpu::GpuOffloadRunner>(model, go);
       const gpu::GpuOffloadReport r = g->report();
-      log << "flexh2o: on " << r.device_name << ": weight offloading with " << r.policy << " (block of "
+      log << "flexh2o: on " << r.device_name << ": offloading with " << r.policy << " (block of "
           << g->max_batch() << "): " << r.dtype << " weights " << gpu::format_bytes(r.weight_device_bytes)
           << " on the GPU, " << gpu::format_bytes(r.weight_host_bytes) << " streamed from pinned host memory; budget "
           << gpu::format_bytes(r.budget_bytes) << "; set up in " << r.upload_seconds << " s\n";
@@ -129,6 +132,12 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
         {"device_peak_bytes", r.arena_peak_bytes},
         {"token_steps", r.steps},
         {"step_seconds", r.step_seconds},
+        {"stream_busy_seconds",
+         {{"compute", r.stream_busy_seconds[0]},
+          {"host_to_device", r.stream_busy_seconds[1]},
+          {"device_to_host", r.stream_busy_seconds[2]}}},
+        {"host_attention_seconds", r.host_attention_seconds},
+        {"overlap_efficiency", r.overlap_efficiency()},
         {"mean_step_seconds", r.steps ? r.step_seconds / double(r.steps) : 0.0}};
   }
   return report;

@@ -53,6 +53,24 @@ void LayerCompute::qkv(const ModelConfig& c, const LayerWeights& L, const StepSh
   }
 }
 
+void LayerCompute::load_qkv(const ModelConfig& c, const StepShape& s, const float* q, const float* k,
+                            const float* v) {
+  const int64_t M = s.B * s.T, Q = c.q_dim(), KV = c.kv_dim();
+  grow(q_, M * Q);
+  grow(k_, M * KV);
+  grow(v_, M * KV);
+  grow(attn_, M * Q);
+  std::copy_n(q, M * Q, q_.data());
+  std::copy_n(k, M * KV, k_.data());
+  std::copy_n(v, M * KV, v_.data());
+}
+
+void LayerCompute::load_attn(const ModelConfig& c, const StepShape& s, const float* attn) {
+  const int64_t n = s.B * s.T * c.q_dim();
+  grow(attn_, n);
+  std::copy_n(attn, n, attn_.data());
+}
+
 void LayerCompute::attend(const ModelConfig& c, const StepShape& s, const KvSegment& seg) {
   const int64_t Q = c.q_dim(), KV = c.kv_dim(), row0 = seg.first_seq * s.T;
   const int32_t* keys = s.seq_keys + seg.first_seq;

@@ -50,6 +50,16 @@ class LayerCompute {
   void qkv(const ModelConfig& c, const LayerWeights& L, const StepShape& s, const float* hidden);
   void attend(const ModelConfig& c, const StepShape& s, const KvSegment& seg);
   void finish(const ModelConfig& c, const LayerWeights& L, const StepShape& s, float* hidden);
+  // attend() on projections computed elsewhere (the CUDA runner's decode attention on the
+  // host): q [B*T, q_dim], k and v [B*T, kv_dim] fp32, as qkv() leaves them. attn() is
+  // attend()'s output [B*T, q_dim], valid until the next call.
+  void load_qkv(const ModelConfig& c, const StepShape& s, const float* q, const float* k, const float* v);
+  const float* attn() const { return attn_.data(); }
+  const float* q() const { return q_.data(); }  // qkv()'s projections, as load_qkv() takes them
+  const float* k() const { return k_.data(); }
+  const float* v() const { return v_.data(); }
+  // finish() on an attention output computed elsewhere: attn [B*T, q_dim] fp32.
+  void load_attn(const ModelConfig& c, const StepShape& s, const float* attn);
 
   // Bytes of scratch this object holds for a step of M = B*T rows (for memory budgets).
   static int64_t scratch_bytes(const ModelConfig& c, int64_t M);

@@ -65,26 +65,31 @@ void GpuLayerCompute::embed(const GpuModelWeights& w, const GpuStep& s, void* hi
 
 void GpuLayerCompute::layer(const GpuLayerWeights& L, const GpuStep& s, void* hidden,
                             std::span<const GpuKvSegment> segs, cudaStream_t stream) {
-  const int64_t H = c_.hidden, M = s.B * s.T, Q = c_.q_dim(), KV = c_.kv_dim(), F = c_.ffn_dim;
-  const bool opt = c_.arch == Arch::kOpt;
-  FH_CHECK(M <= rows_ && s.B <= seqs_, "GpuLayerCompute: reserve(", M, ", ", s.B, ") was not called");
-  const size_t es = dtype_size(dt_);
-  auto at = [&](void* base, int64_t elems) { return static_cast<char*>(base) + size_t(elems) * es; };
+  qkv(L, s, hidden, stream);
+  attend(s, segs, stream);
+  finish(L, s, hidden, stream);
+}
 
-  // qkv
-  if (opt)
+void GpuLayerCompute::qkv(const GpuLayerWeights& L, const GpuStep& s, const void* hidden, cudaStream_t stream) {
+  const int64_t H = c_.hidden, M = s.B * s.T, Q = c_.q_dim(), KV = c_.kv_dim();
+  FH_CHECK(M <= rows_ && s.B <= seqs_, "GpuLayerCompute: reserve(", M, ", ", s.B, ") was not called");
+  if (c_.arch == Arch::kOpt)
     layernorm(dt_, hidden, M, H, L.ln1_w, L.ln1_b, c_.norm_eps, normed_, stream);
   else
     rmsnorm(dt_, hidden, M, H, L.ln1_w, c_.norm_eps, normed_, stream);
   linear(cublas_, dt_, normed_, M, H, L.q_w, Q, L.q_b, q_, Epilogue::kStore, stream);
   linear(cublas_, dt_, normed_, M, H, L.k_w, KV, L.k_b, k_, Epilogue::kStore, stream);
   linear(cublas_, dt_, normed_, M, H, L.v_w, KV, L.v_b, v_, Epilogue::kStore, stream);
-  if (!opt) {
+  if (c_.arch != Arch::kOpt) {
     rotary(dt_, q_, M, c_.n_heads, c_.head_dim, Q, s.positions, c_.rope_theta, stream);
     rotary(dt_, k_, M, c_.n_kv_heads, c_.head_dim, KV, s.positions, c_.rope_theta, stream);
   }
+}
 
-  // attention, per segment
+void GpuLayerCompute::attend(const GpuStep& s, std::span<const GpuKvSegment> segs, cudaStream_t stream) {
+  const int64_t Q = c_.q_dim(), KV = c_.kv_dim();
+  const size_t es = dtype_size(dt_);
+  auto at = [&](void* base, int64_t elems) { return static_cast<char*>(base) + size_t(elems) * es; };
   int64_t next = 0;
   for (const GpuKvSegment& seg : segs) {
     FH_CHECK(seg.first_seq == next, "KV segments must cover the batch in order");
@@ -117,8 +122,11 @@ void GpuLayerCompute::layer(const GpuLayerWeights& L, const GpuStep& s, void* hi
     attention(a, stream);
   }
   FH_CHECK(next == s.B, "KV segments cover ", next, " of ", s.B, " sequences");
+}
 
-  // finish: output projection, FFN
+void GpuLayerCompute::finish(const GpuLayerWeights& L, const GpuStep& s, void* hidden, cudaStream_t stream) {
+  const int64_t H = c_.hidden, M = s.B * s.T, Q = c_.q_dim(), F = c_.ffn_dim;
+  const bool opt = c_.arch == Arch::kOpt;
   linear(cublas_, dt_, attn_, M, Q, L.o_w, H, L.o_b, hidden, Epilogue::kAccumulate, stream);
   if (opt)
     layernorm(dt_, hidden, M, H, L.ln2_w, L.ln2_b, c_.norm_eps, normed_, stream);

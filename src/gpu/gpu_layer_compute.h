@@ -58,6 +58,18 @@ class GpuLayerCompute {
   // segments (which must cover sequences [0, B) in order) and attention runs over them.
   void layer(const GpuLayerWeights& L, const GpuStep& s, void* hidden, std::span<const GpuKvSegment> segs,
              cudaStream_t stream);
+  // layer() in three parts, for the host-attention path (cpu_cache_compute): qkv() leaves
+  // q() [M, q_dim] and k(), v() [M, kv_dim] (bias and rotary applied); attend() is layer()'s
+  // attention over the segments into attn() [M, q_dim]; finish() is the output projection and
+  // the FFN on attn(), which may instead be filled by the caller.
+  void qkv(const GpuLayerWeights& L, const GpuStep& s, const void* hidden, cudaStream_t stream);
+  void attend(const GpuStep& s, std::span<const GpuKvSegment> segs, cudaStream_t stream);
+  void finish(const GpuLayerWeights& L, const GpuStep& s, void* hidden, cudaStream_t stream);
+  void* q() const { return q_; }
+  void* k() const { return k_; }
+  void* v() const { return v_; }
+  void* attn() const { return attn_; }
+
   // Final norm + lm_head of each sequence's last row: logits device fp32 [B, vocab].
   void head(const GpuModelWeights& w, const GpuStep& s, const void* hidden, float* logits, cudaStream_t stream);
 

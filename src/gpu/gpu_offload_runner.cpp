@@ -1,7 +1,8 @@
 // GpuOffloadRunner: weight homes (device arena / pinned host), the per-batch buffers carved
 // from the same budgeted arena, and the CUDA schedule executor: each step of build_schedule()
 // is enqueued on its queue's stream after cudaStreamWaitEvent on its cross-stream
-// dependencies (plan_streams), then records its own event; the host blocks once per step.
+// dependencies (plan_streams), between two timing events; the host blocks once per step, and
+// once per (layer, micro-batch) for the host attention of a cache homed on the host (HostKv).
 #include "gpu/gpu_offload_runner.h"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "engine/schedule.h"
 #include "gpu/device_info.h"
 #include "gpu/gpu_layer_compute.h"
+#include "gpu/host_kv.h"
 #include "gpu/memory_plan.h"
 #include "gpu/offload_plan.h"
 #include "kernels/cuda/cuda_check.h"
@@ -39,6 +41,12 @@ const Policy& checked(const GpuOffloadOptions& o) {
   return o.policy;
 }
 
+void grow(PinnedBuffer& pb, size_t bytes) {
+  if (pb.size() >= bytes) return;
+  pb = PinnedBuffer();
+  PinnedBuffer::create(bytes, &pb).throw_if_error();
+}
+
 struct Unregister {
   void operator()(void* p) const noexcept { FH_CUDA_LOG(cudaHostUnregister(p)); }
 };
@@ -51,6 +59,7 @@ struct GpuOffloadRunner::Impl {
   const ModelConfig& c;
   GpuOffloadOptions opt;
   const Policy& p;
+  OffloadModes modes = offload_modes(p, opt.kv_policy && opt.kv_policy->needs_scores());
   int device = use_device0();
   DeviceInfo dev = current_device_info();
   WeightPlacement wp;
@@ -68,7 +77,7 @@ struct GpuOffloadRunner::Impl {
   std::array<GpuModelWeights, 2> views;            // weights as compute reads them, per slot parity
   std::unique_ptr<GpuLayerCompute> compute;
   std::array<Stream, kNumStreams> streams;
-  std::vector<Event> events;
+  std::vector<Event> events, starts;  // per schedule step: recorded after / before it (timing)
   Event prefetched{false};
   bool prefetch_pending = false, first_layer_loaded = false, more_steps = true;
   int slot_phase = 0;  // unit u's weights use slot (u + slot_phase) % 2 (schedule.h)
@@ -81,6 +90,26 @@ struct GpuOffloadRunner::Impl {
   float* logits = nullptr;
   std::vector<char*> k, v;
   PinnedBuffer pin_in, pin_logits;
+  // act_host: two device hidden slots and the pinned host home of every hidden state.
+  std::array<char*, 2> hslot{};
+  PinnedBuffer pin_hidden;
+  // kv_host: the cache on the host, the prefill's device staging and pinned bounce slots, the
+  // pinned q/k/v and attention rows of the host attention, and each store's host-callback
+  // argument (stable until the step's end).
+  std::unique_ptr<HostKv> hkv;
+  std::array<char*, 2> kstage{}, vstage{};
+  std::array<float*, 2> sstage{};
+  std::array<PinnedBuffer, 2> pin_k, pin_v, pin_s;
+  PinnedBuffer pin_qkv, pin_attn;
+  Event host_ready;
+  struct HostStore {
+    Impl* self;
+    int64_t layer, first, n;
+    int slot;
+  };
+  std::vector<HostStore> stores;
+  std::string host_error;  // first error of a host callback (read after the streams synchronise)
+  int micro = 1;           // micro-batches of this step
 
   GpuOffloadReport rep;
 
@@ -99,6 +128,7 @@ struct GpuOffloadRunner::Impl {
       FH_FAIL(fit_error("the --gpu-mem budget", budget, std::min(current_device_info().free_bytes, budget - 1),
                         dev.total_bytes, dev.name, "lower --gpu-mem"));
     compute = std::make_unique<GpuLayerCompute>(c, layout.dtype);
+    if (modes.kv_host) hkv = std::make_unique<HostKv>(c, layout.dtype, opt.kv_policy);
     void* h = nullptr;
     arena.allocate(layout.home_bytes, &h, kTensorAlign).throw_if_error();
     homes = static_cast<char*>(h);
@@ -250,10 +280,17 @@ struct GpuOffloadRunner::Impl {
 
   // The batch's buffers, sized at its prefill (T rows per sequence at most) and carved from
   // the arena after the weights; the need is checked against the budget first.
-  void start(int64_t prefill_T) {
+  void start(int64_t prefill_T, const int32_t* real_rows) {
     cap = capacity;
     rows = prefill_T;
-    const GpuOffloadNeed need = gpu_offload_need(c, layout, batch, p.gpu_batch_size, rows, cap);
+    if (hkv) {
+      cap = hkv->begin(batch, capacity, rows, real_rows);
+      if (opt.host_budget && layout.host_bytes + hkv->bytes() > opt.host_budget)
+        FH_FAIL("the host-homed weights (", format_bytes(layout.host_bytes), ") and the host KV cache of ", batch,
+                " sequences x ", cap, " tokens (", format_bytes(hkv->bytes()), ") exceed --cpu-mem ",
+                format_bytes(opt.host_budget), "; lower the batch, raise --cpu-mem or use a KV policy");
+    }
+    const GpuOffloadNeed need = gpu_offload_need(c, layout, batch, p.gpu_batch_size, rows, cap, modes);
     if (std::string e = budget_error(need, budget, "a batch of " + std::to_string(batch) + " sequences x " +
                                                        std::to_string(cap) + " tokens (prompt " +
                                                        std::to_string(rows) + ")");
@@ -262,33 +299,40 @@ struct GpuOffloadRunner::Impl {
       FH_FAIL(e);
     }
     arena.rewind(batch_mark);
-    const BatchBuffers b = batch_buffers(c, layout.dtype, batch, p.gpu_batch_size, rows, cap);
+    const BatchBuffers b = batch_buffers(c, layout.dtype, batch, p.gpu_batch_size, rows, cap, modes);
     auto take = [&](size_t bytes) {
       void* q = nullptr;
       arena.allocate(std::max<size_t>(bytes, 1), &q, kTensorAlign).throw_if_error();
       return static_cast<char*>(q);
     };
     hidden = take(b.hidden);
+    hslot = {hidden, modes.act_host ? take(b.hidden) : nullptr};
     ids = reinterpret_cast<int32_t*>(take(b.inputs));
     const int64_t M = batch * rows;
     pos = ids + M, pos_rows = ids + 2 * M, keys = ids + 3 * M;
     logits = reinterpret_cast<float*>(take(b.logits));
     k.assign(size_t(c.n_layers), nullptr);
     v.assign(size_t(c.n_layers), nullptr);
-    for (int64_t l = 0; l < c.n_layers; ++l) k[size_t(l)] = take(b.kv_layer), v[size_t(l)] = take(b.kv_layer);
+    if (modes.kv_host) {
+      for (int i = 0; i < 2; ++i) {
+        kstage[size_t(i)] = take(b.kv_stage), vstage[size_t(i)] = take(b.kv_stage);
+        sstage[size_t(i)] = modes.scores ? reinterpret_cast<float*>(take(b.scores_stage)) : nullptr;
+        grow(pin_k[size_t(i)], b.kv_stage);
+        grow(pin_v[size_t(i)], b.kv_stage);
+        if (modes.scores) grow(pin_s[size_t(i)], b.scores_stage);
+      }
+    } else {
+      for (int64_t l = 0; l < c.n_layers; ++l) k[size_t(l)] = take(b.kv_layer), v[size_t(l)] = take(b.kv_layer);
+    }
     const int64_t mb = std::min(batch, p.gpu_batch_size);
     compute->carve_scratch(arena, mb * rows, mb).throw_if_error();
     rep.arena_peak_bytes = std::max(rep.arena_peak_bytes, arena.peak() + kCublasWorkspaceBytes);
     cudaStream_t st = streams[0].get();
-    for (int64_t l = 0; l < c.n_layers; ++l) {  // as the CPU cache: stale slots are zeros
+    for (int64_t l = 0; l < c.n_layers && !modes.kv_host; ++l) {  // as the CPU cache: stale slots are zeros
       FH_CUDA_CHECK(cudaMemsetAsync(k[size_t(l)], 0, b.kv_layer, st));
       FH_CUDA_CHECK(cudaMemsetAsync(v[size_t(l)], 0, b.kv_layer, st));
     }
-    auto grow = [](PinnedBuffer& pb, size_t bytes) {
-      if (pb.size() >= bytes) return;
-      pb = PinnedBuffer();
-      PinnedBuffer::create(bytes, &pb).throw_if_error();
-    };
+    if (modes.act_host) grow(pin_hidden, size_t(batch * rows * c.hidden) * dtype_size(layout.dtype));
     grow(pin_in, b.inputs);
     grow(pin_logits, b.logits);
     lengths.assign(size_t(batch), 0);
@@ -308,22 +352,103 @@ struct GpuOffloadRunner::Impl {
     }
   }
 
+  int64_t first_of(int kb) const { return kb * p.gpu_batch_size; }
+  int64_t size_of(int kb) const { return std::min(p.gpu_batch_size, batch - first_of(kb)); }
+  size_t es() const { return dtype_size(layout.dtype); }
+  // Unit u's input / output hidden state of micro-batch kb on the device: its rows of the
+  // batch's buffer, or with act_host the slot that alternates with the (u, kb) order.
+  char* device_hidden(int u, int kb) const {
+    if (modes.act_host) return hslot[size_t((u * micro + kb) % 2)];
+    return hidden + size_t(first_of(kb) * T * c.hidden) * es();
+  }
+  // Hidden state of micro-batch kb between the device slot and its pinned host home.
+  void move_hidden(int u, int kb, bool load, cudaStream_t st) {
+    const size_t bytes = size_t(size_of(kb) * T * c.hidden) * es();
+    char* host = static_cast<char*>(pin_hidden.data()) + size_t(first_of(kb) * T * c.hidden) * es();
+    char* dev = device_hidden(u, kb);
+    FH_CUDA_CHECK(cudaMemcpyAsync(load ? dev : host, load ? host : dev, bytes,
+                                  load ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, st));
+    (load ? rep.host_to_device_bytes : rep.device_to_host_bytes) += bytes;
+  }
+
   // Unit u on micro-batch k (sequences [k * gpu_batch_size, +n)).
-  void run_compute(int u, int kb, cudaStream_t st) {
-    const int64_t first = kb * p.gpu_batch_size, n = std::min(p.gpu_batch_size, batch - first);
-    const size_t es = dtype_size(layout.dtype);
+  void run_compute(int u, int kb, bool prefill, cudaStream_t st) {
+    const int64_t first = first_of(kb), n = size_of(kb);
     const GpuModelWeights& w = views[size_t((u + slot_phase) % 2)];
     const GpuStep s{n, T, ids + first * T, pos + first * T, pos_rows + first * T, keys + first, max_keys};
-    char* h = hidden + size_t(first * T * c.hidden) * es;
+    char* h = device_hidden(u, kb);
     if (u == 1 && kb == 0 && prefetch_pending) {  // layer 1 was loaded by the previous step
       FH_CUDA_CHECK(cudaStreamWaitEvent(st, prefetched.get(), 0));
       prefetch_pending = false;
     }
     if (u == 0) return compute->embed(w, s, h, st);
     if (u == c.n_layers + 1) return compute->head(w, s, h, logits + first * c.vocab_size, st);
-    const size_t off = size_t(first * c.n_kv_heads * cap * c.head_dim) * es;
-    const GpuKvSegment seg{k[size_t(u - 1)] + off, v[size_t(u - 1)] + off, 0, n, cap, nullptr};
-    compute->layer(w.layers[size_t(u - 1)], s, h, {&seg, 1}, st);
+    const GpuLayerWeights& L = w.layers[size_t(u - 1)];
+    if (!modes.kv_host) {
+      const size_t off = size_t(first * c.n_kv_heads * cap * c.head_dim) * es();
+      const GpuKvSegment seg{k[size_t(u - 1)] + off, v[size_t(u - 1)] + off, 0, n, cap, nullptr};
+      return compute->layer(L, s, h, {&seg, 1}, st);
+    }
+    const size_t slot = size_t(((u - 1) * micro + kb) % 2);  // the schedule's KV staging slot
+    if (prefill) {  // attention on the device over the staging slot; StoreCache brings the rows down
+      float* scores = sstage[slot];
+      if (scores) FH_CUDA_CHECK(cudaMemsetAsync(scores, 0, size_t(n * c.n_heads * rows) * sizeof(float), st));
+      const GpuKvSegment seg{kstage[slot], vstage[slot], 0, n, rows, scores};
+      return compute->layer(L, s, h, {&seg, 1}, st);
+    }
+    // Decode with the cache on the host: q/k/v down, attention on the CPU, the output back up.
+    const int64_t M = n * T, Q = c.q_dim(), KV = c.kv_dim();
+    grow(pin_qkv, size_t(M * (Q + 2 * KV)) * es());
+    grow(pin_attn, size_t(M * Q) * es());
+    char* pq = static_cast<char*>(pin_qkv.data());
+    char* pk = pq + size_t(M * Q) * es();
+    char* pv = pk + size_t(M * KV) * es();
+    compute->qkv(L, s, h, st);
+    FH_CUDA_CHECK(cudaMemcpyAsync(pq, compute->q(), size_t(M * Q) * es(), cudaMemcpyDeviceToHost, st));
+    FH_CUDA_CHECK(cudaMemcpyAsync(pk, compute->k(), size_t(M * KV) * es(), cudaMemcpyDeviceToHost, st));
+    FH_CUDA_CHECK(cudaMemcpyAsync(pv, compute->v(), size_t(M * KV) * es(), cudaMemcpyDeviceToHost, st));
+    host_ready.record(st);
+    host_ready.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    hkv->attend(u - 1, first, n, T, pq, pk, pv, pin_attn.data());
+    rep.host_attention_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    FH_CUDA_CHECK(cudaMemcpyAsync(compute->attn(), pin_attn.data(), size_t(M * Q) * es(), cudaMemcpyHostToDevice, st));
+    rep.device_to_host_bytes += uint64_t(M * (Q + 2 * KV)) * es();
+    rep.host_to_device_bytes += uint64_t(M * Q) * es();
+    compute->finish(L, s, h, st);
+  }
+
+  // Prefill rows of (layer u, micro-batch kb) from the device staging slot to the host cache:
+  // copied into a pinned bounce slot, then HostKv::store_rows in a host callback on the same
+  // stream (so the next copy into that bounce slot waits for it).
+  void store_cache(int u, int kb, cudaStream_t st) {
+    const int64_t first = first_of(kb), n = size_of(kb);
+    const int slot = ((u - 1) * micro + kb) % 2;
+    const size_t kvb = size_t(n * c.n_kv_heads * rows * c.head_dim) * es();
+    FH_CUDA_CHECK(cudaMemcpyAsync(pin_k[size_t(slot)].data(), kstage[size_t(slot)], kvb, cudaMemcpyDeviceToHost, st));
+    FH_CUDA_CHECK(cudaMemcpyAsync(pin_v[size_t(slot)].data(), vstage[size_t(slot)], kvb, cudaMemcpyDeviceToHost, st));
+    rep.device_to_host_bytes += 2 * kvb;
+    if (modes.scores) {
+      const size_t sb = size_t(n * c.n_heads * rows) * sizeof(float);
+      FH_CUDA_CHECK(cudaMemcpyAsync(pin_s[size_t(slot)].data(), sstage[size_t(slot)], sb, cudaMemcpyDeviceToHost, st));
+      rep.device_to_host_bytes += sb;
+    }
+    FH_CHECK(stores.size() < stores.capacity(), "GpuOffloadRunner: host store arguments not reserved");
+    stores.push_back({this, u - 1, first, n, slot});
+    FH_CUDA_CHECK(cudaLaunchHostFunc(st, &Impl::host_store, &stores.back()));
+  }
+
+  static void host_store(void* arg) noexcept {
+    const HostStore& a = *static_cast<const HostStore*>(arg);
+    Impl& m = *a.self;
+    if (!m.host_error.empty()) return;
+    try {
+      const size_t i = size_t(a.slot);
+      m.hkv->store_rows(a.layer, a.first, a.n, m.rows, m.pin_k[i].data(), m.pin_v[i].data(),
+                        m.modes.scores ? static_cast<const float*>(m.pin_s[i].data()) : nullptr);
+    } catch (const std::exception& e) {
+      m.host_error = e.what();
+    }
   }
 
   void step(const int32_t* in_ids, const int32_t* positions, int64_t steps_T, const int32_t* real_rows,
@@ -339,7 +464,7 @@ struct GpuOffloadRunner::Impl {
                c.vocab_size);
     }
     const bool prefill = cap == 0;
-    if (prefill) start(steps_T);
+    if (prefill) start(steps_T, real_rows);
     FH_CHECK(steps_T <= rows, "step of ", steps_T, " rows after a prefill of ", rows);
     T = steps_T;
     const int64_t M = B * T;
@@ -349,10 +474,11 @@ struct GpuOffloadRunner::Impl {
       const int64_t add = real_rows ? real_rows[b] : T;
       FH_CHECK(add >= 0 && add <= T, "real rows ", add, " outside [0, ", T, "]");
       seq_keys[size_t(b)] = int32_t(lengths[size_t(b)] + add);
-      FH_CHECK(seq_keys[size_t(b)] <= cap, "KV cache full: sequence ", b, " needs ", seq_keys[size_t(b)],
+      FH_CHECK(hkv || seq_keys[size_t(b)] <= cap, "KV cache full: sequence ", b, " needs ", seq_keys[size_t(b)],
                " slots, capacity ", cap);
       max_keys = std::max<int64_t>(max_keys, seq_keys[size_t(b)]);
     }
+    if (hkv) hkv->begin_step(seq_keys.data());  // checks the host cache's capacity
     // Inputs (ids | positions | OPT position rows | seq_keys), laid out for this step's T.
     int32_t* pin = static_cast<int32_t*>(pin_in.data());
     std::memcpy(pin, in_ids, size_t(M) * sizeof(int32_t));
@@ -370,19 +496,31 @@ struct GpuOffloadRunner::Impl {
     for (size_t u = 0; u < wp.units.size(); ++u) shape.unit_streams.push_back(layout.unit_streamed[u] > 0);
     shape.unit_disk.assign(wp.units.size(), false);
     shape.prefill = prefill;
+    shape.kv_host = modes.kv_host;
+    shape.cpu_attention = modes.kv_host;  // checked: the host cache comes with cpu_cache_compute
+    shape.act_on_host = modes.act_host;
     shape.first_layer_loaded = first_layer_loaded;
     shape.prefetch_next = more_steps;
+    micro = shape.micro_batches;
     const Schedule sched = build_schedule(shape);
     const StreamPlan plan = plan_streams(sched, p.overlap);
     first_layer_loaded = false;  // set again once this step's prefetch is enqueued
-    while (events.size() < sched.steps.size()) events.emplace_back(false);
+    while (events.size() < sched.steps.size()) events.emplace_back(true), starts.emplace_back(true);
+    stores.clear();
+    stores.reserve(sched.steps.size());
     for (size_t i = 0; i < sched.steps.size(); ++i) {
       const Step& s = sched.steps[i];
       cudaStream_t st = streams[size_t(plan.stream[i])].get();
       for (int w : plan.waits[i]) FH_CUDA_CHECK(cudaStreamWaitEvent(st, events[size_t(w)].get(), 0));
-      if (s.kind == StepKind::kLoadWeight) load_weight(s.u, st);
-      else if (s.kind == StepKind::kCompute) run_compute(s.u, s.k, st);
-      else FH_FAIL("GpuOffloadRunner: unexpected schedule step ", sched.label(int(i)));
+      starts[i].record(st);
+      switch (s.kind) {
+        case StepKind::kLoadWeight: load_weight(s.u, st); break;
+        case StepKind::kCompute: run_compute(s.u, s.k, prefill, st); break;
+        case StepKind::kLoadHidden: move_hidden(s.u, s.k, true, st); break;
+        case StepKind::kStoreHidden: move_hidden(s.u, s.k, false, st); break;
+        case StepKind::kStoreCache: store_cache(s.u, s.k, st); break;
+        default: FH_FAIL("GpuOffloadRunner: unexpected schedule step ", sched.label(int(i)));
+      }
       events[i].record(st);
       if (s.kind == StepKind::kLoadWeight && s.u == shape.units) {
         prefetched.record(st);
@@ -394,12 +532,29 @@ struct GpuOffloadRunner::Impl {
     FH_CUDA_CHECK(cudaMemcpyAsync(pin_logits.data(), logits, size_t(B * c.vocab_size) * sizeof(float),
                                   cudaMemcpyDeviceToHost, cs));
     rep.device_to_host_bytes += uint64_t(B * c.vocab_size) * sizeof(float);
-    streams[0].synchronize();
+    for (const Stream& q : streams) q.synchronize();  // the logits, and the last stores
+    if (!host_error.empty()) {
+      const std::string e = std::move(host_error);
+      host_error.clear();
+      cap = 0;  // the batch's cache is incomplete: a new begin_batch() is needed
+      FH_FAIL("storing the prefill's KV rows on the host failed: ", e);
+    }
     out.resize(size_t(B * c.vocab_size));
     std::memcpy(out.data(), pin_logits.data(), out.size() * sizeof(float));
-    lengths = seq_keys;
+    if (hkv) {
+      hkv->end_step();
+      lengths = hkv->lengths();
+    } else {
+      lengths = seq_keys;
+    }
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::array<double, kNumStreams> busy{};
+    for (size_t i = 0; i < sched.steps.size(); ++i)
+      busy[size_t(plan.stream[i])] += 1e-3 * double(Event::elapsed_ms(starts[i], events[i]));
+    for (int q = 0; q < kNumStreams; ++q) rep.stream_busy_seconds[size_t(q)] += busy[size_t(q)];
+    rep.busiest_stream_seconds += *std::max_element(busy.begin(), busy.end());
     ++rep.steps;
-    rep.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rep.step_seconds += wall;
   }
 };
 
@@ -425,7 +580,8 @@ void GpuOffloadRunner::step(const int32_t* ids, const int32_t* positions, int64_
 
 size_t GpuOffloadRunner::kv_bytes() const {
   const Impl& m = *impl_;
-  return m.cap ? gpu_kv_bytes(m.c, m.layout.dtype, m.batch, m.cap) : 0;
+  if (!m.cap) return 0;
+  return m.hkv ? m.hkv->bytes() : gpu_kv_bytes(m.c, m.layout.dtype, m.batch, m.cap);
 }
 
 void GpuOffloadRunner::expect_more_steps(bool more) { impl_->more_steps = more; }

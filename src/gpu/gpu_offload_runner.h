@@ -1,12 +1,15 @@
-// GpuOffloadRunner: FlexGen-style weight offloading on a CUDA GPU, driven by the engine's
-// Schedule value (engine/schedule.h). Weights are homed by place_weights() (midpoint rule):
-// device-homed tensors uploaded once as F16/BF16, host-homed ones kept in pinned host memory
-// (converted once, or the model's own bytes page-locked in place when already in the compute
-// dtype) and copied per step into one of two device weight slots on a copy stream, overlapped
-// with compute through one CUDA event per schedule step. KV cache and activations stay on the
-// GPU (--percent w_g w_c 100 0 100 0, w_g + w_c = 100). The streamed token table (unit 0) is
-// copied whole, not row-gathered like the CPU engine. No KV policy yet (refused). No CUDA
-// headers here: without CUDA the constructor throws (gpu_offload_runner_stub.cpp).
+// GpuOffloadRunner: FlexGen-style offloading on a CUDA GPU, driven by the engine's Schedule
+// value (engine/schedule.h). Weights are homed by place_weights() (midpoint rule): device-homed
+// tensors uploaded once as F16/BF16, host-homed ones kept in pinned host memory (converted
+// once, or the model's own bytes page-locked in place when already in the compute dtype) and
+// copied per step into one of two device weight slots on a copy stream, overlapped with
+// compute through one CUDA event per schedule step. The KV cache is either on the GPU (cache
+// 100 0) or on the host (cache 0 100 with --cpu-cache-compute: HostKv, decode attention on the
+// CPU, KV policies such as H2O applied there, FlexGen's OPT-30B policy); hidden states either
+// stay on the GPU (act 100 0) or go to pinned host memory between units (act 0 100). Weights
+// on disk are refused. The streamed token table (unit 0) is copied whole, not row-gathered
+// like the CPU engine. No CUDA headers here: without CUDA the constructor throws
+// (gpu_offload_runner_stub.cpp).
 #pragma once
 
 #include <array>
@@ -24,10 +27,10 @@
 namespace flexh2o::gpu {
 
 struct GpuOffloadOptions {
-  Policy policy;             // cache_gpu = act_gpu = 100, no disk share of the weights
+  Policy policy;             // see check_gpu_offload_policy (offload_plan.h) for what is wired
   size_t device_budget = 0;  // bytes for everything on the device (--gpu-mem); 0: free memory
-  size_t host_budget = 0;    // pinned host-homed weights (--cpu-mem); 0: unlimited
-  const KvPolicy* kv_policy = nullptr;  // must be null: KV policies are not wired here yet
+  size_t host_budget = 0;    // host-homed weights + host KV cache (--cpu-mem); 0: unlimited
+  const KvPolicy* kv_policy = nullptr;  // only with the cache on the host; must outlive the runner
 };
 
 struct GpuOffloadReport {
@@ -38,14 +41,21 @@ struct GpuOffloadReport {
   uint64_t host_to_device_bytes = 0, weight_bytes_moved = 0, device_to_host_bytes = 0;
   int64_t steps = 0;
   double step_seconds = 0, upload_seconds = 0;  // all token steps (host wall), weight setup
+  // Per stream (compute, host->device, device->host): seconds between each step's start and end
+  // events, summed (the compute stream's include the host attention it waits for); the sum
+  // over token steps of the busiest stream's; and the host attention (HostKv::attend) alone.
+  std::array<double, 3> stream_busy_seconds{};
+  double busiest_stream_seconds = 0, host_attention_seconds = 0;
+  // Sum over token steps of the busiest stream / their wall time: 1 = perfect overlap.
+  double overlap_efficiency() const { return step_seconds > 0 ? busiest_stream_seconds / step_seconds : 0; }
 };
 
 class GpuOffloadRunner final : public StepRunner {
  public:
   // Places and uploads `model`'s weights (blocking); `model` must outlive the runner. Throws
-  // Error when CUDA is not compiled in, no GPU is usable, the policy offloads the KV cache or
-  // activations or homes weights on disk, a KV policy is given, or the weights and slots do not
-  // fit the budget (every item's bytes and the budget in the message).
+  // Error when CUDA is not compiled in, no GPU is usable, the policy is not wired on CUDA
+  // (check_gpu_offload_policy), or the weights and slots do not fit the budget (every item's
+  // bytes and the budget in the message).
   GpuOffloadRunner(const Model& model, const GpuOffloadOptions& options);
   ~GpuOffloadRunner() override;
   GpuOffloadRunner(const GpuOffloadRunner&) = delete;

@@ -28,13 +28,31 @@ int stream_of(Queue q) {
 
 void check_gpu_offload_policy(const Policy& p, bool kv_policy) {
   p.validate();
-  FH_CHECK(p.cache_gpu_percent == 100 && p.act_gpu_percent == 100 && !p.cpu_cache_compute,
-           "KV/activation offloading and the disk tier on CUDA are not wired yet (policy ", p.str(),
-           "); use --percent w_g w_c 100 0 100 0 with w_g + w_c = 100, or --device cpu");
   FH_CHECK(p.w_disk_percent() < 1e-9, "the disk tier on CUDA is not wired yet (policy ", p.str(),
            " homes weights on disk); use w_g + w_c = 100, or --device cpu");
-  FH_CHECK(!kv_policy, "KV policies on the CUDA offloading runner are not wired yet; use --kv-policy full, "
-                       "everything on the GPU (--percent 100 0 100 0 100 0), or --device cpu");
+  const bool kv_gpu = p.cache_gpu_percent == 100, kv_host = p.cache_cpu_percent == 100;
+  FH_CHECK(kv_gpu || kv_host,
+           "the CUDA offloading runner homes the KV cache wholly on the GPU (cache 100 0) or wholly on the host "
+           "(cache 0 100 with --cpu-cache-compute); a split cache or KV on disk is not wired yet (policy ",
+           p.str(), "); use --device cpu");
+  FH_CHECK(!kv_host || p.cpu_cache_compute, "with the KV cache on the host the CUDA offloading runner runs the "
+                                            "decode attention there: add --cpu-cache-compute (policy ",
+           p.str(), ")");
+  FH_CHECK(p.act_gpu_percent == 100 || p.act_cpu_percent == 100,
+           "the CUDA offloading runner keeps the hidden states wholly on the GPU (act 100 0) or wholly on the host "
+           "(act 0 100); a split or disk is not wired yet (policy ",
+           p.str(), "); use --device cpu");
+  FH_CHECK(!kv_policy || kv_host, "KV policies on the CUDA offloading runner need the cache on the host with "
+                                  "--cpu-cache-compute (--percent w_g w_c 0 100 a_g a_c); or run everything on the "
+                                  "GPU (--percent 100 0 100 0 100 0), or --device cpu");
+}
+
+OffloadModes offload_modes(const Policy& p, bool policy_needs_scores) {
+  OffloadModes m;
+  m.kv_host = p.cache_cpu_percent == 100;
+  m.act_host = p.act_cpu_percent == 100;
+  m.scores = m.kv_host && policy_needs_scores;
+  return m;
 }
 
 StreamPlan plan_streams(const Schedule& s, bool overlap) {
@@ -93,19 +111,29 @@ DeviceLayout device_layout(const WeightPlacement& wp, DType dtype) {
   return l;
 }
 
-size_t BatchBuffers::kv() const { return size_t(2 * layers) * align_up(kv_layer); }
+size_t BatchBuffers::hidden_total() const { return (modes.act_host ? 2 : 1) * align_up(hidden); }
+size_t BatchBuffers::kv() const {
+  if (modes.kv_host) return 4 * align_up(kv_stage) + (modes.scores ? 2 * align_up(scores_stage) : 0);
+  return size_t(2 * layers) * align_up(kv_layer);
+}
 size_t BatchBuffers::total() const {
-  return align_up(hidden) + align_up(inputs) + align_up(logits) + kv() + scratch;
+  return hidden_total() + align_up(inputs) + align_up(logits) + kv() + scratch;
 }
 
 BatchBuffers batch_buffers(const ModelConfig& c, DType dt, int64_t batch, int64_t gpu_batch_size, int64_t rows_per_seq,
-                           int64_t capacity) {
+                           int64_t capacity, const OffloadModes& modes) {
   BatchBuffers b;
   const int64_t M = batch * rows_per_seq, mb = std::min(batch, gpu_batch_size);
-  b.hidden = size_t(M * c.hidden) * dtype_size(dt);
+  b.modes = modes;
+  b.hidden = size_t((modes.act_host ? mb * rows_per_seq : M) * c.hidden) * dtype_size(dt);
   b.inputs = size_t(3 * M + batch) * sizeof(int32_t);
   b.logits = size_t(batch * c.vocab_size) * sizeof(float);
-  b.kv_layer = size_t(batch * c.n_kv_heads * capacity * c.head_dim) * dtype_size(dt);
+  if (modes.kv_host) {
+    b.kv_stage = size_t(mb * c.n_kv_heads * rows_per_seq * c.head_dim) * dtype_size(dt);
+    if (modes.scores) b.scores_stage = size_t(mb * c.n_heads * rows_per_seq) * sizeof(float);
+  } else {
+    b.kv_layer = size_t(batch * c.n_kv_heads * capacity * c.head_dim) * dtype_size(dt);
+  }
   b.layers = c.n_layers;
   b.scratch = gpu_scratch_bytes(c, dt, mb * rows_per_seq, mb);
   return b;
@@ -125,15 +153,20 @@ std::string GpuOffloadNeed::str() const {
 }
 
 GpuOffloadNeed gpu_offload_need(const ModelConfig& c, const DeviceLayout& l, int64_t batch, int64_t gpu_batch_size,
-                                int64_t rows_per_seq, int64_t capacity) {
+                                int64_t rows_per_seq, int64_t capacity, const OffloadModes& modes) {
   GpuOffloadNeed n;
   n.items.push_back({"weights homed on the GPU", l.home_bytes});
   n.items.push_back({"weight double buffer (2 x " + format_bytes(l.slot_bytes) + ")", 2 * l.slot_bytes});
   n.items.push_back({"cuBLAS workspace", kCublasWorkspaceBytes});
   if (batch <= 0) return n;
-  const BatchBuffers b = batch_buffers(c, l.dtype, batch, gpu_batch_size, rows_per_seq, capacity);
-  n.items.push_back({"KV cache (" + std::to_string(batch) + " x " + std::to_string(capacity) + " tokens)", b.kv()});
-  n.items.push_back({"hidden states, inputs and logits", align_up(b.hidden) + align_up(b.inputs) + align_up(b.logits)});
+  const BatchBuffers b = batch_buffers(c, l.dtype, batch, gpu_batch_size, rows_per_seq, capacity, modes);
+  if (modes.kv_host)
+    n.items.push_back({"prefill KV staging (2 x " + std::to_string(std::min(batch, gpu_batch_size)) + " x " +
+                           std::to_string(rows_per_seq) + " tokens; the cache is on the host)",
+                       b.kv()});
+  else
+    n.items.push_back({"KV cache (" + std::to_string(batch) + " x " + std::to_string(capacity) + " tokens)", b.kv()});
+  n.items.push_back({"hidden states, inputs and logits", b.hidden_total() + align_up(b.inputs) + align_up(b.logits)});
   n.items.push_back({"compute scratch", b.scratch});
   return n;
 }

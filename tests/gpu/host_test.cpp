@@ -129,8 +129,8 @@ TEST(CudaGate, ResidentRunsMayUseCudaAndAutoKeepsOffloadingOnTheCpu) {
   EXPECT_EQ(cli::cuda_unsupported_reason(off), "");
   off.percent = {100, 0, 100, 0, 100, 0};
   EXPECT_EQ(cli::cuda_unsupported_reason(off), "");
-  off.percent = {50, 50, 0, 100, 0, 100};
-  EXPECT_NE(cli::cuda_unsupported_reason(off).find("not wired yet"), std::string::npos);
+  off.percent = {50, 50, 0, 100, 0, 100};  // the host cache needs --cpu-cache-compute
+  EXPECT_NE(cli::cuda_unsupported_reason(off).find("not wired on CUDA yet"), std::string::npos);
   off.percent.clear();
   off.gpu_mem = "16GiB";  // weight offloading (offload_host_test.cpp); --device auto keeps it on the CPU
   EXPECT_EQ(cli::cuda_unsupported_reason(off), "");

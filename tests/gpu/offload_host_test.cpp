@@ -1,8 +1,8 @@
 // Host-side plan of the CUDA offloading runner, tested without a GPU: the stream/event mapping
 // of build_schedule() steps (every dependency honoured, cross-stream ones by an event wait,
-// same-stream ones by stream order), the weights' device layout and the device-memory need,
-// and the CLI gate (weight offloading reaches the runner; KV/activation/disk offloading on
-// CUDA gets the clear "not wired" error).
+// same-stream ones by stream order; also with the cache and hidden states on the host), the
+// weights' device layout and the device-memory need, which policies the runner takes, and the
+// CLI gate (wired policies reach the runner; a split cache, disk, ... get a clear error).
 #include <gtest/gtest.h>
 
 #include "cli/run_setup.h"
@@ -157,7 +157,7 @@ TEST(GpuOffloadNeed, CountsEveryItemAndTheBudgetErrorNamesThem) {
     EXPECT_NE(e.find(s), std::string::npos) << s << " in: " << e;
 }
 
-TEST(CudaGate, WeightOffloadingMayUseCudaKvActivationAndDiskMayNot) {
+TEST(CudaGate, WholeTiersWithoutDiskMayUseCudaSplitsAndDiskMayNot) {
   cli::OffloadArgs off;
   off.percent = {30, 70, 100, 0, 100, 0};
   EXPECT_EQ(cli::cuda_unsupported_reason(off), "");
@@ -165,11 +165,23 @@ TEST(CudaGate, WeightOffloadingMayUseCudaKvActivationAndDiskMayNot) {
   off.gpu_batch_size = 8;
   EXPECT_EQ(cli::cuda_unsupported_reason(off), "");
   EXPECT_NE(cli::cuda_unsupported_reason(off, "auto"), "");  // auto keeps offloading on the CPU device
-  for (std::vector<double> bad : {std::vector<double>{30, 70, 0, 100, 100, 0}, {30, 70, 100, 0, 0, 100},
-                                  {30, 50, 100, 0, 100, 0}}) {
-    off.percent = bad;
-    EXPECT_NE(cli::cuda_unsupported_reason(off).find("not wired yet"), std::string::npos);
+  for (std::vector<double> ok : {std::vector<double>{30, 70, 100, 0, 0, 100}, {20, 80, 0, 100, 0, 100},
+                                 {0, 100, 0, 100, 100, 0}}) {
+    off.percent = ok;
+    off.cpu_cache_compute = ok[3] == 100;
+    EXPECT_EQ(cli::cuda_unsupported_reason(off), "") << ok[2] << " " << ok[4];
   }
+  off.cpu_cache_compute = false;
+  // The host cache without host attention; a split cache (even with it); activations on disk;
+  // weights on disk. The last number: --cpu-cache-compute.
+  for (std::vector<double> bad : {std::vector<double>{30, 70, 0, 100, 100, 0, 0}, {30, 70, 50, 50, 100, 0, 1},
+                                  {30, 70, 100, 0, 0, 0, 0}, {30, 50, 100, 0, 100, 0, 0}}) {
+    off.cpu_cache_compute = bad.back() > 0;
+    bad.pop_back();
+    off.percent = bad;
+    EXPECT_NE(cli::cuda_unsupported_reason(off).find("not wired on CUDA yet"), std::string::npos) << bad[2];
+  }
+  off.cpu_cache_compute = false;
   off.percent = {30, 70, 100, 0, 100, 0};
   off.offload_dir = "/tmp";
   EXPECT_NE(cli::cuda_unsupported_reason(off), "");
@@ -182,22 +194,25 @@ TEST(CudaGate, CliSendsWeightOffloadingToTheGpuRunnerAndRefusesTheRest) {
   EXPECT_EQ(ok.code, 1);
   EXPECT_NE(ok.err.find(probe_cuda().reason), std::string::npos) << ok.err;  // past the gate: no GPU here
   EXPECT_EQ(ok.err.find("not wired"), std::string::npos) << ok.err;
+  // FlexGen's OPT-30B shape (cache and activations on the host, host attention): past the gate.
+  test::RunResult fg = test::run_flexh2o(base + " --percent 20 80 0 100 0 100 --cpu-cache-compute --kv-policy h2o");
+  EXPECT_EQ(fg.code, 1);
+  EXPECT_NE(fg.err.find(probe_cuda().reason), std::string::npos) << fg.err;
   test::RunResult kv = test::run_flexh2o(base + " --percent 30 70 0 100 100 0");
   EXPECT_EQ(kv.code, 1);
-  EXPECT_NE(kv.err.find("KV/activation offloading and the disk tier on CUDA are not wired yet"), std::string::npos)
-      << kv.err;
-  EXPECT_NE(kv.err.find("use --device cpu"), std::string::npos) << kv.err;
+  EXPECT_NE(kv.err.find("this offloading policy is not wired on CUDA yet"), std::string::npos) << kv.err;
+  EXPECT_NE(kv.err.find("--cpu-cache-compute"), std::string::npos) << kv.err;
 }
 
-TEST(GpuOffloadRunnerWithoutGpu, RefusesKvOffloadingFirstThenSaysWhy) {
+TEST(GpuOffloadRunnerWithoutGpu, RefusesAnUnwiredPolicyFirstThenSaysWhy) {
   Model m = Model::load_dir(model_dir("tiny-opt"));
   gpu::GpuOffloadOptions o;
   o.policy.cache_gpu_percent = 0, o.policy.cache_cpu_percent = 100;
   try {
     gpu::GpuOffloadRunner r(m, o);
-    FAIL() << "constructed with the KV cache on the host";
+    FAIL() << "constructed with the KV cache on the host and no host attention";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not wired yet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("add --cpu-cache-compute"), std::string::npos) << e.what();
   }
   if (probe_cuda().available) GTEST_SKIP() << "a GPU is present";
   o.policy = weights_split(30, 70);
@@ -207,6 +222,89 @@ TEST(GpuOffloadRunnerWithoutGpu, RefusesKvOffloadingFirstThenSaysWhy) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("use --device cpu"), std::string::npos) << e.what();
   }
+}
+
+Policy tiers(double wg, double cg, double ag, bool cpu_attention) {
+  Policy p;
+  p.w_gpu_percent = wg, p.w_cpu_percent = 100 - wg;
+  p.cache_gpu_percent = cg, p.cache_cpu_percent = 100 - cg;
+  p.act_gpu_percent = ag, p.act_cpu_percent = 100 - ag;
+  p.cpu_cache_compute = cpu_attention;
+  return p;
+}
+
+TEST(GpuOffloadPolicy, WholeTiersAreWiredSplitsAndDiskAreNot) {
+  EXPECT_NO_THROW(gpu::check_gpu_offload_policy(tiers(30, 100, 100, false), false));
+  EXPECT_NO_THROW(gpu::check_gpu_offload_policy(tiers(20, 0, 0, true), true));  // FlexGen 30B, + H2O
+  EXPECT_NO_THROW(gpu::check_gpu_offload_policy(tiers(0, 0, 100, true), false));
+  EXPECT_NO_THROW(gpu::check_gpu_offload_policy(tiers(100, 100, 0, false), false));
+  auto refused = [](const Policy& p, bool kv, const char* why) {
+    try {
+      gpu::check_gpu_offload_policy(p, kv);
+      ADD_FAILURE() << p.str() << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused(tiers(20, 0, 100, false), false, "add --cpu-cache-compute");
+  refused(tiers(20, 50, 100, true), false, "a split cache");
+  Policy act_disk = tiers(20, 100, 0, false);
+  act_disk.act_cpu_percent = 0;
+  refused(act_disk, false, "activations cannot be homed on disk");  // Policy::validate()
+  refused(tiers(20, 100, 100, false), true, "KV policies on the CUDA offloading runner need the cache on the host");
+  Policy disk = tiers(20, 100, 100, false);
+  disk.w_cpu_percent = 30;
+  refused(disk, false, "disk tier");
+  const gpu::OffloadModes m = gpu::offload_modes(tiers(20, 0, 0, true), true);
+  EXPECT_TRUE(m.kv_host && m.act_host && m.scores);
+  EXPECT_FALSE(gpu::offload_modes(tiers(20, 100, 100, false), true).scores);  // scores only travel for the host cache
+}
+
+TEST(GpuOffloadNeed, HostCacheAndHostActivationsShrinkTheDeviceBuffers) {
+  Model m = Model::load_dir(model_dir("tiny-llama"));
+  const ModelConfig& c = m.config();
+  const int64_t B = 5, gbs = 2, T = 17, cap = 400;
+  const gpu::BatchBuffers dev = gpu::batch_buffers(c, DType::F16, B, gbs, T, cap);
+  gpu::OffloadModes md;
+  md.kv_host = md.act_host = md.scores = true;
+  const gpu::BatchBuffers host = gpu::batch_buffers(c, DType::F16, B, gbs, T, cap, md);
+  // The device keeps two staging slots of K and V for one micro-batch's prefill, not the cache.
+  EXPECT_EQ(host.kv_stage, size_t(gbs * c.n_kv_heads * T * c.head_dim) * 2);
+  EXPECT_EQ(host.scores_stage, size_t(gbs * c.n_heads * T) * 4);
+  EXPECT_GE(host.kv(), 4 * host.kv_stage + 2 * host.scores_stage);
+  EXPECT_LT(host.kv(), 4 * host.kv_stage + 2 * host.scores_stage + 6 * gpu::kTensorAlign);
+  EXPECT_EQ(dev.kv(), gpu::gpu_kv_bytes(c, DType::F16, B, cap));
+  EXPECT_LT(host.kv(), dev.kv());
+  // Two hidden slots of one micro-batch instead of the whole batch's.
+  EXPECT_EQ(host.hidden, size_t(gbs * T * c.hidden) * 2);
+  EXPECT_EQ(dev.hidden, size_t(B * T * c.hidden) * 2);
+  EXPECT_EQ(host.hidden_total(), 2 * host.hidden);
+  const gpu::DeviceLayout l = gpu::device_layout(place_weights(m, weights_split(30, 70)), DType::F16);
+  const gpu::GpuOffloadNeed need = gpu::gpu_offload_need(c, l, B, gbs, T, cap, md);
+  EXPECT_EQ(need.total(), gpu::gpu_offload_need(c, l, 0, gbs, T, cap).total() + host.total());
+  EXPECT_NE(need.str().find("prefill KV staging"), std::string::npos) << need.str();
+}
+
+TEST(GpuStreamPlan, HostCacheAndHostActivationSchedulesMapToTheThreeStreams) {
+  for (bool prefill : {true, false})
+    for (bool act : {false, true})
+      for (int K : {1, 3}) {
+        ScheduleShape sh = shape(3, K, {true, true, false, true, true}, prefill, false, true);
+        sh.kv_host = sh.cpu_attention = true;
+        sh.act_on_host = act;
+        const Schedule s = build_schedule(sh);
+        const std::string what = std::string(prefill ? "prefill" : "decode") + (act ? " act host" : "") + " K " +
+                                 std::to_string(K);
+        expect_plan_honours(s, gpu::plan_streams(s), what);
+        int stores = 0, hidden = 0;
+        for (const Step& st : s.steps) {
+          EXPECT_NE(st.kind, StepKind::kLoadCache) << what;  // host attention: the cache never goes up
+          stores += st.kind == StepKind::kStoreCache;
+          hidden += st.kind == StepKind::kLoadHidden || st.kind == StepKind::kStoreHidden;
+        }
+        EXPECT_EQ(stores, prefill ? 3 * K : 0) << what;  // the prefill's rows come down once
+        EXPECT_EQ(hidden > 0, act) << what;
+      }
 }
 
 }  // namespace

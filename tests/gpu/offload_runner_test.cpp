@@ -4,7 +4,8 @@
 // GEMM has half the rows and cuBLAS may pick another kernel (another summation order), so
 // logits are held to a tight relative tolerance (1e-3 of the row's peak) and greedy tokens
 // must be equal. Also: every weight placement of the stream schedule (all streamed, none,
-// no overlap), the bytes counted per step, and the budget errors.
+// no overlap), the bytes counted per step, the budget errors, and the cache and hidden
+// states homed on the host (host attention, H2O there).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "gpu/gpu_runner.h"
 #include "gpu_fixture.h"
 #include "kernels/cuda/cuda_probe.h"
+#include "policies/kv_config.h"
 #include "tokenizer/tokenizer.h"
 
 namespace flexh2o {
@@ -144,6 +146,62 @@ TEST_P(GpuOffloadTest, TooSmallBudgetFailsNamingTheBytes) {
     FAIL() << "a 4 x 2000 batch fit in 48 MiB";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("KV cache (4 x 2000 tokens)"), std::string::npos) << e.what();
+  }
+}
+
+// The cache on the host with the decode attention there (FlexGen's OPT-30B shape), with the
+// hidden states on the GPU or on the host: the q/k/v rows go down in F16 and the attention
+// output comes up in F16, exactly the roundings the resident runner makes on the device, so
+// logits stay within the two-micro-batch tolerance and greedy tokens are equal.
+gpu::GpuOffloadOptions host_cache(double wg, int64_t gbs, int64_t ngb, bool act_host, const KvPolicy* kv = nullptr) {
+  gpu::GpuOffloadOptions o = options(wg, gbs, ngb);
+  o.policy.cache_gpu_percent = 0, o.policy.cache_cpu_percent = 100;
+  o.policy.cpu_cache_compute = true;
+  if (act_host) o.policy.act_gpu_percent = 0, o.policy.act_cpu_percent = 100;
+  o.kv_policy = kv;
+  return o;
+}
+
+TEST_P(GpuOffloadTest, HostCacheWithHostAttentionMatchesTheResidentRunner) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  gpu::GpuRunner ref(m, {4, nullptr, 0});
+  gpu::GpuOffloadRunner one(m, host_cache(20, 4, 1, false));
+  compare_steps(GetParam(), m, ref, one, false, GetParam() + " host cache, 1 micro-batch");
+  const gpu::GpuOffloadReport r = one.report();
+  EXPECT_GT(r.host_attention_seconds, 0.0);
+  EXPECT_GT(r.stream_busy_seconds[0], 0.0);
+  EXPECT_GT(r.overlap_efficiency(), 0.0);
+  EXPECT_LE(r.overlap_efficiency(), 1.0 + 1e-6);
+  auto reqs = requests(GetParam(), 8);
+  gpu::GpuRunner ref8(m, {4, nullptr, 0});
+  const auto want = tokens(ref8, reqs);
+  struct Case {
+    double wg;
+    int64_t gbs, ngb;
+    bool act_host;
+  };
+  for (const Case& k : {Case{20, 4, 1, false}, Case{20, 2, 2, true}, Case{0, 1, 3, true}, Case{100, 3, 1, false}}) {
+    gpu::GpuOffloadRunner off(m, host_cache(k.wg, k.gbs, k.ngb, k.act_host));
+    EXPECT_EQ(tokens(off, reqs), want) << GetParam() << " host cache, w_g " << k.wg << " block " << k.gbs << "x"
+                                       << k.ngb << (k.act_host ? " act host" : "");
+    EXPECT_EQ(off.kv_bytes() > 0, true);
+  }
+}
+
+TEST_P(GpuOffloadTest, H2oOnTheHostCacheMatchesTheResidentRunnersH2o) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  KvPolicyConfig kc;
+  kc.kind = KvPolicyKind::kH2o;
+  kc.heavy_budget = 4;
+  kc.recent_budget = 4;
+  const auto pol = make_policy(kc);
+  auto reqs = requests(GetParam(), 8);
+  gpu::GpuRunner ref(m, {4, pol.get(), 0});
+  const auto want = tokens(ref, reqs);
+  for (int64_t gbs : {int64_t(4), int64_t(2)}) {
+    gpu::GpuOffloadRunner off(m, host_cache(20, gbs, 4 / gbs, true, pol.get()));
+    EXPECT_EQ(tokens(off, reqs), want) << GetParam() << " h2o 4+4 on the host cache, micro-batches of " << gbs;
+    for (int32_t n : off.lengths()) EXPECT_LE(n, 7) << "the budget holds";
   }
 }
 
