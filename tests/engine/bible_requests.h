@@ -1,5 +1,6 @@
-// Four greedy requests of different lengths (the batch is left-padded), shared by the tests
-// that compare runners (CPU KV policies, GPU runners) on the tiny models.
+// Four greedy requests of different lengths (the batch is left-padded), and the greedy tokens
+// a runner generates for them, shared by the tests that compare runners (CPU KV policies, GPU
+// runners, the CUDA runner's host cache) on the tiny models.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +49,15 @@ inline PaddedBatch left_pad(const std::vector<GenerationRequest>& reqs, int32_t 
     }
   }
   return pb;
+}
+
+// Every request's generated tokens (EOS ignored), in request order.
+inline std::vector<std::vector<int32_t>> greedy_tokens(StepRunner& r, const std::vector<GenerationRequest>& reqs) {
+  GenerateOptions o;
+  o.ignore_eos = true;
+  std::vector<std::vector<int32_t>> out;
+  for (auto& g : generate(r, reqs, o)) out.push_back(g.tokens);
+  return out;
 }
 
 }  // namespace flexh2o::test

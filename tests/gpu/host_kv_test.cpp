@@ -95,11 +95,7 @@ class EmulatedHostKvRunner final : public StepRunner {
 };
 
 std::vector<std::vector<int32_t>> tokens(StepRunner& r, const std::vector<GenerationRequest>& reqs) {
-  GenerateOptions o;
-  o.ignore_eos = true;
-  std::vector<std::vector<int32_t>> out;
-  for (auto& g : generate(r, reqs, o)) out.push_back(g.tokens);
-  return out;
+  return test::greedy_tokens(r, reqs);
 }
 
 std::unique_ptr<KvPolicy> h2o(int64_t heavy, int64_t recent) {

@@ -39,11 +39,7 @@ std::vector<GenerationRequest> requests(const std::string& model, int64_t gen) {
 }
 
 std::vector<std::vector<int32_t>> tokens(StepRunner& r, const std::vector<GenerationRequest>& reqs) {
-  GenerateOptions o;
-  o.ignore_eos = true;
-  std::vector<std::vector<int32_t>> out;
-  for (auto& g : generate(r, reqs, o)) out.push_back(g.tokens);
-  return out;
+  return test::greedy_tokens(r, reqs);
 }
 
 // Prefill + teacher-forced decode through both runners; `exact`: bitwise equal logits.

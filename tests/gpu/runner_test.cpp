@@ -34,11 +34,7 @@ std::unique_ptr<KvPolicy> h2o(int64_t heavy, int64_t recent) {
 }
 
 std::vector<std::vector<int32_t>> tokens(StepRunner& r, const std::vector<GenerationRequest>& reqs) {
-  GenerateOptions o;
-  o.ignore_eos = true;
-  std::vector<std::vector<int32_t>> out;
-  for (auto& g : generate(r, reqs, o)) out.push_back(g.tokens);
-  return out;
+  return test::greedy_tokens(r, reqs);
 }
 
 // Per row of `vocab` logits: normalised squared error and the worst element relative to the
