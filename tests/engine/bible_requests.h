@@ -4,11 +4,14 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/generate.h"
 #include "engine/test_util.h"
+#include "policies/kv_config.h"
+#include "policies/kv_policy.h"
 #include "tokenizer/tokenizer.h"
 
 namespace flexh2o::test {
@@ -58,6 +61,15 @@ inline std::vector<std::vector<int32_t>> greedy_tokens(StepRunner& r, const std:
   std::vector<std::vector<int32_t>> out;
   for (auto& g : generate(r, reqs, o)) out.push_back(g.tokens);
   return out;
+}
+
+// H2O keeping `heavy` scored and `recent` latest tokens.
+inline std::unique_ptr<KvPolicy> h2o_policy(int64_t heavy, int64_t recent) {
+  KvPolicyConfig c;
+  c.kind = KvPolicyKind::kH2o;
+  c.heavy_budget = heavy;
+  c.recent_budget = recent;
+  return make_policy(c);
 }
 
 }  // namespace flexh2o::test

@@ -98,13 +98,7 @@ std::vector<std::vector<int32_t>> tokens(StepRunner& r, const std::vector<Genera
   return test::greedy_tokens(r, reqs);
 }
 
-std::unique_ptr<KvPolicy> h2o(int64_t heavy, int64_t recent) {
-  KvPolicyConfig c;
-  c.kind = KvPolicyKind::kH2o;
-  c.heavy_budget = heavy;
-  c.recent_budget = recent;
-  return make_policy(c);
-}
+std::unique_ptr<KvPolicy> h2o(int64_t heavy, int64_t recent) { return test::h2o_policy(heavy, recent); }
 
 class HostKvEmulated : public ::testing::TestWithParam<std::string> {};
 

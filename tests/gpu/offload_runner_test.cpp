@@ -186,11 +186,7 @@ TEST_P(GpuOffloadTest, HostCacheWithHostAttentionMatchesTheResidentRunner) {
 
 TEST_P(GpuOffloadTest, H2oOnTheHostCacheMatchesTheResidentRunnersH2o) {
   Model m = Model::load_dir(model_dir(GetParam()));
-  KvPolicyConfig kc;
-  kc.kind = KvPolicyKind::kH2o;
-  kc.heavy_budget = 4;
-  kc.recent_budget = 4;
-  const auto pol = make_policy(kc);
+  const auto pol = test::h2o_policy(4, 4);
   auto reqs = requests(GetParam(), 8);
   gpu::GpuRunner ref(m, {4, pol.get(), 0});
   const auto want = tokens(ref, reqs);

@@ -25,13 +25,7 @@ std::vector<GenerationRequest> requests(const std::string& model, int64_t gen) {
   return test::bible_requests(model, gen);
 }
 
-std::unique_ptr<KvPolicy> h2o(int64_t heavy, int64_t recent) {
-  KvPolicyConfig c;
-  c.kind = KvPolicyKind::kH2o;
-  c.heavy_budget = heavy;
-  c.recent_budget = recent;
-  return make_policy(c);
-}
+std::unique_ptr<KvPolicy> h2o(int64_t heavy, int64_t recent) { return test::h2o_policy(heavy, recent); }
 
 std::vector<std::vector<int32_t>> tokens(StepRunner& r, const std::vector<GenerationRequest>& reqs) {
   return test::greedy_tokens(r, reqs);
