@@ -1,9 +1,8 @@
 // Tests of IoBackend (io_uring and pread) and DiskStore, each run for both backends and, for the
 // store, on a real-disk directory (O_DIRECT) and a tmpfs one (buffered fallback). Faults come from
-// the FaultyIo decorator (faulty_io.h).
+// the FaultyIo decorator (faulty_io.h); the store fixture is in store_fixture.h.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,51 +20,12 @@
 #include "offload/disk_store.h"
 #include "offload/faulty_io.h"
 #include "offload/io_backend.h"
+#include "offload/store_fixture.h"
 
 namespace flexh2o {
 namespace {
 
-namespace fs = std::filesystem;
-using testing::FaultyIo;
-
-constexpr long kTmpfsMagic = 0x01021994;
-
-std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = uint8_t(rng());
-  return v;
-}
-
-TensorView u8_view(const std::vector<uint8_t>& v) {
-  return TensorView{v.data(), DType::U8, Shape{int64_t(v.size())}};
-}
-
-fs::path unique_dir(const fs::path& base) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string n = std::string(info->test_suite_name()) + "_" + info->name();
-  for (char& c : n)
-    if (c == '/') c = '_';
-  return base / (n + "_" + std::to_string(::getpid()));
-}
-
-// A tmpfs directory for the buffered fallback, or empty when none exists.
-fs::path tmpfs_base() {
-  for (const char* p : {"/dev/shm", "/tmp"}) {
-    struct statfs sf {};
-    if (::statfs(p, &sf) == 0 && long(sf.f_type) == kTmpfsMagic && ::access(p, W_OK) == 0) return p;
-  }
-  return {};
-}
-
-std::unique_ptr<IoBackend> backend(IoBackendChoice c, std::string* why) {
-  IoBackendOptions o;
-  o.queue_depth = 8;
-  o.pread_threads = 3;
-  return make_io_backend(c, why, o);
-}
-
-const char* choice_name(IoBackendChoice c) { return c == IoBackendChoice::kUring ? "uring" : "pread"; }
+using namespace testing;  // store_fixture.h; gtest is spelled ::testing here
 
 // ============================================================================================
 // IoBackend on raw descriptors
@@ -190,62 +150,6 @@ TEST(AlignedBufferTest, RoundsUpAlignsAndMoves) {
 // ============================================================================================
 // DiskStore
 // ============================================================================================
-
-enum class Where { kDisk, kTmpfs, kDiskBuffered };
-
-struct StoreParam {
-  IoBackendChoice backend;
-  Where where;
-};
-
-const char* where_name(Where w) {
-  return w == Where::kDisk ? "_disk" : w == Where::kTmpfs ? "_tmpfs" : "_buffered";
-}
-
-class StoreTest : public ::testing::TestWithParam<StoreParam> {
- protected:
-  void SetUp() override {
-    std::string why;
-    real_ = backend(GetParam().backend, &why);
-    if (!real_) GTEST_SKIP() << why;
-    fs::path base = fs::path(FLEXH2O_BINARY_DIR) / "offload_test_tmp";
-    if (GetParam().where == Where::kTmpfs) {
-      base = tmpfs_base();
-      if (base.empty()) GTEST_SKIP() << "no tmpfs directory (/dev/shm, /tmp)";
-    }
-    dir_ = unique_dir(base);
-    faulty_ = std::make_unique<FaultyIo>(*real_);
-    opts_.use_direct_io = GetParam().where != Where::kDiskBuffered;
-    store_ = DiskStore::open(dir_, "opt-125m@cfg1", *faulty_, opts_);
-  }
-  void TearDown() override {
-    store_.reset();
-    std::error_code ec;
-    if (!dir_.empty()) fs::remove_all(dir_, ec);
-  }
-  void reopen(const std::string& identity = "opt-125m@cfg1") {
-    store_.reset();
-    store_ = DiskStore::open(dir_, identity, *faulty_, opts_);
-  }
-  std::vector<uint8_t> read_all(const std::string& name, size_t n) {
-    std::vector<uint8_t> out(n);
-    Status st = store_->read(name, 0, n, out.data());
-    EXPECT_TRUE(st.ok()) << st.message();
-    return out;
-  }
-  std::vector<std::string> files() const {
-    std::vector<std::string> f;
-    for (const auto& de : fs::directory_iterator(dir_)) f.push_back(de.path().filename().string());
-    std::sort(f.begin(), f.end());
-    return f;
-  }
-
-  std::unique_ptr<IoBackend> real_;
-  std::unique_ptr<FaultyIo> faulty_;
-  std::unique_ptr<DiskStore> store_;
-  DiskStoreOptions opts_;
-  fs::path dir_;
-};
 
 // ext4/xfs under /work take O_DIRECT; tmpfs refuses it before Linux 6.6 and accepts it since, so
 // the buffered fallback is also forced explicitly (kDiskBuffered).
@@ -493,13 +397,7 @@ TEST_P(StoreTest, BadNamesThrow) {
   EXPECT_THROW((void)store_->put("a/b", u8_view(src)), Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, StoreTest,
-    ::testing::Values(StoreParam{IoBackendChoice::kUring, Where::kDisk}, StoreParam{IoBackendChoice::kPread, Where::kDisk},
-                      StoreParam{IoBackendChoice::kUring, Where::kTmpfs}, StoreParam{IoBackendChoice::kPread, Where::kTmpfs},
-                      StoreParam{IoBackendChoice::kUring, Where::kDiskBuffered},
-                      StoreParam{IoBackendChoice::kPread, Where::kDiskBuffered}),
-    [](const auto& i) { return std::string(choice_name(i.param.backend)) + where_name(i.param.where); });
+INSTANTIATE_TEST_SUITE_P(All, StoreTest, ::testing::ValuesIn(store_params()), store_param_name);
 
 // We run as root, so chmod 0500 does not stop writes: use paths that cannot be directories.
 TEST(DiskStoreOpen, UnwritableDirectoryIsNamed) {
