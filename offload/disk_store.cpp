@@ -1,6 +1,7 @@
 // DiskStore implementation: the on-disk header, the O_DIRECT probe, atomic tmp+fsync+rename writes,
 // aligned/bounced byte-range I/O split into 1 MiB requests (so the backend's queue depth is used),
-// and XXH3-64 verification. The header is native-endian (little-endian on our targets).
+// batches of aligned ranges in one submission (read_ranges/write_ranges), and XXH3-64 verification.
+// The header is native-endian (little-endian on our targets).
 #include "offload/disk_store.h"
 
 #include <fcntl.h>
@@ -318,6 +319,54 @@ Status DiskStore::write(std::string_view name, uint64_t byte_offset, size_t leng
   if (length == 0) return Status::Ok();
   // The aligned path never writes through `src`; the bounce path only reads it.
   return rw(*e, IoOp::kWrite, byte_offset, length, static_cast<std::byte*>(const_cast<void*>(src)));
+}
+
+Status DiskStore::read_ranges(std::string_view name, std::span<const StoreRange> ranges) {
+  return rw_ranges(name, IoOp::kRead, ranges);
+}
+
+Status DiskStore::write_ranges(std::string_view name, std::span<const StoreRange> ranges) {
+  return rw_ranges(name, IoOp::kWrite, ranges);
+}
+
+// All checks (alignment, bounds, put() entries, overlapping writes) come before the one
+// submit_and_wait; only the lazy open of the entry (a header read) may precede them.
+Status DiskStore::rw_ranges(std::string_view name, IoOp op, std::span<const StoreRange> ranges) {
+  const char* what = op == IoOp::kRead ? "read_ranges" : "write_ranges";
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const StoreRange& r = ranges[i];
+    FH_CHECK(is_io_aligned(r.offset) && is_io_aligned(uint64_t(r.length)) && is_io_aligned(r.buf), what,
+             " on '", name, "': range ", i, " is not ", kIoAlign, "-byte aligned: offset ", r.offset,
+             ", length ", r.length, ", buffer ", r.buf);
+    FH_CHECK(r.buf != nullptr || r.length == 0, what, " on '", name, "': range ", i, " has a null buffer");
+  }
+  Status st;
+  auto e = entry(name, &st);
+  if (!e) return st;
+  FH_CHECK(op == IoOp::kRead || !e->hashed, "write_ranges() to '", name, "': entries made by put() are immutable");
+  const uint64_t padded = align_up(e->payload_bytes);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const StoreRange& r = ranges[i];
+    FH_CHECK(r.offset <= padded && r.length <= padded - r.offset, what, " on '", name, "': range ", i, " [",
+             r.offset, ", +", r.length, ") is outside the entry's ", padded, " padded payload bytes");
+  }
+  if (op == IoOp::kWrite) {
+    std::vector<std::pair<uint64_t, uint64_t>> spans;  // [begin, end) of non-empty ranges
+    spans.reserve(ranges.size());
+    for (const StoreRange& r : ranges)
+      if (r.length > 0) spans.emplace_back(r.offset, r.offset + r.length);
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i)
+      FH_CHECK(spans[i - 1].second <= spans[i].first, "write_ranges on '", name, "': ranges [",
+               spans[i - 1].first, ", ", spans[i - 1].second, ") and [", spans[i].first, ", ", spans[i].second,
+               ") overlap");
+  }
+  std::vector<IoRequest> reqs;
+  reqs.reserve(ranges.size());
+  for (const StoreRange& r : ranges)
+    add_requests(reqs, e->fd.get(), kStoreHeaderBytes + r.offset, static_cast<std::byte*>(r.buf), r.length, op);
+  if (reqs.empty()) return Status::Ok();
+  return io(reqs, *e);
 }
 
 // --------------------------------------------------------------------------------------------

@@ -10,12 +10,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "offload/aligned_buffer.h"
 #include "offload/io_backend.h"
 
 namespace flexh2o {
@@ -23,6 +25,14 @@ namespace flexh2o {
 inline constexpr size_t kStoreHeaderBytes = 4096;
 inline constexpr uint32_t kStoreFormatVersion = 1;
 inline constexpr size_t kStoreMaxString = 1000;  // max bytes of identity and entry name
+
+// One page-aligned range of an entry's payload for read_ranges()/write_ranges().
+struct StoreRange {
+  uint64_t offset = 0;   // byte offset in the payload; a multiple of kIoAlign
+  size_t length = 0;     // bytes; a multiple of kIoAlign (0: nothing to do)
+  void* buf = nullptr;   // caller-owned host memory, kIoAlign-aligned, `length` bytes; only read by
+                         // write_ranges(); must stay valid until the call returns
+};
 
 struct DiskStoreOptions {
   // Try O_DIRECT (kept only if the filesystem accepts it). false forces buffered I/O through the
@@ -79,6 +89,19 @@ class DiskStore {
   [[nodiscard]] Status write(std::string_view name, uint64_t byte_offset, size_t length,
                              const void* src);
 
+  // Many aligned ranges of one entry moved in ONE IoBackend::submit_and_wait (ranges over 1 MiB
+  // are split into 1 MiB requests), for a KV step's row blocks. Blocks until all are done.
+  // Every offset, length and buffer address must be a multiple of kIoAlign (4096), and every range
+  // must lie within the padded payload [0, align_up(payload bytes)) (the last page's padding may
+  // be covered); otherwise flexh2o::Error is thrown before any data moves. write_ranges() also
+  // throws for an entry made by put() and for ranges that overlap each other (the order of writes
+  // within one submission is unspecified); whole pages are written, with no read-modify-write.
+  // Errors as read()/write(): kIoError, kNoSpace, kShortIo, and the entry's open errors; on failure
+  // some ranges may be partly transferred. Works with O_DIRECT and buffered files alike.
+  // Bytes are counted in bytes_read()/bytes_written(). Thread-safety as read()/write().
+  [[nodiscard]] Status read_ranges(std::string_view name, std::span<const StoreRange> ranges);
+  [[nodiscard]] Status write_ranges(std::string_view name, std::span<const StoreRange> ranges);
+
   // Deletes the entry's file (no error if absent).
   [[nodiscard]] Status remove(std::string_view name);
   // Names of all *.fhs files in the directory, sorted.
@@ -99,6 +122,7 @@ class DiskStore {
   std::shared_ptr<Entry> entry(std::string_view name, Status* st);
   [[nodiscard]] Status io(std::vector<IoRequest>& reqs, const Entry& e);
   [[nodiscard]] Status rw(Entry& e, IoOp op, uint64_t off, size_t len, std::byte* mem);
+  [[nodiscard]] Status rw_ranges(std::string_view name, IoOp op, std::span<const StoreRange> ranges);
   [[nodiscard]] Status write_new(std::string_view name, const TensorView* payload, uint64_t bytes);
 
   std::filesystem::path dir_;
