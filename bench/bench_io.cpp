@@ -1,8 +1,12 @@
-// bench_io: sequential read of one multi-GB DiskStore file through the io_uring backend
-// (QD-deep sliding window of fixed-size blocks, with and without registered buffers, and through
-// DiskStore::read) against O_DIRECT pread baselines (one thread; a pool of QD threads) and fio
-// when installed. O_DIRECT bypasses the page cache, so every pass reads the device.
-// Usage: bench_io [--dir DIR] [--size-gib G] [--block-kib K] [--qd N] [--reps R] [--keep] [--json FILE]
+// bench_io: the NVMe tier's DiskStore against baselines measured in the same run, O_DIRECT so
+// every pass reads the device (buffered I/O is flagged). Two cases:
+//   seq — sequential read of one multi-GB file: io_uring (QD-deep sliding window, with and without
+//         registered buffers, and DiskStore::read) vs O_DIRECT pread (1 thread; QD threads) and fio.
+//   kv  — a disk-homed KV cache in decode: one read_ranges of every row block's rows [0, len) and
+//         one write_ranges of one 4 KiB page per block, each vs a sequential transfer of as many
+//         bytes, for io_uring at several queue depths and the 1-thread pread fallback.
+// Usage: bench_io [--case seq,kv] [--dir DIR] [--size-gib G] [--block-kib K] [--qd N] [--reps R]
+//                 [--kv SxHxDxCAPxLEN,...] [--kv-qd N,...] [--keep] [--json FILE]
 #include <fcntl.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -36,7 +40,22 @@ struct Args {
   int reps = 3;
   bool keep = false;
   std::string json;
+  std::vector<std::string> cases = {"seq", "kv"};
+  // seqs x kv_heads x head_dim x cap x len: OPT-6.7B-like rows of 256 B; OPT-1.3B-like rows of
+  // 128 B; many 4 KiB blocks (32 seqs, 32 tokens).
+  std::vector<std::string> kv_shapes = {"8x32x128x2048x1024", "8x32x64x512x256", "32x32x64x256x32"};
+  std::vector<unsigned> kv_qds = {16, 64, 128, 256};
 };
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  for (size_t p = 0;;) {
+    size_t q = s.find(sep, p);
+    out.push_back(s.substr(p, q - p));
+    if (q == std::string::npos) return out;
+    p = q + 1;
+  }
+}
 
 std::string run_capture(const std::string& cmd) {
   std::string out;
@@ -88,43 +107,19 @@ void read_with_backend(IoBackend& io, int fd, uint64_t start, uint64_t bytes, si
   }
 }
 
-}  // namespace
+// ============================================================================================
+// seq: one multi-GB file read sequentially
+// ============================================================================================
 
-int main(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_io: %s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--dir") a.dir = val();
-    else if (k == "--size-gib") a.size_gib = std::stod(val());
-    else if (k == "--block-kib") a.block = size_t(std::stoul(val())) << 10;
-    else if (k == "--qd") a.qd = unsigned(std::stoul(val()));
-    else if (k == "--reps") a.reps = std::stoi(val());
-    else if (k == "--keep") a.keep = true;
-    else if (k == "--json") a.json = val();
-    else {
-      std::fprintf(stderr, "usage: bench_io [--dir DIR] [--size-gib G] [--block-kib K] [--qd N] [--reps R] "
-                           "[--keep] [--json FILE]\n");
-      return 2;
-    }
-  }
-  if (a.block == 0 || a.block % kIoAlign != 0) {
-    std::fprintf(stderr, "bench_io: --block-kib must be a multiple of 4\n");
-    return 2;
-  }
+// Returns the case's results (the top-level keys of --json, as before the kv case existed).
+nlohmann::json run_seq(const Args& a) {
   const uint64_t bytes = align_down(uint64_t(a.size_gib * double(1ull << 30)), a.block);
 
   std::string why;
   IoBackendOptions uo;
   uo.queue_depth = a.qd;
   auto uring = make_io_backend(IoBackendChoice::kUring, &why, uo);
-  std::printf("backend: %s\n", why.c_str());
+  std::printf("== seq ==\nbackend: %s\n", why.c_str());
   IoBackendOptions po;
   po.pread_threads = a.qd;
   auto pool = make_io_backend(IoBackendChoice::kPread, nullptr, po);
@@ -249,28 +244,232 @@ int main(int argc, char** argv) {
   std::printf("\nio_uring / best baseline = %.3f (target >= 0.90)%s\n", ratio,
               uring ? "" : "  [io_uring unavailable]");
 
+  nlohmann::json out = {{"dir", fs::absolute(a.dir).string()},
+                        {"filesystem", disk},
+                        {"file_io", store->io_note()},
+                        {"direct_io", store->direct_io()},
+                        {"bytes", bytes},
+                        {"block_bytes", a.block},
+                        {"queue_depth", a.qd},
+                        {"reps", a.reps},
+                        {"backend_note", why},
+                        {"fio_installed", !fio_bin.empty()},
+                        {"write_gbs", write_gbs},
+                        {"results_gbs", res},
+                        {"best_baseline_gbs", best_base},
+                        {"uring_over_best_baseline", ratio}};
+  if (!a.keep) (void)store->remove(name);
+  return out;
+}
+
+// ============================================================================================
+// kv: a disk-homed KV cache in decode
+// ============================================================================================
+
+// One KV file: seqs * heads * 2 (K, V) row blocks of `cap` rows of head_dim f16 values, each block
+// starting on a 4096-byte boundary (in the file and in the host buffer, which mirrors the file).
+struct KvShape {
+  uint64_t seqs = 0, heads = 0, head_dim = 0, cap = 0, len = 0;
+  std::string spec;
+  uint64_t row_bytes() const { return head_dim * 2; }
+  uint64_t block_bytes() const { return align_up(cap * row_bytes()); }
+  uint64_t blocks() const { return seqs * heads * 2; }
+  uint64_t file_bytes() const { return blocks() * block_bytes(); }
+  uint64_t read_bytes() const { return align_up(len * row_bytes()); }      // rows [0, len) per block
+  uint64_t write_page() const { return align_down(len * row_bytes()); }    // page of row `len`
+};
+
+KvShape parse_kv(const std::string& spec) {
+  auto f = split(spec, 'x');
+  KvShape k;
+  k.spec = spec;
+  if (f.size() == 5) {
+    k.seqs = std::stoull(f[0]), k.heads = std::stoull(f[1]), k.head_dim = std::stoull(f[2]);
+    k.cap = std::stoull(f[3]), k.len = std::stoull(f[4]);
+  }
+  if (f.size() != 5 || k.seqs * k.heads * k.head_dim == 0 || k.len == 0 || k.len >= k.cap) {
+    std::fprintf(stderr, "bench_io: --kv wants SEQSxHEADSxHEAD_DIMxCAPxLEN with 0 < LEN < CAP, got '%s'\n",
+                 spec.c_str());
+    std::exit(2);
+  }
+  return k;
+}
+
+// Bytes per second of fn() (moving `bytes` per call), called until `min_s` seconds have passed.
+double rate_gbs(uint64_t bytes, double min_s, const std::function<void()>& fn) {
+  auto t0 = Clock::now();
+  int calls = 0;
+  double s = 0;
+  do {
+    fn();
+    ++calls;
+    s = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (s < min_s);
+  return double(bytes) * calls / s / 1e9;
+}
+
+// "256 KiB", "128 MiB".
+std::string size_str(uint64_t b) {
+  const bool big = b >= (uint64_t(1) << 20);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f %s", double(b) / double(big ? 1 << 20 : 1 << 10), big ? "MiB" : "KiB");
+  return buf;
+}
+
+nlohmann::json run_kv(const Args& a) {
+  // One store per backend, all on the same directory: io_uring at each queue depth, and the pread
+  // fallback as the engine makes it by default (one thread, synchronous).
+  struct Io {
+    std::string label;
+    std::unique_ptr<IoBackend> backend;
+    std::unique_ptr<DiskStore> store;
+  };
+  std::vector<Io> ios;
+  std::string why, qds;
+  for (unsigned qd : a.kv_qds) {
+    IoBackendOptions o;
+    o.queue_depth = qd;
+    auto b = make_io_backend(IoBackendChoice::kUring, &why, o);
+    if (!b) break;
+    if (!qds.empty()) qds += ',';
+    qds += std::to_string(qd);
+    ios.push_back({"io_uring QD" + std::to_string(qd), std::move(b), nullptr});
+  }
+  std::printf("\n== kv ==\nbackend: %s\n", ios.empty() ? why.c_str() : ("io_uring at queue depths " + qds).c_str());
+  ios.push_back({"pread, 1 thread", make_io_backend(IoBackendChoice::kPread, nullptr), nullptr});
+  for (Io& io : ios) io.store = DiskStore::open(a.dir, "bench_io", *io.backend);
+  DiskStore& first = *ios.front().store;
+  const std::string disk = fs_type(fs::absolute(a.dir));
+  std::printf("dir: %s (%s)\nfile I/O: %s\n", fs::absolute(a.dir).c_str(), disk.c_str(), first.io_note().c_str());
+  if (!first.direct_io()) std::printf("warning: buffered I/O: numbers include the page cache\n");
+  constexpr double kMinSeconds = 0.1;  // per measurement; best of --reps interleaved rounds
+
+  nlohmann::json out = {{"dir", fs::absolute(a.dir).string()}, {"filesystem", disk},
+                        {"file_io", first.io_note()},         {"direct_io", first.direct_io()},
+                        {"reps", a.reps},                     {"cases", nlohmann::json::array()}};
+  for (size_t c = 0; c < a.kv_shapes.size(); ++c) {
+    const KvShape k = parse_kv(a.kv_shapes[c]);
+    const std::string name = "kv" + std::to_string(c);
+    const uint64_t nb = k.blocks(), rd = k.read_bytes() * nb, wr = kIoAlign * nb;
+    std::printf("\nkv %s: %llu seqs x %llu heads x 2 (K,V) = %llu row blocks of %llu slots x %llu f16 "
+                "(%s each, file %s), len %llu\n",
+                k.spec.c_str(), (unsigned long long)k.seqs, (unsigned long long)k.heads, (unsigned long long)nb,
+                (unsigned long long)k.cap, (unsigned long long)k.head_dim, size_str(k.block_bytes()).c_str(),
+                size_str(k.file_bytes()).c_str(), (unsigned long long)k.len);
+    std::printf("  read : %llu ranges of %s (%s) vs one sequential read of as many bytes\n",
+                (unsigned long long)nb, size_str(k.read_bytes()).c_str(), size_str(rd).c_str());
+    std::printf("  write: %llu pages of 4 KiB (%s) vs one sequential write of as many bytes\n",
+                (unsigned long long)nb, size_str(wr).c_str());
+
+    // The file is written once in full first, so decode writes overwrite allocated blocks (as after
+    // prefill) rather than converting fallocated extents.
+    AlignedBuffer host(k.file_bytes());
+    for (size_t i = 0; i + 8 <= host.size(); i += 8) std::memcpy(host.data() + i, &i, 8);
+    check(first.create(name, k.file_bytes()), "create");
+    check(first.write(name, 0, k.file_bytes(), host.data()), "write");
+    std::vector<StoreRange> reads, writes;
+    for (uint64_t b = 0; b < nb; ++b) {
+      uint64_t base = b * k.block_bytes();
+      reads.push_back({base, k.read_bytes(), host.data() + base});
+      writes.push_back({base + k.write_page(), kIoAlign, host.data() + base + k.write_page()});
+    }
+
+    struct Row {
+      double read_ranges = 0, seq_read = 0, write_ranges = 0, seq_write = 0;
+    };
+    std::vector<Row> rows(ios.size());
+    for (int r = 0; r < a.reps; ++r) {
+      for (size_t i = 0; i < ios.size(); ++i) {
+        DiskStore& st = *ios[i].store;
+        Row& row = rows[i];
+        row.read_ranges = std::max(row.read_ranges, rate_gbs(rd, kMinSeconds, [&] {
+          check(st.read_ranges(name, reads), "read_ranges");
+        }));
+        row.seq_read = std::max(row.seq_read, rate_gbs(rd, kMinSeconds, [&] {
+          check(st.read(name, 0, rd, host.data()), "read");
+        }));
+        row.write_ranges = std::max(row.write_ranges, rate_gbs(wr, kMinSeconds, [&] {
+          check(st.write_ranges(name, writes), "write_ranges");
+        }));
+        row.seq_write = std::max(row.seq_write, rate_gbs(wr, kMinSeconds, [&] {
+          check(st.write(name, 0, wr, host.data()), "write");
+        }));
+      }
+    }
+    std::printf("  %-17s %12s %9s %6s %8s | %12s %9s %6s %8s\n", "GB/s", "read_ranges", "seq read", "ratio",
+                "ms/call", "write_ranges", "seq write", "ratio", "ms/call");
+    nlohmann::json jc = {{"shape", k.spec},          {"blocks", nb},   {"read_range_bytes", k.read_bytes()},
+                         {"read_bytes", rd},         {"write_bytes", wr}, {"results", nlohmann::json::object()}};
+    for (size_t i = 0; i < ios.size(); ++i) {
+      const Row& row = rows[i];
+      double rr = row.read_ranges / row.seq_read, wrr = row.write_ranges / row.seq_write;
+      double rms = double(rd) / row.read_ranges / 1e6, wms = double(wr) / row.write_ranges / 1e6;
+      std::printf("  %-17s %12.3f %9.3f %6.2f %8.2f | %12.3f %9.3f %6.2f %8.2f\n", ios[i].label.c_str(),
+                  row.read_ranges, row.seq_read, rr, rms, row.write_ranges, row.seq_write, wrr, wms);
+      jc["results"][ios[i].label] = {{"read_ranges_gbs", row.read_ranges}, {"seq_read_gbs", row.seq_read},
+                                     {"read_ratio", rr},                   {"read_ranges_ms", rms},
+                                     {"write_ranges_gbs", row.write_ranges}, {"seq_write_gbs", row.seq_write},
+                                     {"write_ratio", wrr},                 {"write_ranges_ms", wms}};
+    }
+    out["cases"].push_back(jc);
+    if (!a.keep) (void)first.remove(name);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_io: %s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--dir") a.dir = val();
+    else if (k == "--size-gib") a.size_gib = std::stod(val());
+    else if (k == "--block-kib") a.block = size_t(std::stoul(val())) << 10;
+    else if (k == "--qd") a.qd = unsigned(std::stoul(val()));
+    else if (k == "--reps") a.reps = std::stoi(val());
+    else if (k == "--keep") a.keep = true;
+    else if (k == "--case") a.cases = split(val(), ',');
+    else if (k == "--kv") a.kv_shapes = split(val(), ',');
+    else if (k == "--kv-qd") {
+      a.kv_qds.clear();
+      for (const std::string& q : split(val(), ',')) a.kv_qds.push_back(unsigned(std::stoul(q)));
+    }
+    else if (k == "--json") a.json = val();
+    else {
+      std::fprintf(stderr, "usage: bench_io [--case seq,kv] [--dir DIR] [--size-gib G] [--block-kib K] [--qd N] "
+                           "[--reps R] [--kv SxHxDxCAPxLEN,...] [--kv-qd N,...] [--keep] [--json FILE]\n");
+      return 2;
+    }
+  }
+  if (a.block == 0 || a.block % kIoAlign != 0) {
+    std::fprintf(stderr, "bench_io: --block-kib must be a multiple of 4\n");
+    return 2;
+  }
+  for (const std::string& c : a.cases) {
+    if (c != "seq" && c != "kv") {
+      std::fprintf(stderr, "bench_io: unknown --case '%s' (seq, kv)\n", c.c_str());
+      return 2;
+    }
+  }
+  for (const std::string& k : a.kv_shapes) (void)parse_kv(k);  // exits on a bad shape before any I/O
+  auto has = [&](const char* c) { return std::find(a.cases.begin(), a.cases.end(), c) != a.cases.end(); };
+
+  nlohmann::json out = {{"bench", "bench_io"}};
+  if (has("seq")) out.update(run_seq(a));
+  if (has("kv")) out["kv"] = run_kv(a);
   if (!a.json.empty()) {
-    nlohmann::json out = {{"bench", "bench_io"},
-                          {"dir", fs::absolute(a.dir).string()},
-                          {"filesystem", disk},
-                          {"file_io", store->io_note()},
-                          {"direct_io", store->direct_io()},
-                          {"bytes", bytes},
-                          {"block_bytes", a.block},
-                          {"queue_depth", a.qd},
-                          {"reps", a.reps},
-                          {"backend_note", why},
-                          {"fio_installed", !fio_bin.empty()},
-                          {"write_gbs", write_gbs},
-                          {"results_gbs", res},
-                          {"best_baseline_gbs", best_base},
-                          {"uring_over_best_baseline", ratio}};
     std::ofstream(a.json) << out.dump(2) << "\n";
     std::printf("wrote %s\n", a.json.c_str());
   }
   if (!a.keep) {
-    (void)store->remove(name);
-    store.reset();
     std::error_code ec;
     fs::remove(a.dir, ec);  // only if empty
   }
