@@ -93,7 +93,8 @@ class DiskStore {
   // are split into 1 MiB requests), for a KV step's row blocks. Blocks until all are done.
   // Every offset, length and buffer address must be a multiple of kIoAlign (4096), and every range
   // must lie within the padded payload [0, align_up(payload bytes)) (the last page's padding may
-  // be covered); otherwise flexh2o::Error is thrown before any data moves. write_ranges() also
+  // be covered); otherwise flexh2o::Error is thrown before any payload I/O (only an entry's lazy
+  // open, a header read, can come first: the bounds need its size). write_ranges() also
   // throws for an entry made by put() and for ranges that overlap each other (the order of writes
   // within one submission is unspecified); whole pages are written, with no read-modify-write.
   // Errors as read()/write(): kIoError, kNoSpace, kShortIo, and the entry's open errors; on failure
