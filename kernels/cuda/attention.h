@@ -1,5 +1,5 @@
 // CUDA ops, part 2: the KV cache — write_kv, attention (prefill and decode, with H2O key
-// scores) and kv_gather (in-place compaction). Host-only declarations; kernels in attention*.cu.
+// scores) and kv_gather (in-place compaction). Host-only declarations; kernels in attention.cu.
 // Cache layout: [B, kv_heads, capacity, head_dim] per K and per V in the KV dtype (F16, BF16 or
 // F32, independent of the F16/BF16 activation dtype), left-aligned: sequence b's tokens occupy
 // slots [0, seq_keys[b]) (device int32 [B]). Async on `stream`; argument errors throw first.
