@@ -25,8 +25,6 @@ template <>
 __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __forceinline__ float from_f<float>(float x) { return x; }
 
 // Storage conversions bit-identical to the host ones in src/core/dtype.h, NaN payloads
 // included (detail/convert_math.h): write_kv and convert use these, not the cvt intrinsics.
