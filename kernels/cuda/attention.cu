@@ -1,8 +1,5 @@
-// KV-cache kernels of attention.h: write_kv, attention and kv_gather.
-// attention: one 128-thread block per (query row, head, sequence). The row's scores stay in
-// shared memory (fp32), so one pass gives exact probabilities for key_scores; warps split the
-// keys, each lane holds head_dim/32 consecutive elements of q and of the running output.
-// Correctness-first: a flash-decoding split over keys is the next step for long contexts.
+// KV-cache kernels of attention.h: write_kv (converting to the cache dtype), attention
+// (templated on activation type, KV type and head_dim; one dispatch point) and kv_gather.
 #include <algorithm>
 
 #include "kernels/cuda/attention.h"
@@ -14,49 +11,64 @@ namespace {
 using detail::from_f;
 using detail::to_f;
 
-constexpr int kAttnThreads = 128, kAttnWarps = kAttnThreads / 32;
-
 // ---- write_kv ---------------------------------------------------------------------------
 
-template <class T>
-__global__ void write_kv_kernel(const T* src, int64_t src_stride, int64_t B, int64_t T_, int64_t kvh,
-                                int64_t hd, T* cache, int64_t capacity, const int32_t* seq_keys) {
+template <class S, class D>
+__global__ void write_kv_kernel(const S* src, int64_t src_stride, int64_t B, int64_t T_, int64_t kvh,
+                                int64_t hd, D* cache, int64_t capacity, const int32_t* seq_keys) {
   const int64_t row = kvh * hd, n = B * T_ * row;
   for (int64_t i = detail::global_tid(); i < n; i += detail::grid_stride()) {
     const int64_t e = i % row, bt = i / row, b = bt / T_, t = bt % T_;
     const int64_t slot = int64_t(seq_keys[b]) - T_ + t;
     if (slot < 0 || slot >= capacity) continue;
     const int64_t h = e / hd, d = e % hd;
-    cache[((b * kvh + h) * capacity + slot) * hd + d] = src[bt * src_stride + e];
+    cache[((b * kvh + h) * capacity + slot) * hd + d] = detail::convert_elem<D>(src[bt * src_stride + e]);
   }
 }
 
 // ---- attention --------------------------------------------------------------------------
 
-// Shared memory: q*scale [HD] | scores [max_keys] | per-warp output partials [warps][HD] | red[32].
-template <class T, int HD>
-__global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a, int64_t max_keys) {
+constexpr int kAttnThreads = 128, kAttnWarps = kAttnThreads / 32;
+
+// Pointers and sizes of AttentionArgs as a plain kernel parameter.
+struct AttentionView {
+  const void *q, *k, *v;
+  void* out;
+  float* key_scores;
+  const int32_t* seq_keys;
+  int64_t q_stride, out_stride, tq, n_heads, kv_heads, capacity, max_keys;
+  float scale;
+};
+
+// One 128-thread block per (query row, head, sequence). The row's scores stay in shared
+// memory (fp32), so one pass gives exact probabilities for key_scores; warps split the keys,
+// each lane holds head_dim/32 consecutive elements of q and of the running output. K and V
+// are widened to fp32 on load whatever TKV is.
+// Correctness-first: a flash-decoding split over keys is the next step for long contexts.
+// Shared memory: q [HD] | scores [max_keys] | per-warp output partials [warps][HD] | red[32].
+template <class TQ, class TKV, int HD>
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a) {
   constexpr int E = HD / 32;  // elements per lane
   extern __shared__ float smem[];
   float* qs = smem;
   float* sc = qs + HD;
-  float* part = sc + max_keys;
+  float* part = sc + a.max_keys;
   float* red = part + kAttnWarps * HD;
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t n_b = a.seq_keys[b];
   const int64_t slot = n_b - a.tq + t;
-  T* out = static_cast<T*>(a.out) + (b * a.tq + t) * a.out_stride + h * HD;
-  if (slot < 0 || n_b > max_keys) {  // padding row (zeros) or contract violation (NaN)
+  TQ* out = static_cast<TQ*>(a.out) + (b * a.tq + t) * a.out_stride + h * HD;
+  if (slot < 0 || n_b > a.max_keys) {  // padding row (zeros) or contract violation (NaN)
     const float fill = slot < 0 ? 0.f : NAN;
-    for (int d = threadIdx.x; d < HD; d += kAttnThreads) out[d] = from_f<T>(fill);
+    for (int d = threadIdx.x; d < HD; d += kAttnThreads) out[d] = from_f<TQ>(fill);
     return;
   }
   const int64_t nk = slot + 1;
   const int64_t g = h / (a.n_heads / a.kv_heads);
-  const T* kb = static_cast<const T*>(a.k) + (b * a.kv_heads + g) * a.capacity * HD;
-  const T* vb = static_cast<const T*>(a.v) + (b * a.kv_heads + g) * a.capacity * HD;
-  const T* q = static_cast<const T*>(a.q) + (b * a.tq + t) * a.q_stride + h * HD;
+  const TKV* kb = static_cast<const TKV*>(a.k) + (b * a.kv_heads + g) * a.capacity * HD;
+  const TKV* vb = static_cast<const TKV*>(a.v) + (b * a.kv_heads + g) * a.capacity * HD;
+  const TQ* q = static_cast<const TQ*>(a.q) + (b * a.tq + t) * a.q_stride + h * HD;
   for (int d = threadIdx.x; d < HD; d += kAttnThreads) qs[d] = to_f(q[d]);
   __syncthreads();
 
@@ -66,7 +78,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a
   for (int e = 0; e < E; ++e) qr[e] = qs[lane * E + e];
   float mx = -INFINITY;
   for (int64_t j = warp; j < nk; j += kAttnWarps) {
-    const T* kr = kb + j * HD + lane * E;
+    const TKV* kr = kb + j * HD + lane * E;
     float s = 0.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) s += qr[e] * to_f(kr[e]);
@@ -92,7 +104,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
   for (int64_t j = warp; j < nk; j += kAttnWarps) {
-    const T* vr = vb + j * HD + lane * E;
+    const TKV* vr = vb + j * HD + lane * E;
     const float p = sc[j];
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] += p * to_f(vr[e]);
@@ -104,11 +116,12 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a
     float o = 0.f;
 #pragma unroll
     for (int w = 0; w < kAttnWarps; ++w) o += part[w * HD + d];
-    out[d] = from_f<T>(o * inv);
+    out[d] = from_f<TQ>(o * inv);
   }
 }
 
-template <class T, int HD>
+// Launches attention_kernel<TQ, TKV, HD> for arguments attention() has already checked.
+template <class TQ, class TKV, int HD>
 void launch_attention(const AttentionArgs& a, int64_t max_keys, cudaStream_t stream) {
   const size_t smem = sizeof(float) * size_t(HD + max_keys + kAttnWarps * HD + 32);
   int dev = 0, optin = 0;
@@ -118,27 +131,48 @@ void launch_attention(const AttentionArgs& a, int64_t max_keys, cudaStream_t str
            " bytes of shared memory, more than this device's ", optin,
            " (long-context attention is not implemented on CUDA yet)");
   if (smem > 48 * 1024)
-    FH_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<T, HD>,
+    FH_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<TQ, TKV, HD>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const AttentionView v{a.q, a.k, a.v, a.out, a.key_scores, a.seq_keys, a.q_stride, a.out_stride,
+                        a.tq, a.n_heads, a.kv_heads, a.capacity, max_keys, a.scale};
   const dim3 grid(unsigned(a.tq), unsigned(a.n_heads), unsigned(a.batch));
-  attention_kernel<T, HD><<<grid, kAttnThreads, smem, stream>>>(a, max_keys);
+  attention_kernel<TQ, TKV, HD><<<grid, kAttnThreads, smem, stream>>>(v);
   FH_CUDA_LAUNCH_CHECK("attention", stream);
 }
 
-// The one dispatch point of the attention family: dtype x head_dim, explicit list.
+// The one dispatch point of the attention family: act {F16, BF16} x kv {F16, BF16, F32} x
+// head_dim {64, 128}, twelve instantiations. Returns false otherwise.
 template <class F>
-bool dispatch_attention(DType dt, int64_t head_dim, F&& f) {
-  auto by_dim = [&](auto tag) {
-    using T = decltype(tag);
+bool dispatch_attention(DType act, DType kv, int64_t head_dim, F&& f) {
+  auto by_dim = [&](auto tq, auto tkv) {
     switch (head_dim) {
-      case 64: f(T{}, std::integral_constant<int, 64>{}); return true;
-      case 128: f(T{}, std::integral_constant<int, 128>{}); return true;
+      case 64: f(tq, tkv, std::integral_constant<int, 64>{}); return true;
+      case 128: f(tq, tkv, std::integral_constant<int, 128>{}); return true;
       default: return false;
     }
   };
-  switch (dt) {
-    case DType::F16: return by_dim(__half{});
-    case DType::BF16: return by_dim(__nv_bfloat16{});
+  auto by_kv = [&](auto tq) {
+    switch (kv) {
+      case DType::F16: return by_dim(tq, __half{});
+      case DType::BF16: return by_dim(tq, __nv_bfloat16{});
+      case DType::F32: return by_dim(tq, float{});
+      default: return false;
+    }
+  };
+  switch (act) {
+    case DType::F16: return by_kv(__half{});
+    case DType::BF16: return by_kv(__nv_bfloat16{});
+    default: return false;
+  }
+}
+
+// The one dispatch point of write_kv: src {F16, BF16} x cache {F16, BF16, F32}.
+template <class F>
+bool dispatch_write_kv(DType src, DType cache, F&& f) {
+  auto to_cache = [&](auto s) { return detail::dispatch_float(cache, [&](auto d) { f(s, d); }); };
+  switch (src) {
+    case DType::F16: return to_cache(__half{});
+    case DType::BF16: return to_cache(__nv_bfloat16{});
     default: return false;
   }
 }
@@ -165,27 +199,38 @@ __global__ void kv_gather_kernel(U* buf, int64_t rows, int64_t capacity, int64_t
 
 }  // namespace
 
-void write_kv(DType dt, const void* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
-              int64_t head_dim, void* cache, int64_t capacity, const int32_t* seq_keys,
-              cudaStream_t stream) {
+void write_kv(DType src_dtype, const void* src, int64_t src_stride, int64_t B, int64_t T,
+              int64_t kv_heads, int64_t head_dim, void* cache, DType cache_dtype, int64_t capacity,
+              const int32_t* seq_keys, cudaStream_t stream) {
+  FH_CHECK(dispatch_write_kv(src_dtype, cache_dtype, [](auto, auto) {}), "write_kv: unsupported dtypes ",
+           dtype_name(src_dtype), " -> ", dtype_name(cache_dtype),
+           " on CUDA (supported: src F16, BF16 -> cache F16, BF16, F32)");
   FH_CHECK(B >= 0 && T >= 0 && kv_heads > 0 && head_dim > 0 && capacity >= 0,
            "write_kv: bad sizes");
   FH_CHECK(src_stride >= kv_heads * head_dim, "write_kv: src_stride ", src_stride,
            " < kv_heads*head_dim");
   if (B == 0 || T == 0) return;
   FH_CHECK(src && cache && seq_keys, "write_kv: null pointer");
-  detail::dispatch_half(dt, "write_kv", [&](auto tag) {
-    using E = decltype(tag);
-    write_kv_kernel<E><<<detail::grid_size_1d(B * T * kv_heads * head_dim), detail::kThreads, 0, stream>>>(
-        static_cast<const E*>(src), src_stride, B, T, kv_heads, head_dim, static_cast<E*>(cache),
+  dispatch_write_kv(src_dtype, cache_dtype, [&](auto s, auto d) {
+    using S = decltype(s);
+    using D = decltype(d);
+    write_kv_kernel<S, D><<<detail::grid_size_1d(B * T * kv_heads * head_dim), detail::kThreads, 0, stream>>>(
+        static_cast<const S*>(src), src_stride, B, T, kv_heads, head_dim, static_cast<D*>(cache),
         capacity, seq_keys);
     FH_CUDA_LAUNCH_CHECK("write_kv", stream);
   });
 }
 
-bool attention_supported(DType dt, int64_t head_dim) {
-  return dispatch_attention(dt, head_dim, [](auto, auto) {});
+void write_kv(DType dt, const void* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
+              int64_t head_dim, void* cache, int64_t capacity, const int32_t* seq_keys,
+              cudaStream_t stream) {
+  write_kv(dt, src, src_stride, B, T, kv_heads, head_dim, cache, dt, capacity, seq_keys, stream);
 }
+
+bool attention_supported(DType act, DType kv, int64_t head_dim) {
+  return dispatch_attention(act, kv, head_dim, [](auto, auto, auto) {});
+}
+bool attention_supported(DType dt, int64_t head_dim) { return attention_supported(dt, dt, head_dim); }
 
 void attention(const AttentionArgs& a, cudaStream_t stream) {
   FH_CHECK(a.batch >= 0 && a.tq >= 0 && a.n_heads > 0 && a.kv_heads > 0 && a.head_dim > 0,
@@ -196,14 +241,16 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
            "attention: grid limits (batch, n_heads <= 65535)");
   const int64_t max_keys = a.max_keys > 0 ? a.max_keys : a.capacity;
   FH_CHECK(max_keys <= a.capacity, "attention: max_keys ", max_keys, " > capacity ", a.capacity);
-  FH_CHECK(attention_supported(a.dtype, a.head_dim), "attention: unsupported dtype ",
-           dtype_name(a.dtype), " / head_dim ", a.head_dim, " on CUDA (supported: F16, BF16 x 64, 128)");
+  const DType kv = a.kv_dtype.value_or(a.dtype);
+  FH_CHECK(attention_supported(a.dtype, kv, a.head_dim), "attention: unsupported dtype ",
+           dtype_name(a.dtype), " / kv_dtype ", dtype_name(kv), " / head_dim ", a.head_dim,
+           " on CUDA (supported: dtype F16, BF16 x kv_dtype F16, BF16, F32 x head_dim 64, 128)");
   if (a.batch == 0 || a.tq == 0) return;
   FH_CHECK(a.q && a.k && a.v && a.out && a.seq_keys, "attention: null pointer");
   FH_CHECK(a.q_stride >= a.n_heads * a.head_dim && a.out_stride >= a.n_heads * a.head_dim,
            "attention: row stride smaller than n_heads*head_dim");
-  dispatch_attention(a.dtype, a.head_dim, [&](auto tag, auto hd) {
-    launch_attention<decltype(tag), decltype(hd)::value>(a, max_keys, stream);
+  dispatch_attention(a.dtype, kv, a.head_dim, [&](auto tq, auto tkv, auto hd) {
+    launch_attention<decltype(tq), decltype(tkv), decltype(hd)::value>(a, max_keys, stream);
   });
 }
 

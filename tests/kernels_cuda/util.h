@@ -1,6 +1,7 @@
 // Test helpers for the CUDA kernels: the GpuTest fixture (skips without a device and owns a
-// stream and a device arena), dtype-aware uploads/downloads, rounding to a dtype, and the
-// element-wise check |x-ref| <= atol + rtol*|ref| in which any NaN fails.
+// stream and a device arena), dtype-aware (F32/F16/BF16) uploads/downloads, rounding to a
+// dtype, the host conversion of raw bits, and the element-wise check
+// |x-ref| <= atol + rtol*|ref| in which any NaN fails.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -28,10 +29,35 @@ inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
   return v;
 }
 
+// 16-bit dtypes (F16, BF16) as raw bits.
 inline uint16_t to_bits(float f, DType dt) { return dt == DType::F16 ? f32_to_f16(f) : f32_to_bf16(f); }
 inline float from_bits(uint16_t h, DType dt) { return dt == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h); }
+// Values rounded to dt (F32: unchanged).
 inline std::vector<float> round_to(std::vector<float> v, DType dt) {
+  if (dt == DType::F32) return v;
   for (auto& x : v) x = from_bits(to_bits(x, dt), dt);
+  return v;
+}
+
+// Raw bits of one F32/F16/BF16 element (16-bit dtypes in the low half) converted from `src`
+// to `dst` by the host conversions of src/core/dtype.h; equal dtypes keep the bits.
+inline uint32_t host_convert_bits(uint32_t bits, DType src, DType dst) {
+  if (src == dst) return bits;
+  float f;
+  if (src == DType::F32)
+    std::memcpy(&f, &bits, 4);
+  else
+    f = from_bits(uint16_t(bits), src);
+  if (dst != DType::F32) return to_bits(f, dst);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+// n random raw bit patterns of an F32/F16/BF16 element (NaNs, infs, subnormals included).
+inline std::vector<uint32_t> random_bits(size_t n, DType dt, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<uint32_t> v(n);
+  for (auto& x : v) x = dt == DType::F32 ? uint32_t(g()) : uint32_t(g() & 0xffffu);
   return v;
 }
 inline std::vector<uint16_t> to_bits(const std::vector<float>& v, DType dt) {
@@ -39,7 +65,9 @@ inline std::vector<uint16_t> to_bits(const std::vector<float>& v, DType dt) {
   for (size_t i = 0; i < v.size(); ++i) b[i] = to_bits(v[i], dt);
   return b;
 }
-inline const char* dt_str(DType dt) { return dt == DType::F16 ? "f16" : "bf16"; }
+inline const char* dt_str(DType dt) {
+  return dt == DType::F16 ? "f16" : dt == DType::BF16 ? "bf16" : dt == DType::F32 ? "f32" : "other";
+}
 
 // Tolerances for outputs stored in dt (one rounding of the output plus fp32 accumulation).
 struct Tol {
@@ -60,6 +88,17 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
     if (!ok && ++bad <= 5) ADD_FAILURE() << what << ": element " << i << " got " << x << " want " << r;
   }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements out of tolerance";
+}
+
+// Bit-for-bit comparison of raw element bits; reports a few mismatches in hex.
+inline void expect_bits_equal(const std::vector<uint32_t>& got, const std::vector<uint32_t>& want,
+                              const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && ++bad <= 5)
+      ADD_FAILURE() << what << ": element " << i << std::hex << " got 0x" << got[i] << " want 0x" << want[i];
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ";
 }
 
 // Base fixture of every GPU test: skips (with the probe's reason) when no device is usable.
@@ -83,7 +122,12 @@ class GpuTest : public ::testing::Test {
   template <class T>
   T* upload_raw(const std::vector<T>& v) {
     T* p = alloc<T>(v.size());
-    if (!v.empty()) FH_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    // On the test's stream and waited for: a plain cudaMemcpy from pageable memory may return
+    // before its DMA lands, and kernels on the non-blocking stream would not wait for it.
+    if (!v.empty()) {
+      FH_CUDA_CHECK(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, stream()));
+      sync();
+    }
     return p;
   }
   template <class T>
@@ -93,13 +137,27 @@ class GpuTest : public ::testing::Test {
     if (n) FH_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
     return v;
   }
-  // fp32 values -> dt on the device (values are rounded to dt).
-  void* upload(const std::vector<float>& v, DType dt) { return upload_raw(to_bits(v, dt)); }
+  // fp32 values -> dt (F32, F16 or BF16) on the device (values are rounded to dt).
+  void* upload(const std::vector<float>& v, DType dt) {
+    if (dt == DType::F32) return upload_raw(v);
+    return upload_raw(to_bits(v, dt));
+  }
   std::vector<float> download(const void* p, size_t n, DType dt) {
+    if (dt == DType::F32) return download_raw(static_cast<const float*>(p), n);
     auto bits = download_raw(static_cast<const uint16_t*>(p), n);
     std::vector<float> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = from_bits(bits[i], dt);
     return v;
+  }
+  // Raw bits (as from random_bits / host_convert_bits) <-> dt elements on the device.
+  void* upload_bits(const std::vector<uint32_t>& b, DType dt) {
+    if (dtype_size(dt) == 4) return upload_raw(b);
+    return upload_raw(std::vector<uint16_t>(b.begin(), b.end()));
+  }
+  std::vector<uint32_t> download_bits(const void* p, size_t n, DType dt) {
+    if (dtype_size(dt) == 4) return download_raw(static_cast<const uint32_t*>(p), n);
+    auto h = download_raw(static_cast<const uint16_t*>(p), n);
+    return std::vector<uint32_t>(h.begin(), h.end());
   }
 
   std::optional<Stream> stream_;

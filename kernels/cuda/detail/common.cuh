@@ -1,5 +1,5 @@
 // Private to kernels/cuda .cu files: element conversions, launch-geometry helpers, block
-// reductions and the dtype dispatch point. Device code; never include from a public header.
+// reductions and the dtype dispatch helpers. Device code; never include from a public header.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/detail/convert_math.h"
 
 namespace flexh2o::gpu::detail {
 
@@ -24,6 +25,30 @@ template <>
 __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Storage conversions bit-identical to the host ones in src/core/dtype.h, NaN payloads
+// included (detail/convert_math.h): write_kv and convert use these, not the cvt intrinsics.
+__device__ __forceinline__ float exact_f(__half x) { return f16_bits_to_f32(__half_as_ushort(x)); }
+__device__ __forceinline__ float exact_f(__nv_bfloat16 x) { return bf16_bits_to_f32(__bfloat16_as_ushort(x)); }
+__device__ __forceinline__ float exact_f(float x) { return x; }
+template <class D>
+__device__ __forceinline__ D round_f(float x);
+template <>
+__device__ __forceinline__ __half round_f<__half>(float x) { return __ushort_as_half(f32_to_f16_bits(x)); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 round_f<__nv_bfloat16>(float x) {
+  return __ushort_as_bfloat16(f32_to_bf16_bits(x));
+}
+template <>
+__device__ __forceinline__ float round_f<float>(float x) { return x; }
+// S -> D: a plain copy when the types match, else widen exactly and round once (RNE).
+template <class D, class S>
+__device__ __forceinline__ D convert_elem(S x) {
+  if constexpr (std::is_same_v<D, S>)
+    return x;
+  else
+    return round_f<D>(exact_f(x));
+}
 
 // ---- launch geometry --------------------------------------------------------------------
 constexpr int kThreads = 256;
@@ -69,6 +94,19 @@ void dispatch_half(DType dt, const char* op, F&& f) {
     case DType::BF16: f(__nv_bfloat16{}); break;
     default:
       FH_FAIL(op, ": unsupported dtype ", dtype_name(dt), " on CUDA (supported: F16, BF16)");
+  }
+}
+
+// Maps F32 / F16 / BF16 to f(float{}), f(__half{}), f(__nv_bfloat16{}) and returns true;
+// false for any other dtype. A helper for the dispatch points of families that take F32
+// (each family states its own supported list and error).
+template <class F>
+bool dispatch_float(DType dt, F&& f) {
+  switch (dt) {
+    case DType::F32: f(float{}); return true;
+    case DType::F16: f(__half{}); return true;
+    case DType::BF16: f(__nv_bfloat16{}); return true;
+    default: return false;
   }
 }
 
