@@ -45,7 +45,15 @@ void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_
 // gate[i] = silu(gate[i]) * up[i] for i < n.
 void silu_mul(float* gate, const float* up, int64_t n);
 
-// KV cache layout: [B, kv_heads, capacity, head_dim] fp32, left-aligned: sequence b's cached
+// Row conversions, element by element, bit-identical to the scalar ones in core/dtype.h
+// (f16: round to nearest even incl. subnormals, overflow to inf, NaN stays NaN with its
+// payload; bf16 likewise). dtype: F32 (a copy), F16 or BF16; anything else throws.
+// src and dst must not overlap; neither needs any alignment beyond its element type's.
+void to_f32(DType src_dtype, const void* src, int64_t n, float* dst);
+void from_f32(const float* src, int64_t n, DType dst_dtype, void* dst);
+
+// KV cache layout: [B, kv_heads, capacity, head_dim] in the cache dtype (F32, F16 or BF16;
+// compute is always fp32), left-aligned: sequence b's cached
 // tokens fill slots [0, n_b) of each of its (b, head) rows, with no padding inside. seq_keys
 // ([B], int32) gives n_b AFTER this step's T (or tq) new tokens are written. Row t of a
 // step (0 <= t < T) of sequence b belongs at slot seq_keys[b] - T + t; a row whose slot is
@@ -53,8 +61,13 @@ void silu_mul(float* gate, const float* up, int64_t n);
 
 // Copies the T new rows of each sequence into the cache: src row (b,t), at
 // src + (b*T + t)*src_stride holding kv_heads*head_dim floats, goes to slot
-// seq_keys[b] - T + t of every kv head; padding rows (negative slot) are skipped. Checks
-// 0 <= seq_keys[b] <= capacity (throws before writing anything).
+// seq_keys[b] - T + t of every kv head, rounded to cache_dtype as from_f32 does; padding
+// rows (negative slot) are skipped. Checks 0 <= seq_keys[b] <= capacity (throws before
+// writing anything).
+void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
+              int64_t head_dim, void* cache, DType cache_dtype, int64_t capacity,
+              const int32_t* seq_keys);
+// The same with an fp32 cache.
 void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
               int64_t head_dim, float* cache, int64_t capacity, const int32_t* seq_keys);
 
@@ -63,8 +76,13 @@ void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_
 // slots >= keep_count are left unchanged. Precondition (checked for every row before anything
 // is moved; throws): 0 <= keep_count <= min(capacity, keep_stride) and i <= keep[i] < capacity.
 // It covers stable compaction (keep increasing) and swap-remove ("move the last slot into the
-// victim"). Rows of head_dim floats are moved whole, so the op is generic over row width:
-// head_dim = 1 compacts a [B, heads, capacity] score array (that is what score_gather does).
+// victim"). Rows of head_dim elements (of dtype: F32, F16 or BF16) are moved whole, so the
+// op is generic over row width: head_dim = 1 compacts a [B, heads, capacity] score array
+// (that is what score_gather does).
+void kv_gather(void* cache, DType dtype, int64_t B, int64_t kv_heads, int64_t capacity,
+               int64_t head_dim, const int32_t* keep, int64_t keep_stride,
+               const int32_t* keep_count);
+// The same with an fp32 cache.
 void kv_gather(float* cache, int64_t B, int64_t kv_heads, int64_t capacity, int64_t head_dim,
                const int32_t* keep, int64_t keep_stride, const int32_t* keep_count);
 // kv_gather with head_dim = 1, for H2O key scores [B, heads, capacity] (heads may be n_heads).

@@ -64,6 +64,8 @@ struct KernelTable {
   void (*linear_task)(const LinearTask& t);
   void (*attention_task)(const AttnTask& t);
   void (*silu_mul)(float* gate, const float* up, int64_t n);
+  void (*to_f32)(DType dtype, const void* src, int64_t n, float* dst);    // one block, no checks
+  void (*from_f32)(const float* src, int64_t n, DType dtype, void* dst);  // one block, no checks
 };
 
 const KernelTable& kernels_scalar();
@@ -79,5 +81,8 @@ void linear_isa(Isa isa, const float* x, int64_t M, int64_t K, const TensorView&
                 const TensorView* bias, float* y, Epilogue ep);
 void attention_isa(Isa isa, const AttentionArgs& a);
 void silu_mul_isa(Isa isa, float* gate, const float* up, int64_t n);
+void check_kv_dtype(DType dtype, const char* what);  // throws unless F32, F16 or BF16
+void to_f32_isa(Isa isa, DType src_dtype, const void* src, int64_t n, float* dst);
+void from_f32_isa(Isa isa, const float* src, int64_t n, DType dst_dtype, void* dst);
 
 }  // namespace flexh2o::cpu::detail
