@@ -18,6 +18,7 @@ namespace detail {
 void attention_isa(Isa isa, const AttentionArgs& a) {
   FH_CHECK(a.batch >= 0 && a.tq >= 0 && a.n_heads > 0 && a.kv_heads > 0 && a.head_dim > 0,
            "attention: bad sizes");
+  check_kv_dtype(a.kv_dtype, "attention");
   FH_CHECK(a.n_heads % a.kv_heads == 0, "attention: n_heads ", a.n_heads,
            " is not a multiple of kv_heads ", a.kv_heads);
   if (a.batch == 0 || a.tq == 0) return;

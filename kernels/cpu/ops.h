@@ -94,11 +94,14 @@ void score_gather(float* scores, int64_t B, int64_t heads, int64_t capacity, con
 // [0, p]; if p < 0 the row is left padding: its output row is written as zeros and it adds
 // nothing to key_scores. Slots >= seq_keys[b] are never read. GQA: query head h reads kv
 // head h / (n_heads / kv_heads). Checks 0 <= seq_keys[b] <= capacity (throws).
+// K and V may be F16 or BF16 (kv_dtype); their values are converted exactly to fp32 as they
+// are read, so the result is bit-identical to that of an fp32 cache holding the same values.
 struct AttentionArgs {
   const float* q = nullptr;  // [B, tq] rows at stride q_stride, each n_heads*head_dim floats
   int64_t q_stride = 0;
-  const float* k = nullptr;  // cache [B, kv_heads, capacity, head_dim]
-  const float* v = nullptr;  // same layout as k
+  const void* k = nullptr;  // cache [B, kv_heads, capacity, head_dim] of kv_dtype
+  const void* v = nullptr;  // same layout and dtype as k
+  DType kv_dtype = DType::F32;  // F32, F16 or BF16
   int64_t batch = 0, tq = 0, n_heads = 0, kv_heads = 0, head_dim = 0;
   int64_t capacity = 0;
   const int32_t* seq_keys = nullptr;  // [B] filled slots of sequence b (incl. this step's tq)

@@ -2,6 +2,8 @@
 // over a vector-traits type T and instantiated per ISA; the TBB driver is attention.cpp.
 // Every sum runs over keys in slot order starting at slot 0 of the sequence's left-aligned
 // cache, so a sequence gives the same bits whatever its batch or the query block it falls in.
+// K/V elements (float, half_t or bf16_t) are widened exactly in registers as they are loaded,
+// so a 16-bit cache gives the bits of an fp32 cache holding the same values.
 #pragma once
 
 #include <cstdint>
@@ -13,15 +15,15 @@
 namespace flexh2o::cpu::detail {
 
 // acc[q*NV + v] += sum over j in [j0, j1) of prow[q][j] * V[j][v*L ...] (in j order).
-template <class T, int QN, int NV>
-inline void pv_run(typename T::V* acc, const float* const* prow, const float* v0, int64_t d,
+template <class T, int QN, int NV, class KV>
+inline void pv_run(typename T::V* acc, const float* const* prow, const KV* v0, int64_t d,
                    int tail, int64_t j0, int64_t j1) {
   using V = typename T::V;
   constexpr int L = T::L;
   V r[QN * NV];
   for (int i = 0; i < QN * NV; ++i) r[i] = acc[i];
   for (int64_t j = j0; j < j1; ++j) {
-    const float* vp = v0 + j * d;
+    const KV* vp = v0 + j * d;
     V vv[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v)
@@ -36,28 +38,28 @@ inline void pv_run(typename T::V* acc, const float* const* prow, const float* v0
   for (int i = 0; i < QN * NV; ++i) acc[i] = r[i];
 }
 
-template <class T, int QN>
-inline void pv_run_rt(int nv, typename T::V* acc, const float* const* prow, const float* v0,
+template <class T, int QN, class KV>
+inline void pv_run_rt(int nv, typename T::V* acc, const float* const* prow, const KV* v0,
                       int64_t d, int tail, int64_t j0, int64_t j1) {
   static_assert(T::PV_V <= 4);
   switch (nv) {
-    case 1: pv_run<T, QN, 1>(acc, prow, v0, d, tail, j0, j1); break;
-    case 2: if constexpr (T::PV_V >= 2) pv_run<T, QN, 2>(acc, prow, v0, d, tail, j0, j1); break;
-    case 3: if constexpr (T::PV_V >= 3) pv_run<T, QN, 3>(acc, prow, v0, d, tail, j0, j1); break;
-    default: if constexpr (T::PV_V >= 4) pv_run<T, QN, 4>(acc, prow, v0, d, tail, j0, j1); break;
+    case 1: pv_run<T, QN, 1, KV>(acc, prow, v0, d, tail, j0, j1); break;
+    case 2: if constexpr (T::PV_V >= 2) pv_run<T, QN, 2, KV>(acc, prow, v0, d, tail, j0, j1); break;
+    case 3: if constexpr (T::PV_V >= 3) pv_run<T, QN, 3, KV>(acc, prow, v0, d, tail, j0, j1); break;
+    default: if constexpr (T::PV_V >= 4) pv_run<T, QN, 4, KV>(acc, prow, v0, d, tail, j0, j1); break;
   }
 }
 
-template <class T>
-void attention_task(const AttnTask& task) {
+template <class T, class KV>
+void attention_run(const AttnTask& task) {
   using V = typename T::V;
   constexpr int L = T::L, MR = T::MR, NR = T::NR, PQ = T::PV_Q, PV = T::PV_V;
   const AttentionArgs& a = *task.a;
   const int64_t b = task.b, h = task.h, d = a.head_dim;
   const int64_t g = h / (a.n_heads / a.kv_heads);
   const int64_t nk = a.seq_keys[b];
-  const float* kb = a.k + (b * a.kv_heads + g) * a.capacity * d;  // key j: kb + j*d
-  const float* vb = a.v + (b * a.kv_heads + g) * a.capacity * d;
+  const KV* kb = static_cast<const KV*>(a.k) + (b * a.kv_heads + g) * a.capacity * d;  // key j: kb + j*d
+  const KV* vb = static_cast<const KV*>(a.v) + (b * a.kv_heads + g) * a.capacity * d;
   float* kscore = task.scores;
   const int64_t ld = nk > 0 ? nk : 1;
   auto n_of = [&](int64_t t) { return nk - a.tq + t + 1; };  // keys query t sees (<= 0: padding)
@@ -76,7 +78,7 @@ void attention_task(const AttnTask& task) {
       for (int i = 0; i < MR; ++i) xr[i] = qrow(i0 + (i < mr ? i : mr - 1));
       for (int64_t j0 = 0; j0 < nmax; j0 += NR) {
         const int nr = int(nmax - j0 < NR ? nmax - j0 : NR);
-        const float* wr[NR];
+        const KV* wr[NR];
         for (int j = 0; j < NR; ++j) wr[j] = kb + (j0 + (j < nr ? j : nr - 1)) * d;
         float part[MR * NR];
         dot_tile_rt<T>(mr, xr, wr, d, part);
@@ -150,6 +152,16 @@ void attention_task(const AttnTask& task) {
         }
       }
     }
+  }
+}
+
+template <class T>
+void attention_task(const AttnTask& task) {
+  switch (task.a->kv_dtype) {
+    case DType::F32: return attention_run<T, float>(task);
+    case DType::F16: return attention_run<T, half_t>(task);
+    case DType::BF16: return attention_run<T, bf16_t>(task);
+    default: return;  // rejected by the driver
   }
 }
 
