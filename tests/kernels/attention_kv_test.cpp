@@ -28,6 +28,7 @@ const std::vector<KvCase>& kv_cases() {
       {3, 5, 4, 4, {5, 3, 20}},         // prefill chunk, 1:1, b=1 has 2 padding rows
       {3, 37, 8, 2, {37, 12, 290}},     // GQA 4:1, padding, b=2's scores cross slot 256
       {3, 37, 4, 1, {1, 37, 0}},        // one real query, a full prompt, an idle sequence
+      {1, 1, 8, 1, {33}},               // decode, MQA 8:1, batch 1 (heads split over tasks)
   };
   return k;
 }
@@ -146,18 +147,20 @@ TEST(AttentionKvDtype, RoundedCacheDiffersFromUnroundedOne) {
 
 class AttentionKvThreads : public ::testing::TestWithParam<DType> {};
 
-// Thread-count independence with a 16-bit cache: arenas of 1, 2 and 3 threads give the same
-// bits (prefill with key-score blocks, and decode).
+// Thread-count independence: arenas of 1, 2 and 3 threads give the same bits (prefill with
+// key-score blocks, and decode). In decode the thread count also changes how many query
+// heads of a kv group one task takes (cases 1 and 6 get 4 / 2 / 2 and 2 / 1 / 1).
 TEST_P(AttentionKvThreads, SameBitsForAnyThreadCount) {
-  for (int ci : {1, 4}) {
-    const KvData t = make(kv_cases()[size_t(ci)], 80, GetParam(), 77);
+  const bool half = GetParam() != DType::F32;
+  for (int ci : {1, 4, 6}) {
+    const KvData t = make(kv_cases()[size_t(ci)], 80, half ? GetParam() : DType::BF16, 77);
     const KvCase& c = t.c;
     const size_t nout = size_t(c.B * c.tq * c.H * 80), nks = size_t(c.B * c.H * t.cap);
     std::vector<std::vector<float>> outs, kss;
     for (int threads : {1, 2, 3}) {
       std::vector<float> o(nout, 0.f), ks(nks, 0.f);
       tbb::task_arena arena(threads);
-      arena.execute([&] { attention(t.args(true, o.data(), ks.data())); });
+      arena.execute([&] { attention(t.args(half, o.data(), ks.data())); });
       EXPECT_FALSE(any_nan(o));
       outs.push_back(o);
       kss.push_back(ks);
@@ -169,9 +172,9 @@ TEST_P(AttentionKvThreads, SameBitsForAnyThreadCount) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, AttentionKvThreads, ::testing::Values(DType::F16, DType::BF16),
+INSTANTIATE_TEST_SUITE_P(All, AttentionKvThreads, ::testing::Values(DType::F32, DType::F16, DType::BF16),
                          [](const ::testing::TestParamInfo<DType>& i) {
-                           return i.param == DType::F16 ? "f16" : "bf16";
+                           return i.param == DType::F16 ? "f16" : i.param == DType::BF16 ? "bf16" : "f32";
                          });
 
 TEST(AttentionKvDtype, RejectsNonFloatCache) {

@@ -55,19 +55,24 @@ void attention_run(const AttnTask& task) {
   using V = typename T::V;
   constexpr int L = T::L, MR = T::MR, NR = T::NR, PQ = T::PV_Q, PV = T::PV_V;
   const AttentionArgs& a = *task.a;
-  const int64_t b = task.b, h = task.h, d = a.head_dim;
+  const int64_t b = task.b, h = task.h, nh = task.nh, d = a.head_dim;
   const int64_t g = h / (a.n_heads / a.kv_heads);
   const int64_t nk = a.seq_keys[b];
   const KV* kb = static_cast<const KV*>(a.k) + (b * a.kv_heads + g) * a.capacity * d;  // key j: kb + j*d
   const KV* vb = static_cast<const KV*>(a.v) + (b * a.kv_heads + g) * a.capacity * d;
-  float* kscore = task.scores;
   const int64_t ld = nk > 0 ? nk : 1;
-  auto n_of = [&](int64_t t) { return nk - a.tq + t + 1; };  // keys query t sees (<= 0: padding)
-  auto qrow = [&](int64_t t) { return a.q + (b * a.tq + t) * a.q_stride + h * d; };
-  auto orow = [&](int64_t t) { return a.out + (b * a.tq + t) * a.out_stride + h * d; };
+  // Row r of the task is query t0 + r / nh of head h + r % nh: keys seen grow with r.
+  auto n_of = [&](int64_t r) { return nk - a.tq + task.t0 + r / nh + 1; };  // <= 0: padding
+  auto qrow = [&](int64_t r) {
+    return a.q + (b * a.tq + task.t0 + r / nh) * a.q_stride + (h + r % nh) * d;
+  };
+  auto orow = [&](int64_t r) {
+    return a.out + (b * a.tq + task.t0 + r / nh) * a.out_stride + (h + r % nh) * d;
+  };
+  const int64_t rows = (task.t1 - task.t0) * nh;
 
-  for (int64_t qb0 = task.t0; qb0 < task.t1; qb0 += kAttnQB) {
-    const int64_t qb1 = qb0 + kAttnQB < task.t1 ? qb0 + kAttnQB : task.t1;
+  for (int64_t qb0 = 0; qb0 < rows; qb0 += kAttnQB) {
+    const int64_t qb1 = qb0 + kAttnQB < rows ? qb0 + kAttnQB : rows;
     float* S = task.scratch;  // row i - qb0: scores, then probabilities
     // ---- scores: MR queries x NR keys per tile, dot products along d
     for (int64_t i0 = qb0; i0 < qb1; i0 += MR) {
@@ -87,10 +92,11 @@ void attention_run(const AttnTask& task) {
       }
     }
     // ---- softmax per query (fp32, max-subtracted), H2O key scores
-    for (int64_t t = qb0; t < qb1; ++t) {
-      const int64_t n = n_of(t);
+    for (int64_t i = qb0; i < qb1; ++i) {
+      const int64_t n = n_of(i);
       if (n <= 0) continue;
-      float* row = S + (t - qb0) * ld;
+      float* row = S + (i - qb0) * ld;
+      float* kscore = task.scores ? task.scores + (i % nh) * a.capacity : nullptr;
       V mv = T::set1(row[0]);
       int64_t j = 0;
       for (; j + L <= n; j += L) mv = T::max(mv, T::load(row + j));
@@ -135,7 +141,7 @@ void attention_run(const AttnTask& task) {
         const float* prow[PQ];
         for (int q = 0; q < qn; ++q) prow[q] = S + (i0 + q - qb0) * ld;
         int64_t done = 0;
-        if (qn == PQ && n_of(i0) > 0) {  // common key range of the tile (n grows with t)
+        if (qn == PQ && n_of(i0) > 0) {  // common key range of the tile (n grows with rows)
           done = n_of(i0);
           pv_run_rt<T, PQ>(nv, acc, prow, vb + d0, d, tail, 0, done);
         }
