@@ -1,11 +1,14 @@
 // CPU kernels: the reference implementation of every op, fp32 compute.
-// Weights come as TensorViews in f32, f16 or bf16 and are converted on the fly.
+// Weights come as TensorViews in f32, f16 or bf16 and are converted on the fly; the KV
+// cache may be f32, f16 or bf16 likewise (write_kv rounds into it, attention widens from it).
 // All functions are blocking and parallelise internally with oneTBB; call them from
 // inside the CPU device's tbb::task_arena to bound the threads. Thread-safe (no state).
 //
 // Determinism contract (tests rely on it): the value computed for one row/sequence never
 // depends on how many other rows are in the call, on their contents, or on the thread
 // count. A batch of prompts therefore gives bit-identical results to each prompt alone.
+// Attention over an f16/bf16 cache is bit-identical to attention over an fp32 cache holding
+// the same (already rounded) values.
 #pragma once
 
 #include <cstdint>
@@ -45,19 +48,20 @@ void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_
 // gate[i] = silu(gate[i]) * up[i] for i < n.
 void silu_mul(float* gate, const float* up, int64_t n);
 
-// Row conversions, element by element, bit-identical to the scalar ones in core/dtype.h
-// (f16: round to nearest even incl. subnormals, overflow to inf, NaN stays NaN with its
-// payload; bf16 likewise). dtype: F32 (a copy), F16 or BF16; anything else throws.
-// src and dst must not overlap; neither needs any alignment beyond its element type's.
+// Row conversions, element by element, bit-identical to the scalar ones in core/dtype.h:
+// narrowing rounds to nearest even (subnormals included, overflow to inf) and turns NaN
+// into a quiet NaN with the top payload bits; widening is exact, NaN bits included.
+// dtype: F32 (a copy), F16 or BF16; anything else throws. src and dst must not overlap;
+// neither needs any alignment beyond its element type's. Parallel over large n.
 void to_f32(DType src_dtype, const void* src, int64_t n, float* dst);
 void from_f32(const float* src, int64_t n, DType dst_dtype, void* dst);
 
-// KV cache layout: [B, kv_heads, capacity, head_dim] in the cache dtype (F32, F16 or BF16;
-// compute is always fp32), left-aligned: sequence b's cached
-// tokens fill slots [0, n_b) of each of its (b, head) rows, with no padding inside. seq_keys
-// ([B], int32) gives n_b AFTER this step's T (or tq) new tokens are written. Row t of a
-// step (0 <= t < T) of sequence b belongs at slot seq_keys[b] - T + t; a row whose slot is
-// negative is a left-padding row (the sequence has fewer than T new tokens this step).
+// KV cache layout: [B, kv_heads, capacity, head_dim] of the cache dtype (F32, F16 or BF16),
+// left-aligned: sequence b's cached tokens fill slots [0, n_b) of each of its (b, head)
+// rows, with no padding inside. seq_keys ([B], int32) gives n_b AFTER this step's T (or
+// tq) new tokens are written. Row t of a step (0 <= t < T) of sequence b belongs at slot
+// seq_keys[b] - T + t; a row whose slot is negative is a left-padding row (the sequence
+// has fewer than T new tokens this step).
 
 // Copies the T new rows of each sequence into the cache: src row (b,t), at
 // src + (b*T + t)*src_stride holding kv_heads*head_dim floats, goes to slot
