@@ -1,18 +1,22 @@
 // bench_kernels: CPU kernels at OPT-125M / OPT-1.3B layer shapes against the machine's
 // ceilings. linear with f16 weights: decode M=1/8/64 as GB/s of weight bytes vs the read
 // bandwidth (weights rotated through > L3 so they come from DRAM), prefill M=512/2048 as
-// GFLOP/s vs OpenBLAS sgemm; attention prefill/decode times. Usage: bench_kernels [--json FILE]
+// GFLOP/s vs OpenBLAS sgemm; attention prefill/decode times; decode attention over an fp32
+// vs an f16 KV cache (GB/s of K/V bytes vs the read bandwidth).
+// Usage: bench_kernels [--json FILE] [--kv-only]  (--kv-only: just the KV-dtype decode cases)
 #include <tbb/global_control.h>
 #include <tbb/info.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ceilings.h"
@@ -42,23 +46,119 @@ std::vector<uint16_t> random_f16(size_t n, uint32_t seed) {
   return v;
 }
 
+// Decode attention (tq = 1, no key scores) of B sequences of n_keys cached tokens, K/V in
+// `dt`. Each call reads the next of several cache copies (>= 1 GiB in all), so K/V come
+// from DRAM, as they do for a real batch.
+struct DecodeKv {
+  int64_t B, H, KV, d, n_keys;
+  DType dt;
+  size_t bytes = 0, copies = 0, next = 0;  // bytes: of K (and again of V) per call
+  std::vector<uint8_t> k, v;
+  std::vector<float> q, o;
+  std::vector<int32_t> seq_keys;
+  cpu::AttentionArgs a;
+
+  DecodeKv(int64_t B_, int64_t H_, int64_t KV_, int64_t d_, int64_t n_, DType dt_)
+      : B(B_), H(H_), KV(KV_), d(d_), n_keys(n_), dt(dt_) {
+    const size_t elems = size_t(B * KV * n_keys * d), es = dtype_size(dt);
+    bytes = elems * es;
+    copies = std::max<size_t>(2, ((size_t(1) << 30) + 2 * bytes - 1) / (2 * bytes));
+    std::vector<float> pattern(size_t(1) << 20);
+    std::mt19937 g(5);
+    std::normal_distribution<float> nd;
+    for (auto& x : pattern) x = nd(g);
+    k.resize(bytes * copies);
+    v.resize(bytes * copies);
+    for (size_t off = 0; off < elems * copies; off += pattern.size()) {
+      const int64_t n = int64_t(std::min(pattern.size(), elems * copies - off));
+      cpu::from_f32(pattern.data(), n, dt, k.data() + off * es);
+      cpu::from_f32(pattern.data(), n, dt, v.data() + off * es);
+    }
+    q.assign(pattern.begin(), pattern.begin() + B * H * d);
+    o.resize(q.size());
+    seq_keys.assign(size_t(B), int32_t(n_keys));
+    a.q = q.data();
+    a.q_stride = H * d;
+    a.kv_dtype = dt;
+    a.batch = B;
+    a.tq = 1;
+    a.n_heads = H;
+    a.kv_heads = KV;
+    a.head_dim = d;
+    a.capacity = n_keys;
+    a.seq_keys = seq_keys.data();
+    a.scale = 1.f / std::sqrt(float(d));
+    a.out = o.data();
+    a.out_stride = H * d;
+  }
+  // Seconds per call, averaged over one pass through all copies (at least 4 calls).
+  double time_pass() {
+    const size_t calls = std::max<size_t>(copies, 4);
+    const auto t0 = Clock::now();
+    for (size_t c = 0; c < calls; ++c, ++next) {
+      a.k = k.data() + bytes * (next % copies);
+      a.v = v.data() + bytes * (next % copies);
+      cpu::attention(a);
+    }
+    return seconds_since(t0) / double(calls);
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bench::ensure_openblas_coretype(argv);
   std::string json_path;
-  for (int i = 1; i < argc; ++i)
+  bool kv_only = false;
+  for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
+    if (std::strcmp(argv[i], "--kv-only") == 0) kv_only = true;
+  }
   const int threads = tbb::info::default_concurrency();
   std::printf("machine: %s\n", bench::machine_info().c_str());
   // The machine may be shared: ceilings are re-measured after the kernels, and the larger
   // value is kept (ratios are then conservative).
-  double sgemm = bench::measure_sgemm_gflops(threads);
+  double sgemm = kv_only ? 0 : bench::measure_sgemm_gflops(threads);  // 0: not measured
   double bw = bench::measure_read_bandwidth_gbs(threads);
   std::printf("ceilings: OpenBLAS sgemm %.1f GFLOP/s (%d threads), read bandwidth %.1f GB/s\n\n",
               sgemm, threads, bw);
   nlohmann::json out = {{"machine", bench::machine_info()}, {"cpu_isa", cpu::cpu_isa_name()},
                         {"threads", threads}, {"sgemm_gflops", sgemm}, {"read_bw_gbs", bw}};
+
+  // Decode attention over an fp32 vs an f16 KV cache: MHA (LLaMA-7B / OPT-6.7B heads) and
+  // GQA 4:1. The two dtypes' passes alternate (best of 5 each), so load from other users of
+  // a shared machine falls on both alike.
+  std::printf("decode attention, tq=1:  %3s %5s %4s %5s %5s %9s %9s %8s\n", "B", "heads", "kv", "d",
+              "keys", "ms", "KV GB/s", "f16/f32");
+  for (auto [B, H, KV] : {std::tuple<int64_t, int64_t, int64_t>{8, 32, 32}, {8, 32, 8}}) {
+    const int64_t d = 128, n_keys = 2048;
+    DecodeKv f32(B, H, KV, d, n_keys, DType::F32), f16(B, H, KV, d, n_keys, DType::F16);
+    f32.time_pass();  // warm-up
+    f16.time_pass();
+    double best32 = 1e30, best16 = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      best32 = std::min(best32, f32.time_pass());
+      best16 = std::min(best16, f16.time_pass());
+    }
+    for (const DecodeKv* c : {&f32, &f16}) {
+      const double s_call = c == &f32 ? best32 : best16, gbs = 2.0 * double(c->bytes) / s_call / 1e9;
+      std::printf("  %-3s KV cache            %3lld %5lld %4lld %5lld %5lld %9.3f %9.1f %7.2fx\n",
+                  std::string(dtype_name(c->dt)).c_str(), (long long)B, (long long)H, (long long)KV,
+                  (long long)d, (long long)n_keys, s_call * 1e3, gbs, s_call / best32);
+      out["decode_attention_kv"].push_back(
+          {{"batch", B}, {"heads", H}, {"kv_heads", KV}, {"head_dim", d}, {"n_keys", n_keys},
+           {"kv_dtype", std::string(dtype_name(c->dt))}, {"ms", s_call * 1e3}, {"kv_gbs", gbs},
+           {"time_vs_f32", s_call / best32}});
+    }
+  }
+  std::printf("  (KV GB/s: bytes of K and V read per second; f16/f32: time ratio)\n\n");
+  if (kv_only) {
+    bw = std::max(bw, bench::measure_read_bandwidth_gbs(threads));
+    out["read_bw_gbs"] = bw;
+    std::printf("read bandwidth (max of before/after): %.1f GB/s\n", bw);
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+    return 0;
+  }
 
   const Model models[] = {{"opt-125m", 768, 3072, 12}, {"opt-1.3b", 2048, 8192, 32}};
   std::printf("%-9s %-14s %5s %8s %8s %10s\n", "model", "linear KxN", "M", "GB/s", "GFLOP/s", "ms");

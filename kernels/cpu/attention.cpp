@@ -4,6 +4,7 @@
 // and independent of the thread count and of the batch (see kAttnScoreQB in detail/isa.h).
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <vector>
@@ -14,10 +15,24 @@
 
 namespace flexh2o::cpu {
 namespace detail {
+namespace {
+
+// Query heads per decode task: a whole GQA group, so the group's K/V rows come from memory
+// once rather than once per head; halved while that would leave fewer than 4 tasks per
+// thread. Any choice gives the same bits (AttnTask), so it may depend on the thread count.
+int64_t decode_heads_per_task(const AttentionArgs& a) {
+  const int64_t want = 4 * int64_t(tbb::this_task_arena::max_concurrency());
+  int64_t nh = a.n_heads / a.kv_heads;
+  while (nh % 2 == 0 && a.batch * (a.n_heads / nh) < want) nh /= 2;
+  return nh;
+}
+
+}  // namespace
 
 void attention_isa(Isa isa, const AttentionArgs& a) {
   FH_CHECK(a.batch >= 0 && a.tq >= 0 && a.n_heads > 0 && a.kv_heads > 0 && a.head_dim > 0,
            "attention: bad sizes");
+  check_kv_dtype(a.kv_dtype, "attention");
   FH_CHECK(a.n_heads % a.kv_heads == 0, "attention: n_heads ", a.n_heads,
            " is not a multiple of kv_heads ", a.kv_heads);
   if (a.batch == 0 || a.tq == 0) return;
@@ -37,19 +52,23 @@ void attention_isa(Isa isa, const AttentionArgs& a) {
 
   if (!a.key_scores || a.tq == 1) {  // no cross-query sums (decode: one query per (b, h))
     const int64_t qblocks = (a.tq + kAttnQB - 1) / kAttnQB;
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, BH * qblocks, 1),
+    const int64_t nh = a.tq == 1 ? decode_heads_per_task(a) : 1, hg = a.n_heads / nh;
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, a.batch * hg * qblocks, 1),
                       [&](const tbb::blocked_range<int64_t>& r) {
                         AttnTask t;
                         t.a = &a;
+                        t.nh = nh;
                         t.scratch = scratch.local().data();
                         for (int64_t i = r.begin(); i < r.end(); ++i) {
-                          const int64_t qb = i % qblocks, bh = i / qblocks;
-                          t.b = bh / a.n_heads;
-                          t.h = bh % a.n_heads;
+                          const int64_t qb = i % qblocks, bg = i / qblocks;
+                          t.b = bg / hg;
+                          t.h = bg % hg * nh;
                           t.t0 = qb * kAttnQB;
                           t.t1 = t.t0 + kAttnQB < a.tq ? t.t0 + kAttnQB : a.tq;
                           // One query: 0 + p == p, so adding in place equals the partial path.
-                          t.scores = a.key_scores ? a.key_scores + bh * a.capacity : nullptr;
+                          t.scores = a.key_scores
+                                         ? a.key_scores + (t.b * a.n_heads + t.h) * a.capacity
+                                         : nullptr;
                           kt.attention_task(t);
                         }
                       });

@@ -1,6 +1,7 @@
 // Row-wise data movement and element-wise ops: embedding, add_embedding, rotary, write_kv,
-// kv_gather/score_gather, silu_mul. Portable code except silu_mul, whose vector exp comes
-// from the ISA table. Parallel over rows (or fixed element blocks) when the work is large.
+// kv_gather/score_gather, silu_mul. Portable code except silu_mul's vector exp and
+// write_kv's rounding to the cache dtype, which come from the ISA table. Parallel over rows
+// (or fixed element blocks) when the work is large.
 #include <tbb/parallel_for.h>
 
 #include <cmath>
@@ -74,7 +75,9 @@ void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_
 // ---- KV cache -------------------------------------------------------------------------
 
 void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
-              int64_t head_dim, float* cache, int64_t capacity, const int32_t* seq_keys) {
+              int64_t head_dim, void* cache, DType cache_dtype, int64_t capacity,
+              const int32_t* seq_keys) {
+  detail::check_kv_dtype(cache_dtype, "write_kv");
   FH_CHECK(B >= 0 && T >= 0 && kv_heads > 0 && head_dim > 0, "write_kv: bad sizes");
   FH_CHECK(src_stride >= kv_heads * head_dim, "write_kv: src_stride ", src_stride,
            " < kv_heads*head_dim");
@@ -83,18 +86,27 @@ void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_
   for (int64_t b = 0; b < B; ++b)
     FH_CHECK(seq_keys[b] >= 0 && seq_keys[b] <= capacity, "write_kv: seq_keys[", b, "]=",
              seq_keys[b], " outside [0, capacity=", capacity, "]");
+  const detail::KernelTable& kt = detail::kernels(detail::best_isa());
+  const int64_t row_bytes = head_dim * int64_t(dtype_size(cache_dtype));
   detail::for_rows(B * kv_heads, T * head_dim, [&](int64_t bg) {
     const int64_t b = bg / kv_heads, g = bg % kv_heads;
     const int64_t first = seq_keys[b] - T;  // slot of row t = first + t
-    float* dst = cache + bg * capacity * head_dim;
+    char* dst = static_cast<char*>(cache) + bg * capacity * row_bytes;
     for (int64_t t = first < 0 ? -first : 0; t < T; ++t)
-      std::memcpy(dst + (first + t) * head_dim, src + (b * T + t) * src_stride + g * head_dim,
-                  size_t(head_dim) * sizeof(float));
+      kt.from_f32(src + (b * T + t) * src_stride + g * head_dim, head_dim, cache_dtype,
+                  dst + (first + t) * row_bytes);
   });
 }
 
-void kv_gather(float* cache, int64_t B, int64_t kv_heads, int64_t capacity, int64_t head_dim,
-               const int32_t* keep, int64_t keep_stride, const int32_t* keep_count) {
+void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
+              int64_t head_dim, float* cache, int64_t capacity, const int32_t* seq_keys) {
+  write_kv(src, src_stride, B, T, kv_heads, head_dim, cache, DType::F32, capacity, seq_keys);
+}
+
+void kv_gather(void* cache, DType dtype, int64_t B, int64_t kv_heads, int64_t capacity,
+               int64_t head_dim, const int32_t* keep, int64_t keep_stride,
+               const int32_t* keep_count) {
+  detail::check_kv_dtype(dtype, "kv_gather");
   FH_CHECK(B >= 0 && kv_heads > 0 && capacity >= 0 && head_dim > 0 && keep_stride >= 0,
            "kv_gather: bad sizes");
   const int64_t rows = B * kv_heads;
@@ -110,14 +122,18 @@ void kv_gather(float* cache, int64_t B, int64_t kv_heads, int64_t capacity, int6
                " must be in [", i, ", capacity=", capacity, ") (in-place gather needs keep[i] >= i)");
   }
   // Ascending i: slot keep[i] >= i has not been overwritten yet (earlier steps wrote slots < i).
+  const int64_t row_bytes = head_dim * int64_t(dtype_size(dtype));
   detail::for_rows(rows, capacity * head_dim, [&](int64_t r) {
     const int32_t* k = keep + r * keep_stride;
-    float* base = cache + r * capacity * head_dim;
+    char* base = static_cast<char*>(cache) + r * capacity * row_bytes;
     for (int64_t i = 0; i < keep_count[r]; ++i)
-      if (k[i] != i)
-        std::memcpy(base + i * head_dim, base + int64_t(k[i]) * head_dim,
-                    size_t(head_dim) * sizeof(float));
+      if (k[i] != i) std::memcpy(base + i * row_bytes, base + int64_t(k[i]) * row_bytes, size_t(row_bytes));
   });
+}
+
+void kv_gather(float* cache, int64_t B, int64_t kv_heads, int64_t capacity, int64_t head_dim,
+               const int32_t* keep, int64_t keep_stride, const int32_t* keep_count) {
+  kv_gather(cache, DType::F32, B, kv_heads, capacity, head_dim, keep, keep_stride, keep_count);
 }
 
 void score_gather(float* scores, int64_t B, int64_t heads, int64_t capacity, const int32_t* keep,

@@ -4,6 +4,7 @@
 #include "kernels/cpu/detail/vec_avx2.h"
 // (traits first: the templates below are instantiated with the internal-linkage traits type)
 #include "kernels/cpu/detail/attention_impl.h"
+#include "kernels/cpu/detail/convert_impl.h"
 #include "kernels/cpu/detail/linear_impl.h"
 #include "kernels/cpu/detail/math_impl.h"
 
@@ -11,7 +12,7 @@ namespace flexh2o::cpu::detail {
 
 const KernelTable& kernels_avx2() {
   static constexpr KernelTable kTable{"avx2", &linear_task<VecAvx2>, &attention_task<VecAvx2>,
-                                      &silu_mul<VecAvx2>};
+                                      &silu_mul<VecAvx2>, &to_f32<VecAvx2>, &from_f32<VecAvx2>};
   return kTable;
 }
 

@@ -4,6 +4,7 @@
 #include "kernels/cpu/detail/vec_avx512.h"
 // (traits first: the templates below are instantiated with the internal-linkage traits type)
 #include "kernels/cpu/detail/attention_impl.h"
+#include "kernels/cpu/detail/convert_impl.h"
 #include "kernels/cpu/detail/linear_impl.h"
 #include "kernels/cpu/detail/math_impl.h"
 
@@ -11,7 +12,7 @@ namespace flexh2o::cpu::detail {
 
 const KernelTable& kernels_avx512() {
   static constexpr KernelTable kTable{"avx512", &linear_task<VecAvx512>, &attention_task<VecAvx512>,
-                                      &silu_mul<VecAvx512>};
+                                      &silu_mul<VecAvx512>, &to_f32<VecAvx512>, &from_f32<VecAvx512>};
   return kTable;
 }
 

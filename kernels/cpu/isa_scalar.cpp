@@ -4,6 +4,7 @@
 #include "kernels/cpu/detail/vec_scalar.h"
 // (traits first: the templates below are instantiated with the internal-linkage traits type)
 #include "kernels/cpu/detail/attention_impl.h"
+#include "kernels/cpu/detail/convert_impl.h"
 #include "kernels/cpu/detail/linear_impl.h"
 #include "kernels/cpu/detail/math_impl.h"
 
@@ -11,7 +12,7 @@ namespace flexh2o::cpu::detail {
 
 const KernelTable& kernels_scalar() {
   static constexpr KernelTable kTable{"scalar", &linear_task<VecScalar>, &attention_task<VecScalar>,
-                                      &silu_mul<VecScalar>};
+                                      &silu_mul<VecScalar>, &to_f32<VecScalar>, &from_f32<VecScalar>};
   return kTable;
 }
 

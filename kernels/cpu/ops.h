@@ -1,11 +1,14 @@
 // CPU kernels: the reference implementation of every op, fp32 compute.
-// Weights come as TensorViews in f32, f16 or bf16 and are converted on the fly.
+// Weights come as TensorViews in f32, f16 or bf16 and are converted on the fly; the KV
+// cache may be f32, f16 or bf16 likewise (write_kv rounds into it, attention widens from it).
 // All functions are blocking and parallelise internally with oneTBB; call them from
 // inside the CPU device's tbb::task_arena to bound the threads. Thread-safe (no state).
 //
 // Determinism contract (tests rely on it): the value computed for one row/sequence never
 // depends on how many other rows are in the call, on their contents, or on the thread
 // count. A batch of prompts therefore gives bit-identical results to each prompt alone.
+// Attention over an f16/bf16 cache is bit-identical to attention over an fp32 cache holding
+// the same (already rounded) values.
 #pragma once
 
 #include <cstdint>
@@ -45,16 +48,30 @@ void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_
 // gate[i] = silu(gate[i]) * up[i] for i < n.
 void silu_mul(float* gate, const float* up, int64_t n);
 
-// KV cache layout: [B, kv_heads, capacity, head_dim] fp32, left-aligned: sequence b's cached
-// tokens fill slots [0, n_b) of each of its (b, head) rows, with no padding inside. seq_keys
-// ([B], int32) gives n_b AFTER this step's T (or tq) new tokens are written. Row t of a
-// step (0 <= t < T) of sequence b belongs at slot seq_keys[b] - T + t; a row whose slot is
-// negative is a left-padding row (the sequence has fewer than T new tokens this step).
+// Row conversions, element by element, bit-identical to the scalar ones in core/dtype.h:
+// narrowing rounds to nearest even (subnormals included, overflow to inf) and turns NaN
+// into a quiet NaN with the top payload bits; widening is exact, NaN bits included.
+// dtype: F32 (a copy), F16 or BF16; anything else throws. src and dst must not overlap;
+// neither needs any alignment beyond its element type's. Parallel over large n.
+void to_f32(DType src_dtype, const void* src, int64_t n, float* dst);
+void from_f32(const float* src, int64_t n, DType dst_dtype, void* dst);
+
+// KV cache layout: [B, kv_heads, capacity, head_dim] of the cache dtype (F32, F16 or BF16),
+// left-aligned: sequence b's cached tokens fill slots [0, n_b) of each of its (b, head)
+// rows, with no padding inside. seq_keys ([B], int32) gives n_b AFTER this step's T (or
+// tq) new tokens are written. Row t of a step (0 <= t < T) of sequence b belongs at slot
+// seq_keys[b] - T + t; a row whose slot is negative is a left-padding row (the sequence
+// has fewer than T new tokens this step).
 
 // Copies the T new rows of each sequence into the cache: src row (b,t), at
 // src + (b*T + t)*src_stride holding kv_heads*head_dim floats, goes to slot
-// seq_keys[b] - T + t of every kv head; padding rows (negative slot) are skipped. Checks
-// 0 <= seq_keys[b] <= capacity (throws before writing anything).
+// seq_keys[b] - T + t of every kv head, rounded to cache_dtype as from_f32 does; padding
+// rows (negative slot) are skipped. Checks 0 <= seq_keys[b] <= capacity (throws before
+// writing anything).
+void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
+              int64_t head_dim, void* cache, DType cache_dtype, int64_t capacity,
+              const int32_t* seq_keys);
+// The same with an fp32 cache.
 void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
               int64_t head_dim, float* cache, int64_t capacity, const int32_t* seq_keys);
 
@@ -63,8 +80,13 @@ void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_
 // slots >= keep_count are left unchanged. Precondition (checked for every row before anything
 // is moved; throws): 0 <= keep_count <= min(capacity, keep_stride) and i <= keep[i] < capacity.
 // It covers stable compaction (keep increasing) and swap-remove ("move the last slot into the
-// victim"). Rows of head_dim floats are moved whole, so the op is generic over row width:
-// head_dim = 1 compacts a [B, heads, capacity] score array (that is what score_gather does).
+// victim"). Rows of head_dim elements (of dtype: F32, F16 or BF16) are moved whole, so the
+// op is generic over row width: head_dim = 1 compacts a [B, heads, capacity] score array
+// (that is what score_gather does).
+void kv_gather(void* cache, DType dtype, int64_t B, int64_t kv_heads, int64_t capacity,
+               int64_t head_dim, const int32_t* keep, int64_t keep_stride,
+               const int32_t* keep_count);
+// The same with an fp32 cache.
 void kv_gather(float* cache, int64_t B, int64_t kv_heads, int64_t capacity, int64_t head_dim,
                const int32_t* keep, int64_t keep_stride, const int32_t* keep_count);
 // kv_gather with head_dim = 1, for H2O key scores [B, heads, capacity] (heads may be n_heads).
@@ -76,11 +98,14 @@ void score_gather(float* scores, int64_t B, int64_t heads, int64_t capacity, con
 // [0, p]; if p < 0 the row is left padding: its output row is written as zeros and it adds
 // nothing to key_scores. Slots >= seq_keys[b] are never read. GQA: query head h reads kv
 // head h / (n_heads / kv_heads). Checks 0 <= seq_keys[b] <= capacity (throws).
+// K and V may be F16 or BF16 (kv_dtype); their values are converted exactly to fp32 as they
+// are read, so the result is bit-identical to that of an fp32 cache holding the same values.
 struct AttentionArgs {
   const float* q = nullptr;  // [B, tq] rows at stride q_stride, each n_heads*head_dim floats
   int64_t q_stride = 0;
-  const float* k = nullptr;  // cache [B, kv_heads, capacity, head_dim]
-  const float* v = nullptr;  // same layout as k
+  const void* k = nullptr;  // cache [B, kv_heads, capacity, head_dim] of kv_dtype
+  const void* v = nullptr;  // same layout and dtype as k
+  DType kv_dtype = DType::F32;  // F32, F16 or BF16
   int64_t batch = 0, tq = 0, n_heads = 0, kv_heads = 0, head_dim = 0;
   int64_t capacity = 0;
   const int32_t* seq_keys = nullptr;  // [B] filled slots of sequence b (incl. this step's tq)

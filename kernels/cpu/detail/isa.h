@@ -51,10 +51,12 @@ constexpr int64_t kAttnQB = 32;  // queries per score block
 // the partials are added to key_scores block by block in slot order. Blocks are aligned to
 // slots, not to query rows, so left padding (batch composition) never moves a boundary.
 constexpr int64_t kAttnScoreQB = 256;
+// A task may take nh > 1 query heads of one kv group (decode): its rows are then (query,
+// head) pairs, and each row's arithmetic is the same as alone, so nh never changes a bit.
 struct AttnTask {
   const AttentionArgs* a = nullptr;
-  int64_t b = 0, h = 0, t0 = 0, t1 = 0;  // sequence, query head, query range
-  float* scores = nullptr;  // key-score row (slot 0 first) the queries add to; null: none
+  int64_t b = 0, h = 0, nh = 1, t0 = 0, t1 = 0;  // sequence, query heads [h, h+nh), queries
+  float* scores = nullptr;  // key-score row of head h (head h+i: + i*capacity); null: none
   float* scratch = nullptr;  // attention_scratch_floats(max seq_keys) floats
 };
 constexpr int64_t attention_scratch_floats(int64_t n_keys) { return kAttnQB * (n_keys + 64); }
@@ -64,6 +66,8 @@ struct KernelTable {
   void (*linear_task)(const LinearTask& t);
   void (*attention_task)(const AttnTask& t);
   void (*silu_mul)(float* gate, const float* up, int64_t n);
+  void (*to_f32)(DType dtype, const void* src, int64_t n, float* dst);    // one block, no checks
+  void (*from_f32)(const float* src, int64_t n, DType dtype, void* dst);  // one block, no checks
 };
 
 const KernelTable& kernels_scalar();
@@ -79,5 +83,8 @@ void linear_isa(Isa isa, const float* x, int64_t M, int64_t K, const TensorView&
                 const TensorView* bias, float* y, Epilogue ep);
 void attention_isa(Isa isa, const AttentionArgs& a);
 void silu_mul_isa(Isa isa, float* gate, const float* up, int64_t n);
+void check_kv_dtype(DType dtype, const char* what);  // throws unless F32, F16 or BF16
+void to_f32_isa(Isa isa, DType src_dtype, const void* src, int64_t n, float* dst);
+void from_f32_isa(Isa isa, const float* src, int64_t n, DType dst_dtype, void* dst);
 
 }  // namespace flexh2o::cpu::detail

@@ -40,6 +40,33 @@ struct VecAvx2 {
     return load(buf);
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  // Conversions for to_f32/from_f32, bit-identical to core/dtype.h. vcvtph2ps quiets
+  // signalling NaNs (sets bit 22); the reference keeps them, so those lanes flip it back.
+  static V load_exact(const half_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256i w = _mm256_cvtepu16_epi32(h), f = _mm256_castps_si256(_mm256_cvtph_ps(h));
+    const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x7e00)),
+                                           _mm256_set1_epi32(0x7c00));
+    const __m256i quiet_or_inf = _mm256_cmpeq_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x1ff)),
+                                                    _mm256_setzero_si256());
+    const __m256i snan = _mm256_andnot_si256(quiet_or_inf, nan);
+    return _mm256_castsi256_ps(_mm256_xor_si256(f, _mm256_and_si256(snan, _mm256_set1_epi32(0x00400000))));
+  }
+  static void store(half_t* p, V v) {  // round to nearest even, as f32_to_f16
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  static void store(bf16_t* p, V v) {  // f32_to_bf16: round to nearest even, NaN -> quiet NaN
+    const __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                 _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+    r = _mm256_srli_epi32(r, 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    // Every lane is in [0, 0xffff], so the saturating pack is exact.
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+  }
   static void store_tail(float* p, V v, int n) { _mm256_maskstore_ps(p, mask(n), v); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }

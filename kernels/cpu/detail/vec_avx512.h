@@ -37,6 +37,30 @@ struct VecAvx512 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // Conversions for to_f32/from_f32, bit-identical to core/dtype.h. vcvtph2ps quiets
+  // signalling NaNs (sets bit 22); the reference keeps them, so those lanes flip it back.
+  static V load_exact(const half_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m512i w = _mm512_cvtepu16_epi32(h), f = _mm512_castps_si512(_mm512_cvtph_ps(h));
+    const __mmask16 snan =
+        _mm512_cmpeq_epi32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7e00)), _mm512_set1_epi32(0x7c00)) &
+        _mm512_test_epi32_mask(w, _mm512_set1_epi32(0x1ff));
+    return _mm512_castsi512_ps(_mm512_mask_xor_epi32(f, snan, f, _mm512_set1_epi32(0x00400000)));
+  }
+  static void store(half_t* p, V v) {  // round to nearest even, as f32_to_f16
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static void store(bf16_t* p, V v) {  // f32_to_bf16: round to nearest even, NaN -> quiet NaN
+    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                 _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+    r = _mm512_srli_epi32(r, 16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
   static void store_tail(float* p, V v, int n) { _mm512_mask_storeu_ps(p, mask(n), v); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }

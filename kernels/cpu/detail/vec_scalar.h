@@ -36,6 +36,13 @@ struct VecScalar {
   template <typename T>
   static V load_tail(const T* p, int n) { return map([p, n](int i) { return i < n ? cvt(p[i]) : 0.f; }); }
   static void store(float* p, V v) { std::memcpy(p, v.v, sizeof v.v); }
+  static V load_exact(const half_t* p) { return load(p); }  // the reference itself
+  static void store(half_t* p, V v) {
+    for (int i = 0; i < L; ++i) p[i].bits = f32_to_f16(v.v[i]);
+  }
+  static void store(bf16_t* p, V v) {
+    for (int i = 0; i < L; ++i) p[i].bits = f32_to_bf16(v.v[i]);
+  }
   static void store_tail(float* p, V v, int n) { std::memcpy(p, v.v, size_t(n) * 4); }
   static V fma(V a, V b, V c) { return map([&](int i) { return a.v[i] * b.v[i] + c.v[i]; }); }
   static V add(V a, V b) { return map([&](int i) { return a.v[i] + b.v[i]; }); }
