@@ -26,8 +26,8 @@ void register_bench(CLI::App& app, BenchArgs& a) {
   b->add_option("--seed", a.seed, "Seed of the synthetic prompt ids")->capture_default_str();
   b->add_option("--report", a.report, "Write the JSON run report here");
   b->add_option("--device", a.device,
-                "cpu, cuda (everything on the GPU, or with --percent w_g w_c 100 0 100 0 the weights "
-                "streamed from the host) or auto (cuda when a GPU is usable and no offloading flag is given)")
+                "cpu, cuda (the offloading engine on the GPU: everything resident, or placed by the offloading "
+                "flags) or auto (cuda when a GPU is usable)")
       ->capture_default_str();
   b->add_option("--threads", a.threads, "CPU threads (default: all)");
   add_offload_flags(b, a.offload);
@@ -35,7 +35,7 @@ void register_bench(CLI::App& app, BenchArgs& a) {
 }
 
 int run_bench(const BenchArgs& a, const Env& env) {
-  const std::string device = select_device(a.device, std::cerr, cuda_unsupported_reason(a.offload, a.device));
+  const std::string device = select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, "");
   const ModelConfig& c = lm.model->config();
   if (a.prompt_len + a.gen_len > c.max_positions)
@@ -69,24 +69,15 @@ int run_bench(const BenchArgs& a, const Env& env) {
             << report["tokens_per_s"].get<double>() << " tok/s (prefill " << st.prefill_seconds << " s, decode "
             << st.decode_seconds << " s; block " << rs.runner->max_batch() << "; KV policy "
             << report["kv_policy"].get<std::string>() << ")\n";
-  if (rs.gpu || rs.gpu_offload) {
-    const auto& g = report["gpu"];
-    std::cout << "device: " << g["name"].get<std::string>() << " (" << g["memory_bytes"].get<uint64_t>()
-              << " bytes), weights " << g["dtype"].get<std::string>() << " " << g["weight_bytes"].get<uint64_t>()
-              << " bytes, peak KV " << report["peak_kv_bytes"].get<uint64_t>() << " bytes\n";
-  }
-  if (rs.gpu_offload) {
-    const auto& off = report["offload"];
-    std::cout << "offload: " << off["policy"].get<std::string>() << "; bytes moved " << off["bytes_moved"].dump()
-              << "; " << off["token_steps"].get<int64_t>() << " token steps, mean "
-              << off["mean_step_seconds"].get<double>() << " s; overlap efficiency "
-              << off["overlap_efficiency"].get<double>() << "; host attention "
-              << off["host_attention_seconds"].get<double>() << " s\n";
-  }
   if (rs.offload) {
     const auto& off = report["offload"];
+    std::cout << "device: " << off["device"].get<std::string>() << "; KV " << off["kv_dtype"].get<std::string>()
+              << ", activations " << off["activation_dtype"].get<std::string>() << "; " << off["policy"].dump() << "\n";
     std::cout << "bytes moved: " << off["bytes_moved"].dump() << "; KV " << off["kv_bytes_moved"].get<uint64_t>()
-              << "; overlap efficiency " << off["overlap_efficiency"].get<double>() << "\n";
+              << "; queue busy " << off["queue_busy_seconds"].dump() << " s; " << off["token_steps"].get<int64_t>()
+              << " token steps, mean " << off["mean_step_seconds"].get<double>() << " s; overlap efficiency "
+              << off["overlap_efficiency"].get<double>() << " (per step " << off["step_overlap_efficiency"].get<double>()
+              << ")\n";
   }
   return 0;
 }

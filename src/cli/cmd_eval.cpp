@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/run_setup.h"
 #include "core/error.h"
 #include "engine/evaluate.h"
 #include "engine/offload_engine.h"
@@ -75,8 +76,8 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
   add_offload_flags(e, a.offload);
   e->add_option("file", a.file, "UTF-8 text file")->required();
   e->footer(
-      "Offloading flags (--percent, --offload-dir, --gpu-mem, ...) run the streaming evaluation through the\n"
-      "offloading engine on the CPU device: the same numbers as in memory, for models that do not fit.");
+      "Offloading flags (--percent, --offload-dir, --gpu-mem, ...) or --device cuda run the streaming evaluation\n"
+      "through the offloading engine (on the CPU device: the same numbers as in memory, for models that do not fit).");
 }
 
 int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
@@ -85,7 +86,7 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   std::optional<OffloadOptions> oo;
   if (offload) oo = make_offload_options(a.offload);
   if (offload && a.offload.policy_file == "auto") FH_FAIL("eval-ppl: --policy auto is not supported; give --percent");
-  select_device(a.device, std::cerr);
+  const std::string device = select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
   if (!lm.tokenizer) FH_FAIL("eval-ppl needs a tokenizer: pass --tokenizer DIR");
   const std::string text = read_file(a.file);
@@ -102,24 +103,30 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
 
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
-  const bool stream = policy || a.streaming || offload;
+  const DType kv_dtype = kv_cache_dtype(a.kv, *lm.model);
+  const bool engine_path = offload || device == "cuda";
+  const bool stream = policy || a.streaming || engine_path;
   PerplexityResult r;
   json off_report;
-  if (offload) {
+  if (engine_path) {
+    if (!oo) oo.emplace(), oo->policy.gpu_batch_size = 1;  // everything resident on the GPU
     oo->kv_policy = policy.get();
-    OffloadEngine engine(*lm.model, dev, *oo);
+    oo->kv_dtype = kv_dtype;
+    std::unique_ptr<Device> owned;
+    OffloadEngine engine(*lm.model, open_device(device, *lm.model, dev, owned), *oo);
     r = streaming_perplexity(engine, ids);
     off_report = offload_report_json(engine);
     write_trace_file(a.offload, engine, std::cerr);
   } else if (stream) {
-    InMemoryRunner runner(fwd, 1, policy.get());
+    InMemoryRunner runner(fwd, 1, policy.get(), kv_dtype);
     r = streaming_perplexity(runner, ids);
   } else {
-    r = perplexity(fwd, ids);
+    r = perplexity(fwd, ids, 256, kv_dtype);
   }
   json j{{"perplexity", r.perplexity}, {"mean_nll", r.mean_nll}, {"tokens", r.tokens},
          {"text_tokens", toks.size()}, {"kv_policy", describe(kv)},
-         {"kv_budget", budget_json(policy.get(), 1)}, {"mode", stream ? "streaming" : "prefill"}};
+         {"kv_budget", budget_json(policy.get(), 1)}, {"mode", stream ? "streaming" : "prefill"},
+         {"kv_dtype", dtype_name(kv_dtype)}, {"device", device}};
   if (offload) j["offload"] = off_report;
   if (a.json)
     std::cout << j.dump() << "\n";
@@ -217,8 +224,8 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
   add_kv_flags(e, a.kv);
   add_offload_flags(e, a.offload);
   e->footer(
-      "Offloading flags (--percent, --gpu-batch-size, --offload-dir, ...) score the choices through the\n"
-      "offloading engine on the CPU device (blocks of --gpu-batch-size x --num-gpu-batches sequences).");
+      "Offloading flags (--percent, --gpu-batch-size, --offload-dir, ...) or --device cuda score the choices\n"
+      "through the offloading engine (blocks of --gpu-batch-size x --num-gpu-batches sequences).");
 }
 
 int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
@@ -229,7 +236,7 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   std::vector<TaskItem> items = read_tasks(a.tasks);
   if (a.num_fewshot >= int64_t(items.size()))
     FH_FAIL("--num-fewshot ", a.num_fewshot, " needs more items than the ", items.size(), " in ", a.tasks);
-  select_device(a.device, std::cerr);
+  const std::string device = select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
   if (!lm.tokenizer) FH_FAIL("eval-choice needs a tokenizer: pass --tokenizer DIR");
   const Tokenizer& tok = *lm.tokenizer;
@@ -239,18 +246,22 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   for (const auto& t : items) max_choices = std::max(max_choices, t.choices.size());
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
+  const DType kv_dtype = kv_cache_dtype(a.kv, *lm.model);
+  std::unique_ptr<Device> owned_device;  // outlives the runner
   std::unique_ptr<StepRunner> owned;
   OffloadEngine* engine = nullptr;
-  if (offload_requested(a.offload)) {
+  const int64_t batch = a.batch_size > 0 ? a.batch_size : int64_t(max_choices);
+  if (offload_requested(a.offload) || device == "cuda") {
     if (a.offload.policy_file == "auto") FH_FAIL("eval-choice: --policy auto is not supported; give --percent");
     OffloadOptions o = make_offload_options(a.offload);
+    if (!offload_requested(a.offload)) o.policy.gpu_batch_size = batch;  // everything resident on the GPU
     o.kv_policy = policy.get();
-    auto e = std::make_unique<OffloadEngine>(*lm.model, dev, o);
+    o.kv_dtype = kv_dtype;
+    auto e = std::make_unique<OffloadEngine>(*lm.model, open_device(device, *lm.model, dev, owned_device), o);
     engine = e.get();
     owned = std::move(e);
   } else {
-    owned = std::make_unique<InMemoryRunner>(fwd, a.batch_size > 0 ? a.batch_size : int64_t(max_choices),
-                                             policy.get());
+    owned = std::make_unique<InMemoryRunner>(fwd, batch, policy.get(), kv_dtype);
   }
   StepRunner& runner = *owned;
 

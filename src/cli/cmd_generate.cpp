@@ -87,8 +87,8 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   g->add_option("--seed", a.seed, "Base seed; line i uses seed+i unless it sets its own")->capture_default_str();
   g->add_flag("--ignore-eos", a.ignore_eos, "Generate exactly max_new_tokens (benchmarks need fixed lengths)");
   g->add_option("--device", a.device,
-                "cpu, cuda (everything on the GPU, or with --percent w_g w_c 100 0 100 0 the weights "
-                "streamed from the host) or auto (cuda when a GPU is usable and no offloading flag is given)")
+                "cpu, cuda (the offloading engine on the GPU: everything resident, or placed by the offloading "
+                "flags) or auto (cuda when a GPU is usable)")
       ->capture_default_str();
   g->add_option("--threads", a.threads, "CPU threads (default: all)");
   g->add_flag("--quiet,-q", a.quiet, "Do not print results to stdout when --output is a file");
@@ -98,7 +98,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
 
 int run_generate(const GenerateArgs& a, const Env& env) {
   if (a.prompt.empty() && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl");
-  const std::string device = select_device(a.device, std::cerr, cuda_unsupported_reason(a.offload, a.device));
+  const std::string device = select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
   const ModelConfig& cfg = lm.model->config();
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6

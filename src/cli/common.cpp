@@ -58,13 +58,12 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
   return lm;
 }
 
-std::string select_device(const std::string& requested, std::ostream& log, const std::string& cuda_unsupported) {
+std::string select_device(const std::string& requested, std::ostream& log) {
   if (requested == "cpu") return "cpu";
   if (requested != "cuda" && requested != "auto")
     FH_FAIL("--device must be cpu, cuda or auto, got \"", requested, "\"");
   CudaProbe p = probe_cuda();
-  // A run CUDA can never take is refused as such, with or without a GPU.
-  const std::string why = !cuda_unsupported.empty() ? cuda_unsupported : p.available ? "" : p.reason;
+  const std::string why = p.available ? "" : p.reason;
   if (why.empty()) {
     if (requested == "auto") log << "flexh2o: --device auto: using the GPU (" << p.device_name << ")\n";
     return "cuda";

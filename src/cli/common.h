@@ -40,11 +40,9 @@ ModelConfig resolve_config(const Env& env, const std::string& spec, std::string*
 LoadedModel load_model(const Env& env, const std::string& spec, const std::string& tokenizer_dir,
                        uint64_t dummy_seed = 0);
 
-// --device cpu|cuda|auto -> "cpu" or "cuda". CUDA needs a usable GPU (probe_cuda()) and a run
-// the CUDA runner supports: a non-empty `cuda_unsupported` says why this run is not one. Then
-// (or without a GPU) cuda throws with the reason and auto logs it and picks the CPU.
-std::string select_device(const std::string& requested, std::ostream& log,
-                          const std::string& cuda_unsupported = "this command runs on the CPU only so far");
+// --device cpu|cuda|auto -> "cpu" or "cuda". CUDA needs a usable GPU (probe_cuda()); without
+// one, cuda throws with the reason and auto logs it and picks the CPU.
+std::string select_device(const std::string& requested, std::ostream& log);
 
 // Calls fn(line_number, parsed_object) for each non-blank line; invalid JSON or a non-object
 // calls on_error(line_number, message) instead. Returns the number of bad lines.

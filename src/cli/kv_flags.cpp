@@ -18,6 +18,19 @@ void add_kv_flags(CLI::App* app, KvArgs& a) {
   app->add_option("--sink-tokens", a.sink_tokens, "Attention-sink tokens kept by --kv-policy sinks (default 4)")
       ->group(g);
   app->add_option("--kv-seed", a.seed, "Seed of --kv-policy random")->group(g);
+  app->add_option("--kv-dtype", a.dtype,
+                  "KV cache element type in every tier: f16, bf16, f32, or auto (f16; bf16 for bf16 checkpoints)")
+      ->capture_default_str()->group(g);
+}
+
+DType kv_cache_dtype(const KvArgs& a, const Model& m) {
+  if (a.dtype == "f16") return DType::F16;
+  if (a.dtype == "bf16") return DType::BF16;
+  if (a.dtype == "f32") return DType::F32;
+  if (a.dtype != "auto") FH_FAIL("--kv-dtype must be auto, f16, bf16 or f32, got \"", a.dtype, "\"");
+  for (const BoundTensor& t : m.tensors())
+    if (t.view.dtype == DType::BF16) return DType::BF16;
+  return DType::F16;
 }
 
 KvPolicyConfig make_kv_config(const KvArgs& a) {

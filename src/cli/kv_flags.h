@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "core/dtype.h"
+#include "model/weights.h"
 #include "policies/kv_config.h"
 
 namespace flexh2o::cli {
@@ -21,6 +23,7 @@ struct KvArgs {
   std::optional<int64_t> recent_budget; // --recent-budget tokens
   std::optional<int64_t> sink_tokens;   // --sink-tokens  tokens (sinks only; default 4)
   std::optional<uint64_t> seed;         // --kv-seed      (random only; default 0)
+  std::string dtype = "auto";           // --kv-dtype     auto|f16|bf16|f32
 };
 
 // Adds the flags above to `app` in the group "KV cache policy". `a` must outlive parsing.
@@ -29,6 +32,10 @@ void add_kv_flags(CLI::App* app, KvArgs& a);
 // The validated config. Throws flexh2o::Error naming the flag: unknown --kv-policy, a flag
 // the policy does not read, out-of-range values, ratio and budget for the same part, zero total.
 KvPolicyConfig make_kv_config(const KvArgs& a);
+
+// --kv-dtype: F16, BF16 or F32; auto is F16, or BF16 for a bf16 checkpoint (whose activations
+// may exceed f16's range). Throws naming the flag on anything else.
+DType kv_cache_dtype(const KvArgs& a, const Model& m);
 
 // `cfg` with every ratio replaced by the absolute token budget it means for a reference length
 // of `length` tokens (the policy's own rule: floor(ratio * length), raised to 1 when ratio > 0).

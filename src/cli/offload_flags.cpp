@@ -21,8 +21,12 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
   app->add_flag("--cpu-cache-compute,--cpu", a.cpu_cache_compute,
                 "Decode attention on the host where the KV cache lives")->group(g);
   app->add_option("--overlap", a.overlap, "Overlap transfers with compute (true/false)")->capture_default_str()->group(g);
-  app->add_option("--sep-layer", a.sep_layer, "Accepted for FlexGen compatibility")->capture_default_str()->group(g);
-  app->add_option("--pin-weight", a.pin_weight, "Pin host-homed weights (CUDA device)")->capture_default_str()->group(g);
+  app->add_option("--sep-layer", a.sep_layer,
+                  "Attention and MLP are separate placement and streaming units, as FlexGen (false: whole layers)")
+      ->capture_default_str()->group(g);
+  app->add_option("--pin-weight", a.pin_weight,
+                  "Host-homed weights in page-locked memory on a GPU (the checkpoint's pages locked in place "
+                  "when possible)")->capture_default_str()->group(g);
   app->add_option("--policy", a.policy_file,
                   "JSON policy file (fields of the flags above; flags override it), or \"auto\": the planner picks")
       ->group(g);
@@ -122,19 +126,24 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
 }
 
 Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
-                        int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv,
-                        int64_t requests, CpuDevice& dev, std::ostream& log) {
+                        int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
+                        int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log) {
   if (!a.percent.empty() || a.gpu_batch_size || a.num_gpu_batches)
     FH_FAIL("--policy auto chooses --percent / --gpu-batch-size / --num-gpu-batches itself; drop them");
   HardwareProfile hw;
-  if (a.hardware.empty()) {
+  if (!a.hardware.empty()) {
+    hw = resolve_profile(a.hardware, configs_dir);
+  } else if (dev.kind() == DeviceKind::kCuda) {
+    if (dev.name().find("H200") == std::string::npos)
+      FH_FAIL("--policy auto on ", dev.name(), ": give --hardware PROFILE (configs/hardware has t4-paper and h200)");
+    hw = resolve_profile("h200", configs_dir);
+  } else {
     log << "flexh2o: --policy auto: measuring this machine (give --hardware to skip)\n";
     ProfileOptions po;
     po.offload_dir = a.offload_dir;
-    hw = measure_profile(dev, po);
-  } else {
-    hw = resolve_profile(a.hardware, configs_dir);
+    hw = measure_profile(cpu, po);
   }
+  hw.device = dev.kind();
   if (!a.gpu_mem.empty()) hw.device_memory = double(parse_bytes(a.gpu_mem, "--gpu-mem"));
   if (!a.cpu_mem.empty()) hw.host_memory = double(parse_bytes(a.cpu_mem, "--cpu-mem"));
   if (!a.disk_mem.empty()) hw.disk_memory = double(parse_bytes(a.disk_mem, "--disk-mem"));
@@ -142,10 +151,12 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
   w.prompt_len = prompt_len;
   w.gen_len = gen_len;
   w.kv = kv;
+  w.kv_dtype = kv_dtype;
   SearchOptions so;
   so.max_block = requests;
   so.allow_disk = !a.offload_dir.empty();
-  Policy p = plan_policy(m, hw, w, so);
+  Policy p = plan_policy(m, hw, w, so, dev.kind() == DeviceKind::kCuda ? std::optional<DType>(dev.weight_dtype(DType::F32))
+                                                                      : std::nullopt);
   p.overlap = a.overlap != "false";
   log << "flexh2o: --policy auto on " << hw.name << ": " << p.str() << "\n";
   return p;
@@ -165,6 +176,13 @@ nlohmann::json offload_report_json(const OffloadEngine& e) {
   nlohmann::json budgets;
   for (int t = 0; t < 3; ++t) budgets[tier_name(Tier(t))] = e.budget(Tier(t)).capacity();
   return {{"policy", policy_to_json(e.options().policy)},
+          {"device", r.device},
+          {"kv_dtype", r.kv_dtype},
+          {"activation_dtype", r.act_dtype},
+          {"weight_dtype", r.weight_dtype},
+          {"token_steps", r.token_steps},
+          {"mean_step_seconds", r.token_steps ? r.wall / double(r.token_steps) : 0.0},
+          {"weights_pinned_in_place_bytes", r.weights_pinned_in_place},
           {"bytes_moved", links},
           {"kv_bytes_moved", r.kv_bytes},
           {"queue_busy_seconds", busy},

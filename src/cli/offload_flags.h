@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu_device.h"
 #include "engine/offload_engine.h"
 #include "policies/kv_config.h"
 
@@ -32,9 +33,11 @@ OffloadOptions make_offload_options(const OffloadArgs& a);
 // --policy auto: the planner's best policy for this model and workload on the --hardware
 // profile (this machine, measured, when none is given), with --gpu-mem / --cpu-mem /
 // --disk-mem overriding the profile's capacities. Prints the choice and its prediction.
+// The profile: --hardware, else this machine measured (CPU device), else on a GPU the shipped
+// profile of that GPU (configs/hardware/h200.json on an H200).
 Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
-                        int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv,
-                        int64_t requests, CpuDevice& dev, std::ostream& log);
+                        int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
+                        int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log);
 // "16GiB", "512MB", "1.5G", "4096" -> bytes. Throws naming `flag` on anything else.
 uint64_t parse_bytes(const std::string& text, const std::string& flag);
 nlohmann::json offload_report_json(const OffloadEngine& e);

@@ -1,13 +1,12 @@
-// Queue threads with per-step completion flags for the schedule executor.
+// Queue threads with per-step events for the schedule executor.
 #include "engine/executor.h"
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <thread>
-#include <vector>
 
 namespace flexh2o {
 namespace {
@@ -15,71 +14,93 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
 
-QueueTimes run_schedule(const Schedule& s, bool overlap, const std::function<void(const Step&)>& action,
+QueueTimes run_schedule(Device& dev, const Schedule& s, bool overlap, const std::function<void(const Step&)>& action,
                         bool trace) {
+  const size_t n = s.steps.size();
+  std::vector<Event> start(n), end(n);
   QueueTimes t;
   const auto t0 = Clock::now();
-  if (trace) t.spans.resize(s.steps.size());
-  auto span = [&](size_t i, Clock::time_point a) {
-    if (trace) t.spans[i] = {int(i), std::chrono::duration<double>(a - t0).count(), since(t0)};
+  const Event origin = dev.record(Queue::kCompute);
+  auto run_step = [&](size_t i) {
+    const Step& st = s.steps[i];
+    if (dev.checking()) dev.annotate(int(st.queue), s.label(int(i)));
+    start[i] = dev.record(st.queue);
+    action(st);
+    end[i] = dev.record(st.queue);
   };
-  if (!overlap) {
-    for (size_t i = 0; i < s.steps.size(); ++i) {
-      const Step& st = s.steps[i];
-      auto a = Clock::now();
-      action(st);
-      t.busy[size_t(st.queue)] += since(a);
-      span(i, a);
-    }
-    t.wall = since(t0);
-    return t;
-  }
-  std::vector<char> done(s.steps.size(), 0);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool failed = false;
   std::exception_ptr error;
-  auto worker = [&](Queue q) {
-    for (size_t i = 0; i < s.steps.size(); ++i) {
-      const Step& st = s.steps[i];
-      if (st.queue != q) continue;
-      auto w = Clock::now();
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] {
-          if (failed) return true;
-          for (int d : st.deps)
-            if (!done[size_t(d)]) return false;
-          return true;
-        });
-        if (failed) return;
+  if (!overlap) {
+    try {
+      for (size_t i = 0; i < n; ++i) {
+        for (int d : s.steps[i].deps) dev.wait(s.steps[i].queue, end[size_t(d)]);
+        run_step(i);
+        dev.host_wait(end[i]);
       }
-      t.wait[size_t(q)] += since(w);
-      auto a = Clock::now();
-      try {
-        action(st);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!failed) error = std::current_exception();
-        failed = true;
-        cv.notify_all();
-        return;
-      }
-      t.busy[size_t(q)] += since(a);
-      span(i, a);  // each worker writes only its own steps' spans
-      std::lock_guard<std::mutex> lock(mu);
-      done[i] = 1;
-      cv.notify_all();
+    } catch (...) {
+      error = std::current_exception();
     }
-  };
-  std::array<bool, kNumQueues> used{};
-  for (const Step& st : s.steps) used[size_t(st.queue)] = true;
-  std::vector<std::thread> threads;
-  for (int q = 0; q < kNumQueues; ++q)
-    if (used[size_t(q)]) threads.emplace_back(worker, Queue(q));
-  for (auto& th : threads) th.join();
-  t.wall = since(t0);
+  } else {
+    std::vector<char> recorded(n, 0);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool failed = false;
+    auto worker = [&](Queue q) {
+      for (size_t i = 0; i < n; ++i) {
+        const Step& st = s.steps[i];
+        if (st.queue != q) continue;
+        std::array<int, kNumQueues> last;
+        last.fill(-1);
+        for (int d : st.deps) {
+          const size_t dq = size_t(s.steps[size_t(d)].queue);
+          if (Queue(dq) != q) last[dq] = std::max(last[dq], d);
+        }
+        const auto w = Clock::now();
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] {
+            if (failed) return true;
+            for (int d : last)
+              if (d >= 0 && !recorded[size_t(d)]) return false;
+            return true;
+          });
+          if (failed) return;
+        }
+        t.wait[size_t(q)] += since(w);
+        try {
+          for (int d : last)
+            if (d >= 0) dev.wait(q, end[size_t(d)]);
+          run_step(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!failed) error = std::current_exception();
+          failed = true;
+          cv.notify_all();
+          return;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        recorded[i] = 1;
+        cv.notify_all();
+      }
+    };
+    std::array<bool, kNumQueues> used{};
+    for (const Step& st : s.steps) used[size_t(st.queue)] = true;
+    std::vector<std::thread> threads;
+    for (int q = 0; q < kNumQueues; ++q)
+      if (used[size_t(q)]) threads.emplace_back(worker, Queue(q));
+    for (auto& th : threads) th.join();
+  }
+  try {
+    dev.synchronize();  // device work of the steps (or of what ran before a failure)
+  } catch (...) {
+    if (!error) error = std::current_exception();
+  }
   if (error) std::rethrow_exception(error);
+  t.wall = since(t0);
+  if (trace) t.spans.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    t.busy[size_t(s.steps[i].queue)] += dev.seconds_between(start[i], end[i]);
+    if (trace) t.spans[i] = {int(i), dev.seconds_between(origin, start[i]), dev.seconds_between(origin, end[i])};
+  }
   return t;
 }
 

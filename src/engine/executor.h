@@ -1,34 +1,37 @@
-// Runs a Schedule: one worker thread per queue takes its steps in schedule order, waits on
-// each step's dependencies (per-step completion flags, no global barrier), runs the action
-// and marks the step done. With overlap off, one thread runs every step in order.
-// The first exception from an action stops all queues and is rethrown by run(). Blocking.
+// Runs a Schedule on a Device: one host thread per queue takes its steps in schedule order,
+// makes its queue wait for each step's dependencies on other queues (Device::wait: a stream
+// wait on CUDA, a completion wait on a host queue; of several on one queue only the latest,
+// which implies the earlier ones), runs the step's action (which enqueues device ops or does
+// host work) and records the step's event. No global barrier. With overlap off, one thread
+// runs every step in order and waits for each to complete. The first exception from an action
+// stops all queues; the device is synchronised and the exception rethrown. Blocking.
 #pragma once
 
 #include <array>
 #include <functional>
 #include <vector>
 
+#include "engine/device.h"
 #include "engine/schedule.h"
 
 namespace flexh2o {
 
-// When one step of the schedule ran: seconds since run_schedule() started.
+// When one step of the schedule ran: seconds since the schedule started.
 struct StepSpan {
   int step = 0;
   double start = 0, end = 0;
 };
 
 struct QueueTimes {
-  std::array<double, kNumQueues> busy{};  // seconds running actions, per queue
-  std::array<double, kNumQueues> wait{};  // seconds blocked on dependencies, per queue
+  std::array<double, kNumQueues> busy{};  // seconds each queue spent on its steps (device time)
+  std::array<double, kNumQueues> wait{};  // seconds each queue's thread blocked on dependencies
   double wall = 0;                        // seconds for the whole schedule
   std::vector<StepSpan> spans;            // one per step, in schedule order, when traced
 };
 
-// Runs every step of `s` through `action`. Thread-safety: `action` is called concurrently
-// from different queue threads (never twice at once for the same queue). `trace` records
-// each step's span (QueueTimes::spans).
-QueueTimes run_schedule(const Schedule& s, bool overlap, const std::function<void(const Step&)>& action,
+// `action` is called concurrently from different queue threads (never twice at once for the
+// same queue).
+QueueTimes run_schedule(Device& dev, const Schedule& s, bool overlap, const std::function<void(const Step&)>& action,
                         bool trace = false);
 
 }  // namespace flexh2o

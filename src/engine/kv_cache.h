@@ -1,4 +1,5 @@
-// In-memory KV cache of one batch of sequences, all layers, fp32, left-aligned.
+// In-memory KV cache of one batch of sequences, all layers, left-aligned, in a KV dtype
+// (f32 / f16 / bf16).
 // Layout per layer: K and V each [batch, kv_heads, capacity, head_dim]; sequence b's tokens
 // fill slots [0, length(b)) — left padding never enters the cache.
 // Owns its memory; move-only; not thread-safe (one batch is driven by one thread).
@@ -16,12 +17,13 @@ namespace flexh2o {
 
 class KvCache {
  public:
-  KvCache(const ModelConfig& c, int64_t batch, int64_t capacity)
-      : batch_(batch), capacity_(capacity), lengths_(size_t(batch), 0) {
+  KvCache(const ModelConfig& c, int64_t batch, int64_t capacity, DType dtype = DType::F32)
+      : batch_(batch), capacity_(capacity), dtype_(dtype), lengths_(size_t(batch), 0) {
     FH_CHECK(batch > 0 && capacity > 0, "KV cache needs batch > 0 and capacity > 0");
-    const size_t per_layer = size_t(batch * c.n_kv_heads * capacity * c.head_dim);
-    k_.assign(size_t(c.n_layers), std::vector<float>(per_layer, 0.f));
-    v_.assign(size_t(c.n_layers), std::vector<float>(per_layer, 0.f));
+    FH_CHECK(dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16, "KV cache dtype must be F32, F16 or BF16");
+    const size_t per_layer = size_t(batch * c.n_kv_heads * capacity * c.head_dim) * dtype_size(dtype);
+    k_.assign(size_t(c.n_layers), std::vector<std::byte>(per_layer));
+    v_.assign(size_t(c.n_layers), std::vector<std::byte>(per_layer));
   }
   // With a policy: per-layer scores/positions, per-sequence budgets and tokens seen.
   void enable_policy(const ModelConfig& c, std::vector<KvBudget> budgets) {
@@ -39,23 +41,25 @@ class KvCache {
 
   int64_t batch() const { return batch_; }
   int64_t capacity() const { return capacity_; }
+  DType dtype() const { return dtype_; }
   // Tokens cached for sequence b.
   int64_t length(int64_t b) const { return lengths_[size_t(b)]; }
   std::vector<int32_t>& lengths() { return lengths_; }
   // The whole batch as one segment of layer `layer`.
   KvSegment segment(int layer) {
-    return KvSegment{k_[size_t(layer)].data(), v_[size_t(layer)].data(), 0, batch_, capacity_};
+    return KvSegment{k_[size_t(layer)].data(), v_[size_t(layer)].data(), dtype_, 0, batch_, capacity_};
   }
   size_t bytes() const {
-    size_t n = k_.size() * 2 * k_[0].size() * sizeof(float);
+    size_t n = k_.size() * 2 * k_[0].size();
     for (const auto& s : state_) n += s.bytes();
     return n;
   }
 
  private:
   int64_t batch_, capacity_;
+  DType dtype_;
   std::vector<int32_t> lengths_;
-  std::vector<std::vector<float>> k_, v_;
+  std::vector<std::vector<std::byte>> k_, v_;
   std::vector<KvPolicyState> state_;
   std::vector<KvBudget> budgets_;
   std::vector<int32_t> seen_;

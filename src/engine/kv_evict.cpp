@@ -11,7 +11,8 @@ namespace flexh2o {
 
 void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
   const ModelConfig& c = *a.config;
-  const int64_t kvh = c.n_kv_heads, cap = a.seg.capacity, group = c.n_heads / c.n_kv_heads;
+  const int64_t kvh = c.n_kv_heads, cap = a.score_capacity ? a.score_capacity : a.seg.capacity;
+  const int64_t group = c.n_heads / c.n_kv_heads;
   const int64_t scap = a.state->capacity;  // the state may be wider than this segment's buffer
   FH_CHECK(a.state->kv_heads == kvh, "policy state shape mismatch");
   a.dirty_lo->assign(size_t(a.seg.n_seq * kvh), 0);
@@ -68,15 +69,16 @@ void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
 }
 
 void apply_kv_policy(const EvictArgs& a) {
-  const int64_t kvh = a.config->n_kv_heads, hd = a.config->head_dim, cap = a.seg.capacity;
+  const int64_t kvh = a.config->n_kv_heads, cap = a.seg.capacity;
+  const size_t row = size_t(a.config->head_dim) * dtype_size(a.seg.dtype);
   decide_kv_policy(a, [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
-    float* k = a.seg.k + (b * kvh + h) * cap * hd;
-    float* v = a.seg.v + (b * kvh + h) * cap * hd;
+    std::byte* k = static_cast<std::byte*>(a.seg.k) + size_t((b * kvh + h) * cap) * row;
+    std::byte* v = static_cast<std::byte*>(a.seg.v) + size_t((b * kvh + h) * cap) * row;
     for (size_t i = 0; i < keep.size(); ++i) {
-      const int64_t src = keep[i];
-      if (src == int64_t(i)) continue;
-      std::memcpy(k + int64_t(i) * hd, k + src * hd, size_t(hd) * sizeof(float));
-      std::memcpy(v + int64_t(i) * hd, v + src * hd, size_t(hd) * sizeof(float));
+      const size_t src = size_t(keep[i]);
+      if (src == i) continue;
+      std::memcpy(k + i * row, k + src * row, row);
+      std::memcpy(v + i * row, v + src * row, row);
     }
   });
 }

@@ -10,7 +10,8 @@
 #include <span>
 #include <vector>
 
-#include "engine/layer_compute.h"
+#include "engine/unit_args.h"
+#include "model/config.h"
 #include "policies/kv_policy.h"
 
 namespace flexh2o {
@@ -32,6 +33,7 @@ struct EvictArgs {
   const KvPolicy* policy = nullptr;
   const ModelConfig* config = nullptr;
   KvSegment seg;                  // K/V rows of seg.n_seq sequences (and optional key_scores)
+  int64_t score_capacity = 0;     // row stride of seg.key_scores (0: seg.capacity)
   int64_t state_first = 0;        // index of seg's first sequence inside `state` (its capacity >= seg's)
   KvPolicyState* state = nullptr;
   const int32_t* len_before = nullptr;  // [seg.n_seq] cached tokens before the step

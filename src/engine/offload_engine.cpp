@@ -1,16 +1,17 @@
-// OffloadEngine setup: weight homes (device / host buffers, disk store files), per-batch KV
-// homes and staging buffers, memory needs, and the token-step driver. The per-step actions
-// (loads, stores, compute) are in offload_actions.cpp.
+// OffloadEngine setup (budgets, the disk store, weight homes and their device views), the
+// token-step driver (schedule shape, executor, trace) and the run report. Batch buffers are in
+// offload_batch.cpp, the step actions in offload_moves.cpp and offload_compute.cpp.
 #include "engine/offload_engine.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <ostream>
-#include <sstream>
 
 #include "core/error.h"
 #include "engine/offload_impl.h"
+#include "kernels/cpu/ops.h"
 
 namespace flexh2o {
 
@@ -26,85 +27,79 @@ const char* link_name(Link l) {
 
 namespace {
 
-std::string store_name(const std::string& tensor) {
-  std::string s = "w." + tensor;
+std::string store_name(const std::string& tensor, DType dt) {
+  std::string s = "w." + tensor + "." + std::string(dtype_name(dt));
   for (char& ch : s)
     if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-')) ch = '_';
   return s;
 }
 
-std::string human(uint64_t b) {
-  std::ostringstream os;
-  if (b >= (1ull << 30)) os << double(b) / double(1ull << 30) << " GiB";
-  else if (b >= (1ull << 20)) os << double(b) / double(1ull << 20) << " MiB";
-  else os << b << " B";
-  return os.str();
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// The dtype every weight has on `dev` (nullopt: each keeps its checkpoint dtype).
+std::optional<DType> placement_dtype(const Device& dev) {
+  if (dev.weight_dtype(DType::F32) == DType::F32) return std::nullopt;
+  return dev.weight_dtype(DType::F32);
 }
 
-uint64_t kv_seq_bytes(const ModelConfig& c, int64_t capacity) {
-  return uint64_t(2 * c.n_kv_heads * capacity * c.head_dim) * sizeof(float);
+// src (f32/f16/bf16) converted to dt into dst, in chunks.
+void convert_tensor(const TensorView& src, DType dt, void* dst) {
+  if (src.dtype == dt) {
+    std::memcpy(dst, src.data, src.nbytes());
+    return;
+  }
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  std::vector<float> tmp(size_t(std::min<int64_t>(kChunk, src.numel())));
+  const size_t si = dtype_size(src.dtype), di = dtype_size(dt);
+  for (int64_t off = 0, n = src.numel(); off < n; off += kChunk) {
+    const int64_t m = std::min(kChunk, n - off);
+    cpu::to_f32(src.dtype, static_cast<const std::byte*>(src.data) + size_t(off) * si, m, tmp.data());
+    cpu::from_f32(tmp.data(), m, dt, static_cast<std::byte*>(dst) + size_t(off) * di);
+  }
 }
 
 }  // namespace
 
-int64_t kv_capacity_align(const ModelConfig& c) {
-  // Slots per (sequence, head) such that every row block starts on a 4096-byte boundary.
-  const int64_t row = c.head_dim * int64_t(sizeof(float));
-  int64_t g = 4096, r = row;
-  while (r) std::swap(g, r), r %= g;  // gcd(4096, row)
-  return 4096 / g;
+OffloadEngine::Impl::Impl(OffloadEngine& engine)
+    : e(engine),
+      dev(engine.dev_),
+      c(engine.config()),
+      p(engine.opts_.policy),
+      kv_policy(engine.opts_.kv_policy),
+      kvdt(engine.opts_.kv_dtype),
+      adt(engine.dev_.act_dtype()),
+      es_kv(dtype_size(kvdt)),
+      es_a(dtype_size(adt)) {}
+
+MemoryPlan offload_memory_plan(const Model& model, const Device& dev, const OffloadOptions& opts,
+                               const BatchDims& dims) {
+  const WeightPlacement wp = place_weights(model, opts.policy, placement_dtype(dev));
+  return plan_memory(model.config(), WeightBytes::of(wp), opts.policy, dims,
+                     {dev.kind(), opts.kv_dtype, dev.act_dtype()});
 }
 
-MemoryNeed memory_need(const ModelConfig& c, const WeightPlacement& wp, const Policy& p, int64_t prompt_len,
-                       int64_t capacity) {
-  MemoryNeed m;
-  const KvSplit split = split_kv(p.gpu_batch_size, p);
-  const uint64_t per_seq = kv_seq_bytes(c, capacity);
-  const uint64_t L = uint64_t(c.n_layers), K = uint64_t(p.num_gpu_batches);
-  const uint64_t hidden = uint64_t(p.gpu_batch_size * prompt_len * c.hidden) * sizeof(float);
-  const bool act_host = p.act_cpu_percent == 100;
-  const uint64_t off_dev = uint64_t(split.n_host + split.n_disk);
-  struct Item { Tier t; const char* what; uint64_t bytes; };
-  const Item items[] = {
-      {Tier::kDevice, "weights homed", wp.bytes[0]},
-      {Tier::kDevice, "weight double buffer", 2 * wp.max_streamed},
-      {Tier::kDevice, "KV homed", L * K * uint64_t(split.n_device) * per_seq},
-      {Tier::kDevice, "KV staging", off_dev ? 2 * off_dev * per_seq : 0},
-      {Tier::kDevice, "hidden states", act_host ? 2 * hidden : K * hidden},
-      {Tier::kDevice, "compute scratch", uint64_t(LayerCompute::scratch_bytes(c, p.gpu_batch_size * prompt_len))},
-      {Tier::kHost, "weights homed", wp.bytes[1]},
-      {Tier::kHost, "weight disk staging", wp.max_disk ? 2 * wp.max_disk : 0},
-      {Tier::kHost, "KV homed", L * K * uint64_t(split.n_host) * per_seq},
-      {Tier::kHost, "KV disk staging + bounce", split.n_disk ? 4 * uint64_t(split.n_disk) * per_seq : 0},
-      {Tier::kHost, "hidden states", act_host ? K * hidden : 0},
-      {Tier::kDisk, "weights homed", wp.bytes[2]},
-      {Tier::kDisk, "KV homed", L * K * uint64_t(split.n_disk) * per_seq},
-  };
-  std::ostringstream os;
-  for (const Item& it : items) {
-    if (!it.bytes) continue;
-    m.bytes[size_t(it.t)] += it.bytes;
-    os << "  " << tier_name(it.t) << ": " << it.what << " " << human(it.bytes) << "\n";
-  }
-  m.breakdown = os.str();
-  return m;
-}
-
-OffloadEngine::OffloadEngine(const Model& model, CpuDevice& dev, const OffloadOptions& opts)
+OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptions& opts)
     : model_(model), dev_(dev), opts_(opts) {
   opts_.policy.validate();
+  FH_CHECK(opts_.kv_dtype == DType::F16 || opts_.kv_dtype == DType::BF16 || opts_.kv_dtype == DType::F32,
+           "KV cache dtype must be f16, bf16 or f32, got ", dtype_name(opts_.kv_dtype));
   const ModelConfig& c = model.config();
-  placement_ = place_weights(model, opts_.policy);
-  budgets_[0] = std::make_unique<TierBudget>(Tier::kDevice, opts.device_mem);
+  placement_ = place_weights(model, opts_.policy, placement_dtype(dev));
+  budgets_[0] = std::make_unique<TierBudget>(Tier::kDevice, opts.device_mem ? opts.device_mem : dev.memory_bytes());
   budgets_[1] = std::make_unique<TierBudget>(Tier::kHost, opts.host_mem);
   budgets_[2] = std::make_unique<TierBudget>(Tier::kDisk, opts.disk_mem);
   // The smallest run (one token of prompt) must fit before anything is written.
-  const MemoryNeed need = memory_need(c, placement_, opts_.policy, 1, 1);
+  BatchDims small;
+  small.kv_policy = opts_.kv_policy != nullptr;
+  small.scores = opts_.kv_policy && opts_.kv_policy->needs_scores();
+  const MemoryPlan need = plan_memory(c, WeightBytes::of(placement_), opts_.policy, small,
+                                      {dev.kind(), opts_.kv_dtype, dev.act_dtype()});
   for (int t = 0; t < 3; ++t) {
     const uint64_t cap = budgets_[size_t(t)]->capacity();
     if (cap && need.bytes[size_t(t)] > cap)
-      FH_FAIL(tier_name(Tier(t)), " budget ", human(cap), " is too small for policy ", opts_.policy.str(),
-              ": it needs at least ", human(need.bytes[size_t(t)]), " before any KV cache:\n", need.breakdown);
+      FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes(cap), " is too small for policy ", opts_.policy.str(),
+              " on ", dev.name(), ": it needs at least ", human_bytes(need.bytes[size_t(t)]),
+              " before any KV cache:\n", need.breakdown());
   }
   impl_ = std::make_unique<Impl>(*this);
   if (placement_.bytes[2] > 0 || opts_.policy.cache_disk_percent() > 1e-9) {
@@ -125,109 +120,190 @@ OffloadEngine::OffloadEngine(const Model& model, CpuDevice& dev, const OffloadOp
     impl_->io_note = why + "; " + store_->io_note();
   }
   impl_->place_weights();
+  impl_->build_views();
 }
 
-OffloadEngine::~OffloadEngine() = default;
+OffloadEngine::~OffloadEngine() {
+  try {
+    dev_.synchronize();
+  } catch (...) {  // a failed step already reported its error
+  }
+}
+
+// ---- weights -------------------------------------------------------------------------------
 
 void OffloadEngine::Impl::place_weights() {
   const WeightPlacement& wp = e.placement_;
   units.resize(wp.units.size());
-  size_t max_stream = 0, max_disk = 0;
+  std::map<const void*, const std::byte*> device_home, host_home;  // by source: a tied lm_head shares
+  const bool want_pinned = dev.kind() != DeviceKind::kCpu && p.pin_weight;
   for (size_t u = 0; u < wp.units.size(); ++u) {
     size_t slot_off = 0, stage_off = 0;
     for (const PlacedTensor& t : wp.units[u].tensors) {
       WeightHome h;
       h.tier = t.tier;
       h.source = t.source;
-      h.bytes = t.bytes;
+      h.dtype = dev.weight_dtype(t.source.dtype);
+      h.bytes = size_t(t.source.numel()) * dtype_size(h.dtype);
       h.token_table = u == 0 && t.source.data == e.model_.weights().embed.data;
       if (h.token_table && t.tier != Tier::kDevice) token_streamed = true;
       const std::string what = std::string("weight ") + t.name;
-      if (t.tier == Tier::kDisk) {
-        h.store_name = store_name(t.name);
-        Status s = TierCharge::reserve(*e.budgets_[2], t.bytes, what, &h.disk_charge);
-        if (!s.ok()) FH_FAIL(s.message());
+      if (t.tier == Tier::kDevice) {
+        if (auto it = device_home.find(t.source.data); it != device_home.end()) {
+          h.device_ptr = it->second;
+        } else {
+          h.device = alloc(MemKind::kDevice, Tier::kDevice, h.bytes, what);
+          dev.upload(h.device.data(), t.source);
+          h.device_ptr = h.device.data();
+          device_home[t.source.data] = h.device_ptr;
+        }
+      } else if (t.tier == Tier::kHost) {
+        if (auto it = host_home.find(t.source.data); it != host_home.end()) {
+          h.host = it->second;
+        } else {
+          // In place when the model already holds the device's dtype (and, for a GPU, the
+          // pages can be pinned where they are); otherwise one converted / pinned copy.
+          if (t.source.dtype == h.dtype && want_pinned) h.pin = dev.pin_in_place(t.source.data, h.bytes);
+          if (t.source.dtype == h.dtype && (!want_pinned || h.pin)) {
+            TierCharge::reserve(*e.budgets_[1], h.bytes, what, &h.host_charge).throw_if_error();
+            h.host = static_cast<const std::byte*>(t.source.data);
+            pinned_in_place += h.bytes;
+          } else {
+            h.host_copy = alloc(p.pin_weight ? MemKind::kPinned : MemKind::kPageable, Tier::kHost, h.bytes, what);
+            convert_tensor(t.source, h.dtype, h.host_copy.data());
+            h.host = h.host_copy.data();
+          }
+          host_home[t.source.data] = h.host;
+        }
+      } else {
+        h.store_name = store_name(t.name, h.dtype);
+        TierCharge::reserve(*e.budgets_[2], h.bytes, what, &h.disk_charge).throw_if_error();
         std::string why;
-        if (e.opts_.verify_store ? e.store_->reuse(h.store_name, t.source.dtype, t.source.shape, &why) &&
-                                       e.store_->verify(h.store_name).ok()
-                                 : e.store_->reuse(h.store_name, t.source.dtype, t.source.shape, &why)) {
+        DiskStore& store = *e.store_;
+        const bool ok = store.reuse(h.store_name, h.dtype, t.source.shape, &why) &&
+                        (!e.opts_.verify_store || store.verify(h.store_name).ok());
+        if (ok) {
           ++e.reused_;
         } else {
-          e.store_->put(h.store_name, t.source).throw_if_error();
+          if (t.source.dtype == h.dtype) {
+            store.put(h.store_name, t.source).throw_if_error();
+          } else {
+            std::vector<std::byte> tmp(h.bytes);
+            convert_tensor(t.source, h.dtype, tmp.data());
+            TensorView v = t.source;
+            v.data = tmp.data();
+            v.dtype = h.dtype;
+            store.put(h.store_name, v).throw_if_error();
+          }
           ++e.written_;
         }
         h.stage_offset = stage_off;
-        stage_off += align(t.bytes);
-      } else {
-        Status s = TierBuffer::allocate(*e.budgets_[size_t(t.tier)], t.bytes, what, &h.home);
-        if (!s.ok()) FH_FAIL(s.message());
-        std::memcpy(h.home.data(), t.source.data, t.bytes);
+        stage_off += round_up(h.bytes, kStageAlign);
       }
       if (t.tier != Tier::kDevice) {
         h.slot_offset = slot_off;
-        slot_off += align(t.bytes);
+        slot_off += round_up(h.bytes, kSlotAlign);
       }
       units[u].push_back(std::move(h));
     }
-    max_stream = std::max(max_stream, slot_off);
-    max_disk = std::max(max_disk, stage_off);
+    FH_CHECK(slot_off == wp.units[u].slot_bytes && stage_off == wp.units[u].stage_bytes,
+             "weight slot layout disagrees with the placement of unit ", u);
   }
+  const size_t max_stream = wp.max_streamed, max_disk = wp.max_disk;
   for (int s = 0; s < 2; ++s) {
-    alloc(Tier::kDevice, max_stream, "weight double buffer", weight_slot[size_t(s)]);
-    alloc(Tier::kHost, max_disk, "weight disk staging", weight_stage[size_t(s)]);
+    if (max_stream) weight_slot[size_t(s)] = alloc(MemKind::kDevice, Tier::kDevice, max_stream, "weight double buffer");
+    if (max_disk) weight_stage[size_t(s)] = alloc(MemKind::kPinned, Tier::kHost, max_disk, "weight disk staging");
   }
 }
 
-void OffloadEngine::Impl::alloc(Tier t, size_t bytes, const std::string& what, TierBuffer& out) {
-  Status s = TierBuffer::allocate(*e.budgets_[size_t(t)], bytes, what, &out);
-  if (!s.ok()) {
-    const MemoryNeed need = memory_need(c, e.placement_, p, s_max, capacity);
-    FH_FAIL(s.message(), "\nthis batch (", batch, " sequences, prompt ", s_max, ", capacity ", capacity,
-            ") needs per tier:\n", need.breakdown, "lower the batch size or move data to a lower tier");
+void OffloadEngine::Impl::build_views() {
+  const ModelWeights& mw = e.model_.weights();
+  for (int s = 0; s < 2; ++s) {
+    views[size_t(s)].assign(units.size(), ModelWeights{});
+    for (size_t u = 0; u < units.size(); ++u) {
+      auto remap = [&](TensorView& v) {
+        if (v.empty()) return;
+        for (const WeightHome& h : units[u]) {
+          if (h.source.data != v.data) continue;
+          v.data = h.tier == Tier::kDevice ? static_cast<const void*>(h.device_ptr)
+                                           : static_cast<const void*>(weight_slot[size_t(s)].data() + h.slot_offset);
+          v.dtype = h.dtype;
+          return;
+        }
+        v = TensorView();  // another unit's tensor: not readable from this unit
+      };
+      ModelWeights& w = views[size_t(s)][u];
+      const UnitKind kind = e.placement_.units[u].kind;
+      if (kind == UnitKind::kEmbed) {
+        w.embed = mw.embed, w.pos_embed = mw.pos_embed;
+        remap(w.embed), remap(w.pos_embed);
+      } else if (kind == UnitKind::kHead) {
+        w.final_norm_w = mw.final_norm_w, w.final_norm_b = mw.final_norm_b, w.lm_head = mw.lm_head;
+        remap(w.final_norm_w), remap(w.final_norm_b), remap(w.lm_head);
+      } else {
+        LayerWeights L = mw.layers[size_t(e.placement_.units[u].layer)];
+        for (TensorView* v : {&L.ln1_w, &L.ln1_b, &L.q_w, &L.q_b, &L.k_w, &L.k_b, &L.v_w, &L.v_b, &L.o_w, &L.o_b,
+                              &L.ln2_w, &L.ln2_b, &L.fc1_w, &L.fc1_b, &L.fc2_w, &L.fc2_b, &L.gate_w, &L.up_w,
+                              &L.down_w, &L.gate_b, &L.up_b, &L.down_b})
+          remap(*v);
+        w.layers.push_back(L);
+      }
+    }
   }
 }
+
+const ModelWeights& OffloadEngine::Impl::weights(int u) const {
+  return views[size_t((u + slot_phase) % 2)][size_t(u)];
+}
+
+// ---- token steps ---------------------------------------------------------------------------
 
 void OffloadEngine::begin_batch(int64_t B, int64_t capacity) {
   FH_CHECK(B >= 1 && B <= max_batch(), "batch of ", B, " outside [1, ", max_batch(), "]");
+  FH_CHECK(capacity > 0, "KV capacity must be positive");
   impl_->begin_batch(B, capacity);
   kv_bytes_ = 0;
 }
 
 void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                          std::vector<float>& logits) {
-  impl_->prepare_step(ids, positions, T, real_rows);
-  if (impl_->prefill) {
+  Impl& m = *impl_;
+  m.prepare_step(ids, positions, T, real_rows);
+  if (m.prefill) {
     kv_bytes_ = 0;
-    for (const auto& mb : impl_->mbs) {
-      kv_bytes_ += size_t(mb.split.n_device) * kv_seq_bytes(config(), impl_->cap_w) * size_t(config().n_layers);
-      kv_bytes_ += size_t(mb.n - mb.split.n_device) * kv_seq_bytes(config(), impl_->cap_h) * size_t(config().n_layers);
-    }
+    for (const auto& mb : m.mbs)
+      kv_bytes_ += size_t(config().n_layers) * (size_t(mb.split.n_device) * m.plan.kv_device_seq +
+                                         size_t(mb.n - mb.split.n_device) * m.plan.kv_home_seq);
   }
-  const Policy& p = opts_.policy;
-  ScheduleShape shape;
-  shape.units = config().n_layers + 2;
-  shape.micro_batches = int(impl_->mbs.size());
-  for (const auto& u : placement_.units) {
-    shape.unit_streams.push_back(u.streamed_bytes() > 0);
-    shape.unit_disk.push_back(u.bytes[2] > 0);
+  ScheduleShape& sh = shape_;
+  sh = ScheduleShape();
+  for (const UnitPlacement& u : placement_.units) {
+    sh.kinds.push_back(u.kind);
+    sh.unit_streams.push_back(u.streamed_bytes() > 0);
+    sh.unit_disk.push_back(u.bytes[2] > 0);
   }
-  shape.prefill = impl_->prefill;
-  shape.kv_host = shape.kv_disk = false;
-  for (const auto& mb : impl_->mbs) {
-    shape.kv_host = shape.kv_host || mb.split.n_host > 0;
-    shape.kv_disk = shape.kv_disk || mb.split.n_disk > 0;
+  sh.micro_batches = int(m.mbs.size());
+  sh.prefill = m.prefill;
+  sh.kv_device = sh.kv_host = sh.kv_disk = false;
+  for (const auto& mb : m.mbs) {
+    sh.kv_device = sh.kv_device || mb.split.n_device > 0;
+    sh.kv_host = sh.kv_host || mb.split.n_host > 0;
+    sh.kv_disk = sh.kv_disk || mb.split.n_disk > 0;
   }
-  shape.cpu_attention = p.cpu_cache_compute;
-  shape.act_on_host = p.act_cpu_percent == 100;
-  shape.first_layer_loaded = first_layer_loaded_;
-  shape.prefetch_next = more_steps_;
-  schedule_ = build_schedule(shape);
+  sh.cpu_attention = opts_.policy.cpu_cache_compute;
+  sh.act_on_host = opts_.policy.act_cpu_percent == 100;
+  sh.kv_policy = opts_.kv_policy != nullptr;
+  sh.first_layer_loaded = first_layer_loaded_;
+  sh.prefetch_next = more_steps_;
+  if (sh.host_attention()) m.ensure_pipeline(T);
+  schedule_ = build_schedule(sh);
+  if (opts_.edit_schedule) opts_.edit_schedule(schedule_);
   // Set once the schedule has run; a failed step leaves slot 1 in an unknown state.
   first_layer_loaded_ = false;
   const double t0 = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
-  QueueTimes t = run_schedule(schedule_, p.overlap, [&](const Step& s) { impl_->run(s); }, opts_.trace);
+  QueueTimes t = run_schedule(dev_, schedule_, opts_.policy.overlap, [&](const Step& s) { m.run(s); }, opts_.trace);
   for (const StepSpan& sp : t.spans)
-    trace_.push_back({schedule_.label(sp.step) + (impl_->prefill ? " prefill" : ""),
+    trace_.push_back({schedule_.label(sp.step) + (m.prefill ? " prefill" : ""),
                       schedule_.steps[size_t(sp.step)].queue, t0 + sp.start, t0 + sp.end});
   for (int q = 0; q < kNumQueues; ++q) {
     times_.busy[size_t(q)] += t.busy[size_t(q)];
@@ -235,12 +311,15 @@ void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T
   }
   times_.wall += t.wall;
   step_bound_ += *std::max_element(t.busy.begin(), t.busy.end());
-  first_layer_loaded_ = schedule_.find(StepKind::kLoadWeight, shape.units, 0) >= 0;
+  ++steps_;
+  first_layer_loaded_ = schedule_.find(StepKind::kLoadWeight, sh.units(), 0) >= 0;
   // The prefetched unit 1 sits in the slot of this step's unit `units`: shift the parity so
   // the next step finds it there.
-  if (first_layer_loaded_) impl_->slot_phase = (shape.units - 1 + impl_->slot_phase) % 2;
-  impl_->finish_step(logits);
+  if (first_layer_loaded_) m.slot_phase = (sh.units() - 1 + m.slot_phase) % 2;
+  m.finish_step(logits);
 }
+
+std::vector<int32_t> OffloadEngine::lengths() const { return impl_->len_before; }
 
 void OffloadEngine::write_trace(std::ostream& os) const {
   os << "{\"traceEvents\": [\n";
@@ -259,16 +338,21 @@ void OffloadEngine::write_trace(std::ostream& os) const {
 
 OffloadReport OffloadEngine::report() const {
   OffloadReport r;
+  r.device = dev_.name();
+  r.kv_dtype = std::string(dtype_name(opts_.kv_dtype));
+  r.act_dtype = std::string(dtype_name(dev_.act_dtype()));
+  r.weight_dtype = std::string(dtype_name(dev_.weight_dtype(model_.weights().embed.dtype)));
   for (int l = 0; l < kNumLinks; ++l) r.bytes[size_t(l)] = counters_.get(Link(l));
   r.kv_bytes = counters_.kv.load();
   r.busy = times_.busy;
   r.wait = times_.wait;
   r.wall = times_.wall;
-  double busiest = 0;
-  for (int q = 1; q < kNumQueues; ++q) busiest = std::max(busiest, times_.busy[size_t(q)]);
-  r.overlap_efficiency = r.wall > 0 ? std::max(times_.busy[0], busiest) / r.wall : 0;
+  r.token_steps = steps_;
+  const double busiest = *std::max_element(times_.busy.begin(), times_.busy.end());
+  r.overlap_efficiency = r.wall > 0 ? busiest / r.wall : 0;
   r.step_overlap_efficiency = r.wall > 0 ? step_bound_ / r.wall : 0;
   for (int t = 0; t < 3; ++t) r.peak[size_t(t)] = budgets_[size_t(t)]->peak();
+  r.weights_pinned_in_place = impl_->pinned_in_place;
   r.io_note = impl_->io_note;
   r.weights_reused = reused_;
   r.weights_written = written_;

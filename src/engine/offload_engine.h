@@ -1,22 +1,24 @@
 // The offloading engine: weights, KV cache and hidden states homed on device / host / disk
-// tiers by a Policy, moved by a zig-zag schedule that overlaps every transfer with compute.
-// The compute device here is the CPU device standing in for a GPU: its "device memory" is
-// host memory charged to the device budget (--gpu-mem), and copies between tiers are real
-// copies on their own queues; disk I/O is real (DiskStore: io_uring + O_DIRECT or pread).
-// One OffloadEngine drives one batch at a time; not thread-safe.
+// tiers by a Policy, moved by a zig-zag schedule that overlaps every transfer with compute,
+// on any Device (device.h): the CPU device (whose "device memory" is host memory charged to
+// --gpu-mem) or a CUDA GPU. Disk I/O is real (DiskStore: io_uring + O_DIRECT or pread). The
+// KV cache is stored in one dtype in every tier (f16 by default). One OffloadEngine drives one
+// batch at a time; not thread-safe.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/device.h"
 #include "engine/executor.h"
-#include "engine/layer_compute.h"
+#include "engine/memory_plan.h"
 #include "engine/placement.h"
 #include "engine/runner.h"
 #include "offload/disk_store.h"
@@ -27,7 +29,7 @@ namespace flexh2o {
 
 struct OffloadOptions {
   Policy policy;
-  uint64_t device_mem = 0, host_mem = 0, disk_mem = 0;  // bytes; 0 = unlimited
+  uint64_t device_mem = 0, host_mem = 0, disk_mem = 0;  // bytes; 0 = unlimited (device: the device's memory)
   std::filesystem::path offload_dir;                     // needed when anything is homed on disk
   IoBackendChoice io = IoBackendChoice::kAuto;
   bool verify_store = false;  // re-hash reused weight files
@@ -36,8 +38,11 @@ struct OffloadOptions {
   IoBackend* io_backend = nullptr;
   // KV-cache policy (null = full cache). Caller-owned; must outlive the engine.
   const KvPolicy* kv_policy = nullptr;
+  DType kv_dtype = DType::F16;  // of the KV cache in every tier: F16, BF16 or F32
   // Record when every schedule step ran (write_trace()); a few dozen bytes per step.
   bool trace = false;
+  // Tests only: edits each token step's schedule before it runs (e.g. drops a dependency).
+  std::function<void(Schedule&)> edit_schedule;
 };
 
 enum class Link : uint8_t { kDiskToHost = 0, kHostToDevice, kDeviceToHost, kHostToDisk };
@@ -54,31 +59,38 @@ struct TransferCounters {
 };
 
 struct OffloadReport {
+  std::string device;             // Device::name()
+  std::string kv_dtype, act_dtype, weight_dtype;
   std::array<uint64_t, kNumLinks> bytes{};
   uint64_t kv_bytes = 0;  // KV-cache rows moved over all links (the policy's effect)
   std::array<double, kNumQueues> busy{}, wait{};
-  double wall = 0;             // seconds inside schedules
-  double overlap_efficiency = 0;  // max(compute, busiest link) / wall, over the whole run
-  // Sum over token steps of max(compute, busiest link) in that step / wall: the bound moves
-  // between steps (a prefill is compute-bound, decode steps may be link-bound), and this
-  // measures how well each step hides everything behind its own slowest resource.
+  double wall = 0;                // seconds inside schedules
+  int64_t token_steps = 0;
+  double overlap_efficiency = 0;  // busiest queue / wall, over the whole run
+  // Sum over token steps of the busiest queue in that step / wall: the bound moves between
+  // steps (a prefill is compute-bound, decode steps may be link-bound), and this measures how
+  // well each step hides everything behind its own slowest resource.
   double step_overlap_efficiency = 0;
   std::array<uint64_t, 3> peak{};  // per tier
-  std::string io_note;          // which I/O backend / O_DIRECT
+  uint64_t weights_pinned_in_place = 0;  // host-homed weight bytes used where the model holds them
+  std::string io_note;           // which I/O backend / O_DIRECT
   size_t weights_reused = 0, weights_written = 0;
 };
 
 class OffloadEngine final : public StepRunner {
  public:
-  // Places the weights (writing disk-homed ones to the store, or reusing valid files) and
-  // allocates the per-run buffers. Throws flexh2o::Error when the policy is invalid, a budget
-  // is too small (saying what the minimum is), or the offload directory is unusable.
-  OffloadEngine(const Model& model, CpuDevice& dev, const OffloadOptions& opts);
+  // Places the weights (uploading device-homed ones, writing disk-homed ones to the store or
+  // reusing valid files) and checks the budgets. Throws flexh2o::Error when the policy is
+  // invalid, a budget is too small (saying what the minimum is, item by item), or the offload
+  // directory is unusable. `model` and `dev` must outlive the engine.
+  OffloadEngine(const Model& model, Device& dev, const OffloadOptions& opts);
   ~OffloadEngine() override;
 
   const ModelConfig& config() const override { return model_.config(); }
   int64_t max_batch() const override { return opts_.policy.block_size(); }
   void begin_batch(int64_t B, int64_t capacity) override;
+  // Blocking. The first step of a batch (the prefill) sizes its buffers and fails, naming
+  // every item, when they do not fit.
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
             std::vector<float>& logits) override;
   size_t kv_bytes() const override { return kv_bytes_; }
@@ -87,28 +99,34 @@ class OffloadEngine final : public StepRunner {
 
   const WeightPlacement& placement() const { return placement_; }
   const OffloadOptions& options() const { return opts_; }
+  Device& device() const { return dev_; }
   OffloadReport report() const;
   const TierBudget& budget(Tier t) const { return *budgets_[size_t(t)]; }
   const Schedule& last_schedule() const { return schedule_; }
+  const ScheduleShape& last_shape() const { return shape_; }
+  // Tokens cached per sequence of the current batch (after the last step's eviction).
+  std::vector<int32_t> lengths() const;
   // With OffloadOptions::trace: every step run so far as Chrome trace-event JSON (open in
   // Perfetto or chrome://tracing): one row per queue, one slice per step, named like
   // "C(3,1)" (schedule.h), microseconds since the engine was created.
   void write_trace(std::ostream& os) const;
 
-  struct Impl;  // buffers and actions (offload_actions.cpp)
+  struct Impl;  // buffers and actions (offload_*.cpp)
 
  private:
   const Model& model_;
-  CpuDevice& dev_;
+  Device& dev_;
   OffloadOptions opts_;
   WeightPlacement placement_;
   std::array<std::unique_ptr<TierBudget>, 3> budgets_;
   std::unique_ptr<IoBackend> io_;
   std::unique_ptr<DiskStore> store_;
   std::unique_ptr<Impl> impl_;
+  ScheduleShape shape_;
   Schedule schedule_;
   QueueTimes times_{};
   double step_bound_ = 0;  // sum over steps of max(queue busy)
+  int64_t steps_ = 0;
   struct TraceEvent {
     std::string name;
     Queue queue;
@@ -122,13 +140,8 @@ class OffloadEngine final : public StepRunner {
   size_t reused_ = 0, written_ = 0;
 };
 
-// Bytes a budget must hold at least for this model/policy/batch shape, per tier, with a
-// breakdown ("weights homed", "weight double buffer", ...), for clear "budget too small" errors.
-struct MemoryNeed {
-  std::array<uint64_t, 3> bytes{};
-  std::string breakdown;
-};
-MemoryNeed memory_need(const ModelConfig& c, const WeightPlacement& wp, const Policy& p, int64_t prompt_len,
-                       int64_t capacity);
+// The memory plan of `model` under `opts` on `dev` for a batch (what the engine allocates).
+MemoryPlan offload_memory_plan(const Model& model, const Device& dev, const OffloadOptions& opts,
+                               const BatchDims& dims);
 
 }  // namespace flexh2o

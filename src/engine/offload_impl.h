@@ -1,118 +1,146 @@
-// Private state of OffloadEngine: weight homes, per-batch KV homes and staging slots, the
-// micro-batches of the current step, and the step actions. Included only by the engine's
-// .cpp files.
+// Private state of OffloadEngine: weight homes, per-batch KV homes and slots, the micro-batches
+// of the current step, and the step actions. Included only by the engine's .cpp files:
+// offload_engine.cpp (setup, weights, driver, report), offload_batch.cpp (batch buffers and
+// lengths), offload_moves.cpp (transfers), offload_compute.cpp (compute and KV decisions).
 #pragma once
 
 #include <array>
 #include <string>
 #include <vector>
 
+#include "engine/kv_evict.h"
 #include "engine/offload_engine.h"
 
 namespace flexh2o {
 
-int64_t kv_capacity_align(const ModelConfig& c);
-
 struct WeightHome {
   Tier tier = Tier::kDevice;
-  TensorView source;       // the model's view (shape, dtype, original address)
-  size_t bytes = 0;
-  TierBuffer home;         // device / host home
-  std::string store_name;  // disk home
+  TensorView source;            // the model's view (shape, checkpoint dtype, address)
+  DType dtype = DType::F16;     // as the device reads it (Device::weight_dtype)
+  size_t bytes = 0;             // at `dtype`
+  Buffer device;                // device home, unless shared with an earlier tensor
+  const std::byte* device_ptr = nullptr;  // where a device-homed tensor is read
+  const std::byte* host = nullptr;        // host home at `dtype`: the model's bytes or host_copy
+  Buffer host_copy;             // converted (or pinned) copy when the model's bytes cannot serve
+  HostPin pin;                  // the model's bytes registered in place
+  TierCharge host_charge;       // host budget for a home used in place
+  std::string store_name;       // disk home
   TierCharge disk_charge;
-  size_t slot_offset = 0;   // in the device weight slot, when streamed
-  size_t stage_offset = 0;  // in the host disk staging slot, when on disk
-  bool token_table = false; // unit 0's token embedding: streamed as the step's rows only
+  size_t slot_offset = 0;       // in the device weight slot, when streamed
+  size_t stage_offset = 0;      // in the host disk staging slot, when on disk
+  bool token_table = false;     // unit 0's token embedding: streamed as the step's rows only
 };
 
 struct MicroBatch {
   int64_t first = 0, n = 0;  // global sequence range
   KvSplit split;
-  std::vector<KvPolicyState> policy_state;  // per layer, when a KV policy is set
-  // Per layer: K/V homes of the device and host segments, name of the disk segment file.
-  std::vector<TierBuffer> kv_device, kv_host;
-  std::vector<std::string> kv_disk;
+  std::vector<KvPolicyState> policy_state;  // [layer], when a KV policy is set
+  std::vector<Buffer> kv_device, kv_host;   // [layer]: K region then V region
+  std::vector<std::string> kv_disk;         // [layer]: store entry (same layout as kv_host)
   std::vector<TierCharge> kv_disk_charge;
-  TierBuffer hidden_device;  // act on device: [n * s_max, H]
-  TierBuffer hidden_host;    // act on host: [n * s_max, H]
-  std::vector<float> logits;  // [n, V]
+  Buffer hidden_device;  // act on device: [n * s_max, H]
+  Buffer hidden_host;    // act on host: [n * s_max, H]
 };
 
 struct OffloadEngine::Impl {
-  explicit Impl(OffloadEngine& engine) : e(engine), c(engine.config()), p(engine.opts_.policy) {}
+  explicit Impl(OffloadEngine& engine);
 
+  // ---- setup and batch (offload_engine.cpp, offload_batch.cpp)
   void place_weights();
+  void build_views();
   void begin_batch(int64_t B, int64_t capacity);
-  void prepare_step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows);
-  void run(const Step& s);
-  void finish_step(std::vector<float>& logits);
-  void alloc(Tier t, size_t bytes, const std::string& what, TierBuffer& out);
-
-  static size_t align(size_t n) { return (n + 4095) / 4096 * 4096; }
-  // Floats of one K (or V) region for n sequences at a capacity.
-  int64_t region(int64_t n, int64_t cap) const { return n * c.n_kv_heads * cap * c.head_dim; }
   void allocate_batch(const int32_t* real_rows);
+  void ensure_pipeline(int64_t rows);  // host-attention slots for steps of `rows` rows per micro-batch
+  void prepare_step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows);
+  void finish_step(std::vector<float>& logits);
+  Buffer alloc(MemKind kind, Tier t, size_t bytes, const std::string& what);
+  BatchDims dims() const;
 
-  // Actions
+  // ---- actions (offload_moves.cpp, offload_compute.cpp)
+  void run(const Step& s);
   void load_weight_disk(int u);
   void load_weight(int u);
   void load_cache_disk(int u, int k);
   void load_cache(int u, int k);
   void load_hidden(int u, int k);
-  void compute(int u, int k);
   void store_hidden(int u, int k);
+  void compute(int u, int k);
+  void store_qkv(int u, int k);
+  void host_attention(int u, int k);
+  void load_attn(int u, int k);
+  void compute_rest(int u, int k);
   void store_cache(int u, int k);
+  void update_cache(int u, int k);
+  void gather_cache(int u, int k);
+  void store_kept(int u, int k);
   void store_cache_disk(int u, int k);
 
-  ModelWeights unit_weights(int u) const;  // views where unit u's tensors are now
-  float* device_hidden(int u, int k);
-  int pair(int u, int k) const { return (u - 1) * int(mbs.size()) + k; }
-  // A K/V buffer: n sequences at a capacity (K region, then V region).
-  struct KvBuf {
-    float* data;
-    int64_t n, cap;
-  };
-  // Copies slots [lo, hi) of each (sequence, head) row, for `count` sequences starting at global
-  // sequence seq0, from src (starting at its sequence src_first) to dst (at dst_first).
-  // lo/hi are indexed by global (sequence * kv_heads + head).
-  void copy_rows(KvBuf dst, int64_t dst_first, KvBuf src, int64_t src_first, int64_t count, const int32_t* lo,
-                 const int32_t* hi, int64_t seq0, Link link);
-  // Reads/writes rows of the disk segment file of (layer, k) from/to a host buffer of the same layout.
-  void disk_rows(int layer, int k, float* host, bool write, const int32_t* lo, const int32_t* hi);
+  // ---- helpers
+  int layer(int u) const { return e.placement_.units[size_t(u)].layer; }
+  int pair(int u, int k) const { return kv_pair(e.shape_, u, k); }
+  bool split() const { return e.shape_.host_attention(); }
+  // A prefill with a KV policy: offloaded rows are compacted on the device, then stored.
+  bool kept_mode() const { return prefill && kv_policy != nullptr; }
+  StepRows rows(int k) const;
+  const ModelWeights& weights(int u) const;  // unit u's tensors where they are now (device views)
+  std::byte* device_hidden(int u, int k) const;
+  std::byte* qkv_slot(int p) const;   // q | k | v rows of the micro-batch (device)
+  std::byte* attn_slot(int p) const;  // attention output rows (device)
+  // K (part 0) or V (part 1) of sequence i of a buffer of n sequences x cap slots.
+  std::byte* kv_at(const Buffer& b, int64_t n, int64_t cap, int part, int64_t i) const;
+  // Copies slots [lo[i], hi[i]) of every head of `count` sequences (K and V) between two KV
+  // buffers laid out [n, kv_heads, cap, head_dim] on queue q; one 2-D copy per run of sequences
+  // with equal ranges. Returns the bytes moved.
+  uint64_t copy_kv_rows(Queue q, const Buffer& dst, int64_t dst_n, int64_t dst_cap, int64_t dst_first,
+                        const Buffer& src, int64_t src_n, int64_t src_cap, int64_t src_first, int64_t count,
+                        const int32_t* lo, const int32_t* hi);
+  // Disk KV of (layer, k): page-aligned ranges of the staging slot, read or written at once.
+  void disk_kv(int l, int k, const Buffer& stage, bool write, const std::vector<int32_t>& lo,
+               const std::vector<int32_t>& hi, int64_t seq0);
+  EvictArgs evict_args(int l, int k, const KvSegment& seg, int64_t first_seq_in_mb, int64_t score_cap,
+                       std::vector<int32_t>& after, std::vector<int32_t>& dlo, std::vector<int32_t>& dhi);
 
   OffloadEngine& e;
+  Device& dev;
   const ModelConfig& c;
   const Policy& p;
+  const KvPolicy* kv_policy;
+  DType kvdt, adt;
+  size_t es_kv, es_a;
   std::string io_note;
-  LayerCompute compute_;
   std::vector<std::vector<WeightHome>> units;
-  std::array<TierBuffer, 2> weight_slot, weight_stage;
+  std::array<Buffer, 2> weight_slot, weight_stage;
+  std::array<std::vector<ModelWeights>, 2> views;  // [slot parity][unit]
   int slot_phase = 0;  // unit u's weights use slot (u + slot_phase) % 2 (schedule.h)
+  uint64_t pinned_in_place = 0;
+  bool token_streamed = false;  // the token table is host- or disk-homed
 
   // Current batch. cap_w: slots per row of device-side buffers (the whole prompt during
-  // prefill); cap_h: of host/disk homes and staging (the policy's budget when one is set).
-  int64_t batch = 0, capacity = 0, cap_w = 0, cap_h = 0, s_max = 0, batch_no = 0;
+  // prefill); cap_h: of host homes (the policy's budget when one is set); cap_d: of disk homes
+  // and their host staging (cap_h in whole pages).
+  int64_t batch = 0, capacity = 0, s_max = 0, batch_no = 0;
   bool allocated = false;
+  MemoryPlan plan;
+  int64_t cap_w = 0, cap_h = 0, cap_d = 0;
   std::vector<KvBudget> budgets;                   // [B] with a policy
   std::vector<int32_t> seen;                       // [B] tokens seen (next token's position)
-  std::vector<int32_t> len_final;                  // [B] cached tokens after this step's eviction
-  std::vector<int32_t> load_lo, load_hi;           // [B*kvh] rows to load this step: [0, len_before)
-  std::vector<std::vector<int32_t>> dirty_lo, dirty_hi;  // per layer [B*kvh]: rows to store
+  std::vector<int32_t> len_before, len_after, len_final;  // [B] cached tokens before / after / kept
+  std::vector<std::vector<int32_t>> dirty_lo, dirty_hi;  // per layer [B*kvh]: disk rows to store
   std::vector<MicroBatch> mbs;
-  std::array<TierBuffer, 2> kv_stage_device, kv_stage_host, kv_bounce, hidden_slot;
-  TierCharge scratch_charge;
-  std::vector<int32_t> len_before, len_after;  // [B] cached tokens before / after this step
+  std::array<Buffer, 2> kv_stage_device, kv_stage_host, scores_device, scores_host;
+  std::array<Buffer, 2> keep_host, keep_device, hidden_slot;
+  Buffer qkv_step, attn_step;  // q/k/v and attention rows of a whole step (one micro-batch)
+  std::array<Buffer, 2> qkv_pipe, attn_pipe, qkv_host, attn_host;  // host-attention pipeline
+  int64_t pipe_rows = 0;
+  Buffer inputs_device, inputs_host, logits_device, logits_host;
+  TierCharge scratch;  // the device's compute scratch for this batch
 
-  // Current step
-  bool prefill = true;
-  // Streamed token table: only the step's rows move (row i = table[ids[i]]), and the embedding
-  // reads them through local_ids = 0..batch*T-1. Off when the step has >= vocab rows.
-  bool gather_rows = false;
-  bool token_streamed = false;  // the token table is host- or disk-homed
-  std::vector<int32_t> local_ids;
+  // Current step. A streamed token table moves only the step's rows (row i = table[ids[i]]):
+  // the embedding then reads them through local ids 0..batch*T-1. Off when the step has >=
+  // vocab rows.
+  bool prefill = true, gather_rows = false;
   int64_t T = 0;
-  const int32_t* ids = nullptr;
-  const int32_t* positions = nullptr;
+  int32_t *in_ids = nullptr, *in_pos = nullptr, *in_pos_rows = nullptr, *in_local = nullptr, *in_keys = nullptr;
 };
 
 }  // namespace flexh2o

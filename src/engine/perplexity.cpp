@@ -9,14 +9,14 @@
 
 namespace flexh2o {
 
-PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t chunk) {
+PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t chunk, DType kv_dtype) {
   const ModelConfig& c = fwd.model().config();
   const int64_t n = int64_t(ids.size()) - 1;  // positions fed
   if (n < 1) FH_FAIL("perplexity needs at least 2 tokens, got ", ids.size());
   if (n > c.max_positions)
     FH_FAIL("text is ", n, " tokens, more than the model's ", c.max_positions, " positions");
   FH_CHECK(chunk > 0, "chunk must be positive");
-  KvCache cache(c, 1, n);
+  KvCache cache(c, 1, n, kv_dtype);
   std::vector<float> logits;
   std::vector<int32_t> pos;
   double nll = 0;

@@ -16,6 +16,8 @@ struct PerplexityResult {
 };
 
 // ids include BOS where the model expects one; ids.size() must be in [2, max_positions + 1].
-PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t chunk = 256);
+// The KV cache holds `kv_dtype`.
+PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t chunk = 256,
+                            DType kv_dtype = DType::F16);
 
 }  // namespace flexh2o

@@ -15,37 +15,74 @@ Tier midpoint_tier(double mid_percent, double w_gpu_percent, double w_cpu_percen
   return Tier::kDevice;
 }
 
-WeightPlacement place_weights(const Model& m, const Policy& p) {
+WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DType> as) {
   const ModelConfig& c = m.config();
   WeightPlacement wp;
-  wp.units.resize(size_t(c.n_layers + 2));
+  const std::vector<UnitKind> kinds = unit_kinds(c.n_layers, p.sep_layer);
+  wp.units.resize(kinds.size());
+  for (size_t u = 0; u < kinds.size(); ++u) {
+    wp.units[u].kind = kinds[u];
+    if (u > 0 && u + 1 < kinds.size()) wp.units[u].layer = int(p.sep_layer ? (u - 1) / 2 : u - 1);
+  }
+  auto bytes_of = [&](const TensorView& v) { return as ? size_t(v.numel()) * dtype_size(*as) : v.nbytes(); };
   for (const BoundTensor& t : m.tensors()) {
     const std::string& n = t.spec.name;
     size_t unit;
-    if (t.spec.layer >= 0) unit = size_t(t.spec.layer) + 1;
+    if (t.spec.layer >= 0)
+      unit = p.sep_layer ? size_t(1 + 2 * t.spec.layer + (t.spec.part == LayerPart::kMlp ? 1 : 0))
+                         : size_t(t.spec.layer) + 1;
     else if (n.find("embed_") != std::string::npos) unit = 0;
-    else unit = size_t(c.n_layers) + 1;  // final norm, untied lm_head
-    wp.units[unit].tensors.push_back({n, t.view, Tier::kDevice, t.view.nbytes()});
+    else unit = wp.units.size() - 1;  // final norm, untied lm_head
+    wp.units[unit].tensors.push_back({n, t.view, Tier::kDevice, bytes_of(t.view)});
   }
   if (c.tie_embeddings) {
     const TensorView& e = m.weights().embed;
-    wp.units.back().tensors.push_back({"lm_head.weight (tied)", e, Tier::kDevice, e.nbytes()});
+    wp.units.back().tensors.push_back({"lm_head.weight (tied)", e, Tier::kDevice, bytes_of(e)});
   }
   for (UnitPlacement& u : wp.units) {
-    size_t total = 0;
-    for (const PlacedTensor& t : u.tensors) total += t.bytes;
-    size_t cum = 0;
-    for (PlacedTensor& t : u.tensors) {
-      const double mid = total ? (double(cum) + double(t.bytes) / 2) / double(total) * 100 : 0;
-      cum += t.bytes;
-      t.tier = midpoint_tier(mid, p.w_gpu_percent, p.w_cpu_percent);
-      u.bytes[size_t(t.tier)] += t.bytes;
-    }
+    std::vector<size_t> sizes;
+    for (const PlacedTensor& t : u.tensors) sizes.push_back(t.bytes);
+    const UnitBytes ub = unit_bytes(sizes, p);
+    const std::vector<Tier> tiers = unit_tiers(sizes, p);
+    for (size_t i = 0; i < u.tensors.size(); ++i) u.tensors[i].tier = tiers[i];
+    for (int i = 0; i < 3; ++i) u.bytes[size_t(i)] = size_t(ub.tier[size_t(i)]);
+    u.slot_bytes = size_t(ub.slot);
+    u.stage_bytes = size_t(ub.stage);
     for (int i = 0; i < 3; ++i) wp.bytes[size_t(i)] += u.bytes[size_t(i)];
-    wp.max_streamed = std::max(wp.max_streamed, u.streamed_bytes());
-    wp.max_disk = std::max(wp.max_disk, u.bytes[2]);
+    wp.max_streamed = std::max(wp.max_streamed, u.slot_bytes);
+    wp.max_disk = std::max(wp.max_disk, u.stage_bytes);
   }
   return wp;
+}
+
+std::vector<Tier> unit_tiers(const std::vector<size_t>& tensor_bytes, const Policy& p) {
+  size_t total = 0;
+  for (size_t b : tensor_bytes) total += b;
+  std::vector<Tier> tiers;
+  size_t cum = 0;
+  for (size_t b : tensor_bytes) {
+    const double mid = total ? (double(cum) + double(b) / 2) / double(total) * 100 : 0;
+    cum += b;
+    tiers.push_back(midpoint_tier(mid, p.w_gpu_percent, p.w_cpu_percent));
+  }
+  return tiers;
+}
+
+UnitBytes unit_bytes(const std::vector<size_t>& tensor_bytes, const Policy& p) {
+  UnitBytes out;
+  const std::vector<Tier> tiers = unit_tiers(tensor_bytes, p);
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    const size_t b = tensor_bytes[i];
+    const Tier t = tiers[i];
+    out.tier[size_t(t)] += b;
+    if (t != Tier::kDevice) out.slot += (b + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+    if (t == Tier::kDisk) out.stage += (b + kStageAlign - 1) / kStageAlign * kStageAlign;
+  }
+  return out;
+}
+
+std::array<uint64_t, 3> place_unit(const std::vector<size_t>& tensor_bytes, const Policy& p) {
+  return unit_bytes(tensor_bytes, p).tier;
 }
 
 KvSplit split_kv(int64_t gpu_batch_size, const Policy& p) {

@@ -1,17 +1,20 @@
 // Placement plan: which tier homes each weight tensor and each sequence's KV cache, as a
 // plain value the executor consumes and tests inspect.
-// Weights are grouped in units (0 = embeddings, 1..L = layers, L+1 = head) and each unit's
-// tensors are placed whole by FlexGen's midpoint rule (PAPERS.md §3.3): a tensor goes to
-// the tier where the midpoint of its bytes falls on the unit's cumulative axis, ordered
-// [disk, host, device]. The KV cache of a micro-batch is split by whole sequences.
+// Weights are grouped in units (schedule.h unit_kinds: embeddings, then per layer one unit or,
+// with sep_layer as FlexGen, an attention unit and an MLP unit, then the head) and each unit's
+// tensors are placed whole by FlexGen's midpoint rule (PAPERS.md §3.3): a tensor goes to the
+// tier where the midpoint of its bytes falls on the unit's cumulative axis, ordered [disk,
+// host, device]. The KV cache of a micro-batch is split by whole sequences.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/policy.h"
+#include "engine/schedule.h"
 #include "model/weights.h"
 #include "offload/tier.h"
 
@@ -21,26 +24,47 @@ struct PlacedTensor {
   std::string name;   // HF name; the head's tied lm_head is "lm_head.weight (tied)"
   TensorView source;  // where the loaded model holds the bytes
   Tier tier = Tier::kDevice;
-  size_t bytes = 0;
+  size_t bytes = 0;  // as the device holds it (place_weights' `as` dtype, else the checkpoint's)
 };
 
+// A streamed tensor's offset in the device weight slot is aligned to kSlotAlign, a disk-homed
+// one's in the host staging slot to kStageAlign (direct I/O).
+inline constexpr size_t kSlotAlign = 256, kStageAlign = 4096;
+
+// Bytes of one unit under a policy: per tier, and the slot / staging space its streamed /
+// disk-homed tensors take (aligned as above).
+struct UnitBytes {
+  std::array<uint64_t, 3> tier{};
+  uint64_t slot = 0, stage = 0;
+};
+// Tensors given by their bytes in place_weights' order (the planner's path to the same numbers).
+std::vector<Tier> unit_tiers(const std::vector<size_t>& tensor_bytes, const Policy& p);
+UnitBytes unit_bytes(const std::vector<size_t>& tensor_bytes, const Policy& p);
+
 struct UnitPlacement {
+  UnitKind kind = UnitKind::kLayer;
+  int layer = -1;  // transformer layer of a kLayer / kAttention / kMlp unit
   std::vector<PlacedTensor> tensors;
   std::array<size_t, 3> bytes{};  // per tier
+  size_t slot_bytes = 0, stage_bytes = 0;  // UnitBytes::slot / stage
   size_t streamed_bytes() const { return bytes[1] + bytes[2]; }  // cross to the device each step
 };
 
 struct WeightPlacement {
-  std::vector<UnitPlacement> units;  // n_layers + 2
+  std::vector<UnitPlacement> units;  // unit_kinds(n_layers, sep_layer)
   std::array<size_t, 3> bytes{};     // per tier, all units
-  size_t max_streamed = 0;           // largest unit's host+disk bytes (device double buffer)
-  size_t max_disk = 0;               // largest unit's disk bytes (host staging double buffer)
+  size_t max_streamed = 0;           // largest unit's slot bytes (one of the device double buffer)
+  size_t max_disk = 0;               // largest unit's staging bytes (one of the host double buffer)
 };
 
 // Tier chosen by the midpoint rule for a tensor whose byte midpoint sits at `mid_percent`.
 Tier midpoint_tier(double mid_percent, double w_gpu_percent, double w_cpu_percent);
 
-WeightPlacement place_weights(const Model& m, const Policy& p);
+// Units per p.sep_layer. `as`: the dtype the device holds weights in (bytes = elements x its
+// size), or the checkpoint's dtype per tensor when unset.
+WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DType> as = std::nullopt);
+// unit_bytes(...).tier
+std::array<uint64_t, 3> place_unit(const std::vector<size_t>& tensor_bytes, const Policy& p);
 
 // Sequences of one micro-batch per tier: the first n_device on the device, the next n_host
 // on the host, the rest on disk (FlexGen: floor of the percentages, remainder to the last).

@@ -37,6 +37,7 @@ std::string Policy::str() const {
      << gpu_batch_size << " --num-gpu-batches " << num_gpu_batches;
   if (cpu_cache_compute) os << " --cpu-cache-compute";
   if (!overlap) os << " --overlap false";
+  if (!sep_layer) os << " --sep-layer false";
   return os.str();
 }
 

@@ -31,12 +31,14 @@ class StepRunner {
   virtual void expect_more_steps(bool more) { (void)more; }
 };
 
-// Everything resident: Forward + KvCache. With a KV policy (policies/kv_policy.h; null =
-// full cache), each sequence's cache is kept at the policy's budget.
+// Everything resident on the CPU: Forward + KvCache (the reference the offloading engine is
+// tested against). With a KV policy (policies/kv_policy.h; null = full cache), each sequence's
+// cache is kept at the policy's budget. The cache holds `kv_dtype` (F16 by default, as the
+// offloading engine).
 class InMemoryRunner final : public StepRunner {
  public:
-  InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* policy = nullptr)
-      : fwd_(fwd), max_batch_(max_batch), policy_(policy) {}
+  InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* policy = nullptr, DType kv_dtype = DType::F16)
+      : fwd_(fwd), max_batch_(max_batch), policy_(policy), kv_dtype_(kv_dtype) {}
   const ModelConfig& config() const override { return fwd_.model().config(); }
   int64_t max_batch() const override { return max_batch_; }
   void begin_batch(int64_t B, int64_t capacity) override {
@@ -58,7 +60,7 @@ class InMemoryRunner final : public StepRunner {
         }
         cap = std::min(capacity_, need);  // prompt during prefill, then at most the budget
       }
-      cache_.emplace(config(), batch_, cap);
+      cache_.emplace(config(), batch_, cap, kv_dtype_);
       if (policy_) cache_->enable_policy(config(), std::move(budgets));
     }
     fwd_.step(ids, positions, T, real_rows, *cache_, LogitsRows::kLast, logits, policy_);
@@ -69,6 +71,7 @@ class InMemoryRunner final : public StepRunner {
   Forward& fwd_;
   int64_t max_batch_;
   const KvPolicy* policy_;
+  DType kv_dtype_;
   int64_t batch_ = 0, capacity_ = 0;
   std::optional<KvCache> cache_;
 };

@@ -22,7 +22,16 @@ bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType
 std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   std::vector<WeightSpec> s;
   const int64_t H = c.hidden, V = c.vocab_size, F = c.ffn_dim, Q = c.q_dim(), KV = c.kv_dim();
-  auto add = [&](std::string name, Shape shape, int layer) { s.push_back({std::move(name), shape, layer}); };
+  auto add = [&](std::string name, Shape shape, int layer) {
+    LayerPart part = LayerPart::kNone;
+    if (layer >= 0) {
+      const bool mlp = name.find(".fc1.") != std::string::npos || name.find(".fc2.") != std::string::npos ||
+                       name.find("final_layer_norm") != std::string::npos || name.find(".mlp.") != std::string::npos ||
+                       name.find("post_attention_layernorm") != std::string::npos;
+      part = mlp ? LayerPart::kMlp : LayerPart::kAttention;
+    }
+    s.push_back({std::move(name), shape, layer, part});
+  };
   if (c.arch == Arch::kOpt) {
     add("model.decoder.embed_tokens.weight", {V, H}, -1);
     add("model.decoder.embed_positions.weight", {c.max_positions + 2, H}, -1);

@@ -14,10 +14,14 @@
 
 namespace flexh2o {
 
+// Which half of a transformer layer a tensor belongs to (FlexGen streams them separately).
+enum class LayerPart : uint8_t { kNone, kAttention, kMlp };
+
 struct WeightSpec {
   std::string name;  // Hugging Face parameter name, e.g. "model.decoder.layers.3.fc1.weight"
   Shape shape;
   int layer = -1;  // transformer layer index, or -1 for embeddings / final norm / lm_head
+  LayerPart part = LayerPart::kNone;  // attention (first norm, q/k/v/o) or MLP (second norm, FFN)
 };
 
 // Every tensor the engine reads for `c`, in model order (embeddings, layers, head).

@@ -16,17 +16,10 @@
 namespace flexh2o {
 namespace {
 
-constexpr uint64_t kF = sizeof(float);  // KV and hidden states are fp32 in every tier
-// Passes over a layer's activation rows (hidden wide) by its non-GEMM ops: 2 norms (read +
-// write), 2 residual adds (3 each), attention in/out copies and KV writes (~4); the FFN's
-// activation adds 2 passes over ffn_dim-wide rows (counted separately).
-constexpr double kLayerPasses = 14;
-
-int64_t align_capacity(const ModelConfig& c, int64_t cap) {
-  // The engine's kv_capacity_align(): slots such that every row block starts on 4096 bytes.
-  const int64_t a = 4096 / std::gcd<int64_t>(4096, c.head_dim * int64_t(kF));
-  return (cap + a - 1) / a * a;
-}
+// Passes over a unit's activation rows (hidden wide) by its non-GEMM ops: attention half: a
+// norm (read + write), a residual add (3), q/k/v/attention copies and KV writes (~3); MLP
+// half: a norm and a residual add; the FFN's activation adds 2 passes over ffn_dim-wide rows.
+constexpr double kAttnPasses = 8, kMlpPasses = 6;
 
 }  // namespace
 
@@ -39,27 +32,32 @@ ModelShape ModelShape::from_config(const ModelConfig& c) {
   size_t embed_bytes = 0;
   for (const WeightSpec& w : weight_specs(c)) {
     const size_t n = es * size_t(w.shape.numel());
-    if (w.layer == 0) s.layer.push_back(n);
+    if (w.layer == 0) (w.part == LayerPart::kMlp ? s.mlp : s.attn).push_back(n);
     else if (w.layer > 0) continue;
     else if (w.name.find("embed_") != std::string::npos) s.embed.push_back(n);
     else s.head.push_back(n);
     if (w.name.find("embed_tokens") != std::string::npos) embed_bytes = n, s.token_index = s.embed.size() - 1;
   }
   if (c.tie_embeddings) s.head.push_back(embed_bytes);
+  s.layer = s.attn;
+  s.layer.insert(s.layer.end(), s.mlp.begin(), s.mlp.end());
   return s;
 }
 
-ModelShape ModelShape::from_model(const Model& m) {
+ModelShape ModelShape::from_model(const Model& m, std::optional<DType> as) {
   ModelShape s;
   s.config = m.config();
+  auto bytes = [&](const TensorView& v) { return as ? size_t(v.numel()) * dtype_size(*as) : v.nbytes(); };
   for (const BoundTensor& t : m.tensors()) {
-    if (t.spec.layer == 0) s.layer.push_back(t.view.nbytes());
+    if (t.spec.layer == 0) (t.spec.part == LayerPart::kMlp ? s.mlp : s.attn).push_back(bytes(t.view));
     else if (t.spec.layer > 0) continue;
-    else if (t.spec.name.find("embed_") != std::string::npos) s.embed.push_back(t.view.nbytes());
-    else s.head.push_back(t.view.nbytes());
+    else if (t.spec.name.find("embed_") != std::string::npos) s.embed.push_back(bytes(t.view));
+    else s.head.push_back(bytes(t.view));
     if (t.view.data == m.weights().embed.data) s.token_index = s.embed.size() - 1;
   }
-  if (s.config.tie_embeddings) s.head.push_back(m.weights().embed.nbytes());
+  if (s.config.tie_embeddings) s.head.push_back(bytes(m.weights().embed));
+  s.layer = s.attn;
+  s.layer.insert(s.layer.end(), s.mlp.begin(), s.mlp.end());
   return s;
 }
 
@@ -68,30 +66,14 @@ uint64_t ModelShape::total_bytes() const {
   return sum(embed) + uint64_t(config.n_layers) * sum(layer) + sum(head);
 }
 
-std::array<uint64_t, 3> place_unit(const std::vector<size_t>& tensor_bytes, const Policy& p) {
-  // place_weights(): each whole tensor goes where its byte midpoint falls on [disk, host, device].
-  std::array<uint64_t, 3> out{};
-  const size_t total = std::accumulate(tensor_bytes.begin(), tensor_bytes.end(), size_t(0));
-  size_t cum = 0;
-  for (size_t b : tensor_bytes) {
-    const double mid = total ? (double(cum) + double(b) / 2) / double(total) * 100 : 0;
-    cum += b;
-    out[size_t(midpoint_tier(mid, p.w_gpu_percent, p.w_cpu_percent))] += b;
-  }
-  return out;
-}
-
 std::array<uint64_t, 3> embed_moved(const ModelShape& m, const Policy& p, uint64_t rows) {
-  // offload_actions.cpp load_weight_disk/load_weight: a streamed token table moves only the
+  // offload_moves.cpp load_weight_disk/load_weight: a streamed token table moves only the
   // step's rows (all of it when a step has >= vocab rows).
   std::array<uint64_t, 3> out{};
-  const size_t total = std::accumulate(m.embed.begin(), m.embed.end(), size_t(0));
-  size_t cum = 0;
+  const std::vector<Tier> tiers = unit_tiers(m.embed, p);
   for (size_t i = 0; i < m.embed.size(); ++i) {
     const size_t b = m.embed[i];
-    const double mid = total ? (double(cum) + double(b) / 2) / double(total) * 100 : 0;
-    cum += b;
-    const Tier t = midpoint_tier(mid, p.w_gpu_percent, p.w_cpu_percent);
+    const Tier t = tiers[i];
     const uint64_t V = uint64_t(m.config.vocab_size);
     out[size_t(t)] += i == m.token_index && t != Tier::kDevice ? std::min(rows, V) * (b / V) : b;
   }
@@ -103,109 +85,114 @@ std::array<uint64_t, 3> embed_moved(const ModelShape& m, const Policy& p, uint64
 CostModel::CostModel(ModelShape m, HardwareProfile hw, Workload w) : m_(std::move(m)), hw_(std::move(hw)), w_(std::move(w)) {
   FH_CHECK(w_.prompt_len >= 1 && w_.gen_len >= 1, "workload needs prompt_len >= 1 and gen_len >= 1, got ",
            w_.prompt_len, " and ", w_.gen_len);
-  // The engine (offload_actions.cpp, kv_evict.cpp) with a bounded budget B per sequence:
-  // after every step a sequence keeps min(len, B - 1) rows (room for the incoming token);
-  // device-side buffers hold max(prompt, B) slots (the prefill attends the whole prompt),
-  // host/disk homes B slots; both capped at prompt + gen and aligned.
+  act_ = hw_.device == DeviceKind::kCuda ? DType::F16 : DType::F32;
+  // The engine (offload_batch.cpp, kv_evict.cpp) with a bounded budget B per sequence: after
+  // every step a sequence keeps min(len, B - 1) rows (room for the incoming token).
   const int64_t full = w_.prompt_len + w_.gen_len;
   keep_ = full;
-  cap_w_ = cap_h_ = full;
   if (w_.kv && w_.kv->kind != KvPolicyKind::kFull) {
     const KvBudget b = make_policy(*w_.kv)->budget(w_.prompt_len);
     if (!b.unbounded) {
       keep_ = std::min(full, std::max<int64_t>(b.total() - 1, 0));
-      cap_w_ = std::min(full, std::max(w_.prompt_len, b.total()));
-      cap_h_ = std::min(full, std::max<int64_t>(b.total(), 1));
+      budget_max_ = b.total();
     }
   }
-  cap_w_ = align_capacity(m_.config, cap_w_);
-  cap_h_ = align_capacity(m_.config, cap_h_);
+  const MemoryPlan mp = plan(Policy{});
+  cap_w_ = mp.cap_w;
+  cap_h_ = mp.cap_h;
 }
 
 int64_t CostModel::capacity() const { return cap_h_; }
 
-std::array<uint64_t, 3> CostModel::memory(const Policy& p) const {
-  // Same items as memory_need() (src/engine/offload_engine.cpp); the test checks equality.
+MemoryPlan CostModel::plan(const Policy& p) const {
   const ModelConfig& c = m_.config;
-  const auto e = place_unit(m_.embed, p), l = place_unit(m_.layer, p), h = place_unit(m_.head, p);
-  const uint64_t L = uint64_t(c.n_layers), K = uint64_t(p.num_gpu_batches);
-  std::array<uint64_t, 3> w{};
-  for (int t = 0; t < 3; ++t) w[size_t(t)] = e[size_t(t)] + L * l[size_t(t)] + h[size_t(t)];
-  const uint64_t max_streamed = std::max({e[1] + e[2], l[1] + l[2], h[1] + h[2]});
-  const uint64_t max_disk = std::max({e[2], l[2], h[2]});
-  const KvSplit split = split_kv(p.gpu_batch_size, p);
-  const uint64_t per_w = uint64_t(2 * c.n_kv_heads * cap_w_ * c.head_dim) * kF;  // device-side buffers
-  const uint64_t per_seq = uint64_t(2 * c.n_kv_heads * cap_h_ * c.head_dim) * kF; // host/disk homes
-  const uint64_t hidden = uint64_t(p.gpu_batch_size * w_.prompt_len * c.hidden) * kF;
-  const bool act_host = p.act_cpu_percent == 100;
-  const uint64_t off = uint64_t(split.n_host + split.n_disk), nd = uint64_t(split.n_disk);
-  std::array<uint64_t, 3> m{};
-  m[0] = w[0] + 2 * max_streamed + L * K * uint64_t(split.n_device) * per_w + 2 * off * per_w +
-         (act_host ? 2 * hidden : K * hidden) +
-         uint64_t(LayerCompute::scratch_bytes(c, p.gpu_batch_size * w_.prompt_len));
-  m[1] = w[1] + 2 * max_disk + L * K * uint64_t(split.n_host) * per_seq + 4 * nd * per_seq + (act_host ? K * hidden : 0);
-  m[2] = w[2] + L * K * nd * per_seq;
-  return m;
+  WeightBytes wb;
+  auto add = [&](const std::vector<size_t>& t, uint64_t times) {
+    const UnitBytes u = unit_bytes(t, p);
+    for (int i = 0; i < 3; ++i) wb.homed[size_t(i)] += times * u.tier[size_t(i)];
+    wb.max_streamed = std::max(wb.max_streamed, u.slot);
+    wb.max_disk = std::max(wb.max_disk, u.stage);
+  };
+  add(m_.embed, 1);
+  if (p.sep_layer) {
+    add(m_.attn, uint64_t(c.n_layers));
+    add(m_.mlp, uint64_t(c.n_layers));
+  } else {
+    add(m_.layer, uint64_t(c.n_layers));
+  }
+  add(m_.head, 1);
+  BatchDims d;
+  d.rows = w_.prompt_len;
+  d.capacity = w_.prompt_len + w_.gen_len;
+  d.budget_max = budget_max_;
+  d.kv_policy = w_.kv && w_.kv->kind != KvPolicyKind::kFull;
+  d.scores = d.kv_policy && make_policy(*w_.kv)->needs_scores();
+  return plan_memory(c, wb, p, d, {hw_.device, w_.kv_dtype, act_});
 }
 
-std::string CostModel::memory_breakdown(const Policy& p) const {
-  WeightPlacement wp;
-  wp.units.resize(size_t(m_.config.n_layers + 2));
-  auto fill = [&](UnitPlacement& u, const std::vector<size_t>& t) {
-    u.bytes = place_unit(t, p);
-    for (int i = 0; i < 3; ++i) wp.bytes[size_t(i)] += u.bytes[size_t(i)];
-    wp.max_streamed = std::max(wp.max_streamed, size_t(u.streamed_bytes()));
-    wp.max_disk = std::max(wp.max_disk, size_t(u.bytes[2]));
-  };
-  fill(wp.units.front(), m_.embed);
-  for (size_t i = 1; i + 1 < wp.units.size(); ++i) fill(wp.units[i], m_.layer);
-  fill(wp.units.back(), m_.head);
-  return memory_need(m_.config, wp, p, w_.prompt_len, capacity()).breakdown;
-}
+std::array<uint64_t, 3> CostModel::memory(const Policy& p) const { return plan(p).bytes; }
+
+std::string CostModel::memory_breakdown(const Policy& p) const { return plan(p).breakdown(); }
 
 // ---- bytes per link -----------------------------------------------------------------------
 
 std::array<uint64_t, kNumLinks> CostModel::bytes(const Policy& p) const {
-  // offload_actions.cpp: weights stream once per token step for every unit (disk-homed ones
-  // via the host); hidden states on the host cross at every unit boundary; KV rows of host/disk
-  // sequences are stored at prefill and loaded [0, len) + stored 1 row per decode step, or
-  // with cpu_cache_compute only q,k,v go down and the attention output comes up.
+  // offload_moves.cpp: weights stream once per token step for every unit (disk-homed ones via
+  // the host); hidden states on the host cross at every unit boundary; offloaded sequences'
+  // KV: the prefill stores every prompt row (a policy compacts them on the host), each decode
+  // step loads [0, len) and stores one row, or with cpu_cache_compute only q, k, v go down and
+  // the attention output comes up; with a policy the scores of every sequence attended on the
+  // device come down (and a prefill stores only the kept rows: the device compacts them).
   const ModelConfig& c = m_.config;
   std::array<uint64_t, kNumLinks> b{};
   auto add = [&](Link l, uint64_t n) { b[size_t(l)] += n; };
-  const auto l = place_unit(m_.layer, p), h = place_unit(m_.head, p);
+  const auto h = place_unit(m_.head, p);
+  std::array<uint64_t, 3> lay{};
+  for (const auto* t : p.sep_layer ? std::vector<const std::vector<size_t>*>{&m_.attn, &m_.mlp}
+                                   : std::vector<const std::vector<size_t>*>{&m_.layer}) {
+    const auto u = place_unit(*t, p);
+    for (int i = 0; i < 3; ++i) lay[size_t(i)] += u[size_t(i)];
+  }
   const uint64_t L = uint64_t(c.n_layers), K = uint64_t(p.num_gpu_batches), B = uint64_t(p.block_size());
+  const uint64_t n = uint64_t(p.gpu_batch_size);
   const uint64_t steps = uint64_t(w_.gen_len), s = uint64_t(w_.prompt_len);
-  add(Link::kDiskToHost, steps * (L * l[2] + h[2]));
-  add(Link::kHostToDevice, steps * (L * (l[1] + l[2]) + h[1] + h[2]));
+  const uint64_t es_a = dtype_size(act_), es_kv = dtype_size(w_.kv_dtype);
+  add(Link::kDiskToHost, steps * (L * lay[2] + h[2]));
+  add(Link::kHostToDevice, steps * (L * (lay[1] + lay[2]) + h[1] + h[2]));
   for (uint64_t i = 0; i < steps; ++i) {  // the embedding unit moves the step's rows
     const auto em = embed_moved(m_, p, B * (i == 0 ? s : 1));
     add(Link::kDiskToHost, em[2]);
     add(Link::kHostToDevice, em[1] + em[2]);
   }
-  const uint64_t hid = uint64_t(c.hidden) * kF;
+  const uint64_t hid = uint64_t(c.hidden) * es_a;
   if (p.act_cpu_percent == 100) {
+    const uint64_t units = L * (p.sep_layer ? 2 : 1) + 2;
     const uint64_t rows = B * (s + steps - 1);  // prefill s rows, then 1 per decode step
-    add(Link::kHostToDevice, (L + 1) * rows * hid);
-    add(Link::kDeviceToHost, (L + 1) * rows * hid);
+    add(Link::kHostToDevice, (units - 1) * rows * hid);
+    add(Link::kDeviceToHost, (units - 1) * rows * hid);
   }
   const KvSplit sp = split_kv(p.gpu_batch_size, p);
-  const uint64_t off = uint64_t(sp.n_host + sp.n_disk), nd = uint64_t(sp.n_disk);
-  const uint64_t row = uint64_t(2 * c.kv_dim()) * kF, LK = L * K;
+  const uint64_t nd = uint64_t(sp.n_device), off = uint64_t(sp.n_host + sp.n_disk), nk = uint64_t(sp.n_disk);
+  const uint64_t row = uint64_t(2 * c.kv_dim()) * es_kv, LK = L * K;
   const uint64_t keep = uint64_t(keep_);
-  const uint64_t prefill_rows = std::min(s, keep);
-  add(Link::kDeviceToHost, LK * off * prefill_rows * row);
-  add(Link::kHostToDisk, LK * nd * prefill_rows * row);
+  const bool scores = w_.kv && w_.kv->kind != KvPolicyKind::kFull && make_policy(*w_.kv)->needs_scores();
+  const uint64_t score_row = uint64_t(c.n_heads) * 4;  // per sequence and slot
+  add(Link::kDeviceToHost, LK * off * std::min(s, keep) * row);  // a policy compacts them on the device first
+  add(Link::kHostToDisk, LK * nk * std::min(s, keep) * row);
+  if (scores) add(Link::kDeviceToHost, LK * n * s * score_row);
+  const bool host_attention = p.cpu_cache_compute && off > 0;
   for (uint64_t i = 1; i < steps; ++i) {
-    const uint64_t before = std::min(s + i - 1, keep);
-    add(Link::kDiskToHost, LK * nd * before * row);
-    add(Link::kHostToDisk, LK * nd * row);
-    if (p.cpu_cache_compute) {
-      add(Link::kDeviceToHost, LK * off * uint64_t(c.q_dim() + 2 * c.kv_dim()) * kF);
-      add(Link::kHostToDevice, LK * off * uint64_t(c.q_dim()) * kF);
+    const uint64_t before = std::min(s + i - 1, keep), after = before + 1;
+    add(Link::kDiskToHost, LK * nk * before * row);
+    add(Link::kHostToDisk, LK * nk * row);
+    if (host_attention) {
+      add(Link::kDeviceToHost, LK * off * uint64_t(c.q_dim() + 2 * c.kv_dim()) * es_a);
+      add(Link::kHostToDevice, LK * off * uint64_t(c.q_dim()) * es_a);
+      if (scores) add(Link::kDeviceToHost, LK * nd * after * score_row);
     } else {
       add(Link::kHostToDevice, LK * off * before * row);
       add(Link::kDeviceToHost, LK * off * row);
+      if (scores) add(Link::kDeviceToHost, LK * n * after * score_row);
     }
   }
   return b;
@@ -221,39 +208,59 @@ const Schedule& CostModel::schedule(const ScheduleShape& s, uint64_t key) {
 
 CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_before, int layers) {
   const ModelConfig& c = m_.config;
-  const auto pe = place_unit(m_.embed, p), pl = place_unit(m_.layer, p), ph = place_unit(m_.head, p);
+  const auto pe = place_unit(m_.embed, p), ph = place_unit(m_.head, p);
+  const auto pa = place_unit(m_.attn, p), pm = place_unit(m_.mlp, p), pl = place_unit(m_.layer, p);
   const KvSplit sp = split_kv(p.gpu_batch_size, p);
   const int K = int(p.num_gpu_batches);
   ScheduleShape sh;
-  sh.units = layers + 2;
+  sh.kinds = unit_kinds(layers, p.sep_layer);
   sh.micro_batches = K;
   auto streams = [](const std::array<uint64_t, 3>& t) { return t[1] + t[2] > 0; };
-  for (int u = 0; u < sh.units; ++u) {
-    const auto& t = u == 0 ? pe : u == sh.units - 1 ? ph : pl;
-    sh.unit_streams.push_back(streams(t));
-    sh.unit_disk.push_back(t[2] > 0);
+  auto unit_tier = [&](int u) -> const std::array<uint64_t, 3>& {
+    switch (sh.kinds[size_t(u)]) {
+      case UnitKind::kEmbed: return pe;
+      case UnitKind::kHead: return ph;
+      case UnitKind::kAttention: return pa;
+      case UnitKind::kMlp: return pm;
+      case UnitKind::kLayer: break;
+    }
+    return pl;
+  };
+  for (int u = 0; u < sh.units(); ++u) {
+    sh.unit_streams.push_back(streams(unit_tier(u)));
+    sh.unit_disk.push_back(unit_tier(u)[2] > 0);
   }
+  const bool policy = w_.kv && w_.kv->kind != KvPolicyKind::kFull;
+  const bool scores = policy && make_policy(*w_.kv)->needs_scores();
   sh.prefill = prefill;
+  sh.kv_device = sp.n_device > 0;
   sh.kv_host = sp.n_host > 0;
   sh.kv_disk = sp.n_disk > 0;
   sh.cpu_attention = p.cpu_cache_compute;
   sh.act_on_host = p.act_cpu_percent == 100;
+  sh.kv_policy = policy;
   // The engine prefetches the next step's first layer at the end of each step (all but the
   // run's last), so decode steps start with it loaded.
   sh.first_layer_loaded = !prefill;
   sh.prefetch_next = true;
-  const uint64_t key = uint64_t(layers) | uint64_t(K) << 8 | uint64_t(streams(pe)) << 40 |
-                       uint64_t(streams(pl)) << 41 | uint64_t(streams(ph)) << 42 | uint64_t(pe[2] > 0) << 43 |
-                       uint64_t(pl[2] > 0) << 44 | uint64_t(ph[2] > 0) << 45 | uint64_t(prefill) << 46 |
-                       uint64_t(sh.kv_host) << 47 | uint64_t(sh.kv_disk) << 48 | uint64_t(sh.cpu_attention) << 49 |
-                       uint64_t(sh.act_on_host) << 50;
+  uint64_t key = uint64_t(layers) | uint64_t(K) << 8 | uint64_t(prefill) << 40 | uint64_t(sh.kv_device) << 41 |
+                 uint64_t(sh.kv_host) << 42 | uint64_t(sh.kv_disk) << 43 | uint64_t(sh.cpu_attention) << 44 |
+                 uint64_t(sh.act_on_host) << 45 | uint64_t(policy) << 46 | uint64_t(p.sep_layer) << 47;
+  for (int i = 0; i < 5; ++i) {
+    const auto& t = i == 0 ? pe : i == 1 ? ph : i == 2 ? pa : i == 3 ? pm : pl;
+    key |= uint64_t(streams(t)) << (48 + 2 * i) | uint64_t(t[2] > 0) << (49 + 2 * i);
+  }
   const Schedule& sched = schedule(sh, key);
 
-  // Durations per (step kind, unit kind): 0 embed, 1 layer, 2 head.
+  const double es_a = double(dtype_size(act_)), es_kv = double(dtype_size(w_.kv_dtype));
   const double n = double(p.gpu_batch_size), T = prefill ? double(w_.prompt_len) : 1.0;
-  const double row = double(2 * c.kv_dim()) * kF, hid = double(c.hidden) * kF;
-  const double off = double(sp.n_host + sp.n_disk), nd = double(sp.n_disk);
-  const double before = double(len_before), rows_new = prefill ? double(std::min(w_.prompt_len, keep_)) : 1.0;
+  const double row = double(2 * c.kv_dim()) * es_kv, hid = double(c.hidden) * es_a;
+  const double off = double(sp.n_host + sp.n_disk), nd = double(sp.n_disk), ndev = double(sp.n_device);
+  const double before = double(len_before);
+  const double kept = std::min(double(w_.prompt_len), double(keep_));
+  const bool kept_mode = prefill && policy;  // rows leave after the device compacted them (SK)
+  const double after = prefill ? double(w_.prompt_len) : before + 1;
+  const bool host_attn = sh.host_attention();
   auto gemm = [&](double flops, double wbytes, bool large_m) {
     if (large_m) return flops / hw_.device_gemm_prefill;
     const double t = flops / hw_.device_gemm_decode;
@@ -261,45 +268,49 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
     const double r = wbytes / hw_.device_weight_read;
     return hw_.gemm_time_sum ? t + r : std::max(t, r);
   };
-  const double layer_w = double(std::accumulate(m_.layer.begin(), m_.layer.end(), size_t(0)));
-  const double head_w = double(std::accumulate(m_.head.begin(), m_.head.end(), size_t(0)));
+  auto sum = [](const std::vector<size_t>& v) { return double(std::accumulate(v.begin(), v.end(), size_t(0))); };
+  const double H = double(c.hidden), Q = double(c.q_dim()), KV = double(c.kv_dim()), F = double(c.ffn_dim);
   const double ffn_mats = c.arch == Arch::kLlama ? 3 : 2;
-  const double params = double(2 * c.hidden * c.q_dim() + 2 * c.hidden * c.kv_dim()) + ffn_mats * double(c.hidden * c.ffn_dim);
-  double layer_c = gemm(2 * n * T * params, layer_w, prefill);
-  if (prefill) {
-    layer_c += 4 * n * double(c.q_dim()) * T * (T + 1) / 2 / hw_.device_attention_prefill;
-  } else {
-    const double ctx = before + 1;
-    const double host_n = p.cpu_cache_compute ? off : 0, dev_n = n - host_n;
-    layer_c += 4 * dev_n * double(c.q_dim()) * ctx / hw_.device_attention_decode;
-    if (host_n > 0) {
-      const double a = std::max(0.0, std::log2(64.0 / n)), b = std::max(0.0, std::log2(4096.0 / double(c.hidden)));
-      const double eff = std::max(0.1, 1 + hw_.host_eff_c1 * a * b - hw_.host_eff_c2 * a - hw_.host_eff_c3 * b);
-      layer_c += 4 * host_n * double(c.q_dim()) * ctx / (hw_.host_attention * eff);
-      layer_c += host_n * double(c.q_dim() + 2 * c.kv_dim()) * kF / hw_.device_to_host +
-                 host_n * double(c.q_dim()) * kF / hw_.host_to_device;
-    }
-  }
+  const double attn_in_params = H * Q + 2 * H * KV, attn_out_params = H * Q, mlp_params = ffn_mats * H * F;
+  const double attn_w = sum(m_.attn), mlp_w = sum(m_.mlp), head_w = sum(m_.head);
+  const double qkv_share = attn_in_params / (attn_in_params + attn_out_params);
+  const double rows_bytes = n * T * hid;
+  auto elementwise = [&](double passes) {
+    return hw_.device_elementwise > 0 ? rows_bytes * passes / hw_.device_elementwise : 0.0;
+  };
+  // Device attention of `seqs` sequences.
+  auto device_attention = [&](double seqs) {
+    if (prefill) return 4 * seqs * Q * T * (T + 1) / 2 / hw_.device_attention_prefill;
+    return 4 * seqs * Q * (before + 1) / hw_.device_attention_decode;
+  };
+  const double attn_seqs_device = host_attn ? ndev : n;
+  // attention half: q/k/v (+ attention on the device) in C; with host attention the output
+  // projection runs in CR.
+  const double c_attn_in = gemm(2 * n * T * attn_in_params, attn_w * qkv_share, prefill) +
+                           device_attention(attn_seqs_device) + elementwise(kAttnPasses / 2);
+  const double c_attn_out = gemm(2 * n * T * attn_out_params, attn_w * (1 - qkv_share), prefill) +
+                            elementwise(kAttnPasses / 2);
+  const double c_mlp = gemm(2 * n * T * mlp_params, mlp_w, prefill) + elementwise(kMlpPasses + 2 * F / H);
   double embed_c = hw_.device_weight_read > 0 ? n * T * hid / hw_.device_weight_read : 0;
   double head_c = gemm(2 * n * double(c.hidden * c.vocab_size), head_w, false);
-  // Non-GEMM ops (norms, activation, residual adds, bias, rotary, KV writes) stream the
-  // activation rows a few times; plus a fixed cost per compute step (kernel dispatch).
   if (hw_.device_elementwise > 0) {
-    const double rows_bytes = n * T * hid;
-    const double ffn_ratio = double(c.ffn_dim) / double(c.hidden);
-    layer_c += rows_bytes * (kLayerPasses + 2 * ffn_ratio) / hw_.device_elementwise;
     embed_c += rows_bytes * 2 / hw_.device_elementwise;
-    head_c += (n * hid * 2 + n * double(c.vocab_size) * kF) / hw_.device_elementwise;
+    head_c += (n * hid * 2 + n * double(c.vocab_size) * 4) / hw_.device_elementwise;
   }
-  layer_c += hw_.compute_step_overhead;
-  embed_c += hw_.compute_step_overhead;
-  head_c += hw_.compute_step_overhead;
+  double host_attn_t = 0;
+  if (host_attn) {
+    const double a = std::max(0.0, std::log2(64.0 / n)), b = std::max(0.0, std::log2(4096.0 / H));
+    const double eff = std::max(0.1, 1 + hw_.host_eff_c1 * a * b - hw_.host_eff_c2 * a - hw_.host_eff_c3 * b);
+    host_attn_t = 4 * off * Q * (before + 1) / (hw_.host_attention * eff);
+  }
+  const double score_bytes = (sh.kv_policy && scores) ? attn_seqs_device * double(c.n_heads) * after * 4 : 0;
   // The embedding unit moves only the block's rows of a streamed token table; from disk each
   // row is its own read request.
   const uint64_t em_rows = uint64_t(p.block_size()) * uint64_t(T);
   const auto em = embed_moved(m_, p, em_rows);
   const double em_disk_requests = em[2] < pe[2] ? double(em_rows) : 0.0;
-  // KV disk requests: one per (sequence, KV head, K|V) with rows to move.
+  // KV disk I/O: one submission per (layer, micro-batch) of one request per (sequence, KV
+  // head, K|V) with rows to move.
   const double disk_req = nd * double(c.n_kv_heads) * 2;
 
   std::vector<double> fin(sched.steps.size());
@@ -307,27 +318,52 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   Sim out;
   for (size_t i = 0; i < sched.steps.size(); ++i) {
     const Step& st = sched.steps[i];
-    const int uk = st.u == 0 ? 0 : st.u == sh.units - 1 ? 2 : 1;
-    const auto& pu = uk == 0 ? pe : uk == 2 ? ph : pl;
+    const UnitKind kind = st.u < sh.units() ? sh.kinds[size_t(st.u)] : sh.kinds[1];
+    const auto& pu = st.u < sh.units() ? unit_tier(st.u) : unit_tier(1);
+    const bool emb = kind == UnitKind::kEmbed;
     double d = 0;
     switch (st.kind) {
       case StepKind::kLoadWeightDisk:
-        d = double(uk == 0 ? em[2] : pu[2]) / hw_.disk_to_host + (uk == 0 ? em_disk_requests * hw_.disk_read_request : 0);
+        d = double(emb ? em[2] : pu[2]) / hw_.disk_to_host + (emb ? em_disk_requests * hw_.disk_read_request : 0);
         break;
-      case StepKind::kLoadWeight: d = double(uk == 0 ? em[1] + em[2] : pu[1] + pu[2]) / hw_.host_to_device; break;
+      case StepKind::kLoadWeight: d = double(emb ? em[1] + em[2] : pu[1] + pu[2]) / hw_.host_to_device; break;
       case StepKind::kLoadCacheDisk:
         d = nd * before * row / hw_.disk_to_host_cache + (before > 0 ? disk_req * hw_.disk_read_request : 0);
         break;
       case StepKind::kLoadCache: d = off * before * row / hw_.host_to_device; break;
-      case StepKind::kLoadHidden: d = n * T * hid / hw_.host_to_device; break;
-      case StepKind::kCompute: d = uk == 0 ? embed_c : uk == 2 ? head_c : layer_c; break;
-      case StepKind::kStoreHidden: d = n * T * hid / hw_.device_to_host; break;
-      case StepKind::kStoreCache: d = off * rows_new * row / hw_.device_to_host_cache; break;
-      case StepKind::kStoreCacheDisk:
-        d = nd * rows_new * row / hw_.host_to_disk_cache + (rows_new > 0 ? disk_req * hw_.disk_write_request : 0);
+      case StepKind::kLoadHidden: d = rows_bytes / hw_.host_to_device; break;
+      case StepKind::kCompute:
+        switch (kind) {
+          case UnitKind::kEmbed: d = embed_c; break;
+          case UnitKind::kHead: d = head_c; break;
+          case UnitKind::kMlp: d = c_mlp; break;
+          case UnitKind::kAttention: d = c_attn_in + (host_attn ? 0 : c_attn_out); break;
+          case UnitKind::kLayer: d = c_attn_in + (host_attn ? 0 : c_attn_out + c_mlp); break;
+        }
+        d += hw_.compute_step_overhead;
         break;
+      case StepKind::kComputeRest:
+        d = c_attn_out + (kind == UnitKind::kLayer ? c_mlp : 0) + hw_.compute_step_overhead;
+        break;
+      case StepKind::kStoreQkv: d = off * T * (Q + 2 * KV) * es_a / hw_.device_to_host; break;
+      case StepKind::kHostAttention: d = host_attn_t; break;
+      case StepKind::kLoadAttn: d = off * T * Q * es_a / hw_.host_to_device; break;
+      case StepKind::kStoreHidden: d = rows_bytes / hw_.device_to_host; break;
+      case StepKind::kStoreCache:
+        d = (host_attn || kept_mode ? 0 : off * (prefill ? kept : 1.0) * row / hw_.device_to_host_cache) +
+            score_bytes / hw_.device_to_host;
+        break;
+      case StepKind::kStoreKept: d = off * kept * row / hw_.device_to_host_cache; break;
+      case StepKind::kUpdateCache: d = 0; break;
+      case StepKind::kGatherCache: d = hw_.compute_step_overhead; break;
+      case StepKind::kStoreCacheDisk: {
+        const double stored = prefill ? std::min(double(w_.prompt_len), double(keep_)) : 1.0;
+        d = nd * stored * row / hw_.host_to_disk_cache + disk_req * hw_.disk_write_request;
+        break;
+      }
     }
-    if (st.kind != StepKind::kCompute) d += hw_.schedule_step_overhead;
+    if (st.kind != StepKind::kCompute && st.kind != StepKind::kComputeRest && st.kind != StepKind::kGatherCache)
+      d += hw_.schedule_step_overhead;
     const size_t q = size_t(st.queue);
     out.busy[q] += d;
     if (!p.overlap) {
@@ -338,6 +374,7 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
     const size_t r = !hw_.disk_duplex && st.queue == Queue::kDiskWrite ? size_t(Queue::kDiskRead) : q;
     double start = qfree[r];
     for (int dep : st.deps) start = std::max(start, fin[size_t(dep)]);
+    // A queue runs its steps in order.
     fin[i] = start + d;
     qfree[r] = fin[i];
     out.t = std::max(out.t, fin[i]);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/memory_plan.h"
 #include "engine/offload_engine.h"
 #include "engine/schedule.h"
 #include "planner/hardware.h"
@@ -24,23 +25,22 @@ namespace flexh2o {
 struct Workload {
   int64_t prompt_len = 512, gen_len = 32;  // every sequence; gen_len counts the prefill's token
   std::optional<KvPolicyConfig> kv;        // a KV policy (h2o, ...): the cache keeps its budget only
+  DType kv_dtype = DType::F16;             // of the KV cache in every tier
 };
 
-// Bytes of each weight tensor of the three kinds of unit (all layers are alike), in the order
-// place_weights() walks them; a tied lm_head is the last entry of `head`.
+// Bytes of each weight tensor of the kinds of unit (all layers are alike), in the order
+// place_weights() walks them; a layer is its attention tensors then its MLP tensors (`layer`
+// is both, for whole-layer units); a tied lm_head is the last entry of `head`.
 struct ModelShape {
   ModelConfig config;
-  std::vector<size_t> embed, layer, head;
+  std::vector<size_t> embed, attn, mlp, layer, head;
   size_t token_index = 0;  // which of `embed` is the token table (vocab rows)
   // From the config alone, weights in config.dtype (presets, dummy weights).
   static ModelShape from_config(const ModelConfig& c);
-  // From a loaded model (its checkpoint's dtypes).
-  static ModelShape from_model(const Model& m);
+  // From a loaded model: the checkpoint's dtypes, or every tensor at `as` (what a CUDA device holds).
+  static ModelShape from_model(const Model& m, std::optional<DType> as = std::nullopt);
   uint64_t total_bytes() const;  // all units, tied head counted twice (as the engine streams it)
 };
-
-// Per-tier bytes of one unit under the midpoint rule; same result as place_weights().
-std::array<uint64_t, 3> place_unit(const std::vector<size_t>& tensor_bytes, const Policy& p);
 // Per-tier bytes the embedding unit moves in a step of `rows` token rows: a host- or disk-homed
 // token table moves only min(rows, vocab) of its rows (the engine gathers them).
 std::array<uint64_t, 3> embed_moved(const ModelShape& m, const Policy& p, uint64_t rows);
@@ -69,9 +69,9 @@ class CostModel {
   Estimate estimate(const Policy& p);
   // Faster estimate for the search: decode simulated at the mean length only; no bytes.
   Estimate quick(const Policy& p);
-  // Bytes per tier, identical to memory_need() of the engine for this shape (fast, no strings).
+  // Bytes per tier: plan_memory() (engine/memory_plan.h), what the engine allocates.
   std::array<uint64_t, 3> memory(const Policy& p) const;
-  // The engine's memory_need() breakdown text for this policy.
+  // plan_memory()'s breakdown text for this policy.
   std::string memory_breakdown(const Policy& p) const;
   // Bytes per link over the whole run; exactly what OffloadEngine counts for `block`
   // sequences of prompt_len tokens generating gen_len tokens each.
@@ -87,8 +87,10 @@ class CostModel {
   // a bounded KV policy, else the budget); device-side buffers: device_capacity().
   int64_t capacity() const;
   int64_t device_capacity() const { return cap_w_; }
+  DType act_dtype() const { return act_; }  // of the profile's device kind (CUDA: F16, CPU: F32)
 
  private:
+  MemoryPlan plan(const Policy& p) const;
   struct Sim {
     double t = 0;
     std::array<double, kNumQueues> busy{};
@@ -102,7 +104,8 @@ class CostModel {
   ModelShape m_;
   HardwareProfile hw_;
   Workload w_;
-  int64_t keep_ = 0, cap_w_ = 0, cap_h_ = 0;
+  int64_t keep_ = 0, cap_w_ = 0, cap_h_ = 0, budget_max_ = 0;
+  DType act_ = DType::F32;
   std::map<uint64_t, Schedule> schedules_;
 };
 

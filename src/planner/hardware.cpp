@@ -41,6 +41,12 @@ HardwareProfile HardwareProfile::from_json(const json& j, const std::string& ori
   HardwareProfile h;
   h.name = j.value("name", std::string());
   h.source = j.value("source", std::string());
+  if (j.contains("device")) {
+    const json& d = j["device"];
+    if (!d.is_string() || (d.get<std::string>() != "cuda" && d.get<std::string>() != "cpu"))
+      FH_FAIL(origin, ": hardware profile field \"device\" must be \"cuda\" or \"cpu\"");
+    h.device = d.get<std::string>() == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
+  }
   h.device_memory = field(j, origin, "memory_gb", "device", true, true) * kG;
   h.host_memory = field(j, origin, "memory_gb", "host", true, true) * kG;
   h.disk_memory = field(j, origin, "memory_gb", "disk", true, false) * kG;
@@ -110,6 +116,7 @@ json HardwareProfile::to_json() const {
   json j;
   j["name"] = name;
   j["source"] = source;
+  j["device"] = device_kind_name(device);
   j["memory_gb"] = {{"device", device_memory / kG}, {"host", host_memory / kG}, {"disk", disk_memory / kG}};
   j["usable_fraction"] = usable_fraction;
   j["bandwidth_gbps"] = {{"host_to_device", host_to_device / kG},       {"device_to_host", device_to_host / kG},

@@ -10,10 +10,15 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "engine/device.h"
+
 namespace flexh2o {
 
 struct HardwareProfile {
   std::string name, source;  // source: where the numbers come from (measured, datasheet, fitted)
+  // The engine's device on this machine (JSON "device": "cuda" or "cpu", default "cpu"): it
+  // decides the activation dtype (CUDA: F16, CPU: F32) and the compute scratch.
+  DeviceKind device = DeviceKind::kCpu;
   // Tier capacities in bytes, and the fraction of each the planner may fill (FlexGen's alpha).
   double device_memory = 0, host_memory = 0, disk_memory = 0;
   double usable_fraction = 1.0;

@@ -139,8 +139,9 @@ Policy plan_policy(const ModelConfig& c, const HardwareProfile& hw, const Worklo
   return search_policy(cm, opts).best.policy;
 }
 
-Policy plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts) {
-  CostModel cm(ModelShape::from_model(m), hw, w);
+Policy plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts,
+                   std::optional<DType> as) {
+  CostModel cm(ModelShape::from_model(m, as), hw, w);
   return search_policy(cm, opts).best.policy;
 }
 

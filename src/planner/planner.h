@@ -36,7 +36,9 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& opts = {});
 // `weights_from` (optional) supplies the checkpoint's dtypes; presets use c.dtype.
 Policy plan_policy(const ModelConfig& c, const HardwareProfile& hw, const Workload& w,
                    const SearchOptions& opts = {});
-Policy plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts = {});
+// `as`: the dtype the device holds every weight in (a CUDA device), else the checkpoint's.
+Policy plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts = {},
+                   std::optional<DType> as = std::nullopt);
 
 // FlexGen's own published cost model (PAPERS.md §4, experimental/cost_model.py) evaluated for
 // a policy: fp16 weights and KV, its fitted constants taken from `hw`. Returns tokens/s.

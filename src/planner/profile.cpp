@@ -211,11 +211,11 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     const Model tm = Model::dummy(tc, 1);
     LayerCompute lc;
     const int64_t cap = 32, len = 16;
-    std::vector<float> k(size_t(tc.n_kv_heads * cap * tc.head_dim), 0.01f), v(k.size(), 0.01f);
+    std::vector<uint16_t> k(size_t(tc.n_kv_heads * cap * tc.head_dim), f32_to_f16(0.01f)), v(k);
     std::vector<float> hidden(size_t(tc.hidden), 0.1f);
     const int32_t pos = int32_t(len - 1), keys = int32_t(len);
     const StepShape st{1, 1, &pos, &keys};
-    const KvSegment seg{k.data(), v.data(), 0, 1, cap};
+    const KvSegment seg{k.data(), v.data(), DType::F16, 0, 1, cap};
     h.compute_step_overhead = time_per_call(o.min_seconds, [&] {
       dev.run([&] { lc.layer(tc, tm.weights().layers[0], st, hidden.data(), std::span<const KvSegment>(&seg, 1)); });
     });
@@ -224,11 +224,12 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
   // on a real schedule shape with no-op actions, per step of its critical path.
   {
     ScheduleShape sh;
-    sh.units = 8;
+    sh.kinds = unit_kinds(6, false);
     sh.micro_batches = 2;
-    sh.unit_streams.assign(size_t(sh.units), true);
-    sh.unit_disk.assign(size_t(sh.units), false);
+    sh.unit_streams.assign(sh.kinds.size(), true);
+    sh.unit_disk.assign(sh.kinds.size(), false);
     sh.prefill = false;
+    sh.kv_device = false;
     sh.kv_host = true;
     const Schedule sched = build_schedule(sh);
     std::vector<double> fin(sched.steps.size());
@@ -242,20 +243,23 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
       qfree[size_t(stp.queue)] = fin[i];
       path = std::max(path, fin[i]);
     }
-    const double t = time_per_call(o.min_seconds, [&] { run_schedule(sched, true, [](const Step&) {}); });
+    const double t = time_per_call(o.min_seconds, [&] { run_schedule(dev, sched, true, [](const Step&) {}); });
     h.schedule_step_overhead = t / path;
   }
-  // Attention (seq_keys layout), prefill and decode; host attention is the same kernel here.
+  // Attention (seq_keys layout, f16 KV as the engine's default), prefill and decode; host
+  // attention is the same kernel here.
   {
     const int64_t H = 8, hd = 64;
     auto run = [&](int64_t B, int64_t tq, int64_t len) {
       const int64_t cap = len;
-      std::vector<float> q(size_t(B * tq * H * hd), 0.01f), kv(size_t(B * H * cap * hd), 0.02f), out(q.size());
+      std::vector<float> q(size_t(B * tq * H * hd), 0.01f), out(q.size());
+      std::vector<uint16_t> kv(size_t(B * H * cap * hd), f32_to_f16(0.02f));
       std::vector<int32_t> keys(static_cast<size_t>(B), static_cast<int32_t>(len));
       cpu::AttentionArgs a;
       a.q = q.data();
       a.q_stride = H * hd;
       a.k = a.v = kv.data();
+      a.kv_dtype = DType::F16;
       a.batch = B;
       a.tq = tq;
       a.n_heads = a.kv_heads = H;

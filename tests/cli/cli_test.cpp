@@ -256,7 +256,7 @@ TEST(Cli, BenchRunsFixedLengthWorkloadsWithPoliciesAndPresets) {
   EXPECT_EQ(j["workload"]["prompt_len"], 20);
   EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
   // KV bytes follow the budget: prefill stores 7 rows, decode loads 7 and stores 1 per step.
-  const uint64_t row = 2 * 4 * 64 * 4 * 4;  // K+V, 4 kv heads x 64 dims fp32, 4 layers
+  const uint64_t row = 2 * 4 * 64 * 2 * 4;  // K+V, 4 kv heads x 64 dims f16, 4 layers
   EXPECT_EQ(j["offload"]["kv_bytes_moved"].get<uint64_t>(), 4 * (7 + 5 * 8) * row);
   RunResult preset = flexh2o("bench -m opt-125m --prompt-len 8 --gen-len 2 --num-prompts 2 --threads 2");
   EXPECT_EQ(preset.code, 0) << preset.err;

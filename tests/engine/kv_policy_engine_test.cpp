@@ -152,7 +152,7 @@ TEST_P(KvPolicyEngine, KvBytesMovedShrinkAsTheBudgetPredicts) {
     generate(e, reqs, go);
     return e.report().kv_bytes;
   };
-  const uint64_t row = uint64_t(2 * c.n_kv_heads * c.head_dim) * sizeof(float) * uint64_t(c.n_layers);
+  const uint64_t row = uint64_t(2 * c.n_kv_heads * c.head_dim) * 2 * uint64_t(c.n_layers);  // f16 KV
   // Full: prefill stores 40 rows; decode step j loads 40 + j rows and stores 1.
   uint64_t full = 0;
   for (int64_t j = 0; j < gen - 1; ++j) full += uint64_t(prompt + j + 1) * row;

@@ -82,7 +82,7 @@ TEST_F(Fixture, DiskFullWhileWritingTheStoreLeavesItConsistent) {
 TEST_F(Fixture, TruncatedOrCorruptedStoreFilesAreRebuilt) {
   OffloadOptions o = disk_options(tmp.path());
   { OffloadEngine first(model, dev, o); }
-  const fs::path victim = tmp.path() / "w.model.decoder.layers.2.fc1.weight.fhs";
+  const fs::path victim = tmp.path() / "w.model.decoder.layers.2.fc1.weight.F16.fhs";
   ASSERT_TRUE(fs::exists(victim));
   fs::resize_file(victim, fs::file_size(victim) - 5000);  // truncated: header check catches it
   {

@@ -1,151 +1,30 @@
-// Host-side pieces of the GPU runner, tested without a GPU: device byte counts and the
-// "does not fit" message, decide_kv_policy() (the decision the GPU runner applies with
-// kv_gather) against apply_kv_policy(), the CLI's rule for which runs may use CUDA, and the
-// clear error GpuRunner gives when there is no GPU (or no CUDA in the build).
+// The CUDA device's host side, without a GPU: the compute dtype of a checkpoint, and the clear
+// error make_cuda_device() gives when there is no GPU (or no CUDA in the build).
 #include <gtest/gtest.h>
 
-#include <random>
-
-#include "cli/run_setup.h"
-#include "engine/kv_evict.h"
 #include "engine/test_util.h"
-#include "gpu/gpu_runner.h"
-#include "gpu/memory_plan.h"
+#include "gpu/cuda_device.h"
 #include "kernels/cuda/cuda_probe.h"
-#include "policies/keep_list.h"
 
 namespace flexh2o {
 namespace {
 using test::model_dir;
 
-TEST(GpuMemoryPlan, TinyModelsAreF16AndCountEveryTensorAligned) {
-  for (const char* name : {"tiny-opt", "tiny-llama"}) {
-    Model m = Model::load_dir(model_dir(name));
-    EXPECT_EQ(gpu::gpu_compute_dtype(m), DType::F16) << name;
-    const size_t bytes = gpu::gpu_weight_bytes(m, DType::F16);
-    EXPECT_GE(bytes, m.weight_bytes()) << name;  // f16 checkpoint: same bytes plus alignment
-    EXPECT_LE(bytes, m.weight_bytes() + m.tensors().size() * gpu::kTensorAlign) << name;
-    EXPECT_EQ(bytes % gpu::kTensorAlign, 0u);
-  }
-}
-
-TEST(GpuMemoryPlan, Bf16ConfigGivesBf16AndKvBytesFollowTheLayout) {
+TEST(CudaDevice, ComputeDtypeFollowsTheCheckpoint) {
+  for (const char* name : {"tiny-opt", "tiny-llama"}) EXPECT_EQ(gpu::compute_dtype(Model::load_dir(model_dir(name))), DType::F16);
   ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
   c.dtype = DType::BF16;
-  Model m = Model::dummy(c);  // dummy weights are stored in c.dtype
-  EXPECT_EQ(gpu::gpu_compute_dtype(m), DType::BF16);
-  // 2 (K,V) x 4 layers x 3 seqs x 2 kv heads x 10 slots x 64 dims x 2 bytes
-  EXPECT_EQ(gpu::gpu_kv_bytes(c, DType::F16, 3, 10), size_t(2 * 4 * 3 * 2 * 10 * 64 * 2));
+  EXPECT_EQ(gpu::compute_dtype(Model::dummy(c)), DType::BF16);  // dummy weights are stored in c.dtype
 }
 
-TEST(GpuMemoryPlan, FitErrorNamesBytesDeviceAndWhatToDo) {
-  EXPECT_EQ(gpu::fit_error("the weights", 100, 100, 200, "GPU X", "hint"), "");
-  const std::string e = gpu::fit_error("the weights of opt-30b (F16)", size_t(60) << 30, size_t(15) << 30,
-                                       size_t(16) << 30, "Tesla T4", "use --device cpu");
-  EXPECT_EQ(e, "the weights of opt-30b (F16) need 60.0 GiB on the GPU, but only 15.0 GiB of 16.0 GiB is free on "
-               "Tesla T4; use --device cpu");
-  EXPECT_EQ(gpu::format_bytes(512), "512 B");
-  EXPECT_EQ(gpu::format_bytes(1536), "1.5 KiB");
-}
-
-// A policy run over a random segment, once through apply_kv_policy (moves K/V itself) and once
-// through decide_kv_policy with the keep lists applied by the host reference compaction.
-void check_decide_equals_apply(bool prefill, KvPolicyKind kind) {
-  ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();  // GQA: 4 heads, 2 KV heads
-  const int64_t B = 3, cap = 24, kvh = c.n_kv_heads, hd = c.head_dim;
-  KvPolicyConfig pc;
-  pc.kind = kind;
-  pc.heavy_budget = 4;
-  pc.recent_budget = 4;
-  auto policy = make_policy(pc);
-  std::mt19937 g(7);
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  std::vector<float> k(size_t(B * kvh * cap * hd)), v(k.size()), scores(size_t(B * c.n_heads * cap));
-  for (auto& x : k) x = u(g);
-  for (auto& x : v) x = u(g);
-  for (auto& x : scores) x = u(g);
-  std::vector<int32_t> before = prefill ? std::vector<int32_t>{0, 0, 0} : std::vector<int32_t>{8, 8, 8};
-  std::vector<int32_t> after = prefill ? std::vector<int32_t>{20, 5, 13} : std::vector<int32_t>{9, 9, 9};
-  std::vector<int32_t> seen = prefill ? std::vector<int32_t>{0, 0, 0} : std::vector<int32_t>{30, 12, 9};
-  std::vector<KvBudget> budgets(size_t(B), policy->budget(20));
-  KvPolicyState s1, s2;
-  s1.reset(B, kvh, cap);
-  for (size_t i = 0; i < s1.acc.size(); ++i) s1.acc[i] = u(g), s1.pos[i] = int32_t(i % size_t(cap)) + 100;
-  s2 = s1;
-  std::vector<float> k2 = k, v2 = v;
-  std::vector<int32_t> after2 = after, lo1, hi1, lo2, hi2;
-  auto args = [&](float* kk, float* vv, KvPolicyState* st, int32_t* la, std::vector<int32_t>* lo,
-                  std::vector<int32_t>* hi) {
-    EvictArgs a;
-    a.policy = policy.get();
-    a.config = &c;
-    a.seg = KvSegment{kk, vv, 0, B, cap, scores.data()};
-    a.state = st;
-    a.len_before = before.data();
-    a.len_after = la;
-    a.seen_before = seen.data();
-    a.budgets = budgets.data();
-    a.prefill = prefill;
-    a.salt = 3;
-    a.dirty_lo = lo;
-    a.dirty_hi = hi;
-    return a;
-  };
-  apply_kv_policy(args(k.data(), v.data(), &s1, after.data(), &lo1, &hi1));
-  int calls = 0;
-  decide_kv_policy(args(nullptr, nullptr, &s2, after2.data(), &lo2, &hi2),
-                   [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
-                     ++calls;
-                     for (size_t i = 0; i < keep.size(); ++i) ASSERT_GE(keep[i], int32_t(i));  // kv_gather's contract
-                     for (int64_t d = 0; d < hd; ++d) {  // compact each element column of the row
-                       for (std::vector<float>* buf : {&k2, &v2}) {
-                         float* row = buf->data() + (b * kvh + h) * cap * hd;
-                         std::vector<float> col(static_cast<size_t>(cap));
-                         for (int64_t s = 0; s < cap; ++s) col[size_t(s)] = row[s * hd + d];
-                         compact_in_place<float>(col, keep);
-                         for (int64_t s = 0; s < cap; ++s) row[s * hd + d] = col[size_t(s)];
-                       }
-                     }
-                   });
-  EXPECT_GT(calls, 0);
-  EXPECT_EQ(k2, k);
-  EXPECT_EQ(v2, v);
-  EXPECT_EQ(after2, after);
-  EXPECT_EQ(s2.acc, s1.acc);
-  EXPECT_EQ(s2.pos, s1.pos);
-  EXPECT_EQ(lo2, lo1);
-  EXPECT_EQ(hi2, hi1);
-}
-
-TEST(DecideKvPolicy, KeepListsReproduceApplyAtPrefillAndDecode) {
-  for (KvPolicyKind kind : {KvPolicyKind::kH2o, KvPolicyKind::kRandom}) {
-    check_decide_equals_apply(true, kind);
-    check_decide_equals_apply(false, kind);
-  }
-}
-
-TEST(CudaGate, ResidentRunsMayUseCudaAndAutoKeepsOffloadingOnTheCpu) {
-  cli::OffloadArgs off;
-  EXPECT_EQ(cli::cuda_unsupported_reason(off), "");
-  off.percent = {100, 0, 100, 0, 100, 0};
-  EXPECT_EQ(cli::cuda_unsupported_reason(off), "");
-  off.percent = {50, 50, 0, 100, 0, 100};  // the host cache needs --cpu-cache-compute
-  EXPECT_NE(cli::cuda_unsupported_reason(off).find("not wired on CUDA yet"), std::string::npos);
-  off.percent.clear();
-  off.gpu_mem = "16GiB";  // weight offloading (offload_host_test.cpp); --device auto keeps it on the CPU
-  EXPECT_EQ(cli::cuda_unsupported_reason(off), "");
-  EXPECT_NE(cli::cuda_unsupported_reason(off, "auto"), "");
-}
-
-TEST(GpuRunnerWithoutGpu, SaysWhyAndWhatToUseInstead) {
-  if (probe_cuda().available) GTEST_SKIP() << "a GPU is present (the runner tests cover it)";
-  Model m = Model::load_dir(model_dir("tiny-opt"));
+TEST(CudaDevice, WithoutAGpuSaysWhyAndWhatToUseInstead) {
+  if (probe_cuda().available) GTEST_SKIP() << "a GPU is present (gpu_engine_test covers it)";
   try {
-    gpu::GpuRunner r(m, gpu::GpuRunnerOptions{});
-    FAIL() << "GpuRunner constructed without a GPU";
+    gpu::make_cuda_device({});
+    FAIL() << "a CUDA device was made without a GPU";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find(probe_cuda().reason), std::string::npos) << msg;
+    if (cuda_compiled_in()) EXPECT_NE(msg.find(probe_cuda().reason), std::string::npos) << msg;
     EXPECT_NE(msg.find("use --device cpu"), std::string::npos) << msg;
   }
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/cpu_device.h"
 #include "engine/generate.h"
 #include "engine/offload_engine.h"
 #include "engine/test_util.h"
@@ -29,8 +30,12 @@ Policy make(const char* percent, int gbs, int ngb, bool cpu_attn, bool overlap =
   return p;
 }
 
+// The H200 profile's capacities and rates, with the CPU device's activations (fp32) so that
+// bytes compare with the engine on the CPU device.
 HardwareProfile big_profile() {
-  return HardwareProfile::load(std::filesystem::path(FLEXH2O_SOURCE_CONFIGS) / "hardware" / "h200.json");
+  HardwareProfile h = HardwareProfile::load(std::filesystem::path(FLEXH2O_SOURCE_CONFIGS) / "hardware" / "h200.json");
+  h.device = DeviceKind::kCpu;
+  return h;
 }
 
 struct BytesCase {
@@ -198,26 +203,43 @@ TEST(PlannerPlacement, UnitsAndMemoryEqualTheEngine) {
     Model model = Model::load_dir(model_dir(name));
     const ModelShape from_model = ModelShape::from_model(model);
     const ModelShape from_config = ModelShape::from_config(model.config());
-    Workload w;
-    w.prompt_len = 33;
-    w.gen_len = 9;
-    CostModel cm(from_model, big_profile(), w);
-    for (const char* pct : {"0 100 0 100 100 0", "20 30 0 50 0 100", "55 25 34 33 100 0", "0 0 0 0 100 0"}) {
-      for (int gbs : {1, 3, 8}) {
-        const Policy p = make(pct, gbs, 2, false);
-        const WeightPlacement wp = place_weights(model, p);
-        EXPECT_EQ(place_unit(from_model.embed, p), (std::array<uint64_t, 3>{wp.units[0].bytes[0], wp.units[0].bytes[1], wp.units[0].bytes[2]}));
-        const auto& lu = wp.units[1].bytes;
-        EXPECT_EQ(place_unit(from_model.layer, p), (std::array<uint64_t, 3>{lu[0], lu[1], lu[2]})) << name << " " << pct;
-        const auto& hu = wp.units.back().bytes;
-        EXPECT_EQ(place_unit(from_model.head, p), (std::array<uint64_t, 3>{hu[0], hu[1], hu[2]})) << name << " " << pct;
-        const MemoryNeed need = memory_need(model.config(), wp, p, w.prompt_len, cm.capacity());
-        const auto mine = cm.memory(p);
-        for (int t = 0; t < 3; ++t) EXPECT_EQ(mine[size_t(t)], need.bytes[size_t(t)]) << name << " " << pct << " tier " << t;
+    CpuDevice dev(2);
+    for (bool sep : {true, false}) {
+      for (const KvPolicyKind kind : {KvPolicyKind::kFull, KvPolicyKind::kH2o}) {
+        Workload w;
+        w.prompt_len = 33;
+        w.gen_len = 9;
+        KvPolicyConfig kc;
+        kc.kind = kind;
+        kc.heavy_budget = 5, kc.recent_budget = 4;
+        if (kind != KvPolicyKind::kFull) w.kv = kc;
+        CostModel cm(from_model, big_profile(), w);
+        for (const char* pct : {"0 100 0 100 100 0", "20 30 0 50 0 100", "55 25 34 33 100 0", "0 0 0 0 100 0"}) {
+          for (int gbs : {1, 3, 8}) {
+            Policy p = make(pct, gbs, 2, false);
+            p.sep_layer = sep;
+            const WeightPlacement wp = place_weights(model, p);
+            auto tiers = [](const UnitPlacement& u) { return std::array<uint64_t, 3>{u.bytes[0], u.bytes[1], u.bytes[2]}; };
+            EXPECT_EQ(place_unit(from_model.embed, p), tiers(wp.units[0]));
+            EXPECT_EQ(place_unit(sep ? from_model.attn : from_model.layer, p), tiers(wp.units[1])) << name << " " << pct;
+            if (sep) EXPECT_EQ(place_unit(from_model.mlp, p), tiers(wp.units[2])) << name << " " << pct;
+            EXPECT_EQ(place_unit(from_model.head, p), tiers(wp.units.back())) << name << " " << pct;
+            // The memory the planner predicts is the plan the engine allocates by.
+            OffloadOptions o;
+            o.policy = p;
+            const auto kvp = w.kv ? make_policy(*w.kv) : nullptr;
+            BatchDims d;
+            d.rows = w.prompt_len, d.capacity = w.prompt_len + w.gen_len;
+            d.kv_policy = kvp != nullptr, d.scores = kvp && kvp->needs_scores();
+            if (kvp) d.budget_max = kvp->budget(w.prompt_len).total();
+            const MemoryPlan plan = offload_memory_plan(model, dev, o, d);
+            EXPECT_EQ(cm.memory(p), plan.bytes) << name << " " << pct << " sep " << sep;
+          }
+        }
       }
     }
-    // Dummy presets use the config's dtype; the checkpoint here may differ, but the layout is the same.
     EXPECT_EQ(from_config.layer.size(), from_model.layer.size());
+    EXPECT_EQ(from_config.attn.size() + from_config.mlp.size(), from_model.layer.size());
     EXPECT_EQ(from_config.head.size(), from_model.head.size());
   }
 }
@@ -327,6 +349,32 @@ TEST(PlannerAnchors, FlexGenReferenceOnT4Paper) {
   const double h2o = flexgen_reference_throughput(c, t4, Workload{512, 32, kv}, make("0 100 0 100 0 100", 52, 14, true));
   EXPECT_GT(h2o, 9.0);
   EXPECT_LT(h2o, 18.0);
+}
+
+// With f16 KV and attention / MLP as separate units, the papers' own OPT-30B policies fit the
+// T4 machine by our memory model, as they ran there (PAPERS.md §9.1).
+TEST(PlannerAnchors, PaperPoliciesFitOnT4Paper) {
+  const std::filesystem::path cfg = FLEXH2O_SOURCE_CONFIGS;
+  const HardwareProfile t4 = HardwareProfile::load(cfg / "hardware" / "t4-paper.json");
+  ModelConfig c = ModelConfig::from_file(cfg / "models" / "opt-30b.json");
+  c.name = "opt-30b";
+  CostModel flexgen(ModelShape::from_config(c), t4, Workload{512, 32, {}});
+  const Estimate f = flexgen.estimate(make("20 80 0 100 0 100", 48, 3, true));
+  EXPECT_TRUE(f.fits) << f.memory_note << "\n" << flexgen.memory_breakdown(f.policy);
+  KvPolicyConfig kv;
+  kv.kind = KvPolicyKind::kH2o;
+  kv.heavy_ratio = 0.1;
+  kv.recent_ratio = 0.1;
+  // H2O's 52 x 14 block with 20% of the cache: within the machine's 208 GB of host memory,
+  // though just over FlexGen's planning fraction (0.8) of it.
+  CostModel h2o(ModelShape::from_config(c), t4, Workload{512, 32, kv});
+  const Estimate e = h2o.estimate(make("0 100 0 100 0 100", 52, 14, true));
+  EXPECT_LE(double(e.memory[1]), t4.host_memory) << h2o.memory_breakdown(e.policy);
+  EXPECT_LE(double(e.memory[0]), t4.usable(0)) << h2o.memory_breakdown(e.policy);
+  // Whole-layer units put every layer's fc2 on the device: FlexGen's 20/80 no longer fits.
+  Policy whole = make("20 80 0 100 0 100", 48, 3, true);
+  whole.sep_layer = false;
+  EXPECT_FALSE(flexgen.estimate(whole).fits);
 }
 
 }  // namespace

@@ -1,0 +1,49 @@
+// Buffer ownership and the scratch formula shared by the devices and the planner.
+#include "engine/device.h"
+
+#include <algorithm>
+
+#include "engine/layer_compute.h"
+
+namespace flexh2o {
+
+const char* device_kind_name(DeviceKind k) { return k == DeviceKind::kCuda ? "cuda" : "cpu"; }
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    dev_ = o.dev_, data_ = o.data_, size_ = o.size_, kind_ = o.kind_;
+    charge_ = std::move(o.charge_);
+    o.dev_ = nullptr, o.data_ = nullptr, o.size_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::reset() noexcept {
+  if (data_ && dev_) dev_->release(kind_, data_, size_);
+  dev_ = nullptr, data_ = nullptr, size_ = 0;
+  charge_ = TierCharge();
+}
+
+Buffer Device::make_buffer(std::byte* p, size_t bytes, MemKind kind, TierCharge charge) {
+  Buffer b;
+  b.dev_ = this, b.data_ = p, b.size_ = bytes, b.kind_ = kind;
+  b.charge_ = std::move(charge);
+  return b;
+}
+
+uint64_t device_scratch_bytes(DeviceKind kind, const ModelConfig& c, DType act, int64_t rows, int64_t seqs) {
+  if (kind == DeviceKind::kCpu) {
+    uint64_t b = uint64_t(LayerCompute::unit_scratch_bytes(c, rows, seqs));
+    if (act != DType::F32) b += uint64_t(rows * (c.hidden + 2 * c.q_dim() + 2 * c.kv_dim())) * 4;
+    return b;
+  }
+  // CUDA: normed rows, two FFN chunks, the last row per sequence (act dtype, 256-aligned each),
+  // and the cuBLAS workspace.
+  const uint64_t es = dtype_size(act), chunk = uint64_t(std::min(rows, kMlpChunkRows));
+  auto al = [](uint64_t n) { return (n + 255) / 256 * 256; };
+  return al(uint64_t(rows * c.hidden) * es) + 2 * al(chunk * uint64_t(c.ffn_dim) * es) +
+         al(uint64_t(seqs * c.hidden) * es) + (uint64_t(32) << 20);
+}
+
+}  // namespace flexh2o

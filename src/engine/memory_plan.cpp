@@ -1,0 +1,107 @@
+// plan_memory(): every buffer of an offloaded run, per tier, from the policy and the batch.
+#include "engine/memory_plan.h"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+namespace flexh2o {
+
+WeightBytes WeightBytes::of(const WeightPlacement& wp) {
+  WeightBytes w;
+  w.homed = {wp.bytes[0], wp.bytes[1], wp.bytes[2]};
+  w.max_streamed = wp.max_streamed;
+  w.max_disk = wp.max_disk;
+  return w;
+}
+
+int64_t kv_capacity_align(const ModelConfig& c, DType kv) {
+  const int64_t row = c.head_dim * int64_t(dtype_size(kv));
+  return 4096 / std::gcd<int64_t>(4096, row);
+}
+
+int64_t align_kv_capacity(const ModelConfig& c, DType kv, int64_t slots) {
+  const int64_t a = kv_capacity_align(c, kv);
+  return (std::max<int64_t>(slots, 1) + a - 1) / a * a;
+}
+
+std::string human_bytes(uint64_t b) {
+  std::ostringstream os;
+  os.precision(3);
+  if (b >= (1ull << 30)) os << double(b) / double(1ull << 30) << " GiB";
+  else if (b >= (1ull << 20)) os << double(b) / double(1ull << 20) << " MiB";
+  else if (b >= (1ull << 10)) os << double(b) / double(1ull << 10) << " KiB";
+  else os << b << " B";
+  return os.str();
+}
+
+std::string MemoryPlan::breakdown() const {
+  std::ostringstream os;
+  for (const MemoryItem& it : items)
+    if (it.bytes) os << "  " << tier_name(it.tier) << ": " << it.what << " " << human_bytes(it.bytes) << "\n";
+  return os.str();
+}
+
+MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy& p, const BatchDims& d,
+                       const PlanDtypes& t) {
+  MemoryPlan m;
+  const bool bounded = d.budget_max > 0;
+  m.cap_w = std::max<int64_t>(1, bounded ? std::min(d.capacity, std::max(d.rows, d.budget_max)) : d.capacity);
+  m.cap_h = std::max<int64_t>(1, bounded ? std::min(d.capacity, std::max<int64_t>(d.budget_max, 1)) : d.capacity);
+  m.cap_d = align_kv_capacity(c, t.kv, m.cap_h);
+  m.split = split_kv(p.gpu_batch_size, p);
+  const uint64_t es_kv = dtype_size(t.kv), es_a = dtype_size(t.act);
+  const uint64_t L = uint64_t(c.n_layers), K = uint64_t(p.num_gpu_batches), n = uint64_t(p.gpu_batch_size);
+  const uint64_t B = n * K, rows = uint64_t(d.rows), dec = uint64_t(std::max<int64_t>(d.decode_rows, 1));
+  const uint64_t nd = uint64_t(m.split.n_device), nh = uint64_t(m.split.n_host), nk = uint64_t(m.split.n_disk);
+  const uint64_t off = nh + nk;
+  const uint64_t region = uint64_t(c.n_kv_heads * c.head_dim) * es_kv;  // one slot of K (or V), all heads
+  m.kv_device_seq = 2 * region * uint64_t(m.cap_w);
+  m.kv_home_seq = 2 * region * uint64_t(m.cap_h);
+  m.kv_disk_seq = 2 * region * uint64_t(m.cap_d);
+  m.hidden = n * rows * uint64_t(c.hidden) * es_a;
+  m.qkv_rows = uint64_t(c.q_dim() + 2 * c.kv_dim()) * es_a;
+  m.attn_rows = uint64_t(c.q_dim()) * es_a;
+  const bool act_host = p.act_cpu_percent == 100;
+  const bool host_attention = p.cpu_cache_compute && off > 0;
+  // Scores leave the device for every sequence whose attention runs there (all at prefill).
+  m.scores = d.kv_policy && d.scores ? n * uint64_t(c.n_heads * m.cap_w) * 4 : 0;
+  // Keep lists of the device-homed sequences, and at a prefill of the offloaded ones too.
+  m.keep = d.kv_policy ? n * uint64_t(c.n_kv_heads * (m.cap_w + 1)) * 4 : 0;
+  m.inputs = (4 * B * rows + B) * 4;
+  m.logits = B * uint64_t(c.vocab_size) * 4;
+  auto add = [&](Tier tier, std::string what, uint64_t bytes) {
+    if (!bytes) return;
+    m.items.push_back({tier, std::move(what), bytes});
+    m.bytes[size_t(tier)] += bytes;
+  };
+  // Device
+  add(Tier::kDevice, "weights homed", w.homed[0]);
+  add(Tier::kDevice, "weight double buffer", 2 * w.max_streamed);
+  add(Tier::kDevice, "KV homed", L * K * nd * m.kv_device_seq);
+  add(Tier::kDevice, "KV staging", off ? 2 * off * m.kv_device_seq : 0);
+  add(Tier::kDevice, "hidden states", act_host ? 2 * m.hidden : K * m.hidden);
+  // One q/k/v + attention slot for a whole step; a second for the host-attention pipeline.
+  add(Tier::kDevice, "q/k/v and attention rows",
+      n * rows * (m.qkv_rows + m.attn_rows) + (host_attention ? n * dec * (m.qkv_rows + m.attn_rows) : 0));
+  add(Tier::kDevice, "attention scores", 2 * m.scores);
+  add(Tier::kDevice, "keep lists", 2 * m.keep);
+  add(Tier::kDevice, "step inputs and logits", m.inputs + m.logits);
+  add(Tier::kDevice, "compute scratch", device_scratch_bytes(t.device, c, t.act, int64_t(n * rows), int64_t(n)));
+  // Host
+  add(Tier::kHost, "weights homed", w.homed[1]);
+  add(Tier::kHost, "weight disk staging", w.max_disk ? 2 * w.max_disk : 0);
+  add(Tier::kHost, "KV homed", L * K * nh * m.kv_home_seq);
+  add(Tier::kHost, "KV disk staging", nk ? 2 * nk * m.kv_disk_seq : 0);
+  add(Tier::kHost, "hidden states", act_host ? K * m.hidden : 0);
+  add(Tier::kHost, "host attention rows", host_attention ? 2 * off * dec * (m.qkv_rows + m.attn_rows) : 0);
+  add(Tier::kHost, "attention scores", 2 * m.scores);
+  add(Tier::kHost, "keep lists", 2 * m.keep);
+  add(Tier::kHost, "step inputs and logits", m.inputs + m.logits);
+  // Disk
+  add(Tier::kDisk, "weights homed", w.homed[2]);
+  add(Tier::kDisk, "KV homed", L * K * nk * m.kv_disk_seq);
+  return m;
+}
+
+}  // namespace flexh2o

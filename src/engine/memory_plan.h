@@ -1,0 +1,76 @@
+// The bytes an offloaded run holds per tier, item by item: the one formula the engine
+// allocates by (offload_batch.cpp sizes every buffer from a MemoryPlan) and the planner
+// predicts with (cost_model.cpp), so the two cannot drift. Plain C++; no allocation here.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "engine/device.h"
+#include "engine/placement.h"
+#include "engine/policy.h"
+#include "offload/tier.h"
+
+namespace flexh2o {
+
+// Weight bytes per tier as the device holds them, and the largest streamed / disk unit.
+struct WeightBytes {
+  std::array<uint64_t, 3> homed{};
+  uint64_t max_streamed = 0, max_disk = 0;
+  static WeightBytes of(const WeightPlacement& wp);
+};
+
+// What sizes a batch.
+struct BatchDims {
+  int64_t rows = 1;          // T of the longest step per sequence (the prefill's padded prompt)
+  int64_t capacity = 1;      // KV slots a sequence may need without a policy (prompt + generated)
+  int64_t budget_max = 0;    // largest bounded KV-policy budget of the batch; 0 = none
+  bool kv_policy = false;    // a KV policy runs (decisions on the host)
+  bool scores = false;       // ... and needs attention scores
+  int64_t decode_rows = 1;   // T of later steps (host-attention slots)
+};
+
+// Run-wide constants of a plan.
+struct PlanDtypes {
+  DeviceKind device = DeviceKind::kCpu;
+  DType kv = DType::F16, act = DType::F32;
+};
+
+struct MemoryItem {
+  Tier tier = Tier::kDevice;
+  std::string what;
+  uint64_t bytes = 0;
+};
+
+struct MemoryPlan {
+  // KV slots per (sequence, head): device-side buffers (the prefill attends the whole prompt),
+  // host homes (a bounded policy's budget), and disk homes and their host staging (the same,
+  // aligned by kv_capacity_align so every row block is a run of whole 4096-byte pages).
+  int64_t cap_w = 0, cap_h = 0, cap_d = 0;
+  KvSplit split;  // of one full micro-batch
+  // Bytes of one buffer of each kind (the engine allocates exactly these; 0 = not allocated).
+  uint64_t kv_device_seq = 0, kv_home_seq = 0, kv_disk_seq = 0;  // K+V of one sequence: cap_w / cap_h / cap_d
+  uint64_t hidden = 0;                                 // one micro-batch's hidden states
+  uint64_t qkv_rows = 0, attn_rows = 0;                // per row: q|k|v and attention output
+  uint64_t scores = 0;                                 // one score slot (micro-batch, fp32)
+  uint64_t keep = 0;                                   // one keep-list slot (int32, a micro-batch)
+  uint64_t inputs = 0, logits = 0;                     // a block's step inputs / fp32 logits
+  std::vector<MemoryItem> items;
+  std::array<uint64_t, 3> bytes{};
+  std::string breakdown() const;  // "  device: weights homed 1.2 GiB\n  ..."
+};
+
+// Slots per (sequence, head) such that every row block of K or V starts on 4096 bytes.
+int64_t kv_capacity_align(const ModelConfig& c, DType kv);
+int64_t align_kv_capacity(const ModelConfig& c, DType kv, int64_t slots);
+
+MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy& p, const BatchDims& d,
+                       const PlanDtypes& t);
+
+// 1536 -> "1.5 KiB" (binary units).
+std::string human_bytes(uint64_t b);
+
+}  // namespace flexh2o

@@ -1,0 +1,224 @@
+// OffloadEngine batches: buffers sized by the memory plan at the prefill (when the prompt
+// lengths, and so the KV budgets, are known), the per-step lengths and inputs, and the logits.
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "engine/offload_impl.h"
+
+namespace flexh2o {
+
+Buffer OffloadEngine::Impl::alloc(MemKind kind, Tier t, size_t bytes, const std::string& what) {
+  Buffer b;
+  if (!bytes) return b;
+  Status s = dev.allocate(kind, bytes, *e.budgets_[size_t(t)], what, &b);
+  if (!s.ok()) {
+    if (!allocated && batch == 0) FH_FAIL(s.message());
+    const MemoryPlan need = plan_memory(c, WeightBytes::of(e.placement_), p, dims(), {dev.kind(), kvdt, adt});
+    FH_FAIL(s.message(), "\nthis batch (", batch, " sequences, prompt ", s_max, ", capacity ", capacity,
+            ") needs per tier:\n", need.breakdown(), "lower the batch size, use a KV policy or move data to a lower tier");
+  }
+  return b;
+}
+
+BatchDims OffloadEngine::Impl::dims() const {
+  BatchDims d;
+  d.rows = std::max<int64_t>(s_max, 1);
+  d.capacity = std::max<int64_t>(capacity, 1);
+  d.kv_policy = kv_policy != nullptr;
+  d.scores = kv_policy && kv_policy->needs_scores();
+  bool bounded = kv_policy != nullptr && !budgets.empty();
+  for (const KvBudget& b : budgets) {
+    if (b.unbounded) bounded = false;
+    else d.budget_max = std::max(d.budget_max, b.total());
+  }
+  if (!bounded) d.budget_max = 0;
+  return d;
+}
+
+void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
+  // Free the previous batch's buffers; the new ones are sized at the prefill.
+  dev.synchronize();
+  mbs.clear();
+  for (auto* slots : {&kv_stage_device, &kv_stage_host, &scores_device, &scores_host, &keep_host,
+                      &keep_device, &hidden_slot, &qkv_pipe, &attn_pipe, &qkv_host, &attn_host})
+    for (auto& b : *slots) b = Buffer();
+  for (Buffer* b : {&qkv_step, &attn_step, &inputs_device, &inputs_host, &logits_device, &logits_host}) *b = Buffer();
+  pipe_rows = 0;
+  batch = B;
+  capacity = cap;
+  allocated = false;
+  s_max = 0;
+  ++batch_no;
+  budgets.clear();
+  len_before.assign(size_t(B), 0);
+  len_after.assign(size_t(B), 0);
+  len_final.assign(size_t(B), 0);
+  seen.assign(size_t(B), 0);
+}
+
+void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
+  s_max = T;
+  budgets.clear();
+  for (int64_t b = 0; b < batch && kv_policy; ++b) budgets.push_back(kv_policy->budget(real_rows ? real_rows[b] : T));
+  plan = plan_memory(c, WeightBytes::of(e.placement_), p, dims(), {dev.kind(), kvdt, adt});
+  cap_w = plan.cap_w;
+  cap_h = plan.cap_h;
+  cap_d = plan.cap_d;
+  const int64_t L = c.n_layers;
+  int64_t n_max = 0, off_max = 0, nk_max = 0;
+  for (int64_t first = 0, k = 0; first < batch; first += p.gpu_batch_size, ++k) {
+    MicroBatch mb;
+    mb.first = first;
+    mb.n = std::min(p.gpu_batch_size, batch - first);
+    mb.split = split_kv(mb.n, p);
+    const KvSplit& sp = mb.split;
+    n_max = std::max(n_max, mb.n);
+    off_max = std::max(off_max, sp.n_host + sp.n_disk);
+    nk_max = std::max(nk_max, sp.n_disk);
+    for (int l = 0; l < L; ++l) {
+      const std::string tag = "KV layer " + std::to_string(l) + " micro-batch " + std::to_string(k);
+      mb.kv_device.push_back(alloc(MemKind::kDevice, Tier::kDevice, size_t(sp.n_device) * plan.kv_device_seq, tag));
+      mb.kv_host.push_back(alloc(MemKind::kPinned, Tier::kHost, size_t(sp.n_host) * plan.kv_home_seq, tag));
+      if (sp.n_disk > 0) {
+        const uint64_t bytes = uint64_t(sp.n_disk) * plan.kv_disk_seq;
+        mb.kv_disk_charge.emplace_back();
+        Status s = TierCharge::reserve(*e.budgets_[2], bytes, tag, &mb.kv_disk_charge.back());
+        if (!s.ok()) FH_FAIL(s.message());
+        mb.kv_disk.push_back("kv.L" + std::to_string(l) + ".mb" + std::to_string(k));
+        e.store_->create(mb.kv_disk.back(), bytes).throw_if_error();
+      }
+      if (kv_policy) {
+        mb.policy_state.emplace_back();
+        mb.policy_state.back().reset(mb.n, c.n_kv_heads, cap_w);
+      }
+    }
+    const size_t hidden = size_t(mb.n * s_max * c.hidden) * es_a;
+    if (p.act_cpu_percent == 100) mb.hidden_host = alloc(MemKind::kPinned, Tier::kHost, hidden, "hidden states");
+    else mb.hidden_device = alloc(MemKind::kDevice, Tier::kDevice, hidden, "hidden states");
+    mbs.push_back(std::move(mb));
+  }
+  for (int s = 0; s < 2; ++s) {
+    const size_t i = size_t(s);
+    kv_stage_device[i] = alloc(MemKind::kDevice, Tier::kDevice, size_t(off_max) * plan.kv_device_seq, "KV staging");
+    kv_stage_host[i] = alloc(MemKind::kPinned, Tier::kHost, size_t(nk_max) * plan.kv_disk_seq, "KV disk staging");
+    if (plan.scores) {
+      const size_t sb = size_t(n_max * c.n_heads * cap_w) * 4;
+      scores_device[i] = alloc(MemKind::kDevice, Tier::kDevice, sb, "attention scores");
+      scores_host[i] = alloc(MemKind::kPinned, Tier::kHost, sb, "attention scores");
+    }
+    if (plan.keep) {
+      const size_t kb = size_t(n_max * c.n_kv_heads * (cap_w + 1)) * 4;
+      keep_host[i] = alloc(MemKind::kPinned, Tier::kHost, kb, "keep lists");
+      keep_device[i] = alloc(MemKind::kDevice, Tier::kDevice, kb, "keep lists");
+    }
+    if (p.act_cpu_percent == 100)
+      hidden_slot[i] = alloc(MemKind::kDevice, Tier::kDevice, size_t(n_max * s_max * c.hidden) * es_a, "hidden slots");
+  }
+  qkv_step = alloc(MemKind::kDevice, Tier::kDevice, size_t(n_max * s_max) * plan.qkv_rows, "q/k/v rows");
+  attn_step = alloc(MemKind::kDevice, Tier::kDevice, size_t(n_max * s_max) * plan.attn_rows, "attention rows");
+  inputs_device = alloc(MemKind::kDevice, Tier::kDevice, size_t(4 * batch * s_max + batch) * 4, "step inputs");
+  inputs_host = alloc(MemKind::kPinned, Tier::kHost, size_t(4 * batch * s_max + batch) * 4, "step inputs");
+  logits_device = alloc(MemKind::kDevice, Tier::kDevice, size_t(batch * c.vocab_size) * 4, "logits");
+  logits_host = alloc(MemKind::kPinned, Tier::kHost, size_t(batch * c.vocab_size) * 4, "logits");
+  scratch = TierCharge();
+  scratch = dev.reserve(c, n_max * s_max, n_max, *e.budgets_[0]);
+  dirty_lo.assign(size_t(L), std::vector<int32_t>(size_t(batch * c.n_kv_heads), 0));
+  dirty_hi.assign(size_t(L), std::vector<int32_t>(size_t(batch * c.n_kv_heads), 0));
+  allocated = true;
+}
+
+void OffloadEngine::Impl::ensure_pipeline(int64_t rows_per_seq) {
+  int64_t n_max = 0, off_max = 0;
+  for (const MicroBatch& mb : mbs) {
+    n_max = std::max(n_max, mb.n);
+    off_max = std::max(off_max, mb.split.n_host + mb.split.n_disk);
+  }
+  if (pipe_rows >= n_max * rows_per_seq) return;
+  pipe_rows = n_max * rows_per_seq;
+  const size_t off_rows = size_t(off_max * rows_per_seq);
+  for (size_t i = 0; i < 2; ++i) {
+    for (Buffer* b : {&qkv_pipe[i], &attn_pipe[i], &qkv_host[i], &attn_host[i]}) *b = Buffer();
+    qkv_pipe[i] = alloc(MemKind::kDevice, Tier::kDevice, size_t(pipe_rows) * plan.qkv_rows, "q/k/v rows (host attention)");
+    attn_pipe[i] = alloc(MemKind::kDevice, Tier::kDevice, size_t(pipe_rows) * plan.attn_rows, "attention rows (host attention)");
+    qkv_host[i] = alloc(MemKind::kPinned, Tier::kHost, off_rows * plan.qkv_rows, "host attention rows");
+    attn_host[i] = alloc(MemKind::kPinned, Tier::kHost, off_rows * plan.attn_rows, "host attention rows");
+  }
+}
+
+void OffloadEngine::Impl::prepare_step(const int32_t* step_ids, const int32_t* step_pos, int64_t steps_T,
+                                       const int32_t* real_rows) {
+  FH_CHECK(batch > 0, "begin_batch() first");
+  FH_CHECK(steps_T > 0, "step needs at least one token");
+  T = steps_T;
+  prefill = !allocated;
+  if (prefill) allocate_batch(real_rows);
+  FH_CHECK(T <= s_max, "step of ", T, " rows after a prefill of ", s_max);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t add = real_rows ? real_rows[b] : T;
+    FH_CHECK(add >= 0 && add <= T, "real rows ", add, " outside [0, ", T, "]");
+    len_after[size_t(b)] = int32_t(len_before[size_t(b)] + add);
+    FH_CHECK(len_after[size_t(b)] <= cap_w, "KV cache full: sequence ", b, " needs ", len_after[size_t(b)],
+             " slots, capacity ", cap_w);
+    int64_t keep = len_after[size_t(b)];
+    if (!budgets.empty() && !budgets[size_t(b)].unbounded)
+      keep = std::min<int64_t>(keep, std::max<int64_t>(budgets[size_t(b)].total() - 1, 0));
+    FH_CHECK(keep <= cap_h, "KV home holds ", cap_h, " slots, sequence keeps ", keep);
+    len_final[size_t(b)] = int32_t(keep);
+  }
+  const int64_t M = batch * T;
+  for (int64_t i = 0; i < M; ++i) {
+    FH_CHECK(step_pos[i] >= 0 && step_pos[i] < c.max_positions, "position ", step_pos[i], " outside the model's ",
+             c.max_positions, " positions");
+    FH_CHECK(step_ids[i] >= 0 && step_ids[i] < c.vocab_size, "token id ", step_ids[i], " outside the vocabulary [0, ",
+             c.vocab_size, ")");
+  }
+  gather_rows = token_streamed && M < c.vocab_size;
+  // Inputs: ids | positions | OPT position rows | local ids | seq_keys, laid out for this T.
+  int32_t* h = inputs_host.as<int32_t>();
+  std::memcpy(h, step_ids, size_t(M) * 4);
+  std::memcpy(h + M, step_pos, size_t(M) * 4);
+  for (int64_t i = 0; i < M; ++i) h[2 * M + i] = step_pos[i] + int32_t(c.position_offset());
+  for (int64_t i = 0; i < M; ++i) h[3 * M + i] = int32_t(i);
+  std::memcpy(h + 4 * M, len_after.data(), size_t(batch) * 4);
+  const size_t bytes = size_t(4 * M + batch) * 4;
+  dev.host_access(kMainAgent, h, bytes, true);
+  dev.begin_schedule();
+  dev.copy(Queue::kHostToDevice, inputs_device.data(), h, bytes);
+  dev.wait(Queue::kCompute, dev.record(Queue::kHostToDevice));
+  int32_t* d = inputs_device.as<int32_t>();
+  in_ids = d, in_pos = d + M, in_pos_rows = d + 2 * M, in_local = d + 3 * M, in_keys = d + 4 * M;
+}
+
+StepRows OffloadEngine::Impl::rows(int k) const {
+  const MicroBatch& mb = mbs[size_t(k)];
+  const int64_t M = batch * T, off = mb.first * T;
+  const int32_t* h = inputs_host.as<int32_t>();
+  StepRows r;
+  r.n = mb.n;
+  r.T = T;
+  const int64_t ids_at = gather_rows ? 3 * M : 0;
+  r.ids = (gather_rows ? in_local : in_ids) + off;
+  r.positions = in_pos + off;
+  r.pos_rows = in_pos_rows + off;
+  r.seq_keys = in_keys + mb.first;
+  r.host_ids = h + ids_at + off;
+  r.host_positions = h + M + off;
+  r.host_pos_rows = h + 2 * M + off;
+  r.host_seq_keys = h + 4 * M + mb.first;
+  for (int64_t b = mb.first; b < mb.first + mb.n; ++b) r.max_keys = std::max<int64_t>(r.max_keys, len_after[size_t(b)]);
+  return r;
+}
+
+void OffloadEngine::Impl::finish_step(std::vector<float>& logits) {
+  const size_t bytes = size_t(batch * c.vocab_size) * 4;
+  dev.copy(Queue::kDeviceToHost, logits_host.data(), logits_device.data(), bytes);
+  dev.synchronize();
+  dev.host_access(kMainAgent, logits_host.data(), bytes, false);
+  logits.resize(size_t(batch * c.vocab_size));
+  std::memcpy(logits.data(), logits_host.data(), bytes);
+  for (int64_t b = 0; b < batch; ++b) seen[size_t(b)] += len_after[size_t(b)] - len_before[size_t(b)];
+  len_before = len_final;
+}
+
+}  // namespace flexh2o

@@ -1,0 +1,41 @@
+// Plain argument types of the unit ops (device.h, layer_compute.h): the rows of one
+// micro-batch in a token step, and a KV segment (a contiguous range of its sequences whose
+// K/V live in one buffer). Views only; they own nothing.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace flexh2o {
+
+// KV layout: K and V each [n_seq, kv_heads, capacity, head_dim] in `dtype`, left-aligned:
+// sequence b's tokens fill slots [0, n_b). Pointers are in the memory of whoever reads them
+// (device memory for Device::attend, host memory for the host attention).
+struct KvSegment {
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::F32;
+  int64_t first_seq = 0, n_seq = 0;  // sequences of the micro-batch this segment holds
+  int64_t capacity = 0;              // slots per (sequence, kv head) in this buffer
+  // Optional fp32 [n_seq, n_heads, capacity], zeroed by the caller: += each slot's attention
+  // probability summed over this step's queries (H2O scores).
+  float* key_scores = nullptr;
+};
+
+// One micro-batch of a token step: n sequences x T rows, left-padded. Device arrays are in the
+// memory of the device that computes (on the CPU device: host memory); host arrays always.
+struct StepRows {
+  int64_t n = 0, T = 0;
+  const int32_t* ids = nullptr;        // device [n*T]: rows of the token table to embed
+  const int32_t* positions = nullptr;  // device [n*T]: 0-based positions (rotary)
+  const int32_t* pos_rows = nullptr;   // device [n*T]: rows of OPT's learned position table
+  const int32_t* seq_keys = nullptr;   // device [n]: cached tokens per sequence after this step's write
+  const int32_t* host_ids = nullptr;   // host mirrors of the four arrays above
+  const int32_t* host_positions = nullptr;
+  const int32_t* host_pos_rows = nullptr;
+  const int32_t* host_seq_keys = nullptr;
+  int64_t max_keys = 0;                // max of seq_keys
+};
+
+}  // namespace flexh2o

@@ -1,0 +1,296 @@
+// CudaDevice: memory (cudaMalloc / cudaHostAlloc / in-place registration), streams and pooled
+// events, host<->device moves, and the factory. The unit ops are in cuda_device_ops.cpp.
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "gpu/detail/cuda_device_impl.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/copy.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_probe.h"
+#include "kernels/cuda/ops.h"
+
+namespace flexh2o::gpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A device-queue event carries a pooled CUDA event (returned when the last handle goes);
+// a host-queue event only the time (host work is complete when its step records).
+struct CudaEvent final : EventState {
+  CudaDevice* dev = nullptr;
+  cudaEvent_t ev = nullptr;
+  Clock::time_point t = Clock::now();
+  ~CudaEvent() override {
+    if (ev) dev->give_event(ev);
+  }
+};
+
+const CudaEvent& cuda_event(const flexh2o::Event& e) {
+  const auto* ev = dynamic_cast<const CudaEvent*>(e.get());
+  FH_CHECK(ev, "CUDA device: an event from another device");
+  return *ev;
+}
+
+constexpr size_t kChunkBytes = size_t(32) << 20;  // per half of the upload staging buffer
+
+int make_current(int device) {
+  FH_CUDA_CHECK(cudaSetDevice(device));
+  return device;
+}
+
+}  // namespace
+
+std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o) {
+  const CudaProbe p = probe_cuda();
+  if (!p.available) FH_FAIL("no usable CUDA GPU: ", p.reason, "; use --device cpu");
+  FH_CHECK(o.device >= 0 && o.device < p.device_count, "CUDA device ", o.device, " outside [0, ", p.device_count, ")");
+  return std::make_unique<CudaDevice>(o);
+}
+
+CudaDevice::CudaDevice(const CudaDeviceOptions& o)
+    : opts_(o),
+      device_(make_current(o.device)),
+      dt_(o.compute),
+      arena_(o.host_threads > 0 ? o.host_threads : tbb::task_arena::automatic) {
+  FH_CHECK(dtype_supported(dt_), "the CUDA device computes in F16 or BF16, not ", dtype_name(dt_));
+  cudaDeviceProp prop{};
+  FH_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+  size_t free_b = 0, total_b = 0;
+  FH_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  name_ = std::string(prop.name) + " (" + std::to_string(total_b >> 20) + " MiB)";
+  budget_default_ = free_b > o.reserve_bytes ? free_b - o.reserve_bytes : 0;
+  arena_.initialize();
+}
+
+CudaDevice::~CudaDevice() {
+  for (const Stream& s : streams_) FH_CUDA_LOG(cudaStreamSynchronize(s.get()));
+  if (scratch_) FH_CUDA_LOG(cudaFree(scratch_));
+  for (cudaEvent_t e : events_) FH_CUDA_LOG(cudaEventDestroy(e));
+  for (const auto& [start, v] : pins_) FH_CUDA_LOG(cudaHostUnregister(reinterpret_cast<void*>(start)));
+}
+
+cudaStream_t CudaDevice::stream(Queue q) const {
+  FH_CHECK(device_queue(q), "CUDA device: queue ", queue_name(q), " is a host queue, not a stream");
+  return streams_[size_t(q)].get();
+}
+
+// ---- memory ----------------------------------------------------------------------------
+
+Status CudaDevice::allocate(MemKind kind, size_t bytes, TierBudget& budget, const std::string& what, Buffer* out) {
+  TierCharge charge;
+  if (Status s = TierCharge::reserve(budget, bytes, what, &charge); !s.ok()) return s;
+  void* p = nullptr;
+  const size_t n = std::max<size_t>(bytes, 1);
+  cudaError_t e = cudaSuccess;
+  switch (kind) {
+    case MemKind::kDevice: e = cudaMalloc(&p, n); break;
+    case MemKind::kPinned: e = cudaHostAlloc(&p, n, cudaHostAllocDefault); break;
+    case MemKind::kPageable: p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096); break;
+  }
+  if (e == cudaErrorMemoryAllocation || (!p && e == cudaSuccess)) {
+    (void)cudaGetLastError();
+    return Status(StatusCode::kOutOfBudget,
+                  flexh2o::detail::concat(kind == MemKind::kDevice ? "the GPU" : "the host", " cannot allocate ",
+                                          bytes, " bytes for ", what, " (out of memory)"));
+  }
+  FH_CUDA_CHECK(e);
+  *out = make_buffer(static_cast<std::byte*>(p), bytes, kind, std::move(charge));
+  return Status::Ok();
+}
+
+void CudaDevice::release(MemKind kind, std::byte* p, size_t) noexcept {
+  switch (kind) {
+    case MemKind::kDevice: FH_CUDA_LOG(cudaFree(p)); break;
+    case MemKind::kPinned: FH_CUDA_LOG(cudaFreeHost(p)); break;
+    case MemKind::kPageable: std::free(p); break;
+  }
+}
+
+struct Pinned final : PinState {
+  CudaDevice* dev = nullptr;
+  std::vector<uintptr_t> chunks;  // registry entries this pin holds a reference to
+  ~Pinned() override { dev->unpin(chunks); }
+};
+
+// Registers the pages of [p, p + bytes) not registered yet (a page shared with an earlier
+// tensor of the same file is already), read-only: a checkpoint's mapping stays read-only and is
+// not copied. Returns null (nothing registered) when the driver refuses.
+HostPin CudaDevice::pin_in_place(const void* p, size_t bytes) {
+  if (!p || !bytes) return nullptr;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t a = uintptr_t(p) / page * page, b = (uintptr_t(p) + bytes + page - 1) / page * page;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto pin = std::make_unique<Pinned>();
+  pin->dev = this;
+  std::vector<std::pair<uintptr_t, uintptr_t>> gaps;
+  uintptr_t at = a;
+  auto it = pins_.upper_bound(a);
+  if (it != pins_.begin() && std::prev(it)->second.first > a) --it;
+  for (; it != pins_.end() && it->first < b; ++it) {
+    if (it->first > at) gaps.push_back({at, it->first});
+    pin->chunks.push_back(it->first);
+    at = std::max(at, it->second.first);
+  }
+  if (at < b) gaps.push_back({at, b});
+  std::vector<uintptr_t> added;
+  for (auto [s, e] : gaps) {
+    const cudaError_t err = cudaHostRegister(reinterpret_cast<void*>(s), e - s, cudaHostRegisterReadOnly);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      for (uintptr_t x : added) {
+        FH_CUDA_LOG(cudaHostUnregister(reinterpret_cast<void*>(x)));
+        pins_.erase(x);
+      }
+      return nullptr;
+    }
+    pins_[s] = {e, 0};
+    added.push_back(s);
+    pin->chunks.push_back(s);
+  }
+  for (uintptr_t x : pin->chunks) ++pins_[x].second;
+  return pin;
+}
+
+void CudaDevice::unpin(const std::vector<uintptr_t>& chunks) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uintptr_t x : chunks) {
+    auto it = pins_.find(x);
+    if (it == pins_.end() || --it->second.second > 0) continue;
+    FH_CUDA_LOG(cudaHostUnregister(reinterpret_cast<void*>(x)));
+    pins_.erase(it);
+  }
+}
+
+// Converted on the host into a double-buffered pinned staging area, copied chunk by chunk.
+void CudaDevice::upload(void* dst, const TensorView& src) {
+  PinnedBuffer stage;
+  PinnedBuffer::create(2 * kChunkBytes, &stage).throw_if_error();
+  std::array<cudaEvent_t, 2> done{take_event(), take_event()};
+  std::array<bool, 2> in_flight{false, false};
+  const size_t si = dtype_size(src.dtype), di = dtype_size(dt_);
+  const int64_t per_chunk = int64_t(kChunkBytes / std::max(si, di));
+  std::vector<float> tmp;
+  cudaStream_t st = stream(Queue::kHostToDevice);
+  int half = 0;
+  for (int64_t off = 0, n = src.numel(); off < n; off += per_chunk) {
+    const int64_t m = std::min(per_chunk, n - off);
+    if (in_flight[size_t(half)]) FH_CUDA_CHECK(cudaEventSynchronize(done[size_t(half)]));
+    std::byte* host = static_cast<std::byte*>(stage.data()) + size_t(half) * kChunkBytes;
+    const std::byte* s = static_cast<const std::byte*>(src.data) + size_t(off) * si;
+    if (src.dtype == dt_) {
+      std::memcpy(host, s, size_t(m) * di);
+    } else {
+      tmp.resize(size_t(m));
+      cpu::to_f32(src.dtype, s, m, tmp.data());
+      cpu::from_f32(tmp.data(), m, dt_, host);
+    }
+    FH_CUDA_CHECK(cudaMemcpyAsync(static_cast<std::byte*>(dst) + size_t(off) * di, host, size_t(m) * di,
+                                  cudaMemcpyHostToDevice, st));
+    FH_CUDA_CHECK(cudaEventRecord(done[size_t(half)], st));
+    in_flight[size_t(half)] = true;
+    half ^= 1;
+  }
+  FH_CUDA_CHECK(cudaStreamSynchronize(st));
+  give_event(done[0]);
+  give_event(done[1]);
+}
+
+// ---- events ------------------------------------------------------------------------------
+
+cudaEvent_t CudaDevice::take_event() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!events_.empty()) {
+      cudaEvent_t e = events_.back();
+      events_.pop_back();
+      return e;
+    }
+  }
+  cudaEvent_t e = nullptr;
+  FH_CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+
+void CudaDevice::give_event(cudaEvent_t e) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.push_back(e);
+}
+
+flexh2o::Event CudaDevice::record(Queue q) {
+  auto e = std::make_shared<CudaEvent>();
+  e->dev = this;
+  if (device_queue(q)) {
+    e->ev = take_event();
+    FH_CUDA_CHECK(cudaEventRecord(e->ev, stream(q)));
+  }
+  return e;
+}
+
+void CudaDevice::wait(Queue q, const flexh2o::Event& e) {
+  const CudaEvent& ev = cuda_event(e);
+  if (!ev.ev) return;  // host work: complete when recorded
+  if (device_queue(q)) FH_CUDA_CHECK(cudaStreamWaitEvent(stream(q), ev.ev, 0));
+  else FH_CUDA_CHECK(cudaEventSynchronize(ev.ev));
+}
+
+void CudaDevice::host_wait(const flexh2o::Event& e) {
+  const CudaEvent& ev = cuda_event(e);
+  if (ev.ev) FH_CUDA_CHECK(cudaEventSynchronize(ev.ev));
+}
+
+void CudaDevice::synchronize() {
+  for (const Stream& s : streams_) s.synchronize();
+}
+
+double CudaDevice::seconds_between(const flexh2o::Event& from, const flexh2o::Event& to) {
+  const CudaEvent& a = cuda_event(from);
+  const CudaEvent& b = cuda_event(to);
+  if (a.ev && b.ev) {
+    float ms = 0;
+    FH_CUDA_CHECK(cudaEventElapsedTime(&ms, a.ev, b.ev));
+    return 1e-3 * double(ms);
+  }
+  return std::chrono::duration<double>(b.t - a.t).count();
+}
+
+// ---- moves -------------------------------------------------------------------------------
+
+void CudaDevice::copy(Queue q, void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  FH_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream(q)));
+}
+
+void CudaDevice::copy_2d(Queue q, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                         size_t height) {
+  if (!width || !height) return;
+  FH_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, stream(q)));
+}
+
+void CudaDevice::gather_rows(Queue q, void* dst, const void* table, int64_t table_rows, size_t row_bytes,
+                             const int32_t* ids, const int32_t* host_ids, int64_t n) {
+  if (n <= 0) return;
+  cudaPointerAttributes at{};
+  const bool visible = cudaPointerGetAttributes(&at, table) == cudaSuccess && at.type != cudaMemoryTypeUnregistered;
+  (void)cudaGetLastError();
+  if (visible) {  // device memory or page-locked host memory: one kernel reads the rows
+    gpu::gather_rows(ids, n, table, table_rows, int64_t(row_bytes), dst, stream(q));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)  // pageable host memory: a copy per row
+    FH_CUDA_CHECK(cudaMemcpyAsync(static_cast<std::byte*>(dst) + size_t(i) * row_bytes,
+                                  static_cast<const std::byte*>(table) + size_t(host_ids[i]) * row_bytes, row_bytes,
+                                  cudaMemcpyHostToDevice, stream(q)));
+}
+
+void CudaDevice::fill_zero(Queue q, void* dst, size_t bytes) {
+  if (bytes) FH_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream(q)));
+}
+
+}  // namespace flexh2o::gpu

@@ -1,0 +1,156 @@
+// CudaDevice unit ops on the compute stream: embedding, attention (q/k/v, per-segment KV write
+// and attention, output projection), the MLP in row chunks, the head, and KV compaction; the
+// same sequence of operations as engine/layer_compute.cpp, with activations in F16/BF16.
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "engine/layer_compute.h"
+#include "gpu/detail/cuda_device_impl.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.h"
+
+namespace flexh2o::gpu {
+namespace {
+const void* ptr(const TensorView& v) { return v.empty() ? nullptr : v.data; }
+size_t al(size_t n) { return (n + 255) / 256 * 256; }
+}  // namespace
+
+TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs, TierBudget& budget) {
+  TierCharge charge;
+  TierCharge::reserve(budget, device_scratch_bytes(DeviceKind::kCuda, c, dt_, rows, seqs), "compute scratch", &charge)
+      .throw_if_error();
+  if (rows <= rows_ && seqs <= seqs_ && scratch_) return charge;
+  synchronize();
+  if (scratch_) FH_CUDA_CHECK(cudaFree(scratch_));
+  scratch_ = nullptr;
+  rows_ = seqs_ = 0;
+  const size_t es = dtype_size(dt_), chunk = size_t(std::min(rows, kMlpChunkRows));
+  const size_t a = al(size_t(rows * c.hidden) * es), f = al(chunk * size_t(c.ffn_dim) * es);
+  const size_t l = al(size_t(seqs * c.hidden) * es);
+  const cudaError_t e = cudaMalloc(&scratch_, a + 2 * f + l);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    FH_FAIL("the GPU cannot allocate ", a + 2 * f + l, " bytes of compute scratch for steps of ", rows,
+            " rows; lower the micro-batch or the prompt length");
+  }
+  FH_CUDA_CHECK(e);
+  char* p = static_cast<char*>(scratch_);
+  normed_ = p, ffn_a_ = p + a, ffn_b_ = p + a + f, last_ = p + a + 2 * f;
+  rows_ = rows, seqs_ = seqs;
+  return charge;
+}
+
+void CudaDevice::embed(const ModelConfig& c, const ModelWeights& w, const StepRows& r, void* hidden) {
+  const int64_t M = r.n * r.T;
+  cudaStream_t st = stream(Queue::kCompute);
+  embedding(dt_, r.ids, M, w.embed.data, w.embed.shape[0], c.hidden, hidden, st);
+  if (c.arch == Arch::kOpt) add_embedding(dt_, r.pos_rows, M, w.pos_embed.data, w.pos_embed.shape[0], c.hidden, hidden, st);
+}
+
+void CudaDevice::attention_in(const ModelConfig& c, const LayerWeights& L, const StepRows& r, const void* hidden,
+                              void* q, void* k, void* v) {
+  const int64_t H = c.hidden, M = r.n * r.T, Q = c.q_dim(), KV = c.kv_dim();
+  FH_CHECK(M <= rows_, "CUDA device: reserve() covers ", rows_, " rows, the step has ", M);
+  cudaStream_t st = stream(Queue::kCompute);
+  if (c.arch == Arch::kOpt) layernorm(dt_, hidden, M, H, L.ln1_w.data, ptr(L.ln1_b), c.norm_eps, normed_, st);
+  else rmsnorm(dt_, hidden, M, H, L.ln1_w.data, c.norm_eps, normed_, st);
+  linear(cublas_, dt_, normed_, M, H, L.q_w.data, Q, ptr(L.q_b), q, Epilogue::kStore, st);
+  linear(cublas_, dt_, normed_, M, H, L.k_w.data, KV, ptr(L.k_b), k, Epilogue::kStore, st);
+  linear(cublas_, dt_, normed_, M, H, L.v_w.data, KV, ptr(L.v_b), v, Epilogue::kStore, st);
+  if (c.arch == Arch::kLlama) {
+    rotary(dt_, q, M, c.n_heads, c.head_dim, Q, r.positions, c.rope_theta, st);
+    rotary(dt_, k, M, c.n_kv_heads, c.head_dim, KV, r.positions, c.rope_theta, st);
+  }
+}
+
+void CudaDevice::attend(const ModelConfig& c, const StepRows& r, const void* q, const void* k, const void* v,
+                        std::span<const KvSegment> segs, void* attn) {
+  const int64_t Q = c.q_dim(), KV = c.kv_dim();
+  const size_t es = dtype_size(dt_);
+  auto at = [&](const void* base, int64_t elems) {
+    return static_cast<const std::byte*>(base) + size_t(elems) * es;
+  };
+  cudaStream_t st = stream(Queue::kCompute);
+  for (const KvSegment& seg : segs) {
+    if (seg.n_seq == 0) continue;
+    const int64_t row0 = seg.first_seq * r.T;
+    const int32_t* keys = r.seq_keys + seg.first_seq;
+    write_kv(dt_, at(k, row0 * KV), KV, seg.n_seq, r.T, c.n_kv_heads, c.head_dim, seg.k, seg.dtype, seg.capacity, keys,
+             st);
+    write_kv(dt_, at(v, row0 * KV), KV, seg.n_seq, r.T, c.n_kv_heads, c.head_dim, seg.v, seg.dtype, seg.capacity, keys,
+             st);
+    AttentionArgs a;
+    a.dtype = dt_;
+    a.kv_dtype = seg.dtype;
+    a.q = at(q, row0 * Q);
+    a.q_stride = Q;
+    a.k = seg.k;
+    a.v = seg.v;
+    a.batch = seg.n_seq;
+    a.tq = r.T;
+    a.n_heads = c.n_heads;
+    a.kv_heads = c.n_kv_heads;
+    a.head_dim = c.head_dim;
+    a.capacity = seg.capacity;
+    a.seq_keys = keys;
+    a.max_keys = std::min(r.max_keys, seg.capacity);
+    a.scale = 1.0f / std::sqrt(float(c.head_dim));
+    a.out = const_cast<std::byte*>(at(attn, row0 * Q));
+    a.out_stride = Q;
+    a.key_scores = seg.key_scores;
+    attention(a, st);
+  }
+}
+
+void CudaDevice::attention_out(const ModelConfig& c, const LayerWeights& L, const StepRows& r, const void* attn,
+                               void* hidden) {
+  linear(cublas_, dt_, attn, r.n * r.T, c.q_dim(), L.o_w.data, c.hidden, ptr(L.o_b), hidden, Epilogue::kAccumulate,
+         stream(Queue::kCompute));
+}
+
+void CudaDevice::mlp(const ModelConfig& c, const LayerWeights& L, const StepRows& r, void* hidden) {
+  const int64_t H = c.hidden, M = r.n * r.T, F = c.ffn_dim, chunk = std::min(M, kMlpChunkRows);
+  FH_CHECK(M <= rows_, "CUDA device: reserve() covers ", rows_, " rows, the step has ", M);
+  cudaStream_t st = stream(Queue::kCompute);
+  const size_t es = dtype_size(dt_);
+  for (int64_t r0 = 0; r0 < M; r0 += chunk) {
+    const int64_t m = std::min(chunk, M - r0);
+    void* h = static_cast<std::byte*>(hidden) + size_t(r0 * H) * es;
+    if (c.arch == Arch::kOpt) {
+      layernorm(dt_, h, m, H, L.ln2_w.data, ptr(L.ln2_b), c.norm_eps, normed_, st);
+      linear(cublas_, dt_, normed_, m, H, L.fc1_w.data, F, ptr(L.fc1_b), ffn_a_, Epilogue::kRelu, st);
+      linear(cublas_, dt_, ffn_a_, m, F, L.fc2_w.data, H, ptr(L.fc2_b), h, Epilogue::kAccumulate, st);
+    } else {
+      rmsnorm(dt_, h, m, H, L.ln2_w.data, c.norm_eps, normed_, st);
+      linear(cublas_, dt_, normed_, m, H, L.gate_w.data, F, ptr(L.gate_b), ffn_a_, Epilogue::kStore, st);
+      linear(cublas_, dt_, normed_, m, H, L.up_w.data, F, ptr(L.up_b), ffn_b_, Epilogue::kStore, st);
+      silu_mul(dt_, ffn_a_, ffn_b_, m * F, st);
+      linear(cublas_, dt_, ffn_a_, m, F, L.down_w.data, H, ptr(L.down_b), h, Epilogue::kAccumulate, st);
+    }
+  }
+}
+
+void CudaDevice::head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden,
+                      float* logits) {
+  const int64_t H = c.hidden;
+  FH_CHECK(r.n <= seqs_, "CUDA device: reserve() covers ", seqs_, " sequences, the step has ", r.n);
+  cudaStream_t st = stream(Queue::kCompute);
+  const size_t row = size_t(H) * dtype_size(dt_);
+  // Each sequence's last row: rows T-1, 2T-1, ... of hidden.
+  FH_CUDA_CHECK(cudaMemcpy2DAsync(last_, row, static_cast<const std::byte*>(hidden) + size_t(r.T - 1) * row,
+                                  size_t(r.T) * row, row, size_t(r.n), cudaMemcpyDeviceToDevice, st));
+  if (c.arch == Arch::kOpt)
+    layernorm(dt_, last_, r.n, H, w.final_norm_w.data, ptr(w.final_norm_b), c.norm_eps, last_, st);
+  else
+    rmsnorm(dt_, last_, r.n, H, w.final_norm_w.data, c.norm_eps, last_, st);
+  linear_f32out(cublas_, dt_, last_, r.n, H, w.lm_head.data, c.vocab_size, logits, st);
+}
+
+void CudaDevice::kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, int64_t row_elems,
+                           const int32_t* keep, int64_t keep_stride, const int32_t* count) {
+  gpu::kv_gather(dt, buf, rows, 1, capacity, row_elems, keep, keep_stride, count, stream(Queue::kCompute));
+}
+
+}  // namespace flexh2o::gpu

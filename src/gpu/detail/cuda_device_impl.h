@@ -1,0 +1,92 @@
+// Private: the CudaDevice class shared by cuda_device.cpp (memory, events, moves) and
+// cuda_device_ops.cpp (unit ops). CUDA builds only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <tbb/task_arena.h>
+
+#include <array>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "gpu/cuda_device.h"
+#include "kernels/cuda/resources.h"
+
+namespace flexh2o::gpu {
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(const CudaDeviceOptions& o);
+  ~CudaDevice() override;
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override { return name_; }
+  DType act_dtype() const override { return dt_; }
+  DType weight_dtype(DType) const override { return dt_; }
+  uint64_t memory_bytes() const override { return budget_default_; }
+
+  Status allocate(MemKind kind, size_t bytes, TierBudget& budget, const std::string& what, Buffer* out) override;
+  HostPin pin_in_place(const void* p, size_t bytes) override;
+  void upload(void* dst, const TensorView& src) override;
+  TierCharge reserve(const ModelConfig& c, int64_t rows, int64_t seqs, TierBudget& budget) override;
+
+  flexh2o::Event record(Queue q) override;
+  void wait(Queue q, const flexh2o::Event& e) override;
+  void host_wait(const flexh2o::Event& e) override;
+  void synchronize() override;
+  double seconds_between(const flexh2o::Event& from, const flexh2o::Event& to) override;
+  void host_run(const std::function<void()>& f) override { arena_.execute(f); }
+
+  void copy(Queue q, void* dst, const void* src, size_t bytes) override;
+  void copy_2d(Queue q, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+               size_t height) override;
+  void gather_rows(Queue q, void* dst, const void* table, int64_t table_rows, size_t row_bytes, const int32_t* ids,
+                   const int32_t* host_ids, int64_t n) override;
+  void fill_zero(Queue q, void* dst, size_t bytes) override;
+
+  void embed(const ModelConfig& c, const ModelWeights& w, const StepRows& r, void* hidden) override;
+  void attention_in(const ModelConfig& c, const LayerWeights& L, const StepRows& r, const void* hidden, void* q,
+                    void* k, void* v) override;
+  void attend(const ModelConfig& c, const StepRows& r, const void* q, const void* k, const void* v,
+              std::span<const KvSegment> segs, void* attn) override;
+  void attention_out(const ModelConfig& c, const LayerWeights& L, const StepRows& r, const void* attn,
+                     void* hidden) override;
+  void mlp(const ModelConfig& c, const LayerWeights& L, const StepRows& r, void* hidden) override;
+  void head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden,
+            float* logits) override;
+  void kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, int64_t row_elems, const int32_t* keep,
+                 int64_t keep_stride, const int32_t* count) override;
+
+  // Event pool (cuda_device.cpp).
+  cudaEvent_t take_event();
+  void give_event(cudaEvent_t e) noexcept;
+
+ protected:
+  void release(MemKind kind, std::byte* p, size_t bytes) noexcept override;
+
+ private:
+  friend struct Pinned;
+  static bool device_queue(Queue q) { return q == Queue::kCompute || q == Queue::kHostToDevice || q == Queue::kDeviceToHost; }
+  cudaStream_t stream(Queue q) const;
+  void unpin(const std::vector<uintptr_t>& chunks) noexcept;
+
+  CudaDeviceOptions opts_;
+  int device_;  // made current before anything else is created
+  DType dt_;
+  std::string name_;
+  uint64_t budget_default_ = 0;
+  std::array<Stream, 3> streams_;
+  CublasHandle cublas_;
+  tbb::task_arena arena_;
+  // Scratch of the unit ops (reserve()): normed rows, two FFN chunks, last rows.
+  void *scratch_ = nullptr, *normed_ = nullptr, *ffn_a_ = nullptr, *ffn_b_ = nullptr, *last_ = nullptr;
+  int64_t rows_ = 0, seqs_ = 0;
+  std::mutex mu_;                    // event pool and pin registry
+  std::vector<cudaEvent_t> events_;  // free timing events
+  // Page-locked host ranges registered in place: start -> (end, references).
+  std::map<uintptr_t, std::pair<uintptr_t, int>> pins_;
+};
+
+}  // namespace flexh2o::gpu

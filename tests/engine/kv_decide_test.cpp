@@ -1,0 +1,94 @@
+// decide_kv_policy() (the decision the engine applies to a device-homed cache with kv_gather)
+// against apply_kv_policy() (which moves the rows itself), at prefill and decode.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/kv_evict.h"
+#include "engine/test_util.h"
+#include "model/weights.h"
+#include "policies/keep_list.h"
+#include "policies/kv_policy.h"
+
+namespace flexh2o {
+namespace {
+using test::model_dir;
+
+// A policy run over a random segment, once through apply_kv_policy (moves K/V itself) and once
+// through decide_kv_policy with the keep lists applied by the host reference compaction.
+void check_decide_equals_apply(bool prefill, KvPolicyKind kind) {
+  ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();  // GQA: 4 heads, 2 KV heads
+  const int64_t B = 3, cap = 24, kvh = c.n_kv_heads, hd = c.head_dim;
+  KvPolicyConfig pc;
+  pc.kind = kind;
+  pc.heavy_budget = 4;
+  pc.recent_budget = 4;
+  auto policy = make_policy(pc);
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<float> k(size_t(B * kvh * cap * hd)), v(k.size()), scores(size_t(B * c.n_heads * cap));
+  for (auto& x : k) x = u(g);
+  for (auto& x : v) x = u(g);
+  for (auto& x : scores) x = u(g);
+  std::vector<int32_t> before = prefill ? std::vector<int32_t>{0, 0, 0} : std::vector<int32_t>{8, 8, 8};
+  std::vector<int32_t> after = prefill ? std::vector<int32_t>{20, 5, 13} : std::vector<int32_t>{9, 9, 9};
+  std::vector<int32_t> seen = prefill ? std::vector<int32_t>{0, 0, 0} : std::vector<int32_t>{30, 12, 9};
+  std::vector<KvBudget> budgets(size_t(B), policy->budget(20));
+  KvPolicyState s1, s2;
+  s1.reset(B, kvh, cap);
+  for (size_t i = 0; i < s1.acc.size(); ++i) s1.acc[i] = u(g), s1.pos[i] = int32_t(i % size_t(cap)) + 100;
+  s2 = s1;
+  std::vector<float> k2 = k, v2 = v;
+  std::vector<int32_t> after2 = after, lo1, hi1, lo2, hi2;
+  auto args = [&](float* kk, float* vv, KvPolicyState* st, int32_t* la, std::vector<int32_t>* lo,
+                  std::vector<int32_t>* hi) {
+    EvictArgs a;
+    a.policy = policy.get();
+    a.config = &c;
+    a.seg = KvSegment{kk, vv, DType::F32, 0, B, cap, scores.data()};
+    a.state = st;
+    a.len_before = before.data();
+    a.len_after = la;
+    a.seen_before = seen.data();
+    a.budgets = budgets.data();
+    a.prefill = prefill;
+    a.salt = 3;
+    a.dirty_lo = lo;
+    a.dirty_hi = hi;
+    return a;
+  };
+  apply_kv_policy(args(k.data(), v.data(), &s1, after.data(), &lo1, &hi1));
+  int calls = 0;
+  decide_kv_policy(args(nullptr, nullptr, &s2, after2.data(), &lo2, &hi2),
+                   [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
+                     ++calls;
+                     for (size_t i = 0; i < keep.size(); ++i) ASSERT_GE(keep[i], int32_t(i));  // kv_gather's contract
+                     for (int64_t d = 0; d < hd; ++d) {  // compact each element column of the row
+                       for (std::vector<float>* buf : {&k2, &v2}) {
+                         float* row = buf->data() + (b * kvh + h) * cap * hd;
+                         std::vector<float> col(static_cast<size_t>(cap));
+                         for (int64_t s = 0; s < cap; ++s) col[size_t(s)] = row[s * hd + d];
+                         compact_in_place<float>(col, keep);
+                         for (int64_t s = 0; s < cap; ++s) row[s * hd + d] = col[size_t(s)];
+                       }
+                     }
+                   });
+  EXPECT_GT(calls, 0);
+  EXPECT_EQ(k2, k);
+  EXPECT_EQ(v2, v);
+  EXPECT_EQ(after2, after);
+  EXPECT_EQ(s2.acc, s1.acc);
+  EXPECT_EQ(s2.pos, s1.pos);
+  EXPECT_EQ(lo2, lo1);
+  EXPECT_EQ(hi2, hi1);
+}
+
+TEST(DecideKvPolicy, KeepListsReproduceApplyAtPrefillAndDecode) {
+  for (KvPolicyKind kind : {KvPolicyKind::kH2o, KvPolicyKind::kRandom}) {
+    check_decide_equals_apply(true, kind);
+    check_decide_equals_apply(false, kind);
+  }
+}
+
+}  // namespace
+}  // namespace flexh2o

@@ -1,0 +1,122 @@
+// Comparing two runners step by step: a wrapper that records every step's logits, greedy runs
+// through it, and element-wise comparisons (bit for bit, or within a tolerance; NaN fails).
+// Token equality alone is weak evidence on the tiny models (their greedy text loops).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/generate.h"
+#include "engine/runner.h"
+
+namespace flexh2o::test {
+
+class Recorder final : public StepRunner {
+ public:
+  explicit Recorder(StepRunner& r) : r_(r) {}
+  const ModelConfig& config() const override { return r_.config(); }
+  int64_t max_batch() const override { return r_.max_batch(); }
+  void begin_batch(int64_t B, int64_t capacity) override { r_.begin_batch(B, capacity); }
+  void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+            std::vector<float>& logits) override {
+    r_.step(ids, positions, T, real_rows, logits);
+    steps.push_back(logits);
+  }
+  size_t kv_bytes() const override { return r_.kv_bytes(); }
+  void expect_more_steps(bool more) override { r_.expect_more_steps(more); }
+  std::vector<std::vector<float>> steps;
+
+ private:
+  StepRunner& r_;
+};
+
+struct Run {
+  std::vector<std::vector<float>> logits;  // per step
+  std::vector<std::vector<int32_t>> tokens;
+};
+
+inline Run run_greedy(StepRunner& r, const std::vector<GenerationRequest>& reqs) {
+  Recorder rec(r);
+  GenerateOptions o;
+  o.ignore_eos = true;
+  Run out;
+  for (auto& g : generate(rec, reqs, o)) out.tokens.push_back(g.tokens);
+  out.logits = std::move(rec.steps);
+  return out;
+}
+
+// Feeds `reqs` as one batch (left-padded prompts), then `tokens[b][j]` at decode step j for
+// every sequence (teacher forcing): two runners see the same inputs even where their greedy
+// choices would part. `tokens` is another run's output; every request must have as many.
+inline Run run_forced(StepRunner& r, const std::vector<GenerationRequest>& reqs,
+                      const std::vector<std::vector<int32_t>>& tokens) {
+  const int64_t B = int64_t(reqs.size());
+  EXPECT_LE(B, r.max_batch());
+  int64_t S = 0;
+  for (const auto& q : reqs) S = std::max<int64_t>(S, int64_t(q.prompt_ids.size()));
+  const int64_t gen = int64_t(tokens.at(0).size());
+  std::vector<int32_t> ids(size_t(B * S), 0), pos(size_t(B * S), 0), real(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& p = reqs[size_t(b)].prompt_ids;
+    const int64_t pad = S - int64_t(p.size());
+    real[size_t(b)] = int32_t(p.size());
+    for (size_t t = 0; t < p.size(); ++t) ids[size_t(b * S + pad) + t] = p[t], pos[size_t(b * S + pad) + t] = int32_t(t);
+  }
+  Run out;
+  std::vector<float> logits;
+  r.begin_batch(B, S + gen);
+  r.step(ids.data(), pos.data(), S, real.data(), logits);
+  out.logits.push_back(logits);
+  for (int64_t j = 0; j + 1 < gen; ++j) {
+    std::vector<int32_t> next(static_cast<size_t>(B)), np(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      next[size_t(b)] = tokens[size_t(b)][size_t(j)];
+      np[size_t(b)] = real[size_t(b)] + int32_t(j);
+    }
+    r.expect_more_steps(j + 2 < gen);
+    r.step(next.data(), np.data(), 1, nullptr, logits);
+    out.logits.push_back(logits);
+  }
+  out.tokens = tokens;
+  return out;
+}
+
+inline void expect_same_logits(const Run& got, const Run& want, const std::string& what) {
+  ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
+  for (size_t s = 0; s < got.logits.size(); ++s) {
+    ASSERT_EQ(got.logits[s].size(), want.logits[s].size()) << what << " step " << s;
+    for (size_t i = 0; i < got.logits[s].size(); ++i) {
+      ASSERT_FALSE(std::isnan(got.logits[s][i])) << what << " step " << s << " logit " << i;
+      ASSERT_EQ(std::memcmp(&got.logits[s][i], &want.logits[s][i], sizeof(float)), 0)
+          << what << ": step " << s << " logit " << i << " is " << got.logits[s][i] << ", expected "
+          << want.logits[s][i];
+    }
+  }
+  EXPECT_EQ(got.tokens, want.tokens) << what;
+}
+
+// |got - want| <= atol + rtol * |want| for every logit of every step, no NaN; returns the
+// largest absolute difference.
+inline double expect_close_logits(const Run& got, const Run& want, double atol, double rtol, const std::string& what) {
+  double worst = 0;
+  EXPECT_EQ(got.logits.size(), want.logits.size()) << what;
+  for (size_t s = 0; s < std::min(got.logits.size(), want.logits.size()); ++s) {
+    EXPECT_EQ(got.logits[s].size(), want.logits[s].size()) << what;
+    for (size_t i = 0; i < std::min(got.logits[s].size(), want.logits[s].size()); ++i) {
+      const double g = got.logits[s][i], w = want.logits[s][i];
+      if (std::isnan(g) || std::abs(g - w) > atol + rtol * std::abs(w)) {
+        ADD_FAILURE() << what << ": step " << s << " logit " << i << " is " << g << ", expected " << w;
+        return std::abs(g - w);
+      }
+      worst = std::max(worst, std::abs(g - w));
+    }
+  }
+  return worst;
+}
+
+}  // namespace flexh2o::test

@@ -1,0 +1,174 @@
+// The CUDA device's own pieces (label gpu; skipped without a GPU): read-only registration of a
+// memory-mapped checkpoint in place and the zero-copy row gather from it, 2-D copies, events,
+// and each unit op against the CPU device computing in F16 on the same inputs.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "engine/cpu_device.h"
+#include "engine/test_util.h"
+#include "gpu/cuda_device.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/cuda_probe.h"
+
+namespace flexh2o {
+namespace {
+using test::model_dir;
+
+class CudaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const CudaProbe p = probe_cuda();
+    if (!p.available) GTEST_SKIP() << "no CUDA device: " << p.reason;
+    dev = gpu::make_cuda_device({});
+  }
+  std::unique_ptr<Device> dev;
+  TierBudget device_budget{Tier::kDevice, 0}, host_budget{Tier::kHost, 0};
+};
+
+TEST_F(CudaDeviceTest, CheckpointPinnedInPlaceFeedsTheRowGather) {
+  Model m = Model::load_dir(model_dir("tiny-opt"));  // memory-mapped, read-only
+  const TensorView& table = m.weights().embed;
+  HostPin pin = dev->pin_in_place(table.data, table.nbytes());
+  ASSERT_TRUE(pin) << "the driver refused to register a read-only mapping";
+  cudaPointerAttributes at{};
+  ASSERT_EQ(cudaPointerGetAttributes(&at, table.data), cudaSuccess);
+  EXPECT_NE(at.type, cudaMemoryTypeUnregistered);
+  const std::vector<int32_t> ids = {5, 0, 4095, 17, 17, 2};
+  const size_t row = size_t(table.shape[1]) * 2;
+  Buffer d_ids, d_rows, h_rows;
+  ASSERT_TRUE(dev->allocate(MemKind::kDevice, ids.size() * 4, device_budget, "ids", &d_ids).ok());
+  ASSERT_TRUE(dev->allocate(MemKind::kDevice, ids.size() * row, device_budget, "rows", &d_rows).ok());
+  ASSERT_TRUE(dev->allocate(MemKind::kPinned, ids.size() * row, host_budget, "rows", &h_rows).ok());
+  dev->copy(Queue::kHostToDevice, d_ids.data(), ids.data(), ids.size() * 4);
+  dev->gather_rows(Queue::kHostToDevice, d_rows.data(), table.data, table.shape[0], row, d_ids.as<int32_t>(),
+                   ids.data(), int64_t(ids.size()));
+  dev->copy(Queue::kHostToDevice, h_rows.data(), d_rows.data(), ids.size() * row);
+  dev->synchronize();
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(std::memcmp(h_rows.data() + i * row, static_cast<const std::byte*>(table.data) + size_t(ids[i]) * row, row), 0)
+        << "row " << i;
+  pin.reset();  // unregistered again
+  ASSERT_EQ(cudaPointerGetAttributes(&at, table.data), cudaSuccess);
+  EXPECT_EQ(at.type, cudaMemoryTypeUnregistered);
+}
+
+TEST_F(CudaDeviceTest, CopiesAndEventsOrderTheQueues) {
+  const size_t w = 96, h = 7, sp = 128, dp = 256;
+  Buffer src, mid, dst;
+  ASSERT_TRUE(dev->allocate(MemKind::kPinned, sp * h, host_budget, "src", &src).ok());
+  ASSERT_TRUE(dev->allocate(MemKind::kDevice, dp * h, device_budget, "mid", &mid).ok());
+  ASSERT_TRUE(dev->allocate(MemKind::kPinned, sp * h, host_budget, "dst", &dst).ok());
+  for (size_t i = 0; i < sp * h; ++i) src.data()[i] = std::byte(i * 7);
+  std::memset(dst.data(), 0, sp * h);
+  dev->copy_2d(Queue::kHostToDevice, mid.data(), dp, src.data(), sp, w, h);
+  dev->wait(Queue::kDeviceToHost, dev->record(Queue::kHostToDevice));
+  dev->copy_2d(Queue::kDeviceToHost, dst.data(), sp, mid.data(), dp, w, h);
+  const Event done = dev->record(Queue::kDeviceToHost);
+  dev->host_wait(done);
+  for (size_t r = 0; r < h; ++r)
+    for (size_t i = 0; i < sp; ++i)
+      EXPECT_EQ(dst.data()[r * sp + i], i < w ? src.data()[r * sp + i] : std::byte(0)) << r << "," << i;
+  EXPECT_GE(dev->seconds_between(done, done), 0.0);
+}
+
+// Each unit op on the GPU against the CPU device with F16 activations (the same inputs, the
+// same rounding of what goes in and out).
+TEST_F(CudaDeviceTest, UnitOpsMatchTheCpuDeviceWithinF16Tolerance) {
+  for (const char* name : {"tiny-opt", "tiny-llama"}) {
+    Model m = Model::load_dir(model_dir(name));
+    const ModelConfig& c = m.config();
+    CpuDeviceOptions co;
+    co.act_dtype = DType::F16;
+    CpuDevice cpu(co);
+    const int64_t n = 3, T = 5, M = n * T, H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), cap = 8;
+    // Weights of layer 0, the embedding and the head, uploaded to the GPU.
+    std::vector<Buffer> keep;
+    auto up = [&](const TensorView& v) {
+      if (v.empty()) return v;
+      keep.emplace_back();
+      EXPECT_TRUE(dev->allocate(MemKind::kDevice, size_t(v.numel()) * 2, device_budget, "w", &keep.back()).ok());
+      dev->upload(keep.back().data(), v);
+      TensorView d = v;
+      d.data = keep.back().data();
+      d.dtype = DType::F16;
+      return d;
+    };
+    ModelWeights w = m.weights(), wd;
+    wd.embed = up(w.embed), wd.pos_embed = up(w.pos_embed), wd.final_norm_w = up(w.final_norm_w);
+    wd.final_norm_b = up(w.final_norm_b), wd.lm_head = up(w.lm_head);
+    LayerWeights L = w.layers[0], Ld = L;
+    for (TensorView* t : {&Ld.ln1_w, &Ld.ln1_b, &Ld.q_w, &Ld.q_b, &Ld.k_w, &Ld.k_b, &Ld.v_w, &Ld.v_b, &Ld.o_w, &Ld.o_b,
+                          &Ld.ln2_w, &Ld.ln2_b, &Ld.fc1_w, &Ld.fc1_b, &Ld.fc2_w, &Ld.fc2_b, &Ld.gate_w, &Ld.up_w,
+                          &Ld.down_w, &Ld.gate_b, &Ld.up_b, &Ld.down_b})
+      *t = up(*t);
+    const TierCharge scratch_gpu = dev->reserve(c, M, n, device_budget), scratch_cpu = cpu.reserve(c, M, n, device_budget);
+    // Inputs: ids, positions, OPT position rows, seq_keys (sequence 1 is 2 rows of left padding).
+    std::vector<int32_t> ids(static_cast<size_t>(M)), pos(ids), rows(ids), keys = {5, 3, 5};
+    std::mt19937 g(3);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        ids[size_t(b * T + t)] = int32_t(g() % uint64_t(c.vocab_size));
+        pos[size_t(b * T + t)] = int32_t(std::max<int64_t>(0, t - (T - keys[size_t(b)])));
+        rows[size_t(b * T + t)] = pos[size_t(b * T + t)] + int32_t(c.position_offset());
+      }
+    Buffer in;
+    ASSERT_TRUE(dev->allocate(MemKind::kDevice, size_t(3 * M + n) * 4, device_budget, "in", &in).ok());
+    int32_t* d = in.as<int32_t>();
+    dev->copy(Queue::kCompute, d, ids.data(), size_t(M) * 4);
+    dev->copy(Queue::kCompute, d + M, pos.data(), size_t(M) * 4);
+    dev->copy(Queue::kCompute, d + 2 * M, rows.data(), size_t(M) * 4);
+    dev->copy(Queue::kCompute, d + 3 * M, keys.data(), size_t(n) * 4);
+    StepRows rg{n, T, d, d + M, d + 2 * M, d + 3 * M, ids.data(), pos.data(), rows.data(), keys.data(), 5};
+    StepRows rc{n, T, ids.data(), pos.data(), rows.data(), keys.data(), ids.data(), pos.data(), rows.data(), keys.data(), 5};
+    // Activation buffers on both devices (f16).
+    auto both = [&](int64_t elems, std::vector<uint16_t>& host, Buffer& gpu) {
+      host.assign(size_t(elems), 0);
+      EXPECT_TRUE(dev->allocate(MemKind::kDevice, size_t(elems) * 2, device_budget, "act", &gpu).ok());
+    };
+    std::vector<uint16_t> h_hidden, h_q, h_k, h_v, h_attn, h_kc, h_vc;
+    Buffer g_hidden, g_q, g_k, g_v, g_attn, g_kc, g_vc, g_logits;
+    both(M * H, h_hidden, g_hidden), both(M * Q, h_q, g_q), both(M * KV, h_k, g_k), both(M * KV, h_v, g_v);
+    both(M * Q, h_attn, g_attn), both(n * KV * cap, h_kc, g_kc), both(n * KV * cap, h_vc, g_vc);
+    ASSERT_TRUE(dev->allocate(MemKind::kDevice, size_t(n * c.vocab_size) * 4, device_budget, "logits", &g_logits).ok());
+    std::vector<float> c_logits(size_t(n * c.vocab_size)), g_logits_h(c_logits.size());
+    auto compare = [&](const std::vector<uint16_t>& host, const Buffer& gpu, const char* what, double tol) {
+      std::vector<uint16_t> back(host.size());
+      dev->copy(Queue::kCompute, back.data(), gpu.data(), back.size() * 2);
+      dev->synchronize();
+      for (size_t i = 0; i < back.size(); ++i) {
+        const float a = f16_to_f32(back[i]), b = f16_to_f32(host[i]);
+        ASSERT_FALSE(std::isnan(a)) << name << " " << what << " " << i;
+        ASSERT_LE(std::abs(a - b), tol * (1 + std::abs(b))) << name << " " << what << " element " << i;
+      }
+    };
+    cpu.embed(c, w, rc, h_hidden.data());
+    dev->embed(c, wd, rg, g_hidden.data());
+    compare(h_hidden, g_hidden, "embed", 2e-3);
+    cpu.attention_in(c, L, rc, h_hidden.data(), h_q.data(), h_k.data(), h_v.data());
+    dev->attention_in(c, Ld, rg, g_hidden.data(), g_q.data(), g_k.data(), g_v.data());
+    compare(h_q, g_q, "q", 2e-2), compare(h_k, g_k, "k", 2e-2), compare(h_v, g_v, "v", 2e-2);
+    const KvSegment sc{h_kc.data(), h_vc.data(), DType::F16, 0, n, cap, nullptr};
+    const KvSegment sg{g_kc.data(), g_vc.data(), DType::F16, 0, n, cap, nullptr};
+    cpu.attend(c, rc, h_q.data(), h_k.data(), h_v.data(), {&sc, 1}, h_attn.data());
+    dev->attend(c, rg, g_q.data(), g_k.data(), g_v.data(), {&sg, 1}, g_attn.data());
+    compare(h_attn, g_attn, "attention", 3e-2);
+    cpu.attention_out(c, L, rc, h_attn.data(), h_hidden.data());
+    dev->attention_out(c, Ld, rg, g_attn.data(), g_hidden.data());
+    compare(h_hidden, g_hidden, "attention_out", 3e-2);
+    cpu.mlp(c, L, rc, h_hidden.data());
+    dev->mlp(c, Ld, rg, g_hidden.data());
+    compare(h_hidden, g_hidden, "mlp", 5e-2);
+    cpu.head(c, w, rc, h_hidden.data(), c_logits.data());
+    dev->head(c, wd, rg, g_hidden.data(), g_logits.as<float>());
+    dev->copy(Queue::kCompute, g_logits_h.data(), g_logits.data(), g_logits_h.size() * 4);
+    dev->synchronize();
+    for (size_t i = 0; i < c_logits.size(); ++i)
+      ASSERT_LE(std::abs(g_logits_h[i] - c_logits[i]), 0.1 + 0.03 * std::abs(c_logits[i])) << name << " logit " << i;
+  }
+}
+
+}  // namespace
+}  // namespace flexh2o

@@ -1,0 +1,97 @@
+// The one offloading engine on the CUDA device (label gpu; skipped without one): for a grid of
+// placements (every tier and split, host attention, whole layers or attention/MLP units, KV
+// policies, f16 and f32 KV, the disk tier), the logits of every step stay within f16 tolerance
+// of the CPU device's (teacher-forced: both see the same tokens), and the greedy tokens of the
+// GPU's own run equal the CPU reference's where the CPU run's top-2 margin is clear.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "engine/bible_requests.h"
+#include "engine/cpu_device.h"
+#include "engine/offload_engine.h"
+#include "engine/runner_compare.h"
+#include "gpu/cuda_device.h"
+#include "kernels/cuda/cuda_probe.h"
+
+namespace flexh2o {
+namespace {
+using test::model_dir;
+
+struct GpuCase {
+  const char* model;
+  const char* percent;
+  int gbs, ngb;
+  bool cpu_attention = false, sep = true;
+  KvPolicyKind kv = KvPolicyKind::kFull;
+  DType kv_dtype = DType::F16;
+};
+
+std::ostream& operator<<(std::ostream& os, const GpuCase& c) {
+  return os << c.model << " [" << c.percent << "] " << c.gbs << "x" << c.ngb << (c.cpu_attention ? " cpu-attn" : "")
+            << (c.sep ? "" : " whole-layers") << " " << kv_policy_name(c.kv) << " " << dtype_name(c.kv_dtype);
+}
+
+class GpuEngine : public ::testing::TestWithParam<GpuCase> {
+ protected:
+  void SetUp() override {
+    const CudaProbe p = probe_cuda();
+    if (!p.available) GTEST_SKIP() << "no CUDA device: " << p.reason;
+  }
+};
+
+TEST_P(GpuEngine, LogitsWithinF16ToleranceOfTheCpuDevice) {
+  const GpuCase& c = GetParam();
+  Model model = Model::load_dir(model_dir(c.model));
+  std::unique_ptr<KvPolicy> policy;
+  if (c.kv != KvPolicyKind::kFull) {
+    KvPolicyConfig k;
+    k.kind = c.kv;
+    k.heavy_budget = 4;
+    k.recent_budget = 3;
+    policy = make_policy(k);
+  }
+  auto reqs = test::bible_requests(c.model, 8);
+  OffloadOptions o;
+  std::istringstream is(c.percent);
+  is >> o.policy.w_gpu_percent >> o.policy.w_cpu_percent >> o.policy.cache_gpu_percent >> o.policy.cache_cpu_percent >>
+      o.policy.act_gpu_percent >> o.policy.act_cpu_percent;
+  o.policy.gpu_batch_size = c.gbs;
+  o.policy.num_gpu_batches = c.ngb;
+  o.policy.cpu_cache_compute = c.cpu_attention;
+  o.policy.sep_layer = c.sep;
+  o.kv_policy = policy.get();
+  o.kv_dtype = c.kv_dtype;
+  test::TempDir dir;
+  o.offload_dir = dir.path();
+  CpuDevice cpu(0);
+  Forward fwd(model, cpu);
+  InMemoryRunner ref(fwd, int64_t(reqs.size()), policy.get(), c.kv_dtype);
+  const test::Run want = test::run_greedy(ref, reqs);
+  auto dev = gpu::make_cuda_device({});
+  OffloadEngine eng(model, *dev, o);
+  std::ostringstream what;
+  what << c;
+  const test::Run got = test::run_forced(eng, reqs, want.tokens);
+  test::expect_close_logits(got, test::run_forced(ref, reqs, want.tokens), 0.25, 0.03, what.str());
+  // A second run on the same engine (buffers reused, the prefetch state carried over).
+  test::expect_close_logits(test::run_forced(eng, reqs, want.tokens), got, 0.25, 0.03, what.str() + " (again)");
+}
+
+using K = KvPolicyKind;
+INSTANTIATE_TEST_SUITE_P(
+    Placements, GpuEngine,
+    ::testing::Values(GpuCase{"tiny-opt", "100 0 100 0 100 0", 4, 1}, GpuCase{"tiny-opt", "0 100 100 0 100 0", 2, 2},
+                      GpuCase{"tiny-opt", "30 30 100 0 100 0", 1, 4, false, false},
+                      GpuCase{"tiny-opt", "100 0 0 100 100 0", 2, 2}, GpuCase{"tiny-opt", "20 80 0 100 0 100", 2, 2, true},
+                      GpuCase{"tiny-opt", "0 100 34 33 0 100", 2, 2, true}, GpuCase{"tiny-opt", "0 0 0 0 100 0", 4, 1},
+                      GpuCase{"tiny-opt", "100 0 0 0 100 0", 2, 2, true},
+                      GpuCase{"tiny-opt", "20 80 0 100 0 100", 2, 2, true, true, K::kH2o},
+                      GpuCase{"tiny-opt", "100 0 100 0 100 0", 4, 1, false, true, K::kH2o},
+                      GpuCase{"tiny-opt", "50 50 34 33 100 0", 2, 2, false, true, K::kH2o, DType::F32},
+                      GpuCase{"tiny-llama", "100 0 100 0 100 0", 4, 1}, GpuCase{"tiny-llama", "0 100 0 100 0 100", 2, 2, true},
+                      GpuCase{"tiny-llama", "30 30 34 33 0 100", 2, 2, false, true, K::kH2o},
+                      GpuCase{"tiny-llama", "0 0 0 0 100 0", 2, 2, true, true, K::kFull, DType::BF16}));
+
+}  // namespace
+}  // namespace flexh2o
