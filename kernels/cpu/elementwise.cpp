@@ -127,7 +127,8 @@ void kv_gather(void* cache, DType dtype, int64_t B, int64_t kv_heads, int64_t ca
     const int32_t* k = keep + r * keep_stride;
     char* base = static_cast<char*>(cache) + r * capacity * row_bytes;
     for (int64_t i = 0; i < keep_count[r]; ++i)
-      if (k[i] != i) std::memcpy(base + i * row_bytes, base + int64_t(k[i]) * row_bytes, size_t(row_bytes));
+      if (k[i] != i)
+        std::memcpy(base + i * row_bytes, base + int64_t(k[i]) * row_bytes, size_t(row_bytes));
   });
 }
 

@@ -172,9 +172,10 @@ TEST_P(AttentionKvThreads, SameBitsForAnyThreadCount) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, AttentionKvThreads, ::testing::Values(DType::F32, DType::F16, DType::BF16),
+INSTANTIATE_TEST_SUITE_P(All, AttentionKvThreads,
+                         ::testing::Values(DType::F32, DType::F16, DType::BF16),
                          [](const ::testing::TestParamInfo<DType>& i) {
-                           return i.param == DType::F16 ? "f16" : i.param == DType::BF16 ? "bf16" : "f32";
+                           return i.param == DType::F32 ? "f32" : i.param == DType::F16 ? "f16" : "bf16";
                          });
 
 TEST(AttentionKvDtype, RejectsNonFloatCache) {

@@ -53,7 +53,8 @@ std::vector<float> rounding_inputs(DType dt) {
                      0x7f802000u, 0x7f801fffu, 0x7fbfffffu, 0x807fffffu, 0x3f808000u, 0x3f818000u,
                      0x7f7f8000u, 0x7f7f7fffu, 0x7f7f8001u, 0xff7f8000u})  // bf16 overflow tie
     v.push_back(from_bits(u));
-  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 0x70007u) v.push_back(from_bits(uint32_t(u)));  // all exponents
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 0x70007u)  // every exponent, both signs
+    v.push_back(from_bits(uint32_t(u)));
   return v;
 }
 
@@ -65,15 +66,16 @@ TEST_P(Convert, EveryPatternToF32MatchesReference) {
   // parallel blocks, and the block boundaries fall at unaligned addresses.
   const int64_t n = 3 * 65536;
   std::vector<uint16_t> src(size_t(n + 1));
-  for (int64_t i = 0; i < n; ++i) src[size_t(i + 1)] = uint16_t(i * 40503 + i / 65536);  // odd: a permutation
+  for (int64_t i = 0; i < n; ++i)  // 40503 is odd: each 65536 block is a permutation
+    src[size_t(i + 1)] = uint16_t(i * 40503 + i / 65536);
   std::vector<float> dst(size_t(n + 2), -3.f);
   detail::to_f32_isa(isa, dt, src.data() + 1, n, dst.data() + 1);
   int bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t h = src[size_t(i + 1)];
     if (bits_of(dst[size_t(i + 1)]) != bits_of(ref_to_f32(dt, h)) && bad++ < 5)
-      ADD_FAILURE() << dt_str(dt) << " pattern " << std::hex << h << " -> " << bits_of(dst[size_t(i + 1)])
-                    << ", reference " << bits_of(ref_to_f32(dt, h));
+      ADD_FAILURE() << dt_str(dt) << " pattern " << std::hex << h << " -> "
+                    << bits_of(dst[size_t(i + 1)]) << ", reference " << bits_of(ref_to_f32(dt, h));
   }
   EXPECT_EQ(bad, 0);
   EXPECT_EQ(dst[0], -3.f);
@@ -132,7 +134,8 @@ INSTANTIATE_TEST_SUITE_P(All, Convert,
                          ::testing::Combine(::testing::ValuesIn(available_isas()),
                                             ::testing::Values(DType::F16, DType::BF16)),
                          [](const ::testing::TestParamInfo<std::tuple<Isa, DType>>& i) {
-                           return std::string(isa_str(std::get<0>(i.param))) + "_" + dt_str(std::get<1>(i.param));
+                           return std::string(isa_str(std::get<0>(i.param))) + "_" +
+                                  dt_str(std::get<1>(i.param));
                          });
 
 TEST(ConvertPublic, F32CopiesBitsOthersThrowAndThreadsDoNotMatter) {
@@ -218,7 +221,8 @@ TEST_P(WriteKvDtype, EveryElementIsTheReferenceRoundingOfItsSourceRow) {
   std::vector<int32_t> over = c.seq_keys;
   over.back() = int32_t(c.cap + 1);
   const auto before = cache;
-  EXPECT_THROW(write_kv(src.data(), stride, c.B, c.T, c.KV, c.hd, cache.data(), dt, c.cap, over.data()), Error);
+  EXPECT_THROW(write_kv(src.data(), stride, c.B, c.T, c.KV, c.hd, cache.data(), dt, c.cap, over.data()),
+               Error);
   EXPECT_TRUE(cache == before) << "a rejected write_kv wrote something";
 }
 
@@ -303,7 +307,8 @@ TEST_P(KvGather16, RejectsBadKeepListsBeforeMovingAnything) {
   EXPECT_TRUE(run({0, 1, 2, 3, 4, 5, 5}, {}));  // keep_count > capacity / keep_stride
   std::vector<int32_t> keep(size_t(KV * stride), 0), count(2, 1);
   auto cache = before;
-  EXPECT_THROW(kv_gather(cache.data(), DType::I64, B, KV, cap, hd, keep.data(), stride, count.data()), Error);
+  EXPECT_THROW(kv_gather(cache.data(), DType::I64, B, KV, cap, hd, keep.data(), stride, count.data()),
+               Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, KvGather16, ::testing::Values(DType::F16, DType::BF16),

@@ -72,8 +72,9 @@ void attention_run(const AttnTask& task) {
   const int64_t b = task.b, h = task.h, nh = task.nh, d = a.head_dim;
   const int64_t g = h / (a.n_heads / a.kv_heads);
   const int64_t nk = a.seq_keys[b];
-  const KV* kb = static_cast<const KV*>(a.k) + (b * a.kv_heads + g) * a.capacity * d;  // key j: kb + j*d
-  const KV* vb = static_cast<const KV*>(a.v) + (b * a.kv_heads + g) * a.capacity * d;
+  const int64_t base = (b * a.kv_heads + g) * a.capacity * d;
+  const KV* kb = static_cast<const KV*>(a.k) + base;  // key j: kb + j*d
+  const KV* vb = static_cast<const KV*>(a.v) + base;
   const int64_t ld = nk > 0 ? nk : 1;
   // Row r of the task is query t0 + r / nh of head h + r % nh: keys seen grow with r.
   auto n_of = [&](int64_t r) { return nk - a.tq + task.t0 + r / nh + 1; };  // <= 0: padding
@@ -166,8 +167,8 @@ void attention_run(const AttnTask& task) {
         for (int q = 0; q < qn; ++q) {  // each query finishes its own keys alone
           const int64_t n = n_of(i0 + q);
           V* aq = acc + q * nv;
-          if (n > done)
-            pv_run_rt<T, 1>(nv, aq, prow + q, vb + d0, d, tail, done, n, i0 == qb0 && q == 0 ? pfv : 0);
+          const int64_t pf = i0 == qb0 && q == 0 ? pfv : 0;
+          if (n > done) pv_run_rt<T, 1>(nv, aq, prow + q, vb + d0, d, tail, done, n, pf);
           float* o = orow(i0 + q) + d0;
           for (int v = 0; v < nv; ++v) {
             const V r = n > 0 ? aq[v] : T::zero();
