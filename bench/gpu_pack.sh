@@ -15,7 +15,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 JOBS="${JOBS:-$(nproc)}"
 # Binaries gpu_check.sh runs (relative to a build tree).
 BINS=(flexh2o tests/kernels_cuda/kernels_cuda_test bench/bench_gpu)
-[ -f "$ROOT/tests/gpu/CMakeLists.txt" ] && BINS+=(tests/gpu/gpu_runner_test)
+BINS+=(tests/gpu/gpu_engine_test)
 
 echo "gpu_pack: configure $BUILD (Release, sm_90)"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \

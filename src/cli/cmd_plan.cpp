@@ -28,6 +28,10 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_option("--num-gpu-batches", a.num_gpu_batches, "With --percent");
   s->add_flag("--cpu-cache-compute", a.cpu_cache_compute, "With --percent: decode attention on the host");
   s->add_option("--overlap", a.overlap, "true|false")->check(CLI::IsMember({"true", "false"}));
+  s->add_option("--sep-layer", a.sep_layer, "Attention and MLP as separate units (true|false)")
+      ->capture_default_str()->check(CLI::IsMember({"true", "false"}));
+  s->add_option("--kv-dtype", a.kv_dtype, "KV cache element type: f16, bf16 or f32")
+      ->capture_default_str()->check(CLI::IsMember({"f16", "bf16", "f32"}));
   s->add_flag("--json", a.json, "One JSON object on stdout");
 }
 
@@ -66,6 +70,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
   Workload w;
   w.prompt_len = a.prompt_len;
   w.gen_len = a.gen_len;
+  w.kv_dtype = a.kv_dtype == "f32" ? DType::F32 : a.kv_dtype == "bf16" ? DType::BF16 : DType::F16;
   if (!a.kv_policy.empty() && a.kv_policy != "full") {
     KvPolicyConfig kv = a.kv;
     kv.kind = parse_kv_policy_kind(a.kv_policy);
@@ -89,6 +94,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
     if (a.num_gpu_batches > 0) p.num_gpu_batches = a.num_gpu_batches;
     p.cpu_cache_compute = a.cpu_cache_compute;
     p.overlap = a.overlap != "false";
+    p.sep_layer = a.sep_layer != "false";
     e = cm.estimate(p);
   } else {
     SearchOptions so;
@@ -105,6 +111,8 @@ int run_plan(const PlanArgs& a, const Env& env) {
     j["prompt_len"] = w.prompt_len;
     j["gen_len"] = w.gen_len;
     j["kv_policy"] = w.kv ? describe(*w.kv) : "full";
+    j["kv_dtype"] = a.kv_dtype;
+    j["device"] = device_kind_name(hw.device);
     j["searched"] = !given;
     j["policies_evaluated"] = evaluated;
     j["flexgen_cost_model_tokens_per_s"] = fg;
@@ -114,19 +122,20 @@ int run_plan(const PlanArgs& a, const Env& env) {
   std::cout << std::setprecision(4) << "model      " << c.name << " (" << source << ")\n"
             << "hardware   " << hw.name << "\n"
             << "workload   prompt " << w.prompt_len << " + gen " << w.gen_len << ", KV "
-            << (w.kv ? describe(*w.kv) : std::string("full")) << " (" << e.kv_tokens << " slots/sequence)\n"
+            << (w.kv ? describe(*w.kv) : std::string("full")) << " (" << e.kv_tokens << " slots/sequence, "
+            << a.kv_dtype << "), " << device_kind_name(hw.device) << " device\n"
             << "policy     " << e.policy.str() << (given ? "  (given)" : "  (searched, " + std::to_string(evaluated) + " policies timed)") << "\n"
             << "throughput " << e.throughput << " tokens/s (effective batch " << e.block << "; prefill " << e.prefill_s
             << " s, decode " << e.decode_s << " s)\n"
             << "per layer  prefill " << e.prefill_layer_s * 1e3 << " ms, decode " << e.decode_layer_s * 1e3 << " ms\n"
             << "bottleneck " << e.bottleneck << "\n"
             << "memory     device " << double(e.memory[0]) / 1e9 << " GB, host " << double(e.memory[1]) / 1e9
-            << " GB, disk " << double(e.memory[2]) / 1e9 << " GB" << (e.fits ? "" : "  DOES NOT FIT: " + e.memory_note)
-            << "\n"
+            << " GB, disk " << double(e.memory[2]) / 1e9 << " GB; fits: "
+            << (e.fits ? std::string("true") : "false (" + e.memory_note + ")") << "\n"
             << "busy       ";
   for (int q = 0; q < kNumQueues; ++q) std::cout << queue_name(Queue(q)) << " " << e.busy[size_t(q)] << " s  ";
   std::cout << "\nFlexGen's published cost model for this policy: " << fg
-            << " tokens/s (fp16 KV, FlexGen's scheduler; ours keeps KV in fp32 and list-schedules our queues)\n";
+            << " tokens/s (FlexGen's scheduler; ours list-schedules our own queues and steps)\n";
   return 0;
 }
 

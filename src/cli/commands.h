@@ -74,7 +74,7 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a);
 int run_eval_choice(const EvalChoiceArgs& a, const Env& env);
 
 struct PlanArgs {
-  std::string model, hardware, kv_policy, overlap = "true";
+  std::string model, hardware, kv_policy, overlap = "true", sep_layer = "true", kv_dtype = "f16";
   int64_t prompt_len = 512, gen_len = 32, gpu_batch_size = 0, num_gpu_batches = 0;
   KvPolicyConfig kv;
   std::vector<double> percent;

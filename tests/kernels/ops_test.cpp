@@ -187,7 +187,9 @@ TEST(KvGather, RejectsBadKeepListsBeforeMovingAnything) {
     } catch (const Error&) {
       threw = true;
     }
-    if (threw) EXPECT_TRUE(cache == before) << "cache modified by a rejected call";
+    if (threw) {
+      EXPECT_TRUE(cache == before) << "cache modified by a rejected call";
+    }
     return threw;
   };
   EXPECT_FALSE(run({0, 2, 4}, {5, 1}));  // valid (the guard of this test itself)

@@ -222,7 +222,9 @@ TEST(PlannerPlacement, UnitsAndMemoryEqualTheEngine) {
             auto tiers = [](const UnitPlacement& u) { return std::array<uint64_t, 3>{u.bytes[0], u.bytes[1], u.bytes[2]}; };
             EXPECT_EQ(place_unit(from_model.embed, p), tiers(wp.units[0]));
             EXPECT_EQ(place_unit(sep ? from_model.attn : from_model.layer, p), tiers(wp.units[1])) << name << " " << pct;
-            if (sep) EXPECT_EQ(place_unit(from_model.mlp, p), tiers(wp.units[2])) << name << " " << pct;
+            if (sep) {
+              EXPECT_EQ(place_unit(from_model.mlp, p), tiers(wp.units[2])) << name << " " << pct;
+            }
             EXPECT_EQ(place_unit(from_model.head, p), tiers(wp.units.back())) << name << " " << pct;
             // The memory the planner predicts is the plan the engine allocates by.
             OffloadOptions o;
