@@ -8,7 +8,7 @@
 # attention; H2O there; a disk-tier placement), OPT-6.7B (dummy weights) all on the GPU and with
 # weights and KV partly on disk, and OPT-30B in FlexGen's paper policy (--percent 20 80 0 100 0
 # 100, host attention) under --gpu-mem 16GiB with the full cache (the largest block the 128 GiB
-# host holds) and with H2O 20% (the paper's 48 x 3). Every step has its own timeout within a
+# host holds, 48) and with H2O 20% (the paper's 48 x 3). Every step has its own timeout within a
 # 540 s budget. Outputs go to $OUT (collected by the device tool) or ./gpu_check_out. Without a
 # GPU it says why and exits non-zero. Usage: bench/gpu_check.sh
 #   FLEXH2O_PREBUILT=dir  skip configure/build and use binaries already built in dir.
@@ -216,11 +216,11 @@ e2e_offload "e2e OPT-6.7B all on GPU" 150 e2e_opt67b_gpu -m opt-6.7b --prompt-le
 e2e_offload "e2e OPT-6.7B disk tier" 150 e2e_opt67b_disk -m opt-6.7b --percent 60 20 50 0 100 0 \
   --gpu-batch-size 8 --num-gpu-batches 2 --prompt-len 512 --gen-len 8 --offload-dir "$OFFDIR/opt67b"
 # OPT-30B dummy weights (~60 GB F16, generated on the host with all cores): FlexGen's paper
-# policy. The full cache at 512+8 holds 48 x 2 = 96 sequences in this machine's 128 GiB
-# (flexh2o plan --hardware h200 says so; the paper's 144 needs ~160 GB); H2O keeping 20% of
-# the prompt runs the paper's 48 x 3 = 144.
+# policy. With the full cache this machine's 128 GiB holds a block of 48 (bench/largest_block.sh:
+# the paper's 144 needs ~165 GB); H2O keeping 20% of the prompt runs the paper's 48 x 3 = 144
+# (the plan allows 48 x 9).
 e2e_offload "e2e OPT-30B FlexGen policy" 200 e2e_opt30b_flexgen -m opt-30b --percent 20 80 0 100 0 100 \
-  --cpu-cache-compute --gpu-mem 16GiB --gpu-batch-size 48 --num-gpu-batches 2 --prompt-len 512 --gen-len 8
+  --cpu-cache-compute --gpu-mem 16GiB --gpu-batch-size 48 --num-gpu-batches 1 --prompt-len 512 --gen-len 8
 e2e_offload "e2e OPT-30B H2O 20%" 200 e2e_opt30b_h2o -m opt-30b --percent 20 80 0 100 0 100 \
   --cpu-cache-compute --gpu-mem 16GiB --gpu-batch-size 48 --num-gpu-batches 3 --prompt-len 512 --gen-len 8 \
   --kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1

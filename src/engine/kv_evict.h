@@ -59,7 +59,7 @@ using KvKeepFn = std::function<void(int64_t b, int64_t h, std::span<const int32_
 // The policy's decision without touching K/V (a.seg.k / a.seg.v are not read, may be null):
 // updates a.state (new slots' positions, scores accumulated from a.seg.key_scores, acc/pos
 // compacted), a.len_after and the dirty ranges exactly as apply_kv_policy does, and hands each
-// evicting row's keep list to `move`. The GPU runner applies the lists with gpu::kv_gather.
+// evicting row's keep list to `move`. The offloading engine hands the lists to Device::kv_gather.
 void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move);
 
 }  // namespace flexh2o

@@ -94,6 +94,7 @@ struct OffloadEngine::Impl {
   uint64_t copy_kv_rows(Queue q, const Buffer& dst, int64_t dst_n, int64_t dst_cap, int64_t dst_first,
                         const Buffer& src, int64_t src_n, int64_t src_cap, int64_t src_first, int64_t count,
                         const int32_t* lo, const int32_t* hi);
+  void move_offloaded(int u, int k, Queue q, const int32_t* lo, const int32_t* hi);
   // Disk KV of (layer, k): page-aligned ranges of the staging slot, read or written at once.
   void disk_kv(int l, int k, const Buffer& stage, bool write, const std::vector<int32_t>& lo,
                const std::vector<int32_t>& hi, int64_t seq0);

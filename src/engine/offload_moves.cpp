@@ -145,19 +145,34 @@ void OffloadEngine::Impl::load_cache_disk(int u, int k) {
   disk_kv(layer(u), k, kv_stage_host[size_t(pair(u, k) % 2)], false, lo, hi, seq0);
 }
 
-void OffloadEngine::Impl::load_cache(int u, int k) {
+// Slots [lo[i], hi[i]) of the offloaded sequences of (u, k) between the device staging slot and
+// their host homes (host sequences) or the disk rows' host staging (disk sequences); lo / hi
+// are indexed from the first offloaded sequence. q: kHostToDevice loads, kDeviceToHost stores.
+void OffloadEngine::Impl::move_offloaded(int u, int k, Queue q, const int32_t* lo, const int32_t* hi) {
   const MicroBatch& mb = mbs[size_t(k)];
   const KvSplit& sp = mb.split;
-  const int64_t off = sp.n_host + sp.n_disk, host0 = mb.first + sp.n_device;
-  const Buffer& stage = kv_stage_device[size_t(pair(u, k) % 2)];
-  const std::vector<int32_t> zero(size_t(off), 0);
-  uint64_t moved = copy_kv_rows(Queue::kHostToDevice, stage, off, cap_w, 0, mb.kv_host[size_t(layer(u))], sp.n_host,
-                                cap_h, 0, sp.n_host, zero.data(), len_before.data() + host0);
+  const int64_t off = sp.n_host + sp.n_disk;
+  const size_t slot = size_t(pair(u, k) % 2);
+  const Buffer& stage = kv_stage_device[slot];
+  const Buffer& home = mb.kv_host[size_t(layer(u))];
+  const Buffer& disk = kv_stage_host[slot];
+  const bool load = q == Queue::kHostToDevice;
+  uint64_t moved = load ? copy_kv_rows(q, stage, off, cap_w, 0, home, sp.n_host, cap_h, 0, sp.n_host, lo, hi)
+                        : copy_kv_rows(q, home, sp.n_host, cap_h, 0, stage, off, cap_w, 0, sp.n_host, lo, hi);
   if (sp.n_disk)
-    moved += copy_kv_rows(Queue::kHostToDevice, stage, off, cap_w, sp.n_host, kv_stage_host[size_t(pair(u, k) % 2)],
-                          sp.n_disk, cap_d, 0, sp.n_disk, zero.data(), len_before.data() + host0 + sp.n_host);
-  e.counters_.add(Link::kHostToDevice, moved);
+    moved += load ? copy_kv_rows(q, stage, off, cap_w, sp.n_host, disk, sp.n_disk, cap_d, 0, sp.n_disk, lo + sp.n_host,
+                                 hi + sp.n_host)
+                  : copy_kv_rows(q, disk, sp.n_disk, cap_d, 0, stage, off, cap_w, sp.n_host, sp.n_disk, lo + sp.n_host,
+                                 hi + sp.n_host);
+  e.counters_.add(load ? Link::kHostToDevice : Link::kDeviceToHost, moved);
   e.counters_.add_kv(moved);
+}
+
+void OffloadEngine::Impl::load_cache(int u, int k) {  // rows [0, len) before this step
+  const MicroBatch& mb = mbs[size_t(k)];
+  const int64_t host0 = mb.first + mb.split.n_device;
+  const std::vector<int32_t> zero(size_t(mb.n), 0);
+  move_offloaded(u, k, Queue::kHostToDevice, zero.data(), len_before.data() + host0);
 }
 
 void OffloadEngine::Impl::store_cache(int u, int k) {
@@ -165,18 +180,8 @@ void OffloadEngine::Impl::store_cache(int u, int k) {
   const KvSplit& sp = mb.split;
   const int64_t off = sp.n_host + sp.n_disk, host0 = mb.first + sp.n_device;
   const size_t slot = size_t(pair(u, k) % 2);
-  const Buffer& stage = kv_stage_device[slot];
-  if (off > 0 && !split() && !kept_mode()) {  // the new rows (kept mode: store_kept, after the compaction)
-    const int32_t* lo = len_before.data() + host0;
-    const int32_t* hi = len_after.data() + host0;
-    uint64_t moved = copy_kv_rows(Queue::kDeviceToHost, mb.kv_host[size_t(layer(u))], sp.n_host, cap_h, 0, stage, off,
-                                  cap_w, 0, sp.n_host, lo, hi);
-    if (sp.n_disk)
-      moved += copy_kv_rows(Queue::kDeviceToHost, kv_stage_host[slot], sp.n_disk, cap_d, 0, stage, off, cap_w,
-                            sp.n_host, sp.n_disk, lo + sp.n_host, hi + sp.n_host);
-    e.counters_.add(Link::kDeviceToHost, moved);
-    e.counters_.add_kv(moved);
-  }
+  if (off > 0 && !split() && !kept_mode())  // the new rows (kept mode: store_kept, after the compaction)
+    move_offloaded(u, k, Queue::kDeviceToHost, len_before.data() + host0, len_after.data() + host0);
   if (scores_device[slot]) {  // the attention scores of every sequence attended on the device
     const int64_t n = split() ? sp.n_device : mb.n;
     int64_t longest = 0;
@@ -190,21 +195,10 @@ void OffloadEngine::Impl::store_cache(int u, int k) {
   }
 }
 
-void OffloadEngine::Impl::store_kept(int u, int k) {
+void OffloadEngine::Impl::store_kept(int u, int k) {  // rows [0, kept) after the compaction
   const MicroBatch& mb = mbs[size_t(k)];
-  const KvSplit& sp = mb.split;
-  const int64_t off = sp.n_host + sp.n_disk, host0 = mb.first + sp.n_device;
-  const size_t slot = size_t(pair(u, k) % 2);
-  const Buffer& stage = kv_stage_device[slot];
-  const std::vector<int32_t> zero(size_t(off), 0);
-  const int32_t* hi = len_final.data() + host0;
-  uint64_t moved = copy_kv_rows(Queue::kDeviceToHost, mb.kv_host[size_t(layer(u))], sp.n_host, cap_h, 0, stage, off,
-                                cap_w, 0, sp.n_host, zero.data(), hi);
-  if (sp.n_disk)
-    moved += copy_kv_rows(Queue::kDeviceToHost, kv_stage_host[slot], sp.n_disk, cap_d, 0, stage, off, cap_w, sp.n_host,
-                          sp.n_disk, zero.data(), hi + sp.n_host);
-  e.counters_.add(Link::kDeviceToHost, moved);
-  e.counters_.add_kv(moved);
+  const std::vector<int32_t> zero(size_t(mb.n), 0);
+  move_offloaded(u, k, Queue::kDeviceToHost, zero.data(), len_final.data() + mb.first + mb.split.n_device);
 }
 
 void OffloadEngine::Impl::store_cache_disk(int u, int k) {

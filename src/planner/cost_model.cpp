@@ -1,5 +1,5 @@
 // Cost model: step durations, list scheduling of the engine's schedule, bytes per link and
-// memory per tier. Mirrors src/engine/offload_actions.cpp step by step (see the comments).
+// memory per tier. Mirrors the engine (src/engine/offload_moves.cpp, offload_compute.cpp) step by step.
 #include "planner/cost_model.h"
 
 #include <algorithm>

@@ -54,7 +54,7 @@ struct Estimate {
   double prefill_layer_s = 0, decode_layer_s = 0;  // one layer, steady state (decode: mean length)
   double throughput = 0;                     // generated tokens / (prefill + decode), tokens/s
   std::string bottleneck;                    // queue_name() of the busiest resource
-  std::array<uint64_t, 3> memory{};          // bytes per tier (home + working set), memory_need()
+  std::array<uint64_t, 3> memory{};          // bytes per tier (home + working set), plan_memory()
   bool fits = true;                          // memory within every tier's usable capacity
   std::string memory_note;                   // which tier overflows and by how much, when !fits
   int64_t kv_tokens = 0;                     // KV slots per sequence (H2O budget or prompt+gen)

@@ -50,8 +50,9 @@ struct HardwareProfile {
   //    the device's workers, the executor's hand-off, kernel launches, non-GEMM ops' fixed part;
   //  schedule_step: per non-compute step (queue hand-off of a load/store);
   //  token_step: per token step of the whole batch (sampling, the generate loop, schedule setup);
-  //  disk_read / disk_write: per disk request; the engine moves KV in one request per (sequence,
-  //    KV head, K|V), so KV disk time = requests x this + bytes / *_cache bandwidth.
+  //  disk_read / disk_write: per page-aligned range of a batched submission; the engine moves
+  //    disk-homed KV in one submission per (layer, micro-batch) of one range per (sequence, KV
+  //    head, K|V), so KV disk time = ranges x this + bytes / *_cache bandwidth.
   // elementwise: bytes/s of the non-GEMM ops per activation row (norms, activation, residual,
   //  embedding/logits copies), charged as rows x hidden x 4 B x kElementwisePasses; 0 = free.
   double compute_step_overhead = 0, schedule_step_overhead = 0, token_step_overhead = 0;

@@ -104,53 +104,47 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
       const double tr = mean_per_call(o.min_seconds, [&] { store->read("probe", 0, o.disk_bytes, buf.data()).throw_if_error(); });
       h.host_to_disk = double(o.disk_bytes) / tw;
       h.disk_to_host = double(o.disk_bytes) / tr;
+      // The engine moves disk-homed KV in one submission per (layer, micro-batch): page-aligned
+      // ranges, the rows [0, len) of each (sequence, KV head, K|V) row block on a load, the page
+      // holding each changed row on a decode store. Probe both sizes in such a batch and split
+      // each range's time into a fixed part and a per-byte part.
       const size_t chunks = o.disk_bytes / o.kv_chunk_bytes;
-      std::vector<float> small(o.kv_chunk_bytes / sizeof(float), 1.f);
-      auto pass = [&](bool write) {
+      const size_t page = 4096;
+      auto batch = [&](size_t len, bool write) {
+        std::vector<StoreRange> ranges;
         for (size_t i = 0; i < chunks; ++i) {
-          const uint64_t off = uint64_t(i) * o.kv_chunk_bytes;
-          Status s = write ? store->write("probe", off, o.kv_chunk_bytes, small.data())
-                           : store->read("probe", off, o.kv_chunk_bytes, small.data());
-          s.throw_if_error();
+          const size_t off = i * o.kv_chunk_bytes;
+          ranges.push_back({off, len, buf.data() + off});
         }
+        return mean_per_call(o.min_seconds, [&] {
+                 (write ? store->write_ranges("probe", ranges) : store->read_ranges("probe", ranges)).throw_if_error();
+               }) /
+               double(chunks);
       };
-      const double tw_big = mean_per_call(o.min_seconds, [&] { pass(true); }) / double(chunks);
-      const double tr_big = mean_per_call(o.min_seconds, [&] { pass(false); }) / double(chunks);
-      // The engine moves KV rows in one request per (sequence, KV head, K|V): a decode store is
-      // one row (head_dim floats). Probe that size too and split each request's time into a
-      // fixed part and a per-byte part.
-      const size_t tiny = o.kv_row_bytes;
-      auto pass_small = [&](bool write) {
-        for (size_t i = 0; i < chunks; ++i) {
-          const uint64_t off = uint64_t(i) * o.kv_chunk_bytes;
-          Status s = write ? store->write("probe", off, tiny, small.data()) : store->read("probe", off, tiny, small.data());
-          s.throw_if_error();
-        }
-      };
-      const double tw_small = mean_per_call(o.min_seconds, [&] { pass_small(true); }) / double(chunks);
-      const double tr_small = mean_per_call(o.min_seconds, [&] { pass_small(false); }) / double(chunks);
+      const double tw_big = batch(o.kv_chunk_bytes, true), tr_big = batch(o.kv_chunk_bytes, false);
+      const double tw_small = batch(page, true), tr_small = batch(page, false);
       auto split = [&](double t_small, double t_big, double* latency, double* bw) {
-        const double per_byte = std::max(0.0, (t_big - t_small) / double(o.kv_chunk_bytes - tiny));
-        *latency = std::max(0.0, t_small - per_byte * double(tiny));
+        const double per_byte = std::max(0.0, (t_big - t_small) / double(o.kv_chunk_bytes - page));
+        *latency = std::max(0.0, t_small - per_byte * double(page));
         *bw = per_byte > 0 ? 1.0 / per_byte : double(o.kv_chunk_bytes) / t_big;
       };
       split(tw_small, tw_big, &h.disk_write_request, &h.host_to_disk_cache);
       split(tr_small, tr_big, &h.disk_read_request, &h.disk_to_host_cache);
-      // Duplex? A read pass and a write pass of KV-sized requests at once (two files, like
+      // Duplex? A batched read and a batched write of KV-sized ranges at once (two files, like
       // the engine's two disk queues) vs one after the other.
       {
         store->create("probe2", o.disk_bytes).throw_if_error();
-        std::vector<float> small2(small.size(), 2.f);
-        auto pass_on = [&](const char* name, bool write, std::vector<float>& b) {
-          for (size_t i = 0; i < chunks; ++i) {
-            const uint64_t off = uint64_t(i) * o.kv_chunk_bytes;
-            Status s = write ? store->write(name, off, o.kv_chunk_bytes, b.data()) : store->read(name, off, o.kv_chunk_bytes, b.data());
-            s.throw_if_error();
-          }
+        AlignedBuffer buf2(o.disk_bytes);
+        std::memset(buf2.data(), 9, buf2.size());
+        auto ranges_of = [&](std::byte* base) {
+          std::vector<StoreRange> r;
+          for (size_t i = 0; i < chunks; ++i) r.push_back({i * o.kv_chunk_bytes, o.kv_chunk_bytes, base + i * o.kv_chunk_bytes});
+          return r;
         };
+        const std::vector<StoreRange> r1 = ranges_of(buf.data()), r2 = ranges_of(buf2.data());
         const double both = mean_per_call(o.min_seconds, [&] {
-          std::thread t([&] { pass_on("probe2", true, small2); });
-          pass_on("probe", false, small);
+          std::thread t([&] { store->write_ranges("probe2", r2).throw_if_error(); });
+          store->read_ranges("probe", r1).throw_if_error();
           t.join();
         }) / double(chunks);
         h.disk_duplex = both < 0.75 * (tw_big + tr_big);

@@ -16,8 +16,7 @@ struct ProfileOptions {
   std::filesystem::path offload_dir;    // empty: disk fields measured under the temp dir
   size_t copy_bytes = size_t(64) << 20;  // per host<->device copy
   size_t disk_bytes = size_t(128) << 20; // per sequential disk pass
-  size_t kv_chunk_bytes = 16 << 10;     // KV-style disk transfers (one row block of one head)
-  size_t kv_row_bytes = 256;            // one KV row of one head (64 floats): a decode store
+  size_t kv_chunk_bytes = 16 << 10;     // KV-style disk ranges (one row block of one head), 4 KiB multiple
   int64_t weight_read_rows = 49152;     // GEMV probe matrix rows (x gemm_dim f16: 96 MB, like an lm_head)
   int64_t gemm_dim = 1024;              // K = N of the GEMM probe (f16 weights)
   double min_seconds = 0.15;            // repeat each probe at least this long

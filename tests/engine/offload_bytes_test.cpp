@@ -12,20 +12,14 @@
 #include "engine/generate.h"
 #include "engine/offload_engine.h"
 #include "test_util.h"
+#include "policy_of.h"
 
 namespace flexh2o {
 namespace {
 using test::model_dir;
 
 Policy policy(const char* percent, int gbs, int ngb, bool cpu_attn = false) {
-  Policy p;
-  std::istringstream is(percent);
-  is >> p.w_gpu_percent >> p.w_cpu_percent >> p.cache_gpu_percent >> p.cache_cpu_percent >> p.act_gpu_percent >>
-      p.act_cpu_percent;
-  p.gpu_batch_size = gbs;
-  p.num_gpu_batches = ngb;
-  p.cpu_cache_compute = cpu_attn;
-  return p;
+  return test::policy_of(percent, gbs, ngb, cpu_attn);
 }
 
 std::vector<GenerationRequest> padded(std::initializer_list<int64_t> lens, int64_t gen) {

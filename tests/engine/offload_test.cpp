@@ -13,6 +13,7 @@
 #include "engine/offload_engine.h"
 #include "runner_compare.h"
 #include "test_util.h"
+#include "policy_of.h"
 
 namespace flexh2o {
 namespace {
@@ -34,14 +35,8 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 }
 
 Policy make_policy(const Case& c) {
-  Policy p;
-  std::istringstream is(c.percent);
-  is >> p.w_gpu_percent >> p.w_cpu_percent >> p.cache_gpu_percent >> p.cache_cpu_percent >> p.act_gpu_percent >>
-      p.act_cpu_percent;
-  p.gpu_batch_size = c.gbs;
-  p.num_gpu_batches = c.ngb;
+  Policy p = test::policy_of(c.percent, c.gbs, c.ngb, c.cpu_attention);
   p.overlap = c.overlap;
-  p.cpu_cache_compute = c.cpu_attention;
   p.sep_layer = c.sep;
   return p;
 }

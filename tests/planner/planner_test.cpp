@@ -11,6 +11,7 @@
 #include "engine/generate.h"
 #include "engine/offload_engine.h"
 #include "engine/test_util.h"
+#include "engine/policy_of.h"
 #include "planner/planner.h"
 #include "policies/kv_policy.h"
 
@@ -19,13 +20,7 @@ namespace {
 using test::model_dir;
 
 Policy make(const char* percent, int gbs, int ngb, bool cpu_attn, bool overlap = true) {
-  Policy p;
-  std::istringstream is(percent);
-  is >> p.w_gpu_percent >> p.w_cpu_percent >> p.cache_gpu_percent >> p.cache_cpu_percent >> p.act_gpu_percent >>
-      p.act_cpu_percent;
-  p.gpu_batch_size = gbs;
-  p.num_gpu_batches = ngb;
-  p.cpu_cache_compute = cpu_attn;
+  Policy p = test::policy_of(percent, gbs, ngb, cpu_attn);
   p.overlap = overlap;
   return p;
 }
