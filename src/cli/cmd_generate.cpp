@@ -1,13 +1,17 @@
 // `flexh2o generate`: one --prompt or a JSONL file of prompts -> JSONL results + run report.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <type_traits>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/input_guard.h"
 #include "engine/generate.h"
 #include "cli/run_setup.h"
 #include "engine/offload_engine.h"
@@ -27,10 +31,14 @@ struct Item {
 template <typename T>
 T field(const json& j, const char* key, T dflt) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
+  if constexpr (std::is_integral_v<T>) {  // range-checked: 4294967298 must not wrap to 2
+    const int64_t hi = int64_t(std::min<uint64_t>(std::numeric_limits<T>::max(), INT64_MAX));
+    return T(json_to_int(j[key], int64_t(std::numeric_limits<T>::min()), hi, "field \"" + std::string(key) + "\""));
+  }
   try {
     return j[key].get<T>();
   } catch (const json::exception&) {
-    FH_FAIL("field \"", key, "\" has the wrong type: ", j[key].dump());
+    FH_FAIL("field \"", key, "\" has the wrong type: ", json_excerpt(j[key]));
   }
 }
 
@@ -40,7 +48,7 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
   it.id = j.contains("id") ? j["id"] : json(index);
   try {
     if (j.contains("prompt_ids")) {
-      it.req.prompt_ids = field<std::vector<int32_t>>(j, "prompt_ids", {});
+      it.req.prompt_ids = json_to_ids(j["prompt_ids"], "field \"prompt_ids\"");
     } else if (j.contains("prompt")) {
       if (!j["prompt"].is_string()) FH_FAIL("field \"prompt\" must be a string");
       const std::string text = j["prompt"].get<std::string>();
@@ -98,6 +106,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
 
 int run_generate(const GenerateArgs& a, const Env& env) {
   if (a.prompt.empty() && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl");
+  if (!a.input.empty()) check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
   const std::string device = select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
   const ModelConfig& cfg = lm.model->config();

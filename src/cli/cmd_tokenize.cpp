@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/input_guard.h"
 
 namespace flexh2o::cli {
 using nlohmann::json;
@@ -23,6 +24,7 @@ int run_tokenize(const TokenizeArgs& a, bool detokenize) {
   Tokenizer tok = Tokenizer::load(a.tokenizer);
   std::ifstream in_file;
   if (!a.input.empty()) {
+    check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
     in_file.open(a.input);
     if (!in_file) FH_FAIL("cannot read --input ", a.input);
   }
@@ -46,7 +48,7 @@ int run_tokenize(const TokenizeArgs& a, bool detokenize) {
         try {
           if (detokenize) {
             if (!j.contains("ids") || !j["ids"].is_array()) FH_FAIL("line has no \"ids\" array");
-            auto ids = j["ids"].get<std::vector<int32_t>>();
+            auto ids = json_to_ids(j["ids"], "field \"ids\"");
             for (int32_t id : ids)
               if (id < 0 || id >= tok.vocab_size()) FH_FAIL("token id ", id, " is outside the vocabulary");
             out << json{{"text", tok.decode(ids, a.no_special)}}.dump(-1, ' ', false,

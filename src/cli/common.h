@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/input_guard.h"
 #include "loader/hub.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
@@ -44,10 +45,13 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
 // one, cuda throws with the reason and auto logs it and picks the CPU.
 std::string select_device(const std::string& requested, std::ostream& log);
 
-// Calls fn(line_number, parsed_object) for each non-blank line; invalid JSON or a non-object
-// calls on_error(line_number, message) instead. Returns the number of bad lines.
+// Calls fn(line_number, parsed_object) for each non-blank line; a line longer than
+// max_line_bytes (skipped without being buffered), nested deeper than kMaxJsonDepth, not valid
+// JSON or not an object calls on_error(line_number, message) instead, and the lines after it
+// are still read. Returns the number of bad lines.
 int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const nlohmann::json&)>& fn,
-                       const std::function<void(int64_t, const std::string&)>& on_error);
+                       const std::function<void(int64_t, const std::string&)>& on_error,
+                       size_t max_line_bytes = kMaxLineBytes);
 
 // Peak resident set size of this process in bytes.
 size_t peak_rss_bytes();

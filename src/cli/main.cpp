@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <new>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -96,6 +97,13 @@ int main(int argc, char** argv) {
     if (name == "profile") return run_profile(profile, env);
     std::cerr << "flexh2o: unknown command " << name << "\n";
     return 2;
+  } catch (const std::bad_alloc&) {
+    // Inputs are validated against what the files hold before allocating; what remains is a
+    // run that genuinely needs more memory than this machine gives it.
+    std::cerr << "flexh2o: error: out of memory while running `" << app.get_subcommands().front()->get_name()
+              << "`: this run needs more host memory than is available (lower --gpu-batch-size or "
+                 "--num-gpu-batches, offload more with --percent, or use a smaller model).\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "flexh2o: error: " << e.what() << "\n";
     return 1;

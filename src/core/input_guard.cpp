@@ -53,7 +53,8 @@ Status check_regular_file(const std::filesystem::path& path, std::string_view wh
     const int e = errno;
     if (e == ENOENT || e == ENOTDIR)
       return {StatusCode::kNotFound, detail::concat(what, " ", path.string(), " does not exist.")};
-    return {StatusCode::kIoError, detail::concat("cannot stat ", what, " ", path.string(), ": ", std::strerror(e), ".")};
+    return {StatusCode::kIoError,
+            detail::concat("cannot stat ", what, " ", path.string(), ": ", std::strerror(e), ".")};
   }
   if (!S_ISREG(st.st_mode)) return {StatusCode::kInvalid, refusal(what, path, st.st_mode)};
   return Status::Ok();
@@ -279,6 +280,15 @@ int64_t json_to_int(const nlohmann::json& v, int64_t lo, int64_t hi, std::string
     }
   }
   int_range_error(what, lo, hi, json_excerpt(v));
+}
+
+std::vector<int32_t> json_to_ids(const nlohmann::json& v, std::string_view what) {
+  if (!v.is_array()) FH_FAIL(what, " must be an array of token ids, got ", json_excerpt(v), ".");
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    ids.push_back(int32_t(json_to_int(v[i], 0, INT32_MAX, detail::concat(what, "[", i, "]"))));
+  return ids;
 }
 
 int64_t parse_int(std::string_view text, int64_t lo, int64_t hi, std::string_view what) {
