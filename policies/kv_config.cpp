@@ -52,8 +52,9 @@ void check_ratio(const std::optional<double>& r, std::string_view flag) {
 // Slot indices are int32, so no sequence holds more tokens; the bound also keeps the sum of the
 // budgets (KvBudget::total) from overflowing.
 void check_count(const std::optional<int64_t>& c, std::string_view flag) {
-  if (c && (*c < 0 || *c > std::numeric_limits<int32_t>::max()))
-    FH_FAIL(flag, " must be between 0 and ", std::numeric_limits<int32_t>::max(), " tokens, got ", *c);
+  if (c && *c < 0) FH_FAIL(flag, " must be >= 0 tokens, got ", *c);
+  if (c && *c > std::numeric_limits<int32_t>::max())
+    FH_FAIL(flag, " must be at most ", std::numeric_limits<int32_t>::max(), " tokens (no sequence is longer), got ", *c);
 }
 
 void check_exclusive(const std::optional<double>& r, const std::optional<int64_t>& c,

@@ -52,10 +52,14 @@ Policy policy_from_json(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) FH_FAIL(source, ": a policy must be a JSON object");
   Policy p;
   for (const auto& [key, v] : j.items()) {
+    auto wrong_type = [&] { FH_FAIL(source, ": policy key \"", key, "\" has the wrong type: ", json_excerpt(v)); };
     try {
-      const std::string what = source + ": \"" + key + "\"";
-      if (key == "gpu_batch_size") p.gpu_batch_size = json_to_int(v, 1, kMaxBatch, what);
-      else if (key == "num_gpu_batches") p.num_gpu_batches = json_to_int(v, 1, kMaxBatch, what);
+      auto count = [&] {  // range-checked: 2.5 is not 2, 1e30 is not anything
+        if (!v.is_number()) wrong_type();
+        return json_to_int(v, 1, kMaxBatch, source + ": \"" + key + "\"");
+      };
+      if (key == "gpu_batch_size") p.gpu_batch_size = count();
+      else if (key == "num_gpu_batches") p.num_gpu_batches = count();
       else if (key == "w_gpu_percent") p.w_gpu_percent = v.get<double>();
       else if (key == "w_cpu_percent") p.w_cpu_percent = v.get<double>();
       else if (key == "cache_gpu_percent") p.cache_gpu_percent = v.get<double>();
@@ -75,7 +79,7 @@ Policy policy_from_json(const nlohmann::json& j, const std::string& source) {
         FH_FAIL(source, ": unknown policy key \"", key, "\"");
       }
     } catch (const nlohmann::json::exception&) {
-      FH_FAIL(source, ": policy key \"", key, "\" has the wrong type: ", json_excerpt(v));
+      wrong_type();
     }
   }
   p.validate();
