@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/common.h"
 #include "cli_run.h"
 
 namespace {
@@ -87,6 +89,23 @@ TEST(InputLimits, DeeplyNestedRequestLineIsAnErrorAndTheRestRuns) {
   EXPECT_EQ(lines[2]["line"], 3);
   EXPECT_EQ(lines[3]["id"], "b");
   EXPECT_TRUE(lines[3].contains("token_ids"));
+}
+
+// The request reader itself, with a small cap: the over-long line is reported with its number
+// and not stored, a line without a final newline still counts, and every other line is parsed.
+TEST(InputLimits, RequestReaderCapIsConfigurable) {
+  std::istringstream in(R"({"a": 1})" "\n" + std::string(5000, 'x') + "\n\n" + R"({"a": 3})" "\n" +
+                        std::string(100, '[') + "\n" + R"({"a": 5})");
+  std::vector<int64_t> good;
+  std::vector<std::string> errors;
+  const int64_t bad = flexh2o::cli::for_each_jsonl(
+      in, [&](int64_t line, const json& j) { good.push_back(line * 10 + j["a"].get<int64_t>()); },
+      [&](int64_t line, const std::string& msg) { errors.push_back(std::to_string(line) + ": " + msg); }, 1024);
+  EXPECT_EQ(bad, 2);
+  EXPECT_EQ(good, (std::vector<int64_t>{11, 43, 65}));
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_EQ(errors[0], "2: line is longer than 1024 bytes; it was skipped");
+  EXPECT_HAS(errors[1], "5: invalid JSON: the line nests arrays/objects more than 64 levels deep");
 }
 
 // Token ids and integer fields are range-checked: 4294967298 used to wrap to id 2 silently.
