@@ -3,7 +3,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <sstream>
 
+#include "cli/output_file.h"
 #include "core/error.h"
 #include "planner/planner.h"
 #include "planner/profile.h"
@@ -203,9 +205,9 @@ namespace flexh2o::cli {
 
 void write_trace_file(const OffloadArgs& a, const OffloadEngine& e, std::ostream& log) {
   if (a.trace.empty()) return;
-  std::ofstream f(a.trace);
-  if (f) e.write_trace(f);
-  if (!f) FH_FAIL("cannot write the trace file ", a.trace);
+  std::ostringstream trace;
+  e.write_trace(trace);
+  write_text_file({"--trace", a.trace}, trace.str());
   log << "flexh2o: schedule trace written to " << a.trace << " (open it in ui.perfetto.dev)\n";
 }
 
