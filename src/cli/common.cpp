@@ -5,11 +5,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <iostream>
 #include <istream>
 #include <ostream>
 
+#include "cli/output_file.h"
 #include "core/error.h"
 #include "core/input_guard.h"
 #include "kernels/cuda/cuda_probe.h"
@@ -123,11 +123,12 @@ size_t peak_rss_bytes() {
   return size_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-void write_json_file(const fs::path& path, const nlohmann::json& j) {
-  std::ofstream out(path);
-  if (!out) FH_FAIL("cannot write ", path.string());
-  out << j.dump(2) << "\n";
-  if (!out) FH_FAIL("error writing ", path.string());
+std::string jsonl_line(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+void write_json_file(const fs::path& path, const nlohmann::json& j, const std::string& flag) {
+  write_text_file({flag, path}, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 }  // namespace flexh2o::cli

@@ -1,8 +1,9 @@
 // Shared pieces of the flexh2o subcommands: the environment main() read, model and
 // tokenizer resolution (directory, HF hub id, or preset name -> dummy weights), device
-// selection, JSONL reading with line numbers, progress lines and run-report helpers.
+// selection, JSONL reading and writing with line numbers, progress lines and run-report helpers.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -24,6 +25,9 @@ struct Env {
   HubEnv hub;
   std::filesystem::path configs_dir;  // holds models/*.json presets
   bool stderr_is_tty = false;
+  // Set by main() when SIGINT/SIGTERM arrives (commands that stop cleanly poll it); null when
+  // no handler is installed for this command.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct LoadedModel {
@@ -56,7 +60,12 @@ int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const
 // Peak resident set size of this process in bytes.
 size_t peak_rss_bytes();
 
-// Writes `j` (pretty) to `path`; throws naming the path if it cannot.
-void write_json_file(const std::filesystem::path& path, const nlohmann::json& j);
+// `j` as one JSONL line, newline included. Invalid UTF-8 in a string (an error message quoting
+// a bad input line, a partial token's text) becomes U+FFFD instead of throwing.
+std::string jsonl_line(const nlohmann::json& j);
+
+// Writes `j` (pretty) to `path` durably (output_file.h: a temporary renamed into place); throws
+// naming `flag` (when given) and the path if it cannot.
+void write_json_file(const std::filesystem::path& path, const nlohmann::json& j, const std::string& flag = "");
 
 }  // namespace flexh2o::cli

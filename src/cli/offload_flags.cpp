@@ -5,7 +5,9 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 
+#include "cli/output_file.h"
 #include "core/error.h"
 #include "core/input_guard.h"
 #include "planner/planner.h"
@@ -219,9 +221,9 @@ namespace flexh2o::cli {
 
 void write_trace_file(const OffloadArgs& a, const OffloadEngine& e, std::ostream& log) {
   if (a.trace.empty()) return;
-  std::ofstream f(a.trace);
-  if (f) e.write_trace(f);
-  if (!f) FH_FAIL("cannot write the trace file ", a.trace);
+  std::ostringstream trace;
+  e.write_trace(trace);
+  write_text_file({"--trace", a.trace}, trace.str());
   log << "flexh2o: schedule trace written to " << a.trace << " (open it in ui.perfetto.dev)\n";
 }
 
