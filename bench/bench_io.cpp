@@ -131,7 +131,6 @@ nlohmann::json run_seq(const Args& a) {
   if (!store->direct_io()) std::printf("warning: buffered I/O: numbers include the page cache\n");
 
   // Create the file once (reused with --keep).
-  std::string note;
   const std::string name = "seq";
   const std::string fio_bin = run_capture("command -v fio 2>/dev/null");
   double write_gbs = 0;
@@ -140,7 +139,7 @@ nlohmann::json run_seq(const Args& a) {
   AlignedBuffer window(std::max<size_t>(a.block * 64, size_t(64) << 20));
   if (have) {
     // Reuse only if the size matches (KV-style entries carry U8 [bytes]).
-    have = store->reuse(name, DType::U8, Shape{int64_t(bytes)}, &note);
+    have = store->reuse(name, DType::U8, Shape{int64_t(bytes)}).ok();
   }
   if (!have) {
     std::printf("creating %.2f GiB store file...\n", double(bytes) / double(1ull << 30));

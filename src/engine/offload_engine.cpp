@@ -178,10 +178,9 @@ void OffloadEngine::Impl::place_weights() {
       } else {
         h.store_name = store_name(t.name, h.dtype);
         TierCharge::reserve(*e.budgets_[2], h.bytes, what, &h.disk_charge).throw_if_error();
-        std::string why;
         DiskStore& store = *e.store_;
-        const bool ok = store.reuse(h.store_name, h.dtype, t.source.shape, &why) &&
-                        (!e.opts_.verify_store || store.verify(h.store_name).ok());
+        const ReuseCheck check = e.opts_.verify_store ? ReuseCheck::kHash : ReuseCheck::kHeaderOnly;
+        const bool ok = store.reuse(h.store_name, h.dtype, t.source.shape, check).ok();
         if (ok) {
           ++e.reused_;
         } else {

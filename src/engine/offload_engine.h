@@ -32,7 +32,7 @@ struct OffloadOptions {
   uint64_t device_mem = 0, host_mem = 0, disk_mem = 0;  // bytes; 0 = unlimited (device: the device's memory)
   std::filesystem::path offload_dir;                     // needed when anything is homed on disk
   IoBackendChoice io = IoBackendChoice::kAuto;
-  bool verify_store = false;  // re-hash reused weight files
+  bool verify_store = false;  // hash reused weight files' payloads (else header checks only)
   // Caller-owned backend to use instead of probing one (tests wrap it to inject faults);
   // must outlive the engine.
   IoBackend* io_backend = nullptr;
