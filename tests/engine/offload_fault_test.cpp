@@ -93,7 +93,7 @@ TEST_F(Fixture, TruncatedOrCorruptedStoreFilesAreRebuilt) {
     EXPECT_EQ(e.report().weights_written, 1u);
     EXPECT_EQ(tokens(e), want());
   }
-  {  // one payload byte flipped: only --verify-store re-hashes and catches it
+  {  // one payload byte flipped: every reuse hashes the payload, so it is caught by default
     std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(4096 + 1000);
     char ch = 0;
@@ -102,9 +102,13 @@ TEST_F(Fixture, TruncatedOrCorruptedStoreFilesAreRebuilt) {
     ch = char(ch ^ 0x40);
     f.write(&ch, 1);
   }
-  o.verify_store = true;
+  std::vector<std::string> notes;
+  o.notice = [&](const std::string& line) { notes.push_back(line); };
   OffloadEngine e(model, dev, o);
   EXPECT_EQ(e.report().weights_written, 1u);
+  ASSERT_EQ(notes.size(), 1u);  // one line naming the file and the reason
+  EXPECT_NE(notes[0].find(victim.string() + "' is corrupt: payload hash"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("rebuilding 1 of"), std::string::npos) << notes[0];
   EXPECT_EQ(tokens(e), want());
 }
 

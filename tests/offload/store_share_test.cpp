@@ -1,7 +1,7 @@
 // One offload directory shared by several stores (runs): temporary names never shared, per-run
 // files removed when their store closes, a dead run's files removed by the next open while a live
 // run's are kept, the directory lock's shared/exclusive modes; the store header parser on
-// corrupt input.
+// corrupt input; and the store identity (digest length, ctime in shard fingerprints).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "offload/store_fixture.h"
+#include "offload/store_identity.h"
 
 namespace flexh2o {
 namespace {
@@ -174,6 +175,58 @@ TEST(StoreHeaderParse, RoundTripsAndRefusesEveryInconsistency) {
   std::vector<std::byte> noise(kStoreHeaderBytes);
   for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::byte(i * 131 + 7);
   EXPECT_EQ(code(noise), StatusCode::kCorrupt);
+}
+
+// ---- identity -------------------------------------------------------------------------------
+
+TEST(StoreIdentity, DigestHasOneLengthForAnyNumberOfShards) {
+  std::string m;
+  for (int i = 0; i < 2000; ++i) m += detail::concat("shard model-", i, ".safetensors size=1 ctime=2\n");
+  EXPECT_EQ(manifest_digest(m).size(), 32u);
+  EXPECT_EQ(manifest_digest("x").size(), 32u);
+  EXPECT_NE(manifest_digest(m), manifest_digest(m + "shard extra size=1\n"));
+}
+
+TEST(StoreIdentity, ExplainsWhatChanged) {
+  const std::string a = "config layers=2 hidden=8\nshard a.st size=1 ctime=5 mtime=3\nshard b.st size=1 ctime=5\n";
+  EXPECT_EQ(explain_manifest_change(a, a), "");
+  EXPECT_EQ(explain_manifest_change(a, "config layers=2 hidden=8\nshard a.st size=1 ctime=6 mtime=3\nshard b.st "
+                                       "size=1 ctime=5\n"),
+            "checkpoint changed (shard a.st: ctime)");
+  EXPECT_EQ(explain_manifest_change(a, "config layers=3 hidden=8\nshard a.st size=1 ctime=5 mtime=3\nshard b.st "
+                                       "size=1 ctime=5\n"),
+            "model config changed (config: layers)");
+  EXPECT_EQ(explain_manifest_change(a, "config layers=2 hidden=8\nshard a.st size=1 ctime=5 mtime=3\n"),
+            "checkpoint changed (shard b.st removed)");
+}
+
+// A file rewritten in place with the same size and its mtime put back still changes its
+// fingerprint: ctime cannot be set back.
+TEST_F(DirFixture, ShardFingerprintSeesAnInPlaceRewriteWithRestoredMtime) {
+  const fs::path f = dir / "model.safetensors";
+  // A safetensors-shaped file: 8-byte little-endian header length, the JSON header, the data.
+  auto file = [](const char* data) {
+    const std::string json = R"({"t":{"dtype":"U8","shape":[9],"data_offsets":[0,9]}})";
+    std::string s(8, '\0');
+    s[0] = char(json.size());
+    return s + json + data;
+  };
+  std::ofstream(f, std::ios::binary) << file("payload A");
+  struct stat before {};
+  ASSERT_EQ(::stat(f.c_str(), &before), 0);
+  const std::string fp = shard_fingerprint(MappedFile::open(f));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the coarse clock tick
+  std::ofstream(f, std::ios::binary | std::ios::trunc) << file("payload B");
+  const timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, f.c_str(), times, 0), 0);
+  struct stat after {};
+  ASSERT_EQ(::stat(f.c_str(), &after), 0);
+  ASSERT_EQ(after.st_size, before.st_size);
+  ASSERT_EQ(after.st_ino, before.st_ino);
+  ASSERT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+  const std::string now = shard_fingerprint(MappedFile::open(f));
+  EXPECT_NE(now, fp);
+  EXPECT_EQ(explain_manifest_change(fp, now), "checkpoint changed (shard model.safetensors: ctime)");
 }
 
 }  // namespace
