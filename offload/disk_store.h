@@ -80,7 +80,7 @@ class DiskStore {
   // DiskStoreOptions::on_wait first when another run holds it in a conflicting mode.
   StoreDirLock lock_dir(StoreDirLock::Mode mode) const;
 
-  // Writes a weight file once, atomically: NAME.fhs.<run token>.tmp is written, fsynced and renamed,
+  // Writes a weight file once, atomically: NAME.fhs.<run token>.<n>.tmp is written, fsynced, renamed,
   // so a crash or ENOSPC never leaves a partial file under the real name and concurrent writers of
   // one name never share a temporary file (an existing file is replaced; readers that opened it
   // keep reading the old, unchanged bytes).
