@@ -1,11 +1,13 @@
 // bench_io: the NVMe tier's DiskStore against baselines measured in the same run, O_DIRECT so
-// every pass reads the device (buffered I/O is flagged). Two cases:
+// every pass reads the device (buffered I/O is flagged). Three cases:
 //   seq — sequential read of one multi-GB file: io_uring (QD-deep sliding window, with and without
 //         registered buffers, and DiskStore::read) vs O_DIRECT pread (1 thread; QD threads) and fio.
 //   kv  — a disk-homed KV cache in decode: one read_ranges of every row block's rows [0, len) and
 //         one write_ranges of one 4 KiB page per block, each vs a sequential transfer of as many
 //         bytes, for io_uring at several queue depths and the 1-thread pread fallback.
-// Usage: bench_io [--case seq,kv] [--dir DIR] [--size-gib G] [--block-kib K] [--qd N] [--reps R]
+//   hash — what hashing a reused weight file costs: XXH3-64 over a payload in memory vs reading
+//         it from disk (DiskStore::read), and DiskStore::verify (read + hash, as every reuse does).
+// Usage: bench_io [--case seq,kv,hash] [--dir DIR] [--size-gib G] [--block-kib K] [--qd N] [--reps R]
 //                 [--kv SxHxDxCAPxLEN,...] [--kv-qd N,...] [--keep] [--json FILE]
 #include <fcntl.h>
 #include <sys/statfs.h>
@@ -26,6 +28,8 @@
 #include "offload/disk_store.h"
 #include "offload/io_backend.h"
 
+#include <xxhash.h>
+
 namespace {
 
 using namespace flexh2o;
@@ -40,7 +44,7 @@ struct Args {
   int reps = 3;
   bool keep = false;
   std::string json;
-  std::vector<std::string> cases = {"seq", "kv"};
+  std::vector<std::string> cases = {"seq", "kv", "hash"};
   // seqs x kv_heads x head_dim x cap x len: OPT-6.7B-like rows of 256 B; OPT-1.3B-like rows of
   // 128 B; many 4 KiB blocks (32 seqs, 32 tokens).
   std::vector<std::string> kv_shapes = {"8x32x128x2048x1024", "8x32x64x512x256", "32x32x64x256x32"};
@@ -131,7 +135,6 @@ nlohmann::json run_seq(const Args& a) {
   if (!store->direct_io()) std::printf("warning: buffered I/O: numbers include the page cache\n");
 
   // Create the file once (reused with --keep).
-  std::string note;
   const std::string name = "seq";
   const std::string fio_bin = run_capture("command -v fio 2>/dev/null");
   double write_gbs = 0;
@@ -140,7 +143,7 @@ nlohmann::json run_seq(const Args& a) {
   AlignedBuffer window(std::max<size_t>(a.block * 64, size_t(64) << 20));
   if (have) {
     // Reuse only if the size matches (KV-style entries carry U8 [bytes]).
-    have = store->reuse(name, DType::U8, Shape{int64_t(bytes)}, &note);
+    have = store->reuse(name, DType::U8, Shape{int64_t(bytes)}).ok();
   }
   if (!have) {
     std::printf("creating %.2f GiB store file...\n", double(bytes) / double(1ull << 30));
@@ -260,6 +263,66 @@ nlohmann::json run_seq(const Args& a) {
                         {"uring_over_best_baseline", ratio}};
   if (!a.keep) (void)store->remove(name);
   return out;
+}
+
+// ============================================================================================
+// hash: the cost of checking a reused weight file
+// ============================================================================================
+
+// One hashed entry of --size-gib (at most 4 GiB) written with put(); then, interleaved over
+// --reps rounds: XXH3-64 of the payload in memory (64 MiB at a time, past any cache), the
+// payload read from disk in 64 MiB DiskStore::read calls, and DiskStore::verify.
+nlohmann::json run_hash(const Args& a) {
+  const uint64_t bytes = align_down(uint64_t(std::min(a.size_gib, 4.0) * double(1ull << 30)), kIoAlign);
+  std::string why;
+  IoBackendOptions uo;
+  uo.queue_depth = a.qd;
+  auto io = make_io_backend(IoBackendChoice::kAuto, &why, uo);
+  auto store = DiskStore::open(a.dir, "bench_io", *io);
+  std::printf("== hash ==\nbackend: %s\nfile I/O: %s\n", why.c_str(), store->io_note().c_str());
+  if (!store->direct_io()) std::printf("warning: buffered I/O: disk numbers include the page cache\n");
+  const std::string name = "hashed";
+  const size_t window = size_t(64) << 20;
+  AlignedBuffer buf(window);
+  {
+    std::vector<std::byte> payload(bytes);
+    for (uint64_t i = 0; i + 8 <= bytes; i += 8) std::memcpy(payload.data() + i, &i, 8);
+    std::printf("writing a %.2f GiB hashed entry...\n", double(bytes) / double(1ull << 30));
+    check(store->put(name, TensorView{payload.data(), DType::U8, Shape{int64_t(bytes)}}), "put");
+    for (size_t i = 0; i < window; ++i) buf.data()[i] = payload[i % bytes];
+  }
+  ::sync();
+  // In memory: one 64 MiB window hashed bytes/window times (the same bytes as the file).
+  uint64_t sink = 0;
+  double mem = 0, disk = 0, verify = 0;
+  for (int r = 0; r < a.reps; ++r) {
+    mem = std::max(mem, best_gbs(1, bytes, [&] {
+                     for (uint64_t off = 0; off < bytes; off += window)
+                       sink ^= XXH3_64bits(buf.data(), size_t(std::min<uint64_t>(window, bytes - off)));
+                   }));
+    disk = std::max(disk, best_gbs(1, bytes, [&] {
+                      for (uint64_t off = 0; off < bytes; off += window)
+                        check(store->read(name, off, size_t(std::min<uint64_t>(window, bytes - off)), buf.data()),
+                              "read");
+                    }));
+    verify = std::max(verify, best_gbs(1, bytes, [&] { check(store->verify(name), "verify"); }));
+  }
+  std::printf("\n%.2f GiB payload, best of %d interleaved rounds (1 thread hashing):\n",
+              double(bytes) / double(1ull << 30), a.reps);
+  std::printf("  %-44s %7.3f GB/s\n", "XXH3-64 in memory", mem);
+  std::printf("  %-44s %7.3f GB/s\n", "DiskStore::read from disk", disk);
+  std::printf("  %-44s %7.3f GB/s\n", "DiskStore::verify (read + hash, each reuse)", verify);
+  // Reading, then hashing each window in turn would run at 1 / (1/read + 1/hash); verify
+  // overlaps them (it hashes window k while reading k+1), so it can reach min(read, hash).
+  const double serial = mem > 0 && disk > 0 ? 1 / (1 / mem + 1 / disk) : 0;
+  std::printf("  %-44s %7.3f GB/s\n", "(read, then hash, not overlapped: computed)", serial);
+  std::printf("hash / disk = %.1fx; verify takes %.2f s per GB of reused weights (reading alone: %.2f s)\n",
+              disk > 0 ? mem / disk : 0, verify > 0 ? 1 / verify : 0, disk > 0 ? 1 / disk : 0);
+  if (!a.keep) (void)store->remove(name);
+  return {{"bytes", bytes},           {"file_io", store->io_note()}, {"direct_io", store->direct_io()},
+          {"xxh3_memory_gbs", mem},   {"store_read_gbs", disk},      {"store_verify_gbs", verify},
+          {"serial_read_then_hash_gbs", serial}, {"hash_over_disk", disk > 0 ? mem / disk : 0},
+          {"checksum", sink & 1}};
 }
 
 // ============================================================================================
@@ -444,7 +507,7 @@ int main(int argc, char** argv) {
     }
     else if (k == "--json") a.json = val();
     else {
-      std::fprintf(stderr, "usage: bench_io [--case seq,kv] [--dir DIR] [--size-gib G] [--block-kib K] [--qd N] "
+      std::fprintf(stderr, "usage: bench_io [--case seq,kv,hash] [--dir DIR] [--size-gib G] [--block-kib K] [--qd N] "
                            "[--reps R] [--kv SxHxDxCAPxLEN,...] [--kv-qd N,...] [--keep] [--json FILE]\n");
       return 2;
     }
@@ -454,8 +517,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const std::string& c : a.cases) {
-    if (c != "seq" && c != "kv") {
-      std::fprintf(stderr, "bench_io: unknown --case '%s' (seq, kv)\n", c.c_str());
+    if (c != "seq" && c != "kv" && c != "hash") {
+      std::fprintf(stderr, "bench_io: unknown --case '%s' (seq, kv, hash)\n", c.c_str());
       return 2;
     }
   }
@@ -465,13 +528,15 @@ int main(int argc, char** argv) {
   nlohmann::json out = {{"bench", "bench_io"}};
   if (has("seq")) out.update(run_seq(a));
   if (has("kv")) out["kv"] = run_kv(a);
+  if (has("hash")) out["hash"] = run_hash(a);
   if (!a.json.empty()) {
     std::ofstream(a.json) << out.dump(2) << "\n";
     std::printf("wrote %s\n", a.json.c_str());
   }
   if (!a.keep) {
     std::error_code ec;
-    fs::remove(a.dir, ec);  // only if empty
+    fs::remove(a.dir / "flexh2o.lock", ec);  // the store's directory lock; no other run uses this dir
+    fs::remove(a.dir, ec);                   // only if empty
   }
   return 0;
 }

@@ -1,7 +1,7 @@
-// DiskStore implementation: the on-disk header, the O_DIRECT probe, atomic tmp+fsync+rename writes,
-// aligned/bounced byte-range I/O split into 1 MiB requests (so the backend's queue depth is used),
-// batches of aligned ranges in one submission (read_ranges/write_ranges), and XXH3-64 verification.
-// The header is native-endian (little-endian on our targets).
+// DiskStore implementation: the O_DIRECT probe, atomic tmp+fsync+rename writes under per-run
+// temporary names, aligned/bounced byte-range I/O split into 1 MiB requests (so the backend's
+// queue depth is used), batches of aligned ranges in one submission (read_ranges/write_ranges),
+// and XXH3-64 verification. The header layout is in store_header.cpp.
 #include "offload/disk_store.h"
 
 #include <fcntl.h>
@@ -14,9 +14,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <utility>
 
 #include "offload/aligned_buffer.h"
+#include "offload/detail/fd.h"
 
 namespace flexh2o {
 
@@ -26,64 +28,15 @@ namespace {
 
 constexpr size_t kChunk = size_t(1) << 20;        // one IoRequest
 constexpr size_t kStageBytes = size_t(16) << 20;  // staging/bounce buffer for put/verify/unaligned
-constexpr char kMagic[8] = {'F', 'H', '2', 'O', 'S', 'T', 'O', 'R'};
-constexpr uint32_t kFlagComplete = 1, kFlagHashed = 2;
 constexpr const char* kSuffix = ".fhs";
 
-// Move-only owner of a file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  void reset() noexcept {
-    if (fd_ >= 0 && ::close(fd_) != 0) std::fprintf(stderr, "flexh2o: close(%d): %s\n", fd_, std::strerror(errno));
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// On-disk header, serialised into the first 4096 bytes of every store file.
-struct Header {
-  char magic[8];
-  uint32_t version;
-  uint32_t flags;
-  uint64_t payload_bytes;
-  uint64_t content_hash;  // XXH3_64bits of the payload (kFlagHashed)
-  uint32_t dtype;
-  uint32_t ndim;
-  int64_t dims[kMaxDims];
-  uint32_t identity_len;
-  uint32_t name_len;
-  char identity[1024];
-  char name[1024];
-  uint64_t header_hash;  // XXH3_64bits of all bytes above
-};
-static_assert(sizeof(Header) <= kStoreHeaderBytes);
-static_assert(kStoreMaxString <= sizeof(Header::name));
-
-uint64_t header_hash(const Header& h) { return XXH3_64bits(&h, offsetof(Header, header_hash)); }
+using detail::Fd;
 
 std::string hex(uint64_t v) {
   char b[24];
   std::snprintf(b, sizeof b, "0x%016llx", static_cast<unsigned long long>(v));
   return b;
 }
-
-std::string_view header_str(const char* p, uint32_t n) { return {p, std::min<size_t>(n, 1024)}; }
 
 void check_name(std::string_view name) {
   bool ok = !name.empty() && name.size() <= kStoreMaxString && name[0] != '.';
@@ -141,21 +94,15 @@ Status load_entry(IoBackend& io, bool direct, const fs::path& path, std::string_
   IoRequest r{fd.get(), 0, buf.data(), kStoreHeaderBytes, IoOp::kRead, 0};
   if (Status st = io.submit_and_wait({&r, 1}); !st.ok()) return wrap(st, "reading header of", path);
   bytes_read += kStoreHeaderBytes;
-  Header h;
-  std::memcpy(&h, buf.data(), sizeof h);
-  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return corrupt("is not a flexh2o store file (bad magic)");
-  if (h.version != kStoreFormatVersion)
-    return corrupt("has format version ", h.version, ", expected ", kStoreFormatVersion);
-  if (h.header_hash != header_hash(h)) return corrupt("has a corrupt header (header hash mismatch)");
-  if (!(h.flags & kFlagComplete)) return corrupt("is incomplete (an interrupted write)");
-  if (header_str(h.identity, h.identity_len) != identity)
+  StoreHeader h;
+  if (Status st = parse_store_header({buf.data(), kStoreHeaderBytes}, &h); !st.ok()) return corrupt(st.message());
+  if (!h.complete) return corrupt("is incomplete (an interrupted write)");
+  if (h.identity != identity)
+    return {StatusCode::kInvalid, detail::concat("store file '", path.string(), "' belongs to store identity '",
+                                                 h.identity, "', not '", identity, "'")};
+  if (h.name != name)
     return {StatusCode::kInvalid,
-            detail::concat("store file '", path.string(), "' belongs to model '",
-                           header_str(h.identity, h.identity_len), "', not '", identity, "'")};
-  if (header_str(h.name, h.name_len) != name)
-    return {StatusCode::kInvalid, detail::concat("store file '", path.string(), "' holds entry '",
-                                                 header_str(h.name, h.name_len), "', not '", name, "'")};
-  if (h.ndim > uint32_t(kMaxDims) || h.dtype > uint32_t(DType::U8)) return corrupt("has an invalid dtype/shape");
+            detail::concat("store file '", path.string(), "' holds entry '", h.name, "', not '", name, "'")};
   uint64_t need = kStoreHeaderBytes + h.payload_bytes;
   if (uint64_t(sb.st_size) < need)
     return corrupt("is truncated: ", sb.st_size, " bytes, expected at least ", need);
@@ -163,11 +110,10 @@ Status load_entry(IoBackend& io, bool direct, const fs::path& path, std::string_
   e->fd = std::move(fd);
   e->path = path;
   e->payload_bytes = h.payload_bytes;
-  e->hashed = (h.flags & kFlagHashed) != 0;
+  e->hashed = h.hashed;
   e->content_hash = h.content_hash;
-  e->dtype = DType(h.dtype);
-  e->shape.ndim = int(h.ndim);
-  for (int i = 0; i < int(h.ndim); ++i) e->shape.dims[i] = h.dims[i];
+  e->dtype = h.dtype;
+  e->shape = h.shape;
   *out = std::move(e);
   return Status::Ok();
 }
@@ -178,16 +124,23 @@ Status load_entry(IoBackend& io, bool direct, const fs::path& path, std::string_
 // open / lifetime
 // --------------------------------------------------------------------------------------------
 
-std::unique_ptr<DiskStore> DiskStore::open(const fs::path& dir, std::string model_identity, IoBackend& io,
+std::unique_ptr<DiskStore> DiskStore::open(const fs::path& dir, std::string identity, IoBackend& io,
                                            const DiskStoreOptions& opts) {
-  FH_CHECK(!model_identity.empty() && model_identity.size() <= kStoreMaxString,
-           "model identity must be 1..", kStoreMaxString, " bytes, got ", model_identity.size());
+  FH_CHECK(!identity.empty() && identity.size() <= kStoreMaxString, "store identity must be 1..", kStoreMaxString,
+           " bytes, got ", identity.size());
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
     FH_FAIL("offload directory '", dir.string(), "' cannot be created: ",
             ec ? ec.message() : std::string("a non-directory is in the way"));
-  fs::path probe = dir / detail::concat(".fh2o-probe-", ::getpid());
+  RunLease lease;
+  {
+    // The lease is created under the directory lock, so a cleaner never sees it unlocked.
+    StoreDirLock lock = StoreDirLock::acquire(dir, opts.on_wait);
+    remove_stale_run_files(dir, {});
+    lease = RunLease::start(dir);
+  }
+  fs::path probe = dir / (lease.token() + ".probe");  // a per-run name: removed with the lease at worst
   bool direct = opts.use_direct_io;
   std::string note = direct ? "O_DIRECT (page cache bypassed)" : "buffered I/O (O_DIRECT disabled by option)";
   Fd fd(::open(probe.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600));
@@ -212,13 +165,34 @@ std::unique_ptr<DiskStore> DiskStore::open(const fs::path& dir, std::string mode
   ::unlink(probe.c_str());
   if (w != ssize_t(kIoAlign))
     FH_FAIL("offload directory '", dir.string(), "' is not writable: ", std::strerror(werr));
-  return std::unique_ptr<DiskStore>(new DiskStore(dir, std::move(model_identity), io, direct, std::move(note)));
+  return std::unique_ptr<DiskStore>(
+      new DiskStore(dir, std::move(identity), io, direct, std::move(note), std::move(lease), opts.on_wait));
 }
 
-DiskStore::DiskStore(fs::path dir, std::string identity, IoBackend& io, bool direct, std::string note)
-    : dir_(std::move(dir)), identity_(std::move(identity)), io_(io), direct_(direct), io_note_(std::move(note)) {}
+DiskStore::DiskStore(fs::path dir, std::string identity, IoBackend& io, bool direct, std::string note, RunLease lease,
+                     std::function<void()> on_wait)
+    : dir_(std::move(dir)),
+      identity_(std::move(identity)),
+      io_(io),
+      direct_(direct),
+      io_note_(std::move(note)),
+      on_wait_(std::move(on_wait)),
+      lease_(std::move(lease)) {}
 
-DiskStore::~DiskStore() = default;
+DiskStore::~DiskStore() {
+  std::lock_guard lk(mu_);
+  entries_.clear();  // close every descriptor before lease_ removes this run's files
+}
+
+std::string DiskStore::run_name(std::string_view base) const {
+  std::string n = detail::concat(base, ".", lease_.token());
+  check_name(n);
+  return n;
+}
+
+StoreDirLock DiskStore::lock_dir(StoreDirLock::Mode mode) const {
+  return StoreDirLock::acquire(dir_, on_wait_, mode);
+}
 
 fs::path DiskStore::path_of(std::string_view name) const {
   check_name(name);
@@ -382,14 +356,14 @@ Status DiskStore::create(std::string_view name, uint64_t payload_bytes) {
   return write_new(name, nullptr, payload_bytes);
 }
 
-// Writes NAME.fhs.tmp (payload, then the header with the complete flag), fsyncs, renames, fsyncs
-// the directory. Any failure removes the tmp file.
+// Writes NAME.fhs.<run token>.<n>.tmp (payload, then the header with the complete flag), fsyncs,
+// renames, fsyncs the directory. Any failure removes the tmp file; a killed run's tmp files carry
+// its token and are removed by the next open(). The name is never shared with another writer.
 Status DiskStore::write_new(std::string_view name, const TensorView* payload, uint64_t bytes) {
   const fs::path final_path = path_of(name);
   fs::path tmp = final_path;
-  tmp += ".tmp";
+  tmp += detail::concat(".", lease_.token(), ".", tmp_seq_.fetch_add(1), ".tmp");
   const uint64_t total = kStoreHeaderBytes + align_up(bytes);
-  ::unlink(tmp.c_str());
   auto e = std::make_shared<Entry>();
   e->path = tmp;
   e->fd = Fd(::open(tmp.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | (direct_ ? O_DIRECT : 0), 0644));
@@ -413,20 +387,15 @@ Status DiskStore::write_new(std::string_view name, const TensorView* payload, ui
     return fail(st);
   }
 
-  Header h{};
-  std::memcpy(h.magic, kMagic, sizeof kMagic);
-  h.version = kStoreFormatVersion;
-  h.flags = kFlagComplete;
+  StoreHeader h;
+  h.complete = true;
   h.payload_bytes = bytes;
-  h.identity_len = uint32_t(identity_.size());
-  std::memcpy(h.identity, identity_.data(), identity_.size());
-  h.name_len = uint32_t(name.size());
-  std::memcpy(h.name, name.data(), name.size());
+  h.identity = identity_;
+  h.name = std::string(name);
   if (payload) {
-    h.dtype = uint32_t(payload->dtype);
-    h.ndim = uint32_t(payload->shape.ndim);
-    for (int i = 0; i < payload->shape.ndim; ++i) h.dims[i] = payload->shape.dims[i];
-    h.flags |= kFlagHashed;
+    h.dtype = payload->dtype;
+    h.shape = payload->shape;
+    h.hashed = true;
     // Stage, hash and write the payload 16 MiB at a time (16 requests: fills the queue).
     XXH3_state_t* xs = XXH3_createState();
     FH_CHECK(xs != nullptr, "XXH3_createState failed");
@@ -446,14 +415,12 @@ Status DiskStore::write_new(std::string_view name, const TensorView* payload, ui
     }
     h.content_hash = XXH3_64bits_digest(xs);
   } else {
-    h.dtype = uint32_t(DType::U8);
-    h.ndim = 1;
-    h.dims[0] = int64_t(bytes);  // payload is the fallocated zeros
+    h.dtype = DType::U8;
+    h.shape = Shape{int64_t(bytes)};  // payload is the fallocated zeros
   }
-  h.header_hash = header_hash(h);
   {
     AlignedBuffer hb(kStoreHeaderBytes);
-    std::memcpy(hb.data(), &h, sizeof h);
+    encode_store_header(h, std::span<std::byte, kStoreHeaderBytes>(hb.data(), kStoreHeaderBytes));
     std::vector<IoRequest> reqs{IoRequest{e->fd.get(), 0, hb.data(), kStoreHeaderBytes, IoOp::kWrite, 0}};
     if (Status st = io(reqs, *e); !st.ok()) return fail(st);
   }
@@ -469,11 +436,10 @@ Status DiskStore::write_new(std::string_view name, const TensorView* payload, ui
                                                         final_path.string(), "': ", std::strerror(errno))});
     e->path = final_path;
     e->payload_bytes = bytes;
-    e->hashed = (h.flags & kFlagHashed) != 0;
+    e->hashed = h.hashed;
     e->content_hash = h.content_hash;
-    e->dtype = DType(h.dtype);
-    e->shape.ndim = int(h.ndim);
-    for (int i = 0; i < e->shape.ndim; ++i) e->shape.dims[i] = h.dims[i];
+    e->dtype = h.dtype;
+    e->shape = h.shape;
     entries_.insert_or_assign(std::string(name), e);
   }
   Fd dfd(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -482,24 +448,21 @@ Status DiskStore::write_new(std::string_view name, const TensorView* payload, ui
   return Status::Ok();
 }
 
-bool DiskStore::reuse(std::string_view name, DType dtype, const Shape& shape, std::string* why) {
+Status DiskStore::reuse(std::string_view name, DType dtype, const Shape& shape, ReuseCheck check) {
   fs::path path = path_of(name);
   std::shared_ptr<Entry> e;
-  Status st = load_entry(io_, direct_, path, identity_, name, bytes_read_, &e);
-  auto no = [&](const std::string& msg) {
-    if (why) *why = msg + "; it will be rebuilt";
-    return false;
-  };
-  if (!st.ok()) return no(st.message());
+  if (Status st = load_entry(io_, direct_, path, identity_, name, bytes_read_, &e); !st.ok()) return st;
   uint64_t expect = uint64_t(shape.numel()) * dtype_size(dtype);
   if (e->dtype != dtype || e->shape != shape || e->payload_bytes != expect)
-    return no(detail::concat("store file '", path.string(), "' holds ", dtype_name(e->dtype), " ",
-                             e->shape.str(), " (", e->payload_bytes, " bytes), expected ", dtype_name(dtype),
-                             " ", shape.str(), " (", expect, " bytes)"));
-  if (why) *why = detail::concat("reusing '", path.string(), "'");
+    return {StatusCode::kInvalid,
+            detail::concat("store file '", path.string(), "' holds ", dtype_name(e->dtype), " ", e->shape.str(), " (",
+                           e->payload_bytes, " bytes), expected ", dtype_name(dtype), " ", shape.str(), " (", expect,
+                           " bytes)")};
+  if (check == ReuseCheck::kHash)
+    if (Status st = hash_payload(*e); !st.ok()) return st;
   std::lock_guard lk(mu_);
   entries_.insert_or_assign(std::string(name), std::move(e));
-  return true;
+  return Status::Ok();
 }
 
 Status DiskStore::verify(std::string_view name) {
@@ -509,22 +472,40 @@ Status DiskStore::verify(std::string_view name) {
     if (st.code() == StatusCode::kInvalid) return {StatusCode::kCorrupt, st.message()};
     return st;
   }
-  if (!e->hashed) return Status::Ok();
+  return hash_payload(*e);
+}
+
+// Reads the payload 16 MiB at a time through the entry's own descriptor and compares its XXH3-64
+// with the header (nothing to do for entries made by create()). Window k is hashed on a helper
+// thread while window k+1 is read into the other buffer, so a check costs about max(read, hash)
+// rather than their sum (bench_io --case hash measures both).
+Status DiskStore::hash_payload(const Entry& e) {
+  if (!e.hashed) return Status::Ok();
   XXH3_state_t* xs = XXH3_createState();
   FH_CHECK(xs != nullptr, "XXH3_createState failed");
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> guard(xs, &XXH3_freeState);
   XXH3_64bits_reset(xs);
-  AlignedBuffer stage(std::min<uint64_t>(kStageBytes, align_up(e->payload_bytes)));
-  for (uint64_t p = 0; p < e->payload_bytes; p += stage.size()) {
-    size_t c = size_t(std::min<uint64_t>(stage.size(), e->payload_bytes - p));
-    if (Status st = rw(*e, IoOp::kRead, p, align_up(c), stage.data()); !st.ok()) return st;
-    XXH3_64bits_update(xs, stage.data(), c);
+  const size_t window = size_t(std::min<uint64_t>(kStageBytes, align_up(e.payload_bytes)));
+  AlignedBuffer stage[2] = {AlignedBuffer(window), AlignedBuffer(e.payload_bytes > window ? window : 0)};
+  std::future<void> hashing;  // of the window before the one being read; joined before returning
+  std::vector<IoRequest> reqs;
+  Status st;
+  for (uint64_t p = 0, k = 0; p < e.payload_bytes; p += window, ++k) {
+    const size_t c = size_t(std::min<uint64_t>(window, e.payload_bytes - p));
+    std::byte* buf = stage[k % 2].data();
+    reqs.clear();
+    add_requests(reqs, e.fd.get(), kStoreHeaderBytes + p, buf, align_up(c), IoOp::kRead);
+    st = io(reqs, e);
+    if (hashing.valid()) hashing.get();
+    if (!st.ok()) return st;
+    hashing = std::async(std::launch::async, [xs, buf, c] { XXH3_64bits_update(xs, buf, c); });
   }
-  uint64_t got = XXH3_64bits_digest(xs);
-  if (got != e->content_hash)
+  if (hashing.valid()) hashing.get();
+  const uint64_t got = XXH3_64bits_digest(xs);
+  if (got != e.content_hash)
     return {StatusCode::kCorrupt,
-            detail::concat("store file '", path.string(), "' is corrupt: payload hash ", hex(got),
-                           " does not match its header ", hex(e->content_hash), "; delete it to rebuild")};
+            detail::concat("store file '", e.path.string(), "' is corrupt: payload hash ", hex(got),
+                           " does not match its header's ", hex(e.content_hash))};
   return Status::Ok();
 }
 

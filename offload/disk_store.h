@@ -1,12 +1,15 @@
 // DiskStore: the NVMe tier's offload directory. One file per entry (a weight tensor or a KV file):
-// a 4096-byte header (magic, version, model identity, entry name, dtype, shape, payload size,
-// XXH3-64 content hash, complete flag) followed by the payload padded to 4096 bytes.
+// a 4096-byte header (store_header.h: magic, version, store identity, entry name, dtype, shape,
+// payload size, XXH3-64 content hash, complete flag) followed by the payload padded to 4096 bytes.
+// Several runs may share a directory (store_dir.h): weight files appear atomically and are never
+// changed in place, and per-run files carry the run's token and go when the run does.
 // Not a cache policy: which tensors live here is the planner's decision; this only stores bytes.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,12 +22,10 @@
 #include "core/tensor.h"
 #include "offload/aligned_buffer.h"
 #include "offload/io_backend.h"
+#include "offload/store_dir.h"
+#include "offload/store_header.h"
 
 namespace flexh2o {
-
-inline constexpr size_t kStoreHeaderBytes = 4096;
-inline constexpr uint32_t kStoreFormatVersion = 1;
-inline constexpr size_t kStoreMaxString = 1000;  // max bytes of identity and entry name
 
 // One page-aligned range of an entry's payload for read_ranges()/write_ranges().
 struct StoreRange {
@@ -38,17 +39,28 @@ struct DiskStoreOptions {
   // Try O_DIRECT (kept only if the filesystem accepts it). false forces buffered I/O through the
   // page cache (debugging, tests of the fallback; tmpfs accepts O_DIRECT since Linux 6.6).
   bool use_direct_io = true;
+  // Called once (may be empty) when open() or lock_dir() has to wait for another run that holds
+  // the directory lock, before blocking: a caller can say why nothing seems to happen.
+  std::function<void()> on_wait;
+};
+
+// How much of a reused entry to check before trusting it.
+enum class ReuseCheck : uint8_t {
+  kHash,        // header, size, and the payload's XXH3-64 against the header (the default)
+  kHeaderOnly,  // header and size only: a flipped payload byte goes unnoticed (--trust-store)
 };
 
 class DiskStore {
  public:
   // Creates `dir` if needed and probes it: throws flexh2o::Error naming the directory when it cannot
   // be created or written. O_DIRECT is used when the filesystem accepts it (tmpfs does not: then
-  // buffered I/O, see io_note()). `model_identity` (model name + config hash, <= kStoreMaxString
-  // bytes) is stamped into every header; files with another identity are never reused. `io` must
-  // outlive the store.
-  static std::unique_ptr<DiskStore> open(const std::filesystem::path& dir, std::string model_identity,
+  // buffered I/O, see io_note()). `identity` (1..kStoreMaxString bytes; the engine passes a
+  // fixed-length digest, store_identity.h) is stamped into every header; files with another
+  // identity are never reused. Under the directory lock it starts this store's run lease and
+  // removes the files of runs that died (store_dir.h). `io` must outlive the store.
+  static std::unique_ptr<DiskStore> open(const std::filesystem::path& dir, std::string identity,
                                          IoBackend& io, const DiskStoreOptions& opts = {});
+  // Closes every entry and removes this run's per-run files (run_name()) and its lease.
   ~DiskStore();
   DiskStore(const DiskStore&) = delete;
   DiskStore& operator=(const DiskStore&) = delete;
@@ -57,21 +69,38 @@ class DiskStore {
   // File of an entry: dir / (name + ".fhs").
   std::filesystem::path path_of(std::string_view name) const;
 
-  // Writes a weight file once, atomically: NAME.fhs.tmp is written, fsynced and renamed, so a crash
-  // or ENOSPC never leaves a partial file under the real name (an existing file is replaced).
+  // `base` + "." + this run's token: a valid entry name no other run uses, removed when this store
+  // closes (also after an exception; a killed run's are removed by the next open()). For KV files.
+  std::string run_name(std::string_view base) const;
+  const std::string& run_token() const { return lease_.token(); }
+
+  // The directory lock (store_dir.h), for a caller that checks and builds many entries as one
+  // step: shared while it only reuses (concurrent runs check at the same time), exclusive while
+  // it writes (so concurrent runs build each file once). Blocks; calls
+  // DiskStoreOptions::on_wait first when another run holds it in a conflicting mode.
+  StoreDirLock lock_dir(StoreDirLock::Mode mode) const;
+
+  // Writes a weight file once, atomically: NAME.fhs.<run token>.<n>.tmp is written, fsynced, renamed,
+  // so a crash or ENOSPC never leaves a partial file under the real name and concurrent writers of
+  // one name never share a temporary file (an existing file is replaced; readers that opened it
+  // keep reading the old, unchanged bytes).
   // The payload may have any alignment (it is bounced through aligned buffers).
   // Errors: kNoSpace (tmp removed; the message names the directory and bytes needed), kIoError.
   [[nodiscard]] Status put(std::string_view name, TensorView payload);
 
-  // True when NAME.fhs exists, is complete and its header matches this store's identity and the
-  // expected dtype/shape (payload size = numel * dtype size), and the file is not truncated.
-  // Otherwise false with the reason in *why (may be null): the caller rebuilds it with put().
-  // Does not hash the payload (see verify()). On true the entry is ready for read().
-  bool reuse(std::string_view name, DType dtype, const Shape& shape, std::string* why = nullptr);
+  // Ok when NAME.fhs exists, is complete, its header matches this store's identity and the
+  // expected dtype/shape (payload size = numel * dtype size), the file is not truncated, and (with
+  // ReuseCheck::kHash, for entries made by put()) the payload hashes to the header's XXH3-64. The
+  // entry is then open and ready for read(). Otherwise the reason, naming the file: kNotFound
+  // (missing), kInvalid (another identity, name, dtype or shape), kCorrupt (bad header,
+  // incomplete, truncated, payload hash mismatch), kIoError: the caller rebuilds it with put().
+  // Hashing reads the whole payload once (bench_io measures the cost).
+  [[nodiscard]] Status reuse(std::string_view name, DType dtype, const Shape& shape,
+                             ReuseCheck check = ReuseCheck::kHash);
 
-  // Re-reads the payload and compares its XXH3-64 with the header (for --verify-store). kCorrupt
-  // naming the file on mismatch, truncation or a bad header; kNotFound if missing. Entries made by
-  // create() carry no hash (their content changes) and only get the header and size checks.
+  // Re-reads the payload and compares its XXH3-64 with the header. kCorrupt naming the file on
+  // mismatch, truncation or a bad header; kNotFound if missing. Entries made by create() carry no
+  // hash (their content changes) and only get the header and size checks.
   [[nodiscard]] Status verify(std::string_view name);
 
   // Creates (or replaces) a zero-filled, preallocated entry of `payload_bytes` for data written in
@@ -105,7 +134,7 @@ class DiskStore {
 
   // Deletes the entry's file (no error if absent).
   [[nodiscard]] Status remove(std::string_view name);
-  // Names of all *.fhs files in the directory, sorted.
+  // Names of all *.fhs files in the directory (other runs' too), sorted.
   std::vector<std::string> list() const;
 
   const std::filesystem::path& dir() const { return dir_; }
@@ -118,22 +147,26 @@ class DiskStore {
   struct Entry;  // open file + header fields (disk_store.cpp)
 
  private:
-  DiskStore(std::filesystem::path dir, std::string identity, IoBackend& io, bool direct,
-            std::string note);
+  DiskStore(std::filesystem::path dir, std::string identity, IoBackend& io, bool direct, std::string note,
+            RunLease lease, std::function<void()> on_wait);
   std::shared_ptr<Entry> entry(std::string_view name, Status* st);
   [[nodiscard]] Status io(std::vector<IoRequest>& reqs, const Entry& e);
   [[nodiscard]] Status rw(Entry& e, IoOp op, uint64_t off, size_t len, std::byte* mem);
   [[nodiscard]] Status rw_ranges(std::string_view name, IoOp op, std::span<const StoreRange> ranges);
   [[nodiscard]] Status write_new(std::string_view name, const TensorView* payload, uint64_t bytes);
+  [[nodiscard]] Status hash_payload(const Entry& e);
 
   std::filesystem::path dir_;
   std::string identity_;
   IoBackend& io_;
   bool direct_;
   std::string io_note_;
+  std::function<void()> on_wait_;
   std::mutex mu_;  // guards entries_
   std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_;
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0};
+  std::atomic<uint64_t> tmp_seq_{0};  // makes temporary names unique within the run
+  RunLease lease_;  // ~DiskStore() closes entries_ first; then this removes the run's files
 };
 
 }  // namespace flexh2o

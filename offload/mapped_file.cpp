@@ -47,6 +47,9 @@ MappedFile MappedFile::open(const std::filesystem::path& path) {
   MappedFile f;
   f.path_ = path;
   f.size_ = size_t(st.st_size);
+  f.stamp_ = FileStamp{uint64_t(st.st_dev), uint64_t(st.st_ino),
+                       int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+                       int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
   if (f.size_ == 0) return f;  // mmap rejects length 0; an empty file maps to nullptr
 
   void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd.fd, 0);
@@ -61,7 +64,10 @@ MappedFile MappedFile::open(const std::filesystem::path& path) {
 }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), path_(std::move(o.path_)) {}
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      path_(std::move(o.path_)),
+      stamp_(o.stamp_) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
@@ -69,6 +75,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
     path_ = std::move(o.path_);
+    stamp_ = o.stamp_;
   }
   return *this;
 }

@@ -4,9 +4,17 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 
 namespace flexh2o {
+
+// Which file was mapped, from fstat of the descriptor that was mapped (so it names the bytes
+// in memory even if the path is replaced afterwards). Times in nanoseconds since the epoch.
+struct FileStamp {
+  uint64_t dev = 0, ino = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+};
 
 class MappedFile {
  public:
@@ -24,11 +32,13 @@ class MappedFile {
   const std::byte* data() const { return data_; }
   size_t size() const { return size_; }
   const std::filesystem::path& path() const { return path_; }
+  const FileStamp& stamp() const { return stamp_; }
 
  private:
   const std::byte* data_ = nullptr;
   size_t size_ = 0;
   std::filesystem::path path_;
+  FileStamp stamp_;
 };
 
 }  // namespace flexh2o

@@ -46,7 +46,10 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
   app->add_option("--disk-mem", a.disk_mem, "Disk budget in the offload dir (default: unlimited)")->group(g);
   app->add_option("--io", a.io, "Disk I/O backend: auto (io_uring if it works), uring, pread")->capture_default_str()
       ->group(g);
-  app->add_flag("--verify-store", a.verify_store, "Re-hash reused offload files before trusting them")->group(g);
+  app->add_flag("--verify-store,!--trust-store", a.verify_store,
+                "Hash every reused offload weight file before trusting it (the default); --trust-store skips "
+                "the hash (one read of the disk-homed weights per run) and checks headers and sizes only")
+      ->group(g);
   app->add_option("--trace", a.trace,
                   "Write every schedule step (loads, stores, compute per queue) as Chrome trace-event JSON "
                   "to FILE; open it in ui.perfetto.dev to see what the pipeline waits on")

@@ -17,7 +17,7 @@ namespace flexh2o::cli {
 struct OffloadArgs {
   std::vector<double> percent;  // 6 numbers
   int64_t gpu_batch_size = 0, num_gpu_batches = 0;
-  bool cpu_cache_compute = false, verify_store = false;
+  bool cpu_cache_compute = false, verify_store = true;
   std::string overlap = "true", sep_layer = "true", pin_weight = "true";
   std::string policy_file, offload_dir, gpu_mem, cpu_mem, disk_mem, io = "auto";
   std::string hardware;  // profile for --policy auto (name in configs/hardware or a path)

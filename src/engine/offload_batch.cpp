@@ -85,7 +85,9 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
         mb.kv_disk_charge.emplace_back();
         Status s = TierCharge::reserve(*e.budgets_[2], bytes, tag, &mb.kv_disk_charge.back());
         if (!s.ok()) FH_FAIL(s.message());
-        mb.kv_disk.push_back("kv.L" + std::to_string(l) + ".mb" + std::to_string(k));
+        // A per-run name: concurrent runs on one directory never share a KV file, and it is
+        // removed when the store closes (after a failure too).
+        mb.kv_disk.push_back(e.store_->run_name("kv.L" + std::to_string(l) + ".mb" + std::to_string(k)));
         e.store_->create(mb.kv_disk.back(), bytes).throw_if_error();
       }
       if (kv_policy) {

@@ -42,7 +42,8 @@ std::optional<DType> placement_dtype(const Device& dev) {
   return dev.weight_dtype(DType::F32);
 }
 
-// src (f32/f16/bf16) converted to dt into dst, in chunks.
+}  // namespace
+
 void convert_tensor(const TensorView& src, DType dt, void* dst) {
   if (src.dtype == dt) {
     std::memcpy(dst, src.data, src.nbytes());
@@ -57,8 +58,6 @@ void convert_tensor(const TensorView& src, DType dt, void* dst) {
     cpu::from_f32(tmp.data(), m, dt, static_cast<std::byte*>(dst) + size_t(off) * di);
   }
 }
-
-}  // namespace
 
 OffloadEngine::Impl::Impl(OffloadEngine& engine)
     : e(engine),
@@ -114,9 +113,7 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
     } else {
       why = std::string(io->name()) + " backend (caller-provided)";
     }
-    const std::string identity = c.name + "|" + c.model_type + "|" + std::to_string(c.n_layers) + "x" +
-                                 std::to_string(c.hidden) + "|" + model.signature();
-    store_ = DiskStore::open(opts_.offload_dir, identity, *io);
+    open_store(*io);
     impl_->io_note = why + "; " + store_->io_note();
   }
   impl_->place_weights();
@@ -137,6 +134,7 @@ void OffloadEngine::Impl::place_weights() {
   units.resize(wp.units.size());
   std::map<const void*, const std::byte*> device_home, host_home;  // by source: a tied lm_head shares
   const bool want_pinned = dev.kind() != DeviceKind::kCpu && p.pin_weight;
+  std::vector<std::pair<size_t, size_t>> disk_homes;  // (unit, index in the unit)
   for (size_t u = 0; u < wp.units.size(); ++u) {
     size_t slot_off = 0, stage_off = 0;
     for (const PlacedTensor& t : wp.units[u].tensors) {
@@ -178,25 +176,7 @@ void OffloadEngine::Impl::place_weights() {
       } else {
         h.store_name = store_name(t.name, h.dtype);
         TierCharge::reserve(*e.budgets_[2], h.bytes, what, &h.disk_charge).throw_if_error();
-        std::string why;
-        DiskStore& store = *e.store_;
-        const bool ok = store.reuse(h.store_name, h.dtype, t.source.shape, &why) &&
-                        (!e.opts_.verify_store || store.verify(h.store_name).ok());
-        if (ok) {
-          ++e.reused_;
-        } else {
-          if (t.source.dtype == h.dtype) {
-            store.put(h.store_name, t.source).throw_if_error();
-          } else {
-            std::vector<std::byte> tmp(h.bytes);
-            convert_tensor(t.source, h.dtype, tmp.data());
-            TensorView v = t.source;
-            v.data = tmp.data();
-            v.dtype = h.dtype;
-            store.put(h.store_name, v).throw_if_error();
-          }
-          ++e.written_;
-        }
+        disk_homes.emplace_back(u, units[u].size());
         h.stage_offset = stage_off;
         stage_off += round_up(h.bytes, kStageAlign);
       }
@@ -209,6 +189,7 @@ void OffloadEngine::Impl::place_weights() {
     FH_CHECK(slot_off == wp.units[u].slot_bytes && stage_off == wp.units[u].stage_bytes,
              "weight slot layout disagrees with the placement of unit ", u);
   }
+  if (!disk_homes.empty()) place_disk_weights(disk_homes);
   const size_t max_stream = wp.max_streamed, max_disk = wp.max_disk;
   for (int s = 0; s < 2; ++s) {
     if (max_stream) weight_slot[size_t(s)] = alloc(MemKind::kDevice, Tier::kDevice, max_stream, "weight double buffer");

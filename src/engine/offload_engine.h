@@ -32,7 +32,12 @@ struct OffloadOptions {
   uint64_t device_mem = 0, host_mem = 0, disk_mem = 0;  // bytes; 0 = unlimited (device: the device's memory)
   std::filesystem::path offload_dir;                     // needed when anything is homed on disk
   IoBackendChoice io = IoBackendChoice::kAuto;
-  bool verify_store = false;  // re-hash reused weight files
+  // Hash every reused weight file's payload against its header before trusting it (one read of
+  // the disk-homed weights at start). false (--trust-store): header and size checks only.
+  bool verify_store = true;
+  // One-line notes about the store (a rebuild and why, waiting for another run's lock); null:
+  // printed to stderr as "flexh2o: <line>".
+  std::function<void(const std::string&)> notice;
   // Caller-owned backend to use instead of probing one (tests wrap it to inject faults);
   // must outlive the engine.
   IoBackend* io_backend = nullptr;
@@ -80,9 +85,11 @@ struct OffloadReport {
 class OffloadEngine final : public StepRunner {
  public:
   // Places the weights (uploading device-homed ones, writing disk-homed ones to the store or
-  // reusing valid files) and checks the budgets. Throws flexh2o::Error when the policy is
-  // invalid, a budget is too small (saying what the minimum is, item by item), or the offload
-  // directory is unusable. `model` and `dev` must outlive the engine.
+  // reusing valid files, under the offload directory's lock so concurrent runs share them) and
+  // checks the budgets. KV files on disk are this run's own and are removed when it ends.
+  // Throws flexh2o::Error when the policy is invalid, a budget is too small (saying what the
+  // minimum is, item by item), or the offload directory is unusable. `model` and `dev` must
+  // outlive the engine.
   OffloadEngine(const Model& model, Device& dev, const OffloadOptions& opts);
   ~OffloadEngine() override;
 
@@ -114,6 +121,7 @@ class OffloadEngine final : public StepRunner {
   struct Impl;  // buffers and actions (offload_*.cpp)
 
  private:
+  void open_store(IoBackend& io);  // offload_store.cpp
   const Model& model_;
   Device& dev_;
   OffloadOptions opts_;

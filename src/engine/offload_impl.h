@@ -5,6 +5,8 @@
 #pragma once
 
 #include <array>
+#include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,13 @@
 #include "engine/offload_engine.h"
 
 namespace flexh2o {
+
+// src (f32/f16/bf16) converted to dt into dst, in chunks.
+void convert_tensor(const TensorView& src, DType dt, void* dst);
+
+// The text whose digest is the store identity (store_identity.h): store format, model config,
+// the dtype each checkpoint dtype is stored in on `dev`, and the checkpoint's shard fingerprints.
+std::string offload_store_manifest(const Model& model, const Device& dev);
 
 struct WeightHome {
   Tier tier = Tier::kDevice;
@@ -45,8 +54,11 @@ struct MicroBatch {
 struct OffloadEngine::Impl {
   explicit Impl(OffloadEngine& engine);
 
-  // ---- setup and batch (offload_engine.cpp, offload_batch.cpp)
+  // ---- setup and batch (offload_engine.cpp, offload_batch.cpp, offload_store.cpp)
   void place_weights();
+  // Every disk-homed weight (units[u][i] for each (u, i)): reused when its file checks out (under
+  // the directory's shared lock), else written (under its exclusive lock); says why on a rebuild.
+  void place_disk_weights(const std::vector<std::pair<size_t, size_t>>& homes);
   void build_views();
   void begin_batch(int64_t B, int64_t capacity);
   void allocate_batch(const int32_t* real_rows);
@@ -109,6 +121,7 @@ struct OffloadEngine::Impl {
   DType kvdt, adt;
   size_t es_kv, es_a;
   std::string io_note;
+  std::string store_manifest;  // offload_store_manifest(), when there is a store
   std::vector<std::vector<WeightHome>> units;
   std::array<Buffer, 2> weight_slot, weight_stage;
   std::array<std::vector<ModelWeights>, 2> views;  // [slot parity][unit]

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "loader/safetensors.h"
+#include "offload/store_identity.h"
 
 namespace flexh2o {
 namespace {
@@ -181,11 +182,7 @@ Model Model::load_dir(const std::filesystem::path& dir) {
   check_layer_count(m.config_, lookup, archive->tensors().size(), dir.string());
   m.weights_ = bind_weights(m.config_, lookup, dir.string(), &m.tensors_);
   m.owner_ = archive;
-  for (const MappedFile& f : archive->files()) {
-    std::error_code ec;
-    auto mtime = std::filesystem::last_write_time(f.path(), ec).time_since_epoch().count();
-    m.signature_ += f.path().filename().string() + ":" + std::to_string(f.size()) + ":" + std::to_string(mtime) + ";";
-  }
+  for (const MappedFile& f : archive->files()) m.signature_ += shard_fingerprint(f) + "\n";
   return m;
 }
 

@@ -82,8 +82,9 @@ class Model {
   // Every tensor in weight_specs() order (a tied lm_head is not listed: it is the embedding).
   const std::vector<BoundTensor>& tensors() const { return tensors_; }
   bool is_dummy() const { return dummy_; }
-  // Identifies the bytes (checkpoint files' names, sizes and mtimes, or the dummy seed), so an
-  // offload store written from another checkpoint is never reused.
+  // Identifies the bytes (one shard_fingerprint() line per checkpoint file: name, size, inode,
+  // mtime, ctime, header hash; or the dummy seed), so an offload store written from another
+  // checkpoint is never reused. Unbounded length: the store keeps only its digest.
   const std::string& signature() const { return signature_; }
   // Total bytes of the bound weights (tied lm_head counted once).
   size_t weight_bytes() const;

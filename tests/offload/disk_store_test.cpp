@@ -232,26 +232,29 @@ TEST_P(StoreTest, ReuseAfterReopen) {
   TensorView v{src.data(), DType::F16, Shape{250, 200}};
   ASSERT_TRUE(store_->put("layer0.fc1.weight", v).ok());
   reopen();
-  std::string why;
-  EXPECT_TRUE(store_->reuse("layer0.fc1.weight", DType::F16, Shape{250, 200}, &why)) << why;
+  Status st = store_->reuse("layer0.fc1.weight", DType::F16, Shape{250, 200});
+  EXPECT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(read_all("layer0.fc1.weight", src.size()), src);
-  EXPECT_FALSE(store_->reuse("layer0.fc1.weight", DType::F32, Shape{250, 100}, &why));
-  EXPECT_NE(why.find("expected F32"), std::string::npos) << why;
-  EXPECT_FALSE(store_->reuse("layer0.fc1.weight", DType::F16, Shape{200, 250}, &why));
-  EXPECT_FALSE(store_->reuse("missing", DType::F16, Shape{1}, &why));
-  EXPECT_NE(why.find("rebuilt"), std::string::npos) << why;
+  st = store_->reuse("layer0.fc1.weight", DType::F32, Shape{250, 100});
+  EXPECT_EQ(st.code(), StatusCode::kInvalid);
+  EXPECT_NE(st.message().find("expected F32"), std::string::npos) << st.message();
+  EXPECT_EQ(store_->reuse("layer0.fc1.weight", DType::F16, Shape{200, 250}).code(), StatusCode::kInvalid);
+  st = store_->reuse("missing", DType::F16, Shape{1});
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_NE(st.message().find("missing.fhs"), std::string::npos) << st.message();
 }
 
 TEST_P(StoreTest, IdentityMismatchIsRebuilt) {
   auto a = random_bytes(5000, 1), b = random_bytes(5000, 2);
   ASSERT_TRUE(store_->put("w", u8_view(a)).ok());
   reopen("opt-1.3b@cfg1");
-  std::string why;
-  EXPECT_FALSE(store_->reuse("w", DType::U8, Shape{5000}, &why));
-  EXPECT_NE(why.find("belongs to model 'opt-125m@cfg1'"), std::string::npos) << why;
+  Status st = store_->reuse("w", DType::U8, Shape{5000});
+  EXPECT_EQ(st.code(), StatusCode::kInvalid);
+  EXPECT_NE(st.message().find("belongs to store identity 'opt-125m@cfg1'"), std::string::npos) << st.message();
   EXPECT_EQ(store_->read("w", 0, 1, b.data()).code(), StatusCode::kInvalid);
   ASSERT_TRUE(store_->put("w", u8_view(b)).ok());
-  EXPECT_TRUE(store_->reuse("w", DType::U8, Shape{5000}, &why)) << why;
+  st = store_->reuse("w", DType::U8, Shape{5000});
+  EXPECT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(read_all("w", 5000), b);
 }
 
@@ -260,15 +263,15 @@ TEST_P(StoreTest, TruncatedFileDetected) {
   ASSERT_TRUE(store_->put("w", u8_view(src)).ok());
   reopen();
   fs::resize_file(store_->path_of("w"), kStoreHeaderBytes + src.size() - 1);
-  std::string why;
-  EXPECT_FALSE(store_->reuse("w", DType::U8, Shape{20000}, &why));
-  EXPECT_NE(why.find("truncated"), std::string::npos) << why;
-  Status st = store_->verify("w");
+  Status st = store_->reuse("w", DType::U8, Shape{20000});
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
+  st = store_->verify("w");
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
   EXPECT_NE(st.message().find("w.fhs"), std::string::npos) << st.message();
   fs::resize_file(store_->path_of("w"), 100);  // shorter than the header
-  EXPECT_FALSE(store_->reuse("w", DType::U8, Shape{20000}, &why));
-  EXPECT_NE(why.find("truncated"), std::string::npos) << why;
+  st = store_->reuse("w", DType::U8, Shape{20000});
+  EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
 }
 
 TEST_P(StoreTest, CorruptedPayloadByteFailsVerify) {
@@ -289,9 +292,28 @@ TEST_P(StoreTest, CorruptedPayloadByteFailsVerify) {
   fd = ::open(store_->path_of("emb").c_str(), O_RDWR);
   ASSERT_EQ(::pwrite(fd, "X", 1, 30), 1);
   ::close(fd);
-  std::string why;
-  EXPECT_FALSE(store_->reuse("emb", DType::U8, Shape{1 << 20}, &why));
-  EXPECT_NE(why.find("header"), std::string::npos) << why;
+  st = store_->reuse("emb", DType::U8, Shape{1 << 20}, ReuseCheck::kHeaderOnly);
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("header"), std::string::npos) << st.message();
+}
+
+// Reuse trusts a file only once its payload hashes to its header (it used to check the header
+// alone, so a flipped payload byte was served unless --verify-store was given).
+TEST_P(StoreTest, ReuseHashesThePayloadByDefault) {
+  auto src = random_bytes((1 << 20) + 100, 7);
+  ASSERT_TRUE(store_->put("emb", u8_view(src)).ok());
+  int fd = ::open(store_->path_of("emb").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t flipped = uint8_t(src[src.size() - 1] ^ 0x01);  // the last byte: the tail of the last window
+  ASSERT_EQ(::pwrite(fd, &flipped, 1, off_t(kStoreHeaderBytes + src.size() - 1)), 1);
+  ::close(fd);
+  reopen();
+  Status st = store_->reuse("emb", DType::U8, Shape{int64_t(src.size())});
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find(store_->path_of("emb").string() + "' is corrupt: payload hash"), std::string::npos)
+      << st.message();
+  // --trust-store: header and size only.
+  EXPECT_TRUE(store_->reuse("emb", DType::U8, Shape{int64_t(src.size())}, ReuseCheck::kHeaderOnly).ok());
 }
 
 TEST_P(StoreTest, NoSpaceLeavesNoFileUnderTheRealName) {
@@ -304,8 +326,7 @@ TEST_P(StoreTest, NoSpaceLeavesNoFileUnderTheRealName) {
   EXPECT_NE(st.message().find(std::to_string(kStoreHeaderBytes + align_up(v2.size()))), std::string::npos)
       << st.message();
   EXPECT_EQ(files(), std::vector<std::string>{"big.fhs"});  // no tmp file; old version intact
-  std::string why;
-  EXPECT_TRUE(store_->reuse("big", DType::U8, Shape{int64_t(v1.size())}, &why)) << why;
+  EXPECT_TRUE(store_->reuse("big", DType::U8, Shape{int64_t(v1.size())}).ok());
   EXPECT_EQ(read_all("big", v1.size()), v1);
   faulty_->fail_nth_write(1, ENOSPC);
   EXPECT_EQ(store_->put("fresh", u8_view(v1)).code(), StatusCode::kNoSpace);
@@ -377,12 +398,12 @@ TEST_P(StoreTest, ConcurrentReadsOfDifferentFiles) {
   EXPECT_EQ(bad.load(), 0);
 }
 
-TEST_P(StoreTest, StaleTmpFileIsIgnoredAndReplaced) {
-  { std::ofstream(store_->path_of("w").string() + ".tmp") << "half a file"; }
-  std::string why;
-  EXPECT_FALSE(store_->reuse("w", DType::U8, Shape{10}, &why));
+TEST_P(StoreTest, StaleTmpFileIsIgnoredAndRemovedOnOpen) {
+  { std::ofstream(store_->path_of("w").string() + ".tmp") << "half a file"; }  // the pre-token tmp name
+  EXPECT_EQ(store_->reuse("w", DType::U8, Shape{10}).code(), StatusCode::kNotFound);
   auto src = random_bytes(10, 1);
   ASSERT_TRUE(store_->put("w", u8_view(src)).ok());
+  reopen();
   EXPECT_EQ(files(), std::vector<std::string>{"w.fhs"});
   EXPECT_TRUE(store_->remove("w").ok());
   EXPECT_TRUE(store_->remove("w").ok());

@@ -1,0 +1,135 @@
+// The offloading engine's use of the disk store: the store identity (a digest of the checkpoint's
+// shard fingerprints, the model config and the stored dtypes), opening the store, and homing the
+// disk weights under the directory lock: each file is reused when its header and payload hash
+// check out and (re)written otherwise, and one line says why anything was rebuilt.
+#include <cstdio>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "engine/offload_impl.h"
+#include "offload/store_identity.h"
+
+namespace flexh2o {
+
+namespace {
+
+// "flexh2o: <line>" on stderr unless the caller takes the notes.
+void say(const OffloadOptions& o, const std::string& line) {
+  if (o.notice) o.notice(line);
+  else std::fprintf(stderr, "flexh2o: %s\n", line.c_str());
+}
+
+}  // namespace
+
+std::string offload_store_manifest(const Model& model, const Device& dev) {
+  const ModelConfig& c = model.config();
+  std::string m = detail::concat("store format=", kStoreFormatVersion, " payload_hash=xxh3-64\n");
+  m += detail::concat("config arch=", c.model_type, " layers=", c.n_layers, " hidden=", c.hidden, " heads=", c.n_heads,
+                      " kv_heads=", c.n_kv_heads, " head_dim=", c.head_dim, " ffn=", c.ffn_dim, " vocab=", c.vocab_size,
+                      " max_positions=", c.max_positions, " tie=", c.tie_embeddings, " attention_bias=",
+                      c.attention_bias, " mlp_bias=", c.mlp_bias, " dtype=", dtype_name(c.dtype), "\n");
+  m += detail::concat("weights f32=", dtype_name(dev.weight_dtype(DType::F32)), " f16=",
+                      dtype_name(dev.weight_dtype(DType::F16)), " bf16=", dtype_name(dev.weight_dtype(DType::BF16)),
+                      "\n");
+  m += model.signature();
+  if (!m.ends_with('\n')) m += '\n';
+  return m;
+}
+
+void OffloadEngine::open_store(IoBackend& io) {
+  impl_->store_manifest = offload_store_manifest(model_, dev_);
+  DiskStoreOptions so;
+  const std::filesystem::path dir = opts_.offload_dir;
+  so.on_wait = [this, dir] {
+    say(opts_, detail::concat("offload store ", dir.string(), ": waiting for another run that holds ",
+                              (dir / "flexh2o.lock").string(), " (it is cleaning up or building weight files)"));
+  };
+  store_ = DiskStore::open(dir, manifest_digest(impl_->store_manifest), io, so);
+}
+
+// ---- disk weights ----------------------------------------------------------------------------
+
+namespace {
+
+// Writes the weight of `h` (converted to its store dtype when the checkpoint's differs).
+void write_weight(DiskStore& store, const WeightHome& h) {
+  if (h.source.dtype == h.dtype) {
+    store.put(h.store_name, h.source).throw_if_error();
+    return;
+  }
+  std::vector<std::byte> tmp(h.bytes);
+  convert_tensor(h.source, h.dtype, tmp.data());
+  TensorView v = h.source;
+  v.data = tmp.data();
+  v.dtype = h.dtype;
+  store.put(h.store_name, v).throw_if_error();
+}
+
+// Why files were rebuilt, for one line (empty: nothing to say, e.g. a first build).
+std::string rebuild_reason(const std::vector<Status>& rebuilt, size_t reused, const std::optional<std::string>& previous,
+                           const std::string& now) {
+  size_t missing = 0;
+  const Status* corrupt = nullptr;
+  const Status* other = nullptr;
+  bool invalid = false;
+  for (const Status& st : rebuilt) {
+    if (st.code() == StatusCode::kNotFound) ++missing;
+    else if (st.code() == StatusCode::kCorrupt && !corrupt) corrupt = &st;
+    else if (!other) other = &st;
+    invalid = invalid || st.code() == StatusCode::kInvalid;
+  }
+  const size_t failed = rebuilt.size() - missing;  // files that were there but could not be used
+  const bool changed = previous && *previous != now;
+  std::string why;
+  if (failed > 0) {
+    if (changed && invalid) why = explain_manifest_change(*previous, now);
+    else why = (corrupt ? corrupt : other)->message();
+    if (failed > 1) why += detail::concat(" (", failed, " files could not be reused)");
+  } else if (missing > 0 && (reused > 0 || (previous && !changed))) {
+    why = detail::concat(missing, " weight files were missing");
+  }
+  return why;
+}
+
+}  // namespace
+
+void OffloadEngine::Impl::place_disk_weights(const std::vector<std::pair<size_t, size_t>>& homes) {
+  DiskStore& store = *e.store_;
+  const ReuseCheck check = e.opts_.verify_store ? ReuseCheck::kHash : ReuseCheck::kHeaderOnly;
+  auto home = [&](std::pair<size_t, size_t> ui) -> WeightHome& { return units[ui.first][ui.second]; };
+  auto reuse = [&](const WeightHome& h) { return store.reuse(h.store_name, h.dtype, h.source.shape, check); };
+  // Checking only reads: concurrent runs hold the lock shared and check at the same time.
+  std::vector<std::pair<size_t, Status>> failed;  // index into homes, why
+  std::optional<std::string> previous;
+  {
+    StoreDirLock shared = store.lock_dir(StoreDirLock::Mode::kShared);
+    previous = read_store_manifest(store.dir());
+    for (size_t i = 0; i < homes.size(); ++i) {
+      Status st = reuse(home(homes[i]));
+      if (st.ok()) ++e.reused_;
+      else failed.emplace_back(i, std::move(st));
+    }
+  }
+  if (failed.empty() && previous == store_manifest) return;
+  // Writing is exclusive; a file another run wrote while this one waited is reused, not rewritten.
+  StoreDirLock exclusive = store.lock_dir(StoreDirLock::Mode::kExclusive);
+  std::vector<Status> rebuilt;
+  for (auto& [i, why] : failed) {
+    WeightHome& h = home(homes[i]);
+    if (reuse(h).ok()) {
+      ++e.reused_;
+      continue;
+    }
+    write_weight(store, h);
+    ++e.written_;
+    rebuilt.push_back(std::move(why));
+  }
+  const std::string why = rebuild_reason(rebuilt, e.reused_, previous, store_manifest);
+  if (!why.empty())
+    say(e.opts_, detail::concat("offload store ", store.dir().string(), ": ", why, "; rebuilding ", rebuilt.size(),
+                                " of ", homes.size(), " weight files"));
+  write_store_manifest(store.dir(), store_manifest).throw_if_error();
+}
+
+}  // namespace flexh2o
