@@ -24,7 +24,9 @@ TEST(CudaDevice, WithoutAGpuSaysWhyAndWhatToUseInstead) {
     FAIL() << "a CUDA device was made without a GPU";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    if (cuda_compiled_in()) EXPECT_NE(msg.find(probe_cuda().reason), std::string::npos) << msg;
+    if (cuda_compiled_in()) {
+      EXPECT_NE(msg.find(probe_cuda().reason), std::string::npos) << msg;
+    }
     EXPECT_NE(msg.find("use --device cpu"), std::string::npos) << msg;
   }
 }
