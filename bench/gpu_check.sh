@@ -168,7 +168,7 @@ e2e_tokens() {
   for dev in cpu cuda; do
     local extra=()
     [ "$dev" = cuda ] && extra=("${off[@]}")
-    timeout "$(tmo 60)" "$FH" generate -m "$ROOT/tests/data/tiny-opt" -i "$E2E_IN" -o "$OUTDIR/${tag}_$dev.jsonl" \
+    timeout "$(tmo 60)" "$FH" generate -m "$ROOT/tests/data/tiny-opt" -i "$E2E_IN" -o "$OUTDIR/${tag}_$dev.jsonl" --overwrite \
         --greedy --ignore-eos -n 24 --batch-size 4 --device "$dev" --report "$OUTDIR/${tag}_$dev.json" \
         "${kv[@]}" "${extra[@]}" >>"$LOG" 2>&1 || ok=0
   done

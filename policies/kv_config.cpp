@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -48,8 +49,12 @@ void check_ratio(const std::optional<double>& r, std::string_view flag) {
     FH_FAIL(flag, " must be a fraction of the prompt length in [0, 1], got ", *r);
 }
 
+// Slot indices are int32, so no sequence holds more tokens; the bound also keeps the sum of the
+// budgets (KvBudget::total) from overflowing.
 void check_count(const std::optional<int64_t>& c, std::string_view flag) {
   if (c && *c < 0) FH_FAIL(flag, " must be >= 0 tokens, got ", *c);
+  if (c && *c > std::numeric_limits<int32_t>::max())
+    FH_FAIL(flag, " must be at most ", std::numeric_limits<int32_t>::max(), " tokens (no sequence is longer), got ", *c);
 }
 
 void check_exclusive(const std::optional<double>& r, const std::optional<int64_t>& c,

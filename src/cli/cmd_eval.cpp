@@ -25,6 +25,7 @@
 #include "cli/commands.h"
 #include "cli/run_setup.h"
 #include "core/error.h"
+#include "core/input_guard.h"
 #include "engine/evaluate.h"
 #include "engine/offload_engine.h"
 #include "engine/perplexity.h"
@@ -39,13 +40,7 @@ std::optional<int32_t> bos_of(const LoadedModel& lm) {
   return bos ? bos : lm.model->config().bos_id;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) FH_FAIL("cannot read ", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_file(const std::string& path) { return read_input_file(path, "input file"); }
 
 json budget_json(const KvPolicy* policy, int64_t prompt_len) {
   if (!policy) return nullptr;
@@ -149,6 +144,7 @@ struct TaskItem {
 };
 
 std::vector<TaskItem> read_tasks(const std::string& path) {
+  check_regular_file(path, "--tasks file").throw_if_error();  // before a blocking open
   std::ifstream in(path);
   if (!in) FH_FAIL("cannot read --tasks ", path);
   std::vector<TaskItem> items;

@@ -1,13 +1,24 @@
 // `flexh2o generate`: one --prompt or a JSONL file of prompts -> JSONL results + run report.
+// Results are appended to --output as they finish and fsync'd after each batch, so a run that
+// is interrupted (SIGINT/SIGTERM: it stops at a token step and keeps what finished) or killed
+// is finished by `--resume`, which skips every request whose id already has a complete line.
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <map>
+#include <type_traits>
 
 #include "cli/commands.h"
+#include "cli/output_file.h"
 #include "core/error.h"
+#include "core/input_guard.h"
 #include "engine/generate.h"
 #include "cli/run_setup.h"
 #include "engine/offload_engine.h"
@@ -27,10 +38,14 @@ struct Item {
 template <typename T>
 T field(const json& j, const char* key, T dflt) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
+  if constexpr (std::is_integral_v<T>) {  // range-checked: 4294967298 must not wrap to 2
+    const int64_t hi = int64_t(std::min<uint64_t>(std::numeric_limits<T>::max(), INT64_MAX));
+    return T(json_to_int(j[key], int64_t(std::numeric_limits<T>::min()), hi, "field \"" + std::string(key) + "\""));
+  }
   try {
     return j[key].get<T>();
   } catch (const json::exception&) {
-    FH_FAIL("field \"", key, "\" has the wrong type: ", j[key].dump());
+    FH_FAIL("field \"", key, "\" has the wrong type: ", json_excerpt(j[key]));
   }
 }
 
@@ -40,7 +55,7 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
   it.id = j.contains("id") ? j["id"] : json(index);
   try {
     if (j.contains("prompt_ids")) {
-      it.req.prompt_ids = field<std::vector<int32_t>>(j, "prompt_ids", {});
+      it.req.prompt_ids = json_to_ids(j["prompt_ids"], "field \"prompt_ids\"");
     } else if (j.contains("prompt")) {
       if (!j["prompt"].is_string()) FH_FAIL("field \"prompt\" must be a string");
       const std::string text = j["prompt"].get<std::string>();
@@ -62,6 +77,72 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
   return it;
 }
 
+
+// A request's key for --resume: its id as JSON text. Only strings and numbers are accepted as
+// ids there (compared exactly: "3" and 3 differ); anything else cannot be matched reliably.
+std::optional<std::string> resume_key(const json& id) {
+  if (!id.is_string() && !id.is_number()) return std::nullopt;
+  return id.dump();
+}
+
+// What an earlier run left in --output: the line of each id with a complete result.
+struct PriorResults {
+  std::map<std::string, int64_t> line_of;  // resume_key(id) -> line number
+  int64_t failed = 0;                      // lines that carry an "error"
+};
+
+// Reads --output for --resume. A complete line ends with a newline and parses as a result with
+// an id; a last line without a newline (the run was killed while writing it) is cut off. Any
+// other line means the file is not flexh2o's results: refused before anything is changed.
+PriorResults read_prior_results(const std::string& path) {
+  PriorResults prior;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) FH_FAIL("--resume: cannot read --output ", path);
+  std::string line;
+  int64_t lineno = 0;
+  uint64_t complete_bytes = 0;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // no newline: a partial line
+    ++lineno;
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const std::optional<std::string> key =
+        j.is_object() && j.contains("id") ? resume_key(j["id"]) : std::nullopt;
+    if (!key || !(j.contains("error") || j.contains("token_ids")))
+      FH_FAIL("--resume: ", path, ":", lineno, " is not a result line with a string or number \"id\"; refusing "
+              "to append to a file flexh2o did not write (move it away, or pass --overwrite instead of --resume)");
+    auto [it, fresh] = prior.line_of.emplace(*key, lineno);
+    if (!fresh) FH_FAIL("--resume: ", path, ":", lineno, " repeats id ", *key, " of line ", it->second);
+    prior.failed += j.contains("error");
+    complete_bytes += line.size() + 1;
+  }
+  if (in.bad()) FH_FAIL("--resume: error reading --output ", path);
+  const uint64_t size = std::filesystem::file_size(path);
+  if (size > complete_bytes) {
+    if (::truncate(path.c_str(), off_t(complete_bytes)) != 0)
+      FH_FAIL("--resume: cannot cut the partial last line of --output ", path, ": ", std::strerror(errno));
+    std::cerr << "flexh2o: --resume: dropped a partial last line (" << size - complete_bytes << " bytes) of "
+              << path << "\n";
+  }
+  return prior;
+}
+
+// Opens --output for this run's results (see register_generate's help for the rules).
+OutputFile open_results(const GenerateArgs& a, PriorResults& prior) {
+  struct stat st {};
+  const bool exists = ::stat(a.output.c_str(), &st) == 0;
+  const bool holds_results = exists && S_ISREG(st.st_mode) && st.st_size > 0;
+  if (a.resume && exists && !S_ISREG(st.st_mode))
+    FH_FAIL("--resume needs --output to be a regular file; ", a.output, " is not");
+  if (a.resume) {
+    if (holds_results) prior = read_prior_results(a.output);
+    return OutputFile({"--output", a.output}, OutputFile::Mode::kAppend);
+  }
+  if (holds_results && !a.overwrite)
+    FH_FAIL("--output ", a.output, " already holds results (", st.st_size, " bytes); pass --resume to finish "
+            "that run, or --overwrite to replace them");
+  return OutputFile({"--output", a.output}, OutputFile::Mode::kTruncate);
+}
+
 }  // namespace
 
 void register_generate(CLI::App& app, GenerateArgs& a) {
@@ -74,7 +155,16 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   auto* in = g->add_option("--input,-i", a.input, "JSONL input: {\"prompt\": ...} or {\"prompt_ids\": [...]} per line, "
                            "optional id, max_new_tokens, temperature, top_k, top_p, seed");
   p->excludes(in);
-  g->add_option("--output,-o", a.output, "JSONL output (id, text, token_ids, finish_reason); default stdout");
+  g->add_option("--output,-o", a.output,
+                "JSONL output (id, text, token_ids, finish_reason; default stdout). Results are appended as they "
+                "finish and fsync'd after each batch; a file that already holds results is refused unless "
+                "--resume or --overwrite is given");
+  auto* resume = g->add_flag("--resume", a.resume,
+                             "Finish an interrupted or killed run: keep --output's complete lines, skip the "
+                             "requests whose id they hold (ids must be unique strings or numbers; a line with an "
+                             "\"error\" counts as done: delete it to retry), append the rest. A missing --output "
+                             "simply starts the run");
+  g->add_flag("--overwrite", a.overwrite, "Replace the results an existing --output holds")->excludes(resume);
   g->add_option("--report", a.report, "Write a JSON run report (timings, tokens/s, memory) to this file");
   g->add_option("--max-new-tokens,-n", a.max_new_tokens, "Tokens to generate per prompt (default for lines)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -94,10 +184,28 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   g->add_flag("--quiet,-q", a.quiet, "Do not print results to stdout when --output is a file");
   add_offload_flags(g, a.offload);
   add_kv_flags(g, a.kv);
+  g->footer(
+      "Exit code: 0 when every request has a result, 1 when any line failed (its \"error\" is in the output) or on "
+      "an error. SIGINT/SIGTERM stop at the next token step: finished results are kept, the report says "
+      "\"interrupted\": true, the exit code is 130/143, and --resume finishes the run. A second signal ends it at "
+      "once (--resume still works).");
 }
 
 int run_generate(const GenerateArgs& a, const Env& env) {
   if (a.prompt.empty() && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl");
+  if (!a.input.empty()) check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
+  if (a.resume && a.output.empty()) FH_FAIL("--resume needs --output FILE: the results of the run to finish");
+  {  // before anything is opened for writing
+    std::vector<NamedPath> inputs{{"--input", a.input}};
+    if (a.offload.policy_file != "auto") inputs.push_back({"--policy", a.offload.policy_file});
+    for (auto& f : files_in("--model", a.model)) inputs.push_back(std::move(f));
+    for (auto& f : files_in("--tokenizer", a.tokenizer)) inputs.push_back(std::move(f));
+    check_outputs_are_not_inputs({{"--output", a.output}, {"--report", a.report}, {"--trace", a.offload.trace}},
+                                 inputs);
+  }
+  PriorResults prior;
+  std::optional<OutputFile> out_file;
+  if (!a.output.empty()) out_file.emplace(open_results(a, prior));
   const std::string device = select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
   const ModelConfig& cfg = lm.model->config();
@@ -105,7 +213,6 @@ int run_generate(const GenerateArgs& a, const Env& env) {
             << "M params, loaded in " << lm.load_seconds << " s\n";
 
   std::vector<Item> items;
-  int64_t bad = 0;
   if (!a.prompt.empty()) {
     items.push_back(make_item(json{{"prompt", a.prompt}}, 0, 0, a, lm));
   } else {
@@ -121,9 +228,33 @@ int run_generate(const GenerateArgs& a, const Env& env) {
           items.push_back(std::move(it));
         });
   }
+  const std::string where = a.input.empty() ? "prompt" : a.input;
+  // With --resume, the requests whose id already has a result are done; ids must identify.
+  std::vector<bool> done(items.size(), false);
+  if (a.resume) {
+    std::map<std::string, int64_t> line_of_id;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const std::optional<std::string> key = resume_key(items[i].id);
+      if (!key) FH_FAIL("--resume: ", where, ":", items[i].line, ": the id must be a string or a number");
+      auto [it, fresh] = line_of_id.emplace(*key, items[i].line);
+      if (!fresh) FH_FAIL("--resume: ", where, ":", items[i].line, " repeats id ", *key, " of line ", it->second,
+                          "; ids must be unique to resume");
+      done[i] = prior.line_of.count(*key) > 0;
+    }
+    for (const auto& [key, line] : prior.line_of)
+      if (!line_of_id.count(key))
+        FH_FAIL("--resume: --output ", a.output, ":", line, " has id ", key, ", which is not in ", where,
+                "; is it the output of another input?");
+  }
+  int64_t bad = prior.failed;
+  size_t skipped = 0;
   std::vector<GenerationRequest> reqs;
   std::vector<size_t> req_item;
   for (size_t i = 0; i < items.size(); ++i) {
+    if (done[i]) {
+      ++skipped;
+      continue;
+    }
     if (!items[i].error.empty()) {
       ++bad;
       std::cerr << "flexh2o: " << (a.input.empty() ? "prompt" : a.input + ":" + std::to_string(items[i].line))
@@ -133,43 +264,42 @@ int run_generate(const GenerateArgs& a, const Env& env) {
     req_item.push_back(i);
     reqs.push_back(items[i].req);
   }
+  if (a.resume)
+    std::cerr << "flexh2o: --resume: " << skipped << " of " << items.size() << " requests already in " << a.output
+              << "\n";
 
-  std::ofstream out_file;
-  if (!a.output.empty()) {
-    out_file.open(a.output);
-    if (!out_file) FH_FAIL("cannot write --output ", a.output);
-  }
-  std::ostream& out = a.output.empty() ? std::cout : out_file;
   const bool human = !a.output.empty() && !a.quiet;
   const bool single = !a.prompt.empty() && a.output.empty();
-
-  // Results are written in input order as soon as all earlier ones are done.
+  // One result line for item i; the --prompt-only mode prints just the text.
   std::vector<std::optional<GenerationResult>> ready(items.size());
+  auto emit = [&](size_t i) {
+    const Item& it = items[i];
+    json o{{"id", it.id}};
+    if (!it.error.empty()) {
+      o["error"] = it.error;
+      if (it.line) o["line"] = it.line;
+    } else {
+      const GenerationResult& r = *ready[i];
+      std::string text = lm.tokenizer ? lm.tokenizer->decode(r.tokens) : std::string();
+      if (human) std::cout << "[" << it.id.dump() << "] " << text << "\n";
+      if (single) {
+        std::cout << text << "\n";
+        return;
+      }
+      o["text"] = std::move(text);
+      o["token_ids"] = r.tokens;
+      o["finish_reason"] = finish_reason_name(r.finish);
+    }
+    if (out_file) out_file->write(jsonl_line(o));
+    else std::cout << jsonl_line(o);
+  };
+  // Results are written in input order as soon as all earlier ones are done.
   size_t next = 0;
   auto flush = [&] {
-    while (next < items.size() && (!items[next].error.empty() || ready[next])) {
-      const Item& it = items[next];
-      json o{{"id", it.id}};
-      if (!it.error.empty()) {
-        o["error"] = it.error;
-        if (it.line) o["line"] = it.line;
-      } else {
-        const GenerationResult& r = *ready[next];
-        std::string text = lm.tokenizer ? lm.tokenizer->decode(r.tokens) : std::string();
-        o["text"] = text;
-        o["token_ids"] = r.tokens;
-        o["finish_reason"] = finish_reason_name(r.finish);
-        if (human) std::cout << "[" << it.id.dump() << "] " << text << "\n";
-        if (single) {
-          std::cout << text << "\n";
-          ++next;
-          continue;
-        }
-      }
-      out << o.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-      ++next;
-    }
-    out.flush();
+    for (; next < items.size() && (done[next] || !items[next].error.empty() || ready[next]); ++next)
+      if (!done[next]) emit(next);
+    if (out_file) out_file->flush();
+    else std::cout.flush();
   };
   flush();
 
@@ -188,33 +318,51 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   go.ignore_eos = a.ignore_eos;
   go.eos_id = lm.tokenizer && lm.tokenizer->eos_id() ? lm.tokenizer->eos_id() : cfg.eos_id;
   go.pad_id = cfg.pad_id.value_or(0);
+  go.stop = env.stop;
   const auto start = std::chrono::steady_clock::now();
   if (env.stderr_is_tty) {
-    go.on_progress = [&](int64_t done, int64_t total) {
+    go.on_progress = [&](int64_t done_tokens, int64_t total) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "\r[generate] %lld/%lld tokens, %.1f tok/s   ", (long long)done, (long long)total,
-                   s > 0 ? double(done) / s : 0.0);
+      std::fprintf(stderr, "\r[generate] %lld/%lld tokens, %.1f tok/s   ", (long long)done_tokens, (long long)total,
+                   s > 0 ? double(done_tokens) / s : 0.0);
     };
   }
+  // A batch's results arrive together (batches run in request order): make them durable then.
+  size_t results = 0;
+  const size_t batch = size_t(runner->max_batch());
   go.on_result = [&](size_t r, const GenerationResult& res) {
     ready[req_item[r]] = res;
     flush();
+    if (++results % batch == 0 || results == reqs.size())
+      if (out_file) out_file->sync();
   };
   GenerateStats st;
   generate(*runner, reqs, go, &st);
   if (env.stderr_is_tty) std::fprintf(stderr, "\n");
   flush();
+  if (st.interrupted)  // keep every finished result, even those after an unfinished one
+    for (size_t i = next; i < items.size(); ++i)
+      if (!done[i] && (!items[i].error.empty() || ready[i])) emit(i);
+  if (out_file) out_file->commit();
 
   const double total_s = st.prefill_seconds + st.decode_seconds;
   json report = run_report(lm, rs, st, dev, device);
   report["requests"] = items.size();
   report["failed_requests"] = bad;
-  if (!a.report.empty()) write_json_file(a.report, report);
+  report["finished_requests"] = results;
+  report["resumed_requests"] = skipped;  // already in --output (--resume)
+  report["interrupted"] = st.interrupted;
+  if (!a.report.empty()) write_json_file(a.report, report, "--report");
   if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);
-  std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << reqs.size() << " prompts in " << total_s
+  std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << results << " prompts in " << total_s
             << " s (" << report["tokens_per_s"].get<double>() << " tok/s; prefill " << st.prefill_seconds
             << " s, decode " << st.decode_seconds << " s)\n";
   if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
+  if (st.interrupted) {
+    std::cerr << "flexh2o: interrupted: " << results << " of " << reqs.size() << " requests finished this run"
+              << (a.output.empty() ? std::string() : "; rerun with --resume to finish " + a.output) << "\n";
+    return kInterrupted;
+  }
   return bad ? 1 : 0;
 }
 

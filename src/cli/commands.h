@@ -1,5 +1,6 @@
 // The flexh2o subcommands. Each registers its flags on a CLI11 subcommand and runs with the
-// parsed values; run_* returns the process exit code (0 ok, 1 failure or some bad input lines).
+// parsed values; run_* returns the process exit code (0 ok, 1 failure or some bad input lines)
+// or kInterrupted.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,6 +12,10 @@
 
 namespace flexh2o::cli {
 
+// What run_* returns when Env::stop ended it early (what finished is kept); main() turns it
+// into 128 + the signal's number, the shell's convention (130 for SIGINT, 143 for SIGTERM).
+constexpr int kInterrupted = -1;
+
 struct GenerateArgs {
   std::string model, tokenizer, prompt, input, output, report, device = "auto";
   int64_t max_new_tokens = 32, batch_size = 8;
@@ -19,6 +24,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   int threads = 0;
   bool greedy = false, ignore_eos = false, quiet = false;
+  bool resume = false, overwrite = false;  // what to do with an --output that already holds results
   OffloadArgs offload;
   KvArgs kv;
 };
@@ -41,7 +47,7 @@ struct TokenizeArgs {
   bool no_special = false;
 };
 void register_tokenize(CLI::App& app, TokenizeArgs& a, bool detokenize);
-int run_tokenize(const TokenizeArgs& a, bool detokenize);
+int run_tokenize(const TokenizeArgs& a, bool detokenize, const Env& env);
 
 struct InfoArgs {
   std::string model;

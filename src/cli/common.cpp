@@ -2,13 +2,16 @@
 #include "cli/common.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
-#include <fstream>
+#include <iostream>
 #include <istream>
 #include <ostream>
 
+#include "cli/output_file.h"
 #include "core/error.h"
+#include "core/input_guard.h"
 #include "kernels/cuda/cuda_probe.h"
 
 namespace flexh2o::cli {
@@ -74,12 +77,28 @@ std::string select_device(const std::string& requested, std::ostream& log) {
 }
 
 int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const nlohmann::json&)>& fn,
-                       const std::function<void(int64_t, const std::string&)>& on_error) {
+                       const std::function<void(int64_t, const std::string&)>& on_error, size_t max_line_bytes) {
+  // std::cin synced with stdio hands out one byte per call; its descriptor is read directly.
+  LineReader reader = &in == &std::cin ? LineReader(STDIN_FILENO, max_line_bytes, "standard input")
+                                       : LineReader(in, max_line_bytes);
   std::string line;
-  int64_t lineno = 0, bad = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
+  int64_t bad = 0;
+  for (;;) {
+    const LineReader::Result r = reader.next(line);
+    if (r == LineReader::Result::kEnd) break;
+    const int64_t lineno = reader.line_number();
+    if (r == LineReader::Result::kTooLong) {
+      ++bad;
+      on_error(lineno, detail::concat("line is longer than ", max_line_bytes, " bytes; it was skipped"));
+      continue;
+    }
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    // Bounded before parsing: callers print values of the line in messages (dump() recurses).
+    if (const Status st = check_json_depth(line, kMaxJsonDepth, "the line"); !st.ok()) {
+      ++bad;
+      on_error(lineno, "invalid JSON: " + st.message());
+      continue;
+    }
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
@@ -104,11 +123,12 @@ size_t peak_rss_bytes() {
   return size_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-void write_json_file(const fs::path& path, const nlohmann::json& j) {
-  std::ofstream out(path);
-  if (!out) FH_FAIL("cannot write ", path.string());
-  out << j.dump(2) << "\n";
-  if (!out) FH_FAIL("error writing ", path.string());
+std::string jsonl_line(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+void write_json_file(const fs::path& path, const nlohmann::json& j, const std::string& flag) {
+  write_text_file({flag, path}, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 }  // namespace flexh2o::cli

@@ -1,8 +1,9 @@
 // Shared pieces of the flexh2o subcommands: the environment main() read, model and
 // tokenizer resolution (directory, HF hub id, or preset name -> dummy weights), device
-// selection, JSONL reading with line numbers, progress lines and run-report helpers.
+// selection, JSONL reading and writing with line numbers, progress lines and run-report helpers.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/input_guard.h"
 #include "loader/hub.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
@@ -23,6 +25,9 @@ struct Env {
   HubEnv hub;
   std::filesystem::path configs_dir;  // holds models/*.json presets
   bool stderr_is_tty = false;
+  // Set by main() when SIGINT/SIGTERM arrives (commands that stop cleanly poll it); null when
+  // no handler is installed for this command.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct LoadedModel {
@@ -44,15 +49,23 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
 // one, cuda throws with the reason and auto logs it and picks the CPU.
 std::string select_device(const std::string& requested, std::ostream& log);
 
-// Calls fn(line_number, parsed_object) for each non-blank line; invalid JSON or a non-object
-// calls on_error(line_number, message) instead. Returns the number of bad lines.
+// Calls fn(line_number, parsed_object) for each non-blank line; a line longer than
+// max_line_bytes (skipped without being buffered), nested deeper than kMaxJsonDepth, not valid
+// JSON or not an object calls on_error(line_number, message) instead, and the lines after it
+// are still read. Returns the number of bad lines.
 int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const nlohmann::json&)>& fn,
-                       const std::function<void(int64_t, const std::string&)>& on_error);
+                       const std::function<void(int64_t, const std::string&)>& on_error,
+                       size_t max_line_bytes = kMaxLineBytes);
 
 // Peak resident set size of this process in bytes.
 size_t peak_rss_bytes();
 
-// Writes `j` (pretty) to `path`; throws naming the path if it cannot.
-void write_json_file(const std::filesystem::path& path, const nlohmann::json& j);
+// `j` as one JSONL line, newline included. Invalid UTF-8 in a string (an error message quoting
+// a bad input line, a partial token's text) becomes U+FFFD instead of throwing.
+std::string jsonl_line(const nlohmann::json& j);
+
+// Writes `j` (pretty) to `path` durably (output_file.h: a temporary renamed into place); throws
+// naming `flag` (when given) and the path if it cannot.
+void write_json_file(const std::filesystem::path& path, const nlohmann::json& j, const std::string& flag = "");
 
 }  // namespace flexh2o::cli

@@ -1,10 +1,15 @@
 // Parsing of the offloading flags, byte sizes and the offload section of the run report.
 #include "cli/offload_flags.h"
 
+#include <cctype>
+#include <charconv>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 
+#include "cli/output_file.h"
 #include "core/error.h"
+#include "core/input_guard.h"
 #include "planner/planner.h"
 #include "planner/profile.h"
 
@@ -34,7 +39,9 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
                   "Hardware profile for --policy auto: a name in configs/hardware or a file (default: measure this machine)")
       ->group(g);
   app->add_option("--offload-dir", a.offload_dir, "Directory for disk-homed weights and KV (NVMe)")->group(g);
-  app->add_option("--gpu-mem", a.gpu_mem, "Compute-device memory budget, e.g. 16GiB (default: unlimited)")->group(g);
+  app->add_option("--gpu-mem", a.gpu_mem,
+                  "Compute-device memory budget, e.g. 16GiB, 512MB, 1.5G (K/M/G/T and KiB..TiB: powers of 1024; "
+                  "KB..TB: powers of 1000; no unit: bytes) (default: unlimited)")->group(g);
   app->add_option("--cpu-mem", a.cpu_mem, "Host memory budget (default: unlimited)")->group(g);
   app->add_option("--disk-mem", a.disk_mem, "Disk budget in the offload dir (default: unlimited)")->group(g);
   app->add_option("--io", a.io, "Disk I/O backend: auto (io_uring if it works), uring, pread")->capture_default_str()
@@ -52,15 +59,28 @@ bool offload_requested(const OffloadArgs& a) {
          !a.disk_mem.empty();
 }
 
+namespace {
+
+constexpr const char* kSizeUnits =
+    "units: B; K/KiB, M/MiB, G/GiB, T/TiB = powers of 1024; KB, MB, GB, TB = powers of 1000";
+// No machine has an exabyte of any tier; above this, budget sums could approach 2^64.
+constexpr uint64_t kMaxBudgetBytes = uint64_t(1) << 60;
+
+}  // namespace
+
 uint64_t parse_bytes(const std::string& text, const std::string& flag) {
-  size_t pos = 0;
+  auto fail = [&](const std::string& why) {
+    FH_FAIL(flag, ": ", why, "; give a size like 16GiB, 512MB or 1.5G (", kSizeUnits, ").");
+  };
+  // A plain decimal number (digits with at most one '.'), then a unit.
+  size_t end = 0, dots = 0;
+  while (end < text.size() && (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.'))
+    dots += text[end++] == '.';
+  if (end == 0 || dots > 1 || !std::isdigit(static_cast<unsigned char>(text[0])))
+    fail("\"" + text + "\" is not a size");
   double v = 0;
-  try {
-    v = std::stod(text, &pos);
-  } catch (const std::exception&) {
-    FH_FAIL(flag, ": expected a size like 16GiB or 512MB, got \"", text, "\"");
-  }
-  std::string unit = text.substr(pos);
+  std::from_chars(text.data(), text.data() + end, v);
+  std::string unit = text.substr(end);
   for (auto& ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
   double mult = 0;
   if (unit.empty() || unit == "b") mult = 1;
@@ -72,9 +92,13 @@ uint64_t parse_bytes(const std::string& text, const std::string& flag) {
   else if (unit == "gb") mult = 1e9;
   else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
   else if (unit == "tb") mult = 1e12;
-  if (mult == 0 || !(v > 0) || !std::isfinite(v))
-    FH_FAIL(flag, ": expected a positive size like 16GiB or 512MB, got \"", text, "\"");
-  return uint64_t(v * mult);
+  else fail("\"" + text + "\" has an unknown unit \"" + text.substr(end) + "\"");
+  if (mult == 1 && dots > 0)  // "0.5" once became 0 bytes, which means "no limit"
+    fail("\"" + text + "\" is a fraction of a byte (a number without a unit counts bytes)");
+  const double bytes = std::floor(v * mult);
+  if (!(bytes >= 1)) fail("\"" + text + "\" is less than one byte");
+  if (bytes > double(kMaxBudgetBytes)) fail("\"" + text + "\" is more than 1 EiB, more than any machine has");
+  return uint64_t(bytes);
 }
 
 namespace {
@@ -88,15 +112,9 @@ bool parse_bool(const std::string& s, const char* flag) {
 OffloadOptions make_offload_options(const OffloadArgs& a) {
   OffloadOptions o;
   if (!a.policy_file.empty() && a.policy_file != "auto") {
-    std::ifstream in(a.policy_file);
-    if (!in) FH_FAIL("cannot read --policy ", a.policy_file);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      FH_FAIL(a.policy_file, ": not valid JSON (", e.what(), ")");
-    }
-    o.policy = policy_from_json(j, a.policy_file);
+    if (const Status st = check_regular_file(a.policy_file, "--policy file"); !st.ok())
+      FH_FAIL(st.message(), " --policy takes a JSON policy file or \"auto\".");
+    o.policy = policy_from_json(read_json_file(a.policy_file, "--policy file"), a.policy_file);
   }
   Policy& p = o.policy;
   if (!a.percent.empty()) {
@@ -203,9 +221,9 @@ namespace flexh2o::cli {
 
 void write_trace_file(const OffloadArgs& a, const OffloadEngine& e, std::ostream& log) {
   if (a.trace.empty()) return;
-  std::ofstream f(a.trace);
-  if (f) e.write_trace(f);
-  if (!f) FH_FAIL("cannot write the trace file ", a.trace);
+  std::ostringstream trace;
+  e.write_trace(trace);
+  write_text_file({"--trace", a.trace}, trace.str());
   log << "flexh2o: schedule trace written to " << a.trace << " (open it in ui.perfetto.dev)\n";
 }
 

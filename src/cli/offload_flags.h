@@ -38,7 +38,9 @@ OffloadOptions make_offload_options(const OffloadArgs& a);
 Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
                         int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
                         int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log);
-// "16GiB", "512MB", "1.5G", "4096" -> bytes. Throws naming `flag` on anything else.
+// "16GiB", "512MB", "1.5G", "4096" -> bytes (K/M/G/T and KiB..TiB are powers of 1024, KB..TB
+// of 1000, no unit is bytes). Throws naming `flag` and the accepted units on anything else: a
+// fraction of a byte ("0.5"), less than one byte, more than 1 EiB, an unknown unit.
 uint64_t parse_bytes(const std::string& text, const std::string& flag);
 nlohmann::json offload_report_json(const OffloadEngine& e);
 // Writes --trace FILE (if given) from an engine built with it; throws when it cannot be written.

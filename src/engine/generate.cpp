@@ -24,6 +24,7 @@ void validate_request(const GenerationRequest& r, const ModelConfig& c) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+bool stop_requested(const GenerateOptions& o) { return o.stop && o.stop->load(std::memory_order_relaxed); }
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 void run_batch(StepRunner& run, const std::vector<GenerationRequest>& reqs, size_t first, size_t count,
@@ -62,6 +63,7 @@ void run_batch(StepRunner& run, const std::vector<GenerationRequest>& reqs, size
     const GenerationRequest& r = reqs[first + size_t(b)];
     if (r.max_new_tokens == 0 || len[size_t(b)] >= c.max_positions) {
       finished[size_t(b)] = true;
+      out[first + size_t(b)].finished = true;
       if (opts.on_result) opts.on_result(first + size_t(b), out[first + size_t(b)]);
     }
   }
@@ -94,6 +96,7 @@ void run_batch(StepRunner& run, const std::vector<GenerationRequest>& reqs, size
       if (eos || int64_t(res.tokens.size()) >= r.max_new_tokens || total_len >= c.max_positions) {
         finished[bi] = true;
         res.finish = eos ? FinishReason::kEos : FinishReason::kLength;
+        res.finished = true;
         if (opts.on_result) opts.on_result(first + bi, res);
         continue;
       }
@@ -103,6 +106,10 @@ void run_batch(StepRunner& run, const std::vector<GenerationRequest>& reqs, size
     }
     if (opts.on_progress) opts.on_progress(done_tokens, total_tokens);
     if (!any) break;
+    if (stop_requested(opts)) {  // every token sampled so far is kept; unfinished ones are dropped
+      st.interrupted = true;
+      break;
+    }
     // Finished sequences ride along with a harmless token; their output is ignored.
     hint();
     run.step(next.data(), next_pos.data(), 1, nullptr, logits);
@@ -130,10 +137,14 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
   GenerateStats st;
   int64_t total = 0, done = 0;
   for (const auto& r : requests) total += r.max_new_tokens;
-  for (size_t first = 0; first < requests.size(); first += size_t(batch)) {
+  for (size_t first = 0; first < requests.size() && !st.interrupted; first += size_t(batch)) {
+    if (stop_requested(opts)) {
+      st.interrupted = true;
+      break;
+    }
     size_t count = std::min(requests.size() - first, size_t(batch));
     run_batch(runner, requests, first, count, opts, out, st, done, total, first + count >= requests.size());
-    ++st.batches;
+    ++st.batches;  // an interrupted batch ran too (its prefill at least)
   }
   if (stats) *stats = st;
   return out;

@@ -1,8 +1,10 @@
 // Batch generation: requests are cut into batches, left-padded, prefilled together, then
 // decoded step by step until every sequence stops (EOS or its max_new_tokens). Results come
-// back in request order. Blocking; progress is reported through a callback.
+// back in request order. Blocking; progress is reported through a callback, and a stop flag
+// ends the run early at a token-step boundary (no signals here: the caller sets the flag).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -27,6 +29,7 @@ const char* finish_reason_name(FinishReason r);
 struct GenerationResult {
   std::vector<int32_t> tokens;  // generated ids only
   FinishReason finish = FinishReason::kLength;
+  bool finished = false;        // false only for requests an interrupted run did not complete
 };
 
 struct GenerateOptions {
@@ -38,6 +41,10 @@ struct GenerateOptions {
   std::function<void(int64_t, int64_t)> on_progress;
   // Called once per finished request index with its result (streaming output).
   std::function<void(size_t, const GenerationResult&)> on_result;
+  // Polled before each batch and after each token step; once true, generate() returns without
+  // another step: finished requests are complete (on_result was called), the others have
+  // finished == false and GenerateStats::interrupted is set. Null: never stops early.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct GenerateStats {
@@ -45,6 +52,7 @@ struct GenerateStats {
   int64_t prompt_tokens = 0, padded_prompt_tokens = 0, generated_tokens = 0;
   int64_t batches = 0, decode_steps = 0;
   size_t peak_kv_bytes = 0;
+  bool interrupted = false;  // opts.stop ended the run before every request finished
 };
 
 // Checks a request against the model (non-empty prompt, ids in vocab, prompt within

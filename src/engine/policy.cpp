@@ -5,9 +5,14 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/input_guard.h"
 
 namespace flexh2o {
 namespace {
+
+// Sequences per micro-batch and micro-batches per block: bounded so that their product (the
+// block) and the per-block buffers sized from it cannot overflow.
+constexpr int64_t kMaxBatch = int64_t(1) << 20;
 
 void check_pair(const char* what, double gpu, double cpu) {
   for (double v : {gpu, cpu})
@@ -18,8 +23,10 @@ void check_pair(const char* what, double gpu, double cpu) {
 }  // namespace
 
 void Policy::validate() const {
-  if (gpu_batch_size < 1) FH_FAIL("gpu_batch_size must be >= 1, got ", gpu_batch_size);
-  if (num_gpu_batches < 1) FH_FAIL("num_gpu_batches must be >= 1, got ", num_gpu_batches);
+  if (gpu_batch_size < 1 || gpu_batch_size > kMaxBatch)
+    FH_FAIL("gpu_batch_size must be in [1, ", kMaxBatch, "], got ", gpu_batch_size);
+  if (num_gpu_batches < 1 || num_gpu_batches > kMaxBatch)
+    FH_FAIL("num_gpu_batches must be in [1, ", kMaxBatch, "], got ", num_gpu_batches);
   check_pair("weight", w_gpu_percent, w_cpu_percent);
   check_pair("KV cache", cache_gpu_percent, cache_cpu_percent);
   check_pair("activation", act_gpu_percent, act_cpu_percent);
@@ -45,9 +52,14 @@ Policy policy_from_json(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) FH_FAIL(source, ": a policy must be a JSON object");
   Policy p;
   for (const auto& [key, v] : j.items()) {
+    auto wrong_type = [&] { FH_FAIL(source, ": policy key \"", key, "\" has the wrong type: ", json_excerpt(v)); };
     try {
-      if (key == "gpu_batch_size") p.gpu_batch_size = v.get<int64_t>();
-      else if (key == "num_gpu_batches") p.num_gpu_batches = v.get<int64_t>();
+      auto count = [&] {  // range-checked: 2.5 is not 2, 1e30 is not anything
+        if (!v.is_number()) wrong_type();
+        return json_to_int(v, 1, kMaxBatch, source + ": \"" + key + "\"");
+      };
+      if (key == "gpu_batch_size") p.gpu_batch_size = count();
+      else if (key == "num_gpu_batches") p.num_gpu_batches = count();
       else if (key == "w_gpu_percent") p.w_gpu_percent = v.get<double>();
       else if (key == "w_cpu_percent") p.w_cpu_percent = v.get<double>();
       else if (key == "cache_gpu_percent") p.cache_gpu_percent = v.get<double>();
@@ -67,7 +79,7 @@ Policy policy_from_json(const nlohmann::json& j, const std::string& source) {
         FH_FAIL(source, ": unknown policy key \"", key, "\"");
       }
     } catch (const nlohmann::json::exception&) {
-      FH_FAIL(source, ": policy key \"", key, "\" has the wrong type: ", v.dump());
+      wrong_type();
     }
   }
   p.validate();

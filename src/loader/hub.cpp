@@ -5,11 +5,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "core/error.h"
+#include "core/input_guard.h"
 
 namespace flexh2o {
 
@@ -32,11 +31,9 @@ bool valid_revision(const std::string& r) {
   return std::none_of(r.begin(), r.end(), [](char c) { return c == '\\' || c == '\0' || std::isspace((unsigned char)c); });
 }
 
+// A ref file holds one commit hash; anything longer than a page is not a ref.
 std::string read_ref(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
+  std::string s = read_input_file(p, "hub ref file", 4096);
   while (!s.empty() && std::isspace((unsigned char)s.back())) s.pop_back();
   while (!s.empty() && std::isspace((unsigned char)s.front())) s.erase(s.begin());
   return s;

@@ -7,14 +7,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_guard.h"
 
 namespace flexh2o {
 
@@ -47,25 +46,27 @@ uint64_t read_u64_le(const std::byte* p) {
 uint64_t get_uint(const json& v, const std::string& file, const std::string& tensor, const char* what) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
   if (v.is_number_integer())  // signed and negative (nlohmann stores non-negatives as unsigned)
-    FH_FAIL("tensor ", tensor, " in ", file, " has a negative ", what, " (", v.dump(), ").");
-  FH_FAIL("tensor ", tensor, " in ", file, " has a non-integer ", what, " (", v.dump(), ").");
+    FH_FAIL("tensor ", tensor, " in ", file, " has a negative ", what, " (", json_excerpt(v), ").");
+  FH_FAIL("tensor ", tensor, " in ", file, " has a non-integer ", what, " (", json_excerpt(v), ").");
 }
 
 RawEntry parse_entry(const std::string& file, const std::string& name, const json& v) {
-  if (!v.is_object()) FH_FAIL("tensor ", name, " in ", file, " is not a JSON object (", v.dump(), ").");
+  if (!v.is_object()) FH_FAIL("tensor ", name, " in ", file, " is not a JSON object (", json_excerpt(v), ").");
   for (const char* field : {"dtype", "shape", "data_offsets"})
     if (!v.contains(field)) FH_FAIL("tensor ", name, " in ", file, " has no \"", field, "\" field.");
   RawEntry e;
   e.name = name;
 
   const json& dt = v["dtype"];
-  if (!dt.is_string()) FH_FAIL("tensor ", name, " in ", file, " has a dtype that is not a string (", dt.dump(), ").");
+  if (!dt.is_string())
+    FH_FAIL("tensor ", name, " in ", file, " has a dtype that is not a string (", json_excerpt(dt), ").");
   if (!parse_dtype(dt.get<std::string>(), &e.dtype))
-    FH_FAIL("tensor ", name, " in ", file, " has unsupported dtype ", dt.get<std::string>(),
+    FH_FAIL("tensor ", name, " in ", file, " has unsupported dtype ", dt.get<std::string>().substr(0, 40),
             " (supported: F32, F16, BF16, I32, I64, U8).");
 
   const json& sh = v["shape"];
-  if (!sh.is_array()) FH_FAIL("tensor ", name, " in ", file, " has a shape that is not an array (", sh.dump(), ").");
+  if (!sh.is_array())
+    FH_FAIL("tensor ", name, " in ", file, " has a shape that is not an array (", json_excerpt(sh), ").");
   if (sh.size() > size_t(kMaxDims))
     FH_FAIL("tensor ", name, " in ", file, " has rank ", sh.size(), "; at most ", kMaxDims, " dimensions are supported.");
   // numel * element size must fit: each step is checked against overflow.
@@ -74,14 +75,15 @@ RawEntry parse_entry(const std::string& file, const std::string& name, const jso
     uint64_t n = get_uint(d, file, name, "shape dimension");
     if (n > uint64_t(std::numeric_limits<int64_t>::max()) ||
         (n != 0 && bytes > std::numeric_limits<uint64_t>::max() / n))
-      FH_FAIL("tensor ", name, " in ", file, " has a shape whose byte size overflows (", sh.dump(), ").");
+      FH_FAIL("tensor ", name, " in ", file, " has a shape whose byte size overflows (", json_excerpt(sh), ").");
     bytes *= n;
     e.shape.dims[e.shape.ndim++] = int64_t(n);
   }
 
   const json& off = v["data_offsets"];
   if (!off.is_array() || off.size() != 2)
-    FH_FAIL("tensor ", name, " in ", file, " has data_offsets that are not a [begin, end] pair (", off.dump(), ").");
+    FH_FAIL("tensor ", name, " in ", file, " has data_offsets that are not a [begin, end] pair (", json_excerpt(off),
+            ").");
   e.begin = get_uint(off[0], file, name, "data_offsets begin");
   e.end = get_uint(off[1], file, name, "data_offsets end");
   if (e.begin > e.end)
@@ -108,13 +110,10 @@ std::vector<RawEntry> parse_header(const MappedFile& f, uint64_t* data_start,
     FH_FAIL(file, " is truncated or corrupt: header length ", n, " runs past the end of the file (",
             f.size(), " bytes).");
 
-  const char* text = reinterpret_cast<const char*>(f.data() + 8);
-  json h;
-  try {
-    h = json::parse(text, text + n);
-  } catch (const json::parse_error& ex) {
-    FH_FAIL(file, " has a header that is not valid JSON: ", ex.what());
-  }
+  // parse_json bounds the nesting (error messages below print values) and names the file in
+  // every parse failure, number overflow included.
+  const json h =
+      parse_json(std::string_view(reinterpret_cast<const char*>(f.data() + 8), n), "the header of " + file);
   if (!h.is_object()) FH_FAIL(file, " has a header that is a JSON ", h.type_name(), ", not an object.");
 
   const uint64_t data_size = f.size() - 8 - n;
@@ -124,7 +123,8 @@ std::vector<RawEntry> parse_header(const MappedFile& f, uint64_t* data_start,
     if (key == "__metadata__") {
       if (!v.is_object()) FH_FAIL(file, " has a __metadata__ entry that is not a JSON object.");
       for (const auto& [mk, mv] : v.items()) {
-        if (!mv.is_string()) FH_FAIL(file, " has __metadata__ field ", mk, " that is not a string (", mv.dump(), ").");
+        if (!mv.is_string())
+          FH_FAIL(file, " has __metadata__ field ", mk, " that is not a string (", json_excerpt(mv), ").");
         if (metadata) (*metadata)[mk] = mv.get<std::string>();
       }
       continue;
@@ -177,16 +177,10 @@ void sort_and_check_unique(std::vector<TensorEntry>* ts, const std::vector<Mappe
               files[(*ts)[i].file_index].path().string(), ".");
 }
 
-json read_json_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) FH_FAIL("cannot read ", p.string(), ".");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::parse_error& ex) {
-    FH_FAIL(p.string(), " is not valid JSON: ", ex.what());
-  }
+// Maps a checkpoint file after refusing anything but a regular file: opening a FIFO blocks.
+MappedFile map_checkpoint_file(const std::filesystem::path& p) {
+  check_regular_file(p, "checkpoint file").throw_if_error();
+  return MappedFile::open(p);
 }
 
 }  // namespace
@@ -198,7 +192,7 @@ json read_json_file(const std::filesystem::path& p) {
 SafetensorsArchive SafetensorsArchive::open_file(const std::filesystem::path& file) {
   SafetensorsArchive a;
   a.source_ = file;
-  a.files_.push_back(MappedFile::open(file));
+  a.files_.push_back(map_checkpoint_file(file));
   add_file_tensors(a.files_[0], 0, &a.tensors_, &a.metadata_);
   sort_and_check_unique(&a.tensors_, a.files_);
   return a;
@@ -215,14 +209,14 @@ SafetensorsArchive SafetensorsArchive::open_dir(const std::filesystem::path& dir
   }
 
   const std::string index = index_path.string();
-  const json j = read_json_file(index_path);
+  const json j = read_json_file(index_path, "checkpoint index");
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     FH_FAIL(index, " has no \"weight_map\" object mapping tensor names to shard files.");
 
   // Shard name -> file index; each shard is opened once, in name order.
   std::map<std::string, size_t> shard_index;
   for (const auto& [tensor, shard] : j["weight_map"].items()) {
-    if (!shard.is_string()) FH_FAIL(index, " maps tensor ", tensor, " to ", shard.dump(), ", not a file name.");
+    if (!shard.is_string()) FH_FAIL(index, " maps tensor ", tensor, " to ", json_excerpt(shard), ", not a file name.");
     const std::filesystem::path sp(shard.get<std::string>());
     if (sp.empty() || sp.is_absolute() || sp.filename() != sp)
       FH_FAIL(index, " maps tensor ", tensor, " to shard \"", sp.string(),
@@ -235,10 +229,10 @@ SafetensorsArchive SafetensorsArchive::open_dir(const std::filesystem::path& dir
   a.source_ = index_path;
   for (auto& [shard, idx] : shard_index) {
     const auto p = dir / shard;
-    if (!std::filesystem::is_regular_file(p, ec))
+    if (!std::filesystem::exists(p, ec))
       FH_FAIL("shard ", shard, " listed in ", index, " is missing (looked for ", p.string(), ").");
     idx = a.files_.size();
-    a.files_.push_back(MappedFile::open(p));
+    a.files_.push_back(map_checkpoint_file(p));
   }
   for (size_t i = 0; i < a.files_.size(); ++i)
     add_file_tensors(a.files_[i], i, &a.tensors_, i == 0 ? &a.metadata_ : nullptr);

@@ -1,16 +1,24 @@
 // Parsing Hugging Face config.json into ModelConfig, with errors that name file and key.
 #include "model/config.h"
 
-#include <fstream>
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/input_guard.h"
 
 namespace flexh2o {
 namespace {
 
 using nlohmann::json;
+
+// Upper bounds far above any published model (LLaMA-3 405B: hidden 16384, 126 layers, 128
+// heads), chosen so that every product the engine forms from them (vocab x hidden, layers x
+// kv_dim x bytes, ...) fits in int64 and every layer or token index fits in int32.
+constexpr int64_t kMaxDim = int64_t(1) << 20;      // hidden, ffn, head_dim
+constexpr int64_t kMaxCount = int64_t(1) << 16;    // layers, heads
+constexpr int64_t kMaxIndex = INT32_MAX;           // vocabulary size, positions, token ids
 
 class Reader {
  public:
@@ -18,52 +26,53 @@ class Reader {
 
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
 
-  int64_t positive_int(const char* key) const {
+  // A required integer in [1, hi].
+  int64_t positive_int(const char* key, int64_t hi) const {
     if (!has(key)) FH_FAIL(source_, ": required key \"", key, "\" is missing");
-    const json& v = j_[key];
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0)
-      FH_FAIL(source_, ": \"", key, "\" must be a positive integer, got ", v.dump());
-    return v.get<int64_t>();
+    return json_to_int(j_[key], 1, hi, name(key));
   }
-  int64_t positive_int_or(const char* key, int64_t dflt) const {
-    return has(key) ? positive_int(key) : dflt;
+  int64_t positive_int_or(const char* key, int64_t hi, int64_t dflt) const {
+    return has(key) ? positive_int(key, hi) : dflt;
   }
   double number_or(const char* key, double dflt) const {
     if (!has(key)) return dflt;
-    if (!j_[key].is_number()) FH_FAIL(source_, ": \"", key, "\" must be a number, got ", j_[key].dump());
-    return j_[key].get<double>();
+    const json& v = j_[key];
+    // float(x) of a double beyond float's range is undefined: refuse it here.
+    if (!v.is_number() || !(std::fabs(v.get<double>()) <= double(std::numeric_limits<float>::max())))
+      FH_FAIL(source_, ": \"", key, "\" must be a finite number, got ", json_excerpt(v));
+    return v.get<double>();
   }
   bool bool_or(const char* key, bool dflt) const {
     if (!has(key)) return dflt;
-    if (!j_[key].is_boolean()) FH_FAIL(source_, ": \"", key, "\" must be true or false, got ", j_[key].dump());
+    if (!j_[key].is_boolean()) FH_FAIL(source_, ": \"", key, "\" must be true or false, got ", json_excerpt(j_[key]));
     return j_[key].get<bool>();
   }
   std::string string_or(const char* key, const std::string& dflt) const {
     if (!has(key)) return dflt;
-    if (!j_[key].is_string()) FH_FAIL(source_, ": \"", key, "\" must be a string, got ", j_[key].dump());
+    if (!j_[key].is_string()) FH_FAIL(source_, ": \"", key, "\" must be a string, got ", json_excerpt(j_[key]));
     return j_[key].get<std::string>();
   }
   std::optional<int32_t> token_id(const char* key) const {
     if (!has(key)) return std::nullopt;
     const json& v = j_[key];
     if (v.is_array()) {  // LLaMA-3 lists several eos ids: take the first
-      if (v.empty() || !v[0].is_number_integer()) FH_FAIL(source_, ": \"", key, "\" is not a token id");
-      return v[0].get<int32_t>();
+      if (v.empty()) FH_FAIL(source_, ": \"", key, "\" is an empty list, not a token id");
+      return int32_t(json_to_int(v[0], 0, kMaxIndex, name(key)));
     }
-    if (!v.is_number_integer() || v.get<int64_t>() < 0)
-      FH_FAIL(source_, ": \"", key, "\" must be a token id, got ", v.dump());
-    return v.get<int32_t>();
+    return int32_t(json_to_int(v, 0, kMaxIndex, name(key)));
   }
   const std::string& source() const { return source_; }
 
  private:
+  std::string name(const char* key) const { return source_ + ": \"" + key + "\""; }
+
   const json& j_;
   std::string source_;
 };
 
 void parse_opt(const Reader& r, ModelConfig& c) {
   c.arch = Arch::kOpt;
-  c.ffn_dim = r.positive_int("ffn_dim");
+  c.ffn_dim = r.positive_int("ffn_dim", kMaxDim);
   c.n_kv_heads = c.n_heads;
   c.norm_eps = 1e-5f;
   c.tie_embeddings = r.bool_or("tie_word_embeddings", true);
@@ -72,7 +81,7 @@ void parse_opt(const Reader& r, ModelConfig& c) {
     FH_FAIL(r.source(), ": OPT without biases (enable_bias=false) is not supported");
   if (!r.bool_or("do_layer_norm_before", true))
     FH_FAIL(r.source(), ": post-LN OPT (do_layer_norm_before=false, e.g. OPT-350M) is not supported");
-  if (r.positive_int_or("word_embed_proj_dim", c.hidden) != c.hidden)
+  if (r.positive_int_or("word_embed_proj_dim", kMaxDim, c.hidden) != c.hidden)
     FH_FAIL(r.source(), ": word_embed_proj_dim != hidden_size (OPT-350M projection) is not supported");
   if (r.bool_or("_remove_final_layer_norm", false))
     FH_FAIL(r.source(), ": _remove_final_layer_norm=true is not supported");
@@ -84,8 +93,8 @@ void parse_opt(const Reader& r, ModelConfig& c) {
 
 void parse_llama(const Reader& r, const json& j, ModelConfig& c) {
   c.arch = Arch::kLlama;
-  c.ffn_dim = r.positive_int("intermediate_size");
-  c.n_kv_heads = r.positive_int_or("num_key_value_heads", c.n_heads);
+  c.ffn_dim = r.positive_int("intermediate_size", kMaxDim);
+  c.n_kv_heads = r.positive_int_or("num_key_value_heads", kMaxCount, c.n_heads);
   if (c.n_heads % c.n_kv_heads != 0)
     FH_FAIL(r.source(), ": num_attention_heads (", c.n_heads, ") is not a multiple of num_key_value_heads (",
             c.n_kv_heads, ")");
@@ -97,29 +106,24 @@ void parse_llama(const Reader& r, const json& j, ModelConfig& c) {
   std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu") FH_FAIL(r.source(), ": hidden_act \"", act, "\" is not supported (LLaMA uses silu)");
   if (r.has("rope_scaling"))
-    FH_FAIL(r.source(), ": rope_scaling ", j["rope_scaling"].dump(), " is not supported yet");
+    FH_FAIL(r.source(), ": rope_scaling ", json_excerpt(j["rope_scaling"]), " is not supported");
 }
 
 }  // namespace
 
 ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    FH_FAIL(source, ": not valid JSON (", e.what(), ")");
-  }
+  const json j = parse_json(text, source);
   if (!j.is_object()) FH_FAIL(source, ": expected a JSON object");
   Reader r(j, source);
   ModelConfig c;
   c.model_type = r.string_or("model_type", "");
   if (c.model_type.empty()) FH_FAIL(source, ": required key \"model_type\" is missing");
   c.name = r.string_or("_name_or_path", "");
-  c.vocab_size = r.positive_int("vocab_size");
-  c.hidden = r.positive_int("hidden_size");
-  c.n_layers = r.positive_int("num_hidden_layers");
-  c.n_heads = r.positive_int("num_attention_heads");
-  c.max_positions = r.positive_int("max_position_embeddings");
+  c.vocab_size = r.positive_int("vocab_size", kMaxIndex);
+  c.hidden = r.positive_int("hidden_size", kMaxDim);
+  c.n_layers = r.positive_int("num_hidden_layers", kMaxCount);
+  c.n_heads = r.positive_int("num_attention_heads", kMaxCount);
+  c.max_positions = r.positive_int("max_position_embeddings", kMaxIndex - 2);  // OPT stores 2 more
   if (c.model_type == "opt") {
     parse_opt(r, c);
   } else if (c.model_type == "llama") {
@@ -127,7 +131,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   } else {
     FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: opt, llama)");
   }
-  c.head_dim = r.positive_int_or("head_dim", c.hidden / c.n_heads);
+  c.head_dim = r.positive_int_or("head_dim", kMaxDim, c.hidden / c.n_heads);
   if (!r.has("head_dim") && c.hidden % c.n_heads != 0)
     FH_FAIL(source, ": hidden_size (", c.hidden, ") is not a multiple of num_attention_heads (", c.n_heads, ")");
   c.bos_id = r.token_id("bos_token_id");
@@ -141,11 +145,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
 }
 
 ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) FH_FAIL("cannot read model config ", path.string(), ": file missing or unreadable");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  ModelConfig c = from_json_text(ss.str(), path.string());
+  ModelConfig c = from_json_text(read_input_file(path, "model config"), path.string());
   if (c.name.empty()) c.name = path.parent_path().filename().string();
   return c;
 }

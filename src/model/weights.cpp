@@ -19,10 +19,14 @@ bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType
 
 }  // namespace
 
-std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
-  std::vector<WeightSpec> s;
+namespace {
+
+// Appends the specs of layer `i` (i >= 0) or, for i == -1, of the tensors outside the layers
+// that come before them (embeddings), for i == -2 those after them (final norm, lm_head).
+void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
   const int64_t H = c.hidden, V = c.vocab_size, F = c.ffn_dim, Q = c.q_dim(), KV = c.kv_dim();
-  auto add = [&](std::string name, Shape shape, int layer) {
+  const int layer = i >= 0 ? i : -1;
+  auto add = [&](std::string name, Shape shape) {
     LayerPart part = LayerPart::kNone;
     if (layer >= 0) {
       const bool mlp = name.find(".fc1.") != std::string::npos || name.find(".fc2.") != std::string::npos ||
@@ -32,51 +36,81 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
     }
     s.push_back({std::move(name), shape, layer, part});
   };
-  if (c.arch == Arch::kOpt) {
-    add("model.decoder.embed_tokens.weight", {V, H}, -1);
-    add("model.decoder.embed_positions.weight", {c.max_positions + 2, H}, -1);
-    for (int i = 0; i < c.n_layers; ++i) {
-      std::string p = layer_prefix(c, i);
-      add(p + "self_attn_layer_norm.weight", {H}, i);
-      add(p + "self_attn_layer_norm.bias", {H}, i);
-      for (const char* n : {"q_proj", "k_proj", "v_proj"}) {
-        add(p + "self_attn." + n + ".weight", {H, H}, i);
-        add(p + "self_attn." + n + ".bias", {H}, i);
-      }
-      add(p + "self_attn.out_proj.weight", {H, H}, i);
-      add(p + "self_attn.out_proj.bias", {H}, i);
-      add(p + "final_layer_norm.weight", {H}, i);
-      add(p + "final_layer_norm.bias", {H}, i);
-      add(p + "fc1.weight", {F, H}, i);
-      add(p + "fc1.bias", {F}, i);
-      add(p + "fc2.weight", {H, F}, i);
-      add(p + "fc2.bias", {H}, i);
+  if (i == -1) {
+    if (c.arch == Arch::kOpt) {
+      add("model.decoder.embed_tokens.weight", {V, H});
+      add("model.decoder.embed_positions.weight", {c.max_positions + 2, H});
+    } else {
+      add("model.embed_tokens.weight", {V, H});
     }
-    add("model.decoder.final_layer_norm.weight", {H}, -1);
-    add("model.decoder.final_layer_norm.bias", {H}, -1);
-  } else {
-    add("model.embed_tokens.weight", {V, H}, -1);
-    for (int i = 0; i < c.n_layers; ++i) {
-      std::string p = layer_prefix(c, i);
-      add(p + "input_layernorm.weight", {H}, i);
-      const std::pair<const char*, Shape> proj[] = {
-          {"q_proj", {Q, H}}, {"k_proj", {KV, H}}, {"v_proj", {KV, H}}, {"o_proj", {H, Q}}};
-      for (const auto& [n, shape] : proj) {
-        add(p + "self_attn." + n + ".weight", shape, i);
-        if (c.attention_bias) add(p + "self_attn." + n + ".bias", {shape[0]}, i);
-      }
-      add(p + "post_attention_layernorm.weight", {H}, i);
-      const std::pair<const char*, Shape> mlp[] = {
-          {"gate_proj", {F, H}}, {"up_proj", {F, H}}, {"down_proj", {H, F}}};
-      for (const auto& [n, shape] : mlp) {
-        add(p + "mlp." + n + ".weight", shape, i);
-        if (c.mlp_bias) add(p + "mlp." + n + ".bias", {shape[0]}, i);
-      }
-    }
-    add("model.norm.weight", {H}, -1);
+    return;
   }
-  if (!c.tie_embeddings) add("lm_head.weight", {V, H}, -1);
+  if (i == -2) {
+    if (c.arch == Arch::kOpt) {
+      add("model.decoder.final_layer_norm.weight", {H});
+      add("model.decoder.final_layer_norm.bias", {H});
+    } else {
+      add("model.norm.weight", {H});
+    }
+    if (!c.tie_embeddings) add("lm_head.weight", {V, H});
+    return;
+  }
+  const std::string p = layer_prefix(c, i);
+  if (c.arch == Arch::kOpt) {
+    add(p + "self_attn_layer_norm.weight", {H});
+    add(p + "self_attn_layer_norm.bias", {H});
+    for (const char* n : {"q_proj", "k_proj", "v_proj"}) {
+      add(p + "self_attn." + n + ".weight", {H, H});
+      add(p + "self_attn." + n + ".bias", {H});
+    }
+    add(p + "self_attn.out_proj.weight", {H, H});
+    add(p + "self_attn.out_proj.bias", {H});
+    add(p + "final_layer_norm.weight", {H});
+    add(p + "final_layer_norm.bias", {H});
+    add(p + "fc1.weight", {F, H});
+    add(p + "fc1.bias", {F});
+    add(p + "fc2.weight", {H, F});
+    add(p + "fc2.bias", {H});
+    return;
+  }
+  add(p + "input_layernorm.weight", {H});
+  const std::pair<const char*, Shape> proj[] = {
+      {"q_proj", {Q, H}}, {"k_proj", {KV, H}}, {"v_proj", {KV, H}}, {"o_proj", {H, Q}}};
+  for (const auto& [n, shape] : proj) {
+    add(p + "self_attn." + n + ".weight", shape);
+    if (c.attention_bias) add(p + "self_attn." + n + ".bias", {shape[0]});
+  }
+  add(p + "post_attention_layernorm.weight", {H});
+  const std::pair<const char*, Shape> mlp[] = {{"gate_proj", {F, H}}, {"up_proj", {F, H}}, {"down_proj", {H, F}}};
+  for (const auto& [n, shape] : mlp) {
+    add(p + "mlp." + n + ".weight", shape);
+    if (c.mlp_bias) add(p + "mlp." + n + ".bias", {shape[0]});
+  }
+}
+
+}  // namespace
+
+std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
+  std::vector<WeightSpec> s;
+  append_specs(c, -1, s);
+  for (int i = 0; i < c.n_layers; ++i) append_specs(c, i, s);
+  append_specs(c, -2, s);
   return s;
+}
+
+void check_layer_count(const ModelConfig& c, const WeightLookup& lookup, size_t tensors_held,
+                       const std::string& source) {
+  std::vector<WeightSpec> last;
+  append_specs(c, int(c.n_layers - 1), last);
+  const size_t needed = last.size() * size_t(c.n_layers);
+  std::string missing;
+  for (const WeightSpec& spec : last)
+    if (missing.empty() && lookup(spec).empty()) missing = spec.name;
+  if (missing.empty() && tensors_held >= needed) return;
+  FH_FAIL(source, ": config.json says num_hidden_layers = ", c.n_layers, " (", needed,
+          " layer tensors) but the checkpoint holds ", tensors_held, " tensors",
+          missing.empty() ? std::string() : " and tensor \"" + missing + "\" is missing",
+          "; config.json and the weights disagree.");
 }
 
 ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, const std::string& source,
@@ -142,6 +176,9 @@ Model Model::load_dir(const std::filesystem::path& dir) {
       if (const TensorEntry* e = archive->find(spec.name.substr(6))) return e->view;
     return {};
   };
+  // Before bind_weights builds per-layer specs and slots: a small checkpoint whose config.json
+  // claims a million layers is refused here, not after gigabytes of bookkeeping.
+  check_layer_count(m.config_, lookup, archive->tensors().size(), dir.string());
   m.weights_ = bind_weights(m.config_, lookup, dir.string(), &m.tensors_);
   m.owner_ = archive;
   for (const MappedFile& f : archive->files()) {

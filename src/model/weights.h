@@ -63,6 +63,12 @@ using WeightLookup = std::function<TensorView(const WeightSpec&)>;
 ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, const std::string& source,
                           std::vector<BoundTensor>* bound = nullptr);
 
+// Refuses (throws Error naming `source`) a config whose num_hidden_layers the checkpoint cannot
+// hold: the last layer's tensors must all be found through `lookup`, and `tensors_held` (the
+// checkpoint's tensor count) must cover every layer's. Cheap: builds one layer's specs only.
+void check_layer_count(const ModelConfig& c, const WeightLookup& lookup, size_t tensors_held,
+                       const std::string& source);
+
 // A loaded model: config + bound weights + whatever owns the bytes. Move-only.
 class Model {
  public:

@@ -2,10 +2,10 @@
 #include "planner/hardware.h"
 
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_guard.h"
 
 namespace flexh2o {
 namespace {
@@ -99,15 +99,13 @@ HardwareProfile HardwareProfile::from_json(const json& j, const std::string& ori
 }
 
 HardwareProfile HardwareProfile::load(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) FH_FAIL("cannot read hardware profile ", file.string());
-  json j;
+  const json j = read_json_file(file, "hardware profile");
+  HardwareProfile h;
   try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    FH_FAIL(file.string(), ": invalid JSON: ", e.what());
+    h = from_json(j, file.string());
+  } catch (const json::exception& e) {  // e.g. "name" that is not a string
+    FH_FAIL(file.string(), ": unexpected hardware profile structure: ", e.what());
   }
-  HardwareProfile h = from_json(j, file.string());
   if (h.name.empty()) h.name = file.stem().string();
   return h;
 }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_guard.h"
 #include "tokenizer/detail/pipeline.h"
 
 namespace flexh2o {
@@ -17,13 +18,12 @@ namespace tok {
 
 namespace {
 
+// null when `file` does not exist; anything there that is not a regular file is an error.
 json read_optional_json(const fs::path& file) {
-  if (!fs::exists(file)) return json();
-  try {
-    return json::parse(read_file(file));
-  } catch (const json::exception& e) {
-    FH_FAIL(file.string(), ": malformed JSON: ", e.what());
-  }
+  const Status st = check_regular_file(file, "tokenizer file");
+  if (st.code() == StatusCode::kNotFound) return json();
+  st.throw_if_error();
+  return read_json_file(file, "tokenizer file");
 }
 
 // A special token entry is "text", {"content": "text", ...} or null.
@@ -59,19 +59,16 @@ void apply_configs(Tokenizer::Impl& impl, const fs::path& dir) {
   const std::string cfg_name = cfg_file.string(), map_name = map_file.string();
   json cfg = read_optional_json(cfg_file);
   json map = read_optional_json(map_file);
-  json added_json = read_optional_json(dir / "added_tokens.json");
+  const std::string added_name = (dir / "added_tokens.json").string();
+  json added_json = read_optional_json(added_name);
   if (!cfg.is_null() && !cfg.is_object()) FH_FAIL(cfg_name, ": expected a JSON object");
   if (!map.is_null() && !map.is_object()) FH_FAIL(map_name, ": expected a JSON object");
 
   try {
     if (cfg.contains("added_tokens_decoder")) {
       for (const auto& [key, t] : cfg.at("added_tokens_decoder").items()) {
-        int32_t id = 0;
-        try {
-          id = std::stoi(key);
-        } catch (const std::exception&) {
-          FH_FAIL(cfg_name, ": added_tokens_decoder key \"", key, "\" is not an integer id");
-        }
+        const std::string what = cfg_name + ": added_tokens_decoder key " + quote_prefix(key);
+        const auto id = int32_t(parse_int(key, 0, INT32_MAX, what));
         if (std::any_of(impl.added.begin(), impl.added.end(), [&](const AddedToken& a) { return a.id == id; }))
           continue;  // tokenizer.json already declared it
         auto content = token_text(t, cfg_name + " added_tokens_decoder." + key);
@@ -81,8 +78,10 @@ void apply_configs(Tokenizer::Impl& impl, const fs::path& dir) {
       }
     }
     if (added_json.is_object()) {
-      for (const auto& [content, id] : added_json.items())
-        if (!find_added(impl, content)) impl.added.push_back({content, id.get<int32_t>(), false, false, false});
+      for (const auto& [content, id] : added_json.items()) {
+        const auto i = int32_t(json_to_int(id, 0, INT32_MAX, added_name + ": id of " + quote_prefix(content)));
+        if (!find_added(impl, content)) impl.added.push_back({content, i, false, false, false});
+      }
     }
 
     // tokenizer_config.json wins over special_tokens_map.json, as in transformers.
@@ -141,10 +140,15 @@ void apply_configs(Tokenizer::Impl& impl, const fs::path& dir) {
 void Tokenizer::Impl::finalize() {
   int32_t max_id = -1;
   for (const auto& [s, id] : model->vocab()) max_id = std::max(max_id, id);
-  for (const auto& a : added) {
-    FH_CHECK(a.id >= 0, source, ": added token \"", a.content, "\" has a negative id");
-    max_id = std::max(max_id, a.id);
-  }
+  for (const auto& a : added) max_id = std::max(max_id, a.id);
+  // The per-id tables below cost ~70 bytes per id whether used or not: an id far beyond the
+  // number of tokens the files define would allocate gigabytes from a small file. Real
+  // vocabularies are dense; kMaxUnusedIds leaves room for reserved ranges.
+  constexpr int64_t kMaxUnusedIds = 65536;
+  const int64_t defined = int64_t(model->vocab().size() + added.size());
+  if (int64_t(max_id) >= defined + kMaxUnusedIds)
+    FH_FAIL(source, ": token id ", max_id, " is far beyond the ", defined,
+            " tokens the tokenizer files define (at most ", kMaxUnusedIds, " ids may be unused); the vocabulary is corrupt.");
   const std::size_t n = static_cast<std::size_t>(max_id + 1);
   token_strings.assign(n, std::string());
   token_bytes.assign(n, std::string());
@@ -158,8 +162,10 @@ void Tokenizer::Impl::finalize() {
     token_bytes[a.id] = a.content;
     special[a.id] = a.special;
   }
-  for (int32_t id : prefix) FH_CHECK(id >= 0 && static_cast<std::size_t>(id) < n, source, ": post-processor id ", id, " out of range");
-  for (int32_t id : suffix) FH_CHECK(id >= 0 && static_cast<std::size_t>(id) < n, source, ": post-processor id ", id, " out of range");
+  for (const auto* ids : {&prefix, &suffix})
+    for (int32_t id : *ids)
+      if (static_cast<std::size_t>(id) >= n)
+        FH_FAIL(source, ": post-processor token id ", id, " is not in the vocabulary (", n, " ids).");
   // Longest content first so that "<|a|>x" is preferred over a prefix "<|a|>".
   std::stable_sort(added.begin(), added.end(),
                    [](const tok::AddedToken& a, const tok::AddedToken& b) { return a.content.size() > b.content.size(); });

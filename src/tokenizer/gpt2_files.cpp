@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_guard.h"
 #include "tokenizer/detail/pipeline.h"
 
 namespace flexh2o::tok {
@@ -12,21 +13,14 @@ std::unique_ptr<Tokenizer::Impl> load_vocab_merges(const std::filesystem::path& 
                                                    const std::filesystem::path& merges_file) {
   const std::string vname = vocab_file.string(), mname = merges_file.string();
   VocabMap vocab;
-  try {
-    auto j = nlohmann::json::parse(read_file(vocab_file));
-    if (!j.is_object()) FH_FAIL(vname, ": expected a JSON object of token -> id");
-    vocab.reserve(j.size());
-    for (const auto& [tok, id] : j.items()) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
-        FH_FAIL(vname, ": id of token \"", tok, "\" is not a non-negative 32-bit integer");
-      vocab.emplace(tok, id.get<int32_t>());
-    }
-  } catch (const nlohmann::json::exception& e) {
-    FH_FAIL(vname, ": malformed JSON: ", e.what());
-  }
+  const nlohmann::json j = read_json_file(vocab_file, "tokenizer file");
+  if (!j.is_object()) FH_FAIL(vname, ": expected a JSON object of token -> id");
+  vocab.reserve(j.size());
+  for (const auto& [tok, id] : j.items())
+    vocab.emplace(tok, int32_t(json_to_int(id, 0, INT32_MAX, vname + ": id of token " + quote_prefix(tok))));
 
   std::vector<std::pair<std::string, std::string>> merges;
-  std::string text = read_file(merges_file);
+  std::string text = read_input_file(merges_file, "tokenizer file");
   std::size_t line_no = 0;
   for (std::size_t pos = 0; pos < text.size();) {
     std::size_t nl = text.find('\n', pos);
@@ -39,7 +33,7 @@ std::unique_ptr<Tokenizer::Impl> load_vocab_merges(const std::filesystem::path& 
     auto sp = line.find(' ');
     if (sp == std::string_view::npos || sp == 0 || sp + 1 == line.size() ||
         line.find(' ', sp + 1) != std::string_view::npos)
-      FH_FAIL(mname, ": line ", line_no, " is not \"a b\": \"", line, "\"");
+      FH_FAIL(mname, ": line ", line_no, " is not \"a b\": ", quote_prefix(line));
     merges.emplace_back(std::string(line.substr(0, sp)), std::string(line.substr(sp + 1)));
   }
 

@@ -1,12 +1,10 @@
 // Parses a Hugging Face tokenizer.json into Tokenizer::Impl: the BPE model, added_tokens, and
 // the normalizer / pre_tokenizer / decoder / post_processor component trees. Unknown component
 // types are rejected with an error naming the type. tokenizer_config.json is handled in config.cpp.
-#include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_guard.h"
 #include "tokenizer/detail/pipeline.h"
 
 namespace flexh2o::tok {
@@ -29,6 +27,10 @@ struct Ctx {
     const json& v = field(obj, key, where);
     if (!v.is_string()) fail(where, std::string("field \"") + key + "\" must be a string");
     return v.get<std::string>();
+  }
+  // A token id: an integer in [0, 2^31 - 1] (ids are int32; 4294967298 must not become 2).
+  int32_t id(const json& v, const std::string& where) const {
+    return int32_t(json_to_int(v, 0, INT32_MAX, file + ": " + where));
   }
   bool flag(const json& obj, const char* key, bool dflt) const {
     if (!obj.contains(key) || obj.at(key).is_null()) return dflt;
@@ -154,8 +156,8 @@ void parse_decoder(const Ctx& ctx, const json& j, DecodePlan& plan, bool& fused)
     fused = true;
   } else if (type == "Strip") {
     DecodeStep s{DecodeStep::Kind::kStrip, {}, ctx.str(j, "content", where)};
-    s.start = ctx.field(j, "start", where).get<int>();
-    s.stop = ctx.field(j, "stop", where).get<int>();
+    s.start = int(json_to_int(ctx.field(j, "start", where), 0, INT32_MAX, ctx.file + ": decoder Strip \"start\""));
+    s.stop = int(json_to_int(ctx.field(j, "stop", where), 0, INT32_MAX, ctx.file + ": decoder Strip \"stop\""));
     if (fused) {  // after Fuse the whole text is one token
       plan.strip_char = s.content;
       plan.strip_leading = s.start;
@@ -183,7 +185,7 @@ void parse_decoder(const Ctx& ctx, const json& j, DecodePlan& plan, bool& fused)
 int32_t special_id(const Ctx& ctx, const json& pair, std::string_view where) {
   // Roberta/Bert processors store ["<s>", 0].
   if (!pair.is_array() || pair.size() != 2) ctx.fail(where, "expected [token, id]");
-  return pair.at(1).get<int32_t>();
+  return ctx.id(pair.at(1), std::string(where));
 }
 
 void parse_post_processor(const Ctx& ctx, const json& j, Tokenizer::Impl& impl) {
@@ -206,7 +208,7 @@ void parse_post_processor(const Ctx& ctx, const json& j, Tokenizer::Impl& impl) 
         std::string name = ctx.str(item.at("SpecialToken"), "id", where + " single");
         if (!specials.contains(name)) ctx.fail(where, "template names unknown special token \"" + name + "\"");
         for (const auto& id : ctx.field(specials.at(name), "ids", where))
-          (seen_a ? post : pre).push_back(id.get<int32_t>());
+          (seen_a ? post : pre).push_back(ctx.id(id, where + " special token \"" + name + "\""));
       } else {
         ctx.fail(where, "template item must be Sequence or SpecialToken");
       }
@@ -240,10 +242,7 @@ std::unique_ptr<BpeModel> parse_model(const Ctx& ctx, const json& m) {
   const json& v = ctx.field(m, "vocab", where);
   if (!v.is_object()) ctx.fail(where, "\"vocab\" must be an object of token -> id");
   vocab.reserve(v.size());
-  for (const auto& [tok, id] : v.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0) ctx.fail(where, "vocab id of \"" + tok + "\" is not a non-negative integer");
-    vocab.emplace(tok, id.get<int32_t>());
-  }
+  for (const auto& [tok, id] : v.items()) vocab.emplace(tok, ctx.id(id, "model vocab id of " + quote_prefix(tok)));
   std::vector<std::pair<std::string, std::string>> merges;
   if (m.contains("merges")) {
     for (const auto& mg : m.at("merges")) {
@@ -269,22 +268,10 @@ std::unique_ptr<BpeModel> parse_model(const Ctx& ctx, const json& m) {
 
 }  // namespace
 
-std::string read_file(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) FH_FAIL("cannot open tokenizer file ", file.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::filesystem::path& file) {
   Ctx ctx{file.string()};
-  json j;
-  try {
-    j = json::parse(read_file(file));
-  } catch (const json::exception& e) {
-    FH_FAIL(ctx.file, ": malformed JSON: ", e.what());
-  }
+  // Bounded nesting matters here beyond printing: Sequence components are parsed recursively.
+  const json j = read_json_file(file, "tokenizer file");
   auto impl = std::make_unique<Tokenizer::Impl>();
   impl->source = ctx.file;
   try {
@@ -297,7 +284,7 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::filesystem::path
     if (j.contains("added_tokens")) {
       for (const auto& t : j.at("added_tokens")) {
         AddedToken a;
-        a.id = ctx.field(t, "id", "added_tokens").get<int32_t>();
+        a.id = ctx.id(ctx.field(t, "id", "added_tokens"), "added_tokens id");
         a.content = ctx.str(t, "content", "added_tokens");
         a.special = ctx.flag(t, "special", false);
         a.lstrip = ctx.flag(t, "lstrip", false);

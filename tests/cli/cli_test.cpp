@@ -193,7 +193,7 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
   const std::string in = (fs::path(FLEXH2O_TEST_DATA) / "../../configs/prompts/bible.jsonl").string();
   auto tokens_of = [&](const std::string& extra) {
     const fs::path out = tmp.path() / "o.jsonl";
-    RunResult r = flexh2o("generate -m " + kOpt + " -i " + in + " -o " + out.string() + " --greedy -q " + extra);
+    RunResult r = flexh2o("generate -m " + kOpt + " -i " + in + " -o " + out.string() + " --overwrite --greedy -q " + extra);
     EXPECT_EQ(r.code, 0) << extra << "\n" << r.err;
     std::vector<json> ids;
     for (auto& l : read_jsonl(out)) ids.push_back(l["token_ids"]);

@@ -2,7 +2,14 @@
 // tiny-llama, a grid of policies), its placement and memory equal the engine's, the search
 // respects every budget, infeasible requests and bad profiles fail with clear errors, and the
 // t4-paper profile reproduces FlexGen's published cost-model anchors.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -328,6 +335,41 @@ TEST(PlannerProfile, MissingOrNegativeFieldsAreNamed) {
   j = good;
   j["usable_fraction"] = 1.5;
   expect_error(j, "usable_fraction");
+}
+
+// A profile file that is a FIFO used to block in open(); a "name" that is not a string used to
+// escape as a bare nlohmann type_error that named no file.
+TEST(PlannerProfile, HostileProfileFilesGiveErrorsNamingThem) {
+  test::TempDir tmp;
+  const std::filesystem::path fifo = tmp.path() / "fifo.json", odd = tmp.path() / "odd.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string msg;
+  auto f = std::async(std::launch::async, [&] {
+    try {
+      HardwareProfile::load(fifo);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+  });
+  if (f.wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked on a FIFO hardware profile for more than 2 s";
+    ::close(::open(fifo.c_str(), O_WRONLY));
+  }
+  f.get();
+  EXPECT_NE(msg.find("hardware profile " + fifo.string() + " is a FIFO"), std::string::npos) << msg;
+
+  nlohmann::json j = big_profile().to_json();
+  j["name"] = 5;
+  std::ofstream(odd) << j.dump();
+  msg.clear();
+  try {
+    HardwareProfile::load(odd);
+  } catch (const Error& e) {
+    msg = e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a flexh2o::Error: " << e.what();
+  }
+  EXPECT_NE(msg.find(odd.string()), std::string::npos) << msg;
 }
 
 TEST(PlannerAnchors, FlexGenReferenceOnT4Paper) {

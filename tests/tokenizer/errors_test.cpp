@@ -36,7 +36,7 @@ TEST(LoadErrors, MalformedVocabJson) {
   ScratchDir dir;
   write_file(dir.path() / "vocab.json", "{\"a\": 0, \"b\": ");
   write_file(dir.path() / "merges.txt", "#version: 0.2\n");
-  expect_load_error(dir.path(), {"vocab.json", "malformed JSON"});
+  expect_load_error(dir.path(), {"vocab.json", "not valid JSON"});
   write_file(dir.path() / "vocab.json", "{\"a\": \"zero\"}");
   expect_load_error(dir.path(), {"vocab.json", "\"a\""});
 }
@@ -59,7 +59,7 @@ TEST(LoadErrors, MalformedTokenizerConfig) {
   ScratchDir dir;
   for (const char* f : {"vocab.json", "merges.txt"}) std::filesystem::copy_file(data_dir() / "tiny-opt" / f, dir.path() / f);
   write_file(dir.path() / "tokenizer_config.json", "{not json");
-  expect_load_error(dir.path(), {"tokenizer_config.json", "malformed"});
+  expect_load_error(dir.path(), {"tokenizer_config.json", "not valid JSON"});
   write_file(dir.path() / "tokenizer_config.json", R"({"bos_token": 5})");
   expect_load_error(dir.path(), {"tokenizer_config.json", "bos_token"});
   write_file(dir.path() / "tokenizer_config.json", R"({"add_bos_token": true, "bos_token": "<nope>"})");
@@ -97,7 +97,7 @@ TEST(TokenizerJsonErrors, StructuralProblems) {
   expect_json_error([](json& j) { j["model"]["unk_token"] = "<missing-unk>"; }, {"<missing-unk>"});
   ScratchDir dir;
   write_file(dir.path() / "tokenizer.json", "{\"model\": {");
-  expect_load_error(dir.path(), {"tokenizer.json", "malformed JSON"});
+  expect_load_error(dir.path(), {"tokenizer.json", "not valid JSON"});
 }
 
 TEST(Decode, OutOfRangeIdThrows) {

@@ -116,8 +116,6 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::filesystem::path
 std::unique_ptr<Tokenizer::Impl> load_vocab_merges(const std::filesystem::path& vocab,
                                                    const std::filesystem::path& merges);
 void apply_configs(Tokenizer::Impl& impl, const std::filesystem::path& dir);
-// Reads a whole file; throws naming it when it cannot be opened.
-std::string read_file(const std::filesystem::path& file);
 }  // namespace tok
 
 }  // namespace flexh2o

@@ -1,0 +1,182 @@
+// OutputFile (checked, durable writes: temporary + rename, or append + fsync) and the check that
+// an output is not the same file as an input. POSIX calls throughout: every return is checked.
+#include "cli/output_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+#include "core/error.h"
+
+namespace flexh2o::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string describe(const NamedPath& p) { return (p.flag.empty() ? "" : p.flag + " ") + p.path.string(); }
+
+// What a path names: an existing file (dev, ino; name empty) or, for a path that does not exist
+// yet, the directory it would be created in plus its name. Symlinks are followed, dangling ones
+// too, so "out -> in" and a later "in" compare equal.
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::string name;
+  bool regular = false;  // only regular (or not yet created) files can clobber each other
+  bool operator==(const FileId& o) const { return dev == o.dev && ino == o.ino && name == o.name; }
+};
+
+std::optional<FileId> identify(fs::path p) {
+  for (int hops = 0; hops < 40; ++hops) {  // 40: the kernel's own symlink limit
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0) return FileId{st.st_dev, st.st_ino, "", S_ISREG(st.st_mode)};
+    if (errno != ENOENT) return std::nullopt;
+    if (::lstat(p.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {  // dangling: where it would create
+      std::error_code ec;
+      fs::path to = fs::read_symlink(p, ec);
+      if (ec) return std::nullopt;
+      p = to.is_absolute() ? to : p.parent_path() / to;
+      continue;
+    }
+    if (p.filename().empty()) return std::nullopt;
+    fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
+    return FileId{st.st_dev, st.st_ino, p.filename().string(), true};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void check_outputs_are_not_inputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  std::vector<std::pair<const NamedPath*, FileId>> seen;
+  for (const NamedPath& in : inputs) {
+    if (in.path.empty()) continue;
+    if (auto id = identify(in.path); id && id->name.empty()) seen.emplace_back(&in, *id);
+  }
+  const size_t n_inputs = seen.size();
+  for (const NamedPath& out : outputs) {
+    if (out.path.empty()) continue;
+    std::optional<FileId> id = identify(out.path);
+    if (!id || !id->regular) continue;  // /dev/null twice is fine; an unreachable path fails at open
+    for (size_t i = 0; i < seen.size(); ++i) {
+      if (!(seen[i].second == *id)) continue;
+      if (i < n_inputs)
+        FH_FAIL(describe(out), " is the same file as ", describe(*seen[i].first),
+                "; refusing to write over an input (choose another output path)");
+      FH_FAIL(describe(out), " is the same file as ", describe(*seen[i].first),
+              "; give each output its own path");
+    }
+    seen.emplace_back(&out, *id);
+  }
+}
+
+std::vector<NamedPath> files_in(const std::string& flag, const fs::path& dir) {
+  std::vector<NamedPath> v;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return v;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec)) v.push_back({flag, it->path()});
+  return v;
+}
+
+OutputFile::OutputFile(NamedPath where, Mode mode) : where_(std::move(where)) {
+  const fs::path& p = where_.path;
+  struct stat st {};
+  const bool exists = ::stat(p.c_str(), &st) == 0;
+  if (exists && S_ISDIR(st.st_mode)) FH_FAIL("cannot write ", describe(where_), ": it is a directory");
+  const bool in_place = exists && !S_ISREG(st.st_mode);  // a device or FIFO: nothing to rename or truncate
+  if (mode == Mode::kReplace && !in_place) {
+    std::error_code ec;
+    target_ = exists ? fs::canonical(p, ec) : p;  // through a symlink: replace its target
+    if (ec) target_ = p;
+    tmp_ = target_;
+    tmp_ += ".tmp." + std::to_string(::getpid());
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd_ < 0) {
+      const int err = errno;
+      tmp_.clear();
+      fail("create a temporary file next to", err);
+    }
+    if (exists) (void)::fchmod(fd_, st.st_mode & 07777);  // the replacement keeps the old permissions
+  } else {
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC;
+    if (!in_place) flags |= mode == Mode::kAppend ? O_APPEND : O_TRUNC;
+    fd_ = ::open(p.c_str(), flags, 0666);
+    if (fd_ < 0) fail("open", errno);
+  }
+  struct stat opened {};
+  regular_ = ::fstat(fd_, &opened) == 0 && S_ISREG(opened.st_mode);
+}
+
+OutputFile::OutputFile(OutputFile&& o) noexcept
+    : where_(std::move(o.where_)), target_(std::move(o.target_)), tmp_(std::move(o.tmp_)), fd_(o.fd_),
+      regular_(o.regular_), buf_(std::move(o.buf_)) {
+  o.fd_ = -1;
+  o.tmp_.clear();
+}
+
+OutputFile::~OutputFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void OutputFile::fail(const char* what, int err) const {
+  FH_FAIL("cannot ", what, " ", describe(where_), ": ", std::strerror(err));
+}
+
+void OutputFile::write(std::string_view s) {
+  FH_CHECK(fd_ >= 0, "write after commit to ", describe(where_));
+  buf_.append(s);
+  if (buf_.size() >= (size_t(1) << 16)) flush();
+}
+
+void OutputFile::flush() {
+  FH_CHECK(fd_ >= 0, "flush after commit to ", describe(where_));
+  size_t done = 0;
+  while (done < buf_.size()) {
+    const ssize_t n = ::write(fd_, buf_.data() + done, buf_.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      buf_.erase(0, done);
+      fail("write", err);
+    }
+    done += size_t(n);
+  }
+  buf_.clear();
+}
+
+void OutputFile::sync() {
+  flush();
+  if (regular_ && ::fsync(fd_) != 0) fail("fsync", errno);
+}
+
+void OutputFile::commit() {
+  sync();
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("close", errno);
+  if (tmp_.empty()) return;
+  if (::rename(tmp_.c_str(), target_.c_str()) != 0) fail("rename the temporary file onto", errno);
+  tmp_.clear();
+  // The rename is durable once the directory is: fsync it (EINVAL: a filesystem without it).
+  fs::path dir = target_.parent_path().empty() ? fs::path(".") : target_.parent_path();
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return;
+  const int rc = ::fsync(dfd), err = errno;
+  ::close(dfd);
+  if (rc != 0 && err != EINVAL) fail("fsync the directory of", err);
+}
+
+void write_text_file(const NamedPath& where, std::string_view text) {
+  OutputFile f(where, OutputFile::Mode::kReplace);
+  f.write(text);
+  f.commit();
+}
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,73 @@
+// The one writer behind every file flexh2o writes (results, reports, traces), and the check that
+// no output is the same file as an input or another output. Every write, flush, fsync, close
+// and rename is checked; a failure throws flexh2o::Error naming the flag, the path and errno.
+// Not here: what is written (the commands) or standard output (main() checks it at the end).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flexh2o::cli {
+
+// A file the command was told about: the flag that named it ("--input") and its path.
+struct NamedPath {
+  std::string flag;
+  std::filesystem::path path;
+};
+
+// Throws (before anything is opened for writing) when an output is the same file as an input
+// or as another output: same st_dev/st_ino, so a symlink, a hard link or a different spelling
+// is caught; an output that does not exist yet is compared by its directory's identity and its
+// name. Empty paths are skipped; inputs that do not exist are skipped (reading them fails later).
+void check_outputs_are_not_inputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
+
+// The regular files directly inside `dir` (a model or tokenizer directory), each named `flag`,
+// for check_outputs_are_not_inputs. Not a directory: nothing.
+std::vector<NamedPath> files_in(const std::string& flag, const std::filesystem::path& dir);
+
+// An output file. Not thread-safe; move-only; the destructor never throws.
+//  * kReplace: a regular (or absent) PATH is written as PATH.tmp.PID in the same directory (a
+//    symlink's target is the one replaced) and commit() fsyncs it and renames it over PATH, so
+//    readers see the old file or the whole new one, never a part. Destroyed without commit():
+//    the temporary is removed and PATH is as it was.
+//  * kAppend / kTruncate: PATH is opened for appending (kTruncate empties it first); sync()
+//    writes what is buffered and fsyncs, so every line written before it survives a crash.
+// Outputs that are not regular files (/dev/null, /dev/full, a FIFO, a terminal) are written in
+// place in every mode, and fsync is skipped for them (it means nothing there).
+class OutputFile {
+ public:
+  enum class Mode { kReplace, kAppend, kTruncate };
+  OutputFile(NamedPath where, Mode mode);
+  OutputFile(OutputFile&& o) noexcept;
+  OutputFile& operator=(OutputFile&&) = delete;
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  ~OutputFile();
+
+  // Buffers `s`; large buffers are written out at once.
+  void write(std::string_view s);
+  // Writes the buffer to the file (no fsync).
+  void flush();
+  // flush() and fsync.
+  void sync();
+  // sync(), close and, for kReplace, the rename (and an fsync of the directory). Once only.
+  void commit();
+
+  const std::filesystem::path& path() const { return where_.path; }
+
+ private:
+  [[noreturn]] void fail(const char* what, int err) const;
+
+  NamedPath where_;
+  std::filesystem::path target_, tmp_;  // tmp_ empty: written in place
+  int fd_ = -1;
+  bool regular_ = false;
+  std::string buf_;
+};
+
+// Writes `text` to `where` as one kReplace OutputFile.
+void write_text_file(const NamedPath& where, std::string_view text);
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,303 @@
+// Input guards (input_guard.h): special-file refusal, whole-file and capped line reading, the
+// JSON nesting scan, error-message quoting and range-checked integer conversion.
+#include "core/input_guard.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <istream>
+#include <streambuf>
+
+namespace flexh2o {
+
+namespace {
+
+// What a non-regular file is, for "X is a FIFO, not a regular file."
+const char* kind_of(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+std::string refusal(std::string_view what, const std::filesystem::path& path, mode_t m) {
+  return detail::concat(what, " ", path.string(), " is ", kind_of(m),
+                        S_ISREG(m) ? "" : ", not a regular file", "; give a regular file.");
+}
+
+// Closes a descriptor on scope exit.
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Files
+// ---------------------------------------------------------------------------------------------
+
+Status check_regular_file(const std::filesystem::path& path, std::string_view what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int e = errno;
+    if (e == ENOENT || e == ENOTDIR)
+      return {StatusCode::kNotFound, detail::concat(what, " ", path.string(), " does not exist.")};
+    return {StatusCode::kIoError,
+            detail::concat("cannot stat ", what, " ", path.string(), ": ", std::strerror(e), ".")};
+  }
+  if (!S_ISREG(st.st_mode)) return {StatusCode::kInvalid, refusal(what, path, st.st_mode)};
+  return Status::Ok();
+}
+
+std::string read_input_file(const std::filesystem::path& path, std::string_view what, size_t max_bytes) {
+  check_regular_file(path, what).throw_if_error();
+  // O_NONBLOCK: if a FIFO replaced the file since the stat(), open() returns instead of waiting.
+  FdCloser fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
+  if (fd.fd < 0) {
+    const int e = errno;
+    FH_FAIL("cannot open ", what, " ", path.string(), ": ", std::strerror(e), ".");
+  }
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) {
+    const int e = errno;
+    FH_FAIL("cannot stat ", what, " ", path.string(), ": ", std::strerror(e), ".");
+  }
+  if (!S_ISREG(st.st_mode)) FH_FAIL(refusal(what, path, st.st_mode));
+  if (uint64_t(st.st_size) > max_bytes)
+    FH_FAIL(what, " ", path.string(), " is ", st.st_size, " bytes, more than the ", max_bytes,
+            " bytes a file of this kind may have.");
+  std::string out(size_t(st.st_size), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t n = ::read(fd.fd, out.data() + got, out.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      FH_FAIL("cannot read ", what, " ", path.string(), ": ", std::strerror(e), ".");
+    }
+    if (n == 0) break;  // shrank while reading: use what is there
+    got += size_t(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// LineReader
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+constexpr size_t kChunk = 64 << 10;
+}
+
+LineReader::LineReader(std::istream& in, size_t max_line_bytes, std::string name)
+    : in_(&in), max_(max_line_bytes), name_(std::move(name)), buf_(kChunk) {}
+
+LineReader::LineReader(int fd, size_t max_line_bytes, std::string name)
+    : fd_(fd), max_(max_line_bytes), name_(std::move(name)), buf_(kChunk) {}
+
+bool LineReader::refill() {
+  pos_ = len_ = 0;
+  if (eof_) return false;
+  if (in_ != nullptr) {
+    // Take what the stream has buffered; block for one byte only when it has none, so a
+    // terminal or pipe is processed line by line.
+    std::streambuf* sb = in_->rdbuf();
+    if (sb == nullptr) return !(eof_ = true);
+    std::streamsize avail = sb->in_avail();
+    if (avail <= 0) {
+      const int c = sb->sbumpc();
+      if (c == std::char_traits<char>::eof()) return !(eof_ = true);
+      buf_[0] = char(c);
+      len_ = 1;
+      avail = sb->in_avail();
+    }
+    if (avail > 0) len_ += size_t(sb->sgetn(buf_.data() + len_, std::min<std::streamsize>(avail, kChunk - len_)));
+    return true;
+  }
+  for (;;) {
+    const ssize_t n = ::read(fd_, buf_.data(), buf_.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      FH_FAIL("cannot read ", name_, " after line ", line_no_, ": ", std::strerror(e), ".");
+    }
+    if (n == 0) return !(eof_ = true);
+    len_ = size_t(n);
+    return true;
+  }
+}
+
+LineReader::Result LineReader::next(std::string& line) {
+  line.clear();
+  while (skipping_) {  // the rest of the over-long line reported last time
+    if (pos_ == len_ && !refill()) {
+      skipping_ = false;
+      return Result::kEnd;
+    }
+    const char* nl = static_cast<const char*>(std::memchr(buf_.data() + pos_, '\n', len_ - pos_));
+    if (nl != nullptr) {
+      pos_ = size_t(nl - buf_.data()) + 1;
+      skipping_ = false;
+    } else {
+      pos_ = len_;
+    }
+  }
+  if (pos_ == len_ && !refill()) return Result::kEnd;
+  ++line_no_;
+  for (;;) {
+    const char* start = buf_.data() + pos_;
+    const char* nl = static_cast<const char*>(std::memchr(start, '\n', len_ - pos_));
+    const size_t take = nl != nullptr ? size_t(nl - start) : len_ - pos_;
+    if (take > max_ - line.size()) {
+      line.clear();
+      if (nl != nullptr) {
+        pos_ += take + 1;
+      } else {
+        pos_ = len_;
+        skipping_ = true;
+      }
+      return Result::kTooLong;
+    }
+    line.append(start, take);
+    if (nl != nullptr) {
+      pos_ += take + 1;
+      return Result::kLine;
+    }
+    pos_ = len_;
+    if (!refill()) return Result::kLine;  // a last line without '\n'
+  }
+}
+
+std::string LineReader::too_long_message() const {
+  return detail::concat(name_, ": line ", line_no_, " is longer than ", max_, " bytes; it was skipped.");
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON
+// ---------------------------------------------------------------------------------------------
+
+Status check_json_depth(std::string_view text, int max_depth, std::string_view what) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth)
+        return {StatusCode::kInvalid, detail::concat(what, " nests arrays/objects more than ", max_depth,
+                                                     " levels deep (at byte ", i, "); refusing it.")};
+    } else if (c == ']' || c == '}') {
+      if (depth > 0) --depth;  // unbalanced text is the parser's to report
+    }
+  }
+  return Status::Ok();
+}
+
+nlohmann::json parse_json(std::string_view text, std::string_view what, int max_depth) {
+  check_json_depth(text, max_depth, what).throw_if_error();
+  try {
+    return nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::exception& e) {
+    FH_FAIL(what, " is not valid JSON: ", e.what());
+  }
+}
+
+nlohmann::json read_json_file(const std::filesystem::path& path, std::string_view what) {
+  const std::string text = read_input_file(path, what);
+  return parse_json(text, detail::concat(what, " ", path.string()));
+}
+
+std::string quote_prefix(std::string_view text, size_t max_chars) {
+  static const char* hex = "0123456789abcdef";
+  std::string out = "\"";
+  const size_t n = std::min(text.size(), max_chars);
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += char(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  out += '"';
+  if (n < text.size()) out += detail::concat("... (", text.size(), " bytes)");
+  return out;
+}
+
+std::string json_excerpt(const nlohmann::json& v, size_t max_chars) {
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > max_chars) {
+    s.resize(max_chars);
+    s += "...";
+  }
+  return s;
+}
+
+namespace {
+[[noreturn]] void int_range_error(std::string_view what, int64_t lo, int64_t hi, const std::string& got) {
+  FH_FAIL(what, " must be an integer in [", lo, ", ", hi, "], got ", got, ".");
+}
+}  // namespace
+
+int64_t json_to_int(const nlohmann::json& v, int64_t lo, int64_t hi, std::string_view what) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (hi >= 0 && u <= uint64_t(hi) && int64_t(u) >= lo) return int64_t(u);
+  } else if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (i >= lo && i <= hi) return i;
+  } else if (v.is_number_float()) {
+    // Integral and inside [lo, hi] as a double; the bounds are compared in double so that
+    // 2^63 and beyond never reach the int64 conversion (undefined behaviour).
+    const double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && d >= double(lo) && d <= double(hi) && d < 9223372036854775808.0) {
+      const auto i = int64_t(d);
+      if (i >= lo && i <= hi) return i;
+    }
+  }
+  int_range_error(what, lo, hi, json_excerpt(v));
+}
+
+std::vector<int32_t> json_to_ids(const nlohmann::json& v, std::string_view what) {
+  if (!v.is_array()) FH_FAIL(what, " must be an array of token ids, got ", json_excerpt(v), ".");
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    ids.push_back(int32_t(json_to_int(v[i], 0, INT32_MAX, detail::concat(what, "[", i, "]"))));
+  return ids;
+}
+
+int64_t parse_int(std::string_view text, int64_t lo, int64_t hi, std::string_view what) {
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || p != end || v < lo || v > hi)
+    int_range_error(what, lo, hi, quote_prefix(text, 40));
+  return v;
+}
+
+}  // namespace flexh2o

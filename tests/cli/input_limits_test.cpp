@@ -1,0 +1,221 @@
+// Hostile input through the flexh2o program, one test per defect class of issue #14 item 1:
+// deep JSON in a request line, special files as inputs (no hang), an over-long stdin line
+// (bounded memory, later lines still processed), token ids beyond int32, and flag errors.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/common.h"
+#include "cli_run.h"
+
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using flexh2o::test::model_dir;
+using flexh2o::test::read_text;
+using flexh2o::test::RunResult;
+using flexh2o::test::TempDir;
+
+const std::string kOpt = model_dir("tiny-opt").string();
+const std::string kBin = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o";
+
+RunResult flexh2o(const std::string& args) { return flexh2o::test::run_flexh2o(args); }
+
+std::vector<json> read_jsonl(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<json> v;
+  for (std::string line; std::getline(in, line);) v.push_back(json::parse(line));
+  return v;
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+// `sh -c script` with stdout/stderr in files; returns the exit code and the peak resident set
+// of the whole pipeline's largest process (wait4 reports the child and its waited-for children).
+struct ShellRun {
+  int code = -1;
+  long max_rss_kib = 0;
+  std::string out, err;
+};
+ShellRun run_shell(const std::string& script) {
+  TempDir tmp;
+  const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
+  const std::string cmd = "(" + script + ") >" + out.string() + " 2>" + err.string() + " </dev/null";
+  ShellRun r;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int st = 0;
+  rusage ru{};
+  ::wait4(pid, &st, 0, &ru);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.max_rss_kib = ru.ru_maxrss;
+  r.out = read_text(out);
+  r.err = read_text(err);
+  return r;
+}
+
+// A request line nested 100000 levels deep used to overflow the stack when its value was
+// quoted in the error; now that line is an error naming it and the lines around it still run.
+TEST(InputLimits, DeeplyNestedRequestLineIsAnErrorAndTheRestRuns) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"id": "a", "prompt": "hello"})" << "\n";
+    f << R"({"id": "deep", "prompt_ids": )" << std::string(100000, '[') << std::string(100000, ']') << "}\n";
+    f << R"({"id": )" << std::string(100000, '[') << std::string(100000, ']') << R"(, "prompt": "x"})" << "\n";
+    f << R"({"id": "b", "prompt": "world"})" << "\n";
+  }
+  RunResult r = flexh2o("generate -m " + kOpt + " --device cpu --greedy -n 2 --input " + in.string() + " --output " +
+                        out.string());
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_HAS(r.err, in.string() + ":2: invalid JSON: the line nests arrays/objects more than");
+  EXPECT_HAS(r.err, in.string() + ":3: invalid JSON");
+  const auto lines = read_jsonl(out);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0]["id"], "a");
+  EXPECT_TRUE(lines[0].contains("token_ids"));
+  EXPECT_EQ(lines[1]["line"], 2);
+  EXPECT_EQ(lines[2]["line"], 3);
+  EXPECT_EQ(lines[3]["id"], "b");
+  EXPECT_TRUE(lines[3].contains("token_ids"));
+}
+
+// The request reader itself, with a small cap: the over-long line is reported with its number
+// and not stored, a line without a final newline still counts, and every other line is parsed.
+TEST(InputLimits, RequestReaderCapIsConfigurable) {
+  std::istringstream in(R"({"a": 1})" "\n" + std::string(5000, 'x') + "\n\n" + R"({"a": 3})" "\n" +
+                        std::string(100, '[') + "\n" + R"({"a": 5})");
+  std::vector<int64_t> good;
+  std::vector<std::string> errors;
+  const int64_t bad = flexh2o::cli::for_each_jsonl(
+      in, [&](int64_t line, const json& j) { good.push_back(line * 10 + j["a"].get<int64_t>()); },
+      [&](int64_t line, const std::string& msg) { errors.push_back(std::to_string(line) + ": " + msg); }, 1024);
+  EXPECT_EQ(bad, 2);
+  EXPECT_EQ(good, (std::vector<int64_t>{11, 43, 65}));
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_EQ(errors[0], "2: line is longer than 1024 bytes; it was skipped");
+  EXPECT_HAS(errors[1], "5: invalid JSON: the line nests arrays/objects more than 64 levels deep");
+}
+
+// Token ids and integer fields are range-checked: 4294967298 used to wrap to id 2 silently.
+TEST(InputLimits, TokenIdsAboveInt32AreErrorsNotWrapped) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"prompt_ids": [4294967298, 100]})" << "\n";
+    f << R"({"prompt_ids": [2.5, 100]})" << "\n";
+    f << R"({"prompt_ids": [2, 100], "top_k": 4294967298})" << "\n";
+    f << R"({"prompt_ids": [2, 100]})" << "\n";
+  }
+  RunResult r = flexh2o("generate -m " + kOpt + " --device cpu --greedy -n 2 --input " + in.string() + " --output " +
+                        out.string());
+  EXPECT_EQ(r.code, 1) << r.err;
+  const auto lines = read_jsonl(out);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_HAS(lines[0].value("error", ""),
+             "field \"prompt_ids\"[0] must be an integer in [0, 2147483647], got 4294967298");
+  EXPECT_HAS(lines[1].value("error", ""), "got 2.5");
+  EXPECT_HAS(lines[2].value("error", ""), "field \"top_k\" must be an integer");
+  EXPECT_TRUE(lines[3].contains("token_ids")) << lines[3];
+
+  const fs::path ids = tmp.path() / "ids.jsonl";
+  std::ofstream(ids) << R"({"ids": [4294967298]})" << "\n" << R"({"ids": [2]})" << "\n";
+  RunResult d = flexh2o("detokenize -t " + kOpt + " --input " + ids.string());
+  EXPECT_EQ(d.code, 1);
+  EXPECT_HAS(d.out, "must be an integer in [0, 2147483647], got 4294967298");
+  EXPECT_HAS(d.out, R"({"text":"</s>"})");  // the good line after it
+}
+
+// A FIFO given as an input used to block forever in open(); now it is refused at once. `timeout`
+// turns a hang into exit code 124 instead of a stuck suite.
+TEST(InputLimits, FifoInputsAreRefusedWithoutBlocking) {
+  TempDir tmp;
+  const fs::path fifo = tmp.path() / "in.jsonl";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const fs::path model = tmp.path() / "model";
+  fs::create_directory(model);
+  for (const char* f : {"vocab.json", "merges.txt", "model.safetensors"})
+    fs::copy_file(model_dir("tiny-opt") / f, model / f);
+  ASSERT_EQ(::mkfifo((model / "config.json").c_str(), 0600), 0);
+
+  const std::string t = "timeout 10 " + kBin + " ";
+  ShellRun gen = run_shell(t + "generate -m " + kOpt + " --device cpu --input " + fifo.string());
+  EXPECT_EQ(gen.code, 1) << gen.err;
+  EXPECT_HAS(gen.err, "--input " + fifo.string() + " is a FIFO (named pipe), not a regular file");
+  ShellRun tok = run_shell(t + "tokenize -t " + kOpt + " --input " + fifo.string());
+  EXPECT_EQ(tok.code, 1) << tok.err;
+  EXPECT_HAS(tok.err, "is a FIFO");
+  ShellRun info = run_shell(t + "info " + model.string());
+  EXPECT_EQ(info.code, 1) << info.err;
+  EXPECT_HAS(info.err, "model config " + (model / "config.json").string() + " is a FIFO");
+  ShellRun dir = run_shell(t + "generate -m " + kOpt + " --device cpu --input " + tmp.path().string());
+  EXPECT_EQ(dir.code, 1) << dir.err;
+  EXPECT_HAS(dir.err, "is a directory, not a regular file");
+}
+
+// A 400 MB "line" without a newline on standard input used to be buffered whole (and without
+// limit from /dev/zero); now the line is reported as too long after 64 MiB, skipped without being
+// stored, and the next line is still tokenized.
+TEST(InputLimits, OverLongStdinLineIsSkippedWithBoundedMemory) {
+  ShellRun r = run_shell("{ head -c 400000000 /dev/zero; printf '\\n{\"text\": \"hello\"}\\n'; } | " + kBin +
+                         " tokenize -t " + kOpt);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_HAS(r.err, "stdin:1: line is longer than 67108864 bytes; it was skipped");
+  EXPECT_HAS(r.out, R"({"ids":[2,75,595,82]})");
+  EXPECT_LT(r.max_rss_kib, 250 * 1024) << "peak RSS " << r.max_rss_kib << " KiB";
+}
+
+TEST(InputLimits, FlagErrorsSaySomethingUseful) {
+  const std::string gen = "generate -m " + kOpt + " --device cpu --prompt hi -n 1 ";
+  RunResult half = flexh2o(gen + "--gpu-mem 0.5");  // used to become 0 bytes = unlimited
+  EXPECT_EQ(half.code, 1);
+  EXPECT_HAS(half.err, "--gpu-mem: \"0.5\" is a fraction of a byte");
+  EXPECT_HAS(half.err, "KiB");
+  EXPECT_EQ(flexh2o(gen + "--gpu-mem 0.5GiB --percent 100 0 100 0 100 0").code, 0);
+  RunResult huge = flexh2o(gen + "--cpu-mem 1e30GiB");
+  EXPECT_EQ(huge.code, 1);
+  EXPECT_HAS(huge.err, "--cpu-mem: \"1e30GiB\" has an unknown unit");
+  RunResult exa = flexh2o(gen + "--disk-mem 2000000TiB");
+  EXPECT_EQ(exa.code, 1);
+  EXPECT_HAS(exa.err, "more than 1 EiB");
+  // Huge KV budgets used to overflow their sum and end in "internal: zero KV budget".
+  RunResult kv = flexh2o(gen + "--kv-policy h2o --heavy-budget 9223372036854775807 --recent-budget 4");
+  EXPECT_EQ(kv.code, 1);
+  EXPECT_HAS(kv.err, "--heavy-budget must be at most 2147483647 tokens");
+  EXPECT_EQ(kv.err.find("internal"), std::string::npos) << kv.err;
+  TempDir tmp;
+  RunResult pol = flexh2o(gen + "--policy " + tmp.path().string());  // used to be "basic_filebuf::underflow"
+  EXPECT_EQ(pol.code, 1);
+  EXPECT_HAS(pol.err, "--policy file " + tmp.path().string() + " is a directory, not a regular file");
+  std::ofstream(tmp.path() / "p.json") << R"({"gpu_batch_size": 2.5})";
+  RunResult frac = flexh2o(gen + "--policy " + (tmp.path() / "p.json").string());
+  EXPECT_EQ(frac.code, 1);
+  EXPECT_HAS(frac.err, "\"gpu_batch_size\" must be an integer in [1, 1048576], got 2.5");
+}
+
+// What still runs out of memory (a model larger than the machine) says so in words instead of
+// "std::bad_alloc". Address-space limits and sanitizers' shadow memory do not mix: skipped there.
+TEST(InputLimits, OutOfMemoryIsASentence) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ulimit -v breaks sanitizer runtimes";
+#endif
+  // opt-175b dummy weights (350 GB) under a 2 GB address space. Not lower: the CUDA libraries
+  // the binary links (cuBLASLt above all) need about 0.8 GB of address space just to load.
+  ShellRun r = run_shell("ulimit -v 2000000; " + kBin + " bench -m opt-175b --device cpu --prompt-len 8 --gen-len 1");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_HAS(r.err, "flexh2o: error: out of memory while running `bench`");
+}
+
+}  // namespace

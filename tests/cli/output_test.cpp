@@ -1,0 +1,179 @@
+// Outputs as a user relies on them: a failed write (full disk) never exits 0, an output that is
+// an input is refused before a byte is written, existing results are not overwritten by
+// accident, and one bad line in `tokenize` does not cost the others.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli_run.h"
+
+namespace {
+namespace fs = std::filesystem;
+using flexh2o::test::model_dir;
+using flexh2o::test::read_text;
+using flexh2o::test::RunResult;
+using flexh2o::test::TempDir;
+using nlohmann::json;
+
+const std::string kOpt = model_dir("tiny-opt").string();
+
+RunResult flexh2o(const std::string& args) { return flexh2o::test::run_flexh2o(args); }
+
+// `flexh2o ARGS` with standard output going to `stdout_path` (the helper above captures it) and
+// standard input from `stdin_path`.
+RunResult flexh2o_to(const std::string& args, const std::string& stdout_path,
+                     const std::string& stdin_path = "/dev/null") {
+  TempDir tmp;
+  const fs::path err = tmp.path() / "err";
+  const std::string cmd = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o " + args + " >" + stdout_path + " 2>" +
+                          err.string() + " <" + stdin_path;
+  const int st = std::system(cmd.c_str());
+  RunResult r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = read_text(err);
+  return r;
+}
+
+void write_file(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+
+const std::string kPrompts = R"({"id": "a", "prompt": "In the beginning", "max_new_tokens": 2})" "\n"
+                             R"({"id": "b", "prompt": "Jesus wept.", "max_new_tokens": 2})" "\n";
+
+TEST(CliOutput, FullDiskFailsNamingThePath) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", ids = tmp.path() / "ids.jsonl", out = tmp.path() / "out.jsonl";
+  write_file(in, kPrompts);
+  write_file(ids, R"({"ids": [2, 100, 200]})" "\n");
+  struct Case {
+    std::string args, needle;
+  } cases[] = {
+      {"generate -m " + kOpt + " -i " + in.string() + " -o /dev/full -q", "--output /dev/full"},
+      {"generate -m " + kOpt + " -i " + in.string() + " -o " + out.string() + " --overwrite -q --report /dev/full",
+       "--report /dev/full"},
+      {"tokenize -t " + kOpt + " -i " + in.string() + " -o /dev/full", "--output /dev/full"},
+      {"detokenize -t " + kOpt + " -i " + ids.string() + " -o /dev/full", "--output /dev/full"},
+  };
+  for (const Case& c : cases) {
+    RunResult r = flexh2o(c.args);
+    EXPECT_EQ(r.code, 1) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << c.args << "\n" << r.err;
+  }
+  // Standard output on a full disk: results, the tokenizer's lines, an evaluation's numbers.
+  for (const std::string& args :
+       {"generate -m " + kOpt + " --prompt hi -n 2", "tokenize -t " + kOpt + " -i " + in.string(),
+        "eval-ppl -m " + kOpt + " --max-tokens 8 --json " + (model_dir("tiny-opt") / "reference/eval.txt").string()}) {
+    RunResult r = flexh2o_to(args, "/dev/full");
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find("cannot write standard output"), std::string::npos) << args << "\n" << r.err;
+  }
+}
+
+TEST(CliOutput, OutputThatIsAnInputIsRefusedAndTheInputKept) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", ids = tmp.path() / "ids.jsonl";
+  write_file(in, kPrompts);
+  write_file(ids, R"({"ids": [2, 100, 200]})" "\n");
+  fs::create_directory(tmp.path() / "sub");
+  fs::create_symlink(in, tmp.path() / "link.jsonl");
+  fs::create_hard_link(in, tmp.path() / "hard.jsonl");
+  fs::create_symlink(ids, tmp.path() / "ids-link.jsonl");
+  fs::create_hard_link(ids, tmp.path() / "ids-hard.jsonl");
+  const std::string gen = "generate -m " + kOpt + " -q -i " + in.string();
+  const std::string tok = "tokenize -t " + kOpt + " -i " + in.string();
+  const std::string detok = "detokenize -t " + kOpt + " -i " + ids.string();
+  const std::string sub = (tmp.path() / "sub/../in.jsonl").string();
+  const std::string absent = (tmp.path() / "new.json").string();
+  const fs::path model = tmp.path() / "model";  // a copy: a regression must not clobber tests/data
+  fs::create_directory(model);
+  flexh2o::test::copy_model_files(model_dir("tiny-opt"), model);
+  struct Case {
+    std::string args, needle, stdin_path = "/dev/null";
+  } cases[] = {
+      {gen + " -o " + in.string(), "--output " + in.string() + " is the same file as --input"},
+      {gen + " -o " + (tmp.path() / "link.jsonl").string(), "is the same file as --input"},
+      {gen + " -o " + (tmp.path() / "hard.jsonl").string(), "is the same file as --input"},
+      {gen + " -o " + sub, "is the same file as --input"},
+      {gen + " --overwrite -o " + in.string(), "is the same file as --input"},
+      {gen + " --resume -o " + in.string(), "is the same file as --input"},
+      {gen + " --report " + in.string(), "--report " + in.string() + " is the same file as --input"},
+      {gen + " -o " + absent + " --report " + absent, "--report " + absent + " is the same file as --output"},
+      {"generate -m " + model.string() + " --prompt hi --report " + (model / "config.json").string(),
+       "is the same file as --model"},
+      {tok + " -o " + in.string(), "is the same file as --input"},
+      {tok + " -o " + (tmp.path() / "link.jsonl").string(), "is the same file as --input"},
+      {tok + " -o " + (tmp.path() / "hard.jsonl").string(), "is the same file as --input"},
+      {"tokenize -t " + kOpt + " -o " + in.string(), "is the same file as standard input", in.string()},
+      {detok + " -o " + ids.string(), "is the same file as --input"},
+      {detok + " -o " + (tmp.path() / "ids-link.jsonl").string(), "is the same file as --input"},
+      {detok + " -o " + (tmp.path() / "ids-hard.jsonl").string(), "is the same file as --input"},
+  };
+  const std::string in_bytes = read_text(in), ids_bytes = read_text(ids);
+  const std::string config_bytes = read_text(model / "config.json");
+  for (const Case& c : cases) {
+    RunResult r = flexh2o_to(c.args, (tmp.path() / "stdout").string(), c.stdin_path);
+    EXPECT_EQ(r.code, 1) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_EQ(read_text(in), in_bytes) << c.args;
+    EXPECT_EQ(read_text(ids), ids_bytes) << c.args;
+    EXPECT_FALSE(fs::exists(absent)) << c.args;
+  }
+  EXPECT_EQ(read_text(model / "config.json"), config_bytes);
+  EXPECT_TRUE(fs::is_symlink(tmp.path() / "link.jsonl"));
+  // Two outputs on /dev/null are not a conflict (nothing there to lose).
+  RunResult ok = flexh2o(gen + " -o /dev/null --report /dev/null");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
+TEST(CliOutput, ExistingResultsAreNotOverwrittenWithoutAFlag) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  write_file(in, kPrompts);
+  const std::string gen = "generate -m " + kOpt + " -q --greedy -i " + in.string() + " -o " + out.string();
+  ASSERT_EQ(flexh2o(gen).code, 0);
+  const std::string first = read_text(out);
+  RunResult again = flexh2o(gen);
+  EXPECT_EQ(again.code, 1);
+  EXPECT_NE(again.err.find("--output " + out.string() + " already holds results"), std::string::npos) << again.err;
+  EXPECT_NE(again.err.find("--resume"), std::string::npos) << again.err;
+  EXPECT_EQ(read_text(out), first);
+  RunResult over = flexh2o(gen + " --overwrite");
+  EXPECT_EQ(over.code, 0) << over.err;
+  EXPECT_EQ(read_text(out), first);  // replaced, not appended
+  RunResult both = flexh2o(gen + " --overwrite --resume");
+  EXPECT_EQ(both.code, 2);  // usage error
+  // A report is replaced whole: no temporary file is left next to it.
+  const fs::path rep = tmp.path() / "r.json";
+  ASSERT_EQ(flexh2o(gen + " --overwrite --report " + rep.string()).code, 0);
+  ASSERT_EQ(flexh2o(gen + " --overwrite --report " + rep.string()).code, 0);
+  EXPECT_FALSE(json::parse(read_text(rep))["interrupted"].get<bool>());
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(tmp.path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 3u);  // in, out, report
+}
+
+TEST(CliOutput, TokenizeKeepsGoingPastAnInvalidUtf8Line) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl", good = tmp.path() / "good.jsonl";
+  write_file(in, "{\"text\": \"In the beginning\"}\n{\"text\": \"bad \xff\xfe bytes\"}\n{\"text\": \"Jesus wept.\"}\n");
+  write_file(good, "{\"text\": \"In the beginning\"}\n{\"text\": \"Jesus wept.\"}\n");
+  RunResult r = flexh2o("tokenize -t " + kOpt + " -i " + in.string() + " -o " + out.string());
+  EXPECT_EQ(r.code, 1) << r.err;  // a line failed
+  EXPECT_NE(r.err.find("in.jsonl:2:"), std::string::npos) << r.err;
+  RunResult ref = flexh2o("tokenize -t " + kOpt + " -i " + good.string());
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  std::istringstream got(read_text(out)), want(ref.out);
+  std::string line;
+  std::vector<json> lines, wanted;
+  while (std::getline(got, line)) lines.push_back(json::parse(line));
+  while (std::getline(want, line)) wanted.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 3u) << read_text(out);
+  EXPECT_EQ(lines[0], wanted[0]);
+  EXPECT_EQ(lines[1]["line"], 2);
+  EXPECT_TRUE(lines[1].contains("error"));
+  EXPECT_EQ(lines[2], wanted[1]);
+}
+
+}  // namespace

@@ -1,0 +1,184 @@
+// Resumable batch jobs: a generate run stopped by SIGINT (clean stop: exit 130, report marked
+// interrupted) or killed by SIGKILL, then finished with --resume, gives exactly the results of
+// an uninterrupted run: the same ids, texts and tokens, no duplicate, no partial line.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "cli_run.h"
+
+namespace {
+namespace fs = std::filesystem;
+using flexh2o::test::model_dir;
+using flexh2o::test::read_text;
+using flexh2o::test::RunResult;
+using flexh2o::test::TempDir;
+using nlohmann::json;
+
+const std::string kOpt = model_dir("tiny-opt").string();
+constexpr int kRequests = 48;
+
+// Sampled (seeded) requests: a resumed run must reproduce them although its batches differ.
+void write_requests(const fs::path& p) {
+  const char* prompts[] = {"In the beginning God created", "And Jesus said unto them,", "The LORD is my shepherd;",
+                           "Blessed are the meek:", "And God said, Let there be light"};
+  std::ofstream f(p);
+  for (int i = 0; i < kRequests; ++i)
+    f << json{{"id", std::string("r").append(std::to_string(i))}, {"prompt", prompts[i % 5]},
+              {"max_new_tokens", 8 + i % 9}}
+      << "\n";
+}
+
+std::string gen_args(const fs::path& in, const fs::path& out) {
+  return "generate -m " + kOpt + " -q -i " + in.string() + " -o " + out.string() + " --batch-size 2 --ignore-eos";
+}
+
+// The results file as id -> line; fails on a partial or duplicate line.
+std::map<std::string, json> results_of(const fs::path& out) {
+  const std::string bytes = read_text(out);
+  EXPECT_TRUE(bytes.empty() || bytes.back() == '\n') << "partial last line in " << out;
+  std::map<std::string, json> by_id;
+  std::istringstream in(bytes);
+  std::string line;
+  while (std::getline(in, line)) {
+    json j = json::parse(line);
+    const std::string id = j["id"].get<std::string>();
+    EXPECT_TRUE(by_id.emplace(id, j).second) << "duplicate id " << id;
+  }
+  return by_id;
+}
+
+// Starts flexh2o ARGS (split on spaces) with stdout and stdin on /dev/null, stderr to `err`.
+pid_t spawn(const std::string& args, const fs::path& err) {
+  std::vector<std::string> words{std::string(FLEXH2O_BINARY_DIR) + "/flexh2o"};
+  std::istringstream ss(args);
+  for (std::string w; ss >> w;) words.push_back(w);
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int null = open("/dev/null", O_RDWR), e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(e, 2);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits until `out` holds a complete line, then sends `sig`; returns the wait status.
+int interrupt_after_first_result(pid_t pid, const fs::path& out, int sig) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int status = 0;
+  while (read_text(out).find('\n') == std::string::npos) {
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      ADD_FAILURE() << "flexh2o ended before its first result";
+      return status;
+    }
+    if (std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  kill(pid, sig);
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+class Resume : public ::testing::Test {
+ protected:
+  // The uninterrupted run, once per process (ctest runs each test in its own).
+  static void SetUpTestSuite() {
+    suite_tmp_ = new TempDir;
+    const fs::path ref = suite_tmp_->path() / "ref.jsonl";
+    write_requests(suite_tmp_->path() / "in.jsonl");
+    RunResult r = flexh2o::test::run_flexh2o(gen_args(suite_tmp_->path() / "in.jsonl", ref));
+    ASSERT_EQ(r.code, 0) << r.err;
+    want_ = results_of(ref);
+    ASSERT_EQ(want_.size(), size_t(kRequests));
+  }
+  static void TearDownTestSuite() {
+    delete suite_tmp_;
+    suite_tmp_ = nullptr;
+  }
+  void SetUp() override {
+    in_ = tmp_.path() / "in.jsonl";
+    write_requests(in_);
+  }
+  // Finishes `out` with --resume and compares it with the uninterrupted run.
+  void resume_and_compare(const fs::path& out) {
+    const std::string left = read_text(out);
+    const size_t before = size_t(std::count(left.begin(), left.end(), '\n'));  // complete lines
+    EXPECT_LT(before, size_t(kRequests)) << "the run finished before the signal: nothing to resume";
+    RunResult r = flexh2o::test::run_flexh2o(gen_args(in_, out) + " --resume");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find(std::to_string(before) + " of " + std::to_string(kRequests) + " requests already in"),
+              std::string::npos) << r.err;
+    const auto got = results_of(out);
+    ASSERT_EQ(got.size(), want_.size());
+    for (const auto& [id, line] : want_) {
+      ASSERT_TRUE(got.count(id)) << id;
+      EXPECT_EQ(got.at(id)["token_ids"], line["token_ids"]) << id;
+      EXPECT_EQ(got.at(id)["text"], line["text"]) << id;
+    }
+  }
+  static inline TempDir* suite_tmp_ = nullptr;
+  static inline std::map<std::string, json> want_;
+  TempDir tmp_;
+  fs::path in_;
+};
+
+TEST_F(Resume, SigintKeepsFinishedResultsAndResumeCompletesTheRun) {
+  const fs::path out = tmp_.path() / "out.jsonl", rep = tmp_.path() / "run.json", err = tmp_.path() / "err";
+  const pid_t pid = spawn(gen_args(in_, out) + " --report " + rep.string(), err);
+  const int st = interrupt_after_first_result(pid, out, SIGINT);
+  ASSERT_TRUE(WIFEXITED(st)) << read_text(err);
+  EXPECT_EQ(WEXITSTATUS(st), 130) << read_text(err);
+  EXPECT_NE(read_text(err).find("rerun with --resume"), std::string::npos) << read_text(err);
+  const json report = json::parse(read_text(rep));
+  EXPECT_TRUE(report["interrupted"].get<bool>());
+  EXPECT_EQ(report["finished_requests"].get<size_t>(), results_of(out).size());
+  resume_and_compare(out);
+}
+
+TEST_F(Resume, SigkillThenResumeCompletesTheRun) {
+  const fs::path out = tmp_.path() / "out.jsonl", err = tmp_.path() / "err";
+  const int st = interrupt_after_first_result(spawn(gen_args(in_, out), err), out, SIGKILL);
+  ASSERT_TRUE(WIFSIGNALED(st));
+  resume_and_compare(out);
+}
+
+TEST_F(Resume, PartialLastLineIsCutAndForeignFilesAreRefused) {
+  // What a kill in the middle of a write leaves: complete lines, then part of one.
+  const fs::path out = tmp_.path() / "out.jsonl";
+  {
+    std::ofstream f(out, std::ios::binary);
+    for (const char* id : {"r0", "r5", "r1"}) f << want_.at(id).dump() << "\n";
+    f << want_.at("r2").dump().substr(0, 20);
+  }
+  resume_and_compare(out);
+
+  const fs::path foreign = tmp_.path() / "notes.txt";
+  std::ofstream(foreign) << "my notes\n";
+  RunResult r = flexh2o::test::run_flexh2o(gen_args(in_, foreign) + " --resume");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("notes.txt:1 is not a result line"), std::string::npos) << r.err;
+  EXPECT_EQ(read_text(foreign), "my notes\n");
+  const fs::path other = tmp_.path() / "other.jsonl";
+  std::ofstream(other) << json{{"id", "x9"}, {"text", ""}, {"token_ids", json::array()}}.dump() << "\n";
+  r = flexh2o::test::run_flexh2o(gen_args(in_, other) + " --resume");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("has id \"x9\", which is not in"), std::string::npos) << r.err;
+}
+
+}  // namespace

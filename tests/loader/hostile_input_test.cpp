@@ -1,0 +1,79 @@
+// Hostile safetensors input (issue #14 item 1): a header nested 100000 levels deep, a number that
+// overflows a double, and FIFOs where checkpoint files belong. Each must be a flexh2o::Error that
+// names the file, promptly: not a stack overflow, not a bare nlohmann exception, not a hang.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+
+#include "loader/loader_test_util.h"
+#include "loader/safetensors.h"
+
+namespace flexh2o {
+namespace {
+
+using test::TempDir;
+
+#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << (msg)
+
+// Runs `fn` on a thread; fails instead of hanging when it takes over 2 s, then opens `fifo` for
+// writing so the blocked open() in the thread returns and the test can end.
+std::string error_within_2s(const std::filesystem::path& fifo, const std::function<void()>& fn) {
+  std::string msg;
+  auto f = std::async(std::launch::async, [&] { msg = test::error_of(fn); });
+  if (f.wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked on the FIFO " << fifo << " for more than 2 s";
+    ::close(::open(fifo.c_str(), O_WRONLY));
+  }
+  f.get();
+  return msg;
+}
+
+TEST(HostileSafetensors, DeeplyNestedHeaderValueIsAnErrorNotAStackOverflow) {
+  TempDir dir;
+  const auto file = dir / "deep.safetensors";
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  test::write_raw_safetensors(file, R"({"a": {"dtype": )" + deep + R"(, "shape": [1], "data_offsets": [0, 4]}})", 8);
+  const std::string msg = test::error_of([&] { SafetensorsArchive::open_file(file); });
+  EXPECT_HAS(msg, "the header of " + file.string() + " nests arrays/objects more than 64 levels deep");
+}
+
+TEST(HostileSafetensors, NumberOverflowNamesTheFile) {
+  TempDir dir;
+  const auto file = dir / "big.safetensors";
+  test::write_raw_safetensors(file, R"({"a": {"dtype": "F32", "shape": [1e999], "data_offsets": [0, 4]}})", 8);
+  const std::string msg = test::error_of([&] { SafetensorsArchive::open_file(file); });
+  EXPECT_HAS(msg, "the header of " + file.string() + " is not valid JSON");
+  EXPECT_HAS(msg, "number overflow");
+  test::write_bytes(dir / "model.safetensors.index.json", R"({"weight_map": {"a": 1e999}})");
+  EXPECT_HAS(test::error_of([&] { SafetensorsArchive::open_dir(dir.path()); }),
+             "checkpoint index " + (dir / "model.safetensors.index.json").string() + " is not valid JSON");
+}
+
+TEST(HostileSafetensors, FifoCheckpointFilesAreRefusedWithoutBlocking) {
+  TempDir dir;
+  const auto single = dir / "model.safetensors";
+  ASSERT_EQ(::mkfifo(single.c_str(), 0600), 0);
+  EXPECT_HAS(error_within_2s(single, [&] { SafetensorsArchive::open_dir(dir.path()); }),
+             "checkpoint file " + single.string() + " is a FIFO (named pipe), not a regular file");
+
+  TempDir sharded;
+  const auto shard = sharded / "model-00001-of-00001.safetensors";
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+  test::write_bytes(sharded / "model.safetensors.index.json",
+                    R"({"weight_map": {"a": "model-00001-of-00001.safetensors"}})");
+  EXPECT_HAS(error_within_2s(shard, [&] { SafetensorsArchive::open_dir(sharded.path()); }), "is a FIFO");
+
+  TempDir idx;
+  const auto index = idx / "model.safetensors.index.json";
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  EXPECT_HAS(error_within_2s(index, [&] { SafetensorsArchive::open_dir(idx.path()); }),
+             "checkpoint index " + index.string() + " is a FIFO");
+}
+
+}  // namespace
+}  // namespace flexh2o

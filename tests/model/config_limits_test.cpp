@@ -1,0 +1,126 @@
+// Hostile config.json (issue #14 item 1): deep nesting quoted in an error, a FIFO, a layer count
+// far beyond what the checkpoint holds (must fail before gigabytes of per-layer bookkeeping),
+// and token ids beyond int32 (must not wrap).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "model/weights.h"
+
+namespace flexh2o {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << (msg)
+
+const fs::path kTinyOpt = fs::path(FLEXH2O_TEST_DATA) / "tiny-opt";
+
+// tiny-opt's weights with an edited config.json, in a directory removed on destruction.
+class EditedModel {
+ public:
+  explicit EditedModel(const std::function<void(json&)>& edit) {
+    std::random_device rd;
+    dir_ = fs::temp_directory_path() / ("flexh2o-model-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
+    fs::create_directories(dir_);
+    fs::create_symlink(kTinyOpt / "model.safetensors", dir_ / "model.safetensors");
+    json j = json::parse(std::ifstream(kTinyOpt / "config.json"));
+    edit(j);
+    std::ofstream(dir_ / "config.json") << j.dump();
+  }
+  ~EditedModel() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  fs::path dir_;
+};
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected flexh2o::Error, got " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected flexh2o::Error";
+  return "";
+}
+
+long peak_rss_kib() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+TEST(ConfigLimits, DeeplyNestedValueIsAnErrorNotAStackOverflow) {
+  // Used to crash: the "must be a positive integer, got <dump()>" message recursed per level.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  std::string text = json::parse(std::ifstream(kTinyOpt / "config.json")).dump();
+  text.insert(text.size() - 1, ", \"num_hidden_layers\": " + deep);
+  EXPECT_HAS(error_of([&] { ModelConfig::from_json_text(text, "m/config.json"); }),
+             "m/config.json nests arrays/objects more than 64 levels deep");
+}
+
+TEST(ConfigLimits, FifoConfigIsRefusedWithoutBlocking) {
+  EditedModel m([](json&) {});
+  const fs::path cfg = m.dir() / "config.json";
+  fs::remove(cfg);
+  ASSERT_EQ(::mkfifo(cfg.c_str(), 0600), 0);
+  std::string msg;
+  auto f = std::async(std::launch::async, [&] { msg = error_of([&] { Model::load_dir(m.dir()); }); });
+  if (f.wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked on a FIFO config.json for more than 2 s";
+    ::close(::open(cfg.c_str(), O_WRONLY));
+  }
+  f.get();
+  EXPECT_HAS(msg, "model config " + cfg.string() + " is a FIFO");
+}
+
+// A million layers over tiny files used to build ~16 million specs and a million layer slots
+// (gigabytes) before the first missing tensor was noticed.
+TEST(ConfigLimits, LayerCountBeyondTheCheckpointFailsBeforeAllocating) {
+  const long before = peak_rss_kib();
+  EditedModel huge([](json& j) { j["num_hidden_layers"] = 1000000; });
+  EXPECT_HAS(error_of([&] { Model::load_dir(huge.dir()); }), "\"num_hidden_layers\" must be an integer in [1, 65536]");
+  EditedModel many([](json& j) { j["num_hidden_layers"] = 60000; });
+  const std::string msg = error_of([&] { Model::load_dir(many.dir()); });
+  EXPECT_HAS(msg, "config.json says num_hidden_layers = 60000 (960000 layer tensors) but the checkpoint holds");
+  EXPECT_HAS(msg, "tensor \"model.decoder.layers.59999.self_attn_layer_norm.weight\" is missing");
+  EXPECT_LT(peak_rss_kib() - before, 32 * 1024) << "KiB of peak RSS growth";
+}
+
+TEST(ConfigLimits, TokenIdsAndSizesAreRangeChecked) {
+  auto with = [](const char* key, const json& v) {
+    json j = json::parse(std::ifstream(kTinyOpt / "config.json"));
+    j[key] = v;
+    return error_of([&] { ModelConfig::from_json_text(j.dump(), "c.json"); });
+  };
+  EXPECT_HAS(with("eos_token_id", 4294967298ull),
+             "c.json: \"eos_token_id\" must be an integer in [0, 2147483647], got 4294967298");
+  EXPECT_HAS(with("bos_token_id", json::array({4294967298ull})), "got 4294967298");
+  EXPECT_HAS(with("hidden_size", 256.5), "\"hidden_size\" must be an integer in [1, 1048576], got 256.5");
+  EXPECT_HAS(with("vocab_size", 1e30), "\"vocab_size\" must be an integer");
+  json llama = json::parse(std::ifstream(fs::path(FLEXH2O_TEST_DATA) / "tiny-llama" / "config.json"));
+  llama["rope_theta"] = 1e300;  // float(1e300) is undefined behaviour
+  EXPECT_HAS(error_of([&] { ModelConfig::from_json_text(llama.dump(), "l.json"); }),
+             "l.json: \"rope_theta\" must be a finite number, got 1e+300");
+}
+
+}  // namespace
+}  // namespace flexh2o
