@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs flexh2o's build dependencies from Debian packages (idempotent: skips apt when all
-# are present). The CUDA toolkit (nvcc, cuBLAS) is optional and not installed here.
+# are present). The CUDA toolkit (nvcc, cuBLAS) is optional and not installed here. clang and
+# its compiler-rt (libFuzzer, ASan, UBSan) build the fuzz targets and the sanitizer tests.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libtbb-dev liburing-dev libzstd-dev libcli11-dev
-      libgtest-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libopenblas-dev)
+      libgtest-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libopenblas-dev clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

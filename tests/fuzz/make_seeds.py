@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets into tests/fuzz/corpus/<target>/ (run from any
+directory; python3 standard library only). Seeds are small, valid inputs cut from the test data,
+so the fuzzers start past the first checks. The store_header seeds are written by the target
+itself (fuzz_store_header -write_seeds=DIR: real DiskStore files); see scripts/fuzz.sh --seeds."""
+import json
+import pathlib
+import struct
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+OUT = ROOT / "tests" / "fuzz" / "corpus"
+
+
+def put(target, name, data):
+    d = OUT / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def compact(obj):
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def safetensors(tensors, metadata=None, pad=0):
+    """tensors: [(name, dtype, shape, bytes)] -> a safetensors file."""
+    header, blob = {}, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(blob), len(blob) + len(raw)]}
+        blob += raw
+    text = compact(header).encode()
+    text += b" " * ((-(8 + len(text)) % 8) + pad)  # data section 8-aligned, as the library writes it
+    return struct.pack("<Q", len(text)) + text + blob
+
+
+def small_tokenizer(name, keep_ids):
+    """A tokenizer.json from tests/data/tokenizers/NAME cut to ids < keep_ids."""
+    j = json.loads((DATA / "tokenizers" / name / "tokenizer.json").read_text())
+    m = j["model"]
+    m["vocab"] = {t: i for t, i in m["vocab"].items() if i < keep_ids}
+    merges = [p if isinstance(p, list) else p.split(" ") for p in m["merges"]]
+    m["merges"] = [p for p in merges if p[0] in m["vocab"] and p[1] in m["vocab"] and p[0] + p[1] in m["vocab"]]
+    j["added_tokens"] = [t for t in j["added_tokens"] if t["id"] < keep_ids]
+    cfg = (DATA / "tokenizers" / name / "tokenizer_config.json").read_text()
+    return compact(j).encode() + b"\0" + compact(json.loads(cfg)).encode()
+
+
+def main():
+    f32 = struct.pack("<6f", 1, -2, 0.5, 3e38, -0.0, 7)
+    put("safetensors", "two_tensors", safetensors([("a.weight", "F32", [2, 3], f32),
+                                                   ("b", "F16", [4], bytes(8))], {"format": "pt"}))
+    put("safetensors", "mixed_dtypes", safetensors([("x", "BF16", [1, 1, 2], bytes(4)), ("y", "I64", [2], bytes(16)),
+                                                    ("z", "U8", [3], b"abc"), ("e", "I32", [0], b"")], pad=8))
+    put("safetensors", "empty_header", safetensors([]))
+
+    for name in ("tiny-opt", "tiny-llama"):
+        put("config", name, (DATA / name / "config.json").read_bytes())
+    put("config", "minimal_llama", compact({"model_type": "llama", "vocab_size": 8, "hidden_size": 4,
+                                            "num_hidden_layers": 1, "num_attention_heads": 2,
+                                            "intermediate_size": 8, "max_position_embeddings": 16}))
+
+    put("tokenizer_json", "bytelevel", small_tokenizer("bytelevel", 300))
+    put("tokenizer_json", "llama2", small_tokenizer("llama2", 420))
+    put("tokenizer_json", "llama3", small_tokenizer("llama3", 300))
+    put("tokenizer_json", "metaspace", small_tokenizer("metaspace", 420))
+
+    vocab = json.loads((DATA / "tiny-opt" / "vocab.json").read_text())
+    vocab = {t: i for t, i in vocab.items() if i < 300}
+    lines = (DATA / "tiny-opt" / "merges.txt").read_text().split("\n")
+    merges = [lines[0]] + [l for l in lines[1:] if l.count(" ") == 1 and all(p in vocab for p in l.split(" "))
+                           and l.replace(" ", "") in vocab]
+    special = (DATA / "tiny-opt" / "special_tokens_map.json").read_text()
+    put("vocab_merges", "tiny_opt", compact(vocab).encode() + b"\0" + "\n".join(merges).encode() + b"\0" +
+        special.encode())
+    put("vocab_merges", "no_version_line", compact({"a": 0, "b": 1, "ab": 2, "</s>": 3}) + "\0a b\r\n")
+
+    put("request_jsonl", "prompts", (ROOT / "configs" / "prompts" / "bible.jsonl").read_text().split("\n", 3)[0] +
+        "\n" + compact({"id": 7, "prompt_ids": [2, 100, 5], "max_new_tokens": 4, "temperature": 0.7,
+                        "top_k": 40, "top_p": 0.9, "seed": 1}) + "\n")
+    put("request_jsonl", "bad_and_blank_lines", '{"prompt": "a"}\r\n\n  \t\n[1, 2]\n{"prompt": \n"x"\n{"id": null}')
+
+    put("policy", "flexgen_30b", compact({"percent": [20, 80, 0, 100, 0, 100], "gpu_batch_size": 48,
+                                          "num_gpu_batches": 3, "cpu_cache_compute": True}))
+    put("policy", "every_field", compact({"gpu_batch_size": 4, "num_gpu_batches": 2, "w_gpu_percent": 50.5,
+                                          "w_cpu_percent": 25, "cache_gpu_percent": 0, "cache_cpu_percent": 100,
+                                          "act_gpu_percent": 100, "act_cpu_percent": 0, "overlap": False,
+                                          "sep_layer": True, "pin_weight": False, "cpu_cache_compute": False}))
+    put("policy", "empty_object", "{}")
+
+
+if __name__ == "__main__":
+    main()
