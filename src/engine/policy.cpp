@@ -51,7 +51,9 @@ std::string Policy::str() const {
 Policy policy_from_json(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) FH_FAIL(source, ": a policy must be a JSON object");
   Policy p;
-  for (const auto& [key, v] : j.items()) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();  // named locals, not a structured binding: lambdas capture them
+    const nlohmann::json& v = it.value();
     auto wrong_type = [&] { FH_FAIL(source, ": policy key \"", key, "\" has the wrong type: ", json_excerpt(v)); };
     try {
       auto count = [&] {  // range-checked: 2.5 is not 2, 1e30 is not anything

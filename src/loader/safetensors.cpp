@@ -23,6 +23,7 @@ using nlohmann::json;
 
 // Same bound as the reference implementation: a header above this is corruption, not a model.
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+constexpr size_t kMaxNameBytes = 1024;  // real names are < 100 bytes
 
 // One tensor as parsed from a header, before it is turned into a view.
 struct RawEntry {
@@ -120,11 +121,16 @@ std::vector<RawEntry> parse_header(const MappedFile& f, uint64_t* data_start,
   std::vector<RawEntry> out;
   out.reserve(h.size());
   for (const auto& [key, v] : h.items()) {
+    // Names are printed in errors and used as map keys: control bytes (a NUL would cut the
+    // message short) and absurd lengths are refused before anything else.
+    const bool odd = key.size() > kMaxNameBytes ||
+                     std::any_of(key.begin(), key.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; });
+    if (odd) FH_FAIL(file, " has a tensor name with control characters or over ", kMaxNameBytes, " bytes: ", quote_prefix(key), ".");
     if (key == "__metadata__") {
       if (!v.is_object()) FH_FAIL(file, " has a __metadata__ entry that is not a JSON object.");
       for (const auto& [mk, mv] : v.items()) {
         if (!mv.is_string())
-          FH_FAIL(file, " has __metadata__ field ", mk, " that is not a string (", json_excerpt(mv), ").");
+          FH_FAIL(file, " has __metadata__ field ", quote_prefix(mk), " that is not a string (", json_excerpt(mv), ").");
         if (metadata) (*metadata)[mk] = mv.get<std::string>();
       }
       continue;

@@ -54,6 +54,24 @@ TEST(HostileSafetensors, NumberOverflowNamesTheFile) {
              "checkpoint index " + (dir / "model.safetensors.index.json").string() + " is not valid JSON");
 }
 
+// A NUL inside a tensor name used to cut the error message short before the file name (found
+// by fuzz_safetensors); such names, and absurdly long ones, are refused, quoted and escaped.
+TEST(HostileSafetensors, ControlCharactersInNamesAreRefusedAndEscaped) {
+  TempDir dir;
+  const auto file = dir / "nul.safetensors";
+  const std::string nul_name = std::string(R"({"a\u0000b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})");
+  test::write_raw_safetensors(file, nul_name, 8);
+  std::string msg = test::error_of([&] { SafetensorsArchive::open_file(file); });
+  EXPECT_HAS(msg, file.string() + " has a tensor name with control characters or over 1024 bytes: \"a\\x00b\"");
+  const std::string meta = R"({"__metadata__": {"k\u0001": 5}})";
+  test::write_raw_safetensors(file, meta, 8);
+  msg = test::error_of([&] { SafetensorsArchive::open_file(file); });
+  EXPECT_HAS(msg, "__metadata__ field \"k\\x01\" that is not a string");
+  const std::string long_name = "{\"" + std::string(2000, 'w') + R"(": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
+  test::write_raw_safetensors(file, long_name, 8);
+  EXPECT_HAS(test::error_of([&] { SafetensorsArchive::open_file(file); }), "(2000 bytes)");
+}
+
 TEST(HostileSafetensors, FifoCheckpointFilesAreRefusedWithoutBlocking) {
   TempDir dir;
   const auto single = dir / "model.safetensors";
