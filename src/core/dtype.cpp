@@ -13,6 +13,7 @@ size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U8: return 1;
+    case DType::Q4: FH_CHECK(false, "Q4 has no element size: its bytes are q4::row_bytes(cols) per row");
   }
   FH_CHECK(false, "unknown dtype");
 }
@@ -25,6 +26,7 @@ std::string_view dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::Q4: return "Q4";
   }
   return "?";
 }

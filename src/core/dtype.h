@@ -11,7 +11,9 @@
 
 namespace flexh2o {
 
-enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8 };
+// Q4: 4-bit group-wise compressed rows (core/quant4.h); it has no element size: a Q4 tensor's
+// bytes are q4::tensor_bytes(rows, cols) (TensorView::nbytes()), and dtype_size(Q4) throws.
+enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8, Q4 };
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);  // safetensors spelling: "F32", "F16", "BF16", ...

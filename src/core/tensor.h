@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "core/quant4.h"
 #include "core/error.h"
 
 namespace flexh2o {
@@ -51,7 +52,14 @@ struct TensorView {
   Shape shape;
 
   int64_t numel() const { return shape.numel(); }
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  // Q4: rows records of the last dimension (core/quant4.h).
+  size_t nbytes() const {
+    if (dtype == DType::Q4) {
+      const int64_t cols = shape.ndim ? shape[shape.ndim - 1] : 1;
+      return cols ? size_t(q4::tensor_bytes(numel() / cols, cols)) : 0;
+    }
+    return size_t(numel()) * dtype_size(dtype);
+  }
   bool empty() const { return data == nullptr; }
   template <typename T>
   const T* as() const { return static_cast<const T*>(data); }
