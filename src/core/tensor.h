@@ -45,6 +45,12 @@ struct Shape {
   }
 };
 
+// Bytes of one row of `cols` elements of dtype t: a Q4 row record (core/quant4.h) or
+// cols x dtype_size(t). The one formula for KV slot rows, weight rows and embedding rows.
+inline size_t row_nbytes(DType t, int64_t cols) {
+  return t == DType::Q4 ? size_t(q4::row_bytes(cols)) : size_t(cols) * dtype_size(t);
+}
+
 // Read-only view of a contiguous tensor of any dtype (weights, as loaded).
 struct TensorView {
   const void* data = nullptr;
@@ -54,11 +60,9 @@ struct TensorView {
   int64_t numel() const { return shape.numel(); }
   // Q4: rows records of the last dimension (core/quant4.h).
   size_t nbytes() const {
-    if (dtype == DType::Q4) {
-      const int64_t cols = shape.ndim ? shape[shape.ndim - 1] : 1;
-      return cols ? size_t(q4::tensor_bytes(numel() / cols, cols)) : 0;
-    }
-    return size_t(numel()) * dtype_size(dtype);
+    if (dtype != DType::Q4) return size_t(numel()) * dtype_size(dtype);
+    const int64_t cols = shape.ndim ? shape[shape.ndim - 1] : 1;
+    return cols ? size_t(numel() / cols) * row_nbytes(dtype, cols) : 0;
   }
   bool empty() const { return data == nullptr; }
   template <typename T>
