@@ -43,6 +43,8 @@ std::string Policy::str() const {
      << cache_cpu_percent << " " << act_gpu_percent << " " << act_cpu_percent << " --gpu-batch-size "
      << gpu_batch_size << " --num-gpu-batches " << num_gpu_batches;
   if (cpu_cache_compute) os << " --cpu-cache-compute";
+  if (compress_weight) os << " --compress-weight";
+  if (compress_cache) os << " --compress-cache";
   if (!overlap) os << " --overlap false";
   if (!sep_layer) os << " --sep-layer false";
   return os.str();
@@ -72,6 +74,8 @@ Policy policy_from_json(const nlohmann::json& j, const std::string& source) {
       else if (key == "sep_layer") p.sep_layer = v.get<bool>();
       else if (key == "pin_weight") p.pin_weight = v.get<bool>();
       else if (key == "cpu_cache_compute") p.cpu_cache_compute = v.get<bool>();
+      else if (key == "compress_weight") p.compress_weight = v.get<bool>();
+      else if (key == "compress_cache") p.compress_cache = v.get<bool>();
       else if (key == "percent") {
         auto a = v.get<std::vector<double>>();
         if (a.size() != 6) FH_FAIL(source, ": \"percent\" needs 6 numbers, got ", a.size());
@@ -97,7 +101,9 @@ nlohmann::json policy_to_json(const Policy& p) {
           {"overlap", p.overlap},
           {"sep_layer", p.sep_layer},
           {"pin_weight", p.pin_weight},
-          {"cpu_cache_compute", p.cpu_cache_compute}};
+          {"cpu_cache_compute", p.cpu_cache_compute},
+          {"compress_weight", p.compress_weight},
+          {"compress_cache", p.compress_cache}};
 }
 
 }  // namespace flexh2o

@@ -21,6 +21,10 @@ struct Policy {
   bool sep_layer = true;          // attention and MLP are separate placement/streaming units (FlexGen)
   bool pin_weight = true;         // host-homed weights in pinned memory (CUDA device)
   bool cpu_cache_compute = false; // decode attention runs on the host where the KV lives
+  // FlexGen's compression (core/quant4.h: 4 bits, groups of 64): weights (2-D tensors) stored
+  // and moved compressed in every tier; the KV cache stored compressed in every home (Q4 KV).
+  bool compress_weight = false;
+  bool compress_cache = false;
 
   int64_t block_size() const { return gpu_batch_size * num_gpu_batches; }
   double w_disk_percent() const { return 100 - w_gpu_percent - w_cpu_percent; }
