@@ -75,6 +75,7 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
               {"cpu_isa", cpu::cpu_isa_name()},
               {"kv_policy", describe(rs.kv_config)},
               {"kv_dtype", dtype_name(rs.kv_dtype)},
+              {"compress_weight", rs.compressed != nullptr || (rs.offload && rs.offload->options().policy.compress_weight)},
               {"batch_size", rs.runner->max_batch()},
               {"batches", st.batches},
               {"prompt_tokens", st.prompt_tokens},

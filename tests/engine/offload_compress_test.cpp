@@ -210,7 +210,14 @@ TEST_P(CompressGrid, LogitsBitIdenticalToInMemoryCompressed) {
   InMemoryRunner ref(fwd, eng.max_batch(), policy.get(), c.kv4 ? DType::Q4 : DType::F16);
   std::ostringstream what;
   what << c;
-  test::expect_same_logits(test::run_greedy(eng, reqs), test::run_greedy(ref, reqs), what.str());
+  const test::Run got = test::run_greedy(eng, reqs);
+  test::expect_same_logits(got, test::run_greedy(ref, reqs), what.str());
+  EXPECT_EQ(eng.report().weight_dtype, c.w4 ? "Q4" : "F16");
+  // Compression took effect: the uncompressed run's prefill logits differ.
+  Forward plain_fwd(model, dev);
+  InMemoryRunner plain(plain_fwd, eng.max_batch(), policy.get(), DType::F16);
+  const test::Run base = test::run_greedy(plain, reqs);
+  EXPECT_NE(base.logits.at(0), got.logits.at(0)) << what.str();
 }
 
 using K = KvPolicyKind;

@@ -85,6 +85,35 @@ TEST_P(EvalCli, OffloadedPerplexityEqualsInMemory) {
   EXPECT_GT(off_h["offload"]["bytes_moved"]["disk_to_host"].get<uint64_t>(), 0u);
 }
 
+// --compress-weight / --compress-cache (and --kv-dtype q4, the same as the latter): in memory
+// they change the numbers (the Q4 weights and cache), and the offloaded run with the weights and
+// half the KV on disk gives exactly the in-memory compressed perplexity; the report says Q4
+// and the weight bytes crossing host->device are ~0.28x of the uncompressed run's.
+TEST_P(EvalCli, CompressedPerplexityOffloadedEqualsInMemory) {
+  flexh2o::test::TempDir dir;
+  const std::string base = "eval-ppl --model " + model() + " --max-tokens 60 ";
+  const std::string z = "--compress-weight --compress-cache ";
+  json plain = run_json(base + "--streaming " + eval_txt(GetParam()));
+  json mem = run_json(base + z + "--streaming " + eval_txt(GetParam()));
+  json q4 = run_json(base + "--compress-weight --kv-dtype q4 --streaming " + eval_txt(GetParam()));
+  EXPECT_EQ(mem["kv_dtype"], "Q4");
+  EXPECT_EQ(mem["compress_weight"], true);
+  EXPECT_NE(mem["perplexity"], plain["perplexity"]);
+  EXPECT_EQ(q4["perplexity"], mem["perplexity"]);
+  const std::string off = "--percent 0 100 0 100 100 0 --gpu-batch-size 1 ";
+  json offz = run_json(base + z + off + eval_txt(GetParam()));
+  json offp = run_json(base + off + eval_txt(GetParam()));
+  EXPECT_EQ(offz["perplexity"], mem["perplexity"]);
+  EXPECT_EQ(offz["offload"]["kv_dtype"], "Q4");
+  const double ratio = offz["offload"]["bytes_moved"]["host_to_device"].get<double>() /
+                       offp["offload"]["bytes_moved"]["host_to_device"].get<double>();
+  EXPECT_LT(ratio, 0.33);
+  EXPECT_GT(ratio, 0.2);
+  json disk = run_json(base + z + "--percent 0 0 0 0 100 0 --gpu-batch-size 1 --offload-dir " +
+                       (dir.path() / "store").string() + " " + eval_txt(GetParam()));
+  EXPECT_EQ(disk["perplexity"], mem["perplexity"]);
+}
+
 TEST_P(EvalCli, OffloadedChoiceScoresEqualInMemory) {
   const std::string base = "eval-choice --model " + model() + " --tasks " + kTasks + " --limit 12 ";
   json mem = run_json(base);
@@ -142,6 +171,8 @@ TEST(EvalCliErrors, BadFlagsNameTheFlagAndFail) {
            {ppl + "--recent-budget 8", "--recent-budget"},
            {ppl + "--kv-policy sinks --recent-budget 8 --kv-seed 3", "--kv-seed"},
            {ppl + "--max-tokens 0", "--max-tokens"},
+           {ppl + "--compress-cache --kv-dtype f32", "--kv-dtype f32"},
+           {ppl + "--kv-dtype q8", "--kv-dtype"},
            {choice + "--kv-policy random", "--kv-policy random"},
            {choice + "--num-fewshot -1", "--num-fewshot"},
            {choice + "--num-fewshot 50", "--num-fewshot"},
