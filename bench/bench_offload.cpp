@@ -11,6 +11,9 @@
 //            resident), the rate the disk queue reads the KV at against a sequential read of the
 //            same disk in the same run; and the largest block that fits a fixed --cpu-mem with
 //            each (from the engine's own memory accounting).
+//  compress: OPT-1.3B dummy with every weight on disk (KV on the host), with and without
+//            --compress-weight (and with --compress-cache too): bytes per link and tok/s, each
+//            ratio against the uncompressed run of the same workload in the same run.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -130,7 +133,7 @@ int main(int argc, char** argv) {
   std::string json_path = "bench_offload.json", configs = FLEXH2O_SOURCE_CONFIGS, dir = "bench_offload_store";
   std::string pipeline_model = "opt-1.3b", h2o_model = "opt-125m";
   int64_t cpu_mem_mib = 256;
-  bool run_pipeline = true, run_h2o = true;
+  bool run_pipeline = true, run_h2o = true, run_compress = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--json") json_path = argv[i + 1];
@@ -138,7 +141,10 @@ int main(int argc, char** argv) {
     else if (a == "--pipeline-model") pipeline_model = argv[i + 1];
     else if (a == "--h2o-model") h2o_model = argv[i + 1];
     else if (a == "--cpu-mem-mib") cpu_mem_mib = std::stoll(argv[i + 1]);
-    else if (a == "--only") run_pipeline = std::string(argv[i + 1]) == "pipeline", run_h2o = !run_pipeline;
+    else if (a == "--only") {
+      const std::string only = argv[i + 1];
+      run_pipeline = only == "pipeline", run_h2o = only == "h2o", run_compress = only == "compress";
+    }
   }
   const int threads = int(std::thread::hardware_concurrency());
   CpuDevice dev(threads);
@@ -274,6 +280,44 @@ int main(int argc, char** argv) {
     }
     out["h2o"] = {{"model", h2o_model}, {"rows", rows}, {"largest_block_cpu_mem_mib", cpu_mem_mib},
                   {"largest_block", fits}};
+  }
+  if (run_compress) {  // ---- 4-bit compression, weights on disk ----
+    ModelConfig c = ModelConfig::from_file(configs + "/models/" + pipeline_model + ".json");
+    c.name = pipeline_model;
+    Model m = Model::dummy(c, 3);
+    auto reqs = workload(c, 8, 32, 6);
+    std::printf("compress %s, every weight on disk, KV on host, 4x2 block, 32+6 tokens:\n", pipeline_model.c_str());
+    std::printf("  %-12s %10s %14s %14s %14s %14s %8s %8s\n", "run", "tok/s", "disk->host", "host->device",
+                "device->host", "host->disk", "x bytes", "x tok/s");
+    nlohmann::json rows = nlohmann::json::array();
+    RunResult base;
+    for (int mode = 0; mode < 3; ++mode) {
+      OffloadOptions o;
+      o.policy.w_gpu_percent = 0;
+      o.policy.w_cpu_percent = 0;
+      o.policy.cache_gpu_percent = 0;
+      o.policy.cache_cpu_percent = 100;
+      o.policy.gpu_batch_size = 4;
+      o.policy.num_gpu_batches = 2;
+      o.policy.compress_weight = mode >= 1;
+      o.policy.compress_cache = mode == 2;
+      o.offload_dir = fs::path(dir) / (mode ? "compress-w4" : "compress-f16");
+      { OffloadEngine warm(m, dev, o); }  // write the store once, outside the timing
+      RunResult r = run(m, dev, o, reqs);
+      if (mode == 0) base = r;
+      const char* name = mode == 0 ? "f16" : mode == 1 ? "W4" : "W4+KV4";
+      const double xb = double(r.report.bytes[0]) / double(base.report.bytes[0]);
+      const double xt = r.tokens_per_s / base.tokens_per_s;
+      std::printf("  %-12s %10.2f %14llu %14llu %14llu %14llu %8.3f %8.2f\n", name, r.tokens_per_s,
+                  (unsigned long long)r.report.bytes[0], (unsigned long long)r.report.bytes[1],
+                  (unsigned long long)r.report.bytes[2], (unsigned long long)r.report.bytes[3], xb, xt);
+      rows.push_back({{"run", name}, {"tokens_per_s", r.tokens_per_s}, {"links", r.report.bytes},
+                      {"kv_bytes", r.report.kv_bytes}, {"disk_to_host_vs_f16", xb}, {"tokens_per_s_vs_f16", xt},
+                      {"disk_read_busy_s", r.report.busy[size_t(Queue::kDiskRead)]},
+                      {"compute_busy_s", r.report.busy[0]}});
+    }
+    std::printf("  (x bytes: disk->host bytes over the f16 run's; x tok/s: over the f16 run's)\n");
+    out["compress"] = {{"model", pipeline_model}, {"rows", rows}};
   }
   std::ofstream(json_path) << out.dump(2) << "\n";
   std::printf("\nwrote %s\n", json_path.c_str());
