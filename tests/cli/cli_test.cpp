@@ -244,6 +244,40 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
   EXPECT_NE(kv.err.find("--heavy-ratio"), std::string::npos) << kv.err;
 }
 
+// --compress-weight / --compress-cache on generate: in memory and offloaded (by the flags, or by
+// a policy file's compress_* fields) give the same tokens, and the reports say Q4.
+TEST(Cli, CompressionFlagsAndPolicyFilesGiveTheInMemoryCompressedTokens) {
+  TempDir tmp;
+  const std::string in = (fs::path(FLEXH2O_TEST_DATA) / "../../configs/prompts/bible.jsonl").string();
+  auto run = [&](const std::string& extra, json* report = nullptr) {
+    const fs::path out = tmp.path() / "o.jsonl", rep = tmp.path() / "r.json";
+    RunResult r = flexh2o("generate -m " + kOpt + " -i " + in + " -o " + out.string() +
+                          " --overwrite --greedy -n 12 -q --report " + rep.string() + " " + extra);
+    EXPECT_EQ(r.code, 0) << extra << "\n" << r.err;
+    if (report) *report = read_json(rep);
+    std::vector<json> ids;
+    for (auto& l : read_jsonl(out)) ids.push_back(l["token_ids"]);
+    return ids;
+  };
+  json mem_rep, off_rep, file_rep;
+  const auto want = run("--compress-weight --compress-cache", &mem_rep);
+  ASSERT_EQ(want.size(), 5u);
+  EXPECT_EQ(mem_rep["kv_dtype"], "Q4");
+  EXPECT_EQ(mem_rep["compress_weight"], true);
+  const std::string dir = " --offload-dir " + (tmp.path() / "store").string();
+  EXPECT_EQ(run("--compress-weight --compress-cache --percent 0 50 0 50 100 0 --gpu-batch-size 2 "
+                "--num-gpu-batches 2" + dir, &off_rep), want);
+  EXPECT_EQ(off_rep["offload"]["weight_dtype"], "Q4");
+  EXPECT_EQ(off_rep["offload"]["kv_dtype"], "Q4");
+  EXPECT_EQ(off_rep["offload"]["policy"]["compress_weight"], true);
+  const fs::path pol = tmp.path() / "policy.json";
+  std::ofstream(pol) << R"({"percent": [0, 100, 0, 100, 100, 0], "gpu_batch_size": 3, "compress_weight": true,
+                           "compress_cache": true})";
+  EXPECT_EQ(run("--policy " + pol.string(), &file_rep), want);
+  EXPECT_EQ(file_rep["kv_dtype"], "Q4");
+  EXPECT_EQ(file_rep["offload"]["weight_dtype"], "Q4");
+}
+
 TEST(Cli, BenchRunsFixedLengthWorkloadsWithPoliciesAndPresets) {
   TempDir tmp;
   const fs::path rep = tmp.path() / "bench.json";
