@@ -23,9 +23,6 @@ namespace flexh2o::cpu::detail {
 // rows streams from memory, so only it prefetches. A prefetch never faults or changes a value.
 constexpr int64_t kAttnPrefetchK = 12 << 10, kAttnPrefetchV = 8 << 10;
 
-inline void prefetch_l2(const void* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o, 0, 2);
-}
 
 // acc[q*NV + v] += sum over j in [j0, j1) of prow[q][j] * V[j][d0 + v*L ...] (in j order);
 // vb is the handle of V row 0. pf > 0: prefetch the same columns of row j + pf.
