@@ -2,7 +2,7 @@
 // ceilings. linear with f16 weights: decode M=1/8/64 as GB/s of weight bytes vs the read
 // bandwidth (weights rotated through > L3 so they come from DRAM), prefill M=512/2048 as
 // GFLOP/s vs OpenBLAS sgemm; attention prefill/decode times; decode attention over an fp32
-// vs an f16 KV cache (GB/s of K/V bytes vs the read bandwidth). --case q4: linear with Q4
+// vs an f16 vs a Q4 KV cache (GB/s of K/V bytes vs the read bandwidth). --case q4: linear with Q4
 // weights (core/quant4.h) decoded inside the kernel vs f16 weights vs FlexGen's way
 // (dequantize the weight to fp32, then the fp32 linear), at OPT-1.3B shapes.
 // Usage: bench_kernels [--json FILE] [--kv-only | --case q4]
@@ -63,8 +63,8 @@ struct DecodeKv {
 
   DecodeKv(int64_t B_, int64_t H_, int64_t KV_, int64_t d_, int64_t n_, DType dt_)
       : B(B_), H(H_), KV(KV_), d(d_), n_keys(n_), dt(dt_) {
-    const size_t elems = size_t(B * KV * n_keys * d), es = dtype_size(dt);
-    bytes = elems * es;
+    const size_t rows = size_t(B * KV * n_keys), rb = row_nbytes(dt, d), elems = rows * size_t(d);
+    bytes = rows * rb;
     copies = std::max<size_t>(2, ((size_t(1) << 30) + 2 * bytes - 1) / (2 * bytes));
     std::vector<float> pattern(size_t(1) << 20);
     std::mt19937 g(5);
@@ -72,10 +72,16 @@ struct DecodeKv {
     for (auto& x : pattern) x = nd(g);
     k.resize(bytes * copies);
     v.resize(bytes * copies);
-    for (size_t off = 0; off < elems * copies; off += pattern.size()) {
+    const size_t prow = pattern.size() / size_t(d);  // pattern rows per fill step
+    for (size_t r = 0; dt == DType::Q4 && r < rows * copies; r += prow) {
+      const int64_t n = int64_t(std::min(prow, rows * copies - r));
+      q4::encode_rows(pattern.data(), d, n, d, k.data() + r * rb, "bench K");
+      q4::encode_rows(pattern.data(), d, n, d, v.data() + r * rb, "bench V");
+    }
+    for (size_t off = 0; dt != DType::Q4 && off < elems * copies; off += pattern.size()) {
       const int64_t n = int64_t(std::min(pattern.size(), elems * copies - off));
-      cpu::from_f32(pattern.data(), n, dt, k.data() + off * es);
-      cpu::from_f32(pattern.data(), n, dt, v.data() + off * es);
+      cpu::from_f32(pattern.data(), n, dt, k.data() + off * rb / size_t(d));
+      cpu::from_f32(pattern.data(), n, dt, v.data() + off * rb / size_t(d));
     }
     q.assign(pattern.begin(), pattern.begin() + B * H * d);
     o.resize(q.size());
@@ -208,23 +214,24 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // Decode attention over an fp32 vs an f16 KV cache: MHA (LLaMA-7B / OPT-6.7B heads) and
-  // GQA 4:1. The two dtypes' passes alternate (best of 5 each), so load from other users of
-  // a shared machine falls on both alike.
+  // Decode attention over an fp32 vs an f16 vs a Q4 KV cache: MHA (LLaMA-7B / OPT-6.7B heads)
+  // and GQA 4:1. The dtypes' passes alternate (best of 5 each), so load from other users of
+  // a shared machine falls on all alike.
   std::printf("decode attention, tq=1:  %3s %5s %4s %5s %5s %9s %9s %8s\n", "B", "heads", "kv", "d",
-              "keys", "ms", "KV GB/s", "f16/f32");
+              "keys", "ms", "KV GB/s", "vs f32");
   for (auto [B, H, KV] : {std::tuple<int64_t, int64_t, int64_t>{8, 32, 32}, {8, 32, 8}}) {
     const int64_t d = 128, n_keys = 2048;
-    DecodeKv f32(B, H, KV, d, n_keys, DType::F32), f16(B, H, KV, d, n_keys, DType::F16);
-    f32.time_pass();  // warm-up
-    f16.time_pass();
-    double best32 = 1e30, best16 = 1e30;
-    for (int r = 0; r < 5; ++r) {
-      best32 = std::min(best32, f32.time_pass());
-      best16 = std::min(best16, f16.time_pass());
-    }
-    for (const DecodeKv* c : {&f32, &f16}) {
-      const double s_call = c == &f32 ? best32 : best16, gbs = 2.0 * double(c->bytes) / s_call / 1e9;
+    DecodeKv f32(B, H, KV, d, n_keys, DType::F32), f16(B, H, KV, d, n_keys, DType::F16),
+        q4(B, H, KV, d, n_keys, DType::Q4);
+    DecodeKv* const cases[3] = {&f32, &f16, &q4};
+    double best[3] = {1e30, 1e30, 1e30};
+    for (DecodeKv* c : cases) c->time_pass();  // warm-up
+    for (int r = 0; r < 5; ++r)
+      for (int i = 0; i < 3; ++i) best[i] = std::min(best[i], cases[i]->time_pass());
+    const double best32 = best[0];
+    for (int i = 0; i < 3; ++i) {
+      const DecodeKv* c = cases[i];
+      const double s_call = best[i], gbs = 2.0 * double(c->bytes) / s_call / 1e9;
       std::printf("  %-3s KV cache            %3lld %5lld %4lld %5lld %5lld %9.3f %9.1f %7.2fx\n",
                   std::string(dtype_name(c->dt)).c_str(), (long long)B, (long long)H, (long long)KV,
                   (long long)d, (long long)n_keys, s_call * 1e3, gbs, s_call / best32);
@@ -234,7 +241,7 @@ int main(int argc, char** argv) {
            {"time_vs_f32", s_call / best32}});
     }
   }
-  std::printf("  (KV GB/s: bytes of K and V read per second; f16/f32: time ratio)\n\n");
+  std::printf("  (KV GB/s: bytes of K and V as stored read per second; vs f32: time ratio)\n\n");
   if (kv_only) {
     bw = std::max(bw, bench::measure_read_bandwidth_gbs(threads));
     out["read_bw_gbs"] = bw;

@@ -201,6 +201,20 @@ inline void q4_dot_tile_rt(int mq, const float* const* xr, const Q4Row* wr, int6
   }
 }
 
+// Whole dot products against Q4 rows (attention scores over a Q4 K cache): the same bits as
+// the generic dot_tile_rt over decoded rows, with each group's {d, m} read once per row.
+template <class T>
+inline void dot_tile_rt(int mr, const float* const* xr, const Q4Row* wr, int64_t kc, float* out) {
+  constexpr int NR = T::NR;
+  static_assert(T::MR <= 4);
+  switch (mr) {
+    case 1: return q4_dot_tile<T, 1, NR>(xr, wr, kc, Q4Prefetch{}, out);
+    case 2: if constexpr (T::MR >= 2) q4_dot_tile<T, 2, NR>(xr, wr, kc, Q4Prefetch{}, out); return;
+    case 3: if constexpr (T::MR >= 3) q4_dot_tile<T, 3, NR>(xr, wr, kc, Q4Prefetch{}, out); return;
+    default: if constexpr (T::MR >= 4) q4_dot_tile<T, 4, NR>(xr, wr, kc, Q4Prefetch{}, out); return;
+  }
+}
+
 template <class T>
 void linear_direct_q4(const LinearTask& t) {
   constexpr int MQ = T::Q4_MQ;
