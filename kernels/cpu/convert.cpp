@@ -4,6 +4,7 @@
 #include <tbb/parallel_for.h>
 
 #include "core/error.h"
+#include "core/quant4.h"
 #include "kernels/cpu/detail/isa.h"
 #include "kernels/cpu/ops.h"
 
@@ -60,7 +61,24 @@ void from_f32_isa(Isa isa, const float* src, int64_t n, DType dst_dtype, void* d
   });
 }
 
+void decode_q4_isa(Isa isa, const void* src, int64_t rows, int64_t cols, float* dst, int64_t dst_stride) {
+  FH_CHECK(rows >= 0 && cols > 0 && dst_stride >= cols, "decode_q4: bad sizes rows=", rows, " cols=", cols,
+           " dst_stride=", dst_stride);
+  if (rows == 0) return;
+  FH_CHECK(src && dst, "decode_q4: null pointer");
+  const KernelTable& kt = kernels(isa);
+  const int64_t rows_per_block = (kConvertBlock + cols - 1) / cols;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, rows_per_block), [&](const tbb::blocked_range<int64_t>& r) {
+    kt.q4_decode(static_cast<const uint8_t*>(src) + r.begin() * q4::row_bytes(cols), r.end() - r.begin(), cols,
+                 dst + r.begin() * dst_stride, dst_stride);
+  });
+}
+
 }  // namespace detail
+
+void decode_q4(const void* src, int64_t rows, int64_t cols, float* dst, int64_t dst_stride) {
+  detail::decode_q4_isa(detail::best_isa(), src, rows, cols, dst, dst_stride);
+}
 
 void to_f32(DType src_dtype, const void* src, int64_t n, float* dst) {
   detail::to_f32_isa(detail::best_isa(), src_dtype, src, n, dst);

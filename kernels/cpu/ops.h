@@ -59,6 +59,10 @@ void silu_mul(float* gate, const float* up, int64_t n);
 // neither needs any alignment beyond its element type's. Parallel over large n.
 void to_f32(DType src_dtype, const void* src, int64_t n, float* dst);
 void from_f32(const float* src, int64_t n, DType dst_dtype, void* dst);
+// Q4 records (core/quant4.h) -> fp32: `rows` records of q4::row_bytes(cols) at src, row r to
+// dst + r*dst_stride (dst_stride >= cols). Bit-identical to q4::decode_rows; vectorised and
+// parallel over rows. Materialises a weight (what FlexGen does before its GEMM).
+void decode_q4(const void* src, int64_t rows, int64_t cols, float* dst, int64_t dst_stride);
 
 // KV cache layout: [B, kv_heads, capacity, head_dim] of the cache dtype (F32, F16 or BF16),
 // or for Q4 [B, kv_heads, capacity] records of q4::row_bytes(head_dim) (groups along head_dim);

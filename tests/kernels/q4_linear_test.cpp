@@ -74,7 +74,7 @@ TEST_P(Q4Linear, EqualsF32LinearOverDecodedWeightsAndTheDoubleReference) {
 
 INSTANTIATE_TEST_SUITE_P(All, Q4Linear,
                          ::testing::Combine(::testing::ValuesIn(available_isas()),
-                                            ::testing::Values<int64_t>(1, 3, 17, 64, 200),
+                                            ::testing::Values<int64_t>(1, 2, 3, 6, 8, 17, 64, 200),
                                             ::testing::Values<int64_t>(1, 63, 65, 127, 300, 1100)),
                          [](const ::testing::TestParamInfo<Q4LinearParam>& i) {
                            return std::string(isa_str(std::get<0>(i.param))) + "_M" +
@@ -115,6 +115,26 @@ TEST(Q4Linear, RejectsAWeightWhoseRowsDoNotMatchK) {
   std::vector<float> x(2 * 64), y(8);
   EXPECT_THROW(linear(x.data(), 2, 64, w.q4, nullptr, y.data(), Epilogue::kStore), Error);
 }
+
+class Q4Decode : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(Q4Decode, BitIdenticalToTheReferenceAtAnyStride) {
+  for (int64_t cols : {1, 7, 16, 63, 64, 65, 127, 300, 4101}) {
+    const int64_t rows = cols > 1000 ? 40 : 300, stride = cols + 5;  // several parallel blocks
+    const Q4Weights w = make_q4(rows, cols, uint32_t(cols), 3.f);
+    std::vector<float> out(size_t(rows * stride), -7.f);
+    detail::decode_q4_isa(GetParam(), w.rec.data(), rows, cols, out.data(), stride);
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_TRUE(bit_equal(out.data() + r * stride, w.dec.data() + r * cols, size_t(cols))) << "cols " << cols << " row " << r;
+      for (int64_t i = cols; i < stride; ++i) ASSERT_EQ(out[size_t(r * stride + i)], -7.f) << "wrote past the row";
+    }
+  }
+  std::vector<float> out(8);
+  EXPECT_THROW(detail::decode_q4_isa(GetParam(), out.data(), 1, 8, out.data(), 7), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Q4Decode, ::testing::ValuesIn(available_isas()),
+                         [](const ::testing::TestParamInfo<Isa>& i) { return isa_str(i.param); });
 
 TEST(Q4Embedding, ChosenRowsDecodeExactlyAndAddEmbeddingAdds) {
   for (int64_t D : {1, 7, 64, 65, 300}) {

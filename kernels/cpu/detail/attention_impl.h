@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/detail/isa.h"
 #include "kernels/cpu/detail/linear_impl.h"
@@ -23,9 +24,6 @@ namespace flexh2o::cpu::detail {
 // rows streams from memory, so only it prefetches. A prefetch never faults or changes a value.
 constexpr int64_t kAttnPrefetchK = 12 << 10, kAttnPrefetchV = 8 << 10;
 
-inline void prefetch_l2(const void* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o, 0, 2);
-}
 
 // acc[q*NV + v] += sum over j in [j0, j1) of prow[q][j] * V[j][d0 + v*L ...] (in j order);
 // vb is the handle of V row 0. pf > 0: prefetch the same columns of row j + pf.
@@ -40,9 +38,18 @@ inline void pv_run(typename T::V* acc, const float* const* prow, const VR& vb, i
     const auto vp = row_at(vb, j, d);
     if (pf && j + pf < j1) prefetch_l2(elem_addr(row_at(vb, j + pf, d), d0), pf_bytes);
     V vv[NV];
+    if constexpr (std::is_same_v<VR, Q4Row>) {  // the NV vectors lie in one group: one {d, m}
+      static_assert(q4::kGroup % (T::PV_V * L) == 0);
+      const auto g = q4_group_of<T>(vp, d0);
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v)
-      vv[v] = (v == NV - 1 && tail) ? wload_tail<T>(vp, d0 + v * L, tail) : wload<T>(vp, d0 + v * L);
+      for (int v = 0; v < NV; ++v)
+        vv[v] = (v == NV - 1 && tail) ? T::q4_vec_tail(g, vp.rec + (d0 + v * L) / 2, tail)
+                                      : T::q4_vec(g, vp.rec + (d0 + v * L) / 2);
+    } else {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        vv[v] = (v == NV - 1 && tail) ? wload_tail<T>(vp, d0 + v * L, tail) : wload<T>(vp, d0 + v * L);
+    }
 #pragma GCC unroll 8
     for (int q = 0; q < QN; ++q) {
       V p = T::set1(prow[q][j]);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/cpu/detail/isa.h"
+#include "kernels/cpu/detail/rows_impl.h"
 
 namespace flexh2o::cpu::detail {
 
@@ -50,6 +51,14 @@ void from_f32(const float* src, int64_t n, DType dtype, void* dst) {
     case DType::BF16: return convert_run<T>(src, n, static_cast<bf16_t*>(dst));
     default: std::memcpy(dst, src, size_t(n) * sizeof(float));
   }
+}
+
+// Q4 records [rows] of cols -> fp32 rows at dst + r*dst_stride, each element as the linear
+// and attention loads decode it (so bit-identical to q4::decode_rows).
+template <class T>
+void q4_decode(const void* src, int64_t rows, int64_t cols, float* dst, int64_t dst_stride) {
+  const Q4Row first = first_row<q4_t>(src, cols);
+  for (int64_t r = 0; r < rows; ++r) q4_decode_span<T>(row_at(first, r, cols), 0, cols, dst + r * dst_stride);
 }
 
 }  // namespace flexh2o::cpu::detail

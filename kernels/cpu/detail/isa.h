@@ -77,6 +77,7 @@ struct KernelTable {
   void (*silu_mul)(float* gate, const float* up, int64_t n);
   void (*to_f32)(DType dtype, const void* src, int64_t n, float* dst);    // one block, no checks
   void (*from_f32)(const float* src, int64_t n, DType dtype, void* dst);  // one block, no checks
+  void (*q4_decode)(const void* src, int64_t rows, int64_t cols, float* dst, int64_t dst_stride);
 };
 
 const KernelTable& kernels_scalar();
@@ -96,5 +97,6 @@ void check_kv_dtype(DType dtype, const char* what);     // throws unless F32, F1
 void check_float_dtype(DType dtype, const char* what);  // throws unless F32, F16 or BF16
 void to_f32_isa(Isa isa, DType src_dtype, const void* src, int64_t n, float* dst);
 void from_f32_isa(Isa isa, const float* src, int64_t n, DType dst_dtype, void* dst);
+void decode_q4_isa(Isa isa, const void* src, int64_t rows, int64_t cols, float* dst, int64_t dst_stride);
 
 }  // namespace flexh2o::cpu::detail

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/detail/isa.h"
 #include "kernels/cpu/detail/rows_impl.h"
@@ -122,6 +123,132 @@ void linear_direct(const LinearTask& t) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Direct path for Q4 weights: NQ w rows x MQ x rows per tile, K walked group by group, so a
+// group's {d, m} is read once per row, each decoded w vector serves all MQ rows of x and each
+// x vector all NQ rows of w. MQ is at most 4 (T::Q4_MQ): 8 rows of x at K = 2048 no longer
+// fit L1, and on AVX-512 a 4-row tile decoding w twice for M = 8 measured 1.6x faster than
+// one 8 x 2 tile (bench/RESULTS.md, 2026-12-01). The chains and the reduction are the ones dot_tile runs over the decoded values,
+// so the bits equal the packed path's and the fp32 path's over q4::decode_rows.
+// pf: bytes to prefetch into L2 from pf_at, pf_step of them per group (a later tile's rows).
+struct Q4Prefetch {
+  const uint8_t* at = nullptr;
+  int64_t left = 0, step = 0;
+};
+template <class T, int MQ, int NQ>
+inline void q4_dot_tile(const float* const* xr, const Q4Row* wr, int64_t K, Q4Prefetch pf, float* out) {
+  using V = typename T::V;
+  constexpr int L = T::L;
+  V acc[MQ * NQ];
+#pragma GCC unroll 32
+  for (int i = 0; i < MQ * NQ; ++i) acc[i] = T::zero();
+  for (int64_t g0 = 0; g0 < K; g0 += q4::kGroup) {
+    const int64_t ge = g0 + q4::kGroup < K ? g0 + q4::kGroup : K;
+    if (pf.left > 0) {
+      const int64_t n = pf.step < pf.left ? pf.step : pf.left;
+      prefetch_l2(pf.at, n);
+      pf.at += n;
+      pf.left -= n;
+    }
+    typename T::Q4G gs[NQ];
+#pragma GCC unroll 8
+    for (int j = 0; j < NQ; ++j) gs[j] = q4_group_of<T>(wr[j], g0);
+    int64_t k = g0;
+    for (; k + L <= ge; k += L) {
+      V xv[MQ];
+#pragma GCC unroll 8
+      for (int m = 0; m < MQ; ++m) xv[m] = T::load(xr[m] + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NQ; ++j) {
+        const V wv = T::q4_vec(gs[j], wr[j].rec + k / 2);
+#pragma GCC unroll 8
+        for (int m = 0; m < MQ; ++m) acc[m * NQ + j] = T::fma(xv[m], wv, acc[m * NQ + j]);
+      }
+    }
+    if (k < ge) {
+      const int r = int(ge - k);
+      V xv[MQ];
+      for (int m = 0; m < MQ; ++m) xv[m] = T::load_tail(xr[m] + k, r);
+      for (int j = 0; j < NQ; ++j) {
+        const V wv = T::q4_vec_tail(gs[j], wr[j].rec + k / 2, r);
+        for (int m = 0; m < MQ; ++m) acc[m * NQ + j] = T::fma(xv[m], wv, acc[m * NQ + j]);
+      }
+    }
+  }
+  V fin[MQ * NQ];  // (see dot_tile: reduce from a copy)
+#pragma GCC unroll 32
+  for (int i = 0; i < MQ * NQ; ++i) fin[i] = acc[i];
+  T::template reduce<MQ * NQ>(fin, out);
+}
+
+// w rows per tile for mq x rows: as many as keep the accumulators, the groups' decode state
+// and the x vectors in registers (T::q4_nq).
+constexpr int kQ4MaxNQ = 8;
+constexpr int64_t kQ4PrefetchTiles = 2;
+template <class T, int MQ>
+inline void q4_dot_rt(const float* const* xr, const Q4Row* wr, int64_t K, Q4Prefetch pf, float* out) {
+  constexpr int NQ = T::q4_nq(MQ);
+  static_assert(NQ <= kQ4MaxNQ);
+  q4_dot_tile<T, MQ, NQ>(xr, wr, K, pf, out);
+}
+template <class T>
+inline void q4_dot_tile_rt(int mq, const float* const* xr, const Q4Row* wr, int64_t K, Q4Prefetch pf, float* out) {
+  static_assert(T::Q4_MQ == 4);
+  switch (mq) {
+    case 1: return q4_dot_rt<T, 1>(xr, wr, K, pf, out);
+    case 2: return q4_dot_rt<T, 2>(xr, wr, K, pf, out);
+    case 3: return q4_dot_rt<T, 3>(xr, wr, K, pf, out);
+    default: return q4_dot_rt<T, 4>(xr, wr, K, pf, out);
+  }
+}
+
+// Whole dot products against Q4 rows (attention scores over a Q4 K cache): the same bits as
+// the generic dot_tile_rt over decoded rows, with each group's {d, m} read once per row.
+template <class T>
+inline void dot_tile_rt(int mr, const float* const* xr, const Q4Row* wr, int64_t kc, float* out) {
+  constexpr int NR = T::NR;
+  static_assert(T::MR <= 4);
+  switch (mr) {
+    case 1: return q4_dot_tile<T, 1, NR>(xr, wr, kc, Q4Prefetch{}, out);
+    case 2: if constexpr (T::MR >= 2) q4_dot_tile<T, 2, NR>(xr, wr, kc, Q4Prefetch{}, out); return;
+    case 3: if constexpr (T::MR >= 3) q4_dot_tile<T, 3, NR>(xr, wr, kc, Q4Prefetch{}, out); return;
+    default: if constexpr (T::MR >= 4) q4_dot_tile<T, 4, NR>(xr, wr, kc, Q4Prefetch{}, out); return;
+  }
+}
+
+template <class T>
+void linear_direct_q4(const LinearTask& t) {
+  constexpr int MQ = T::Q4_MQ;
+  const int64_t K = t.K;
+  const Q4Row w = first_row<q4_t>(t.w, K);
+  for (int64_t m = t.m0; m < t.m1; m += MQ) {
+    const int mq = int(t.m1 - m < MQ ? t.m1 - m : MQ), nq = T::q4_nq(mq);
+    const float* xr[MQ];
+    for (int i = 0; i < MQ; ++i) xr[i] = t.x + (m + (i < mq ? i : 0)) * K;
+    for (int64_t n = t.n0; n < t.n1; n += nq) {
+      const int nr = int(t.n1 - n < nq ? t.n1 - n : nq);
+      Q4Row wr[kQ4MaxNQ];
+      for (int j = 0; j < nq; ++j) wr[j] = row_at(w, n + (j < nr ? j : 0), K);
+      // Rows of a tile are short (K/2 bytes), too short for the hardware prefetcher to ramp
+      // up on, so each tile prefetches the tile kQ4PrefetchTiles ahead, spread over its groups.
+      Q4Prefetch pf;
+      const int64_t pf_row = n + kQ4PrefetchTiles * nq;
+      if (pf_row < t.n1) {
+        pf.at = row_at(w, pf_row, K).rec;
+        pf.left = (pf_row + nq < t.n1 ? nq : t.n1 - pf_row) * q4::row_bytes(K);
+        pf.step = (pf.left + q4::groups(K) - 1) / q4::groups(K);
+      }
+      float s[MQ * kQ4MaxNQ];
+      q4_dot_tile_rt<T>(mq, xr, wr, K, pf, s);
+      for (int i = 0; i < mq; ++i)
+        for (int j = 0; j < nr; ++j) {
+          float* yp = t.y + (m + i) * t.N + n + j;
+          *yp = apply_epilogue<T>(t.ep, s[i * nq + j], t.bias ? t.bias[n + j] : 0.f, t.bias, *yp);
+        }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Packed path (large M): per K chunk, the task's w rows are converted (exactly) into an
 // fp32 panel that stays in L2 while MR-row strips of x stream past it. Between chunks each
 // tile's accumulator vectors wait in `state` (L2), so the chains continue over all of K.
@@ -140,6 +267,11 @@ void linear_packed(const LinearTask& t) {
     for (int64_t j = 0; j < nb; ++j) {
       const auto src = row_at(w, t.n0 + j, K);
       float* dst = panel + j * kLinearKC;
+      if constexpr (std::is_same_v<E, q4_t>) {
+        static_assert(kLinearKC % q4::kGroup == 0, "a K chunk must start a group");
+        q4_decode_span<T>(src, k0, kc, dst);
+        continue;
+      }
       int64_t k = 0;
       for (; k + L <= kc; k += L) T::store(dst + k, wload<T>(src, k0 + k));
       if (k < kc) T::store_tail(dst + k, wload_tail<T>(src, k0 + k, int(kc - k)), int(kc - k));
@@ -180,7 +312,7 @@ void linear_task(const LinearTask& t) {
     case DType::BF16:
       return t.packed ? linear_packed<T, bf16_t>(t) : linear_direct<T, bf16_t>(t);
     case DType::Q4:
-      return t.packed ? linear_packed<T, q4_t>(t) : linear_direct<T, q4_t>(t);
+      return t.packed ? linear_packed<T, q4_t>(t) : linear_direct_q4<T>(t);
     default: return;  // rejected by the driver
   }
 }

@@ -11,6 +11,11 @@
 
 namespace flexh2o::cpu::detail {
 
+// Software prefetch of [p, p + bytes) into L2. A prefetch never faults or changes a value.
+inline void prefetch_l2(const void* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o, 0, 2);
+}
+
 // RowOf<E>: the row handle type for element type E, and the handle of row 0 of a buffer.
 template <class E>
 struct RowOf {
@@ -55,6 +60,28 @@ template <class T>
 inline typename T::V wload_tail(const Q4Row& row, int64_t k, int n) {
   const uint8_t* meta = row.rec + q4::meta_offset(row.cols) + 4 * (k / q4::kGroup);
   return T::load_q4_tail(row.rec + k / 2, meta, n);
+}
+
+// The group whose elements include k, and dst[i] = element k0 + i of a Q4 row for i < n,
+// reading each group's {d, m} once. k0 is a multiple of L; k0 + n is the row's end or a
+// multiple of L, so only the last vector can be partial.
+template <class T>
+inline typename T::Q4G q4_group_of(const Q4Row& row, int64_t k) {
+  return T::q4_group(row.rec + q4::meta_offset(row.cols) + 4 * (k / q4::kGroup));
+}
+template <class T>
+inline void q4_decode_span(const Q4Row& row, int64_t k0, int64_t n, float* dst) {
+  constexpr int L = T::L;
+  const int64_t end = k0 + n;
+  for (int64_t k = k0; k < end;) {
+    const auto g = q4_group_of<T>(row, k);
+    const int64_t ge = (k / q4::kGroup + 1) * q4::kGroup < end ? (k / q4::kGroup + 1) * q4::kGroup : end;
+    for (; k + L <= ge; k += L) T::store(dst + (k - k0), T::q4_vec(g, row.rec + k / 2));
+    if (k < ge) {
+      T::store_tail(dst + (k - k0), T::q4_vec_tail(g, row.rec + k / 2, int(ge - k)), int(ge - k));
+      k = ge;
+    }
+  }
 }
 
 }  // namespace flexh2o::cpu::detail

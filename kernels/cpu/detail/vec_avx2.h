@@ -17,6 +17,8 @@ struct VecAvx2 {
   using V = __m256;
   static constexpr int L = 8;
   static constexpr int MR = 3, NR = 4;  // linear register tile: 12 accumulators
+  static constexpr int Q4_MQ = 4;  // x rows per Q4 direct-path tile (linear_direct_q4)
+  static constexpr int q4_nq(int mq) { return mq <= 2 ? 4 : 2; }  // w rows per Q4 tile
   static constexpr int PV_Q = 2, PV_V = 4;
 
   static V zero() { return _mm256_setzero_ps(); }
@@ -41,27 +43,36 @@ struct VecAvx2 {
     return load(buf);
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  // Q4 (core/quant4.h): 8 codes from 4 bytes, low nibble first, decoded as fmaf(q, d, m)
-  // with the group's {d, m} at meta; one rounding, so bit-identical to q4::decode_rows.
-  static V q4_decode(int32_t bytes, const uint8_t* meta) {
-    const __m128i b = _mm_cvtsi32_si128(bytes);
-    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+  // Q4 (core/quant4.h): 8 codes (4 bytes, low nibble first) broadcast to every lane, lane i
+  // shifted to nibble i, then fmaf(q, d, m) with the group's {d, m} (q4_group, once per
+  // group); one rounding, so bit-identical to q4::decode_rows.
+  struct Q4G {
+    V d, m;
+  };
+  static Q4G q4_group(const uint8_t* meta) {
     int32_t dm;
     std::memcpy(&dm, meta, 4);
     const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));  // lanes: d, m
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))),
-                           _mm256_broadcastss_ps(f), _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
+    return {_mm256_broadcastss_ps(f), _mm256_broadcastss_ps(_mm_movehdup_ps(f))};
   }
-  static V load_q4(const uint8_t* codes, const uint8_t* meta) {
+  static V q4_decode(const Q4G& g, int32_t bytes4) {
+    const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(bytes4), sh), _mm256_set1_epi32(0xf));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), g.d, g.m);
+  }
+  static V q4_vec(const Q4G& g, const uint8_t* codes) {
     int32_t c;
     std::memcpy(&c, codes, 4);
-    return q4_decode(c, meta);
+    return q4_decode(g, c);
   }
-  static V load_q4_tail(const uint8_t* codes, const uint8_t* meta, int n) {
+  static V q4_vec_tail(const Q4G& g, const uint8_t* codes, int n) {
     int32_t c = 0;
     std::memcpy(&c, codes, size_t(n + 1) / 2);
-    return _mm256_and_ps(q4_decode(c, meta), _mm256_castsi256_ps(mask(n)));
+    return _mm256_and_ps(q4_decode(g, c), _mm256_castsi256_ps(mask(n)));
+  }
+  static V load_q4(const uint8_t* codes, const uint8_t* meta) { return q4_vec(q4_group(meta), codes); }
+  static V load_q4_tail(const uint8_t* codes, const uint8_t* meta, int n) {
+    return q4_vec_tail(q4_group(meta), codes, n);
   }
   // Conversions for to_f32/from_f32, bit-identical to core/dtype.h. vcvtph2ps quiets
   // signalling NaNs (sets bit 22); the reference keeps them, so those lanes flip it back.

@@ -17,6 +17,8 @@ struct VecAvx512 {
   using V = __m512;
   static constexpr int L = 16;
   static constexpr int MR = 4, NR = 6;  // linear register tile: 24 accumulators
+  static constexpr int Q4_MQ = 4;  // x rows per Q4 direct-path tile (linear_direct_q4)
+  static constexpr int q4_nq(int mq) { return mq <= 2 ? 8 : 4; }  // w rows per Q4 tile
   static constexpr int PV_Q = 4, PV_V = 4;  // attention P.V tile: queries x vectors of d
 
   static V zero() { return _mm512_setzero_ps(); }
@@ -40,26 +42,33 @@ struct VecAvx512 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  // Q4 (core/quant4.h): 16 codes from 8 bytes, low nibble first, decoded as fmaf(q, d, m)
-  // with the group's {d, m} at meta; one rounding, so bit-identical to q4::decode_rows.
-  static __m128i q4_nibbles(__m128i b) {
-    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
-    return _mm_unpacklo_epi8(lo, hi);
-  }
-  static V q4_scale(__m128i q, const uint8_t* meta) {
+  // Q4 (core/quant4.h). A group's 16 possible values fmaf(q, d, m), q = 0..15, are one
+  // vector (the table; one rounding each, so bit-identical to q4::decode_rows); a vector of
+  // 16 codes (8 bytes, low nibble first) is then a lookup: lane i's dword holds the code
+  // bytes shifted so that nibble i is its low 4 bits, and vpermps reads only those.
+  using Q4G = V;
+  static Q4G q4_group(const uint8_t* meta) {
     int32_t dm;
     std::memcpy(&dm, meta, 4);
     const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));  // lanes: d, m
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), _mm512_broadcastss_ps(f),
-                           _mm512_broadcastss_ps(_mm_movehdup_ps(f)));
+    const V iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_fmadd_ps(iota, _mm512_broadcastss_ps(f), _mm512_broadcastss_ps(_mm_movehdup_ps(f)));
   }
-  static V load_q4(const uint8_t* codes, const uint8_t* meta) {
-    return q4_scale(q4_nibbles(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))), meta);
+  static __m512i q4_index(__m128i bytes8) {  // lanes 0-7: code bytes 0-3, lanes 8-15: 4-7
+    const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i sh = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    return _mm512_srlv_epi32(_mm512_permutexvar_epi32(sel, _mm512_castsi128_si512(bytes8)), sh);
   }
-  static V load_q4_tail(const uint8_t* codes, const uint8_t* meta, int n) {
+  static V q4_vec(const Q4G& g, const uint8_t* codes) {
+    return _mm512_permutexvar_ps(q4_index(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))), g);
+  }
+  static V q4_vec_tail(const Q4G& g, const uint8_t* codes, int n) {
     const __m128i b = _mm_maskz_loadu_epi8(__mmask16((1u << ((n + 1) / 2)) - 1u), codes);
-    return _mm512_maskz_mov_ps(mask(n), q4_scale(q4_nibbles(b), meta));
+    return _mm512_maskz_permutexvar_ps(mask(n), q4_index(b), g);
+  }
+  static V load_q4(const uint8_t* codes, const uint8_t* meta) { return q4_vec(q4_group(meta), codes); }
+  static V load_q4_tail(const uint8_t* codes, const uint8_t* meta, int n) {
+    return q4_vec_tail(q4_group(meta), codes, n);
   }
   // Conversions for to_f32/from_f32, bit-identical to core/dtype.h. vcvtph2ps quiets
   // signalling NaNs (sets bit 22); the reference keeps them, so those lanes flip it back.

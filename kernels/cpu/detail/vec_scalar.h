@@ -19,6 +19,8 @@ struct VecScalar {
   };
   static constexpr int L = 8;
   static constexpr int MR = 2, NR = 4;
+  static constexpr int Q4_MQ = 4;  // x rows per Q4 direct-path tile (linear_direct_q4)
+  static constexpr int q4_nq(int mq) { return mq <= 2 ? 4 : 2; }  // w rows per Q4 tile
   static constexpr int PV_Q = 2, PV_V = 2;
 
   template <typename F>
@@ -40,16 +42,24 @@ struct VecScalar {
   // Q4 (core/quant4.h), decoded as fmaf(q, d, m) without an FMA instruction: in double, q*d
   // and + m are exact (f16 d and m are multiples of 2^-24 below 2^16, so every value here is
   // a multiple of 2^-24 below 2^21: 45 bits), and the conversion to float is the one rounding.
-  static float q4_value(const uint8_t* codes, int i, float d, float m) {
-    const int q = (codes[i / 2] >> (4 * (i & 1))) & 0xf;
-    return float(double(q) * double(d) + double(m));
+  struct Q4G {
+    float d, m;
+  };
+  static Q4G q4_group(const uint8_t* meta) {
+    return {f16_to_f32(uint16_t(meta[0] | meta[1] << 8)), f16_to_f32(uint16_t(meta[2] | meta[3] << 8))};
   }
+  static V q4_vec_tail(const Q4G& g, const uint8_t* codes, int n) {
+    return map([&](int i) {
+      if (i >= n) return 0.f;
+      const int q = (codes[i / 2] >> (4 * (i & 1))) & 0xf;
+      return float(double(q) * double(g.d) + double(g.m));
+    });
+  }
+  static V q4_vec(const Q4G& g, const uint8_t* codes) { return q4_vec_tail(g, codes, L); }
+  static V load_q4(const uint8_t* codes, const uint8_t* meta) { return q4_vec(q4_group(meta), codes); }
   static V load_q4_tail(const uint8_t* codes, const uint8_t* meta, int n) {
-    const float d = f16_to_f32(uint16_t(meta[0] | meta[1] << 8));
-    const float m = f16_to_f32(uint16_t(meta[2] | meta[3] << 8));
-    return map([&](int i) { return i < n ? q4_value(codes, i, d, m) : 0.f; });
+    return q4_vec_tail(q4_group(meta), codes, n);
   }
-  static V load_q4(const uint8_t* codes, const uint8_t* meta) { return load_q4_tail(codes, meta, L); }
   static V load_exact(const half_t* p) { return load(p); }  // the reference itself
   static void store(half_t* p, V v) {
     for (int i = 0; i < L; ++i) p[i].bits = f32_to_f16(v.v[i]);
