@@ -100,7 +100,8 @@ class Device {
     return nullptr;
   }
   // Blocking: converts host tensor `src` (f32/f16/bf16) to weight_dtype(src.dtype) into `dst`
-  // (device memory of src.numel() elements).
+  // (device memory of src.numel() elements); a Q4 `src` (records, compressed by the engine at
+  // placement) is copied as it is (src.nbytes() bytes).
   virtual void upload(void* dst, const TensorView& src) = 0;
   // Sizes the compute ops' scratch for steps of up to `rows` rows and `seqs` sequences and
   // returns its charge to `budget` (device_scratch_bytes() below), which the caller holds while

@@ -2,7 +2,8 @@
 // every 2-D weight as Q4 records on every tier (bytes from the one formula), the memory plan
 // sizes Q4 KV rows, the disk store's identity includes compression (a store built one way is
 // rebuilt, not reused, the other way), and offloaded runs with W4 / KV4 / W4+KV4 give the
-// in-memory compressed run's logits bit for bit over a grid of placements and KV policies.
+// in-memory compressed run's logits bit for bit over a grid of placements and KV policies (and
+// the hazard-checking device finds every access ordered).
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -233,6 +234,30 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-opt", "0 0 0 50 100 0", 2, 2, true, false, true, K::kH2o},
                       Case{"tiny-llama", "50 0 34 33 100 0", 2, 3}, Case{"tiny-llama", "0 0 0 100 0 100", 3, 2, true},
                       Case{"tiny-llama", "0 100 0 0 0 100", 3, 2, true, true, true, K::kH2o}));
+
+// The hazard-checking device over compressed runs: every access (sized by Q4 records) is ordered
+// after its writer by the schedule, with weights and KV on every tier and H2O.
+TEST(CompressHazards, TheScheduleCoversEveryAccess) {
+  for (const Case& c : {Case{"tiny-opt", "20 30 34 33 0 100", 3, 2, true, true, true, K::kH2o},
+                        Case{"tiny-llama", "0 50 0 50 0 100", 2, 3, true}}) {
+    Model model = Model::load_dir(model_dir(c.model));
+    CpuDeviceOptions co;
+    co.threads = 2, co.check_hazards = true, co.max_delay_us = 200;
+    CpuDevice dev(co);
+    const auto policy = kv_policy(c.kv);
+    test::TempDir dir;
+    OffloadOptions o;
+    o.policy = test::policy_of(c.percent, c.gbs, c.ngb, c.cpu_attention);
+    o.policy.compress_weight = c.w4;
+    o.policy.compress_cache = c.kv4;
+    o.offload_dir = dir.path();
+    o.kv_policy = policy.get();
+    OffloadEngine eng(model, dev, o);
+    auto reqs = requests(c.model);
+    reqs.resize(4);
+    EXPECT_NO_THROW(test::run_greedy(eng, reqs)) << c;
+  }
+}
 
 }  // namespace
 }  // namespace flexh2o
