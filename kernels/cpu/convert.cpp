@@ -3,6 +3,9 @@
 // element is converted alone, so neither the blocks nor the thread count change a bit.
 #include <tbb/parallel_for.h>
 
+#include <atomic>
+#include <string>
+
 #include "core/error.h"
 #include "core/quant4.h"
 #include "kernels/cpu/detail/isa.h"
@@ -75,6 +78,39 @@ void decode_q4_isa(Isa isa, const void* src, int64_t rows, int64_t cols, float* 
 }
 
 }  // namespace detail
+
+void encode_q4(DType src_dtype, const void* src, int64_t src_stride, int64_t rows, int64_t cols, void* dst,
+               const std::string& what) {
+  detail::check_float_dtype(src_dtype, "encode_q4");
+  FH_CHECK(rows >= 0 && cols > 0 && src_stride >= cols, "encode_q4: bad sizes rows=", rows, " cols=", cols,
+           " src_stride=", src_stride);
+  if (rows == 0) return;
+  FH_CHECK(src && dst, "encode_q4: null pointer");
+  const size_t es = dtype_size(src_dtype);
+  auto encode = [&](int64_t r0, int64_t n) {
+    const char* s = static_cast<const char*>(src) + size_t(r0 * src_stride) * es;
+    uint8_t* d = static_cast<uint8_t*>(dst) + r0 * q4::row_bytes(cols);
+    switch (src_dtype) {
+      case DType::F16:
+        return q4::encode_rows_f16(reinterpret_cast<const uint16_t*>(s), src_stride, n, cols, d, what);
+      case DType::BF16:
+        return q4::encode_rows_bf16(reinterpret_cast<const uint16_t*>(s), src_stride, n, cols, d, what);
+      default: return q4::encode_rows(reinterpret_cast<const float*>(s), src_stride, n, cols, d, what);
+    }
+  };
+  // A block's error would name its row within the block, so on any error the whole tensor is
+  // encoded again serially, which throws the reference's error with the tensor's row number.
+  std::atomic<bool> failed{false};
+  const int64_t grain = (detail::kConvertBlock + cols - 1) / cols;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, grain), [&](const tbb::blocked_range<int64_t>& r) {
+    try {
+      encode(r.begin(), r.end() - r.begin());
+    } catch (const Error&) {
+      failed = true;
+    }
+  });
+  if (failed) encode(0, rows);
+}
 
 void decode_q4(const void* src, int64_t rows, int64_t cols, float* dst, int64_t dst_stride) {
   detail::decode_q4_isa(detail::best_isa(), src, rows, cols, dst, dst_stride);

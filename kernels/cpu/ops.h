@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -63,6 +64,13 @@ void from_f32(const float* src, int64_t n, DType dst_dtype, void* dst);
 // dst + r*dst_stride (dst_stride >= cols). Bit-identical to q4::decode_rows; vectorised and
 // parallel over rows. Materialises a weight (what FlexGen does before its GEMM).
 void decode_q4(const void* src, int64_t rows, int64_t cols, float* dst, int64_t dst_stride);
+// The Q4 records of `rows` rows of cols elements of src_dtype (F32, F16 or BF16; row r at
+// src + r*src_stride elements) into dst: the bytes of q4::encode_rows / _f16 / _bf16, in
+// parallel over blocks of rows (compressing a weight when it is placed). Throws the
+// reference's error (naming `what`, the row and the group) on NaN/Inf/beyond-fp16 values;
+// the failing row is not written, other rows may be.
+void encode_q4(DType src_dtype, const void* src, int64_t src_stride, int64_t rows, int64_t cols, void* dst,
+               const std::string& what);
 
 // KV cache layout: [B, kv_heads, capacity, head_dim] of the cache dtype (F32, F16 or BF16),
 // or for Q4 [B, kv_heads, capacity] records of q4::row_bytes(head_dim) (groups along head_dim);

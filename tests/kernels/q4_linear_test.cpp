@@ -1,9 +1,11 @@
 // linear() and embedding() with Q4 weights (core/quant4.h) on every ISA variant of this
 // machine: bit for bit the fp32 op over q4::decode_rows of the same records (the kernels
 // decode inside, in registers or into the packed panel), within fp32 rounding of a double
-// reference, and the determinism contract (a row's bits do not depend on M or threads).
+// reference, and the determinism contract (a row's bits do not depend on M or threads);
+// the encode_q4 / decode_q4 ops byte for byte against the reference.
 #include <tbb/task_arena.h>
 
+#include <limits>
 #include <tuple>
 
 #include "core/quant4.h"
@@ -135,6 +137,42 @@ TEST_P(Q4Decode, BitIdenticalToTheReferenceAtAnyStride) {
 
 INSTANTIATE_TEST_SUITE_P(All, Q4Decode, ::testing::ValuesIn(available_isas()),
                          [](const ::testing::TestParamInfo<Isa>& i) { return isa_str(i.param); });
+
+TEST(Q4Encode, ParallelEncodeEqualsTheReferenceForEverySourceDtype) {
+  for (int64_t cols : {1, 63, 64, 65, 300}) {
+    const int64_t rows = 70000 / cols + 3, stride = cols + 2;  // several parallel blocks
+    const auto v = randn(size_t(rows * stride), uint32_t(cols), 4.f);
+    std::vector<uint16_t> h(v.size()), b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_f16(v[i]), b[i] = f32_to_bf16(v[i]);
+    const size_t nb = size_t(q4::tensor_bytes(rows, cols));
+    std::vector<uint8_t> got(nb), want(nb);
+    encode_q4(DType::F32, v.data(), stride, rows, cols, got.data(), "w");
+    q4::encode_rows(v.data(), stride, rows, cols, want.data(), "w");
+    EXPECT_TRUE(got == want) << "f32 cols " << cols;
+    encode_q4(DType::F16, h.data(), stride, rows, cols, got.data(), "w");
+    q4::encode_rows_f16(h.data(), stride, rows, cols, want.data(), "w");
+    EXPECT_TRUE(got == want) << "f16 cols " << cols;
+    encode_q4(DType::BF16, b.data(), stride, rows, cols, got.data(), "w");
+    q4::encode_rows_bf16(b.data(), stride, rows, cols, want.data(), "w");
+    EXPECT_TRUE(got == want) << "bf16 cols " << cols;
+  }
+}
+
+TEST(Q4Encode, AnErrorNamesTheRowOfTheTensorNotOfItsBlock) {
+  const int64_t rows = 3000, cols = 64;
+  std::vector<float> v(size_t(rows * cols), 1.f);
+  v[size_t(2500 * cols + 7)] = std::numeric_limits<float>::infinity();
+  std::vector<uint8_t> out(size_t(q4::tensor_bytes(rows, cols)));
+  try {
+    encode_q4(DType::F32, v.data(), cols, rows, cols, out.data(), "layers.1.fc1");
+    FAIL() << "Inf accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("layers.1.fc1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("row 2500 group 0"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(encode_q4(DType::I32, v.data(), cols, rows, cols, out.data(), "x"), Error);
+}
 
 TEST(Q4Embedding, ChosenRowsDecodeExactlyAndAddEmbeddingAdds) {
   for (int64_t D : {1, 7, 64, 65, 300}) {

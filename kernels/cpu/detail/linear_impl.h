@@ -96,8 +96,8 @@ inline float apply_epilogue(Epilogue ep, float s, float bias, bool has_bias, flo
 }
 
 // ---------------------------------------------------------------------------------------
-// Direct path (small M): w is read in its own dtype (Q4: decoded), converted in registers;
-// each tile runs over all of K at once.
+// Direct path (small M): w is read in its own dtype, converted in registers; each tile runs
+// over all of K at once. (Q4 weights take linear_direct_q4 below.)
 template <class T, class E>
 void linear_direct(const LinearTask& t) {
   constexpr int MR = T::MR, NR = T::NR;
@@ -127,9 +127,10 @@ void linear_direct(const LinearTask& t) {
 // group's {d, m} is read once per row, each decoded w vector serves all MQ rows of x and each
 // x vector all NQ rows of w. MQ is at most 4 (T::Q4_MQ): 8 rows of x at K = 2048 no longer
 // fit L1, and on AVX-512 a 4-row tile decoding w twice for M = 8 measured 1.6x faster than
-// one 8 x 2 tile (bench/RESULTS.md, 2026-12-01). The chains and the reduction are the ones dot_tile runs over the decoded values,
-// so the bits equal the packed path's and the fp32 path's over q4::decode_rows.
-// pf: bytes to prefetch into L2 from pf_at, pf_step of them per group (a later tile's rows).
+// one 8 x 2 tile (bench/RESULTS.md, 2026-12-01). The chains and the reduction are the ones
+// dot_tile runs over the decoded values, so the bits equal the packed path's and the fp32
+// path's over q4::decode_rows.
+// Q4Prefetch: `left` bytes from `at` (a later tile's rows) go to L2, `step` per group.
 struct Q4Prefetch {
   const uint8_t* at = nullptr;
   int64_t left = 0, step = 0;
