@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/quant4.h"
 #include "engine/placement.h"
 #include "kernels/cpu/ops.h"
 
@@ -20,12 +19,10 @@ void convert_tensor(const TensorView& src, DType dt, void* dst, const std::strin
     FH_CHECK(src.shape.ndim >= 1, "cannot compress scalar ", what);
     const int64_t cols = src.shape[src.shape.ndim - 1], rows = cols ? src.numel() / cols : 0;
     if (rows == 0) return;
-    switch (src.dtype) {
-      case DType::F32: return q4::encode_rows(src.as<float>(), cols, rows, cols, dst, what);
-      case DType::F16: return q4::encode_rows_f16(src.as<uint16_t>(), cols, rows, cols, dst, what);
-      case DType::BF16: return q4::encode_rows_bf16(src.as<uint16_t>(), cols, rows, cols, dst, what);
-      default: FH_FAIL("cannot compress ", what, " of dtype ", dtype_name(src.dtype), " to Q4");
-    }
+    FH_CHECK(src.dtype == DType::F32 || src.dtype == DType::F16 || src.dtype == DType::BF16, "cannot compress ",
+             what, " of dtype ", dtype_name(src.dtype), " to Q4");
+    // The reference's encoding (q4::encode_rows*), in parallel over blocks of rows.
+    return cpu::encode_q4(src.dtype, src.data, cols, rows, cols, dst, what);
   }
   FH_CHECK(src.dtype != DType::Q4, "cannot convert the compressed ", what, " to ", dtype_name(dt));
   constexpr int64_t kChunk = int64_t(1) << 20;
