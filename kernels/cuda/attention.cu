@@ -295,6 +295,8 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   FH_CHECK(a.q && a.k && a.v && a.out && a.seq_keys, "attention: null pointer");
   FH_CHECK(a.q_stride >= a.n_heads * a.head_dim && a.out_stride >= a.n_heads * a.head_dim,
            "attention: row stride smaller than n_heads*head_dim");
+  FH_CHECK(kv != DType::Q4 || (reinterpret_cast<uintptr_t>(a.k) % 4 == 0 && reinterpret_cast<uintptr_t>(a.v) % 4 == 0),
+           "attention: Q4 caches must start 4-byte aligned");
   dispatch_attention(a.dtype, kv, a.head_dim, [&](auto tq, auto tkv, auto hd) {
     launch_attention<decltype(tq), decltype(tkv), decltype(hd)::value>(a, max_keys, stream);
   });

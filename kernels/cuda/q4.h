@@ -19,11 +19,13 @@
 namespace flexh2o::gpu {
 
 // Rows up to which linear_q4 runs the fused kernel (q4_gemv) rather than dequantizing the
-// weight into scratch and calling cuBLAS. The fused kernel reads 0.56 bytes per weight instead
-// of 2 (plus 2 written and read back), but each weight feeds only M FMAs from L1-resident x,
-// so it loses to tensor cores as M grows. 8 is a reasoned first value (decode steps of a small
-// micro-batch); bench/gpu_check.sh times both paths per M and is where it gets tuned.
+// weight into scratch and calling cuBLAS. The fused kernel reads 36/64 bytes per weight where
+// the other path reads those, writes 2 and reads them back; but each decoded weight feeds only M
+// FMAs on CUDA cores with x from L1, so it loses to tensor cores as M grows. 8 is a reasoned
+// first value (decode steps of a small micro-batch); bench_gpu (run by bench/gpu_check.sh)
+// times both paths per M ("q4 fused speedup over dequant"), and this is set from those rows.
 inline constexpr int64_t kQ4FusedMaxRows = 8;
+
 // Encodes `rows` rows of `cols` values of `src_dtype` (F32, F16 or BF16; row r at
 // src + r*src_stride elements) into Q4 records (row r at dst + r*q4::row_bytes(cols)), codes
 // and meta bit-identical to q4::encode_rows* on the same values. A group the host would refuse
