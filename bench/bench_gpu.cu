@@ -207,6 +207,10 @@ int main(int argc, char** argv) {
         q4_encode_rows(DType::F16, w, K, N, K, wq, s);
         __half* deq = bn.alloc<__half>(size_t(N * K));
         const double q4bytes = double(q4::tensor_bytes(N, K));
+        // Our row format's decode next to FlexGen's layout above (same weight, same byte count).
+        const double decms = bn.time_ms([&] { q4_decode_rows(wq, N, K, DType::F16, deq, K, s); }, 5);
+        rows.push_back({"q4_decode_rows 16384x4096 f16 (row format)", "GB/s", decms, (2.0 * N * K + q4bytes) / decms / 1e6,
+                        copy_gbs});
         for (int64_t M : {int64_t(1), int64_t(2), int64_t(4), int64_t(8), int64_t(16), int64_t(64)}) {
           __half* x = bn.random_half(size_t(M * K), 12);
           __half* y = bn.alloc<__half>(size_t(M * N));

@@ -41,8 +41,8 @@ __device__ __forceinline__ float to_out<float>(float v) {
 
 template <class T, class O, int MT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    q4_gemv_kernel(const T* x, int M, int64_t K, const uint8_t* w, int64_t N, const T* bias, O* y, Epilogue ep,
-                   bool vec) {
+    q4_gemv_kernel(const T* __restrict__ x, int M, int64_t K, const uint8_t* __restrict__ w, int64_t N,
+                   const T* __restrict__ bias, O* __restrict__ y, Epilogue ep, bool vec) {
   const int lane = threadIdx.x & 31;
   const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (n >= N) return;  // whole warps leave; no block-wide synchronisation follows
@@ -51,6 +51,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   float acc[MT];
 #pragma unroll
   for (int i = 0; i < MT; ++i) acc[i] = 0.f;
+  // Unrolled so each lane has several 4-byte weight loads in flight (nothing in the loop
+  // stores, so the compiler may hoist them): one word per lane would leave HBM underused.
+#pragma unroll 4
   for (int64_t c = lane; c < C; c += 32) {
     const detail::q4m::Chunk wv = detail::q4m::decode_chunk(rec, moff, c);
     const int ne = int(min(int64_t(8), K - 8 * c));

@@ -141,17 +141,19 @@ TEST_P(Q4RowsGpu, EncodeAndDecodeMatchHostBitForBit) {
   expect_bits_equal(as_u32(download_raw(rec, want.size())), as_u32(want), "q4_encode_rows " + what);
 
   const std::vector<float> ref = host_decode(want, rows, cols);
-  const int64_t ds = cols + 5;
-  for (DType out : {DType::F32, DType::F16, DType::BF16}) {
-    void* d = upload(std::vector<float>(size_t(rows * ds), 7.f), out);
-    q4_decode_rows(upload_raw(want), rows, cols, out, d, ds, stream());
-    const std::vector<float> got = download(d, size_t(rows * ds), out);
-    std::vector<float> packed(size_t(rows * cols));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) packed[size_t(r * cols + c)] = got[size_t(r * ds + c)];
-    expect_bits_equal(float_bits(packed), float_bits(round_to(ref, out)),
-                      std::string("q4_decode_rows -> ") + dt_str(out) + " " + what);
-    EXPECT_EQ(got[size_t(ds - 1)], 7.f) << "decode wrote past the row";
+  // Row strides: not a multiple of 8 (element stores) and one (16-byte stores of full chunks).
+  for (int64_t ds : {cols + 5, (cols + 7) / 8 * 8 + 8}) {
+    for (DType out : {DType::F32, DType::F16, DType::BF16}) {
+      void* d = upload(std::vector<float>(size_t(rows * ds), 7.f), out);
+      q4_decode_rows(upload_raw(want), rows, cols, out, d, ds, stream());
+      const std::vector<float> got = download(d, size_t(rows * ds), out);
+      std::vector<float> packed(size_t(rows * cols));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) packed[size_t(r * cols + c)] = got[size_t(r * ds + c)];
+      expect_bits_equal(float_bits(packed), float_bits(round_to(ref, out)),
+                        std::string("q4_decode_rows -> ") + dt_str(out) + " stride " + std::to_string(ds) + " " + what);
+      EXPECT_EQ(got[size_t(ds - 1)], 7.f) << "decode wrote past the row";
+    }
   }
 }
 
