@@ -1,7 +1,8 @@
 // bench_gpu — measures this GPU's ceilings (device copy GB/s, cuBLAS fp16 GEMM TFLOP/s, pinned
-// H2D/D2H GB/s) and times the kernels_cuda ops against them at OPT-6.7B-like shapes. Each timed
-// kernel run follows an L2 flush; times are CUDA-event medians. Writes --json FILE, then prints a
-// short table last. Exits 2 (with the reason) when no GPU is usable. Not a test: no checks.
+// H2D/D2H GB/s) and times the kernels_cuda ops against them at OPT-6.7B-like shapes (the Q4
+// rows: fused GEMV against dequantize + cuBLAS per M, tile sizes, our decode next to FlexGen's
+// layout). Each timed kernel run follows an L2 flush; times are CUDA-event medians. Writes
+// --json FILE, then prints a short table last. Exits 2 (with the reason) when no GPU is usable. Not a test: no checks.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
@@ -220,7 +221,19 @@ int main(int argc, char** argv) {
             linear(bn.cublas(), DType::F16, x, M, K, deq, N, bias, y, Epilogue::kRelu, s);
           });
           rows.push_back({"q4 dequant+cuBLAS " + m + " K4096 N16384", "GB/s", dq, q4bytes / dq / 1e6, copy_gbs});
-          if (M > 16) continue;
+          if (M > 16) {
+            // linear_q4's tiles at a batch-decode M: 64 MiB (the cap) against 8 MiB tiles that
+            // stay in L2 between the decode and the GEMM (fewer HBM bytes, more cuBLAS calls).
+            for (size_t tile : {size_t(64) << 20, size_t(8) << 20}) {
+              void* scratch = bn.alloc<uint8_t>(tile);
+              const double tm = bn.time_ms([&] {
+                linear_q4(bn.cublas(), DType::F16, x, M, K, wq, N, bias, y, Epilogue::kRelu, scratch, tile, s);
+              });
+              rows.push_back({"linear_q4 " + m + " tiles of " + std::to_string(tile >> 20) + " MiB", "GB/s", tm,
+                              q4bytes / tm / 1e6, copy_gbs});
+            }
+            continue;
+          }
           const double fu = bn.time_ms([&] {
             q4_gemv(DType::F16, x, M, K, wq, N, bias, y, DType::F16, Epilogue::kRelu, s);
           });
