@@ -1,7 +1,8 @@
 // bench_gpu — measures this GPU's ceilings (device copy GB/s, cuBLAS fp16 GEMM TFLOP/s, pinned
-// H2D/D2H GB/s) and times the kernels_cuda ops against them at OPT-6.7B-like shapes. Each timed
-// kernel run follows an L2 flush; times are CUDA-event medians. Writes --json FILE, then prints a
-// short table last. Exits 2 (with the reason) when no GPU is usable. Not a test: no checks.
+// H2D/D2H GB/s) and times the kernels_cuda ops against them at OPT-6.7B-like shapes (the Q4
+// rows: fused GEMV against dequantize + cuBLAS per M, tile sizes, our decode next to FlexGen's
+// layout). Each timed kernel run follows an L2 flush; times are CUDA-event medians. Writes
+// --json FILE, then prints a short table last. Exits 2 (with the reason) when no GPU is usable. Not a test: no checks.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
@@ -15,7 +16,9 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_probe.h"
+#include "core/quant4.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/q4.h"
 #include "kernels/cuda/quant.h"
 #include "kernels/cuda/resources.h"
 
@@ -197,6 +200,56 @@ int main(int argc, char** argv) {
       const double packed = double(l.code_bytes() + 2 * l.meta_elems());
       rows.push_back({"quantize_4bit 16384x4096 f16", "GB/s", qms, (2.0 * N * K + packed) / qms / 1e6, copy_gbs});
       rows.push_back({"dequantize_4bit 16384x4096 f16", "GB/s", dms, (2.0 * N * K + packed) / dms / 1e6, copy_gbs});
+      // Q4 records (core/quant4.h) of the same weight: the fused GEMV against dequantize +
+      // cuBLAS per M (kQ4FusedMaxRows in kernels/cuda/q4.h is set from these rows: fused wins
+      // while "speedup" > 1), and linear_q4's tiled prefill path against the fp16 GEMM.
+      {
+        uint8_t* wq = bn.alloc<uint8_t>(size_t(q4::tensor_bytes(N, K)));
+        q4_encode_rows(DType::F16, w, K, N, K, wq, s);
+        __half* deq = bn.alloc<__half>(size_t(N * K));
+        const double q4bytes = double(q4::tensor_bytes(N, K));
+        // Our row format's decode next to FlexGen's layout above (same weight, same byte count).
+        const double decms = bn.time_ms([&] { q4_decode_rows(wq, N, K, DType::F16, deq, K, s); }, 5);
+        rows.push_back({"q4_decode_rows 16384x4096 f16 (row format)", "GB/s", decms, (2.0 * N * K + q4bytes) / decms / 1e6,
+                        copy_gbs});
+        for (int64_t M : {int64_t(1), int64_t(2), int64_t(4), int64_t(8), int64_t(16), int64_t(64)}) {
+          __half* x = bn.random_half(size_t(M * K), 12);
+          __half* y = bn.alloc<__half>(size_t(M * N));
+          const std::string m = "M" + std::to_string(M);
+          const double dq = bn.time_ms([&] {
+            q4_decode_rows(wq, N, K, DType::F16, deq, K, s);
+            linear(bn.cublas(), DType::F16, x, M, K, deq, N, bias, y, Epilogue::kRelu, s);
+          });
+          rows.push_back({"q4 dequant+cuBLAS " + m + " K4096 N16384", "GB/s", dq, q4bytes / dq / 1e6, copy_gbs});
+          if (M > 16) {
+            // linear_q4's tiles at a batch-decode M: 64 MiB (the cap) against 8 MiB tiles that
+            // stay in L2 between the decode and the GEMM (fewer HBM bytes, more cuBLAS calls).
+            for (size_t tile : {size_t(64) << 20, size_t(8) << 20}) {
+              void* scratch = bn.alloc<uint8_t>(tile);
+              const double tm = bn.time_ms([&] {
+                linear_q4(bn.cublas(), DType::F16, x, M, K, wq, N, bias, y, Epilogue::kRelu, scratch, tile, s);
+              });
+              rows.push_back({"linear_q4 " + m + " tiles of " + std::to_string(tile >> 20) + " MiB", "GB/s", tm,
+                              q4bytes / tm / 1e6, copy_gbs});
+            }
+            continue;
+          }
+          const double fu = bn.time_ms([&] {
+            q4_gemv(DType::F16, x, M, K, wq, N, bias, y, DType::F16, Epilogue::kRelu, s);
+          });
+          rows.push_back({"q4 fused gemv " + m + " K4096 N16384", "GB/s", fu, q4bytes / fu / 1e6, copy_gbs});
+          rows.push_back({"q4 fused speedup over dequant " + m, "x", fu, dq / fu, 0});
+        }
+        const int64_t M = 2048;
+        __half* x = bn.random_half(size_t(M * K), 13);
+        __half* y = bn.alloc<__half>(size_t(M * N));
+        const size_t tile = size_t(64) << 20;
+        void* scratch = bn.alloc<uint8_t>(tile);
+        const double pm = bn.time_ms([&] {
+          linear_q4(bn.cublas(), DType::F16, x, M, K, wq, N, bias, y, Epilogue::kRelu, scratch, tile, s);
+        });
+        rows.push_back({"linear_q4 M2048 K4096 N16384 (64 MiB tiles)", "TFLOP/s", pm, 2.0 * M * N * K / pm / 1e9, gemm_tf});
+      }
       // layernorm over a 2048 x 4096 activation
       __half* x = bn.random_half(size_t(2048 * K), 10);
       __half* g = bn.random_half(size_t(K), 11);

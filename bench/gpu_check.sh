@@ -8,7 +8,9 @@
 # attention; H2O there; a disk-tier placement), OPT-6.7B (dummy weights) all on the GPU and with
 # weights and KV partly on disk, and OPT-30B in FlexGen's paper policy (--percent 20 80 0 100 0
 # 100, host attention) under --gpu-mem 16GiB with the full cache (the largest block the 128 GiB
-# host holds, 48) and with H2O 20% (the paper's 48 x 3). Every step has its own timeout within a
+# host holds, 48) and with H2O 20% (the paper's 48 x 3); 4-bit compression: tiny-opt tokens with
+# weights and cache compressed, and OPT-1.3B host-streamed weights with and without
+# --compress-weight (tok/s ratio). Every step has its own timeout within a
 # 540 s budget. Outputs go to $OUT (collected by the device tool) or ./gpu_check_out. Without a
 # GPU it says why and exits non-zero. Usage: bench/gpu_check.sh
 #   FLEXH2O_PREBUILT=dir  skip configure/build and use binaries already built in dir.
@@ -189,6 +191,13 @@ e2e_tokens "e2e tiny-opt host H2O" e2e_tiny_opt_h2o --kv-policy h2o --heavy-budg
   --percent 20 80 0 100 0 100 --cpu-cache-compute --gpu-batch-size 2 --num-gpu-batches 2
 e2e_tokens "e2e tiny-opt disk tier" e2e_tiny_opt_disk -- --percent 20 30 0 50 0 100 --gpu-batch-size 2 \
   --num-gpu-batches 2 --offload-dir "$OFFDIR/tiny"
+# 4-bit compression (issue #12): the same greedy tokens with weights and cache compressed on
+# both devices (weights streamed from the host, cache on the GPU; then H2O over a host cache).
+e2e_tokens "e2e tiny-opt W4+KV4" e2e_tiny_opt_q4 --compress-weight --compress-cache -- --percent 0 100 100 0 100 0 \
+  --gpu-batch-size 2 --num-gpu-batches 2
+e2e_tokens "e2e tiny-opt W4+KV4 host H2O" e2e_tiny_opt_q4_h2o --compress-weight --compress-cache --kv-policy h2o \
+  --heavy-budget 8 --recent-budget 8 -- --percent 20 80 0 100 0 100 --cpu-cache-compute --gpu-batch-size 2 \
+  --num-gpu-batches 2
 
 # The one engine on the GPU (bench: dummy weights, EOS ignored), everything device-side within
 # --gpu-mem 16GiB where it says so.
@@ -212,6 +221,16 @@ e2e_offload() {  # name, timeout, file tag, bench args...
     record "$name" FAIL "rc=$rc, see $tag.txt"
   fi
 }
+# Timing row for compression: OPT-1.3B (dummy weights) with every weight homed on the host and
+# streamed each layer, with and without --compress-weight (bytes over the link drop ~3.5x).
+e2e_offload "e2e OPT-1.3B host weights" 60 e2e_opt13b_host -m opt-1.3b --percent 0 100 100 0 100 0 \
+  --gpu-batch-size 32 --num-gpu-batches 1 --prompt-len 512 --gen-len 32
+e2e_offload "e2e OPT-1.3B host weights W4" 60 e2e_opt13b_host_w4 -m opt-1.3b --percent 0 100 100 0 100 0 \
+  --gpu-batch-size 32 --num-gpu-batches 1 --prompt-len 512 --gen-len 32 --compress-weight
+tps() { grep -o '[0-9.e+]* tok/s' "$OUTDIR/$1.txt" 2>/dev/null | head -1 | cut -d' ' -f1; }
+if [ -n "$(tps e2e_opt13b_host)" ] && [ -n "$(tps e2e_opt13b_host_w4)" ]; then
+  record "OPT-1.3B W4 / f16 tok/s" ok "$(awk -v a="$(tps e2e_opt13b_host_w4)" -v b="$(tps e2e_opt13b_host)" 'BEGIN { printf "%.2fx", a / b }')"
+fi
 e2e_offload "e2e OPT-6.7B all on GPU" 150 e2e_opt67b_gpu -m opt-6.7b --prompt-len 512 --gen-len 32 --batch-size 32
 e2e_offload "e2e OPT-6.7B disk tier" 150 e2e_opt67b_disk -m opt-6.7b --percent 60 20 50 0 100 0 \
   --gpu-batch-size 8 --num-gpu-batches 2 --prompt-len 512 --gen-len 8 --offload-dir "$OFFDIR/opt67b"

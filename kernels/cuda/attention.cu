@@ -2,8 +2,12 @@
 // (templated on activation type, KV type and head_dim; one dispatch point) and kv_gather.
 #include <algorithm>
 
+#include "core/quant4.h"
+#include "core/tensor.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/detail/common.cuh"
+#include "kernels/cuda/detail/q4_math.h"
+#include "kernels/cuda/q4.h"
 
 namespace flexh2o::gpu {
 namespace {
@@ -29,6 +33,40 @@ __global__ void write_kv_kernel(const S* src, int64_t src_stride, int64_t B, int
 // ---- attention --------------------------------------------------------------------------
 
 constexpr int kAttnThreads = 128, kAttnWarps = kAttnThreads / 32;
+
+// Tag type of a Q4 cache (core/quant4.h records of head_dim) in the attention templates.
+struct Q4Kv {};
+
+// One cache row (slot) as the attention kernel reads it: kBytes per row; load() widens lane's
+// HD/32 consecutive elements to fp32 (a Q4 row decodes them in registers with the format's
+// fmaf: the cache is never materialised in another dtype).
+template <class TKV, int HD>
+struct KvRow {
+  static constexpr int64_t kBytes = int64_t(sizeof(TKV)) * HD;
+  __device__ static void load(const std::byte* row, int lane, float (&x)[HD / 32]) {
+    const TKV* r = reinterpret_cast<const TKV*>(row) + lane * (HD / 32);
+#pragma unroll
+    for (int e = 0; e < HD / 32; ++e) x[e] = to_f(r[e]);
+  }
+};
+template <int HD>
+struct KvRow<Q4Kv, HD> {
+  static_assert(HD % 64 == 0, "a lane's elements stay inside one group");
+  static constexpr int64_t kBytes = q4::row_bytes(HD);
+  __device__ static void load(const std::byte* row, int lane, float (&x)[HD / 32]) {
+    constexpr int E = HD / 32;
+    const auto* rec = reinterpret_cast<const uint8_t*>(row);
+    const int k0 = lane * E;  // E is even: whole code bytes
+    const uint32_t md = detail::q4m::load32(rec + q4::meta_offset(HD) + 4 * (k0 / int(q4::kGroup)));
+    const float d = detail::f16_bits_to_f32(uint16_t(md & 0xffffu)), m = detail::f16_bits_to_f32(uint16_t(md >> 16));
+#pragma unroll
+    for (int p = 0; p < E / 2; ++p) {
+      const uint32_t byte = rec[k0 / 2 + p];
+      x[2 * p] = detail::q4m::decode(byte & 15u, d, m);
+      x[2 * p + 1] = detail::q4m::decode(byte >> 4, d, m);
+    }
+  }
+};
 
 // Pointers and sizes of AttentionArgs as a plain kernel parameter.
 struct AttentionView {
@@ -66,8 +104,9 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
   }
   const int64_t nk = slot + 1;
   const int64_t g = h / (a.n_heads / a.kv_heads);
-  const TKV* kb = static_cast<const TKV*>(a.k) + (b * a.kv_heads + g) * a.capacity * HD;
-  const TKV* vb = static_cast<const TKV*>(a.v) + (b * a.kv_heads + g) * a.capacity * HD;
+  using Row = KvRow<TKV, HD>;
+  const std::byte* kb = static_cast<const std::byte*>(a.k) + (b * a.kv_heads + g) * a.capacity * Row::kBytes;
+  const std::byte* vb = static_cast<const std::byte*>(a.v) + (b * a.kv_heads + g) * a.capacity * Row::kBytes;
   const TQ* q = static_cast<const TQ*>(a.q) + (b * a.tq + t) * a.q_stride + h * HD;
   for (int d = threadIdx.x; d < HD; d += kAttnThreads) qs[d] = to_f(q[d]);
   __syncthreads();
@@ -78,10 +117,11 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
   for (int e = 0; e < E; ++e) qr[e] = qs[lane * E + e];
   float mx = -INFINITY;
   for (int64_t j = warp; j < nk; j += kAttnWarps) {
-    const TKV* kr = kb + j * HD + lane * E;
+    float kr[E];
+    Row::load(kb + j * Row::kBytes, lane, kr);
     float s = 0.f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) s += qr[e] * to_f(kr[e]);
+    for (int e = 0; e < E; ++e) s += qr[e] * kr[e];
     s = detail::warp_sum(s) * a.scale;
     if (lane == 0) sc[j] = s;
     mx = fmaxf(mx, s);
@@ -104,10 +144,11 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
   for (int64_t j = warp; j < nk; j += kAttnWarps) {
-    const TKV* vr = vb + j * HD + lane * E;
+    float vr[E];
+    Row::load(vb + j * Row::kBytes, lane, vr);
     const float p = sc[j];
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] += p * to_f(vr[e]);
+    for (int e = 0; e < E; ++e) acc[e] += p * vr[e];
   }
 #pragma unroll
   for (int e = 0; e < E; ++e) part[warp * HD + lane * E + e] = acc[e];
@@ -140,8 +181,8 @@ void launch_attention(const AttentionArgs& a, int64_t max_keys, cudaStream_t str
   FH_CUDA_LAUNCH_CHECK("attention", stream);
 }
 
-// The one dispatch point of the attention family: act {F16, BF16} x kv {F16, BF16, F32} x
-// head_dim {64, 128}, twelve instantiations. Returns false otherwise.
+// The one dispatch point of the attention family: act {F16, BF16} x kv {F16, BF16, F32, Q4} x
+// head_dim {64, 128}, sixteen instantiations. Returns false otherwise.
 template <class F>
 bool dispatch_attention(DType act, DType kv, int64_t head_dim, F&& f) {
   auto by_dim = [&](auto tq, auto tkv) {
@@ -156,6 +197,7 @@ bool dispatch_attention(DType act, DType kv, int64_t head_dim, F&& f) {
       case DType::F16: return by_dim(tq, __half{});
       case DType::BF16: return by_dim(tq, __nv_bfloat16{});
       case DType::F32: return by_dim(tq, float{});
+      case DType::Q4: return by_dim(tq, Q4Kv{});
       default: return false;
     }
   };
@@ -202,9 +244,13 @@ __global__ void kv_gather_kernel(U* buf, int64_t rows, int64_t capacity, int64_t
 void write_kv(DType src_dtype, const void* src, int64_t src_stride, int64_t B, int64_t T,
               int64_t kv_heads, int64_t head_dim, void* cache, DType cache_dtype, int64_t capacity,
               const int32_t* seq_keys, cudaStream_t stream) {
+  if (cache_dtype == DType::Q4) {
+    q4_write_kv(src_dtype, src, src_stride, B, T, kv_heads, head_dim, cache, capacity, seq_keys, stream);
+    return;
+  }
   FH_CHECK(dispatch_write_kv(src_dtype, cache_dtype, [](auto, auto) {}), "write_kv: unsupported dtypes ",
            dtype_name(src_dtype), " -> ", dtype_name(cache_dtype),
-           " on CUDA (supported: src F16, BF16 -> cache F16, BF16, F32)");
+           " on CUDA (supported: src F16, BF16 -> cache F16, BF16, F32, Q4)");
   FH_CHECK(B >= 0 && T >= 0 && kv_heads > 0 && head_dim > 0 && capacity >= 0,
            "write_kv: bad sizes");
   FH_CHECK(src_stride >= kv_heads * head_dim, "write_kv: src_stride ", src_stride,
@@ -244,11 +290,13 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   const DType kv = a.kv_dtype.value_or(a.dtype);
   FH_CHECK(attention_supported(a.dtype, kv, a.head_dim), "attention: unsupported dtype ",
            dtype_name(a.dtype), " / kv_dtype ", dtype_name(kv), " / head_dim ", a.head_dim,
-           " on CUDA (supported: dtype F16, BF16 x kv_dtype F16, BF16, F32 x head_dim 64, 128)");
+           " on CUDA (supported: dtype F16, BF16 x kv_dtype F16, BF16, F32, Q4 x head_dim 64, 128)");
   if (a.batch == 0 || a.tq == 0) return;
   FH_CHECK(a.q && a.k && a.v && a.out && a.seq_keys, "attention: null pointer");
   FH_CHECK(a.q_stride >= a.n_heads * a.head_dim && a.out_stride >= a.n_heads * a.head_dim,
            "attention: row stride smaller than n_heads*head_dim");
+  FH_CHECK(kv != DType::Q4 || (reinterpret_cast<uintptr_t>(a.k) % 4 == 0 && reinterpret_cast<uintptr_t>(a.v) % 4 == 0),
+           "attention: Q4 caches must start 4-byte aligned");
   dispatch_attention(a.dtype, kv, a.head_dim, [&](auto tq, auto tkv, auto hd) {
     launch_attention<decltype(tq), decltype(tkv), decltype(hd)::value>(a, max_keys, stream);
   });
@@ -260,17 +308,18 @@ void kv_gather(DType dt, void* buf, int64_t B, int64_t heads, int64_t capacity, 
   FH_CHECK(keep_stride >= 0, "kv_gather: negative keep_stride");
   if (B == 0 || capacity == 0 || keep_stride == 0) return;
   FH_CHECK(buf && keep && keep_count, "kv_gather: null pointer");
-  const size_t es = dtype_size(dt);
-  FH_CHECK(es == 2 || es == 4, "kv_gather: unsupported dtype ", dtype_name(dt),
-           " (2- or 4-byte elements)");
-  const int64_t rows = B * heads;
-  const unsigned grid = detail::grid_size_1d(rows * row_elems);
-  if (es == 2)
+  FH_CHECK(dt == DType::Q4 || dtype_size(dt) == 2 || dtype_size(dt) == 4, "kv_gather: unsupported dtype ",
+           dtype_name(dt), " (2- or 4-byte elements, or Q4 records)");
+  // A slot moves as raw words: a Q4 record is a multiple of 4 bytes (core/quant4.h).
+  const size_t slot = row_nbytes(dt, row_elems), unit = slot % 4 == 0 ? 4 : 2;
+  const int64_t rows = B * heads, row = int64_t(slot / unit);
+  const unsigned grid = detail::grid_size_1d(rows * row);
+  if (unit == 2)
     kv_gather_kernel<uint16_t><<<grid, detail::kThreads, 0, stream>>>(
-        static_cast<uint16_t*>(buf), rows, capacity, row_elems, keep, keep_stride, keep_count);
+        static_cast<uint16_t*>(buf), rows, capacity, row, keep, keep_stride, keep_count);
   else
     kv_gather_kernel<uint32_t><<<grid, detail::kThreads, 0, stream>>>(
-        static_cast<uint32_t*>(buf), rows, capacity, row_elems, keep, keep_stride, keep_count);
+        static_cast<uint32_t*>(buf), rows, capacity, row, keep, keep_stride, keep_count);
   FH_CUDA_LAUNCH_CHECK("kv_gather", stream);
 }
 

@@ -1,8 +1,9 @@
 // CUDA ops, part 2: the KV cache — write_kv, attention (prefill and decode, with H2O key
 // scores) and kv_gather (in-place compaction). Host-only declarations; kernels in attention.cu.
 // Cache layout: [B, kv_heads, capacity, head_dim] per K and per V in the KV dtype (F16, BF16 or
-// F32, independent of the F16/BF16 activation dtype), left-aligned: sequence b's tokens occupy
-// slots [0, seq_keys[b]) (device int32 [B]). Async on `stream`; argument errors throw first.
+// F32, independent of the F16/BF16 activation dtype), or Q4: [B, kv_heads, capacity] records of
+// q4::row_bytes(head_dim) (core/quant4.h); left-aligned: sequence b's tokens occupy slots
+// [0, seq_keys[b]) (device int32 [B]). Async on `stream`; argument errors throw first.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,7 +21,8 @@ namespace flexh2o::gpu {
 // of a shorter sequence) and slots >= capacity are skipped. src is in the activation dtype
 // (F16/BF16), cache in the KV dtype (F16/BF16/F32): each element is converted exactly like
 // the host conversions of src/core/dtype.h (widen exactly, round to nearest even, overflow to
-// inf, NaN stays NaN), bit for bit; with equal dtypes it is a plain copy. Other pairs throw.
+// inf, NaN stays NaN), bit for bit; with equal dtypes it is a plain copy. A Q4 cache gets each
+// head's row encoded (q4_write_kv in q4.h, bit-identical to q4::encode_rows). Other pairs throw.
 void write_kv(DType src_dtype, const void* src, int64_t src_stride, int64_t B, int64_t T,
               int64_t kv_heads, int64_t head_dim, void* cache, DType cache_dtype, int64_t capacity,
               const int32_t* seq_keys, cudaStream_t stream);
@@ -35,8 +37,8 @@ void write_kv(DType dt, const void* src, int64_t src_stride, int64_t B, int64_t 
 // GQA: query head h reads kv head h / (n_heads / kv_heads).
 struct AttentionArgs {
   DType dtype = DType::F16;  // q and out: the activation dtype, F16 or BF16
-  // k and v: F16, BF16 or F32. Unset means "same as dtype" (callers written before the KV
-  // dtype was separate keep their meaning).
+  // k and v: F16, BF16, F32 or Q4 (decoded in registers with the format's fmaf). Unset means
+  // "same as dtype" (callers written before the KV dtype was separate keep their meaning).
   std::optional<DType> kv_dtype;
   const void* q = nullptr;   // [B, tq] rows at stride q_stride (elements), n_heads*head_dim each
   int64_t q_stride = 0;
@@ -54,7 +56,7 @@ struct AttentionArgs {
   // queries (H2O scores). Prefill sums use float atomics (order not fixed); decode (tq=1) is exact.
   float* key_scores = nullptr;
 };
-// Supported: dtype {F16, BF16} x kv_dtype {F16, BF16, F32} x head_dim {64, 128} (see
+// Supported: dtype {F16, BF16} x kv_dtype {F16, BF16, F32, Q4} x head_dim {64, 128} (see
 // attention_supported); else throws. Math is fp32 whatever the storage dtypes; the output is
 // rounded once to dtype. Keys per query up to ~(227 KB - 2.5 KB)/4 on H100/H200 (scores stay
 // in shared memory).
@@ -68,8 +70,9 @@ bool attention_supported(DType dt, int64_t head_dim);
 // i < keep_count[r]; slots >= keep_count[r] keep their contents. Same contract as the CPU
 // kv_gather: i <= keep[i] < capacity and keep_count[r] <= min(capacity, keep_stride) (covers
 // stable compaction and swap-remove). Device data cannot be checked here: entries breaking it
-// are skipped. Any 2- or 4-byte element, moved as raw bits: K/V caches in F16, BF16 or F32
-// (heads = kv_heads, row_elems = head_dim) and key_scores (F32, heads = n_heads, row_elems = 1).
+// are skipped. Any 2- or 4-byte element or Q4 records, moved as raw bits: K/V caches in F16,
+// BF16, F32 or Q4 (heads = kv_heads, row_elems = head_dim; a Q4 slot is one record of
+// q4::row_bytes(head_dim)) and key_scores (F32, heads = n_heads, row_elems = 1).
 void kv_gather(DType dt, void* buf, int64_t B, int64_t heads, int64_t capacity, int64_t row_elems,
                const int32_t* keep, int64_t keep_stride, const int32_t* keep_count, cudaStream_t stream);
 

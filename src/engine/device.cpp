@@ -39,11 +39,17 @@ uint64_t device_scratch_bytes(DeviceKind kind, const ModelConfig& c, DType act, 
     return b;
   }
   // CUDA: normed rows, two FFN chunks, the last row per sequence (act dtype, 256-aligned each),
-  // and the cuBLAS workspace.
+  // the Q4 dequantization tile, and the cuBLAS workspace. The tile is counted whether or not
+  // the weights are compressed: nothing here says, and it is at most 64 MiB.
   const uint64_t es = dtype_size(act), chunk = uint64_t(std::min(rows, kMlpChunkRows));
   auto al = [](uint64_t n) { return (n + 255) / 256 * 256; };
   return al(uint64_t(rows * c.hidden) * es) + 2 * al(chunk * uint64_t(c.ffn_dim) * es) +
-         al(uint64_t(seqs * c.hidden) * es) + (uint64_t(32) << 20);
+         al(uint64_t(seqs * c.hidden) * es) + al(q4_dequant_tile_bytes(c, act)) + (uint64_t(32) << 20);
+}
+
+uint64_t q4_dequant_tile_bytes(const ModelConfig& c, DType act) {
+  const uint64_t largest = uint64_t(c.hidden) * uint64_t(std::max({c.q_dim(), c.ffn_dim, c.vocab_size}));
+  return std::min(largest * dtype_size(act), uint64_t(64) << 20);
 }
 
 }  // namespace flexh2o

@@ -179,5 +179,9 @@ class Device {
 // Bytes of scratch the unit ops of a `kind` device need for steps of `rows` rows and `seqs`
 // sequences with activations in `act` (what reserve() charges; the planner counts it too).
 uint64_t device_scratch_bytes(DeviceKind kind, const ModelConfig& c, DType act, int64_t rows, int64_t seqs);
+// The CUDA device's share of it for Q4 weights: the tile that linear layers above the fused
+// kernel's rows decode a Q4 weight into (in `act`) before cuBLAS; the largest 2-D weight a unit
+// multiplies by, capped at 64 MiB (larger weights go tile by tile).
+uint64_t q4_dequant_tile_bytes(const ModelConfig& c, DType act);
 
 }  // namespace flexh2o

@@ -168,23 +168,26 @@ void CudaDevice::unpin(const std::vector<uintptr_t>& chunks) noexcept {
   }
 }
 
-// Converted on the host into a double-buffered pinned staging area, copied chunk by chunk.
+// Converted on the host into a double-buffered pinned staging area, copied chunk by chunk; a
+// Q4 tensor's records are copied as they are.
 void CudaDevice::upload(void* dst, const TensorView& src) {
   PinnedBuffer stage;
   PinnedBuffer::create(2 * kChunkBytes, &stage).throw_if_error();
   std::array<cudaEvent_t, 2> done{take_event(), take_event()};
   std::array<bool, 2> in_flight{false, false};
-  const size_t si = dtype_size(src.dtype), di = dtype_size(dt_);
+  // A Q4 tensor (already compressed, weight_dtype(Q4) == Q4) moves as bytes.
+  const bool raw = src.dtype == DType::Q4 || src.dtype == dt_;
+  const size_t si = src.dtype == DType::Q4 ? 1 : dtype_size(src.dtype), di = raw ? si : dtype_size(dt_);
   const int64_t per_chunk = int64_t(kChunkBytes / std::max(si, di));
   std::vector<float> tmp;
   cudaStream_t st = stream(Queue::kHostToDevice);
   int half = 0;
-  for (int64_t off = 0, n = src.numel(); off < n; off += per_chunk) {
+  for (int64_t off = 0, n = src.dtype == DType::Q4 ? int64_t(src.nbytes()) : src.numel(); off < n; off += per_chunk) {
     const int64_t m = std::min(per_chunk, n - off);
     if (in_flight[size_t(half)]) FH_CUDA_CHECK(cudaEventSynchronize(done[size_t(half)]));
     std::byte* host = static_cast<std::byte*>(stage.data()) + size_t(half) * kChunkBytes;
     const std::byte* s = static_cast<const std::byte*>(src.data) + size_t(off) * si;
-    if (src.dtype == dt_) {
+    if (raw) {
       std::memcpy(host, s, size_t(m) * di);
     } else {
       tmp.resize(size_t(m));

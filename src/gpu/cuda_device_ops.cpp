@@ -1,6 +1,7 @@
 // CudaDevice unit ops on the compute stream: embedding, attention (q/k/v, per-segment KV write
 // and attention, output projection), the MLP in row chunks, the head, and KV compaction; the
-// same sequence of operations as engine/layer_compute.cpp, with activations in F16/BF16.
+// same sequence of operations as engine/layer_compute.cpp, with activations in F16/BF16. Q4
+// weights (2-D: linear layers, embeddings, lm_head) and Q4 KV caches are read compressed.
 #include <algorithm>
 #include <cmath>
 
@@ -10,6 +11,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/q4.h"
 
 namespace flexh2o::gpu {
 namespace {
@@ -28,25 +30,38 @@ TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs,
   rows_ = seqs_ = 0;
   const size_t es = dtype_size(dt_), chunk = size_t(std::min(rows, kMlpChunkRows));
   const size_t a = al(size_t(rows * c.hidden) * es), f = al(chunk * size_t(c.ffn_dim) * es);
-  const size_t l = al(size_t(seqs * c.hidden) * es);
-  const cudaError_t e = cudaMalloc(&scratch_, a + 2 * f + l);
+  const size_t l = al(size_t(seqs * c.hidden) * es), dq = al(size_t(q4_dequant_tile_bytes(c, dt_)));
+  const cudaError_t e = cudaMalloc(&scratch_, a + 2 * f + l + dq);
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
-    FH_FAIL("the GPU cannot allocate ", a + 2 * f + l, " bytes of compute scratch for steps of ", rows,
+    FH_FAIL("the GPU cannot allocate ", a + 2 * f + l + dq, " bytes of compute scratch for steps of ", rows,
             " rows; lower the micro-batch or the prompt length");
   }
   FH_CUDA_CHECK(e);
   char* p = static_cast<char*>(scratch_);
   normed_ = p, ffn_a_ = p + a, ffn_b_ = p + a + f, last_ = p + a + 2 * f;
+  dq_ = p + a + 2 * f + l, dq_bytes_ = dq;
   rows_ = rows, seqs_ = seqs;
   return charge;
+}
+
+void CudaDevice::linear_w(const TensorView& w, const void* x, int64_t M, int64_t K, int64_t N, const TensorView& b,
+                          void* y, Epilogue ep) {
+  cudaStream_t st = stream(Queue::kCompute);
+  if (w.dtype == DType::Q4) linear_q4(cublas_, dt_, x, M, K, w.data, N, ptr(b), y, ep, dq_, dq_bytes_, st);
+  else linear(cublas_, dt_, x, M, K, w.data, N, ptr(b), y, ep, st);
 }
 
 void CudaDevice::embed(const ModelConfig& c, const ModelWeights& w, const StepRows& r, void* hidden) {
   const int64_t M = r.n * r.T;
   cudaStream_t st = stream(Queue::kCompute);
-  embedding(dt_, r.ids, M, w.embed.data, w.embed.shape[0], c.hidden, hidden, st);
-  if (c.arch == Arch::kOpt) add_embedding(dt_, r.pos_rows, M, w.pos_embed.data, w.pos_embed.shape[0], c.hidden, hidden, st);
+  if (w.embed.dtype == DType::Q4) q4_embedding(dt_, r.ids, M, w.embed.data, w.embed.shape[0], c.hidden, hidden, false, st);
+  else embedding(dt_, r.ids, M, w.embed.data, w.embed.shape[0], c.hidden, hidden, st);
+  if (c.arch != Arch::kOpt) return;
+  if (w.pos_embed.dtype == DType::Q4)
+    q4_embedding(dt_, r.pos_rows, M, w.pos_embed.data, w.pos_embed.shape[0], c.hidden, hidden, true, st);
+  else
+    add_embedding(dt_, r.pos_rows, M, w.pos_embed.data, w.pos_embed.shape[0], c.hidden, hidden, st);
 }
 
 void CudaDevice::attention_in(const ModelConfig& c, const LayerWeights& L, const StepRows& r, const void* hidden,
@@ -56,9 +71,9 @@ void CudaDevice::attention_in(const ModelConfig& c, const LayerWeights& L, const
   cudaStream_t st = stream(Queue::kCompute);
   if (c.arch == Arch::kOpt) layernorm(dt_, hidden, M, H, L.ln1_w.data, ptr(L.ln1_b), c.norm_eps, normed_, st);
   else rmsnorm(dt_, hidden, M, H, L.ln1_w.data, c.norm_eps, normed_, st);
-  linear(cublas_, dt_, normed_, M, H, L.q_w.data, Q, ptr(L.q_b), q, Epilogue::kStore, st);
-  linear(cublas_, dt_, normed_, M, H, L.k_w.data, KV, ptr(L.k_b), k, Epilogue::kStore, st);
-  linear(cublas_, dt_, normed_, M, H, L.v_w.data, KV, ptr(L.v_b), v, Epilogue::kStore, st);
+  linear_w(L.q_w, normed_, M, H, Q, L.q_b, q, Epilogue::kStore);
+  linear_w(L.k_w, normed_, M, H, KV, L.k_b, k, Epilogue::kStore);
+  linear_w(L.v_w, normed_, M, H, KV, L.v_b, v, Epilogue::kStore);
   if (c.arch == Arch::kLlama) {
     rotary(dt_, q, M, c.n_heads, c.head_dim, Q, r.positions, c.rope_theta, st);
     rotary(dt_, k, M, c.n_kv_heads, c.head_dim, KV, r.positions, c.rope_theta, st);
@@ -106,8 +121,7 @@ void CudaDevice::attend(const ModelConfig& c, const StepRows& r, const void* q, 
 
 void CudaDevice::attention_out(const ModelConfig& c, const LayerWeights& L, const StepRows& r, const void* attn,
                                void* hidden) {
-  linear(cublas_, dt_, attn, r.n * r.T, c.q_dim(), L.o_w.data, c.hidden, ptr(L.o_b), hidden, Epilogue::kAccumulate,
-         stream(Queue::kCompute));
+  linear_w(L.o_w, attn, r.n * r.T, c.q_dim(), c.hidden, L.o_b, hidden, Epilogue::kAccumulate);
 }
 
 void CudaDevice::mlp(const ModelConfig& c, const LayerWeights& L, const StepRows& r, void* hidden) {
@@ -120,14 +134,14 @@ void CudaDevice::mlp(const ModelConfig& c, const LayerWeights& L, const StepRows
     void* h = static_cast<std::byte*>(hidden) + size_t(r0 * H) * es;
     if (c.arch == Arch::kOpt) {
       layernorm(dt_, h, m, H, L.ln2_w.data, ptr(L.ln2_b), c.norm_eps, normed_, st);
-      linear(cublas_, dt_, normed_, m, H, L.fc1_w.data, F, ptr(L.fc1_b), ffn_a_, Epilogue::kRelu, st);
-      linear(cublas_, dt_, ffn_a_, m, F, L.fc2_w.data, H, ptr(L.fc2_b), h, Epilogue::kAccumulate, st);
+      linear_w(L.fc1_w, normed_, m, H, F, L.fc1_b, ffn_a_, Epilogue::kRelu);
+      linear_w(L.fc2_w, ffn_a_, m, F, H, L.fc2_b, h, Epilogue::kAccumulate);
     } else {
       rmsnorm(dt_, h, m, H, L.ln2_w.data, c.norm_eps, normed_, st);
-      linear(cublas_, dt_, normed_, m, H, L.gate_w.data, F, ptr(L.gate_b), ffn_a_, Epilogue::kStore, st);
-      linear(cublas_, dt_, normed_, m, H, L.up_w.data, F, ptr(L.up_b), ffn_b_, Epilogue::kStore, st);
+      linear_w(L.gate_w, normed_, m, H, F, L.gate_b, ffn_a_, Epilogue::kStore);
+      linear_w(L.up_w, normed_, m, H, F, L.up_b, ffn_b_, Epilogue::kStore);
       silu_mul(dt_, ffn_a_, ffn_b_, m * F, st);
-      linear(cublas_, dt_, ffn_a_, m, F, L.down_w.data, H, ptr(L.down_b), h, Epilogue::kAccumulate, st);
+      linear_w(L.down_w, ffn_a_, m, F, H, L.down_b, h, Epilogue::kAccumulate);
     }
   }
 }
@@ -145,7 +159,10 @@ void CudaDevice::head(const ModelConfig& c, const ModelWeights& w, const StepRow
     layernorm(dt_, last_, r.n, H, w.final_norm_w.data, ptr(w.final_norm_b), c.norm_eps, last_, st);
   else
     rmsnorm(dt_, last_, r.n, H, w.final_norm_w.data, c.norm_eps, last_, st);
-  linear_f32out(cublas_, dt_, last_, r.n, H, w.lm_head.data, c.vocab_size, logits, st);
+  if (w.lm_head.dtype == DType::Q4)
+    linear_q4_f32out(cublas_, dt_, last_, r.n, H, w.lm_head.data, c.vocab_size, logits, dq_, dq_bytes_, st);
+  else
+    linear_f32out(cublas_, dt_, last_, r.n, H, w.lm_head.data, c.vocab_size, logits, st);
 }
 
 void CudaDevice::kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, int64_t row_elems,

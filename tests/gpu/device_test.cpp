@@ -1,12 +1,14 @@
 // The CUDA device's own pieces (label gpu; skipped without a GPU): read-only registration of a
 // memory-mapped checkpoint in place and the zero-copy row gather from it, 2-D copies, events,
-// and each unit op against the CPU device computing in F16 on the same inputs.
+// each unit op against the CPU device computing in F16 on the same inputs, and the unit ops on
+// Q4 weights against the same ops on those weights decoded to F16.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <random>
 
+#include "core/quant4.h"
 #include "engine/cpu_device.h"
 #include "engine/test_util.h"
 #include "gpu/cuda_device.h"
@@ -167,6 +169,137 @@ TEST_F(CudaDeviceTest, UnitOpsMatchTheCpuDeviceWithinF16Tolerance) {
     dev->synchronize();
     for (size_t i = 0; i < c_logits.size(); ++i)
       ASSERT_LE(std::abs(g_logits_h[i] - c_logits[i]), 0.1 + 0.03 * std::abs(c_logits[i])) << name << " logit " << i;
+  }
+}
+
+// The ops on Q4 weights (uploaded compressed: embedding, positions, head and every 2-D weight of
+// layer 0) against the same ops on the decoded weights rounded to F16: embeddings bit for bit,
+// linear layers within f16 rounding of the weights (decode rows: the fused kernel; prefill rows:
+// the tiles, which multiply exactly the decoded F16 weights). Weights arrive compressed through
+// upload(), as the engine gives them.
+TEST_F(CudaDeviceTest, Q4WeightsMatchTheirDecodedF16Weights) {
+  for (const char* name : {"tiny-opt", "tiny-llama"}) {
+    Model m = Model::load_dir(model_dir(name));
+    const ModelConfig& c = m.config();
+    std::vector<Buffer> keep;
+    auto put = [&](const TensorView& v, DType as, const void* bytes) {
+      keep.emplace_back();
+      TensorView d = v;
+      d.dtype = as;
+      d.data = bytes;
+      EXPECT_TRUE(dev->allocate(MemKind::kDevice, as == DType::Q4 ? d.nbytes() : size_t(v.numel()) * 2, device_budget,
+                                "w", &keep.back())
+                      .ok());
+      dev->upload(keep.back().data(), d);
+      d.data = keep.back().data();
+      d.dtype = dev->weight_dtype(as);
+      return d;
+    };
+    std::vector<std::vector<uint8_t>> recs;
+    std::vector<std::vector<float>> decoded;
+    // (q4, f16 of the decode) views of one tensor; 1-D tensors stay as they are in both.
+    auto pair = [&](const TensorView& v, TensorView* q, TensorView* f) {
+      if (v.empty()) return;
+      if (v.shape.ndim != 2) {
+        *q = *f = put(v, v.dtype, v.data);
+        return;
+      }
+      const int64_t rows = v.shape[0], cols = v.shape[1];
+      std::vector<float> x(size_t(v.numel()));
+      cpu::to_f32(v.dtype, v.data, v.numel(), x.data());
+      recs.emplace_back(q4::tensor_bytes(rows, cols));
+      q4::encode_rows(x.data(), cols, rows, cols, recs.back().data(), "test");
+      decoded.emplace_back(x.size());
+      q4::decode_rows(recs.back().data(), rows, cols, decoded.back().data(), cols);
+      *q = put(v, DType::Q4, recs.back().data());
+      *f = put(v, DType::F32, decoded.back().data());
+      EXPECT_EQ(q->dtype, DType::Q4);
+    };
+    const ModelWeights& w = m.weights();
+    ModelWeights wq, wf;
+    pair(w.embed, &wq.embed, &wf.embed), pair(w.pos_embed, &wq.pos_embed, &wf.pos_embed);
+    pair(w.final_norm_w, &wq.final_norm_w, &wf.final_norm_w), pair(w.final_norm_b, &wq.final_norm_b, &wf.final_norm_b);
+    pair(w.lm_head, &wq.lm_head, &wf.lm_head);
+    LayerWeights Lq, Lf;
+    const LayerWeights& L = w.layers[0];
+    for (auto mem : {&LayerWeights::ln1_w, &LayerWeights::ln1_b, &LayerWeights::q_w, &LayerWeights::q_b,
+                     &LayerWeights::k_w, &LayerWeights::k_b, &LayerWeights::v_w, &LayerWeights::v_b,
+                     &LayerWeights::o_w, &LayerWeights::o_b, &LayerWeights::ln2_w, &LayerWeights::ln2_b,
+                     &LayerWeights::fc1_w, &LayerWeights::fc1_b, &LayerWeights::fc2_w, &LayerWeights::fc2_b,
+                     &LayerWeights::gate_w, &LayerWeights::up_w, &LayerWeights::down_w, &LayerWeights::gate_b,
+                     &LayerWeights::up_b, &LayerWeights::down_b})
+      pair(L.*mem, &(Lq.*mem), &(Lf.*mem));
+    const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), cap = 16;
+    for (int64_t T : {int64_t(1), int64_t(6)}) {  // n*T = 3 rows (fused kernel), 18 rows (tiles)
+      const int64_t n = 3, M = n * T;
+      const TierCharge scratch = dev->reserve(c, M, n, device_budget);
+      std::vector<int32_t> ids(static_cast<size_t>(M)), pos(ids), rows(ids), keys(static_cast<size_t>(n), static_cast<int32_t>(T));
+      std::mt19937 g(5);
+      for (int64_t i = 0; i < M; ++i) {
+        ids[size_t(i)] = int32_t(g() % uint64_t(c.vocab_size));
+        pos[size_t(i)] = int32_t(i % T);
+        rows[size_t(i)] = pos[size_t(i)] + int32_t(c.position_offset());
+      }
+      Buffer in;
+      ASSERT_TRUE(dev->allocate(MemKind::kDevice, size_t(3 * M + n) * 4, device_budget, "in", &in).ok());
+      int32_t* d = in.as<int32_t>();
+      dev->copy(Queue::kCompute, d, ids.data(), size_t(M) * 4);
+      dev->copy(Queue::kCompute, d + M, pos.data(), size_t(M) * 4);
+      dev->copy(Queue::kCompute, d + 2 * M, rows.data(), size_t(M) * 4);
+      dev->copy(Queue::kCompute, d + 3 * M, keys.data(), size_t(n) * 4);
+      const StepRows r{n, T, d, d + M, d + 2 * M, d + 3 * M, ids.data(), pos.data(), rows.data(), keys.data(), T};
+      // One chain of the unit ops per weight set; hidden states after each op are compared.
+      struct Chain {
+        Buffer hidden, q, k, v, attn, kc, vc, logits;
+      };
+      auto alloc = [&](Buffer& b, int64_t bytes) {
+        EXPECT_TRUE(dev->allocate(MemKind::kDevice, size_t(bytes), device_budget, "act", &b).ok());
+      };
+      Chain cq, cf;
+      for (Chain* ch : {&cq, &cf}) {
+        alloc(ch->hidden, M * H * 2), alloc(ch->q, M * Q * 2), alloc(ch->k, M * KV * 2), alloc(ch->v, M * KV * 2);
+        alloc(ch->attn, M * Q * 2), alloc(ch->kc, n * KV * cap * 2), alloc(ch->vc, n * KV * cap * 2);
+        alloc(ch->logits, n * c.vocab_size * 4);
+      }
+      auto f16s = [&](const Buffer& b, int64_t elems) {
+        std::vector<uint16_t> h(static_cast<size_t>(elems));
+        dev->copy(Queue::kCompute, h.data(), b.data(), h.size() * 2);
+        dev->synchronize();
+        std::vector<float> f(h.size());
+        for (size_t i = 0; i < h.size(); ++i) f[i] = f16_to_f32(h[i]);
+        return f;
+      };
+      auto compare = [&](const Buffer& a, const Buffer& b, int64_t elems, const char* what, double tol) {
+        const std::vector<float> x = f16s(a, elems), y = f16s(b, elems);
+        for (size_t i = 0; i < x.size(); ++i) {
+          ASSERT_FALSE(std::isnan(x[i])) << name << " T=" << T << " " << what << " " << i;
+          ASSERT_LE(std::abs(x[i] - y[i]), tol * (1 + std::abs(y[i]))) << name << " T=" << T << " " << what << " " << i;
+        }
+      };
+      dev->embed(c, wq, r, cq.hidden.data());
+      dev->embed(c, wf, r, cf.hidden.data());
+      // Token rows are bit-identical (both round the fp32 decode once); OPT's position rows add
+      // the fp32 decode on one side and its f16 rounding on the other.
+      compare(cq.hidden, cf.hidden, M * H, "embed", c.arch == Arch::kOpt ? 2e-3 : 0);
+      for (auto [ch, lw] : {std::pair{&cq, &Lq}, std::pair{&cf, &Lf}}) {
+        dev->attention_in(c, *lw, r, ch->hidden.data(), ch->q.data(), ch->k.data(), ch->v.data());
+        const KvSegment seg{ch->kc.data(), ch->vc.data(), DType::F16, 0, n, cap, nullptr};
+        dev->attend(c, r, ch->q.data(), ch->k.data(), ch->v.data(), {&seg, 1}, ch->attn.data());
+        dev->attention_out(c, *lw, r, ch->attn.data(), ch->hidden.data());
+        dev->mlp(c, *lw, r, ch->hidden.data());
+      }
+      compare(cq.q, cf.q, M * Q, "q", 1e-2);
+      compare(cq.attn, cf.attn, M * Q, "attention", 2e-2);
+      compare(cq.hidden, cf.hidden, M * H, "hidden after the layer", 3e-2);
+      dev->head(c, wq, r, cq.hidden.data(), cq.logits.as<float>());
+      dev->head(c, wf, r, cq.hidden.data(), cf.logits.as<float>());  // the same hidden: the head alone
+      std::vector<float> lq(size_t(n * c.vocab_size)), lf(lq.size());
+      dev->copy(Queue::kCompute, lq.data(), cq.logits.data(), lq.size() * 4);
+      dev->copy(Queue::kCompute, lf.data(), cf.logits.data(), lf.size() * 4);
+      dev->synchronize();
+      for (size_t i = 0; i < lq.size(); ++i)
+        ASSERT_LE(std::abs(lq[i] - lf[i]), 0.02 + 0.01 * std::abs(lf[i])) << name << " T=" << T << " logit " << i;
+    }
   }
 }
 

@@ -1,8 +1,11 @@
 // The one offloading engine on the CUDA device (label gpu; skipped without one): for a grid of
 // placements (every tier and split, host attention, whole layers or attention/MLP units, KV
-// policies, f16 and f32 KV, the disk tier), the logits of every step stay within f16 tolerance
-// of the CPU device's (teacher-forced: both see the same tokens), and the greedy tokens of the
-// GPU's own run equal the CPU reference's where the CPU run's top-2 margin is clear.
+// policies, f16 and f32 KV, the disk tier, 4-bit weights and/or KV cache), the logits of every
+// step stay within f16 tolerance of the CPU device's (teacher-forced: both see the same tokens),
+// and the greedy tokens of the GPU's own run equal the CPU reference's where the CPU run's top-2
+// margin is clear. Compressed rows compare with the CPU device running the same compressed
+// placement (compression moves logits by more than f16 rounding; the CPU device's offloaded
+// compressed run is itself checked against the in-memory compressed run in tests/engine).
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -25,11 +28,13 @@ struct GpuCase {
   bool cpu_attention = false, sep = true;
   KvPolicyKind kv = KvPolicyKind::kFull;
   DType kv_dtype = DType::F16;
+  bool compress_weight = false, compress_cache = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const GpuCase& c) {
   return os << c.model << " [" << c.percent << "] " << c.gbs << "x" << c.ngb << (c.cpu_attention ? " cpu-attn" : "")
-            << (c.sep ? "" : " whole-layers") << " " << kv_policy_name(c.kv) << " " << dtype_name(c.kv_dtype);
+            << (c.sep ? "" : " whole-layers") << " " << kv_policy_name(c.kv) << " " << dtype_name(c.kv_dtype)
+            << (c.compress_weight ? " W4" : "") << (c.compress_cache ? " KV4" : "");
 }
 
 class GpuEngine : public ::testing::TestWithParam<GpuCase> {
@@ -64,9 +69,19 @@ TEST_P(GpuEngine, LogitsWithinF16ToleranceOfTheCpuDevice) {
   o.kv_dtype = c.kv_dtype;
   test::TempDir dir;
   o.offload_dir = dir.path();
+  o.policy.compress_weight = c.compress_weight;
+  o.policy.compress_cache = c.compress_cache;
   CpuDevice cpu(0);
   Forward fwd(model, cpu);
-  InMemoryRunner ref(fwd, int64_t(reqs.size()), policy.get(), c.kv_dtype);
+  InMemoryRunner in_memory(fwd, int64_t(reqs.size()), policy.get(), c.kv_dtype);
+  std::unique_ptr<OffloadEngine> cpu_engine;
+  test::TempDir cpu_dir;
+  if (c.compress_weight || c.compress_cache) {
+    OffloadOptions oc = o;
+    oc.offload_dir = cpu_dir.path();
+    cpu_engine = std::make_unique<OffloadEngine>(model, cpu, oc);
+  }
+  StepRunner& ref = cpu_engine ? static_cast<StepRunner&>(*cpu_engine) : in_memory;
   const test::Run want = test::run_greedy(ref, reqs);
   auto dev = gpu::make_cuda_device({});
   OffloadEngine eng(model, *dev, o);
@@ -91,7 +106,16 @@ INSTANTIATE_TEST_SUITE_P(
                       GpuCase{"tiny-opt", "50 50 34 33 100 0", 2, 2, false, true, K::kH2o, DType::F32},
                       GpuCase{"tiny-llama", "100 0 100 0 100 0", 4, 1}, GpuCase{"tiny-llama", "0 100 0 100 0 100", 2, 2, true},
                       GpuCase{"tiny-llama", "30 30 34 33 0 100", 2, 2, false, true, K::kH2o},
-                      GpuCase{"tiny-llama", "0 0 0 0 100 0", 2, 2, true, true, K::kFull, DType::BF16}));
+                      GpuCase{"tiny-llama", "0 0 0 0 100 0", 2, 2, true, true, K::kFull, DType::BF16},
+                      // 4-bit compression: weights on the GPU (fused GEMV at decode, tiles at
+                      // prefill), streamed from the host and the disk, the cache compressed on the
+                      // GPU, on the host with host attention, with H2O evicting compressed rows.
+                      GpuCase{"tiny-opt", "100 0 100 0 100 0", 4, 1, false, true, K::kFull, DType::F16, true, false},
+                      GpuCase{"tiny-opt", "0 100 100 0 100 0", 2, 2, false, true, K::kFull, DType::F16, true, true},
+                      GpuCase{"tiny-opt", "20 30 34 33 100 0", 2, 2, false, true, K::kH2o, DType::F16, true, true},
+                      GpuCase{"tiny-opt", "100 0 0 100 0 100", 2, 2, true, true, K::kH2o, DType::F16, false, true},
+                      GpuCase{"tiny-llama", "100 0 100 0 100 0", 4, 1, false, true, K::kFull, DType::F16, true, true},
+                      GpuCase{"tiny-llama", "0 100 0 100 0 100", 2, 2, true, true, K::kH2o, DType::F16, true, true}));
 
 }  // namespace
 }  // namespace flexh2o

@@ -1,7 +1,9 @@
-// The CUDA device's host side, without a GPU: the compute dtype of a checkpoint, and the clear
-// error make_cuda_device() gives when there is no GPU (or no CUDA in the build).
+// The CUDA device's host side, without a GPU: the compute dtype of a checkpoint, the clear
+// error make_cuda_device() gives when there is no GPU (or no CUDA in the build), and the size of
+// the Q4 dequantization tile its scratch holds.
 #include <gtest/gtest.h>
 
+#include "engine/device.h"
 #include "engine/test_util.h"
 #include "gpu/cuda_device.h"
 #include "kernels/cuda/cuda_probe.h"
@@ -29,6 +31,23 @@ TEST(CudaDevice, WithoutAGpuSaysWhyAndWhatToUseInstead) {
     }
     EXPECT_NE(msg.find("use --device cpu"), std::string::npos) << msg;
   }
+}
+
+// The tile is the largest weight a unit multiplies by (tiny-opt and tiny-llama: the 4096 x 256
+// token table as lm_head), capped at 64 MiB (an OPT-175B-sized layer: tiles of 64 MiB).
+TEST(CudaDevice, DequantTileIsTheLargestUnitWeightCappedAt64MiB) {
+  ModelConfig c = Model::load_dir(model_dir("tiny-opt")).config();
+  EXPECT_EQ(q4_dequant_tile_bytes(c, DType::F16), uint64_t(4096 * 256 * 2));
+  EXPECT_EQ(q4_dequant_tile_bytes(c, DType::F32), uint64_t(4096 * 256 * 4));
+  c.vocab_size = 100;  // then fc1/fc2 (1024 x 256) are the largest
+  EXPECT_EQ(q4_dequant_tile_bytes(c, DType::F16), uint64_t(1024 * 256 * 2));
+  c.hidden = 12288, c.ffn_dim = 49152, c.n_heads = 96, c.head_dim = 128, c.vocab_size = 50272;
+  EXPECT_EQ(q4_dequant_tile_bytes(c, DType::F16), uint64_t(64) << 20);
+  // The CUDA scratch grows by the tile; the CPU device decodes in its kernels and has none.
+  ModelConfig t = Model::load_dir(model_dir("tiny-llama")).config();
+  const uint64_t cuda = device_scratch_bytes(DeviceKind::kCuda, t, DType::F16, 64, 8);
+  t.vocab_size = 1;  // shrinks only the tile: 688 x 256 (gate/up/down) instead of 4096 x 256
+  EXPECT_EQ(cuda - device_scratch_bytes(DeviceKind::kCuda, t, DType::F16, 64, 8), uint64_t((4096 - 688) * 256 * 2));
 }
 
 }  // namespace

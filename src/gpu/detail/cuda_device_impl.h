@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gpu/cuda_device.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/resources.h"
 
 namespace flexh2o::gpu {
@@ -24,7 +25,8 @@ class CudaDevice final : public Device {
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
   DType act_dtype() const override { return dt_; }
-  DType weight_dtype(DType) const override { return dt_; }
+  // Q4 weights stay compressed on the device (the ops decode them); the rest are in dt_.
+  DType weight_dtype(DType checkpoint) const override { return checkpoint == DType::Q4 ? DType::Q4 : dt_; }
   uint64_t memory_bytes() const override { return budget_default_; }
 
   Status allocate(MemKind kind, size_t bytes, TierBudget& budget, const std::string& what, Buffer* out) override;
@@ -71,6 +73,9 @@ class CudaDevice final : public Device {
   static bool device_queue(Queue q) { return q == Queue::kCompute || q == Queue::kHostToDevice || q == Queue::kDeviceToHost; }
   cudaStream_t stream(Queue q) const;
   void unpin(const std::vector<uintptr_t>& chunks) noexcept;
+  // y = ep(x w^T + b) on the compute stream; a Q4 weight goes through linear_q4 and dq_.
+  void linear_w(const TensorView& w, const void* x, int64_t M, int64_t K, int64_t N, const TensorView& b, void* y,
+                Epilogue ep);
 
   CudaDeviceOptions opts_;
   int device_;  // made current before anything else is created
@@ -80,8 +85,11 @@ class CudaDevice final : public Device {
   std::array<Stream, 3> streams_;
   CublasHandle cublas_;
   tbb::task_arena arena_;
-  // Scratch of the unit ops (reserve()): normed rows, two FFN chunks, last rows.
+  // Scratch of the unit ops (reserve()): normed rows, two FFN chunks, last rows, and the tile
+  // Q4 weights are decoded into for cuBLAS (dq_bytes_ of it).
   void *scratch_ = nullptr, *normed_ = nullptr, *ffn_a_ = nullptr, *ffn_b_ = nullptr, *last_ = nullptr;
+  void* dq_ = nullptr;
+  size_t dq_bytes_ = 0;
   int64_t rows_ = 0, seqs_ = 0;
   std::mutex mu_;                    // event pool and pin registry
   std::vector<cudaEvent_t> events_;  // free timing events
