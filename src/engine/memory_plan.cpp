@@ -16,7 +16,7 @@ WeightBytes WeightBytes::of(const WeightPlacement& wp) {
 }
 
 int64_t kv_capacity_align(const ModelConfig& c, DType kv) {
-  const int64_t row = c.head_dim * int64_t(dtype_size(kv));
+  const int64_t row = int64_t(row_nbytes(kv, c.head_dim));
   return 4096 / std::gcd<int64_t>(4096, row);
 }
 
@@ -50,12 +50,12 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   m.cap_h = std::max<int64_t>(1, bounded ? std::min(d.capacity, std::max<int64_t>(d.budget_max, 1)) : d.capacity);
   m.cap_d = align_kv_capacity(c, t.kv, m.cap_h);
   m.split = split_kv(p.gpu_batch_size, p);
-  const uint64_t es_kv = dtype_size(t.kv), es_a = dtype_size(t.act);
+  const uint64_t es_a = dtype_size(t.act);
   const uint64_t L = uint64_t(c.n_layers), K = uint64_t(p.num_gpu_batches), n = uint64_t(p.gpu_batch_size);
   const uint64_t B = n * K, rows = uint64_t(d.rows), dec = uint64_t(std::max<int64_t>(d.decode_rows, 1));
   const uint64_t nd = uint64_t(m.split.n_device), nh = uint64_t(m.split.n_host), nk = uint64_t(m.split.n_disk);
   const uint64_t off = nh + nk;
-  const uint64_t region = uint64_t(c.n_kv_heads * c.head_dim) * es_kv;  // one slot of K (or V), all heads
+  const uint64_t region = uint64_t(c.n_kv_heads) * row_nbytes(t.kv, c.head_dim);  // one slot of K (or V), all heads
   m.kv_device_seq = 2 * region * uint64_t(m.cap_w);
   m.kv_home_seq = 2 * region * uint64_t(m.cap_h);
   m.kv_disk_seq = 2 * region * uint64_t(m.cap_d);

@@ -15,6 +15,11 @@ Tier midpoint_tier(double mid_percent, double w_gpu_percent, double w_cpu_percen
   return Tier::kDevice;
 }
 
+size_t stored_bytes(const TensorView& v, bool compress, std::optional<DType> as) {
+  if (compress && v.shape.ndim == 2) return TensorView{nullptr, DType::Q4, v.shape}.nbytes();
+  return as ? size_t(v.numel()) * dtype_size(*as) : v.nbytes();
+}
+
 WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DType> as) {
   const ModelConfig& c = m.config();
   WeightPlacement wp;
@@ -24,7 +29,7 @@ WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DTy
     wp.units[u].kind = kinds[u];
     if (u > 0 && u + 1 < kinds.size()) wp.units[u].layer = int(p.sep_layer ? (u - 1) / 2 : u - 1);
   }
-  auto bytes_of = [&](const TensorView& v) { return as ? size_t(v.numel()) * dtype_size(*as) : v.nbytes(); };
+  auto bytes_of = [&](const TensorView& v) { return stored_bytes(v, p.compress_weight, as); };
   for (const BoundTensor& t : m.tensors()) {
     const std::string& n = t.spec.name;
     size_t unit;

@@ -60,6 +60,11 @@ struct WeightPlacement {
 // Tier chosen by the midpoint rule for a tensor whose byte midpoint sits at `mid_percent`.
 Tier midpoint_tier(double mid_percent, double w_gpu_percent, double w_cpu_percent);
 
+// Bytes of a weight tensor as the engine stores it in every tier: Q4 records (core/quant4.h)
+// when `compress` (Policy::compress_weight) and the tensor is 2-D, else its elements at `as`
+// or at the view's own dtype. The one formula placement and the planner both size weights by.
+size_t stored_bytes(const TensorView& v, bool compress, std::optional<DType> as = std::nullopt);
+
 // Units per p.sep_layer. `as`: the dtype the device holds weights in (bytes = elements x its
 // size), or the checkpoint's dtype per tensor when unset.
 WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DType> as = std::nullopt);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "planner/cost_model.h"
@@ -20,6 +21,10 @@ struct SearchOptions {
   bool allow_act_on_host = true;
   bool allow_disk = true;         // weights / KV may be homed on disk
   bool overlap = true;
+  // 4-bit compression (Policy::compress_weight / compress_cache): a value fixes it; unset
+  // searches both settings when the profile prices dequantization (prices_compression()),
+  // else leaves it off.
+  std::optional<bool> compress_weight, compress_cache;
 };
 
 struct PlanResult {
