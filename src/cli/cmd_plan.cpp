@@ -129,7 +129,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
     j["prompt_len"] = w.prompt_len;
     j["gen_len"] = w.gen_len;
     j["kv_policy"] = w.kv ? describe(*w.kv) : "full";
-    j["kv_dtype"] = a.kv_dtype;
+    j["kv_dtype"] = e.policy.compress_cache ? "q4" : a.kv_dtype;
     j["device"] = device_kind_name(hw.device);
     j["searched"] = !given;
     j["policies_evaluated"] = evaluated;
@@ -141,7 +141,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
             << "hardware   " << hw.name << "\n"
             << "workload   prompt " << w.prompt_len << " + gen " << w.gen_len << ", KV "
             << (w.kv ? describe(*w.kv) : std::string("full")) << " (" << e.kv_tokens << " slots/sequence, "
-            << a.kv_dtype << "), " << device_kind_name(hw.device) << " device\n"
+            << (e.policy.compress_cache ? "q4" : a.kv_dtype) << "), " << device_kind_name(hw.device) << " device\n"
             << "policy     " << e.policy.str() << (given ? "  (given)" : "  (searched, " + std::to_string(evaluated) + " policies timed)") << "\n"
             << "throughput " << e.throughput << " tokens/s (effective batch " << e.block << "; prefill " << e.prefill_s
             << " s, decode " << e.decode_s << " s)\n"
