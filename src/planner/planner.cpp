@@ -80,7 +80,7 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     const double have = hw.usable(0) + hw.usable(1) + hw.usable(2);
     if (need > have)
       FH_FAIL("infeasible: ", cm.shape().config.name, " needs at least ", gb(need), " (weights ",
-              gb(double(cm.shape().total_bytes(tiny))), " + one sequence's KV and buffers) but the tiers of ", hw.name,
+              gb(double(cm.shape().total_bytes(tiny))), tiny.compress_weight ? " at 4 bits" : "", " + one sequence's KV and buffers) but the tiers of ", hw.name,
               " hold ", gb(have), " usable together (device ", gb(hw.usable(0)), ", host ", gb(hw.usable(1)),
               ", disk ", gb(hw.usable(2)), "): short by ", gb(need - have));
   }
