@@ -452,7 +452,7 @@ Status DiskStore::reuse(std::string_view name, DType dtype, const Shape& shape, 
   fs::path path = path_of(name);
   std::shared_ptr<Entry> e;
   if (Status st = load_entry(io_, direct_, path, identity_, name, bytes_read_, &e); !st.ok()) return st;
-  uint64_t expect = uint64_t(shape.numel()) * dtype_size(dtype);
+  const uint64_t expect = TensorView{nullptr, dtype, shape}.nbytes();
   if (e->dtype != dtype || e->shape != shape || e->payload_bytes != expect)
     return {StatusCode::kInvalid,
             detail::concat("store file '", path.string(), "' holds ", dtype_name(e->dtype), " ", e->shape.str(), " (",

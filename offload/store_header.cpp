@@ -52,12 +52,16 @@ Status parse_store_header(std::span<const std::byte> bytes, StoreHeader* out) {
   if (h.identity_len > kStoreMaxString || h.name_len > kStoreMaxString)
     return corrupt(detail::concat("has a corrupt header (string lengths ", h.identity_len, " and ", h.name_len,
                                   ", at most ", kStoreMaxString, ")"));
-  if (h.ndim > uint32_t(kMaxDims) || h.dtype > uint32_t(DType::U8))
+  if (h.ndim > uint32_t(kMaxDims) || h.dtype > uint32_t(DType::Q4) || (h.dtype == uint32_t(DType::Q4) && h.ndim == 0))
     return corrupt(detail::concat("has an invalid dtype/shape (dtype code ", h.dtype, ", rank ", h.ndim, ")"));
-  // numel * element size must equal the payload: checked in unsigned 64-bit without overflow.
-  uint64_t n = dtype_size(DType(h.dtype));
-  for (uint32_t i = 0; i < h.ndim; ++i) {
+  // The shape's byte size (numel * element size; Q4: rows * row_nbytes of the last dimension)
+  // must equal the payload: checked in unsigned 64-bit without overflow.
+  for (uint32_t i = 0; i < h.ndim; ++i)
     if (h.dims[i] < 0) return corrupt(detail::concat("has a negative dimension ", h.dims[i]));
+  const bool q4 = h.dtype == uint32_t(DType::Q4);
+  if (q4 && h.dims[h.ndim - 1] > (int64_t(1) << 40)) return corrupt("has a Q4 row too long to size");
+  uint64_t n = q4 ? row_nbytes(DType::Q4, h.dims[h.ndim - 1]) : dtype_size(DType(h.dtype));
+  for (uint32_t i = 0; i + (q4 ? 1 : 0) < h.ndim; ++i) {
     const uint64_t d = uint64_t(h.dims[i]);
     if (d != 0 && n > UINT64_MAX / d) return corrupt("has a shape whose byte size overflows 64 bits");
     n *= d;

@@ -24,13 +24,13 @@ struct StoreHeader {
   bool hashed = false;    // content_hash is the XXH3-64 of the payload (entries made by put())
   uint64_t content_hash = 0;
   DType dtype = DType::U8;
-  Shape shape;            // numel * dtype size == payload_bytes
+  Shape shape;            // numel * dtype size (Q4: rows * row_nbytes) == payload_bytes
   std::string identity;   // the store identity it was written for (<= kStoreMaxString bytes)
   std::string name;       // the entry name (<= kStoreMaxString bytes)
 };
 
 // Parses and checks the first kStoreHeaderBytes of `bytes`: magic, format version, header hash,
-// string lengths, dtype, rank, dims (non-negative) and numel * dtype size == payload_bytes without
+// string lengths, dtype, rank, dims (non-negative) and the shape's byte size == payload_bytes without
 // overflow. Never reads outside `bytes`. kCorrupt whose message says what is wrong (without the
 // file: callers add it) on any violation, including fewer than kStoreHeaderBytes bytes; on Ok
 // *out (may be null) receives the fields. Does not require `complete` (callers decide).

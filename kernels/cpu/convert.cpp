@@ -26,13 +26,18 @@ void for_blocks(int64_t n, F&& f) {
 
 }  // namespace
 
-void check_kv_dtype(DType dtype, const char* what) {
+void check_float_dtype(DType dtype, const char* what) {
   FH_CHECK(dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16, what, ": dtype ",
            dtype_name(dtype), " is not F32, F16 or BF16");
 }
 
+void check_kv_dtype(DType dtype, const char* what) {
+  FH_CHECK(dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16 || dtype == DType::Q4, what,
+           ": dtype ", dtype_name(dtype), " is not F32, F16, BF16 or Q4");
+}
+
 void to_f32_isa(Isa isa, DType src_dtype, const void* src, int64_t n, float* dst) {
-  check_kv_dtype(src_dtype, "to_f32");
+  check_float_dtype(src_dtype, "to_f32");
   FH_CHECK(n >= 0, "to_f32: negative length ", n);
   if (n == 0) return;
   FH_CHECK(src && dst, "to_f32: null pointer");
@@ -44,7 +49,7 @@ void to_f32_isa(Isa isa, DType src_dtype, const void* src, int64_t n, float* dst
 }
 
 void from_f32_isa(Isa isa, const float* src, int64_t n, DType dst_dtype, void* dst) {
-  check_kv_dtype(dst_dtype, "from_f32");
+  check_float_dtype(dst_dtype, "from_f32");
   FH_CHECK(n >= 0, "from_f32: negative length ", n);
   if (n == 0) return;
   FH_CHECK(src && dst, "from_f32: null pointer");

@@ -1,6 +1,7 @@
 // Row-wise data movement and element-wise ops: embedding, add_embedding, rotary, write_kv,
 // kv_gather/score_gather, silu_mul. Portable code except silu_mul's vector exp and
-// write_kv's rounding to the cache dtype, which come from the ISA table. Parallel over rows
+// write_kv's rounding to the cache dtype, which come from the ISA table (a Q4 cache is
+// encoded by the q4 reference, one record per slot row). Parallel over rows
 // (or fixed element blocks) when the work is large.
 #include <tbb/parallel_for.h>
 
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/quant4.h"
 #include "kernels/cpu/detail/isa.h"
 #include "kernels/cpu/detail/rows.h"
 #include "kernels/cpu/ops.h"
@@ -87,12 +89,20 @@ void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_
     FH_CHECK(seq_keys[b] >= 0 && seq_keys[b] <= capacity, "write_kv: seq_keys[", b, "]=",
              seq_keys[b], " outside [0, capacity=", capacity, "]");
   const detail::KernelTable& kt = detail::kernels(detail::best_isa());
-  const int64_t row_bytes = head_dim * int64_t(dtype_size(cache_dtype));
+  const int64_t row_bytes = int64_t(row_nbytes(cache_dtype, head_dim));
   detail::for_rows(B * kv_heads, T * head_dim, [&](int64_t bg) {
     const int64_t b = bg / kv_heads, g = bg % kv_heads;
     const int64_t first = seq_keys[b] - T;  // slot of row t = first + t
+    const int64_t t0 = first < 0 ? -first : 0;
     char* dst = static_cast<char*>(cache) + bg * capacity * row_bytes;
-    for (int64_t t = first < 0 ? -first : 0; t < T; ++t)
+    if (cache_dtype == DType::Q4) {  // each slot row is one record, its groups along head_dim
+      if (t0 < T)
+        q4::encode_rows(src + (b * T + t0) * src_stride + g * head_dim, src_stride, T - t0, head_dim,
+                        dst + (first + t0) * row_bytes,
+                        flexh2o::detail::concat("the KV cache of sequence ", b, ", kv head ", g, " from slot ", first + t0));
+      return;
+    }
+    for (int64_t t = t0; t < T; ++t)
       kt.from_f32(src + (b * T + t) * src_stride + g * head_dim, head_dim, cache_dtype,
                   dst + (first + t) * row_bytes);
   });
@@ -122,7 +132,7 @@ void kv_gather(void* cache, DType dtype, int64_t B, int64_t kv_heads, int64_t ca
                " must be in [", i, ", capacity=", capacity, ") (in-place gather needs keep[i] >= i)");
   }
   // Ascending i: slot keep[i] >= i has not been overwritten yet (earlier steps wrote slots < i).
-  const int64_t row_bytes = head_dim * int64_t(dtype_size(dtype));
+  const int64_t row_bytes = int64_t(row_nbytes(dtype, head_dim));  // Q4: whole records
   detail::for_rows(rows, capacity * head_dim, [&](int64_t r) {
     const int32_t* k = keep + r * keep_stride;
     char* base = static_cast<char*>(cache) + r * capacity * row_bytes;

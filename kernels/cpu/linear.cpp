@@ -19,7 +19,7 @@ void linear_isa(Isa isa, const float* x, int64_t M, int64_t K, const TensorView&
                 const TensorView* bias, float* y, Epilogue ep) {
   FH_CHECK(w.shape.ndim == 2 && w.shape[1] == K, "linear: weight shape ", w.shape.str(),
            " does not match K=", K);
-  FH_CHECK(w.dtype == DType::F32 || w.dtype == DType::F16 || w.dtype == DType::BF16,
+  FH_CHECK(w.dtype == DType::F32 || w.dtype == DType::F16 || w.dtype == DType::BF16 || w.dtype == DType::Q4,
            "linear: weight dtype ", dtype_name(w.dtype), " is not supported");
   FH_CHECK(M >= 0 && K > 0, "linear: bad sizes M=", M, " K=", K);
   const int64_t N = w.shape[0];

@@ -1,14 +1,16 @@
 // CPU kernels: the reference implementation of every op, fp32 compute.
-// Weights come as TensorViews in f32, f16 or bf16 and are converted on the fly; the KV
-// cache may be f32, f16 or bf16 likewise (write_kv rounds into it, attention widens from it).
+// Weights come as TensorViews in f32, f16, bf16 or Q4 (core/quant4.h) and are converted or
+// decoded on the fly; the KV cache may be f32, f16, bf16 or Q4 likewise (write_kv rounds or
+// encodes into it, attention widens or decodes from it).
 // All functions are blocking and parallelise internally with oneTBB; call them from
 // inside the CPU device's tbb::task_arena to bound the threads. Thread-safe (no state).
 //
 // Determinism contract (tests rely on it): the value computed for one row/sequence never
 // depends on how many other rows are in the call, on their contents, or on the thread
 // count. A batch of prompts therefore gives bit-identical results to each prompt alone.
-// Attention over an f16/bf16 cache is bit-identical to attention over an fp32 cache holding
-// the same (already rounded) values.
+// Attention over an f16/bf16/Q4 cache is bit-identical to attention over an fp32 cache holding
+// the same (already rounded, or q4::decode_rows-decoded) values, and a Q4 linear to the fp32
+// linear over q4::decode_rows of its weight.
 #pragma once
 
 #include <cstdint>
@@ -24,11 +26,13 @@ enum class Epilogue {
 };
 
 // y[M,N] = epilogue(x[M,K] . w[N,K]^T + bias[N]). w: f32/f16/bf16, row-major [N, K] (the
-// Hugging Face nn.Linear layout). bias: null or [N] of any float dtype. x and y must not alias.
+// Hugging Face nn.Linear layout), or Q4: N records of q4::row_bytes(K) (groups along K),
+// decoded inside the kernel. bias: null or [N] of any float dtype. x and y must not alias.
 void linear(const float* x, int64_t M, int64_t K, const TensorView& w, const TensorView* bias,
             float* y, Epilogue ep);
 
-// out[t, :] = table[ids[t], :] as fp32. table: [V, D]. ids are checked against V (throws).
+// out[t, :] = table[ids[t], :] as fp32. table: [V, D] of f32/f16/bf16, or Q4 (V records of
+// q4::row_bytes(D); only the chosen rows are decoded). ids are checked against V (throws).
 void embedding(const int32_t* ids, int64_t T, const TensorView& table, float* out);
 // out[t, :] += table[rows[t], :] (learned position embeddings). rows checked against V.
 void add_embedding(const int32_t* rows, int64_t T, const TensorView& table, float* out);
@@ -57,7 +61,8 @@ void to_f32(DType src_dtype, const void* src, int64_t n, float* dst);
 void from_f32(const float* src, int64_t n, DType dst_dtype, void* dst);
 
 // KV cache layout: [B, kv_heads, capacity, head_dim] of the cache dtype (F32, F16 or BF16),
-// left-aligned: sequence b's cached tokens fill slots [0, n_b) of each of its (b, head)
+// or for Q4 [B, kv_heads, capacity] records of q4::row_bytes(head_dim) (groups along head_dim);
+// every row size is row_nbytes(dtype, head_dim). Left-aligned: sequence b's cached tokens fill slots [0, n_b) of each of its (b, head)
 // rows, with no padding inside. seq_keys ([B], int32) gives n_b AFTER this step's T (or
 // tq) new tokens are written. Row t of a step (0 <= t < T) of sequence b belongs at slot
 // seq_keys[b] - T + t; a row whose slot is negative is a left-padding row (the sequence
@@ -65,9 +70,10 @@ void from_f32(const float* src, int64_t n, DType dst_dtype, void* dst);
 
 // Copies the T new rows of each sequence into the cache: src row (b,t), at
 // src + (b*T + t)*src_stride holding kv_heads*head_dim floats, goes to slot
-// seq_keys[b] - T + t of every kv head, rounded to cache_dtype as from_f32 does; padding
-// rows (negative slot) are skipped. Checks 0 <= seq_keys[b] <= capacity (throws before
-// writing anything).
+// seq_keys[b] - T + t of every kv head, rounded to cache_dtype as from_f32 does (Q4: encoded
+// by q4::encode_rows, which refuses NaN/Inf/beyond-fp16 rows with an error naming the
+// sequence, head and slot); padding rows (negative slot) are skipped. Checks
+// 0 <= seq_keys[b] <= capacity (throws before writing anything).
 void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_t kv_heads,
               int64_t head_dim, void* cache, DType cache_dtype, int64_t capacity,
               const int32_t* seq_keys);
@@ -80,7 +86,7 @@ void write_kv(const float* src, int64_t src_stride, int64_t B, int64_t T, int64_
 // slots >= keep_count are left unchanged. Precondition (checked for every row before anything
 // is moved; throws): 0 <= keep_count <= min(capacity, keep_stride) and i <= keep[i] < capacity.
 // It covers stable compaction (keep increasing) and swap-remove ("move the last slot into the
-// victim"). Rows of head_dim elements (of dtype: F32, F16 or BF16) are moved whole, so the
+// victim"). Rows of head_dim elements (of dtype: F32, F16, BF16 or Q4 records) are moved whole, so the
 // op is generic over row width: head_dim = 1 compacts a [B, heads, capacity] score array
 // (that is what score_gather does).
 void kv_gather(void* cache, DType dtype, int64_t B, int64_t kv_heads, int64_t capacity,
@@ -98,14 +104,15 @@ void score_gather(float* scores, int64_t B, int64_t heads, int64_t capacity, con
 // [0, p]; if p < 0 the row is left padding: its output row is written as zeros and it adds
 // nothing to key_scores. Slots >= seq_keys[b] are never read. GQA: query head h reads kv
 // head h / (n_heads / kv_heads). Checks 0 <= seq_keys[b] <= capacity (throws).
-// K and V may be F16 or BF16 (kv_dtype); their values are converted exactly to fp32 as they
-// are read, so the result is bit-identical to that of an fp32 cache holding the same values.
+// K and V may be F16, BF16 or Q4 (kv_dtype); their values are converted exactly to fp32 (Q4:
+// decoded as q4::decode_rows) as they are read, so the result is bit-identical to that of an
+// fp32 cache holding the same values.
 struct AttentionArgs {
   const float* q = nullptr;  // [B, tq] rows at stride q_stride, each n_heads*head_dim floats
   int64_t q_stride = 0;
-  const void* k = nullptr;  // cache [B, kv_heads, capacity, head_dim] of kv_dtype
+  const void* k = nullptr;  // cache [B, kv_heads, capacity, head_dim] of kv_dtype (Q4: records)
   const void* v = nullptr;  // same layout and dtype as k
-  DType kv_dtype = DType::F32;  // F32, F16 or BF16
+  DType kv_dtype = DType::F32;  // F32, F16, BF16 or Q4
   int64_t batch = 0, tq = 0, n_heads = 0, kv_heads = 0, head_dim = 0;
   int64_t capacity = 0;
   const int32_t* seq_keys = nullptr;  // [B] filled slots of sequence b (incl. this step's tq)

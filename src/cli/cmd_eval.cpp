@@ -98,13 +98,17 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
 
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
-  const DType kv_dtype = kv_cache_dtype(a.kv, *lm.model);
+  const DType kv_dtype = run_kv_dtype(a.kv, oo ? oo->policy.compress_cache : a.offload.compress_cache, *lm.model);
   const bool engine_path = offload || device == "cuda";
   const bool stream = policy || a.streaming || engine_path;
   PerplexityResult r;
   json off_report;
+  std::unique_ptr<CompressedWeights> compressed;
   if (engine_path) {
-    if (!oo) oo.emplace(), oo->policy.gpu_batch_size = 1;  // everything resident on the GPU
+    if (!oo) {  // everything resident on the GPU
+      oo = make_offload_options(a.offload);
+      oo->policy.gpu_batch_size = 1;
+    }
     oo->kv_policy = policy.get();
     oo->kv_dtype = kv_dtype;
     std::unique_ptr<Device> owned;
@@ -113,15 +117,18 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
     off_report = offload_report_json(engine);
     write_trace_file(a.offload, engine, std::cerr);
   } else if (stream) {
+    compressed = compress_in_memory(a.offload, *lm.model, fwd);
     InMemoryRunner runner(fwd, 1, policy.get(), kv_dtype);
     r = streaming_perplexity(runner, ids);
   } else {
+    compressed = compress_in_memory(a.offload, *lm.model, fwd);
     r = perplexity(fwd, ids, 256, kv_dtype);
   }
   json j{{"perplexity", r.perplexity}, {"mean_nll", r.mean_nll}, {"tokens", r.tokens},
          {"text_tokens", toks.size()}, {"kv_policy", describe(kv)},
          {"kv_budget", budget_json(policy.get(), 1)}, {"mode", stream ? "streaming" : "prefill"},
-         {"kv_dtype", dtype_name(kv_dtype)}, {"device", device}};
+         {"kv_dtype", dtype_name(kv_dtype)}, {"device", device},
+         {"compress_weight", oo ? oo->policy.compress_weight : a.offload.compress_weight}};
   if (offload) j["offload"] = off_report;
   if (a.json)
     std::cout << j.dump() << "\n";
@@ -242,7 +249,8 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   for (const auto& t : items) max_choices = std::max(max_choices, t.choices.size());
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
-  const DType kv_dtype = kv_cache_dtype(a.kv, *lm.model);
+  DType kv_dtype = run_kv_dtype(a.kv, a.offload.compress_cache, *lm.model);
+  std::unique_ptr<CompressedWeights> compressed;  // in memory with --compress-weight; outlives the runner
   std::unique_ptr<Device> owned_device;  // outlives the runner
   std::unique_ptr<StepRunner> owned;
   OffloadEngine* engine = nullptr;
@@ -252,11 +260,12 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
     OffloadOptions o = make_offload_options(a.offload);
     if (!offload_requested(a.offload)) o.policy.gpu_batch_size = batch;  // everything resident on the GPU
     o.kv_policy = policy.get();
-    o.kv_dtype = kv_dtype;
+    o.kv_dtype = kv_dtype = run_kv_dtype(a.kv, o.policy.compress_cache, *lm.model);
     auto e = std::make_unique<OffloadEngine>(*lm.model, open_device(device, *lm.model, dev, owned_device), o);
     engine = e.get();
     owned = std::move(e);
   } else {
+    compressed = compress_in_memory(a.offload, *lm.model, fwd);
     owned = std::make_unique<InMemoryRunner>(fwd, batch, policy.get(), kv_dtype);
   }
   StepRunner& runner = *owned;

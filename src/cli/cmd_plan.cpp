@@ -31,8 +31,8 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_option("--overlap", a.overlap, "true|false")->check(CLI::IsMember({"true", "false"}));
   s->add_option("--sep-layer", a.sep_layer, "Attention and MLP as separate units (true|false)")
       ->capture_default_str()->check(CLI::IsMember({"true", "false"}));
-  s->add_option("--kv-dtype", a.kv_dtype, "KV cache element type: f16, bf16 or f32")
-      ->capture_default_str()->check(CLI::IsMember({"f16", "bf16", "f32"}));
+  s->add_option("--kv-dtype", a.kv_dtype, "KV cache element type: f16, bf16, f32 or q4 (= --compress-cache)")
+      ->capture_default_str()->check(CLI::IsMember({"f16", "bf16", "f32", "q4"}));
   s->add_flag("--compress-weight", a.compress_weight,
               "4-bit weights (FlexGen's flag): with --percent, evaluate it; without, fix it in the search");
   s->add_flag("--compress-cache", a.compress_cache,
@@ -82,7 +82,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
   Workload w;
   w.prompt_len = a.prompt_len;
   w.gen_len = a.gen_len;
-  w.kv_dtype = a.kv_dtype == "f32" ? DType::F32 : a.kv_dtype == "bf16" ? DType::BF16 : DType::F16;
+  w.kv_dtype = a.kv_dtype == "f32" ? DType::F32 : a.kv_dtype == "bf16" ? DType::BF16 : a.kv_dtype == "q4" ? DType::Q4 : DType::F16;
   if (!a.kv_policy.empty() && a.kv_policy != "full") {
     KvPolicyConfig kv = a.kv;
     kv.kind = parse_kv_policy_kind(a.kv_policy);
@@ -108,7 +108,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
     p.overlap = a.overlap != "false";
     p.sep_layer = a.sep_layer != "false";
     p.compress_weight = a.compress_weight;
-    p.compress_cache = a.compress_cache;
+    p.compress_cache = a.compress_cache || w.kv_dtype == DType::Q4;
     e = cm.estimate(p);
   } else {
     SearchOptions so;

@@ -19,7 +19,8 @@ void add_kv_flags(CLI::App* app, KvArgs& a) {
       ->group(g);
   app->add_option("--kv-seed", a.seed, "Seed of --kv-policy random")->group(g);
   app->add_option("--kv-dtype", a.dtype,
-                  "KV cache element type in every tier: f16, bf16, f32, or auto (f16; bf16 for bf16 checkpoints)")
+                  "KV cache element type in every tier: f16, bf16, f32, q4 (4-bit groups of 64, the same as "
+                  "--compress-cache), or auto (f16; bf16 for bf16 checkpoints)")
       ->capture_default_str()->group(g);
 }
 
@@ -27,10 +28,18 @@ DType kv_cache_dtype(const KvArgs& a, const Model& m) {
   if (a.dtype == "f16") return DType::F16;
   if (a.dtype == "bf16") return DType::BF16;
   if (a.dtype == "f32") return DType::F32;
-  if (a.dtype != "auto") FH_FAIL("--kv-dtype must be auto, f16, bf16 or f32, got \"", a.dtype, "\"");
+  if (a.dtype == "q4") return DType::Q4;
+  if (a.dtype != "auto") FH_FAIL("--kv-dtype must be auto, f16, bf16, f32 or q4, got \"", a.dtype, "\"");
   for (const BoundTensor& t : m.tensors())
     if (t.view.dtype == DType::BF16) return DType::BF16;
   return DType::F16;
+}
+
+DType run_kv_dtype(const KvArgs& a, bool compress_cache, const Model& m) {
+  if (!compress_cache) return kv_cache_dtype(a, m);
+  if (a.dtype != "auto" && a.dtype != "q4")
+    FH_FAIL("--compress-cache stores the KV cache as q4, but --kv-dtype ", a.dtype, " was given; drop one");
+  return DType::Q4;
 }
 
 KvPolicyConfig make_kv_config(const KvArgs& a) {

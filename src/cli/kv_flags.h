@@ -23,7 +23,7 @@ struct KvArgs {
   std::optional<int64_t> recent_budget; // --recent-budget tokens
   std::optional<int64_t> sink_tokens;   // --sink-tokens  tokens (sinks only; default 4)
   std::optional<uint64_t> seed;         // --kv-seed      (random only; default 0)
-  std::string dtype = "auto";           // --kv-dtype     auto|f16|bf16|f32
+  std::string dtype = "auto";           // --kv-dtype     auto|f16|bf16|f32|q4
 };
 
 // Adds the flags above to `app` in the group "KV cache policy". `a` must outlive parsing.
@@ -33,9 +33,12 @@ void add_kv_flags(CLI::App* app, KvArgs& a);
 // the policy does not read, out-of-range values, ratio and budget for the same part, zero total.
 KvPolicyConfig make_kv_config(const KvArgs& a);
 
-// --kv-dtype: F16, BF16 or F32; auto is F16, or BF16 for a bf16 checkpoint (whose activations
-// may exceed f16's range). Throws naming the flag on anything else.
+// --kv-dtype: F16, BF16, F32 or Q4; auto is F16, or BF16 for a bf16 checkpoint (whose
+// activations may exceed f16's range). Throws naming the flag on anything else.
 DType kv_cache_dtype(const KvArgs& a, const Model& m);
+// The KV dtype of a run: Q4 when `compress_cache` (--compress-cache or a policy file's
+// compress_cache; --kv-dtype must then be auto or q4), else kv_cache_dtype().
+DType run_kv_dtype(const KvArgs& a, bool compress_cache, const Model& m);
 
 // `cfg` with every ratio replaced by the absolute token budget it means for a reference length
 // of `length` tokens (the policy's own rule: floor(ratio * length), raised to 1 when ratio > 0).

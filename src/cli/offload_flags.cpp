@@ -50,6 +50,13 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
                 "Hash every reused offload weight file before trusting it (the default); --trust-store skips "
                 "the hash (one read of the disk-homed weights per run) and checks headers and sizes only")
       ->group(g);
+  const char* z = "Compression (FlexGen's: 4 bits, groups of 64, an fp16 scale and min per group)";
+  app->add_flag("--compress-weight", a.compress_weight,
+                "Every 2-D weight (matrices, embeddings, lm_head) held 4-bit on every tier and moved so: "
+                "0.28x the bytes of f16 (36 bytes per 64 values), dequantized inside the kernels")->group(z);
+  app->add_flag("--compress-cache", a.compress_cache,
+                "KV cache 4-bit in every tier (the same as --kv-dtype q4): 0.28x the bytes of f16 stored "
+                "and moved")->group(z);
   app->add_option("--trace", a.trace,
                   "Write every schedule step (loads, stores, compute per queue) as Chrome trace-event JSON "
                   "to FILE; open it in ui.perfetto.dev to see what the pipeline waits on")
@@ -127,6 +134,8 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   if (a.gpu_batch_size) p.gpu_batch_size = a.gpu_batch_size;
   if (a.num_gpu_batches) p.num_gpu_batches = a.num_gpu_batches;
   if (a.cpu_cache_compute) p.cpu_cache_compute = true;
+  if (a.compress_weight) p.compress_weight = true;
+  if (a.compress_cache) p.compress_cache = true;
   p.overlap = parse_bool(a.overlap, "--overlap");
   p.sep_layer = parse_bool(a.sep_layer, "--sep-layer");
   p.pin_weight = parse_bool(a.pin_weight, "--pin-weight");
@@ -176,6 +185,8 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
   SearchOptions so;
   so.max_block = requests;
   so.allow_disk = !a.offload_dir.empty();
+  if (a.compress_weight) so.compress_weight = true;  // asked for: fixed; else searched when priced
+  if (a.compress_cache) so.compress_cache = true;
   Policy p = plan_policy(m, hw, w, so, dev.kind() == DeviceKind::kCuda ? std::optional<DType>(dev.weight_dtype(DType::F32))
                                                                       : std::nullopt);
   p.overlap = a.overlap != "false";

@@ -22,12 +22,17 @@ struct OffloadArgs {
   std::string policy_file, offload_dir, gpu_mem, cpu_mem, disk_mem, io = "auto";
   std::string hardware;  // profile for --policy auto (name in configs/hardware or a path)
   std::string trace;     // --trace FILE: the schedule's steps as Chrome trace-event JSON
+  // FlexGen's compression flags (Policy::compress_*); they apply in memory too, so they do not
+  // ask for the offloading engine by themselves.
+  bool compress_weight = false, compress_cache = false;
 };
 
 void add_offload_flags(CLI::App* app, OffloadArgs& a);
-// True when any flag asks for the offloading engine (otherwise the in-memory path runs).
+// True when any flag asks for the offloading engine (otherwise the in-memory path runs);
+// --compress-weight / --compress-cache do not.
 bool offload_requested(const OffloadArgs& a);
 // Policy from --policy FILE (if given) overridden by explicit flags; budgets; directory.
+// kv_dtype is left to the caller (run_kv_dtype); policy.compress_* are set by the flags or the file.
 // With --policy auto the policy fields are left at their defaults (see plan_auto_policy).
 OffloadOptions make_offload_options(const OffloadArgs& a);
 // --policy auto: the planner's best policy for this model and workload on the --hardware

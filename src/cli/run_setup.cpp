@@ -18,19 +18,28 @@ Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, s
   return *owned;
 }
 
+std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, const Model& m, Forward& fwd) {
+  if (!off.compress_weight) return nullptr;
+  auto cw = std::make_unique<CompressedWeights>(m);
+  fwd.use_weights(&cw->weights());
+  return cw;
+}
+
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
                         int64_t requests, const std::string& device, std::ostream& log) {
   RunSetup rs;
   rs.kv_config = make_kv_config(kv);
   if (rs.kv_config.kind != KvPolicyKind::kFull) rs.kv_policy = make_policy(rs.kv_config);
-  rs.kv_dtype = kv_cache_dtype(kv, model);
+  rs.kv_dtype = run_kv_dtype(kv, off.compress_cache, model);
   rs.device = &open_device(device, model, cpu, rs.owned);
   if (device != "cuda" && !offload_requested(off)) {
+    rs.compressed = compress_in_memory(off, model, fwd);
     rs.runner = std::make_unique<InMemoryRunner>(fwd, batch_size, rs.kv_policy.get(), rs.kv_dtype);
     return rs;
   }
   OffloadOptions oo = make_offload_options(off);
+  rs.kv_dtype = run_kv_dtype(kv, oo.policy.compress_cache, model);
   if (!offload_requested(off)) {  // CUDA without offloading flags: everything resident, one micro-batch
     oo.policy.gpu_batch_size = batch_size;
     oo.policy.num_gpu_batches = 1;
@@ -41,11 +50,14 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
     oo.policy = plan_auto_policy(off, model, env.configs_dir, std::max<int64_t>(1, prompt_len),
                                  std::max<int64_t>(1, gen_len), kvc, rs.kv_dtype, std::max<int64_t>(1, requests), cpu,
                                  *rs.device, log);
+    oo.policy.compress_weight = oo.policy.compress_weight || off.compress_weight;  // asked for: kept
+    oo.policy.compress_cache = oo.policy.compress_cache || off.compress_cache;
   }
   oo.kv_policy = rs.kv_policy.get();
   oo.kv_dtype = rs.kv_dtype;
   auto eng = std::make_unique<OffloadEngine>(model, *rs.device, oo);
   rs.offload = eng.get();
+  rs.kv_dtype = eng->options().kv_dtype;  // Q4 when the policy compresses the cache
   log << "flexh2o: on " << rs.device->name() << ": " << eng->options().policy.str() << " (block of "
       << eng->max_batch() << " sequences), KV cache " << dtype_name(oo.kv_dtype) << "\n";
   rs.runner = std::move(eng);

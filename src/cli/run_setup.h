@@ -11,6 +11,7 @@
 #include "cli/common.h"
 #include "cli/kv_flags.h"
 #include "cli/offload_flags.h"
+#include "engine/compress.h"
 #include "engine/generate.h"
 
 namespace flexh2o::cli {
@@ -19,6 +20,7 @@ struct RunSetup {
   KvPolicyConfig kv_config;
   std::unique_ptr<KvPolicy> kv_policy;  // null for full
   DType kv_dtype = DType::F16;
+  std::unique_ptr<CompressedWeights> compressed;  // in memory with --compress-weight (Forward reads it)
   std::unique_ptr<Device> owned;        // the CUDA device, on --device cuda
   Device* device = nullptr;             // what the runner computes on
   std::unique_ptr<StepRunner> runner;
@@ -27,6 +29,10 @@ struct RunSetup {
 
 // "cpu": `cpu` itself; "cuda": a CUDA device for `m` (F16, or BF16 for bf16 checkpoints), kept in `owned`.
 Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, std::unique_ptr<Device>& owned);
+
+// In memory with --compress-weight: the Q4 copy of the model's weights, which `fwd` now reads
+// (null, and fwd unchanged, without the flag). The result must outlive fwd's steps.
+std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, const Model& m, Forward& fwd);
 
 // `fwd`, `cpu` and `model` must outlive the result. prompt_len / gen_len / requests describe
 // the workload (for --policy auto); `device` is select_device()'s answer. Logs the choice.

@@ -16,8 +16,9 @@
 // Encoding a group of finite values with min mn and max mx:
 //   m = f16(mn), d = f16((mx - m) / 15) (round to nearest even; fp32 arithmetic),
 //   q = d == 0 ? 0 : clamp(rint((x - m) / d), 0, 15)   (fp32 division, round half to even),
-// so a constant group decodes to exactly f16(mn) and |x - decode(q)| <= d/2 + |mn - m| plus
-// fp16 rounding of d (bounds in the tests). NaN/Inf inputs, and groups whose m or d would not
+// so a constant group of fp16 values (d == 0) decodes to exactly that value (any other constant
+// rounds m and d carries the difference) and |x - decode(q)| <= |d|/2 + |mn - m| + 15 |fp16
+// rounding of d| (bounds in the tests). NaN/Inf inputs, and groups whose m or d would not
 // be finite in fp16, are refused with an error naming the tensor and the group.
 #pragma once
 

@@ -266,7 +266,7 @@ void CpuDevice::attend(const ModelConfig& c, const StepRows& r, const void* q, c
   for (const KvSegment& s : segs) {
     if (s.n_seq == 0) continue;
     const size_t rows = size_t(s.n_seq * r.T), row0 = size_t(s.first_seq * r.T);
-    const size_t region = size_t(s.n_seq * c.n_kv_heads * s.capacity * c.head_dim) * dtype_size(s.dtype);
+    const size_t region = size_t(s.n_seq * c.n_kv_heads * s.capacity) * row_nbytes(s.dtype, c.head_dim);
     touch(0, static_cast<const std::byte*>(q) + row0 * size_t(Q) * es, rows * size_t(Q) * es, false);
     touch(0, static_cast<const std::byte*>(k) + row0 * size_t(KV) * es, rows * size_t(KV) * es, false);
     touch(0, static_cast<const std::byte*>(v) + row0 * size_t(KV) * es, rows * size_t(KV) * es, false);
@@ -337,7 +337,7 @@ void CpuDevice::kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, i
   enter(0);
   touch(0, keep, size_t(rows * keep_stride) * 4, false);
   touch(0, count, size_t(rows) * 4, false);
-  touch(0, buf, size_t(rows * capacity * row_elems) * dtype_size(dt), true);
+  touch(0, buf, size_t(rows * capacity) * row_nbytes(dt, row_elems), true);
   cpu::kv_gather(buf, dt, rows, 1, capacity, row_elems, keep, keep_stride, count);
 }
 

@@ -10,7 +10,7 @@ namespace flexh2o {
 void Forward::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                    KvCache& cache, LogitsRows rows, std::vector<float>& logits, const KvPolicy* policy) {
   const ModelConfig& c = model_.config();
-  const ModelWeights& w = model_.weights();
+  const ModelWeights& w = *weights_;
   const int64_t B = cache.batch(), M = B * T;
   FH_CHECK(T > 0, "step needs at least one token");
   for (int64_t i = 0; i < M; ++i) {

@@ -19,7 +19,10 @@ enum class LogitsRows { kLast, kAll };
 class Forward {
  public:
   // `model` and `dev` must outlive the Forward.
-  Forward(const Model& model, CpuDevice& dev) : model_(model), dev_(dev) {}
+  Forward(const Model& model, CpuDevice& dev) : model_(model), dev_(dev), weights_(&model.weights()) {}
+  // The weights as held for this run (CompressedWeights::weights() for a compressed run; must
+  // outlive their use), or null for the model's own.
+  void use_weights(const ModelWeights* w) { weights_ = w ? w : &model_.weights(); }
 
   // ids, positions: [B, T] row-major (B = cache.batch()), left-padded: sequence b's last
   // real_rows[b] rows are tokens (null: all T). Appends their K/V after each sequence's
@@ -35,6 +38,7 @@ class Forward {
  private:
   const Model& model_;
   CpuDevice& dev_;
+  const ModelWeights* weights_;
   LayerCompute compute_;
   std::vector<float> hidden_;
   std::vector<int32_t> seq_keys_, evicted_, dirty_lo_, dirty_hi_;

@@ -1,5 +1,5 @@
 // In-memory KV cache of one batch of sequences, all layers, left-aligned, in a KV dtype
-// (f32 / f16 / bf16).
+// (f32 / f16 / bf16, or Q4: each slot row one record of row_nbytes(Q4, head_dim) bytes).
 // Layout per layer: K and V each [batch, kv_heads, capacity, head_dim]; sequence b's tokens
 // fill slots [0, length(b)) — left padding never enters the cache.
 // Owns its memory; move-only; not thread-safe (one batch is driven by one thread).
@@ -20,8 +20,9 @@ class KvCache {
   KvCache(const ModelConfig& c, int64_t batch, int64_t capacity, DType dtype = DType::F32)
       : batch_(batch), capacity_(capacity), dtype_(dtype), lengths_(size_t(batch), 0) {
     FH_CHECK(batch > 0 && capacity > 0, "KV cache needs batch > 0 and capacity > 0");
-    FH_CHECK(dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16, "KV cache dtype must be F32, F16 or BF16");
-    const size_t per_layer = size_t(batch * c.n_kv_heads * capacity * c.head_dim) * dtype_size(dtype);
+    FH_CHECK(dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16 || dtype == DType::Q4,
+             "KV cache dtype must be F32, F16, BF16 or Q4");
+    const size_t per_layer = size_t(batch * c.n_kv_heads * capacity) * row_nbytes(dtype, c.head_dim);
     k_.assign(size_t(c.n_layers), std::vector<std::byte>(per_layer));
     v_.assign(size_t(c.n_layers), std::vector<std::byte>(per_layer));
   }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "policies/keep_list.h"
 
 namespace flexh2o {
@@ -70,7 +71,7 @@ void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
 
 void apply_kv_policy(const EvictArgs& a) {
   const int64_t kvh = a.config->n_kv_heads, cap = a.seg.capacity;
-  const size_t row = size_t(a.config->head_dim) * dtype_size(a.seg.dtype);
+  const size_t row = row_nbytes(a.seg.dtype, a.config->head_dim);  // whole Q4 records move
   decide_kv_policy(a, [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
     std::byte* k = static_cast<std::byte*>(a.seg.k) + size_t((b * kvh + h) * cap) * row;
     std::byte* v = static_cast<std::byte*>(a.seg.v) + size_t((b * kvh + h) * cap) * row;

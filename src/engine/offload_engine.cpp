@@ -10,6 +10,7 @@
 #include <ostream>
 
 #include "core/error.h"
+#include "engine/compress.h"
 #include "engine/offload_impl.h"
 #include "kernels/cpu/ops.h"
 
@@ -44,21 +45,6 @@ std::optional<DType> placement_dtype(const Device& dev) {
 
 }  // namespace
 
-void convert_tensor(const TensorView& src, DType dt, void* dst) {
-  if (src.dtype == dt) {
-    std::memcpy(dst, src.data, src.nbytes());
-    return;
-  }
-  constexpr int64_t kChunk = int64_t(1) << 20;
-  std::vector<float> tmp(size_t(std::min<int64_t>(kChunk, src.numel())));
-  const size_t si = dtype_size(src.dtype), di = dtype_size(dt);
-  for (int64_t off = 0, n = src.numel(); off < n; off += kChunk) {
-    const int64_t m = std::min(kChunk, n - off);
-    cpu::to_f32(src.dtype, static_cast<const std::byte*>(src.data) + size_t(off) * si, m, tmp.data());
-    cpu::from_f32(tmp.data(), m, dt, static_cast<std::byte*>(dst) + size_t(off) * di);
-  }
-}
-
 OffloadEngine::Impl::Impl(OffloadEngine& engine)
     : e(engine),
       dev(engine.dev_),
@@ -67,21 +53,27 @@ OffloadEngine::Impl::Impl(OffloadEngine& engine)
       kv_policy(engine.opts_.kv_policy),
       kvdt(engine.opts_.kv_dtype),
       adt(engine.dev_.act_dtype()),
-      es_kv(dtype_size(kvdt)),
+      kv_row(row_nbytes(kvdt, engine.config().head_dim)),
       es_a(dtype_size(adt)) {}
+
+DType offload_kv_dtype(const OffloadOptions& o) { return o.policy.compress_cache ? DType::Q4 : o.kv_dtype; }
 
 MemoryPlan offload_memory_plan(const Model& model, const Device& dev, const OffloadOptions& opts,
                                const BatchDims& dims) {
   const WeightPlacement wp = place_weights(model, opts.policy, placement_dtype(dev));
   return plan_memory(model.config(), WeightBytes::of(wp), opts.policy, dims,
-                     {dev.kind(), opts.kv_dtype, dev.act_dtype()});
+                     {dev.kind(), offload_kv_dtype(opts), dev.act_dtype()});
 }
 
 OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptions& opts)
     : model_(model), dev_(dev), opts_(opts) {
   opts_.policy.validate();
-  FH_CHECK(opts_.kv_dtype == DType::F16 || opts_.kv_dtype == DType::BF16 || opts_.kv_dtype == DType::F32,
-           "KV cache dtype must be f16, bf16 or f32, got ", dtype_name(opts_.kv_dtype));
+  // compress_cache and a Q4 KV dtype are one setting: either turns on both.
+  opts_.kv_dtype = offload_kv_dtype(opts_);
+  opts_.policy.compress_cache = opts_.kv_dtype == DType::Q4;
+  FH_CHECK(opts_.kv_dtype == DType::F16 || opts_.kv_dtype == DType::BF16 || opts_.kv_dtype == DType::F32 ||
+               opts_.kv_dtype == DType::Q4,
+           "KV cache dtype must be f16, bf16, f32 or q4, got ", dtype_name(opts_.kv_dtype));
   const ModelConfig& c = model.config();
   placement_ = place_weights(model, opts_.policy, placement_dtype(dev));
   budgets_[0] = std::make_unique<TierBudget>(Tier::kDevice, opts.device_mem ? opts.device_mem : dev.memory_bytes());
@@ -141,8 +133,8 @@ void OffloadEngine::Impl::place_weights() {
       WeightHome h;
       h.tier = t.tier;
       h.source = t.source;
-      h.dtype = dev.weight_dtype(t.source.dtype);
-      h.bytes = size_t(t.source.numel()) * dtype_size(h.dtype);
+      h.dtype = t.dtype;
+      h.bytes = t.bytes;
       h.token_table = u == 0 && t.source.data == e.model_.weights().embed.data;
       if (h.token_table && t.tier != Tier::kDevice) token_streamed = true;
       const std::string what = std::string("weight ") + t.name;
@@ -151,7 +143,15 @@ void OffloadEngine::Impl::place_weights() {
           h.device_ptr = it->second;
         } else {
           h.device = alloc(MemKind::kDevice, Tier::kDevice, h.bytes, what);
-          dev.upload(h.device.data(), t.source);
+          if (h.dtype == DType::Q4) {  // compressed on the host, uploaded as records
+            std::vector<std::byte> tmp(h.bytes);
+            convert_tensor(t.source, h.dtype, tmp.data(), what);
+            TensorView q = t.source;
+            q.data = tmp.data(), q.dtype = h.dtype;
+            dev.upload(h.device.data(), q);
+          } else {
+            dev.upload(h.device.data(), t.source);
+          }
           h.device_ptr = h.device.data();
           device_home[t.source.data] = h.device_ptr;
         }
@@ -168,7 +168,7 @@ void OffloadEngine::Impl::place_weights() {
             pinned_in_place += h.bytes;
           } else {
             h.host_copy = alloc(p.pin_weight ? MemKind::kPinned : MemKind::kPageable, Tier::kHost, h.bytes, what);
-            convert_tensor(t.source, h.dtype, h.host_copy.data());
+            convert_tensor(t.source, h.dtype, h.host_copy.data(), what);
             h.host = h.host_copy.data();
           }
           host_home[t.source.data] = h.host;
@@ -322,7 +322,7 @@ OffloadReport OffloadEngine::report() const {
   r.device = dev_.name();
   r.kv_dtype = std::string(dtype_name(opts_.kv_dtype));
   r.act_dtype = std::string(dtype_name(dev_.act_dtype()));
-  r.weight_dtype = std::string(dtype_name(dev_.weight_dtype(model_.weights().embed.dtype)));
+  r.weight_dtype = std::string(dtype_name(placement_.units[0].tensors[0].dtype));
   for (int l = 0; l < kNumLinks; ++l) r.bytes[size_t(l)] = counters_.get(Link(l));
   r.kv_bytes = counters_.kv.load();
   r.busy = times_.busy;

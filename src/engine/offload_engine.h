@@ -43,7 +43,9 @@ struct OffloadOptions {
   IoBackend* io_backend = nullptr;
   // KV-cache policy (null = full cache). Caller-owned; must outlive the engine.
   const KvPolicy* kv_policy = nullptr;
-  DType kv_dtype = DType::F16;  // of the KV cache in every tier: F16, BF16 or F32
+  // Of the KV cache in every tier: F16, BF16, F32 or Q4 (policy.compress_cache: the engine
+  // makes the two agree, either one turning on both).
+  DType kv_dtype = DType::F16;
   // Record when every schedule step ran (write_trace()); a few dozen bytes per step.
   bool trace = false;
   // Tests only: edits each token step's schedule before it runs (e.g. drops a dependency).
@@ -147,6 +149,9 @@ class OffloadEngine final : public StepRunner {
   bool more_steps_ = true, first_layer_loaded_ = false;
   size_t reused_ = 0, written_ = 0;
 };
+
+// The KV dtype a run with `o` holds: Q4 when o.policy.compress_cache, else o.kv_dtype.
+DType offload_kv_dtype(const OffloadOptions& o);
 
 // The memory plan of `model` under `opts` on `dev` for a batch (what the engine allocates).
 MemoryPlan offload_memory_plan(const Model& model, const Device& dev, const OffloadOptions& opts,

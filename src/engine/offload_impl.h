@@ -15,17 +15,15 @@
 
 namespace flexh2o {
 
-// src (f32/f16/bf16) converted to dt into dst, in chunks.
-void convert_tensor(const TensorView& src, DType dt, void* dst);
-
 // The text whose digest is the store identity (store_identity.h): store format, model config,
-// the dtype each checkpoint dtype is stored in on `dev`, and the checkpoint's shard fingerprints.
-std::string offload_store_manifest(const Model& model, const Device& dev);
+// the dtype each checkpoint dtype is stored in on `dev` (and Q4 for 2-D weights when
+// compress_weight), and the checkpoint's shard fingerprints.
+std::string offload_store_manifest(const Model& model, const Device& dev, bool compress_weight);
 
 struct WeightHome {
   Tier tier = Tier::kDevice;
   TensorView source;            // the model's view (shape, checkpoint dtype, address)
-  DType dtype = DType::F16;     // as the device reads it (Device::weight_dtype)
+  DType dtype = DType::F16;     // as every tier holds it (PlacedTensor::dtype; Q4 when compressed)
   size_t bytes = 0;             // at `dtype`
   Buffer device;                // device home, unless shared with an earlier tensor
   const std::byte* device_ptr = nullptr;  // where a device-homed tensor is read
@@ -119,7 +117,7 @@ struct OffloadEngine::Impl {
   const Policy& p;
   const KvPolicy* kv_policy;
   DType kvdt, adt;
-  size_t es_kv, es_a;
+  size_t kv_row, es_a;  // bytes of one K (or V) row of one head (row_nbytes), of one activation
   std::string io_note;
   std::string store_manifest;  // offload_store_manifest(), when there is a store
   std::vector<std::vector<WeightHome>> units;

@@ -79,14 +79,14 @@ void OffloadEngine::Impl::load_weight(int u) {
 // ---- KV rows -------------------------------------------------------------------------------
 
 std::byte* OffloadEngine::Impl::kv_at(const Buffer& b, int64_t n, int64_t cap, int part, int64_t i) const {
-  const size_t row = size_t(c.head_dim) * es_kv;
+  const size_t row = kv_row;
   return b.data() + (size_t(part) * size_t(n) + size_t(i)) * size_t(c.n_kv_heads * cap) * row;
 }
 
 uint64_t OffloadEngine::Impl::copy_kv_rows(Queue q, const Buffer& dst, int64_t dst_n, int64_t dst_cap,
                                            int64_t dst_first, const Buffer& src, int64_t src_n, int64_t src_cap,
                                            int64_t src_first, int64_t count, const int32_t* lo, const int32_t* hi) {
-  const size_t row = size_t(c.head_dim) * es_kv;
+  const size_t row = kv_row;
   uint64_t moved = 0;
   for (int part = 0; part < 2; ++part) {
     for (int64_t i = 0; i < count;) {
@@ -109,7 +109,7 @@ void OffloadEngine::Impl::disk_kv(int l, int k, const Buffer& stage, bool write,
                                   const std::vector<int32_t>& hi, int64_t seq0) {
   const MicroBatch& mb = mbs[size_t(k)];
   const int64_t nk = mb.split.n_disk, kvh = c.n_kv_heads;
-  const size_t row = size_t(c.head_dim) * es_kv, block = size_t(cap_d) * row;
+  const size_t row = kv_row, block = size_t(cap_d) * row;
   const std::string& name = mb.kv_disk[size_t(l)];
   // Whole 4096-byte pages of each row block holding the rows: the staging slot has the same
   // layout as the file and holds every such page's current contents (loaded by the read of

@@ -1,5 +1,5 @@
 // The offloading engine's use of the disk store: the store identity (a digest of the checkpoint's
-// shard fingerprints, the model config and the stored dtypes), opening the store, and homing the
+// shard fingerprints, the model config and the stored dtypes, compression included), opening the store, and homing the
 // disk weights under the directory lock: each file is reused when its header and payload hash
 // check out and (re)written otherwise, and one line says why anything was rebuilt.
 #include <cstdio>
@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/compress.h"
 #include "engine/offload_impl.h"
 #include "offload/store_identity.h"
 
@@ -22,7 +23,7 @@ void say(const OffloadOptions& o, const std::string& line) {
 
 }  // namespace
 
-std::string offload_store_manifest(const Model& model, const Device& dev) {
+std::string offload_store_manifest(const Model& model, const Device& dev, bool compress_weight) {
   const ModelConfig& c = model.config();
   std::string m = detail::concat("store format=", kStoreFormatVersion, " payload_hash=xxh3-64\n");
   m += detail::concat("config arch=", c.model_type, " layers=", c.n_layers, " hidden=", c.hidden, " heads=", c.n_heads,
@@ -31,14 +32,14 @@ std::string offload_store_manifest(const Model& model, const Device& dev) {
                       c.attention_bias, " mlp_bias=", c.mlp_bias, " dtype=", dtype_name(c.dtype), "\n");
   m += detail::concat("weights f32=", dtype_name(dev.weight_dtype(DType::F32)), " f16=",
                       dtype_name(dev.weight_dtype(DType::F16)), " bf16=", dtype_name(dev.weight_dtype(DType::BF16)),
-                      "\n");
+                      compress_weight ? " compress_weight=q4-g64-lastdim" : "", "\n");
   m += model.signature();
   if (!m.ends_with('\n')) m += '\n';
   return m;
 }
 
 void OffloadEngine::open_store(IoBackend& io) {
-  impl_->store_manifest = offload_store_manifest(model_, dev_);
+  impl_->store_manifest = offload_store_manifest(model_, dev_, opts_.policy.compress_weight);
   DiskStoreOptions so;
   const std::filesystem::path dir = opts_.offload_dir;
   so.on_wait = [this, dir] {
@@ -59,7 +60,7 @@ void write_weight(DiskStore& store, const WeightHome& h) {
     return;
   }
   std::vector<std::byte> tmp(h.bytes);
-  convert_tensor(h.source, h.dtype, tmp.data());
+  convert_tensor(h.source, h.dtype, tmp.data(), "weight " + h.store_name);
   TensorView v = h.source;
   v.data = tmp.data();
   v.dtype = h.dtype;

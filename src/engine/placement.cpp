@@ -15,9 +15,15 @@ Tier midpoint_tier(double mid_percent, double w_gpu_percent, double w_cpu_percen
   return Tier::kDevice;
 }
 
-size_t stored_bytes(const TensorView& v, bool compress, std::optional<DType> as) {
-  if (compress && v.shape.ndim == 2) return TensorView{nullptr, DType::Q4, v.shape}.nbytes();
-  return as ? size_t(v.numel()) * dtype_size(*as) : v.nbytes();
+DType held_dtype(const TensorView& v, bool compress, std::optional<DType> as) {
+  if (compress && v.shape.ndim == 2) return DType::Q4;
+  return as ? *as : v.dtype;
+}
+
+size_t held_bytes(const TensorView& v, DType dt) {
+  TensorView h = v;
+  h.dtype = dt;
+  return h.nbytes();
 }
 
 WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DType> as) {
@@ -29,7 +35,10 @@ WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DTy
     wp.units[u].kind = kinds[u];
     if (u > 0 && u + 1 < kinds.size()) wp.units[u].layer = int(p.sep_layer ? (u - 1) / 2 : u - 1);
   }
-  auto bytes_of = [&](const TensorView& v) { return stored_bytes(v, p.compress_weight, as); };
+  auto held = [&](std::string name, const TensorView& v) {
+    const DType dt = held_dtype(v, p.compress_weight, as);
+    return PlacedTensor{std::move(name), v, Tier::kDevice, dt, held_bytes(v, dt)};
+  };
   for (const BoundTensor& t : m.tensors()) {
     const std::string& n = t.spec.name;
     size_t unit;
@@ -38,11 +47,11 @@ WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DTy
                          : size_t(t.spec.layer) + 1;
     else if (n.find("embed_") != std::string::npos) unit = 0;
     else unit = wp.units.size() - 1;  // final norm, untied lm_head
-    wp.units[unit].tensors.push_back({n, t.view, Tier::kDevice, bytes_of(t.view)});
+    wp.units[unit].tensors.push_back(held(n, t.view));
   }
   if (c.tie_embeddings) {
     const TensorView& e = m.weights().embed;
-    wp.units.back().tensors.push_back({"lm_head.weight (tied)", e, Tier::kDevice, bytes_of(e)});
+    wp.units.back().tensors.push_back(held("lm_head.weight (tied)", e));
   }
   for (UnitPlacement& u : wp.units) {
     std::vector<size_t> sizes;

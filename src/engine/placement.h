@@ -24,8 +24,16 @@ struct PlacedTensor {
   std::string name;   // HF name; the head's tied lm_head is "lm_head.weight (tied)"
   TensorView source;  // where the loaded model holds the bytes
   Tier tier = Tier::kDevice;
-  size_t bytes = 0;  // as the device holds it (place_weights' `as` dtype, else the checkpoint's)
+  DType dtype = DType::F16;  // as every tier holds it: held_dtype()
+  size_t bytes = 0;          // at `dtype` (TensorView::nbytes of the held tensor)
 };
+
+// The dtype a weight is held in on every tier (device, host and disk homes, the links): Q4 for
+// a 2-D tensor when `compress` (Policy::compress_weight: matrices, embeddings and lm_head, as
+// FlexGen; biases and norms stay), else `as` (the device's dtype) or the checkpoint's.
+DType held_dtype(const TensorView& v, bool compress, std::optional<DType> as);
+// Bytes of v held at dt (the one formula: TensorView::nbytes, Q4 records by row_nbytes).
+size_t held_bytes(const TensorView& v, DType dt);
 
 // A streamed tensor's offset in the device weight slot is aligned to kSlotAlign, a disk-homed
 // one's in the host staging slot to kStageAlign (direct I/O).
@@ -60,13 +68,8 @@ struct WeightPlacement {
 // Tier chosen by the midpoint rule for a tensor whose byte midpoint sits at `mid_percent`.
 Tier midpoint_tier(double mid_percent, double w_gpu_percent, double w_cpu_percent);
 
-// Bytes of a weight tensor as the engine stores it in every tier: Q4 records (core/quant4.h)
-// when `compress` (Policy::compress_weight) and the tensor is 2-D, else its elements at `as`
-// or at the view's own dtype. The one formula placement and the planner both size weights by.
-size_t stored_bytes(const TensorView& v, bool compress, std::optional<DType> as = std::nullopt);
-
-// Units per p.sep_layer. `as`: the dtype the device holds weights in (bytes = elements x its
-// size), or the checkpoint's dtype per tensor when unset.
+// Units per p.sep_layer. `as`: the dtype the device holds weights in, or the checkpoint's dtype
+// per tensor when unset; p.compress_weight makes every 2-D tensor Q4 (held_dtype).
 WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DType> as = std::nullopt);
 // unit_bytes(...).tier
 std::array<uint64_t, 3> place_unit(const std::vector<size_t>& tensor_bytes, const Policy& p);

@@ -21,6 +21,11 @@ namespace {
 // half: a norm and a residual add; the FFN's activation adds 2 passes over ffn_dim-wide rows.
 constexpr double kAttnPasses = 8, kMlpPasses = 6;
 
+// A weight's bytes as every tier holds it: placement's own formula (engine/placement.h).
+size_t stored_bytes(const TensorView& v, bool compress, std::optional<DType> as = std::nullopt) {
+  return held_bytes(v, held_dtype(v, compress, as));
+}
+
 // Bytes of one token's K and V rows, all KV heads: row_nbytes (core/tensor.h), as plan_memory.
 uint64_t kv_row_bytes(const ModelConfig& c, DType kv) { return 2 * uint64_t(c.n_kv_heads) * row_nbytes(kv, c.head_dim); }
 

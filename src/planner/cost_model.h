@@ -38,7 +38,7 @@ struct UnitSizes {
   uint64_t total(int64_t n_layers) const;  // all units, tied head counted twice (as the engine streams it)
 };
 // The model's units as stored plain (the base) and with Policy::compress_weight (`q4`), both
-// sized by stored_bytes() (engine/placement.h), as placement sizes them.
+// sized by held_dtype() / held_bytes() (engine/placement.h), as placement sizes them.
 struct ModelShape : UnitSizes {
   ModelConfig config;
   UnitSizes q4;

@@ -64,7 +64,9 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     if (fixed) return std::vector<bool>{*fixed};
     return hw.prices_compression() ? std::vector<bool>{false, true} : std::vector<bool>{false};
   };
-  const std::vector<bool> cws = choices(o.compress_weight), ccs = choices(o.compress_cache);
+  // A Q4 KV dtype in the workload is cache compression (the engine treats them as one setting).
+  const bool kv_q4 = cm.workload().kv_dtype == DType::Q4;
+  const std::vector<bool> cws = choices(o.compress_weight), ccs = kv_q4 ? std::vector<bool>{true} : choices(o.compress_cache);
   // Infeasible outright: the weights plus one sequence's KV exceed all tiers together.
   {
     Policy tiny;

@@ -2,8 +2,9 @@
 // over a vector-traits type T and instantiated per ISA; the TBB driver is attention.cpp.
 // Every sum runs over keys in slot order starting at slot 0 of the sequence's left-aligned
 // cache, so a sequence gives the same bits whatever its batch or the query block it falls in.
-// K/V elements (float, half_t or bf16_t) are widened exactly in registers as they are loaded,
-// so a 16-bit cache gives the bits of an fp32 cache holding the same values.
+// K/V elements (float, half_t or bf16_t; q4_t records decoded as q4::decode_rows does) are
+// widened exactly in registers as they are loaded, so a 16-bit or Q4 cache gives the bits of
+// an fp32 cache holding the same (decoded) values.
 #pragma once
 
 #include <cstdint>
@@ -26,22 +27,22 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(static_cast<const char*>(p) + o, 0, 2);
 }
 
-// acc[q*NV + v] += sum over j in [j0, j1) of prow[q][j] * V[j][v*L ...] (in j order).
-// pf > 0: prefetch the same columns of row j + pf.
-template <class T, int QN, int NV, class KV>
-inline void pv_run(typename T::V* acc, const float* const* prow, const KV* v0, int64_t d,
-                   int tail, int64_t j0, int64_t j1, int64_t pf) {
+// acc[q*NV + v] += sum over j in [j0, j1) of prow[q][j] * V[j][d0 + v*L ...] (in j order);
+// vb is the handle of V row 0. pf > 0: prefetch the same columns of row j + pf.
+template <class T, int QN, int NV, class VR>
+inline void pv_run(typename T::V* acc, const float* const* prow, const VR& vb, int64_t d0, int64_t d,
+                   int tail, int64_t j0, int64_t j1, int64_t pf, int64_t pf_bytes) {
   using V = typename T::V;
   constexpr int L = T::L;
   V r[QN * NV];
   for (int i = 0; i < QN * NV; ++i) r[i] = acc[i];
   for (int64_t j = j0; j < j1; ++j) {
-    const KV* vp = v0 + j * d;
-    if (pf && j + pf < j1) prefetch_l2(vp + pf * d, NV * L * int64_t(sizeof(KV)));
+    const auto vp = row_at(vb, j, d);
+    if (pf && j + pf < j1) prefetch_l2(elem_addr(row_at(vb, j + pf, d), d0), pf_bytes);
     V vv[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v)
-      vv[v] = (v == NV - 1 && tail) ? T::load_tail(vp + v * L, tail) : T::load(vp + v * L);
+      vv[v] = (v == NV - 1 && tail) ? wload_tail<T>(vp, d0 + v * L, tail) : wload<T>(vp, d0 + v * L);
 #pragma GCC unroll 8
     for (int q = 0; q < QN; ++q) {
       V p = T::set1(prow[q][j]);
@@ -52,15 +53,15 @@ inline void pv_run(typename T::V* acc, const float* const* prow, const KV* v0, i
   for (int i = 0; i < QN * NV; ++i) acc[i] = r[i];
 }
 
-template <class T, int QN, class KV>
-inline void pv_run_rt(int nv, typename T::V* acc, const float* const* prow, const KV* v0,
-                      int64_t d, int tail, int64_t j0, int64_t j1, int64_t pf) {
+template <class T, int QN, class VR>
+inline void pv_run_rt(int nv, typename T::V* acc, const float* const* prow, const VR& vb, int64_t d0,
+                      int64_t d, int tail, int64_t j0, int64_t j1, int64_t pf, int64_t pf_bytes) {
   static_assert(T::PV_V <= 4);
   switch (nv) {
-    case 1: pv_run<T, QN, 1, KV>(acc, prow, v0, d, tail, j0, j1, pf); break;
-    case 2: if constexpr (T::PV_V >= 2) pv_run<T, QN, 2, KV>(acc, prow, v0, d, tail, j0, j1, pf); break;
-    case 3: if constexpr (T::PV_V >= 3) pv_run<T, QN, 3, KV>(acc, prow, v0, d, tail, j0, j1, pf); break;
-    default: if constexpr (T::PV_V >= 4) pv_run<T, QN, 4, KV>(acc, prow, v0, d, tail, j0, j1, pf); break;
+    case 1: pv_run<T, QN, 1>(acc, prow, vb, d0, d, tail, j0, j1, pf, pf_bytes); break;
+    case 2: if constexpr (T::PV_V >= 2) pv_run<T, QN, 2>(acc, prow, vb, d0, d, tail, j0, j1, pf, pf_bytes); break;
+    case 3: if constexpr (T::PV_V >= 3) pv_run<T, QN, 3>(acc, prow, vb, d0, d, tail, j0, j1, pf, pf_bytes); break;
+    default: if constexpr (T::PV_V >= 4) pv_run<T, QN, 4>(acc, prow, vb, d0, d, tail, j0, j1, pf, pf_bytes); break;
   }
 }
 
@@ -72,9 +73,9 @@ void attention_run(const AttnTask& task) {
   const int64_t b = task.b, h = task.h, nh = task.nh, d = a.head_dim;
   const int64_t g = h / (a.n_heads / a.kv_heads);
   const int64_t nk = a.seq_keys[b];
-  const int64_t base = (b * a.kv_heads + g) * a.capacity * d;
-  const KV* kb = static_cast<const KV*>(a.k) + base;  // key j: kb + j*d
-  const KV* vb = static_cast<const KV*>(a.v) + base;
+  const int64_t base = (b * a.kv_heads + g) * a.capacity;  // row of slot 0
+  const auto kb = row_at(first_row<KV>(a.k, d), base, d);  // key j: row_at(kb, j, d)
+  const auto vb = row_at(first_row<KV>(a.v, d), base, d);
   const int64_t ld = nk > 0 ? nk : 1;
   // Row r of the task is query t0 + r / nh of head h + r % nh: keys seen grow with r.
   auto n_of = [&](int64_t r) { return nk - a.tq + task.t0 + r / nh + 1; };  // <= 0: padding
@@ -85,7 +86,7 @@ void attention_run(const AttnTask& task) {
     return a.out + (b * a.tq + task.t0 + r / nh) * a.out_stride + (h + r % nh) * d;
   };
   const int64_t rows = (task.t1 - task.t0) * nh;
-  const int64_t row_bytes = d * int64_t(sizeof(KV));
+  const int64_t row_bytes = row_size<KV>(d);
   const int64_t pfk = kAttnPrefetchK / row_bytes > 0 ? kAttnPrefetchK / row_bytes : 1;
   const int64_t pfv = kAttnPrefetchV / row_bytes > 0 ? kAttnPrefetchV / row_bytes : 1;
 
@@ -101,9 +102,9 @@ void attention_run(const AttnTask& task) {
       for (int i = 0; i < MR; ++i) xr[i] = qrow(i0 + (i < mr ? i : mr - 1));
       for (int64_t j0 = 0; j0 < nmax; j0 += NR) {
         const int nr = int(nmax - j0 < NR ? nmax - j0 : NR);
-        if (i0 == qb0 && j0 + pfk + NR <= nmax) prefetch_l2(kb + (j0 + pfk) * d, NR * row_bytes);
-        const KV* wr[NR];
-        for (int j = 0; j < NR; ++j) wr[j] = kb + (j0 + (j < nr ? j : nr - 1)) * d;
+        if (i0 == qb0 && j0 + pfk + NR <= nmax) prefetch_l2(elem_addr(row_at(kb, j0 + pfk, d), 0), NR * row_bytes);
+        typename RowOf<KV>::R wr[NR];
+        for (int j = 0; j < NR; ++j) wr[j] = row_at(kb, j0 + (j < nr ? j : nr - 1), d);
         float part[MR * NR];
         dot_tile_rt<T>(mr, xr, wr, d, part);
         for (int i = 0; i < mr; ++i)
@@ -153,6 +154,8 @@ void attention_run(const AttnTask& task) {
       const int64_t dc = d - d0 < int64_t(PV) * L ? d - d0 : int64_t(PV) * L;
       const int nv = int((dc + L - 1) / L);
       const int tail = int(dc % L);
+      // Prefetch about the bytes of columns [d0, d0 + dc) of a row (Q4: a row of dc columns).
+      const int64_t pf_bytes = row_size<KV>(dc) < row_bytes ? row_size<KV>(dc) : row_bytes;
       for (int64_t i0 = qb0; i0 < qb1; i0 += PQ) {
         const int qn = int(qb1 - i0 < PQ ? qb1 - i0 : PQ);
         V acc[PQ * PV];
@@ -162,13 +165,13 @@ void attention_run(const AttnTask& task) {
         int64_t done = 0;
         if (qn == PQ && n_of(i0) > 0) {  // common key range of the tile (n grows with rows)
           done = n_of(i0);
-          pv_run_rt<T, PQ>(nv, acc, prow, vb + d0, d, tail, 0, done, i0 == qb0 ? pfv : 0);
+          pv_run_rt<T, PQ>(nv, acc, prow, vb, d0, d, tail, 0, done, i0 == qb0 ? pfv : 0, pf_bytes);
         }
         for (int q = 0; q < qn; ++q) {  // each query finishes its own keys alone
           const int64_t n = n_of(i0 + q);
           V* aq = acc + q * nv;
           const int64_t pf = i0 == qb0 && q == 0 ? pfv : 0;
-          if (n > done) pv_run_rt<T, 1>(nv, aq, prow + q, vb + d0, d, tail, done, n, pf);
+          if (n > done) pv_run_rt<T, 1>(nv, aq, prow + q, vb, d0, d, tail, done, n, pf, pf_bytes);
           float* o = orow(i0 + q) + d0;
           for (int v = 0; v < nv; ++v) {
             const V r = n > 0 ? aq[v] : T::zero();
@@ -187,6 +190,7 @@ void attention_task(const AttnTask& task) {
     case DType::F32: return attention_run<T, float>(task);
     case DType::F16: return attention_run<T, half_t>(task);
     case DType::BF16: return attention_run<T, bf16_t>(task);
+    case DType::Q4: return attention_run<T, q4_t>(task);
     default: return;  // rejected by the driver
   }
 }

@@ -14,6 +14,13 @@ enum class Isa { kScalar, kAvx2, kAvx512 };
 // Raw 16-bit storage types used to select the conversion in the vector loads.
 struct half_t { uint16_t bits; };
 struct bf16_t { uint16_t bits; };
+// Tag for Q4 rows (core/quant4.h). A Q4 row is not an array of elements, so kernels address
+// rows through handles (detail/rows_impl.h): Q4Row is one record and its length.
+struct q4_t {};
+struct Q4Row {
+  const uint8_t* rec = nullptr;
+  int64_t cols = 0;
+};
 
 // ---- linear -------------------------------------------------------------------------
 // Reduction order of every output (all variants, all paths): lane-wise FMA chains over
@@ -38,6 +45,8 @@ struct LinearTask {
   int64_t m0 = 0, m1 = 0, n0 = 0, n1 = 0;  // the block this task computes
   float* scratch = nullptr;  // packed path only: linear_scratch_floats() floats, 64-B aligned
   bool packed = false;       // convert w blocks to fp32 (large M) vs read w directly
+  // (Q4 weights: both paths decode each element exactly as q4::decode_rows, so a Q4 linear
+  // is bit-identical to the fp32 linear over the decoded weight.)
 };
 // fp32 panel [NB, KC] + accumulator state (MB x NB outputs x L lanes; MR | MB, NR | NB).
 constexpr int64_t linear_scratch_floats() {
@@ -83,7 +92,8 @@ void linear_isa(Isa isa, const float* x, int64_t M, int64_t K, const TensorView&
                 const TensorView* bias, float* y, Epilogue ep);
 void attention_isa(Isa isa, const AttentionArgs& a);
 void silu_mul_isa(Isa isa, float* gate, const float* up, int64_t n);
-void check_kv_dtype(DType dtype, const char* what);  // throws unless F32, F16 or BF16
+void check_kv_dtype(DType dtype, const char* what);     // throws unless F32, F16, BF16 or Q4
+void check_float_dtype(DType dtype, const char* what);  // throws unless F32, F16 or BF16
 void to_f32_isa(Isa isa, DType src_dtype, const void* src, int64_t n, float* dst);
 void from_f32_isa(Isa isa, const float* src, int64_t n, DType dst_dtype, void* dst);
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/detail/isa.h"
+#include "kernels/cpu/detail/rows_impl.h"
 
 namespace flexh2o::cpu::detail {
 
@@ -15,9 +16,10 @@ namespace flexh2o::cpu::detail {
 // previous K chunk left), and end either reduced through the fixed tree into out[m*NR + n]
 // (when out is non-null) or stored to `st` to be continued by the next chunk. Since every
 // chunk but the last is a multiple of L, chunking K never changes a chain.
-// xr[m] / wr[n] point at the first element of the chunk.
-template <class T, int MR, class W>
-inline void dot_tile(const float* const* xr, const W* const* wr, int64_t kc,
+// xr[m] points at the first element of the chunk; wr[n] is a row handle (rows_impl.h) and
+// k0 the chunk's offset in that row.
+template <class T, int MR, class WR>
+inline void dot_tile(const float* const* xr, const WR* wr, int64_t k0, int64_t kc,
                      const typename T::V* in, typename T::V* st, float* out) {
   using V = typename T::V;
   constexpr int NR = T::NR, L = T::L;
@@ -36,7 +38,7 @@ inline void dot_tile(const float* const* xr, const W* const* wr, int64_t kc,
     for (int m = 0; m < MR; ++m) xv[m] = T::load(xr[m] + k);
 #pragma GCC unroll 8
     for (int n = 0; n < NR; ++n) {
-      V wv = T::load(wr[n] + k);
+      V wv = wload<T>(wr[n], k0 + k);
 #pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) acc[m * NR + n] = T::fma(xv[m], wv, acc[m * NR + n]);
     }
@@ -46,7 +48,7 @@ inline void dot_tile(const float* const* xr, const W* const* wr, int64_t kc,
     V xv[MR];
     for (int m = 0; m < MR; ++m) xv[m] = T::load_tail(xr[m] + k, r);
     for (int n = 0; n < NR; ++n) {
-      V wv = T::load_tail(wr[n] + k, r);
+      V wv = wload_tail<T>(wr[n], k0 + k, r);
       for (int m = 0; m < MR; ++m) acc[m * NR + n] = T::fma(xv[m], wv, acc[m * NR + n]);
     }
   }
@@ -63,22 +65,22 @@ inline void dot_tile(const float* const* xr, const W* const* wr, int64_t kc,
   }
 }
 
-template <class T, class W>
-inline void dot_tile_rt(int mr, const float* const* xr, const W* const* wr, int64_t kc,
+template <class T, class WR>
+inline void dot_tile_rt(int mr, const float* const* xr, const WR* wr, int64_t k0, int64_t kc,
                         const typename T::V* in, typename T::V* st, float* out) {
   static_assert(T::MR <= 4);
   switch (mr) {
-    case 1: dot_tile<T, 1>(xr, wr, kc, in, st, out); break;
-    case 2: if constexpr (T::MR >= 2) dot_tile<T, 2>(xr, wr, kc, in, st, out); break;
-    case 3: if constexpr (T::MR >= 3) dot_tile<T, 3>(xr, wr, kc, in, st, out); break;
-    default: if constexpr (T::MR >= 4) dot_tile<T, 4>(xr, wr, kc, in, st, out); break;
+    case 1: dot_tile<T, 1>(xr, wr, k0, kc, in, st, out); break;
+    case 2: if constexpr (T::MR >= 2) dot_tile<T, 2>(xr, wr, k0, kc, in, st, out); break;
+    case 3: if constexpr (T::MR >= 3) dot_tile<T, 3>(xr, wr, k0, kc, in, st, out); break;
+    default: if constexpr (T::MR >= 4) dot_tile<T, 4>(xr, wr, k0, kc, in, st, out); break;
   }
 }
 
 // Whole dot products (one chunk, reduced): attention scores and the small-M linear path.
-template <class T, class W>
-inline void dot_tile_rt(int mr, const float* const* xr, const W* const* wr, int64_t kc, float* out) {
-  dot_tile_rt<T>(mr, xr, wr, kc, nullptr, nullptr, out);
+template <class T, class WR>
+inline void dot_tile_rt(int mr, const float* const* xr, const WR* wr, int64_t kc, float* out) {
+  dot_tile_rt<T>(mr, xr, wr, 0, kc, nullptr, nullptr, out);
 }
 
 template <class T>
@@ -93,17 +95,17 @@ inline float apply_epilogue(Epilogue ep, float s, float bias, bool has_bias, flo
 }
 
 // ---------------------------------------------------------------------------------------
-// Direct path (small M): w is read in its own dtype, converted in registers; each tile runs
-// over all of K at once.
-template <class T, class W>
+// Direct path (small M): w is read in its own dtype (Q4: decoded), converted in registers;
+// each tile runs over all of K at once.
+template <class T, class E>
 void linear_direct(const LinearTask& t) {
   constexpr int MR = T::MR, NR = T::NR;
-  const W* w = static_cast<const W*>(t.w);
   const int64_t K = t.K;
+  const auto w = first_row<E>(t.w, K);
   for (int64_t n = t.n0; n < t.n1; n += NR) {
     const int nr = int(t.n1 - n < NR ? t.n1 - n : NR);
-    const W* wr[NR];
-    for (int j = 0; j < NR; ++j) wr[j] = w + (n + (j < nr ? j : 0)) * K;
+    typename RowOf<E>::R wr[NR];
+    for (int j = 0; j < NR; ++j) wr[j] = row_at(w, n + (j < nr ? j : 0), K);
     for (int64_t m = t.m0; m < t.m1; m += MR) {
       const int mr = int(t.m1 - m < MR ? t.m1 - m : MR);
       float s[MR * NR];
@@ -123,12 +125,12 @@ void linear_direct(const LinearTask& t) {
 // Packed path (large M): per K chunk, the task's w rows are converted (exactly) into an
 // fp32 panel that stays in L2 while MR-row strips of x stream past it. Between chunks each
 // tile's accumulator vectors wait in `state` (L2), so the chains continue over all of K.
-template <class T, class W>
+template <class T, class E>
 void linear_packed(const LinearTask& t) {
   using V = typename T::V;
   constexpr int MR = T::MR, NR = T::NR, L = T::L;
-  const W* w = static_cast<const W*>(t.w);
   const int64_t K = t.K, nb = t.n1 - t.n0, mb = t.m1 - t.m0;
+  const auto w = first_row<E>(t.w, K);
   float* panel = t.scratch;  // [nb, kLinearKC]
   V* state = reinterpret_cast<V*>(t.scratch + kLinearNB * kLinearKC);  // [ngroups][mtiles][MR*NR]
   const int64_t mtiles = (mb + MR - 1) / MR;
@@ -136,11 +138,11 @@ void linear_packed(const LinearTask& t) {
     const int64_t kc = K - k0 < kLinearKC ? K - k0 : kLinearKC;
     const bool first = k0 == 0, last = k0 + kc == K;
     for (int64_t j = 0; j < nb; ++j) {
-      const W* src = w + (t.n0 + j) * K + k0;
+      const auto src = row_at(w, t.n0 + j, K);
       float* dst = panel + j * kLinearKC;
       int64_t k = 0;
-      for (; k + L <= kc; k += L) T::store(dst + k, T::load(src + k));
-      if (k < kc) T::store_tail(dst + k, T::load_tail(src + k, int(kc - k)), int(kc - k));
+      for (; k + L <= kc; k += L) T::store(dst + k, wload<T>(src, k0 + k));
+      if (k < kc) T::store_tail(dst + k, wload_tail<T>(src, k0 + k, int(kc - k)), int(kc - k));
     }
     for (int64_t n = 0; n < nb; n += NR) {
       const int nr = int(nb - n < NR ? nb - n : NR);
@@ -152,11 +154,11 @@ void linear_packed(const LinearTask& t) {
         const float* xr[MR];
         for (int i = 0; i < MR; ++i) xr[i] = t.x + (t.m0 + m + (i < mr ? i : 0)) * K + k0;
         if (!last) {
-          dot_tile_rt<T>(mr, xr, wr, kc, first ? nullptr : st, st, nullptr);
+          dot_tile_rt<T>(mr, xr, wr, 0, kc, first ? nullptr : st, st, nullptr);
           continue;
         }
         float s[MR * NR];
-        dot_tile_rt<T>(mr, xr, wr, kc, first ? nullptr : st, nullptr, s);
+        dot_tile_rt<T>(mr, xr, wr, 0, kc, first ? nullptr : st, nullptr, s);
         for (int i = 0; i < mr; ++i)
           for (int j = 0; j < nr; ++j) {
             const int64_t nn = t.n0 + n + j;
@@ -177,6 +179,8 @@ void linear_task(const LinearTask& t) {
       return t.packed ? linear_packed<T, half_t>(t) : linear_direct<T, half_t>(t);
     case DType::BF16:
       return t.packed ? linear_packed<T, bf16_t>(t) : linear_direct<T, bf16_t>(t);
+    case DType::Q4:
+      return t.packed ? linear_packed<T, q4_t>(t) : linear_direct<T, q4_t>(t);
     default: return;  // rejected by the driver
   }
 }

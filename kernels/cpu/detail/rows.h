@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/quant4.h"
 #include "core/tensor.h"
 
 namespace flexh2o::cpu::detail {
@@ -33,10 +34,12 @@ inline float load_f32(const TensorView& t, int64_t i) {
   }
 }
 
-// Converts row `row` (of length n) of a 2-D float tensor into out[0, n).
+// Converts row `row` (of length n) of a 2-D float or Q4 tensor into out[0, n).
 inline void row_to_f32(const TensorView& t, int64_t row, int64_t n, float* out) {
   const int64_t base = row * n;
   switch (t.dtype) {
+    case DType::Q4:
+      return q4::decode_rows(t.as<uint8_t>() + row * q4::row_bytes(n), 1, n, out, n);
     case DType::F32:
       for (int64_t i = 0; i < n; ++i) out[i] = t.as<float>()[base + i];
       return;

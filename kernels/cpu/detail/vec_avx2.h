@@ -5,6 +5,7 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/cpu/detail/isa.h"
@@ -40,6 +41,28 @@ struct VecAvx2 {
     return load(buf);
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  // Q4 (core/quant4.h): 8 codes from 4 bytes, low nibble first, decoded as fmaf(q, d, m)
+  // with the group's {d, m} at meta; one rounding, so bit-identical to q4::decode_rows.
+  static V q4_decode(int32_t bytes, const uint8_t* meta) {
+    const __m128i b = _mm_cvtsi32_si128(bytes);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+    int32_t dm;
+    std::memcpy(&dm, meta, 4);
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));  // lanes: d, m
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))),
+                           _mm256_broadcastss_ps(f), _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
+  }
+  static V load_q4(const uint8_t* codes, const uint8_t* meta) {
+    int32_t c;
+    std::memcpy(&c, codes, 4);
+    return q4_decode(c, meta);
+  }
+  static V load_q4_tail(const uint8_t* codes, const uint8_t* meta, int n) {
+    int32_t c = 0;
+    std::memcpy(&c, codes, size_t(n + 1) / 2);
+    return _mm256_and_ps(q4_decode(c, meta), _mm256_castsi256_ps(mask(n)));
+  }
   // Conversions for to_f32/from_f32, bit-identical to core/dtype.h. vcvtph2ps quiets
   // signalling NaNs (sets bit 22); the reference keeps them, so those lanes flip it back.
   static V load_exact(const half_t* p) {

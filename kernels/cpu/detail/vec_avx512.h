@@ -5,6 +5,9 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 #include "kernels/cpu/detail/isa.h"
 
 namespace flexh2o::cpu::detail {
@@ -37,6 +40,27 @@ struct VecAvx512 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // Q4 (core/quant4.h): 16 codes from 8 bytes, low nibble first, decoded as fmaf(q, d, m)
+  // with the group's {d, m} at meta; one rounding, so bit-identical to q4::decode_rows.
+  static __m128i q4_nibbles(__m128i b) {
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+    return _mm_unpacklo_epi8(lo, hi);
+  }
+  static V q4_scale(__m128i q, const uint8_t* meta) {
+    int32_t dm;
+    std::memcpy(&dm, meta, 4);
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));  // lanes: d, m
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), _mm512_broadcastss_ps(f),
+                           _mm512_broadcastss_ps(_mm_movehdup_ps(f)));
+  }
+  static V load_q4(const uint8_t* codes, const uint8_t* meta) {
+    return q4_scale(q4_nibbles(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))), meta);
+  }
+  static V load_q4_tail(const uint8_t* codes, const uint8_t* meta, int n) {
+    const __m128i b = _mm_maskz_loadu_epi8(__mmask16((1u << ((n + 1) / 2)) - 1u), codes);
+    return _mm512_maskz_mov_ps(mask(n), q4_scale(q4_nibbles(b), meta));
+  }
   // Conversions for to_f32/from_f32, bit-identical to core/dtype.h. vcvtph2ps quiets
   // signalling NaNs (sets bit 22); the reference keeps them, so those lanes flip it back.
   static V load_exact(const half_t* p) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -36,6 +37,19 @@ struct VecScalar {
   template <typename T>
   static V load_tail(const T* p, int n) { return map([p, n](int i) { return i < n ? cvt(p[i]) : 0.f; }); }
   static void store(float* p, V v) { std::memcpy(p, v.v, sizeof v.v); }
+  // Q4 (core/quant4.h), decoded as fmaf(q, d, m) without an FMA instruction: in double, q*d
+  // and + m are exact (f16 d and m are multiples of 2^-24 below 2^16, so every value here is
+  // a multiple of 2^-24 below 2^21: 45 bits), and the conversion to float is the one rounding.
+  static float q4_value(const uint8_t* codes, int i, float d, float m) {
+    const int q = (codes[i / 2] >> (4 * (i & 1))) & 0xf;
+    return float(double(q) * double(d) + double(m));
+  }
+  static V load_q4_tail(const uint8_t* codes, const uint8_t* meta, int n) {
+    const float d = f16_to_f32(uint16_t(meta[0] | meta[1] << 8));
+    const float m = f16_to_f32(uint16_t(meta[2] | meta[3] << 8));
+    return map([&](int i) { return i < n ? q4_value(codes, i, d, m) : 0.f; });
+  }
+  static V load_q4(const uint8_t* codes, const uint8_t* meta) { return load_q4_tail(codes, meta, L); }
   static V load_exact(const half_t* p) { return load(p); }  // the reference itself
   static void store(half_t* p, V v) {
     for (int i = 0; i < L; ++i) p[i].bits = f32_to_f16(v.v[i]);

@@ -1,0 +1,69 @@
+// convert_tensor and CompressedWeights (compress.h).
+#include "engine/compress.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/quant4.h"
+#include "engine/placement.h"
+#include "kernels/cpu/ops.h"
+
+namespace flexh2o {
+
+void convert_tensor(const TensorView& src, DType dt, void* dst, const std::string& what) {
+  if (src.dtype == dt) {
+    std::memcpy(dst, src.data, src.nbytes());
+    return;
+  }
+  if (dt == DType::Q4) {
+    FH_CHECK(src.shape.ndim >= 1, "cannot compress scalar ", what);
+    const int64_t cols = src.shape[src.shape.ndim - 1], rows = cols ? src.numel() / cols : 0;
+    if (rows == 0) return;
+    switch (src.dtype) {
+      case DType::F32: return q4::encode_rows(src.as<float>(), cols, rows, cols, dst, what);
+      case DType::F16: return q4::encode_rows_f16(src.as<uint16_t>(), cols, rows, cols, dst, what);
+      case DType::BF16: return q4::encode_rows_bf16(src.as<uint16_t>(), cols, rows, cols, dst, what);
+      default: FH_FAIL("cannot compress ", what, " of dtype ", dtype_name(src.dtype), " to Q4");
+    }
+  }
+  FH_CHECK(src.dtype != DType::Q4, "cannot convert the compressed ", what, " to ", dtype_name(dt));
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  std::vector<float> tmp(size_t(std::min<int64_t>(kChunk, src.numel())));
+  const size_t si = dtype_size(src.dtype), di = dtype_size(dt);
+  for (int64_t off = 0, n = src.numel(); off < n; off += kChunk) {
+    const int64_t m = std::min(kChunk, n - off);
+    cpu::to_f32(src.dtype, static_cast<const std::byte*>(src.data) + size_t(off) * si, m, tmp.data());
+    cpu::from_f32(tmp.data(), m, dt, static_cast<std::byte*>(dst) + size_t(off) * di);
+  }
+}
+
+CompressedWeights::CompressedWeights(const Model& model) : weights_(model.weights()) {
+  std::map<const void*, std::string> names;
+  for (const BoundTensor& t : model.tensors()) names[t.view.data] = t.spec.name;
+  auto compress = [&](TensorView& v) {
+    if (v.empty() || held_dtype(v, true, std::nullopt) != DType::Q4) return;
+    auto [it, fresh] = held_.try_emplace(v.data);
+    if (fresh) {
+      it->second.resize(held_bytes(v, DType::Q4));
+      convert_tensor(v, DType::Q4, it->second.data(), "weight " + names[v.data]);
+    }
+    v.data = it->second.data();
+    v.dtype = DType::Q4;
+  };
+  ModelWeights& w = weights_;
+  for (TensorView* v : {&w.embed, &w.pos_embed, &w.final_norm_w, &w.final_norm_b, &w.lm_head}) compress(*v);
+  for (LayerWeights& L : w.layers)
+    for (TensorView* v : {&L.ln1_w, &L.ln1_b, &L.q_w, &L.q_b, &L.k_w, &L.k_b, &L.v_w, &L.v_b, &L.o_w, &L.o_b,
+                          &L.ln2_w, &L.ln2_b, &L.fc1_w, &L.fc1_b, &L.fc2_w, &L.fc2_b, &L.gate_w, &L.up_w,
+                          &L.down_w, &L.gate_b, &L.up_b, &L.down_b})
+      compress(*v);
+}
+
+size_t CompressedWeights::bytes() const {
+  size_t n = 0;
+  for (const auto& [src, b] : held_) n += b.size();
+  return n;
+}
+
+}  // namespace flexh2o
