@@ -84,7 +84,12 @@ uint64_t UnitSizes::total(int64_t n_layers) const {
   return sum(embed) + uint64_t(n_layers) * sum(layer) + sum(head);
 }
 
-DType kv_dtype_of(const Workload& w, const Policy& p) { return p.compress_cache ? DType::Q4 : w.kv_dtype; }
+DType kv_dtype_of(const Workload& w, const Policy& p) {
+  OffloadOptions o;  // the engine's own decision (offload_kv_dtype), not a copy of it
+  o.policy = p;
+  o.kv_dtype = w.kv_dtype;
+  return offload_kv_dtype(o);
+}
 
 std::array<uint64_t, 3> embed_moved(const ModelShape& m, const Policy& p, uint64_t rows) {
   // offload_moves.cpp load_weight_disk/load_weight: a streamed token table moves only the

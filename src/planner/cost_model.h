@@ -27,7 +27,8 @@ struct Workload {
   std::optional<KvPolicyConfig> kv;        // a KV policy (h2o, ...): the cache keeps its budget only
   DType kv_dtype = DType::F16;             // of the KV cache in every tier (Q4 with compress_cache)
 };
-// The KV cache's dtype under a policy: Q4 records when p.compress_cache, else w.kv_dtype.
+// The KV cache's dtype under a policy, as the engine decides it (offload_kv_dtype): Q4
+// records when p.compress_cache, else w.kv_dtype.
 DType kv_dtype_of(const Workload& w, const Policy& p);
 
 // Bytes of each weight tensor of the kinds of unit (all layers are alike), in the order

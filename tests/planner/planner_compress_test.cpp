@@ -13,6 +13,7 @@
 
 #include "cli_run.h"
 #include "engine/cpu_device.h"
+#include "engine/generate.h"
 #include "engine/offload_engine.h"
 #include "engine/policy_of.h"
 #include "engine/test_util.h"
@@ -88,7 +89,7 @@ TEST(PlannerCompressSizes, UnitsAndMemoryEqualTheEngine) {
           EXPECT_EQ(place_unit(u.head, p), tiers(wp.units.back())) << name << " " << p.str();
           OffloadOptions o;
           o.policy = p;
-          o.kv_dtype = ckv ? DType::Q4 : DType::F16;
+          o.kv_dtype = DType::F16;  // compress_cache alone makes the engine's KV Q4
           BatchDims d;
           d.rows = w.prompt_len, d.capacity = w.prompt_len + w.gen_len;
           const MemoryPlan plan = offload_memory_plan(model, dev, o, d);
@@ -101,6 +102,52 @@ TEST(PlannerCompressSizes, UnitsAndMemoryEqualTheEngine) {
     }
   }
 }
+
+// Runs one block through the engine on the CPU device with compression and compares its link
+// counters with the cost model's.
+struct CompressCase {
+  const char* model;
+  const char* percent;
+  int gbs, ngb;
+  bool cpu_attn, cw, ckv;
+};
+
+class PlannerCompressEngine : public ::testing::TestWithParam<CompressCase> {};
+
+TEST_P(PlannerCompressEngine, BytesPerLinkEqualTheEngineCounters) {
+  const CompressCase& cc = GetParam();
+  Model model = Model::load_dir(model_dir(cc.model));
+  CpuDevice dev(2);
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = make(cc.percent, cc.gbs, cc.ngb, cc.cpu_attn, cc.cw, cc.ckv);
+  o.offload_dir = dir.path();
+  OffloadEngine eng(model, dev, o);
+  const Workload w{7, 5, {}};
+  std::vector<GenerationRequest> reqs(size_t(o.policy.block_size()));
+  for (auto& r : reqs) {
+    r.prompt_ids.assign(size_t(w.prompt_len), 100);
+    r.max_new_tokens = w.gen_len;
+    r.sampling.temperature = 0;
+  }
+  GenerateOptions go;
+  go.ignore_eos = true;
+  generate(eng, reqs, go);
+  CostModel cm(ModelShape::from_model(model), h200_cpu(), w);
+  const auto want = eng.report().bytes, got = cm.bytes(o.policy);
+  for (int l = 0; l < kNumLinks; ++l)
+    EXPECT_EQ(got[size_t(l)], want[size_t(l)]) << link_name(Link(l)) << " for " << o.policy.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, PlannerCompressEngine,
+    ::testing::Values(CompressCase{"tiny-opt", "0 100 0 100 100 0", 2, 2, false, true, true},
+                      CompressCase{"tiny-opt", "20 30 0 50 0 100", 2, 2, false, true, false},
+                      CompressCase{"tiny-opt", "0 50 0 0 0 100", 4, 2, true, true, true},
+                      CompressCase{"tiny-opt", "100 0 34 33 100 0", 3, 3, false, false, true},
+                      CompressCase{"tiny-llama", "30 30 100 0 100 0", 2, 2, false, true, false},
+                      CompressCase{"tiny-llama", "0 0 0 100 0 100", 3, 2, true, false, true},
+                      CompressCase{"tiny-llama", "0 0 0 0 100 0", 3, 1, false, true, true}));
 
 TEST(PlannerCompressBytes, KvLinksCarryQ4Rows) {
   Model model = Model::load_dir(model_dir("tiny-opt"));
