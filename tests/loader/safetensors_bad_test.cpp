@@ -142,7 +142,7 @@ TEST_F(BadSafetensors, OtherShapeAndOffsetErrors) {
 }
 
 TEST_F(BadSafetensors, MetadataMustBeStringMap) {
-  EXPECT_HAS(error_for(R"({"__metadata__": {"format": "pt", "n": 3}})", 0), "__metadata__ field n that is not a string");
+  EXPECT_HAS(error_for(R"({"__metadata__": {"format": "pt", "n": 3}})", 0), "__metadata__ field \"n\" that is not a string");
   EXPECT_HAS(error_for(R"({"__metadata__": ["pt"]})", 0), "__metadata__ entry that is not a JSON object");
 }
 
