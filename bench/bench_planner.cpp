@@ -5,6 +5,7 @@
 // error. Target: |error| <= 25% per policy. H2O rows run the engine with OffloadOptions::kv_policy
 // (h2o, heavy + recent ratios of the prompt). Each policy runs --repeat times; the best
 // (fastest) run is compared, since other processes share the machine (load average printed).
+// The 4-bit rows (issue #12) check the compressed bytes and the profile's measured dequant rate.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,6 +33,7 @@ struct Row {
   int gbs, ngb;
   bool cpu_attn, overlap;
   double h2o_ratio = 0;  // > 0: h2o with heavy = recent = this ratio of the prompt
+  bool compress_weight = false, compress_cache = false;  // 4-bit (issue #12)
 };
 
 std::string loadavg() {
@@ -50,6 +52,8 @@ Policy make(const Row& r) {
   p.num_gpu_batches = r.ngb;
   p.cpu_cache_compute = r.cpu_attn;
   p.overlap = r.overlap;
+  p.compress_weight = r.compress_weight;
+  p.compress_cache = r.compress_cache;
   return p;
 }
 
@@ -86,11 +90,11 @@ int main(int argc, char** argv) {
   const HardwareProfile hw = measure_profile(dev, po);
   std::printf("profile (measured now): h2d %.2f GB/s, d2h %.2f, disk read %.2f / write %.2f GB/s (KV chunks %.2f / %.2f), "
               "gemm prefill %.1f decode %.1f GFLOP/s, weight read %.2f GB/s, attention prefill %.2f decode %.2f GFLOP/s, "
-              "elementwise %.2f GB/s; overheads: compute step %.0f us, queue step %.0f us, disk request read %.0f / write %.0f us; disk %s\n",
+              "elementwise %.2f GB/s, dequant %.2f GB/s of Q4; overheads: compute step %.0f us, queue step %.0f us, disk request read %.0f / write %.0f us; disk %s\n",
               hw.host_to_device / 1e9, hw.device_to_host / 1e9, hw.disk_to_host / 1e9, hw.host_to_disk / 1e9,
               hw.disk_to_host_cache / 1e9, hw.host_to_disk_cache / 1e9, hw.device_gemm_prefill / 1e9,
               hw.device_gemm_decode / 1e9, hw.device_weight_read / 1e9, hw.device_attention_prefill / 1e9,
-              hw.device_attention_decode / 1e9, hw.device_elementwise / 1e9, hw.compute_step_overhead * 1e6,
+              hw.device_attention_decode / 1e9, hw.device_elementwise / 1e9, hw.device_dequant / 1e9, hw.compute_step_overhead * 1e6,
               hw.schedule_step_overhead * 1e6, hw.disk_read_request * 1e6, hw.disk_write_request * 1e6,
               hw.disk_duplex ? "duplex" : "shared by reads and writes");
   const Row rows[] = {
@@ -108,6 +112,12 @@ int main(int argc, char** argv) {
       {"H2O 25%+25%, KV host, CPU attention", "0 100 0 100 0 100", 4, 2, true, true, 0.25},
       {"H2O 25%+25%, KV on disk", "100 0 0 0 100 0", 4, 2, false, true, 0.25},
       {"H2O 25%+25%, weights host, KV split", "0 100 50 50 100 0", 4, 2, false, true, 0.25},
+      {"4-bit weights on host", "0 100 100 0 100 0", 4, 2, false, true, 0, true, false},
+      {"4-bit weights on disk", "0 0 100 0 100 0", 4, 2, false, true, 0, true, false},
+      {"4-bit KV on host", "100 0 0 100 100 0", 4, 2, false, true, 0, false, true},
+      {"4-bit KV on host, CPU attention", "0 100 0 100 100 0", 4, 2, true, true, 0, false, true},
+      {"4-bit both, weights+KV on disk", "0 0 0 0 100 0", 4, 2, false, true, 0, true, true},
+      {"4-bit both, H2O 25%+25%, KV host", "0 100 0 100 100 0", 4, 2, false, true, 0.25, true, true},
   };
   std::printf("load average at start: %s (2 cores shared; best of %d runs per policy)\n", loadavg().c_str(), repeat);
   Workload w;

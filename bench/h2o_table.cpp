@@ -1,7 +1,7 @@
 // h2o_table: the throughput comparison of the FlexGen and H2O papers (PAPERS.md §9), redone as
 // STRATEGIES run by our engine's cost model (src/planner) — not as the other systems. For
-// OPT-6.7B and OPT-30B, prompt 512, generation 32 / 512 / 1024, on a hardware profile
-// (default t4-paper):
+// OPT-6.7B and OPT-30B, prompt 512, generation 32 / 512 / 1024, and OPT-175B at 512 + 32, on
+// a hardware profile (default t4-paper):
 //   Accelerate-style      whole layers streamed: as many weights on the device as fit with one
 //                         sequence, the rest streamed from the host (disk if the host is full);
 //                         KV and activations on the device; no overlap, one micro-batch; then
@@ -11,7 +11,13 @@
 //   FlexGen policy        the paper's policy (PAPERS.md §9.1; for gen 512/1024, where the paper
 //                         gives none, the 512+32 one), evaluated as is: flagged (fits = no,
 //                         hatched bar) when our engine's memory would not hold it.
-//   flexh2o --policy auto the planner's search (full KV cache).
+//   FlexGen + 4-bit       the paper's compressed policy (PAPERS.md §9.1: 6.7B all on GPU 72 x 1,
+//                         weight + cache compression; 30B 0 100 0 100 0 100, 64 x 8, cache
+//                         compression; 175B 0 100 0 100 0 100, 48 x 3, both), gen 32 only.
+//                         t4-paper's dequant rate is fitted to the 6.7B row (its calibration
+//                         point); 30B and 175B are predictions.
+//   flexh2o --policy auto the planner's search (full KV cache; compression searched when the
+//                         profile prices dequantization).
 //   flexh2o + H2O 20%     the search with h2o heavy 0.1 + recent 0.1 of the prompt.
 //   H2O-paper policy+H2O  (30B) the H2O T4 logs' policies (0/100 weights, CPU attention) with H2O
 //                         20%, as is (flagged like the FlexGen policy when over our budget).
@@ -230,7 +236,7 @@ int main(int argc, char** argv) {
   std::string hw_spec = "t4-paper", csv_path = "bench/h2o_table.csv", svg_path = "bench/h2o_table.svg";
   std::string configs = FLEXH2O_SOURCE_CONFIGS;
   int64_t prompt = 512;
-  std::vector<std::string> models = {"opt-6.7b", "opt-30b"};
+  std::vector<std::string> models = {"opt-6.7b", "opt-30b", "opt-175b"};
   std::vector<int64_t> gens = {32, 512, 1024};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -254,7 +260,7 @@ int main(int argc, char** argv) {
     h2o.recent_ratio = 0.1;
     const std::vector<std::string> strategies = {"Accelerate-style", "ZeRO-Inference-style", "FlexGen policy",
                                                  "flexh2o --policy auto", "flexh2o + H2O 20%",
-                                                 "H2O-paper policy + H2O 20%"};
+                                                 "H2O-paper policy + H2O 20%", "FlexGen + 4-bit policy"};
     // PAPERS.md §9.1 (FlexGen table, T4, 512+32) and §9.2 (H2O T4 logs, OPT-30B, 0/100 weights).
     const bool t4 = hw.name == "t4-paper";
     std::map<std::tuple<std::string, int64_t, std::string>, Published> pub;
@@ -265,6 +271,12 @@ int main(int argc, char** argv) {
       pub[{"opt-30b", 32, strategies[1]}] = {0.60, 4, "cpu", "FlexGen table: DeepSpeed ZeRO-Inference"};
       pub[{"opt-6.7b", 32, strategies[2]}] = {25.26, 2, "gpu", "FlexGen table: FlexGen"};
       pub[{"opt-30b", 32, strategies[2]}] = {7.32, 144, "cpu", "FlexGen table: FlexGen"};
+      pub[{"opt-175b", 32, strategies[0]}] = {0.01, 2, "disk", "FlexGen table: HF Accelerate"};
+      pub[{"opt-175b", 32, strategies[1]}] = {0.01, 1, "disk", "FlexGen table: DeepSpeed ZeRO-Inference"};
+      pub[{"opt-175b", 32, strategies[2]}] = {0.69, 256, "disk", "FlexGen table: FlexGen"};
+      pub[{"opt-6.7b", 32, strategies[6]}] = {29.12, 72, "gpu", "FlexGen table: FlexGen + 4-bit (calibrates dequant)"};
+      pub[{"opt-30b", 32, strategies[6]}] = {8.38, 512, "cpu", "FlexGen table: FlexGen + 4-bit"};
+      pub[{"opt-175b", 32, strategies[6]}] = {1.12, 144, "cpu", "FlexGen table: FlexGen + 4-bit"};
       pub[{"opt-30b", 32, strategies[5]}] = {12.66, 728, "cpu", "H2O T4 log, 52x14"};
       pub[{"opt-30b", 512, strategies[5]}] = {18.83, 416, "cpu", "H2O T4 log, 52x8"};
       pub[{"opt-30b", 1024, strategies[5]}] = {13.88, 264, "cpu", "H2O T4 log, 44x6"};
@@ -274,8 +286,9 @@ int main(int argc, char** argv) {
       ModelConfig c = ModelConfig::from_file(std::filesystem::path(configs) / "models" / (name + ".json"));
       c.name = name;
       const ModelShape shape = ModelShape::from_config(c);
-      const bool big = name == "opt-30b";
+      const bool big = name == "opt-30b", huge = name == "opt-175b";
       for (int64_t gen : gens) {
+        if (huge && gen != 32) continue;  // the papers give 175B at 512 + 32 only
         Workload w;
         w.prompt_len = prompt;
         w.gen_len = gen;
@@ -299,7 +312,10 @@ int main(int argc, char** argv) {
         {
           std::string note = gen == 32 ? "paper's policy" : "paper's 512+32 policy";
           std::string shrunk;
-          const Policy fp = big ? make(20, 80, 0, 100, 0, 100, 48, 3, true, true) : make(100, 0, 100, 0, 100, 0, 2, 1, false, false);
+          Policy fp = huge  ? make(0, 50, 0, 0, 0, 100, 32, 8, true, true)
+                      : big ? make(20, 80, 0, 100, 0, 100, 48, 3, true, true)
+                            : make(100, 0, 100, 0, 100, 0, 2, 1, false, false);
+          fp.pin_weight = !huge;  // FlexGen ran 175B with --pin-weight 0
           auto e = fixed_policy(cm, fp, &shrunk);
           add(strategies[2], e, shrunk.empty() ? note : note + ", " + shrunk);
         }
@@ -313,6 +329,16 @@ int main(int argc, char** argv) {
             note = err.what();
           }
           add(strategies[size_t(3 + k)], e, note);
+        }
+        if (gen == 32) {  // FlexGen's compressed rows (PAPERS.md §9.1)
+          Policy cp = huge  ? make(0, 100, 0, 100, 0, 100, 48, 3, false, true)
+                      : big ? make(0, 100, 0, 100, 0, 100, 64, 8, false, true)
+                            : make(100, 0, 100, 0, 100, 0, 72, 1, false, false);
+          cp.compress_weight = !big;
+          cp.compress_cache = true;
+          std::string shrunk;
+          auto e = fixed_policy(cm, cp, &shrunk);
+          add(strategies[6], e, shrunk.empty() ? "paper's policy" : "paper's policy, " + shrunk);
         }
         if (big) {
           const Policy hp = gen == 32    ? make(0, 100, 0, 100, 0, 100, 52, 14, true, true)

@@ -1,6 +1,7 @@
 // `flexh2o plan`: predicts our engine's throughput for a model on a hardware profile — the
 // best policy found by the search, or the one given with --percent/--gpu-batch-size/... —
-// with memory per tier, the bottleneck, and FlexGen's own cost model beside it.
+// with memory per tier, bytes per link, 4-bit compression (searched when the profile prices
+// dequantization, or given), the bottleneck, and FlexGen's own cost model beside it.
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -30,14 +31,19 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_option("--overlap", a.overlap, "true|false")->check(CLI::IsMember({"true", "false"}));
   s->add_option("--sep-layer", a.sep_layer, "Attention and MLP as separate units (true|false)")
       ->capture_default_str()->check(CLI::IsMember({"true", "false"}));
-  s->add_option("--kv-dtype", a.kv_dtype, "KV cache element type: f16, bf16 or f32")
-      ->capture_default_str()->check(CLI::IsMember({"f16", "bf16", "f32"}));
+  s->add_option("--kv-dtype", a.kv_dtype, "KV cache element type: f16, bf16, f32 or q4 (= --compress-cache)")
+      ->capture_default_str()->check(CLI::IsMember({"f16", "bf16", "f32", "q4"}));
+  s->add_flag("--compress-weight", a.compress_weight,
+              "4-bit weights (FlexGen's flag): with --percent, evaluate it; without, fix it in the search");
+  s->add_flag("--compress-cache", a.compress_cache,
+              "4-bit KV cache (FlexGen's flag): with --percent, evaluate it; without, fix it in the search");
+  s->add_flag("--no-compress", a.no_compress, "Search without compression (for comparison)");
   s->add_flag("--json", a.json, "One JSON object on stdout");
 }
 
 namespace {
 
-nlohmann::json estimate_json(const Estimate& e) {
+nlohmann::json estimate_json(const Estimate& e, const CostModel& cm) {
   nlohmann::json j;
   j["policy"] = policy_to_json(e.policy);
   j["policy_flags"] = e.policy.str();
@@ -57,6 +63,12 @@ nlohmann::json estimate_json(const Estimate& e) {
   j["bytes_per_link"] = b;
   j["busy_s"] = busy;
   j["kv_tokens_per_sequence"] = e.kv_tokens;
+  j["compression"] = {{"weight", e.policy.compress_weight},
+                      {"cache", e.policy.compress_cache},
+                      {"weight_bytes", cm.shape().total_bytes(e.policy)},
+                      {"weight_bytes_uncompressed", cm.shape().total_bytes()},
+                      {"kv_bytes_per_token", cm.kv_token_bytes(e.policy)},
+                      {"dequant_priced", cm.hardware().prices_compression()}};
   return j;
 }
 
@@ -70,7 +82,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
   Workload w;
   w.prompt_len = a.prompt_len;
   w.gen_len = a.gen_len;
-  w.kv_dtype = a.kv_dtype == "f32" ? DType::F32 : a.kv_dtype == "bf16" ? DType::BF16 : DType::F16;
+  w.kv_dtype = a.kv_dtype == "f32" ? DType::F32 : a.kv_dtype == "bf16" ? DType::BF16 : a.kv_dtype == "q4" ? DType::Q4 : DType::F16;
   if (!a.kv_policy.empty() && a.kv_policy != "full") {
     KvPolicyConfig kv = a.kv;
     kv.kind = parse_kv_policy_kind(a.kv_policy);
@@ -95,23 +107,29 @@ int run_plan(const PlanArgs& a, const Env& env) {
     p.cpu_cache_compute = a.cpu_cache_compute;
     p.overlap = a.overlap != "false";
     p.sep_layer = a.sep_layer != "false";
+    p.compress_weight = a.compress_weight;
+    p.compress_cache = a.compress_cache || w.kv_dtype == DType::Q4;
     e = cm.estimate(p);
   } else {
     SearchOptions so;
     so.overlap = a.overlap != "false";
+    if (a.no_compress && (a.compress_weight || a.compress_cache))
+      FH_FAIL("plan: --no-compress contradicts --compress-weight / --compress-cache");
+    if (a.compress_weight || a.no_compress) so.compress_weight = a.compress_weight;
+    if (a.compress_cache || a.no_compress) so.compress_cache = a.compress_cache;
     PlanResult r = search_policy(cm, so);
     e = r.best;
     evaluated = r.evaluated;
   }
   const double fg = flexgen_reference_throughput(c, hw, w, e.policy);
   if (a.json) {
-    nlohmann::json j = estimate_json(e);
+    nlohmann::json j = estimate_json(e, cm);
     j["model"] = c.name;
     j["hardware"] = hw.name;
     j["prompt_len"] = w.prompt_len;
     j["gen_len"] = w.gen_len;
     j["kv_policy"] = w.kv ? describe(*w.kv) : "full";
-    j["kv_dtype"] = a.kv_dtype;
+    j["kv_dtype"] = e.policy.compress_cache ? "q4" : a.kv_dtype;
     j["device"] = device_kind_name(hw.device);
     j["searched"] = !given;
     j["policies_evaluated"] = evaluated;
@@ -123,16 +141,23 @@ int run_plan(const PlanArgs& a, const Env& env) {
             << "hardware   " << hw.name << "\n"
             << "workload   prompt " << w.prompt_len << " + gen " << w.gen_len << ", KV "
             << (w.kv ? describe(*w.kv) : std::string("full")) << " (" << e.kv_tokens << " slots/sequence, "
-            << a.kv_dtype << "), " << device_kind_name(hw.device) << " device\n"
+            << (e.policy.compress_cache ? "q4" : a.kv_dtype) << "), " << device_kind_name(hw.device) << " device\n"
             << "policy     " << e.policy.str() << (given ? "  (given)" : "  (searched, " + std::to_string(evaluated) + " policies timed)") << "\n"
             << "throughput " << e.throughput << " tokens/s (effective batch " << e.block << "; prefill " << e.prefill_s
             << " s, decode " << e.decode_s << " s)\n"
             << "per layer  prefill " << e.prefill_layer_s * 1e3 << " ms, decode " << e.decode_layer_s * 1e3 << " ms\n"
+            << "compress   weight " << (e.policy.compress_weight ? "4-bit" : "off") << ", cache "
+            << (e.policy.compress_cache ? "4-bit" : "off") << (hw.prices_compression() ? "" : given ? " (dequantization not priced by this profile)" : " (not searched: the profile has no dequant_gbps)")
+            << "; weights " << double(cm.shape().total_bytes(e.policy)) / 1e9 << " GB (uncompressed "
+            << double(cm.shape().total_bytes()) / 1e9 << " GB), KV " << double(cm.kv_token_bytes(e.policy)) / 1e6
+            << " MB/token\n"
             << "bottleneck " << e.bottleneck << "\n"
             << "memory     device " << double(e.memory[0]) / 1e9 << " GB, host " << double(e.memory[1]) / 1e9
             << " GB, disk " << double(e.memory[2]) / 1e9 << " GB; fits: "
             << (e.fits ? std::string("true") : "false (" + e.memory_note + ")") << "\n"
-            << "busy       ";
+            << "link bytes ";
+  for (int l = 0; l < kNumLinks; ++l) std::cout << link_name(Link(l)) << " " << double(e.bytes[size_t(l)]) / 1e9 << " GB  ";
+  std::cout << "\nbusy       ";
   for (int q = 0; q < kNumQueues; ++q) std::cout << queue_name(Queue(q)) << " " << e.busy[size_t(q)] << " s  ";
   std::cout << "\nFlexGen's published cost model for this policy: " << fg
             << " tokens/s (FlexGen's scheduler; ours list-schedules our own queues and steps)\n";

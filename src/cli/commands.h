@@ -85,6 +85,7 @@ struct PlanArgs {
   KvPolicyConfig kv;
   std::vector<double> percent;
   bool cpu_cache_compute = false, json = false;
+  bool compress_weight = false, compress_cache = false, no_compress = false;
 };
 void register_plan(CLI::App& app, PlanArgs& a);
 int run_plan(const PlanArgs& a, const Env& env);

@@ -185,6 +185,8 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
   SearchOptions so;
   so.max_block = requests;
   so.allow_disk = !a.offload_dir.empty();
+  if (a.compress_weight) so.compress_weight = true;  // asked for: fixed; else searched when priced
+  if (a.compress_cache) so.compress_cache = true;
   Policy p = plan_policy(m, hw, w, so, dev.kind() == DeviceKind::kCuda ? std::optional<DType>(dev.weight_dtype(DType::F32))
                                                                       : std::nullopt);
   p.overlap = a.overlap != "false";

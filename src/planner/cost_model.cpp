@@ -21,6 +21,14 @@ namespace {
 // half: a norm and a residual add; the FFN's activation adds 2 passes over ffn_dim-wide rows.
 constexpr double kAttnPasses = 8, kMlpPasses = 6;
 
+// A weight's bytes as every tier holds it: placement's own formula (engine/placement.h).
+size_t stored_bytes(const TensorView& v, bool compress, std::optional<DType> as = std::nullopt) {
+  return held_bytes(v, held_dtype(v, compress, as));
+}
+
+// Bytes of one token's K and V rows, all KV heads: row_nbytes (core/tensor.h), as plan_memory.
+uint64_t kv_row_bytes(const ModelConfig& c, DType kv) { return 2 * uint64_t(c.n_kv_heads) * row_nbytes(kv, c.head_dim); }
+
 }  // namespace
 
 // ---- model shape and placement ---------------------------------------------------------
@@ -28,51 +36,69 @@ constexpr double kAttnPasses = 8, kMlpPasses = 6;
 ModelShape ModelShape::from_config(const ModelConfig& c) {
   ModelShape s;
   s.config = c;
-  const size_t es = dtype_size(c.dtype);
-  size_t embed_bytes = 0;
+  TensorView embed;
+  auto add = [&](UnitSizes& u, bool compress, const WeightSpec& w, const TensorView& v) {
+    const size_t n = stored_bytes(v, compress);
+    if (w.layer == 0) (w.part == LayerPart::kMlp ? u.mlp : u.attn).push_back(n);
+    else if (w.name.find("embed_") != std::string::npos) u.embed.push_back(n);
+    else u.head.push_back(n);
+  };
   for (const WeightSpec& w : weight_specs(c)) {
-    const size_t n = es * size_t(w.shape.numel());
-    if (w.layer == 0) (w.part == LayerPart::kMlp ? s.mlp : s.attn).push_back(n);
-    else if (w.layer > 0) continue;
-    else if (w.name.find("embed_") != std::string::npos) s.embed.push_back(n);
-    else s.head.push_back(n);
-    if (w.name.find("embed_tokens") != std::string::npos) embed_bytes = n, s.token_index = s.embed.size() - 1;
+    if (w.layer > 0) continue;
+    const TensorView v{nullptr, c.dtype, w.shape};
+    add(s, false, w, v);
+    add(s.q4, true, w, v);
+    if (w.name.find("embed_tokens") != std::string::npos) embed = v, s.token_index = s.embed.size() - 1;
   }
-  if (c.tie_embeddings) s.head.push_back(embed_bytes);
-  s.layer = s.attn;
-  s.layer.insert(s.layer.end(), s.mlp.begin(), s.mlp.end());
+  for (bool q : {false, true}) {
+    UnitSizes& u = q ? s.q4 : s;
+    if (c.tie_embeddings) u.head.push_back(stored_bytes(embed, q));
+    u.layer = u.attn;
+    u.layer.insert(u.layer.end(), u.mlp.begin(), u.mlp.end());
+  }
   return s;
 }
 
 ModelShape ModelShape::from_model(const Model& m, std::optional<DType> as) {
   ModelShape s;
   s.config = m.config();
-  auto bytes = [&](const TensorView& v) { return as ? size_t(v.numel()) * dtype_size(*as) : v.nbytes(); };
-  for (const BoundTensor& t : m.tensors()) {
-    if (t.spec.layer == 0) (t.spec.part == LayerPart::kMlp ? s.mlp : s.attn).push_back(bytes(t.view));
-    else if (t.spec.layer > 0) continue;
-    else if (t.spec.name.find("embed_") != std::string::npos) s.embed.push_back(bytes(t.view));
-    else s.head.push_back(bytes(t.view));
-    if (t.view.data == m.weights().embed.data) s.token_index = s.embed.size() - 1;
+  for (bool q : {false, true}) {
+    UnitSizes& u = q ? s.q4 : s;
+    for (const BoundTensor& t : m.tensors()) {
+      const size_t n = stored_bytes(t.view, q, as);
+      if (t.spec.layer == 0) (t.spec.part == LayerPart::kMlp ? u.mlp : u.attn).push_back(n);
+      else if (t.spec.layer > 0) continue;
+      else if (t.spec.name.find("embed_") != std::string::npos) u.embed.push_back(n);
+      else u.head.push_back(n);
+      if (t.view.data == m.weights().embed.data) s.token_index = u.embed.size() - 1;
+    }
+    if (s.config.tie_embeddings) u.head.push_back(stored_bytes(m.weights().embed, q, as));
+    u.layer = u.attn;
+    u.layer.insert(u.layer.end(), u.mlp.begin(), u.mlp.end());
   }
-  if (s.config.tie_embeddings) s.head.push_back(bytes(m.weights().embed));
-  s.layer = s.attn;
-  s.layer.insert(s.layer.end(), s.mlp.begin(), s.mlp.end());
   return s;
 }
 
-uint64_t ModelShape::total_bytes() const {
+uint64_t UnitSizes::total(int64_t n_layers) const {
   auto sum = [](const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t(0)); };
-  return sum(embed) + uint64_t(config.n_layers) * sum(layer) + sum(head);
+  return sum(embed) + uint64_t(n_layers) * sum(layer) + sum(head);
+}
+
+DType kv_dtype_of(const Workload& w, const Policy& p) {
+  OffloadOptions o;  // the engine's own decision (offload_kv_dtype), not a copy of it
+  o.policy = p;
+  o.kv_dtype = w.kv_dtype;
+  return offload_kv_dtype(o);
 }
 
 std::array<uint64_t, 3> embed_moved(const ModelShape& m, const Policy& p, uint64_t rows) {
   // offload_moves.cpp load_weight_disk/load_weight: a streamed token table moves only the
   // step's rows (all of it when a step has >= vocab rows).
   std::array<uint64_t, 3> out{};
-  const std::vector<Tier> tiers = unit_tiers(m.embed, p);
-  for (size_t i = 0; i < m.embed.size(); ++i) {
-    const size_t b = m.embed[i];
+  const std::vector<size_t>& embed = m.units(p).embed;
+  const std::vector<Tier> tiers = unit_tiers(embed, p);
+  for (size_t i = 0; i < embed.size(); ++i) {
+    const size_t b = embed[i];
     const Tier t = tiers[i];
     const uint64_t V = uint64_t(m.config.vocab_size);
     out[size_t(t)] += i == m.token_index && t != Tier::kDevice ? std::min(rows, V) * (b / V) : b;
@@ -106,6 +132,7 @@ int64_t CostModel::capacity() const { return cap_h_; }
 
 MemoryPlan CostModel::plan(const Policy& p) const {
   const ModelConfig& c = m_.config;
+  const UnitSizes& us = m_.units(p);
   WeightBytes wb;
   auto add = [&](const std::vector<size_t>& t, uint64_t times) {
     const UnitBytes u = unit_bytes(t, p);
@@ -113,21 +140,25 @@ MemoryPlan CostModel::plan(const Policy& p) const {
     wb.max_streamed = std::max(wb.max_streamed, u.slot);
     wb.max_disk = std::max(wb.max_disk, u.stage);
   };
-  add(m_.embed, 1);
+  add(us.embed, 1);
   if (p.sep_layer) {
-    add(m_.attn, uint64_t(c.n_layers));
-    add(m_.mlp, uint64_t(c.n_layers));
+    add(us.attn, uint64_t(c.n_layers));
+    add(us.mlp, uint64_t(c.n_layers));
   } else {
-    add(m_.layer, uint64_t(c.n_layers));
+    add(us.layer, uint64_t(c.n_layers));
   }
-  add(m_.head, 1);
+  add(us.head, 1);
   BatchDims d;
   d.rows = w_.prompt_len;
   d.capacity = w_.prompt_len + w_.gen_len;
   d.budget_max = budget_max_;
   d.kv_policy = w_.kv && w_.kv->kind != KvPolicyKind::kFull;
   d.scores = d.kv_policy && make_policy(*w_.kv)->needs_scores();
-  return plan_memory(c, wb, p, d, {hw_.device, w_.kv_dtype, act_});
+  return plan_memory(c, wb, p, d, {hw_.device, kv_dtype_of(w_, p), act_});
+}
+
+uint64_t CostModel::kv_token_bytes(const Policy& p) const {
+  return uint64_t(m_.config.n_layers) * kv_row_bytes(m_.config, kv_dtype_of(w_, p));
 }
 
 std::array<uint64_t, 3> CostModel::memory(const Policy& p) const { return plan(p).bytes; }
@@ -146,17 +177,18 @@ std::array<uint64_t, kNumLinks> CostModel::bytes(const Policy& p) const {
   const ModelConfig& c = m_.config;
   std::array<uint64_t, kNumLinks> b{};
   auto add = [&](Link l, uint64_t n) { b[size_t(l)] += n; };
-  const auto h = place_unit(m_.head, p);
+  const UnitSizes& us = m_.units(p);
+  const auto h = place_unit(us.head, p);
   std::array<uint64_t, 3> lay{};
-  for (const auto* t : p.sep_layer ? std::vector<const std::vector<size_t>*>{&m_.attn, &m_.mlp}
-                                   : std::vector<const std::vector<size_t>*>{&m_.layer}) {
+  for (const auto* t : p.sep_layer ? std::vector<const std::vector<size_t>*>{&us.attn, &us.mlp}
+                                   : std::vector<const std::vector<size_t>*>{&us.layer}) {
     const auto u = place_unit(*t, p);
     for (int i = 0; i < 3; ++i) lay[size_t(i)] += u[size_t(i)];
   }
   const uint64_t L = uint64_t(c.n_layers), K = uint64_t(p.num_gpu_batches), B = uint64_t(p.block_size());
   const uint64_t n = uint64_t(p.gpu_batch_size);
   const uint64_t steps = uint64_t(w_.gen_len), s = uint64_t(w_.prompt_len);
-  const uint64_t es_a = dtype_size(act_), es_kv = dtype_size(w_.kv_dtype);
+  const uint64_t es_a = dtype_size(act_);
   add(Link::kDiskToHost, steps * (L * lay[2] + h[2]));
   add(Link::kHostToDevice, steps * (L * (lay[1] + lay[2]) + h[1] + h[2]));
   for (uint64_t i = 0; i < steps; ++i) {  // the embedding unit moves the step's rows
@@ -173,7 +205,7 @@ std::array<uint64_t, kNumLinks> CostModel::bytes(const Policy& p) const {
   }
   const KvSplit sp = split_kv(p.gpu_batch_size, p);
   const uint64_t nd = uint64_t(sp.n_device), off = uint64_t(sp.n_host + sp.n_disk), nk = uint64_t(sp.n_disk);
-  const uint64_t row = uint64_t(2 * c.kv_dim()) * es_kv, LK = L * K;
+  const uint64_t row = kv_row_bytes(c, kv_dtype_of(w_, p)), LK = L * K;
   const uint64_t keep = uint64_t(keep_);
   const bool scores = w_.kv && w_.kv->kind != KvPolicyKind::kFull && make_policy(*w_.kv)->needs_scores();
   const uint64_t score_row = uint64_t(c.n_heads) * 4;  // per sequence and slot
@@ -208,8 +240,9 @@ const Schedule& CostModel::schedule(const ScheduleShape& s, uint64_t key) {
 
 CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_before, int layers) {
   const ModelConfig& c = m_.config;
-  const auto pe = place_unit(m_.embed, p), ph = place_unit(m_.head, p);
-  const auto pa = place_unit(m_.attn, p), pm = place_unit(m_.mlp, p), pl = place_unit(m_.layer, p);
+  const UnitSizes& us = m_.units(p);
+  const auto pe = place_unit(us.embed, p), ph = place_unit(us.head, p);
+  const auto pa = place_unit(us.attn, p), pm = place_unit(us.mlp, p), pl = place_unit(us.layer, p);
   const KvSplit sp = split_kv(p.gpu_batch_size, p);
   const int K = int(p.num_gpu_batches);
   ScheduleShape sh;
@@ -252,36 +285,44 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   }
   const Schedule& sched = schedule(sh, key);
 
-  const double es_a = double(dtype_size(act_)), es_kv = double(dtype_size(w_.kv_dtype));
+  const double es_a = double(dtype_size(act_));
   const double n = double(p.gpu_batch_size), T = prefill ? double(w_.prompt_len) : 1.0;
-  const double row = double(2 * c.kv_dim()) * es_kv, hid = double(c.hidden) * es_a;
+  const double row = double(kv_row_bytes(c, kv_dtype_of(w_, p))), hid = double(c.hidden) * es_a;
   const double off = double(sp.n_host + sp.n_disk), nd = double(sp.n_disk), ndev = double(sp.n_device);
   const double before = double(len_before);
   const double kept = std::min(double(w_.prompt_len), double(keep_));
   const bool kept_mode = prefill && policy;  // rows leave after the device compacted them (SK)
   const double after = prefill ? double(w_.prompt_len) : before + 1;
   const bool host_attn = sh.host_attention();
+  // Compression's compute cost (HardwareProfile::device_dequant / host_dequant): seconds per
+  // Q4 byte a kernel reads (or a KV row written compressed); 0 where the profile has no rate.
+  auto per_byte = [](bool on, double rate) { return on && rate > 0 ? 1 / rate : 0.0; };
+  const double w_dq = per_byte(p.compress_weight, hw_.device_dequant);
+  const double kv_dq = per_byte(p.compress_cache, hw_.device_dequant);
+  const double kv_dq_host = per_byte(p.compress_cache, hw_.host_dequant);
   auto gemm = [&](double flops, double wbytes, bool large_m) {
-    if (large_m) return flops / hw_.device_gemm_prefill;
+    const double dq = wbytes * w_dq;  // wbytes are Q4 bytes with compress_weight
+    if (large_m) return flops / hw_.device_gemm_prefill + dq;
     const double t = flops / hw_.device_gemm_decode;
-    if (hw_.device_weight_read <= 0) return t;
+    if (hw_.device_weight_read <= 0) return t + dq;
     const double r = wbytes / hw_.device_weight_read;
-    return hw_.gemm_time_sum ? t + r : std::max(t, r);
+    return (hw_.gemm_time_sum ? t + r : std::max(t, r)) + dq;
   };
   auto sum = [](const std::vector<size_t>& v) { return double(std::accumulate(v.begin(), v.end(), size_t(0))); };
   const double H = double(c.hidden), Q = double(c.q_dim()), KV = double(c.kv_dim()), F = double(c.ffn_dim);
   const double ffn_mats = c.arch == Arch::kLlama ? 3 : 2;
   const double attn_in_params = H * Q + 2 * H * KV, attn_out_params = H * Q, mlp_params = ffn_mats * H * F;
-  const double attn_w = sum(m_.attn), mlp_w = sum(m_.mlp), head_w = sum(m_.head);
+  const double attn_w = sum(us.attn), mlp_w = sum(us.mlp), head_w = sum(us.head);
   const double qkv_share = attn_in_params / (attn_in_params + attn_out_params);
   const double rows_bytes = n * T * hid;
   auto elementwise = [&](double passes) {
     return hw_.device_elementwise > 0 ? rows_bytes * passes / hw_.device_elementwise : 0.0;
   };
   // Device attention of `seqs` sequences.
+  // Compressed KV: a prefill encodes its T rows, a decode step reads `before` rows and encodes one.
   auto device_attention = [&](double seqs) {
-    if (prefill) return 4 * seqs * Q * T * (T + 1) / 2 / hw_.device_attention_prefill;
-    return 4 * seqs * Q * (before + 1) / hw_.device_attention_decode;
+    if (prefill) return 4 * seqs * Q * T * (T + 1) / 2 / hw_.device_attention_prefill + seqs * T * row * kv_dq;
+    return 4 * seqs * Q * (before + 1) / hw_.device_attention_decode + seqs * (before + 1) * row * kv_dq;
   };
   const double attn_seqs_device = host_attn ? ndev : n;
   // attention half: q/k/v (+ attention on the device) in C; with host attention the output
@@ -301,7 +342,7 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   if (host_attn) {
     const double a = std::max(0.0, std::log2(64.0 / n)), b = std::max(0.0, std::log2(4096.0 / H));
     const double eff = std::max(0.1, 1 + hw_.host_eff_c1 * a * b - hw_.host_eff_c2 * a - hw_.host_eff_c3 * b);
-    host_attn_t = 4 * off * Q * (before + 1) / (hw_.host_attention * eff);
+    host_attn_t = 4 * off * Q * (before + 1) / (hw_.host_attention * eff) + off * (before + 1) * row * kv_dq_host;
   }
   const double score_bytes = (sh.kv_policy && scores) ? attn_seqs_device * double(c.n_heads) * after * 4 : 0;
   // The embedding unit moves only the block's rows of a streamed token table; from disk each

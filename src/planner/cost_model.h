@@ -25,21 +25,32 @@ namespace flexh2o {
 struct Workload {
   int64_t prompt_len = 512, gen_len = 32;  // every sequence; gen_len counts the prefill's token
   std::optional<KvPolicyConfig> kv;        // a KV policy (h2o, ...): the cache keeps its budget only
-  DType kv_dtype = DType::F16;             // of the KV cache in every tier
+  DType kv_dtype = DType::F16;             // of the KV cache in every tier (Q4 with compress_cache)
 };
+// The KV cache's dtype under a policy, as the engine decides it (offload_kv_dtype): Q4
+// records when p.compress_cache, else w.kv_dtype.
+DType kv_dtype_of(const Workload& w, const Policy& p);
 
 // Bytes of each weight tensor of the kinds of unit (all layers are alike), in the order
 // place_weights() walks them; a layer is its attention tensors then its MLP tensors (`layer`
 // is both, for whole-layer units); a tied lm_head is the last entry of `head`.
-struct ModelShape {
-  ModelConfig config;
+struct UnitSizes {
   std::vector<size_t> embed, attn, mlp, layer, head;
+  uint64_t total(int64_t n_layers) const;  // all units, tied head counted twice (as the engine streams it)
+};
+// The model's units as stored plain (the base) and with Policy::compress_weight (`q4`), both
+// sized by held_dtype() / held_bytes() (engine/placement.h), as placement sizes them.
+struct ModelShape : UnitSizes {
+  ModelConfig config;
+  UnitSizes q4;
   size_t token_index = 0;  // which of `embed` is the token table (vocab rows)
   // From the config alone, weights in config.dtype (presets, dummy weights).
   static ModelShape from_config(const ModelConfig& c);
   // From a loaded model: the checkpoint's dtypes, or every tensor at `as` (what a CUDA device holds).
   static ModelShape from_model(const Model& m, std::optional<DType> as = std::nullopt);
-  uint64_t total_bytes() const;  // all units, tied head counted twice (as the engine streams it)
+  const UnitSizes& units(const Policy& p) const { return p.compress_weight ? q4 : *this; }
+  uint64_t total_bytes() const { return total(config.n_layers); }  // uncompressed
+  uint64_t total_bytes(const Policy& p) const { return units(p).total(config.n_layers); }
 };
 // Per-tier bytes the embedding unit moves in a step of `rows` token rows: a host- or disk-homed
 // token table moves only min(rows, vocab) of its rows (the engine gathers them).
@@ -76,6 +87,9 @@ class CostModel {
   // Bytes per link over the whole run; exactly what OffloadEngine counts for `block`
   // sequences of prompt_len tokens generating gen_len tokens each.
   std::array<uint64_t, kNumLinks> bytes(const Policy& p) const;
+
+  // KV bytes of one token, all layers, K and V (Q4 records with p.compress_cache).
+  uint64_t kv_token_bytes(const Policy& p) const;
 
   const ModelShape& shape() const { return m_; }
   const HardwareProfile& hardware() const { return hw_; }

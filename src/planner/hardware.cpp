@@ -95,6 +95,8 @@ HardwareProfile HardwareProfile::from_json(const json& j, const std::string& ori
   h.disk_read_request = field(j, origin, ov, "disk_read_request", false, false) * 1e-6;
   h.disk_write_request = field(j, origin, ov, "disk_write_request", false, false) * 1e-6;
   h.device_elementwise = field(j, origin, "device_gbps", "elementwise", false, false) * kG;
+  h.device_dequant = field(j, origin, "dequant_gbps", "device", false, false) * kG;
+  h.host_dequant = field(j, origin, "dequant_gbps", "host", false, false) * kG;
   return h;
 }
 
@@ -135,6 +137,7 @@ json HardwareProfile::to_json() const {
                        {"disk_write_request", disk_write_request * 1e6}};
   j["host_tflops"] = {{"attention", host_attention / kT}, {"gemm", host_gemm / kT}};
   j["host_attention_efficiency"] = {{"c1", host_eff_c1}, {"c2", host_eff_c2}, {"c3", host_eff_c3}};
+  j["dequant_gbps"] = {{"device", device_dequant / kG}, {"host", host_dequant / kG}};
   return j;
 }
 

@@ -58,6 +58,13 @@ struct HardwareProfile {
   double compute_step_overhead = 0, schedule_step_overhead = 0, token_step_overhead = 0;
   double disk_read_request = 0, disk_write_request = 0;
   double device_elementwise = 0;
+  // 4-bit compression (JSON "dequant_gbps": {"device", "host"}; 0 or absent = not known): the
+  // extra time compute that reads Q4 records spends, as Q4 bytes per second — weights read by
+  // a GEMM and KV read by attention cost q4_bytes / rate on top of the plain kernel's time, and
+  // KV rows written compressed cost the same per byte to encode. `--policy auto` searches
+  // compression only when the device rate is known (what it costs cannot be guessed).
+  double device_dequant = 0, host_dequant = 0;
+  bool prices_compression() const { return device_dequant > 0; }
 
   double usable(int tier) const;  // tier 0 device, 1 host, 2 disk; bytes the planner may use
   // Throws flexh2o::Error naming the field when one is missing from `j`, negative, or (for

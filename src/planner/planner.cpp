@@ -10,6 +10,9 @@
 // only the highest-tier weight split that fits is timed (device share first, then host);
 // memory is checked before any timing; and num_gpu_batches stops growing once nothing fits
 // or throughput has not improved for 3 steps (it is unimodal in practice, as FlexGen uses).
+// Compression (weights, KV) is two more booleans of the grid, searched only when the profile
+// prices dequantization: it shrinks every byte count, so without its compute cost it would
+// always win and the accuracy it costs is not in the model.
 #include "planner/planner.h"
 
 #include <algorithm>
@@ -57,6 +60,13 @@ std::string gb(double b) {
 
 PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
   const HardwareProfile& hw = cm.hardware();
+  auto choices = [&](std::optional<bool> fixed) {
+    if (fixed) return std::vector<bool>{*fixed};
+    return hw.prices_compression() ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  };
+  // A Q4 KV dtype in the workload is cache compression (the engine treats them as one setting).
+  const bool kv_q4 = cm.workload().kv_dtype == DType::Q4;
+  const std::vector<bool> cws = choices(o.compress_weight), ccs = kv_q4 ? std::vector<bool>{true} : choices(o.compress_cache);
   // Infeasible outright: the weights plus one sequence's KV exceed all tiers together.
   {
     Policy tiny;
@@ -65,17 +75,33 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     tiny.cache_gpu_percent = tiny.cache_cpu_percent = 0;
     tiny.act_gpu_percent = 100;
     tiny.act_cpu_percent = 0;
+    tiny.compress_weight = cws.back();  // the smallest the search may make it
+    tiny.compress_cache = ccs.back();
     const auto m = cm.memory(tiny);
     const double need = double(m[0] + m[1] + m[2]);
     const double have = hw.usable(0) + hw.usable(1) + hw.usable(2);
     if (need > have)
       FH_FAIL("infeasible: ", cm.shape().config.name, " needs at least ", gb(need), " (weights ",
-              gb(double(cm.shape().total_bytes())), " + one sequence's KV and buffers) but the tiers of ", hw.name,
+              gb(double(cm.shape().total_bytes(tiny))), tiny.compress_weight ? " at 4 bits" : "", " + one sequence's KV and buffers) but the tiers of ", hw.name,
               " hold ", gb(have), " usable together (device ", gb(hw.usable(0)), ", host ", gb(hw.usable(1)),
               ", disk ", gb(hw.usable(2)), "): short by ", gb(need - have));
   }
   PlanResult r;
   bool found = false;
+  // Times `p` with the highest-tier weight split that fits; returns its throughput (0: none fits).
+  auto consider = [&](Policy p) {
+    if (!place_weights_greedy(cm, p, o.weight_step, o.allow_disk)) {
+      ++r.rejected_memory;
+      return 0.0;
+    }
+    const Estimate e = cm.quick(p);
+    ++r.evaluated;
+    if (!found || e.throughput > r.best.throughput) {
+      r.best = e;
+      found = true;
+    }
+    return e.throughput;
+  };
   const std::vector<int64_t> batches = o.gpu_batch_sizes.empty() ? default_batches() : o.gpu_batch_sizes;
   for (int64_t gbs : batches) {
     double best_gbs = 0;
@@ -97,16 +123,12 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
               p.act_cpu_percent = act ? 100 : 0;
               p.cpu_cache_compute = cpu;
               p.overlap = o.overlap;
-              if (!place_weights_greedy(cm, p, o.weight_step, o.allow_disk)) {
-                ++r.rejected_memory;
-                continue;
-              }
-              const Estimate e = cm.quick(p);
-              ++r.evaluated;
-              best_here = std::max(best_here, e.throughput);
-              if (!found || e.throughput > r.best.throughput) {
-                r.best = e;
-                found = true;
+              for (bool cw : cws) {
+                for (bool ckv : ccs) {
+                  p.compress_weight = cw;
+                  p.compress_cache = ckv;
+                  best_here = std::max(best_here, consider(p));
+                }
               }
             }
           }
@@ -121,6 +143,8 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     Policy p;
     p.gpu_batch_size = p.num_gpu_batches = 1;
     p.w_gpu_percent = p.w_cpu_percent = p.cache_gpu_percent = p.cache_cpu_percent = 0;
+    p.compress_weight = cws.back();
+    p.compress_cache = ccs.back();
     const auto m = cm.memory(p);
     std::ostringstream os;
     for (int t = 0; t < 3; ++t)
@@ -159,7 +183,9 @@ double flexgen_reference_throughput(const ModelConfig& c, const HardwareProfile&
   const double wg = p.w_gpu_percent / 100, wc = p.w_cpu_percent / 100, wn = 1 - wg - wc;
   const double cg = p.cache_gpu_percent / 100, cc = p.cache_cpu_percent / 100, cn = 1 - cg - cc;
   const double hc = p.act_cpu_percent / 100, hn = 1 - p.act_gpu_percent / 100 - hc;
-  const double wi = 8 * h1 * h1 + 4 * h1 * h2;
+  // FlexGen's model divides the weight bytes by 4 when weights are compressed (a rough factor;
+  // it has no term for cache compression or dequantization).
+  const double wi = (8 * h1 * h1 + 4 * h1 * h2) / (p.compress_weight ? 4 : 1);
   const double ctog_p = (wi * (wc + wn) + 2 * s * h1 * bls * (hc + hn)) / hw.host_to_device;
   const double gtoc_p = 4 * (s + 1) * h1 * bls * (cc + cn) / hw.device_to_host_cache +
                         2 * s * h1 * bls * (hc + hn) / hw.device_to_host;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "planner/cost_model.h"
@@ -20,6 +21,10 @@ struct SearchOptions {
   bool allow_act_on_host = true;
   bool allow_disk = true;         // weights / KV may be homed on disk
   bool overlap = true;
+  // 4-bit compression (Policy::compress_weight / compress_cache): a value fixes it; unset
+  // searches both settings when the profile prices dequantization (prices_compression()),
+  // else leaves it off.
+  std::optional<bool> compress_weight, compress_cache;
 };
 
 struct PlanResult {
@@ -41,7 +46,8 @@ Policy plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w,
                    std::optional<DType> as = std::nullopt);
 
 // FlexGen's own published cost model (PAPERS.md §4, experimental/cost_model.py) evaluated for
-// a policy: fp16 weights and KV, its fitted constants taken from `hw`. Returns tokens/s.
+// a policy: fp16 weights and KV (weight bytes / 4 with compress_weight, FlexGen's rough factor;
+// it models no cache compression), its fitted constants taken from `hw`. Returns tokens/s.
 // For comparison only: it models FlexGen's scheduler, not ours.
 double flexgen_reference_throughput(const ModelConfig& c, const HardwareProfile& hw, const Workload& w,
                                     const Policy& p);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/quant4.h"
 #include "engine/executor.h"
 #include "engine/layer_compute.h"
 #include "engine/schedule.h"
@@ -184,6 +185,19 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
       dev.run([&] { cpu::linear(x1.data(), 1, K, wbv, nullptr, y1.data(), cpu::Epilogue::kStore); });
     });
     h.device_weight_read = double(NB * K) * 2 / t1;
+    // 4-bit compression: the same GEMV over the matrix in Q4 records. The cost model charges a
+    // Q4 GEMV its bytes at weight_read plus q4_bytes / dequant, so the rate is what remains of
+    // the measured time after streaming the Q4 bytes (floored: a decode that hides entirely
+    // behind the stream still gets a finite, large rate). The host is the same CPU.
+    std::vector<uint8_t> wq(size_t(q4::tensor_bytes(NB, K)));
+    q4::encode_rows_f16(wb.data(), K, NB, K, wq.data(), "profile probe");
+    const TensorView wqv{wq.data(), DType::Q4, Shape{NB, K}};
+    const double tq = time_per_call(o.min_seconds, [&] {
+      dev.run([&] { cpu::linear(x1.data(), 1, K, wqv, nullptr, y1.data(), cpu::Epilogue::kStore); });
+    });
+    const double qbytes = double(wq.size());
+    const double extra = std::max(tq - qbytes / h.device_weight_read, 0.01 * tq);
+    h.device_dequant = h.host_dequant = qbytes / extra;
   }
   // Non-GEMM ops: a layernorm over many rows (read + write), bytes/s.
   {

@@ -1,7 +1,8 @@
 // Measures this machine into a HardwareProfile (`flexh2o profile`): tier capacities (RAM,
 // free space at the offload directory), host<->device copies (on the CPU device: memcpy
 // between buffers), NVMe reads/writes through DiskStore + IoBackend (large sequential, and
-// KV-sized chunks), and GEMM / attention rates of kernels/cpu at prefill and decode shapes.
+// KV-sized chunks), GEMM / attention rates of kernels/cpu at prefill and decode shapes, and
+// the extra cost of a GEMV over Q4 weights (dequant_gbps, device and host alike).
 // Blocking; takes a few seconds; writes and removes a scratch store under offload_dir.
 #pragma once
 

@@ -205,7 +205,13 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
   EXPECT_EQ(tokens_of("--percent 20 30 0 50 0 100 --gpu-batch-size 2 --num-gpu-batches 2" + dir), want);
   EXPECT_EQ(tokens_of("--percent 0 100 0 100 100 0 --gpu-batch-size 3 --cpu-cache-compute --overlap false"), want);
   EXPECT_EQ(tokens_of("--kv-policy h2o --heavy-budget 300 --recent-budget 300"), want);
-  EXPECT_EQ(tokens_of("--policy auto --hardware t4-paper --gpu-mem 8MiB" + dir), want);
+  {  // a profile that does not price dequantization: auto then never picks (lossy) compression
+    json t4 = read_json(fs::path(FLEXH2O_TEST_DATA) / "../../configs/hardware/t4-paper.json");
+    t4.erase("dequant_gbps");
+    const fs::path prof = tmp.path() / "t4-plain.json";
+    std::ofstream(prof) << t4.dump();
+    EXPECT_EQ(tokens_of("--policy auto --hardware " + prof.string() + " --gpu-mem 8MiB" + dir), want);
+  }
   EXPECT_NE(tokens_of("--kv-policy local --recent-budget 3"), want);  // a 3-token window changes things
   {
     const fs::path rep = tmp.path() / "r.json";
