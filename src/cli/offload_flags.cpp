@@ -57,6 +57,9 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
   app->add_flag("--compress-cache", a.compress_cache,
                 "KV cache 4-bit in every tier (the same as --kv-dtype q4): 0.28x the bytes of f16 stored "
                 "and moved")->group(z);
+  app->add_flag("--no-compress", a.no_compress,
+                "With --policy auto: never choose compression (the planner searches it when the hardware "
+                "profile prices dequantization, and 4-bit is lossy)")->group(z);
   app->add_option("--trace", a.trace,
                   "Write every schedule step (loads, stores, compute per queue) as Chrome trace-event JSON "
                   "to FILE; open it in ui.perfetto.dev to see what the pipeline waits on")
@@ -185,8 +188,11 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
   SearchOptions so;
   so.max_block = requests;
   so.allow_disk = !a.offload_dir.empty();
-  if (a.compress_weight) so.compress_weight = true;  // asked for: fixed; else searched when priced
-  if (a.compress_cache) so.compress_cache = true;
+  if (a.no_compress && (a.compress_weight || a.compress_cache))
+    FH_FAIL("--no-compress contradicts --compress-weight / --compress-cache");
+  // Asked for: fixed on; --no-compress: fixed off; else searched when the profile prices it.
+  if (a.compress_weight || a.no_compress) so.compress_weight = a.compress_weight;
+  if (a.compress_cache || a.no_compress) so.compress_cache = a.compress_cache;
   Policy p = plan_policy(m, hw, w, so, dev.kind() == DeviceKind::kCuda ? std::optional<DType>(dev.weight_dtype(DType::F32))
                                                                       : std::nullopt);
   p.overlap = a.overlap != "false";

@@ -25,6 +25,7 @@ struct OffloadArgs {
   // FlexGen's compression flags (Policy::compress_*); they apply in memory too, so they do not
   // ask for the offloading engine by themselves.
   bool compress_weight = false, compress_cache = false;
+  bool no_compress = false;  // --policy auto: never choose compression
 };
 
 void add_offload_flags(CLI::App* app, OffloadArgs& a);
