@@ -6,6 +6,7 @@
 #   gpu_pack/lib/    the non-CUDA shared libraries they load (oneTBB, liburing, PCRE2, xxhash)
 #   gpu_pack/debs/   the -dev .debs, so gpu_check.sh can build there if the binaries do not run
 #   gpu_pack/source_root  the absolute source path baked into the binaries (test data, configs)
+#   gpu_pack/compare/  what bench/compare/gpu_compare.sh needs (bench/compare/pack_compare.sh)
 # Then, with the device tool: run(command="bash bench/gpu_check.sh", carry=["gpu_pack"]).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,5 +40,7 @@ echo "$ROOT" >"$PACK/source_root"
   liburing-dev liburing2 libcli11-dev libgtest-dev nlohmann-json3-dev libpcre2-dev libpcre2-8-0 \
   libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libxxhash-dev libxxhash0 libzstd-dev pkgconf \
   libpkgconf3 pkgconf-bin 2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
+# The side-by-side comparison (issue #13): flexgen wheel, H2O's fork, an offline tokenizer, the memory cap.
+bash "$ROOT/bench/compare/pack_compare.sh"
 du -sh "$PACK"
-echo "gpu_pack: ready; carry gpu_pack with bench/gpu_check.sh"
+echo "gpu_pack: ready; carry gpu_pack with bench/gpu_check.sh, and with bench/compare/gpu_compare.sh (its own call)"

@@ -1,0 +1,31 @@
+"""hf_accelerate_gpu.py — Hugging Face transformers + accelerate device_map offloading on the
+GPU with dummy (random-init) weights, for bench/compare/gpu_compare.sh. GPU memory capped by
+max_memory and by cap/sitecustomize.py (set_per_process_memory_fraction). Appends one CSV row."""
+import argparse, time, torch
+from accelerate import init_empty_weights, infer_auto_device_map, dispatch_model
+from transformers import OPTConfig, OPTForCausalLM
+
+SHAPES = {"opt-6.7b": (4096, 32, 32, 16384), "opt-30b": (7168, 48, 56, 28672)}
+p = argparse.ArgumentParser()
+p.add_argument("--model", default="opt-6.7b"); p.add_argument("--seqs", type=int, default=8)
+p.add_argument("--gpu-gib", type=int, default=16); p.add_argument("--csv", required=True)
+a = p.parse_args()
+h, layers, heads, ffn = SHAPES[a.model]
+cfg = OPTConfig(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads, ffn_dim=ffn,
+                word_embed_proj_dim=h, vocab_size=50272, max_position_embeddings=2048)
+torch.set_default_dtype(torch.float16)
+model = OPTForCausalLM(cfg).eval()  # random init on the host
+dmap = infer_auto_device_map(model, max_memory={0: f"{a.gpu_gib - 4}GiB", "cpu": "120GiB"},
+                             no_split_module_classes=["OPTDecoderLayer"])
+model = dispatch_model(model, device_map=dmap)
+ids = torch.randint(4, 50000, (a.seqs, 512), generator=torch.Generator().manual_seed(0)).cuda()
+with torch.inference_mode():
+    model.generate(ids[:, :32], max_new_tokens=1)  # warm-up
+    torch.cuda.synchronize(); t = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=32, min_new_tokens=32)
+    torch.cuda.synchronize(); dt = time.perf_counter() - t
+tok = (out.shape[1] - 512) * a.seqs / dt
+with open(a.csv, "a") as f:
+    f.write(f"{a.model},512+32,full,accelerate,{tok},no,device_map gpu {a.gpu_gib - 4}GiB rest cpu\n")
+print(f"accelerate {a.model}: {tok:.2f} tok/s")
