@@ -51,9 +51,7 @@ CompressedWeights::CompressedWeights(const Model& model) : weights_(model.weight
   ModelWeights& w = weights_;
   for (TensorView* v : {&w.embed, &w.pos_embed, &w.final_norm_w, &w.final_norm_b, &w.lm_head}) compress(*v);
   for (LayerWeights& L : w.layers)
-    for (TensorView* v : {&L.ln1_w, &L.ln1_b, &L.q_w, &L.q_b, &L.k_w, &L.k_b, &L.v_w, &L.v_b, &L.o_w, &L.o_b,
-                          &L.ln2_w, &L.ln2_b, &L.fc1_w, &L.fc1_b, &L.fc2_w, &L.fc2_b, &L.gate_w, &L.up_w,
-                          &L.down_w, &L.gate_b, &L.up_b, &L.down_b})
+    for (TensorView* v : L.all())
       compress(*v);
 }
 

@@ -223,9 +223,7 @@ void OffloadEngine::Impl::build_views() {
         remap(w.final_norm_w), remap(w.final_norm_b), remap(w.lm_head);
       } else {
         LayerWeights L = mw.layers[size_t(e.placement_.units[u].layer)];
-        for (TensorView* v : {&L.ln1_w, &L.ln1_b, &L.q_w, &L.q_b, &L.k_w, &L.k_b, &L.v_w, &L.v_b, &L.o_w, &L.o_b,
-                              &L.ln2_w, &L.ln2_b, &L.fc1_w, &L.fc1_b, &L.fc2_w, &L.fc2_b, &L.gate_w, &L.up_w,
-                              &L.down_w, &L.gate_b, &L.up_b, &L.down_b})
+        for (TensorView* v : L.all())
           remap(*v);
         w.layers.push_back(L);
       }

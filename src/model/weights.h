@@ -4,6 +4,7 @@
 // Views point into memory owned by the Model (mapped files or dummy buffers).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,6 +38,13 @@ struct LayerWeights {
   TensorView fc1_w, fc1_b, fc2_w, fc2_b;  // OPT: fc1 = up (ReLU), fc2 = down
   TensorView gate_w, up_w, down_w;        // LLaMA SwiGLU
   TensorView gate_b, up_b, down_b;
+
+  // Every view of the layer, for code that rewrites them all (compression, offload remapping),
+  // so a field added here is never missed there.
+  std::array<TensorView*, 22> all() {
+    return {&ln1_w, &ln1_b, &q_w,   &q_b,   &k_w,   &k_b,    &v_w,  &v_b,    &o_w,    &o_b,    &ln2_w,
+            &ln2_b, &fc1_w, &fc1_b, &fc2_w, &fc2_b, &gate_w, &up_w, &down_w, &gate_b, &up_b, &down_b};
+  }
 };
 
 struct ModelWeights {
