@@ -98,12 +98,15 @@ PriorResults read_prior_results(const std::string& path) {
   PriorResults prior;
   std::ifstream in(path, std::ios::binary);
   if (!in) FH_FAIL("--resume: cannot read --output ", path);
+  const uint64_t size = std::filesystem::file_size(path);
+  LineReader reader(in, kMaxLineBytes, path);  // bounded: the file may not be ours
   std::string line;
-  int64_t lineno = 0;
   uint64_t complete_bytes = 0;
-  while (std::getline(in, line)) {
-    if (in.eof()) break;  // no newline: a partial line
-    ++lineno;
+  for (LineReader::Result r; (r = reader.next(line)) != LineReader::Result::kEnd;) {
+    const int64_t lineno = reader.line_number();
+    if (r == LineReader::Result::kTooLong)
+      FH_FAIL("--resume: ", path, ":", lineno, " is longer than ", kMaxLineBytes, " bytes: not a result line");
+    if (complete_bytes + line.size() + 1 > size) break;  // no newline: a partial last line
     const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
     const std::optional<std::string> key =
         j.is_object() && j.contains("id") ? resume_key(j["id"]) : std::nullopt;
@@ -115,8 +118,6 @@ PriorResults read_prior_results(const std::string& path) {
     prior.failed += j.contains("error");
     complete_bytes += line.size() + 1;
   }
-  if (in.bad()) FH_FAIL("--resume: error reading --output ", path);
-  const uint64_t size = std::filesystem::file_size(path);
   if (size > complete_bytes) {
     if (::truncate(path.c_str(), off_t(complete_bytes)) != 0)
       FH_FAIL("--resume: cannot cut the partial last line of --output ", path, ": ", std::strerror(errno));
