@@ -5,6 +5,7 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "cli/run_setup.h"
 #include "core/error.h"
 
@@ -30,6 +31,7 @@ void register_bench(CLI::App& app, BenchArgs& a) {
                 "flags) or auto (cuda when a GPU is usable)")
       ->capture_default_str();
   b->add_option("--threads", a.threads, "CPU threads (default: all)");
+  add_progress_flag(*b, a.progress);
   add_offload_flags(b, a.offload);
   add_kv_flags(b, a.kv);
 }
@@ -59,8 +61,11 @@ int run_bench(const BenchArgs& a, const Env& env) {
   GenerateOptions go;
   go.ignore_eos = true;
   go.pad_id = c.pad_id.value_or(0);
+  Progress progress("bench", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, rs.offload);
+  go.on_progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
   GenerateStats st;
   generate(*rs.runner, reqs, go, &st);
+  progress.finish();
   json report = run_report(lm, rs, st, dev, device);
   report["workload"] = {{"prompts", n}, {"prompt_len", a.prompt_len}, {"gen_len", a.gen_len}};
   if (!a.report.empty()) write_json_file(a.report, report);

@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "cli/run_setup.h"
 #include "core/error.h"
 #include "core/input_guard.h"
@@ -67,6 +68,7 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
   e->add_option("--threads", a.threads, "CPU threads (default: all)");
   e->add_flag("--json", a.json, "Print one JSON object");
   e->add_flag("--streaming", a.streaming, "Feed one token per step even with --kv-policy full");
+  add_progress_flag(*e, a.progress);
   add_kv_flags(e, a.kv);
   add_offload_flags(e, a.offload);
   e->add_option("file", a.file, "UTF-8 text file")->required();
@@ -113,13 +115,17 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
     oo->kv_dtype = kv_dtype;
     std::unique_ptr<Device> owned;
     OffloadEngine engine(*lm.model, open_device(device, *lm.model, dev, owned), *oo);
-    r = streaming_perplexity(engine, ids);
+    Progress progress("eval-ppl", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, &engine);
+    r = streaming_perplexity(engine, ids, nullptr, [&](int64_t d, int64_t n) { progress.update(d, n); });
+    progress.finish();
     off_report = offload_report_json(engine);
     write_trace_file(a.offload, engine, std::cerr);
   } else if (stream) {
     compressed = compress_in_memory(a.offload, *lm.model, fwd);
     InMemoryRunner runner(fwd, 1, policy.get(), kv_dtype);
-    r = streaming_perplexity(runner, ids);
+    Progress progress("eval-ppl", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty);
+    r = streaming_perplexity(runner, ids, nullptr, [&](int64_t d, int64_t n) { progress.update(d, n); });
+    progress.finish();
   } else {
     compressed = compress_in_memory(a.offload, *lm.model, fwd);
     r = perplexity(fwd, ids, 256, kv_dtype);
@@ -224,6 +230,7 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
   e->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
   e->add_option("--threads", a.threads, "CPU threads (default: all)");
   e->add_flag("--json", a.json, "Print one JSON object");
+  add_progress_flag(*e, a.progress);
   add_kv_flags(e, a.kv);
   add_offload_flags(e, a.offload);
   e->footer(
@@ -273,7 +280,9 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   const size_t n = a.limit > 0 ? std::min(items.size(), size_t(a.limit)) : items.size();
   int64_t correct = 0, correct_norm = 0, context_tokens = 0;
   double chance = 0;
+  Progress progress("eval-choice", "items", parse_progress_mode(a.progress), env.stderr_is_tty, engine);
   for (size_t i = 0; i < n; ++i) {
+    progress.update(int64_t(i), int64_t(n));
     const TaskItem& t = items[i];
     std::string context;
     for (size_t j : fewshot_indices(i, items.size(), a.num_fewshot, a.fewshot_seed))
@@ -311,6 +320,8 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
     chance += 1.0 / double(t.choices.size());
     context_tokens += int64_t(ctx_ids.size());
   }
+  progress.update(int64_t(n), int64_t(n));
+  progress.finish();
   const double dn = double(n);
   json j{{"acc", double(correct) / dn}, {"acc_norm", double(correct_norm) / dn}, {"count", n},
          {"correct", correct}, {"correct_norm", correct_norm}, {"chance", chance / dn},

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "cli/output_file.h"
 #include "core/error.h"
 #include "core/input_guard.h"
@@ -183,6 +184,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       ->capture_default_str();
   g->add_option("--threads", a.threads, "CPU threads (default: all)");
   g->add_flag("--quiet,-q", a.quiet, "Do not print results to stdout when --output is a file");
+  add_progress_flag(*g, a.progress);
   add_offload_flags(g, a.offload);
   add_kv_flags(g, a.kv);
   g->footer(
@@ -320,14 +322,8 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   go.eos_id = lm.tokenizer && lm.tokenizer->eos_id() ? lm.tokenizer->eos_id() : cfg.eos_id;
   go.pad_id = cfg.pad_id.value_or(0);
   go.stop = env.stop;
-  const auto start = std::chrono::steady_clock::now();
-  if (env.stderr_is_tty) {
-    go.on_progress = [&](int64_t done_tokens, int64_t total) {
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "\r[generate] %lld/%lld tokens, %.1f tok/s   ", (long long)done_tokens, (long long)total,
-                   s > 0 ? double(done_tokens) / s : 0.0);
-    };
-  }
+  Progress progress("generate", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, rs.offload);
+  go.on_progress = [&](int64_t done_tokens, int64_t total) { progress.update(done_tokens, total); };
   // A batch's results arrive together (batches run in request order): make them durable then.
   size_t results = 0;
   const size_t batch = size_t(runner->max_batch());
@@ -339,7 +335,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   };
   GenerateStats st;
   generate(*runner, reqs, go, &st);
-  if (env.stderr_is_tty) std::fprintf(stderr, "\n");
+  progress.finish();
   flush();
   if (st.interrupted)  // keep every finished result, even those after an unfinished one
     for (size_t i = next; i < items.size(); ++i)

@@ -25,6 +25,7 @@ struct GenerateArgs {
   int threads = 0;
   bool greedy = false, ignore_eos = false, quiet = false;
   bool resume = false, overwrite = false;  // what to do with an --output that already holds results
+  std::string progress = "auto";           // --progress auto|always|never
   OffloadArgs offload;
   KvArgs kv;
 };
@@ -32,7 +33,7 @@ void register_generate(CLI::App& app, GenerateArgs& a);
 int run_generate(const GenerateArgs& a, const Env& env);
 
 struct BenchArgs {
-  std::string model, report, device = "auto";
+  std::string model, report, device = "auto", progress = "auto";
   int64_t prompt_len = 512, gen_len = 32, num_prompts = 0, batch_size = 8;
   uint64_t seed = 0;
   int threads = 0;
@@ -57,7 +58,7 @@ void register_info(CLI::App& app, InfoArgs& a);
 int run_info(const InfoArgs& a, const Env& env);
 
 struct EvalPplArgs {
-  std::string model, tokenizer, file, device = "auto";
+  std::string model, tokenizer, file, device = "auto", progress = "auto";
   int64_t max_tokens = 1024;
   int threads = 0;
   bool json = false, streaming = false;
@@ -68,7 +69,7 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a);
 int run_eval_ppl(const EvalPplArgs& a, const Env& env);
 
 struct EvalChoiceArgs {
-  std::string model, tokenizer, tasks, device = "auto";
+  std::string model, tokenizer, tasks, device = "auto", progress = "auto";
   int64_t num_fewshot = 0, limit = 0, batch_size = 0;
   uint64_t fewshot_seed = 1234;
   int threads = 0;

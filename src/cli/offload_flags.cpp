@@ -202,8 +202,11 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
 
 nlohmann::json offload_report_json(const OffloadEngine& e) {
   OffloadReport r = e.report();
-  nlohmann::json links, busy, wait, peak;
-  for (int l = 0; l < kNumLinks; ++l) links[link_name(Link(l))] = r.bytes[size_t(l)];
+  nlohmann::json links, rates, busy, wait, peak;
+  for (int l = 0; l < kNumLinks; ++l) {
+    links[link_name(Link(l))] = r.bytes[size_t(l)];
+    rates[link_name(Link(l))] = r.wall > 0 ? double(r.bytes[size_t(l)]) / r.wall : 0.0;
+  }
   for (int q = 0; q < kNumQueues; ++q) {
     busy[queue_name(Queue(q))] = r.busy[size_t(q)];
     wait[queue_name(Queue(q))] = r.wait[size_t(q)];
@@ -222,6 +225,7 @@ nlohmann::json offload_report_json(const OffloadEngine& e) {
           {"mean_step_seconds", r.token_steps ? r.wall / double(r.token_steps) : 0.0},
           {"weights_pinned_in_place_bytes", r.weights_pinned_in_place},
           {"bytes_moved", links},
+          {"bytes_per_second", rates},  // over the schedules' wall time
           {"kv_bytes_moved", r.kv_bytes},
           {"queue_busy_seconds", busy},
           {"queue_wait_seconds", wait},

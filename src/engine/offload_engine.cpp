@@ -315,13 +315,19 @@ void OffloadEngine::write_trace(std::ostream& os) const {
   os << "], \"displayTimeUnit\": \"ms\"}\n";
 }
 
+std::array<uint64_t, kNumLinks> OffloadEngine::link_bytes() const {
+  std::array<uint64_t, kNumLinks> b{};
+  for (int l = 0; l < kNumLinks; ++l) b[size_t(l)] = counters_.get(Link(l));
+  return b;
+}
+
 OffloadReport OffloadEngine::report() const {
   OffloadReport r;
   r.device = dev_.name();
   r.kv_dtype = std::string(dtype_name(opts_.kv_dtype));
   r.act_dtype = std::string(dtype_name(dev_.act_dtype()));
   r.weight_dtype = std::string(dtype_name(placement_.units[0].tensors[0].dtype));
-  for (int l = 0; l < kNumLinks; ++l) r.bytes[size_t(l)] = counters_.get(Link(l));
+  r.bytes = link_bytes();
   r.kv_bytes = counters_.kv.load();
   r.busy = times_.busy;
   r.wait = times_.wait;

@@ -110,6 +110,8 @@ class OffloadEngine final : public StepRunner {
   const OffloadOptions& options() const { return opts_; }
   Device& device() const { return dev_; }
   OffloadReport report() const;
+  // Bytes moved so far per link (relaxed atomic reads: safe from any thread while steps run).
+  std::array<uint64_t, kNumLinks> link_bytes() const;
   const TierBudget& budget(Tier t) const { return *budgets_[size_t(t)]; }
   const Schedule& last_schedule() const { return schedule_; }
   const ScheduleShape& last_shape() const { return shape_; }

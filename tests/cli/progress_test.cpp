@@ -1,0 +1,106 @@
+// Progress lines (src/cli/progress.h): the text, the modes, the rate limit, and the line the
+// program prints to a log with --progress always (rates per offloading link included).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <regex>
+#include <nlohmann/json.hpp>
+
+#include "cli/progress.h"
+#include "cli_run.h"
+
+namespace flexh2o::cli {
+namespace {
+
+std::string drain(std::FILE* f) {
+  std::rewind(f);
+  std::string s;
+  for (int c; (c = std::fgetc(f)) != EOF;) s.push_back(char(c));
+  return s;
+}
+
+TEST(Progress, DurationsReadLikeAClock) {
+  EXPECT_EQ(format_duration(0), "0:00");
+  EXPECT_EQ(format_duration(7.4), "0:07");
+  EXPECT_EQ(format_duration(205), "3:25");
+  EXPECT_EQ(format_duration(3723), "1:02:03");
+  EXPECT_EQ(format_duration(-1), "?");
+  EXPECT_EQ(format_duration(1.0 / 0.0), "?");
+}
+
+TEST(Progress, LineShowsRateEtaAndBusyLinksOnly) {
+  ProgressSnapshot s{"generate", "tokens", 96, 256, 2.0};
+  EXPECT_EQ(format_progress(s), "[generate] 96/256 tokens  48.0 tok/s  ETA 0:03");
+  s.links = true;
+  s.link_bytes_per_s = {1.21e9, 3.1e8, 0, 2.5e4};
+  EXPECT_EQ(format_progress(s),
+            "[generate] 96/256 tokens  48.0 tok/s  ETA 0:03  disk->host 1.21 GB/s  host->device 310 MB/s  "
+            "host->disk 25 kB/s");
+  s = ProgressSnapshot{"eval-choice", "items", 10, 10, 125.0};
+  EXPECT_EQ(format_progress(s), "[eval-choice] 10/10 items  0.1 items/s  done in 2:05");
+  s = ProgressSnapshot{"bench", "tokens", 0, 64, 0.0};  // nothing done yet: no rate, no ETA
+  EXPECT_EQ(format_progress(s), "[bench] 0/64 tokens  0.0 tok/s  ETA ?");
+}
+
+TEST(Progress, ModesDecideWhetherAndHowLinesAreDrawn) {
+  EXPECT_EQ(parse_progress_mode("always"), ProgressMode::kAlways);
+  EXPECT_THROW(parse_progress_mode("sometimes"), Error);
+  struct Case {
+    ProgressMode mode;
+    bool tty;
+    const char* want;  // regex of everything written
+  } cases[] = {
+      {ProgressMode::kNever, true, ""},
+      {ProgressMode::kAuto, false, ""},
+      // Terminal: redrawn in place (\r, erase to end of line), one newline at the end.
+      {ProgressMode::kAuto, true, "^\r\\[t\\] 1/3 tokens .*\x1b\\[K\r\\[t\\] 3/3 tokens .*done in .*\x1b\\[K\n$"},
+      // Log: the first and the final line (the rest fall inside the 10 s limit), each whole.
+      {ProgressMode::kAlways, false, "^\\[t\\] 1/3 tokens [^\r\n]*ETA[^\r\n]*\n\\[t\\] 3/3 tokens [^\r\n]*done in[^\r\n]*\n$"},
+  };
+  for (const auto& c : cases) {
+    std::FILE* f = std::tmpfile();
+    ASSERT_NE(f, nullptr);
+    {
+      Progress p("t", "tokens", c.mode, c.tty, nullptr, f);
+      p.update(1, 3);
+      p.update(2, 3);  // within the rate limit: not drawn
+      p.update(3, 3);  // the last one always is
+      p.finish();
+      p.finish();      // idempotent: no second newline
+    }
+    const std::string got = drain(f);
+    std::fclose(f);
+    EXPECT_TRUE(std::regex_search(got, std::regex(c.want))) << "mode " << int(c.mode) << " tty " << c.tty << ": "
+                                                           << nlohmann::json(got).dump();
+  }
+}
+
+TEST(Progress, GenerateLogsRatesPerLinkAndTheReportHasThem) {
+  test::TempDir tmp;
+  const std::string model = test::model_dir("tiny-opt").string();
+  const auto report = tmp.path() / "r.json";
+  auto r = test::run_flexh2o("generate -m " + model + " -p 'In the beginning' -n 8 --greedy --progress always" +
+                             " --percent 0 0 100 0 100 0 --offload-dir " + (tmp.path() / "off").string() +
+                             " --report " + report.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("\\[generate\\] 8/8 tokens  [0-9.]+ tok/s  done in [0-9:]+"
+                                                     "  disk->host [0-9.]+ [kMG]B/s  host->device [0-9.]+ [kMG]B/s")))
+      << r.err;
+  const auto j = nlohmann::json::parse(test::read_text(report));
+  const auto& rates = j.at("offload").at("bytes_per_second");
+  for (const char* link : {"disk_to_host", "host_to_device"}) {
+    const double bytes = j["offload"]["bytes_moved"][link].get<double>(), wall = j["offload"]["schedule_wall_seconds"];
+    ASSERT_GT(bytes, 0) << link;
+    EXPECT_NEAR(rates.at(link).get<double>(), bytes / wall, 1e-9 * bytes / wall) << link;
+  }
+  auto bad = test::run_flexh2o("generate -m " + model + " -p hi --progress sometimes");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--progress"), std::string::npos) << bad.err;
+  // Not a terminal and auto (the default): nothing but the summary.
+  auto quiet = test::run_flexh2o("generate -m " + model + " -p hi -n 2");
+  EXPECT_EQ(quiet.err.find("[generate]"), std::string::npos) << quiet.err;
+}
+
+}  // namespace
+}  // namespace flexh2o::cli
