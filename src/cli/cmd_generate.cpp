@@ -263,7 +263,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       "\"body\"}). Output lines follow the input's format");
   p->excludes(in);
   g->add_option("--output,-o", a.output,
-                "JSONL output (id, text, token_ids, finish_reason; default stdout). Results are appended as they "
+                "JSONL output (id, text, token_ids, finish_reason; Batch output lines for a Batch file; default stdout). Results are appended as they "
                 "finish and fsync'd after each batch; a file that already holds results is refused unless "
                 "--resume or --overwrite is given");
   auto* resume = g->add_flag("--resume", a.resume,
@@ -293,21 +293,21 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   add_offload_flags(g, a.offload);
   add_kv_flags(g, a.kv);
   g->footer(
-      "OpenAI Batch files: each output line is {\"id\": \"batch_req_...\", \"custom_id\", \"response\": "
-      "{\"status_code\": 200, \"request_id\", \"body\": a text_completion or chat.completion object with choices "
-      "and usage}, \"error\": null}, in input order; a line that cannot run gets status_code 400 and "
-      "body.error {message, type, param, code} naming the field. Bodies: model is echoed back, never used to pick a "
-      "model (that is --model); prompt (a string, token ids, or an array of them: one choice set per prompt), "
-      "messages (chat), max_tokens (default 16 for completions; for chat up to the context; "
-      "max_completion_tokens too), temperature (default 1), top_p, n (choice k uses seed + k * 0x9E3779B97F4A7C15), "
-      "stop (up to 4 strings: the text is cut before the first, finish_reason \"stop\"), seed (default --seed + "
-      "the line's index). --max-new-tokens, --temperature and --top-p do not apply to them; --greedy, --top-k and "
-      "--ignore-eos do. Other OpenAI parameters (stream, logprobs, echo, penalties, logit_bias, tools, "
-      "response_format, ...) are refused unless they hold their default; unknown parameters are refused as OpenAI "
-      "does; user, metadata, store and service_tier are ignored. custom_ids must be unique. Text prompts are "
-      "tokenized with BOS as for flexh2o lines; token ids are used as given. Chat lines need the model's (Jinja) "
-      "chat template, which the flexh2o binary cannot render: `python -m flexh2o generate ...` (the same flags) "
-      "renders it and tokenizes the text without adding BOS.\n\n"
+      "OpenAI Batch files (--input lines {\"custom_id\", \"method\": \"POST\", \"url\", \"body\"}):\n"
+      "  Output: a line per request, in input order: {\"id\": \"batch_req_...\", \"custom_id\", \"response\": "
+      "{\"status_code\": 200, \"request_id\", \"body\": a text_completion or chat.completion with choices and usage}, "
+      "\"error\": null}; a line that cannot run gets status_code 400 and body.error {message, type, param, code}.\n"
+      "  Body: model is echoed back, never used to pick a model (--model does). prompt: a string (BOS added, as for "
+      "flexh2o lines), token ids (used as given), or an array of either (choices for each). max_tokens (or "
+      "max_completion_tokens): default 16 for completions, up to the context for chat (give it: the KV cache is "
+      "sized for it). temperature (default 1), top_p (1), n (choice k uses seed + k * 0x9E3779B97F4A7C15), stop (up "
+      "to 4 strings: the text is cut before the first, finish_reason \"stop\"), seed (default --seed + the line's "
+      "index). --max-new-tokens, --temperature and --top-p do not apply; --greedy, --top-k and --ignore-eos do.\n"
+      "  Other OpenAI parameters (stream, logprobs, echo, penalties, logit_bias, tools, response_format, ...) are "
+      "refused unless at their default, unknown ones are refused as OpenAI does, and user, metadata, store and "
+      "service_tier are ignored. custom_ids must be unique.\n"
+      "  Chat lines need the model's (Jinja) chat template, which the flexh2o binary cannot render: "
+      "`python -m flexh2o generate ...` (the same flags) renders it (its text is tokenized without adding BOS).\n\n"
       "Exit code: 0 when every request has a result, 1 when any line failed (its \"error\" is in the output) or on "
       "an error. SIGINT/SIGTERM stop at the next token step: finished results are kept, the report says "
       "\"interrupted\": true, the exit code is 130/143, and --resume finishes the run. A second signal ends it at "

@@ -56,7 +56,8 @@ struct Hooks {
 // "body" (flexh2o's own request lines use none of them).
 bool is_input_line(const nlohmann::json& line);
 
-// Checks one input line and tokenizes its prompt(s). Never throws for bad input: every problem
+// Checks one input line and tokenizes its prompt(s), calling the hooks on this thread before it
+// returns (at most one render_chat call). Never throws for bad input: every problem
 // (method, url, body, types, ranges, parameters flexh2o cannot honour, unknown body keys, a chat
 // line without render_chat or whose hook throws) becomes the error, naming the field.
 Parsed parse_input_line(const nlohmann::json& line, const Hooks& hooks);
