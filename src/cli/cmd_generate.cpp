@@ -484,6 +484,12 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   go.eos_id = lm.tokenizer && lm.tokenizer->eos_id() ? lm.tokenizer->eos_id() : cfg.eos_id;
   go.pad_id = cfg.pad_id.value_or(0);
   go.stop = env.stop;
+  // A Batch request with stop strings ends once its text holds one (finish_choice then cuts the
+  // same text), instead of generating the rest of max_tokens.
+  go.ends_at = [&](size_t r, std::span<const int32_t> tokens) {
+    const Item& it = items[req_item[r]];
+    return it.batch && !it.batch->stop.empty() && batch::first_stop_at(decode(tokens), it.batch->stop) != std::string::npos;
+  };
   Progress progress("generate", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, rs.offload);
   go.on_progress = [&](int64_t done_tokens, int64_t total) { progress.update(done_tokens, total); };
   // A batch's results arrive together (batches run in request order): make them durable then.

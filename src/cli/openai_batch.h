@@ -62,6 +62,9 @@ bool is_input_line(const nlohmann::json& line);
 // line without render_chat or whose hook throws) becomes the error, naming the field.
 Parsed parse_input_line(const nlohmann::json& line, const Hooks& hooks);
 
+// Where the first of the stop strings starts in `text`; npos when none occurs.
+size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop);
+
 // One generated choice, cut at the first stop string.
 struct Choice {
   std::string text;

@@ -106,10 +106,13 @@ TEST(BatchCli, StopStringsAndSeveralChoices) {
               {json{{"prompt", p0}, {"max_new_tokens", 12}, {"seed", 5}},
                json{{"prompt", p0}, {"max_new_tokens", 12}, {"seed", 5 + 2 * 0x9E3779B97F4A7C15ull}},
                json{{"prompt", p1}, {"max_new_tokens", 12}, {"seed", 5}}});
-  RunResult r = flexh2o(gen(tmp.path() / "in.jsonl", tmp.path() / "out.jsonl", "--ignore-eos"));
+  const fs::path report = tmp.path() / "report.json";
+  RunResult r = flexh2o(gen(tmp.path() / "in.jsonl", tmp.path() / "out.jsonl", "--ignore-eos --report " + report.string()));
   ASSERT_EQ(r.code, 0) << r.err;
   const auto got = read_jsonl(tmp.path() / "out.jsonl");
   ASSERT_EQ(got.size(), 3u);
+  // The engine ends a sequence at its stop string: 4 + 2 tokens, not 2 x max_tokens (20).
+  EXPECT_EQ(read_json(report)["generated_tokens"], 4 + 2 + 6 * 12);
   // Greedy: ", and the LORD, and the LORD, ..." (reference/greedy.json).
   EXPECT_EQ(body_of(got[0])["choices"][0]["text"], ", and the");
   EXPECT_EQ(body_of(got[0])["choices"][0]["finish_reason"], "stop");
