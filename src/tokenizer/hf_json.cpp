@@ -1,6 +1,7 @@
 // Parses a Hugging Face tokenizer.json into Tokenizer::Impl: the BPE model, added_tokens, and
 // the normalizer / pre_tokenizer / decoder / post_processor component trees. Unknown component
-// types are rejected with an error naming the type. tokenizer_config.json is handled in config.cpp.
+// types, and unknown or ill-typed fields of normalizers and pre-tokenizers, are rejected with an
+// error naming the file, the JSON path and the type. tokenizer_config.json is in config.cpp.
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -34,7 +35,7 @@ struct Ctx {
   int32_t id(const json& v, const std::string& where) const {
     return int32_t(json_to_int(v, 0, INT32_MAX, file + ": " + where));
   }
-  bool flag(const json& obj, const char* key, bool dflt, std::string_view where = "") const {
+  bool flag(const json& obj, const char* key, bool dflt, std::string_view where) const {
     if (!obj.contains(key) || obj.at(key).is_null()) return dflt;
     const json& v = obj.at(key);
     if (!v.is_boolean()) fail(where, std::string("field \"") + key + "\" must be true or false, got " + quote_json(v));
@@ -381,9 +382,9 @@ std::unique_ptr<BpeModel> parse_model(const Ctx& ctx, const json& m) {
   }
   BpeModel::Options opts;
   if (m.contains("unk_token") && m.at("unk_token").is_string()) opts.unk_token = m.at("unk_token").get<std::string>();
-  opts.byte_fallback = ctx.flag(m, "byte_fallback", false);
-  opts.fuse_unk = ctx.flag(m, "fuse_unk", false);
-  opts.ignore_merges = ctx.flag(m, "ignore_merges", false);
+  opts.byte_fallback = ctx.flag(m, "byte_fallback", false, where);
+  opts.fuse_unk = ctx.flag(m, "fuse_unk", false, where);
+  opts.ignore_merges = ctx.flag(m, "ignore_merges", false, where);
   return std::make_unique<BpeModel>(std::move(vocab), merges, std::move(opts), ctx.file + " model");
 }
 
@@ -409,9 +410,9 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::filesystem::path
         AddedToken a;
         a.id = ctx.id(ctx.field(t, "id", "added_tokens"), "added_tokens id");
         a.content = ctx.str(t, "content", "added_tokens");
-        a.special = ctx.flag(t, "special", false);
-        a.lstrip = ctx.flag(t, "lstrip", false);
-        a.rstrip = ctx.flag(t, "rstrip", false);
+        a.special = ctx.flag(t, "special", false, "added_tokens");
+        a.lstrip = ctx.flag(t, "lstrip", false, "added_tokens");
+        a.rstrip = ctx.flag(t, "rstrip", false, "added_tokens");
         impl->added.push_back(std::move(a));
       }
     }

@@ -95,6 +95,38 @@ TEST(TokenizerJsonSpecifics, ByteLevelLstripToken) {
   EXPECT_EQ(tok.encode("a", true), tok.encode("a", false));  // ByteLevel post-processor adds nothing
 }
 
+// Hugging Face never sees invalid UTF-8 (its input is a Python str). Here such bytes pass through
+// the normalizers untouched, the valid runs around them are normalized as usual (NFC composes
+// e + U+0301, NFD + StripAccents removes it), and byte-level / byte-fallback tokens carry the
+// byte to decode(), which shows it as U+FFFD.
+TEST(TokenizerJsonSpecifics, InvalidUtf8PassesThroughNormalizers) {
+  const std::string text = "\xEF\xAC\x81ne \xFF cafe\xCC\x81 \xC3(";
+  const std::string fffd = "\xEF\xBF\xBD";
+  const std::pair<const char*, std::string> want[] = {
+      {"digits-bytelevel", "\xEF\xAC\x81ne " + fffd + " cafe\xCC\x81 " + fffd + "("},
+      {"metaspace-nfc", "\xEF\xAC\x81ne " + fffd + " caf\xC3\xA9 " + fffd + "("},
+      {"norm-sequence", " >\xEF\xAC\x81ne " + fffd + " cafe " + fffd + "("},
+  };
+  for (const auto& [variant, decoded] : want) {
+    SCOPED_TRACE(variant);
+    const auto tok = Tokenizer::load(data_dir() / "tokenizers" / variant);
+    EXPECT_EQ(tok.decode(tok.encode(text, false)), decoded);
+  }
+  // Whitespace's regex never matches an invalid byte, so (Removed, inverted) it drops it like a space.
+  const auto nfkc = Tokenizer::load(data_dir() / "tokenizers/nfkc-punct");
+  EXPECT_EQ(nfkc.encode(text, false), nfkc.encode("\xEF\xAC\x81ne cafe\xCC\x81 (", false));
+}
+
+// A tokenizer.json without a decoder decodes as tokenizers does: tokens joined with " ".
+TEST(TokenizerJsonSpecifics, NoDecoderJoinsWithSpaces) {
+  const auto tok = Tokenizer::load(data_dir() / "tokenizers/nfkc-punct");
+  const auto ids = tok.encode("\xEF\xAC\x81ne, \xEF\xBC\x91\xEF\xBC\x92", false);
+  std::vector<std::string> tokens;
+  for (int32_t id : ids) tokens.push_back(tok.token_string(id));
+  EXPECT_EQ(tokens, (std::vector<std::string>{"f", "in", "e", ",", "12"}));
+  EXPECT_EQ(tok.decode(ids), "f in e , 12");
+}
+
 // Config keys override the post-processor, as transformers' LLaMA fast tokenizer does.
 TEST(TokenizerJsonSpecifics, AddBosFalseOverridesTemplate) {
   test::ScratchDir dir;

@@ -5,8 +5,9 @@ tokenizer.json (developer tool; needs `tokenizers` in a venv, not the build).
     python3 tests/tools/check_real_tokenizer.py --flexh2o build/flexh2o --tokenizer DIR [--texts FILE]
 
 DIR holds tokenizer.json (e.g. SmolLM2's, from /work/shared/tools/smollm2_from_gguf.py). The texts
-are every line of tests/data/tiny-opt/reference/eval.txt plus the awkward texts and Unicode fuzz
-of make_tokenizer_cases.py (and the lines of --texts). Prints the match counts for ids (no special
+are every line of tests/data/tiny-opt/reference/eval.txt, README.md and two source files, the
+whole eval text, a chat template, the awkward texts and Unicode fuzz of make_tokenizer_cases.py
+(and the lines of --texts). Prints the match counts for ids (no special
 tokens added) and for decoding HF's ids; exits 1 on any mismatch, listing the first few.
 """
 import argparse
@@ -29,7 +30,7 @@ def run_jsonl(flexh2o, sub, tok_dir, rows, extra):
         inp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         subprocess.run([flexh2o, sub, "--tokenizer", str(tok_dir), *extra, "--input", str(inp),
                         "--output", str(out)], check=True)
-        return [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+        return [json.loads(line) for line in out.read_text(encoding="utf-8").split("\n") if line]
 
 
 def main():
@@ -38,7 +39,11 @@ def main():
     ap.add_argument("--tokenizer", required=True, type=pathlib.Path)
     ap.add_argument("--texts", type=pathlib.Path)
     a = ap.parse_args()
-    texts = [t for t in cases.TRAIN.splitlines() if t.strip()] + cases.TEXTS + cases.UNICODE_TEXTS
+    root = HERE.parents[1]
+    texts = [t for t in cases.TRAIN.split("\n") if t.strip()] + cases.TEXTS + cases.UNICODE_TEXTS
+    for f in ("README.md", "src/tokenizer/pipeline.cpp", "tests/tools/make_tokenizer_cases.py"):  # prose, code
+        texts += [t for t in (root / f).read_text(encoding="utf-8").split("\n") if t.strip()]
+    texts += [cases.TRAIN, "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>"]
     if a.texts:
         texts += a.texts.read_text(encoding="utf-8").splitlines()
     hf = Tokenizer.from_file(str(a.tokenizer / "tokenizer.json"))
