@@ -53,7 +53,7 @@ TEST_P(TokenizerJson, EvalTextMatchesAndRoundTrips) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, TokenizerJson,
                          ::testing::Values("bytelevel", "llama2", "metaspace", "llama3", "digits-bytelevel",
-                                           "nfkc-punct", "whitespace-punct", "metaspace-nfc", "split-behaviors", "split-invert",
+                                           "nfkc-punct", "whitespace-punct", "metaspace-nfc", "metaspace-never", "split-behaviors", "split-invert",
                                            "norm-sequence", "bert"),
                          [](const auto& info) {
                            std::string n = info.param;

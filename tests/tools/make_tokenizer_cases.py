@@ -22,6 +22,7 @@ Variants:
   whitespace-punct  no normalizer; Sequence[Punctuation(merged_with_next), Whitespace] (\\w as
              Oniguruma defines it, on raw superscripts, Roman numerals, marks).
   metaspace-nfc  NFC normalizer; Metaspace(always, split) pre-tokenizer and decoder; byte_fallback.
+  metaspace-never  NFKD normalizer; Metaspace(never, no split); byte_fallback.
   split-behaviors / split-invert  a Sequence of Split (String and Regex patterns) with every
              behaviour, without and with invert, plus CharDelimiterSplit; ByteLevel(use_regex=false).
   norm-sequence  Sequence[Strip, Lowercase, NFD, StripAccents, Replace (Regex and String),
@@ -275,9 +276,9 @@ def whitespace_punct():
            extra_texts=UNICODE_TEXTS)
 
 
-def metaspace_nfc():
-    tok = train_bpe(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True), normalizers.NFC(),
-                    pre_tokenizers.Metaspace(replacement=SPM, prepend_scheme="always", split=True),
+def metaspace_variant(name, norm, scheme, split):
+    tok = train_bpe(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True), norm,
+                    pre_tokenizers.Metaspace(replacement=SPM, prepend_scheme=scheme, split=split),
                     ["<unk>", "<s>", "</s>"], 500)
 
     def edit(j):  # the 256 <0xNN> byte tokens, as byte_fallback vocabularies have them
@@ -285,10 +286,10 @@ def metaspace_nfc():
         for b in range(256):
             v.setdefault(f"<0x{b:02X}>", len(v))
     tok = rebuild(tok, edit)
-    tok.decoder = decoders.Sequence([decoders.Metaspace(replacement=SPM, prepend_scheme="always", split=True),
+    tok.decoder = decoders.Sequence([decoders.Metaspace(replacement=SPM, prepend_scheme=scheme, split=split),
                                      decoders.ByteFallback(), decoders.Fuse()])
-    record("metaspace-nfc", tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
-           "NFC; Metaspace(always, split) pre-tokenizer and decoder; byte_fallback",
+    record(name, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+           f"{type(norm).__name__}; Metaspace({scheme}, split={split}) pre-tokenizer and decoder; byte_fallback",
            extra_texts=UNICODE_TEXTS)
 
 
@@ -332,7 +333,8 @@ def bert():
 
 VARIANTS = {"tiny-opt-files": tiny_opt_files, "bytelevel": bytelevel, "llama2": llama2,
             "metaspace": metaspace, "llama3": llama3, "digits-bytelevel": digits_bytelevel,
-            "nfkc-punct": nfkc_punct, "whitespace-punct": whitespace_punct, "metaspace-nfc": metaspace_nfc,
+            "nfkc-punct": nfkc_punct, "whitespace-punct": whitespace_punct, "metaspace-nfc": lambda: metaspace_variant("metaspace-nfc", normalizers.NFC(), "always", True),
+            "metaspace-never": lambda: metaspace_variant("metaspace-never", normalizers.NFKD(), "never", False),
             "split-behaviors": lambda: split_variant("split-behaviors", False),
             "split-invert": lambda: split_variant("split-invert", True),
             "norm-sequence": norm_sequence, "bert": bert}
