@@ -40,6 +40,8 @@ struct Normalizer {
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 enum class PrependScheme { kAlways, kFirst, kNever };
 
+// Digits, Punctuation, Whitespace, CharDelimiterSplit and BertPreTokenizer are loaded as Split
+// (and WhitespaceSplit) with the pattern and behaviour tokenizers uses for them.
 struct PreTokenizer {
   enum class Kind { kByteLevel, kSplit, kMetaspace, kWhitespaceSplit };
   Kind kind;
@@ -53,8 +55,6 @@ struct PreTokenizer {
   bool split = true;  // Metaspace
 };
 
-// Digits, Punctuation, Whitespace, CharDelimiterSplit and BertPreTokenizer are loaded as Split
-// (and WhitespaceSplit) with the pattern and behaviour tokenizers uses for them.
 // One unit of text flowing through the pre-tokenisers.
 struct Piece {
   std::string text;
