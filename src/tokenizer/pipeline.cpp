@@ -152,7 +152,8 @@ void split_piece(Piece p, const std::vector<std::pair<std::size_t, std::size_t>>
       break;
     }
   }
-  for (const auto& s : spans) out.push_back({p.text.substr(s.b, s.e - s.b), p.at_start && s.b == 0});
+  for (const auto& s : spans)  // empty pieces (from empty matches) are dropped, as tokenizers does
+    if (s.e > s.b) out.push_back({p.text.substr(s.b, s.e - s.b), p.at_start && s.b == 0});
 }
 
 void apply_one(const PreTokenizer& pt, Piece p, std::vector<Piece>& out) {

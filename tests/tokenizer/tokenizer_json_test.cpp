@@ -53,7 +53,8 @@ TEST_P(TokenizerJson, EvalTextMatchesAndRoundTrips) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, TokenizerJson,
                          ::testing::Values("bytelevel", "llama2", "metaspace", "llama3", "digits-bytelevel",
-                                           "nfkc-punct", "whitespace-punct", "metaspace-nfc", "metaspace-never", "split-behaviors", "split-invert",
+                                           "nfkc-punct", "whitespace-punct", "metaspace-nfc", "metaspace-never",
+                                           "split-behaviors", "split-invert", "split-empty", "split-star",
                                            "norm-sequence", "bert"),
                          [](const auto& info) {
                            std::string n = info.param;

@@ -25,6 +25,7 @@ Variants:
   metaspace-never  NFKD normalizer; Metaspace(never, no split); byte_fallback.
   split-behaviors / split-invert  a Sequence of Split (String and Regex patterns) with every
              behaviour, without and with invert, plus CharDelimiterSplit; ByteLevel(use_regex=false).
+  split-empty / split-star  Split and Replace with regexes that match the empty string.
   norm-sequence  Sequence[Strip, Lowercase, NFD, StripAccents, Replace (Regex and String),
              Prepend] before ByteLevel(add_prefix_space).
   bert       BertNormalizer + BertPreTokenizer on a BPE model; no decoder.
@@ -310,6 +311,32 @@ def split_variant(name, invert):
            extra_texts=UNICODE_TEXTS)
 
 
+def split_empty():
+    """Patterns that match the empty string: lookarounds, \\b, and e* (Oniguruma keeps an empty
+    match unless it follows the previous match directly)."""
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"(?=\p{Lu})"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"(?<=[.,])"), behavior="merged_with_previous"),
+        pre_tokenizers.Split(Regex(r"(?=-)"), behavior="merged_with_next", invert=True),
+        pre_tokenizers.Split(Regex(r"(?=')"), behavior="contiguous"),
+        pre_tokenizers.Split(Regex(r"\b"), behavior="removed"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    # Not at the start of a text: tokenizers duplicates text inserted there once pre-tokenizers slice it.
+    norm = normalizers.Replace(Regex(r"(?<=\d)(?=\d)"), "#")
+    tok = train_bpe(models.BPE(), norm, pre, ["<|endoftext|>"], 400, BYTELEVEL_ALPHABET)
+    tok.decoder = decoders.ByteLevel()
+    record("split-empty", tok, {"eos_token": "<|endoftext|>"},
+           "Split/Replace with empty-matching regexes (lookarounds, \\b)", extra_texts=UNICODE_TEXTS)
+    star = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"e*"), behavior="merged_with_previous"),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok = train_bpe(models.BPE(), None, star, ["<|endoftext|>"], 300,
+                    BYTELEVEL_ALPHABET)
+    tok.decoder = decoders.ByteLevel()
+    record("split-star", tok, {"eos_token": "<|endoftext|>"},
+           "Split(e*, merged_with_previous): an empty match right after a match is skipped",
+           extra_texts=UNICODE_TEXTS)
+
+
 def norm_sequence():
     norm = normalizers.Sequence([
         normalizers.Strip(left=True, right=True), normalizers.Lowercase(), normalizers.NFD(),
@@ -337,7 +364,7 @@ VARIANTS = {"tiny-opt-files": tiny_opt_files, "bytelevel": bytelevel, "llama2": 
             "metaspace-never": lambda: metaspace_variant("metaspace-never", normalizers.NFKD(), "never", False),
             "split-behaviors": lambda: split_variant("split-behaviors", False),
             "split-invert": lambda: split_variant("split-invert", True),
-            "norm-sequence": norm_sequence, "bert": bert}
+            "split-empty": split_empty, "norm-sequence": norm_sequence, "bert": bert}
 
 if __name__ == "__main__":
     import sys
