@@ -34,11 +34,11 @@ for b in "${BINS[@]}"; do
 done
 # Shared libraries from Debian packages (not glibc/libstdc++, not CUDA: the image has those).
 for b in "${BINS[@]}"; do ldd "$BUILD/$b"; done | awk '/=> \//{print $3}' | sort -u |
-  grep -E 'libtbb|liburing|libpcre2|libxxhash|libhwloc' | while read -r lib; do cp -L "$lib" "$PACK/lib/"; done
+  grep -E 'libtbb|liburing|libpcre2|libutf8proc|libxxhash|libhwloc' | while read -r lib; do cp -L "$lib" "$PACK/lib/"; done
 echo "$ROOT" >"$PACK/source_root"
 (cd "$PACK/debs" && apt-get download -q libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 libhwloc15 \
   liburing-dev liburing2 libcli11-dev libgtest-dev nlohmann-json3-dev libpcre2-dev libpcre2-8-0 \
-  libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libxxhash-dev libxxhash0 libzstd-dev pkgconf \
+  libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2 libxxhash-dev libxxhash0 libzstd-dev pkgconf \
   libpkgconf3 pkgconf-bin 2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
 # The side-by-side comparison (issue #13): flexgen wheel, H2O's fork, an offline tokenizer, the memory cap.
 bash "$ROOT/bench/compare/pack_compare.sh" ||

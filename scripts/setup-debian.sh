@@ -4,7 +4,7 @@
 # its compiler-rt (libFuzzer, ASan, UBSan) build the fuzz targets and the sanitizer tests.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libtbb-dev liburing-dev libzstd-dev libcli11-dev
-      libgtest-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libopenblas-dev clang libclang-rt-dev)
+      libgtest-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libxxhash-dev libopenblas-dev clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,9 +1,11 @@
 // Applying the stages around the BPE model: normalisers, pre-tokenisers (ByteLevel, Split,
-// Metaspace, WhitespaceSplit) and per-token decode steps. Parsing them from JSON is elsewhere.
+// Metaspace, WhitespaceSplit; the other tokenizers.json types are loaded as these) and
+// per-token decode steps. Parsing them from JSON is elsewhere.
 #include <cstdio>
 
 #include "core/error.h"
 #include "tokenizer/detail/pipeline.h"
+#include "tokenizer/detail/unicode.h"
 #include "tokenizer/detail/utf8.h"
 
 namespace flexh2o::tok {
@@ -32,7 +34,22 @@ std::string Pattern::replace_all(std::string_view text, std::string_view with) c
 
 namespace {
 
-bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+// The White_Space code point at s[i], if any (*len: its length in bytes either way).
+bool is_unicode_space(std::string_view s, std::size_t i, std::size_t* len) {
+  uint32_t cp = 0;
+  return decode_codepoint(s, i, &cp, len) && is_white_space(cp);
+}
+
+// Length of the White_Space code point ending at s[e - 1], or 0.
+std::size_t space_before(std::string_view s, std::size_t e) {
+  std::size_t b = e;
+  for (int k = 0; k < 4 && b > 0; ++k) {
+    --b;
+    if ((static_cast<unsigned char>(s[b]) & 0xC0) != 0x80) break;
+  }
+  std::size_t len = 0;
+  return (is_unicode_space(s, b, &len) && b + len == e) ? len : 0;
+}
 
 }  // namespace
 
@@ -46,14 +63,26 @@ std::string normalize(const std::vector<Normalizer>& norms, std::string text) {
         text = n.pattern.replace_all(text, n.content);
         break;
       case Normalizer::Kind::kStrip: {
-        std::size_t b = 0, e = text.size();
+        std::size_t b = 0, e = text.size(), len = 0;
         if (n.left)
-          while (b < e && is_ascii_space(text[b])) ++b;
+          while (b < e && is_unicode_space(text, b, &len)) b += len;
         if (n.right)
-          while (e > b && is_ascii_space(text[e - 1])) --e;
+          while (e > b && (len = space_before(text, e)) > 0) e -= len;
         text = text.substr(b, e - b);
         break;
       }
+      case Normalizer::Kind::kUnicode:
+        text = unicode_normalize(text, n.form);
+        break;
+      case Normalizer::Kind::kLowercase:
+        text = unicode_lowercase(text);
+        break;
+      case Normalizer::Kind::kStripAccents:
+        text = strip_marks(text);
+        break;
+      case Normalizer::Kind::kBert:
+        text = bert_normalize(text, n.bert);
+        break;
     }
   }
   return text;
@@ -123,22 +152,8 @@ void split_piece(Piece p, const std::vector<std::pair<std::size_t, std::size_t>>
       break;
     }
   }
-  for (const auto& s : spans) out.push_back({p.text.substr(s.b, s.e - s.b), p.at_start && s.b == 0});
-}
-
-bool is_unicode_space(std::string_view s, std::size_t i, std::size_t* len) {
-  *len = utf8_char_len(s, i);
-  if (*len == 1) return is_ascii_space(s[i]);
-  std::string_view c = s.substr(i, *len);
-  // U+0085, U+00A0, U+1680, U+2000-200A, U+2028/9, U+202F, U+205F, U+3000
-  static constexpr std::string_view kSpaces[] = {
-      "\xC2\x85", "\xC2\xA0", "\xE1\x9A\x80", "\xE2\x80\x80", "\xE2\x80\x81", "\xE2\x80\x82",
-      "\xE2\x80\x83", "\xE2\x80\x84", "\xE2\x80\x85", "\xE2\x80\x86", "\xE2\x80\x87",
-      "\xE2\x80\x88", "\xE2\x80\x89", "\xE2\x80\x8A", "\xE2\x80\xA8", "\xE2\x80\xA9",
-      "\xE2\x80\xAF", "\xE2\x81\x9F", "\xE3\x80\x80"};
-  for (auto sp : kSpaces)
-    if (c == sp) return true;
-  return false;
+  for (const auto& s : spans)  // empty pieces (from empty matches) are dropped, as tokenizers does
+    if (s.e > s.b) out.push_back({p.text.substr(s.b, s.e - s.b), p.at_start && s.b == 0});
 }
 
 void apply_one(const PreTokenizer& pt, Piece p, std::vector<Piece>& out) {

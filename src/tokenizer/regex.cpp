@@ -54,7 +54,9 @@ std::vector<std::pair<std::size_t, std::size_t>> Regex::find_all(std::string_vie
   std::vector<std::pair<std::size_t, std::size_t>> out;
   MatchData md(code_->code);
   auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  std::size_t start = 0;
+  // Oniguruma's iteration, as tokenizers uses it: an empty match is kept unless it sits where
+  // the previous match ended; then the search resumes one character further on.
+  std::size_t start = 0, last_match_end = std::string_view::npos;
   while (start <= text.size()) {
     int rc = pcre2_match(code_->code, subject, text.size(), start, 0, md.md, nullptr);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
@@ -62,15 +64,14 @@ std::vector<std::pair<std::size_t, std::size_t>> Regex::find_all(std::string_vie
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) FH_FAIL(code_->what, ": regex match failed: ", pcre2_message(rc));
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.md);
-    std::size_t b = ov[0], e = ov[1];
-    if (e > b) {
-      out.emplace_back(b, e);
-      start = e;
-    } else {
-      // Empty match: step over one (possibly multi-byte) character.
-      start = b + 1;
+    const std::size_t b = ov[0], e = ov[1];
+    if (e == b && e == last_match_end) {
+      ++start;  // step over one (possibly multi-byte) character
       while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) ++start;
+      continue;
     }
+    out.emplace_back(b, e);
+    start = last_match_end = e;
   }
   return out;
 }

@@ -79,9 +79,12 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   const Impl& im = *impl_;
   std::string raw;
+  bool first = true;
   for (int32_t id : ids) {
     if (skip_special && is_special(id)) continue;
+    if (im.decode.join_with_space && !first) raw.push_back(' ');
     raw.append(token_bytes(id));
+    first = false;
   }
   strip_front(raw, im.decode.strip_char, im.decode.strip_leading);
   strip_back(raw, im.decode.strip_char, im.decode.strip_trailing);
@@ -120,8 +123,10 @@ StreamingDecoder::StreamingDecoder(const Tokenizer& tok, bool skip_special)
 
 std::string StreamingDecoder::push(int32_t id) {
   if (tok_->is_special(id) && skip_special_) return {};  // is_special also range-checks id
-  pending_.append(tok_->impl_->token_bytes[id]);
   const auto& plan = tok_->impl_->decode;
+  if (plan.join_with_space && !first_token_) pending_.push_back(' ');
+  first_token_ = false;
+  pending_.append(tok_->impl_->token_bytes[id]);
   // The decoder's leading strip applies to the start of the whole output, as in decode().
   while (at_start_ && !pending_.empty()) {
     const std::string& c = plan.strip_char;

@@ -1,6 +1,7 @@
 // Tokenizers of real checkpoints: GPT-2/OPT byte-level BPE (vocab.json + merges.txt) and
-// Hugging Face tokenizer.json (ByteLevel; sentencepiece-style BPE with byte fallback and the
-// U+2581 normaliser/decoder as in LLaMA-2; ByteLevel with a Split regex as in LLaMA-3).
+// Hugging Face tokenizer.json BPE models with the normalizers (NFC/NFKC/..., Lowercase, Strip,
+// Replace, Bert, ...) and pre-tokenizers (ByteLevel, Split, Digits, Metaspace, Whitespace, ...)
+// current open models use (GPT-2, LLaMA-2/3, Mistral, SmolLM2/StarCoder); see detail/pipeline.h.
 // Added/special tokens are matched before BPE. Immutable after load: thread-safe to share.
 #pragma once
 
@@ -68,6 +69,7 @@ class StreamingDecoder {
   std::string pending_;
   int stripped_ = 0;       // leading strip characters removed so far (LLaMA-2 style decoders)
   bool at_start_ = true;   // nothing emitted yet: the leading strip may still apply
+  bool first_token_ = true;  // no token pushed yet (tokenizers without a decoder join with " ")
 };
 
 }  // namespace flexh2o

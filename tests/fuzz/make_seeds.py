@@ -65,6 +65,11 @@ def main():
     put("tokenizer_json", "llama2", small_tokenizer("llama2", 420))
     put("tokenizer_json", "llama3", small_tokenizer("llama3", 300))
     put("tokenizer_json", "metaspace", small_tokenizer("metaspace", 420))
+    # The other normalizer / pre-tokenizer types (Digits, Split behaviours, NFKC, Bert, ...).
+    for name, keep in (("digits-bytelevel", 300), ("split-behaviors", 300), ("split-invert", 300),
+                       ("split-empty", 300), ("split-star", 300), ("norm-sequence", 300), ("nfkc-punct", 200),
+                       ("whitespace-punct", 200), ("metaspace-nfc", 300), ("metaspace-never", 300), ("bert", 200)):
+        put("tokenizer_json", name, small_tokenizer(name, keep))
 
     vocab = json.loads((DATA / "tiny-opt" / "vocab.json").read_text())
     vocab = {t: i for t, i in vocab.items() if i < 300}

@@ -11,8 +11,12 @@
 
 namespace {
 
-// Plain words, digits, spaces, a special-looking token, multi-byte UTF-8 and a stray byte.
-constexpr std::string_view kSample = "Hello world, it's 2024!  </s><s> caf\xc3\xa9 \xe2\x96\x81x \xf0\x9f\x99\x82 \xff end";
+// Plain words, digits, spaces, a special-looking token, multi-byte UTF-8, text that Unicode
+// normalization changes (ligature, full-width digit, superscript, combining accent, Hangul) and
+// a stray byte.
+constexpr std::string_view kSample =
+    "Hello world, it's 2024!  </s><s> caf\xc3\xa9 \xe2\x96\x81x \xf0\x9f\x99\x82 \xff end "
+    "\xef\xac\x81 \xef\xbc\x91\xc2\xb2 e\xcc\x81 \xe1\x84\x92\xe1\x85\xa1 \xc4\xb0 a|b-c";
 
 void exercise(const flexh2o::Tokenizer& tok) {
   for (bool special : {false, true}) {

@@ -80,11 +80,64 @@ TEST(TokenizerJsonErrors, UnknownComponentTypesAreNamed) {
   using nlohmann::json;
   expect_json_error([](json& j) { j["model"]["type"] = "WordPiece"; }, {"tokenizer.json", "model", "\"WordPiece\""});
   expect_json_error([](json& j) { j["model"]["type"] = "Unigram"; }, {"\"Unigram\""});
-  expect_json_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["type"] = "Digits"; },
-                    {"pre_tokenizer", "\"Digits\""});
-  expect_json_error([](json& j) { j["normalizer"] = {{"type", "NFKC"}}; }, {"normalizer", "\"NFKC\""});
+  expect_json_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][1]["type"] = "UnicodeScripts"; },
+                    {"tokenizer.json", "pre_tokenizer.pretokenizers[1]", "\"UnicodeScripts\""});
+  expect_json_error([](json& j) { j["normalizer"] = {{"type", "Nmt"}}; }, {"tokenizer.json: normalizer:", "\"Nmt\""});
   expect_json_error([](json& j) { j["decoder"] = {{"type", "CTC"}}; }, {"decoder", "\"CTC\""});
   expect_json_error([](json& j) { j["post_processor"] = {{"type", "Mystery"}}; }, {"post_processor", "\"Mystery\""});
+}
+
+// sentencepiece's precompiled_charsmap is a compiled trie of its own: refused by name.
+TEST(TokenizerJsonErrors, PrecompiledNormalizerIsRefusedByName) {
+  using nlohmann::json;
+  expect_json_error(
+      [](json& j) {
+        j["normalizer"] = {{"type", "Sequence"},
+                           {"normalizers", json::array({{{"type", "NFKC"}},
+                                                        {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}}})}};
+      },
+      {"tokenizer.json", "normalizer.normalizers[1]", "\"Precompiled\"", "precompiled_charsmap"});
+}
+
+// Each bad field of the new component types: the message names the file, the JSON path, the
+// field and the value.
+TEST(TokenizerJsonErrors, UnknownFieldIsNamed) {
+  using nlohmann::json;
+  expect_json_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behaviour"] = "Isolated"; },
+                    {"tokenizer.json", "pre_tokenizer.pretokenizers[0]", "unknown field \"behaviour\"",
+                     "Split pre_tokenizer", "known: pattern, behavior, invert"});
+  expect_json_error([](json& j) { j["normalizer"] = {{"type", "NFC"}, {"form", "C"}}; },
+                    {"normalizer", "unknown field \"form\"", "NFC normalizer", "known: none"});
+  expect_json_error([](json& j) { j["normalizer"] = {{"type", "Strip"}, {"left", true}}; },
+                    {"normalizer", "unknown field \"left\"", "strip_left"});
+}
+
+TEST(TokenizerJsonErrors, InvalidFieldValuesAreNamed) {
+  using nlohmann::json;
+  auto set_pt = [](json v) { return [v](json& j) { j["pre_tokenizer"]["pretokenizers"][0] = v; }; };
+  expect_json_error(set_pt({{"type", "Digits"}, {"individual_digits", "yes"}}),
+                    {"pre_tokenizer.pretokenizers[0]", "\"individual_digits\" must be true or false", "\"yes\""});
+  expect_json_error(set_pt({{"type", "Split"}, {"pattern", {{"String", "x"}}}, {"behavior", "Isolate"}}),
+                    {"pre_tokenizer.pretokenizers[0]", "unknown behavior \"Isolate\"", "MergedWithNext"});
+  expect_json_error(set_pt({{"type", "Split"}, {"pattern", {{"Str", "x"}}}, {"behavior", "Isolated"}}),
+                    {"pre_tokenizer.pretokenizers[0] (Split pattern)", "{\"Str\":\"x\"}"});
+  expect_json_error(set_pt({{"type", "Split"}, {"pattern", {{"String", 5}}}, {"behavior", "Isolated"}}),
+                    {"pre_tokenizer.pretokenizers[0] (Split pattern)", "{\"String\":5}"});
+  expect_json_error(set_pt({{"type", "Punctuation"}, {"behavior", 3}}),
+                    {"pre_tokenizer.pretokenizers[0]", "\"behavior\" must be a string, got 3"});
+  expect_json_error(set_pt({{"type", "CharDelimiterSplit"}, {"delimiter", "ab"}}),
+                    {"pre_tokenizer.pretokenizers[0]", "\"delimiter\" must be one character", "\"ab\""});
+  expect_json_error(set_pt({{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "sometimes"}}),
+                    {"pre_tokenizer.pretokenizers[0]", "unknown prepend_scheme \"sometimes\""});
+  expect_json_error(set_pt({{"type", "Metaspace"}, {"replacement", ""}}),
+                    {"pre_tokenizer.pretokenizers[0]", "\"replacement\" must not be empty"});
+  expect_json_error(set_pt({{"type", "Sequence"}, {"pretokenizers", {{"type", "Digits"}}}}),
+                    {"pre_tokenizer.pretokenizers[0]", "\"pretokenizers\" must be an array"});
+  expect_json_error([](json& j) { j["normalizer"] = {{"type", "BertNormalizer"}, {"lowercase", 1}}; },
+                    {"tokenizer.json: normalizer:", "\"lowercase\" must be true or false, got 1"});
+  expect_json_error([](json& j) { j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "(x"}}}, {"content", ""}}; },
+                    {"normalizer (Replace pattern)", "(x"});
+  expect_json_error([](json& j) { j["normalizer"] = {{"type", 7}}; }, {"normalizer", "\"type\" must be a string, got 7"});
 }
 
 TEST(TokenizerJsonErrors, StructuralProblems) {

@@ -51,7 +51,9 @@ TEST_P(Streaming, ConcatenationEqualsDecode) {
 
 INSTANTIATE_TEST_SUITE_P(All, Streaming,
                          ::testing::Values("tiny-opt", "tokenizers/bytelevel", "tokenizers/llama2",
-                                           "tokenizers/metaspace", "tokenizers/llama3"),
+                                           "tokenizers/metaspace", "tokenizers/llama3",
+                                           "tokenizers/digits-bytelevel", "tokenizers/nfkc-punct",
+                                           "tokenizers/metaspace-nfc", "tokenizers/bert"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

@@ -14,6 +14,7 @@
 
 #include "tokenizer/detail/bpe.h"
 #include "tokenizer/detail/regex.h"
+#include "tokenizer/detail/unicode.h"
 #include "tokenizer/tokenizer.h"
 
 namespace flexh2o::tok {
@@ -27,16 +28,20 @@ struct Pattern {
 };
 
 struct Normalizer {
-  enum class Kind { kPrepend, kReplace, kStrip };
+  enum class Kind { kPrepend, kReplace, kStrip, kUnicode, kLowercase, kStripAccents, kBert };
   Kind kind;
   std::string content;  // Prepend: text to prepend; Replace: replacement
   Pattern pattern;      // Replace
-  bool left = false, right = false;  // Strip: whitespace on each side
+  bool left = false, right = false;  // Strip: whitespace (White_Space) on each side
+  NormForm form = NormForm::kNFC;    // Unicode (NFC, NFD, NFKC, NFKD)
+  BertOptions bert;                  // Bert
 };
 
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 enum class PrependScheme { kAlways, kFirst, kNever };
 
+// Digits, Punctuation, Whitespace, CharDelimiterSplit and BertPreTokenizer are loaded as Split
+// (and WhitespaceSplit) with the pattern and behaviour tokenizers uses for them.
 struct PreTokenizer {
   enum class Kind { kByteLevel, kSplit, kMetaspace, kWhitespaceSplit };
   Kind kind;
@@ -67,6 +72,7 @@ struct DecodeStep {
 };
 struct DecodePlan {
   std::vector<DecodeStep> per_token;
+  bool join_with_space = false;    // no decoder at all: tokenizers joins the tokens with " "
   std::string strip_char;          // whole-text strip (after Fuse, or Metaspace)
   int strip_leading = 0, strip_trailing = 0;
 };

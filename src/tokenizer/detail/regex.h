@@ -20,8 +20,9 @@ class Regex {
   Regex(Regex&&) noexcept;
   Regex& operator=(Regex&&) noexcept;
 
-  // Non-empty, non-overlapping matches, left to right, as [begin, end) byte offsets.
-  // Invalid UTF-8 in `text` never matches (PCRE2_MATCH_INVALID_UTF).
+  // Non-overlapping matches, left to right, as [begin, end) byte offsets. Empty matches are
+  // included except one at the end of the previous match (Oniguruma's rule, which tokenizers'
+  // Split and Replace follow). Invalid UTF-8 in `text` never matches (PCRE2_MATCH_INVALID_UTF).
   std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view text) const;
   // Replaces every match with `with` (literal).
   std::string replace_all(std::string_view text, std::string_view with) const;
