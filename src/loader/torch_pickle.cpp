@@ -203,7 +203,7 @@ class Unpickler {
     push(make(std::move(v)));
   }
   Value& container(uint32_t i, Kind k, const char* op) {
-    if (val(i).kind != k) fail(op, " applies to a ", kind_name(val(i).kind), ", not a ", kind_name(k));
+    if (val(i).kind != k) fail(op, " applies to ", kind_name(val(i).kind), ", not ", kind_name(k));
     return val(i);
   }
   void add_items(Value& c, const std::vector<uint32_t>& items) {
@@ -212,7 +212,8 @@ class Unpickler {
     c.items.insert(c.items.end(), items.begin(), items.end());
   }
   static const char* kind_name(Kind k) {
-    const char* names[] = {"None", "bool", "int", "float", "str", "tuple", "list", "dict", "global", "storage", "tensor"};
+    const char* names[] = {"None",    "a bool",   "an int",   "a float",   "a str",   "a tuple",
+                           "a list",  "a dict",   "a global", "a storage", "a tensor"};
     return names[int(k)];
   }
   void memo_put(uint64_t idx) {
@@ -225,11 +226,11 @@ class Unpickler {
     push(memo_[size_t(idx)]);
   }
   int64_t as_int(uint32_t i, const char* what) {
-    if (val(i).kind != Kind::kInt) fail(what, " is a ", kind_name(val(i).kind), ", not an int");
+    if (val(i).kind != Kind::kInt) fail(what, " is ", kind_name(val(i).kind), ", not an int");
     return val(i).i;
   }
   const std::string& as_str(uint32_t i, const char* what) {
-    if (val(i).kind != Kind::kStr) fail(what, " is a ", kind_name(val(i).kind), ", not a str");
+    if (val(i).kind != Kind::kStr) fail(what, " is ", kind_name(val(i).kind), ", not a str");
     return val(i).s;
   }
 
@@ -319,7 +320,7 @@ class Unpickler {
       case 'b': {                                   // BUILD: the state of an OrderedDict (_metadata) is not needed
         (void)pop();
         const Kind k = val(top()).kind;
-        if (k != Kind::kDict && k != Kind::kTensor) fail("BUILD sets the state of a ", kind_name(k), "; torch.save builds only dicts and tensors");
+        if (k != Kind::kDict && k != Kind::kTensor) fail("BUILD sets the state of ", kind_name(k), "; torch.save builds only dicts and tensors");
         return;
       }
       default: {
@@ -366,7 +367,7 @@ class Unpickler {
       fail("a persistent id is not a ('storage', class, key, location, numel) tuple");
     const Value& cls = val(t.items[1]);
     if (cls.kind != Kind::kGlobal || Callable(cls.i) != Callable::kStorageClass)
-      fail("a persistent id names ", cls.kind == Kind::kGlobal ? shown(cls.s) : kind_name(cls.kind),
+      fail("a persistent id names ", cls.kind == Kind::kGlobal ? shown(cls.s) : std::string(kind_name(cls.kind)),
            " where a torch storage class belongs");
     const std::string key = as_str(t.items[2], "a storage key");
     (void)as_str(t.items[3], "a storage location");
@@ -393,8 +394,8 @@ class Unpickler {
 
   uint32_t call(uint32_t fn, uint32_t args_idx, bool nested) {
     const Value& f = val(fn);
-    if (f.kind != Kind::kGlobal) fail("REDUCE calls a ", kind_name(f.kind), ", not a global");
-    if (val(args_idx).kind != Kind::kTuple) fail("REDUCE passes ", shown(f.s), " a ", kind_name(val(args_idx).kind), ", not an argument tuple");
+    if (f.kind != Kind::kGlobal) fail("REDUCE calls ", kind_name(f.kind), ", not a global");
+    if (val(args_idx).kind != Kind::kTuple) fail("REDUCE passes ", shown(f.s), " ", kind_name(val(args_idx).kind), ", not an argument tuple");
     const std::vector<uint32_t> a = val(args_idx).items;
     const std::string name = f.s;
     auto want = [&](bool ok) {
@@ -432,7 +433,7 @@ class Unpickler {
 
   // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
   uint32_t tensor(const std::vector<uint32_t>& a) {
-    if (val(a[0]).kind != Kind::kStorage) fail("a tensor is rebuilt from a ", kind_name(val(a[0]).kind), ", not a storage");
+    if (val(a[0]).kind != Kind::kStorage) fail("a tensor is rebuilt from ", kind_name(val(a[0]).kind), ", not a storage");
     PickledTensor t;
     t.storage = size_t(val(a[0]).i);
     t.offset = as_int(a[1], "a tensor's storage offset");
@@ -456,7 +457,7 @@ class Unpickler {
   PickledCheckpoint result(uint32_t root) {
     const Value& d = val(root);
     if (d.kind != Kind::kDict)
-      fail("the checkpoint is a ", kind_name(d.kind), ", not a dict of tensors (a state_dict saved with torch.save)");
+      fail("the checkpoint is ", kind_name(d.kind), ", not a dict of tensors (a state_dict saved with torch.save)");
     std::unordered_set<std::string_view> seen;
     for (size_t k = 0; k + 1 < d.items.size(); k += 2) {
       const std::string& name = as_str(d.items[k], "a state_dict key");
@@ -465,7 +466,7 @@ class Unpickler {
         fail("a tensor name has control characters or over ", kMaxNameBytes, " bytes: \"", shown(name), "\"");
       const Value& v = val(d.items[k + 1]);
       if (v.kind != Kind::kTensor)
-        fail("state_dict entry \"", shown(name), "\" is a ", kind_name(v.kind), ", not a tensor");
+        fail("state_dict entry \"", shown(name), "\" is ", kind_name(v.kind), ", not a tensor");
       if (!seen.insert(name).second) fail("tensor \"", shown(name), "\" appears twice in the state_dict");
       PickledTensor t = tensors_[size_t(v.i)];
       t.name = name;
