@@ -7,7 +7,7 @@
 
 namespace flexh2o {
 
-CheckpointFormat find_checkpoint(const std::filesystem::path& dir) {
+std::optional<CheckpointFormat> detect_checkpoint(const std::filesystem::path& dir) {
   const std::pair<const char*, CheckpointFormat> order[] = {
       {"model.safetensors.index.json", CheckpointFormat::kSafetensorsSharded},
       {"model.safetensors", CheckpointFormat::kSafetensors},
@@ -17,6 +17,11 @@ CheckpointFormat find_checkpoint(const std::filesystem::path& dir) {
   std::error_code ec;
   for (const auto& [name, format] : order)
     if (std::filesystem::exists(dir / name, ec)) return format;
+  return std::nullopt;
+}
+
+CheckpointFormat find_checkpoint(const std::filesystem::path& dir) {
+  if (const auto f = detect_checkpoint(dir)) return *f;
   FH_FAIL("no checkpoint in ", dir.string(), ": none of model.safetensors, model.safetensors.index.json, "
           "pytorch_model.bin, pytorch_model.bin.index.json exists.");
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string_view>
 
 #include "loader/archive.h"
@@ -13,8 +14,9 @@ namespace flexh2o {
 enum class CheckpointFormat { kSafetensors, kSafetensorsSharded, kTorch, kTorchSharded };
 
 // The first of model.safetensors.index.json, model.safetensors, pytorch_model.bin.index.json,
-// pytorch_model.bin that exists in `dir`. Throws flexh2o::Error naming `dir` and all four
-// names when none does.
+// pytorch_model.bin that exists in `dir`; nullopt when none does.
+std::optional<CheckpointFormat> detect_checkpoint(const std::filesystem::path& dir);
+// detect_checkpoint(), throwing flexh2o::Error naming `dir` and all four names when none exists.
 CheckpointFormat find_checkpoint(const std::filesystem::path& dir);
 
 // "safetensors", "safetensors (sharded)", "pytorch", "pytorch (sharded)".
