@@ -22,7 +22,8 @@ namespace flexh2o::cli {
 namespace fs = std::filesystem;
 
 void register_convert(CLI::App& app, ConvertArgs& a) {
-  auto* c = app.add_subcommand("convert", "Rewrite a model's checkpoint (pytorch_model.bin, sharded or not) as model.safetensors");
+  auto* c = app.add_subcommand("convert",
+                               "Rewrite a model's checkpoint (pytorch_model.bin, sharded or not) as model.safetensors");
   c->add_option("--model,-m", a.model, "Model directory or hub id (ORG/NAME) in the local HF cache")->required();
   c->add_option("--output,-o", a.output, "Directory to create with model.safetensors, config and tokenizer files; "
                 "it must not exist or be empty")->required();

@@ -320,7 +320,8 @@ class Unpickler {
       case 'b': {                                   // BUILD: the state of an OrderedDict (_metadata) is not needed
         (void)pop();
         const Kind k = val(top()).kind;
-        if (k != Kind::kDict && k != Kind::kTensor) fail("BUILD sets the state of ", kind_name(k), "; torch.save builds only dicts and tensors");
+        if (k != Kind::kDict && k != Kind::kTensor)
+          fail("BUILD sets the state of ", kind_name(k), "; torch.save builds only dicts and tensors");
         return;
       }
       default: {
@@ -395,7 +396,8 @@ class Unpickler {
   uint32_t call(uint32_t fn, uint32_t args_idx, bool nested) {
     const Value& f = val(fn);
     if (f.kind != Kind::kGlobal) fail("REDUCE calls ", kind_name(f.kind), ", not a global");
-    if (val(args_idx).kind != Kind::kTuple) fail("REDUCE passes ", shown(f.s), " ", kind_name(val(args_idx).kind), ", not an argument tuple");
+    if (val(args_idx).kind != Kind::kTuple)
+      fail("REDUCE passes ", shown(f.s), " ", kind_name(val(args_idx).kind), ", not an argument tuple");
     const std::vector<uint32_t> a = val(args_idx).items;
     const std::string name = f.s;
     auto want = [&](bool ok) {

@@ -87,7 +87,8 @@ Directory find_directory(const Bytes& b, const std::string& file) {
     if (b.le(loc + 4, 4) != 0 || disks > 1)
       FH_FAIL(file, " is a multi-disk (split) zip archive, which torch.save never writes.");
     if (z64 > loc || loc - z64 < kZip64EocdBytes)
-      FH_FAIL(file, " is corrupt: its ZIP64 locator points at offset ", z64, ", which leaves no room for a ZIP64 record before the locator at ", loc, ".");
+      FH_FAIL(file, " is corrupt: its ZIP64 locator points at offset ", z64,
+              ", which leaves no room for a ZIP64 record before the locator at ", loc, ".");
     if (b.le(z64, 4) != kZip64EocdSig)
       FH_FAIL(file, " is corrupt: no ZIP64 end-of-central-directory record at offset ", z64, ".");
     if (b.le(z64 + 16, 4) != 0 || b.le(z64 + 20, 4) != 0)
@@ -149,7 +150,8 @@ std::vector<ZipEntry> read_zip_directory(const std::byte* data, size_t size, con
   uint64_t p = d.offset;
   for (uint64_t i = 0; i < d.entries; ++i) {
     if (cd_end - p < kCentralBytes || b.le(p, 4) != kCentralSig)
-      FH_FAIL(file, " is corrupt: central directory entry ", i, " of ", d.entries, " (at offset ", p, ") is missing or malformed.");
+      FH_FAIL(file, " is corrupt: central directory entry ", i, " of ", d.entries, " (at offset ", p,
+              ") is missing or malformed.");
     const uint64_t flags = b.le(p + 8, 2), method = b.le(p + 10, 2);
     const uint64_t nlen = b.le(p + 28, 2), xlen = b.le(p + 30, 2), clen = b.le(p + 32, 2);
     if (cd_end - p - kCentralBytes < nlen + xlen + clen)

@@ -16,6 +16,7 @@
 #include "loader/checkpoint.h"
 #include "loader/loader_test_util.h"
 #include "loader/safetensors.h"
+#include "offload/store_identity.h"
 
 namespace flexh2o {
 namespace {
@@ -231,6 +232,24 @@ TEST(TorchCheckpoint, NotAZipIsNamed) {
   eocd += std::string(18, '\0');
   test::write_bytes(d / "z.bin", eocd);
   EXPECT_HAS(error_of([&] { TorchArchive::open_file(d / "z.bin"); }), "without a <name>/data.pkl record");
+}
+
+// The offload store's identity of a zip shard hashes its tail (the central directory, with each
+// entry's CRC-32), not the whole file as the safetensors rule (8-byte length, then that many
+// bytes) would if applied to a zip.
+TEST(TorchCheckpoint, FingerprintHashesTheZipDirectoryOnly) {
+  TempDir d;
+  auto header_of = [&](const std::string& bytes) {
+    test::write_bytes(d / "pytorch_model.bin", bytes);
+    const std::string fp = shard_fingerprint(MappedFile::open(d / "pytorch_model.bin"));
+    return fp.substr(fp.find(" header="));
+  };
+  std::string zip = std::string("PK\x03\x04", 4) + std::string(size_t(3) << 20, 'x');
+  const std::string base = header_of(zip);
+  zip[100] = 'y';  // more than 1 MiB before the end: not part of the directory
+  EXPECT_EQ(header_of(zip), base);
+  zip[zip.size() - 10] = 'y';
+  EXPECT_NE(header_of(zip), base);
 }
 
 }  // namespace

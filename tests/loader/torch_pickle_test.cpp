@@ -88,8 +88,10 @@ TEST(TorchPickle, ForeignGlobalsAndCallsAreRefused) {
   EXPECT_HAS(refusal("\x80\x02" + global("torch", "load") + "."), "the global torch.load");
   EXPECT_HAS(refusal("\x80\x02" + str("builtins") + str("exec") + "\x93."), "the global builtins.exec");
   // Allowed globals called in ways torch never does.
-  EXPECT_HAS(refusal("\x80\x02" + global("torch", "HalfStorage") + ")R."), "calls torch.HalfStorage, which torch.save never calls");
-  EXPECT_HAS(refusal("\x80\x02" + global("collections", "OrderedDict") + "(K\x01tR."), "collections.OrderedDict is called with 1 arguments");
+  EXPECT_HAS(refusal("\x80\x02" + global("torch", "HalfStorage") + ")R."),
+             "calls torch.HalfStorage, which torch.save never calls");
+  EXPECT_HAS(refusal("\x80\x02" + global("collections", "OrderedDict") + "(K\x01tR."),
+             "collections.OrderedDict is called with 1 arguments");
   EXPECT_HAS(refusal("\x80\x02K\x01)R."), "REDUCE calls an int, not a global");
   EXPECT_HAS(refusal("\x80\x02" + global("torch._utils", "_rebuild_tensor_v2") + "(K\x01K\x00)"s + ")\x89" + "NtR."),
              "a tensor is rebuilt from an int, not a storage");
