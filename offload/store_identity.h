@@ -18,8 +18,10 @@ namespace flexh2o {
 
 // "shard <file name> size=<bytes> dev=<st_dev> ino=<st_ino> mtime=<ns> ctime=<ns> header=<hex>"
 // where the stat is the one taken when `f` was mapped and header is the XXH3-64 of the file's
-// safetensors header (the 8-byte length and the JSON it counts, clipped to the file). A few
-// dozen bytes of the file are read; any number of shards gives a digest of the same length.
+// safetensors header (the 8-byte length and the JSON it counts, clipped to the file), or for a
+// zip (a torch checkpoint) of its last MiB, which holds the central directory with every
+// entry's CRC-32. At most a header's bytes are read; any number of shards gives a digest of the
+// same length.
 std::string shard_fingerprint(const MappedFile& f);
 
 // 32 lowercase hex digits: the XXH3-128 of `manifest`.

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 dir=build-asan
 # bash scripts/fuzz.sh [-t SECONDS] [-s SEED] [NAME...]   CI: 15 s each, seed 1 (0: random), all
 # bash scripts/fuzz.sh --seeds                            rewrites the seed corpora
-all=(safetensors config tokenizer_json vocab_merges request_jsonl policy store_header)
+all=(safetensors torch_checkpoint config tokenizer_json vocab_merges request_jsonl policy store_header)
 secs=15 seed=1 seeds=0 names=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,7 +36,11 @@ work="$PWD/$dir/fuzz-runs"
 opts=(-timeout=25 -rss_limit_mb=2048)
 run_one() {  # NAME: replay its reproducers one by one, then fuzz from its seeds; logs in $work/NAME
   local name="$1" out="$work/$1" f status=0 dict=()
-  [ "$name" = store_header ] || dict=(-dict=tests/fuzz/json.dict)
+  case "$name" in
+    store_header) ;;
+    torch_checkpoint) dict=(-dict=tests/fuzz/pickle.dict) ;;
+    *) dict=(-dict=tests/fuzz/json.dict) ;;
+  esac
   mkdir -p "$out/corpus"
   for f in tests/fuzz/crashes/"$name"/*; do
     [ -f "$f" ] || continue

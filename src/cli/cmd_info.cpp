@@ -1,9 +1,10 @@
-// `flexh2o info MODEL`: config, parameter count, bytes per tensor group, KV bytes per token.
+// `flexh2o info MODEL`: config, checkpoint format, parameter count, bytes per tensor group, KV bytes per token.
 #include <iomanip>
 #include <iostream>
 #include <map>
 
 #include "cli/commands.h"
+#include "loader/checkpoint.h"
 
 namespace flexh2o::cli {
 using nlohmann::json;
@@ -60,11 +61,17 @@ int run_info(const InfoArgs& a, const Env& env) {
          {"bytes_per_group", group_bytes},
          {"kv_bytes_per_token_f16", c.kv_bytes_per_token(DType::F16)},
          {"kv_bytes_per_token_f32", c.kv_bytes_per_token(DType::F32)}};
+  // Which weights a load would read (presets have none; a directory may hold config.json only).
+  std::string checkpoint = "none";
+  if (std::filesystem::is_directory(source))
+    if (const auto f = detect_checkpoint(source)) checkpoint = std::string(checkpoint_format_name(*f));
+  j["checkpoint"] = checkpoint;
   if (a.json) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
   std::cout << "model        " << c.name << " (" << c.model_type << ", " << source << ")\n"
+            << "checkpoint   " << checkpoint << "\n"
             << "shape        " << c.n_layers << " layers, hidden " << c.hidden << ", " << c.n_heads << " heads ("
             << c.n_kv_heads << " kv) x " << c.head_dim << ", ffn " << c.ffn_dim << ", vocab " << c.vocab_size
             << ", " << c.max_positions << " positions\n"

@@ -61,6 +61,12 @@ struct InfoArgs {
 void register_info(CLI::App& app, InfoArgs& a);
 int run_info(const InfoArgs& a, const Env& env);
 
+struct ConvertArgs {
+  std::string model, output;
+};
+void register_convert(CLI::App& app, ConvertArgs& a);
+int run_convert(const ConvertArgs& a, const Env& env);
+
 struct EvalPplArgs {
   std::string model, tokenizer, file, device = "auto", progress = "auto";
   int64_t max_tokens = 1024;

@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
       "  flexh2o generate -m facebook/opt-1.3b --prompt \"Hello\" --greedy -n 20\n"
       "  flexh2o bench -m opt-1.3b --prompt-len 512 --gen-len 32 --percent 50 50 0 100 100 0 --gpu-batch-size 8\n"
       "  flexh2o info opt-30b\n"
+      "  flexh2o convert -m facebook/opt-1.3b -o opt-1.3b-safetensors\n"
       "  flexh2o tokenize --tokenizer tests/data/tiny-opt < texts.jsonl\n",
       "flexh2o"};
   app.require_subcommand(1);
@@ -108,6 +109,7 @@ int main(int argc, char** argv) {
   BenchArgs bench;
   TokenizeArgs tok, detok;
   InfoArgs info;
+  ConvertArgs convert;
   EvalPplArgs ppl;
   EvalChoiceArgs choice;
   PlanArgs plan;
@@ -117,6 +119,7 @@ int main(int argc, char** argv) {
   register_tokenize(app, tok, false);
   register_tokenize(app, detok, true);
   register_info(app, info);
+  register_convert(app, convert);
   register_eval_ppl(app, ppl);
   register_eval_choice(app, choice);
   register_plan(app, plan);
@@ -147,6 +150,7 @@ int main(int argc, char** argv) {
     else if (name == "tokenize") code = run_tokenize(tok, false, env);
     else if (name == "detokenize") code = run_tokenize(detok, true, env);
     else if (name == "info") code = run_info(info, env);
+    else if (name == "convert") code = run_convert(convert, env);
     else if (name == "eval-ppl") code = run_eval_ppl(ppl, env);
     else if (name == "eval-choice") code = run_eval_choice(choice, env);
     else if (name == "plan") code = run_plan(plan, env);

@@ -175,20 +175,6 @@ void add_file_tensors(const MappedFile& f, size_t file_index, std::vector<Tensor
   }
 }
 
-void sort_and_check_unique(std::vector<TensorEntry>* ts, const std::vector<MappedFile>& files) {
-  std::sort(ts->begin(), ts->end(), [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
-  for (size_t i = 1; i < ts->size(); ++i)
-    if ((*ts)[i].name == (*ts)[i - 1].name)
-      FH_FAIL("tensor ", (*ts)[i].name, " appears in both ", files[(*ts)[i - 1].file_index].path().string(), " and ",
-              files[(*ts)[i].file_index].path().string(), ".");
-}
-
-// Maps a checkpoint file after refusing anything but a regular file: opening a FIFO blocks.
-MappedFile map_checkpoint_file(const std::filesystem::path& p) {
-  check_regular_file(p, "checkpoint file").throw_if_error();
-  return MappedFile::open(p);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -200,7 +186,7 @@ SafetensorsArchive SafetensorsArchive::open_file(const std::filesystem::path& fi
   a.source_ = file;
   a.files_.push_back(map_checkpoint_file(file));
   add_file_tensors(a.files_[0], 0, &a.tensors_, &a.metadata_);
-  sort_and_check_unique(&a.tensors_, a.files_);
+  a.sort_and_check_unique();
   return a;
 }
 
@@ -213,63 +199,11 @@ SafetensorsArchive SafetensorsArchive::open_dir(const std::filesystem::path& dir
       FH_FAIL("no checkpoint in ", dir.string(), ": neither model.safetensors nor model.safetensors.index.json exists.");
     return open_file(single_path);
   }
-
-  const std::string index = index_path.string();
-  const json j = read_json_file(index_path, "checkpoint index");
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-    FH_FAIL(index, " has no \"weight_map\" object mapping tensor names to shard files.");
-
-  // Shard name -> file index; each shard is opened once, in name order.
-  std::map<std::string, size_t> shard_index;
-  for (const auto& [tensor, shard] : j["weight_map"].items()) {
-    if (!shard.is_string()) FH_FAIL(index, " maps tensor ", tensor, " to ", json_excerpt(shard), ", not a file name.");
-    const std::filesystem::path sp(shard.get<std::string>());
-    if (sp.empty() || sp.is_absolute() || sp.filename() != sp)
-      FH_FAIL(index, " maps tensor ", tensor, " to shard \"", sp.string(),
-              "\", which is not a plain file name in the checkpoint directory.");
-    shard_index.emplace(sp.string(), 0);
-  }
-  if (shard_index.empty()) FH_FAIL(index, " has an empty weight_map.");
-
   SafetensorsArchive a;
-  a.source_ = index_path;
-  for (auto& [shard, idx] : shard_index) {
-    const auto p = dir / shard;
-    if (!std::filesystem::exists(p, ec))
-      FH_FAIL("shard ", shard, " listed in ", index, " is missing (looked for ", p.string(), ").");
-    idx = a.files_.size();
-    a.files_.push_back(map_checkpoint_file(p));
-  }
-  for (size_t i = 0; i < a.files_.size(); ++i)
+  a.open_sharded(index_path, [&](size_t i) {
     add_file_tensors(a.files_[i], i, &a.tensors_, i == 0 ? &a.metadata_ : nullptr);
-  sort_and_check_unique(&a.tensors_, a.files_);
-
-  for (const auto& [tensor, shard] : j["weight_map"].items()) {
-    const size_t want = shard_index.at(shard.get<std::string>());
-    const TensorEntry* t = a.find(tensor);
-    if (t == nullptr || t->file_index != want)
-      FH_FAIL("tensor ", tensor, " is listed in ", index, " under shard ", shard.get<std::string>(),
-              " but is absent from ", a.files_[want].path().string(), ".");
-  }
+  });
   return a;
-}
-
-const TensorEntry* SafetensorsArchive::find(std::string_view name) const {
-  auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
-                             [](const TensorEntry& t, std::string_view n) { return t.name < n; });
-  return (it != tensors_.end() && it->name == name) ? &*it : nullptr;
-}
-
-const TensorEntry& SafetensorsArchive::get(std::string_view name) const {
-  const TensorEntry* t = find(name);
-  if (t == nullptr) FH_FAIL("tensor ", name, " missing from ", source_.string(), ".");
-  return *t;
-}
-
-size_t SafetensorsArchive::total_bytes() const {
-  size_t n = 0;
-  for (const TensorEntry& t : tensors_) n += t.view.nbytes();
-  return n;
 }
 
 }  // namespace flexh2o

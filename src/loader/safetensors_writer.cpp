@@ -1,6 +1,6 @@
-// write_safetensors: builds the JSON header with nlohmann::json and writes header and data with
-// one ofstream. Layout decisions (gapless data, element-size alignment) are documented in the
-// header; the reader in safetensors.cpp is the validator of what this produces.
+// write_safetensors: builds the JSON header with nlohmann::json and hands header and data to a
+// sink (one ofstream for the path version). Layout decisions (gapless data, element-size
+// alignment) are documented in the header; the reader in safetensors.cpp validates the output.
 #include "loader/safetensors_writer.h"
 
 #include <algorithm>
@@ -16,10 +16,9 @@
 
 namespace flexh2o {
 
-void write_safetensors(const std::filesystem::path& path,
+void write_safetensors(const std::function<void(std::string_view)>& sink, const std::string& file,
                        const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  const std::string file = path.string();
   std::set<std::string_view> names;
   for (const auto& [name, v] : tensors) {
     if (name == "__metadata__") FH_FAIL("cannot write ", file, ": __metadata__ is reserved and cannot name a tensor.");
@@ -51,19 +50,38 @@ void write_safetensors(const std::filesystem::path& path,
   std::string text = h.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    int e = errno;
-    FH_FAIL("cannot create ", file, ": ", std::strerror(e), ".");
-  }
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(text.data(), std::streamsize(text.size()));
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(uint64_t(text.size()) >> (8 * i));
+  sink(std::string_view(len, 8));
+  sink(text);
+  constexpr size_t kPiece = size_t(1) << 20;
   for (size_t i : order) {
     const TensorView& v = tensors[i].second;
-    if (v.nbytes() != 0) out.write(static_cast<const char*>(v.data), std::streamsize(v.nbytes()));
+    const char* p = static_cast<const char*>(v.data);
+    for (size_t done = 0; done < v.nbytes(); done += kPiece) sink(std::string_view(p + done, std::min(kPiece, v.nbytes() - done)));
   }
+}
+
+void write_safetensors(const std::filesystem::path& path,
+                       const std::vector<std::pair<std::string, TensorView>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::string file = path.string();
+  std::ofstream out;
+  bool opened = false;
+  // Opened on the first bytes, after the checks: a refused tensor list leaves no file behind.
+  write_safetensors(
+      [&](std::string_view s) {
+        if (!opened) {
+          out.open(path, std::ios::binary | std::ios::trunc);
+          if (!out) {
+            int e = errno;
+            FH_FAIL("cannot create ", file, ": ", std::strerror(e), ".");
+          }
+          opened = true;
+        }
+        out.write(s.data(), std::streamsize(s.size()));
+      },
+      file, tensors, metadata);
   out.close();
   if (!out) FH_FAIL("cannot write ", file, ": the write failed (disk full or I/O error).");
 }

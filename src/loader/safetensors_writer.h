@@ -1,8 +1,10 @@
 // Writing a .safetensors file from in-memory tensor views: test fixtures and the convert tool.
-// Not a streaming writer: every view must stay valid for the duration of the call.
+// Every view must stay valid for the duration of the call; tensor bytes are passed on from the
+// views without a copy.
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -21,6 +23,13 @@ namespace flexh2o {
 // library. Throws flexh2o::Error naming the file on duplicate or reserved names, or I/O errors.
 // Blocking; not thread-safe for the same path.
 void write_safetensors(const std::filesystem::path& path,
+                       const std::vector<std::pair<std::string, TensorView>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// The same bytes handed to `sink` in file order (the length and header, then each tensor's
+// bytes straight from its view, in pieces of at most 1 MiB), for a caller that owns the output
+// (an atomic OutputFile). `name` names the output in errors; the sink's own errors propagate.
+void write_safetensors(const std::function<void(std::string_view)>& sink, const std::string& name,
                        const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "loader/safetensors.h"
+#include "loader/checkpoint.h"
 #include "offload/store_identity.h"
 
 namespace flexh2o {
@@ -169,7 +169,7 @@ ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, cons
 Model Model::load_dir(const std::filesystem::path& dir) {
   Model m;
   m.config_ = ModelConfig::from_file(dir / "config.json");
-  auto archive = std::make_shared<SafetensorsArchive>(SafetensorsArchive::open_dir(dir));
+  auto archive = std::make_shared<TensorArchive>(open_checkpoint_dir(dir));
   // Some OPT checkpoints drop the "model." prefix; accept either spelling.
   auto lookup = [&](const WeightSpec& spec) -> TensorView {
     if (const TensorEntry* e = archive->find(spec.name)) return e->view;

@@ -1,6 +1,6 @@
 // The weights a model family reads: a spec (every tensor with its HF name and shape), the
 // bound views the forward pass uses, and the sources that provide them (a safetensors
-// checkpoint, or deterministic dummy values for shapes no machine here can hold).
+// or PyTorch checkpoint, or deterministic dummy values for shapes no machine here can hold).
 // Views point into memory owned by the Model (mapped files or dummy buffers).
 #pragma once
 
@@ -80,7 +80,8 @@ void check_layer_count(const ModelConfig& c, const WeightLookup& lookup, size_t 
 // A loaded model: config + bound weights + whatever owns the bytes. Move-only.
 class Model {
  public:
-  // Loads DIR/config.json and DIR's safetensors (single or sharded), mmapped, no copies.
+  // Loads DIR/config.json and DIR's checkpoint (loader/checkpoint.h: safetensors preferred, else
+  // pytorch_model.bin; single or sharded), mmapped, no copies.
   static Model load_dir(const std::filesystem::path& dir);
   // Deterministic random weights (not constant: constants hide indexing bugs) in c.dtype.
   static Model dummy(const ModelConfig& c, uint64_t seed = 0);

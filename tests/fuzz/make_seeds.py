@@ -55,6 +55,14 @@ def main():
                                                     ("z", "U8", [3], b"abc"), ("e", "I32", [0], b"")], pad=8))
     put("safetensors", "empty_header", safetensors([]))
 
+    # torch.save checkpoints written by tests/tools/make_torch_checkpoints.py (small ones: the
+    # fuzzer reads at most 16 KiB), accepted and refused.
+    torch = DATA / "torch"
+    put("torch_checkpoint", "misc", (torch / "misc" / "pytorch_model.bin").read_bytes())
+    put("torch_checkpoint", "misc_zip64", (torch / "misc" / "zip64.bin").read_bytes())
+    for f in sorted((torch / "bad").glob("*.bin")):
+        put("torch_checkpoint", "bad_" + f.stem, f.read_bytes())
+
     for name in ("tiny-opt", "tiny-llama"):
         put("config", name, (DATA / name / "config.json").read_bytes())
     put("config", "minimal_llama", compact({"model_type": "llama", "vocab_size": 8, "hidden_size": 4,

@@ -1,6 +1,7 @@
-// Hostile safetensors input (issue #14 item 1): a header nested 100000 levels deep, a number that
-// overflows a double, and FIFOs where checkpoint files belong. Each must be a flexh2o::Error that
-// names the file, promptly: not a stack overflow, not a bare nlohmann exception, not a hang.
+// Hostile checkpoint input (issue #14 item 1): a safetensors header nested 100000 levels deep,
+// a number that overflows a double, and FIFOs where checkpoint files (safetensors or torch)
+// belong. Each must be a flexh2o::Error that names the file, promptly: not a stack overflow, not
+// a bare nlohmann exception, not a hang.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 #include <future>
 #include <string>
 
+#include "loader/checkpoint.h"
 #include "loader/loader_test_util.h"
 #include "loader/safetensors.h"
 
@@ -91,6 +93,20 @@ TEST(HostileSafetensors, FifoCheckpointFilesAreRefusedWithoutBlocking) {
   ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
   EXPECT_HAS(error_within_2s(index, [&] { SafetensorsArchive::open_dir(idx.path()); }),
              "checkpoint index " + index.string() + " is a FIFO");
+}
+
+TEST(HostileTorch, FifoCheckpointFilesAreRefusedWithoutBlocking) {
+  TempDir dir;
+  const auto single = dir / "pytorch_model.bin";
+  ASSERT_EQ(::mkfifo(single.c_str(), 0600), 0);
+  EXPECT_HAS(error_within_2s(single, [&] { open_checkpoint_dir(dir.path()); }),
+             "checkpoint file " + single.string() + " is a FIFO (named pipe), not a regular file");
+
+  TempDir sharded;
+  const auto shard = sharded / "pytorch_model-00001-of-00001.bin";
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+  test::write_bytes(sharded / "pytorch_model.bin.index.json", R"({"weight_map": {"a": "pytorch_model-00001-of-00001.bin"}})");
+  EXPECT_HAS(error_within_2s(shard, [&] { open_checkpoint_dir(sharded.path()); }), "is a FIFO");
 }
 
 }  // namespace

@@ -1,0 +1,134 @@
+// PyTorch checkpoints through the program: `convert` (round trip to safetensors equal to the
+// safetensors twin, never overwriting, nothing left behind on failure, malicious input refused
+// without its payload running) and `generate` / `info` on a pytorch_model.bin directory.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_run.h"
+#include "loader/safetensors.h"
+
+namespace {
+namespace fs = std::filesystem;
+using flexh2o::SafetensorsArchive;
+using flexh2o::test::read_text;
+using flexh2o::test::RunResult;
+using flexh2o::test::TempDir;
+using nlohmann::json;
+
+#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << (msg)
+
+const fs::path kTorch = flexh2o::test::data_dir() / "torch";
+
+RunResult flexh2o(const std::string& args) { return flexh2o::test::run_flexh2o(args); }
+
+// Same names, dtypes, shapes and bytes.
+void expect_same_tensors(const fs::path& a_file, const fs::path& b_file) {
+  const SafetensorsArchive a = SafetensorsArchive::open_file(a_file), b = SafetensorsArchive::open_file(b_file);
+  ASSERT_EQ(a.tensors().size(), b.tensors().size());
+  for (size_t i = 0; i < a.tensors().size(); ++i) {
+    const auto &x = a.tensors()[i], &y = b.tensors()[i];
+    SCOPED_TRACE(x.name);
+    ASSERT_EQ(x.name, y.name);
+    EXPECT_EQ(x.view.dtype, y.view.dtype);
+    EXPECT_EQ(x.view.shape, y.view.shape);
+    ASSERT_EQ(x.view.nbytes(), y.view.nbytes());
+    EXPECT_EQ(0, std::memcmp(x.view.data, y.view.data, x.view.nbytes()));
+  }
+}
+
+// Greedy token ids for two prompts given as ids (the fixtures have no tokenizer).
+json greedy_ids(const fs::path& model, const TempDir& tmp) {
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / ("out-" + model.filename().string() + ".jsonl");
+  std::ofstream(in) << json{{"prompt_ids", {2, 17, 99, 5}}} << "\n" << json{{"prompt_ids", {7, 1}}} << "\n";
+  const RunResult r = flexh2o("generate --model " + model.string() + " --input " + in.string() + " --output " +
+                              out.string() + " --greedy --ignore-eos -n 6 --device cpu --progress never");
+  EXPECT_EQ(r.code, 0) << r.err;
+  json ids = json::array();
+  std::ifstream lines(out);
+  for (std::string line; std::getline(lines, line);) ids.push_back(json::parse(line)["token_ids"]);
+  return ids;
+}
+
+TEST(Convert, RoundTripEqualsTheTwinAndGeneratesTheSame) {
+  for (const char* name : {"opt-f16", "llama-bf16-sharded", "llama-f32"}) {
+    SCOPED_TRACE(name);
+    const fs::path src = kTorch / name;
+    TempDir tmp;
+    const fs::path out = tmp.path() / "converted";
+    const RunResult r = flexh2o("convert --model " + src.string() + " --output " + out.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_HAS(r.out, "to " + (out / "model.safetensors").string());
+    expect_same_tensors(out / "model.safetensors", src / "reference.safetensors");
+    EXPECT_EQ(SafetensorsArchive::open_file(out / "model.safetensors").metadata().at("format"), "pt");
+    EXPECT_EQ(read_text(out / "config.json"), read_text(src / "config.json"));
+    // Only the weights and config: no index, no reference, no staging directory left.
+    size_t files = 0;
+    for (const auto& e : fs::directory_iterator(out)) files += e.is_regular_file();
+    EXPECT_EQ(files, 2u);
+    for (const auto& e : fs::directory_iterator(tmp.path())) EXPECT_EQ(e.path().filename(), "converted");
+
+    const json from_bin = greedy_ids(src, tmp), from_st = greedy_ids(out, tmp);
+    ASSERT_EQ(from_bin.size(), 2u);
+    EXPECT_EQ(from_bin[0].size(), 6u);
+    EXPECT_EQ(from_bin, from_st);
+  }
+}
+
+TEST(Convert, NeverOverwrites) {
+  TempDir tmp;
+  const fs::path out = tmp.path() / "out";
+  ASSERT_EQ(flexh2o("convert -m " + (kTorch / "opt-f16").string() + " -o " + out.string()).code, 0);
+  const std::string before = read_text(out / "model.safetensors");
+  std::ofstream(out / "config.json") << "{\"mine\": true}";
+  RunResult again = flexh2o("convert -m " + (kTorch / "llama-f32").string() + " -o " + out.string());
+  EXPECT_EQ(again.code, 1);
+  EXPECT_HAS(again.err, "--output " + out.string() + " is not empty; convert never overwrites");
+  EXPECT_EQ(read_text(out / "model.safetensors"), before);
+  EXPECT_EQ(read_text(out / "config.json"), "{\"mine\": true}");
+
+  std::ofstream(tmp.path() / "file") << "x";
+  RunResult file = flexh2o("convert -m " + (kTorch / "opt-f16").string() + " -o " + (tmp.path() / "file").string());
+  EXPECT_EQ(file.code, 1);
+  EXPECT_HAS(file.err, "exists and is not a directory");
+  EXPECT_EQ(read_text(tmp.path() / "file"), "x");
+
+  fs::create_directory(tmp.path() / "empty");  // an empty directory is filled
+  ASSERT_EQ(flexh2o("convert -m " + (kTorch / "opt-f16").string() + " -o " + (tmp.path() / "empty").string()).code, 0);
+  EXPECT_EQ(read_text(tmp.path() / "empty" / "model.safetensors"), before);
+}
+
+TEST(Convert, RefusedCheckpointLeavesNothing) {
+  const fs::path marker = "/tmp/flexh2o-torch-pwned";
+  fs::remove(marker);
+  TempDir tmp;
+  const fs::path model = tmp.path() / "model";
+  fs::create_directory(model);
+  fs::copy_file(kTorch / "opt-f16" / "config.json", model / "config.json");
+  fs::copy_file(kTorch / "bad" / "os_system.bin", model / "pytorch_model.bin");
+  const RunResult r = flexh2o("convert -m " + model.string() + " -o " + (tmp.path() / "out").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_HAS(r.err, (model / "pytorch_model.bin").string());
+  EXPECT_HAS(r.err, "the global posix.system");
+  EXPECT_FALSE(fs::exists(marker));
+  for (const auto& e : fs::directory_iterator(tmp.path())) EXPECT_EQ(e.path().filename(), "model");
+  // generate takes the same path.
+  const RunResult g = flexh2o("generate -m " + model.string() + " --prompt hi --device cpu");
+  EXPECT_EQ(g.code, 1);
+  EXPECT_HAS(g.err, "the global posix.system");
+  EXPECT_FALSE(fs::exists(marker));
+}
+
+TEST(Convert, InfoNamesTheCheckpointFormat) {
+  RunResult r = flexh2o("info " + (kTorch / "opt-f16").string() + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["checkpoint"], "pytorch");
+  r = flexh2o("info " + (kTorch / "llama-bf16-sharded").string());
+  EXPECT_HAS(r.out, "checkpoint   pytorch (sharded)");
+  r = flexh2o("info opt-125m --json");
+  EXPECT_EQ(json::parse(r.out)["checkpoint"], "none");
+}
+
+}  // namespace
