@@ -84,8 +84,8 @@ PYBIND11_MODULE(_flexh2o, m) {
       .def(
           "generate",
           [](python::Session& s, const std::vector<python::Prompt>& prompts, int64_t max_new_tokens, float temperature,
-             int top_k, float top_p, uint64_t seed, bool ignore_eos) {
-            python::GenerateParams p{max_new_tokens, temperature, top_p, top_k, seed, ignore_eos};
+             int top_k, float top_p, uint64_t seed, bool ignore_eos, std::vector<std::string> stop) {
+            python::GenerateParams p{max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, std::move(stop)};
             std::vector<python::Completion> out;
             {
               py::gil_scoped_release nogil;
@@ -96,7 +96,7 @@ PYBIND11_MODULE(_flexh2o, m) {
             return l;
           },
           py::arg("prompts"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
-          py::arg("seed"), py::arg("ignore_eos"))
+          py::arg("seed"), py::arg("ignore_eos"), py::arg("stop"))
       .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),

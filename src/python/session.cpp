@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "engine/evaluate.h"
+#include "cli/openai_batch.h"
 #include "engine/generate.h"
 #include "engine/offload_engine.h"
 
@@ -176,12 +177,21 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   go.ignore_eos = p.ignore_eos;
   go.eos_id = eos_id();
   go.pad_id = cfg.pad_id.value_or(0);
+  auto decode = [&](std::span<const int32_t> ids) { return lm_.tokenizer ? lm_.tokenizer->decode(ids) : std::string(); };
+  for (const std::string& s : p.stop)
+    if (s.empty()) FH_FAIL("stop: an empty string would stop every sequence at once");
+  if (!p.stop.empty())
+    go.ends_at = [&](size_t, std::span<const int32_t> tokens) {
+      return cli::openai_batch::first_stop_at(decode(tokens), p.stop) != std::string::npos;
+    };
   GenerateStats st;
   std::vector<GenerationResult> res = flexh2o::generate(*run.rs.runner, reqs, go, &st);
   std::vector<Completion> out;
-  for (const GenerationResult& r : res)
-    out.push_back({lm_.tokenizer ? lm_.tokenizer->decode(r.tokens) : std::string(), r.tokens,
-                   finish_reason_name(r.finish)});
+  for (const GenerationResult& r : res) {
+    std::string text = decode(r.tokens);
+    if (r.finish == FinishReason::kStopped) text.resize(cli::openai_batch::first_stop_at(text, p.stop));
+    out.push_back({std::move(text), r.tokens, finish_reason_name(r.finish)});
+  }
   json report = cli::run_report(lm_, run.rs, st, *cpu_, device_);
   report["requests"] = reqs.size();
   report["finished_requests"] = res.size();

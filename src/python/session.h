@@ -49,6 +49,9 @@ struct GenerateParams {
   int top_k = 0;
   uint64_t seed = 0;  // request i uses seed + i
   bool ignore_eos = false;
+  // A sequence ends once its text holds one of these (finish_reason "stop"); its text is cut
+  // before the first, as OpenAI's completions do; token_ids keep the tokens that made it.
+  std::vector<std::string> stop;
 };
 
 // A prompt: text (BOS added per the model's convention) or token ids (used exactly).
@@ -57,7 +60,7 @@ using Prompt = std::variant<std::string, std::vector<int32_t>>;
 struct Completion {
   std::string text;
   std::vector<int32_t> token_ids;  // generated only
-  std::string finish_reason;       // "eos" | "length"
+  std::string finish_reason;       // "eos" | "length" | "stop"
 };
 
 class Session {

@@ -107,3 +107,27 @@ def test_policy_auto_plans_once_per_fitting_workload(llms):
     ((ll, _),) = llm.loglikelihood([(llm.encode("Grace"), [5, 6])])  # a smaller workload: the same runner
     ((want, _),) = llms["opt"].loglikelihood([(llm.encode("Grace"), [5, 6])])
     assert ll == pytest.approx(want, abs=1e-9)
+
+
+def test_stop_strings_end_sequences_early(llms):
+    # The text is cut before the first stop string, the tokens end with the one that completed
+    # it, and a sequence whose text never holds one runs its full length.
+    llm = llms["opt"]
+    full = llm.generate(PROMPTS, max_new_tokens=20, ignore_eos=True)
+    stop = [" LORD", "zzzq"]
+    got = llm.generate(PROMPTS, max_new_tokens=20, ignore_eos=True, stop=stop)
+    assert any(c.finish_reason == "stop" for c in got)
+    for f, g in zip(full, got):
+        cuts = [f.text.find(s) for s in stop if s in f.text]
+        if not cuts:
+            assert g == f
+            continue
+        assert g.finish_reason == "stop"
+        assert g.text == f.text[:min(cuts)]
+        n = len(g.token_ids)
+        assert n < len(f.token_ids) and g.token_ids == f.token_ids[:n]
+        assert not any(s in llm.decode(g.token_ids[:n - 1]) for s in stop)  # ended at the first token it could
+        assert any(s in llm.decode(g.token_ids) for s in stop)
+    assert llm.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=" LORD") == got[:1]
+    with pytest.raises(flexh2o.Error, match="empty string"):
+        llm.generate(PROMPTS[0], stop=[""])

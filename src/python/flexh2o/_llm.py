@@ -19,7 +19,7 @@ from ._flexh2o import Error, Session
 class Completion:
     text: str
     token_ids: List[int]  # generated tokens only
-    finish_reason: str  # "eos" | "length"
+    finish_reason: str  # "eos" | "length" | "stop"
 
 
 def _flag(name, value):
@@ -61,15 +61,18 @@ class LLM:
 
     def generate(self, prompts: Union[str, Sequence[str], Sequence[Sequence[int]]], *, max_new_tokens: int = 32,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 ignore_eos: bool = False) -> List[Completion]:
+                 ignore_eos: bool = False, stop: Union[str, Sequence[str], None] = None) -> List[Completion]:
         """Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists are
-        used exactly. Request i samples with seed + i. Greedy when temperature is 0."""
+        used exactly. Request i samples with seed + i. Greedy when temperature is 0. A sequence
+        ends as soon as its text holds one of the `stop` strings (finish_reason "stop"; the text
+        is cut before it, token_ids keep every generated token)."""
         if isinstance(prompts, str):
             prompts = [prompts]
+        stops = [stop] if isinstance(stop, str) else [str(s) for s in (stop or [])]
         items = [p if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         self.last_report = None
         out = self._s.generate(items, int(max_new_tokens), float(temperature), int(top_k), float(top_p),
-                               int(seed), bool(ignore_eos))
+                               int(seed), bool(ignore_eos), stops)
         self._set_report()
         return [Completion(t.decode("utf-8", "replace"), list(ids), reason) for t, ids, reason in out]
 
