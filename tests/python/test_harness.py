@@ -244,12 +244,13 @@ def test_parse_model_args_strings_and_adapter_options():
                             "compress_weight": "1", "compress_cache": "off", "recent_budget": "64",
                             "kv_dtype": "f16", "percent": [30, 70, 0, 100, 0, 100], "max_length": "512",
                             "max_gen_toks": 32, "add_bos_token": "false", "prefix_token_id": 2, "seed": "3",
-                            "sink_tokens": "4", "heavy_ratio": "1e-1", "tokenizer": "/tok"})
+                            "sink_tokens": "4", "heavy_ratio": "1e-1", "tokenizer": "/tok", "chunk_size": "64"})
     assert a.llm_kwargs == {"device": "cpu", "batch_size": 4, "threads": 2, "tokenizer": "/tok",
                             "compress_weight": True, "compress_cache": False, "recent_budget": 64,
                             "kv_dtype": "f16", "percent": [30, 70, 0, 100, 0, 100], "sink_tokens": 4,
                             "heavy_ratio": 0.1}
-    assert (a.max_length, a.max_gen_toks, a.add_bos_token, a.prefix_token_id, a.seed) == (512, 32, False, 2, 3)
+    assert (a.max_length, a.max_gen_toks, a.add_bos_token, a.prefix_token_id, a.seed, a.chunk_size) == \
+        (512, 32, False, 2, 3, 64)
 
 
 def test_parse_model_args_device_and_batch_size():
@@ -410,6 +411,8 @@ def test_lm_class_is_registered_and_plumbs_instances():
     assert (lm.max_length, lm.max_gen_toks, lm.eot_token_id, lm.prefix_token_id, lm.tokenizer_name) == \
         (16, 4, 1, 0, "fake")
     assert lm.apply_chat_template([{"role": "user", "content": "hi"}]) == "<user>hi<assistant>"
+    with pytest.raises(TypeError, match=r"takes no model or LLM flags, got \['pretrained', 'kv_policy'\]"):
+        mod.FlexH2OLM(pretrained="/m", llm=llm, kv_policy="h2o", device="cpu", batch_size=1)
 
 
 def test_lm_class_builds_the_llm_from_model_args(monkeypatch):
@@ -424,9 +427,9 @@ def test_lm_class_builds_the_llm_from_model_args(monkeypatch):
     monkeypatch.setitem(sys.modules, "flexh2o", types.SimpleNamespace(LLM=RecordingLLM))
     lm = mod.FlexH2OLM.create_from_arg_string(
         "pretrained=/m,kv_policy=h2o,heavy_ratio=0.1,recent_ratio=0.1,percent=0 100 100 0 100 0,"
-        "cpu_cache_compute=true,gpu_mem=16GiB,max_length=24",
+        "cpu_cache_compute=true,gpu_mem=16GiB,max_length=24,chunk_size=8",
         {"batch_size": "4", "max_batch_size": None, "device": "cpu"})
     assert built == {"model": "/m", "device": "cpu", "batch_size": 4, "kv_policy": "h2o", "heavy_ratio": 0.1,
                      "recent_ratio": 0.1, "percent": [0, 100, 100, 0, 100, 0], "cpu_cache_compute": True,
                      "gpu_mem": "16GiB"}
-    assert lm.max_length == 24
+    assert (lm.max_length, lm.adapter.chunk_size) == (24, 8)

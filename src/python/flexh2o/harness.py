@@ -78,8 +78,8 @@ def encode_pair(context: str, continuation: str, vocab: Vocab) -> tuple[Ids, Ids
         ctx_enc = list(vocab.encode(text))
         whole = list(vocab.encode(text + cont_text))
         cont = whole[len(ctx_enc):]
-        has_bos = vocab.bos_id is None or ctx_enc[:1] == [vocab.bos_id]
-        ctx = ctx_enc if has_bos else [vocab.bos_id] + ctx_enc
+        bos_given = vocab.bos_id is None or ctx_enc[:1] == [vocab.bos_id]  # none wanted, or in the text
+        ctx = ctx_enc if bos_given else [vocab.bos_id] + ctx_enc
         if not ctx:  # a whitespace-only context and no BOS: condition on the prefix, as for ""
             if vocab.prefix_id is None:
                 raise RequestError(f"context {context!r} encodes to no tokens and the model has no BOS/EOS token")
@@ -278,7 +278,7 @@ def loglik_schedule(requests: Sequence[tuple[Ids, Ids]]) -> tuple[list[tuple[Ids
 
 # Our own options; everything else goes to flexh2o.LLM as a flag (it raises TypeError on unknown).
 ADAPTER_ARGS = ("pretrained", "tokenizer", "device", "flexh2o_device", "batch_size", "max_batch_size",
-                "threads", "max_length", "max_gen_toks", "add_bos_token", "prefix_token_id", "seed")
+                "threads", "max_length", "max_gen_toks", "add_bos_token", "prefix_token_id", "seed", "chunk_size")
 LIST_FLAGS = ("percent",)
 BOOL_FLAGS = ("cpu_cache_compute", "overlap", "sep_layer", "pin_weight", "verify_store", "trust_store",
               "compress_weight", "compress_cache", "no_compress")  # "1"/"yes"/"on" accepted too
@@ -297,6 +297,7 @@ class ModelArgs:
     add_bos_token: bool = True
     prefix_token_id: int | None = None
     seed: int = 0
+    chunk_size: int = 1024          # requests per LLM call (the LLM batches inside a call)
 
 
 def parse_value(value: Any) -> Any:
@@ -388,7 +389,9 @@ def parse_model_args(args: dict[str, Any]) -> ModelArgs:
         out.prefix_token_id = _as_int("prefix_token_id", a["prefix_token_id"])
     if a.get("seed") is not None:
         out.seed = _as_int("seed", a["seed"])
-    for key in ("max_length", "max_gen_toks", "add_bos_token", "prefix_token_id", "seed"):
+    if a.get("chunk_size") is not None:
+        out.chunk_size = _as_int("chunk_size", a["chunk_size"])
+    for key in ("max_length", "max_gen_toks", "add_bos_token", "prefix_token_id", "seed", "chunk_size"):
         a.pop(key, None)
     for key, value in a.items():
         if key in LIST_FLAGS:

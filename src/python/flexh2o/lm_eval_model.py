@@ -25,17 +25,23 @@ class FlexH2OLM(LM):
     TypeError, an invalid value its flexh2o.Error. `llm=` takes an already built LLM (Python use).
     """
 
-    def __init__(self, pretrained: str | None = None, llm: Any = None, chunk_size: int = 1024, **kwargs: Any):
+    def __init__(self, pretrained: str | None = None, llm: Any = None, **kwargs: Any):
         super().__init__()
         args = h.parse_model_args({"pretrained": pretrained if llm is None else "(given)", **kwargs})
-        if llm is None:
+        if llm is not None:
+            given = sorted(set(args.llm_kwargs) - {"device", "batch_size"})  # lm-eval always passes these
+            given = (["pretrained"] if pretrained is not None else []) + given
+            if given:
+                raise TypeError(f"FlexH2OLM(llm=...) takes no model or LLM flags, got {given}: "
+                                "give them to flexh2o.LLM when building it")
+        else:
             from flexh2o import LLM  # the extension; only needed when building the model here
 
             llm = LLM(args.model, **args.llm_kwargs)
         self.llm = llm
         self.adapter = HarnessAdapter(llm, max_length=args.max_length, max_gen_toks=args.max_gen_toks,
                                       add_bos_token=args.add_bos_token, prefix_token_id=args.prefix_token_id,
-                                      seed=args.seed, chunk_size=h._as_int("chunk_size", chunk_size))
+                                      seed=args.seed, chunk_size=args.chunk_size)
 
     @property
     def max_length(self) -> int:
