@@ -21,7 +21,7 @@ done
 [ ${#names[@]} -eq 0 ] && names=("${all[@]}")
 
 CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXH2O_ENABLE_CUDA=OFF \
-  -DFLEXH2O_ASAN=ON -DFLEXH2O_FUZZ=ON -DFLEXH2O_BUILD_BENCH=OFF >/dev/null
+  -DFLEXH2O_ASAN=ON -DFLEXH2O_FUZZ=ON -DFLEXH2O_BUILD_BENCH=OFF -DFLEXH2O_PYTHON=OFF >/dev/null
 cmake --build "$dir" -j "$(nproc)" --target "${names[@]/#/fuzz_}"
 
 if [ "$seeds" = 1 ]; then

@@ -11,7 +11,7 @@ dir=build-asan
 # or gpu: no parsing or I/O of their own, and eval alone takes longer than all of these.
 tests=(core_test loader_test tokenizer_test offload_test policies_test engine_test cli_test)
 CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXH2O_ENABLE_CUDA=OFF \
-  -DFLEXH2O_ASAN=ON -DFLEXH2O_FUZZ=ON -DFLEXH2O_BUILD_BENCH=OFF >/dev/null
+  -DFLEXH2O_ASAN=ON -DFLEXH2O_FUZZ=ON -DFLEXH2O_BUILD_BENCH=OFF -DFLEXH2O_PYTHON=OFF >/dev/null
 cmake --build "$dir" -j "$(nproc)" --target "${tests[@]}" flexh2o
 
 logs="$PWD/$dir/sanitizer-logs"

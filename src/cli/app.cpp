@@ -1,0 +1,129 @@
+// run_main(): the flexh2o command line (flag registration, dispatch to the subcommands, the
+// mapping of failures to exit codes) shared by the binary and the Python front end.
+#include "cli/app.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <new>
+
+#include "cli/commands.h"
+#include "cli/signals.h"
+#include "core/error.h"
+
+namespace flexh2o::cli {
+namespace {
+
+// Standard output is checked once at the end (a full disk or /dev/full must not exit 0).
+bool stdout_ok() {
+  errno = 0;
+  std::cout.flush();  // through stdio (synced): a failed write sets errno here or in fflush
+  const bool ok = std::cout.good() && std::fflush(stdout) == 0 && !std::ferror(stdout);
+  const int err = errno;
+  if (!ok)
+    std::cerr << "flexh2o: error: cannot write standard output" << (err ? std::string(": ") + std::strerror(err) : "")
+              << "\n";
+  return ok;
+}
+
+// Where generate's chat hook looks for the chat template: --tokenizer, else the model
+// directory (a directory or a hub id in the cache); a preset has none.
+std::filesystem::path template_dir(const GenerateArgs& a, const Env& env) {
+  if (!a.tokenizer.empty()) return a.tokenizer;
+  if (!std::filesystem::is_directory(a.model) && preset_path(env, a.model)) return {};
+  return resolve_model_dir(a.model, env.hub);
+}
+
+}  // namespace
+
+std::string out_of_memory_message(const std::string& command) {
+  // Inputs are validated against what the files hold before allocating; what remains is a
+  // run that genuinely needs more memory than this machine gives it.
+  return "out of memory while running `" + command +
+         "`: this run needs more host memory than is available (lower --gpu-batch-size or "
+         "--num-gpu-batches, offload more with --percent, or use a smaller model).";
+}
+
+int run_main(int argc, const char* const* argv, const MainOptions& opts) {
+  CLI::App app{
+      "flexh2o: high-throughput batch generation for LLMs larger than your GPU\n"
+      "(offloading across GPU / host / NVMe, H2O KV-cache eviction).\n\n"
+      "Examples:\n"
+      "  flexh2o generate -m tests/data/tiny-opt --input prompts.jsonl --output out.jsonl --report run.json\n"
+      "  flexh2o generate -m facebook/opt-1.3b --prompt \"Hello\" --greedy -n 20\n"
+      "  flexh2o bench -m opt-1.3b --prompt-len 512 --gen-len 32 --percent 50 50 0 100 100 0 --gpu-batch-size 8\n"
+      "  flexh2o info opt-30b\n"
+      "  flexh2o tokenize --tokenizer tests/data/tiny-opt < texts.jsonl\n",
+      "flexh2o"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "flexh2o 0.1.0");
+  Env env;
+  std::string configs;
+  app.add_option("--configs", configs, "Directory with models/*.json presets (default: the installed configs/)");
+
+  GenerateArgs gen;
+  BenchArgs bench;
+  TokenizeArgs tok, detok;
+  InfoArgs info;
+  EvalPplArgs ppl;
+  EvalChoiceArgs choice;
+  PlanArgs plan;
+  ProfileArgs profile;
+  register_generate(app, gen);
+  register_bench(app, bench);
+  register_tokenize(app, tok, false);
+  register_tokenize(app, detok, true);
+  register_info(app, info);
+  register_eval_ppl(app, ppl);
+  register_eval_choice(app, choice);
+  register_plan(app, plan);
+  register_profile(app, profile);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  env.hub = opts.hub;
+  env.configs_dir = configs.empty() ? opts.default_configs_dir : std::filesystem::path(configs);
+  env.stderr_is_tty = opts.stderr_is_tty;
+  if (opts.render_chat)
+    gen.render_chat = [&](const nlohmann::json& body) { return opts.render_chat(template_dir(gen, env), body); };
+
+  int code = 1;
+  const StopSignals* signals = nullptr;
+  try {
+    CLI::App* sub = app.get_subcommands().front();
+    const std::string name = sub->get_name();
+    // Commands that stop at a clean point on SIGINT/SIGTERM; the others keep the default (die).
+    if (opts.handle_signals && (name == "generate" || name == "tokenize" || name == "detokenize")) {
+      signals = &StopSignals::install();
+      env.stop = &signals->stop();
+    }
+    if (name == "generate") code = run_generate(gen, env);
+    else if (name == "bench") code = run_bench(bench, env);
+    else if (name == "tokenize") code = run_tokenize(tok, false, env);
+    else if (name == "detokenize") code = run_tokenize(detok, true, env);
+    else if (name == "info") code = run_info(info, env);
+    else if (name == "eval-ppl") code = run_eval_ppl(ppl, env);
+    else if (name == "eval-choice") code = run_eval_choice(choice, env);
+    else if (name == "plan") code = run_plan(plan, env);
+    else if (name == "profile") code = run_profile(profile, env);
+    else {
+      std::cerr << "flexh2o: unknown command " << name << "\n";
+      return 2;
+    }
+  } catch (const std::bad_alloc&) {
+    std::cerr << "flexh2o: error: " << out_of_memory_message(app.get_subcommands().front()->get_name()) << "\n";
+    code = 1;
+  } catch (const std::exception& e) {
+    std::cerr << "flexh2o: error: " << e.what() << "\n";
+    code = 1;
+  }
+  if (!stdout_ok() && code == 0) code = 1;
+  if (code == kInterrupted) code = 128 + (signals ? signals->signal() : 0);
+  return code;
+}
+
+}  // namespace flexh2o::cli

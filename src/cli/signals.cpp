@@ -1,0 +1,43 @@
+// The process-wide SIGINT/SIGTERM taker (signals.h).
+#include "cli/signals.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+
+namespace flexh2o::cli {
+
+StopSignals& StopSignals::install() {
+  // Never destroyed: the detached thread below may touch it until the process ends.
+  static StopSignals* self = new StopSignals();
+  static std::once_flag once;
+  std::call_once(once, [] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    if (int rc = pthread_sigmask(SIG_BLOCK, &set, nullptr); rc != 0)
+      FH_FAIL("cannot block SIGINT/SIGTERM: ", std::strerror(rc));
+    std::thread([set, s = self] {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) return;
+      s->signal_.store(sig);
+      s->stop_.store(true);
+      if (sigwait(&set, &sig) != 0) return;
+      ::signal(sig, SIG_DFL);
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, sig);
+      pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+      raise(sig);
+    }).detach();
+  });
+  return *self;
+}
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,26 @@
+// SIGINT/SIGTERM for the commands that poll Env::stop. Signal dispositions belong to the
+// process, so this is one process-wide object: install() blocks both signals in the calling
+// thread (call it before any thread starts, so the engine's threads inherit the mask and never
+// see EINTR) and starts one detached thread that takes them with sigwait(). The first sets the
+// stop flag; a second ends the process at once by the signal's default action.
+#pragma once
+
+#include <atomic>
+
+namespace flexh2o::cli {
+
+class StopSignals {
+ public:
+  // The process's instance; the first call installs it (later calls only return it). Throws
+  // flexh2o::Error when the signals cannot be blocked. Thread-safe.
+  static StopSignals& install();
+  const std::atomic<bool>& stop() const { return stop_; }
+  int signal() const { return signal_.load(); }  // the first signal taken, 0 if none
+
+ private:
+  StopSignals() = default;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> signal_{0};
+};
+
+}  // namespace flexh2o::cli

@@ -1,0 +1,37 @@
+"""`python -m flexh2o ARGS...`: the flexh2o command line (every subcommand, the same flags,
+messages and exit codes as the binary), plus chat lines in `generate`: a chat body's
+"messages" are rendered with the model's chat template (flexh2o.LLM.apply_chat_template's
+rules). SIGINT/SIGTERM stop generate/tokenize cleanly, as in the binary."""
+
+import json
+import sys
+
+from . import _env
+from ._chat import ChatTemplate
+from ._flexh2o import Error, run_cli
+
+_templates = {}
+
+
+def render_chat(template_dir: str, body_text: str) -> str:
+    """The chat hook of `generate`: the body's messages rendered with the template of
+    `template_dir`, with the generation prompt."""
+    body = json.loads(body_text)
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        raise Error("a chat request needs a \"messages\" array")
+    if template_dir not in _templates:
+        _templates[template_dir] = ChatTemplate.from_dir(template_dir)
+    return _templates[template_dir].render(messages, add_generation_prompt=True)
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return run_cli(["flexh2o"] + args, _env.configs_dir(), stderr_is_tty=_env.stderr_is_tty(),
+                   handle_signals=True, render_chat=render_chat, **_env.hub_env())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

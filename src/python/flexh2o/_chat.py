@@ -1,0 +1,121 @@
+"""Chat templates rendered the way Hugging Face transformers renders them
+(`PreTrainedTokenizerBase.apply_chat_template`): the template of tokenizer_config.json (a
+string, or a list of {name, template} of which "default" is used; else chat_template.jinja),
+compiled in a jinja2 ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the
+loopcontrols extension, the `tojson` filter, `raise_exception` and `strftime_now`, and rendered
+with the special-token strings (bos_token, eos_token, ...) and add_generation_prompt."""
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from ._flexh2o import Error
+
+_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _token_text(tok):
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok
+
+
+def _compile(source: str):
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        # {% generation %}...{% endgeneration %} marks the assistant's tokens for transformers'
+        # return_assistant_tokens_mask; rendering the text, it only outputs its body.
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(source)
+
+
+class ChatTemplate:
+    """The chat template of a tokenizer directory and its special-token strings."""
+
+    def __init__(self, source: str, special: dict, origin: str):
+        self.source = source
+        self.special = special
+        self.origin = origin
+        self._compiled = None
+
+    @classmethod
+    def from_dir(cls, directory) -> "ChatTemplate":
+        d = Path(directory) if directory else None
+        if d is None or not d.is_dir():
+            raise Error("no chat template: this model has no tokenizer directory (pass tokenizer=DIR / --tokenizer DIR)")
+        cfg_path = d / "tokenizer_config.json"
+        cfg = {}
+        if cfg_path.is_file():
+            try:
+                cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise Error(f"{cfg_path}: cannot read the chat template: {e}") from None
+        special = {}
+        map_path = d / "special_tokens_map.json"
+        if map_path.is_file():
+            try:
+                for k, v in json.loads(map_path.read_text(encoding="utf-8")).items():
+                    special[k] = _token_text(v) if k != "additional_special_tokens" else [_token_text(t) for t in v]
+            except (OSError, ValueError) as e:
+                raise Error(f"{map_path}: {e}") from None
+        for k in _SPECIAL:
+            if cfg.get(k) is not None:
+                special[k] = _token_text(cfg[k])
+        if cfg.get("additional_special_tokens") is not None:
+            special["additional_special_tokens"] = [_token_text(t) for t in cfg["additional_special_tokens"]]
+        tmpl = cfg.get("chat_template")
+        origin = str(cfg_path)
+        if tmpl is None and (d / "chat_template.jinja").is_file():
+            origin = str(d / "chat_template.jinja")
+            tmpl = (d / "chat_template.jinja").read_text(encoding="utf-8")
+        if tmpl is None:
+            raise Error(f"no chat template: {cfg_path} has no \"chat_template\" (and there is no "
+                        f"{d / 'chat_template.jinja'}); this model is not a chat model")
+        if isinstance(tmpl, list):
+            named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+            if "default" not in named:
+                raise Error(f"{origin}: \"chat_template\" is a list without a \"default\" entry "
+                            f"(names: {', '.join(str(n) for n in named)})")
+            tmpl = named["default"]
+        if not isinstance(tmpl, str):
+            raise Error(f"{origin}: \"chat_template\" must be a string or a list of {{name, template}}, "
+                        f"got {type(tmpl).__name__}")
+        return cls(tmpl, special, origin)
+
+    def render(self, messages, add_generation_prompt: bool = True) -> str:
+        import jinja2
+        try:
+            if self._compiled is None:
+                self._compiled = _compile(self.source)
+            return self._compiled.render(messages=messages, tools=None, documents=None,
+                                         add_generation_prompt=add_generation_prompt, **self.special)
+        except jinja2.exceptions.TemplateError as e:
+            raise Error(f"{self.origin}: chat template: {e}") from None

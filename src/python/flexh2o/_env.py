@@ -1,0 +1,26 @@
+"""What the front end reads from the process once and hands to the engine: the Hugging Face
+cache locations, the presets folder (configs/ inside the package), whether stderr is a TTY."""
+
+import os
+import sys
+from pathlib import Path
+
+
+def configs_dir() -> str:
+    """configs/ shipped inside the package (a wheel) or linked into the build tree's package."""
+    return str(Path(__file__).absolute().parent / "configs")  # not resolved: the build tree links files
+
+
+def hub_env() -> dict:
+    return {
+        "hf_hub_cache": os.environ.get("HF_HUB_CACHE") or None,
+        "hf_home": os.environ.get("HF_HOME") or None,
+        "home": os.environ.get("HOME") or None,
+    }
+
+
+def stderr_is_tty() -> bool:
+    try:
+        return os.isatty(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a descriptor
+        return False

@@ -1,0 +1,104 @@
+"""flexh2o.LLM: a model loaded once (weights memory-mapped) and run by the CLI's engine.
+
+Keyword flags are the CLI's offloading / KV-cache / compression flags with underscores
+(heavy_ratio=0.1 is --heavy-ratio 0.1, cpu_cache_compute=True is --cpu-cache-compute,
+percent=[...] is --percent ...), parsed by the CLI's own flag registration: an unknown name
+raises TypeError, a bad value flexh2o.Error with the CLI's message. generate / loglikelihood /
+loglikelihood_rolling run with the GIL released; calls on one LLM run one at a time."""
+
+import json
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple, Union
+
+from . import _env
+from ._chat import ChatTemplate
+from ._flexh2o import Error, Session
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    token_ids: List[int]  # generated tokens only
+    finish_reason: str  # "eos" | "length"
+
+
+def _flag(name, value):
+    if isinstance(value, bool):
+        return (name, ["true" if value else "false"], True)
+    if isinstance(value, (list, tuple)):
+        return (name, [_text(v) for v in value], False)
+    return (name, [_text(value)], False)
+
+
+def _text(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+class LLM:
+    def __init__(self, model: str, *, tokenizer: Optional[str] = None, device: str = "auto",
+                 batch_size: int = 8, threads: Optional[int] = None, **flags):
+        flags = [_flag(k, v) for k, v in flags.items() if v is not None]
+        self._s = Session(str(model), "" if tokenizer is None else str(tokenizer), device, int(batch_size),
+                          0 if threads is None else int(threads), flags, _env.configs_dir(),
+                          stderr_is_tty=_env.stderr_is_tty(), **_env.hub_env())
+        self._chat = None
+        self.last_report = None
+        self.name: str = self._s.name
+        self.vocab_size: int = self._s.vocab_size
+        self.max_length: int = self._s.max_length
+        self.eos_id: Optional[int] = self._s.eos_id
+        self.bos_id: Optional[int] = self._s.bos_id
+
+    def encode(self, text: str, add_special: bool = True) -> List[int]:
+        return self._s.encode(text, add_special)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._s.decode(list(ids))
+
+    def generate(self, prompts: Union[str, Sequence[str], Sequence[Sequence[int]]], *, max_new_tokens: int = 32,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 ignore_eos: bool = False) -> List[Completion]:
+        """Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists are
+        used exactly. Request i samples with seed + i. Greedy when temperature is 0."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        items = [p if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        self.last_report = None
+        out = self._s.generate(items, int(max_new_tokens), float(temperature), int(top_k), float(top_p),
+                               int(seed), bool(ignore_eos))
+        self._set_report()
+        return [Completion(t.decode("utf-8", "replace"), list(ids), reason) for t, ids, reason in out]
+
+    def loglikelihood(self, requests: Sequence[Tuple[Sequence[int], Sequence[int]]]) -> List[Tuple[float, bool]]:
+        """(sum of log p(continuation | context) in nats, whether every continuation token was
+        the argmax) per (context ids, continuation ids). The context includes BOS if wanted."""
+        reqs = [([int(t) for t in c], [int(t) for t in x]) for c, x in requests]
+        self.last_report = None
+        out = self._s.loglikelihood(reqs)
+        self._set_report()
+        return [(float(ll), bool(g)) for ll, g in out]
+
+    def loglikelihood_rolling(self, ids: Sequence[Sequence[int]]) -> List[float]:
+        """Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]) in nats, one token per step
+        (so a KV policy holds at every step; ratio budgets are fractions of the tokens scored)."""
+        seqs = [[int(t) for t in s] for s in ids]
+        self.last_report = None
+        out = self._s.loglikelihood_rolling(seqs)
+        self._set_report()
+        return list(out)
+
+    def apply_chat_template(self, messages: List[dict], add_generation_prompt: bool = True) -> str:
+        if self._chat is None:
+            self._chat = ChatTemplate.from_dir(self._s.tokenizer_dir)
+        return self._chat.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def _set_report(self):
+        text = self._s.last_report()
+        self.last_report = json.loads(text) if text else None
+
+    def __repr__(self):
+        return f"flexh2o.LLM({self.name!r})"

@@ -1,0 +1,141 @@
+// The _flexh2o extension module (pybind11): Session (flexh2o.LLM's engine side), the command
+// line (`python -m flexh2o`), and flexh2o.Error. The engine runs with the GIL released; no
+// Python code is called from engine threads (the chat hook takes the GIL on the calling thread).
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <new>
+
+#include "cli/app.h"
+#include "core/error.h"
+#include "python/session.h"
+
+namespace py = pybind11;
+using namespace flexh2o;
+
+namespace {
+
+HubEnv hub_env(const std::optional<std::string>& hub_cache, const std::optional<std::string>& hf_home,
+                    const std::optional<std::string>& home) {
+  HubEnv h;
+  auto path = [](const std::optional<std::string>& s) -> std::optional<std::filesystem::path> {
+    if (!s || s->empty()) return std::nullopt;
+    return std::filesystem::path(*s);
+  };
+  h.hf_hub_cache = path(hub_cache);
+  h.hf_home = path(hf_home);
+  h.home = path(home);
+  return h;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_flexh2o, m) {
+  m.doc() = "flexh2o engine bindings (use the flexh2o package, not this module)";
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const python::UnknownFlag& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const std::bad_alloc&) {
+      error(("out of memory: " + cli::out_of_memory_message("flexh2o.LLM")).c_str());
+    } catch (const py::builtin_exception&) {
+      throw;  // pybind11's own (type errors of arguments, ...)
+    } catch (const py::error_already_set&) {
+      throw;
+    } catch (const std::exception& e) {
+      error(e.what());
+    }
+  });
+
+  py::class_<python::Session>(m, "Session")
+      .def(py::init([](const std::string& model, const std::string& tokenizer, const std::string& device,
+                       int64_t batch_size, int threads, const std::vector<std::tuple<std::string, std::vector<std::string>, bool>>& flags,
+                       const std::string& configs_dir, const std::optional<std::string>& hf_hub_cache,
+                       const std::optional<std::string>& hf_home, const std::optional<std::string>& home,
+                       bool stderr_is_tty) {
+             python::SessionOptions o;
+             o.model = model;
+             o.tokenizer = tokenizer;
+             o.device = device;
+             o.batch_size = batch_size;
+             o.threads = threads;
+             for (const auto& [name, values, is_bool] : flags) o.flags.push_back({name, values, is_bool});
+             o.env.hub = hub_env(hf_hub_cache, hf_home, home);
+             o.env.configs_dir = configs_dir;
+             o.env.stderr_is_tty = stderr_is_tty;
+             py::gil_scoped_release nogil;  // loading maps and checks the checkpoint
+             return std::make_unique<python::Session>(std::move(o));
+           }),
+           py::arg("model"), py::arg("tokenizer"), py::arg("device"), py::arg("batch_size"), py::arg("threads"),
+           py::arg("flags"), py::arg("configs_dir"), py::arg("hf_hub_cache"), py::arg("hf_home"), py::arg("home"),
+           py::arg("stderr_is_tty"))
+      .def_property_readonly("name", &python::Session::name)
+      .def_property_readonly("vocab_size", &python::Session::vocab_size)
+      .def_property_readonly("max_length", &python::Session::max_length)
+      .def_property_readonly("eos_id", &python::Session::eos_id)
+      .def_property_readonly("bos_id", &python::Session::bos_id)
+      .def_property_readonly("tokenizer_dir", &python::Session::tokenizer_dir)
+      .def("encode", &python::Session::encode, py::arg("text"), py::arg("add_special"))
+      .def("decode", &python::Session::decode, py::arg("ids"))
+      .def(
+          "generate",
+          [](python::Session& s, const std::vector<python::Prompt>& prompts, int64_t max_new_tokens, float temperature,
+             int top_k, float top_p, uint64_t seed, bool ignore_eos) {
+            python::GenerateParams p{max_new_tokens, temperature, top_p, top_k, seed, ignore_eos};
+            std::vector<python::Completion> out;
+            {
+              py::gil_scoped_release nogil;
+              out = s.generate(prompts, p);
+            }
+            py::list l;
+            for (auto& c : out) l.append(py::make_tuple(py::bytes(c.text), c.token_ids, c.finish_reason));
+            return l;
+          },
+          py::arg("prompts"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+          py::arg("seed"), py::arg("ignore_eos"))
+      .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("last_report", &python::Session::last_report);
+
+  // The command line. `render_chat(template_dir, body_json_text) -> str` (optional) is called
+  // on this thread with the GIL held; its exceptions become the chat line's error.
+  m.def(
+      "run_cli",
+      [](const std::vector<std::string>& args, const std::string& configs_dir, const std::optional<std::string>& hf_hub_cache,
+         const std::optional<std::string>& hf_home, const std::optional<std::string>& home, bool stderr_is_tty,
+         bool handle_signals, py::object render_chat) {
+        cli::MainOptions o;
+        o.hub = hub_env(hf_hub_cache, hf_home, home);
+        o.default_configs_dir = configs_dir;
+        o.stderr_is_tty = stderr_is_tty;
+        o.handle_signals = handle_signals;
+        // Owned by a shared_ptr whose last copy is dropped with the GIL held (below).
+        auto fn = std::make_shared<py::object>(render_chat);
+        if (!render_chat.is_none())
+          o.render_chat = [fn](const std::filesystem::path& dir, const nlohmann::json& body) -> std::string {
+            py::gil_scoped_acquire gil;
+            try {
+              return (*fn)(dir.string(), body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+                  .cast<std::string>();
+            } catch (py::error_already_set& e) {
+              FH_FAIL(e.what());
+            }
+          };
+        std::vector<const char*> argv;
+        for (const auto& a : args) argv.push_back(a.c_str());
+        int code = 0;
+        {
+          py::gil_scoped_release nogil;
+          code = cli::run_main(int(argv.size()), argv.data(), o);
+          o.render_chat = nullptr;
+        }
+        return code;
+      },
+      py::arg("args"), py::arg("configs_dir"), py::arg("hf_hub_cache"), py::arg("hf_home"), py::arg("home"),
+      py::arg("stderr_is_tty"), py::arg("handle_signals"), py::arg("render_chat"));
+}

@@ -1,0 +1,269 @@
+// flexh2o.LLM's engine side: flag parsing through the CLI's registration, model loading, and
+// generation / scoring through the CLI's runner construction (session.h).
+#include "python/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+
+#include "core/error.h"
+#include "engine/evaluate.h"
+#include "engine/generate.h"
+#include "engine/offload_engine.h"
+
+namespace flexh2o::python {
+using nlohmann::json;
+
+struct Session::Runner {
+  std::unique_ptr<Forward> fwd;  // declared first: the runner in rs refers to it
+  cli::RunSetup rs;
+};
+
+namespace {
+
+// Keyword arguments -> the CLI's argv, parsed by the CLI's own registration of the offloading
+// and KV-cache flags, so values are checked and reported exactly as on the command line.
+void parse_flags(const std::vector<Flag>& flags, cli::OffloadArgs& off, cli::KvArgs& kv) {
+  CLI::App app{"flexh2o.LLM keyword arguments", "flexh2o.LLM"};
+  app.set_help_flag();  // help=True is not a flag of LLM()
+  cli::add_offload_flags(&app, off);
+  cli::add_kv_flags(&app, kv);
+  std::vector<std::string> args{"flexh2o.LLM"};
+  for (const Flag& f : flags) {
+    std::string dashed = f.name;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    const CLI::Option* o = f.name.find('-') == std::string::npos && !f.name.empty()
+                               ? app.get_option_no_throw("--" + dashed)
+                               : nullptr;
+    if (o == nullptr) throw UnknownFlag("LLM() got an unexpected keyword argument '" + f.name + "'");
+    if (o->get_type_size() == 0 || f.values.size() == 1) {  // a switch takes --flag=true|false
+      if (f.values.size() != 1) FH_FAIL("--", dashed, " takes one value, got ", f.values.size());
+      args.push_back("--" + dashed + "=" + f.values[0]);
+    } else {
+      args.push_back("--" + dashed);
+      args.insert(args.end(), f.values.begin(), f.values.end());
+    }
+  }
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  try {
+    app.parse(int(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    FH_FAIL(e.what());
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The run report of a scoring call: run_report()'s model, device and offload sections with
+// the counts of this call (nothing is generated, so the generation fields are left out).
+json scoring_report(const cli::LoadedModel& lm, const cli::RunSetup& rs, const CpuDevice& cpu, const std::string& device,
+                    size_t requests, int64_t context_tokens, int64_t scored_tokens, double seconds) {
+  json r = cli::run_report(lm, rs, GenerateStats{}, cpu, device);
+  for (const char* k : {"batches", "prompt_tokens", "padded_prompt_tokens", "generated_tokens", "prefill_seconds",
+                        "decode_seconds", "prefill_tokens_per_s", "decode_tokens_per_s", "peak_kv_bytes"})
+    r.erase(k);
+  r["requests"] = requests;
+  r["context_tokens"] = context_tokens;
+  r["scored_tokens"] = scored_tokens;
+  r["total_seconds"] = seconds;
+  r["tokens_per_s"] = seconds > 0 ? double(scored_tokens) / seconds : 0.0;
+  return r;
+}
+
+}  // namespace
+
+Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
+  parse_flags(opts_.flags, off_, kv_);
+  if (opts_.batch_size < 1) FH_FAIL("batch_size must be >= 1, got ", opts_.batch_size);
+  if (opts_.threads < 0) FH_FAIL("threads must be >= 1 (or None: all cores), got ", opts_.threads);
+  cli::make_kv_config(kv_);          // flag errors before loading anything, as the commands
+  cli::make_offload_options(off_);
+  device_ = cli::select_device(opts_.device, std::cerr);
+  lm_ = cli::load_model(opts_.env, opts_.model, opts_.tokenizer);
+  cli::run_kv_dtype(kv_, off_.compress_cache, *lm_.model);
+  if (!opts_.tokenizer.empty()) tokenizer_dir_ = opts_.tokenizer;
+  else if (lm_.tokenizer) tokenizer_dir_ = lm_.source;  // the model directory
+  cpu_ = std::make_unique<CpuDevice>(opts_.threads);
+}
+
+Session::~Session() = default;
+
+const std::string& Session::name() const { return lm_.model->config().name; }
+int64_t Session::vocab_size() const { return lm_.model->config().vocab_size; }
+int64_t Session::max_length() const { return lm_.model->config().max_positions; }
+
+std::optional<int32_t> Session::eos_id() const {
+  if (lm_.tokenizer && lm_.tokenizer->eos_id()) return lm_.tokenizer->eos_id();
+  return lm_.model->config().eos_id;
+}
+
+std::optional<int32_t> Session::bos_id() const {
+  if (lm_.tokenizer && lm_.tokenizer->bos_id()) return lm_.tokenizer->bos_id();
+  return lm_.model->config().bos_id;
+}
+
+const Tokenizer& Session::tokenizer() const {
+  if (!lm_.tokenizer) FH_FAIL("this model has no tokenizer: give token ids or pass tokenizer=DIR");
+  return *lm_.tokenizer;
+}
+
+std::vector<int32_t> Session::encode(const std::string& text, bool add_special) const {
+  return tokenizer().encode(text, add_special);
+}
+
+std::string Session::decode(const std::vector<int32_t>& ids) const {
+  const Tokenizer& t = tokenizer();
+  for (int32_t id : ids)
+    if (id < 0 || id >= t.vocab_size()) FH_FAIL("token id ", id, " is outside the vocabulary [0, ", t.vocab_size(), ")");
+  return t.decode(ids);
+}
+
+std::string Session::last_report() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return report_;
+}
+
+std::unique_ptr<Session::Runner> Session::make_runner(const cli::KvArgs& kv, const Workload& w) {
+  auto r = std::make_unique<Runner>();
+  r->fwd = std::make_unique<Forward>(*lm_.model, *cpu_);
+  r->rs = cli::make_run_setup(off_, kv, opts_.batch_size, *lm_.model, *r->fwd, *cpu_, opts_.env, w.prompt_len,
+                              w.gen_len, w.requests, device_, std::cerr);
+  return r;
+}
+
+// Only --policy auto depends on the workload; its policy stays valid for any workload no larger.
+Session::Runner& Session::runner_for(const Workload& w) {
+  const bool fits = w.prompt_len <= runner_workload_.prompt_len && w.gen_len <= runner_workload_.gen_len &&
+                    w.requests <= runner_workload_.requests;
+  if (!runner_ || (off_.policy_file == "auto" && !fits)) {
+    runner_.reset();  // its memory (device memory on a GPU) is free before the new one is placed
+    runner_ = make_runner(kv_, w);
+    runner_workload_ = w;
+  }
+  return *runner_;
+}
+
+std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, const GenerateParams& p) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const ModelConfig& cfg = lm_.model->config();
+  std::vector<GenerationRequest> reqs;
+  Workload w{1, std::max<int64_t>(1, p.max_new_tokens), int64_t(prompts.size())};
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    try {
+      if (const auto* text = std::get_if<std::string>(&prompts[i])) {
+        if (text->empty()) FH_FAIL("empty prompt");
+        r.prompt_ids = tokenizer().encode(*text, /*add_special=*/true);
+      } else {
+        r.prompt_ids = std::get<std::vector<int32_t>>(prompts[i]);
+      }
+      r.max_new_tokens = p.max_new_tokens;
+      r.sampling = SamplingParams{p.temperature, p.top_k, p.top_p, p.seed + i};
+      validate_request(r, cfg);
+    } catch (const Error& e) {
+      FH_FAIL("prompt ", i, ": ", e.what());
+    }
+    w.prompt_len = std::max<int64_t>(w.prompt_len, int64_t(r.prompt_ids.size()));
+    reqs.push_back(std::move(r));
+  }
+  if (reqs.empty()) return {};
+  Runner& run = runner_for(w);
+  GenerateOptions go;
+  go.batch_size = run.rs.runner->max_batch();
+  go.ignore_eos = p.ignore_eos;
+  go.eos_id = eos_id();
+  go.pad_id = cfg.pad_id.value_or(0);
+  GenerateStats st;
+  std::vector<GenerationResult> res = flexh2o::generate(*run.rs.runner, reqs, go, &st);
+  std::vector<Completion> out;
+  for (const GenerationResult& r : res)
+    out.push_back({lm_.tokenizer ? lm_.tokenizer->decode(r.tokens) : std::string(), r.tokens,
+                   finish_reason_name(r.finish)});
+  json report = cli::run_report(lm_, run.rs, st, *cpu_, device_);
+  report["requests"] = reqs.size();
+  report["finished_requests"] = res.size();
+  report["interrupted"] = st.interrupted;
+  report_ = report.dump(2, ' ', false, json::error_handler_t::replace);
+  return out;
+}
+
+std::vector<std::pair<double, bool>> Session::loglikelihood(
+    const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (requests.empty()) return {};
+  std::vector<LoglikRequest> reqs;
+  Workload w{1, 1, int64_t(requests.size())};
+  int64_t ctx_tokens = 0, scored = 0;
+  for (const auto& [ctx, cont] : requests) {
+    reqs.push_back({ctx, cont});
+    w.prompt_len = std::max<int64_t>(w.prompt_len, int64_t(ctx.size()));
+    w.gen_len = std::max<int64_t>(w.gen_len, int64_t(cont.size()));
+    ctx_tokens += int64_t(ctx.size());
+    scored += int64_t(cont.size());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Runner& run = runner_for(w);
+  const std::vector<LoglikResult> res = loglikelihoods(*run.rs.runner, reqs);
+  std::vector<std::pair<double, bool>> out;
+  for (const LoglikResult& r : res) out.emplace_back(r.loglik, r.greedy);
+  report_ = scoring_report(lm_, run.rs, *cpu_, device_, reqs.size(), ctx_tokens, scored, seconds_since(t0))
+                .dump(2, ' ', false, json::error_handler_t::replace);
+  return out;
+}
+
+std::vector<double> Session::loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (seqs.empty()) return {};
+  int64_t longest = 1, scored = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs[i].empty()) FH_FAIL("sequence ", i, " is empty");
+    longest = std::max<int64_t>(longest, int64_t(seqs[i].size()) - 1);
+    scored += int64_t(seqs[i].size()) - 1;
+  }
+  // Ratio budgets are fractions of the tokens scored, per sequence (as eval-ppl): such a
+  // policy needs a runner per sequence; otherwise one runner streams them all.
+  const KvPolicyConfig kvc = cli::make_kv_config(kv_);
+  const bool per_sequence = kvc.kind != KvPolicyKind::kFull && (kv_.heavy_ratio || kv_.recent_ratio);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<double> out;
+  Runner* last = nullptr;
+  std::unique_ptr<Runner> own;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto& ids = seqs[i];
+    const int64_t n = int64_t(ids.size()) - 1;
+    Runner* run = nullptr;
+    if (per_sequence) {
+      const KvPolicyConfig b = cli::ratios_to_budgets(kvc, std::max<int64_t>(1, n));
+      cli::KvArgs kv = kv_;
+      if (kv.heavy_ratio) kv.heavy_ratio.reset(), kv.heavy_budget = b.heavy_budget;
+      if (kv.recent_ratio) kv.recent_ratio.reset(), kv.recent_budget = b.recent_budget;
+      own.reset();
+      own = make_runner(kv, {1, std::max<int64_t>(1, n), 1});
+      run = own.get();
+    } else {
+      run = &runner_for({1, longest, 1});
+    }
+    last = run;
+    if (n == 0) {  // nothing to score: the empty sum
+      out.push_back(0.0);
+      continue;
+    }
+    std::vector<double> nll;
+    try {
+      streaming_perplexity(*run->rs.runner, ids, &nll);
+    } catch (const Error& e) {
+      FH_FAIL("sequence ", i, ": ", e.what());
+    }
+    double sum = 0;
+    for (double x : nll) sum -= x;
+    out.push_back(sum);
+  }
+  report_ = scoring_report(lm_, last->rs, *cpu_, device_, seqs.size(), int64_t(seqs.size()), scored, seconds_since(t0))
+                .dump(2, ' ', false, json::error_handler_t::replace);
+  return out;
+}
+
+}  // namespace flexh2o::python

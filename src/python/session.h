@@ -1,0 +1,114 @@
+// What flexh2o.LLM holds (the Python extension's engine side, free of pybind11): a loaded
+// model (weights memory-mapped for the session's life), its tokenizer, the CLI's offloading /
+// KV-cache flags parsed by the CLI's own registration, and a runner built by the CLI's
+// make_run_setup, kept while the workload fits it. Calls serialize on an internal mutex, so
+// one Session may be shared by threads; every failure throws (flexh2o::Error, or UnknownFlag).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "cli/common.h"
+#include "cli/kv_flags.h"
+#include "cli/offload_flags.h"
+#include "cli/run_setup.h"
+
+namespace flexh2o::python {
+
+// A keyword argument of LLM(): `name` as Python spells it (heavy_ratio), its value as text
+// (one item, or several for percent=[...]); `is_bool` when Python passed True/False.
+struct Flag {
+  std::string name;
+  std::vector<std::string> values;
+  bool is_bool = false;
+};
+
+// A keyword that is none of the CLI's offloading / KV-cache flags (Python raises TypeError).
+class UnknownFlag : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct SessionOptions {
+  std::string model, tokenizer, device = "auto";
+  int64_t batch_size = 8;
+  int threads = 0;  // 0: all cores
+  std::vector<Flag> flags;
+  cli::Env env;
+};
+
+struct GenerateParams {
+  int64_t max_new_tokens = 32;
+  float temperature = 0.f, top_p = 1.f;
+  int top_k = 0;
+  uint64_t seed = 0;  // request i uses seed + i
+  bool ignore_eos = false;
+};
+
+// A prompt: text (BOS added per the model's convention) or token ids (used exactly).
+using Prompt = std::variant<std::string, std::vector<int32_t>>;
+
+struct Completion {
+  std::string text;
+  std::vector<int32_t> token_ids;  // generated only
+  std::string finish_reason;       // "eos" | "length"
+};
+
+class Session {
+ public:
+  // Parses the flags (the CLI's messages on bad values), selects the device and loads the model.
+  explicit Session(SessionOptions opts);
+  ~Session();
+
+  const std::string& name() const;
+  int64_t vocab_size() const;
+  int64_t max_length() const;  // max_position_embeddings
+  std::optional<int32_t> eos_id() const;
+  std::optional<int32_t> bos_id() const;
+  // The directory holding the tokenizer files (tokenizer_config.json); empty for a preset
+  // without tokenizer=.
+  const std::string& tokenizer_dir() const { return tokenizer_dir_; }
+
+  std::vector<int32_t> encode(const std::string& text, bool add_special) const;
+  std::string decode(const std::vector<int32_t>& ids) const;
+
+  std::vector<Completion> generate(const std::vector<Prompt>& prompts, const GenerateParams& p);
+  // (log p(continuation | context) in nats, is_greedy) per request.
+  std::vector<std::pair<double, bool>> loglikelihood(
+      const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests);
+  // Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]), streamed one token per step.
+  std::vector<double> loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs);
+
+  // The JSON run report of the last successful call ("" before the first).
+  std::string last_report() const;
+
+ private:
+  struct Runner;  // a RunSetup with the Forward it computes with
+  struct Workload {
+    int64_t prompt_len = 0, gen_len = 0, requests = 0;
+    bool operator==(const Workload&) const = default;
+  };
+  Runner& runner_for(const Workload& w);
+  std::unique_ptr<Runner> make_runner(const cli::KvArgs& kv, const Workload& w);
+  const Tokenizer& tokenizer() const;
+
+  mutable std::mutex mu_;
+  SessionOptions opts_;
+  cli::OffloadArgs off_;
+  cli::KvArgs kv_;
+  std::string device_;
+  std::string tokenizer_dir_;
+  cli::LoadedModel lm_;
+  std::unique_ptr<CpuDevice> cpu_;
+  std::unique_ptr<Runner> runner_;
+  Workload runner_workload_;
+  std::string report_;
+};
+
+}  // namespace flexh2o::python

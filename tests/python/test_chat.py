@@ -1,0 +1,83 @@
+"""LLM.apply_chat_template: tokenizer_config.json's chat_template rendered as transformers
+renders it (tests/tools/check_chat_template.py checks CASES against transformers itself), the
+list form, the missing-template error, and the `generate` chat hook of `python -m flexh2o`."""
+
+import json
+import shutil
+
+import pytest
+
+import flexh2o
+from conftest import TINY
+from flexh2o.__main__ import render_chat
+
+# (name, messages, add_generation_prompt, what transformers renders)
+CASES = [
+    ("system folded into the first turn, content trimmed",
+     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "  Who created the heaven?  "}],
+     True, '<s>\n[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nWho created the heaven? [/INST]\n<|assistant|>\n'),
+    ("multi-turn without the generation prompt",
+     [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Grace be unto you."},
+      {"role": "user", "content": "And peace?"}],
+     False, '<s>\n[INST] Hello [/INST]\n Grace be unto you. </s>\n[INST] And peace? [/INST]\n'),
+    ("structured content through tojson (not ASCII-escaped)",
+     [{"role": "user", "content": [{"type": "text", "text": 'héllo "x"'}]}],
+     True, '<s>\n[INST] [{"type": "text", "text": "héllo \\"x\\""}] [/INST]\n<|assistant|>\n'),
+    ("loop controls: break",
+     [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "final": True},
+      {"role": "user", "content": "c"}],
+     True, '<s>\n[INST] a [/INST]\n b </s>\n<|assistant|>\n'),
+]
+
+
+@pytest.fixture(scope="module")
+def chat_llm(chat_tokenizer):
+    return flexh2o.LLM(str(TINY["llama"]), tokenizer=str(chat_tokenizer), device="cpu")
+
+
+@pytest.mark.parametrize("name, messages, gen, want", CASES, ids=[c[0] for c in CASES])
+def test_renders_as_transformers(chat_llm, name, messages, gen, want):
+    assert chat_llm.apply_chat_template(messages, add_generation_prompt=gen) == want
+
+
+def test_rendered_prompt_tokenizes_special_tokens(chat_llm):
+    text = chat_llm.apply_chat_template(CASES[0][1])
+    ids = chat_llm.encode(text, add_special=False)
+    assert ids[0] == chat_llm.bos_id and chat_llm.encode(text)[:2] == [chat_llm.bos_id, chat_llm.bos_id]
+    assert chat_llm.decode(ids) == text
+
+
+def test_raise_exception_is_an_error(chat_llm):
+    with pytest.raises(flexh2o.Error, match="chat template: Conversation roles must alternate"):
+        chat_llm.apply_chat_template([{"role": "assistant", "content": "x"}])
+
+
+def test_strftime_now_and_list_form(tmp_path, chat_tokenizer):
+    d = tmp_path / "tok"
+    shutil.copytree(chat_tokenizer, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = [{"name": "tool_use", "template": "tools"},
+                            {"name": "default", "template": "{{ eos_token }}{{ strftime_now('%Y') | length }}"
+                                                            "{% for m in messages %}|{{ m.content }}{% endfor %}"}]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    llm = flexh2o.LLM(str(TINY["llama"]), tokenizer=str(d), device="cpu")
+    assert llm.apply_chat_template([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]) == "</s>4|a|b"
+    cfg["chat_template"] = [{"name": "tool_use", "template": "tools"}]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(flexh2o.Error, match='list without a "default" entry \\(names: tool_use\\)'):
+        flexh2o.LLM(str(TINY["llama"]), tokenizer=str(d), device="cpu").apply_chat_template([])
+
+
+def test_no_template_says_so(llms):
+    with pytest.raises(flexh2o.Error, match='no chat template: .*tokenizer_config.json has no "chat_template"'):
+        llms["llama"].apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_generate_chat_hook(chat_tokenizer):
+    # What `python -m flexh2o generate` installs as GenerateArgs::render_chat.
+    body = {"model": "m", "messages": CASES[0][1], "max_tokens": 4}
+    assert render_chat(str(chat_tokenizer), json.dumps(body)) == CASES[0][3]
+    with pytest.raises(flexh2o.Error, match='"messages" array'):
+        render_chat(str(chat_tokenizer), json.dumps({"prompt": "x"}))
+    with pytest.raises(flexh2o.Error, match="no chat template"):
+        render_chat("", json.dumps(body))

@@ -1,0 +1,70 @@
+"""LLM() errors: an unknown keyword is a TypeError naming it; a bad flag value, a missing
+model and a bad request are flexh2o.Error with the message the CLI prints for the same input."""
+
+import pytest
+
+import flexh2o
+from conftest import TINY, run_binary
+
+
+def cli_error(*flags):
+    """The message the binary prints for `generate` with these flags (after "flexh2o: error: ")."""
+    r = run_binary(["generate", "-m", TINY["opt"], "--prompt", "x", "--device", "cpu", *flags])
+    assert r.returncode in (1, 2), r.stderr
+    return r.stderr
+
+
+def test_unknown_flag_is_a_type_error():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'heavy_ration'"):
+        flexh2o.LLM(str(TINY["opt"]), heavy_ration=0.1)
+    with pytest.raises(TypeError, match="'max_new_tokens'"):  # a generate() parameter, not a flag
+        flexh2o.LLM(str(TINY["opt"]), max_new_tokens=3)
+
+
+@pytest.mark.parametrize("kw, flags", [
+    (dict(gpu_mem="lots"), ["--gpu-mem", "lots"]),
+    (dict(gpu_mem="0.5"), ["--gpu-mem", "0.5"]),
+    (dict(kv_policy="h2o", heavy_ratio=2.0, recent_ratio=0.1), ["--kv-policy", "h2o", "--heavy-ratio", "2.0",
+                                                                 "--recent-ratio", "0.1"]),
+    (dict(kv_policy="lru"), ["--kv-policy", "lru"]),
+    (dict(kv_seed=3), ["--kv-seed", "3"]),
+    # The binary checks --overlap only when it offloads; LLM() checks every flag up front.
+    (dict(overlap="maybe"), ["--overlap", "maybe", "--gpu-batch-size", "1"]),
+    (dict(kv_dtype="f8"), ["--kv-dtype", "f8"]),
+])
+def test_bad_value_has_the_cli_message(kw, flags):
+    with pytest.raises(flexh2o.Error) as e:
+        flexh2o.LLM(str(TINY["opt"]), device="cpu", **kw)
+    msg = str(e.value)
+    assert msg and f"flexh2o: error: {msg}\n" in cli_error(*flags)
+
+
+def test_parse_error_has_cli11_message():
+    # Five numbers for --percent: CLI11's own message, as the CLI prints it.
+    with pytest.raises(flexh2o.Error) as e:
+        flexh2o.LLM(str(TINY["opt"]), device="cpu", percent=[0, 100, 100, 0, 100])
+    assert str(e.value) and str(e.value) in cli_error("--percent", "0", "100", "100", "0", "100")
+    with pytest.raises(flexh2o.Error, match="--heavy-ratio"):
+        flexh2o.LLM(str(TINY["opt"]), device="cpu", kv_policy="h2o", heavy_ratio="lots")
+
+
+def test_missing_model_names_it(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(flexh2o.Error, match="no such model directory: " + str(missing)):
+        flexh2o.LLM(str(missing), device="cpu")
+    assert isinstance(flexh2o.Error("x"), RuntimeError)
+
+
+def test_bad_requests(llms):
+    llm = llms["opt"]
+    with pytest.raises(flexh2o.Error, match="prompt 1: .*outside the vocabulary"):
+        llm.generate([[2, 5], [2, 999999]], max_new_tokens=2)
+    with pytest.raises(flexh2o.Error, match="prompt 0: empty prompt"):
+        llm.generate([""], max_new_tokens=2)
+    with pytest.raises(flexh2o.Error, match="request 0: empty continuation"):
+        llm.loglikelihood([([2, 5], [])])
+    with pytest.raises(flexh2o.Error, match="sequence 1 is empty"):
+        llm.loglikelihood_rolling([[2, 5], []])
+    with pytest.raises(flexh2o.Error, match="device"):
+        flexh2o.LLM(str(TINY["opt"]), device="tpu")
+    assert llm.generate([], max_new_tokens=2) == []

@@ -1,0 +1,100 @@
+"""flexh2o.LLM.generate against the flexh2o binary's `generate` on the same prompts and
+parameters: the same token ids, text and finish reasons, in memory, offloaded and with H2O."""
+
+import pytest
+
+import flexh2o
+from conftest import TINY, cli_generate
+
+PROMPTS = ["In the beginning God created", "And the earth was without form,", "Grace be unto you"]
+
+
+def check_same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert isinstance(g, flexh2o.Completion)
+        assert g.token_ids == w["token_ids"]
+        assert g.text == w["text"]
+        assert g.finish_reason == w["finish_reason"]
+
+
+@pytest.mark.parametrize("model", ["opt", "llama"])
+def test_greedy_matches_cli(llms, tmp_path, model):
+    got = llms[model].generate(PROMPTS, max_new_tokens=12)
+    want = cli_generate(tmp_path, TINY[model], [{"prompt": p} for p in PROMPTS], "--greedy", "-n", "12")
+    check_same(got, want)
+    assert all(len(c.token_ids) > 0 for c in got)
+
+
+@pytest.mark.parametrize("model", ["opt", "llama"])
+def test_seeded_sampling_matches_cli(llms, tmp_path, model):
+    # Request i samples with seed + i, as the CLI's line i.
+    kw = dict(max_new_tokens=10, temperature=0.9, top_k=40, top_p=0.95, seed=7)
+    got = llms[model].generate(PROMPTS, **kw)
+    want = cli_generate(tmp_path, TINY[model], [{"prompt": p} for p in PROMPTS], "-n", "10", "--temperature", "0.9",
+                        "--top-k", "40", "--top-p", "0.95", "--seed", "7")
+    check_same(got, want)
+    assert got != llms[model].generate(PROMPTS, **{**kw, "seed": 8})  # the seed matters
+
+
+def test_id_prompts_are_used_exactly(llms, tmp_path):
+    llm = llms["llama"]
+    ids = [[5, 17, 300, 42], [llm.bos_id, 99, 100]]
+    got = llm.generate(ids, max_new_tokens=8, ignore_eos=True)
+    want = cli_generate(tmp_path, TINY["llama"], [{"prompt_ids": p} for p in ids], "--greedy", "-n", "8",
+                        "--ignore-eos")
+    check_same(got, want)
+    assert [len(c.token_ids) for c in got] == [8, 8]
+    assert all(c.finish_reason == "length" for c in got)
+
+
+def test_text_prompt_gets_bos_like_the_cli(llms):
+    llm = llms["llama"]
+    text = PROMPTS[0]
+    assert llm.encode(text)[0] == llm.bos_id
+    assert llm.encode(text, add_special=False) == llm.encode(text)[1:]
+    assert llm.generate(text, max_new_tokens=6) == llm.generate([llm.encode(text)], max_new_tokens=6)
+
+
+def test_single_string_returns_a_list_of_one(llms):
+    out = llms["opt"].generate("Hello", max_new_tokens=3)
+    assert isinstance(out, list) and len(out) == 1 and isinstance(out[0], flexh2o.Completion)
+    with pytest.raises(Exception):  # frozen
+        out[0].text = "x"
+
+
+def test_offloaded_gives_the_in_memory_tokens(llms):
+    off = flexh2o.LLM(str(TINY["opt"]), device="cpu", percent=[0, 100, 100, 0, 100, 0], gpu_batch_size=2,
+                      num_gpu_batches=2, cpu_cache_compute=True, gpu_mem="64MiB", overlap=True)
+    want = llms["opt"].generate(PROMPTS, max_new_tokens=10)
+    assert off.generate(PROMPTS, max_new_tokens=10) == want
+    rep = off.last_report
+    assert rep["offload"]["policy"]["gpu_batch_size"] == 2
+    assert rep["offload"]["bytes_moved"]["host_to_device"] > 0  # the weights stream from the host
+    assert rep["generated_tokens"] == sum(len(c.token_ids) for c in want)
+
+
+def test_h2o_matches_cli(tmp_path):
+    llm = flexh2o.LLM(str(TINY["llama"]), device="cpu", kv_policy="h2o", heavy_ratio=0.2, recent_ratio=0.2)
+    got = llm.generate(PROMPTS, max_new_tokens=12, ignore_eos=True)
+    want = cli_generate(tmp_path, TINY["llama"], [{"prompt": p} for p in PROMPTS], "--greedy", "-n", "12",
+                        "--ignore-eos", "--kv-policy", "h2o", "--heavy-ratio", "0.2", "--recent-ratio", "0.2")
+    check_same(got, want)
+    assert llm.last_report["kv_policy"].startswith("h2o")
+
+
+def test_last_report(llms):
+    llm = llms["opt"]
+    out = llm.generate(PROMPTS[:2], max_new_tokens=4, ignore_eos=True)
+    rep = llm.last_report
+    assert rep["requests"] == 2 and rep["finished_requests"] == 2
+    assert rep["generated_tokens"] == 8 == sum(len(c.token_ids) for c in out)
+    assert rep["device"] == "cpu" and rep["interrupted"] is False
+
+
+def test_attributes(llms):
+    llm = llms["llama"]
+    assert llm.name == "tiny-llama"
+    assert (llm.vocab_size, llm.max_length, llm.bos_id, llm.eos_id) == (4096, 1024, 0, 2)
+    assert llm.decode(llm.encode("Grace be unto you", add_special=False)) == "Grace be unto you"
+    assert llms["opt"].bos_id == 2  # OPT starts with </s>
