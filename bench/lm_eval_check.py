@@ -46,7 +46,7 @@ def lm_eval(model, extra, out):
     run([sys.executable, "-m", "flexh2o.lm_eval", "--model", "flexh2o", "--model_args", margs,
          "--include_path", TASKS / "lm_eval", "--tasks", f"{CHOICE},{PPL},{GEN}", "--num_fewshot", "0",
          "--device", "cpu", "--log_samples", "--output_path", out], cwd=ROOT)
-    results = json.load(open(sorted(glob.glob(f"{out}/**/results_*.json", recursive=True))[-1]))["results"]
+    results = json.load(open(sorted(glob.glob(f"{out}/**/results_*.json", recursive=True))[-1]))
     samples = {}
     for task in (CHOICE, PPL, GEN):
         path = sorted(glob.glob(f"{out}/**/samples_{task}_*.jsonl", recursive=True))[-1]
@@ -75,12 +75,24 @@ def check_choice(llm, adapter, binary, model, extra, results, samples, tmp):
         for ch in doc["choices"]:                            # a merge crosses the boundary
             whole = llm.encode(doc["context"] + ch, add_special=False)
             split_differs += whole[:len(ctx)] != ctx
-    r = results[CHOICE]
+    r = results["results"][CHOICE]
     row = {"lm-eval acc": r["acc,none"], "eval-choice acc": ec["acc"], "recomputed acc": acc / n,
            "lm-eval acc_norm (chars)": r["acc_norm,none"], "acc_norm per token from lm-eval": tok_norm / n,
            "eval-choice acc_norm (tokens)": ec["acc_norm"], "split differs": split_differs}
     ok = r["acc,none"] == ec["acc"] == acc / n and tok_norm / n == ec["acc_norm"]
     return row, ok
+
+
+def check_engine(extra, results):
+    """What the engine reported it ran (lm-eval's results "config", from FlexH2OLM.get_model_info)."""
+    e = results["config"]["flexh2o_engine"]
+    moved = sum(e.get("offload_bytes_moved", {}).values())
+    ok = ("h2o" in e["kv_policy"]) == ("kv_policy" in extra)
+    if "percent" in extra:
+        ok &= moved > 0 and e["offload_policy"]["percent"] == [float(x) for x in extra["percent"].split()]
+    else:
+        ok &= "offload_policy" not in e
+    return {"engine kv_policy": e["kv_policy"], "offload bytes moved": moved}, ok
 
 
 def check_ppl(binary, model, extra, samples, tmp):
@@ -95,6 +107,10 @@ def check_ppl(binary, model, extra, samples, tmp):
         cli = -p["mean_nll"] * p["tokens"]
         worst = max(worst, abs(ours - cli) / abs(cli))
     return {"ppl docs": len(samples), "max rel. diff vs eval-ppl": worst}, worst < 1e-9
+
+
+def slug(name):
+    return "".join(c if c.isalnum() else "_" for c in name)
 
 
 def check_gen(binary, model, extra, samples, tmp):
@@ -125,14 +141,17 @@ def main():
         adapter = HarnessAdapter(llm)
         for name, extra in CONFIGS:
             with tempfile.TemporaryDirectory() as tmp:
-                results, samples = lm_eval(model, extra, out_root / Path(model).name / name.split(",")[0].replace(" ", "_"))
-                row = {"model": Path(model).name, "config": name}
+                results, samples = lm_eval(model, extra, out_root / Path(model).name / slug(name))
+                row, oks = {"model": Path(model).name, "config": name}, []
                 for part, ok in (check_choice(llm, adapter, a.binary, model, extra, results, samples[CHOICE], tmp),
                                  check_ppl(a.binary, model, extra, samples[PPL], tmp),
-                                 check_gen(a.binary, model, extra, samples[GEN], tmp)):
+                                 ({"lm-eval word_perplexity": results["results"][PPL]["word_perplexity,none"]}, True),
+                                 check_gen(a.binary, model, extra, samples[GEN], tmp),
+                                 check_engine(extra, results)):
                     row.update(part)
-                    all_ok &= ok
-                    row["ok"] = row.get("ok", True) and ok
+                    oks.append(ok)
+                row["ok"] = all(oks)
+                all_ok &= row["ok"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     keys = list(rows[0])

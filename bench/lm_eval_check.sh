@@ -11,7 +11,9 @@ BUILD=${BUILD:-build}
 
 if [ ! -x "$VENV/bin/lm_eval" ]; then
   echo "creating $VENV (pip install lm-eval 0.4.13)" >&2
-  python3 -m venv "$VENV"
+  py=/usr/bin/python3  # the interpreter scripts/build.sh builds the extension for
+  [ -x "$py" ] || py=python3
+  "$py" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q 'lm-eval==0.4.13'
 fi

@@ -16,7 +16,7 @@ class Completion:
 
 
 class FakeLLM:
-    def __init__(self, max_length=16, bos=True, eos=True, script=()):
+    def __init__(self, max_length=16, bos=True, eos=True, script=(), report=None):
         self.pieces = ["<s>", "</s>"]
         self.index = {"<s>": 0, "</s>": 1}
         self.max_length = max_length
@@ -25,6 +25,8 @@ class FakeLLM:
         self.name = "fake"
         self.script = list(script)  # generated pieces, the same for every prompt
         self.calls = []
+        self.report = report  # what last_report becomes after each call
+        self.last_report = None
 
     # tokenizer -------------------------------------------------------------------------------
     def id_of(self, piece):
@@ -63,6 +65,7 @@ class FakeLLM:
     def loglikelihood(self, requests):
         reqs = [(list(c), list(x)) for c, x in requests]
         self.calls.append(("loglikelihood", reqs))
+        self.last_report = self.report
         for c, x in reqs:
             assert c and x and len(c) + len(x) - 1 <= self.max_length, (c, x)
         return [self.score(c, x) for c, x in reqs]
@@ -70,6 +73,7 @@ class FakeLLM:
     def loglikelihood_rolling(self, seqs):
         seqs = [list(s) for s in seqs]
         self.calls.append(("loglikelihood_rolling", seqs))
+        self.last_report = self.report
         for s in seqs:
             assert 2 <= len(s) <= self.max_length + 1, s
         return [self.score(s[:1], s[1:])[0] for s in seqs]
@@ -79,6 +83,7 @@ class FakeLLM:
         prompts = [list(p) for p in prompts]
         self.calls.append(("generate", prompts, dict(max_new_tokens=max_new_tokens, temperature=temperature,
                                                      top_k=top_k, top_p=top_p, seed=seed)))
+        self.last_report = self.report
         out = []
         for p in prompts:
             assert len(p) + max_new_tokens <= self.max_length, (len(p), max_new_tokens)

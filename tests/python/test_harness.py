@@ -223,6 +223,17 @@ def test_loglik_schedule_dedups_and_sorts_longest_first():
     assert [distinct[w] for w in which] == reqs
 
 
+def test_merge_report_sums_bytes_over_calls():
+    rep = {"device_name": "CPU", "kv_policy": "h2o", "kv_dtype": "F16", "tokens_per_s": 5.0,
+           "offload": {"policy": {"percent": [50, 50]}, "bytes_moved": {"host_to_device": 10, "disk_to_host": 0}}}
+    t = h.merge_report({}, rep)
+    t = h.merge_report(t, None)
+    t = h.merge_report(t, dict(rep, offload={"policy": {"percent": [50, 50]}, "bytes_moved": {"host_to_device": 5}}))
+    assert t == {"engine_calls": 3, "device_name": "CPU", "kv_policy": "h2o", "kv_dtype": "F16",
+                 "offload_policy": {"percent": [50, 50]}, "offload_bytes_moved": {"host_to_device": 15, "disk_to_host": 0}}
+    assert h.merge_report({}, {"kv_policy": "full"}) == {"engine_calls": 1, "kv_policy": "full"}
+
+
 # ---------------------------------------------------------------------------------------------
 # --model_args
 
@@ -347,6 +358,16 @@ def test_adapter_rolling_windows_reach_the_right_calls():
                          ("loglikelihood", [windows[2]])]
 
 
+def test_adapter_sums_the_engine_reports():
+    rep = {"kv_policy": "h2o", "offload": {"policy": {}, "bytes_moved": {"host_to_device": 7}}}
+    ad = HarnessAdapter(FakeLLM(max_length=8, report=rep, script=[" z"]), chunk_size=1)
+    ad.loglikelihood([("a", " b"), ("a b", " c")])
+    ad.loglikelihood_rolling(["a b"])
+    ad.generate_until([("a", {"max_gen_toks": 2})])
+    assert ad.engine == {"engine_calls": 4, "kv_policy": "h2o", "offload_policy": {},
+                         "offload_bytes_moved": {"host_to_device": 28}}
+
+
 def test_adapter_rolling_needs_a_prefix():
     with pytest.raises(RequestError, match="needs a prefix token"):
         HarnessAdapter(FakeLLM(bos=False, eos=False)).loglikelihood_rolling(["a"])
@@ -411,6 +432,8 @@ def test_lm_class_is_registered_and_plumbs_instances():
     assert (lm.max_length, lm.max_gen_toks, lm.eot_token_id, lm.prefix_token_id, lm.tokenizer_name) == \
         (16, 4, 1, 0, "fake")
     assert lm.apply_chat_template([{"role": "user", "content": "hi"}]) == "<user>hi<assistant>"
+    assert lm.get_model_info() == {"flexh2o_model": "fake", "flexh2o_llm_flags": {"device": "auto"},
+                                   "flexh2o_engine": {"engine_calls": 5}}  # 1 + 2 rolling + 2 generate
     with pytest.raises(TypeError, match=r"takes no model or LLM flags, got \['pretrained', 'kv_policy'\]"):
         mod.FlexH2OLM(pretrained="/m", llm=llm, kv_policy="h2o", device="cpu", batch_size=1)
 

@@ -272,6 +272,27 @@ def loglik_schedule(requests: Sequence[tuple[Ids, Ids]]) -> tuple[list[tuple[Ids
     return [firsts[d] for d in order], [rank[d] for d in which]
 
 
+def merge_report(totals: dict[str, Any], report: dict[str, Any] | None) -> dict[str, Any]:
+    """Adds one LLM.last_report to running totals for lm-eval's results ("config"): the engine
+    calls, the device, KV policy and dtype, the offloading policy, and the bytes moved per link
+    summed over calls (offloaded runs only)."""
+    out = dict(totals)
+    out["engine_calls"] = out.get("engine_calls", 0) + 1
+    if not report:
+        return out
+    for key in ("device_name", "kv_policy", "kv_dtype", "compress_weight"):
+        if key in report:
+            out[key] = report[key]
+    off = report.get("offload")
+    if off:
+        out["offload_policy"] = off.get("policy")
+        moved = dict(out.get("offload_bytes_moved", {}))
+        for link, n in off.get("bytes_moved", {}).items():
+            moved[link] = moved.get(link, 0) + n
+        out["offload_bytes_moved"] = moved
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # --model_args
 

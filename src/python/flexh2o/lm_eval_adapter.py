@@ -43,6 +43,12 @@ class HarnessAdapter:
         self.vocab = h.Vocab(encode=lambda text: list(llm.encode(text, add_special=False)),
                              bos_id=bos if add_bos_token else None, prefix_id=prefix)
         self.eos_text = llm.decode([eos]) if eos is not None else ""
+        self.engine: dict[str, Any] = {}  # harness.merge_report over every LLM call
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        out = getattr(self.llm, method)(*args, **kwargs)
+        self.engine = h.merge_report(self.engine, getattr(self.llm, "last_report", None))
+        return out
 
     # -- loglikelihood ---------------------------------------------------------------------------
 
@@ -65,7 +71,7 @@ class HarnessAdapter:
         distinct, which = h.loglik_schedule(requests)
         scored: list[tuple[float, bool]] = []
         for chunk in h.chunks(distinct, self.chunk_size):
-            res = self.llm.loglikelihood(chunk)
+            res = self._call("loglikelihood", chunk)
             if len(res) != len(chunk):
                 raise RuntimeError(f"LLM.loglikelihood returned {len(res)} results for {len(chunk)} requests")
             scored += [(float(ll), bool(greedy)) for ll, greedy in res]
@@ -93,7 +99,7 @@ class HarnessAdapter:
         totals = [0.0] * len(texts)
         order = h.sort_order([-len(ids) for _, ids in streams])
         for chunk in h.chunks(order, self.chunk_size):
-            res = self.llm.loglikelihood_rolling([streams[j][1] for j in chunk])
+            res = self._call("loglikelihood_rolling", [streams[j][1] for j in chunk])
             if len(res) != len(chunk):
                 raise RuntimeError(f"LLM.loglikelihood_rolling returned {len(res)} results for {len(chunk)} texts")
             for j, ll in zip(chunk, res):
@@ -121,9 +127,8 @@ class HarnessAdapter:
                        for i in group}
             ordered = [group[j] for j in h.sort_order([-len(prompts[i]) for i in group])]
             for chunk in h.chunks(ordered, self.chunk_size):
-                done = self.llm.generate([prompts[i] for i in chunk], max_new_tokens=spec.max_gen_toks,
-                                         temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
-                                         seed=spec.seed)
+                done = self._call("generate", [prompts[i] for i in chunk], max_new_tokens=spec.max_gen_toks,
+                               temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, seed=spec.seed)
                 if len(done) != len(chunk):
                     raise RuntimeError(f"LLM.generate returned {len(done)} completions for {len(chunk)} prompts")
                 for i, c in zip(chunk, done):

@@ -39,6 +39,7 @@ class FlexH2OLM(LM):
 
             llm = LLM(args.model, **args.llm_kwargs)
         self.llm = llm
+        self.flags = {k: v for k, v in args.llm_kwargs.items()}
         self.adapter = HarnessAdapter(llm, max_length=args.max_length, max_gen_toks=args.max_gen_toks,
                                       add_bos_token=args.add_bos_token, prefix_token_id=args.prefix_token_id,
                                       seed=args.seed, chunk_size=args.chunk_size)
@@ -62,6 +63,10 @@ class FlexH2OLM(LM):
     @property
     def tokenizer_name(self) -> str:
         return str(self.llm.name)
+
+    def get_model_info(self) -> dict[str, Any]:
+        """Goes into lm-eval's results "config": what ran (the engine's own reports, summed)."""
+        return {"flexh2o_model": str(self.llm.name), "flexh2o_llm_flags": self.flags, "flexh2o_engine": self.adapter.engine}
 
     def tok_encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         return list(self.llm.encode(text, add_special=bool(add_special_tokens)))
