@@ -416,6 +416,7 @@ def test_lm_class_is_registered_and_plumbs_instances():
     from lm_eval.api.registry import get_model
 
     assert get_model("flexh2o") is mod.FlexH2OLM
+    assert get_model("dummy").__name__ == "DummyLM"  # lm-eval's own models are still there
     llm = FakeLLM(max_length=16, script=[" yes", "\n"])
     lm = mod.FlexH2OLM(llm=llm, max_gen_toks=4)
     ref = HarnessAdapter(FakeLLM(max_length=16, script=[" yes", "\n"]), max_gen_toks=4)

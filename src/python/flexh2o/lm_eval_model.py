@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import lm_eval.models  # noqa: F401  (lm-eval's own models first: it loads them only into an empty registry)
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
