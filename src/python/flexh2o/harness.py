@@ -21,8 +21,18 @@
   id is never fed). A continuation of more than ``max_length`` ids is refused, as HFLM refuses it.
 * Rolling log-likelihood (perplexity tasks): the text is encoded without special tokens and
   scored in windows of ``max_length`` predictions, the first conditioned on ``[prefix]``: that is
-  ``flexh2o eval-ppl``'s ``BOS + text``. (HFLM with a BOS-adding tokenizer also scores the
+  ``flexh2o eval-ppl``'s ``BOS + text``. (HFLM 0.4.13 with a BOS-adding tokenizer also scores the
   text's own BOS after the prefix; we do not.)
+* Generation: the prompt is BOS + context cut from the left to ``max_length - max_gen_toks``;
+  the text is ``decode`` of the generated ids cut before the earliest 'until' string (or the EOS
+  text). HFLM stops generating at a stop string; we cut afterwards: the same text, more tokens
+  computed. Sampling uses seed + the request's position in its LLM call (LLM.generate), so a
+  sampled text depends on the batching; greedy does not.
+* KV policies: a log-likelihood request's context is prefilled and the policy's ratios are
+  fractions of that context, as in eval-choice (eviction follows the prefill's attention, so a
+  continuation's first token sees the whole context). Rolling windows whose context is one token
+  go through LLM.loglikelihood_rolling, one token per step, ratios being fractions of the tokens
+  scored, as in eval-ppl; a last window with a longer context is a log-likelihood request.
 * acc_norm: lm-eval divides a choice's log-likelihood by its length in characters (acc_bytes: in
   UTF-8 bytes); eval-choice divides by its number of tokens. acc is the same quantity in both.
 """
