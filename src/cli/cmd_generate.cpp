@@ -1,4 +1,5 @@
-// `flexh2o generate`: one --prompt or a JSONL file of prompts -> JSONL results + run report.
+// `flexh2o generate`: one --prompt or a JSONL file of prompts (flexh2o's lines, or an OpenAI Batch
+// file: openai_batch.h) -> JSONL results (in the same format) + run report.
 // Results are appended to --output as they finish and fsync'd after each batch, so a run that
 // is interrupted (SIGINT/SIGTERM: it stops at a token step and keeps what finished) or killed
 // is finished by `--resume`, which skips every request whose id already has a complete line.
@@ -9,13 +10,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <random>
+#include <span>
 #include <type_traits>
 
 #include "cli/commands.h"
+#include "cli/openai_batch.h"
 #include "cli/progress.h"
 #include "cli/output_file.h"
 #include "core/error.h"
@@ -28,13 +33,29 @@ namespace flexh2o::cli {
 namespace {
 using nlohmann::json;
 
-// One input line (or the --prompt) turned into a request, or the reason it cannot be.
+namespace batch = openai_batch;
+
+// The two input (and output) formats; one file holds one.
+enum class Format { kFlexh2o, kBatch };
+const char* format_name(Format f) {
+  return f == Format::kBatch ? "an OpenAI Batch file" : "a flexh2o JSONL file";
+}
+
+// One input line (or the --prompt) turned into requests, or the reason it cannot be.
 struct Item {
-  json id;
+  json id;  // flexh2o's "id" (default: the line's index), or the Batch "custom_id"
   int64_t line = 0;
-  GenerationRequest req;
+  std::vector<GenerationRequest> reqs;  // one; a Batch line: one per prompt and choice
   std::string error;
+  std::optional<std::string> error_param;  // Batch lines: the field at fault
+  std::optional<batch::Request> batch;
+  size_t first_req = 0, results = 0;  // where its requests sit in the run; how many finished
+  bool ready() const { return !reqs.empty() && results == reqs.size(); }
 };
+
+// Choice k (of each prompt) of a Batch line draws from base seed + k * this odd constant (2^64 /
+// golden ratio): choice 0 uses the base seed, as a flexh2o line does, and no two choices share one.
+constexpr uint64_t kChoiceSeedStride = 0x9E3779B97F4A7C15ull;
 
 template <typename T>
 T field(const json& j, const char* key, T dflt) {
@@ -55,27 +76,90 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
   it.line = line;
   it.id = j.contains("id") ? j["id"] : json(index);
   try {
+    GenerationRequest req;
     if (j.contains("prompt_ids")) {
-      it.req.prompt_ids = json_to_ids(j["prompt_ids"], "field \"prompt_ids\"");
+      req.prompt_ids = json_to_ids(j["prompt_ids"], "field \"prompt_ids\"");
     } else if (j.contains("prompt")) {
       if (!j["prompt"].is_string()) FH_FAIL("field \"prompt\" must be a string");
       const std::string text = j["prompt"].get<std::string>();
       if (text.empty()) FH_FAIL("empty prompt");
       if (!lm.tokenizer) FH_FAIL("this model has no tokenizer: give \"prompt_ids\" or pass --tokenizer DIR");
-      it.req.prompt_ids = lm.tokenizer->encode(text, /*add_special=*/true);
+      req.prompt_ids = lm.tokenizer->encode(text, /*add_special=*/true);
     } else {
       FH_FAIL("line has neither \"prompt\" nor \"prompt_ids\"");
     }
-    it.req.max_new_tokens = field<int64_t>(j, "max_new_tokens", a.max_new_tokens);
-    it.req.sampling.temperature = a.greedy ? 0.f : field<float>(j, "temperature", a.temperature);
-    it.req.sampling.top_k = field<int>(j, "top_k", a.top_k);
-    it.req.sampling.top_p = field<float>(j, "top_p", a.top_p);
-    it.req.sampling.seed = field<uint64_t>(j, "seed", a.seed + index);
-    validate_request(it.req, lm.model->config());
+    req.max_new_tokens = field<int64_t>(j, "max_new_tokens", a.max_new_tokens);
+    req.sampling.temperature = a.greedy ? 0.f : field<float>(j, "temperature", a.temperature);
+    req.sampling.top_k = field<int>(j, "top_k", a.top_k);
+    req.sampling.top_p = field<float>(j, "top_p", a.top_p);
+    req.sampling.seed = field<uint64_t>(j, "seed", a.seed + index);
+    validate_request(req, lm.model->config());
+    it.reqs.push_back(std::move(req));
   } catch (const Error& e) {
     it.error = e.what();
   }
   return it;
+}
+
+// A Batch line: its prompts x n choices. Bodies carry OpenAI's defaults (max_tokens 16 for
+// completions, up to the context for chat; temperature 1, top_p 1); --greedy, --top-k and --seed
+// (base seed + line index, when the body has no seed) still apply.
+Item make_batch_item(const json& j, int64_t line, size_t index, const GenerateArgs& a, const LoadedModel& lm) {
+  batch::Hooks hooks;
+  if (lm.tokenizer)
+    hooks.tokenize = [&](const std::string& text, bool add_special) { return lm.tokenizer->encode(text, add_special); };
+  hooks.render_chat = a.render_chat;
+  batch::Parsed p = batch::parse_input_line(j, hooks);
+  Item it;
+  it.line = line;
+  it.id = p.custom_id;
+  if (p.error) {
+    it.error = p.error->message;
+    it.error_param = p.error->param;
+    return it;
+  }
+  const batch::Request& r = *p.request;
+  const ModelConfig& cfg = lm.model->config();
+  const uint64_t base = r.seed ? uint64_t(*r.seed) : a.seed + index;
+  try {
+    for (const auto& prompt : r.prompts)
+      for (int64_t k = 0; k < r.n; ++k) {
+        GenerationRequest g;
+        g.prompt_ids = prompt;
+        g.max_new_tokens = r.max_tokens.value_or(std::max<int64_t>(0, cfg.max_positions - int64_t(prompt.size())));
+        g.sampling.temperature = a.greedy ? 0.f : r.temperature;
+        g.sampling.top_k = a.top_k;
+        g.sampling.top_p = r.top_p;
+        g.sampling.seed = base + uint64_t(k) * kChoiceSeedStride;
+        validate_request(g, cfg);
+        it.reqs.push_back(std::move(g));
+      }
+    it.batch = std::move(p.request);
+  } catch (const Error& e) {
+    it.reqs.clear();
+    it.error = e.what();
+  }
+  return it;
+}
+
+// The format of --input, from a first pass over it (before any output is opened): a file that
+// mixes Batch lines with flexh2o lines is refused. Lines that are not JSON objects say nothing.
+Format input_format(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) FH_FAIL("cannot read --input ", path);
+  int64_t first_batch = 0, first_ours = 0;
+  for_each_jsonl(
+      in,
+      [&](int64_t line, const json& j) {
+        int64_t& first = batch::is_input_line(j) ? first_batch : first_ours;
+        if (!first) first = line;
+        if (first_batch && first_ours)
+          FH_FAIL("--input ", path, " mixes formats: line ", first_batch, " is an OpenAI Batch request "
+                  "({\"custom_id\", \"method\", \"url\", \"body\"}) and line ", first_ours,
+                  " is a flexh2o request ({\"prompt\"} or {\"prompt_ids\"}); give one format per file");
+      },
+      [](int64_t, const std::string&) {});
+  return first_batch ? Format::kBatch : Format::kFlexh2o;
 }
 
 
@@ -88,13 +172,15 @@ std::optional<std::string> resume_key(const json& id) {
 
 // What an earlier run left in --output: the line of each id with a complete result.
 struct PriorResults {
-  std::map<std::string, int64_t> line_of;  // resume_key(id) -> line number
-  int64_t failed = 0;                      // lines that carry an "error"
+  std::map<std::string, int64_t> line_of;  // resume_key(id or custom_id) -> line number
+  int64_t failed = 0;                      // lines that carry an error
+  std::optional<Format> format;            // of the lines (none: no complete line)
 };
 
 // Reads --output for --resume. A complete line ends with a newline and parses as a result with
-// an id; a last line without a newline (the run was killed while writing it) is cut off. Any
-// other line means the file is not flexh2o's results: refused before anything is changed.
+// an id (or a Batch output line with a custom_id); a last line without a newline (the run was
+// killed while writing it) is cut off. Any other line, or a file that mixes the two formats,
+// means the file is not flexh2o's results: refused before anything is changed.
 PriorResults read_prior_results(const std::string& path) {
   PriorResults prior;
   std::ifstream in(path, std::ios::binary);
@@ -109,14 +195,25 @@ PriorResults read_prior_results(const std::string& path) {
       FH_FAIL("--resume: ", path, ":", lineno, " is longer than ", kMaxLineBytes, " bytes: not a result line");
     if (complete_bytes + line.size() + 1 > size) break;  // no newline: a partial last line
     const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool is_batch = batch::is_output_line(j);  // it has an "id" and an "error" too: first
     const std::optional<std::string> key =
-        j.is_object() && j.contains("id") ? resume_key(j["id"]) : std::nullopt;
-    if (!key || !(j.contains("error") || j.contains("token_ids")))
-      FH_FAIL("--resume: ", path, ":", lineno, " is not a result line with a string or number \"id\"; refusing "
-              "to append to a file flexh2o did not write (move it away, or pass --overwrite instead of --resume)");
+        is_batch ? std::optional(j["custom_id"].dump())
+        : j.is_object() && j.contains("id") && (j.contains("error") || j.contains("token_ids")) ? resume_key(j["id"])
+                                                                                                : std::nullopt;
+    if (!key)
+      FH_FAIL("--resume: ", path, ":", lineno, " is not a result line with a string or number \"id\" (nor a Batch "
+              "output line with a \"custom_id\"); refusing to append to a file flexh2o did not write (move it "
+              "away, or pass --overwrite instead of --resume)");
+    const Format f = is_batch ? Format::kBatch : Format::kFlexh2o;
+    if (prior.format && *prior.format != f)
+      FH_FAIL("--resume: ", path, ":", lineno, (is_batch ? " is an OpenAI Batch output line" : " is a flexh2o "
+              "result line"), " but line 1 is not; refusing to append to a file that mixes the formats");
+    prior.format = f;
     auto [it, fresh] = prior.line_of.emplace(*key, lineno);
-    if (!fresh) FH_FAIL("--resume: ", path, ":", lineno, " repeats id ", *key, " of line ", it->second);
-    prior.failed += j.contains("error");
+    if (!fresh)
+      FH_FAIL("--resume: ", path, ":", lineno, " repeats ", is_batch ? "custom_id " : "id ", *key, " of line ",
+              it->second);
+    prior.failed += is_batch ? batch::output_line_failed(j) : j.contains("error");
     complete_bytes += line.size() + 1;
   }
   if (size > complete_bytes) {
@@ -129,7 +226,7 @@ PriorResults read_prior_results(const std::string& path) {
 }
 
 // Opens --output for this run's results (see register_generate's help for the rules).
-OutputFile open_results(const GenerateArgs& a, PriorResults& prior) {
+OutputFile open_results(const GenerateArgs& a, Format format, PriorResults& prior) {
   struct stat st {};
   const bool exists = ::stat(a.output.c_str(), &st) == 0;
   const bool holds_results = exists && S_ISREG(st.st_mode) && st.st_size > 0;
@@ -137,6 +234,10 @@ OutputFile open_results(const GenerateArgs& a, PriorResults& prior) {
     FH_FAIL("--resume needs --output to be a regular file; ", a.output, " is not");
   if (a.resume) {
     if (holds_results) prior = read_prior_results(a.output);
+    if (prior.format && *prior.format != format)
+      FH_FAIL("--resume: --output ", a.output, " holds the results of ", format_name(*prior.format), " but --input ",
+              a.input.empty() ? std::string("(--prompt)") : a.input, " is ", format_name(format),
+              "; is it the output of another input?");
     return OutputFile({"--output", a.output}, OutputFile::Mode::kAppend);
   }
   if (holds_results && !a.overwrite)
@@ -154,11 +255,15 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
                 "or a preset name from configs/models (dummy weights)")->required();
   g->add_option("--tokenizer", a.tokenizer, "Tokenizer directory (default: the model directory)");
   auto* p = g->add_option("--prompt,-p", a.prompt, "One prompt (BOS added per model convention)");
-  auto* in = g->add_option("--input,-i", a.input, "JSONL input: {\"prompt\": ...} or {\"prompt_ids\": [...]} per line, "
-                           "optional id, max_new_tokens, temperature, top_k, top_p, seed");
+  auto* in = g->add_option(
+      "--input,-i", a.input,
+      "JSONL input, one request a line, in one of two formats (see below): flexh2o's {\"prompt\": ...} or "
+      "{\"prompt_ids\": [...]} with optional id, max_new_tokens, temperature, top_k, top_p, seed; or an OpenAI "
+      "Batch file ({\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/completions\" or \"/v1/chat/completions\", "
+      "\"body\"}). Output lines follow the input's format");
   p->excludes(in);
   g->add_option("--output,-o", a.output,
-                "JSONL output (id, text, token_ids, finish_reason; default stdout). Results are appended as they "
+                "JSONL output (id, text, token_ids, finish_reason; Batch output lines for a Batch file; default stdout). Results are appended as they "
                 "finish and fsync'd after each batch; a file that already holds results is refused unless "
                 "--resume or --overwrite is given");
   auto* resume = g->add_flag("--resume", a.resume,
@@ -188,6 +293,21 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   add_offload_flags(g, a.offload);
   add_kv_flags(g, a.kv);
   g->footer(
+      "OpenAI Batch files (--input lines {\"custom_id\", \"method\": \"POST\", \"url\", \"body\"}):\n"
+      "  Output: a line per request, in input order: {\"id\": \"batch_req_...\", \"custom_id\", \"response\": "
+      "{\"status_code\": 200, \"request_id\", \"body\": a text_completion or chat.completion with choices and usage}, "
+      "\"error\": null}; a line that cannot run gets status_code 400 and body.error {message, type, param, code}.\n"
+      "  Body: model is echoed back, never used to pick a model (--model does). prompt: a string (BOS added, as for "
+      "flexh2o lines), token ids (used as given), or an array of either (choices for each). max_tokens (or "
+      "max_completion_tokens): default 16 for completions, up to the context for chat (give it: the KV cache is "
+      "sized for it). temperature (default 1), top_p (1), n (choice k uses seed + k * 0x9E3779B97F4A7C15), stop (up "
+      "to 4 strings: the text is cut before the first, finish_reason \"stop\"), seed (default --seed + the line's "
+      "index). --max-new-tokens, --temperature and --top-p do not apply; --greedy, --top-k and --ignore-eos do.\n"
+      "  Other OpenAI parameters (stream, logprobs, echo, penalties, logit_bias, tools, response_format, ...) are "
+      "refused unless at their default, unknown ones are refused as OpenAI does, and user, metadata, store and "
+      "service_tier are ignored. custom_ids must be unique.\n"
+      "  Chat lines need the model's (Jinja) chat template, which the flexh2o binary cannot render: "
+      "`python -m flexh2o generate ...` (the same flags) renders it (its text is tokenized without adding BOS).\n\n"
       "Exit code: 0 when every request has a result, 1 when any line failed (its \"error\" is in the output) or on "
       "an error. SIGINT/SIGTERM stop at the next token step: finished results are kept, the report says "
       "\"interrupted\": true, the exit code is 130/143, and --resume finishes the run. A second signal ends it at "
@@ -206,9 +326,11 @@ int run_generate(const GenerateArgs& a, const Env& env) {
     check_outputs_are_not_inputs({{"--output", a.output}, {"--report", a.report}, {"--trace", a.offload.trace}},
                                  inputs);
   }
+  const Format format = a.input.empty() ? Format::kFlexh2o : input_format(a.input);
+  const bool is_batch = format == Format::kBatch;
   PriorResults prior;
   std::optional<OutputFile> out_file;
-  if (!a.output.empty()) out_file.emplace(open_results(a, prior));
+  if (!a.output.empty()) out_file.emplace(open_results(a, format, prior));
   const std::string device = select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
   const ModelConfig& cfg = lm.model->config();
@@ -222,35 +344,54 @@ int run_generate(const GenerateArgs& a, const Env& env) {
     std::ifstream in(a.input);
     if (!in) FH_FAIL("cannot read --input ", a.input);
     for_each_jsonl(
-        in, [&](int64_t line, const json& j) { items.push_back(make_item(j, line, items.size(), a, lm)); },
+        in,
+        [&](int64_t line, const json& j) {
+          items.push_back(is_batch ? make_batch_item(j, line, items.size(), a, lm)
+                                   : make_item(j, line, items.size(), a, lm));
+        },
         [&](int64_t line, const std::string& msg) {
           Item it;
           it.line = line;
-          it.id = json(items.size());
+          it.id = is_batch ? json() : json(items.size());  // a Batch line's custom_id is unknown
           it.error = msg;
           items.push_back(std::move(it));
         });
   }
   const std::string where = a.input.empty() ? "prompt" : a.input;
+  const char* id_name = is_batch ? "custom_id" : "id";
   // With --resume, the requests whose id already has a result are done; ids must identify.
   std::vector<bool> done(items.size(), false);
   if (a.resume) {
     std::map<std::string, int64_t> line_of_id;
     for (size_t i = 0; i < items.size(); ++i) {
-      const std::optional<std::string> key = resume_key(items[i].id);
-      if (!key) FH_FAIL("--resume: ", where, ":", items[i].line, ": the id must be a string or a number");
+      const std::optional<std::string> key =
+          is_batch && !items[i].id.is_string() ? std::nullopt : resume_key(items[i].id);
+      if (!key)
+        FH_FAIL("--resume: ", where, ":", items[i].line, ": the ", id_name,
+                is_batch ? " must be a string (fix the line)" : " must be a string or a number");
       auto [it, fresh] = line_of_id.emplace(*key, items[i].line);
-      if (!fresh) FH_FAIL("--resume: ", where, ":", items[i].line, " repeats id ", *key, " of line ", it->second,
-                          "; ids must be unique to resume");
+      if (!fresh) FH_FAIL("--resume: ", where, ":", items[i].line, " repeats ", id_name, " ", *key, " of line ",
+                          it->second, "; ", id_name, "s must be unique to resume");
       done[i] = prior.line_of.count(*key) > 0;
     }
     for (const auto& [key, line] : prior.line_of)
       if (!line_of_id.count(key))
-        FH_FAIL("--resume: --output ", a.output, ":", line, " has id ", key, ", which is not in ", where,
+        FH_FAIL("--resume: --output ", a.output, ":", line, " has ", id_name, " ", key, ", which is not in ", where,
                 "; is it the output of another input?");
+  } else if (is_batch) {  // OpenAI requires unique custom_ids: a repeat is that line's error
+    std::map<std::string, int64_t> line_of_id;
+    for (Item& it : items) {
+      if (!it.id.is_string()) continue;
+      auto [at, fresh] = line_of_id.emplace(it.id.get<std::string>(), it.line);
+      if (fresh || !it.error.empty()) continue;
+      it.error = "custom_id " + it.id.dump() + " repeats line " + std::to_string(at->second) +
+                 "; custom_ids must be unique in a batch";
+      it.error_param = "custom_id";
+      it.reqs.clear();
+    }
   }
   int64_t bad = prior.failed;
-  size_t skipped = 0;
+  size_t skipped = 0, to_run = 0;
   std::vector<GenerationRequest> reqs;
   std::vector<size_t> req_item;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -264,8 +405,12 @@ int run_generate(const GenerateArgs& a, const Env& env) {
                 << ": " << items[i].error << "\n";
       continue;
     }
-    req_item.push_back(i);
-    reqs.push_back(items[i].req);
+    ++to_run;
+    items[i].first_req = reqs.size();
+    for (const GenerationRequest& r : items[i].reqs) {
+      req_item.push_back(i);
+      reqs.push_back(r);
+    }
   }
   if (a.resume)
     std::cerr << "flexh2o: --resume: " << skipped << " of " << items.size() << " requests already in " << a.output
@@ -273,17 +418,34 @@ int run_generate(const GenerateArgs& a, const Env& env) {
 
   const bool human = !a.output.empty() && !a.quiet;
   const bool single = !a.prompt.empty() && a.output.empty();
+  std::vector<std::optional<GenerationResult>> ready(reqs.size());
+  auto decode = [&](std::span<const int32_t> ids) { return lm.tokenizer ? lm.tokenizer->decode(ids) : std::string(); };
+  batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
+  // A Batch line's result: its choices (cut at stop strings) and usage.
+  auto batch_line = [&](const Item& it) {
+    if (!it.error.empty()) return batch::error_line(it.id, {it.error, it.error_param}, ids);
+    std::vector<batch::Choice> choices;
+    for (size_t k = 0; k < it.reqs.size(); ++k) {
+      const GenerationResult& r = *ready[it.first_req + k];
+      choices.push_back(batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, it.batch->stop));
+    }
+    int64_t prompt_tokens = 0;
+    for (const auto& p : it.batch->prompts) prompt_tokens += int64_t(p.size());
+    if (human) std::cout << "[" << it.id.dump() << "] " << choices[0].text << "\n";
+    return batch::success_line(*it.batch, choices, prompt_tokens, cfg.name, int64_t(std::time(nullptr)), ids);
+  };
   // One result line for item i; the --prompt-only mode prints just the text.
-  std::vector<std::optional<GenerationResult>> ready(items.size());
   auto emit = [&](size_t i) {
     const Item& it = items[i];
     json o{{"id", it.id}};
-    if (!it.error.empty()) {
+    if (is_batch) {
+      o = batch_line(it);
+    } else if (!it.error.empty()) {
       o["error"] = it.error;
       if (it.line) o["line"] = it.line;
     } else {
-      const GenerationResult& r = *ready[i];
-      std::string text = lm.tokenizer ? lm.tokenizer->decode(r.tokens) : std::string();
+      const GenerationResult& r = *ready[it.first_req];
+      std::string text = decode(r.tokens);
       if (human) std::cout << "[" << it.id.dump() << "] " << text << "\n";
       if (single) {
         std::cout << text << "\n";
@@ -299,7 +461,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   // Results are written in input order as soon as all earlier ones are done.
   size_t next = 0;
   auto flush = [&] {
-    for (; next < items.size() && (done[next] || !items[next].error.empty() || ready[next]); ++next)
+    for (; next < items.size() && (done[next] || !items[next].error.empty() || items[next].ready()); ++next)
       if (!done[next]) emit(next);
     if (out_file) out_file->flush();
     else std::cout.flush();
@@ -322,13 +484,20 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   go.eos_id = lm.tokenizer && lm.tokenizer->eos_id() ? lm.tokenizer->eos_id() : cfg.eos_id;
   go.pad_id = cfg.pad_id.value_or(0);
   go.stop = env.stop;
+  // A Batch request with stop strings ends once its text holds one (finish_choice then cuts the
+  // same text), instead of generating the rest of max_tokens.
+  go.ends_at = [&](size_t r, std::span<const int32_t> tokens) {
+    const Item& it = items[req_item[r]];
+    return it.batch && !it.batch->stop.empty() && batch::first_stop_at(decode(tokens), it.batch->stop) != std::string::npos;
+  };
   Progress progress("generate", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, rs.offload);
   go.on_progress = [&](int64_t done_tokens, int64_t total) { progress.update(done_tokens, total); };
   // A batch's results arrive together (batches run in request order): make them durable then.
-  size_t results = 0;
+  size_t results = 0, finished = 0;  // engine requests; lines whose requests all finished
   const size_t batch = size_t(runner->max_batch());
   go.on_result = [&](size_t r, const GenerationResult& res) {
-    ready[req_item[r]] = res;
+    ready[r] = res;
+    finished += ++items[req_item[r]].results == items[req_item[r]].reqs.size();
     flush();
     if (++results % batch == 0 || results == reqs.size())
       if (out_file) out_file->sync();
@@ -339,24 +508,24 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   flush();
   if (st.interrupted)  // keep every finished result, even those after an unfinished one
     for (size_t i = next; i < items.size(); ++i)
-      if (!done[i] && (!items[i].error.empty() || ready[i])) emit(i);
+      if (!done[i] && (!items[i].error.empty() || items[i].ready())) emit(i);
   if (out_file) out_file->commit();
 
   const double total_s = st.prefill_seconds + st.decode_seconds;
   json report = run_report(lm, rs, st, dev, device);
   report["requests"] = items.size();
   report["failed_requests"] = bad;
-  report["finished_requests"] = results;
+  report["finished_requests"] = finished;
   report["resumed_requests"] = skipped;  // already in --output (--resume)
   report["interrupted"] = st.interrupted;
   if (!a.report.empty()) write_json_file(a.report, report, "--report");
   if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);
-  std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << results << " prompts in " << total_s
+  std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << finished << " prompts in " << total_s
             << " s (" << report["tokens_per_s"].get<double>() << " tok/s; prefill " << st.prefill_seconds
             << " s, decode " << st.decode_seconds << " s)\n";
   if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
   if (st.interrupted) {
-    std::cerr << "flexh2o: interrupted: " << results << " of " << reqs.size() << " requests finished this run"
+    std::cerr << "flexh2o: interrupted: " << finished << " of " << to_run << " requests finished this run"
               << (a.output.empty() ? std::string() : "; rerun with --resume to finish " + a.output) << "\n";
     return kInterrupted;
   }

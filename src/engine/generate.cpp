@@ -8,7 +8,14 @@
 
 namespace flexh2o {
 
-const char* finish_reason_name(FinishReason r) { return r == FinishReason::kEos ? "eos" : "length"; }
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kEos: return "eos";
+    case FinishReason::kStopped: return "stop";
+    case FinishReason::kLength: break;
+  }
+  return "length";
+}
 
 void validate_request(const GenerationRequest& r, const ModelConfig& c) {
   if (r.prompt_ids.empty()) FH_FAIL("empty prompt: give at least one token");
@@ -93,9 +100,11 @@ void run_batch(StepRunner& run, const std::vector<GenerationRequest>& reqs, size
       ++done_tokens;
       const bool eos = !opts.ignore_eos && opts.eos_id && tok == *opts.eos_id;
       const int64_t total_len = len[bi] + int64_t(res.tokens.size());
-      if (eos || int64_t(res.tokens.size()) >= r.max_new_tokens || total_len >= c.max_positions) {
+      const bool length = int64_t(res.tokens.size()) >= r.max_new_tokens || total_len >= c.max_positions;
+      const bool stopped = !eos && !length && opts.ends_at && opts.ends_at(first + bi, res.tokens);
+      if (eos || length || stopped) {
         finished[bi] = true;
-        res.finish = eos ? FinishReason::kEos : FinishReason::kLength;
+        res.finish = eos ? FinishReason::kEos : stopped ? FinishReason::kStopped : FinishReason::kLength;
         res.finished = true;
         if (opts.on_result) opts.on_result(first + bi, res);
         continue;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,8 @@ struct GenerationRequest {
   SamplingParams sampling;
 };
 
-enum class FinishReason { kEos, kLength };
+// kStopped: GenerateOptions::ends_at ended the sequence (a stop string); named "stop".
+enum class FinishReason { kEos, kLength, kStopped };
 const char* finish_reason_name(FinishReason r);
 
 struct GenerationResult {
@@ -39,6 +41,10 @@ struct GenerateOptions {
   int32_t pad_id = 0;                  // id placed in left padding (never attended)
   // Called after each decode step: (tokens generated so far, total to generate at most).
   std::function<void(int64_t, int64_t)> on_progress;
+  // Called after every token a sequence samples that neither is EOS nor reaches its length, with
+  // the request index and the tokens generated so far; true ends the sequence there
+  // (FinishReason::kStopped), so stop strings cost no steps past them. Null: never.
+  std::function<bool(size_t, std::span<const int32_t>)> ends_at;
   // Called once per finished request index with its result (streaming output).
   std::function<void(size_t, const GenerationResult&)> on_result;
   // Polled before each batch and after each token step; once true, generate() returns without

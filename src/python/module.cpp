@@ -33,20 +33,21 @@ HubEnv hub_env(const std::optional<std::string>& hub_cache, const std::optional<
 
 PYBIND11_MODULE(_flexh2o, m) {
   m.doc() = "flexh2o engine bindings (use the flexh2o package, not this module)";
-  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  // Kept for the life of the process (never released: the translator may run until exit).
+  static PyObject* error = py::exception<Error>(m, "Error", PyExc_RuntimeError).release().ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const python::UnknownFlag& e) {
       PyErr_SetString(PyExc_TypeError, e.what());
     } catch (const std::bad_alloc&) {
-      error(("out of memory: " + cli::out_of_memory_message("flexh2o.LLM")).c_str());
+      PyErr_SetString(error, cli::out_of_memory_message("flexh2o.LLM").c_str());
     } catch (const py::builtin_exception&) {
       throw;  // pybind11's own (type errors of arguments, ...)
     } catch (const py::error_already_set&) {
       throw;
     } catch (const std::exception& e) {
-      error(e.what());
+      PyErr_SetString(error, e.what());
     }
   });
 

@@ -181,4 +181,50 @@ TEST_F(Resume, PartialLastLineIsCutAndForeignFilesAreRefused) {
   EXPECT_NE(r.err.find("has id \"x9\", which is not in"), std::string::npos) << r.err;
 }
 
+// An OpenAI Batch file killed midway and resumed: the lines keyed on custom_id match an
+// uninterrupted run (choices and usage; the batch_req_/request ids are fresh on every run).
+TEST(ResumeBatch, SigkillThenResumeCompletesABatchFile) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", ref = tmp.path() / "ref.jsonl", out = tmp.path() / "out.jsonl";
+  {
+    std::ofstream f(in);
+    for (int i = 0; i < kRequests; ++i)
+      f << json{{"custom_id", "b" + std::to_string(i)}, {"method", "POST"}, {"url", "/v1/completions"},
+                {"body", {{"model", "m"}, {"prompt", "And God said"}, {"max_tokens", 6 + i % 5}, {"n", 1 + i % 2}}}}
+        << "\n";
+  }
+  auto by_custom_id = [](const fs::path& p) {
+    const std::string bytes = read_text(p);
+    EXPECT_TRUE(bytes.empty() || bytes.back() == '\n') << "partial last line in " << p;
+    std::map<std::string, json> m;
+    std::istringstream ss(bytes);
+    for (std::string line; std::getline(ss, line);) {
+      json j = json::parse(line);
+      EXPECT_TRUE(m.emplace(j["custom_id"].get<std::string>(), j).second) << "duplicate " << line;
+    }
+    return m;
+  };
+  RunResult r = flexh2o::test::run_flexh2o(gen_args(in, ref));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto want = by_custom_id(ref);
+  ASSERT_EQ(want.size(), size_t(kRequests));
+  const int st = interrupt_after_first_result(spawn(gen_args(in, out), tmp.path() / "err"), out, SIGKILL);
+  ASSERT_TRUE(WIFSIGNALED(st));
+  const size_t before = by_custom_id(out).size();
+  EXPECT_LT(before, size_t(kRequests)) << "the run finished before the signal: nothing to resume";
+  r = flexh2o::test::run_flexh2o(gen_args(in, out) + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find(std::to_string(before) + " of " + std::to_string(kRequests) + " requests already in"),
+            std::string::npos) << r.err;
+  const auto got = by_custom_id(out);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [id, line] : want) {
+    ASSERT_TRUE(got.count(id)) << id;
+    const json &g = got.at(id)["response"]["body"], &w = line["response"]["body"];
+    EXPECT_EQ(g["choices"], w["choices"]) << id;
+    EXPECT_EQ(g["usage"], w["usage"]) << id;
+    EXPECT_NE(got.at(id)["id"], line["id"]) << id;
+  }
+}
+
 }  // namespace

@@ -1,9 +1,12 @@
 // The generation driver's stop flag: set from a result callback (as a signal thread would set
 // it), the run ends at the next token-step boundary, finished requests keep exactly the tokens
-// of an uninterrupted run, and the rest are marked unfinished.
+// of an uninterrupted run, and the rest are marked unfinished. And GenerateOptions::ends_at,
+// which ends one sequence early (stop strings) without changing any other.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <span>
 
 #include "engine/generate.h"
 #include "test_util.h"
@@ -52,6 +55,48 @@ TEST(GenerateStop, EndsAtAStepBoundaryKeepingFinishedResults) {
   EXPECT_TRUE(st.interrupted);
   EXPECT_TRUE(reported.empty());
   EXPECT_EQ(st.generated_tokens, 0);
+}
+
+
+// ends_at ends exactly the sequences it names, at the token it says, and every other sequence
+// (same batch or not) keeps the tokens of the run without it; a batch whose sequences all end
+// early runs fewer decode steps.
+TEST(GenerateEndsAt, EndsOneSequenceAtTheTokenItNames) {
+  Model m = Model::load_dir(test::model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  std::vector<GenerationRequest> reqs(5);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt_ids = {2, int32_t(300 + i), int32_t(40 + i)};
+    reqs[i].max_new_tokens = 7;
+    reqs[i].sampling.temperature = 0.8f;
+    reqs[i].sampling.seed = 10 + i;
+  }
+  GenerateOptions o;
+  o.batch_size = 2;
+  o.ignore_eos = true;
+  GenerateStats full_st;
+  const std::vector<GenerationResult> full = generate(fwd, reqs, o, &full_st);
+
+  std::vector<std::vector<int64_t>> seen(reqs.size());
+  o.ends_at = [&](size_t r, std::span<const int32_t> tokens) {
+    seen[r].push_back(int64_t(tokens.size()));
+    EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), full[r].tokens.begin())) << r;
+    return (r == 1 && tokens.size() == 3) || (r == 4 && tokens.size() == 1);  // 4 is alone in its batch
+  };
+  GenerateStats st;
+  const std::vector<GenerationResult> cut = generate(fwd, reqs, o, &st);
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    ASSERT_TRUE(cut[r].finished) << r;
+    const size_t n = r == 1 ? 3 : r == 4 ? 1 : full[r].tokens.size();
+    EXPECT_EQ(cut[r].tokens, std::vector<int32_t>(full[r].tokens.begin(), full[r].tokens.begin() + n)) << r;
+    EXPECT_EQ(cut[r].finish, r == 1 || r == 4 ? FinishReason::kStopped : FinishReason::kLength) << r;
+    // asked after every token but the last one a length ends
+    EXPECT_EQ(seen[r].size(), r == 1 ? 3u : r == 4 ? 1u : full[r].tokens.size() - 1) << r;
+  }
+  EXPECT_STREQ(finish_reason_name(FinishReason::kStopped), "stop");
+  EXPECT_EQ(st.decode_steps, full_st.decode_steps - 6);  // request 4's batch stops after its prefill
+  EXPECT_EQ(st.generated_tokens, full_st.generated_tokens - 4 - 6);
 }
 
 }  // namespace

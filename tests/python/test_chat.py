@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import flexh2o
-from conftest import TINY
+from conftest import TINY, run_binary, run_module
 from flexh2o.__main__ import render_chat
 
 # (name, messages, add_generation_prompt, what transformers renders)
@@ -81,3 +81,26 @@ def test_generate_chat_hook(chat_tokenizer):
         render_chat(str(chat_tokenizer), json.dumps({"prompt": "x"}))
     with pytest.raises(flexh2o.Error, match="no chat template"):
         render_chat("", json.dumps(body))
+
+
+def test_python_front_end_renders_batch_chat_lines(tmp_path, chat_tokenizer, chat_llm):
+    # A /v1/chat/completions line of an OpenAI Batch file: `python -m flexh2o generate` renders
+    # the messages with the template (the binary refuses, naming the Python front end); the
+    # prompt is the rendered text tokenized without BOS/EOS.
+    messages = CASES[1][1]
+    line = {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": messages, "max_tokens": 6, "temperature": 0}}
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(json.dumps(line) + "\n")
+    args = ["generate", "-m", TINY["llama"], "--tokenizer", chat_tokenizer, "--input", inp, "--output", out,
+            "--quiet", "--device", "cpu", "--progress", "never"]
+    r = run_module(args)
+    assert r.returncode == 0, r.stderr
+    body = json.loads(out.read_text())["response"]["body"]
+    ids = chat_llm.encode(chat_llm.apply_chat_template(messages), add_special=False)
+    (want,) = chat_llm.generate([ids], max_new_tokens=6)
+    assert body["usage"]["prompt_tokens"] == len(ids)
+    assert body["choices"][0]["message"]["content"] == want.text
+    out.unlink()
+    r = run_binary(args)
+    assert r.returncode == 1 and "the flexh2o binary cannot render chat templates" in r.stderr

@@ -47,3 +47,31 @@ def test_exit_codes(tmp_path):
     assert r.returncode == 1
     lines = [json.loads(l) for l in out.read_text().splitlines()]
     assert "token_ids" in lines[0] and "error" in lines[1]
+
+
+def test_sigint_stops_generate_cleanly(tmp_path):
+    # As the binary: the first SIGINT stops at a token step, finished results are kept, the
+    # report says interrupted, the exit code is 130 (not a KeyboardInterrupt traceback).
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    inp, out, rep = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "report.json"
+    inp.write_text("".join(json.dumps({"prompt_ids": [2, 100 + i]}) + "\n" for i in range(64)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.Popen([sys.executable, "-m", "flexh2o", "generate", "-m", str(TINY["llama"]), "--input", str(inp),
+                          "--output", str(out), "--report", str(rep), "-n", "500", "--ignore-eos", "--quiet",
+                          "--batch-size", "2", "--device", "cpu", "--progress", "never"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and (not out.exists() or out.stat().st_size == 0):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    done = [json.loads(l) for l in out.read_text().splitlines()]
+    assert 0 < len(done) < 64 and all(len(d["token_ids"]) == 500 for d in done)
+    assert json.loads(rep.read_text())["interrupted"] is True

@@ -68,3 +68,9 @@ def test_bad_requests(llms):
     with pytest.raises(flexh2o.Error, match="device"):
         flexh2o.LLM(str(TINY["opt"]), device="tpu")
     assert llm.generate([], max_new_tokens=2) == []
+    with pytest.raises(flexh2o.Error, match="batch_size must be >= 1, got 0"):
+        flexh2o.LLM(str(TINY["opt"]), device="cpu", batch_size=0)
+    with pytest.raises(flexh2o.Error, match="threads must be >= 1 .*got -2"):
+        flexh2o.LLM(str(TINY["opt"]), device="cpu", threads=-2)
+    with pytest.raises(flexh2o.Error, match="this model has no tokenizer"):
+        flexh2o.LLM("opt-125m", device="cpu").generate("hi")  # a preset: dummy weights, no tokenizer

@@ -98,3 +98,12 @@ def test_attributes(llms):
     assert (llm.vocab_size, llm.max_length, llm.bos_id, llm.eos_id) == (4096, 1024, 0, 2)
     assert llm.decode(llm.encode("Grace be unto you", add_special=False)) == "Grace be unto you"
     assert llms["opt"].bos_id == 2  # OPT starts with </s>
+
+
+def test_policy_auto_plans_once_per_fitting_workload(llms):
+    llm = flexh2o.LLM(str(TINY["opt"]), device="cpu", policy="auto", hardware="t4-paper", gpu_mem="64MiB")
+    assert llm.generate(PROMPTS, max_new_tokens=6) == llms["opt"].generate(PROMPTS, max_new_tokens=6)
+    assert "offload" in llm.last_report
+    ((ll, _),) = llm.loglikelihood([(llm.encode("Grace"), [5, 6])])  # a smaller workload: the same runner
+    ((want, _),) = llms["opt"].loglikelihood([(llm.encode("Grace"), [5, 6])])
+    assert ll == pytest.approx(want, abs=1e-9)

@@ -1,0 +1,315 @@
+// OpenAI Batch API lines: parsing requests (with OpenAI's defaults, ranges and error shape) and
+// building output lines. A problem in a line is thrown as BadRequest inside this file and comes
+// back to the caller as that line's RequestError; nothing here throws for bad input.
+#include "cli/openai_batch.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "core/error.h"
+#include "core/input_guard.h"
+
+namespace flexh2o::cli::openai_batch {
+namespace {
+using nlohmann::json;
+
+struct BadRequest {
+  RequestError e;
+};
+
+template <typename... Args>
+[[noreturn]] void bad(std::optional<std::string> param, const Args&... args) {
+  throw BadRequest{RequestError{detail::concat(args...), std::move(param)}};
+}
+
+// A body parameter in one of the states OpenAI documents. `dflt` are the values that ask for
+// nothing flexh2o lacks (null always does).
+struct Param {
+  const char* key;
+  enum Kind { kSupported, kIgnored, kDefaultOnly } kind;
+  std::vector<json> dflt = {};
+};
+
+const std::vector<Param>& params(Endpoint ep) {
+  using K = Param::Kind;
+  static const std::vector<Param> completions = {
+      {"model", K::kSupported}, {"prompt", K::kSupported}, {"max_tokens", K::kSupported},
+      {"temperature", K::kSupported}, {"top_p", K::kSupported}, {"n", K::kSupported}, {"stop", K::kSupported},
+      {"seed", K::kSupported}, {"best_of", K::kSupported}, {"user", K::kIgnored},
+      {"echo", K::kDefaultOnly, {false}}, {"frequency_penalty", K::kDefaultOnly, {0}},
+      {"presence_penalty", K::kDefaultOnly, {0}}, {"logit_bias", K::kDefaultOnly, {json::object()}},
+      {"logprobs", K::kDefaultOnly}, {"stream", K::kDefaultOnly, {false}}, {"stream_options", K::kDefaultOnly},
+      {"suffix", K::kDefaultOnly}};
+  static const std::vector<Param> chat = {
+      {"model", K::kSupported}, {"messages", K::kSupported}, {"max_tokens", K::kSupported},
+      {"max_completion_tokens", K::kSupported}, {"temperature", K::kSupported}, {"top_p", K::kSupported},
+      {"n", K::kSupported}, {"stop", K::kSupported}, {"seed", K::kSupported}, {"user", K::kIgnored},
+      {"metadata", K::kIgnored}, {"store", K::kIgnored}, {"service_tier", K::kIgnored},
+      {"parallel_tool_calls", K::kIgnored}, {"prompt_cache_key", K::kIgnored}, {"safety_identifier", K::kIgnored},
+      {"frequency_penalty", K::kDefaultOnly, {0}}, {"presence_penalty", K::kDefaultOnly, {0}},
+      {"logit_bias", K::kDefaultOnly, {json::object()}}, {"logprobs", K::kDefaultOnly, {false}},
+      {"top_logprobs", K::kDefaultOnly, {0}}, {"stream", K::kDefaultOnly, {false}},
+      {"stream_options", K::kDefaultOnly}, {"tools", K::kDefaultOnly, {json::array()}},
+      {"tool_choice", K::kDefaultOnly, {"none"}}, {"functions", K::kDefaultOnly, {json::array()}},
+      {"function_call", K::kDefaultOnly, {"none"}},
+      {"response_format", K::kDefaultOnly, {json{{"type", "text"}}}}, {"audio", K::kDefaultOnly},
+      {"modalities", K::kDefaultOnly, {json::array({"text"})}}, {"prediction", K::kDefaultOnly},
+      {"reasoning_effort", K::kDefaultOnly}, {"verbosity", K::kDefaultOnly},
+      {"web_search_options", K::kDefaultOnly}};
+  return ep == Endpoint::kCompletions ? completions : chat;
+}
+
+// Unknown keys are refused as OpenAI refuses them; parameters flexh2o cannot honour are refused
+// unless they hold their default.
+void check_params(const json& body, Endpoint ep) {
+  for (const auto& [key, value] : body.items()) {
+    const auto& ps = params(ep);
+    auto p = std::find_if(ps.begin(), ps.end(), [&](const Param& q) { return key == q.key; });
+    if (p == ps.end()) bad(key, "Unrecognized request argument supplied: ", key);
+    if (p->kind != Param::kDefaultOnly || value.is_null()) continue;
+    if (std::find(p->dflt.begin(), p->dflt.end(), value) == p->dflt.end())
+      bad(key, "\"", key, "\" is not supported by flexh2o (got ", json_excerpt(value), "); remove it",
+          p->dflt.empty() ? std::string(" or set it to null") : " or set it to " + p->dflt.front().dump());
+  }
+}
+
+bool given(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+
+int64_t int_param(const json& body, const char* key, int64_t lo, int64_t hi) {
+  try {
+    return json_to_int(body[key], lo, hi, std::string("\"") + key + "\"");
+  } catch (const Error& e) {
+    bad(key, e.what());
+  }
+}
+
+float number_param(const json& body, const char* key, double lo, double hi, bool lo_open) {
+  const json& v = body[key];
+  if (!v.is_number()) bad(key, "\"", key, "\" must be a number, got ", json_excerpt(v));
+  const double x = v.get<double>();
+  if (!(lo_open ? x > lo : x >= lo) || !(x <= hi))
+    bad(key, "\"", key, "\" must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", json_excerpt(v));
+  return float(x);
+}
+
+std::vector<int32_t> ids_param(const json& v, const std::string& what) {
+  try {
+    return json_to_ids(v, what);
+  } catch (const Error& e) {
+    bad("prompt", e.what());
+  }
+}
+
+std::vector<int32_t> tokenize(const Hooks& h, const std::string& text, bool add_special, const char* param) {
+  if (!h.tokenize) bad(param, "this model has no tokenizer: give \"prompt\" as token ids, or pass --tokenizer DIR");
+  std::vector<int32_t> ids = h.tokenize(text, add_special);
+  if (ids.empty()) bad(param, "\"", param, "\" gives no tokens");
+  return ids;
+}
+
+// A completions prompt: a string, token ids, or an array of either (several prompts).
+std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Hooks& h) {
+  if (!given(body, "prompt")) bad("prompt", "missing \"prompt\"");
+  const json& p = body["prompt"];
+  auto one_string = [&](const json& s, const std::string& what) {
+    if (s.get_ref<const std::string&>().empty()) bad("prompt", what, " is an empty string");
+    return tokenize(h, s.get<std::string>(), /*add_special=*/true, "prompt");
+  };
+  if (p.is_string()) return {one_string(p, "\"prompt\"")};
+  if (!p.is_array() || p.empty())
+    bad("prompt", "\"prompt\" must be a string, an array of token ids, an array of strings or an array of "
+                  "token-id arrays, got ", json_excerpt(p));
+  if (p[0].is_number()) return {ids_param(p, "\"prompt\"")};
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const std::string what = "\"prompt\"[" + std::to_string(i) + "]";
+    if (p[i].is_string()) out.push_back(one_string(p[i], what));
+    else if (p[i].is_array()) out.push_back(ids_param(p[i], what));
+    else bad("prompt", what, " must be a string or an array of token ids, got ", json_excerpt(p[i]));
+  }
+  return out;
+}
+
+std::vector<int32_t> chat_prompt(const json& body, const Hooks& h) {
+  if (!given(body, "messages")) bad("messages", "missing \"messages\"");
+  const json& m = body["messages"];
+  if (!m.is_array() || m.empty()) bad("messages", "\"messages\" must be a non-empty array, got ", json_excerpt(m));
+  for (size_t i = 0; i < m.size(); ++i)
+    if (!m[i].is_object() || !m[i].contains("role") || !m[i]["role"].is_string())
+      bad("messages", "\"messages\"[", i, "] must be an object with a string \"role\", got ", json_excerpt(m[i]));
+  if (!h.render_chat)
+    bad("messages", "the flexh2o binary cannot render chat templates (they are Jinja); run the same command as "
+                    "`python -m flexh2o generate ...`, whose Python front end renders them");
+  std::string text;
+  try {
+    text = h.render_chat(body);
+  } catch (const std::exception& e) {
+    bad("messages", "rendering the chat template failed: ", e.what());
+  } catch (...) {
+    bad("messages", "rendering the chat template failed (an exception that is not a std::exception)");
+  }
+  if (text.empty()) bad("messages", "the chat template rendered an empty prompt");
+  return tokenize(h, text, /*add_special=*/false, "messages");
+}
+
+std::vector<std::string> stop_param(const json& body) {
+  if (!given(body, "stop")) return {};
+  const json& s = body["stop"];
+  std::vector<std::string> out;
+  if (s.is_string()) out.push_back(s.get<std::string>());
+  else if (s.is_array() && s.size() <= 4 && std::all_of(s.begin(), s.end(), [](const json& x) { return x.is_string(); }))
+    for (const json& x : s) out.push_back(x.get<std::string>());
+  else bad("stop", "\"stop\" must be a string or an array of up to 4 strings, got ", json_excerpt(s));
+  for (const std::string& x : out)
+    if (x.empty()) bad("stop", "\"stop\" strings must not be empty");
+  return out;
+}
+
+Request parse_body(const json& body, Endpoint ep, const Hooks& h) {
+  check_params(body, ep);
+  Request r;
+  r.endpoint = ep;
+  if (given(body, "model")) {
+    if (!body["model"].is_string()) bad("model", "\"model\" must be a string, got ", json_excerpt(body["model"]));
+    r.model = body["model"].get<std::string>();
+  }
+  constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+  if (given(body, "n")) r.n = int_param(body, "n", 1, 128);  // OpenAI's range
+  if (given(body, "temperature")) r.temperature = number_param(body, "temperature", 0, 2, false);
+  if (given(body, "top_p")) r.top_p = number_param(body, "top_p", 0, 1, true);
+  if (given(body, "seed"))
+    r.seed = int_param(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+  r.stop = stop_param(body);
+  if (ep == Endpoint::kCompletions) {
+    r.max_tokens = given(body, "max_tokens") ? int_param(body, "max_tokens", 0, kMaxTokens) : 16;
+    if (given(body, "best_of") && int_param(body, "best_of", 1, 128) != r.n)
+      bad("best_of", "\"best_of\" other than \"n\" is not supported by flexh2o (it returns every choice it "
+                     "generates); remove it");
+    r.prompts = completion_prompts(body, h);
+  } else {
+    std::optional<int64_t> a, b;
+    if (given(body, "max_completion_tokens")) a = int_param(body, "max_completion_tokens", 0, kMaxTokens);
+    if (given(body, "max_tokens")) b = int_param(body, "max_tokens", 0, kMaxTokens);
+    if (a && b && *a != *b)
+      bad("max_tokens", "\"max_tokens\" (", *b, ") and \"max_completion_tokens\" (", *a, ") disagree; give one");
+    r.max_tokens = a ? a : b;
+    r.prompts = {chat_prompt(body, h)};
+  }
+  return r;
+}
+
+}  // namespace
+
+bool is_input_line(const json& line) {
+  return line.is_object() &&
+         (line.contains("custom_id") || line.contains("method") || line.contains("url") || line.contains("body"));
+}
+
+Parsed parse_input_line(const json& line, const Hooks& hooks) {
+  Parsed out;
+  out.custom_id = line.is_object() && line.contains("custom_id") ? line["custom_id"] : json();
+  try {
+    if (!line.is_object()) bad(std::nullopt, "a Batch input line must be a JSON object");
+    if (!line.contains("custom_id") || line["custom_id"].is_null()) bad("custom_id", "missing \"custom_id\"");
+    if (!line["custom_id"].is_string() || line["custom_id"].get_ref<const std::string&>().empty())
+      bad("custom_id", "\"custom_id\" must be a non-empty string, got ", json_excerpt(line["custom_id"]));
+    if (!line.contains("method")) bad("method", "missing \"method\" (it must be \"POST\")");
+    if (line["method"] != "POST") bad("method", "\"method\" must be \"POST\", got ", json_excerpt(line["method"]));
+    if (!line.contains("url")) bad("url", "missing \"url\"");
+    Endpoint ep;
+    if (line["url"] == "/v1/completions") ep = Endpoint::kCompletions;
+    else if (line["url"] == "/v1/chat/completions") ep = Endpoint::kChatCompletions;
+    else bad("url", "\"url\" ", json_excerpt(line["url"]), " is not served: flexh2o serves \"/v1/completions\" and "
+                    "\"/v1/chat/completions\"");
+    if (!line.contains("body")) bad("body", "missing \"body\"");
+    if (!line["body"].is_object()) bad("body", "\"body\" must be an object, got ", json_excerpt(line["body"]));
+    out.request = parse_body(line["body"], ep, hooks);
+    out.request->custom_id = line["custom_id"].get<std::string>();
+  } catch (const BadRequest& b) {
+    out.error = b.e;
+  } catch (const std::exception& e) {  // the tokenizer's own failures
+    out.error = RequestError{e.what(), std::nullopt};
+  }
+  return out;
+}
+
+size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop) {
+  size_t at = std::string::npos;
+  for (const std::string& s : stop) at = std::min(at, text.find(s));
+  return at;
+}
+
+Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode,
+                     const std::vector<std::string>& stop) {
+  const std::span<const int32_t> body = eos && !tokens.empty() ? tokens.first(tokens.size() - 1) : tokens;
+  Choice c{decode(body), int64_t(tokens.size()), eos};
+  auto first_stop = [&](const std::string& text) { return first_stop_at(text, stop); };
+  if (stop.empty() || first_stop(c.text) == std::string::npos) return c;
+  // Generation stops once a stop string is complete: the fewest tokens whose text holds one.
+  size_t lo = 1, hi = body.size();
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (first_stop(decode(body.first(mid))) != std::string::npos) hi = mid;
+    else lo = mid + 1;
+  }
+  const std::string text = decode(body.first(lo));
+  c.text = text.substr(0, first_stop(text));
+  c.completion_tokens = int64_t(lo);
+  c.stopped = true;
+  return c;
+}
+
+std::string IdMaker::next(std::string_view prefix) {
+  char hex[33];
+  std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(rng_()),
+                static_cast<unsigned long long>(rng_()));
+  return std::string(prefix) + hex;
+}
+
+json success_line(const Request& r, const std::vector<Choice>& choices, int64_t prompt_tokens,
+                  const std::string& model_name, int64_t created, IdMaker& ids) {
+  const bool chat = r.endpoint == Endpoint::kChatCompletions;
+  json cs = json::array();
+  int64_t completion_tokens = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Choice& c = choices[i];
+    json o{{"index", i}, {"logprobs", nullptr}, {"finish_reason", c.stopped ? "stop" : "length"}};
+    if (chat) o["message"] = json{{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+    else o["text"] = c.text;
+    cs.push_back(std::move(o));
+    completion_tokens += c.completion_tokens;
+  }
+  json body{{"id", ids.next(chat ? "chatcmpl-" : "cmpl-")},
+            {"object", chat ? "chat.completion" : "text_completion"},
+            {"created", created},
+            {"model", r.model.value_or(model_name)},
+            {"choices", std::move(cs)},
+            {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+                       {"total_tokens", prompt_tokens + completion_tokens}}}};
+  return json{{"id", ids.next("batch_req_")},
+              {"custom_id", r.custom_id},
+              {"response", {{"status_code", 200}, {"request_id", ids.next("")}, {"body", std::move(body)}}},
+              {"error", nullptr}};
+}
+
+json error_line(const json& custom_id, const RequestError& e, IdMaker& ids) {
+  json err{{"message", e.message}, {"type", "invalid_request_error"}, {"code", nullptr}};
+  err["param"] = e.param ? json(*e.param) : json();
+  return json{{"id", ids.next("batch_req_")},
+              {"custom_id", custom_id},
+              {"response", {{"status_code", 400}, {"request_id", ids.next("")}, {"body", {{"error", err}}}}},
+              {"error", nullptr}};
+}
+
+bool is_output_line(const json& line) {
+  return line.is_object() && line.contains("custom_id") && line["custom_id"].is_string() &&
+         line.contains("response") && line.contains("error");
+}
+
+bool output_line_failed(const json& line) {
+  const json& r = line["response"];
+  return !line["error"].is_null() || !r.is_object() || !r.contains("status_code") || r["status_code"] != 200;
+}
+
+}  // namespace flexh2o::cli::openai_batch

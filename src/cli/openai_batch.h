@@ -1,0 +1,105 @@
+// OpenAI Batch API files for `flexh2o generate`: one input line ({"custom_id", "method", "url",
+// "body"} for /v1/completions or /v1/chat/completions) parsed into a request or an OpenAI-shaped
+// error, and one output line ({"id", "custom_id", "response": {"status_code", "request_id",
+// "body"}, "error": null}) built from the generated choices. Plain values and functions, no I/O.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace flexh2o::cli::openai_batch {
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// What a valid line asks for. Prompts are token ids, ready for the engine.
+struct Request {
+  std::string custom_id;
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::optional<std::string> model;         // body.model: echoed back, never used to pick a model
+  std::vector<std::vector<int32_t>> prompts;  // several only for a completions array of prompts
+  int64_t n = 1;                            // choices per prompt
+  std::optional<int64_t> max_tokens;        // absent (chat only): up to the model's context
+  float temperature = 1.0f, top_p = 1.0f;   // OpenAI's defaults
+  std::optional<int64_t> seed;
+  std::vector<std::string> stop;            // up to 4 non-empty strings
+};
+
+// Why a line cannot run: OpenAI's error object, sent as a 400 response.
+struct RequestError {
+  std::string message;
+  std::optional<std::string> param;  // the field at fault ("body.n" is written "n", as OpenAI does)
+};
+
+struct Parsed {
+  nlohmann::json custom_id;              // as the line gives it (null when absent)
+  std::optional<Request> request;        // exactly one of request and error is set
+  std::optional<RequestError> error;
+};
+
+// What parsing needs from the model. Both may be null: a prompt that needs one then fails.
+struct Hooks {
+  // Text -> token ids (add_special: BOS/EOS per the tokenizer's convention).
+  std::function<std::vector<int32_t>(const std::string& text, bool add_special)> tokenize;
+  // A chat body -> prompt text (GenerateArgs::render_chat); may throw.
+  std::function<std::string(const nlohmann::json& body)> render_chat;
+};
+
+// True for a line in the Batch input format: an object with "custom_id", "method", "url" or
+// "body" (flexh2o's own request lines use none of them).
+bool is_input_line(const nlohmann::json& line);
+
+// Checks one input line and tokenizes its prompt(s), calling the hooks on this thread before it
+// returns (at most one render_chat call). Never throws for bad input: every problem
+// (method, url, body, types, ranges, parameters flexh2o cannot honour, unknown body keys, a chat
+// line without render_chat or whose hook throws) becomes the error, naming the field.
+Parsed parse_input_line(const nlohmann::json& line, const Hooks& hooks);
+
+// Where the first of the stop strings starts in `text`; npos when none occurs.
+size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop);
+
+// One generated choice, cut at the first stop string.
+struct Choice {
+  std::string text;
+  int64_t completion_tokens = 0;  // tokens generated up to the stop (EOS counted)
+  bool stopped = false;           // EOS or a stop string: "stop"; else "length"
+};
+using Decode = std::function<std::string(std::span<const int32_t> ids)>;
+// `tokens` as generated (ending in EOS when `eos`): the text without EOS, cut before the first
+// occurrence of any stop string; then the tokens counted are those needed to produce that stop.
+Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode,
+                     const std::vector<std::string>& stop);
+
+// Unique ids for output lines ("batch_req_…", request ids, "cmpl-…"): 96 random bits each from a
+// generator seeded once per run. Not thread-safe.
+class IdMaker {
+ public:
+  explicit IdMaker(uint64_t seed) : rng_(seed) {}
+  std::string next(std::string_view prefix);
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+// The output line of a request that ran: choices in order (prompt-major, then n), usage, and
+// `model_name` as body.model when the request gave none. `created`: Unix seconds.
+nlohmann::json success_line(const Request& r, const std::vector<Choice>& choices, int64_t prompt_tokens,
+                            const std::string& model_name, int64_t created, IdMaker& ids);
+// The output line of a request that could not run: response.status_code 400 and
+// response.body.error {message, type: "invalid_request_error", param, code: null}, as OpenAI
+// writes per-request failures (the top-level "error" is only for expired/cancelled batches).
+nlohmann::json error_line(const nlohmann::json& custom_id, const RequestError& e, IdMaker& ids);
+
+// For --resume: true for an object shaped like a Batch output line (a string "custom_id", a
+// "response" and an "error" member); `failed` when it carries no 200 response.
+bool is_output_line(const nlohmann::json& line);
+bool output_line_failed(const nlohmann::json& line);
+
+}  // namespace flexh2o::cli::openai_batch

@@ -1,0 +1,271 @@
+// `flexh2o generate` on OpenAI Batch files, through the program: the same tokens as the
+// equivalent flexh2o lines, usage, stop strings, n choices, every error as an OpenAI error line,
+// files that mix formats, and --resume's rules for custom_ids.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_run.h"
+
+namespace {
+namespace fs = std::filesystem;
+using flexh2o::test::model_dir;
+using flexh2o::test::read_json;
+using flexh2o::test::read_text;
+using flexh2o::test::RunResult;
+using flexh2o::test::TempDir;
+using nlohmann::json;
+
+const std::string kOpt = model_dir("tiny-opt").string();
+
+RunResult flexh2o(const std::string& args) { return flexh2o::test::run_flexh2o(args); }
+
+std::vector<json> read_jsonl(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<json> v;
+  for (std::string line; std::getline(in, line);) v.push_back(json::parse(line));
+  return v;
+}
+
+void write_lines(const fs::path& p, const std::vector<json>& lines) {
+  std::ofstream f(p);
+  for (const json& l : lines) f << l.dump() << "\n";
+}
+
+json completion(const std::string& id, json body) {
+  return json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", std::move(body)}};
+}
+
+std::string gen(const fs::path& in, const fs::path& out, const std::string& extra = "") {
+  return "generate -m " + kOpt + " -q --device cpu -i " + in.string() + " -o " + out.string() + " " + extra;
+}
+
+const json& body_of(const json& line) { return line["response"]["body"]; }
+
+TEST(BatchCli, CompletionsMatchTheEquivalentFlexh2oLinesAndCountUsage) {
+  TempDir tmp;
+  const json greedy = read_json(model_dir("tiny-opt") / "reference/greedy.json");
+  std::vector<json> plain, batch;
+  for (int i = 0; i < 6; ++i) {
+    const json& p = greedy["prompts"][size_t(i % 3)];
+    const int max_new = 5 + i;
+    json body{{"model", "gpt-test"}, {"max_tokens", max_new}, {"temperature", 0.9}, {"top_p", 0.95}};
+    json ours{{"id", "q" + std::to_string(i)}, {"max_new_tokens", max_new}, {"temperature", 0.9}, {"top_p", 0.95}};
+    if (i % 2) {  // explicit seeds on odd lines; the others use --seed + line index on both sides
+      body["seed"] = 1000 + i;
+      ours["seed"] = 1000 + i;
+    }
+    if (i == 5) {
+      body["prompt"] = p["ids"];
+      ours["prompt_ids"] = p["ids"];
+    } else {
+      body["prompt"] = p["prompt"];
+      ours["prompt"] = p["prompt"];
+    }
+    plain.push_back(ours);
+    batch.push_back(completion("c" + std::to_string(i), body));
+  }
+  write_lines(tmp.path() / "plain.jsonl", plain);
+  write_lines(tmp.path() / "batch.jsonl", batch);
+  RunResult r = flexh2o(gen(tmp.path() / "plain.jsonl", tmp.path() / "plain.out", "--ignore-eos --seed 7 -b 4"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = flexh2o(gen(tmp.path() / "batch.jsonl", tmp.path() / "batch.out", "--ignore-eos --seed 7 -b 3"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto want = read_jsonl(tmp.path() / "plain.out"), got = read_jsonl(tmp.path() / "batch.out");
+  ASSERT_EQ(got.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(got[i]["custom_id"], "c" + std::to_string(i));  // input order
+    EXPECT_TRUE(got[i]["error"].is_null());
+    EXPECT_EQ(got[i]["response"]["status_code"], 200);
+    const json& b = body_of(got[i]);
+    EXPECT_EQ(b["object"], "text_completion");
+    EXPECT_EQ(b["model"], "gpt-test");
+    ASSERT_EQ(b["choices"].size(), 1u);
+    EXPECT_EQ(b["choices"][0]["text"], want[i]["text"]);
+    EXPECT_EQ(b["choices"][0]["finish_reason"], "length");
+    const size_t prompt_tokens = greedy["prompts"][i % 3]["ids"].size();
+    EXPECT_EQ(b["usage"]["prompt_tokens"], prompt_tokens);
+    EXPECT_EQ(b["usage"]["completion_tokens"], want[i]["token_ids"].size());
+    EXPECT_EQ(b["usage"]["completion_tokens"], 5 + i);
+    EXPECT_EQ(b["usage"]["total_tokens"], prompt_tokens + 5 + i);
+  }
+}
+
+TEST(BatchCli, StopStringsAndSeveralChoices) {
+  TempDir tmp;
+  const json greedy = read_json(model_dir("tiny-opt") / "reference/greedy.json");
+  const std::string p0 = greedy["prompts"][0]["prompt"], p1 = greedy["prompts"][1]["prompt"];
+  write_lines(tmp.path() / "in.jsonl",
+              {completion("stop", {{"prompt", p0}, {"max_tokens", 20}, {"temperature", 0}, {"stop", " LORD"}}),
+               completion("stops", {{"prompt", p0}, {"max_tokens", 20}, {"temperature", 0}, {"stop", {"xyz", ", and"}}}),
+               completion("n", {{"prompt", {p0, p1}}, {"max_tokens", 12}, {"n", 3}, {"seed", 5}})});
+  // Choice k of each prompt uses seed + k * 0x9E3779B97F4A7C15 (mod 2^64): as these flexh2o lines.
+  write_lines(tmp.path() / "plain.jsonl",
+              {json{{"prompt", p0}, {"max_new_tokens", 12}, {"seed", 5}},
+               json{{"prompt", p0}, {"max_new_tokens", 12}, {"seed", 5 + 2 * 0x9E3779B97F4A7C15ull}},
+               json{{"prompt", p1}, {"max_new_tokens", 12}, {"seed", 5}}});
+  const fs::path report = tmp.path() / "report.json";
+  RunResult r = flexh2o(gen(tmp.path() / "in.jsonl", tmp.path() / "out.jsonl", "--ignore-eos --report " + report.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto got = read_jsonl(tmp.path() / "out.jsonl");
+  ASSERT_EQ(got.size(), 3u);
+  // The engine ends a sequence at its stop string: 4 + 2 tokens, not 2 x max_tokens (20).
+  EXPECT_EQ(read_json(report)["generated_tokens"], 4 + 2 + 6 * 12);
+  // Greedy: ", and the LORD, and the LORD, ..." (reference/greedy.json).
+  EXPECT_EQ(body_of(got[0])["choices"][0]["text"], ", and the");
+  EXPECT_EQ(body_of(got[0])["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(body_of(got[0])["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(body_of(got[1])["choices"][0]["text"], "");
+  EXPECT_EQ(body_of(got[1])["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(body_of(got[1])["usage"]["completion_tokens"], 2);
+  const json& choices = body_of(got[2])["choices"];
+  ASSERT_EQ(choices.size(), 6u);  // prompt-major, then n
+  for (size_t k = 0; k < 6; ++k) {
+    EXPECT_EQ(choices[k]["index"], k);
+    EXPECT_EQ(choices[k]["finish_reason"], "length");
+    for (size_t j = 0; j < k; ++j) EXPECT_NE(choices[k]["text"], choices[j]["text"]) << k << " " << j;
+  }
+  EXPECT_EQ(body_of(got[2])["usage"]["completion_tokens"], 6 * 12);
+  EXPECT_EQ(body_of(got[2])["usage"]["prompt_tokens"],
+            greedy["prompts"][0]["ids"].size() + greedy["prompts"][1]["ids"].size());  // once per prompt
+  r = flexh2o(gen(tmp.path() / "plain.jsonl", tmp.path() / "plain.out", "--ignore-eos"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto plain = read_jsonl(tmp.path() / "plain.out");
+  EXPECT_EQ(choices[0]["text"], plain[0]["text"]);
+  EXPECT_EQ(choices[2]["text"], plain[1]["text"]);
+  EXPECT_EQ(choices[3]["text"], plain[2]["text"]);
+}
+
+TEST(BatchCli, BadLinesGetOpenAiErrorLinesInOrderAndExitOne) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  json get = completion("get", {{"prompt", "hi"}});
+  get["method"] = "GET";
+  json url = completion("url", {{"prompt", "hi"}});
+  url["url"] = "/v1/embeddings";
+  json nobody = completion("nobody", {});
+  nobody.erase("body");
+  const json chat{{"custom_id", "chat"}, {"method", "POST"}, {"url", "/v1/chat/completions"},
+                  {"body", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}}}};
+  {
+    std::ofstream f(in);
+    f << completion("ok", {{"prompt", "And God said"}, {"max_tokens", 3}}).dump() << "\n"
+      << get.dump() << "\n"
+      << url.dump() << "\n"
+      << nobody.dump() << "\n"
+      << completion("stream", {{"prompt", "hi"}, {"stream", true}}).dump() << "\n"
+      << completion("type", {{"prompt", "hi"}, {"max_tokens", "3"}}).dump() << "\n"
+      << R"({"custom_id": "broken", "method": )" << "\n"
+      << chat.dump() << "\n"
+      << completion("ok", {{"prompt", "hi"}, {"max_tokens", 2}}).dump() << "\n"
+      << completion("long", {{"prompt", std::vector<int>(1100, 5)}}).dump() << "\n";
+  }
+  RunResult r = flexh2o(gen(in, out));
+  EXPECT_EQ(r.code, 1) << r.err;
+  const auto got = read_jsonl(out);
+  ASSERT_EQ(got.size(), 10u);
+  struct Want {
+    json custom_id;
+    std::string needle;
+    json param;
+  } want[] = {
+      {"get", "\"method\" must be \"POST\", got \"GET\"", "method"},
+      {"url", "\"url\" \"/v1/embeddings\" is not served", "url"},
+      {"nobody", "missing \"body\"", "body"},
+      {"stream", "\"stream\" is not supported by flexh2o (got true)", "stream"},
+      {"type", "\"max_tokens\" must be an integer", "max_tokens"},
+      {nullptr, "invalid JSON", nullptr},
+      {"chat", "the flexh2o binary cannot render chat templates", "messages"},
+      {"ok", "custom_id \"ok\" repeats line 1; custom_ids must be unique", "custom_id"},
+      {"long", "longer than the model's max_position_embeddings", nullptr},
+  };
+  EXPECT_EQ(got[0]["response"]["status_code"], 200);
+  for (size_t i = 0; i < std::size(want); ++i) {
+    const json& l = got[i + 1];
+    SCOPED_TRACE(l.dump());
+    EXPECT_EQ(l["custom_id"], want[i].custom_id);
+    EXPECT_TRUE(l["error"].is_null());
+    EXPECT_EQ(l["response"]["status_code"], 400);
+    const json& e = l["response"]["body"]["error"];
+    EXPECT_NE(e["message"].get<std::string>().find(want[i].needle), std::string::npos);
+    EXPECT_EQ(e["type"], "invalid_request_error");
+    EXPECT_EQ(e["param"], want[i].param);
+    EXPECT_TRUE(e["code"].is_null());
+  }
+  EXPECT_NE(r.err.find("in.jsonl:2: \"method\" must be \"POST\""), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("in.jsonl:8: the flexh2o binary cannot render chat templates"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("`python -m flexh2o generate ...`"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("9 input line(s) failed"), std::string::npos) << r.err;
+}
+
+TEST(BatchCli, MixedFormatsAreRefusedBeforeAnyOutput) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  write_lines(in, {json{{"id", "a"}, {"prompt", "hi"}}, completion("b", {{"prompt", "hi"}})});
+  std::ofstream(out) << "old results\n";
+  RunResult r = flexh2o(gen(in, out, "--overwrite"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("in.jsonl mixes formats: line 2 is an OpenAI Batch request"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("line 1 is a flexh2o request"), std::string::npos) << r.err;
+  EXPECT_EQ(read_text(out), "old results\n");
+}
+
+TEST(BatchCli, ResumeKeysOnUniqueCustomIdsAndRefusesTheOtherFormat) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  write_lines(in, {completion("a", {{"prompt", "hi"}, {"max_tokens", 2}}),
+                   completion("b", {{"prompt", "And"}, {"max_tokens", 2}}),
+                   completion("a", {{"prompt", "hi"}, {"max_tokens", 3}})});
+  RunResult r = flexh2o(gen(in, out, "--resume"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("in.jsonl:3 repeats custom_id \"a\" of line 1; custom_ids must be unique to resume"),
+            std::string::npos) << r.err;
+  // A run that finished one line, then --resume finishes the other.
+  write_lines(in, {completion("a", {{"prompt", "hi"}, {"max_tokens", 2}}),
+                   completion("b", {{"prompt", "And"}, {"max_tokens", 2}, {"stream", true}})});
+  r = flexh2o(gen(in, out));
+  EXPECT_EQ(r.code, 1) << r.err;
+  auto first = read_jsonl(out);
+  ASSERT_EQ(first.size(), 2u);
+  {
+    std::ofstream f(out);
+    f << first[0].dump() << "\n";
+  }
+  r = flexh2o(gen(in, out, "--resume"));
+  EXPECT_EQ(r.code, 1) << r.err;  // line b fails again
+  EXPECT_NE(r.err.find("1 of 2 requests already in"), std::string::npos) << r.err;
+  auto got = read_jsonl(out);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], first[0]);
+  EXPECT_EQ(got[1]["custom_id"], "b");
+  EXPECT_EQ(got[1]["response"]["status_code"], 400);
+  // The failed line counts as done: nothing left to run, and the exit code still says a line failed.
+  r = flexh2o(gen(in, out, "--resume"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("2 of 2 requests already in"), std::string::npos) << r.err;
+  EXPECT_EQ(read_jsonl(out).size(), 2u);
+
+  // flexh2o result lines are not the output of a Batch file, nor a mix of the two.
+  const fs::path ours = tmp.path() / "ours.jsonl";
+  std::ofstream(ours) << json{{"id", "a"}, {"text", ""}, {"token_ids", json::array()}}.dump() << "\n";
+  r = flexh2o(gen(in, ours, "--resume"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("holds the results of a flexh2o JSONL file but --input " + in.string() +
+                       " is an OpenAI Batch file"), std::string::npos) << r.err;
+  std::ofstream(ours, std::ios::app) << got[0].dump() << "\n";
+  r = flexh2o(gen(in, ours, "--resume"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("ours.jsonl:2 is an OpenAI Batch output line but line 1 is not"), std::string::npos) << r.err;
+}
+
+TEST(BatchCli, HelpTeachesBothFormats) {
+  RunResult r = flexh2o("generate --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* s : {"flexh2o's {\"prompt\": ...}", "OpenAI Batch file", "/v1/chat/completions", "batch_req_",
+                        "python -m flexh2o generate", "never used to pick a model"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s;
+}
+
+}  // namespace

@@ -1,0 +1,359 @@
+// OpenAI Batch lines (src/cli/openai_batch.h): every way a line can be refused and its message,
+// OpenAI's defaults, stop strings against a real tokenizer, the output shapes; and run_generate
+// called in-process with a render_chat hook, as the Python front end calls it.
+#include "cli/openai_batch.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "cli/commands.h"
+#include "cli_run.h"
+#include "tokenizer/tokenizer.h"
+
+namespace flexh2o::cli {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace openai_batch;
+using test::model_dir;
+using test::TempDir;
+
+const Tokenizer& opt_tokenizer() {
+  static const Tokenizer t = Tokenizer::load(model_dir("tiny-opt"));
+  return t;
+}
+
+Hooks opt_hooks() {
+  Hooks h;
+  h.tokenize = [](const std::string& s, bool add) { return opt_tokenizer().encode(s, add); };
+  return h;
+}
+
+json line(const std::string& url, json body) {
+  return json{{"custom_id", "c1"}, {"method", "POST"}, {"url", url}, {"body", std::move(body)}};
+}
+json completion(json extra = json::object()) {
+  json body{{"model", "m"}, {"prompt", "In the beginning"}};
+  body.update(extra);
+  return line("/v1/completions", body);
+}
+json chat(json extra = json::object()) {
+  json body{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  body.update(extra);
+  return line("/v1/chat/completions", body);
+}
+
+// The error of a line that must be refused: its message holds `needle` and names `param`.
+void expect_refused(const json& l, const std::string& needle, std::optional<std::string> param,
+                    const Hooks& h = opt_hooks()) {
+  const Parsed p = parse_input_line(l, h);
+  ASSERT_TRUE(p.error) << l.dump();
+  EXPECT_FALSE(p.request);
+  EXPECT_NE(p.error->message.find(needle), std::string::npos) << l.dump() << "\n" << p.error->message;
+  EXPECT_EQ(p.error->param, param) << l.dump();
+}
+
+TEST(OpenAiBatch, LineShapeErrorsNameTheField) {
+  json l = completion();
+  l.erase("custom_id");
+  expect_refused(l, "missing \"custom_id\"", "custom_id");
+  l["custom_id"] = 7;
+  expect_refused(l, "\"custom_id\" must be a non-empty string, got 7", "custom_id");
+  l = completion();
+  l["method"] = "GET";
+  expect_refused(l, "\"method\" must be \"POST\", got \"GET\"", "method");
+  l.erase("method");
+  expect_refused(l, "missing \"method\"", "method");
+  l = completion();
+  l["url"] = "/v1/embeddings";
+  expect_refused(l, "\"url\" \"/v1/embeddings\" is not served", "url");
+  l.erase("url");
+  expect_refused(l, "missing \"url\"", "url");
+  l = completion();
+  l.erase("body");
+  expect_refused(l, "missing \"body\"", "body");
+  l["body"] = "prompt";
+  expect_refused(l, "\"body\" must be an object, got \"prompt\"", "body");
+  EXPECT_EQ(parse_input_line(completion(), opt_hooks()).custom_id, "c1");
+}
+
+TEST(OpenAiBatch, UnsupportedParametersAreRefusedUnlessDefault) {
+  const std::pair<json, std::string> completions_bad[] = {
+      {{{"stream", true}}, "stream"},         {{{"logprobs", 2}}, "logprobs"},
+      {{{"echo", true}}, "echo"},             {{{"presence_penalty", 0.5}}, "presence_penalty"},
+      {{{"frequency_penalty", -1}}, "frequency_penalty"}, {{{"logit_bias", {{"50256", -100}}}}, "logit_bias"},
+      {{{"suffix", "x"}}, "suffix"},          {{{"stream_options", {{"include_usage", true}}}}, "stream_options"}};
+  for (const auto& [extra, key] : completions_bad)
+    expect_refused(completion(extra), "\"" + key + "\" is not supported by flexh2o (got ", key);
+  const std::pair<json, std::string> chat_bad[] = {
+      {{{"tools", {{{"type", "function"}}}}}, "tools"},
+      {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"logprobs", true}}, "logprobs"},
+      {{{"tool_choice", "auto"}}, "tool_choice"},
+      {{{"top_logprobs", 3}}, "top_logprobs"}};
+  for (const auto& [extra, key] : chat_bad) {
+    Hooks h = opt_hooks();
+    h.render_chat = [](const json&) { return std::string("hi"); };
+    expect_refused(chat(extra), "\"" + key + "\" is not supported by flexh2o (got ", key, h);
+  }
+  // Their defaults (and null) ask for nothing flexh2o lacks.
+  const Parsed ok = parse_input_line(
+      completion({{"stream", false}, {"logprobs", nullptr}, {"echo", false}, {"presence_penalty", 0.0},
+                  {"frequency_penalty", 0}, {"logit_bias", json::object()}, {"best_of", 1}, {"user", "u"}}),
+      opt_hooks());
+  EXPECT_TRUE(ok.request) << (ok.error ? ok.error->message : "");
+  expect_refused(completion({{"best_of", 3}}), "\"best_of\" other than \"n\" is not supported", "best_of");
+  // Unknown keys: refused, as OpenAI refuses them.
+  expect_refused(completion({{"max_new_tokens", 5}}), "Unrecognized request argument supplied: max_new_tokens",
+                 "max_new_tokens");
+  expect_refused(completion({{"messages", json::array()}}), "Unrecognized request argument supplied: messages",
+                 "messages");
+}
+
+TEST(OpenAiBatch, BadTypesAndRangesNameTheField) {
+  struct Case {
+    json extra;
+    std::string needle, param;
+  } cases[] = {
+      {{{"max_tokens", "5"}}, "\"max_tokens\" must be an integer", "max_tokens"},
+      {{{"max_tokens", -1}}, "\"max_tokens\" must be an integer in [0, ", "max_tokens"},
+      {{{"max_tokens", 2.5}}, "\"max_tokens\" must be an integer", "max_tokens"},
+      {{{"temperature", "hot"}}, "\"temperature\" must be a number, got \"hot\"", "temperature"},
+      {{{"temperature", 2.5}}, "\"temperature\" must be in [0, 2], got 2.5", "temperature"},
+      {{{"top_p", 0}}, "\"top_p\" must be in (0, 1], got 0", "top_p"},
+      {{{"n", 0}}, "\"n\" must be an integer in [1, 128], got 0", "n"},
+      {{{"n", 129}}, "\"n\" must be an integer in [1, 128]", "n"},
+      {{{"seed", "42"}}, "\"seed\" must be an integer", "seed"},
+      {{{"stop", 5}}, "\"stop\" must be a string or an array of up to 4 strings, got 5", "stop"},
+      {{{"stop", {"a", "b", "c", "d", "e"}}}, "\"stop\" must be a string or an array of up to 4", "stop"},
+      {{{"stop", {"a", 1}}}, "\"stop\" must be a string or an array of up to 4", "stop"},
+      {{{"stop", ""}}, "\"stop\" strings must not be empty", "stop"},
+      {{{"model", 3}}, "\"model\" must be a string, got 3", "model"},
+      {{{"prompt", nullptr}}, "missing \"prompt\"", "prompt"},
+      {{{"prompt", ""}}, "\"prompt\" is an empty string", "prompt"},
+      {{{"prompt", {{"a", 1}}}}, "\"prompt\" must be a string, an array of token ids, an array of strings or", "prompt"},
+      {{{"prompt", json::array()}}, "\"prompt\" must be a string, an array of token ids", "prompt"},
+      {{{"prompt", {2, -1}}}, "\"prompt\"[1] must be an integer in [0, ", "prompt"},
+      {{{"prompt", {"ok", 5}}}, "\"prompt\"[1] must be a string or an array of token ids, got 5", "prompt"},
+      {{{"prompt", {"ok", ""}}}, "\"prompt\"[1] is an empty string", "prompt"},
+  };
+  for (const Case& c : cases) expect_refused(completion(c.extra), c.needle, c.param);
+  expect_refused(chat({{"messages", json::array()}}), "\"messages\" must be a non-empty array, got []", "messages");
+  expect_refused(chat({{"messages", {"hi"}}}), "\"messages\"[0] must be an object with a string \"role\"",
+                 "messages");
+  expect_refused(chat({{"max_tokens", 4}, {"max_completion_tokens", 5}}),
+                 "\"max_tokens\" (4) and \"max_completion_tokens\" (5) disagree", "max_tokens");
+  // A text prompt needs a tokenizer (a preset model has none).
+  expect_refused(completion(), "this model has no tokenizer", "prompt", Hooks{});
+  EXPECT_TRUE(parse_input_line(completion({{"prompt", {2, 44, 81}}}), Hooks{}).request);
+}
+
+TEST(OpenAiBatch, DefaultsAndValuesAreOpenAis) {
+  Parsed p = parse_input_line(completion(), opt_hooks());
+  ASSERT_TRUE(p.request);
+  EXPECT_EQ(p.request->custom_id, "c1");
+  EXPECT_EQ(p.request->endpoint, Endpoint::kCompletions);
+  EXPECT_EQ(p.request->model, "m");
+  EXPECT_EQ(p.request->max_tokens, 16);
+  EXPECT_EQ(p.request->temperature, 1.0f);
+  EXPECT_EQ(p.request->top_p, 1.0f);
+  EXPECT_EQ(p.request->n, 1);
+  EXPECT_FALSE(p.request->seed);
+  EXPECT_TRUE(p.request->stop.empty());
+  ASSERT_EQ(p.request->prompts.size(), 1u);
+  EXPECT_EQ(p.request->prompts[0], opt_tokenizer().encode("In the beginning", true));  // BOS as flexh2o lines
+
+  p = parse_input_line(completion({{"prompt", {"In the", {2, 44}}}, {"max_tokens", 0}, {"temperature", 0},
+                                   {"top_p", 0.5}, {"n", 3}, {"seed", -5}, {"stop", {"\n", "LORD"}}}),
+                       opt_hooks());
+  ASSERT_TRUE(p.request) << p.error->message;
+  ASSERT_EQ(p.request->prompts.size(), 2u);
+  EXPECT_EQ(p.request->prompts[0], opt_tokenizer().encode("In the", true));
+  EXPECT_EQ(p.request->prompts[1], (std::vector<int32_t>{2, 44}));
+  EXPECT_EQ(p.request->max_tokens, 0);
+  EXPECT_EQ(p.request->temperature, 0.0f);
+  EXPECT_EQ(p.request->top_p, 0.5f);
+  EXPECT_EQ(p.request->n, 3);
+  EXPECT_EQ(p.request->seed, -5);
+  EXPECT_EQ(p.request->stop, (std::vector<std::string>{"\n", "LORD"}));
+
+  Hooks h = opt_hooks();
+  json seen;
+  h.render_chat = [&](const json& body) {
+    seen = body;
+    return std::string("</s>user: hi\nassistant:");
+  };
+  p = parse_input_line(chat({{"max_completion_tokens", 7}}), h);
+  ASSERT_TRUE(p.request) << p.error->message;
+  EXPECT_EQ(seen, chat({{"max_completion_tokens", 7}})["body"]);  // the whole body reaches the hook
+  EXPECT_EQ(p.request->endpoint, Endpoint::kChatCompletions);
+  EXPECT_EQ(p.request->max_tokens, 7);
+  ASSERT_EQ(p.request->prompts.size(), 1u);
+  EXPECT_EQ(p.request->prompts[0], opt_tokenizer().encode("</s>user: hi\nassistant:", false));
+  p = parse_input_line(chat({{"max_tokens", 9}}), h);
+  EXPECT_EQ(p.request->max_tokens, 9);
+  p = parse_input_line(chat(), h);
+  EXPECT_FALSE(p.request->max_tokens);  // chat's default: up to the context
+}
+
+TEST(OpenAiBatch, ChatNeedsTheHookAndItsFailuresAreTheLinesError) {
+  expect_refused(chat(), "the flexh2o binary cannot render chat templates", "messages");
+  expect_refused(chat(), "`python -m flexh2o generate ...`", "messages");
+  Hooks h = opt_hooks();
+  h.render_chat = [](const json&) -> std::string { throw std::runtime_error("TemplateError: bad role 'tool'"); };
+  expect_refused(chat(), "rendering the chat template failed: TemplateError: bad role 'tool'", "messages", h);
+  h.render_chat = [](const json&) { return std::string(); };
+  expect_refused(chat(), "the chat template rendered an empty prompt", "messages", h);
+}
+
+TEST(OpenAiBatch, StopStringsCutTextAndCountTheTokensNeeded) {
+  const Tokenizer& t = opt_tokenizer();
+  const Decode decode = [&](std::span<const int32_t> ids) { return t.decode(ids); };
+  // tiny-opt's greedy continuation of "In the beginning God created" (reference/greedy.json).
+  const std::vector<int32_t> gen{15, 271, 262, 341, 15, 271, 262, 341};
+  ASSERT_EQ(t.decode(gen), ", and the LORD, and the LORD");
+  Choice c = finish_choice(gen, false, decode, {" LORD"});
+  EXPECT_EQ(c.text, ", and the");
+  EXPECT_EQ(c.completion_tokens, 4);  // ", and the LORD": the stop is complete at the 4th token
+  EXPECT_TRUE(c.stopped);
+  // The first stop to complete wins, though another starts earlier.
+  c = finish_choice(gen, false, decode, {"the LORD, and", "LO"});
+  EXPECT_EQ(c.text, ", and the ");
+  EXPECT_EQ(c.completion_tokens, 4);
+  c = finish_choice(gen, false, decode, {"Egypt"});
+  EXPECT_EQ(c.text, ", and the LORD, and the LORD");
+  EXPECT_EQ(c.completion_tokens, 8);
+  EXPECT_FALSE(c.stopped);
+  // EOS: counted, not shown, finish "stop".
+  std::vector<int32_t> eos{15, 271, 2};
+  c = finish_choice(eos, true, decode, {});
+  EXPECT_EQ(c.text, ", and");
+  EXPECT_EQ(c.completion_tokens, 3);
+  EXPECT_TRUE(c.stopped);
+  c = finish_choice(std::vector<int32_t>{}, false, decode, {"x"});
+  EXPECT_EQ(c.text, "");
+  EXPECT_EQ(c.completion_tokens, 0);
+}
+
+TEST(OpenAiBatch, OutputLinesHaveOpenAisShape) {
+  IdMaker ids(1);
+  Parsed p = parse_input_line(completion({{"n", 2}}), opt_hooks());
+  const json ok = success_line(*p.request, {{"a", 3, true}, {"bc", 16, false}}, 5, "tiny-opt", 1700000000, ids);
+  EXPECT_EQ(ok["custom_id"], "c1");
+  EXPECT_TRUE(ok["error"].is_null());
+  EXPECT_TRUE(std::regex_match(ok["id"].get<std::string>(), std::regex("batch_req_[0-9a-f]{32}")));
+  const json& resp = ok["response"];
+  EXPECT_EQ(resp["status_code"], 200);
+  EXPECT_TRUE(std::regex_match(resp["request_id"].get<std::string>(), std::regex("[0-9a-f]{32}")));
+  const json& body = resp["body"];
+  EXPECT_TRUE(std::regex_match(body["id"].get<std::string>(), std::regex("cmpl-[0-9a-f]{32}")));
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["created"], 1700000000);
+  EXPECT_EQ(body["model"], "m");
+  EXPECT_EQ(body["choices"], json::parse(R"([{"text": "a", "index": 0, "logprobs": null, "finish_reason": "stop"},
+                                             {"text": "bc", "index": 1, "logprobs": null, "finish_reason": "length"}])"));
+  EXPECT_EQ(body["usage"], json::parse(R"({"prompt_tokens": 5, "completion_tokens": 19, "total_tokens": 24})"));
+  EXPECT_TRUE(is_output_line(ok));
+  EXPECT_FALSE(output_line_failed(ok));
+
+  Hooks h = opt_hooks();
+  h.render_chat = [](const json&) { return std::string("hi"); };
+  p = parse_input_line(chat(), h);
+  p.request->model.reset();  // no model in the body: the loaded model's name
+  const json c = success_line(*p.request, {{"hello", 2, true}}, 1, "tiny-opt", 1, ids);
+  EXPECT_EQ(c["response"]["body"]["object"], "chat.completion");
+  EXPECT_EQ(c["response"]["body"]["model"], "tiny-opt");
+  EXPECT_TRUE(std::regex_match(c["response"]["body"]["id"].get<std::string>(), std::regex("chatcmpl-[0-9a-f]{32}")));
+  EXPECT_EQ(c["response"]["body"]["choices"], json::parse(R"([{"index": 0, "logprobs": null, "finish_reason": "stop",
+      "message": {"role": "assistant", "content": "hello", "refusal": null}}])"));
+
+  const json err = error_line("c9", {"\"n\" must be ...", "n"}, ids);
+  EXPECT_EQ(err["custom_id"], "c9");
+  EXPECT_TRUE(err["error"].is_null());
+  EXPECT_EQ(err["response"]["status_code"], 400);
+  EXPECT_EQ(err["response"]["body"], json::parse(R"({"error": {"message": "\"n\" must be ...",
+      "type": "invalid_request_error", "param": "n", "code": null}})"));
+  EXPECT_TRUE(is_output_line(err));
+  EXPECT_TRUE(output_line_failed(err));
+  EXPECT_FALSE(is_output_line(json{{"id", "x"}, {"text", ""}, {"token_ids", json::array()}}));
+  // Every id differs.
+  std::set<std::string> all;
+  for (const json* l : {&ok, &c, &err}) {
+    all.insert((*l)["id"].get<std::string>());
+    all.insert((*l)["response"]["request_id"].get<std::string>());
+  }
+  EXPECT_EQ(all.size(), 6u);
+}
+
+std::vector<json> read_lines(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<json> v;
+  for (std::string l; std::getline(in, l);) v.push_back(json::parse(l));
+  return v;
+}
+
+// run_generate in-process with a render_chat hook (what `python -m flexh2o generate` does): the
+// rendered text is what is tokenized (no BOS added), so a chat line equals a completions line
+// whose prompt is those token ids; the hook's exception is that line's error only.
+TEST(OpenAiBatch, RunGenerateWithHookRendersChatLines) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  const std::string rendered = "<|user|>And God said\n<|assistant|>";
+  const std::vector<int32_t> ids = opt_tokenizer().encode(rendered, /*add_special=*/false);
+  {
+    std::ofstream f(in);
+    const json messages = {{{"role", "user"}, {"content", "And God said"}}};
+    const json sampling = {{"max_tokens", 12}, {"temperature", 0.8}, {"seed", 11}};
+    json body{{"model", "tiny"}, {"messages", messages}};
+    body.update(sampling);
+    f << line("/v1/chat/completions", body).dump() << "\n";
+    body = json{{"model", "tiny"}, {"prompt", ids}};
+    body.update(sampling);
+    json l = line("/v1/completions", body);
+    l["custom_id"] = "c2";
+    f << l.dump() << "\n";
+    body = json{{"messages", {{{"role", "tool"}, {"content", "x"}}}}};
+    l = line("/v1/chat/completions", body);
+    l["custom_id"] = "c3";
+    f << l.dump() << "\n";
+  }
+  GenerateArgs a;
+  a.model = model_dir("tiny-opt").string();
+  a.input = in.string();
+  a.output = out.string();
+  a.device = "cpu";
+  a.quiet = true;
+  a.progress = "never";
+  a.render_chat = [&](const json& body) -> std::string {
+    std::string s;
+    for (const json& m : body["messages"]) {
+      if (m["role"] != "user") throw std::runtime_error("role " + m["role"].dump() + " is not supported");
+      s += "<|user|>" + m["content"].get<std::string>() + "\n";
+    }
+    return s + "<|assistant|>";
+  };
+  Env env;
+  EXPECT_EQ(run_generate(a, env), 1);  // the third line failed
+  const auto lines = read_lines(out);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["custom_id"], "c1");
+  ASSERT_EQ(lines[0]["response"]["status_code"], 200) << lines[0].dump();
+  const json& chat_body = lines[0]["response"]["body"];
+  const json& completion_body = lines[1]["response"]["body"];
+  EXPECT_EQ(chat_body["object"], "chat.completion");
+  EXPECT_EQ(chat_body["model"], "tiny");
+  EXPECT_EQ(chat_body["choices"][0]["message"]["content"], completion_body["choices"][0]["text"]);
+  EXPECT_FALSE(chat_body["choices"][0]["message"]["content"].get<std::string>().empty());
+  EXPECT_EQ(chat_body["usage"], completion_body["usage"]);
+  EXPECT_EQ(chat_body["usage"]["prompt_tokens"], ids.size());
+  EXPECT_EQ(lines[2]["custom_id"], "c3");
+  EXPECT_EQ(lines[2]["response"]["status_code"], 400);
+  EXPECT_EQ(lines[2]["response"]["body"]["error"]["message"],
+            "rendering the chat template failed: role \"tool\" is not supported");
+}
+
+}  // namespace
+}  // namespace flexh2o::cli
