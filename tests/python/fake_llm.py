@@ -79,10 +79,11 @@ class FakeLLM:
         return [self.score(s[:1], s[1:])[0] for s in seqs]
 
     def generate(self, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0, seed=0,
-                 ignore_eos=False):
+                 ignore_eos=False, stop=None):
         prompts = [list(p) for p in prompts]
+        stop = [stop] if isinstance(stop, str) else list(stop or [])
         self.calls.append(("generate", prompts, dict(max_new_tokens=max_new_tokens, temperature=temperature,
-                                                     top_k=top_k, top_p=top_p, seed=seed)))
+                                                     top_k=top_k, top_p=top_p, seed=seed, stop=stop)))
         self.last_report = self.report
         out = []
         for p in prompts:
@@ -90,6 +91,12 @@ class FakeLLM:
             ids = [self.id_of(piece) for piece in self.script][:max_new_tokens]
             if self.eos_id in ids:
                 ids = ids[:ids.index(self.eos_id) + 1]
+            # LLM.generate's stop: the sequence ends at the first token whose text holds one
+            ends = [k for k in range(1, len(ids) + 1) if any(s in self.decode(ids[:k]) for s in stop)]
+            if ends and (self.eos_id not in ids or ends[0] <= ids.index(self.eos_id)):
+                ids = ids[:ends[0]]
+                out.append(Completion(self.decode(ids), ids, "stop"))
+                continue
             out.append(Completion(self.decode(ids), ids, "eos" if self.eos_id in ids else "length"))
         return out
 

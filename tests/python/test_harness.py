@@ -383,12 +383,12 @@ def test_adapter_generate_until_groups_cuts_and_restores_order():
             ("x", {"until": "zzz", "max_gen_toks": 3})]
     assert ad.generate_until(reqs) == [" one", " one\n ", " one", " one\n two", " one\n two"]
     i = lambda *pieces: [llm.index[p] for p in pieces]  # noqa: E731
-    greedy6 = dict(max_new_tokens=6, temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    greedy6 = dict(max_new_tokens=6, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=[])
     assert llm.calls == [
-        ("generate", [i("<s>", "a", " b"), i("<s>", "a")], greedy6),  # longest prompt first
-        ("generate", [i("<s>", "a", " b", " c")], dict(greedy6, max_new_tokens=4, temperature=0.5)),
+        ("generate", [i("<s>", "a", " b"), i("<s>", "a")], dict(greedy6, stop=["\n"])),  # longest prompt first
+        ("generate", [i("<s>", "a", " b", " c")], dict(greedy6, max_new_tokens=4, temperature=0.5, stop=["two"])),
         ("generate", [i("<s>", "a")], greedy6),
-        ("generate", [i("<s>", "x")], dict(greedy6, max_new_tokens=3)),
+        ("generate", [i("<s>", "x")], dict(greedy6, max_new_tokens=3, stop=["zzz"])),
     ]
     with pytest.raises(RequestError, match=r"generate_until request 1: generation kwargs \['num_beams'\]"):
         ad.generate_until([("a", {}), ("b", {"num_beams": 2})])

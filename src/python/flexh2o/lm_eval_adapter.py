@@ -128,7 +128,8 @@ class HarnessAdapter:
             ordered = [group[j] for j in h.sort_order([-len(prompts[i]) for i in group])]
             for chunk in h.chunks(ordered, self.chunk_size):
                 done = self._call("generate", [prompts[i] for i in chunk], max_new_tokens=spec.max_gen_toks,
-                               temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, seed=spec.seed)
+                               temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, seed=spec.seed,
+                               stop=[s for s in spec.until if s])  # the engine ends a sequence there
                 if len(done) != len(chunk):
                     raise RuntimeError(f"LLM.generate returned {len(done)} completions for {len(chunk)} prompts")
                 for i, c in zip(chunk, done):
