@@ -7,9 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=build-asan
 # core, loader, tokenizer, offload, policies, engine (models, the offloading engine on the CPU
-# device, KV policies; it runs the kernels too) and the CLI. Not kernels_cpu_test, eval, planner
-# or gpu: no parsing or I/O of their own, and eval alone takes longer than all of these.
-tests=(core_test loader_test tokenizer_test offload_test policies_test engine_test cli_test)
+# device, KV policies; it runs the kernels too), the CLI, OpenAI Batch lines and convert. Not
+# kernels_cpu_test, eval, planner or gpu: no parsing or I/O of their own, and eval alone takes
+# longer than all of these.
+tests=(core_test loader_test tokenizer_test offload_test policies_test engine_test cli_test openai_batch_test
+       convert_test)
 CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXH2O_ENABLE_CUDA=OFF \
   -DFLEXH2O_ASAN=ON -DFLEXH2O_FUZZ=ON -DFLEXH2O_BUILD_BENCH=OFF -DFLEXH2O_PYTHON=OFF >/dev/null
 cmake --build "$dir" -j "$(nproc)" --target "${tests[@]}" flexh2o

@@ -63,7 +63,9 @@ const std::vector<Param>& params(Endpoint ep) {
 // Unknown keys are refused as OpenAI refuses them; parameters flexh2o cannot honour are refused
 // unless they hold their default.
 void check_params(const json& body, Endpoint ep) {
-  for (const auto& [key, value] : body.items()) {
+  for (const auto& item : body.items()) {  // no structured binding: clang 14 cannot capture one
+    const std::string& key = item.key();
+    const json& value = item.value();
     const auto& ps = params(ep);
     auto p = std::find_if(ps.begin(), ps.end(), [&](const Param& q) { return key == q.key; });
     if (p == ps.end()) bad(key, "Unrecognized request argument supplied: ", key);
