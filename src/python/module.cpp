@@ -1,11 +1,18 @@
 // The _flexh2o extension module (pybind11): Session (flexh2o.LLM's engine side), the command
 // line (`python -m flexh2o`), and flexh2o.Error. The engine runs with the GIL released; no
 // Python code is called from engine threads (the chat hook takes the GIL on the calling thread).
+// generate runs on a worker thread so that Ctrl-C raises KeyboardInterrupt within a token step.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
 #include <new>
+#include <thread>
 
 #include "cli/app.h"
 #include "core/error.h"
@@ -27,6 +34,42 @@ HubEnv hub_env(const std::optional<std::string>& hub_cache, const std::optional<
   h.hf_home = path(hf_home);
   h.home = path(home);
   return h;
+}
+
+// Runs fn() on a worker thread while the calling thread, with the GIL released, wakes every
+// 50 ms to let Python run its signal handlers (it can only while it holds the GIL). When one
+// raises (Ctrl-C: KeyboardInterrupt), `interrupt` is set, fn is waited for (it ends at its next
+// token step) and the Python exception propagates. An exception from fn is rethrown here.
+template <class F>
+void run_interruptible(std::atomic<bool>& interrupt, F fn) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr failure;
+  std::thread worker([&] {
+    try {
+      fn();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    done = true;
+    cv.notify_all();
+  });
+  auto wait = [&](std::chrono::milliseconds d) {
+    py::gil_scoped_release nogil;
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, d, [&] { return done; });
+  };
+  bool signalled = false;
+  while (!wait(std::chrono::milliseconds(50)))
+    if (!signalled && PyErr_CheckSignals() != 0) {
+      signalled = true;  // the exception is pending; let fn reach its step boundary
+      interrupt = true;
+    }
+  worker.join();
+  if (signalled) throw py::error_already_set();
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace
@@ -85,12 +128,11 @@ PYBIND11_MODULE(_flexh2o, m) {
           "generate",
           [](python::Session& s, const std::vector<python::Prompt>& prompts, int64_t max_new_tokens, float temperature,
              int top_k, float top_p, uint64_t seed, bool ignore_eos, std::vector<std::string> stop) {
-            python::GenerateParams p{max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, std::move(stop)};
+            std::atomic<bool> interrupt{false};
+            python::GenerateParams p{max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, std::move(stop),
+                                     &interrupt};
             std::vector<python::Completion> out;
-            {
-              py::gil_scoped_release nogil;
-              out = s.generate(prompts, p);
-            }
+            run_interruptible(interrupt, [&] { out = s.generate(prompts, p); });
             py::list l;
             for (auto& c : out) l.append(py::make_tuple(py::bytes(c.text), c.token_ids, c.finish_reason));
             return l;

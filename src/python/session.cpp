@@ -184,8 +184,10 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
     go.ends_at = [&](size_t, std::span<const int32_t> tokens) {
       return cli::openai_batch::first_stop_at(decode(tokens), p.stop) != std::string::npos;
     };
+  go.stop = p.interrupt;
   GenerateStats st;
   std::vector<GenerationResult> res = flexh2o::generate(*run.rs.runner, reqs, go, &st);
+  if (st.interrupted) throw Interrupted();
   std::vector<Completion> out;
   for (const GenerationResult& r : res) {
     std::string text = decode(r.tokens);

@@ -5,10 +5,12 @@
 // one Session may be shared by threads; every failure throws (flexh2o::Error, or UnknownFlag).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <variant>
@@ -52,6 +54,13 @@ struct GenerateParams {
   // A sequence ends once its text holds one of these (finish_reason "stop"); its text is cut
   // before the first, as OpenAI's completions do; token_ids keep the tokens that made it.
   std::vector<std::string> stop;
+  // Once true, generation ends at the next token step and generate() throws Interrupted.
+  const std::atomic<bool>* interrupt = nullptr;
+};
+
+// generate() was ended by GenerateParams::interrupt (Ctrl-C in Python).
+struct Interrupted : std::runtime_error {
+  Interrupted() : std::runtime_error("interrupted") {}
 };
 
 // A prompt: text (BOS added per the model's convention) or token ids (used exactly).

@@ -1,0 +1,45 @@
+"""Ctrl-C inside LLM.generate: KeyboardInterrupt arrives within a token step (not when the
+whole call would have ended), and the LLM is usable afterwards. Run in a child interpreter so
+that the signal cannot reach pytest."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import TINY
+
+CHILD = r"""
+import json, os, signal, sys, threading, time
+import flexh2o
+llm = flexh2o.LLM(sys.argv[1], device="cpu")
+work = dict(max_new_tokens=256, ignore_eos=True)
+prompts = [[1, 100 + i] for i in range(48)]
+t0 = time.perf_counter(); llm.generate(prompts, **work); full = time.perf_counter() - t0
+sent = {}
+def interrupt():
+    sent["at"] = time.perf_counter()
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Timer(0.1 * full, interrupt).start()
+t0 = time.perf_counter()
+try:
+    llm.generate(prompts, **work)
+    raised = False
+except KeyboardInterrupt:
+    raised = True
+after = time.perf_counter() - sent["at"]
+again = llm.generate([[1, 5]], max_new_tokens=4)
+print(json.dumps({"full": full, "raised": raised, "after_signal": after, "again": len(again[0].token_ids)}))
+"""
+
+
+def test_ctrl_c_interrupts_generate():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", CHILD, str(TINY["llama"])], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["raised"], got
+    # The uninterrupted call takes `full`; the interrupted one ends a token step after the signal.
+    assert got["after_signal"] < 0.5 * got["full"], got
+    assert got["again"] == 4
