@@ -20,6 +20,22 @@ void TensorArchive::sort_and_check_unique() {
               " and ", files_[tensors_[i].file_index].path().string(), ".");
 }
 
+void TensorArchive::open_single(const std::filesystem::path& file, const std::function<void(size_t)>& add_file) {
+  source_ = file;
+  files_.push_back(map_checkpoint_file(file));
+  add_file(0);
+  sort_and_check_unique();
+}
+
+void TensorArchive::open_in_dir(const std::filesystem::path& dir, const std::string& file_name,
+                                const std::string& index_name, const std::function<void(size_t)>& add_file) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir / index_name, ec)) return open_sharded(dir / index_name, add_file);
+  if (!std::filesystem::exists(dir / file_name, ec))
+    FH_FAIL("no checkpoint in ", dir.string(), ": neither ", file_name, " nor ", index_name, " exists.");
+  open_single(dir / file_name, add_file);
+}
+
 MappedFile TensorArchive::map_checkpoint_file(const std::filesystem::path& p) {
   check_regular_file(p, "checkpoint file").throw_if_error();
   return MappedFile::open(p);

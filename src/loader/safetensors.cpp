@@ -181,28 +181,20 @@ void add_file_tensors(const MappedFile& f, size_t file_index, std::vector<Tensor
 // SafetensorsArchive
 // ---------------------------------------------------------------------------------------------
 
+// The metadata is the first file's (a sharded checkpoint repeats it in every shard).
+void SafetensorsArchive::add_file(size_t i) {
+  add_file_tensors(files_[i], i, &tensors_, i == 0 ? &metadata_ : nullptr);
+}
+
 SafetensorsArchive SafetensorsArchive::open_file(const std::filesystem::path& file) {
   SafetensorsArchive a;
-  a.source_ = file;
-  a.files_.push_back(map_checkpoint_file(file));
-  add_file_tensors(a.files_[0], 0, &a.tensors_, &a.metadata_);
-  a.sort_and_check_unique();
+  a.open_single(file, [&](size_t i) { a.add_file(i); });
   return a;
 }
 
 SafetensorsArchive SafetensorsArchive::open_dir(const std::filesystem::path& dir) {
-  const auto index_path = dir / "model.safetensors.index.json";
-  const auto single_path = dir / "model.safetensors";
-  std::error_code ec;
-  if (!std::filesystem::exists(index_path, ec)) {
-    if (!std::filesystem::exists(single_path, ec))
-      FH_FAIL("no checkpoint in ", dir.string(), ": neither model.safetensors nor model.safetensors.index.json exists.");
-    return open_file(single_path);
-  }
   SafetensorsArchive a;
-  a.open_sharded(index_path, [&](size_t i) {
-    add_file_tensors(a.files_[i], i, &a.tensors_, i == 0 ? &a.metadata_ : nullptr);
-  });
+  a.open_in_dir(dir, "model.safetensors", "model.safetensors.index.json", [&](size_t i) { a.add_file(i); });
   return a;
 }
 

@@ -18,6 +18,9 @@ class SafetensorsArchive : public TensorArchive {
   // One .safetensors file. Tensor data must be aligned to its element size in the file (true
   // of every file written by the safetensors library or write_safetensors); else it throws.
   static SafetensorsArchive open_file(const std::filesystem::path& file);
+
+ private:
+  void add_file(size_t i);  // parses files()[i]'s header into tensors_ (and metadata_)
 };
 
 }  // namespace flexh2o

@@ -146,24 +146,14 @@ void add_file_tensors(const MappedFile& f, size_t file_index, std::vector<Tensor
 
 TorchArchive TorchArchive::open_file(const std::filesystem::path& file) {
   TorchArchive a;
-  a.source_ = file;
-  a.files_.push_back(map_checkpoint_file(file));
-  add_file_tensors(a.files_[0], 0, &a.tensors_);
-  a.sort_and_check_unique();
+  a.open_single(file, [&](size_t i) { add_file_tensors(a.files_[i], i, &a.tensors_); });
   return a;
 }
 
 TorchArchive TorchArchive::open_dir(const std::filesystem::path& dir) {
-  const auto index_path = dir / "pytorch_model.bin.index.json";
-  const auto single_path = dir / "pytorch_model.bin";
-  std::error_code ec;
-  if (!std::filesystem::exists(index_path, ec)) {
-    if (!std::filesystem::exists(single_path, ec))
-      FH_FAIL("no checkpoint in ", dir.string(), ": neither pytorch_model.bin nor pytorch_model.bin.index.json exists.");
-    return open_file(single_path);
-  }
   TorchArchive a;
-  a.open_sharded(index_path, [&](size_t i) { add_file_tensors(a.files_[i], i, &a.tensors_); });
+  a.open_in_dir(dir, "pytorch_model.bin", "pytorch_model.bin.index.json",
+                [&](size_t i) { add_file_tensors(a.files_[i], i, &a.tensors_); });
   return a;
 }
 
