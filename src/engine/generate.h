@@ -68,6 +68,29 @@ void validate_request(const GenerationRequest& r, const ModelConfig& c);
 // Cuts requests into batches of runner.max_batch(); results in request order.
 std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<GenerationRequest>& requests,
                                        const GenerateOptions& opts, GenerateStats* stats = nullptr);
+// A runner that holds several batches ("groups") at once and works on their steps while the
+// caller samples: a pipeline runs group g's step on later stages while the driver samples
+// another group's logits. Steps complete in the order submitted.
+class GroupRunner {
+ public:
+  virtual ~GroupRunner() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual int64_t max_batch() const = 0;  // sequences of one group's batch
+  virtual int groups() const = 0;
+  // Starts group g's batch of B sequences with room for `capacity` tokens each (its previous
+  // batch must have no step in flight).
+  virtual void begin_batch(int g, int64_t B, int64_t capacity) = 0;
+  // Queues a token step of group g (inputs as StepRunner::step, copied); returns without waiting.
+  virtual void submit(int g, const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows) = 0;
+  // Blocks until the oldest queued step is done: its group, and logits [B, vocab] in `logits`.
+  virtual int collect(std::vector<float>& logits) = 0;
+};
+
+// As generate() above, with up to runner.groups() batches in flight: each group takes the next
+// batch of requests when its batch ends. Every batch holds the same requests as generate()'s
+// batches (request order, runner.max_batch() at a time), so results are the same.
+std::vector<GenerationResult> generate(GroupRunner& runner, const std::vector<GenerationRequest>& requests,
+                                       const GenerateOptions& opts, GenerateStats* stats = nullptr);
 // In-memory convenience: batches of opts.batch_size on `fwd`.
 std::vector<GenerationResult> generate(Forward& fwd, const std::vector<GenerationRequest>& requests,
                                        const GenerateOptions& opts, GenerateStats* stats = nullptr);

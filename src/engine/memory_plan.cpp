@@ -69,7 +69,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   // Keep lists of the device-homed sequences, and at a prefill of the offloaded ones too.
   m.keep = d.kv_policy ? n * uint64_t(c.n_kv_heads * (m.cap_w + 1)) * 4 : 0;
   m.inputs = (4 * B * rows + B) * 4;
-  m.logits = B * uint64_t(c.vocab_size) * 4;
+  m.logits = d.hidden_out ? 0 : B * uint64_t(c.vocab_size) * 4;
+  m.hidden_in = d.hidden_in ? B * rows * uint64_t(c.hidden) * es_a : 0;
+  m.hidden_out = d.hidden_out ? B * rows * uint64_t(c.hidden) * es_a : 0;
   auto add = [&](Tier tier, std::string what, uint64_t bytes) {
     if (!bytes) return;
     m.items.push_back({tier, std::move(what), bytes});
@@ -87,6 +89,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   add(Tier::kDevice, "attention scores", 2 * m.scores);
   add(Tier::kDevice, "keep lists", 2 * m.keep);
   add(Tier::kDevice, "step inputs and logits", m.inputs + m.logits);
+  add(Tier::kDevice, "stage hidden rows in and out", m.hidden_in + m.hidden_out);
   add(Tier::kDevice, "compute scratch", device_scratch_bytes(t.device, c, t.act, int64_t(n * rows), int64_t(n)));
   // Host
   add(Tier::kHost, "weights homed", w.homed[1]);
@@ -98,6 +101,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   add(Tier::kHost, "attention scores", 2 * m.scores);
   add(Tier::kHost, "keep lists", 2 * m.keep);
   add(Tier::kHost, "step inputs and logits", m.inputs + m.logits);
+  add(Tier::kHost, "stage hidden rows in and out", m.hidden_in + m.hidden_out);
   // Disk
   add(Tier::kDisk, "weights homed", w.homed[2]);
   add(Tier::kDisk, "KV homed", L * K * nk * m.kv_disk_seq);

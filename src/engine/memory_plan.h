@@ -31,6 +31,9 @@ struct BatchDims {
   bool kv_policy = false;    // a KV policy runs (decisions on the host)
   bool scores = false;       // ... and needs attention scores
   int64_t decode_rows = 1;   // T of later steps (host-attention slots)
+  // A pipeline stage (Model::stage): after the first it reads hidden rows instead of token ids,
+  // before the last it returns hidden rows instead of logits ([B * rows, hidden] in act).
+  bool hidden_in = false, hidden_out = false;
 };
 
 // Run-wide constants of a plan.
@@ -58,6 +61,7 @@ struct MemoryPlan {
   uint64_t scores = 0;                                 // one score slot (micro-batch, fp32)
   uint64_t keep = 0;                                   // one keep-list slot (int32, a micro-batch)
   uint64_t inputs = 0, logits = 0;                     // a block's step inputs / fp32 logits
+  uint64_t hidden_in = 0, hidden_out = 0;              // a stage's hidden rows in / out (a block)
   std::vector<MemoryItem> items;
   std::array<uint64_t, 3> bytes{};
   std::string breakdown() const;  // "  device: weights homed 1.2 GiB\n  ..."

@@ -26,6 +26,8 @@ BatchDims OffloadEngine::Impl::dims() const {
   d.rows = std::max<int64_t>(s_max, 1);
   d.capacity = std::max<int64_t>(capacity, 1);
   d.kv_policy = kv_policy != nullptr;
+  d.hidden_in = hidden_in;
+  d.hidden_out = hidden_out;
   d.scores = kv_policy && kv_policy->needs_scores();
   bool bounded = kv_policy != nullptr && !budgets.empty();
   for (const KvBudget& b : budgets) {
@@ -43,13 +45,14 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
   for (auto* slots : {&kv_stage_device, &kv_stage_host, &scores_device, &scores_host, &keep_host,
                       &keep_device, &hidden_slot, &qkv_pipe, &attn_pipe, &qkv_host, &attn_host})
     for (auto& b : *slots) b = Buffer();
-  for (Buffer* b : {&qkv_step, &attn_step, &inputs_device, &inputs_host, &logits_device, &logits_host}) *b = Buffer();
+  for (Buffer* b : {&qkv_step, &attn_step, &inputs_device, &inputs_host, &logits_device, &logits_host,
+                    &hidden_in_device, &hidden_in_host, &hidden_out_device, &hidden_out_host})
+    *b = Buffer();
   pipe_rows = 0;
   batch = B;
   capacity = cap;
   allocated = false;
   s_max = 0;
-  ++batch_no;
   budgets.clear();
   len_before.assign(size_t(B), 0);
   len_after.assign(size_t(B), 0);
@@ -87,7 +90,8 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
         if (!s.ok()) FH_FAIL(s.message());
         // A per-run name: concurrent runs on one directory never share a KV file, and it is
         // removed when the store closes (after a failure too).
-        mb.kv_disk.push_back(e.store_->run_name("kv.L" + std::to_string(l) + ".mb" + std::to_string(k)));
+        const std::string g = group ? "kv.g" + std::to_string(group) + ".L" : "kv.L";
+        mb.kv_disk.push_back(e.store_->run_name(g + std::to_string(l) + ".mb" + std::to_string(k)));
         e.store_->create(mb.kv_disk.back(), bytes).throw_if_error();
       }
       if (kv_policy) {
@@ -121,8 +125,18 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   attn_step = alloc(MemKind::kDevice, Tier::kDevice, size_t(n_max * s_max) * plan.attn_rows, "attention rows");
   inputs_device = alloc(MemKind::kDevice, Tier::kDevice, size_t(4 * batch * s_max + batch) * 4, "step inputs");
   inputs_host = alloc(MemKind::kPinned, Tier::kHost, size_t(4 * batch * s_max + batch) * 4, "step inputs");
-  logits_device = alloc(MemKind::kDevice, Tier::kDevice, size_t(batch * c.vocab_size) * 4, "logits");
-  logits_host = alloc(MemKind::kPinned, Tier::kHost, size_t(batch * c.vocab_size) * 4, "logits");
+  const size_t logits = hidden_out ? 0 : size_t(batch * c.vocab_size) * 4;
+  logits_device = alloc(MemKind::kDevice, Tier::kDevice, logits, "logits");
+  logits_host = alloc(MemKind::kPinned, Tier::kHost, logits, "logits");
+  const size_t stage_rows = size_t(batch * s_max * c.hidden) * es_a;
+  if (hidden_in) {
+    hidden_in_device = alloc(MemKind::kDevice, Tier::kDevice, stage_rows, "stage hidden rows in");
+    hidden_in_host = alloc(MemKind::kPinned, Tier::kHost, stage_rows, "stage hidden rows in");
+  }
+  if (hidden_out) {
+    hidden_out_device = alloc(MemKind::kDevice, Tier::kDevice, stage_rows, "stage hidden rows out");
+    hidden_out_host = alloc(MemKind::kPinned, Tier::kHost, stage_rows, "stage hidden rows out");
+  }
   scratch = TierCharge();
   scratch = dev.reserve(c, n_max * s_max, n_max, *e.budgets_[0]);
   dirty_lo.assign(size_t(L), std::vector<int32_t>(size_t(batch * c.n_kv_heads), 0));
@@ -187,6 +201,14 @@ void OffloadEngine::Impl::prepare_step(const int32_t* step_ids, const int32_t* s
   dev.host_access(kMainAgent, h, bytes, true);
   dev.begin_schedule();
   dev.copy(Queue::kHostToDevice, inputs_device.data(), h, bytes);
+  if (hidden_in) {
+    const size_t rows_bytes = size_t(M * c.hidden) * es_a;
+    FH_CHECK(step_hidden_in.size() == rows_bytes, "stage input of ", step_hidden_in.size(), " bytes; ", M,
+             " rows of ", c.hidden, " need ", rows_bytes);
+    std::memcpy(hidden_in_host.data(), step_hidden_in.data(), rows_bytes);
+    dev.host_access(kMainAgent, hidden_in_host.data(), rows_bytes, true);
+    dev.copy(Queue::kHostToDevice, hidden_in_device.data(), hidden_in_host.data(), rows_bytes);
+  }
   dev.wait(Queue::kCompute, dev.record(Queue::kHostToDevice));
   int32_t* d = inputs_device.as<int32_t>();
   in_ids = d, in_pos = d + M, in_pos_rows = d + 2 * M, in_local = d + 3 * M, in_keys = d + 4 * M;
@@ -212,13 +234,23 @@ StepRows OffloadEngine::Impl::rows(int k) const {
   return r;
 }
 
-void OffloadEngine::Impl::finish_step(std::vector<float>& logits) {
-  const size_t bytes = size_t(batch * c.vocab_size) * 4;
-  dev.copy(Queue::kDeviceToHost, logits_host.data(), logits_device.data(), bytes);
-  dev.synchronize();
-  dev.host_access(kMainAgent, logits_host.data(), bytes, false);
-  logits.resize(size_t(batch * c.vocab_size));
-  std::memcpy(logits.data(), logits_host.data(), bytes);
+void OffloadEngine::Impl::finish_step(std::vector<float>& logits, std::vector<std::byte>* out) {
+  if (hidden_out) {
+    const size_t bytes = size_t(batch * T * c.hidden) * es_a;
+    dev.copy(Queue::kDeviceToHost, hidden_out_host.data(), hidden_out_device.data(), bytes);
+    dev.synchronize();
+    dev.host_access(kMainAgent, hidden_out_host.data(), bytes, false);
+    out->resize(bytes);
+    std::memcpy(out->data(), hidden_out_host.data(), bytes);
+    logits.clear();
+  } else {
+    const size_t bytes = size_t(batch * c.vocab_size) * 4;
+    dev.copy(Queue::kDeviceToHost, logits_host.data(), logits_device.data(), bytes);
+    dev.synchronize();
+    dev.host_access(kMainAgent, logits_host.data(), bytes, false);
+    logits.resize(size_t(batch * c.vocab_size));
+    std::memcpy(logits.data(), logits_host.data(), bytes);
+  }
   for (int64_t b = 0; b < batch; ++b) seen[size_t(b)] += len_after[size_t(b)] - len_before[size_t(b)];
   len_before = len_final;
 }

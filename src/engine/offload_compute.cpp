@@ -17,6 +17,14 @@ void OffloadEngine::Impl::compute(int u, int k) {
   const UnitKind kind = e.placement_.units[size_t(u)].kind;
   std::byte* hidden = device_hidden(u, k);
   const StepRows r = rows(k);
+  if (kind == UnitKind::kEmbed && hidden_in) {  // a later pipeline stage: the previous stage's rows
+    const size_t bytes = size_t(mb.n * T * c.hidden) * es_a;
+    return dev.copy(Queue::kCompute, hidden, hidden_in_device.data() + size_t(mb.first * T * c.hidden) * es_a, bytes);
+  }
+  if (kind == UnitKind::kHead && hidden_out) {
+    const size_t bytes = size_t(mb.n * T * c.hidden) * es_a;
+    return dev.copy(Queue::kCompute, hidden_out_device.data() + size_t(mb.first * T * c.hidden) * es_a, hidden, bytes);
+  }
   if (kind == UnitKind::kEmbed) {
     ModelWeights w = weights(u);
     if (gather_rows && token_streamed) w.embed.shape = Shape({batch * T, c.hidden});

@@ -54,7 +54,21 @@ OffloadEngine::Impl::Impl(OffloadEngine& engine)
       kvdt(engine.opts_.kv_dtype),
       adt(engine.dev_.act_dtype()),
       kv_row(row_nbytes(kvdt, engine.config().head_dim)),
-      es_a(dtype_size(adt)) {}
+      es_a(dtype_size(adt)),
+      hidden_in(!engine.model_.stage_range().embed()),
+      hidden_out(!engine.model_.stage_range().head()) {
+  parked.resize(1);
+}
+
+void OffloadEngine::Impl::select_group(int g) {
+  FH_CHECK(g >= 0 && size_t(g) < parked.size(), "group ", g, " outside [0, ", parked.size(), ")");
+  if (g == group) return;
+  dev.synchronize();
+  const int from = group;
+  std::swap(static_cast<BatchState&>(*this), parked[size_t(from)]);
+  std::swap(static_cast<BatchState&>(*this), parked[size_t(g)]);
+  group = g;  // a group's state keeps its own index; a fresh one takes it here
+}
 
 DType offload_kv_dtype(const OffloadOptions& o) { return o.policy.compress_cache ? DType::Q4 : o.kv_dtype; }
 
@@ -83,6 +97,8 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
   BatchDims small;
   small.kv_policy = opts_.kv_policy != nullptr;
   small.scores = opts_.kv_policy && opts_.kv_policy->needs_scores();
+  small.hidden_in = !model.stage_range().embed();
+  small.hidden_out = !model.stage_range().head();
   const MemoryPlan need = plan_memory(c, WeightBytes::of(placement_), opts_.policy, small,
                                       {dev.kind(), opts_.kv_dtype, dev.act_dtype()});
   for (int t = 0; t < 3; ++t) {
@@ -244,16 +260,46 @@ void OffloadEngine::begin_batch(int64_t B, int64_t capacity) {
   kv_bytes_ = 0;
 }
 
+void OffloadEngine::set_groups(int n) {
+  FH_CHECK(n >= 1, "groups must be at least 1, got ", n);
+  Impl& m = *impl_;
+  m.select_group(0);
+  m.parked.resize(size_t(n));
+}
+
+int OffloadEngine::groups() const { return int(impl_->parked.size()); }
+
+void OffloadEngine::select_group(int g) {
+  impl_->select_group(g);
+  kv_bytes_ = group_kv_bytes();
+}
+
+size_t OffloadEngine::group_kv_bytes() const {
+  const Impl& m = *impl_;
+  if (!m.allocated) return 0;
+  size_t n = 0;
+  for (const auto& mb : m.mbs)
+    n += size_t(config().n_layers) *
+         (size_t(mb.split.n_device) * m.plan.kv_device_seq + size_t(mb.n - mb.split.n_device) * m.plan.kv_home_seq);
+  return n;
+}
+
 void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                          std::vector<float>& logits) {
+  FH_CHECK(model_.stage_range().whole(), "step() runs a whole model; a pipeline stage runs step_stage()");
+  step_stage(ids, positions, T, real_rows, {}, nullptr, logits);
+}
+
+void OffloadEngine::step_stage(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+                               std::span<const std::byte> hidden_in, std::vector<std::byte>* hidden_out,
+                               std::vector<float>& logits) {
   Impl& m = *impl_;
+  FH_CHECK(m.hidden_in == !hidden_in.empty(), m.hidden_in ? "this stage needs the previous stage's hidden rows"
+                                                           : "the first stage embeds tokens: no hidden rows in");
+  FH_CHECK(!m.hidden_out || hidden_out, "a stage before the last returns hidden rows: give hidden_out");
+  m.step_hidden_in = hidden_in;
   m.prepare_step(ids, positions, T, real_rows);
-  if (m.prefill) {
-    kv_bytes_ = 0;
-    for (const auto& mb : m.mbs)
-      kv_bytes_ += size_t(config().n_layers) * (size_t(mb.split.n_device) * m.plan.kv_device_seq +
-                                         size_t(mb.n - mb.split.n_device) * m.plan.kv_home_seq);
-  }
+  if (m.prefill) kv_bytes_ = group_kv_bytes();
   ScheduleShape& sh = shape_;
   sh = ScheduleShape();
   for (const UnitPlacement& u : placement_.units) {
@@ -295,7 +341,7 @@ void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T
   // The prefetched unit 1 sits in the slot of this step's unit `units`: shift the parity so
   // the next step finds it there.
   if (first_layer_loaded_) m.slot_phase = (sh.units() - 1 + m.slot_phase) % 2;
-  m.finish_step(logits);
+  m.finish_step(logits, hidden_out);
 }
 
 std::vector<int32_t> OffloadEngine::lengths() const { return impl_->len_before; }

@@ -13,6 +13,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,21 @@ class OffloadEngine final : public StepRunner {
   // true (the default): each step also loads the next step's first layer when it streams.
   void expect_more_steps(bool more) override { more_steps_ = more; }
 
+  // ---- pipeline stages and groups
+  // One step of a pipeline stage (the model is a Model::stage() view): stages after the first
+  // start from `hidden_in`, the rows [B * T, hidden] (act dtype) the previous stage returned,
+  // instead of embedding `ids`; stages before the last return theirs in *hidden_out (and leave
+  // logits empty); the last stage returns logits as step() does. Blocking.
+  void step_stage(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+                  std::span<const std::byte> hidden_in, std::vector<std::byte>* hidden_out,
+                  std::vector<float>& logits);
+  // Batches held at once (a pipeline's groups in flight): each group has its own KV homes and
+  // buffers, all charged to the budgets while they live. Resets to group 0. Default 1.
+  void set_groups(int n);
+  int groups() const;
+  // Makes group g's batch the one begin_batch / step act on (the others stay as they are).
+  void select_group(int g);
+
   const WeightPlacement& placement() const { return placement_; }
   const OffloadOptions& options() const { return opts_; }
   Device& device() const { return dev_; }
@@ -146,6 +162,7 @@ class OffloadEngine final : public StepRunner {
   };
   std::vector<TraceEvent> trace_;
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  size_t group_kv_bytes() const;  // KV bytes the current group's batch holds
   TransferCounters counters_;
   size_t kv_bytes_ = 0;
   bool more_steps_ = true, first_layer_loaded_ = false;

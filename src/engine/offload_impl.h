@@ -5,6 +5,8 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
+#include <span>
 #include <memory>
 #include <utility>
 #include <string>
@@ -49,7 +51,42 @@ struct MicroBatch {
   Buffer hidden_host;    // act on host: [n * s_max, H]
 };
 
-struct OffloadEngine::Impl {
+// Everything one batch holds (its KV homes and buffers, lengths, the current step): a group of a
+// pipeline (OffloadEngine::select_group) parks its own while another group steps.
+struct BatchState {
+  // Current batch. cap_w: slots per row of device-side buffers (the whole prompt during
+  // prefill); cap_h: of host homes (the policy's budget when one is set); cap_d: of disk homes
+  // and their host staging (cap_h in whole pages).
+  int64_t batch = 0, capacity = 0, s_max = 0;
+  bool allocated = false;
+  MemoryPlan plan;
+  int64_t cap_w = 0, cap_h = 0, cap_d = 0;
+  std::vector<KvBudget> budgets;                   // [B] with a policy
+  std::vector<int32_t> seen;                       // [B] tokens seen (next token's position)
+  std::vector<int32_t> len_before, len_after, len_final;  // [B] cached tokens before / after / kept
+  std::vector<std::vector<int32_t>> dirty_lo, dirty_hi;  // per layer [B*kvh]: disk rows to store
+  std::vector<MicroBatch> mbs;
+  std::array<Buffer, 2> kv_stage_device, kv_stage_host, scores_device, scores_host;
+  std::array<Buffer, 2> keep_host, keep_device, hidden_slot;
+  Buffer qkv_step, attn_step;  // q/k/v and attention rows of a whole step (one micro-batch)
+  std::array<Buffer, 2> qkv_pipe, attn_pipe, qkv_host, attn_host;  // host-attention pipeline
+  int64_t pipe_rows = 0;
+  Buffer inputs_device, inputs_host, logits_device, logits_host;
+  TierCharge scratch;  // the device's compute scratch for this batch
+
+  // Current step. A streamed token table moves only the step's rows (row i = table[ids[i]]):
+  // the embedding then reads them through local ids 0..batch*T-1. Off when the step has >=
+  // vocab rows.
+  bool prefill = true, gather_rows = false;
+  int64_t T = 0;
+  int32_t *in_ids = nullptr, *in_pos = nullptr, *in_pos_rows = nullptr, *in_local = nullptr, *in_keys = nullptr;
+  // A pipeline stage after the first reads its hidden rows [batch * T, hidden] (act dtype) from
+  // these instead of embedding tokens; one before the last writes them to hidden_out_*.
+  Buffer hidden_in_device, hidden_in_host, hidden_out_device, hidden_out_host;
+  int group = 0;
+};
+
+struct OffloadEngine::Impl : BatchState {
   explicit Impl(OffloadEngine& engine);
 
   // ---- setup and batch (offload_engine.cpp, offload_batch.cpp, offload_store.cpp)
@@ -62,7 +99,7 @@ struct OffloadEngine::Impl {
   void allocate_batch(const int32_t* real_rows);
   void ensure_pipeline(int64_t rows);  // host-attention slots for steps of `rows` rows per micro-batch
   void prepare_step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows);
-  void finish_step(std::vector<float>& logits);
+  void finish_step(std::vector<float>& logits, std::vector<std::byte>* hidden_out_rows);
   Buffer alloc(MemKind kind, Tier t, size_t bytes, const std::string& what);
   BatchDims dims() const;
 
@@ -126,33 +163,12 @@ struct OffloadEngine::Impl {
   int slot_phase = 0;  // unit u's weights use slot (u + slot_phase) % 2 (schedule.h)
   uint64_t pinned_in_place = 0;
   bool token_streamed = false;  // the token table is host- or disk-homed
-
-  // Current batch. cap_w: slots per row of device-side buffers (the whole prompt during
-  // prefill); cap_h: of host homes (the policy's budget when one is set); cap_d: of disk homes
-  // and their host staging (cap_h in whole pages).
-  int64_t batch = 0, capacity = 0, s_max = 0, batch_no = 0;
-  bool allocated = false;
-  MemoryPlan plan;
-  int64_t cap_w = 0, cap_h = 0, cap_d = 0;
-  std::vector<KvBudget> budgets;                   // [B] with a policy
-  std::vector<int32_t> seen;                       // [B] tokens seen (next token's position)
-  std::vector<int32_t> len_before, len_after, len_final;  // [B] cached tokens before / after / kept
-  std::vector<std::vector<int32_t>> dirty_lo, dirty_hi;  // per layer [B*kvh]: disk rows to store
-  std::vector<MicroBatch> mbs;
-  std::array<Buffer, 2> kv_stage_device, kv_stage_host, scores_device, scores_host;
-  std::array<Buffer, 2> keep_host, keep_device, hidden_slot;
-  Buffer qkv_step, attn_step;  // q/k/v and attention rows of a whole step (one micro-batch)
-  std::array<Buffer, 2> qkv_pipe, attn_pipe, qkv_host, attn_host;  // host-attention pipeline
-  int64_t pipe_rows = 0;
-  Buffer inputs_device, inputs_host, logits_device, logits_host;
-  TierCharge scratch;  // the device's compute scratch for this batch
-
-  // Current step. A streamed token table moves only the step's rows (row i = table[ids[i]]):
-  // the embedding then reads them through local ids 0..batch*T-1. Off when the step has >=
-  // vocab rows.
-  bool prefill = true, gather_rows = false;
-  int64_t T = 0;
-  int32_t *in_ids = nullptr, *in_pos = nullptr, *in_pos_rows = nullptr, *in_local = nullptr, *in_keys = nullptr;
+  bool hidden_in = false, hidden_out = false;  // a pipeline stage: !stage_range().embed() / head()
+  // The other groups' batches while one steps (select_group); [current] is empty.
+  std::vector<BatchState> parked;
+  void select_group(int g);
+  // The current step's hidden rows from the previous stage (hidden_in), or empty.
+  std::span<const std::byte> step_hidden_in;
 };
 
 }  // namespace flexh2o

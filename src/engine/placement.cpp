@@ -49,7 +49,7 @@ WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DTy
     else unit = wp.units.size() - 1;  // final norm, untied lm_head
     wp.units[unit].tensors.push_back(held(n, t.view));
   }
-  if (c.tie_embeddings) {
+  if (c.tie_embeddings && m.stage_range().head()) {
     const TensorView& e = m.weights().embed;
     wp.units.back().tensors.push_back(held("lm_head.weight (tied)", e));
   }

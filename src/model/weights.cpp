@@ -181,6 +181,7 @@ Model Model::load_dir(const std::filesystem::path& dir) {
   // claims a million layers is refused here, not after gigabytes of bookkeeping.
   check_layer_count(m.config_, lookup, archive->tensors().size(), dir.string());
   m.weights_ = bind_weights(m.config_, lookup, dir.string(), &m.tensors_);
+  m.stage_ = {0, m.config_.n_layers, m.config_.n_layers};
   m.owner_ = archive;
   for (const MappedFile& f : archive->files()) m.signature_ += shard_fingerprint(f) + "\n";
   return m;
@@ -240,8 +241,42 @@ Model Model::dummy(const ModelConfig& c, uint64_t seed) {
     return v;
   };
   m.weights_ = bind_weights(c, lookup, "dummy weights", &m.tensors_);
+  m.stage_ = {0, c.n_layers, c.n_layers};
   m.signature_ = "dummy:" + std::to_string(seed);
   m.owner_ = buffers;
+  return m;
+}
+
+Model Model::stage(int64_t first, int64_t end) const {
+  const int64_t base = stage_.first, total = stage_.total;
+  if (first < 0 || end <= first || end > config_.n_layers)
+    FH_FAIL("stage layers [", first, ", ", end, ") are not a non-empty range of the model's ", config_.n_layers,
+            " layers");
+  Model m;
+  m.config_ = config_;
+  m.config_.n_layers = end - first;
+  m.owner_ = owner_;
+  m.dummy_ = dummy_;
+  m.stage_ = {base + first, base + end, total};
+  m.signature_ = signature_ + "stage " + std::to_string(m.stage_.first) + "-" + std::to_string(m.stage_.end) + " of " +
+                 std::to_string(total) + "\n";
+  const bool embed = m.stage_.embed(), head = m.stage_.head();
+  m.weights_.layers.assign(weights_.layers.begin() + first, weights_.layers.begin() + end);
+  if (embed) m.weights_.pos_embed = weights_.pos_embed;
+  if (embed || (head && config_.tie_embeddings)) m.weights_.embed = weights_.embed;
+  if (head) {
+    m.weights_.final_norm_w = weights_.final_norm_w;
+    m.weights_.final_norm_b = weights_.final_norm_b;
+    m.weights_.lm_head = weights_.lm_head;
+  }
+  for (const BoundTensor& t : tensors_) {
+    const bool layer = t.spec.layer >= 0;
+    if (layer ? (t.spec.layer < first || t.spec.layer >= end)
+              : t.spec.name.find("embed_") != std::string::npos ? !embed : !head)
+      continue;
+    m.tensors_.push_back(t);
+    if (layer) m.tensors_.back().spec.layer -= int(first);
+  }
   return m;
 }
 

@@ -77,6 +77,15 @@ ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, cons
 void check_layer_count(const ModelConfig& c, const WeightLookup& lookup, size_t tensors_held,
                        const std::string& source);
 
+// The part of a model one pipeline stage runs: global layers [first, end) of `total`, plus
+// the embedding on the first stage and the final norm + lm_head on the last.
+struct StageRange {
+  int64_t first = 0, end = 0, total = 0;
+  bool embed() const { return first == 0; }
+  bool head() const { return end == total; }
+  bool whole() const { return embed() && head(); }
+};
+
 // A loaded model: config + bound weights + whatever owns the bytes. Move-only.
 class Model {
  public:
@@ -85,6 +94,15 @@ class Model {
   static Model load_dir(const std::filesystem::path& dir);
   // Deterministic random weights (not constant: constants hide indexing bugs) in c.dtype.
   static Model dummy(const ModelConfig& c, uint64_t seed = 0);
+
+  // Layers [first, end) as a model of their own that shares this one's bytes (which stay owned
+  // while either lives): config().n_layers = end - first, layer specs renumbered from 0 (HF names
+  // unchanged), no embedding tensors unless first == 0, no final norm / lm_head unless end is
+  // the last layer (a tied lm_head stays reachable as weights().embed for the head). Throws
+  // Error when the range is empty or outside the model. Of a stage: the same as its range.
+  Model stage(int64_t first, int64_t end) const;
+  // The range this model is of the loaded one (the whole model unless made by stage()).
+  const StageRange& stage_range() const { return stage_; }
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
@@ -106,6 +124,7 @@ class Model {
   std::shared_ptr<void> owner_;
   bool dummy_ = false;
   std::string signature_;
+  StageRange stage_;
 };
 
 }  // namespace flexh2o

@@ -72,7 +72,7 @@ ModelShape ModelShape::from_model(const Model& m, std::optional<DType> as) {
       else u.head.push_back(n);
       if (t.view.data == m.weights().embed.data) s.token_index = u.embed.size() - 1;
     }
-    if (s.config.tie_embeddings) u.head.push_back(stored_bytes(m.weights().embed, q, as));
+    if (s.config.tie_embeddings && m.stage_range().head()) u.head.push_back(stored_bytes(m.weights().embed, q, as));
     u.layer = u.attn;
     u.layer.insert(u.layer.end(), u.mlp.begin(), u.mlp.end());
   }

@@ -1,0 +1,44 @@
+// What the pipeline protocol needs of a transport between ranks: ordered byte messages with
+// bounded waits. Two implementations: MPI (CommChannel in comm_channel.h, one process a rank) and
+// an in-process one (LocalChannels: one thread a rank, for tests of the protocol without mpirun).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dist/comm.h"  // Message, Status, Writer / Reader
+
+namespace flexh2o::dist {
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string describe(int rank) const = 0;
+  // As Comm::send / Comm::recv.
+  virtual void send(int dest, int tag, std::vector<std::byte> bytes) = 0;
+  [[nodiscard]] virtual Status recv(int source, int tag, double timeout_s, Message* out) = 0;
+};
+
+// `n` ranks in one process: channel(r) is rank r's end, to be used by one thread. Thread-safe
+// between ranks. `stop` (may be null) ends every wait as Comm's does.
+class LocalChannels {
+ public:
+  explicit LocalChannels(int n, const std::atomic<bool>* stop = nullptr);
+  ~LocalChannels();
+  Channel& channel(int r);
+
+  struct Hub;
+
+ private:
+  std::shared_ptr<Hub> hub_;
+  std::vector<std::unique_ptr<Channel>> ends_;
+};
+
+}  // namespace flexh2o::dist
