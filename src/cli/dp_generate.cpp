@@ -34,6 +34,12 @@ constexpr double kBeatEvery = 1.0;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+std::string seconds(double s) {
+  std::ostringstream os;
+  os << s << " s";
+  return os.str();
+}
+
 void put_request(dist::Writer& w, const GenerationRequest& r, const std::vector<std::string>& stop) {
   w.put_array(std::span<const int32_t>(r.prompt_ids));
   w.put<int64_t>(r.max_new_tokens)
@@ -135,7 +141,8 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       const Status st = c.recv(0, dist::kAnyTag, timeout_s_, &m);
       if (!st.ok()) {
         if (env.stop && env.stop->load()) return std::optional<dist::Message>();
-        std::cerr << "flexh2o: " << st.message() << " (--rank-timeout " << timeout_s_ << "): ending the job\n";
+        std::cerr << "flexh2o: " << st.message() << " (--rank-timeout " << seconds(timeout_s_)
+                  << "): it hangs or was stopped; ending the job\n";
         c.abort(1);  // rank 0 hangs: it cannot end the job itself
       }
       if (m.tag == kBeat) continue;
@@ -318,8 +325,8 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
     if (go.stop && go.stop->load()) stop = true;
     for (int w = 1; w < n; ++w)
       if (!R.done[size_t(w)] && since(R.heard[size_t(w)]) > timeout_s_)
-        fail(c.describe(w) + " sent nothing for " + std::to_string(int(since(R.heard[size_t(w)]))) +
-                 " s (--rank-timeout " + std::to_string(timeout_s_) + "): it hangs or was stopped; ending the job",
+        fail(c.describe(w) + " sent nothing for " + seconds(since(R.heard[size_t(w)])) + " (--rank-timeout " +
+                 seconds(timeout_s_) + "): it hangs or was stopped; ending the job",
              true);
     if (since(last_beat) >= kBeatEvery) {
       last_beat = Clock::now();
@@ -372,7 +379,9 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
   job.interrupted = stop.load();
   *st = job;
   if (stop) {
-    const std::string why = R.failure.empty() ? "rank 0 was stopped by a signal" : R.failure;
+    if (R.failure.empty())
+      std::cerr << "flexh2o: " << c.describe(0) << " stopped by a signal (mpirun ends every rank when one dies)\n";
+    const std::string why = R.failure.empty() ? "it was stopped by a signal" : R.failure;
     for (int w = 1; w < n; ++w)
       if (!R.silent || R.done[size_t(w)]) c.send(w, kQuit, dist::Writer().put_string(why).take());
   } else {
