@@ -91,6 +91,7 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
   env.hub = opts.hub;
   env.configs_dir = configs.empty() ? opts.default_configs_dir : std::filesystem::path(configs);
   env.stderr_is_tty = opts.stderr_is_tty;
+  env.mpi = opts.mpi;
   if (opts.render_chat)
     gen.render_chat = [&](const nlohmann::json& body) { return opts.render_chat(template_dir(gen, env), body); };
 

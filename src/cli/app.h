@@ -21,6 +21,8 @@ struct MainOptions {
   // the signals are taken over for the rest of the process). False: those signals keep
   // whatever disposition the process has.
   bool handle_signals = true;
+  // Started by mpirun (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_SIZE is set): Env::mpi.
+  bool mpi = false;
   // Renders an OpenAI chat body with the chat template found in `template_dir` (the
   // --tokenizer directory, else the model directory; empty for a preset) into prompt text.
   // Installed as GenerateArgs::render_chat; null in the flexh2o binary. Called on the thread

@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "cli/commands.h"
+#include "cli/dp_generate.h"
 #include "cli/openai_batch.h"
 #include "cli/progress.h"
 #include "cli/output_file.h"
@@ -292,6 +293,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   add_progress_flag(*g, a.progress);
   add_offload_flags(g, a.offload);
   add_kv_flags(g, a.kv);
+  add_data_parallel_flags(*g, a.rank_timeout);
   g->footer(
       "OpenAI Batch files (--input lines {\"custom_id\", \"method\": \"POST\", \"url\", \"body\"}):\n"
       "  Output: a line per request, in input order: {\"id\": \"batch_req_...\", \"custom_id\", \"response\": "
@@ -315,6 +317,11 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
 }
 
 int run_generate(const GenerateArgs& a, const Env& env) {
+  std::optional<DataParallel> dp;  // under mpirun: rank 0 goes on below, the others serve it
+  if (env.mpi) {
+    dp.emplace(env, a.rank_timeout);
+    if (!dp->is_root()) return dp->run_worker(a, env);
+  }
   if (a.prompt.empty() && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl");
   if (!a.input.empty()) check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
   if (a.resume && a.output.empty()) FH_FAIL("--resume needs --output FILE: the results of the run to finish");
@@ -468,7 +475,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   };
   flush();
 
-  CpuDevice dev(a.threads);
+  CpuDevice dev(dp ? dp->threads(a.threads) : a.threads);
   Forward fwd(*lm.model, dev);
   int64_t prompt = 1, gen = 1;
   for (const auto& r : reqs) {
@@ -476,7 +483,8 @@ int run_generate(const GenerateArgs& a, const Env& env) {
     gen = std::max<int64_t>(gen, r.max_new_tokens);
   }
   RunSetup rs = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,
-                               int64_t(reqs.size()), device, std::cerr);
+                               dp ? dp->plan_requests(reqs.size()) : int64_t(reqs.size()), device, std::cerr,
+                               dp ? dp->cuda_index(device) : 0);
   StepRunner* runner = rs.runner.get();
   GenerateOptions go;
   go.batch_size = runner->max_batch();
@@ -503,7 +511,14 @@ int run_generate(const GenerateArgs& a, const Env& env) {
       if (out_file) out_file->sync();
   };
   GenerateStats st;
-  generate(*runner, reqs, go, &st);
+  if (dp) {
+    dp->generate(*runner, reqs, go, [&](size_t r) {
+      const Item& it = items[req_item[r]];
+      return it.batch ? it.batch->stop : std::vector<std::string>();
+    }, prompt, gen, &st);
+  } else {
+    generate(*runner, reqs, go, &st);
+  }
   progress.finish();
   flush();
   if (st.interrupted)  // keep every finished result, even those after an unfinished one
@@ -518,6 +533,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   report["finished_requests"] = finished;
   report["resumed_requests"] = skipped;  // already in --output (--resume)
   report["interrupted"] = st.interrupted;
+  if (dp) dp->add_to_report(report);
   if (!a.report.empty()) write_json_file(a.report, report, "--report");
   if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);
   std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << finished << " prompts in " << total_s
@@ -527,7 +543,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   if (st.interrupted) {
     std::cerr << "flexh2o: interrupted: " << finished << " of " << to_run << " requests finished this run"
               << (a.output.empty() ? std::string() : "; rerun with --resume to finish " + a.output) << "\n";
-    return kInterrupted;
+    return dp ? dp->finish(kInterrupted) : kInterrupted;
   }
   return bad ? 1 : 0;
 }

@@ -26,6 +26,7 @@ struct GenerateArgs {
   bool greedy = false, ignore_eos = false, quiet = false;
   bool resume = false, overwrite = false;  // what to do with an --output that already holds results
   std::string progress = "auto";           // --progress auto|always|never
+  double rank_timeout = 300;               // --rank-timeout: seconds a rank of an mpirun job may be silent
   OffloadArgs offload;
   KvArgs kv;
   // Renders an OpenAI chat body ("messages", ...) with the model's chat template into the

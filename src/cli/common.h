@@ -28,6 +28,9 @@ struct Env {
   // Set by main() when SIGINT/SIGTERM arrives (commands that stop cleanly poll it); null when
   // no handler is installed for this command.
   const std::atomic<bool>* stop = nullptr;
+  // The process is a rank of an mpirun job (main() saw mpirun's variables): generate runs data
+  // parallel (dp_generate.h). False: MPI is never started.
+  bool mpi = false;
 };
 
 struct LoadedModel {

@@ -42,5 +42,6 @@ int main(int argc, char** argv) {
   o.hub.home = env_path("HOME");
   o.default_configs_dir = default_configs_dir();
   o.stderr_is_tty = isatty(STDERR_FILENO) != 0;
+  o.mpi = env_path("OMPI_COMM_WORLD_SIZE") || env_path("PMIX_RANK") || env_path("PMI_SIZE");
   return flexh2o::cli::run_main(argc, argv, o);
 }

@@ -9,9 +9,11 @@
 namespace flexh2o::cli {
 using nlohmann::json;
 
-Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, std::unique_ptr<Device>& owned) {
+Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, std::unique_ptr<Device>& owned,
+                    int cuda_index) {
   if (device != "cuda") return cpu;
   gpu::CudaDeviceOptions co;
+  co.device = cuda_index;
   co.compute = gpu::compute_dtype(m);
   co.host_threads = cpu.threads();
   owned = gpu::make_cuda_device(co);
@@ -27,12 +29,12 @@ std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, co
 
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
-                        int64_t requests, const std::string& device, std::ostream& log) {
+                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index) {
   RunSetup rs;
   rs.kv_config = make_kv_config(kv);
   if (rs.kv_config.kind != KvPolicyKind::kFull) rs.kv_policy = make_policy(rs.kv_config);
   rs.kv_dtype = run_kv_dtype(kv, off.compress_cache, model);
-  rs.device = &open_device(device, model, cpu, rs.owned);
+  rs.device = &open_device(device, model, cpu, rs.owned, cuda_index);
   if (device != "cuda" && !offload_requested(off)) {
     rs.compressed = compress_in_memory(off, model, fwd);
     rs.runner = std::make_unique<InMemoryRunner>(fwd, batch_size, rs.kv_policy.get(), rs.kv_dtype);

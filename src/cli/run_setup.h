@@ -27,18 +27,21 @@ struct RunSetup {
   OffloadEngine* offload = nullptr;     // the runner, when it is the offloading engine
 };
 
-// "cpu": `cpu` itself; "cuda": a CUDA device for `m` (F16, or BF16 for bf16 checkpoints), kept in `owned`.
-Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, std::unique_ptr<Device>& owned);
+// "cpu": `cpu` itself; "cuda": a CUDA device for `m` (F16, or BF16 for bf16 checkpoints), kept in `owned`;
+// `cuda_index`: which GPU of the host.
+Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, std::unique_ptr<Device>& owned,
+                    int cuda_index = 0);
 
 // In memory with --compress-weight: the Q4 copy of the model's weights, which `fwd` now reads
 // (null, and fwd unchanged, without the flag). The result must outlive fwd's steps.
 std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, const Model& m, Forward& fwd);
 
 // `fwd`, `cpu` and `model` must outlive the result. prompt_len / gen_len / requests describe
-// the workload (for --policy auto); `device` is select_device()'s answer. Logs the choice.
+// the workload (for --policy auto); `device` is select_device()'s answer (on "cuda", GPU
+// `cuda_index`). Logs the choice.
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
-                        int64_t requests, const std::string& device, std::ostream& log);
+                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index = 0);
 
 // The run report (timings, tokens/s, memory; the device; the offload section when offloading).
 nlohmann::json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& st, const CpuDevice& cpu,

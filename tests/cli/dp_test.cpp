@@ -1,0 +1,347 @@
+// Data-parallel generate through real mpirun jobs: 2 and 3 ranks give exactly the
+// single-process results (tiny-opt and tiny-llama, full and H2O caches, offloading, Batch stop
+// strings), --resume finishes a partial output, the report adds up, and a rank that is killed or
+// stopped ends the job within a bounded time with a clear error while the output keeps what
+// finished.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli_run.h"
+
+namespace {
+namespace fs = std::filesystem;
+using flexh2o::test::model_dir;
+using flexh2o::test::read_json;
+using flexh2o::test::read_text;
+using flexh2o::test::RunResult;
+using flexh2o::test::TempDir;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+const std::string kOpt = model_dir("tiny-opt").string();
+const std::string kLlama = model_dir("tiny-llama").string();
+
+std::string mpirun_prefix(int ranks) {
+  return std::string(FLEXH2O_MPIEXEC) + " --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " +
+         FLEXH2O_BINARY_DIR + "/flexh2o ";
+}
+
+RunResult mpirun(int ranks, const std::string& args) {
+  TempDir tmp;
+  const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
+  const std::string cmd = mpirun_prefix(ranks) + args + " >" + out.string() + " 2>" + err.string() + " </dev/null";
+  RunResult r;
+  const int st = std::system(cmd.c_str());
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = read_text(out);
+  r.err = read_text(err);
+  return r;
+}
+
+// PREFIX + i (written so: GCC 12 warns falsely about "x" + std::to_string(i)).
+std::string named(const char* prefix, int i) {
+  std::string s = prefix;
+  s += std::to_string(i);
+  return s;
+}
+
+std::vector<json> read_jsonl(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<json> v;
+  for (std::string line; std::getline(in, line);) v.push_back(json::parse(line));
+  return v;
+}
+
+void write_lines(const fs::path& p, const std::vector<json>& lines) {
+  std::ofstream f(p);
+  for (const json& l : lines) f << l.dump() << "\n";
+}
+
+// 13 requests over the reference prompts: greedy and sampled (own seeds or --seed + index), and
+// lengths that differ so batches end at different steps.
+fs::path write_input(const fs::path& dir, const std::string& model) {
+  const json ref = read_json(fs::path(model) / "reference/greedy.json");
+  std::vector<json> lines;
+  for (int i = 0; i < 13; ++i) {
+    json l{{"id", named("r", i)}, {"prompt", ref["prompts"][size_t(i % 3)]["prompt"]},
+           {"max_new_tokens", 3 + (i * 5) % 9}};
+    if (i % 3 == 1) l["temperature"] = 0;
+    if (i % 4 == 2) l["seed"] = 77 + i;
+    if (i % 5 == 3) l["top_p"] = 0.9;
+    lines.push_back(std::move(l));
+  }
+  const fs::path in = dir / "in.jsonl";
+  write_lines(in, lines);
+  return in;
+}
+
+std::string gen(const std::string& model, const fs::path& in, const fs::path& out, const std::string& extra) {
+  return "generate -m " + model + " -q --device cpu -i " + in.string() + " -o " + out.string() + " " + extra;
+}
+
+// Every line of `got` is the line of `want` at the same place (id, text, token ids, finish).
+void expect_same_lines(const std::vector<json>& got, const std::vector<json>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i]["id"], want[i]["id"]) << what << " line " << i;
+    EXPECT_EQ(got[i]["token_ids"], want[i]["token_ids"]) << what << " line " << i;
+    EXPECT_EQ(got[i]["text"], want[i]["text"]) << what << " line " << i;
+    EXPECT_EQ(got[i]["finish_reason"], want[i]["finish_reason"]) << what << " line " << i;
+  }
+}
+
+// For each model and cache: the single-process run, then mpirun over 2 and 3 ranks.
+void expect_like_one_process(const std::string& model, const std::string& flags) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), model);
+  const fs::path one = tmp.path() / "one.jsonl", rep1 = tmp.path() / "one.json";
+  RunResult r = flexh2o::test::run_flexh2o(gen(model, in, one, "-b 2 " + flags + " --report " + rep1.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<json> want = read_jsonl(one);
+  ASSERT_EQ(want.size(), 13u);
+  const json want_report = read_json(rep1);
+  for (int ranks : {2, 3}) {
+    const std::string what = model + " " + flags + " over " + std::to_string(ranks) + " ranks";
+    const fs::path out = tmp.path() / ("dp" + std::to_string(ranks) + ".jsonl");
+    const fs::path rep = tmp.path() / ("dp" + std::to_string(ranks) + ".json");
+    const RunResult d = mpirun(ranks, gen(model, in, out, "-b 2 " + flags + " --report " + rep.string()));
+    ASSERT_EQ(d.code, 0) << what << "\n" << d.err;
+    expect_same_lines(read_jsonl(out), want, what);
+    const json j = read_json(rep);
+    EXPECT_EQ(j["data_parallel_ranks"], ranks) << what;
+    EXPECT_EQ(j["generated_tokens"], want_report["generated_tokens"]) << what;
+    EXPECT_EQ(j["prompt_tokens"], want_report["prompt_tokens"]) << what;
+    EXPECT_EQ(j["finished_requests"], 13) << what;
+    ASSERT_EQ(j["ranks"].size(), size_t(ranks)) << what;
+    // 7 batches of 2: batch b on rank b % ranks.
+    const std::vector<int64_t> requests = ranks == 2 ? std::vector<int64_t>{7, 6} : std::vector<int64_t>{5, 4, 4};
+    int64_t tokens = 0;
+    for (int k = 0; k < ranks; ++k) {
+      const json& rk = j["ranks"][size_t(k)];
+      EXPECT_EQ(rk["rank"], k) << what;
+      EXPECT_EQ(rk["requests"], requests[size_t(k)]) << what << " rank " << k;
+      EXPECT_TRUE(rk.contains("host") && rk.contains("device_name") && rk.contains("prefill_seconds") &&
+                  rk.contains("decode_seconds") && rk.contains("tokens_per_s"))
+          << rk.dump();
+      EXPECT_EQ(rk.contains("offload"), flags.find("--percent") != std::string::npos) << rk.dump();
+      tokens += rk["generated_tokens"].get<int64_t>();
+    }
+    EXPECT_EQ(tokens, want_report["generated_tokens"]) << what;
+    EXPECT_GT(j["tokens_per_s"].get<double>(), 0) << what;
+  }
+}
+
+TEST(DataParallel, TinyOptFullCacheLikeOneProcess) { expect_like_one_process(kOpt, ""); }
+
+TEST(DataParallel, TinyOptH2OWithOffloadingLikeOneProcess) {
+  TempDir store;
+  expect_like_one_process(kOpt, "--kv-policy h2o --heavy-budget 4 --recent-budget 4 --percent 20 30 0 50 0 100 "
+                                "--gpu-batch-size 2 --num-gpu-batches 1 --offload-dir " +
+                                    store.path().string());
+}
+
+TEST(DataParallel, TinyLlamaFullAndH2OLikeOneProcess) {
+  expect_like_one_process(kLlama, "");
+  expect_like_one_process(kLlama, "--kv-policy h2o --heavy-budget 4 --recent-budget 4");
+}
+
+TEST(DataParallel, BatchStopStringsEndSequencesOnEveryRank) {
+  TempDir tmp;
+  const json ref = read_json(model_dir("tiny-opt") / "reference/greedy.json");
+  std::vector<json> lines;
+  for (int i = 0; i < 6; ++i)
+    lines.push_back({{"custom_id", named("c", i)}, {"method", "POST"}, {"url", "/v1/completions"},
+                     {"body", {{"prompt", ref["prompts"][0]["prompt"]}, {"max_tokens", 20}, {"temperature", 0},
+                               {"stop", i % 2 ? json(" LORD") : json({"xyz", ", and"})}}}});
+  const fs::path in = tmp.path() / "in.jsonl";
+  write_lines(in, lines);
+  const fs::path rep = tmp.path() / "rep.json", out = tmp.path() / "out.jsonl";
+  const RunResult d = mpirun(3, gen(kOpt, in, out, "-b 2 --ignore-eos --report " + rep.string()));
+  ASSERT_EQ(d.code, 0) << d.err;
+  const std::vector<json> got = read_jsonl(out);
+  ASSERT_EQ(got.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    const json& body = got[size_t(i)]["response"]["body"];
+    EXPECT_EQ(got[size_t(i)]["custom_id"], named("c", i));
+    EXPECT_EQ(body["choices"][0]["text"], i % 2 ? ", and the" : "") << body.dump();
+    EXPECT_EQ(body["choices"][0]["finish_reason"], "stop") << body.dump();
+  }
+  // ", and the LORD": 4 tokens; ", and": 2 tokens; not 20 each.
+  EXPECT_EQ(read_json(rep)["generated_tokens"], 3 * 4 + 3 * 2);
+}
+
+TEST(DataParallel, ResumeFinishesAPartialOutput) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), kOpt);
+  const fs::path one = tmp.path() / "one.jsonl";
+  ASSERT_EQ(flexh2o::test::run_flexh2o(gen(kOpt, in, one, "-b 2")).code, 0);
+  const std::vector<json> want = read_jsonl(one);
+  // Lines 0-2 and 5 done, and a line cut off while it was written.
+  const fs::path out = tmp.path() / "out.jsonl";
+  {
+    std::ofstream f(out);
+    for (size_t i : {0, 1, 2, 5}) f << want[i].dump() << "\n";
+    f << want[3].dump().substr(0, 20);
+  }
+  const RunResult d = mpirun(2, gen(kOpt, in, out, "-b 2 --resume"));
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_NE(d.err.find("--resume: 4 of 13 requests already in"), std::string::npos) << d.err;
+  std::vector<json> got = read_jsonl(out);
+  ASSERT_EQ(got.size(), 13u);
+  std::vector<json> order = {want[0], want[1], want[2], want[5]};
+  for (size_t i = 0; i < want.size(); ++i)
+    if (i != 0 && i != 1 && i != 2 && i != 5) order.push_back(want[i]);
+  expect_same_lines(got, order, "resumed");
+}
+
+TEST(DataParallel, Rank0sErrorEndsTheWorkers) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), kOpt), out = tmp.path() / "out.jsonl";
+  write_lines(out, {json{{"id", "r0"}, {"token_ids", {1}}}});
+  const auto t0 = Clock::now();
+  const RunResult d = mpirun(3, gen(kOpt, in, out, "-b 2"));
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 30);
+  EXPECT_EQ(d.code, 1) << d.err;
+  EXPECT_NE(d.err.find("already holds results"), std::string::npos) << d.err;
+  EXPECT_NE(d.err.find("rank 0 of 3 ("), std::string::npos) << d.err;
+  EXPECT_NE(d.err.find(") ended the job: it stopped with an error"), std::string::npos) << d.err;
+}
+
+TEST(DataParallel, RankTimeoutMustBePositive) {
+  const RunResult r = flexh2o::test::run_flexh2o("generate -m " + kOpt + " --prompt hi --rank-timeout 0");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--rank-timeout"), std::string::npos) << r.err;
+}
+
+// The pid of the rank `rank` among mpirun `parent`'s children (OMPI_COMM_WORLD_RANK), or -1.
+pid_t rank_pid(pid_t parent, int rank) {
+  DIR* d = opendir("/proc");
+  pid_t found = -1;
+  for (dirent* e; d && (e = readdir(d)) && found < 0;) {
+    const pid_t p = pid_t(std::atoi(e->d_name));
+    if (p <= 0) continue;
+    std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
+    std::string s((std::istreambuf_iterator<char>(stat)), {});
+    const size_t close = s.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(s.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent) continue;
+    std::ifstream env("/proc/" + std::string(e->d_name) + "/environ");
+    std::string all((std::istreambuf_iterator<char>(env)), {});
+    if (all.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank) + '\0') != std::string::npos) found = p;
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+struct Faulted {
+  int code = -1;
+  double seconds_after_signal = 0;
+  std::string err;
+  std::vector<json> lines;
+};
+
+// mpirun -np 3 on 60 long requests; once the first result is in `out`, `sig` goes to rank `rank`.
+Faulted run_and_signal(const fs::path& dir, int rank, int sig, const std::string& extra) {
+  std::vector<json> lines;
+  for (int i = 0; i < 60; ++i) lines.push_back({{"id", i}, {"prompt", named("Hello number ", i)}});
+  write_lines(dir / "big.jsonl", lines);
+  const fs::path out = dir / "out.jsonl", err = dir / "err";
+  const std::string cmd = "exec " + mpirun_prefix(3) +
+                          gen(kOpt, dir / "big.jsonl", out, "-b 1 --greedy --ignore-eos -n 64 " + extra) + " 2>" +
+                          err.string() + " </dev/null";
+  Faulted f;
+  const pid_t job = fork();
+  if (job == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto waited = [&](int* st) { return waitpid(job, st, WNOHANG) == job; };
+  int st = 0;
+  bool ended = false;
+  const auto start = Clock::now();
+  while (!(ended = waited(&st)) && (!fs::exists(out) || fs::file_size(out) == 0) &&
+         Clock::now() - start < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(ended) << "the job ended before the signal: " << read_text(err);
+  const pid_t victim = ended ? -1 : rank_pid(job, rank);
+  EXPECT_GT(victim, 0);
+  if (victim > 0) kill(victim, sig);
+  const auto signalled = Clock::now();
+  while (!ended && Clock::now() - signalled < std::chrono::seconds(60)) {
+    ended = waited(&st);
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  f.seconds_after_signal = std::chrono::duration<double>(Clock::now() - signalled).count();
+  if (!ended) {  // a hang: end it so the test fails instead of hanging
+    kill(job, SIGKILL);
+    if (victim > 0) kill(victim, SIGKILL);
+    waitpid(job, &st, 0);
+  }
+  f.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  f.err = read_text(err);
+  f.lines = read_jsonl(out);
+  return f;
+}
+
+// What a single process writes for the 60 requests, by id.
+std::vector<json> reference_of_big(const fs::path& dir) {
+  const fs::path out = dir / "ref.jsonl";
+  EXPECT_EQ(flexh2o::test::run_flexh2o(gen(kOpt, dir / "big.jsonl", out, "-b 1 --greedy --ignore-eos -n 64")).code, 0);
+  return read_jsonl(out);
+}
+
+void expect_finished_lines_kept(const Faulted& f, const std::vector<json>& want) {
+  EXPECT_GE(f.lines.size(), 1u) << f.err;
+  EXPECT_LT(f.lines.size(), want.size()) << f.err;
+  std::vector<bool> seen(want.size(), false);
+  for (const json& l : f.lines) {
+    const size_t id = l["id"].get<size_t>();
+    ASSERT_LT(id, want.size());
+    EXPECT_FALSE(seen[id]) << "id " << id << " twice";
+    seen[id] = true;
+    EXPECT_EQ(l["token_ids"], want[id]["token_ids"]) << "id " << id;
+  }
+}
+
+TEST(DataParallel, AKilledRankEndsTheJobAndResumeFinishesIt) {
+  TempDir tmp;
+  const Faulted f = run_and_signal(tmp.path(), 1, SIGKILL, "");
+  EXPECT_NE(f.code, 0) << f.err;
+  EXPECT_LT(f.seconds_after_signal, 20) << f.err;
+  EXPECT_NE(f.err.find("rank 0 of 3 ("), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("stopped by a signal (mpirun ends every rank when one dies)"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("rerun with --resume to finish"), std::string::npos) << f.err;
+  const std::vector<json> want = reference_of_big(tmp.path());
+  expect_finished_lines_kept(f, want);
+  const RunResult d =
+      mpirun(2, gen(kOpt, tmp.path() / "big.jsonl", tmp.path() / "out.jsonl", "-b 1 --greedy --ignore-eos -n 64 --resume"));
+  ASSERT_EQ(d.code, 0) << d.err;
+  std::vector<json> got = read_jsonl(tmp.path() / "out.jsonl");
+  ASSERT_EQ(got.size(), want.size());
+  std::sort(got.begin(), got.end(), [](const json& a, const json& b) { return a["id"] < b["id"]; });
+  expect_same_lines(got, want, "resumed after the kill");
+}
+
+TEST(DataParallel, AStoppedRankEndsTheJobWithinTheTimeout) {
+  TempDir tmp;
+  const Faulted f = run_and_signal(tmp.path(), 2, SIGSTOP, "--rank-timeout 2");
+  EXPECT_EQ(f.code, 1) << f.err;
+  EXPECT_LT(f.seconds_after_signal, 15) << f.err;
+  EXPECT_NE(f.err.find("rank 2 of 3 ("), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("sent nothing for 2"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("(--rank-timeout 2 s): it hangs or was stopped; ending the job"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("rerun with --resume to finish"), std::string::npos) << f.err;
+  expect_finished_lines_kept(f, reference_of_big(tmp.path()));
+}
+
+}  // namespace
