@@ -21,6 +21,7 @@
 
 #include "cli/commands.h"
 #include "cli/dp_generate.h"
+#include "cli/pipeline_run.h"
 #include "cli/openai_batch.h"
 #include "cli/progress.h"
 #include "cli/output_file.h"
@@ -294,6 +295,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   add_offload_flags(g, a.offload);
   add_kv_flags(g, a.kv);
   add_data_parallel_flags(*g, a.rank_timeout);
+  add_pipeline_flags(g, a.pipeline);
   g->footer(
       "OpenAI Batch files (--input lines {\"custom_id\", \"method\": \"POST\", \"url\", \"body\"}):\n"
       "  Output: a line per request, in input order: {\"id\": \"batch_req_...\", \"custom_id\", \"response\": "
@@ -318,7 +320,14 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
 
 int run_generate(const GenerateArgs& a, const Env& env) {
   std::optional<DataParallel> dp;  // under mpirun: rank 0 goes on below, the others serve it
-  if (env.mpi) {
+  std::optional<PipelineJob> pipe;  // ... or with --pipeline-stages, the others run their stages
+  if (a.pipeline.stages > 1) {
+    if (!env.mpi)
+      FH_FAIL("--pipeline-stages ", a.pipeline.stages, " splits the model over the ranks of an mpirun job: mpirun -np ",
+              a.pipeline.stages, " flexh2o generate ... --pipeline-stages ", a.pipeline.stages);
+    pipe.emplace(env, a);
+    if (!pipe->is_root()) return pipe->serve(a, env);
+  } else if (env.mpi) {
     dp.emplace(env, a.rank_timeout);
     if (!dp->is_root()) return dp->run_worker(a, env);
   }
@@ -475,16 +484,24 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   };
   flush();
 
-  CpuDevice dev(dp ? dp->threads(a.threads) : a.threads);
+  CpuDevice dev(dp ? dp->threads(a.threads) : pipe ? pipe->threads(a.threads) : a.threads);
   Forward fwd(*lm.model, dev);
   int64_t prompt = 1, gen = 1;
   for (const auto& r : reqs) {
     prompt = std::max<int64_t>(prompt, int64_t(r.prompt_ids.size()));
     gen = std::max<int64_t>(gen, r.max_new_tokens);
   }
-  RunSetup rs = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,
-                               dp ? dp->plan_requests(reqs.size()) : int64_t(reqs.size()), device, std::cerr,
-                               dp ? dp->cuda_index(device) : 0);
+  std::optional<PipelineDriverSetup> stages;  // rank 0 of a pipeline: its stage and the driver
+  RunSetup own;
+  if (pipe)
+    stages.emplace(pipe->start(a, env, *lm.model, dev,
+                               choose_layout(a.pipeline, cfg, pipe->comm().size(), prompt, gen, int64_t(reqs.size())),
+                               device, std::cerr));
+  else
+    own = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,
+                         dp ? dp->plan_requests(reqs.size()) : int64_t(reqs.size()), device, std::cerr,
+                         dp ? dp->cuda_index(device) : 0);
+  RunSetup& rs = stages ? stages->rs : own;
   StepRunner* runner = rs.runner.get();
   GenerateOptions go;
   go.batch_size = runner->max_batch();
@@ -511,7 +528,17 @@ int run_generate(const GenerateArgs& a, const Env& env) {
       if (out_file) out_file->sync();
   };
   GenerateStats st;
-  if (dp) {
+  std::optional<dist::PipelineReport> pipe_report;
+  if (stages) {
+    try {
+      generate(*stages->driver, reqs, go, &st);
+      pipe_report = stages->driver->finish(false);
+    } catch (const std::exception& e) {
+      if (out_file) out_file->sync();  // every finished result stays
+      pipe->fail(*stages->driver, e, out_file.has_value());
+      throw;
+    }
+  } else if (dp) {
     dp->generate(*runner, reqs, go, [&](size_t r) {
       const Item& it = items[req_item[r]];
       return it.batch ? it.batch->stop : std::vector<std::string>();
@@ -534,6 +561,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   report["resumed_requests"] = skipped;  // already in --output (--resume)
   report["interrupted"] = st.interrupted;
   if (dp) dp->add_to_report(report);
+  if (pipe_report) report["pipeline"] = pipeline_report_json(stages->layout, *pipe_report);
   if (!a.report.empty()) write_json_file(a.report, report, "--report");
   if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);
   std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << finished << " prompts in " << total_s

@@ -16,6 +16,12 @@ namespace flexh2o::cli {
 // into 128 + the signal's number, the shell's convention (130 for SIGINT, 143 for SIGTERM).
 constexpr int kInterrupted = -1;
 
+// --pipeline-stages and what goes with it (cli/pipeline_run.h).
+struct PipelineArgs {
+  int stages = 1;          // layers split over this many ranks (mpirun -np the same)
+  int groups = 0;          // batches in flight (FlexGen's inner iterations); 0: one per stage
+};
+
 struct GenerateArgs {
   std::string model, tokenizer, prompt, input, output, report, device = "auto";
   int64_t max_new_tokens = 32, batch_size = 8;
@@ -29,6 +35,7 @@ struct GenerateArgs {
   double rank_timeout = 300;               // --rank-timeout: seconds a rank of an mpirun job may be silent
   OffloadArgs offload;
   KvArgs kv;
+  PipelineArgs pipeline;
   // Renders an OpenAI chat body ("messages", ...) with the model's chat template into the
   // prompt text (special tokens as text; tokenized without adding BOS/EOS). Null in the
   // flexh2o binary: chat lines then fail with a message naming the Python front end.

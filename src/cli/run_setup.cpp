@@ -29,20 +29,20 @@ std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, co
 
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
-                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index) {
+                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index, bool stage) {
   RunSetup rs;
   rs.kv_config = make_kv_config(kv);
   if (rs.kv_config.kind != KvPolicyKind::kFull) rs.kv_policy = make_policy(rs.kv_config);
   rs.kv_dtype = run_kv_dtype(kv, off.compress_cache, model);
   rs.device = &open_device(device, model, cpu, rs.owned, cuda_index);
-  if (device != "cuda" && !offload_requested(off)) {
+  if (device != "cuda" && !stage && !offload_requested(off)) {
     rs.compressed = compress_in_memory(off, model, fwd);
     rs.runner = std::make_unique<InMemoryRunner>(fwd, batch_size, rs.kv_policy.get(), rs.kv_dtype);
     return rs;
   }
   OffloadOptions oo = make_offload_options(off);
   rs.kv_dtype = run_kv_dtype(kv, oo.policy.compress_cache, model);
-  if (!offload_requested(off)) {  // CUDA without offloading flags: everything resident, one micro-batch
+  if (!offload_requested(off)) {  // CUDA or a stage without offloading flags: all resident, one micro-batch
     oo.policy.gpu_batch_size = batch_size;
     oo.policy.num_gpu_batches = 1;
   }

@@ -38,10 +38,12 @@ std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, co
 
 // `fwd`, `cpu` and `model` must outlive the result. prompt_len / gen_len / requests describe
 // the workload (for --policy auto); `device` is select_device()'s answer (on "cuda", GPU
-// `cuda_index`). Logs the choice.
+// `cuda_index`). Logs the choice. `stage`: `model` is a pipeline stage, which always runs on
+// the offloading engine (without offloading flags: everything resident, one micro-batch).
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
-                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index = 0);
+                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index = 0,
+                        bool stage = false);
 
 // The run report (timings, tokens/s, memory; the device; the offload section when offloading).
 nlohmann::json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& st, const CpuDevice& cpu,

@@ -11,7 +11,7 @@ namespace flexh2o::dist {
 
 namespace {
 
-constexpr int kTag = 7;
+constexpr int kTag = 20;  // every message of the protocol (data parallel uses 1-8)
 enum Kind : uint8_t { kBegin = 1, kStep = 2, kEnd = 3, kError = 4 };
 
 double now_s() {
@@ -189,25 +189,33 @@ int PipelineDriver::collect(std::vector<float>& logits) {
   return p.g;
 }
 
-PipelineReport PipelineDriver::finish(bool failed) {
-  FH_CHECK(!finished_ && !broken_, "finish() once, on a pipeline that is not broken");
-  finished_ = true;
+PipelineReport end_stages(Channel& ch, int stages, bool failed, const PipelineOptions& o) {
   Writer w;
   w.put<uint8_t>(kEnd).put<uint8_t>(failed).put<int32_t>(0);
-  ch_.send(stage_rank(0, stages_), kTag, w.take());
+  ch.send(stage_rank(0, stages), kTag, w.take());
   PipelineReport rep;
   while (true) {  // in-flight steps and errors before the end are dropped
     Message m;
-    if (Status s = wait(&m); !s.ok()) {
-      broken_ = true;
+    if (Status s = ch.recv(stage_rank(stages - 2, stages), kTag, o.timeout_s, &m); !s.ok())
       FH_FAIL("the pipeline did not end in order: ", s.message());
-    }
     Reader r(m.bytes, "a pipeline message");
     if (r.get<uint8_t>() != kEnd) continue;
     (void)r.get<uint8_t>();
     const int32_t n = r.get<int32_t>();
     for (int32_t i = 0; i < n; ++i) rep.stages.push_back(get_stats(r));
-    break;
+    return rep;
+  }
+}
+
+PipelineReport PipelineDriver::finish(bool failed) {
+  FH_CHECK(!finished_ && !broken_, "finish() once, on a pipeline that is not broken");
+  finished_ = true;
+  PipelineReport rep;
+  try {
+    rep = end_stages(ch_, stages_, failed, opts_);
+  } catch (const Error&) {
+    broken_ = true;
+    throw;
   }
   own_.wall_s = now_s() - t0_;
   rep.stages.push_back(own_);

@@ -88,6 +88,11 @@ class PipelineDriver final : public GroupRunner {
   double t0_ = 0;
 };
 
+// Rank 0 without a driver (its own stage failed to start): ends every stage in order, waiting
+// at most the timeout for the end to come back; returns their figures. Throws Error when it
+// does not come back.
+PipelineReport end_stages(Channel& ch, int stages, bool failed, const PipelineOptions& o);
+
 // Ranks 1..S-1: serves stage rank_stage(ch.rank()) on `engine` (Model::stage() of its layers,
 // with set_groups() done) until the driver ends the job. A failure of its own step is sent on
 // to the driver, and the stage keeps serving until the end (so the job ends in order).

@@ -372,7 +372,11 @@ OffloadReport OffloadEngine::report() const {
   r.device = dev_.name();
   r.kv_dtype = std::string(dtype_name(opts_.kv_dtype));
   r.act_dtype = std::string(dtype_name(dev_.act_dtype()));
-  r.weight_dtype = std::string(dtype_name(placement_.units[0].tensors[0].dtype));
+  for (const UnitPlacement& u : placement_.units)  // a later pipeline stage's embedding unit holds none
+    if (!u.tensors.empty()) {
+      r.weight_dtype = std::string(dtype_name(u.tensors[0].dtype));
+      break;
+    }
   r.bytes = link_bytes();
   r.kv_bytes = counters_.kv.load();
   r.busy = times_.busy;

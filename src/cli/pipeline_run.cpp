@@ -1,0 +1,221 @@
+// generate --pipeline-stages: the layout message rank 0 sends, a stage rank's whole job, and
+// rank 0's own stage with the driver. The protocol itself is dist/pipeline.h's.
+#include "cli/pipeline_run.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_probe.h"
+
+namespace flexh2o::cli {
+
+namespace {
+
+constexpr int kLayoutTag = 21;  // dist/pipeline.cpp's protocol uses 20
+
+// A stage's own offloading: its own subdirectory of --offload-dir (ranks on one host may share
+// the directory; every stage's store holds other layers).
+OffloadArgs stage_offload(const OffloadArgs& off, int stage, int stages) {
+  OffloadArgs o = off;
+  if (!o.offload_dir.empty())
+    o.offload_dir = (std::filesystem::path(o.offload_dir) /
+                     ("stage-" + std::to_string(stage) + "-of-" + std::to_string(stages)))
+                        .string();
+  if (!o.offload_dir.empty()) std::filesystem::create_directories(o.offload_dir);
+  return o;
+}
+
+dist::PipelineOptions pipeline_options(double timeout_s) {
+  dist::PipelineOptions o;
+  o.timeout_s = timeout_s;
+  return o;
+}
+
+// On --device cuda, the GPU of a rank: its local rank modulo its host's GPUs.
+int cuda_index(const dist::Comm& comm, const std::string& device) {
+  if (device != "cuda") return 0;
+  const int n = probe_cuda().device_count;
+  return n > 0 ? comm.local_rank() % n : 0;
+}
+
+// The stage's engine, with the job's groups.
+RunSetup stage_setup(const GenerateArgs& a, const Env& env, const Model& stage, Forward& fwd, CpuDevice& cpu,
+                     const PipelineLayout& l, int s, const std::string& device, int gpu, std::ostream& log) {
+  RunSetup rs = make_run_setup(stage_offload(a.offload, s, l.stages), a.kv, a.batch_size, stage, fwd, cpu, env,
+                               l.prompt_len, l.gen_len, l.requests, device, log, gpu, true);
+  rs.offload->set_groups(l.groups);
+  return rs;
+}
+
+}  // namespace
+
+void add_pipeline_flags(CLI::App* g, PipelineArgs& a) {
+  const char* grp = "Pipeline parallelism (under mpirun)";
+  g->add_option("--pipeline-stages", a.stages,
+                "Split the model's layers over this many ranks (mpirun -np the same): rank 0 runs the last layers, "
+                "samples and writes the files; every rank places its own layers with its own policy")
+      ->capture_default_str()->check(CLI::PositiveNumber)->group(grp);
+  g->add_option("--pipeline-groups", a.groups,
+                "Batches in flight through the pipeline (FlexGen's inner iterations), each holding its own KV cache "
+                "on every stage (default: one per stage, which keeps every stage busy)")
+      ->check(CLI::NonNegativeNumber)->group(grp);
+}
+
+PipelineLayout choose_layout(const PipelineArgs& a, const ModelConfig& c, int ranks, int64_t prompt_len,
+                             int64_t gen_len, int64_t requests) {
+  if (a.stages != ranks)
+    FH_FAIL("--pipeline-stages ", a.stages, " needs as many ranks (mpirun -np ", a.stages, "), this job has ", ranks);
+  PipelineLayout l;
+  l.stages = a.stages;
+  l.groups = a.groups > 0 ? a.groups : a.stages;
+  l.bounds = dist::even_bounds(c.n_layers, a.stages);
+  l.prompt_len = std::max<int64_t>(prompt_len, 1);
+  l.gen_len = std::max<int64_t>(gen_len, 1);
+  l.requests = std::max<int64_t>(requests, 1);
+  return l;
+}
+
+PipelineJob::PipelineJob(const Env& env, const GenerateArgs& a)
+    : comm_(std::make_unique<dist::Comm>(env.stop)), timeout_s_(a.rank_timeout), stages_(a.pipeline.stages) {
+  if (comm_->size() != stages_) {
+    if (is_root())
+      std::cerr << "flexh2o: error: --pipeline-stages " << stages_ << " needs as many ranks (mpirun -np " << stages_
+                << "), this job has " << comm_->size() << "\n";
+    layout_sent_ = true;  // every rank refuses on its own
+    FH_FAIL("--pipeline-stages ", stages_, " needs mpirun -np ", stages_, ", this job has ", comm_->size(), " ranks");
+  }
+}
+
+PipelineJob::~PipelineJob() {
+  if (!is_root() || layout_sent_) return;
+  dist::Writer w;
+  w.put<int32_t>(0);  // no layout: rank 0 failed before the job started (its message says why)
+  const std::vector<std::byte> msg = w.take();
+  for (int r = 1; r < comm_->size(); ++r) comm_->send(r, kLayoutTag, msg);
+  (void)comm_->flush(5);
+}
+
+int PipelineJob::threads(int requested) const {
+  if (requested > 0) return requested;
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, comm_->local_size()));
+}
+
+int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
+  dist::Comm& comm = *comm_;
+  const int rank = comm.rank();
+  PipelineLayout l;
+  {
+    dist::Message m;
+    if (Status st = comm.recv(0, kLayoutTag, timeout_s_, &m); !st.ok()) {
+      std::cerr << "flexh2o: error: rank " << rank << " got no pipeline layout from rank 0: " << st.message()
+                << "; ending the job\n";
+      std::cerr.flush();
+      comm.abort(1);
+    }
+    dist::Reader r(m.bytes, "the pipeline layout");
+    l.stages = r.get<int32_t>();
+    if (l.stages <= 0) {
+      std::cerr << "flexh2o: rank " << rank << ": rank 0 stopped with an error before the job started (see its "
+                << "message)\n";
+      return 1;
+    }
+    l.groups = r.get<int32_t>();
+    l.bounds = r.get_array<int64_t>();
+    l.prompt_len = r.get<int64_t>();
+    l.gen_len = r.get<int64_t>();
+    l.requests = r.get<int64_t>();
+  }
+  const int s = dist::rank_stage(rank, l.stages);
+  dist::CommChannel ch(comm);
+  dist::ServeResult res;
+  try {
+    const std::string device = select_device(a.device, std::cerr);
+    LoadedModel lm = load_model(env, a.model, a.tokenizer);
+    const Model stage = lm.model->stage(l.bounds[size_t(s)], l.bounds[size_t(s) + 1]);
+    CpuDevice cpu(threads(a.threads));
+    Forward fwd(stage, cpu);
+    std::cerr << "flexh2o: pipeline stage " << s << " of " << l.stages << " (" << comm.describe(rank)
+              << "): layers " << l.bounds[size_t(s)] << "-" << l.bounds[size_t(s) + 1] - 1 << "\n";
+    RunSetup rs = stage_setup(a, env, stage, fwd, cpu, l, s, device, cuda_index(comm, device), std::cerr);
+    res = dist::serve_stage(ch, *rs.offload, l.stages, l.bounds[size_t(s)], pipeline_options(timeout_s_));
+  } catch (const std::exception& e) {  // before serving (its own setup) or a failed wait: the job cannot go on
+    std::cerr << "flexh2o: error: " << e.what() << "; ending the job\n";
+    std::cerr.flush();
+    comm.abort(1);
+  }
+  if (!res.error.empty()) {
+    std::cerr << "flexh2o: error: pipeline stage " << s << ": " << res.error << "\n";
+    return 1;
+  }
+  if (res.job_failed) {
+    std::cerr << "flexh2o: pipeline stage " << s << ": the job ended after an error on another rank (rank 0 says "
+              << "which)\n";
+    return 1;
+  }
+  return 0;
+}
+
+PipelineDriverSetup PipelineJob::start(const GenerateArgs& a, const Env& env, const Model& model, CpuDevice& cpu,
+                                       const PipelineLayout& l, const std::string& device, std::ostream& log) {
+  dist::Writer w;
+  w.put<int32_t>(l.stages).put<int32_t>(l.groups).put_array(std::span<const int64_t>(l.bounds));
+  w.put(l.prompt_len).put(l.gen_len).put(l.requests);
+  const std::vector<std::byte> msg = w.take();
+  for (int r = 1; r < comm_->size(); ++r) comm_->send(r, kLayoutTag, msg);
+  layout_sent_ = true;
+  PipelineDriverSetup d;
+  d.layout = l;
+  const int s = l.stages - 1;
+  d.stage = std::make_unique<Model>(model.stage(l.bounds[size_t(s)], l.bounds[size_t(s) + 1]));
+  d.fwd = std::make_unique<Forward>(*d.stage, cpu);
+  log << "flexh2o: pipeline of " << l.stages << " stages (layers";
+  for (int i = 0; i < l.stages; ++i) log << " " << l.bounds[size_t(i)] << "-" << l.bounds[size_t(i) + 1] - 1;
+  log << "), " << l.groups << " groups in flight; rank 0 runs stage " << s << "\n";
+  d.channel = std::make_unique<dist::CommChannel>(*comm_);
+  try {
+    d.rs = stage_setup(a, env, *d.stage, *d.fwd, cpu, l, s, device, cuda_index(*comm_, device), log);
+  } catch (const std::exception& e) {  // the stages already wait for steps: end them in order
+    try {
+      (void)dist::end_stages(*d.channel, l.stages, true, pipeline_options(timeout_s_));
+    } catch (const Error&) {  // a stage that cannot be reached ends by its own timeout
+    }
+    throw;
+  }
+  d.driver = std::make_unique<dist::PipelineDriver>(*d.channel, *d.rs.offload, l.stages, l.bounds[size_t(s)],
+                                                    pipeline_options(timeout_s_));
+  return d;
+}
+
+void PipelineJob::fail(const dist::PipelineDriver& d, const std::exception& e, bool has_output) {
+  if (!d.broken()) return;
+  std::cerr << "flexh2o: error: " << e.what() << "; ending every rank of the job"
+            << (has_output ? " (finished results are in --output: rerun with --resume to finish)" : "") << "\n";
+  std::cerr.flush();
+  comm_->abort(1);
+}
+
+nlohmann::json pipeline_report_json(const PipelineLayout& l, const dist::PipelineReport& r) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const dist::StageStats& s : r.stages)
+    stages.push_back({{"stage", s.stage},
+                      {"rank", s.rank},
+                      {"where", s.host},
+                      {"layers", {s.first_layer, s.end_layer}},
+                      {"steps", s.steps},
+                      {"busy_seconds", s.busy_s},
+                      {"wall_seconds", s.wall_s},
+                      {"bytes_in", s.bytes_in},
+                      {"bytes_out", s.bytes_out}});
+  return {{"stages", l.stages},
+          {"groups", l.groups},
+          {"bounds", l.bounds},
+          {"bubble_fraction", r.bubble()},
+          {"bytes_between_stages", r.bytes_between_stages()},
+          {"per_stage", stages}};
+}
+
+}  // namespace flexh2o::cli
