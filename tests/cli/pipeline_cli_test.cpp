@@ -1,0 +1,197 @@
+// generate --pipeline-stages through real mpirun jobs: 2 and 3 stages give exactly the
+// single-process lines (tiny-opt and tiny-llama, full and H2O caches, offloading on every stage),
+// the report's pipeline section adds up, --resume works, bad job shapes are refused on every rank,
+// and a stage rank that is killed or stopped ends the job in bounded time keeping finished lines.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "cli/mpi_run.h"
+
+namespace {
+namespace fs = std::filesystem;
+using flexh2o::test::model_dir;
+using flexh2o::test::mpirun;
+using flexh2o::test::read_json;
+using flexh2o::test::read_jsonl;
+using flexh2o::test::RunResult;
+using flexh2o::test::TempDir;
+using flexh2o::test::write_lines;
+using nlohmann::json;
+
+const std::string kOpt = model_dir("tiny-opt").string();
+const std::string kLlama = model_dir("tiny-llama").string();
+
+// 11 requests: greedy and sampled (own seeds or --seed + index), lengths that end batches at
+// different steps.
+fs::path write_input(const fs::path& dir, const std::string& model, int n = 11) {
+  const json ref = read_json(fs::path(model) / "reference/greedy.json");
+  std::vector<json> lines;
+  for (int i = 0; i < n; ++i) {
+    json l{{"id", i}, {"prompt", ref["prompts"][size_t(i % 3)]["prompt"]}, {"max_new_tokens", 2 + (i * 5) % 9}};
+    if (i % 3 == 1) l["temperature"] = 0;
+    if (i % 4 == 2) l["seed"] = 50 + i;
+    lines.push_back(std::move(l));
+  }
+  const fs::path in = dir / "in.jsonl";
+  write_lines(in, lines);
+  return in;
+}
+
+std::string gen(const std::string& model, const fs::path& in, const fs::path& out, const std::string& extra) {
+  return "generate -m " + model + " -q --device cpu --threads 1 -i " + in.string() + " -o " + out.string() + " " +
+         extra;
+}
+
+void expect_same_lines(const std::vector<json>& got, const std::vector<json>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i]["id"], want[i]["id"]) << what << " line " << i;
+    EXPECT_EQ(got[i]["token_ids"], want[i]["token_ids"]) << what << " line " << i;
+    EXPECT_EQ(got[i]["text"], want[i]["text"]) << what << " line " << i;
+    EXPECT_EQ(got[i]["finish_reason"], want[i]["finish_reason"]) << what << " line " << i;
+  }
+}
+
+void expect_like_one_process(const std::string& model, const std::string& flags) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), model);
+  const fs::path one = tmp.path() / "one.jsonl";
+  const RunResult r = flexh2o::test::run_flexh2o(gen(model, in, one, "-b 2 " + flags));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<json> want = read_jsonl(one);
+  int64_t tokens = 0;
+  for (const json& l : want) tokens += int64_t(l["token_ids"].size());
+  for (int stages : {2, 3}) {
+    const std::string what = model + " " + flags + " over " + std::to_string(stages) + " stages";
+    const fs::path out = tmp.path() / ("pp" + std::to_string(stages) + ".jsonl");
+    const fs::path rep = tmp.path() / ("pp" + std::to_string(stages) + ".json");
+    const RunResult d = mpirun(stages, gen(model, in, out, "-b 2 " + flags + " --pipeline-stages " +
+                                                               std::to_string(stages) + " --report " + rep.string()));
+    ASSERT_EQ(d.code, 0) << what << "\n" << d.err;
+    expect_same_lines(read_jsonl(out), want, what);
+    const json j = read_json(rep);
+    EXPECT_EQ(j["generated_tokens"], tokens) << what;
+    const json& p = j["pipeline"];
+    EXPECT_EQ(p["stages"], stages) << what;
+    // The default: one group per stage.
+    EXPECT_EQ(p["groups"], flags.find("--pipeline-groups 1") != std::string::npos ? 1 : stages) << what;
+    ASSERT_EQ(p["per_stage"].size(), size_t(stages)) << what;
+    const std::vector<int64_t> bounds = p["bounds"];
+    EXPECT_EQ(bounds.front(), 0);
+    EXPECT_EQ(bounds.back(), 4);  // the tiny models' layers
+    for (int s = 0; s < stages; ++s) {
+      const json& st = p["per_stage"][size_t(s)];
+      EXPECT_EQ(st["stage"], s) << what;
+      EXPECT_EQ(st["rank"], (s + 1) % stages) << what;  // rank 0 holds the last stage
+      EXPECT_EQ(st["layers"], json({bounds[size_t(s)], bounds[size_t(s) + 1]})) << what;
+      EXPECT_EQ(st["steps"], p["per_stage"][0]["steps"]) << what;  // every stage runs every step
+      EXPECT_GT(st["busy_seconds"].get<double>(), 0) << what;
+      EXPECT_GE(st["wall_seconds"].get<double>(), st["busy_seconds"].get<double>()) << what;
+      if (s + 1 < stages) EXPECT_EQ(st["bytes_out"], p["per_stage"][size_t(s) + 1]["bytes_in"]) << what;
+    }
+    const double bubble = p["bubble_fraction"];
+    EXPECT_GE(bubble, 0) << what;
+    EXPECT_LT(bubble, 1) << what;
+    EXPECT_GT(p["bytes_between_stages"].get<int64_t>(), 0) << what;
+  }
+}
+
+TEST(PipelineCli, TinyOptFullCacheLikeOneProcess) { expect_like_one_process(kOpt, ""); }
+
+TEST(PipelineCli, TinyOptH2OWithOffloadingLikeOneProcess) {
+  TempDir store;
+  expect_like_one_process(kOpt, "--kv-policy h2o --heavy-budget 4 --recent-budget 4 --percent 20 30 0 50 0 100 "
+                                "--gpu-batch-size 1 --num-gpu-batches 2 --offload-dir " +
+                                    store.path().string());
+}
+
+TEST(PipelineCli, TinyLlamaFullAndH2OLikeOneProcess) {
+  expect_like_one_process(kLlama, "");
+  expect_like_one_process(kLlama, "--kv-policy h2o --heavy-budget 4 --recent-budget 4 --pipeline-groups 1");
+}
+
+TEST(PipelineCli, ResumeFinishesAPartialOutput) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), kLlama), one = tmp.path() / "one.jsonl";
+  ASSERT_EQ(flexh2o::test::run_flexh2o(gen(kLlama, in, one, "-b 2")).code, 0);
+  const std::vector<json> want = read_jsonl(one);
+  const fs::path out = tmp.path() / "out.jsonl";
+  {
+    std::ofstream f(out);
+    for (size_t i : {0, 3}) f << want[i].dump() << "\n";
+  }
+  const RunResult d = mpirun(2, gen(kLlama, in, out, "-b 2 --resume --pipeline-stages 2"));
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_NE(d.err.find("--resume: 2 of 11 requests already in"), std::string::npos) << d.err;
+  std::vector<json> got = read_jsonl(out);
+  std::sort(got.begin(), got.end(), [](const json& a, const json& b) { return a["id"] < b["id"]; });
+  expect_same_lines(got, want, "resumed");
+}
+
+TEST(PipelineCli, BadShapesAreRefusedOnEveryRank) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), kOpt, 2), out = tmp.path() / "out.jsonl";
+  const RunResult plain = flexh2o::test::run_flexh2o(gen(kOpt, in, out, "--pipeline-stages 2"));
+  EXPECT_EQ(plain.code, 1) << plain.err;
+  EXPECT_NE(plain.err.find("mpirun -np 2 flexh2o generate ... --pipeline-stages 2"), std::string::npos) << plain.err;
+  const RunResult ranks = mpirun(2, gen(kOpt, in, out, "--pipeline-stages 3 --overwrite"));
+  EXPECT_EQ(ranks.code, 1) << ranks.err;
+  EXPECT_NE(ranks.err.find("--pipeline-stages 3 needs as many ranks (mpirun -np 3), this job has 2"),
+            std::string::npos)
+      << ranks.err;
+  // Rank 0 fails before the job starts (--output holds results): the stage ranks end at once.
+  write_lines(out, {json{{"id", 0}, {"token_ids", {1}}}});
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunResult busy = mpirun(3, gen(kOpt, in, out, "--pipeline-stages 3"));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30);
+  EXPECT_EQ(busy.code, 1) << busy.err;
+  EXPECT_NE(busy.err.find("already holds results"), std::string::npos) << busy.err;
+  EXPECT_NE(busy.err.find("rank 0 stopped with an error before the job started"), std::string::npos) << busy.err;
+  // A stage that cannot hold its batch: its error reaches rank 0, every rank ends in order.
+  const RunResult small = mpirun(2, gen(kOpt, in, out, "--pipeline-stages 2 --overwrite --gpu-mem 1MiB -n 4"));
+  EXPECT_EQ(small.code, 1) << small.err;
+  EXPECT_NE(small.err.find("budget"), std::string::npos) << small.err;
+}
+
+// 40 long requests over 3 stages; rank `rank` gets `sig` once the first line is written.
+flexh2o::test::Signalled fault(const fs::path& dir, int rank, int sig, const std::string& extra) {
+  std::vector<json> lines;
+  for (int i = 0; i < 40; ++i) lines.push_back({{"id", i}, {"prompt", "Hello number " + std::to_string(i)}});
+  write_lines(dir / "big.jsonl", lines);
+  return flexh2o::test::run_and_signal(
+      3, gen(kOpt, dir / "big.jsonl", dir / "out.jsonl", "-b 1 --greedy --ignore-eos -n 64 --pipeline-stages 3 " + extra),
+      dir / "out.jsonl", dir / "err", rank, sig);
+}
+
+void expect_finished_lines_kept(const fs::path& dir) {
+  const fs::path ref = dir / "ref.jsonl";
+  ASSERT_EQ(flexh2o::test::run_flexh2o(gen(kOpt, dir / "big.jsonl", ref, "-b 1 --greedy --ignore-eos -n 64")).code, 0);
+  const std::vector<json> want = read_jsonl(ref), got = read_jsonl(dir / "out.jsonl");
+  EXPECT_GE(got.size(), 1u);
+  EXPECT_LT(got.size(), want.size());
+  for (const json& l : got) EXPECT_EQ(l["token_ids"], want[l["id"].get<size_t>()]["token_ids"]) << l.dump();
+}
+
+TEST(PipelineCli, AKilledStageEndsTheJobKeepingFinishedLines) {
+  TempDir tmp;
+  const auto f = fault(tmp.path(), 1, SIGKILL, "");
+  EXPECT_NE(f.code, 0) << f.err;
+  EXPECT_LT(f.seconds_after_signal, 20) << f.err;
+  EXPECT_NE(f.err.find("ending every rank of the job (finished results are in --output: rerun with --resume"),
+            std::string::npos)
+      << f.err;
+  expect_finished_lines_kept(tmp.path());
+}
+
+TEST(PipelineCli, AStoppedStageEndsTheJobWithinTheTimeout) {
+  TempDir tmp;
+  const auto f = fault(tmp.path(), 2, SIGSTOP, "--rank-timeout 2");
+  EXPECT_NE(f.code, 0) << f.err;
+  EXPECT_LT(f.seconds_after_signal, 15) << f.err;
+  EXPECT_NE(f.err.find("rank 2 of 3 ("), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("ending every rank of the job"), std::string::npos) << f.err;
+  expect_finished_lines_kept(tmp.path());
+}
+
+}  // namespace
