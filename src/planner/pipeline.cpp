@@ -301,7 +301,9 @@ PipelinePlan plan_pipeline(const ModelShape& m, const std::vector<HardwareProfil
         if (!es) break;  // larger blocks fit less
         const double tp = pl.throughput(*es, G);
         if (!best || tp > best_tp) best = es, best_tp = tp;
-        if (tp > best_gbs * (1 + 1e-9)) best_gbs = tp, stale = 0;
+        // Larger blocks stop paying once they add under 1% for 3 steps (the pipeline's fixed
+        // fill and link latencies would otherwise reward every larger block a little).
+        if (tp > best_gbs * 1.01) best_gbs = tp, stale = 0;
         else if (++stale >= 3) break;
       }
     }
