@@ -62,6 +62,31 @@ std::vector<int64_t> balance_layers(const std::vector<double>& layer_cost, const
   return b;
 }
 
+std::vector<int64_t> balance_stages(const ModelShape& m, const std::vector<HardwareProfile>& hw, const Workload& w,
+                                    int64_t stages, const Policy& p) {
+  const int64_t L = m.config.n_layers, S = stages;
+  std::vector<int64_t> b = even_bounds(L, S);
+  FH_CHECK(hw.size() == 1 || int64_t(hw.size()) == S, "a pipeline of ", S, " stages needs 1 or ", S,
+           " hardware profiles, got ", hw.size());
+  if (S == 1) return b;
+  std::vector<double> extra(static_cast<size_t>(S)), scale(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) {
+    // Stage times are affine in the layer count (the schedule is periodic in the layers), so
+    // two counts give the per-layer cost and the rest.
+    const int64_t n = b[size_t(s) + 1] - b[size_t(s)];
+    const HardwareProfile& h = hw[hw.size() == 1 ? 0 : size_t(s)];
+    auto t = [&](int64_t layers) {
+      CostModel cm(m.stage(layers, s == 0, s == S - 1), h, w);
+      const Estimate e = cm.estimate(p);
+      return e.prefill_s + e.decode_s;
+    };
+    const double tn = t(n), tn1 = t(n + 1);
+    scale[size_t(s)] = std::max(0.0, tn1 - tn);
+    extra[size_t(s)] = std::max(0.0, tn - double(n) * scale[size_t(s)]);
+  }
+  return balance_layers(std::vector<double>(static_cast<size_t>(L), 1.0), extra, scale);
+}
+
 // ---- the pipeline formula ------------------------------------------------------------------
 
 namespace {

@@ -32,6 +32,14 @@ std::vector<int64_t> even_bounds(int64_t n_layers, int64_t stages);
 std::vector<int64_t> balance_layers(const std::vector<double>& layer_cost, const std::vector<double>& stage_extra,
                                     const std::vector<double>& stage_scale = {});
 
+// The cost-balanced split for one given policy run on every stage (`generate --pipeline-stages
+// S` with a fixed policy): each stage's time for one group's whole run by the cost model (its
+// per-layer time and what it costs besides its layers: embedding on stage 0, final norm +
+// lm_head on the last), balanced by balance_layers. `hw`: one profile, or one per stage.
+// Throws flexh2o::Error for an invalid policy or S outside [1, n_layers].
+std::vector<int64_t> balance_stages(const ModelShape& m, const std::vector<HardwareProfile>& hw, const Workload& w,
+                                    int64_t stages, const Policy& p);
+
 // What the pipeline's time depends on, seconds. Steps: t = 0 the prefill, t = 1..T-1 decode.
 struct PipelineTiming {
   std::vector<double> prefill_s, decode_s;          // per stage: one group's prefill step / decode step
@@ -101,6 +109,8 @@ struct PipelinePlan {
   double bubble = 0;                  // bubble_fraction()
 };
 
+// For `generate --pipeline-stages S --policy auto`: plan.bounds, plan.groups and each
+// plan.stages[s].estimate.policy are what the ranks run.
 // Plans the pipeline of `m` on per-stage profiles (one: every stage on that; else one per
 // stage). All stages share one batch shape (gpu_batch_size x num_gpu_batches: a group is one
 // engine batch on every stage); each has its own placement searched on its own layers within

@@ -231,6 +231,36 @@ TEST(PipelinePlan, SplitIsWithinOneLayerOfTheBest) {
   }
 }
 
+// A fixed policy on every stage (generate --pipeline-stages with --percent): OPT-125M's
+// lm_head stage gets fewer layers, and the split is the best of all splits by the same times.
+TEST(PipelinePlan, BalanceStagesForAGivenPolicy) {
+  const ModelConfig c = preset("opt-125m");
+  const ModelShape m = ModelShape::from_config(c);
+  const Workload w{128, 8, {}};
+  Policy p;
+  p.gpu_batch_size = 8;
+  for (int64_t S : {1, 2, 3, 4}) {
+    const std::vector<int64_t> got = balance_stages(m, {h200()}, w, S, p);
+    expect_valid_bounds(got, 12, S);
+    auto slowest = [&](const std::vector<int64_t>& b) {
+      double v = 0;
+      for (int64_t s = 0; s < S; ++s) {
+        CostModel cm(m.stage(b[size_t(s) + 1] - b[size_t(s)], s == 0, s == S - 1), h200(), w);
+        const Estimate e = cm.estimate(p);
+        v = std::max(v, e.prefill_s + e.decode_s);
+      }
+      return v;
+    };
+    double best = std::numeric_limits<double>::infinity();
+    each_split(12, S, [&](const std::vector<int64_t>& b) { best = std::min(best, slowest(b)); });
+    EXPECT_LE(slowest(got), best * (1 + 1e-9)) << "S=" << S;
+    if (S >= 2) {
+      EXPECT_LT(got[size_t(S)] - got[size_t(S) - 1], 12 / S) << "the lm_head stage should get fewer layers";
+    }
+  }
+  EXPECT_THROW(balance_stages(m, {h200()}, w, 13, p), Error);
+}
+
 TEST(PipelinePlan, OneStageIsTheSingleDevicePlan) {
   const ModelConfig c = preset("opt-125m");
   const Workload w{128, 8, {}};
