@@ -303,6 +303,12 @@ TEST(PipelinePlan, BytesBetweenStagesAndGroupsFollowTheLink) {
   EXPECT_GT(b.groups, 3);
   EXPECT_EQ(b.groups, b.groups_to_hide);
   for (const PipelinePlan* p : {&a, &b}) EXPECT_DOUBLE_EQ(p->bubble, bubble_fraction(p->timing));
+  // The CPU device's activations are f32.
+  HardwareProfile cpu = h200();
+  cpu.device = DeviceKind::kCpu;
+  const PipelinePlan f = plan_pipeline(c, {cpu}, w, o);
+  EXPECT_EQ(f.decode_hop_bytes, uint64_t(f.block) * 2048 * 4);
+  EXPECT_EQ(f.prefill_hop_bytes, uint64_t(f.block) * 128 * 2048 * 4);
 }
 
 TEST(PipelinePlan, RefusesAStageThatCannotFit) {
