@@ -1,13 +1,17 @@
 // `flexh2o plan`: predicts our engine's throughput for a model on a hardware profile — the
 // best policy found by the search, or the one given with --percent/--gpu-batch-size/... —
 // with memory per tier, bytes per link, 4-bit compression (searched when the profile prices
-// dequantization, or given), the bottleneck, and FlexGen's own cost model beside it.
+// dequantization, or given), the bottleneck, and FlexGen's own cost model beside it; with
+// --pipeline-stages, a pipeline plan (per stage: layers, policy, memory, step times; then the
+// job's throughput, the groups in flight and the bubble fraction).
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "planner/pipeline.h"
 #include "planner/planner.h"
 
 namespace flexh2o::cli {
@@ -38,6 +42,12 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_flag("--compress-cache", a.compress_cache,
               "4-bit KV cache (FlexGen's flag): with --percent, evaluate it; without, fix it in the search");
   s->add_flag("--no-compress", a.no_compress, "Search without compression (for comparison)");
+  s->add_option("--pipeline-stages", a.pipeline_stages,
+                 "Plan a pipeline of this many stages (one rank and device each; layers split by the cost model)");
+  s->add_option("--groups", a.groups, "With --pipeline-stages: groups in flight (default: the fewest that hide the transfers)");
+  s->add_option("--stage-link", a.stage_link,
+                "With --pipeline-stages: link between stages, a name in configs/hardware/links or a file "
+                "(default: the profile's stage_link)");
   s->add_flag("--json", a.json, "One JSON object on stdout");
 }
 
@@ -72,6 +82,90 @@ nlohmann::json estimate_json(const Estimate& e, const CostModel& cm) {
   return j;
 }
 
+std::string gb(double bytes) {
+  std::ostringstream os;
+  os << std::setprecision(4) << bytes / 1e9 << " GB";
+  return os.str();
+}
+
+int run_pipeline_plan(const PlanArgs& a, const Env& env, const ModelConfig& c, const HardwareProfile& hw,
+                      const Workload& w) {
+  if (!a.percent.empty())
+    FH_FAIL("plan: --percent gives one policy; with --pipeline-stages each stage's policy is searched");
+  if (a.no_compress && (a.compress_weight || a.compress_cache))
+    FH_FAIL("plan: --no-compress contradicts --compress-weight / --compress-cache");
+  PipelineOptions o;
+  o.stages = a.pipeline_stages;
+  o.groups = a.groups;
+  o.search.overlap = a.overlap != "false";
+  if (a.compress_weight || a.no_compress) o.search.compress_weight = a.compress_weight;
+  if (a.compress_cache || a.no_compress) o.search.compress_cache = a.compress_cache;
+  if (!a.stage_link.empty()) o.link = resolve_stage_link(a.stage_link, env.configs_dir);
+  const PipelinePlan p = plan_pipeline(c, {hw}, w, o);
+  const StageLink link = p.links.empty() ? hw.between_stages() : p.links[0];
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = c.name;
+    j["hardware"] = hw.name;
+    j["prompt_len"] = w.prompt_len;
+    j["gen_len"] = w.gen_len;
+    j["kv_policy"] = w.kv ? describe(*w.kv) : "full";
+    j["pipeline_stages"] = p.stages.size();
+    j["bounds"] = p.bounds;
+    j["groups"] = p.groups;
+    j["groups_to_hide"] = p.groups_to_hide;
+    j["groups_capped_by_memory"] = p.groups_capped;
+    j["sequences_per_group"] = p.block;
+    j["stage_link"] = link.to_json();
+    j["bytes_between_stages_per_group_step"] = {
+        {"prefill", p.prefill_hop_bytes}, {"decode", p.decode_hop_bytes}, {"token_ids_to_stage_0", p.return_bytes}};
+    nlohmann::json st = nlohmann::json::array();
+    for (const StagePlan& s : p.stages) {
+      st.push_back({{"first_layer", s.first},
+                    {"end_layer", s.end},
+                    {"embedding", s.embed},
+                    {"lm_head", s.head},
+                    {"policy", policy_to_json(s.estimate.policy)},
+                    {"policy_flags", s.estimate.policy.str()},
+                    {"memory_bytes", {{"device", s.memory[0]}, {"host", s.memory[1]}, {"disk", s.memory[2]}}},
+                    {"prefill_step_s", s.prefill_step_s},
+                    {"decode_step_s", s.decode_step_s},
+                    {"bottleneck", s.estimate.bottleneck}});
+    }
+    j["stages"] = st;
+    j["wall_s"] = p.wall_s;
+    j["throughput_tokens_per_s"] = p.throughput;
+    j["decode_throughput_tokens_per_s"] = p.decode_throughput;
+    j["bubble_fraction"] = p.bubble;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << std::setprecision(4) << "model      " << c.name << "\n"
+            << "hardware   " << hw.name << " (every stage)\n"
+            << "workload   prompt " << w.prompt_len << " + gen " << w.gen_len << ", KV "
+            << (w.kv ? describe(*w.kv) : std::string("full")) << ", " << device_kind_name(hw.device) << " device\n"
+            << "pipeline   " << p.stages.size() << " stages, " << p.groups << " groups in flight of " << p.block
+            << " sequences (" << p.groups_to_hide << " hide the transfers and the fill"
+            << (p.groups_capped ? "; memory holds fewer" : "") << ")\n"
+            << "link       " << link.name << " (" << stage_link_kind_name(link.kind) << ", " << link.bandwidth / 1e9
+            << " GB/s, " << link.latency * 1e6 << " us/message); per group step between stages: prefill "
+            << gb(double(p.prefill_hop_bytes)) << ", decode " << gb(double(p.decode_hop_bytes)) << "\n";
+  for (size_t i = 0; i < p.stages.size(); ++i) {
+    const StagePlan& s = p.stages[i];
+    std::cout << "stage " << i << "    layers " << s.first << ".." << s.end - 1 << " (" << s.end - s.first << ")"
+              << (s.embed ? " + embedding" : "") << (s.head ? " + lm_head" : "") << "\n"
+              << "           policy " << s.estimate.policy.str() << "\n"
+              << "           memory device " << gb(double(s.memory[0])) << ", host " << gb(double(s.memory[1]))
+              << ", disk " << gb(double(s.memory[2])) << " (" << p.groups << " groups)\n"
+              << "           step   prefill " << s.prefill_step_s << " s, decode " << s.decode_step_s
+              << " s per group; bottleneck " << s.estimate.bottleneck << "\n";
+  }
+  std::cout << "throughput " << p.throughput << " tokens/s (decode alone " << p.decode_throughput << " tokens/s; "
+            << p.groups * p.block << " sequences x " << w.gen_len << " tokens in " << p.wall_s << " s)\n"
+            << "bubble     " << p.bubble << " (predicted 1 - stage busy / wall, mean over stages)\n";
+  return 0;
+}
+
 }  // namespace
 
 int run_plan(const PlanArgs& a, const Env& env) {
@@ -89,6 +183,8 @@ int run_plan(const PlanArgs& a, const Env& env) {
     validate(kv);
     w.kv = kv;
   }
+  if (a.pipeline_stages > 0) return run_pipeline_plan(a, env, c, hw, w);
+  if (a.groups != 0 || !a.stage_link.empty()) FH_FAIL("plan: --groups and --stage-link need --pipeline-stages");
   // Dummy presets use config.dtype; a checkpoint directory is planned with the same shapes.
   CostModel cm(ModelShape::from_config(c), hw, w);
   Estimate e;

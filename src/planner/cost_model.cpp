@@ -79,6 +79,18 @@ ModelShape ModelShape::from_model(const Model& m, std::optional<DType> as) {
   return s;
 }
 
+ModelShape ModelShape::stage(int64_t layers, bool embed, bool head) const {
+  FH_CHECK(layers >= 1, "a pipeline stage needs at least one layer, got ", layers);
+  ModelShape s = *this;
+  s.config.n_layers = layers;
+  for (UnitSizes* u : {static_cast<UnitSizes*>(&s), &s.q4}) {
+    if (!embed) u->embed.clear();
+    if (!head) u->head.clear();
+  }
+  if (!embed) s.token_index = 0;
+  return s;
+}
+
 uint64_t UnitSizes::total(int64_t n_layers) const {
   auto sum = [](const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t(0)); };
   return sum(embed) + uint64_t(n_layers) * sum(layer) + sum(head);
@@ -162,6 +174,14 @@ uint64_t CostModel::kv_token_bytes(const Policy& p) const {
 }
 
 std::array<uint64_t, 3> CostModel::memory(const Policy& p) const { return plan(p).bytes; }
+
+std::array<uint64_t, 3> CostModel::memory(const Policy& p, int64_t groups) const {
+  FH_CHECK(groups >= 1, "groups must be >= 1, got ", groups);
+  if (groups == 1) return plan(p).bytes;
+  Policy q = p;
+  q.num_gpu_batches = p.num_gpu_batches * groups;
+  return plan(q).bytes;
+}
 
 std::string CostModel::memory_breakdown(const Policy& p) const { return plan(p).breakdown(); }
 
@@ -338,6 +358,8 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
     embed_c += rows_bytes * 2 / hw_.device_elementwise;
     head_c += (n * hid * 2 + n * double(c.vocab_size) * 4) / hw_.device_elementwise;
   }
+  if (us.embed.empty()) embed_c = 0;  // a pipeline stage without the embedding (ModelShape::stage)
+  if (us.head.empty()) head_c = 0;
   double host_attn_t = 0;
   if (host_attn) {
     const double a = std::max(0.0, std::log2(64.0 / n)), b = std::max(0.0, std::log2(4096.0 / H));

@@ -51,6 +51,10 @@ struct ModelShape : UnitSizes {
   const UnitSizes& units(const Policy& p) const { return p.compress_weight ? q4 : *this; }
   uint64_t total_bytes() const { return total(config.n_layers); }  // uncompressed
   uint64_t total_bytes(const Policy& p) const { return units(p).total(config.n_layers); }
+  // One pipeline stage of this model: `layers` layers (config.n_layers = layers), with the
+  // embedding only when `embed` and the final norm + lm_head only when `head`; a unit left out
+  // has no weights and no compute (its schedule steps keep their fixed overheads).
+  ModelShape stage(int64_t layers, bool embed, bool head) const;
 };
 // Per-tier bytes the embedding unit moves in a step of `rows` token rows: a host- or disk-homed
 // token table moves only min(rows, vocab) of its rows (the engine gathers them).
@@ -82,6 +86,9 @@ class CostModel {
   Estimate quick(const Policy& p);
   // Bytes per tier: plan_memory() (engine/memory_plan.h), what the engine allocates.
   std::array<uint64_t, 3> memory(const Policy& p) const;
+  // With `groups` blocks in flight at once (pipeline groups: every group's KV cache, hidden
+  // states and step buffers live together): the plan of p with num_gpu_batches x groups.
+  std::array<uint64_t, 3> memory(const Policy& p, int64_t groups) const;
   // plan_memory()'s breakdown text for this policy.
   std::string memory_breakdown(const Policy& p) const;
   // Bytes per link over the whole run; exactly what OffloadEngine counts for `block`

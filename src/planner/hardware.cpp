@@ -29,7 +29,85 @@ double field(const json& j, const std::string& origin, const char* group, const 
   return x;
 }
 
+// One stage_link field: a finite number >= 0 (> 0 when `positive`).
+double link_number(const json& j, const std::string& origin, const char* key, bool positive) {
+  const std::string path = std::string("stage_link.") + key;
+  if (!j.contains(key)) FH_FAIL(origin, ": hardware profile field \"", path, "\" is missing");
+  const json& v = j[key];
+  if (!v.is_number()) FH_FAIL(origin, ": hardware profile field \"", path, "\" must be a number, got ", v.dump());
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < 0 || (positive && x == 0))
+    FH_FAIL(origin, ": hardware profile field \"", path, "\" must be ", positive ? "> 0" : ">= 0", ", got ", v.dump());
+  return x;
+}
+
 }  // namespace
+
+const char* stage_link_kind_name(StageLink::Kind k) {
+  switch (k) {
+    case StageLink::Kind::kPcieHost: return "pcie_host";
+    case StageLink::Kind::kNvlink: return "nvlink";
+    case StageLink::Kind::kNetwork: return "network";
+  }
+  return "?";
+}
+
+StageLink StageLink::from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) FH_FAIL(origin, ": hardware profile field \"stage_link\" must be an object, got ", j.dump());
+  for (const auto& [key, v] : j.items()) {
+    if (key != "kind" && key != "gbps" && key != "latency_us" && key != "name" && key != "source")
+      FH_FAIL(origin, ": hardware profile field \"stage_link.", key, "\" is not known (kind, gbps, latency_us, name, source)");
+  }
+  StageLink l;
+  if (!j.contains("kind")) FH_FAIL(origin, ": hardware profile field \"stage_link.kind\" is missing");
+  const json& k = j["kind"];
+  const std::string ks = k.is_string() ? k.get<std::string>() : std::string();
+  if (ks == "pcie_host") l.kind = Kind::kPcieHost;
+  else if (ks == "nvlink") l.kind = Kind::kNvlink;
+  else if (ks == "network") l.kind = Kind::kNetwork;
+  else FH_FAIL(origin, ": hardware profile field \"stage_link.kind\" must be \"pcie_host\", \"nvlink\" or \"network\", got ", k.dump());
+  l.bandwidth = link_number(j, origin, "gbps", true) * kG;
+  l.latency = link_number(j, origin, "latency_us", false) * 1e-6;
+  for (const char* key : {"name", "source"}) {
+    if (!j.contains(key)) continue;
+    if (!j[key].is_string()) FH_FAIL(origin, ": hardware profile field \"stage_link.", key, "\" must be a string, got ", j[key].dump());
+    (std::string_view(key) == "name" ? l.name : l.source) = j[key].get<std::string>();
+  }
+  return l;
+}
+
+StageLink StageLink::load(const std::filesystem::path& file) {
+  const json j = read_json_file(file, "stage link");
+  StageLink l = from_json(j, file.string());
+  if (l.name.empty()) l.name = file.stem().string();
+  return l;
+}
+
+json StageLink::to_json() const {
+  json j = {{"kind", stage_link_kind_name(kind)}, {"gbps", bandwidth / kG}, {"latency_us", latency * 1e6}};
+  if (!name.empty()) j["name"] = name;
+  if (!source.empty()) j["source"] = source;
+  return j;
+}
+
+StageLink resolve_stage_link(const std::string& spec, const std::filesystem::path& configs_dir) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(spec)) return StageLink::load(spec);
+  const fs::path p = configs_dir / "hardware" / "links" / (spec + ".json");
+  if (fs::is_regular_file(p)) return StageLink::load(p);
+  FH_FAIL("stage link \"", spec, "\" is neither a file nor a name in ", (configs_dir / "hardware" / "links").string(),
+          " (try pcie-host, nvlink4, ethernet-25g, infiniband-hdr)");
+}
+
+StageLink HardwareProfile::between_stages() const {
+  if (stage_link_given) return stage_link;
+  StageLink l;
+  l.kind = StageLink::Kind::kPcieHost;
+  l.bandwidth = device_to_host > 0 && host_to_device > 0 ? 1 / (1 / device_to_host + 1 / host_to_device) : 0;
+  l.latency = 10e-6;
+  l.name = "pcie_host (from this profile's device_to_host and host_to_device)";
+  return l;
+}
 
 double HardwareProfile::usable(int tier) const {
   const double cap = tier == 0 ? device_memory : tier == 1 ? host_memory : disk_memory;
@@ -97,6 +175,10 @@ HardwareProfile HardwareProfile::from_json(const json& j, const std::string& ori
   h.device_elementwise = field(j, origin, "device_gbps", "elementwise", false, false) * kG;
   h.device_dequant = field(j, origin, "dequant_gbps", "device", false, false) * kG;
   h.host_dequant = field(j, origin, "dequant_gbps", "host", false, false) * kG;
+  if (j.contains("stage_link")) {
+    h.stage_link = StageLink::from_json(j["stage_link"], origin);
+    h.stage_link_given = true;
+  }
   return h;
 }
 
@@ -138,6 +220,7 @@ json HardwareProfile::to_json() const {
   j["host_tflops"] = {{"attention", host_attention / kT}, {"gemm", host_gemm / kT}};
   j["host_attention_efficiency"] = {{"c1", host_eff_c1}, {"c2", host_eff_c2}, {"c3", host_eff_c3}};
   j["dequant_gbps"] = {{"device", device_dequant / kG}, {"host", host_dequant / kG}};
+  if (stage_link_given) j["stage_link"] = stage_link.to_json();
   return j;
 }
 

@@ -7,12 +7,34 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "engine/device.h"
 
 namespace flexh2o {
+
+// The link that hidden states cross between two pipeline stages (engine "stage" = one rank and
+// device), one way: JSON "stage_link": {"kind": "pcie_host" | "nvlink" | "network", "gbps":
+// GB/s (> 0), "latency_us": microseconds per message (>= 0), optional "name", "source"}; no
+// other keys. A message of n bytes takes latency + n / bandwidth seconds.
+struct StageLink {
+  enum class Kind { kPcieHost, kNvlink, kNetwork };
+  Kind kind = Kind::kPcieHost;
+  double bandwidth = 0;  // bytes/s
+  double latency = 0;    // seconds per message
+  std::string name, source;
+  double seconds(uint64_t bytes) const { return latency + double(bytes) / bandwidth; }
+  // Throws flexh2o::Error naming `origin` and the field (quoting the value) for a bad one.
+  static StageLink from_json(const nlohmann::json& j, const std::string& origin);
+  static StageLink load(const std::filesystem::path& file);
+  nlohmann::json to_json() const;
+};
+const char* stage_link_kind_name(StageLink::Kind k);  // "pcie_host", "nvlink", "network"
+// A link file, or a name looked up as `configs_dir`/hardware/links/NAME.json (pcie-host,
+// nvlink4, ethernet-25g, ...). Throws listing what was tried.
+StageLink resolve_stage_link(const std::string& spec, const std::filesystem::path& configs_dir);
 
 struct HardwareProfile {
   std::string name, source;  // source: where the numbers come from (measured, datasheet, fitted)
@@ -65,6 +87,14 @@ struct HardwareProfile {
   // compression only when the device rate is known (what it costs cannot be guessed).
   double device_dequant = 0, host_dequant = 0;
   bool prices_compression() const { return device_dequant > 0; }
+  // Between pipeline stages on this machine kind (JSON "stage_link", see StageLink);
+  // stage_link_given says whether the profile has one.
+  StageLink stage_link;
+  bool stage_link_given = false;
+  // stage_link when given, else PCIe through host memory at this profile's own rates: device
+  // -> host then host -> device one after the other (bandwidth 1 / (1/device_to_host +
+  // 1/host_to_device)), 10 us per message.
+  StageLink between_stages() const;
 
   double usable(int tier) const;  // tier 0 device, 1 host, 2 disk; bytes the planner may use
   // Throws flexh2o::Error naming the field when one is missing from `j`, negative, or (for

@@ -29,24 +29,34 @@ std::vector<int64_t> default_batches() {
   return {1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 48, 52, 56, 64, 80, 96, 128, 160, 192, 256, 384, 512};
 }
 
-bool fits(const CostModel& cm, const Policy& p, int tier) {
-  return double(cm.memory(p)[size_t(tier)]) <= cm.hardware().usable(tier);
+bool fits(const CostModel& cm, const Policy& p, int tier, int64_t groups) {
+  return double(cm.memory(p, groups)[size_t(tier)]) <= cm.hardware().usable(tier);
 }
 
 // Highest-tier weight split that fits (device share, then host share); false if none.
-bool place_weights_greedy(const CostModel& cm, Policy& p, int step, bool allow_disk) {
+bool place_weights_greedy(const CostModel& cm, Policy& p, int step, bool allow_disk, int64_t groups) {
   for (int wg = 100; wg >= 0; wg -= step) {
     p.w_gpu_percent = wg;
     p.w_cpu_percent = 100 - wg;
-    if (!fits(cm, p, 0)) continue;
+    if (!fits(cm, p, 0, groups)) continue;
     for (int wc = 100 - wg; wc >= 0; wc -= step) {
       p.w_cpu_percent = wc;
       if (!allow_disk && wg + wc < 100) return false;
-      if (fits(cm, p, 1)) return fits(cm, p, 2);
+      if (fits(cm, p, 1, groups)) return fits(cm, p, 2, groups);
     }
     return false;  // host cannot hold even the rest with all of it on disk
   }
   return false;
+}
+
+std::pair<std::vector<bool>, std::vector<bool>> compression_choices(const CostModel& cm, const SearchOptions& o) {
+  auto choices = [&](std::optional<bool> fixed) {
+    if (fixed) return std::vector<bool>{*fixed};
+    return cm.hardware().prices_compression() ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  };
+  // A Q4 KV dtype in the workload is cache compression (the engine treats them as one setting).
+  const bool kv_q4 = cm.workload().kv_dtype == DType::Q4;
+  return {choices(o.compress_weight), kv_q4 ? std::vector<bool>{true} : choices(o.compress_cache)};
 }
 
 std::string gb(double b) {
@@ -58,15 +68,48 @@ std::string gb(double b) {
 
 }  // namespace
 
+std::optional<Estimate> best_placement(CostModel& cm, const SearchOptions& o, int64_t gbs, int64_t ngb,
+                                       PlanResult* stats) {
+  const auto [cws, ccs] = compression_choices(cm, o);
+  std::optional<Estimate> best;
+  for (int cg = 100; cg >= 0; cg -= o.cache_step) {
+    for (int cc = 100 - cg; cc >= 0; cc -= o.cache_step) {
+      if (!o.allow_disk && cg + cc < 100) continue;
+      for (int act = 0; act < (o.allow_act_on_host ? 2 : 1); ++act) {
+        for (int cpu = 0; cpu < (o.allow_cpu_cache_compute && cg < 100 ? 2 : 1); ++cpu) {
+          Policy p;
+          p.gpu_batch_size = gbs;
+          p.num_gpu_batches = ngb;
+          p.cache_gpu_percent = cg;
+          p.cache_cpu_percent = cc;
+          p.act_gpu_percent = act ? 0 : 100;
+          p.act_cpu_percent = act ? 100 : 0;
+          p.cpu_cache_compute = cpu;
+          p.overlap = o.overlap;
+          for (bool cw : cws) {
+            for (bool ckv : ccs) {
+              p.compress_weight = cw;
+              p.compress_cache = ckv;
+              Policy q = p;
+              if (!place_weights_greedy(cm, q, o.weight_step, o.allow_disk, o.groups)) {
+                if (stats) ++stats->rejected_memory;
+                continue;
+              }
+              const Estimate e = cm.quick(q);
+              if (stats) ++stats->evaluated;
+              if (!best || e.throughput > best->throughput) best = e;
+            }
+          }
+        }
+      }
+    }
+  }
+  return best;
+}
+
 PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
   const HardwareProfile& hw = cm.hardware();
-  auto choices = [&](std::optional<bool> fixed) {
-    if (fixed) return std::vector<bool>{*fixed};
-    return hw.prices_compression() ? std::vector<bool>{false, true} : std::vector<bool>{false};
-  };
-  // A Q4 KV dtype in the workload is cache compression (the engine treats them as one setting).
-  const bool kv_q4 = cm.workload().kv_dtype == DType::Q4;
-  const std::vector<bool> cws = choices(o.compress_weight), ccs = kv_q4 ? std::vector<bool>{true} : choices(o.compress_cache);
+  const auto [cws, ccs] = compression_choices(cm, o);
   // Infeasible outright: the weights plus one sequence's KV exceed all tiers together.
   {
     Policy tiny;
@@ -77,7 +120,7 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     tiny.act_cpu_percent = 0;
     tiny.compress_weight = cws.back();  // the smallest the search may make it
     tiny.compress_cache = ccs.back();
-    const auto m = cm.memory(tiny);
+    const auto m = cm.memory(tiny, o.groups);
     const double need = double(m[0] + m[1] + m[2]);
     const double have = hw.usable(0) + hw.usable(1) + hw.usable(2);
     if (need > have)
@@ -88,54 +131,16 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
   }
   PlanResult r;
   bool found = false;
-  // Times `p` with the highest-tier weight split that fits; returns its throughput (0: none fits).
-  auto consider = [&](Policy p) {
-    if (!place_weights_greedy(cm, p, o.weight_step, o.allow_disk)) {
-      ++r.rejected_memory;
-      return 0.0;
-    }
-    const Estimate e = cm.quick(p);
-    ++r.evaluated;
-    if (!found || e.throughput > r.best.throughput) {
-      r.best = e;
-      found = true;
-    }
-    return e.throughput;
-  };
   const std::vector<int64_t> batches = o.gpu_batch_sizes.empty() ? default_batches() : o.gpu_batch_sizes;
   for (int64_t gbs : batches) {
     double best_gbs = 0;
     int stale = 0;
     for (int64_t ngb = 1; ngb <= o.max_num_gpu_batches; ++ngb) {
       if (o.max_block > 0 && gbs * ngb > o.max_block) break;
-      double best_here = 0;
-      for (int cg = 100; cg >= 0; cg -= o.cache_step) {
-        for (int cc = 100 - cg; cc >= 0; cc -= o.cache_step) {
-          if (!o.allow_disk && cg + cc < 100) continue;
-          for (int act = 0; act < (o.allow_act_on_host ? 2 : 1); ++act) {
-            for (int cpu = 0; cpu < (o.allow_cpu_cache_compute && cg < 100 ? 2 : 1); ++cpu) {
-              Policy p;
-              p.gpu_batch_size = gbs;
-              p.num_gpu_batches = ngb;
-              p.cache_gpu_percent = cg;
-              p.cache_cpu_percent = cc;
-              p.act_gpu_percent = act ? 0 : 100;
-              p.act_cpu_percent = act ? 100 : 0;
-              p.cpu_cache_compute = cpu;
-              p.overlap = o.overlap;
-              for (bool cw : cws) {
-                for (bool ckv : ccs) {
-                  p.compress_weight = cw;
-                  p.compress_cache = ckv;
-                  best_here = std::max(best_here, consider(p));
-                }
-              }
-            }
-          }
-        }
-      }
-      if (best_here == 0) break;  // nothing fits at this block size: larger ones fit less
-      if (best_here > best_gbs * (1 + 1e-9)) best_gbs = best_here, stale = 0;
+      const std::optional<Estimate> e = best_placement(cm, o, gbs, ngb, &r);
+      if (!e) break;  // nothing fits at this block size: larger ones fit less
+      if (!found || e->throughput > r.best.throughput) r.best = *e, found = true;
+      if (e->throughput > best_gbs * (1 + 1e-9)) best_gbs = e->throughput, stale = 0;
       else if (++stale >= 3) break;
     }
   }
@@ -145,7 +150,7 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     p.w_gpu_percent = p.w_cpu_percent = p.cache_gpu_percent = p.cache_cpu_percent = 0;
     p.compress_weight = cws.back();
     p.compress_cache = ccs.back();
-    const auto m = cm.memory(p);
+    const auto m = cm.memory(p, o.groups);
     std::ostringstream os;
     for (int t = 0; t < 3; ++t)
       if (double(m[size_t(t)]) > hw.usable(t))

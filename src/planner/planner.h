@@ -25,6 +25,9 @@ struct SearchOptions {
   // searches both settings when the profile prices dequantization (prices_compression()),
   // else leaves it off.
   std::optional<bool> compress_weight, compress_cache;
+  // Blocks whose memory lives at once (pipeline groups, planner/pipeline.h): a policy fits when
+  // CostModel::memory(p, groups) does.
+  int64_t groups = 1;
 };
 
 struct PlanResult {
@@ -36,6 +39,12 @@ struct PlanResult {
 // Searches. Throws flexh2o::Error when nothing fits, stating the shortfall (bytes the smallest
 // run needs vs the usable capacity of all tiers together, or of the tier that overflows).
 PlanResult search_policy(CostModel& cm, const SearchOptions& opts = {});
+
+// The best placement (weight, KV and activation split, CPU attention, compression as `opts`
+// allows) of the fixed batch shape gbs x ngb, by quick() estimates; nullopt when none fits.
+// Counts into `stats` when given.
+std::optional<Estimate> best_placement(CostModel& cm, const SearchOptions& opts, int64_t gbs, int64_t ngb,
+                                       PlanResult* stats = nullptr);
 
 // The entry point for `generate --policy auto`: the best policy for `c` on `hw`.
 // `weights_from` (optional) supplies the checkpoint's dtypes; presets use c.dtype.

@@ -1,0 +1,68 @@
+// `flexh2o plan --pipeline-stages S` as a user runs it: the JSON plan agrees with itself (bounds,
+// stages, bubble), the text names every stage, and misused flags fail with clear messages.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_run.h"
+
+namespace {
+using flexh2o::test::run_flexh2o;
+using nlohmann::json;
+
+TEST(PipelineCli, JsonPlanOfThreeStages) {
+  const auto r = run_flexh2o("plan -m opt-1.3b --hardware h200 --prompt-len 256 --gen-len 16 --pipeline-stages 3 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["pipeline_stages"], 3);
+  const std::vector<int64_t> b = j["bounds"];
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b.front(), 0);
+  EXPECT_EQ(b.back(), 24);
+  ASSERT_EQ(j["stages"].size(), 3u);
+  for (size_t s = 0; s < 3; ++s) {
+    const json& st = j["stages"][s];
+    EXPECT_EQ(st["first_layer"], b[s]);
+    EXPECT_EQ(st["end_layer"], b[s + 1]);
+    EXPECT_EQ(st["embedding"], s == 0);
+    EXPECT_EQ(st["lm_head"], s == 2);
+    EXPECT_GT(st["decode_step_s"].get<double>(), 0);
+    EXPECT_FALSE(st["policy_flags"].get<std::string>().empty());
+  }
+  EXPECT_EQ(j["stage_link"]["kind"], "nvlink");  // h200.json's stage_link
+  const int64_t rows = j["sequences_per_group"];
+  EXPECT_EQ(j["bytes_between_stages_per_group_step"]["decode"], rows * 2048 * 2);
+  EXPECT_EQ(j["bytes_between_stages_per_group_step"]["prefill"], rows * 256 * 2048 * 2);
+  EXPECT_GE(j["groups"].get<int64_t>(), 1);
+  const double bubble = j["bubble_fraction"];
+  EXPECT_GT(bubble, 0);
+  EXPECT_LT(bubble, 1);
+  EXPECT_NEAR(j["throughput_tokens_per_s"].get<double>(),
+              double(j["groups"].get<int64_t>() * rows * 16) / j["wall_s"].get<double>(), 1e-6);
+}
+
+TEST(PipelineCli, TextPlanAndFixedGroupsAndLinkPreset) {
+  const auto r = run_flexh2o(
+      "plan -m opt-1.3b --hardware h200 --prompt-len 256 --gen-len 16 --pipeline-stages 2 --groups 5 --stage-link "
+      "ethernet-10g");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* want : {"pipeline   2 stages, 5 groups in flight", "link       ethernet-10g (network, 1.1 GB/s",
+                           "stage 0    layers 0..", "+ embedding", "+ lm_head", "throughput ", "bubble     "})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+}
+
+TEST(PipelineCli, MisusedFlagsFailClearly) {
+  auto expect_fail = [](const std::string& args, const std::string& msg) {
+    const auto r = run_flexh2o(args);
+    EXPECT_EQ(r.code, 1) << args;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << args << "\n" << r.err;
+  };
+  expect_fail("plan -m opt-125m --hardware h200 --groups 3", "--groups and --stage-link need --pipeline-stages");
+  expect_fail("plan -m opt-125m --hardware h200 --pipeline-stages 2 --percent 100 0 100 0 100 0",
+              "with --pipeline-stages each stage's policy is searched");
+  expect_fail("plan -m opt-125m --hardware h200 --pipeline-stages 13", "--pipeline-stages must be in [1, 12]");
+  expect_fail("plan -m opt-125m --hardware h200 --pipeline-stages 2 --stage-link token-ring",
+              "stage link \"token-ring\" is neither a file nor a name in");
+}
+
+}  // namespace
