@@ -495,7 +495,8 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   RunSetup own;
   if (pipe)
     stages.emplace(pipe->start(a, env, *lm.model, dev,
-                               choose_layout(a.pipeline, cfg, pipe->comm().size(), prompt, gen, int64_t(reqs.size())),
+                               choose_layout(a, env, *lm.model, dev, device, pipe->comm().size(), prompt, gen,
+                                             int64_t(reqs.size()), std::cerr),
                                device, std::cerr));
   else
     own = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,

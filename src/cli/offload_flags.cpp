@@ -158,17 +158,14 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   return o;
 }
 
-Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
-                        int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
-                        int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log) {
-  if (!a.percent.empty() || a.gpu_batch_size || a.num_gpu_batches)
-    FH_FAIL("--policy auto chooses --percent / --gpu-batch-size / --num-gpu-batches itself; drop them");
+HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& configs_dir, CpuDevice& cpu,
+                             DeviceKind kind, const std::string& device_name, std::ostream& log) {
   HardwareProfile hw;
   if (!a.hardware.empty()) {
     hw = resolve_profile(a.hardware, configs_dir);
-  } else if (dev.kind() == DeviceKind::kCuda) {
-    if (dev.name().find("H200") == std::string::npos)
-      FH_FAIL("--policy auto on ", dev.name(), ": give --hardware PROFILE (configs/hardware has t4-paper and h200)");
+  } else if (kind == DeviceKind::kCuda) {
+    if (device_name.find("H200") == std::string::npos)
+      FH_FAIL("--policy auto on ", device_name, ": give --hardware PROFILE (configs/hardware has t4-paper and h200)");
     hw = resolve_profile("h200", configs_dir);
   } else {
     log << "flexh2o: --policy auto: measuring this machine (give --hardware to skip)\n";
@@ -176,15 +173,16 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
     po.offload_dir = a.offload_dir;
     hw = measure_profile(cpu, po);
   }
-  hw.device = dev.kind();
+  hw.device = kind;
   if (!a.gpu_mem.empty()) hw.device_memory = double(parse_bytes(a.gpu_mem, "--gpu-mem"));
   if (!a.cpu_mem.empty()) hw.host_memory = double(parse_bytes(a.cpu_mem, "--cpu-mem"));
   if (!a.disk_mem.empty()) hw.disk_memory = double(parse_bytes(a.disk_mem, "--disk-mem"));
-  Workload w;
-  w.prompt_len = prompt_len;
-  w.gen_len = gen_len;
-  w.kv = kv;
-  w.kv_dtype = kv_dtype;
+  return hw;
+}
+
+SearchOptions auto_search(const OffloadArgs& a, int64_t requests) {
+  if (!a.percent.empty() || a.gpu_batch_size || a.num_gpu_batches)
+    FH_FAIL("--policy auto chooses --percent / --gpu-batch-size / --num-gpu-batches itself; drop them");
   SearchOptions so;
   so.max_block = requests;
   so.allow_disk = !a.offload_dir.empty();
@@ -193,6 +191,19 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
   // Asked for: fixed on; --no-compress: fixed off; else searched when the profile prices it.
   if (a.compress_weight || a.no_compress) so.compress_weight = a.compress_weight;
   if (a.compress_cache || a.no_compress) so.compress_cache = a.compress_cache;
+  return so;
+}
+
+Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
+                        int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
+                        int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log) {
+  const SearchOptions so = auto_search(a, requests);
+  const HardwareProfile hw = auto_profile(a, configs_dir, cpu, dev.kind(), dev.name(), log);
+  Workload w;
+  w.prompt_len = prompt_len;
+  w.gen_len = gen_len;
+  w.kv = kv;
+  w.kv_dtype = kv_dtype;
   Policy p = plan_policy(m, hw, w, so, dev.kind() == DeviceKind::kCuda ? std::optional<DType>(dev.weight_dtype(DType::F32))
                                                                       : std::nullopt);
   p.overlap = a.overlap != "false";

@@ -10,6 +10,8 @@
 
 #include "engine/cpu_device.h"
 #include "engine/offload_engine.h"
+#include "planner/hardware.h"
+#include "planner/planner.h"
 #include "policies/kv_config.h"
 
 namespace flexh2o::cli {
@@ -44,6 +46,11 @@ OffloadOptions make_offload_options(const OffloadArgs& a);
 Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
                         int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
                         int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log);
+// Its parts, which the pipeline's planning shares: the profile (as above, for a device of
+// `kind` named `device_name`) and the search options (refusing the flags auto chooses).
+HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& configs_dir, CpuDevice& cpu,
+                             DeviceKind kind, const std::string& device_name, std::ostream& log);
+SearchOptions auto_search(const OffloadArgs& a, int64_t requests);
 // "16GiB", "512MB", "1.5G", "4096" -> bytes (K/M/G/T and KiB..TiB are powers of 1024, KB..TB
 // of 1000, no unit is bytes). Throws naming `flag` and the accepted units on anything else: a
 // fraction of a byte ("0.5"), less than one byte, more than 1 EiB, an unknown unit.

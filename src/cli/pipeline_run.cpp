@@ -7,8 +7,12 @@
 #include <iostream>
 #include <thread>
 
+#include "cli/kv_flags.h"
+#include "cli/offload_flags.h"
 #include "core/error.h"
+#include "gpu/cuda_device.h"
 #include "kernels/cuda/cuda_probe.h"
+#include "planner/pipeline.h"
 
 namespace flexh2o::cli {
 
@@ -44,8 +48,12 @@ int cuda_index(const dist::Comm& comm, const std::string& device) {
 // The stage's engine, with the job's groups.
 RunSetup stage_setup(const GenerateArgs& a, const Env& env, const Model& stage, Forward& fwd, CpuDevice& cpu,
                      const PipelineLayout& l, int s, const std::string& device, int gpu, std::ostream& log) {
+  StageRun run;
+  if (!l.policies.empty())
+    run.policy = policy_from_json(nlohmann::json::parse(l.policies[size_t(s)]), "the pipeline plan of stage " +
+                                                                                    std::to_string(s));
   RunSetup rs = make_run_setup(stage_offload(a.offload, s, l.stages), a.kv, a.batch_size, stage, fwd, cpu, env,
-                               l.prompt_len, l.gen_len, l.requests, device, log, gpu, true);
+                               l.prompt_len, l.gen_len, l.requests, device, log, gpu, &run);
   rs.offload->set_groups(l.groups);
   return rs;
 }
@@ -64,17 +72,56 @@ void add_pipeline_flags(CLI::App* g, PipelineArgs& a) {
       ->check(CLI::NonNegativeNumber)->group(grp);
 }
 
-PipelineLayout choose_layout(const PipelineArgs& a, const ModelConfig& c, int ranks, int64_t prompt_len,
-                             int64_t gen_len, int64_t requests) {
-  if (a.stages != ranks)
-    FH_FAIL("--pipeline-stages ", a.stages, " needs as many ranks (mpirun -np ", a.stages, "), this job has ", ranks);
+PipelineLayout choose_layout(const GenerateArgs& a, const Env& env, const Model& m, CpuDevice& cpu,
+                             const std::string& device, int ranks, int64_t prompt_len, int64_t gen_len,
+                             int64_t requests, std::ostream& log) {
+  const PipelineArgs& pa = a.pipeline;
+  if (pa.stages != ranks)
+    FH_FAIL("--pipeline-stages ", pa.stages, " needs as many ranks (mpirun -np ", pa.stages, "), this job has ", ranks);
   PipelineLayout l;
-  l.stages = a.stages;
-  l.groups = a.groups > 0 ? a.groups : a.stages;
-  l.bounds = dist::even_bounds(c.n_layers, a.stages);
+  l.stages = pa.stages;
   l.prompt_len = std::max<int64_t>(prompt_len, 1);
   l.gen_len = std::max<int64_t>(gen_len, 1);
   l.requests = std::max<int64_t>(requests, 1);
+  l.groups = pa.groups > 0 ? pa.groups : pa.stages;
+  const bool plan = a.offload.policy_file == "auto";
+  if (!plan && a.offload.hardware.empty()) {
+    l.bounds = even_bounds(m.config().n_layers, pa.stages);
+    l.split = "by count (give --hardware PROFILE or --policy auto to balance by the cost model)";
+    return l;
+  }
+  const DeviceKind kind = device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
+  if (kind == DeviceKind::kCuda && a.offload.hardware.empty())
+    FH_FAIL("--pipeline-stages with --policy auto on a GPU: give --hardware PROFILE (configs/hardware)");
+  const HardwareProfile hw = auto_profile(a.offload, env.configs_dir, cpu, kind, device, log);
+  Workload w;
+  w.prompt_len = l.prompt_len;
+  w.gen_len = l.gen_len;
+  const KvPolicyConfig kv = make_kv_config(a.kv);
+  if (kv.kind != KvPolicyKind::kFull) w.kv = kv;
+  w.kv_dtype = run_kv_dtype(a.kv, a.offload.compress_cache, m);
+  const ModelShape shape = ModelShape::from_model(m, kind == DeviceKind::kCuda ? std::optional<DType>(gpu::compute_dtype(m))
+                                                                                 : std::nullopt);
+  if (!plan) {
+    l.bounds = balance_stages(shape, {hw}, w, pa.stages, engine_options(a.offload, a.batch_size).policy);
+    l.split = "balanced by the cost model on " + hw.name;
+    return l;
+  }
+  PipelineOptions o;
+  o.stages = pa.stages;
+  o.groups = pa.groups;
+  o.search = auto_search(a.offload, l.requests);
+  const PipelinePlan pp = plan_pipeline(shape, {hw}, w, o);
+  l.bounds = pp.bounds;
+  l.groups = int(pp.groups);
+  for (const StagePlan& s : pp.stages) {
+    Policy p = s.estimate.policy;
+    p.overlap = a.offload.overlap != "false";
+    l.policies.push_back(policy_to_json(p).dump());
+  }
+  l.split = "planned on " + hw.name;
+  l.predicted_tokens_per_s = pp.throughput;
+  l.predicted_bubble = pp.bubble;
   return l;
 }
 
@@ -128,6 +175,7 @@ int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
     l.prompt_len = r.get<int64_t>();
     l.gen_len = r.get<int64_t>();
     l.requests = r.get<int64_t>();
+    for (uint32_t i = 0, n = r.get<uint32_t>(); i < n; ++i) l.policies.push_back(r.get_string());
   }
   const int s = dist::rank_stage(rank, l.stages);
   dist::CommChannel ch(comm);
@@ -163,7 +211,8 @@ PipelineDriverSetup PipelineJob::start(const GenerateArgs& a, const Env& env, co
                                        const PipelineLayout& l, const std::string& device, std::ostream& log) {
   dist::Writer w;
   w.put<int32_t>(l.stages).put<int32_t>(l.groups).put_array(std::span<const int64_t>(l.bounds));
-  w.put(l.prompt_len).put(l.gen_len).put(l.requests);
+  w.put(l.prompt_len).put(l.gen_len).put(l.requests).put<uint32_t>(uint32_t(l.policies.size()));
+  for (const std::string& p : l.policies) w.put_string(p);
   const std::vector<std::byte> msg = w.take();
   for (int r = 1; r < comm_->size(); ++r) comm_->send(r, kLayoutTag, msg);
   layout_sent_ = true;
@@ -174,7 +223,10 @@ PipelineDriverSetup PipelineJob::start(const GenerateArgs& a, const Env& env, co
   d.fwd = std::make_unique<Forward>(*d.stage, cpu);
   log << "flexh2o: pipeline of " << l.stages << " stages (layers";
   for (int i = 0; i < l.stages; ++i) log << " " << l.bounds[size_t(i)] << "-" << l.bounds[size_t(i) + 1] - 1;
-  log << "), " << l.groups << " groups in flight; rank 0 runs stage " << s << "\n";
+  log << ", split " << l.split << "), " << l.groups << " groups in flight; rank 0 runs stage " << s;
+  if (l.predicted_tokens_per_s > 0)
+    log << "; predicted " << l.predicted_tokens_per_s << " tok/s, bubble " << l.predicted_bubble;
+  log << "\n";
   d.channel = std::make_unique<dist::CommChannel>(*comm_);
   try {
     d.rs = stage_setup(a, env, *d.stage, *d.fwd, cpu, l, s, device, cuda_index(*comm_, device), log);
@@ -210,12 +262,18 @@ nlohmann::json pipeline_report_json(const PipelineLayout& l, const dist::Pipelin
                       {"wall_seconds", s.wall_s},
                       {"bytes_in", s.bytes_in},
                       {"bytes_out", s.bytes_out}});
-  return {{"stages", l.stages},
+  nlohmann::json j{{"stages", l.stages},
           {"groups", l.groups},
           {"bounds", l.bounds},
+          {"split", l.split},
           {"bubble_fraction", r.bubble()},
           {"bytes_between_stages", r.bytes_between_stages()},
           {"per_stage", stages}};
+  if (l.predicted_tokens_per_s > 0) {
+    j["predicted_tokens_per_s"] = l.predicted_tokens_per_s;
+    j["predicted_bubble_fraction"] = l.predicted_bubble;
+  }
+  return j;
 }
 
 }  // namespace flexh2o::cli

@@ -25,13 +25,22 @@ void add_pipeline_flags(CLI::App* g, PipelineArgs& a);
 struct PipelineLayout {
   int stages = 1, groups = 1;
   std::vector<int64_t> bounds;                        // [stages + 1] layer boundaries
-  int64_t prompt_len = 1, gen_len = 1, requests = 1;  // the workload, for --policy auto
+  int64_t prompt_len = 1, gen_len = 1, requests = 1;  // the workload
+  // Per stage, with --policy auto: the policy the pipeline plan chose for it (policy JSON; all
+  // share one batch shape). Empty: every stage takes the offloading flags.
+  std::vector<std::string> policies;
+  std::string split;  // how the bounds were chosen, for logs and the report
+  double predicted_tokens_per_s = 0, predicted_bubble = 0;  // the plan's (0: not planned)
 };
 
-// The layout rank 0 runs (groups default to one per stage; layers split evenly). Throws Error
-// when the job's shape does not fit (ranks != stages, more stages than layers).
-PipelineLayout choose_layout(const PipelineArgs& a, const ModelConfig& c, int ranks, int64_t prompt_len,
-                             int64_t gen_len, int64_t requests);
+// The layout rank 0 runs. --policy auto: the planner's pipeline plan (cost-balanced layers, each
+// stage's policy, the groups that hide the transfers) on the --hardware profile (or this machine
+// measured). A fixed policy with --hardware: layers balanced by the cost model for it. Else the
+// layers split by count. Groups: --pipeline-groups, else the plan's, else one per stage. Throws
+// Error when the job's shape does not fit (ranks != stages, more stages than layers, no plan).
+PipelineLayout choose_layout(const GenerateArgs& a, const Env& env, const Model& m, CpuDevice& cpu,
+                             const std::string& device, int ranks, int64_t prompt_len, int64_t gen_len,
+                             int64_t requests, std::ostream& log);
 
 // Rank 0's stage (the last layers) on its own engine, and the runner generate() drives.
 struct PipelineDriverSetup {

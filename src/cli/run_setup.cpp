@@ -27,9 +27,18 @@ std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, co
   return cw;
 }
 
+OffloadOptions engine_options(const OffloadArgs& off, int64_t batch_size) {
+  OffloadOptions oo = make_offload_options(off);
+  if (!offload_requested(off)) {  // CUDA or a stage without offloading flags: all resident, one micro-batch
+    oo.policy.gpu_batch_size = batch_size;
+    oo.policy.num_gpu_batches = 1;
+  }
+  return oo;
+}
+
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
-                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index, bool stage) {
+                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index, const StageRun* stage) {
   RunSetup rs;
   rs.kv_config = make_kv_config(kv);
   if (rs.kv_config.kind != KvPolicyKind::kFull) rs.kv_policy = make_policy(rs.kv_config);
@@ -40,13 +49,11 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
     rs.runner = std::make_unique<InMemoryRunner>(fwd, batch_size, rs.kv_policy.get(), rs.kv_dtype);
     return rs;
   }
-  OffloadOptions oo = make_offload_options(off);
+  OffloadOptions oo = engine_options(off, batch_size);
   rs.kv_dtype = run_kv_dtype(kv, oo.policy.compress_cache, model);
-  if (!offload_requested(off)) {  // CUDA or a stage without offloading flags: all resident, one micro-batch
-    oo.policy.gpu_batch_size = batch_size;
-    oo.policy.num_gpu_batches = 1;
-  }
-  if (off.policy_file == "auto") {
+  if (stage && stage->policy) {
+    oo.policy = *stage->policy;
+  } else if (off.policy_file == "auto") {
     std::optional<KvPolicyConfig> kvc;
     if (rs.kv_policy) kvc = rs.kv_config;
     oo.policy = plan_auto_policy(off, model, env.configs_dir, std::max<int64_t>(1, prompt_len),

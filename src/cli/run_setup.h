@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 
 #include "cli/common.h"
@@ -36,14 +37,23 @@ Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, s
 // (null, and fwd unchanged, without the flag). The result must outlive fwd's steps.
 std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, const Model& m, Forward& fwd);
 
+// The offloading engine's options from the flags (make_offload_options), everything resident
+// in one micro-batch of batch_size when no flag asks for offloading (CUDA, a pipeline stage).
+OffloadOptions engine_options(const OffloadArgs& off, int64_t batch_size);
+
 // `fwd`, `cpu` and `model` must outlive the result. prompt_len / gen_len / requests describe
 // the workload (for --policy auto); `device` is select_device()'s answer (on "cuda", GPU
-// `cuda_index`). Logs the choice. `stage`: `model` is a pipeline stage, which always runs on
-// the offloading engine (without offloading flags: everything resident, one micro-batch).
+// `cuda_index`). Logs the choice. With `stage`, `model` is a pipeline stage (see StageRun).
+struct StageRun {
+  // The stage's policy as rank 0's pipeline plan chose it (instead of the flags); unset: the
+  // flags'. A stage always runs on the offloading engine (without offloading flags: everything
+  // resident, one micro-batch).
+  std::optional<Policy> policy;
+};
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
                         int64_t requests, const std::string& device, std::ostream& log, int cuda_index = 0,
-                        bool stage = false);
+                        const StageRun* stage = nullptr);
 
 // The run report (timings, tokens/s, memory; the device; the offload section when offloading).
 nlohmann::json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& st, const CpuDevice& cpu,

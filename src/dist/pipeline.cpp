@@ -86,14 +86,6 @@ std::vector<std::byte> error_message(int stage, const std::string& what) {
 int stage_rank(int stage, int stages) { return (stage + 1) % stages; }
 int rank_stage(int rank, int stages) { return (rank + stages - 1) % stages; }
 
-std::vector<int64_t> even_bounds(int64_t layers, int stages) {
-  if (stages < 1 || stages > layers)
-    FH_FAIL("--pipeline-stages ", stages, " needs between 1 and the model's ", layers, " layers");
-  std::vector<int64_t> b{0};
-  for (int s = 0; s < stages; ++s) b.push_back(b.back() + layers / stages + (s < layers % stages ? 1 : 0));
-  return b;
-}
-
 double PipelineReport::bubble() const {
   double busy = 0, wall = 0;
   for (const StageStats& s : stages) busy += s.busy_s, wall += s.wall_s;

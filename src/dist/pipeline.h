@@ -21,9 +21,6 @@ namespace flexh2o::dist {
 // Rank of stage s of `stages`, and the stage of a rank.
 int stage_rank(int stage, int stages);
 int rank_stage(int rank, int stages);
-// Layer boundaries [S + 1] with `layers` split as evenly as counts allow (earlier stages take
-// the remainder); the planner's cost-balanced split replaces it where it has a profile.
-std::vector<int64_t> even_bounds(int64_t layers, int stages);
 
 struct PipelineOptions {
   double timeout_s = 300;  // longest wait for any message (a stage's step must take less)

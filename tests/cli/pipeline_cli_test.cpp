@@ -97,21 +97,21 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
   }
 }
 
-TEST(PipelineCli, TinyOptFullCacheLikeOneProcess) { expect_like_one_process(kOpt, ""); }
+TEST(PipelineGenerate, TinyOptFullCacheLikeOneProcess) { expect_like_one_process(kOpt, ""); }
 
-TEST(PipelineCli, TinyOptH2OWithOffloadingLikeOneProcess) {
+TEST(PipelineGenerate, TinyOptH2OWithOffloadingLikeOneProcess) {
   TempDir store;
   expect_like_one_process(kOpt, "--kv-policy h2o --heavy-budget 4 --recent-budget 4 --percent 20 30 0 50 0 100 "
                                 "--gpu-batch-size 1 --num-gpu-batches 2 --offload-dir " +
                                     store.path().string());
 }
 
-TEST(PipelineCli, TinyLlamaFullAndH2OLikeOneProcess) {
+TEST(PipelineGenerate, TinyLlamaFullAndH2OLikeOneProcess) {
   expect_like_one_process(kLlama, "");
   expect_like_one_process(kLlama, "--kv-policy h2o --heavy-budget 4 --recent-budget 4 --pipeline-groups 1");
 }
 
-TEST(PipelineCli, ResumeFinishesAPartialOutput) {
+TEST(PipelineGenerate, ResumeFinishesAPartialOutput) {
   TempDir tmp;
   const fs::path in = write_input(tmp.path(), kLlama), one = tmp.path() / "one.jsonl";
   ASSERT_EQ(flexh2o::test::run_flexh2o(gen(kLlama, in, one, "-b 2")).code, 0);
@@ -129,7 +129,7 @@ TEST(PipelineCli, ResumeFinishesAPartialOutput) {
   expect_same_lines(got, want, "resumed");
 }
 
-TEST(PipelineCli, BadShapesAreRefusedOnEveryRank) {
+TEST(PipelineGenerate, BadShapesAreRefusedOnEveryRank) {
   TempDir tmp;
   const fs::path in = write_input(tmp.path(), kOpt, 2), out = tmp.path() / "out.jsonl";
   const RunResult plain = flexh2o::test::run_flexh2o(gen(kOpt, in, out, "--pipeline-stages 2"));
@@ -173,7 +173,7 @@ void expect_finished_lines_kept(const fs::path& dir) {
   for (const json& l : got) EXPECT_EQ(l["token_ids"], want[l["id"].get<size_t>()]["token_ids"]) << l.dump();
 }
 
-TEST(PipelineCli, AKilledStageEndsTheJobKeepingFinishedLines) {
+TEST(PipelineGenerate, AKilledStageEndsTheJobKeepingFinishedLines) {
   TempDir tmp;
   const auto f = fault(tmp.path(), 1, SIGKILL, "");
   EXPECT_NE(f.code, 0) << f.err;
@@ -184,7 +184,7 @@ TEST(PipelineCli, AKilledStageEndsTheJobKeepingFinishedLines) {
   expect_finished_lines_kept(tmp.path());
 }
 
-TEST(PipelineCli, AStoppedStageEndsTheJobWithinTheTimeout) {
+TEST(PipelineGenerate, AStoppedStageEndsTheJobWithinTheTimeout) {
   TempDir tmp;
   const auto f = fault(tmp.path(), 2, SIGSTOP, "--rank-timeout 2");
   EXPECT_NE(f.code, 0) << f.err;

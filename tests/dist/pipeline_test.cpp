@@ -17,6 +17,7 @@
 #include "engine/forward.h"
 #include "engine/policy_of.h"
 #include "engine/runner.h"
+#include "planner/pipeline.h"
 
 namespace flexh2o::test {
 namespace {
@@ -147,7 +148,7 @@ TEST_P(PipelineCase, TokensAndLogitsEqualOneProcess) {
   RecordingRunner ref_rec(ref, ref_steps);
   const auto want = generate(ref_rec, reqs, go);
 
-  const std::vector<int64_t> bounds = dist::even_bounds(whole.config().n_layers, c.stages);
+  const std::vector<int64_t> bounds = even_bounds(whole.config().n_layers, c.stages);
   LocalChannels net(c.stages);
   std::vector<StageRun> stages;
   for (int s = 0; s < c.stages; ++s) stages.push_back(make_stage(whole, c, bounds, s));
@@ -234,7 +235,7 @@ INSTANTIATE_TEST_SUITE_P(Stages, PipelineCase, ::testing::ValuesIn(cases()),
 TEST(PipelineFailure, StageErrorReachesTheDriverAndEveryStageEnds) {
   const Case c{"tiny-opt", 3, 2, false, -1, 2, 1, 4};
   const Model whole = Model::load_dir(model_dir(c.model));
-  const auto bounds = dist::even_bounds(whole.config().n_layers, c.stages);
+  const auto bounds = even_bounds(whole.config().n_layers, c.stages);
   std::vector<StageRun> stages;
   for (int s = 0; s < c.stages; ++s) {
     // Stage 1's budget holds its weights (placed at construction) but not a batch.
@@ -281,7 +282,7 @@ TEST(PipelineFailure, StageErrorReachesTheDriverAndEveryStageEnds) {
 TEST(PipelineFailure, SilentStageTimesOut) {
   const Case c{"tiny-llama", 2, 1, false, -1, 2, 1, 2};
   const Model whole = Model::load_dir(model_dir(c.model));
-  const auto bounds = dist::even_bounds(whole.config().n_layers, c.stages);
+  const auto bounds = even_bounds(whole.config().n_layers, c.stages);
   StageRun last = make_stage(whole, c, bounds, 1);
   LocalChannels net(c.stages);  // rank 1 never runs
   dist::PipelineOptions po;
@@ -302,7 +303,7 @@ TEST(PipelineFailure, SilentStageTimesOut) {
 TEST(PipelineFailure, StopFlagEndsAStageWait) {
   const Case c{"tiny-opt", 2, 1, false, -1, 2, 1, 2};
   const Model whole = Model::load_dir(model_dir(c.model));
-  const auto bounds = dist::even_bounds(whole.config().n_layers, c.stages);
+  const auto bounds = even_bounds(whole.config().n_layers, c.stages);
   StageRun first = make_stage(whole, c, bounds, 0);
   std::atomic<bool> stop{true};
   LocalChannels net(c.stages, &stop);
@@ -317,12 +318,7 @@ TEST(PipelineFailure, StopFlagEndsAStageWait) {
   }
 }
 
-TEST(PipelineBounds, EvenSplitAndRefusals) {
-  EXPECT_EQ(dist::even_bounds(8, 3), (std::vector<int64_t>{0, 3, 6, 8}));
-  EXPECT_EQ(dist::even_bounds(2, 2), (std::vector<int64_t>{0, 1, 2}));
-  EXPECT_EQ(dist::even_bounds(5, 1), (std::vector<int64_t>{0, 5}));
-  EXPECT_THROW(dist::even_bounds(2, 3), Error);
-  EXPECT_THROW(dist::even_bounds(4, 0), Error);
+TEST(PipelineRanks, TheLastStageIsRankZero) {
   for (int S = 1; S <= 5; ++S)
     for (int r = 0; r < S; ++r) EXPECT_EQ(dist::rank_stage(dist::stage_rank(r, S), S), r);
   EXPECT_EQ(dist::stage_rank(2, 3), 0);  // the last stage is rank 0 (the driver)
