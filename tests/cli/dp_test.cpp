@@ -354,23 +354,23 @@ TEST(DataParallel, AKilledRankEndsTheJobAndResumeFinishesIt) {
 
 TEST(DataParallel, AStoppedRankEndsTheJobWithinTheTimeout) {
   TempDir tmp;
-  const Faulted f = run_and_signal(tmp.path(), 2, SIGSTOP, "--rank-timeout 2");
+  const Faulted f = run_and_signal(tmp.path(), 2, SIGSTOP, "--rank-timeout 3");
   EXPECT_EQ(f.code, 1) << f.err;
   EXPECT_LT(f.seconds_after_signal, 15) << f.err;
   EXPECT_NE(f.err.find("rank 2 of 3 ("), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("sent nothing for 2"), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("(--rank-timeout 2 s): it hangs or was stopped; ending the job"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("sent nothing for 3"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("(--rank-timeout 3 s): it hangs or was stopped; ending the job"), std::string::npos) << f.err;
   EXPECT_NE(f.err.find("rerun with --resume to finish"), std::string::npos) << f.err;
   expect_finished_lines_kept(f, reference_of_big(tmp.path()));
 }
 
 TEST(DataParallel, AStoppedRank0EndsTheWorkersWithinTheTimeout) {
   TempDir tmp;
-  const Faulted f = run_and_signal(tmp.path(), 0, SIGSTOP, "--rank-timeout 2");
+  const Faulted f = run_and_signal(tmp.path(), 0, SIGSTOP, "--rank-timeout 3");
   EXPECT_NE(f.code, 0) << f.err;
   EXPECT_LT(f.seconds_after_signal, 20) << f.err;
   EXPECT_NE(f.err.find("heard nothing from rank 0 of 3 ("), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("in 2 s (--rank-timeout 2 s): it hangs or was stopped; ending the job"), std::string::npos)
+  EXPECT_NE(f.err.find("in 3 s (--rank-timeout 3 s): it hangs or was stopped; ending the job"), std::string::npos)
       << f.err;
   expect_finished_lines_kept(f, reference_of_big(tmp.path()));
 }
