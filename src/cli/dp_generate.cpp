@@ -103,7 +103,7 @@ struct DataParallel::Root {
 };
 
 DataParallel::DataParallel(const Env& env, double rank_timeout_s)
-    : comm_(std::make_unique<dist::Comm>(env.stop)), timeout_s_(rank_timeout_s), env_stop_(env.stop) {
+    : comm_(std::make_unique<dist::Comm>(env.stop)), timeout_s_(rank_timeout_s) {
   if (is_root()) root_ = std::make_unique<Root>();
 }
 
