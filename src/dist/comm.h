@@ -75,8 +75,9 @@ class Writer {
   template <class T>
   Writer& put(const T& v) {
     static_assert(std::is_trivially_copyable_v<T>);
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    bytes_.insert(bytes_.end(), p, p + sizeof(T));
+    const size_t at = bytes_.size();
+    bytes_.resize(at + sizeof(T));
+    std::memcpy(bytes_.data() + at, &v, sizeof(T));
     return *this;
   }
   Writer& put_bytes(std::span<const std::byte> b);   // length-prefixed
