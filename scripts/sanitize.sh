@@ -9,7 +9,10 @@ dir=build-asan
 # core, loader, tokenizer, offload, policies, engine (models, the offloading engine on the CPU
 # device, KV policies; it runs the kernels too), the CLI, OpenAI Batch lines and convert. Not
 # kernels_cpu_test, eval, planner or gpu: no parsing or I/O of their own, and eval alone takes
-# longer than all of these.
+# longer than all of these. Not dist_test or dp_test (MPI): Open MPI's own MPI_Init/MPI_Finalize
+# leave about 120 KB in 3,350 allocations per process, in components it has already unloaded, so
+# LeakSanitizer cannot suppress them by library (dist_test is clean with detect_leaks=0). The
+# flexh2o binary links Open MPI but starts it only under mpirun: the CLI tests here never do.
 tests=(core_test loader_test tokenizer_test offload_test policies_test engine_test cli_test openai_batch_test
        convert_test)
 CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXH2O_ENABLE_CUDA=OFF \

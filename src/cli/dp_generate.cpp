@@ -29,8 +29,10 @@ constexpr int kResult = 6;  // one request's tokens
 constexpr int kDone = 7;    // its share is done (or interrupted): its run report
 constexpr int kFailed = 8;  // it cannot go on: the error
 
-// Rank 0 sends heartbeats to waiting workers at most this often.
+// Rank 0 sends heartbeats to waiting workers at most this often; workers send theirs (with
+// their progress) at most this often, and always after a step that took longer.
 constexpr double kBeatEvery = 1.0;
+constexpr double kWorkerBeatEvery = 0.05;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -101,7 +103,7 @@ struct DataParallel::Root {
 };
 
 DataParallel::DataParallel(const Env& env, double rank_timeout_s)
-    : comm_(std::make_unique<dist::Comm>(env.stop)), timeout_s_(rank_timeout_s), env_stop_(env.stop) {
+    : comm_(std::make_unique<dist::Comm>(env.stop)), timeout_s_(rank_timeout_s) {
   if (is_root()) root_ = std::make_unique<Root>();
 }
 
@@ -198,8 +200,12 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
                    .take());
       };
       int64_t before = 0;  // tokens of the earlier batches
+      auto last_beat = Clock::now();
       go.on_progress = [&](int64_t done, int64_t) {
-        c.send(0, kBeat, dist::Writer().put<int64_t>(before + done).take());
+        if (since(last_beat) >= kWorkerBeatEvery) {
+          last_beat = Clock::now();
+          c.send(0, kBeat, dist::Writer().put<int64_t>(before + done).take());
+        }
         dist::Message m;
         while (c.poll(0, kBeat, &m)) {
         }
@@ -382,8 +388,7 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
     if (R.failure.empty())
       std::cerr << "flexh2o: " << c.describe(0) << " stopped by a signal (mpirun ends every rank when one dies)\n";
     const std::string why = R.failure.empty() ? "it was stopped by a signal" : R.failure;
-    for (int w = 1; w < n; ++w)
-      if (!R.silent || R.done[size_t(w)]) c.send(w, kQuit, dist::Writer().put_string(why).take());
+    for (int w = 1; w < n; ++w) c.send(w, kQuit, dist::Writer().put_string(why).take());
   } else {
     for (int w = 1; w < n; ++w) c.send(w, kBye, {});
   }

@@ -69,7 +69,6 @@ class DataParallel {
   struct Root;
   std::unique_ptr<dist::Comm> comm_;
   double timeout_s_;
-  const std::atomic<bool>* env_stop_;
   std::unique_ptr<Root> root_;  // rank 0's bookkeeping
   bool ended_ = false;          // rank 0 said goodbye (or a failure was handled)
 };

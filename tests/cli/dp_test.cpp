@@ -215,6 +215,26 @@ TEST(DataParallel, Rank0sErrorEndsTheWorkers) {
   EXPECT_NE(d.err.find(") ended the job: it stopped with an error"), std::string::npos) << d.err;
 }
 
+TEST(DataParallel, AFailedRankEndsTheJobWithItsError) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), kOpt), out = tmp.path() / "out.jsonl", file = tmp.path() / "file";
+  std::ofstream(file) << "x";
+  // One program per rank (mpirun's MPMD form): rank 1 cannot make its offload directory.
+  const std::string args = gen(kOpt, in, out, "-b 2 --percent 0 0 0 100 0 100 --offload-dir ");
+  const std::string cmd = std::string(FLEXH2O_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 1 " +
+                          FLEXH2O_BINARY_DIR + "/flexh2o " + args + (tmp.path() / "store").string() + " : -np 1 " +
+                          FLEXH2O_BINARY_DIR + "/flexh2o " + args + (file / "store").string() + " 2>" +
+                          (tmp.path() / "err").string() + " </dev/null";
+  const auto t0 = Clock::now();
+  const int st = std::system(cmd.c_str());
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 30);
+  const std::string err = read_text(tmp.path() / "err");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) != 0) << err;
+  EXPECT_NE(err.find("flexh2o: error: offload directory '" + (file / "store").string() + "' cannot be created"),
+            std::string::npos)
+      << err;
+}
+
 TEST(DataParallel, RankTimeoutMustBePositive) {
   const RunResult r = flexh2o::test::run_flexh2o("generate -m " + kOpt + " --prompt hi --rank-timeout 0");
   EXPECT_EQ(r.code, 2) << r.err;
@@ -334,13 +354,24 @@ TEST(DataParallel, AKilledRankEndsTheJobAndResumeFinishesIt) {
 
 TEST(DataParallel, AStoppedRankEndsTheJobWithinTheTimeout) {
   TempDir tmp;
-  const Faulted f = run_and_signal(tmp.path(), 2, SIGSTOP, "--rank-timeout 2");
+  const Faulted f = run_and_signal(tmp.path(), 2, SIGSTOP, "--rank-timeout 3");
   EXPECT_EQ(f.code, 1) << f.err;
   EXPECT_LT(f.seconds_after_signal, 15) << f.err;
   EXPECT_NE(f.err.find("rank 2 of 3 ("), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("sent nothing for 2"), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("(--rank-timeout 2 s): it hangs or was stopped; ending the job"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("sent nothing for 3"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("(--rank-timeout 3 s): it hangs or was stopped; ending the job"), std::string::npos) << f.err;
   EXPECT_NE(f.err.find("rerun with --resume to finish"), std::string::npos) << f.err;
+  expect_finished_lines_kept(f, reference_of_big(tmp.path()));
+}
+
+TEST(DataParallel, AStoppedRank0EndsTheWorkersWithinTheTimeout) {
+  TempDir tmp;
+  const Faulted f = run_and_signal(tmp.path(), 0, SIGSTOP, "--rank-timeout 3");
+  EXPECT_NE(f.code, 0) << f.err;
+  EXPECT_LT(f.seconds_after_signal, 20) << f.err;
+  EXPECT_NE(f.err.find("heard nothing from rank 0 of 3 ("), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("in 3 s (--rank-timeout 3 s): it hangs or was stopped; ending the job"), std::string::npos)
+      << f.err;
   expect_finished_lines_kept(f, reference_of_big(tmp.path()));
 }
 
