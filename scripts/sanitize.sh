@@ -13,8 +13,9 @@ dir=build-asan
 # leave about 120 KB in 3,350 allocations per process, in components it has already unloaded, so
 # LeakSanitizer cannot suppress them by library (dist_test is clean with detect_leaks=0). The
 # flexh2o binary links Open MPI but starts it only under mpirun: the CLI tests here never do.
+# stage_pipeline_test runs the pipeline's stages on threads over in-process channels (no MPI).
 tests=(core_test loader_test tokenizer_test offload_test policies_test engine_test cli_test openai_batch_test
-       convert_test)
+       convert_test stage_pipeline_test)
 CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXH2O_ENABLE_CUDA=OFF \
   -DFLEXH2O_ASAN=ON -DFLEXH2O_FUZZ=ON -DFLEXH2O_BUILD_BENCH=OFF -DFLEXH2O_PYTHON=OFF >/dev/null
 cmake --build "$dir" -j "$(nproc)" --target "${tests[@]}" flexh2o

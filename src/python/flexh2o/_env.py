@@ -1,5 +1,6 @@
 """What the front end reads from the process once and hands to the engine: the Hugging Face
-cache locations, the presets folder (configs/ inside the package), whether stderr is a TTY."""
+cache locations, the presets folder (configs/ inside the package), whether stderr is a TTY,
+whether mpirun started the process (as the flexh2o binary's main() decides it)."""
 
 import os
 import sys
@@ -17,6 +18,10 @@ def hub_env() -> dict:
         "hf_home": os.environ.get("HF_HOME") or None,
         "home": os.environ.get("HOME") or None,
     }
+
+
+def under_mpirun() -> bool:
+    return any(os.environ.get(k) for k in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"))
 
 
 def stderr_is_tty() -> bool:
