@@ -14,11 +14,15 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "cli_run.h"
+#include "cli/mpi_run.h"
 
 namespace {
 namespace fs = std::filesystem;
+using flexh2o::test::expect_same_lines;
 using flexh2o::test::model_dir;
+using flexh2o::test::mpirun;
+using flexh2o::test::read_jsonl;
+using flexh2o::test::write_lines;
 using flexh2o::test::read_json;
 using flexh2o::test::read_text;
 using flexh2o::test::RunResult;
@@ -29,40 +33,11 @@ using Clock = std::chrono::steady_clock;
 const std::string kOpt = model_dir("tiny-opt").string();
 const std::string kLlama = model_dir("tiny-llama").string();
 
-std::string mpirun_prefix(int ranks) {
-  return std::string(FLEXH2O_MPIEXEC) + " --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " +
-         FLEXH2O_BINARY_DIR + "/flexh2o ";
-}
-
-RunResult mpirun(int ranks, const std::string& args) {
-  TempDir tmp;
-  const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
-  const std::string cmd = mpirun_prefix(ranks) + args + " >" + out.string() + " 2>" + err.string() + " </dev/null";
-  RunResult r;
-  const int st = std::system(cmd.c_str());
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = read_text(out);
-  r.err = read_text(err);
-  return r;
-}
-
 // PREFIX + i (written so: GCC 12 warns falsely about "x" + std::to_string(i)).
 std::string named(const char* prefix, int i) {
   std::string s = prefix;
   s += std::to_string(i);
   return s;
-}
-
-std::vector<json> read_jsonl(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<json> v;
-  for (std::string line; std::getline(in, line);) v.push_back(json::parse(line));
-  return v;
-}
-
-void write_lines(const fs::path& p, const std::vector<json>& lines) {
-  std::ofstream f(p);
-  for (const json& l : lines) f << l.dump() << "\n";
 }
 
 // 13 requests over the reference prompts: greedy and sampled (own seeds or --seed + index), and
@@ -85,17 +60,6 @@ fs::path write_input(const fs::path& dir, const std::string& model) {
 
 std::string gen(const std::string& model, const fs::path& in, const fs::path& out, const std::string& extra) {
   return "generate -m " + model + " -q --device cpu -i " + in.string() + " -o " + out.string() + " " + extra;
-}
-
-// Every line of `got` is the line of `want` at the same place (id, text, token ids, finish).
-void expect_same_lines(const std::vector<json>& got, const std::vector<json>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(got[i]["id"], want[i]["id"]) << what << " line " << i;
-    EXPECT_EQ(got[i]["token_ids"], want[i]["token_ids"]) << what << " line " << i;
-    EXPECT_EQ(got[i]["text"], want[i]["text"]) << what << " line " << i;
-    EXPECT_EQ(got[i]["finish_reason"], want[i]["finish_reason"]) << what << " line " << i;
-  }
 }
 
 // For each model and cache: the single-process run, then mpirun over 2 and 3 ranks.
@@ -241,28 +205,6 @@ TEST(DataParallel, RankTimeoutMustBePositive) {
   EXPECT_NE(r.err.find("--rank-timeout"), std::string::npos) << r.err;
 }
 
-// The pid of the rank `rank` among mpirun `parent`'s children (OMPI_COMM_WORLD_RANK), or -1.
-pid_t rank_pid(pid_t parent, int rank) {
-  DIR* d = opendir("/proc");
-  pid_t found = -1;
-  for (dirent* e; d && (e = readdir(d)) && found < 0;) {
-    const pid_t p = pid_t(std::atoi(e->d_name));
-    if (p <= 0) continue;
-    std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
-    std::string s((std::istreambuf_iterator<char>(stat)), {});
-    const size_t close = s.rfind(')');
-    if (close == std::string::npos) continue;
-    char state = 0;
-    int ppid = 0;
-    if (std::sscanf(s.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent) continue;
-    std::ifstream env("/proc/" + std::string(e->d_name) + "/environ");
-    std::string all((std::istreambuf_iterator<char>(env)), {});
-    if (all.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank) + '\0') != std::string::npos) found = p;
-  }
-  if (d) closedir(d);
-  return found;
-}
-
 struct Faulted {
   int code = -1;
   double seconds_after_signal = 0;
@@ -275,40 +217,13 @@ Faulted run_and_signal(const fs::path& dir, int rank, int sig, const std::string
   std::vector<json> lines;
   for (int i = 0; i < 60; ++i) lines.push_back({{"id", i}, {"prompt", named("Hello number ", i)}});
   write_lines(dir / "big.jsonl", lines);
-  const fs::path out = dir / "out.jsonl", err = dir / "err";
-  const std::string cmd = "exec " + mpirun_prefix(3) +
-                          gen(kOpt, dir / "big.jsonl", out, "-b 1 --greedy --ignore-eos -n 64 " + extra) + " 2>" +
-                          err.string() + " </dev/null";
+  const fs::path out = dir / "out.jsonl";
+  const flexh2o::test::Signalled s = flexh2o::test::run_and_signal(
+      3, gen(kOpt, dir / "big.jsonl", out, "-b 1 --greedy --ignore-eos -n 64 " + extra), out, dir / "err", rank, sig);
   Faulted f;
-  const pid_t job = fork();
-  if (job == 0) {
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  auto waited = [&](int* st) { return waitpid(job, st, WNOHANG) == job; };
-  int st = 0;
-  bool ended = false;
-  const auto start = Clock::now();
-  while (!(ended = waited(&st)) && (!fs::exists(out) || fs::file_size(out) == 0) &&
-         Clock::now() - start < std::chrono::seconds(60))
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_FALSE(ended) << "the job ended before the signal: " << read_text(err);
-  const pid_t victim = ended ? -1 : rank_pid(job, rank);
-  EXPECT_GT(victim, 0);
-  if (victim > 0) kill(victim, sig);
-  const auto signalled = Clock::now();
-  while (!ended && Clock::now() - signalled < std::chrono::seconds(60)) {
-    ended = waited(&st);
-    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  f.seconds_after_signal = std::chrono::duration<double>(Clock::now() - signalled).count();
-  if (!ended) {  // a hang: end it so the test fails instead of hanging
-    kill(job, SIGKILL);
-    if (victim > 0) kill(victim, SIGKILL);
-    waitpid(job, &st, 0);
-  }
-  f.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  f.err = read_text(err);
+  f.code = s.code;
+  f.seconds_after_signal = s.seconds_after_signal;
+  f.err = s.err;
   f.lines = read_jsonl(out);
   return f;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,6 +46,18 @@ inline std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& p) {
 inline void write_lines(const std::filesystem::path& p, const std::vector<nlohmann::json>& lines) {
   std::ofstream f(p);
   for (const nlohmann::json& l : lines) f << l.dump() << "\n";
+}
+
+// Every line of `got` is the line of `want` at the same place (id, text, token ids, finish).
+inline void expect_same_lines(const std::vector<nlohmann::json>& got, const std::vector<nlohmann::json>& want,
+                              const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i]["id"], want[i]["id"]) << what << " line " << i;
+    EXPECT_EQ(got[i]["token_ids"], want[i]["token_ids"]) << what << " line " << i;
+    EXPECT_EQ(got[i]["text"], want[i]["text"]) << what << " line " << i;
+    EXPECT_EQ(got[i]["finish_reason"], want[i]["finish_reason"]) << what << " line " << i;
+  }
 }
 
 // The pid of the rank `rank` among mpirun `parent`'s children (OMPI_COMM_WORLD_RANK), or -1.

@@ -10,6 +10,7 @@
 
 namespace {
 namespace fs = std::filesystem;
+using flexh2o::test::expect_same_lines;
 using flexh2o::test::model_dir;
 using flexh2o::test::mpirun;
 using flexh2o::test::read_json;
@@ -41,16 +42,6 @@ fs::path write_input(const fs::path& dir, const std::string& model, int n = 11) 
 std::string gen(const std::string& model, const fs::path& in, const fs::path& out, const std::string& extra) {
   return "generate -m " + model + " -q --device cpu --threads 1 -i " + in.string() + " -o " + out.string() + " " +
          extra;
-}
-
-void expect_same_lines(const std::vector<json>& got, const std::vector<json>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(got[i]["id"], want[i]["id"]) << what << " line " << i;
-    EXPECT_EQ(got[i]["token_ids"], want[i]["token_ids"]) << what << " line " << i;
-    EXPECT_EQ(got[i]["text"], want[i]["text"]) << what << " line " << i;
-    EXPECT_EQ(got[i]["finish_reason"], want[i]["finish_reason"]) << what << " line " << i;
-  }
 }
 
 void expect_like_one_process(const std::string& model, const std::string& flags) {
