@@ -4,11 +4,11 @@
 # preset model with dummy weights. Prints per run the tokens/s (measured and predicted), the
 # bubble fraction (measured: 1 - stage busy / wall; predicted: planner/pipeline.h's formula on
 # this machine's profile, measured first), and the bytes sent between stages.
-# Usage: bench/pipeline_cpu.sh [MODEL (default opt-125m)] [REQUESTS (default 24)] [GEN (default 16)]
+# Usage: bench/pipeline_cpu.sh [MODEL (default opt-125m)] [REQUESTS (default 48)] [GEN (default 16)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-opt-125m}
-requests=${2:-24}
+requests=${2:-48}
 gen=${3:-16}
 bin=build/flexh2o
 [ -x "$bin" ] || { echo "build first: scripts/build.sh" >&2; exit 1; }

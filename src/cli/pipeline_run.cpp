@@ -110,7 +110,8 @@ PipelineLayout choose_layout(const GenerateArgs& a, const Env& env, const Model&
   PipelineOptions o;
   o.stages = pa.stages;
   o.groups = pa.groups;
-  o.search = auto_search(a.offload, l.requests);
+  // At least as many batches as groups in flight: a group without a batch keeps no stage busy.
+  o.search = auto_search(a.offload, (l.requests + l.groups - 1) / l.groups);
   const PipelinePlan pp = plan_pipeline(shape, {hw}, w, o);
   l.bounds = pp.bounds;
   l.groups = int(pp.groups);
