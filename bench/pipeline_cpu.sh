@@ -5,18 +5,20 @@
 # bubble fraction (measured: 1 - stage busy / wall; predicted: planner/pipeline.h's formula on
 # this machine's profile, measured first), and the bytes sent between stages.
 # Usage: bench/pipeline_cpu.sh [MODEL (default opt-125m)] [REQUESTS (default 48)] [GEN (default 16)]
+# Environment: MPI_ARGS adds mpirun options (e.g. "--mca btl tcp,self": ranks talk over TCP as
+# between machines, instead of shared memory); BIN another flexh2o binary (default build/flexh2o).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-opt-125m}
 requests=${2:-48}
 gen=${3:-16}
-bin=build/flexh2o
+bin=${BIN:-build/flexh2o}
 [ -x "$bin" ] || { echo "build first: scripts/build.sh" >&2; exit 1; }
 command -v mpirun >/dev/null || { echo "needs Open MPI's mpirun (scripts/setup-debian.sh)" >&2; exit 1; }
 command -v jq >/dev/null || { echo "needs jq" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mpi=(mpirun --oversubscribe)
+mpi=(mpirun --oversubscribe ${MPI_ARGS:-})
 [ "$(id -u)" = 0 ] && mpi+=(--allow-run-as-root)
 
 # Prompts of 32 to 95 token ids (the presets have no tokenizer).

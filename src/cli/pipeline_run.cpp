@@ -190,6 +190,7 @@ int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
     std::cerr << "flexh2o: pipeline stage " << s << " of " << l.stages << " (" << comm.describe(rank)
               << "): layers " << l.bounds[size_t(s)] << "-" << l.bounds[size_t(s) + 1] - 1 << "\n";
     RunSetup rs = stage_setup(a, env, stage, fwd, cpu, l, s, device, cuda_index(comm, device), std::cerr);
+    rs.offload->set_idle([&ch] { ch.progress(); });
     res = dist::serve_stage(ch, *rs.offload, l.stages, l.bounds[size_t(s)], pipeline_options(timeout_s_));
   } catch (const std::exception& e) {  // before serving (its own setup) or a failed wait: the job cannot go on
     std::cerr << "flexh2o: error: " << e.what() << "; ending the job\n";
@@ -238,6 +239,7 @@ PipelineDriverSetup PipelineJob::start(const GenerateArgs& a, const Env& env, co
     }
     throw;
   }
+  d.rs.offload->set_idle([ch = d.channel.get()] { ch->progress(); });
   d.driver = std::make_unique<dist::PipelineDriver>(*d.channel, *d.rs.offload, l.stages, l.bounds[size_t(s)],
                                                     pipeline_options(timeout_s_));
   return d;

@@ -24,6 +24,8 @@ class Channel {
   // As Comm::send / Comm::recv.
   virtual void send(int dest, int tag, std::vector<std::byte> bytes) = 0;
   [[nodiscard]] virtual Status recv(int source, int tag, double timeout_s, Message* out) = 0;
+  // As Comm::progress (in-process: nothing to do).
+  virtual void progress() {}
 };
 
 // `n` ranks in one process: channel(r) is rank r's end, to be used by one thread. Thread-safe

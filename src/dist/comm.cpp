@@ -216,6 +216,12 @@ Status Comm::recv(int source, int tag, double timeout_s, Message* out) {
                                     seconds_text(timeout_s)};
 }
 
+void Comm::progress() {
+  impl_->progress();
+  int flag = 0;  // a probe drives Open MPI's progress engine for receives too
+  (void)MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, impl_->comm, &flag, MPI_STATUS_IGNORE);
+}
+
 bool Comm::poll(int source, int tag, Message* out) {
   impl_->progress();
   return impl_->try_recv(source, tag, out);

@@ -56,6 +56,9 @@ class Comm {
   [[nodiscard]] Status recv(int source, int tag, double timeout_s, Message* out);
   // A message that has already arrived, without waiting: true and *out filled, else false.
   bool poll(int source, int tag, Message* out);
+  // Lets MPI move what is in flight (queued sends, arriving messages) without waiting: called
+  // while this rank computes, so a large message does not wait for its next send or receive.
+  void progress();
   // Waits up to `timeout_s` seconds until every queued send completed.
   [[nodiscard]] Status flush(double timeout_s);
   // Ends every rank of the job now (MPI_Abort with `code`): after a failure this rank cannot

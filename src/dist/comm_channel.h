@@ -18,6 +18,7 @@ class CommChannel final : public Channel {
   Status recv(int source, int tag, double timeout_s, Message* out) override {
     return c_.recv(source, tag, timeout_s, out);
   }
+  void progress() override { c_.progress(); }
 
  private:
   Comm& c_;

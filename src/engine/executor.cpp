@@ -15,7 +15,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 }  // namespace
 
 QueueTimes run_schedule(Device& dev, const Schedule& s, bool overlap, const std::function<void(const Step&)>& action,
-                        bool trace) {
+                        bool trace, const std::function<void()>& idle) {
   const size_t n = s.steps.size();
   std::vector<Event> start(n), end(n);
   QueueTimes t;
@@ -35,6 +35,7 @@ QueueTimes run_schedule(Device& dev, const Schedule& s, bool overlap, const std:
         for (int d : s.steps[i].deps) dev.wait(s.steps[i].queue, end[size_t(d)]);
         run_step(i);
         dev.host_wait(end[i]);
+        if (idle) idle();
       }
     } catch (...) {
       error = std::current_exception();
@@ -44,7 +45,18 @@ QueueTimes run_schedule(Device& dev, const Schedule& s, bool overlap, const std:
     std::mutex mu;
     std::condition_variable cv;
     bool failed = false;
+    size_t exited = 0;  // workers that returned
     auto worker = [&](Queue q) {
+      struct Exit {
+        std::mutex& mu;
+        std::condition_variable& cv;
+        size_t& exited;
+        ~Exit() {
+          std::lock_guard<std::mutex> lock(mu);
+          ++exited;
+          cv.notify_all();
+        }
+      } on_exit{mu, cv, exited};
       for (size_t i = 0; i < n; ++i) {
         const Step& st = s.steps[i];
         if (st.queue != q) continue;
@@ -87,6 +99,21 @@ QueueTimes run_schedule(Device& dev, const Schedule& s, bool overlap, const std:
     std::vector<std::thread> threads;
     for (int q = 0; q < kNumQueues; ++q)
       if (used[size_t(q)]) threads.emplace_back(worker, Queue(q));
+    while (idle) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (cv.wait_for(lock, std::chrono::milliseconds(1), [&] { return exited == threads.size(); })) break;
+      }
+      try {
+        idle();
+      } catch (...) {  // the workers stop at their next step; the error is the schedule's
+        std::lock_guard<std::mutex> lock(mu);
+        if (!failed) error = std::current_exception();
+        failed = true;
+        cv.notify_all();
+        break;
+      }
+    }
     for (auto& th : threads) th.join();
   }
   try {

@@ -30,8 +30,10 @@ struct QueueTimes {
 };
 
 // `action` is called concurrently from different queue threads (never twice at once for the
-// same queue).
+// same queue). `idle` (may be empty) is called on the calling thread about every millisecond
+// while the steps run, and between steps without overlap: a pipeline stage lets MPI move its
+// messages there (the only thread that may call MPI). An exception from it ends the schedule.
 QueueTimes run_schedule(Device& dev, const Schedule& s, bool overlap, const std::function<void(const Step&)>& action,
-                        bool trace = false);
+                        bool trace = false, const std::function<void()>& idle = {});
 
 }  // namespace flexh2o

@@ -326,7 +326,8 @@ void OffloadEngine::step_stage(const int32_t* ids, const int32_t* positions, int
   // Set once the schedule has run; a failed step leaves slot 1 in an unknown state.
   first_layer_loaded_ = false;
   const double t0 = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
-  QueueTimes t = run_schedule(dev_, schedule_, opts_.policy.overlap, [&](const Step& s) { m.run(s); }, opts_.trace);
+  QueueTimes t = run_schedule(dev_, schedule_, opts_.policy.overlap, [&](const Step& s) { m.run(s); }, opts_.trace,
+                              idle_);
   for (const StepSpan& sp : t.spans)
     trace_.push_back({schedule_.label(sp.step) + (m.prefill ? " prefill" : ""),
                       schedule_.steps[size_t(sp.step)].queue, t0 + sp.start, t0 + sp.end});

@@ -121,6 +121,9 @@ class OffloadEngine final : public StepRunner {
   int groups() const;
   // Makes group g's batch the one begin_batch / step act on (the others stay as they are).
   void select_group(int g);
+  // Called on the stepping thread about every millisecond while a step runs (run_schedule's
+  // `idle`): a pipeline stage lets MPI move its messages during its own compute. Empty: none.
+  void set_idle(std::function<void()> idle) { idle_ = std::move(idle); }
 
   const WeightPlacement& placement() const { return placement_; }
   const OffloadOptions& options() const { return opts_; }
@@ -163,6 +166,7 @@ class OffloadEngine final : public StepRunner {
   std::vector<TraceEvent> trace_;
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   size_t group_kv_bytes() const;  // KV bytes the current group's batch holds
+  std::function<void()> idle_;
   TransferCounters counters_;
   size_t kv_bytes_ = 0;
   bool more_steps_ = true, first_layer_loaded_ = false;

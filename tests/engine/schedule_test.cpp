@@ -299,6 +299,44 @@ TEST(Executor, ErrorsStopAllQueuesAndPropagate) {
   EXPECT_EQ(after.load(), 0);  // nothing that depends on the failed step ran
 }
 
+// The idle hook runs on the calling thread while the queues work (a pipeline stage's MPI
+// progress), and an exception from it ends the schedule with that error, every queue joined.
+TEST(Executor, IdleRunsOnTheCallingThreadWhileStepsRun) {
+  Flags fl;
+  fl.layers = 4, fl.K = 2, fl.disk = true;
+  const Schedule s = build_schedule(shape(fl));
+  CpuDevice dev(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> running{0}, idle_during{0}, idle_calls{0}, elsewhere{0};
+  auto slow = [&](const Step&) {
+    ++running;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    --running;
+  };
+  auto idle = [&] {
+    ++idle_calls;
+    if (std::this_thread::get_id() != caller) ++elsewhere;
+    if (running.load() > 0) ++idle_during;
+  };
+  for (bool overlap : {true, false}) {
+    idle_calls = 0, idle_during = 0;
+    (void)run_schedule(dev, s, overlap, slow, false, idle);
+    EXPECT_GT(idle_calls.load(), 0) << "overlap " << overlap;
+    if (overlap) {
+      EXPECT_GT(idle_during.load(), 0);
+    } else {
+      EXPECT_EQ(idle_calls.load(), int(s.steps.size()));  // once after each step
+    }
+  }
+  EXPECT_EQ(elsewhere.load(), 0);
+  int calls = 0;
+  EXPECT_THROW(run_schedule(dev, s, true, slow, false,
+                            [&] {
+                              if (++calls == 3) FH_FAIL("idle failed");
+                            }),
+               Error);
+}
+
 TEST(Executor, OverlapOffRunsInScheduleOrder) {
   const Schedule s = build_schedule(shape(Flags{}));
   CpuDevice dev(2);
