@@ -115,17 +115,21 @@ DataParallel::~DataParallel() {
   (void)comm_->flush(5);
 }
 
-int DataParallel::threads(int requested) const {
+int rank_threads(const dist::Comm& comm, int requested) {
   if (requested > 0) return requested;
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, comm_->local_size()));
+  return std::max(1, cores / std::max(1, comm.local_size()));
 }
 
-int DataParallel::cuda_index(const std::string& device) const {
+int rank_cuda_index(const dist::Comm& comm, const std::string& device) {
   if (device != "cuda") return 0;
   const int n = probe_cuda().device_count;
-  return n > 0 ? comm_->local_rank() % n : 0;
+  return n > 0 ? comm.local_rank() % n : 0;
 }
+
+int DataParallel::threads(int requested) const { return rank_threads(*comm_, requested); }
+
+int DataParallel::cuda_index(const std::string& device) const { return rank_cuda_index(*comm_, device); }
 
 int64_t DataParallel::plan_requests(size_t total) const {
   return std::max<int64_t>(1, (int64_t(total) + size() - 1) / size());

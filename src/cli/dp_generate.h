@@ -19,6 +19,12 @@
 
 namespace flexh2o::cli {
 
+// What a rank of an mpirun job (data or pipeline parallel) takes of its host: CPU threads,
+// `requested` (--threads) when > 0, else the host's cores shared by its ranks; and on --device
+// cuda its GPU, its local rank modulo the host's GPUs (0 otherwise).
+int rank_threads(const dist::Comm& comm, int requested);
+int rank_cuda_index(const dist::Comm& comm, const std::string& device);
+
 // --rank-timeout SECONDS on `generate`.
 void add_data_parallel_flags(CLI::App& generate, double& rank_timeout_s);
 

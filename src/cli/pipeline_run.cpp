@@ -5,13 +5,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
-#include <thread>
 
+#include "cli/dp_generate.h"
 #include "cli/kv_flags.h"
 #include "cli/offload_flags.h"
 #include "core/error.h"
 #include "gpu/cuda_device.h"
-#include "kernels/cuda/cuda_probe.h"
 #include "planner/pipeline.h"
 
 namespace flexh2o::cli {
@@ -24,11 +23,11 @@ constexpr int kLayoutTag = 21;  // dist/pipeline.cpp's protocol uses 20
 // the directory; every stage's store holds other layers).
 OffloadArgs stage_offload(const OffloadArgs& off, int stage, int stages) {
   OffloadArgs o = off;
-  if (!o.offload_dir.empty())
-    o.offload_dir = (std::filesystem::path(o.offload_dir) /
-                     ("stage-" + std::to_string(stage) + "-of-" + std::to_string(stages)))
-                        .string();
-  if (!o.offload_dir.empty()) std::filesystem::create_directories(o.offload_dir);
+  if (o.offload_dir.empty()) return o;
+  const std::filesystem::path dir =
+      std::filesystem::path(o.offload_dir) / ("stage-" + std::to_string(stage) + "-of-" + std::to_string(stages));
+  std::filesystem::create_directories(dir);
+  o.offload_dir = dir.string();
   return o;
 }
 
@@ -36,13 +35,6 @@ dist::PipelineOptions pipeline_options(double timeout_s) {
   dist::PipelineOptions o;
   o.timeout_s = timeout_s;
   return o;
-}
-
-// On --device cuda, the GPU of a rank: its local rank modulo its host's GPUs.
-int cuda_index(const dist::Comm& comm, const std::string& device) {
-  if (device != "cuda") return 0;
-  const int n = probe_cuda().device_count;
-  return n > 0 ? comm.local_rank() % n : 0;
 }
 
 // The stage's engine, with the job's groups.
@@ -146,11 +138,7 @@ PipelineJob::~PipelineJob() {
   (void)comm_->flush(5);
 }
 
-int PipelineJob::threads(int requested) const {
-  if (requested > 0) return requested;
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, comm_->local_size()));
-}
+int PipelineJob::threads(int requested) const { return rank_threads(*comm_, requested); }
 
 int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
   dist::Comm& comm = *comm_;
@@ -189,7 +177,7 @@ int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
     Forward fwd(stage, cpu);
     std::cerr << "flexh2o: pipeline stage " << s << " of " << l.stages << " (" << comm.describe(rank)
               << "): layers " << l.bounds[size_t(s)] << "-" << l.bounds[size_t(s) + 1] - 1 << "\n";
-    RunSetup rs = stage_setup(a, env, stage, fwd, cpu, l, s, device, cuda_index(comm, device), std::cerr);
+    RunSetup rs = stage_setup(a, env, stage, fwd, cpu, l, s, device, rank_cuda_index(comm, device), std::cerr);
     rs.offload->set_idle([&ch] { ch.progress(); });
     res = dist::serve_stage(ch, *rs.offload, l.stages, l.bounds[size_t(s)], pipeline_options(timeout_s_));
   } catch (const std::exception& e) {  // before serving (its own setup) or a failed wait: the job cannot go on
@@ -231,7 +219,7 @@ PipelineDriverSetup PipelineJob::start(const GenerateArgs& a, const Env& env, co
   log << "\n";
   d.channel = std::make_unique<dist::CommChannel>(*comm_);
   try {
-    d.rs = stage_setup(a, env, *d.stage, *d.fwd, cpu, l, s, device, cuda_index(*comm_, device), log);
+    d.rs = stage_setup(a, env, *d.stage, *d.fwd, cpu, l, s, device, rank_cuda_index(*comm_, device), log);
   } catch (const std::exception& e) {  // the stages already wait for steps: end them in order
     try {
       (void)dist::end_stages(*d.channel, l.stages, true, pipeline_options(timeout_s_));

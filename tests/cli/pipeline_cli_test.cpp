@@ -79,7 +79,9 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
       EXPECT_EQ(st["steps"], p["per_stage"][0]["steps"]) << what;  // every stage runs every step
       EXPECT_GT(st["busy_seconds"].get<double>(), 0) << what;
       EXPECT_GE(st["wall_seconds"].get<double>(), st["busy_seconds"].get<double>()) << what;
-      if (s + 1 < stages) EXPECT_EQ(st["bytes_out"], p["per_stage"][size_t(s) + 1]["bytes_in"]) << what;
+      if (s + 1 < stages) {
+        EXPECT_EQ(st["bytes_out"], p["per_stage"][size_t(s) + 1]["bytes_in"]) << what;
+      }
     }
     const double bubble = p["bubble_fraction"];
     EXPECT_GE(bubble, 0) << what;
