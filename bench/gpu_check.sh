@@ -25,6 +25,7 @@ LOG="$OUTDIR/gpu_check.log"
 : >"$LOG"
 T0=$SECONDS
 declare -a SUMMARY=()
+MPI_HINTS=()
 
 # The device tool allows 600 s a call: every step's timeout is capped by what is left of
 # BUDGET, so the summary is always printed.
@@ -65,7 +66,14 @@ record preflight ok "$(nvidia-smi --query-gpu=name --format=csv,noheader | head 
 PACK="$ROOT/gpu_pack"
 if [ -z "${FLEXH2O_PREBUILT:-}" ] && [ -d "$PACK" ]; then
   step "gpu_pack"
-  export LD_LIBRARY_PATH="$PACK/lib:${LD_LIBRARY_PATH:-}"
+  # CUDA's libraries: the image's toolkit, else the copies PyTorch's wheels carry.
+  export LD_LIBRARY_PATH="$PACK/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if ldd "$PACK/build/flexh2o" 2>/dev/null | grep -q 'libcublas.*not found'; then
+    cub="$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)"
+    [ -n "$cub" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$cub")" && say "cuBLAS from $(dirname "$cub")"
+  fi
+  missing="$(ldd "$PACK/build/flexh2o" 2>/dev/null | awk '/not found/{print $1}' | tr '\n' ' ')"
+  [ -n "$missing" ] && say "gpu_pack: the prebuilt flexh2o cannot load: $missing"
   src="$(cat "$PACK/source_root" 2>/dev/null || true)"
   # The binaries find test data and configs under the source path they were built at.
   if [ -n "$src" ] && [ "$src" != "$ROOT" ] && [ ! -e "$src" ]; then
@@ -85,6 +93,11 @@ if [ -z "${FLEXH2O_PREBUILT:-}" ] && [ -d "$PACK" ]; then
     export PKG_CONFIG_SYSROOT_DIR="$DEPS"
     export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH"
     command -v pkg-config >/dev/null 2>&1 || export PATH="$PATH:$DEPS/usr/bin"
+    # Open MPI from the packed .debs, named to FindMPI directly: its compiler wrappers have
+    # Debian's paths compiled in.
+    command -v mpicc >/dev/null 2>&1 || MPI_HINTS=(-DMPI_SKIP_COMPILER_WRAPPER=ON
+      -DMPI_C_HEADER_DIR="$DEPS/usr/lib/x86_64-linux-gnu/openmpi/include" -DMPI_C_LIB_NAMES=mpi
+      -DMPI_mpi_LIBRARY="$DEPS/usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi.so")
     record gpu_pack ok "building against packed .debs"
   fi
 fi
@@ -93,7 +106,7 @@ fi
 if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
   step "configure"
   if ! timeout "$(tmo 150)" cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_CUDA_ARCHITECTURES=90 -DFLEXH2O_ENABLE_CUDA=ON >>"$LOG" 2>&1; then
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DFLEXH2O_ENABLE_CUDA=ON "${MPI_HINTS[@]}" >>"$LOG" 2>&1; then
     grep -E "Could NOT find|No package|not found|Error" "$LOG" | head -20
     die configure "cmake failed (missing host packages on this image? see $LOG)"
   fi

@@ -22,7 +22,9 @@ CSV="$OUTDIR/gpu_compare.csv"; LOG="$OUTDIR/gpu_compare.log"; : >"$LOG"
 BUDGET="${BUDGET:-560}"; T0=$SECONDS; GPU_MEM_GIB=16
 tmo() { local left=$((BUDGET - (SECONDS - T0))); [ "$left" -lt 5 ] && left=5; echo $(($1 < left ? $1 : left)); }
 FH="$PACK/build/flexh2o"; [ -x "$FH" ] || FH="$ROOT/build-gpu/flexh2o"
-export LD_LIBRARY_PATH="$PACK/lib:${LD_LIBRARY_PATH:-}"
+# The packed libraries for our binary only: Debian 12's zlib and friends must not shadow the
+# image's newer ones under PyTorch.
+FH_LIBS="$PACK/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export HF_HOME="$CP/hf_home" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export FLEXH2O_GPU_MEM_GIB=$GPU_MEM_GIB
 PY=python3
@@ -37,7 +39,7 @@ echo "model,workload,kv,system,tok_s,projected,policy" >"$CSV"
 fh() {  # fh MODEL KV CAP ARGS...: flexh2o bench on the GPU, 16 GiB cap
   local m=$1 kv=$2 cap=$3; shift 3
   local rep="$OUTDIR/fh-$m-$kv.json"
-  timeout "$(tmo "$cap")" "$FH" bench -m "$m" --prompt-len 512 --gen-len 32 --device cuda \
+  LD_LIBRARY_PATH="$FH_LIBS" timeout "$(tmo "$cap")" "$FH" bench -m "$m" --prompt-len 512 --gen-len 32 --device cuda \
     --gpu-mem ${GPU_MEM_GIB}GiB --offload-dir /tmp/fh-store --report "$rep" "$@" >>"$LOG" 2>&1
   local v; v=$($PY -c "import json;r=json.load(open('$rep'));print(r['generated_tokens']/(r['prefill_seconds']+r['decode_seconds']))" 2>/dev/null || echo 0)
   echo "$m,512+32,$kv,flexh2o,$v,no,$*" >>"$CSV"
