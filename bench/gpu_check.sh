@@ -12,12 +12,20 @@
 # weights and cache compressed, and OPT-1.3B host-streamed weights with and without
 # --compress-weight (tok/s ratio). Every step has its own timeout within a
 # 540 s budget. Outputs go to $OUT (collected by the device tool) or ./gpu_check_out. Without a
-# GPU it says why and exits non-zero. Usage: bench/gpu_check.sh
+# GPU it says why and exits non-zero. Usage: bench/gpu_check.sh [--quick]
+#   --quick               correctness only: preflight, pack/build, the gpu tests, the tiny-opt
+#                         token checks (bench/gpu_session.sh runs this, then the comparison)
 #   FLEXH2O_PREBUILT=dir  skip configure/build and use binaries already built in dir.
+# Under the device tool ($OUT set) every output but gpu_check.log and ctest_gpu.txt is tarred
+# into gpu_check_files.tar.gz: the tool brings back 8 files.
 # With gpu_pack/ (made here by bench/gpu_pack.sh and carried by the device tool) it uses the
 # packed binaries when they run on the image, else builds against the packed .debs.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+QUICK=0
+[ "${1:-}" = --quick ] && QUICK=1
+# shellcheck source=out_bundle.sh
+. "$ROOT/bench/out_bundle.sh"
 OUTDIR="${OUT:-$ROOT/gpu_check_out}"
 BUILD="${FLEXH2O_PREBUILT:-$ROOT/build-gpu}"
 mkdir -p "$OUTDIR"
@@ -42,7 +50,13 @@ finish() {  # the summary table is the last thing printed
   say ""
   say "== gpu_check summary ($((SECONDS - T0))s; outputs in $OUTDIR)"
   for l in "${SUMMARY[@]}"; do say "$l"; done
+  [ -n "${OUT:-}" ] && bundle_out "$OUTDIR" gpu_check_files gpu_check.log ctest_gpu.txt
   exit "$1"
+}
+verdict() {  # 1 when any step failed
+  local l
+  for l in "${SUMMARY[@]}"; do [[ "$l" == *" FAIL "* ]] && { echo 1; return; }; done
+  echo 0
 }
 die() {
   record "$1" FAIL "$2"
@@ -150,19 +164,7 @@ else
   record tests FAIL "rc=$rc, see ctest_gpu.txt"
 fi
 
-# ---- 3. bench_gpu -----------------------------------------------------------------------
-step "bench_gpu"
-BENCH_BIN="$BUILD/bench/bench_gpu"
-if [ -x "$BENCH_BIN" ]; then
-  timeout "$(tmo 180)" "$BENCH_BIN" --json "$OUTDIR/bench_gpu.json" >"$OUTDIR/bench_gpu.txt" 2>&1
-  rc=$?
-  cat "$OUTDIR/bench_gpu.txt" | tee -a "$LOG" >/dev/null
-  [ $rc -eq 0 ] && record bench_gpu ok "bench_gpu.json" || record bench_gpu FAIL "rc=$rc, see bench_gpu.txt"
-else
-  record bench_gpu FAIL "$BENCH_BIN not built"
-fi
-
-# ---- 4. end-to-end on GPU ----------------------------------------------------------------
+# ---- 3. end-to-end on GPU, correctness: tiny-opt tokens against the CPU ----------------
 FH="$BUILD/flexh2o"
 tok() { grep -o '"token_ids":\[[^]]*\]' "$1"; }
 # e2e_tokens name tag [flags...]: greedy tokens of tiny-opt on the CPU and on CUDA with the same
@@ -212,6 +214,24 @@ e2e_tokens "e2e tiny-opt W4+KV4 host H2O" e2e_tiny_opt_q4_h2o --compress-weight 
   --heavy-budget 8 --recent-budget 8 -- --percent 20 80 0 100 0 100 --cpu-cache-compute --gpu-batch-size 2 \
   --num-gpu-batches 2
 
+if [ $QUICK -eq 1 ]; then
+  rm -rf "$OFFDIR"
+  finish "$(verdict)"
+fi
+
+# ---- 4. bench_gpu -----------------------------------------------------------------------
+step "bench_gpu"
+BENCH_BIN="$BUILD/bench/bench_gpu"
+if [ -x "$BENCH_BIN" ]; then
+  timeout "$(tmo 180)" "$BENCH_BIN" --json "$OUTDIR/bench_gpu.json" >"$OUTDIR/bench_gpu.txt" 2>&1
+  rc=$?
+  cat "$OUTDIR/bench_gpu.txt" | tee -a "$LOG" >/dev/null
+  [ $rc -eq 0 ] && record bench_gpu ok "bench_gpu.json" || record bench_gpu FAIL "rc=$rc, see bench_gpu.txt"
+else
+  record bench_gpu FAIL "$BENCH_BIN not built"
+fi
+
+# ---- 5. end-to-end on GPU, timing --------------------------------------------------------
 # The one engine on the GPU (bench: dummy weights, EOS ignored), everything device-side within
 # --gpu-mem 16GiB where it says so.
 e2e_offload() {  # name, timeout, file tag, bench args...
@@ -259,10 +279,8 @@ e2e_offload "e2e OPT-30B H2O 20%" 200 e2e_opt30b_h2o -m opt-30b --percent 20 80 
 rm -rf "$OFFDIR"
 
 # ---- summary: bench table last --------------------------------------------------------
-fail=0
-for l in "${SUMMARY[@]}"; do [[ "$l" == *" FAIL "* ]] && fail=1; done
 if [ -f "$OUTDIR/bench_gpu.txt" ]; then
   say ""
   sed -n '/^bench_gpu on/,$p' "$OUTDIR/bench_gpu.txt" | tee -a "$LOG"
 fi
-finish $fail
+finish "$(verdict)"

@@ -1,14 +1,15 @@
 """hf_accelerate_gpu.py — Hugging Face transformers + accelerate device_map offloading on the
 GPU with dummy (random-init) weights, for bench/compare/gpu_compare.sh. GPU memory capped by
-max_memory and by cap/sitecustomize.py (set_per_process_memory_fraction). Appends one CSV row."""
-import argparse, time, torch
+max_memory and by cap/sitecustomize.py (set_per_process_memory_fraction). Writes its result as
+JSON (tok/s by FlexGen's rule, batch, lowest tier) for compare_table.py."""
+import argparse, json, time, torch
 from accelerate import init_empty_weights, infer_auto_device_map, dispatch_model
 from transformers import OPTConfig, OPTForCausalLM
 
 SHAPES = {"opt-6.7b": (4096, 32, 32, 16384), "opt-30b": (7168, 48, 56, 28672)}
 p = argparse.ArgumentParser()
 p.add_argument("--model", default="opt-6.7b"); p.add_argument("--seqs", type=int, default=8)
-p.add_argument("--gpu-gib", type=int, default=16); p.add_argument("--csv", required=True)
+p.add_argument("--gpu-gib", type=int, default=16); p.add_argument("--result", required=True)
 a = p.parse_args()
 h, layers, heads, ffn = SHAPES[a.model]
 cfg = OPTConfig(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads, ffn_dim=ffn,
@@ -26,6 +27,6 @@ with torch.inference_mode():
                          max_new_tokens=32, min_new_tokens=32)
     torch.cuda.synchronize(); dt = time.perf_counter() - t
 tok = (out.shape[1] - 512) * a.seqs / dt
-with open(a.csv, "a") as f:
-    f.write(f"{a.model},512+32,full,accelerate,{tok},no,device_map gpu {a.gpu_gib - 4}GiB rest cpu\n")
+tier = "cpu" if "cpu" in set(dmap.values()) else "gpu"
+json.dump({"tok_s": tok, "batch": a.seqs, "tier": tier}, open(a.result, "w"))
 print(f"accelerate {a.model}: {tok:.2f} tok/s")

@@ -19,7 +19,9 @@ git --git-dir="$H2O_GIT" archive HEAD h2o_flexgen/flexgen h2o_flexgen/README.md 
 git --git-dir="$H2O_GIT" rev-parse HEAD >"$CP/h2o_flexgen/COMMIT"
 snap="$CP/hf_home/hub/models--facebook--opt-30b/snapshots/0"
 mkdir -p "$snap" "$CP/hf_home/hub/models--facebook--opt-30b/refs"
-echo 0 >"$CP/hf_home/hub/models--facebook--opt-30b/refs/main"
+# No newline: huggingface_hub reads the ref verbatim, and "0\n" names no snapshot (FlexGen and
+# its H2O fork both load this tokenizer by name, whatever the model, and would stop there).
+printf 0 >"$CP/hf_home/hub/models--facebook--opt-30b/refs/main"
 cp "$ROOT/tests/data/tiny-opt/"{vocab.json,merges.txt,special_tokens_map.json,tokenizer_config.json,config.json} "$snap/"
 cat >"$CP/cap/sitecustomize.py" <<'PY'
 # Caps every Python system's CUDA memory at FLEXH2O_GPU_MEM_GIB (16) GiB, as --gpu-mem caps ours.
@@ -32,4 +34,10 @@ try:
 except Exception as e:  # never stop the system under test from starting
     print("sitecustomize: no memory cap:", e)
 PY
+# With a Python that has transformers (CHECK_PY=/path/to/python), the offline load the peers do.
+if [ -n "${CHECK_PY:-}" ]; then
+  HF_HOME="$CP/hf_home" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$CHECK_PY" -c \
+    'from transformers import AutoTokenizer as T; print("pack_compare: offline tokenizer", T.from_pretrained("facebook/opt-30b", padding_side="left")("Paris").input_ids)'
+  rm -f "$CP/hf_home/hub/version.txt"
+fi
 du -sh "$CP"
