@@ -76,8 +76,19 @@ CudaDevice::~CudaDevice() {
   for (const auto& [start, v] : pins_) FH_CUDA_LOG(cudaHostUnregister(reinterpret_cast<void*>(start)));
 }
 
+// The current device is per host thread, and the executor runs each queue on a fresh thread
+// (current device 0): from there, a kernel or cuBLAS call into a stream of GPU 1, or an event
+// created for it, fails. So every entry point that creates or enqueues work binds its thread
+// first (a thread-local read when it is bound already).
+void CudaDevice::bind_thread() const {
+  int current = -1;
+  FH_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device_) FH_CUDA_CHECK(cudaSetDevice(device_));
+}
+
 cudaStream_t CudaDevice::stream(Queue q) const {
   FH_CHECK(device_queue(q), "CUDA device: queue ", queue_name(q), " is a host queue, not a stream");
+  bind_thread();
   return streams_[size_t(q)].get();
 }
 
@@ -86,6 +97,7 @@ cudaStream_t CudaDevice::stream(Queue q) const {
 Status CudaDevice::allocate(MemKind kind, size_t bytes, TierBudget& budget, const std::string& what, Buffer* out) {
   TierCharge charge;
   if (Status s = TierCharge::reserve(budget, bytes, what, &charge); !s.ok()) return s;
+  bind_thread();
   void* p = nullptr;
   const size_t n = std::max<size_t>(bytes, 1);
   cudaError_t e = cudaSuccess;
@@ -124,6 +136,7 @@ struct Pinned final : PinState {
 // not copied. Returns null (nothing registered) when the driver refuses.
 HostPin CudaDevice::pin_in_place(const void* p, size_t bytes) {
   if (!p || !bytes) return nullptr;
+  bind_thread();
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   const uintptr_t a = uintptr_t(p) / page * page, b = (uintptr_t(p) + bytes + page - 1) / page * page;
   std::lock_guard<std::mutex> lock(mu_);
@@ -217,6 +230,7 @@ cudaEvent_t CudaDevice::take_event() {
     }
   }
   cudaEvent_t e = nullptr;
+  bind_thread();  // an event belongs to the device current where it is created
   FH_CUDA_CHECK(cudaEventCreate(&e));
   return e;
 }
