@@ -184,21 +184,25 @@ void CudaDevice::unpin(const std::vector<uintptr_t>& chunks) noexcept {
 // Converted on the host into a double-buffered pinned staging area, copied chunk by chunk; a
 // Q4 tensor's records are copied as they are.
 void CudaDevice::upload(void* dst, const TensorView& src) {
-  PinnedBuffer stage;
-  PinnedBuffer::create(2 * kChunkBytes, &stage).throw_if_error();
-  std::array<cudaEvent_t, 2> done{take_event(), take_event()};
-  std::array<bool, 2> in_flight{false, false};
   // A Q4 tensor (already compressed, weight_dtype(Q4) == Q4) moves as bytes.
   const bool raw = src.dtype == DType::Q4 || src.dtype == dt_;
   const size_t si = src.dtype == DType::Q4 ? 1 : dtype_size(src.dtype), di = raw ? si : dtype_size(dt_);
   const int64_t per_chunk = int64_t(kChunkBytes / std::max(si, di));
+  const int64_t n = src.dtype == DType::Q4 ? int64_t(src.nbytes()) : src.numel();
+  // Each half holds one chunk, or the whole tensor when smaller: most tensors (biases, norms)
+  // are kilobytes, and pinning 64 MiB for each of a model's hundreds of them costs seconds.
+  const size_t half_bytes = size_t(std::min(per_chunk, n)) * std::max(si, di);
+  PinnedBuffer stage;
+  PinnedBuffer::create(2 * half_bytes, &stage).throw_if_error();
+  std::array<cudaEvent_t, 2> done{take_event(), take_event()};
+  std::array<bool, 2> in_flight{false, false};
   std::vector<float> tmp;
   cudaStream_t st = stream(Queue::kHostToDevice);
   int half = 0;
-  for (int64_t off = 0, n = src.dtype == DType::Q4 ? int64_t(src.nbytes()) : src.numel(); off < n; off += per_chunk) {
+  for (int64_t off = 0; off < n; off += per_chunk) {
     const int64_t m = std::min(per_chunk, n - off);
     if (in_flight[size_t(half)]) FH_CUDA_CHECK(cudaEventSynchronize(done[size_t(half)]));
-    std::byte* host = static_cast<std::byte*>(stage.data()) + size_t(half) * kChunkBytes;
+    std::byte* host = static_cast<std::byte*>(stage.data()) + size_t(half) * half_bytes;
     const std::byte* s = static_cast<const std::byte*>(src.data) + size_t(off) * si;
     if (raw) {
       std::memcpy(host, s, size_t(m) * di);
