@@ -154,7 +154,10 @@ HostPin CudaDevice::pin_in_place(const void* p, size_t bytes) {
   if (at < b) gaps.push_back({at, b});
   std::vector<uintptr_t> added;
   for (auto [s, e] : gaps) {
-    const cudaError_t err = cudaHostRegister(reinterpret_cast<void*>(s), e - s, cudaHostRegisterReadOnly);
+    // Mapped and portable explicitly: only cudaHostRegisterDefault (flags 0) is documented to
+    // map the range on a UVA system, and the row gather reads it from a kernel.
+    const cudaError_t err = cudaHostRegister(reinterpret_cast<void*>(s), e - s,
+                                             cudaHostRegisterMapped | cudaHostRegisterPortable | cudaHostRegisterReadOnly);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       for (uintptr_t x : added) {
