@@ -154,7 +154,9 @@ int main(int argc, char** argv) {
       a.out = bn.alloc<__half>(size_t(B * H * hd));
       std::vector<int32_t> sk(static_cast<size_t>(B), static_cast<int32_t>(n));
       int32_t* dsk = bn.alloc<int32_t>(size_t(B));
-      FH_CUDA_CHECK(cudaMemcpy(dsk, sk.data(), sk.size() * 4, cudaMemcpyHostToDevice));
+      // On s, not the legacy stream: s is non-blocking, and a plain cudaMemcpy from pageable
+      // memory may return before its DMA lands, so the kernels could read stale seq_keys.
+      FH_CUDA_CHECK(cudaMemcpyAsync(dsk, sk.data(), sk.size() * 4, cudaMemcpyHostToDevice, s));
       a.seq_keys = dsk;
       a.scale = 0.088f;
       a.key_scores = bn.alloc<float>(size_t(B * H * n));
@@ -169,7 +171,7 @@ int main(int argc, char** argv) {
       pf.out = bn.alloc<__half>(size_t(512 * H * hd));
       std::vector<int32_t> sk1{512};
       int32_t* dsk1 = bn.alloc<int32_t>(1);
-      FH_CUDA_CHECK(cudaMemcpy(dsk1, sk1.data(), 4, cudaMemcpyHostToDevice));
+      FH_CUDA_CHECK(cudaMemcpyAsync(dsk1, sk1.data(), 4, cudaMemcpyHostToDevice, s));
       pf.seq_keys = dsk1;
       const double pms = bn.time_ms([&] { attention(pf, s); }, 5);
       const double flops = 4.0 * H * hd * (512.0 * 513 / 2);  // causal QK^T + PV

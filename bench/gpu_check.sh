@@ -68,13 +68,19 @@ die() {
 step "preflight"
 export PATH="/usr/local/cuda/bin:$PATH"
 command -v nvidia-smi >/dev/null 2>&1 || die preflight "nvidia-smi not found: no NVIDIA driver on this machine (this script needs a CUDA GPU)"
-timeout "$(tmo 60)" nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$LOG"
+timeout "$(tmo 60)" nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem,compute_mode,persistence_mode \
+  --format=csv 2>&1 | tee -a "$LOG"
 timeout "$(tmo 60)" nvidia-smi -L 2>/dev/null | grep -q '^GPU' || die preflight "nvidia-smi lists no GPU"
 if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
   command -v nvcc >/dev/null 2>&1 || die preflight "nvcc not found (CUDA toolkit missing)"
   nvcc --version | tail -2 | tee -a "$LOG"
 fi
 record preflight ok "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+# ctest runs every test case as its own process, each creating a CUDA context: in parallel,
+# unless the GPU is in Exclusive_Process mode (one context at a time; the others would fail).
+MODE="$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | head -1)"
+JOBS=8
+[ "$MODE" = "Exclusive_Process" ] && JOBS=1
 
 # ---- 0b. gpu_pack: prebuilt binaries, or the libraries the image lacks -------------------
 PACK="$ROOT/gpu_pack"
@@ -141,7 +147,7 @@ step "tests (label gpu)"
 TEST_BIN="$BUILD/tests/kernels_cuda/kernels_cuda_test"
 [ -x "$TEST_BIN" ] || die tests "$TEST_BIN not built"
 if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
-  (cd "$BUILD" && timeout "$(tmo 200)" ctest -L gpu --output-on-failure -j4 \
+  (cd "$BUILD" && timeout "$(tmo 200)" ctest -L gpu --output-on-failure -j"$JOBS" \
       --output-junit "$OUTDIR/ctest_gpu.xml") >"$OUTDIR/ctest_gpu.txt" 2>&1
   rc=$?
   tail -5 "$OUTDIR/ctest_gpu.txt" | tee -a "$LOG"
@@ -156,7 +162,13 @@ else
   fi
   grep -E "PASSED|FAILED|SKIPPED \]" "$OUTDIR/ctest_gpu.txt" | tail -8 | tee -a "$LOG"
 fi
-if grep -q "Skipped" "$OUTDIR/ctest_gpu.txt" && grep -q "no CUDA device" "$OUTDIR/ctest_gpu.txt"; then
+# ctest lists a skipped test as "(Skipped)" without its message; every test of label gpu runs
+# on a GPU machine, so any skip means the test processes see no device.
+skipped=$(grep -c "(Skipped)" "$OUTDIR/ctest_gpu.txt")
+if [ "$skipped" -gt 0 ]; then
+  why=$("$TEST_BIN" --gtest_filter='ResourcesGpu.*' 2>&1 | grep -m1 -o 'no CUDA device.*')
+  record tests FAIL "$skipped gpu tests skipped: the test processes see no device (${why:-no reason printed})"
+elif grep -q "Skipped" "$OUTDIR/ctest_gpu.txt" && grep -q "no CUDA device" "$OUTDIR/ctest_gpu.txt"; then
   record tests FAIL "tests skipped: the test binary sees no device ($(grep -m1 -o 'no CUDA device.*' "$OUTDIR/ctest_gpu.txt"))"
 elif [ $rc -eq 0 ]; then
   record tests ok "$(grep -Eo '[0-9]+% tests passed.*' "$OUTDIR/ctest_gpu.txt" | head -1)"

@@ -9,6 +9,12 @@
 
 namespace flexh2o::gpu {
 
+size_t detail::aligned_offset(uintptr_t base, size_t used, size_t align) {
+  const uintptr_t at = base + used, up = at + (align - 1);
+  if (at < base || up < at) return SIZE_MAX;
+  return size_t((up & ~uintptr_t(align - 1)) - base);
+}
+
 // ---- DeviceArena ------------------------------------------------------------------------
 
 DeviceArena DeviceArena::count_only(size_t budget) {
@@ -64,8 +70,9 @@ Status DeviceArena::allocate(size_t bytes, void** out, size_t align) {
   FH_CHECK(out, "DeviceArena::allocate: null out");
   FH_CHECK(align > 0 && (align & (align - 1)) == 0, "DeviceArena::allocate: alignment ", align,
            " is not a power of two");
-  const size_t start = (used_ + align - 1) & ~(align - 1);
-  if (start < used_ || start > budget_ || bytes > budget_ - start)
+  // cudaMalloc guarantees 256-byte alignment only: a larger `align` is of the address.
+  const size_t start = detail::aligned_offset(reinterpret_cast<uintptr_t>(base_), used_, align);
+  if (start == SIZE_MAX || start > budget_ || bytes > budget_ - start)
     return Status(StatusCode::kOutOfBudget,
                   flexh2o::detail::concat("device arena: ", bytes, " bytes do not fit (used ", used_,
                                  " of ", budget_, ")"));

@@ -14,6 +14,12 @@
 
 namespace flexh2o::gpu {
 
+namespace detail {
+// The smallest offset >= `used` at which base + offset is a multiple of `align` (a power of
+// two); SIZE_MAX when that overflows. DeviceArena aligns addresses, not offsets, with it.
+size_t aligned_offset(uintptr_t base, size_t used, size_t align);
+}  // namespace detail
+
 // One device slab of `budget` bytes with bump sub-allocation (default 256-byte alignment).
 // Count-only mode allocates nothing: allocate() hands out nullptr and only tracks offsets, so
 // a planner can size the slab (peak()) with the same code path that later allocates for real.
@@ -31,7 +37,8 @@ class DeviceArena {
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
 
-  // Sub-allocates `bytes` aligned to `align` (a power of two). kOutOfBudget, with *out
+  // Sub-allocates `bytes` at an address aligned to `align` (a power of two; count-only: the
+  // offset, as from base 0). kOutOfBudget, with *out
   // untouched, when it would pass the budget. Memory is uninitialised. Valid until
   // rewind()/reset() below its offset or the arena's destruction.
   Status allocate(size_t bytes, void** out, size_t align = 256);

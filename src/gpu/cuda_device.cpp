@@ -76,8 +76,19 @@ CudaDevice::~CudaDevice() {
   for (const auto& [start, v] : pins_) FH_CUDA_LOG(cudaHostUnregister(reinterpret_cast<void*>(start)));
 }
 
+// The current device is per host thread, and the executor runs each queue on a fresh thread
+// (current device 0): from there, a kernel or cuBLAS call into a stream of GPU 1, or an event
+// created for it, fails. So every entry point that creates or enqueues work binds its thread
+// first (a thread-local read when it is bound already).
+void CudaDevice::bind_thread() const {
+  int current = -1;
+  FH_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device_) FH_CUDA_CHECK(cudaSetDevice(device_));
+}
+
 cudaStream_t CudaDevice::stream(Queue q) const {
   FH_CHECK(device_queue(q), "CUDA device: queue ", queue_name(q), " is a host queue, not a stream");
+  bind_thread();
   return streams_[size_t(q)].get();
 }
 
@@ -86,6 +97,7 @@ cudaStream_t CudaDevice::stream(Queue q) const {
 Status CudaDevice::allocate(MemKind kind, size_t bytes, TierBudget& budget, const std::string& what, Buffer* out) {
   TierCharge charge;
   if (Status s = TierCharge::reserve(budget, bytes, what, &charge); !s.ok()) return s;
+  bind_thread();
   void* p = nullptr;
   const size_t n = std::max<size_t>(bytes, 1);
   cudaError_t e = cudaSuccess;
@@ -124,6 +136,7 @@ struct Pinned final : PinState {
 // not copied. Returns null (nothing registered) when the driver refuses.
 HostPin CudaDevice::pin_in_place(const void* p, size_t bytes) {
   if (!p || !bytes) return nullptr;
+  bind_thread();
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   const uintptr_t a = uintptr_t(p) / page * page, b = (uintptr_t(p) + bytes + page - 1) / page * page;
   std::lock_guard<std::mutex> lock(mu_);
@@ -141,7 +154,10 @@ HostPin CudaDevice::pin_in_place(const void* p, size_t bytes) {
   if (at < b) gaps.push_back({at, b});
   std::vector<uintptr_t> added;
   for (auto [s, e] : gaps) {
-    const cudaError_t err = cudaHostRegister(reinterpret_cast<void*>(s), e - s, cudaHostRegisterReadOnly);
+    // Mapped and portable explicitly: only cudaHostRegisterDefault (flags 0) is documented to
+    // map the range on a UVA system, and the row gather reads it from a kernel.
+    const cudaError_t err = cudaHostRegister(reinterpret_cast<void*>(s), e - s,
+                                             cudaHostRegisterMapped | cudaHostRegisterPortable | cudaHostRegisterReadOnly);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       for (uintptr_t x : added) {
@@ -171,21 +187,25 @@ void CudaDevice::unpin(const std::vector<uintptr_t>& chunks) noexcept {
 // Converted on the host into a double-buffered pinned staging area, copied chunk by chunk; a
 // Q4 tensor's records are copied as they are.
 void CudaDevice::upload(void* dst, const TensorView& src) {
-  PinnedBuffer stage;
-  PinnedBuffer::create(2 * kChunkBytes, &stage).throw_if_error();
-  std::array<cudaEvent_t, 2> done{take_event(), take_event()};
-  std::array<bool, 2> in_flight{false, false};
   // A Q4 tensor (already compressed, weight_dtype(Q4) == Q4) moves as bytes.
   const bool raw = src.dtype == DType::Q4 || src.dtype == dt_;
   const size_t si = src.dtype == DType::Q4 ? 1 : dtype_size(src.dtype), di = raw ? si : dtype_size(dt_);
   const int64_t per_chunk = int64_t(kChunkBytes / std::max(si, di));
+  const int64_t n = src.dtype == DType::Q4 ? int64_t(src.nbytes()) : src.numel();
+  // Each half holds one chunk, or the whole tensor when smaller: most tensors (biases, norms)
+  // are kilobytes, and pinning 64 MiB for each of a model's hundreds of them costs seconds.
+  const size_t half_bytes = size_t(std::min(per_chunk, n)) * std::max(si, di);
+  PinnedBuffer stage;
+  PinnedBuffer::create(2 * half_bytes, &stage).throw_if_error();
+  std::array<cudaEvent_t, 2> done{take_event(), take_event()};
+  std::array<bool, 2> in_flight{false, false};
   std::vector<float> tmp;
   cudaStream_t st = stream(Queue::kHostToDevice);
   int half = 0;
-  for (int64_t off = 0, n = src.dtype == DType::Q4 ? int64_t(src.nbytes()) : src.numel(); off < n; off += per_chunk) {
+  for (int64_t off = 0; off < n; off += per_chunk) {
     const int64_t m = std::min(per_chunk, n - off);
     if (in_flight[size_t(half)]) FH_CUDA_CHECK(cudaEventSynchronize(done[size_t(half)]));
-    std::byte* host = static_cast<std::byte*>(stage.data()) + size_t(half) * kChunkBytes;
+    std::byte* host = static_cast<std::byte*>(stage.data()) + size_t(half) * half_bytes;
     const std::byte* s = static_cast<const std::byte*>(src.data) + size_t(off) * si;
     if (raw) {
       std::memcpy(host, s, size_t(m) * di);
@@ -217,6 +237,7 @@ cudaEvent_t CudaDevice::take_event() {
     }
   }
   cudaEvent_t e = nullptr;
+  bind_thread();  // an event belongs to the device current where it is created
   FH_CUDA_CHECK(cudaEventCreate(&e));
   return e;
 }

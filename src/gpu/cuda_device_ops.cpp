@@ -25,6 +25,7 @@ TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs,
       .throw_if_error();
   if (rows <= rows_ && seqs <= seqs_ && scratch_) return charge;
   synchronize();
+  bind_thread();
   if (scratch_) FH_CUDA_CHECK(cudaFree(scratch_));
   scratch_ = nullptr;
   rows_ = seqs_ = 0;

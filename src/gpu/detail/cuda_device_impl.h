@@ -71,6 +71,8 @@ class CudaDevice final : public Device {
  private:
   friend struct Pinned;
   static bool device_queue(Queue q) { return q == Queue::kCompute || q == Queue::kHostToDevice || q == Queue::kDeviceToHost; }
+  // Makes this device current on the calling thread (see bind_thread in cuda_device.cpp).
+  void bind_thread() const;
   cudaStream_t stream(Queue q) const;
   void unpin(const std::vector<uintptr_t>& chunks) noexcept;
   // y = ep(x w^T + b) on the compute stream; a Q4 weight goes through linear_q4 and dq_.
