@@ -171,7 +171,7 @@ if [ "$skipped" -gt 0 ]; then
 elif grep -q "Skipped" "$OUTDIR/ctest_gpu.txt" && grep -q "no CUDA device" "$OUTDIR/ctest_gpu.txt"; then
   record tests FAIL "tests skipped: the test binary sees no device ($(grep -m1 -o 'no CUDA device.*' "$OUTDIR/ctest_gpu.txt"))"
 elif [ $rc -eq 0 ]; then
-  record tests ok "$(grep -Eo '[0-9]+% tests passed.*' "$OUTDIR/ctest_gpu.txt" | head -1)"
+  record tests ok "$(grep -Eo '[0-9]+% tests passed.*|\[  PASSED  \] [0-9]+ tests?' "$OUTDIR/ctest_gpu.txt" | sed 's/\[  PASSED  \] //' | paste -sd' ')"
 else
   record tests FAIL "rc=$rc, see ctest_gpu.txt"
 fi
