@@ -9,7 +9,8 @@
 #   gpu_pack/debs/   the -dev .debs, so gpu_check.sh can build there if the binaries do not run
 #   gpu_pack/source_root  the absolute source path baked into the binaries (test data, configs)
 #   gpu_pack/compare/  what bench/compare/gpu_compare.sh needs (bench/compare/pack_compare.sh)
-# Then, with the device tool: run(command="bash bench/gpu_check.sh", carry=["gpu_pack"]).
+# Check it here with bench/compare/dry_run.sh; then, with the device tool:
+#   run(command="bash bench/gpu_session.sh", carry=["gpu_pack"], timeout_s=600)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PACK="$ROOT/gpu_pack"
@@ -96,4 +97,4 @@ if [ $((kib + tree_kib)) -gt $((60 * 1024)) ]; then
   echo "gpu_pack: gpu_pack ($((kib / 1024)) MiB) + the working tree ($((tree_kib / 1024)) MiB) is over the 64 MiB the device tool carries"
   exit 1
 fi
-echo "gpu_pack: ready; carry gpu_pack with bench/gpu_check.sh, and with bench/compare/gpu_compare.sh (its own call)"
+echo "gpu_pack: ready; in the window: run(command=\"bash bench/gpu_session.sh\", carry=[\"gpu_pack\"], timeout_s=600)"
