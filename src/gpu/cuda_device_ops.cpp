@@ -23,7 +23,11 @@ TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs,
   TierCharge charge;
   TierCharge::reserve(budget, device_scratch_bytes(DeviceKind::kCuda, c, dt_, rows, seqs), "compute scratch", &charge)
       .throw_if_error();
+  // One scratch serves every batch state on this device (pipeline groups swap theirs in without
+  // a new reserve), so it only grows: sized for the largest rows and seqs asked so far, never
+  // for a later, smaller caller's.
   if (rows <= rows_ && seqs <= seqs_ && scratch_) return charge;
+  rows = std::max(rows, rows_), seqs = std::max(seqs, seqs_);
   synchronize();
   bind_thread();
   if (scratch_) FH_CUDA_CHECK(cudaFree(scratch_));
