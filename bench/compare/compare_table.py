@@ -9,8 +9,9 @@ itself wrote: flexh2o's --report JSON, FlexGen's (and H2O's fork's) --log-file.
       or from flexh2o's report; J is {"tok_s", "batch", "tier"} from hf_accelerate_gpu.py). A run
       that wrote nothing usable is a row with tok/s 0.
   compare_table.py table CSV --md OUT.md --svg OUT.svg
-      the paper-shaped table: per peer row, flexh2o's row of the same model, workload and KV,
-      and the ratio flexh2o / peer; the same as grouped bars (log scale) in SVG.
+      the paper-shaped table: per peer row, each flexh2o run of the same model, workload and KV
+      ("flexh2o": the peer's policy; "flexh2o-auto": --policy auto), and the ratio flexh2o / peer;
+      the same as grouped bars (log scale) in SVG.
 """
 import argparse
 import csv
@@ -95,28 +96,35 @@ def add(a, rest):
                     "tier": tier or "", "policy": " ".join(rest)})
 
 
+def ours(row):
+    """flexh2o's rows: "flexh2o" (the peer's policy) and variants such as "flexh2o-auto"."""
+    return row["system"] == "flexh2o" or row["system"].startswith("flexh2o-")
+
+
 def pairs(rows):
-    """(peer row, flexh2o row or None, ratio or nan) per peer row, in the CSV's order."""
-    ours = {(r["model"], r["workload"], r["kv"]): r for r in rows if r["system"] == "flexh2o"}
+    """(peer row, one of our rows of the same model, workload and KV or None, ratio or nan): a
+    line per peer row and each of our runs of its key, in the CSV's order."""
+    key = lambda r: (r["model"], r["workload"], r["kv"])
     out = []
     for r in rows:
-        if r["system"] == "flexh2o":
+        if ours(r):
             continue
-        o = ours.get((r["model"], r["workload"], r["kv"]))
+        mine = [o for o in rows if ours(o) and key(o) == key(r)] or [None]
         p = float(r["tok_s"])
-        ratio = float(o["tok_s"]) / p if o and p > 0 and float(o["tok_s"]) > 0 else math.nan
-        out.append((r, o, ratio))
+        for o in mine:
+            ratio = float(o["tok_s"]) / p if o and p > 0 and float(o["tok_s"]) > 0 else math.nan
+            out.append((r, o, ratio))
     return out
 
 
 def markdown(rows):
-    lines = ["| model | workload | KV | peer | peer tok/s | batch | lowest tier | flexh2o tok/s | batch | "
+    lines = ["| model | workload | KV | peer | peer tok/s | batch | lowest tier | flexh2o run | tok/s | batch | "
              "lowest tier | flexh2o / peer | peer projected |",
-             "|---|---|---|---|---:|---:|---|---:|---:|---|---:|---|"]
+             "|---|---|---|---|---:|---:|---|---|---:|---:|---|---:|---|"]
     for r, o, ratio in pairs(rows):
-        of = (f"{float(o['tok_s']):.2f}", o["batch"], o["tier"]) if o else ("—", "", "")
+        of = (o["system"], f"{float(o['tok_s']):.2f}", o["batch"], o["tier"]) if o else ("—", "—", "", "")
         lines.append(f"| {r['model']} | {r['workload']} | {r['kv']} | {r['system']} | {float(r['tok_s']):.2f} | "
-                     f"{r['batch']} | {r['tier']} | {of[0]} | {of[1]} | {of[2]} | "
+                     f"{r['batch']} | {r['tier']} | {of[0]} | {of[1]} | {of[2]} | {of[3]} | "
                      f"{'—' if math.isnan(ratio) else f'{ratio:.2f}'} | {r['projected']} |")
     return "\n".join(lines) + "\n"
 

@@ -52,7 +52,7 @@ PATH="$W/bin:$PATH" OUT="$W/out" PY="$PY" FLEXH2O_SESSION_BUDGET=60 timeout 200 
 files=$(find "$W/out" -type f | wc -l)
 rows=$(($(wc -l <"$W/out/compare/gpu_compare.csv" 2>/dev/null || echo 1) - 1))
 if grep -q "gpu_check summary" "$W/session.out" && grep -q "gpu_session: .* s in all" "$W/session.out" &&
-    [ "$files" -le 8 ] && [ "$rows" -eq 7 ] && [ -s "$W/out/compare/gpu_compare.md" ]; then
+    [ "$files" -le 8 ] && [ "$rows" -eq 9 ] && [ -s "$W/out/compare/gpu_compare.md" ]; then
   echo "dry_run: gpu_session.sh ran end to end ($files files back, $rows table rows)"
 else
   tail -30 "$W/session.out"; echo "dry_run: gpu_session.sh FAILED ($files files, $rows rows)"; fail=1

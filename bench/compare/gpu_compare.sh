@@ -8,6 +8,7 @@
 #   3 OPT-6.7B 512+32 (stands in for Accelerate at 30B, whose 60 GB fp16 do not fit 16 GiB + a quick run):
 #     flexh2o vs HF transformers + accelerate device_map offloading
 #   4 OPT-6.7B 512+32 full: flexh2o vs FlexGen
+#   5 OPT-30B full and H2O 20% with flexh2o --policy auto ("flexh2o-auto"), beside rows 1-2's peers
 # GPU memory capped at 16 GiB everywhere: --gpu-mem for us; for the Python systems a
 # sitecustomize.py calls torch.cuda.set_per_process_memory_fraction. Dummy weights everywhere
 # (FlexGen --path _DUMMY_; flexh2o presets; accelerate from a config with random init).
@@ -45,16 +46,18 @@ for d in /tmp/cmp_deps/*; do case "$(basename "$d")" in flexgen*) ;; *) ln -sf "
 # batch and lowest tier from its policy; a run that failed or was cut at its cap is tok/s 0.
 TAB="$ROOT/bench/compare/compare_table.py"
 : >"$CSV"
-fh() {  # fh MODEL KV CAP ARGS...: flexh2o bench on the GPU, 16 GiB cap
+fh() {  # fh [--as SYSTEM] MODEL KV CAP ARGS...: flexh2o bench on the GPU, 16 GiB cap
+  local sys=flexh2o
+  [ "$1" = --as ] && { sys=$2; shift 2; }
   local m=$1 kv=$2 cap=$3; shift 3
-  local rep="$OUTDIR/fh-$m-$kv.json"
-  if have_time "flexh2o $m $kv"; then
-    echo "== [$((SECONDS - T0))s] flexh2o $m $kv (cap $(tmo "$cap") s)" | tee -a "$LOG"
+  local rep="$OUTDIR/$sys-$m-$kv.json"
+  if have_time "$sys $m $kv"; then
+    echo "== [$((SECONDS - T0))s] $sys $m $kv (cap $(tmo "$cap") s)" | tee -a "$LOG"
     LD_LIBRARY_PATH="$FH_LIBS" timeout "$(tmo "$cap")" "$FH" bench -m "$m" --prompt-len 512 --gen-len 32 --device cuda \
       --gpu-mem ${GPU_MEM_GIB}GiB --offload-dir /tmp/fh-store --report "$rep" "$@" >>"$LOG" 2>&1
     rm -rf /tmp/fh-store
   fi
-  $PY "$TAB" add "$CSV" --system flexh2o --model "$m" --kv "$kv" --workload 512+32 --report "$rep" -- "$@" 2>>"$LOG"
+  $PY "$TAB" add "$CSV" --system "$sys" --model "$m" --kv "$kv" --workload 512+32 --report "$rep" -- "$@" 2>>"$LOG"
 }
 fg() {  # fg PYTHONPATH NAME MODEL KV CAP ARGS...: FlexGen (or H2O's fork) with dummy weights
   local pp=$1 name=$2 m=$3 kv=$4 cap=$5; shift 5
@@ -87,6 +90,10 @@ $PY "$TAB" add "$CSV" --system accelerate --model opt-6.7b --kv full --workload 
 fh opt-6.7b full 40 --percent 100 0 100 0 100 0 --gpu-batch-size 8 --num-gpu-batches 1
 # 4. OPT-6.7B: flexh2o vs FlexGen, weights on the GPU
 fg "$FG_PATH" flexgen opt-6.7b full 60 --percent 100 0 100 0 100 0 --gpu-batch-size 8 --num-gpu-batches 1
+# 5. OPT-30B at our own best policy under the same caps (--policy auto on the h200 profile,
+#    its device memory cut to 16 GiB; it may spill to disk, which the peers' paper policies avoid)
+fh --as flexh2o-auto opt-30b full 150 --policy auto --hardware h200
+fh --as flexh2o-auto opt-30b h2o20 150 --policy auto --hardware h200 --kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1
 
 # The table: ratio flexh2o / peer per row, as markdown and SVG; then one tarball of the rest.
 $PY "$TAB" table "$CSV" --md "$OUTDIR/gpu_compare.md" --svg "$OUTDIR/gpu_compare.svg" \

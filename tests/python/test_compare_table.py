@@ -89,14 +89,15 @@ def rows_of(tmp_path, entries):
 def test_ratios_pair_each_peer_with_our_row(tmp_path):
     _, rows = rows_of(tmp_path, [("flexh2o", "full", 12.0), ("flexgen", "full", 8.0),
                                  ("flexh2o", "h2o20", 30.0), ("h2o-flexgen", "h2o20", 0.0),
-                                 ("accelerate", "w4", 2.0)])
+                                 ("accelerate", "w4", 2.0), ("flexh2o-auto", "full", 20.0)])
     got = [(r["system"], o["system"] if o else None, ratio) for r, o, ratio in ct.pairs(rows)]
     assert got[0] == ("flexgen", "flexh2o", 1.5)
-    assert got[1][:2] == ("h2o-flexgen", "flexh2o") and math.isnan(got[1][2])   # the peer failed
-    assert got[2][:2] == ("accelerate", None) and math.isnan(got[2][2])          # we have no row
+    assert got[1] == ("flexgen", "flexh2o-auto", 2.5)                              # each of our runs
+    assert got[2][:2] == ("h2o-flexgen", "flexh2o") and math.isnan(got[2][2])   # the peer failed
+    assert got[3][:2] == ("accelerate", None) and math.isnan(got[3][2])          # we have no row
     md = ct.markdown(rows).splitlines()
-    assert len(md) == 2 + 3
-    assert "| 1.50 |" in md[2] and "| — |" in md[3] and "| — |" in md[4]
+    assert len(md) == 2 + 4
+    assert "| 1.50 |" in md[2] and "| 2.50 |" in md[3] and "| — |" in md[4] and "| — |" in md[5]
 
 
 def test_a_missing_result_is_a_zero_row(tmp_path):
