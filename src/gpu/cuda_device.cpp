@@ -200,9 +200,22 @@ void CudaDevice::upload(void* dst, const TensorView& src) {
   PinnedBuffer stage;
   PinnedBuffer::create(2 * half_bytes, &stage).throw_if_error();
   std::array<cudaEvent_t, 2> done{take_event(), take_event()};
+  // On every exit, a throw too: the copies in flight end before `stage` is freed, and the
+  // events go back to the pool.
+  struct Finish {
+    CudaDevice& d;
+    cudaStream_t st;
+    std::array<cudaEvent_t, 2>& ev;
+    ~Finish() {
+      FH_CUDA_LOG(cudaStreamSynchronize(st));
+      d.give_event(ev[0]);
+      d.give_event(ev[1]);
+    }
+  };
   std::array<bool, 2> in_flight{false, false};
   std::vector<float> tmp;
   cudaStream_t st = stream(Queue::kHostToDevice);
+  const Finish finish{*this, st, done};
   int half = 0;
   for (int64_t off = 0; off < n; off += per_chunk) {
     const int64_t m = std::min(per_chunk, n - off);
@@ -223,8 +236,6 @@ void CudaDevice::upload(void* dst, const TensorView& src) {
     half ^= 1;
   }
   FH_CUDA_CHECK(cudaStreamSynchronize(st));
-  give_event(done[0]);
-  give_event(done[1]);
 }
 
 // ---- events ------------------------------------------------------------------------------
