@@ -98,6 +98,16 @@ fh --as flexh2o-auto opt-30b h2o20 150 --policy auto --hardware h200 --kv-policy
 # The table: ratio flexh2o / peer per row, as markdown and SVG; then one tarball of the rest.
 $PY "$TAB" table "$CSV" --md "$OUTDIR/gpu_compare.md" --svg "$OUTDIR/gpu_compare.svg" \
   --title "Generation throughput, 512+32, one $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) capped at ${GPU_MEM_GIB} GiB" | tee -a "$LOG"
+# What RESULTS.md needs beside the table: when, which GPU and driver, which peers' versions.
+{
+  echo "GPU side by side, $(date -u '+%Y-%m-%d %H:%M UTC'): $(nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv,noheader 2>/dev/null | head -1); cap ${GPU_MEM_GIB} GiB; $(grep -c . "$CSV") CSV lines;" \
+    "python $($PY -c 'import sys, torch, transformers, accelerate; print(sys.version.split()[0], "torch", torch.__version__,
+"transformers", transformers.__version__, "accelerate", accelerate.__version__)' 2>/dev/null); flexgen 0.1.8;" \
+    "H2O fork $(cat "$CP/h2o_flexgen/COMMIT" 2>/dev/null | cut -c1-7); $((SECONDS - T0)) s"
+  echo
+  cat "$OUTDIR/gpu_compare.md"
+} >"$OUTDIR/gpu_compare.md.tmp" && mv "$OUTDIR/gpu_compare.md.tmp" "$OUTDIR/gpu_compare.md"
 echo "gpu_compare: $((SECONDS - T0)) s; CSV $CSV"
 [ -n "${OUT:-}" ] && bundle_out "$OUTDIR" gpu_compare_files gpu_compare.csv gpu_compare.md gpu_compare.log
 exit 0
