@@ -18,6 +18,7 @@
 #include "engine/policy_of.h"
 #include "engine/runner.h"
 #include "planner/pipeline.h"
+#include "stage_threads.h"
 
 namespace flexh2o::test {
 namespace {
@@ -154,14 +155,7 @@ TEST_P(PipelineCase, TokensAndLogitsEqualOneProcess) {
   for (int s = 0; s < c.stages; ++s) stages.push_back(make_stage(whole, c, bounds, s));
   dist::PipelineOptions po;
   po.timeout_s = 60;
-  std::vector<std::thread> servers;
-  std::vector<dist::ServeResult> served(size_t(c.stages));
-  for (int rank = 1; rank < c.stages; ++rank)
-    servers.emplace_back([&, rank] {
-      const int s = dist::rank_stage(rank, c.stages);
-      served[size_t(rank)] = dist::serve_stage(net.channel(rank), *stages[size_t(s)].engine, c.stages,
-                                               bounds[size_t(s)], po);
-    });
+  StageThreads servers(net, c.stages, bounds, po, [&](int s) -> OffloadEngine& { return *stages[size_t(s)].engine; });
   Steps got_steps;
   std::vector<GenerationResult> got;
   dist::PipelineReport rep;
@@ -171,7 +165,7 @@ TEST_P(PipelineCase, TokensAndLogitsEqualOneProcess) {
     got = generate(rec, reqs, go);
     rep = driver.finish(false);
   }
-  for (auto& t : servers) t.join();
+  const std::vector<dist::ServeResult>& served = servers.join();
 
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -251,14 +245,7 @@ TEST(PipelineFailure, StageErrorReachesTheDriverAndEveryStageEnds) {
   LocalChannels net(c.stages);
   dist::PipelineOptions po;
   po.timeout_s = 30;
-  std::vector<dist::ServeResult> served(size_t(c.stages));
-  std::vector<std::thread> servers;
-  for (int rank = 1; rank < c.stages; ++rank)
-    servers.emplace_back([&, rank] {
-      const int s = dist::rank_stage(rank, c.stages);
-      served[size_t(rank)] = dist::serve_stage(net.channel(rank), *stages[size_t(s)].engine, c.stages,
-                                               bounds[size_t(s)], po);
-    });
+  StageThreads servers(net, c.stages, bounds, po, [&](int s) -> OffloadEngine& { return *stages[size_t(s)].engine; });
   std::string error;
   {
     dist::PipelineDriver driver(net.channel(0), *stages.back().engine, c.stages, bounds[size_t(c.stages) - 1], po);
@@ -269,7 +256,7 @@ TEST(PipelineFailure, StageErrorReachesTheDriverAndEveryStageEnds) {
     }
     EXPECT_FALSE(driver.broken());
   }  // the destructor ends the stages
-  for (auto& t : servers) t.join();
+  const std::vector<dist::ServeResult>& served = servers.join();
   EXPECT_NE(error.find("pipeline stage 1 (rank 2 of 3"), std::string::npos) << error;
   EXPECT_NE(error.find("budget"), std::string::npos) << error;
   const int failing = dist::stage_rank(1, c.stages);

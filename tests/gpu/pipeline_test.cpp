@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <sstream>
-#include <thread>
 
 #include "dist/pipeline.h"
 #include "engine/bible_requests.h"
@@ -20,6 +19,7 @@
 #include "gpu/cuda_device.h"
 #include "kernels/cuda/cuda_probe.h"
 #include "planner/pipeline.h"
+#include "dist/stage_threads.h"
 
 namespace flexh2o::test {
 namespace {
@@ -140,14 +140,7 @@ TEST_P(GpuPipeline, GroupsOfDifferentShapesWithinF16ToleranceOfTheCpu) {
   dist::LocalChannels net(c.stages);
   dist::PipelineOptions po;
   po.timeout_s = 60;
-  std::vector<std::thread> servers;
-  std::vector<dist::ServeResult> served(size_t(c.stages));
-  for (int rank = 1; rank < c.stages; ++rank)
-    servers.emplace_back([&, rank] {
-      const int s = dist::rank_stage(rank, c.stages);
-      served[size_t(rank)] =
-          dist::serve_stage(net.channel(rank), *stages[size_t(s)]->engine, c.stages, bounds[size_t(s)], po);
-    });
+  StageThreads servers(net, c.stages, bounds, po, [&](int s) -> OffloadEngine& { return *stages[size_t(s)]->engine; });
   std::vector<test::Run> got;
   {
     dist::PipelineDriver driver(net.channel(0), *stages.back()->engine, c.stages, bounds[size_t(c.stages) - 1], po);
@@ -158,7 +151,7 @@ TEST_P(GpuPipeline, GroupsOfDifferentShapesWithinF16ToleranceOfTheCpu) {
       expect_close_logits(again[g], got[g], 0.25, 0.03, "group " + std::to_string(g) + " again");
     driver.finish(false);
   }
-  for (auto& t : servers) t.join();
+  const std::vector<dist::ServeResult>& served = servers.join();
   for (int rank = 1; rank < c.stages; ++rank) EXPECT_TRUE(served[size_t(rank)].error.empty()) << served[size_t(rank)].error;
   for (size_t g = 0; g < batches.size(); ++g)
     expect_close_logits(got[g], want[g], 0.25, 0.03, "group " + std::to_string(g));
