@@ -13,17 +13,17 @@
 #include "engine/test_util.h"
 #include "gpu/cuda_device.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda/cuda_probe.h"
+#include "gpu/skip_without_gpu.h"
 
 namespace flexh2o {
 namespace {
 using test::model_dir;
 
-class CudaDeviceTest : public ::testing::Test {
+class CudaDeviceTest : public test::SkipWithoutGpu<> {
  protected:
   void SetUp() override {
-    const CudaProbe p = probe_cuda();
-    if (!p.available) GTEST_SKIP() << "no CUDA device: " << p.reason;
+    SkipWithoutGpu::SetUp();
+    if (IsSkipped()) return;
     dev = gpu::make_cuda_device({});
   }
   std::unique_ptr<Device> dev;

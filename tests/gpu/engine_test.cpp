@@ -15,7 +15,7 @@
 #include "engine/offload_engine.h"
 #include "engine/runner_compare.h"
 #include "gpu/cuda_device.h"
-#include "kernels/cuda/cuda_probe.h"
+#include "gpu/skip_without_gpu.h"
 
 namespace flexh2o {
 namespace {
@@ -37,13 +37,7 @@ std::ostream& operator<<(std::ostream& os, const GpuCase& c) {
             << (c.compress_weight ? " W4" : "") << (c.compress_cache ? " KV4" : "");
 }
 
-class GpuEngine : public ::testing::TestWithParam<GpuCase> {
- protected:
-  void SetUp() override {
-    const CudaProbe p = probe_cuda();
-    if (!p.available) GTEST_SKIP() << "no CUDA device: " << p.reason;
-  }
-};
+class GpuEngine : public test::SkipWithoutGpu<::testing::TestWithParam<GpuCase>> {};
 
 TEST_P(GpuEngine, LogitsWithinF16ToleranceOfTheCpuDevice) {
   const GpuCase& c = GetParam();

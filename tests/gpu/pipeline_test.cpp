@@ -17,7 +17,7 @@
 #include "engine/policy_of.h"
 #include "engine/runner_compare.h"
 #include "gpu/cuda_device.h"
-#include "kernels/cuda/cuda_probe.h"
+#include "gpu/skip_without_gpu.h"
 #include "planner/pipeline.h"
 #include "dist/stage_threads.h"
 
@@ -84,13 +84,7 @@ void PrintTo(const GpuPipelineCase& c, std::ostream* os) {
       << (c.h2o ? " h2o" : "");
 }
 
-class GpuPipeline : public ::testing::TestWithParam<GpuPipelineCase> {
- protected:
-  void SetUp() override {
-    const CudaProbe p = probe_cuda();
-    if (!p.available) GTEST_SKIP() << "no CUDA device: " << p.reason;
-  }
-};
+class GpuPipeline : public SkipWithoutGpu<::testing::TestWithParam<GpuPipelineCase>> {};
 
 TEST_P(GpuPipeline, GroupsOfDifferentShapesWithinF16ToleranceOfTheCpu) {
   const GpuPipelineCase& c = GetParam();
