@@ -59,9 +59,8 @@ void LayerCompute::attend(const ModelConfig& c, const StepShape& s, const float*
                           const KvSegment& seg, float* attn) {
   if (seg.n_seq == 0) return;
   const int64_t Q = c.q_dim(), KV = c.kv_dim(), row0 = seg.first_seq * s.T;
+  check_kv_room(s.seq_keys, seg);
   const int32_t* keys = s.seq_keys + seg.first_seq;
-  for (int64_t b = 0; b < seg.n_seq; ++b)
-    FH_CHECK(keys[b] <= seg.capacity, "KV cache full: sequence needs ", keys[b], " slots, capacity ", seg.capacity);
   cpu::write_kv(k + row0 * KV, KV, seg.n_seq, s.T, c.n_kv_heads, c.head_dim, seg.k, seg.dtype, seg.capacity, keys);
   cpu::write_kv(v + row0 * KV, KV, seg.n_seq, s.T, c.n_kv_heads, c.head_dim, seg.v, seg.dtype, seg.capacity, keys);
   cpu::AttentionArgs a;

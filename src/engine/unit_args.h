@@ -1,11 +1,13 @@
 // Plain argument types of the unit ops (device.h, layer_compute.h): the rows of one
 // micro-batch in a token step, and a KV segment (a contiguous range of its sequences whose
-// K/V live in one buffer). Views only; they own nothing.
+// K/V live in one buffer). Views only; they own nothing. And the one room check every attend
+// makes before it writes K/V.
 #pragma once
 
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/error.h"
 
 namespace flexh2o {
 
@@ -37,5 +39,13 @@ struct StepRows {
   const int32_t* host_seq_keys = nullptr;
   int64_t max_keys = 0;                // max of seq_keys
 };
+
+// Throws ("KV cache full") when a sequence of `seg` needs more slots than seg.capacity after
+// this step's write; keys: the micro-batch's host seq_keys (StepRows::host_seq_keys), indexed
+// from the micro-batch's first sequence. An invariant of the engine, checked on every device.
+inline void check_kv_room(const int32_t* keys, const KvSegment& seg) {
+  for (int64_t b = seg.first_seq; b < seg.first_seq + seg.n_seq; ++b)
+    FH_CHECK(keys[b] <= seg.capacity, "KV cache full: sequence needs ", keys[b], " slots, capacity ", seg.capacity);
+}
 
 }  // namespace flexh2o

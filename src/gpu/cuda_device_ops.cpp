@@ -95,6 +95,7 @@ void CudaDevice::attend(const ModelConfig& c, const StepRows& r, const void* q, 
   cudaStream_t st = stream(Queue::kCompute);
   for (const KvSegment& seg : segs) {
     if (seg.n_seq == 0) continue;
+    if (r.host_seq_keys) check_kv_room(r.host_seq_keys, seg);
     const int64_t row0 = seg.first_seq * r.T;
     const int32_t* keys = r.seq_keys + seg.first_seq;
     write_kv(dt_, at(k, row0 * KV), KV, seg.n_seq, r.T, c.n_kv_heads, c.head_dim, seg.k, seg.dtype, seg.capacity, keys,

@@ -1,5 +1,6 @@
 // decide_kv_policy() (the decision the engine applies to a device-homed cache with kv_gather)
-// against apply_kv_policy() (which moves the rows itself), at prefill and decode.
+// against apply_kv_policy() (which moves the rows itself), at prefill and decode; and the room
+// check every device's attend makes before writing K/V (check_kv_room).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -87,6 +88,22 @@ TEST(DecideKvPolicy, KeepListsReproduceApplyAtPrefillAndDecode) {
   for (KvPolicyKind kind : {KvPolicyKind::kH2o, KvPolicyKind::kRandom}) {
     check_decide_equals_apply(true, kind);
     check_decide_equals_apply(false, kind);
+  }
+}
+
+// A segment of sequences 2..3 of a micro-batch with capacity 8: their keys are read from index
+// first_seq on, a full sequence is refused by name, and others' keys are not its concern.
+TEST(KvRoom, ASequencePastItsSegmentsCapacityIsRefused) {
+  const KvSegment seg{nullptr, nullptr, DType::F16, 2, 2, 8, nullptr};
+  const int32_t fits[] = {99, 99, 8, 1, 99};
+  EXPECT_NO_THROW(check_kv_room(fits, seg));
+  const int32_t full[] = {0, 0, 3, 9, 0};
+  try {
+    check_kv_room(full, seg);
+    ADD_FAILURE() << "a sequence needing 9 slots of 8 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV cache full: sequence needs 9 slots, capacity 8"), std::string::npos)
+        << e.what();
   }
 }
 
