@@ -150,25 +150,29 @@ fi
 # "alone" separates the tests that fail by themselves from the fault's collateral. Appends to
 # ctest_gpu.txt; returns 1 when anything failed or crashed.
 gtest_run() {
-  local bin=$1 cap=$2 name excl="" i r last crashed="" failed
+  local bin=$1 cap=$2 name excl="" i r last crashed="" failed own
   name=$(basename "$bin")
+  own="$OUTDIR/$name.all.txt"  # this binary's runs only: their failures are its own to rerun
+  : >"$own"
   for i in 1 2 3 4 5; do
     last="$OUTDIR/$name.run$i.txt"
     timeout "$(tmo "$cap")" "$bin" --gtest_filter="*${excl:+-$excl}" >"$last" 2>&1
     r=$?
-    cat "$last" >>"$OUTDIR/ctest_gpu.txt"
+    cat "$last" >>"$own"
     local t
     t=$(awk '/^\[ RUN      \]/ {t = $4} /^\[ +(OK|FAILED|SKIPPED) +\]/ {n = $4; sub(/,$/, "", n); if (n == t) t = ""}
              END {print t}' "$last")
     rm -f "$last"
     if [ -z "$t" ] && [ $r -le 1 ]; then break; fi
-    [ -z "$t" ] && { echo "gtest_run: $name ended with rc $r outside any test" >>"$OUTDIR/ctest_gpu.txt"; crashed="$crashed ?"; break; }
-    echo "gtest_run: $name ended (rc $r) in $t; running the rest without it" >>"$OUTDIR/ctest_gpu.txt"
+    [ -z "$t" ] && { echo "gtest_run: $name ended with rc $r outside any test" >>"$own"; crashed="$crashed ?"; break; }
+    echo "gtest_run: $name ended (rc $r) in $t; running the rest without it" >>"$own"
     crashed="$crashed $t"
     excl="${excl:+$excl:}$t"
   done
-  failed=$(grep -E '^\[  FAILED  \] ' "$OUTDIR/ctest_gpu.txt" | grep -Ev '\] [0-9]+ tests?, listed below' |
+  failed=$(grep -E '^\[  FAILED  \] ' "$own" | grep -Ev '\] [0-9]+ tests?, listed below' |
            awk '{n = $4; sub(/,$/, "", n); print n}' | sort -u | head -20)
+  cat "$own" >>"$OUTDIR/ctest_gpu.txt"
+  rm -f "$own"
   local f alone=""
   for f in $failed; do
     if timeout "$(tmo 30)" "$bin" --gtest_filter="$f" >>"$OUTDIR/ctest_gpu.txt" 2>&1; then alone="$alone $f:passes-alone"
