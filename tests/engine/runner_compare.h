@@ -50,27 +50,43 @@ inline Run run_greedy(StepRunner& r, const std::vector<GenerationRequest>& reqs)
   return out;
 }
 
+// A batch's prompts as one prefill step: [B, S] ids and positions, left-padded with zeros, and
+// each sequence's real length.
+struct PaddedPrompts {
+  int64_t B = 0, S = 0;
+  std::vector<int32_t> ids, pos, real;
+};
+
+inline PaddedPrompts pad_prompts(const std::vector<GenerationRequest>& reqs) {
+  PaddedPrompts p;
+  p.B = int64_t(reqs.size());
+  for (const auto& q : reqs) p.S = std::max<int64_t>(p.S, int64_t(q.prompt_ids.size()));
+  p.ids.assign(size_t(p.B * p.S), 0);
+  p.pos.assign(size_t(p.B * p.S), 0);
+  p.real.resize(size_t(p.B));
+  for (int64_t b = 0; b < p.B; ++b) {
+    const auto& ids = reqs[size_t(b)].prompt_ids;
+    const size_t at = size_t(b * p.S + p.S - int64_t(ids.size()));
+    p.real[size_t(b)] = int32_t(ids.size());
+    for (size_t t = 0; t < ids.size(); ++t) p.ids[at + t] = ids[t], p.pos[at + t] = int32_t(t);
+  }
+  return p;
+}
+
 // Feeds `reqs` as one batch (left-padded prompts), then `tokens[b][j]` at decode step j for
 // every sequence (teacher forcing): two runners see the same inputs even where their greedy
 // choices would part. `tokens` is another run's output; every request must have as many.
 inline Run run_forced(StepRunner& r, const std::vector<GenerationRequest>& reqs,
                       const std::vector<std::vector<int32_t>>& tokens) {
-  const int64_t B = int64_t(reqs.size());
+  const PaddedPrompts p = pad_prompts(reqs);
+  const int64_t B = p.B, S = p.S;
+  const std::vector<int32_t>& real = p.real;
   EXPECT_LE(B, r.max_batch());
-  int64_t S = 0;
-  for (const auto& q : reqs) S = std::max<int64_t>(S, int64_t(q.prompt_ids.size()));
   const int64_t gen = int64_t(tokens.at(0).size());
-  std::vector<int32_t> ids(size_t(B * S), 0), pos(size_t(B * S), 0), real(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& p = reqs[size_t(b)].prompt_ids;
-    const int64_t pad = S - int64_t(p.size());
-    real[size_t(b)] = int32_t(p.size());
-    for (size_t t = 0; t < p.size(); ++t) ids[size_t(b * S + pad) + t] = p[t], pos[size_t(b * S + pad) + t] = int32_t(t);
-  }
   Run out;
   std::vector<float> logits;
   r.begin_batch(B, S + gen);
-  r.step(ids.data(), pos.data(), S, real.data(), logits);
+  r.step(p.ids.data(), p.pos.data(), S, real.data(), logits);
   out.logits.push_back(logits);
   for (int64_t j = 0; j + 1 < gen; ++j) {
     std::vector<int32_t> next(static_cast<size_t>(B)), np(static_cast<size_t>(B));

@@ -33,22 +33,11 @@ std::vector<Run> run_forced_groups(GroupRunner& r, const std::vector<std::vector
   std::vector<int64_t> gen(G);
   std::vector<Run> out(G);
   for (size_t g = 0; g < G; ++g) {
-    const auto& reqs = batches[g];
-    const int64_t B = int64_t(reqs.size());
-    int64_t S = 0;
-    for (const auto& q : reqs) S = std::max<int64_t>(S, int64_t(q.prompt_ids.size()));
+    const PaddedPrompts p = pad_prompts(batches[g]);
     gen[g] = int64_t(want[g].tokens.at(0).size());
-    std::vector<int32_t> ids(size_t(B * S), 0), pos(size_t(B * S), 0);
-    real[g].resize(size_t(B));
-    for (int64_t b = 0; b < B; ++b) {
-      const auto& p = reqs[size_t(b)].prompt_ids;
-      const int64_t pad = S - int64_t(p.size());
-      real[g][size_t(b)] = int32_t(p.size());
-      for (size_t t = 0; t < p.size(); ++t)
-        ids[size_t(b * S + pad) + t] = p[t], pos[size_t(b * S + pad) + t] = int32_t(t);
-    }
-    r.begin_batch(int(g), B, S + gen[g]);
-    r.submit(int(g), ids.data(), pos.data(), S, real[g].data());
+    real[g] = p.real;
+    r.begin_batch(int(g), p.B, p.S + gen[g]);
+    r.submit(int(g), p.ids.data(), p.pos.data(), p.S, real[g].data());
   }
   size_t open = G;
   std::vector<float> logits;
