@@ -164,6 +164,14 @@ float Event::elapsed_ms(const Event& start, const Event& end) {
 
 CublasHandle::CublasHandle(size_t workspace_bytes) : ws_bytes_(workspace_bytes) {
   FH_CUDA_CHECK(cublasCreate(&h_));
+  // With fp16/bf16 outputs cuBLAS may otherwise add split-K partial sums in the output type;
+  // this keeps every reduction in the fp32 compute type, which is what the CPU reference does.
+  const cublasStatus_t m =
+      cublasSetMathMode(h_, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+  if (m != CUBLAS_STATUS_SUCCESS) {
+    release();
+    FH_CUDA_CHECK(m);
+  }
   if (ws_bytes_ > 0) {
     const cudaError_t e = cudaMalloc(&ws_, ws_bytes_);
     if (e != cudaSuccess) {

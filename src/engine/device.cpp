@@ -38,13 +38,21 @@ uint64_t device_scratch_bytes(DeviceKind kind, const ModelConfig& c, DType act, 
     if (act != DType::F32) b += uint64_t(rows * (c.hidden + 2 * c.q_dim() + 2 * c.kv_dim())) * 4;
     return b;
   }
-  // CUDA: normed rows, two FFN chunks, the last row per sequence (act dtype, 256-aligned each),
-  // the Q4 dequantization tile, and the cuBLAS workspace. The tile is counted whether or not
-  // the weights are compressed: nothing here says, and it is at most 64 MiB.
+  return cuda_scratch(c, act, rows, seqs).total();
+}
+
+// The tile is counted whether or not the weights are compressed: nothing here says, and it is
+// at most 64 MiB.
+CudaScratch cuda_scratch(const ModelConfig& c, DType act, int64_t rows, int64_t seqs) {
   const uint64_t es = dtype_size(act), chunk = uint64_t(std::min(rows, kMlpChunkRows));
   auto al = [](uint64_t n) { return (n + 255) / 256 * 256; };
-  return al(uint64_t(rows * c.hidden) * es) + 2 * al(chunk * uint64_t(c.ffn_dim) * es) +
-         al(uint64_t(seqs * c.hidden) * es) + al(q4_dequant_tile_bytes(c, act)) + (uint64_t(32) << 20);
+  CudaScratch s;
+  s.normed = al(uint64_t(rows * c.hidden) * es);
+  s.ffn_chunk = al(chunk * uint64_t(c.ffn_dim) * es);
+  s.last = al(uint64_t(seqs * c.hidden) * es);
+  s.dequant = al(q4_dequant_tile_bytes(c, act));
+  s.cublas_workspace = kCublasWorkspaceBytes;
+  return s;
 }
 
 uint64_t q4_dequant_tile_bytes(const ModelConfig& c, DType act) {

@@ -179,6 +179,17 @@ class Device {
 // Bytes of scratch the unit ops of a `kind` device need for steps of `rows` rows and `seqs`
 // sequences with activations in `act` (what reserve() charges; the planner counts it too).
 uint64_t device_scratch_bytes(DeviceKind kind, const ModelConfig& c, DType act, int64_t rows, int64_t seqs);
+// The CUDA device's scratch piece by piece, in bytes, each piece 256-aligned: normed rows, one
+// of two FFN chunks, the last row per sequence and the Q4 dequantization tile share one
+// allocation (CudaDevice::reserve lays it out from this); cuBLAS's workspace is its handle's.
+// device_scratch_bytes(kCuda, ...) is total().
+struct CudaScratch {
+  uint64_t normed = 0, ffn_chunk = 0, last = 0, dequant = 0, cublas_workspace = 0;
+  uint64_t allocation() const { return normed + 2 * ffn_chunk + last + dequant; }
+  uint64_t total() const { return allocation() + cublas_workspace; }
+};
+inline constexpr uint64_t kCublasWorkspaceBytes = uint64_t(32) << 20;
+CudaScratch cuda_scratch(const ModelConfig& c, DType act, int64_t rows, int64_t seqs);
 // The CUDA device's share of it for Q4 weights: the tile that linear layers above the fused
 // kernel's rows decode a Q4 weight into (in `act`) before cuBLAS; the largest 2-D weight a unit
 // multiplies by, capped at 64 MiB (larger weights go tile by tile).

@@ -58,6 +58,7 @@ CudaDevice::CudaDevice(const CudaDeviceOptions& o)
     : opts_(o),
       device_(make_current(o.device)),
       dt_(o.compute),
+      cublas_(kCublasWorkspaceBytes),
       arena_(o.host_threads > 0 ? o.host_threads : tbb::task_arena::automatic) {
   FH_CHECK(dtype_supported(dt_), "the CUDA device computes in F16 or BF16, not ", dtype_name(dt_));
   cudaDeviceProp prop{};

@@ -16,7 +16,6 @@
 namespace flexh2o::gpu {
 namespace {
 const void* ptr(const TensorView& v) { return v.empty() ? nullptr : v.data; }
-size_t al(size_t n) { return (n + 255) / 256 * 256; }
 }  // namespace
 
 TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs, TierBudget& budget) {
@@ -33,19 +32,21 @@ TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs,
   if (scratch_) FH_CUDA_CHECK(cudaFree(scratch_));
   scratch_ = nullptr;
   rows_ = seqs_ = 0;
-  const size_t es = dtype_size(dt_), chunk = size_t(std::min(rows, kMlpChunkRows));
-  const size_t a = al(size_t(rows * c.hidden) * es), f = al(chunk * size_t(c.ffn_dim) * es);
-  const size_t l = al(size_t(seqs * c.hidden) * es), dq = al(size_t(q4_dequant_tile_bytes(c, dt_)));
-  const cudaError_t e = cudaMalloc(&scratch_, a + 2 * f + l + dq);
+  const CudaScratch sz = cuda_scratch(c, dt_, rows, seqs);
+  const cudaError_t e = cudaMalloc(&scratch_, sz.allocation());
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
-    FH_FAIL("the GPU cannot allocate ", a + 2 * f + l + dq, " bytes of compute scratch for steps of ", rows,
+    FH_FAIL("the GPU cannot allocate ", sz.allocation(), " bytes of compute scratch for steps of ", rows,
             " rows; lower the micro-batch or the prompt length");
   }
   FH_CUDA_CHECK(e);
   char* p = static_cast<char*>(scratch_);
-  normed_ = p, ffn_a_ = p + a, ffn_b_ = p + a + f, last_ = p + a + 2 * f;
-  dq_ = p + a + 2 * f + l, dq_bytes_ = dq;
+  normed_ = p;
+  ffn_a_ = p += sz.normed;
+  ffn_b_ = p += sz.ffn_chunk;
+  last_ = p += sz.ffn_chunk;
+  dq_ = p += sz.last;
+  dq_bytes_ = sz.dequant;
   rows_ = rows, seqs_ = seqs;
   return charge;
 }

@@ -3,7 +3,11 @@
 // the Q4 dequantization tile its scratch holds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "engine/device.h"
+#include "engine/layer_compute.h"
 #include "engine/test_util.h"
 #include "gpu/cuda_device.h"
 #include "kernels/cuda/cuda_probe.h"
@@ -48,6 +52,25 @@ TEST(CudaDevice, DequantTileIsTheLargestUnitWeightCappedAt64MiB) {
   const uint64_t cuda = device_scratch_bytes(DeviceKind::kCuda, t, DType::F16, 64, 8);
   t.vocab_size = 1;  // shrinks only the tile: 688 x 256 (gate/up/down) instead of 4096 x 256
   EXPECT_EQ(cuda - device_scratch_bytes(DeviceKind::kCuda, t, DType::F16, 64, 8), uint64_t((4096 - 688) * 256 * 2));
+}
+
+// The charge and the allocation come from one layout: pieces rounded up to 256 bytes (each
+// piece starts aligned), the FFN chunk capped at kMlpChunkRows rows, cuBLAS's workspace beside.
+TEST(CudaDevice, ScratchLayoutIsAlignedAndSumsToTheCharge) {
+  ModelConfig c = Model::load_dir(model_dir("tiny-opt")).config();
+  c.hidden = 100, c.ffn_dim = 300;  // rows of 200 / 600 bytes: not multiples of 256
+  for (const auto& [rows, seqs] : {std::pair<int64_t, int64_t>{3, 3}, {7, 2}, {5000, 9}}) {
+    const CudaScratch s = cuda_scratch(c, DType::F16, rows, seqs);
+    const auto up = [](uint64_t n) { return (n + 255) / 256 * 256; };
+    EXPECT_EQ(s.normed, up(uint64_t(rows) * 200)) << rows;
+    EXPECT_EQ(s.ffn_chunk, up(uint64_t(std::min<int64_t>(rows, kMlpChunkRows)) * 600)) << rows;
+    EXPECT_EQ(s.last, up(uint64_t(seqs) * 200)) << seqs;
+    EXPECT_EQ(s.dequant, up(q4_dequant_tile_bytes(c, DType::F16)));
+    for (uint64_t piece : {s.normed, s.ffn_chunk, s.last, s.dequant}) EXPECT_EQ(piece % 256, 0u);
+    EXPECT_EQ(s.allocation(), s.normed + 2 * s.ffn_chunk + s.last + s.dequant);
+    EXPECT_EQ(device_scratch_bytes(DeviceKind::kCuda, c, DType::F16, rows, seqs),
+              s.allocation() + kCublasWorkspaceBytes);
+  }
 }
 
 }  // namespace
