@@ -2,7 +2,10 @@
 # dry_run.sh — run HERE (no GPU) after bench/gpu_pack.sh, before spending a GPU window: each part
 # of bench/gpu_session.sh that can run without a GPU does, so a break costs minutes here, not the
 # window. Not CI (it needs torch). Usage: bench/compare/dry_run.sh PYTHON
-#   PYTHON: an interpreter with torch, transformers, accelerate and psutil (the image's set).
+#   PYTHON: an interpreter with torch, transformers, accelerate and psutil, best at the image's
+#   versions (KINDS.md, 2026-11): python3 -m venv V && V/bin/pip install torch==2.11.0
+#   transformers==5.17.0 accelerate==1.15.0 huggingface_hub==1.33.0 tokenizers==0.23.2
+#   safetensors==0.8.0 psutil  (3.5 min; numpy 2.5 needs Python 3.12, any numpy 2 will do).
 #   1. PyPI FlexGen and H2O's fork, from the pack, through their whole code path on the CPU with
 #      CUDA stubbed (peer_dryrun.py): OPT-125M dummy, the OPT-30B rows' policy shape;
 #   2. the accelerate row's dummy model builds and generates;

@@ -6,11 +6,14 @@ under this machine's torch/transformers and a break shows here instead of in the
 Its timings mean nothing."""
 import contextlib, runpy, sys, torch
 
+# Classes, not factories: transformers 5 writes `torch.cuda.Stream | None` in annotations.
 class _Stream:
+    def __init__(self, *a, **k): pass
     def synchronize(self): pass
     def wait_stream(self, s): pass
     def record_event(self, e=None): return _Event()
 class _Event:
+    def __init__(self, *a, **k): pass
     def record(self, s=None): pass
     def synchronize(self): pass
     def wait(self, s=None): pass
@@ -18,8 +21,8 @@ class _Event:
     def query(self): return True
 
 c = torch.cuda
-c.Stream = lambda *a, **k: _Stream()
-c.Event = lambda *a, **k: _Event()
+c.Stream = _Stream
+c.Event = _Event
 c.stream = lambda s: contextlib.nullcontext()
 c.current_stream = lambda *a, **k: _Stream()
 c.default_stream = lambda *a, **k: _Stream()
