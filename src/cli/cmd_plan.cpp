@@ -32,9 +32,9 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_option("--gpu-batch-size", a.gpu_batch_size, "With --percent");
   s->add_option("--num-gpu-batches", a.num_gpu_batches, "With --percent");
   s->add_flag("--cpu-cache-compute", a.cpu_cache_compute, "With --percent: decode attention on the host");
-  s->add_option("--overlap", a.overlap, "true|false")->check(CLI::IsMember({"true", "false"}));
+  s->add_option("--overlap", a.overlap, "true|false")->check(flag_bool_check());
   s->add_option("--sep-layer", a.sep_layer, "Attention and MLP as separate units (true|false)")
-      ->capture_default_str()->check(CLI::IsMember({"true", "false"}));
+      ->capture_default_str()->check(flag_bool_check());
   s->add_option("--kv-dtype", a.kv_dtype, "KV cache element type: f16, bf16, f32 or q4 (= --compress-cache)")
       ->capture_default_str()->check(CLI::IsMember({"f16", "bf16", "f32", "q4"}));
   s->add_flag("--compress-weight", a.compress_weight,
@@ -97,7 +97,7 @@ int run_pipeline_plan(const PlanArgs& a, const Env& env, const ModelConfig& c, c
   PipelineOptions o;
   o.stages = a.pipeline_stages;
   o.groups = a.groups;
-  o.search.overlap = a.overlap != "false";
+  o.search.overlap = parse_flag_bool(a.overlap, "--overlap");
   if (a.compress_weight || a.no_compress) o.search.compress_weight = a.compress_weight;
   if (a.compress_cache || a.no_compress) o.search.compress_cache = a.compress_cache;
   if (!a.stage_link.empty()) o.link = resolve_stage_link(a.stage_link, env.configs_dir);
@@ -201,14 +201,14 @@ int run_plan(const PlanArgs& a, const Env& env) {
     if (a.gpu_batch_size > 0) p.gpu_batch_size = a.gpu_batch_size;
     if (a.num_gpu_batches > 0) p.num_gpu_batches = a.num_gpu_batches;
     p.cpu_cache_compute = a.cpu_cache_compute;
-    p.overlap = a.overlap != "false";
-    p.sep_layer = a.sep_layer != "false";
+    p.overlap = parse_flag_bool(a.overlap, "--overlap");
+    p.sep_layer = parse_flag_bool(a.sep_layer, "--sep-layer");
     p.compress_weight = a.compress_weight;
     p.compress_cache = a.compress_cache || w.kv_dtype == DType::Q4;
     e = cm.estimate(p);
   } else {
     SearchOptions so;
-    so.overlap = a.overlap != "false";
+    so.overlap = parse_flag_bool(a.overlap, "--overlap");
     if (a.no_compress && (a.compress_weight || a.compress_cache))
       FH_FAIL("plan: --no-compress contradicts --compress-weight / --compress-cache");
     if (a.compress_weight || a.no_compress) so.compress_weight = a.compress_weight;

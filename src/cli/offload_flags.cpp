@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "cli/output_file.h"
@@ -25,13 +26,14 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
       ->group(g);
   app->add_flag("--cpu-cache-compute,--cpu", a.cpu_cache_compute,
                 "Decode attention on the host where the KV cache lives")->group(g);
-  app->add_option("--overlap", a.overlap, "Overlap transfers with compute (true/false)")->capture_default_str()->group(g);
+  app->add_option("--overlap", a.overlap, "Overlap transfers with compute (true/false)")
+      ->capture_default_str()->check(flag_bool_check())->group(g);
   app->add_option("--sep-layer", a.sep_layer,
                   "Attention and MLP are separate placement and streaming units, as FlexGen (false: whole layers)")
-      ->capture_default_str()->group(g);
+      ->capture_default_str()->check(flag_bool_check())->group(g);
   app->add_option("--pin-weight", a.pin_weight,
                   "Host-homed weights in page-locked memory on a GPU (the checkpoint's pages locked in place "
-                  "when possible)")->capture_default_str()->group(g);
+                  "when possible)")->capture_default_str()->check(flag_bool_check())->group(g);
   app->add_option("--policy", a.policy_file,
                   "JSON policy file (fields of the flags above; flags override it), or \"auto\": the planner picks")
       ->group(g);
@@ -115,12 +117,23 @@ uint64_t parse_bytes(const std::string& text, const std::string& flag) {
 }
 
 namespace {
-bool parse_bool(const std::string& s, const char* flag) {
+std::optional<bool> bool_word(const std::string& s) {
   if (s == "true" || s == "1" || s == "on" || s == "yes") return true;
   if (s == "false" || s == "0" || s == "off" || s == "no") return false;
-  FH_FAIL(flag, " must be true or false, got \"", s, "\"");
+  return std::nullopt;
 }
+std::string bool_word_error(const std::string& s) { return "must be true or false, got \"" + s + "\""; }
 }  // namespace
+
+bool parse_flag_bool(const std::string& s, const char* flag) {
+  if (const std::optional<bool> b = bool_word(s)) return *b;
+  FH_FAIL(flag, " ", bool_word_error(s));
+}
+
+CLI::Validator flag_bool_check() {
+  return CLI::Validator([](std::string& s) { return bool_word(s) ? std::string() : bool_word_error(s); },
+                        "true|false");
+}
 
 OffloadOptions make_offload_options(const OffloadArgs& a) {
   OffloadOptions o;
@@ -139,9 +152,9 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   if (a.cpu_cache_compute) p.cpu_cache_compute = true;
   if (a.compress_weight) p.compress_weight = true;
   if (a.compress_cache) p.compress_cache = true;
-  p.overlap = parse_bool(a.overlap, "--overlap");
-  p.sep_layer = parse_bool(a.sep_layer, "--sep-layer");
-  p.pin_weight = parse_bool(a.pin_weight, "--pin-weight");
+  p.overlap = parse_flag_bool(a.overlap, "--overlap");
+  p.sep_layer = parse_flag_bool(a.sep_layer, "--sep-layer");
+  p.pin_weight = parse_flag_bool(a.pin_weight, "--pin-weight");
   p.validate();
   if (!a.gpu_mem.empty()) o.device_mem = parse_bytes(a.gpu_mem, "--gpu-mem");
   if (!a.cpu_mem.empty()) o.host_mem = parse_bytes(a.cpu_mem, "--cpu-mem");
@@ -206,7 +219,7 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
   w.kv_dtype = kv_dtype;
   Policy p = plan_policy(m, hw, w, so, dev.kind() == DeviceKind::kCuda ? std::optional<DType>(dev.weight_dtype(DType::F32))
                                                                       : std::nullopt);
-  p.overlap = a.overlap != "false";
+  p.overlap = parse_flag_bool(a.overlap, "--overlap");
   log << "flexh2o: --policy auto on " << hw.name << ": " << p.str() << "\n";
   return p;
 }

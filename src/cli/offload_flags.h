@@ -31,6 +31,11 @@ struct OffloadArgs {
 };
 
 void add_offload_flags(CLI::App* app, OffloadArgs& a);
+// The value of a true/false flag (--overlap, --sep-layer, --pin-weight): true|1|on|yes or
+// false|0|off|no; throws naming `flag` on anything else. add_offload_flags checks these words
+// at parse time too (CLI11: flag_bool_check()), so a bad value fails in memory as well.
+bool parse_flag_bool(const std::string& s, const char* flag);
+CLI::Validator flag_bool_check();
 // True when any flag asks for the offloading engine (otherwise the in-memory path runs);
 // --compress-weight / --compress-cache do not.
 bool offload_requested(const OffloadArgs& a);

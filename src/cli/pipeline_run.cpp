@@ -109,7 +109,7 @@ PipelineLayout choose_layout(const GenerateArgs& a, const Env& env, const Model&
   l.groups = int(pp.groups);
   for (const StagePlan& s : pp.stages) {
     Policy p = s.estimate.policy;
-    p.overlap = a.offload.overlap != "false";
+    p.overlap = parse_flag_bool(a.offload.overlap, "--overlap");
     l.policies.push_back(policy_to_json(p).dump());
   }
   l.split = "planned on " + hw.name;

@@ -262,6 +262,29 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
   EXPECT_NE(kv.err.find("--heavy-ratio"), std::string::npos) << kv.err;
 }
 
+// --overlap / --sep-layer / --pin-weight take the same words wherever they are read: a bad one
+// is refused before anything runs, in memory too, and --policy auto honours "0" (it used to read
+// anything but "false" as true).
+TEST(Cli, TrueFalseFlagsAreCheckedAndReadAlikeEverywhere) {
+  for (const char* flag : {"--overlap", "--sep-layer", "--pin-weight"}) {
+    RunResult r = flexh2o("generate -m " + kOpt + " --prompt hi -n 1 " + flag + " maybe");
+    EXPECT_EQ(r.code, 2) << flag;
+    EXPECT_NE(r.err.find(std::string(flag) + ": must be true or false, got \"maybe\""), std::string::npos) << r.err;
+  }
+  const std::string t4 = (fs::path(FLEXH2O_TEST_DATA) / "../../configs/hardware/t4-paper.json").string();
+  const std::string run = "generate -m " + kOpt + " --prompt hi -n 1 --policy auto --no-compress --gpu-mem 8MiB --hardware " + t4;
+  for (const char* off : {"false", "0", "off", "no"}) {
+    RunResult r = flexh2o(run + " --overlap " + off);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("--overlap false"), std::string::npos) << off << "\n" << r.err;
+  }
+  RunResult on = flexh2o(run + " --overlap yes");
+  EXPECT_EQ(on.code, 0) << on.err;
+  EXPECT_EQ(on.err.find("--overlap false"), std::string::npos) << on.err;
+  RunResult plan = flexh2o("plan -m " + kOpt + " --hardware " + t4 + " --prompt-len 8 --gen-len 2 --overlap 0");
+  EXPECT_EQ(plan.code, 0) << plan.err;
+}
+
 // --compress-weight / --compress-cache on generate: in memory and offloaded (by the flags, or by
 // a policy file's compress_* fields) give the same tokens, and the reports say Q4.
 TEST(Cli, CompressionFlagsAndPolicyFilesGiveTheInMemoryCompressedTokens) {

@@ -28,8 +28,6 @@ def test_unknown_flag_is_a_type_error():
                                                                  "--recent-ratio", "0.1"]),
     (dict(kv_policy="lru"), ["--kv-policy", "lru"]),
     (dict(kv_seed=3), ["--kv-seed", "3"]),
-    # The binary checks --overlap only when it offloads; LLM() checks every flag up front.
-    (dict(overlap="maybe"), ["--overlap", "maybe", "--gpu-batch-size", "1"]),
     (dict(kv_dtype="f8"), ["--kv-dtype", "f8"]),
 ])
 def test_bad_value_has_the_cli_message(kw, flags):
@@ -46,6 +44,13 @@ def test_parse_error_has_cli11_message():
     assert str(e.value) and str(e.value) in cli_error("--percent", "0", "100", "100", "0", "100")
     with pytest.raises(flexh2o.Error, match="--heavy-ratio"):
         flexh2o.LLM(str(TINY["opt"]), device="cpu", kv_policy="h2o", heavy_ratio="lots")
+    # A true/false flag with another word is refused at parse time, in memory as when offloading.
+    for flag in ("overlap", "sep_layer", "pin_weight"):
+        with pytest.raises(flexh2o.Error) as e:
+            flexh2o.LLM(str(TINY["opt"]), device="cpu", **{flag: "maybe"})
+        dashed = "--" + flag.replace("_", "-")
+        assert f'{dashed}: must be true or false, got "maybe"' in str(e.value)
+        assert str(e.value) in cli_error(dashed, "maybe")
 
 
 def test_missing_model_names_it(tmp_path):
