@@ -60,7 +60,10 @@ SearchOptions auto_search(const OffloadArgs& a, int64_t requests);
 // of 1000, no unit is bytes). Throws naming `flag` and the accepted units on anything else: a
 // fraction of a byte ("0.5"), less than one byte, more than 1 EiB, an unknown unit.
 uint64_t parse_bytes(const std::string& text, const std::string& flag);
-nlohmann::json offload_report_json(const OffloadEngine& e);
+// The engine's report; with `since` (an earlier report() of the same engine), its counts —
+// bytes and KV bytes moved, queue and wall times, token steps and the overlap efficiencies —
+// are those of the interval after it. Peaks, budgets and placement facts are run-long.
+nlohmann::json offload_report_json(const OffloadEngine& e, const OffloadReport* since = nullptr);
 // Writes --trace FILE (if given) from an engine built with it; throws when it cannot be written.
 void write_trace_file(const OffloadArgs& a, const OffloadEngine& e, std::ostream& log);
 

@@ -100,7 +100,7 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
               {"weight_bytes", lm.model->weight_bytes()},
               {"peak_kv_bytes", st.peak_kv_bytes},
               {"peak_rss_bytes", peak_rss_bytes()}};
-  if (rs.offload) report["offload"] = offload_report_json(*rs.offload);
+  if (rs.offload) report["offload"] = offload_report_json(*rs.offload, rs.offload_since ? &*rs.offload_since : nullptr);
   return report;
 }
 

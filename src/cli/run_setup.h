@@ -26,6 +26,12 @@ struct RunSetup {
   Device* device = nullptr;             // what the runner computes on
   std::unique_ptr<StepRunner> runner;
   OffloadEngine* offload = nullptr;     // the runner, when it is the offloading engine
+  // A runner reused by another call (the Python API): the engine's report as that call began,
+  // so run_report counts that call only (see offload_report_json). Unset: since construction.
+  std::optional<OffloadReport> offload_since;
+  void start_report() {
+    if (offload) offload_since = offload->report();
+  }
 };
 
 // "cpu": `cpu` itself; "cuda": a CUDA device for `m` (F16, or BF16 for bf16 checkpoints), kept in `owned`;

@@ -143,6 +143,8 @@ Session::Runner& Session::runner_for(const Workload& w) {
     runner_.reset();  // its memory (device memory on a GPU) is free before the new one is placed
     runner_ = make_runner(kv_, w);
     runner_workload_ = w;
+  } else {
+    runner_->rs.start_report();  // the report counts this call, not the runner's earlier ones
   }
   return *runner_;
 }
@@ -243,6 +245,7 @@ std::vector<double> Session::loglikelihood_rolling(const std::vector<std::vector
   std::vector<double> out;
   Runner* last = nullptr;
   std::unique_ptr<Runner> own;
+  Runner* shared = per_sequence ? nullptr : &runner_for({1, longest, 1});  // serves every sequence
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto& ids = seqs[i];
     const int64_t n = int64_t(ids.size()) - 1;
@@ -256,7 +259,7 @@ std::vector<double> Session::loglikelihood_rolling(const std::vector<std::vector
       own = make_runner(kv, {1, std::max<int64_t>(1, n), 1});
       run = own.get();
     } else {
-      run = &runner_for({1, longest, 1});
+      run = shared;
     }
     last = run;
     if (n == 0) {  // nothing to score: the empty sum

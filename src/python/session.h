@@ -97,7 +97,9 @@ class Session {
   // Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]), streamed one token per step.
   std::vector<double> loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs);
 
-  // The JSON run report of the last successful call ("" before the first).
+  // The JSON run report of the last successful call ("" before the first). Its offload counts
+  // (bytes moved, queue times, token steps) are that call's; a call that built the runner also
+  // counts the weights' placement. Peaks are the runner's since it was built.
   std::string last_report() const;
 
  private:
@@ -106,6 +108,7 @@ class Session {
     int64_t prompt_len = 0, gen_len = 0, requests = 0;
     bool operator==(const Workload&) const = default;
   };
+  // The runner for a workload, built when needed; a reused one starts a new report interval.
   Runner& runner_for(const Workload& w);
   std::unique_ptr<Runner> make_runner(const cli::KvArgs& kv, const Workload& w);
   const Tokenizer& tokenizer() const;

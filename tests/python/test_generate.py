@@ -74,6 +74,21 @@ def test_offloaded_gives_the_in_memory_tokens(llms):
     assert rep["generated_tokens"] == sum(len(c.token_ids) for c in want)
 
 
+def test_report_counts_each_call_of_a_reused_runner():
+    # The runner placed by the first call is reused: each report counts its own call only.
+    off = flexh2o.LLM(str(TINY["opt"]), device="cpu", percent=[0, 100, 100, 0, 100, 0], gpu_batch_size=2)
+    reps = []
+    for _ in range(3):
+        off.generate(PROMPTS, max_new_tokens=5, ignore_eos=True)
+        reps.append(off.last_report["offload"])
+    assert reps[1]["bytes_moved"] == reps[2]["bytes_moved"]
+    assert reps[1]["token_steps"] == reps[2]["token_steps"] == reps[0]["token_steps"] > 0
+    assert reps[1]["bytes_moved"]["host_to_device"] > 0
+    assert 0 < reps[1]["schedule_wall_seconds"] and 0 < reps[1]["overlap_efficiency"] <= 1.0
+    ((_, _),) = off.loglikelihood([(off.encode("Grace"), [5, 6])])  # a smaller workload: the same runner
+    assert 0 < off.last_report["offload"]["token_steps"] < reps[1]["token_steps"]
+
+
 def test_h2o_matches_cli(tmp_path):
     llm = flexh2o.LLM(str(TINY["llama"]), device="cpu", kv_policy="h2o", heavy_ratio=0.2, recent_ratio=0.2)
     got = llm.generate(PROMPTS, max_new_tokens=12, ignore_eos=True)
