@@ -20,7 +20,7 @@ __global__ void quantize_kernel(const QuantLayout l, int64_t G, const T* x, uint
     const int64_t i = idx % l.inner, g = (idx / l.inner) % G, o = idx / (l.inner * G);
     auto at = [&](int64_t k) {
       const int64_t li = g * gs + k;
-      return li < l.len ? to_f(x[(o * l.len + li) * l.inner + i]) : 0.f;
+      return li < l.len ? detail::exact_f(x[(o * l.len + li) * l.inner + i]) : 0.f;
     };
     float mn = at(0), mx = mn;
     for (int64_t k = 1; k < gs; ++k) {
@@ -28,7 +28,9 @@ __global__ void quantize_kernel(const QuantLayout l, int64_t G, const T* x, uint
       mn = v < mn ? v : mn;
       mx = v > mx ? v : mx;
     }
-    const __half sh = __float2half_rn(detail::quant_scale(mn, mx)), mh = __float2half_rn(mn);
+    // Bit-level widening and rounding as in core/dtype.h, not the cvt intrinsics: they agree
+    // except on NaN, which cvt makes canonical (a NaN first element makes mn NaN, and its meta).
+    const __half sh = detail::round_f<__half>(detail::quant_scale(mn, mx)), mh = detail::round_f<__half>(mn);
     const float sc = __half2float(sh), m = __half2float(mh);
     meta[((o * G + g) * 2 + 0) * l.inner + i] = sh;
     meta[((o * G + g) * 2 + 1) * l.inner + i] = mh;

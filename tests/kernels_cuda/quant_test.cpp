@@ -147,6 +147,21 @@ TEST_P(QuantGpu, BitIdenticalToHostReference) {
   }
 }
 
+// A NaN first element of a group makes its min NaN: the meta must carry the host's NaN bits
+// (the cvt intrinsics would canonicalise them), and the codes of the group are all 0.
+TEST_P(QuantGpu, NanGroupMetaBitsMatchHost) {
+  const DType dt = GetParam();
+  QuantLayout l = QuantLayout::of(Shape{2, 64}, 1, 64);
+  std::vector<float> x = round_to(randn(size_t(l.numel()), 42), dt);
+  x[0] = round_to({NAN}, dt)[0];  // group 0 only; group 1 stays finite
+  Quantized q = quantize_host(l, x);
+  uint8_t* dcodes = alloc<uint8_t>(q.codes.size());
+  uint16_t* dmeta = alloc<uint16_t>(q.meta.size());
+  quantize_4bit(l, dt, upload(x, dt), dcodes, dmeta, stream());
+  EXPECT_EQ(download_raw(dcodes, q.codes.size()), q.codes);
+  EXPECT_EQ(download_raw(dmeta, q.meta.size()), q.meta);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, QuantGpu, ::testing::Values(DType::F16, DType::BF16),
                          [](const auto& i) { return std::string(dt_str(i.param)); });
 
