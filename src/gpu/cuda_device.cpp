@@ -131,7 +131,9 @@ void CudaDevice::release(MemKind kind, std::byte* p, size_t) noexcept {
 struct Pinned final : PinState {
   CudaDevice* dev = nullptr;
   std::vector<uintptr_t> chunks;  // registry entries this pin holds a reference to
-  ~Pinned() override { dev->unpin(chunks); }
+  ~Pinned() override {
+    if (!chunks.empty()) dev->unpin(chunks);
+  }
 };
 
 // Registers the pages of [p, p + bytes) not registered yet (a page shared with an earlier
@@ -167,6 +169,9 @@ HostPin CudaDevice::pin_in_place(const void* p, size_t bytes) {
         FH_CUDA_LOG(cudaHostUnregister(reinterpret_cast<void*>(x)));
         pins_.erase(x);
       }
+      // No reference was taken yet: dropping `pin` must not unpin (that would lock mu_, held
+      // here, and release chunks of other pins).
+      pin->chunks.clear();
       return nullptr;
     }
     pins_[s] = {e, 0};
