@@ -61,6 +61,11 @@ TEST_F(CudaDeviceTest, CheckpointPinnedInPlaceFeedsTheRowGather) {
   for (size_t i = 0; i < ids.size(); ++i)
     EXPECT_EQ(std::memcmp(h_rows.data() + i * row, static_cast<const std::byte*>(table.data) + size_t(ids[i]) * row, row), 0)
         << "row " << i;
+  // A row outside the table is refused by name before anything is enqueued, as on the CPU.
+  const std::vector<int32_t> bad = {1, int32_t(table.shape[0])};
+  EXPECT_THROW(dev->gather_rows(Queue::kHostToDevice, d_rows.data(), table.data, table.shape[0], row,
+                                d_ids.as<int32_t>(), bad.data(), int64_t(bad.size())),
+               Error);
   pin.reset();  // unregistered again
   ASSERT_EQ(cudaPointerGetAttributes(&at, table.data), cudaSuccess);
   EXPECT_EQ(at.type, cudaMemoryTypeUnregistered);
