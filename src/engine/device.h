@@ -162,8 +162,9 @@ class Device {
   virtual void head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden,
                     float* logits) = 0;
   // In-place compaction of rows x capacity x row_elems elements of dt (row r: new slot i <-
-  // old slot keep[r*keep_stride + i] for i < count[r]); keep/count in pinned host memory that
-  // stays unchanged until this op is complete (the schedule's KeepSlot dependency).
+  // old slot keep[r*keep_stride + i] for i < count[r], i <= keep[..+i] < capacity); keep/count
+  // in device memory (the CUDA kernel reads them there; the engine copies its pinned keep slot
+  // in first on the compute queue), unchanged until this op is complete.
   virtual void kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, int64_t row_elems,
                          const int32_t* keep, int64_t keep_stride, const int32_t* count) = 0;
 

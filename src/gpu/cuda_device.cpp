@@ -131,7 +131,9 @@ void CudaDevice::release(MemKind kind, std::byte* p, size_t) noexcept {
 struct Pinned final : PinState {
   CudaDevice* dev = nullptr;
   std::vector<uintptr_t> chunks;  // registry entries this pin holds a reference to
-  ~Pinned() override { dev->unpin(chunks); }
+  ~Pinned() override {
+    if (!chunks.empty()) dev->unpin(chunks);
+  }
 };
 
 // Registers the pages of [p, p + bytes) not registered yet (a page shared with an earlier
@@ -167,6 +169,9 @@ HostPin CudaDevice::pin_in_place(const void* p, size_t bytes) {
         FH_CUDA_LOG(cudaHostUnregister(reinterpret_cast<void*>(x)));
         pins_.erase(x);
       }
+      // No reference was taken yet: dropping `pin` must not unpin (that would lock mu_, held
+      // here, and release chunks of other pins).
+      pin->chunks.clear();
       return nullptr;
     }
     pins_[s] = {e, 0};
@@ -314,6 +319,12 @@ void CudaDevice::copy_2d(Queue q, void* dst, size_t dpitch, const void* src, siz
 void CudaDevice::gather_rows(Queue q, void* dst, const void* table, int64_t table_rows, size_t row_bytes,
                              const int32_t* ids, const int32_t* host_ids, int64_t n) {
   if (n <= 0) return;
+  // As the CPU device: a bad id throws by name (the kernel would zero the row silently, the
+  // row copies below would read outside the table).
+  FH_CHECK(host_ids, "gather_rows: host ids needed");
+  for (int64_t i = 0; i < n; ++i)
+    FH_CHECK(host_ids[i] >= 0 && host_ids[i] < table_rows, "gather_rows: row ", host_ids[i], " outside [0, ",
+             table_rows, ")");
   cudaPointerAttributes at{};
   const bool visible = cudaPointerGetAttributes(&at, table) == cudaSuccess && at.type != cudaMemoryTypeUnregistered;
   (void)cudaGetLastError();

@@ -5,6 +5,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -58,9 +61,42 @@ TEST_F(CudaDeviceTest, CheckpointPinnedInPlaceFeedsTheRowGather) {
   for (size_t i = 0; i < ids.size(); ++i)
     EXPECT_EQ(std::memcmp(h_rows.data() + i * row, static_cast<const std::byte*>(table.data) + size_t(ids[i]) * row, row), 0)
         << "row " << i;
+  // A row outside the table is refused by name before anything is enqueued, as on the CPU.
+  const std::vector<int32_t> bad = {1, int32_t(table.shape[0])};
+  EXPECT_THROW(dev->gather_rows(Queue::kHostToDevice, d_rows.data(), table.data, table.shape[0], row,
+                                d_ids.as<int32_t>(), bad.data(), int64_t(bad.size())),
+               Error);
   pin.reset();  // unregistered again
   ASSERT_EQ(cudaPointerGetAttributes(&at, table.data), cudaSuccess);
   EXPECT_EQ(at.type, cudaMemoryTypeUnregistered);
+}
+
+// A registration the driver refuses (here: a page someone else registered) returns null at
+// once, without unpinning what other pins hold: the refusal path once dropped its half-built
+// pin under the registry lock (a self-deadlock) and released references it never took.
+TEST_F(CudaDeviceTest, RefusedRegistrationReturnsNullAndKeepsOtherPins) {
+  int read_only = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, 0), cudaSuccess);
+  if (!read_only) GTEST_SKIP() << "no read-only registration on this GPU";
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  void* raw = std::aligned_alloc(page, 3 * page);
+  ASSERT_NE(raw, nullptr);
+  auto* base = static_cast<std::byte*>(raw);
+  auto registered = [](const void* p) {
+    cudaPointerAttributes at{};
+    EXPECT_EQ(cudaPointerGetAttributes(&at, p), cudaSuccess);
+    return at.type != cudaMemoryTypeUnregistered;
+  };
+  HostPin first = dev->pin_in_place(base, page);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(cudaHostRegister(base + 2 * page, page, cudaHostRegisterDefault), cudaSuccess);
+  EXPECT_FALSE(dev->pin_in_place(base, 3 * page)) << "pages 1-2 overlap an outside registration";
+  EXPECT_TRUE(registered(base)) << "the refused pin released page 0, which `first` holds";
+  EXPECT_FALSE(registered(base + page)) << "the refused pin left page 1 registered";
+  first.reset();
+  EXPECT_FALSE(registered(base));
+  EXPECT_EQ(cudaHostUnregister(base + 2 * page), cudaSuccess);
+  std::free(raw);
 }
 
 TEST_F(CudaDeviceTest, CopiesAndEventsOrderTheQueues) {
