@@ -2,8 +2,8 @@
 // one self-contained record of q4::row_bytes(cols) bytes per row): encode and decode rows, the
 // Q4 KV-cache write, embeddings from a Q4 table, and linear layers with a Q4 weight (a fused
 // small-M GEMV/GEMM that dequantizes in registers; dequantize-into-scratch + cuBLAS above
-// kQ4FusedMaxRows). Host-only declarations; kernels in q4.cu and q4_linear.cu. All pointers are
-// device pointers; every call is asynchronous on `stream`; argument errors throw
+// kQ4FusedMaxRows). Host-only declarations; kernels in q4.cu, q4_gemv.cu and linear.cu. All
+// pointers are device pointers; every call is asynchronous on `stream`; argument errors throw
 // flexh2o::Error before anything is enqueued. Q4 records must start 4-byte aligned.
 #pragma once
 

@@ -66,6 +66,9 @@ CudaDevice::CudaDevice(const CudaDeviceOptions& o)
   size_t free_b = 0, total_b = 0;
   FH_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   name_ = std::string(prop.name) + " (" + std::to_string(total_b >> 20) + " MiB)";
+  // cuBLAS's workspace is allocated already (free_b excludes it) and is charged again as part
+  // of the compute scratch (cuda_scratch): give it back to the default budget.
+  free_b += kCublasWorkspaceBytes;
   // A GPU with no more free than the reserve gets a one-byte budget, so the first placement is
   // refused by name: 0 would mean unlimited.
   budget_default_ = free_b > o.reserve_bytes ? free_b - o.reserve_bytes : 1;
