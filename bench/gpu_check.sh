@@ -38,11 +38,15 @@ MPI_HINTS=()
 # The device tool allows 600 s a call: every step's timeout is capped by what is left of
 # BUDGET, so the summary is always printed.
 BUDGET="${FLEXH2O_GPU_CHECK_BUDGET:-540}"
+# Every timeout has -k: `flexh2o generate` takes the first SIGTERM as "stop after this token
+# step" (cli/signals.h), so a step stuck in a CUDA wait would outlive a plain timeout forever;
+# -k sends SIGKILL to timeout's whole process group 10 s later.
 tmo() {  # tmo SECONDS -> min(SECONDS, seconds left in BUDGET), at least 5
   local left=$((BUDGET - (SECONDS - T0)))
   [ "$left" -lt 5 ] && left=5
   echo $(($1 < left ? $1 : left))
 }
+spent() { [ $((BUDGET - (SECONDS - T0))) -lt 15 ]; }  # too little left for an optional rerun
 say() { echo "$*" | tee -a "$LOG"; }
 step() { say ""; say "== [$((SECONDS - T0))s] $*"; }
 record() { SUMMARY+=("$(printf '%-28s %-8s %s' "$1" "$2" "$3")"); }
@@ -68,17 +72,17 @@ die() {
 step "preflight"
 export PATH="/usr/local/cuda/bin:$PATH"
 command -v nvidia-smi >/dev/null 2>&1 || die preflight "nvidia-smi not found: no NVIDIA driver on this machine (this script needs a CUDA GPU)"
-timeout "$(tmo 60)" nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem,compute_mode,persistence_mode \
+timeout -k 10 "$(tmo 60)" nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem,compute_mode,persistence_mode \
   --format=csv 2>&1 | tee -a "$LOG"
-timeout "$(tmo 60)" nvidia-smi -L 2>/dev/null | grep -q '^GPU' || die preflight "nvidia-smi lists no GPU"
+timeout -k 10 "$(tmo 60)" nvidia-smi -L 2>/dev/null | grep -q '^GPU' || die preflight "nvidia-smi lists no GPU"
 if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
   command -v nvcc >/dev/null 2>&1 || die preflight "nvcc not found (CUDA toolkit missing)"
   nvcc --version | tail -2 | tee -a "$LOG"
 fi
-record preflight ok "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+record preflight ok "$(timeout -k 5 30 nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 # ctest runs every test case as its own process, each creating a CUDA context: in parallel,
 # unless the GPU is in Exclusive_Process mode (one context at a time; the others would fail).
-MODE="$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | head -1)"
+MODE="$(timeout -k 5 30 nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | head -1)"
 JOBS=8
 [ "$MODE" = "Exclusive_Process" ] && JOBS=1
 
@@ -125,7 +129,7 @@ fi
 # ---- 1. configure + build (only the GPU targets) ----------------------------------------
 if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
   step "configure"
-  if ! timeout "$(tmo 150)" cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  if ! timeout -k 10 "$(tmo 150)" cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DFLEXH2O_ENABLE_CUDA=ON "${MPI_HINTS[@]}" >>"$LOG" 2>&1; then
     grep -E "Could NOT find|No package|not found|Error" "$LOG" | head -20
     die configure "cmake failed (missing host packages on this image? see $LOG)"
@@ -134,7 +138,7 @@ if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
   record configure ok "Release, sm_90"
   step "build kernels_cuda_test gpu_engine_test bench_gpu flexh2o (-j16)"
   tb=$SECONDS
-  if ! timeout "$(tmo 330)" cmake --build "$BUILD" -j16 --target kernels_cuda_test gpu_engine_test bench_gpu flexh2o \
+  if ! timeout -k 10 "$(tmo 330)" cmake --build "$BUILD" -j16 --target kernels_cuda_test gpu_engine_test bench_gpu flexh2o \
       >>"$LOG" 2>&1; then
     grep -E "error|FAILED" "$LOG" | head -20
     die build "compile/link failed (see $LOG)"
@@ -155,8 +159,10 @@ gtest_run() {
   own="$OUTDIR/$name.all.txt"  # this binary's runs only: their failures are its own to rerun
   : >"$own"
   for i in 1 2 3 4 5; do
+    # A rerun past the budget would run 5 s, be cut inside some test and blame that one.
+    [ "$i" -gt 1 ] && spent && { echo "gtest_run: $name: no time left to rerun without $excl" >>"$own"; break; }
     last="$OUTDIR/$name.run$i.txt"
-    timeout "$(tmo "$cap")" "$bin" --gtest_filter="*${excl:+-$excl}" >"$last" 2>&1
+    timeout -k 10 "$(tmo "$cap")" "$bin" --gtest_filter="*${excl:+-$excl}" >"$last" 2>&1
     r=$?
     cat "$last" >>"$own"
     local t
@@ -175,7 +181,8 @@ gtest_run() {
   rm -f "$own"
   local f alone=""
   for f in $failed; do
-    if timeout "$(tmo 30)" "$bin" --gtest_filter="$f" >>"$OUTDIR/ctest_gpu.txt" 2>&1; then alone="$alone $f:passes-alone"
+    spent && { alone="$alone (no time left for the rest)"; break; }
+    if timeout -k 10 "$(tmo 30)" "$bin" --gtest_filter="$f" >>"$OUTDIR/ctest_gpu.txt" 2>&1; then alone="$alone $f:passes-alone"
     else alone="$alone $f:fails-alone"; fi
   done
   [ -n "$crashed$failed" ] && echo "gtest_run: $name crashed in:${crashed:- none}; failed, each run alone:${alone:- none}" >>"$OUTDIR/ctest_gpu.txt"
@@ -186,7 +193,7 @@ step "tests (label gpu)"
 TEST_BIN="$BUILD/tests/kernels_cuda/kernels_cuda_test"
 [ -x "$TEST_BIN" ] || die tests "$TEST_BIN not built"
 if [ -z "${FLEXH2O_PREBUILT:-}" ]; then
-  (cd "$BUILD" && timeout "$(tmo 200)" ctest -L gpu --output-on-failure -j"$JOBS" \
+  (cd "$BUILD" && timeout -k 10 "$(tmo 200)" ctest -L gpu --output-on-failure -j"$JOBS" \
       --output-junit "$OUTDIR/ctest_gpu.xml") >"$OUTDIR/ctest_gpu.txt" 2>&1
   rc=$?
   tail -5 "$OUTDIR/ctest_gpu.txt" | tee -a "$LOG"
@@ -206,7 +213,7 @@ fi
 # on a GPU machine, so any skip means the test processes see no device.
 skipped=$(grep -c "(Skipped)" "$OUTDIR/ctest_gpu.txt")
 if [ "$skipped" -gt 0 ]; then
-  why=$("$TEST_BIN" --gtest_filter='ResourcesGpu.*' 2>&1 | grep -m1 -o 'no CUDA device.*')
+  why=$(timeout -k 10 "$(tmo 30)" "$TEST_BIN" --gtest_filter='ResourcesGpu.*' 2>&1 | grep -m1 -o 'no CUDA device.*')
   record tests FAIL "$skipped gpu tests skipped: the test processes see no device (${why:-no reason printed})"
 elif grep -q "Skipped" "$OUTDIR/ctest_gpu.txt" && grep -q "no CUDA device" "$OUTDIR/ctest_gpu.txt"; then
   record tests FAIL "tests skipped: the test binary sees no device ($(grep -m1 -o 'no CUDA device.*' "$OUTDIR/ctest_gpu.txt"))"
@@ -237,7 +244,7 @@ e2e_tokens() {
   for dev in cpu cuda; do
     local extra=()
     [ "$dev" = cuda ] && extra=("${off[@]}")
-    timeout "$(tmo 60)" "$FH" generate -m "$ROOT/tests/data/tiny-opt" -i "$E2E_IN" -o "$OUTDIR/${tag}_$dev.jsonl" --overwrite \
+    timeout -k 10 "$(tmo 60)" "$FH" generate -m "$ROOT/tests/data/tiny-opt" -i "$E2E_IN" -o "$OUTDIR/${tag}_$dev.jsonl" --overwrite \
         --greedy --ignore-eos -n 24 --batch-size 4 --device "$dev" --report "$OUTDIR/${tag}_$dev.json" \
         "${kv[@]}" "${extra[@]}" >>"$LOG" 2>&1 || ok=0
   done
@@ -275,7 +282,7 @@ fi
 step "bench_gpu"
 BENCH_BIN="$BUILD/bench/bench_gpu"
 if [ -x "$BENCH_BIN" ]; then
-  timeout "$(tmo 180)" "$BENCH_BIN" --json "$OUTDIR/bench_gpu.json" >"$OUTDIR/bench_gpu.txt" 2>&1
+  timeout -k 10 "$(tmo 180)" "$BENCH_BIN" --json "$OUTDIR/bench_gpu.json" >"$OUTDIR/bench_gpu.txt" 2>&1
   rc=$?
   cat "$OUTDIR/bench_gpu.txt" | tee -a "$LOG" >/dev/null
   [ $rc -eq 0 ] && record bench_gpu ok "bench_gpu.json" || record bench_gpu FAIL "rc=$rc, see bench_gpu.txt"
@@ -294,13 +301,13 @@ e2e_offload() {  # name, timeout, file tag, bench args...
     record "$name" FAIL "$FH not built"
     return
   fi
-  timeout "$(tmo "$limit")" "$FH" bench "$@" --device cuda --report "$OUTDIR/$tag.json" >"$OUTDIR/$tag.txt" 2>&1
+  timeout -k 10 "$(tmo "$limit")" "$FH" bench "$@" --device cuda --report "$OUTDIR/$tag.json" >"$OUTDIR/$tag.txt" 2>&1
   local rc=$?
   tee -a "$LOG" <"$OUTDIR/$tag.txt"
   [ -f "$OUTDIR/$tag.json" ] && tee -a "$LOG" <"$OUTDIR/$tag.json" >/dev/null
   if [ $rc -eq 0 ]; then
     record "$name" ok "$(grep -o '[0-9.e+]* tok/s' "$OUTDIR/$tag.txt" | head -1), $(grep -o '[0-9]* token steps, mean [0-9.e+-]* s' "$OUTDIR/$tag.txt" | head -1), $(grep -o 'overlap efficiency [0-9.e+-]*' "$OUTDIR/$tag.txt" | head -1)"
-  elif [ $rc -eq 124 ]; then
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     record "$name" FAIL "timed out after ${limit}s, see $tag.txt"
   else
     record "$name" FAIL "rc=$rc, see $tag.txt"

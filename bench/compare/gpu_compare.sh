@@ -53,7 +53,7 @@ fh() {  # fh [--as SYSTEM] MODEL KV CAP ARGS...: flexh2o bench on the GPU, 16 Gi
   local rep="$OUTDIR/$sys-$m-$kv.json"
   if have_time "$sys $m $kv"; then
     echo "== [$((SECONDS - T0))s] $sys $m $kv (cap $(tmo "$cap") s)" | tee -a "$LOG"
-    LD_LIBRARY_PATH="$FH_LIBS" timeout "$(tmo "$cap")" "$FH" bench -m "$m" --prompt-len 512 --gen-len 32 --device cuda \
+    LD_LIBRARY_PATH="$FH_LIBS" timeout -k 10 "$(tmo "$cap")" "$FH" bench -m "$m" --prompt-len 512 --gen-len 32 --device cuda \
       --gpu-mem ${GPU_MEM_GIB}GiB --offload-dir /tmp/fh-store --report "$rep" "$@" >>"$LOG" 2>&1
     rm -rf /tmp/fh-store
   fi
@@ -64,7 +64,7 @@ fg() {  # fg PYTHONPATH NAME MODEL KV CAP ARGS...: FlexGen (or H2O's fork) with 
   local lf="$OUTDIR/$name-$m-$kv.log"
   if have_time "$name $m $kv"; then
     echo "== [$((SECONDS - T0))s] $name $m $kv (cap $(tmo "$cap") s)" | tee -a "$LOG"
-    PYTHONPATH="$pp" timeout "$(tmo "$cap")" $PY -m flexgen.flex_opt --model "facebook/$m" --path _DUMMY_ \
+    PYTHONPATH="$pp" timeout -k 10 "$(tmo "$cap")" $PY -m flexgen.flex_opt --model "facebook/$m" --path _DUMMY_ \
       --prompt-len 512 --gen-len 32 --offload-dir /tmp/fg-store --log-file "$lf" "$@" >>"$LOG" 2>&1
     rm -rf /tmp/fg-store
   fi
@@ -82,7 +82,7 @@ fg "$H2O_PATH" h2o-flexgen opt-30b h2o20 100 $P30H --hh-ratio 0.1 --hh-all
 # 3. Accelerate (device_map offloading to the host), OPT-6.7B
 if have_time "accelerate opt-6.7b full"; then
   echo "== [$((SECONDS - T0))s] accelerate opt-6.7b full (cap $(tmo 90) s)" | tee -a "$LOG"
-  PYTHONPATH="$CP/cap" timeout "$(tmo 90)" $PY "$ROOT/bench/compare/hf_accelerate_gpu.py" \
+  PYTHONPATH="$CP/cap" timeout -k 10 "$(tmo 90)" $PY "$ROOT/bench/compare/hf_accelerate_gpu.py" \
     --model opt-6.7b --seqs 8 --result "$OUTDIR/accelerate-opt-6.7b.json" >>"$LOG" 2>&1
 fi
 $PY "$TAB" add "$CSV" --system accelerate --model opt-6.7b --kv full --workload 512+32 \
@@ -97,10 +97,10 @@ fh --as flexh2o-auto opt-30b h2o20 150 --policy auto --hardware h200 --kv-policy
 
 # The table: ratio flexh2o / peer per row, as markdown and SVG; then one tarball of the rest.
 $PY "$TAB" table "$CSV" --md "$OUTDIR/gpu_compare.md" --svg "$OUTDIR/gpu_compare.svg" \
-  --title "Generation throughput, 512+32, one $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) capped at ${GPU_MEM_GIB} GiB" | tee -a "$LOG"
+  --title "Generation throughput, 512+32, one $(timeout -k 5 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) capped at ${GPU_MEM_GIB} GiB" | tee -a "$LOG"
 # What RESULTS.md needs beside the table: when, which GPU and driver, which peers' versions.
 {
-  echo "GPU side by side, $(date -u '+%Y-%m-%d %H:%M UTC'): $(nvidia-smi --query-gpu=name,driver_version,memory.total \
+  echo "GPU side by side, $(date -u '+%Y-%m-%d %H:%M UTC'): $(timeout -k 5 30 nvidia-smi --query-gpu=name,driver_version,memory.total \
     --format=csv,noheader 2>/dev/null | head -1); cap ${GPU_MEM_GIB} GiB; $(grep -c . "$CSV") CSV lines;" \
     "python $($PY -c 'import sys, torch, transformers, accelerate; print(sys.version.split()[0], "torch", torch.__version__,
 "transformers", transformers.__version__, "accelerate", accelerate.__version__)' 2>/dev/null); flexgen 0.1.8;" \
