@@ -147,16 +147,19 @@ HostPin CudaDevice::pin_in_place(const void* p, size_t bytes) {
   bind_thread();
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   const uintptr_t a = uintptr_t(p) / page * page, b = (uintptr_t(p) + bytes + page - 1) / page * page;
-  std::lock_guard<std::mutex> lock(mu_);
+  // The Pinned is made only once its references are taken (last, under mu_): its destructor
+  // unpins, which locks mu_, so none may exist while a throw (bad_alloc) can still leave here.
   auto pin = std::make_unique<Pinned>();
   pin->dev = this;
+  std::vector<uintptr_t> chunks;  // registry entries the pin will hold a reference to
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<uintptr_t, uintptr_t>> gaps;
   uintptr_t at = a;
   auto it = pins_.upper_bound(a);
   if (it != pins_.begin() && std::prev(it)->second.first > a) --it;
   for (; it != pins_.end() && it->first < b; ++it) {
     if (it->first > at) gaps.push_back({at, it->first});
-    pin->chunks.push_back(it->first);
+    chunks.push_back(it->first);
     at = std::max(at, it->second.first);
   }
   if (at < b) gaps.push_back({at, b});
@@ -172,16 +175,14 @@ HostPin CudaDevice::pin_in_place(const void* p, size_t bytes) {
         FH_CUDA_LOG(cudaHostUnregister(reinterpret_cast<void*>(x)));
         pins_.erase(x);
       }
-      // No reference was taken yet: dropping `pin` must not unpin (that would lock mu_, held
-      // here, and release chunks of other pins).
-      pin->chunks.clear();
-      return nullptr;
+      return nullptr;  // `pin` holds no chunk: dropping it unpins nothing
     }
     pins_[s] = {e, 0};
     added.push_back(s);
-    pin->chunks.push_back(s);
+    chunks.push_back(s);
   }
-  for (uintptr_t x : pin->chunks) ++pins_[x].second;
+  for (uintptr_t x : chunks) ++pins_[x].second;
+  pin->chunks = std::move(chunks);  // noexcept: from here the pin owns the references
   return pin;
 }
 
