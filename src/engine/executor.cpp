@@ -17,6 +17,12 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 QueueTimes run_schedule(Device& dev, const Schedule& s, bool overlap, const std::function<void(const Step&)>& action,
                         bool trace, const std::function<void()>& idle) {
   const size_t n = s.steps.size();
+  // A dependency on a later step (only a hand-edited schedule has one) can close a cycle: two
+  // queue threads each waiting for the other's step, forever. Refused before any thread starts.
+  for (size_t i = 0; i < n; ++i)
+    for (int d : s.steps[i].deps)
+      FH_CHECK(d >= 0 && size_t(d) < i, "schedule step ", i, " (", s.label(int(i)), ") depends on step ", d,
+               ", which is not an earlier one");
   std::vector<Event> start(n), end(n);
   QueueTimes t;
   const auto t0 = Clock::now();

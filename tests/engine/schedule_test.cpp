@@ -337,6 +337,19 @@ TEST(Executor, IdleRunsOnTheCallingThreadWhileStepsRun) {
                Error);
 }
 
+// Two queues each waiting for the other's later step would hang their threads for good; the
+// executor refuses the schedule instead, with or without overlap.
+TEST(Executor, RefusesADependencyOnALaterStep) {
+  Schedule s;
+  s.steps.push_back({StepKind::kCompute, Queue::kCompute, 1, 0, {1}});
+  s.steps.push_back({StepKind::kLoadWeight, Queue::kHostToDevice, 1, 0, {0}});
+  CpuDevice dev(2);
+  int ran = 0;
+  for (bool overlap : {true, false})
+    EXPECT_THROW(run_schedule(dev, s, overlap, [&](const Step&) { ++ran; }), Error) << "overlap " << overlap;
+  EXPECT_EQ(ran, 0);
+}
+
 TEST(Executor, OverlapOffRunsInScheduleOrder) {
   const Schedule s = build_schedule(shape(Flags{}));
   CpuDevice dev(2);
