@@ -103,7 +103,7 @@ if [ -z "${FLEXH2O_PREBUILT:-}" ] && [ -d "$PACK" ]; then
   if [ -n "$src" ] && [ "$src" != "$ROOT" ] && [ ! -e "$src" ]; then
     mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src" && say "linked $src -> $ROOT"
   fi
-  if "$PACK/build/flexh2o" --version >>"$LOG" 2>&1 && [ -x "$PACK/build/tests/kernels_cuda/kernels_cuda_test" ]; then
+  if timeout -k 5 30 "$PACK/build/flexh2o" --version >>"$LOG" 2>&1 && [ -x "$PACK/build/tests/kernels_cuda/kernels_cuda_test" ]; then
     FLEXH2O_PREBUILT="$PACK/build"
     BUILD="$FLEXH2O_PREBUILT"
     record gpu_pack ok "prebuilt binaries run here"
