@@ -147,8 +147,8 @@ HostPin CudaDevice::pin_in_place(const void* p, size_t bytes) {
   bind_thread();
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   const uintptr_t a = uintptr_t(p) / page * page, b = (uintptr_t(p) + bytes + page - 1) / page * page;
-  // The Pinned is made only once its references are taken (last, under mu_): its destructor
-  // unpins, which locks mu_, so none may exist while a throw (bad_alloc) can still leave here.
+  // The Pinned gets its references only once they are taken (last, under mu_): its destructor
+  // unpins, which locks mu_, so it holds none while a throw (bad_alloc) can still leave here.
   auto pin = std::make_unique<Pinned>();
   pin->dev = this;
   std::vector<uintptr_t> chunks;  // registry entries the pin will hold a reference to
@@ -205,10 +205,15 @@ void CudaDevice::upload(void* dst, const TensorView& src) {
   const int64_t per_chunk = int64_t(kChunkBytes / std::max(si, di));
   const int64_t n = src.dtype == DType::Q4 ? int64_t(src.nbytes()) : src.numel();
   // Each half holds one chunk, or the whole tensor when smaller: most tensors (biases, norms)
-  // are kilobytes, and pinning 64 MiB for each of a model's hundreds of them costs seconds.
+  // are kilobytes, and a model's first small ones need not pin 64 MiB.
   const size_t half_bytes = size_t(std::min(per_chunk, n)) * std::max(si, di);
-  PinnedBuffer stage;
-  PinnedBuffer::create(2 * half_bytes, &stage).throw_if_error();
+  std::lock_guard<std::mutex> lock(upload_mu_);
+  if (upload_stage_.size() < 2 * half_bytes) {
+    const size_t grown = std::min(std::max(2 * half_bytes, 2 * upload_stage_.size()), 2 * kChunkBytes);
+    upload_stage_ = PinnedBuffer();  // the old one goes first: nothing is in flight from it
+    PinnedBuffer::create(grown, &upload_stage_).throw_if_error();
+  }
+  const PinnedBuffer& stage = upload_stage_;
   std::array<cudaEvent_t, 2> done{take_event(), take_event()};
   // On every exit, a throw too: the copies in flight end before `stage` is freed, and the
   // events go back to the pool.

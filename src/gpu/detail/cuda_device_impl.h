@@ -93,6 +93,11 @@ class CudaDevice final : public Device {
   void* dq_ = nullptr;
   size_t dq_bytes_ = 0;
   int64_t rows_ = 0, seqs_ = 0;
+  // upload()'s double-buffered pinned staging, kept across calls (pinning it anew for each of
+  // a model's hundreds of tensors costs seconds): grown geometrically to at most two chunks.
+  // upload_mu_ serialises uploads, which share it.
+  std::mutex upload_mu_;
+  PinnedBuffer upload_stage_;
   std::mutex mu_;                    // event pool and pin registry
   std::vector<cudaEvent_t> events_;  // free timing events
   // Page-locked host ranges registered in place: start -> (end, references).
