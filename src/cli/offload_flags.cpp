@@ -226,21 +226,7 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
 }
 
 nlohmann::json offload_report_json(const OffloadEngine& e, const OffloadReport* since) {
-  OffloadReport r = e.report();
-  if (since) {
-    const double step_bound = r.step_overlap_efficiency * r.wall - since->step_overlap_efficiency * since->wall;
-    for (int l = 0; l < kNumLinks; ++l) r.bytes[size_t(l)] -= since->bytes[size_t(l)];
-    for (int q = 0; q < kNumQueues; ++q) {
-      r.busy[size_t(q)] -= since->busy[size_t(q)];
-      r.wait[size_t(q)] -= since->wait[size_t(q)];
-    }
-    r.kv_bytes -= since->kv_bytes;
-    r.wall -= since->wall;
-    r.token_steps -= since->token_steps;
-    const double busiest = *std::max_element(r.busy.begin(), r.busy.end());
-    r.overlap_efficiency = r.wall > 0 ? busiest / r.wall : 0;
-    r.step_overlap_efficiency = r.wall > 0 ? step_bound / r.wall : 0;
-  }
+  const OffloadReport r = since ? report_interval(e.report(), *since) : e.report();
   nlohmann::json links, rates, busy, wait, peak;
   for (int l = 0; l < kNumLinks; ++l) {
     links[link_name(Link(l))] = r.bytes[size_t(l)];

@@ -368,6 +368,31 @@ std::array<uint64_t, kNumLinks> OffloadEngine::link_bytes() const {
   return b;
 }
 
+namespace {
+
+void set_efficiencies(OffloadReport& r) {
+  const double busiest = *std::max_element(r.busy.begin(), r.busy.end());
+  r.overlap_efficiency = r.wall > 0 ? busiest / r.wall : 0;
+  r.step_overlap_efficiency = r.wall > 0 ? r.step_bound / r.wall : 0;
+}
+
+}  // namespace
+
+OffloadReport report_interval(const OffloadReport& now, const OffloadReport& base) {
+  OffloadReport r = now;
+  for (int l = 0; l < kNumLinks; ++l) r.bytes[size_t(l)] -= base.bytes[size_t(l)];
+  for (int q = 0; q < kNumQueues; ++q) {
+    r.busy[size_t(q)] -= base.busy[size_t(q)];
+    r.wait[size_t(q)] -= base.wait[size_t(q)];
+  }
+  r.kv_bytes -= base.kv_bytes;
+  r.wall -= base.wall;
+  r.step_bound -= base.step_bound;
+  r.token_steps -= base.token_steps;
+  set_efficiencies(r);
+  return r;
+}
+
 OffloadReport OffloadEngine::report() const {
   OffloadReport r;
   r.device = dev_.name();
@@ -384,9 +409,8 @@ OffloadReport OffloadEngine::report() const {
   r.wait = times_.wait;
   r.wall = times_.wall;
   r.token_steps = steps_;
-  const double busiest = *std::max_element(times_.busy.begin(), times_.busy.end());
-  r.overlap_efficiency = r.wall > 0 ? busiest / r.wall : 0;
-  r.step_overlap_efficiency = r.wall > 0 ? step_bound_ / r.wall : 0;
+  r.step_bound = step_bound_;
+  set_efficiencies(r);
   for (int t = 0; t < 3; ++t) r.peak[size_t(t)] = budgets_[size_t(t)]->peak();
   r.weights_pinned_in_place = impl_->pinned_in_place;
   r.io_note = impl_->io_note;

@@ -79,11 +79,17 @@ struct OffloadReport {
   // steps (a prefill is compute-bound, decode steps may be link-bound), and this measures how
   // well each step hides everything behind its own slowest resource.
   double step_overlap_efficiency = 0;
+  double step_bound = 0;  // seconds: the sum over token steps of that step's busiest queue
   std::array<uint64_t, 3> peak{};  // per tier
   uint64_t weights_pinned_in_place = 0;  // host-homed weight bytes used where the model holds them
   std::string io_note;           // which I/O backend / O_DIRECT
   size_t weights_reused = 0, weights_written = 0;
 };
+
+// The report of the interval from `base` to `now`, two reports of one engine with `base` taken
+// first: bytes, times and steps subtracted, both efficiencies recomputed over the interval; the
+// rest (dtypes, peaks, placement facts) is `now`'s.
+OffloadReport report_interval(const OffloadReport& now, const OffloadReport& base);
 
 class OffloadEngine final : public StepRunner {
  public:

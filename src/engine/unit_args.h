@@ -48,4 +48,14 @@ inline void check_kv_room(const int32_t* keys, const KvSegment& seg) {
     FH_CHECK(keys[b] <= seg.capacity, "KV cache full: sequence needs ", keys[b], " slots, capacity ", seg.capacity);
 }
 
+// Throws when any of the n host ids of a gather_rows call (Device::gather_rows) is outside
+// [0, table_rows): every device checks before it copies, so a bad id is named, not read past the
+// table or zeroed by a kernel.
+inline void check_gather_ids(const int32_t* host_ids, int64_t n, int64_t table_rows) {
+  FH_CHECK(host_ids || n <= 0, "gather_rows: host ids needed");
+  for (int64_t i = 0; i < n; ++i)
+    FH_CHECK(host_ids[i] >= 0 && host_ids[i] < table_rows, "gather_rows: row ", host_ids[i], " outside [0, ",
+             table_rows, ")");
+}
+
 }  // namespace flexh2o

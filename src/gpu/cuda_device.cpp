@@ -328,12 +328,7 @@ void CudaDevice::copy_2d(Queue q, void* dst, size_t dpitch, const void* src, siz
 void CudaDevice::gather_rows(Queue q, void* dst, const void* table, int64_t table_rows, size_t row_bytes,
                              const int32_t* ids, const int32_t* host_ids, int64_t n) {
   if (n <= 0) return;
-  // As the CPU device: a bad id throws by name (the kernel would zero the row silently, the
-  // row copies below would read outside the table).
-  FH_CHECK(host_ids, "gather_rows: host ids needed");
-  for (int64_t i = 0; i < n; ++i)
-    FH_CHECK(host_ids[i] >= 0 && host_ids[i] < table_rows, "gather_rows: row ", host_ids[i], " outside [0, ",
-             table_rows, ")");
+  check_gather_ids(host_ids, n, table_rows);
   cudaPointerAttributes at{};
   const bool visible = cudaPointerGetAttributes(&at, table) == cudaSuccess && at.type != cudaMemoryTypeUnregistered;
   (void)cudaGetLastError();

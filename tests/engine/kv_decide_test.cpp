@@ -1,10 +1,12 @@
 // decide_kv_policy() (the decision the engine applies to a device-homed cache with kv_gather)
 // against apply_kv_policy() (which moves the rows itself), at prefill and decode; and the room
-// check every device's attend makes before writing K/V (check_kv_room).
+// check every device's attend makes before writing K/V (check_kv_room), and the id check every
+// device's gather_rows makes before it copies (check_gather_ids).
 #include <gtest/gtest.h>
 
 #include <random>
 
+#include "engine/cpu_device.h"
 #include "engine/kv_evict.h"
 #include "engine/test_util.h"
 #include "model/weights.h"
@@ -108,4 +110,37 @@ TEST(KvRoom, ASequencePastItsSegmentsCapacityIsRefused) {
 }
 
 }  // namespace
+// The first and last rows pass; -1, table_rows and a missing id array are refused by name, and
+// the CPU device refuses before copying anything.
+TEST(GatherIds, RowsOutsideTheTableAreRefusedBeforeAnyCopy) {
+  const int32_t edge[] = {0, 6, 3};
+  EXPECT_NO_THROW(check_gather_ids(edge, 3, 7));
+  EXPECT_NO_THROW(check_gather_ids(nullptr, 0, 7));
+  for (int32_t bad : {-1, 7}) {
+    const int32_t ids[] = {2, bad};
+    try {
+      check_gather_ids(ids, 2, 7);
+      ADD_FAILURE() << "row " << bad << " of a 7-row table was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("gather_rows: row " + std::to_string(bad) + " outside [0, 7)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW(check_gather_ids(nullptr, 1, 7), Error);
+
+  CpuDevice dev(1);
+  const std::vector<float> table = {1, 2, 3, 4, 5, 6};  // 3 rows of 2
+  std::vector<float> out(4, -7.f);
+  const int32_t ids[] = {2, 3};
+  EXPECT_THROW(dev.gather_rows(Queue::kHostToDevice, out.data(), table.data(), 3, 2 * sizeof(float), ids, ids, 2),
+               Error);
+  dev.synchronize();
+  for (float v : out) EXPECT_EQ(v, -7.f);  // the good first row was not copied either
+  const int32_t good[] = {2, 0};
+  dev.gather_rows(Queue::kHostToDevice, out.data(), table.data(), 3, 2 * sizeof(float), good, good, 2);
+  dev.synchronize();
+  EXPECT_EQ(out, (std::vector<float>{5, 6, 1, 2}));
+}
+
 }  // namespace flexh2o

@@ -176,6 +176,36 @@ TEST(OffloadTrace, EveryStepOnceOnItsQueue) {
   }
 }
 
+// A reused engine's report of one call (what Python's last_report shows): the interval from a
+// report taken before the call moves what a fresh engine moves for that call alone.
+TEST(OffloadBytes, AnIntervalReportCountsWhatTheCallAloneMoves) {
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  OffloadOptions o;
+  o.policy = policy("0 100 50 50 100 0", 2, 2);
+  const auto second = padded({4, 8, 3}, 3);
+  OffloadEngine alone(model, dev, o);
+  const OffloadReport placed = alone.report();
+  run(alone, second);
+  const OffloadReport want = report_interval(alone.report(), placed);
+
+  OffloadEngine reused(model, dev, o);
+  run(reused, padded({6, 2, 5, 9}, 5));
+  const OffloadReport base = reused.report();
+  run(reused, second);
+  const OffloadReport got = report_interval(reused.report(), base);
+  for (int l = 0; l < kNumLinks; ++l) EXPECT_EQ(got.bytes[size_t(l)], want.bytes[size_t(l)]) << link_name(Link(l));
+  EXPECT_GT(got.bytes[size_t(Link::kHostToDevice)], 0u);
+  EXPECT_EQ(got.kv_bytes, want.kv_bytes);
+  EXPECT_EQ(got.token_steps, want.token_steps);
+  EXPECT_LT(got.token_steps, reused.report().token_steps);
+  EXPECT_GT(got.wall, 0.0);
+  EXPECT_LT(got.wall, reused.report().wall);
+  EXPECT_GT(got.overlap_efficiency, 0.0);
+  EXPECT_GE(got.step_overlap_efficiency, got.overlap_efficiency - 1e-9);
+  EXPECT_LE(got.step_overlap_efficiency, 1.0 + 1e-6);
+}
+
 TEST(OffloadBudgets, PeaksStayWithinBudgetsAndSmallBudgetsAreExplained) {
   Model model = Model::load_dir(model_dir("tiny-opt"));
   CpuDevice dev(2);
