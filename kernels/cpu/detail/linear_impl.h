@@ -53,17 +53,17 @@ inline void dot_tile(const float* const* xr, const WR* wr, int64_t k0, int64_t k
       for (int m = 0; m < MR; ++m) acc[m * NR + n] = T::fma(xv[m], wv, acc[m * NR + n]);
     }
   }
-  // Reduce/store from a copy: if acc's address escaped, GCC 12 keeps acc in memory and
-  // stores all MR*NR accumulators on every iteration of the loops above.
+  if (!out) {  // continued by the next chunk: stored straight from the registers
+#pragma GCC unroll 32
+    for (int i = 0; i < MR * NR; ++i) st[i] = acc[i];
+    return;
+  }
+  // Reduce from a copy: if acc's address escaped, GCC 12 keeps acc in memory and stores all
+  // MR*NR accumulators on every iteration of the loops above.
   V fin[MR * NR];
 #pragma GCC unroll 32
   for (int i = 0; i < MR * NR; ++i) fin[i] = acc[i];
-  if (out) {
-    T::template reduce<MR * NR>(fin, out);
-  } else {
-#pragma GCC unroll 32
-    for (int i = 0; i < MR * NR; ++i) st[i] = fin[i];
-  }
+  T::template reduce<MR * NR>(fin, out);
 }
 
 template <class T, class WR>
@@ -84,15 +84,23 @@ inline void dot_tile_rt(int mr, const float* const* xr, const WR* wr, int64_t kc
   dot_tile_rt<T>(mr, xr, wr, 0, kc, nullptr, nullptr, out);
 }
 
+// One row of a finished tile: y[j] = ep(s[j] (+ bias[j])) for j < nr, a vector at a time.
+// Per element: s + bias, then max(r, 0) (r > 0 ? r : 0, NaN to 0) or old + r; the same
+// operations in the same order whatever the ISA, the tile or the path.
 template <class T>
-inline float apply_epilogue(Epilogue ep, float s, float bias, bool has_bias, float old) {
-  float r = has_bias ? s + bias : s;
-  switch (ep) {
-    case Epilogue::kStore: return r;
-    case Epilogue::kRelu: return r > 0.f ? r : 0.f;
-    case Epilogue::kAccumulate: return old + r;
+inline void epilogue_row(Epilogue ep, const float* s, const float* bias, int nr, float* y) {
+  using V = typename T::V;
+  constexpr int L = T::L;
+  for (int j = 0; j < nr; j += L) {
+    const int n = nr - j < L ? nr - j : L;
+    auto ld = [n](const float* p) { return n == L ? T::load(p) : T::load_tail(p, n); };
+    V r = ld(s + j);
+    if (bias) r = T::add(r, ld(bias + j));
+    if (ep == Epilogue::kRelu) r = T::max(r, T::zero());
+    else if (ep == Epilogue::kAccumulate) r = T::add(ld(y + j), r);
+    if (n == L) T::store(y + j, r);
+    else T::store_tail(y + j, r, n);
   }
-  return r;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -114,10 +122,7 @@ void linear_direct(const LinearTask& t) {
       for (int i = 0; i < MR; ++i) xr[i] = t.x + (m + (i < mr ? i : 0)) * K;
       dot_tile_rt<T>(mr, xr, wr, K, s);
       for (int i = 0; i < mr; ++i)
-        for (int j = 0; j < nr; ++j) {
-          float* yp = t.y + (m + i) * t.N + n + j;
-          *yp = apply_epilogue<T>(t.ep, s[i * NR + j], t.bias ? t.bias[n + j] : 0.f, t.bias, *yp);
-        }
+        epilogue_row<T>(t.ep, s + i * NR, t.bias ? t.bias + n : nullptr, nr, t.y + (m + i) * t.N + n);
     }
   }
 }
@@ -241,10 +246,7 @@ void linear_direct_q4(const LinearTask& t) {
       float s[MQ * kQ4MaxNQ];
       q4_dot_tile_rt<T>(mq, xr, wr, K, pf, s);
       for (int i = 0; i < mq; ++i)
-        for (int j = 0; j < nr; ++j) {
-          float* yp = t.y + (m + i) * t.N + n + j;
-          *yp = apply_epilogue<T>(t.ep, s[i * nq + j], t.bias ? t.bias[n + j] : 0.f, t.bias, *yp);
-        }
+        epilogue_row<T>(t.ep, s + i * nq, t.bias ? t.bias + n : nullptr, nr, t.y + (m + i) * t.N + n);
     }
   }
 }
@@ -293,11 +295,8 @@ void linear_packed(const LinearTask& t) {
         float s[MR * NR];
         dot_tile_rt<T>(mr, xr, wr, 0, kc, first ? nullptr : st, nullptr, s);
         for (int i = 0; i < mr; ++i)
-          for (int j = 0; j < nr; ++j) {
-            const int64_t nn = t.n0 + n + j;
-            float* yp = t.y + (t.m0 + m + i) * t.N + nn;
-            *yp = apply_epilogue<T>(t.ep, s[i * NR + j], t.bias ? t.bias[nn] : 0.f, t.bias, *yp);
-          }
+          epilogue_row<T>(t.ep, s + i * NR, t.bias ? t.bias + t.n0 + n : nullptr, nr,
+                          t.y + (t.m0 + m + i) * t.N + t.n0 + n);
       }
     }
   }

@@ -139,10 +139,11 @@ struct VecAvx2 {
     constexpr int n1 = G > 1 ? G / 2 : 1, n3 = n1 > 1 ? n1 / 2 : 1;
     for (int i = 0; i < n1; ++i) t[i] = lvl1(acc[2 * i], acc[G > 1 ? 2 * i + 1 : 0]);
     for (int i = 0; i < n3; ++i) v[i] = lvl3(t[2 * i], t[n1 > 1 ? 2 * i + 1 : 0]);
-    V r = lvl4(v[0], v[n3 > 1 ? 1 : 0]);
-    alignas(32) float f[8];
-    store(f, r);
-    for (int o = 0; o < G; ++o) out[o] = f[4 * (o % 2) + o / 2];
+    const V r = lvl4(v[0], v[n3 > 1 ? 1 : 0]);
+    // Accumulator o's sum is in lane 4 * (o % 2) + o / 2.
+    const V p = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    if constexpr (G == 8) store(out, p);
+    else store_tail(out, p, G);
   }
   template <int G>
   static void reduce(const V* acc, float* out) {

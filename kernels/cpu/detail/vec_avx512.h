@@ -133,10 +133,12 @@ struct VecAvx512 {
     for (int i = 0; i < n1; ++i) t[i] = lvl1(acc[2 * i], acc[G > 1 ? 2 * i + 1 : 0]);
     for (int i = 0; i < n2; ++i) u[i] = lvl2(t[2 * i], t[n1 > 1 ? 2 * i + 1 : 0]);
     for (int i = 0; i < n3; ++i) v[i] = lvl3(u[2 * i], u[n2 > 1 ? 2 * i + 1 : 0]);
-    V r = lvl4(v[0], v[n3 > 1 ? 1 : 0]);
-    alignas(64) float f[16];
-    store(f, r);
-    for (int o = 0; o < G; ++o) out[o] = f[4 * (o % 4) + o / 4];
+    const V r = lvl4(v[0], v[n3 > 1 ? 1 : 0]);
+    // Accumulator o's sum is in lane 4 * (o % 4) + o / 4.
+    const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const V p = _mm512_permutexvar_ps(at, r);
+    if constexpr (G == 16) store(out, p);
+    else store_tail(out, p, G);
   }
   template <int G>
   static void reduce(const V* acc, float* out) {
