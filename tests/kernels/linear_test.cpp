@@ -5,6 +5,7 @@
 
 #include <tuple>
 
+#include "kernels/cpu/detail/isa.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops.h"
 #include "tests/kernels/ref.h"
@@ -105,6 +106,39 @@ TEST_P(LinearDeterminism, RowBitsIndependentOfBatch) {
 
 INSTANTIATE_TEST_SUITE_P(All, LinearDeterminism, ::testing::ValuesIn(available_isas()),
                          [](const ::testing::TestParamInfo<Isa>& i) { return isa_str(i.param); });
+
+// K long enough for first, middle and last chunks of the packed path (and a masked tail):
+// the carried chains must end where one pass over all of K (M = 1, the direct path) ends, and
+// near the double-precision reference, for every epilogue.
+TEST_P(LinearDeterminism, ChainsCarriedOverManyKChunksEqualOnePass) {
+  const Isa isa = GetParam();
+  const int64_t K = 3 * detail::kLinearKC + 37, N = 70, M = 2 * detail::kLinearMB + 5;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Weights w = make_weights(dt, {N, K}, 11, 1.f / std::sqrt(float(K)));
+    const Weights b = make_weights(DType::F32, {N}, 12);
+    const auto x = randn(size_t(M * K), 13);
+    const auto y0 = randn(size_t(M * N), 14);
+    const auto ref = ref_linear(x, M, K, w.values, N);
+    for (Epilogue ep : {Epilogue::kStore, Epilogue::kRelu, Epilogue::kAccumulate}) {
+      std::vector<float> y = y0;
+      detail::linear_isa(isa, x.data(), M, K, w.view, &b.view, y.data(), ep);
+      std::vector<double> r(ref.size());
+      for (int64_t i = 0; i < M * N; ++i) {
+        double v = ref[size_t(i)] + b.values[size_t(i % N)];
+        if (ep == Epilogue::kRelu) v = v > 0 ? v : 0;
+        if (ep == Epilogue::kAccumulate) v += y0[size_t(i)];
+        r[size_t(i)] = v;
+      }
+      expect_close(y.data(), r.data(), r.size(), 2e-5, 1e-4, std::string(dtype_name(dt)));
+      for (int64_t m : {int64_t(0), detail::kLinearMB + 1, M - 1}) {
+        std::vector<float> row(y0.begin() + m * N, y0.begin() + (m + 1) * N);
+        detail::linear_isa(isa, x.data() + m * K, 1, K, w.view, &b.view, row.data(), ep);
+        EXPECT_TRUE(bit_equal(row.data(), y.data() + m * N, size_t(N)))
+            << dtype_name(dt) << " ep " << int(ep) << " row " << m;
+      }
+    }
+  }
+}
 
 TEST(Linear, RejectsBadArguments) {
   const Weights w = make_weights(DType::F32, {4, 8}, 1);
