@@ -25,6 +25,20 @@ std::vector<double> ref_linear(const std::vector<float>& x, int64_t M, int64_t K
   return y;
 }
 
+// What linear() must give: ref (x . w^T in double) + bias, then the epilogue over y0 (the
+// prior contents of y).
+std::vector<double> ref_epilogue(const std::vector<double>& ref, int64_t N, const std::vector<float>* bias,
+                                 Epilogue ep, const std::vector<float>& y0) {
+  std::vector<double> r(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    double v = ref[i] + (bias ? (*bias)[i % size_t(N)] : 0.0);
+    if (ep == Epilogue::kRelu) v = v > 0 ? v : 0;
+    if (ep == Epilogue::kAccumulate) v += y0[i];
+    r[i] = v;
+  }
+  return r;
+}
+
 using LinearParam = std::tuple<Isa, DType, int64_t /*M*/, int64_t /*K*/>;
 class LinearShapes : public ::testing::TestWithParam<LinearParam> {};
 
@@ -40,14 +54,7 @@ TEST_P(LinearShapes, MatchesReference) {
       for (bool with_bias : {false, true}) {
         std::vector<float> y = y0;
         detail::linear_isa(isa, x.data(), M, K, w.view, with_bias ? &bias.view : nullptr, y.data(), ep);
-        std::vector<double> r(ref.size());
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t n = 0; n < N; ++n) {
-            double v = ref[m * N + n] + (with_bias ? bias.values[n] : 0.0);
-            if (ep == Epilogue::kRelu) v = v > 0 ? v : 0;
-            if (ep == Epilogue::kAccumulate) v += y0[m * N + n];
-            r[m * N + n] = v;
-          }
+        const auto r = ref_epilogue(ref, N, with_bias ? &bias.values : nullptr, ep, y0);
         // Weights are compared in their stored precision, so only fp32 accumulation error
         // remains; outputs are O(1) by construction.
         const double atol = dt == DType::F32 ? 2e-5 : 2e-5, rtol = 1e-4;
@@ -122,13 +129,7 @@ TEST_P(LinearDeterminism, ChainsCarriedOverManyKChunksEqualOnePass) {
     for (Epilogue ep : {Epilogue::kStore, Epilogue::kRelu, Epilogue::kAccumulate}) {
       std::vector<float> y = y0;
       detail::linear_isa(isa, x.data(), M, K, w.view, &b.view, y.data(), ep);
-      std::vector<double> r(ref.size());
-      for (int64_t i = 0; i < M * N; ++i) {
-        double v = ref[size_t(i)] + b.values[size_t(i % N)];
-        if (ep == Epilogue::kRelu) v = v > 0 ? v : 0;
-        if (ep == Epilogue::kAccumulate) v += y0[size_t(i)];
-        r[size_t(i)] = v;
-      }
+      const auto r = ref_epilogue(ref, N, &b.values, ep, y0);
       expect_close(y.data(), r.data(), r.size(), 2e-5, 1e-4, std::string(dtype_name(dt)));
       for (int64_t m : {int64_t(0), detail::kLinearMB + 1, M - 1}) {
         std::vector<float> row(y0.begin() + m * N, y0.begin() + (m + 1) * N);
