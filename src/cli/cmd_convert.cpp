@@ -17,6 +17,7 @@
 #include "loader/checkpoint.h"
 #include "loader/hub.h"
 #include "loader/safetensors_writer.h"
+#include "model/config.h"
 
 namespace flexh2o::cli {
 namespace fs = std::filesystem;
@@ -28,7 +29,9 @@ void register_convert(CLI::App& app, ConvertArgs& a) {
   c->add_option("--output,-o", a.output, "Directory to create with model.safetensors, config and tokenizer files; "
                 "it must not exist or be empty")->required();
   c->footer("The checkpoint is read without running any of its code (see README, Models). Tensors are copied as "
-            "they are (dtype and shape kept; weights tied in the .bin become two copies). config.json, "
+            "they are (dtype and shape kept). A head tied to the token embedding (tie_word_embeddings, the "
+            "same bytes) is written once, as the embedding, the way transformers saves it; other tensors that "
+            "share storage in the .bin become separate copies. config.json, "
             "generation_config.json, tokenizer files (*.json, *.txt, tokenizer.model) are copied.");
 }
 
@@ -62,6 +65,31 @@ class Staging {
   fs::path path_;
 };
 
+// The tensors to write: all of them, less a head that the config ties to the embedding and that
+// holds the embedding's bytes. The loader takes a tied head from the embedding, so nothing is lost.
+std::vector<std::pair<std::string, TensorView>> tensors_to_write(const TensorArchive& archive, const fs::path& dir,
+                                                                 std::string* dropped) {
+  const fs::path config = dir / "config.json";
+  std::error_code ec;
+  const bool tied = fs::exists(config, ec) && ModelConfig::from_file(config).tie_embeddings;
+  const TensorView* embed = nullptr;
+  for (const TensorEntry& t : archive.tensors())
+    if (t.name.ends_with("embed_tokens.weight")) embed = &t.view;
+  auto same_as_embed = [&](const TensorView& v) {
+    return embed && v.dtype == embed->dtype && v.shape == embed->shape &&
+           (v.data == embed->data || std::memcmp(v.data, embed->data, v.nbytes()) == 0);
+  };
+  std::vector<std::pair<std::string, TensorView>> out;
+  for (const TensorEntry& t : archive.tensors()) {
+    if (tied && t.name == "lm_head.weight" && same_as_embed(t.view)) {
+      *dropped = t.name;
+      continue;
+    }
+    out.push_back({t.name, t.view});
+  }
+  return out;
+}
+
 void fsync_dir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
@@ -87,8 +115,8 @@ int run_convert(const ConvertArgs& a, const Env& env) {
 
   fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   Staging staging(parent / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid())));
-  std::vector<std::pair<std::string, TensorView>> tensors;
-  for (const TensorEntry& t : archive.tensors()) tensors.push_back({t.name, t.view});
+  std::string dropped;
+  const std::vector<std::pair<std::string, TensorView>> tensors = tensors_to_write(archive, dir, &dropped);
   {
     OutputFile f({"--output", staging.path() / "model.safetensors"}, OutputFile::Mode::kReplace);
     write_safetensors([&](std::string_view s) { f.write(s); }, (target / "model.safetensors").string(), tensors,
@@ -113,7 +141,9 @@ int run_convert(const ConvertArgs& a, const Env& env) {
 
   std::cout << "converted " << archive.source().string() << " (" << archive.tensors().size() << " tensors, "
             << archive.total_bytes() << " bytes) to " << (target / "model.safetensors").string() << "; copied "
-            << copied << " config/tokenizer files\n";
+            << copied << " config/tokenizer files";
+  if (!dropped.empty()) std::cout << "; " << dropped << " is tied to the embedding and written once";
+  std::cout << "\n";
   return 0;
 }
 

@@ -24,12 +24,18 @@ const fs::path kTorch = flexh2o::test::data_dir() / "torch";
 
 RunResult flexh2o(const std::string& args) { return flexh2o::test::run_flexh2o(args); }
 
-// Same names, dtypes, shapes and bytes.
-void expect_same_tensors(const fs::path& a_file, const fs::path& b_file) {
+// Same names, dtypes, shapes and bytes, except that `b_only` (if not empty) is in b and not in a.
+void expect_same_tensors(const fs::path& a_file, const fs::path& b_file, const std::string& b_only = "") {
   const SafetensorsArchive a = SafetensorsArchive::open_file(a_file), b = SafetensorsArchive::open_file(b_file);
-  ASSERT_EQ(a.tensors().size(), b.tensors().size());
+  std::vector<flexh2o::TensorEntry> want;
+  for (const auto& t : b.tensors())
+    if (t.name != b_only) want.push_back(t);
+  if (!b_only.empty()) {
+    ASSERT_EQ(want.size() + 1, b.tensors().size()) << b_only << " is not in " << b_file;
+  }
+  ASSERT_EQ(a.tensors().size(), want.size());
   for (size_t i = 0; i < a.tensors().size(); ++i) {
-    const auto &x = a.tensors()[i], &y = b.tensors()[i];
+    const auto &x = a.tensors()[i], &y = want[i];
     SCOPED_TRACE(x.name);
     ASSERT_EQ(x.name, y.name);
     EXPECT_EQ(x.view.dtype, y.view.dtype);
@@ -52,8 +58,10 @@ json greedy_ids(const fs::path& model, const TempDir& tmp) {
   return ids;
 }
 
+// The twin holds every tensor of the .bin; a tied head (opt-f16, llama-f32) is written once, as the
+// embedding, the way transformers saves it.
 TEST(Convert, RoundTripEqualsTheTwinAndGeneratesTheSame) {
-  for (const char* name : {"opt-f16", "llama-bf16-sharded", "llama-f32"}) {
+  for (const auto& [name, tied] : {std::pair{"opt-f16", true}, {"llama-bf16-sharded", false}, {"llama-f32", true}}) {
     SCOPED_TRACE(name);
     const fs::path src = kTorch / name;
     TempDir tmp;
@@ -61,7 +69,8 @@ TEST(Convert, RoundTripEqualsTheTwinAndGeneratesTheSame) {
     const RunResult r = flexh2o("convert --model " + src.string() + " --output " + out.string());
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_HAS(r.out, "to " + (out / "model.safetensors").string());
-    expect_same_tensors(out / "model.safetensors", src / "reference.safetensors");
+    EXPECT_EQ(r.out.find("lm_head.weight is tied to the embedding") != std::string::npos, tied) << r.out;
+    expect_same_tensors(out / "model.safetensors", src / "reference.safetensors", tied ? "lm_head.weight" : "");
     EXPECT_EQ(SafetensorsArchive::open_file(out / "model.safetensors").metadata().at("format"), "pt");
     EXPECT_EQ(read_text(out / "config.json"), read_text(src / "config.json"));
     // Only the weights and config: no index, no reference, no staging directory left.
@@ -74,6 +83,28 @@ TEST(Convert, RoundTripEqualsTheTwinAndGeneratesTheSame) {
     ASSERT_EQ(from_bin.size(), 2u);
     EXPECT_EQ(from_bin[0].size(), 6u);
     EXPECT_EQ(from_bin, from_st);
+  }
+}
+
+// The head is left out only when both the config ties it and its bytes are the embedding's: an
+// aliased head under an untied config, or a tied config over a distinct head, keeps its tensor.
+TEST(Convert, HeadIsDroppedOnlyWhenTiedAndEqual) {
+  struct Case {
+    const char* model;
+    bool tie;  // the tie_word_embeddings written into the copy's config
+  };
+  for (const Case c : {Case{"opt-f16", false}, Case{"llama-bf16-sharded", true}}) {
+    SCOPED_TRACE(c.model);
+    TempDir tmp;
+    const fs::path model = tmp.path() / "model", out = tmp.path() / "out";
+    fs::copy(kTorch / c.model, model);
+    json config = json::parse(read_text(model / "config.json"));
+    config["tie_word_embeddings"] = c.tie;
+    std::ofstream(model / "config.json", std::ios::trunc) << config.dump(2);
+    const RunResult r = flexh2o("convert -m " + model.string() + " -o " + out.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.find("tied to the embedding"), std::string::npos) << r.out;
+    expect_same_tensors(out / "model.safetensors", model / "reference.safetensors");
   }
 }
 
