@@ -104,6 +104,7 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
     if (opts.handle_signals && (name == "generate" || name == "tokenize" || name == "detokenize")) {
       signals = &StopSignals::install();
       env.stop = &signals->stop();
+      env.stop_signal = &signals->signal_flag();
     }
     if (name == "generate") code = run_generate(gen, env);
     else if (name == "bench") code = run_bench(bench, env);

@@ -509,7 +509,8 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   go.ignore_eos = a.ignore_eos;
   go.eos_id = lm.tokenizer && lm.tokenizer->eos_id() ? lm.tokenizer->eos_id() : cfg.eos_id;
   go.pad_id = cfg.pad_id.value_or(0);
-  go.stop = env.stop;
+  // A pipeline stops when any of its ranks is asked to (the driver hears of the stages').
+  go.stop = stages ? &stages->driver->stop() : env.stop;
   // A Batch request with stop strings ends once its text holds one (finish_choice then cuts the
   // same text), instead of generating the rest of max_tokens.
   go.ends_at = [&](size_t r, std::span<const int32_t> tokens) {
@@ -533,7 +534,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   if (stages) {
     try {
       generate(*stages->driver, reqs, go, &st);
-      pipe_report = stages->driver->finish(false);
+      pipe_report = stages->driver->finish(false, st.interrupted ? stages->driver->stop_signal() : 0);
     } catch (const std::exception& e) {
       if (out_file) out_file->sync();  // every finished result stays
       pipe->fail(*stages->driver, e, out_file.has_value());
@@ -572,6 +573,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   if (st.interrupted) {
     std::cerr << "flexh2o: interrupted: " << finished << " of " << to_run << " requests finished this run"
               << (a.output.empty() ? std::string() : "; rerun with --resume to finish " + a.output) << "\n";
+    if (stages && stages->driver->stop_signal() > 0) return 128 + stages->driver->stop_signal();
     return dp ? dp->finish(kInterrupted) : kInterrupted;
   }
   return bad ? 1 : 0;

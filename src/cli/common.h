@@ -28,6 +28,7 @@ struct Env {
   // Set by main() when SIGINT/SIGTERM arrives (commands that stop cleanly poll it); null when
   // no handler is installed for this command.
   const std::atomic<bool>* stop = nullptr;
+  const std::atomic<int>* stop_signal = nullptr;  // the signal that set stop (0 until then), null with it
   // The process is a rank of an mpirun job (main() saw mpirun's variables): generate runs data
   // parallel (dp_generate.h). False: MPI is never started.
   bool mpi = false;

@@ -31,9 +31,11 @@ OffloadArgs stage_offload(const OffloadArgs& off, int stage, int stages) {
   return o;
 }
 
-dist::PipelineOptions pipeline_options(double timeout_s) {
+dist::PipelineOptions pipeline_options(double timeout_s, const Env& env) {
   dist::PipelineOptions o;
   o.timeout_s = timeout_s;
+  o.stop = env.stop;
+  o.signal = env.stop_signal;
   return o;
 }
 
@@ -118,8 +120,10 @@ PipelineLayout choose_layout(const GenerateArgs& a, const Env& env, const Model&
   return l;
 }
 
-PipelineJob::PipelineJob(const Env& env, const GenerateArgs& a)
-    : comm_(std::make_unique<dist::Comm>(env.stop)), timeout_s_(a.rank_timeout), stages_(a.pipeline.stages) {
+// The Comm does not watch the stop flag: after Ctrl-C the job still ends in order (the driver
+// stops at a token step and ends every stage), so its waits must keep going.
+PipelineJob::PipelineJob(const Env&, const GenerateArgs& a)
+    : comm_(std::make_unique<dist::Comm>()), timeout_s_(a.rank_timeout), stages_(a.pipeline.stages) {
   if (comm_->size() != stages_) {
     if (is_root())
       std::cerr << "flexh2o: error: --pipeline-stages " << stages_ << " needs as many ranks (mpirun -np " << stages_
@@ -179,7 +183,7 @@ int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
               << "): layers " << l.bounds[size_t(s)] << "-" << l.bounds[size_t(s) + 1] - 1 << "\n";
     RunSetup rs = stage_setup(a, env, stage, fwd, cpu, l, s, device, rank_cuda_index(comm, device), std::cerr);
     rs.offload->set_idle([&ch] { ch.progress(); });
-    res = dist::serve_stage(ch, *rs.offload, l.stages, l.bounds[size_t(s)], pipeline_options(timeout_s_));
+    res = dist::serve_stage(ch, *rs.offload, l.stages, l.bounds[size_t(s)], pipeline_options(timeout_s_, env));
   } catch (const std::exception& e) {  // before serving (its own setup) or a failed wait: the job cannot go on
     std::cerr << "flexh2o: error: " << e.what() << "; ending the job\n";
     std::cerr.flush();
@@ -193,6 +197,11 @@ int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
     std::cerr << "flexh2o: pipeline stage " << s << ": the job ended after an error on another rank (rank 0 says "
               << "which)\n";
     return 1;
+  }
+  if (res.stop_signal > 0) {
+    std::cerr << "flexh2o: pipeline stage " << s << ": the job was stopped by signal " << res.stop_signal
+              << " at a token step (rank 0 kept the finished results)\n";
+    return 128 + res.stop_signal;
   }
   return 0;
 }
@@ -222,14 +231,20 @@ PipelineDriverSetup PipelineJob::start(const GenerateArgs& a, const Env& env, co
     d.rs = stage_setup(a, env, *d.stage, *d.fwd, cpu, l, s, device, rank_cuda_index(*comm_, device), log);
   } catch (const std::exception& e) {  // the stages already wait for steps: end them in order
     try {
-      (void)dist::end_stages(*d.channel, l.stages, true, pipeline_options(timeout_s_));
+      (void)dist::end_stages(*d.channel, l.stages, true, pipeline_options(timeout_s_, env));
     } catch (const Error&) {  // a stage that cannot be reached ends by its own timeout
     }
     throw;
   }
   d.rs.offload->set_idle([ch = d.channel.get()] { ch->progress(); });
-  d.driver = std::make_unique<dist::PipelineDriver>(*d.channel, *d.rs.offload, l.stages, l.bounds[size_t(s)],
-                                                    pipeline_options(timeout_s_));
+  dist::PipelineOptions po = pipeline_options(timeout_s_, env);
+  // Said at once: under mpirun a signal is followed by SIGKILL 1 s later, often before the end.
+  po.on_stop = [has_output = !a.output.empty()](int signal) {
+    std::cerr << "flexh2o: signal " << signal << ": the pipeline stops at the next token step"
+              << (has_output ? "; finished results are in --output (rerun with --resume to finish)" : "") << "\n";
+    std::cerr.flush();
+  };
+  d.driver = std::make_unique<dist::PipelineDriver>(*d.channel, *d.rs.offload, l.stages, l.bounds[size_t(s)], po);
   return d;
 }
 

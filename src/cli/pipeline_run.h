@@ -70,7 +70,8 @@ class PipelineJob {
   int threads(int requested) const;
 
   // Ranks 1..S-1: receives the layout, loads its stage, serves it until rank 0 ends the job.
-  // Returns the exit code: 0, 1 after an error (its own, printed here, or another rank's).
+  // Returns the exit code: 0, 1 after an error (its own, printed here, or another rank's),
+  // 128 + the signal when a signal on any rank stopped the job before it finished.
   // Ends the whole job (Comm::abort) when a wait fails (a rank that died or hangs).
   int serve(const GenerateArgs& a, const Env& env);
 

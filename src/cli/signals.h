@@ -16,6 +16,7 @@ class StopSignals {
   static StopSignals& install();
   const std::atomic<bool>& stop() const { return stop_; }
   int signal() const { return signal_.load(); }  // the first signal taken, 0 if none
+  const std::atomic<int>& signal_flag() const { return signal_; }  // set before stop()
 
  private:
   StopSignals() = default;

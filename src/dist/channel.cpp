@@ -13,8 +13,7 @@ struct LocalChannels::Hub {
     std::deque<Message> q;
   };
   std::vector<Box> boxes;
-  const std::atomic<bool>* stop;
-  Hub(int n, const std::atomic<bool>* s) : boxes(size_t(n)), stop(s) {}
+  explicit Hub(int n) : boxes(size_t(n)) {}
 };
 
 namespace {
@@ -48,8 +47,6 @@ class LocalChannel final : public Channel {
           return Status::Ok();
         }
       }
-      if (hub_->stop && hub_->stop->load())
-        return Status(StatusCode::kIoError, "stopped while waiting for a message from " + who(source));
       if (std::chrono::steady_clock::now() >= deadline)
         return Status(StatusCode::kIoError, "no message from " + who(source) + " for " +
                                                 std::to_string(int64_t(timeout_s)) + " s");
@@ -65,7 +62,7 @@ class LocalChannel final : public Channel {
 
 }  // namespace
 
-LocalChannels::LocalChannels(int n, const std::atomic<bool>* stop) : hub_(std::make_shared<Hub>(n, stop)) {
+LocalChannels::LocalChannels(int n) : hub_(std::make_shared<Hub>(n)) {
   FH_CHECK(n >= 1, "at least one rank");
   for (int r = 0; r < n; ++r) ends_.push_back(std::make_unique<LocalChannel>(hub_, r));
 }

@@ -3,7 +3,6 @@
 // an in-process one (LocalChannels: one thread a rank, for tests of the protocol without mpirun).
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -29,10 +28,10 @@ class Channel {
 };
 
 // `n` ranks in one process: channel(r) is rank r's end, to be used by one thread. Thread-safe
-// between ranks. `stop` (may be null) ends every wait as Comm's does.
+// between ranks.
 class LocalChannels {
  public:
-  explicit LocalChannels(int n, const std::atomic<bool>* stop = nullptr);
+  explicit LocalChannels(int n);
   ~LocalChannels();
   Channel& channel(int r);
 

@@ -1,18 +1,23 @@
 // The pipeline protocol: one tag, messages in stage order along the chain driver -> stage 0 ->
 // ... -> stage S-2 -> driver. Begin (a group's new batch), Step (a group's token step: its inputs
 // and, after stage 0, the previous stage's hidden rows), Error (a stage failed; passed on to the
-// driver), End (passed along the chain, each stage adding its figures, back to the driver).
+// driver), Stop (a stage's stop flag; passed on to the driver, which stops generating), End
+// (passed along the chain, each stage adding its figures, back to the driver).
 #include "dist/pipeline.h"
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <sstream>
 
 namespace flexh2o::dist {
 
 namespace {
 
 constexpr int kTag = 20;  // every message of the protocol (data parallel uses 1-8)
-enum Kind : uint8_t { kBegin = 1, kStep = 2, kEnd = 3, kError = 4 };
+enum Kind : uint8_t { kBegin = 1, kStep = 2, kEnd = 3, kError = 4, kStop = 5 };
+constexpr double kStopPoll_s = 0.05;  // a stage waiting for a message looks at its stop flag this often
+constexpr double kStopGrace_s = 0.5;  // the driver's shortest wait for a step in flight after a stop
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -81,6 +86,21 @@ std::vector<std::byte> error_message(int stage, const std::string& what) {
   return w.take();
 }
 
+std::vector<std::byte> stop_message(int stage, int signal) {
+  Writer w;
+  w.put<uint8_t>(kStop).put<int32_t>(stage).put<int32_t>(signal);
+  return w.take();
+}
+
+std::string seconds(double s) {
+  std::ostringstream os;
+  os << s << " s";
+  return os.str();
+}
+
+bool stop_set(const PipelineOptions& o) { return o.stop && o.stop->load(); }
+int signal_of(const PipelineOptions& o) { return o.signal ? o.signal->load() : 0; }
+
 }  // namespace
 
 int stage_rank(int stage, int stages) { return (stage + 1) % stages; }
@@ -122,8 +142,48 @@ PipelineDriver::~PipelineDriver() {
   }
 }
 
-Status PipelineDriver::wait(Message* m) {
-  return ch_.recv(stage_rank(stages_ - 2, stages_), kTag, opts_.timeout_s, m);
+// After a stop the steps still in flight are waited for only a little longer than the longest
+// wait for a decode step before it (prefills and the stages' start are not the measure): under
+// mpirun a signal often means a rank died (mpirun then SIGTERMs the others and kills them 1 s
+// later), and a step that does not come back must end the job while it can still say so. A wait
+// looks at the stop flag every kStopPoll_s, so a stop during a wait counts from when it came.
+Status PipelineDriver::wait(Message* m, bool decode) {
+  const int from = stage_rank(stages_ - 2, stages_);
+  const double t0 = now_s();
+  const bool stopped_before = stop_.load();
+  auto grace = [&] { return std::min(opts_.timeout_s, std::max(kStopGrace_s, 2 * longest_wait_s_)); };
+  double deadline = t0 + (stopped_before ? grace() : opts_.timeout_s);
+  bool stopped = stopped_before;
+  while (true) {
+    refresh_stop();
+    if (stop_.load() && !stopped) {
+      stopped = true;
+      deadline = std::min(deadline, now_s() + grace());
+    }
+    const double left = std::max(0.0, deadline - now_s());
+    Status s = ch_.recv(from, kTag, opts_.stop && !stopped ? std::min(left, kStopPoll_s) : left, m);
+    if (s.ok()) {
+      if (decode && !stopped) longest_wait_s_ = std::max(longest_wait_s_, now_s() - t0);
+      return s;
+    }
+    if (now_s() < deadline) continue;
+    if (stopped)
+      return {StatusCode::kIoError, "no step came back within " + seconds(grace()) + " of the stop (signal " +
+                                        std::to_string(stop_signal_) + "): a rank is gone or hangs"};
+    if (!opts_.stop) return s;
+    return {StatusCode::kIoError, "no message from " + ch_.describe(from) + " in " + seconds(opts_.timeout_s)};
+  }
+}
+
+void PipelineDriver::refresh_stop() {
+  if (!stop_.load() && stop_set(opts_)) note_stop(signal_of(opts_));
+}
+
+void PipelineDriver::note_stop(int signal) {
+  if (stop_.load()) return;
+  stop_signal_ = signal;
+  stop_.store(true);
+  if (opts_.on_stop) opts_.on_stop(signal);
 }
 
 void PipelineDriver::begin_batch(int g, int64_t B, int64_t capacity) {
@@ -131,6 +191,7 @@ void PipelineDriver::begin_batch(int g, int64_t B, int64_t capacity) {
   Writer w;
   w.put<uint8_t>(kBegin).put<int32_t>(g).put(B).put(capacity);
   ch_.send(stage_rank(0, stages_), kTag, w.take());
+  refresh_stop();
   last_.select_group(g);
   last_.begin_batch(B, capacity);
   batch_of_[size_t(g)] = B;
@@ -155,14 +216,24 @@ int PipelineDriver::collect(std::vector<float>& logits) {
   FH_CHECK(!pending_.empty(), "collect() with no step in flight");
   const Pending p = std::move(pending_.front());
   pending_.pop_front();
+  refresh_stop();
   Message m;
-  if (Status s = wait(&m); !s.ok()) {
-    broken_ = true;
-    FH_FAIL("the pipeline stopped: ", s.message());
+  uint8_t kind = 0;
+  std::optional<Reader> reader;
+  while (true) {  // a stage's stop request comes between steps
+    if (Status s = wait(&m, p.T == 1); !s.ok()) {
+      broken_ = true;
+      FH_FAIL("the pipeline stopped: ", s.message());
+    }
+    own_.bytes_in += m.bytes.size();
+    reader.emplace(m.bytes, "a pipeline message");
+    kind = reader->get<uint8_t>();
+    if (kind != kStop) break;
+    (void)reader->get<int32_t>();
+    note_stop(reader->get<int32_t>());
   }
-  own_.bytes_in += m.bytes.size();
-  Reader r(m.bytes, "a pipeline message");
-  const uint8_t kind = r.get<uint8_t>();
+  Reader& r = *reader;
+  refresh_stop();
   if (kind == kError) {
     const int stage = r.get<int32_t>();
     const std::string what = r.get_string();
@@ -181,9 +252,9 @@ int PipelineDriver::collect(std::vector<float>& logits) {
   return p.g;
 }
 
-PipelineReport end_stages(Channel& ch, int stages, bool failed, const PipelineOptions& o) {
+PipelineReport end_stages(Channel& ch, int stages, bool failed, const PipelineOptions& o, int signal) {
   Writer w;
-  w.put<uint8_t>(kEnd).put<uint8_t>(failed).put<int32_t>(0);
+  w.put<uint8_t>(kEnd).put<uint8_t>(failed).put<int32_t>(signal).put<int32_t>(0);
   ch.send(stage_rank(0, stages), kTag, w.take());
   PipelineReport rep;
   while (true) {  // in-flight steps and errors before the end are dropped
@@ -193,18 +264,19 @@ PipelineReport end_stages(Channel& ch, int stages, bool failed, const PipelineOp
     Reader r(m.bytes, "a pipeline message");
     if (r.get<uint8_t>() != kEnd) continue;
     (void)r.get<uint8_t>();
+    (void)r.get<int32_t>();
     const int32_t n = r.get<int32_t>();
     for (int32_t i = 0; i < n; ++i) rep.stages.push_back(get_stats(r));
     return rep;
   }
 }
 
-PipelineReport PipelineDriver::finish(bool failed) {
+PipelineReport PipelineDriver::finish(bool failed, int signal) {
   FH_CHECK(!finished_ && !broken_, "finish() once, on a pipeline that is not broken");
   finished_ = true;
   PipelineReport rep;
   try {
-    rep = end_stages(ch_, stages_, failed, opts_);
+    rep = end_stages(ch_, stages_, failed, opts_, signal);
   } catch (const Error&) {
     broken_ = true;
     throw;
@@ -234,13 +306,31 @@ ServeResult serve_stage(Channel& ch, OffloadEngine& engine, int stages, int64_t 
     res.error = e.what();
     ch.send(next, kTag, error_message(s, e.what()));
   };
+  bool asked_stop = false;
+  // The next message; while none comes, the stop flag is looked at every kStopPoll_s.
+  auto next_message = [&](Message* m) {
+    const double t_end = now_s() + o.timeout_s;
+    while (true) {
+      if (!asked_stop && stop_set(o)) {
+        asked_stop = true;
+        ch.send(next, kTag, stop_message(s, signal_of(o)));
+      }
+      const double left = t_end - now_s();
+      const Status w = ch.recv(prev, kTag, o.stop && !asked_stop ? std::min(left, kStopPoll_s) : left, m);
+      if (w.ok()) return;
+      if (now_s() < t_end) continue;
+      if (!o.stop) FH_FAIL("pipeline stage ", s, " (", ch.describe(me), ") stopped: ", w.message());
+      // The last slice's own message would name the slice, not the whole wait.
+      FH_FAIL("pipeline stage ", s, " (", ch.describe(me), ") stopped: no message from ", ch.describe(prev), " in ",
+              o.timeout_s, " s");
+    }
+  };
   double t0 = 0;
   std::vector<std::byte> out;
   std::vector<float> logits;
   while (true) {
     Message m;
-    if (Status w = ch.recv(prev, kTag, o.timeout_s, &m); !w.ok())
-      FH_FAIL("pipeline stage ", s, " (", ch.describe(me), ") stopped: ", w.message());
+    next_message(&m);
     if (t0 == 0) t0 = now_s();
     Reader r(m.bytes, "a pipeline message");
     const uint8_t kind = r.get<uint8_t>();
@@ -272,20 +362,22 @@ ServeResult serve_stage(Channel& ch, OffloadEngine& engine, int stages, int64_t 
       } catch (const std::exception& e) {
         fail(e);
       }
-    } else if (kind == kError) {
+    } else if (kind == kError || kind == kStop) {
       ch.send(next, kTag, std::move(m.bytes));
     } else if (kind == kEnd) {
       const bool job_failed = r.get<uint8_t>() != 0;
+      const int32_t signal = r.get<int32_t>();
       const int32_t n = r.get<int32_t>();
       std::vector<StageStats> before;
       for (int32_t i = 0; i < n; ++i) before.push_back(get_stats(r));
       st.wall_s = now_s() - t0;
       Writer w;
-      w.put<uint8_t>(kEnd).put<uint8_t>(job_failed || failed).put<int32_t>(n + 1);
+      w.put<uint8_t>(kEnd).put<uint8_t>(job_failed || failed).put<int32_t>(signal).put<int32_t>(n + 1);
       for (const StageStats& b : before) put_stats(w, b);
       put_stats(w, st);
       ch.send(next, kTag, w.take());
       res.job_failed = job_failed || failed;
+      res.stop_signal = signal;
       return res;
     } else {
       FH_FAIL("pipeline message of kind ", int(kind), ": the ranks do not run the same flexh2o");

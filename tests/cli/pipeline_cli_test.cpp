@@ -1,7 +1,8 @@
 // generate --pipeline-stages through real mpirun jobs: 2 and 3 stages give exactly the
 // single-process lines (tiny-opt and tiny-llama, full and H2O caches, offloading on every stage),
 // the report's pipeline section adds up, --resume works, bad job shapes are refused on every rank,
-// and a stage rank that is killed or stopped ends the job in bounded time keeping finished lines.
+// a stage rank that is killed or stopped ends the job in bounded time keeping finished lines, and
+// a SIGTERM on any rank (kill, Slurm) ends it in order: exit 143, the report says interrupted.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -171,7 +172,10 @@ TEST(PipelineGenerate, AKilledStageEndsTheJobKeepingFinishedLines) {
   const auto f = fault(tmp.path(), 1, SIGKILL, "");
   EXPECT_NE(f.code, 0) << f.err;
   EXPECT_LT(f.seconds_after_signal, 20) << f.err;
-  EXPECT_NE(f.err.find("ending every rank of the job (finished results are in --output: rerun with --resume"),
+  // mpirun SIGTERMs the other ranks and kills them 1 s later: rank 0 says at once that it stops
+  // (and, if the second comes in time, that no step came back and it ends every rank).
+  EXPECT_NE(f.err.find("the pipeline stops at the next token step; finished results are in --output (rerun with "
+                       "--resume"),
             std::string::npos)
       << f.err;
   expect_finished_lines_kept(tmp.path());
@@ -185,6 +189,34 @@ TEST(PipelineGenerate, AStoppedStageEndsTheJobWithinTheTimeout) {
   EXPECT_NE(f.err.find("rank 2 of 3 ("), std::string::npos) << f.err;
   EXPECT_NE(f.err.find("ending every rank of the job"), std::string::npos) << f.err;
   expect_finished_lines_kept(tmp.path());
+}
+
+// SIGTERM on one rank, as `kill` or a batch system sends it: every rank ends in order at a token
+// step with 143, the report is written and says interrupted, the finished lines are the
+// single-process ones, and --resume finishes the rest. (Ctrl-C on mpirun itself makes mpirun
+// exit 1 and kill the ranks 1 s after its SIGTERM, whatever they do.)
+TEST(PipelineGenerate, ASigtermOnAnyRankEndsTheJobInOrder) {
+  for (int rank : {1, 0}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    TempDir tmp;
+    const fs::path rep = tmp.path() / "rep.json";
+    const auto f = fault(tmp.path(), rank, SIGTERM, "--report " + rep.string());
+    EXPECT_EQ(f.code, 143) << f.err;
+    EXPECT_LT(f.seconds_after_signal, 20) << f.err;
+    EXPECT_EQ(f.err.find("ending every rank of the job"), std::string::npos) << f.err;
+    EXPECT_NE(f.err.find("interrupted: "), std::string::npos) << f.err;
+    EXPECT_NE(f.err.find("the job was stopped by signal 15"), std::string::npos) << f.err;
+    const json report = read_json(rep);
+    EXPECT_EQ(report["interrupted"], true) << report.dump();
+    EXPECT_EQ(report["pipeline"]["per_stage"].size(), 3u) << report.dump();
+    expect_finished_lines_kept(tmp.path());
+    const RunResult resumed = mpirun(3, gen(kOpt, tmp.path() / "big.jsonl", tmp.path() / "out.jsonl",
+                                            "-b 1 --greedy --ignore-eos -n 64 --pipeline-stages 3 --resume"));
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    std::vector<json> got = read_jsonl(tmp.path() / "out.jsonl");
+    std::sort(got.begin(), got.end(), [](const json& a, const json& b) { return a["id"] < b["id"]; });
+    expect_same_lines(got, read_jsonl(tmp.path() / "ref.jsonl"), "resumed after SIGTERM");
+  }
 }
 
 }  // namespace

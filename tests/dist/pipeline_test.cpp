@@ -286,23 +286,134 @@ TEST(PipelineFailure, SilentStageTimesOut) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10);
 }
 
-// A stop flag (Ctrl-C, or mpirun's SIGTERM after a rank died) ends a stage's wait at once.
-TEST(PipelineFailure, StopFlagEndsAStageWait) {
+// A stop (Ctrl-C, SIGTERM) on one rank ends the job in order: generation stops within a step or
+// two of the flag, the finished results equal the one-process run's, and every stage ends knowing
+// the signal. `stopped_rank` is the rank whose flag is set once the first result is in (0: the
+// driver's own).
+void expect_stop_ends_in_order(int stopped_rank, int signal) {
+  const Case c{"tiny-opt", 3, 2, false, -1, 1, 1, 10};
+  const Model whole = Model::load_dir(model_dir(c.model));
+  const auto reqs = requests_for(c);
+  GenerateOptions go;
+  go.ignore_eos = true;
+  CpuDevice ref_dev(1);
+  Forward fwd(whole, ref_dev);
+  InMemoryRunner ref(fwd, c.gbs * c.ngb);
+  const auto want = generate(ref, reqs, go);
+
+  const auto bounds = even_bounds(whole.config().n_layers, c.stages);
+  std::vector<StageRun> stages;
+  for (int s = 0; s < c.stages; ++s) stages.push_back(make_stage(whole, c, bounds, s));
+  LocalChannels net(c.stages);
+  std::atomic<bool> stop{false};
+  std::atomic<int> sig{0};
+  std::vector<dist::PipelineOptions> po(size_t(c.stages));
+  for (int r = 0; r < c.stages; ++r) {
+    po[size_t(r)].timeout_s = 30;
+    po[size_t(r)].stop = r == stopped_rank ? &stop : nullptr;
+    po[size_t(r)].signal = r == stopped_rank ? &sig : nullptr;
+  }
+  StageThreads servers(net, c.stages, bounds, po, [&](int s) -> OffloadEngine& { return *stages[size_t(s)].engine; });
+  std::vector<GenerationResult> got;
+  GenerateStats st;
+  {
+    dist::PipelineDriver driver(net.channel(0), *stages.back().engine, c.stages, bounds[size_t(c.stages) - 1], po[0]);
+    go.stop = &driver.stop();
+    go.on_result = [&](size_t, const GenerationResult&) {
+      sig = signal;  // as StopSignals does: the signal first, then the flag
+      stop = true;
+    };
+    got = generate(driver, reqs, go, &st);
+    EXPECT_TRUE(st.interrupted);
+    EXPECT_EQ(driver.stop_signal(), signal);
+    EXPECT_FALSE(driver.broken());
+    const dist::PipelineReport rep = driver.finish(false, driver.stop_signal());
+    EXPECT_EQ(int(rep.stages.size()), c.stages);
+  }
+  const std::vector<dist::ServeResult>& served = servers.join();
+  for (int rank = 1; rank < c.stages; ++rank) {
+    EXPECT_EQ(served[size_t(rank)].stop_signal, signal) << "rank " << rank;
+    EXPECT_FALSE(served[size_t(rank)].job_failed) << "rank " << rank;
+    EXPECT_TRUE(served[size_t(rank)].error.empty()) << served[size_t(rank)].error;
+  }
+  size_t finished = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!got[i].finished) continue;
+    ++finished;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+  }
+  EXPECT_GE(finished, 1u);
+  EXPECT_LE(finished, 5u) << "the stop took effect late";
+}
+
+TEST(PipelineStop, AStopOnAStageEndsTheJobInOrder) { expect_stop_ends_in_order(2, 15); }
+TEST(PipelineStop, AStopOnTheDriverEndsTheJobInOrder) { expect_stop_ends_in_order(0, 2); }
+
+// A stage's stop flag does not end its wait: it asks the driver to stop (the message is sent at
+// once) and keeps waiting, up to the timeout, for the driver to end the job.
+TEST(PipelineStop, AStoppedStageKeepsWaitingForTheDriver) {
   const Case c{"tiny-opt", 2, 1, false, -1, 2, 1, 2};
   const Model whole = Model::load_dir(model_dir(c.model));
   const auto bounds = even_bounds(whole.config().n_layers, c.stages);
   StageRun first = make_stage(whole, c, bounds, 0);
+  LocalChannels net(c.stages);
   std::atomic<bool> stop{true};
-  LocalChannels net(c.stages, &stop);
+  std::atomic<int> sig{15};
   dist::PipelineOptions po;
-  po.timeout_s = 600;
+  po.timeout_s = 0.4;
+  po.stop = &stop;
+  po.signal = &sig;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     (void)dist::serve_stage(net.channel(1), *first.engine, c.stages, 0, po);
     ADD_FAILURE() << "serve_stage returned";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("pipeline stage 0 (rank 1 of 2"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("stopped"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no message from rank 0 of 2 (this process) in 0.4 s"), std::string::npos)
+        << e.what();
   }
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.35);
+  dist::Message m;
+  EXPECT_TRUE(net.channel(0).recv(1, dist::kAnyTag, 0, &m).ok()) << "no stop request reached the driver";
+}
+
+// A stop while a step is out, when no step comes back (a rank died: mpirun SIGTERMs the rest),
+// ends the driver's wait within the grace (0.5 s before any decode step), not the 30 s timeout,
+// and says so once at the stop.
+TEST(PipelineStop, AfterAStopAStepThatNeverComesEndsTheWaitSoon) {
+  const Case c{"tiny-llama", 2, 1, false, -1, 2, 1, 2};
+  const Model whole = Model::load_dir(model_dir(c.model));
+  const auto bounds = even_bounds(whole.config().n_layers, c.stages);
+  StageRun last = make_stage(whole, c, bounds, 1);
+  LocalChannels net(c.stages);  // rank 1 never runs
+  std::atomic<bool> stop{false};
+  std::atomic<int> sig{0};
+  std::vector<int> told;
+  dist::PipelineOptions po;
+  po.timeout_s = 30;
+  po.stop = &stop;
+  po.signal = &sig;
+  po.on_stop = [&](int s) { told.push_back(s); };
+  dist::PipelineDriver driver(net.channel(0), *last.engine, c.stages, bounds[1], po);
+  std::thread signaller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    sig = 15;
+    stop = true;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)generate(driver, requests_for(c), GenerateOptions{});
+    ADD_FAILURE() << "generate returned without its first stage";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no step came back within 0.5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("of the stop (signal 15)"), std::string::npos) << e.what();
+  }
+  signaller.join();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 0.65);
+  EXPECT_LT(waited, 5);
+  EXPECT_TRUE(driver.broken());
+  EXPECT_EQ(told, std::vector<int>{15});
 }
 
 TEST(PipelineRanks, TheLastStageIsRankZero) {

@@ -19,9 +19,14 @@ class StageThreads {
   template <class EngineOf>
   StageThreads(dist::LocalChannels& net, int stages, const std::vector<int64_t>& bounds,
                const dist::PipelineOptions& po, EngineOf engine_of)
+      : StageThreads(net, stages, bounds, std::vector<dist::PipelineOptions>(size_t(stages), po), engine_of) {}
+  // Rank r serves with by_rank[r].
+  template <class EngineOf>
+  StageThreads(dist::LocalChannels& net, int stages, const std::vector<int64_t>& bounds,
+               const std::vector<dist::PipelineOptions>& by_rank, EngineOf engine_of)
       : served_(size_t(stages)) {
     for (int rank = 1; rank < stages; ++rank)
-      threads_.emplace_back([this, &net, &bounds, po, engine_of, stages, rank] {
+      threads_.emplace_back([this, &net, &bounds, po = by_rank.at(size_t(rank)), engine_of, stages, rank] {
         const int s = dist::rank_stage(rank, stages);
         served_[size_t(rank)] = dist::serve_stage(net.channel(rank), engine_of(s), stages, bounds[size_t(s)], po);
       });
