@@ -328,7 +328,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
     pipe.emplace(env, a);
     if (!pipe->is_root()) return pipe->serve(a, env);
   } else if (env.mpi) {
-    dp.emplace(env, a.rank_timeout);
+    dp.emplace(env, a);
     if (!dp->is_root()) return dp->run_worker(a, env);
   }
   if (a.prompt.empty() && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl");

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <iostream>
 #include <istream>
@@ -16,6 +17,16 @@
 
 namespace flexh2o::cli {
 namespace fs = std::filesystem;
+
+void write_stderr(const std::string& text) {
+  std::cerr.flush();
+  for (size_t at = 0; at < text.size();) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data() + at, text.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // stderr is gone: nothing to tell
+    at += size_t(n);
+  }
+}
 
 std::optional<fs::path> preset_path(const Env& env, const std::string& name) {
   if (name.empty() || name.find('/') != std::string::npos) return std::nullopt;

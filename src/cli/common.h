@@ -10,6 +10,7 @@
 #include <iosfwd>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +41,17 @@ struct LoadedModel {
   std::string source;                  // directory or "preset NAME (dummy weights)"
   double load_seconds = 0;
 };
+
+// Writes `text` to stderr in one write(2), after what std::cerr holds: an mpirun job merges its
+// ranks' stderr, and a line written in pieces can be cut by another rank's line.
+void write_stderr(const std::string& text);
+// The parts (streamed as by <<) and a newline, in one write_stderr.
+template <class... A>
+void say(const A&... parts) {
+  std::ostringstream os;
+  (os << ... << parts) << '\n';
+  write_stderr(os.str());
+}
 
 // Path of the preset config for `name` (e.g. "opt-1.3b"), if configs/models/NAME.json exists.
 std::optional<std::filesystem::path> preset_path(const Env& env, const std::string& name);

@@ -21,18 +21,24 @@ using Clock = std::chrono::steady_clock;
 constexpr int kSetup = 1;  // batch size, workload for the plan, number of batches
 constexpr int kWork = 2;   // one batch of requests
 constexpr int kQuit = 3;   // rank 0 ends the job early: the reason
-constexpr int kBye = 4;    // every result arrived: finish
+constexpr int kBye = 4;    // every result arrived (or the job stopped): finish
+constexpr int kStop = 9;   // the job stops at the next token step (a signal on some rank): the signal
 // Both ways: "still alive" (worker -> 0 carries its tokens generated so far).
 constexpr int kBeat = 5;
 // Worker -> rank 0.
 constexpr int kResult = 6;  // one request's tokens
-constexpr int kDone = 7;    // its share is done (or interrupted): its run report
+constexpr int kDone = 7;    // its share is done, or it stopped at a step: stopped, signal, run report
 constexpr int kFailed = 8;  // it cannot go on: the error
 
 // Rank 0 sends heartbeats to waiting workers at most this often; workers send theirs (with
 // their progress) at most this often, and always after a step that took longer.
 constexpr double kBeatEvery = 1.0;
 constexpr double kWorkerBeatEvery = 0.05;
+// A worker waits for rank 0 in slices this long, so a signal ends the wait between them.
+constexpr double kWaitSlice = 0.05;
+// After a stop, rank 0 waits for the workers' last steps at least this long, else twice the
+// longest step it saw (the gap between a rank's messages): a rank not done by then is gone.
+constexpr double kStopGrace_s = 0.5;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -99,11 +105,19 @@ struct DataParallel::Root {
   std::vector<bool> done;                  // kDone arrived
   double wall_s = 0;
   std::string failure;                     // a rank failed or went silent: why
-  bool silent = false;                     // ... went silent (it cannot finish MPI)
+  bool silent = false;                     // a rank went silent (it cannot finish MPI)
+  bool stopping = false;                   // a signal on some rank stops the job at a token step
+  int signal = 0;                          // ... that signal (0: unknown)
+  double longest_step_s = 0;               // the longest gap between one rank's messages
 };
 
-DataParallel::DataParallel(const Env& env, double rank_timeout_s)
-    : comm_(std::make_unique<dist::Comm>(env.stop)), timeout_s_(rank_timeout_s) {
+// The Comm does not watch the stop flag: after a signal the ranks still exchange their last
+// results and reports, and the job ends in order.
+DataParallel::DataParallel(const Env& env, const GenerateArgs& a)
+    : comm_(std::make_unique<dist::Comm>()),
+      timeout_s_(a.rank_timeout),
+      stop_signal_(env.stop_signal),
+      has_output_(!a.output.empty()) {
   if (is_root()) root_ = std::make_unique<Root>();
 }
 
@@ -140,42 +154,64 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
   const std::string me = c.describe(c.rank());
   std::atomic<bool> stop{false};
   std::string quit;  // why rank 0 ended the job, when it did
-  // The next message from rank 0 with `tag`; its heartbeats keep the wait going, its kQuit ends it.
+  // The job's stop: by a signal here, or passed on by rank 0 (kStop) from any rank.
+  bool stopped = false, by_me = false;
+  int signal = 0;
+  auto stopped_now = [&] {
+    if (!stopped && env.stop && env.stop->load()) {
+      stopped = by_me = true;
+      signal = env.stop_signal ? env.stop_signal->load() : 0;
+    }
+    return stopped;
+  };
+  auto stop_from_root = [&](const dist::Message& m) {
+    if (stopped) return;
+    stopped = true;
+    signal = dist::Reader(m.bytes, "a stop message").get<int32_t>();
+  };
+  // The next message from rank 0 with `tag`; its heartbeats keep the wait going, its kQuit ends
+  // it. Empty once the job stops (except for kBye, which ends a stopped run too).
   auto from_root = [&](int tag) {
+    auto heard = Clock::now();
     for (;;) {
+      if (tag != kBye && stopped_now()) return std::optional<dist::Message>();
       dist::Message m;
-      const Status st = c.recv(0, dist::kAnyTag, timeout_s_, &m);
-      if (!st.ok()) {
-        if (env.stop && env.stop->load()) return std::optional<dist::Message>();
-        std::cerr << "flexh2o: " << st.message() << " (--rank-timeout " << seconds(timeout_s_)
-                  << "): it hangs or was stopped; ending the job\n";
+      if (!c.recv(0, dist::kAnyTag, kWaitSlice, &m).ok()) {
+        if (since(heard) < timeout_s_) continue;
+        say("flexh2o: ", me, " heard nothing from ", c.describe(0), " in ", seconds(timeout_s_), " (--rank-timeout ",
+            seconds(timeout_s_), "): it hangs or was stopped; ending the job");
         c.abort(1);  // rank 0 hangs: it cannot end the job itself
       }
+      heard = Clock::now();
       if (m.tag == kBeat) continue;
+      if (tag == kBye && m.tag == kWork) continue;  // a batch the stop left unrun
+      if (m.tag == kStop) {
+        stop_from_root(m);
+        if (tag == kBye) continue;
+        return std::optional<dist::Message>();
+      }
       if (m.tag == kQuit)
         FH_FAIL(c.describe(0), " ended the job: ", dist::Reader(m.bytes, "a quit message").get_string());
       if (m.tag != tag) FH_FAIL(me, ": a message with tag ", m.tag, " from ", c.describe(0), " where ", tag, " was due");
       return std::optional<dist::Message>(std::move(m));
     }
   };
-  auto interrupted = [&] {
-    std::cerr << "flexh2o: " << me << " stopped by a signal (mpirun ends every rank when one dies)\n";
-    return kInterrupted;
-  };
   try {
     LoadedModel lm = load_model(env, a.model, a.tokenizer);
-    std::cerr << "flexh2o: " << me << ": model " << lm.model->config().name << " loaded in " << lm.load_seconds
-              << " s\n";
+    say("flexh2o: ", me, ": model ", lm.model->config().name, " loaded in ", lm.load_seconds, " s");
     c.send(0, kBeat, dist::Writer().put<int64_t>(0).take());
-    std::optional<dist::Message> setup = from_root(kSetup);
-    if (!setup) return interrupted();
-    dist::Reader sr(setup->bytes, "the setup from " + c.describe(0));
-    const auto batch_size = sr.get<int64_t>(), prompt_len = sr.get<int64_t>(), gen_len = sr.get<int64_t>(),
-               plan = sr.get<int64_t>(), batches = sr.get<int64_t>();
-
     json report{{"requests", 0}, {"generated_tokens", 0}};
     GenerateStats total;
     int64_t requests = 0;
+    int64_t batch_size = 0, prompt_len = 0, gen_len = 0, plan = 0, batches = 0;
+    if (std::optional<dist::Message> setup = from_root(kSetup)) {
+      dist::Reader sr(setup->bytes, "the setup from " + c.describe(0));
+      batch_size = sr.get<int64_t>();
+      prompt_len = sr.get<int64_t>();
+      gen_len = sr.get<int64_t>();
+      plan = sr.get<int64_t>();
+      batches = sr.get<int64_t>();
+    }
     if (batches > 0) {
       const std::string device = select_device(a.device, std::cerr);
       CpuDevice dev(threads(a.threads));
@@ -217,11 +253,12 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
           quit = dist::Reader(m.bytes, "a quit message").get_string();
           stop = true;
         }
-        if (env.stop && env.stop->load()) stop = true;
+        if (c.poll(0, kStop, &m)) stop_from_root(m);
+        if (stopped_now()) stop = true;
       };
       for (int64_t b = 0; b < batches && !stop; ++b) {
         std::optional<dist::Message> work = from_root(kWork);
-        if (!work) return interrupted();
+        if (!work) break;
         dist::Reader wr(work->bytes, "a batch from " + c.describe(0));
         first = wr.get<uint64_t>();
         std::vector<GenerationRequest> reqs(wr.get<uint32_t>());
@@ -237,14 +274,19 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       report = run_report(lm, rs, total, dev, device);
       report["requests"] = requests;
     }
-    if (stop && env.stop && env.stop->load()) return interrupted();
+    stopped_now();
     report["rank"] = c.rank();
     report["host"] = c.host();
-    c.send(0, kDone, dist::Writer().put_string(report.dump()).take());
-    std::cerr << "flexh2o: " << me << ": " << total.generated_tokens << " tokens for " << requests << " requests\n";
-    if (!from_root(kBye)) return interrupted();
+    report["interrupted"] = stopped;
+    c.send(0, kDone, dist::Writer().put<uint8_t>(stopped).put<int32_t>(signal).put_string(report.dump()).take());
+    say("flexh2o: ", me, ": ", total.generated_tokens, " tokens for ", requests, " requests");
+    if (stopped) {
+      if (by_me) say("flexh2o: ", me, " stopped by signal ", signal, " at a token step");
+      else say("flexh2o: ", me, ": the job was stopped by signal ", signal, " at a token step");
+    }
+    (void)from_root(kBye);
     (void)c.flush(timeout_s_);
-    return 0;
+    return stopped ? (signal > 0 ? 128 + signal : kInterrupted) : 0;
   } catch (const Error& e) {
     c.send(0, kFailed, dist::Writer().put_string(e.what()).take());
     (void)c.flush(5);
@@ -302,10 +344,23 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
     R.failure = why;
     R.silent = silent;
     stop = true;
-    std::cerr << "flexh2o: " << why << "\n";
+    say("flexh2o: ", why);
+  };
+  // Once: this rank's own steps end, and every worker stops at its next step.
+  auto begin_stop = [&](int signal) {
+    if (R.stopping || !R.failure.empty()) return;
+    R.stopping = true;
+    R.signal = signal;
+    stop = true;
+    for (int w = 1; w < n; ++w)
+      if (!R.done[size_t(w)]) c.send(w, kStop, dist::Writer().put<int32_t>(signal).take());
+    // Said at once: under mpirun a signal is often followed by SIGKILL a second later.
+    say("flexh2o: signal ", signal, ": the job stops at the next token step on every rank",
+        (has_output_ ? "; finished results are in --output (rerun with --resume to finish)" : ""));
   };
   auto handle = [&](dist::Message& m) {
     const size_t w = size_t(m.source);
+    R.longest_step_s = std::max(R.longest_step_s, since(R.heard[w]));
     R.heard[w] = Clock::now();
     const std::string from = "a message from " + c.describe(m.source);
     dist::Reader rd(m.bytes, from);
@@ -321,8 +376,11 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
       if (r >= reqs.size()) FH_FAIL(from, ": a result for request ", r, " of ", reqs.size());
       if (go.on_result) go.on_result(size_t(r), res);
     } else if (m.tag == kDone) {
+      const bool stopped = rd.get<uint8_t>() != 0;
+      const int signal = rd.get<int32_t>();
       R.reports[w] = json::parse(rd.get_string());
       R.done[w] = true;
+      if (stopped) begin_stop(signal);
     } else if (m.tag == kFailed) {
       fail(c.describe(m.source) + " failed: " + rd.get_string(), false);
     } else {
@@ -332,7 +390,7 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
   auto last_beat = start;
   auto service = [&] {
     for (dist::Message m; c.poll(dist::kAnySource, dist::kAnyTag, &m);) handle(m);
-    if (go.stop && go.stop->load()) stop = true;
+    if (go.stop && go.stop->load()) begin_stop(stop_signal_ ? stop_signal_->load() : 0);
     for (int w = 1; w < n; ++w)
       if (!R.done[size_t(w)] && since(R.heard[size_t(w)]) > timeout_s_)
         fail(c.describe(w) + " sent nothing for " + seconds(since(R.heard[size_t(w)])) + " (--rank-timeout " +
@@ -346,7 +404,10 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
 
   GenerateOptions mine = go;
   mine.stop = &stop;
+  auto own_step = Clock::now();
   mine.on_progress = [&](int64_t done, int64_t) {
+    R.longest_step_s = std::max(R.longest_step_s, since(own_step));
+    own_step = Clock::now();
     own_now = own_before + done;
     service();
     report_progress();
@@ -365,12 +426,26 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
     service();
   }
   R.own_requests = R.requests[0];
+  // Every worker's report, or after a stop those that come within the grace.
+  std::optional<Clock::time_point> stopped_at;
   for (;;) {
     service();
-    if (stop) break;
+    if (!R.failure.empty()) break;
     if (std::all_of(R.done.begin() + 1, R.done.end(), [](bool d) { return d; })) break;
+    if (R.stopping) {
+      if (!stopped_at) stopped_at = Clock::now();
+      const double grace = std::min(timeout_s_, std::max(kStopGrace_s, 2 * R.longest_step_s));
+      if (since(*stopped_at) > grace) {
+        for (int w = 1; w < n; ++w)
+          if (!R.done[size_t(w)])
+            say("flexh2o: ", c.describe(w), " did not end its step within ", seconds(grace), " of the stop (signal ",
+                R.signal, "): it is gone or hangs");
+        R.silent = true;
+        break;
+      }
+    }
     dist::Message m;
-    if (c.recv(dist::kAnySource, dist::kAnyTag, 0.2, &m).ok()) handle(m);
+    if (c.recv(dist::kAnySource, dist::kAnyTag, 0.02, &m).ok()) handle(m);
   }
   R.wall_s = since(start);
 
@@ -388,18 +463,17 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
   }
   job.interrupted = stop.load();
   *st = job;
-  if (stop) {
-    if (R.failure.empty())
-      std::cerr << "flexh2o: " << c.describe(0) << " stopped by a signal (mpirun ends every rank when one dies)\n";
-    const std::string why = R.failure.empty() ? "it was stopped by a signal" : R.failure;
-    for (int w = 1; w < n; ++w) c.send(w, kQuit, dist::Writer().put_string(why).take());
+  if (!R.failure.empty()) {
+    for (int w = 1; w < n; ++w) c.send(w, kQuit, dist::Writer().put_string(R.failure).take());
   } else {
+    if (R.stopping)
+      say("flexh2o: ", c.describe(0), ": the job was stopped by signal ", R.signal, " at a token step");
     for (int w = 1; w < n; ++w) c.send(w, kBye, {});
   }
   (void)c.flush(R.silent ? 1 : 5);
   ended_ = true;
-  std::cerr << "flexh2o: data parallel over " << n << " ranks: " << job.generated_tokens << " tokens in " << R.wall_s
-            << " s (" << (R.wall_s > 0 ? double(job.generated_tokens) / R.wall_s : 0.0) << " tok/s)\n";
+  say("flexh2o: data parallel over ", n, " ranks: ", job.generated_tokens, " tokens in ", R.wall_s, " s (",
+      (R.wall_s > 0 ? double(job.generated_tokens) / R.wall_s : 0.0), " tok/s)");
 }
 
 void DataParallel::add_to_report(json& report) const {
@@ -446,13 +520,13 @@ void DataParallel::add_to_report(json& report) const {
 
 int DataParallel::finish(int code) {
   const Root& R = *root_;
-  if (R.failure.empty()) return code;
   if (R.silent) {
-    std::cerr << "flexh2o: ending every rank of the job (a silent rank cannot finish MPI)\n";
-    std::cerr.flush();
+    say("flexh2o: ending every rank of the job (a silent rank cannot finish MPI)");
     comm_->abort(1);
   }
-  return 1;
+  if (!R.failure.empty()) return 1;
+  if (R.stopping && R.signal > 0) return 128 + R.signal;
+  return code;
 }
 
 }  // namespace flexh2o::cli

@@ -2,7 +2,8 @@
 // share of the engine requests (batch b -> rank b % N, so results keep arriving in input order);
 // every rank runs its share on its own device with its own placement; results come back to rank
 // 0, which writes them as they arrive. Heartbeats after each token step bound every wait by
-// --rank-timeout: a rank that dies or hangs ends the job with a message on every rank.
+// --rank-timeout: a rank that dies or hangs ends the job with a message on every rank. A signal
+// on any rank stops every rank at its next token step, and the job ends in order.
 #pragma once
 
 #include <functional>
@@ -32,8 +33,9 @@ void add_data_parallel_flags(CLI::App& generate, double& rank_timeout_s);
 // thread that runs the command; MPI lives as long as this object. Not thread-safe.
 class DataParallel {
  public:
-  // Joins the job (MPI starts here); throws Error when MPI cannot start.
-  DataParallel(const Env& env, double rank_timeout_s);
+  // Joins the job (MPI starts here); throws Error when MPI cannot start. Keeps env.stop_signal
+  // (which must outlive this object) and of `a` the --rank-timeout and whether --output is set.
+  DataParallel(const Env& env, const GenerateArgs& a);
   // On rank 0, when the job did not end normally (an error), tells every worker to stop.
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -43,8 +45,10 @@ class DataParallel {
   int size() const { return comm_->size(); }
 
   // A worker's whole run (ranks > 0): loads the model, takes its share from rank 0, sends back
-  // results, progress and its report. Returns 0, or kInterrupted after a signal; throws Error
-  // when rank 0 ends the job or goes silent for the timeout.
+  // results, progress and its report. A signal on any rank stops it at its next token step; it
+  // still sends what finished and its report. Returns 0, or 128 + the job's signal after a stop
+  // (kInterrupted when the signal is unknown); throws Error when rank 0 ends the job after an
+  // error, and ends the job (Comm::abort) when rank 0 is silent for the timeout.
   int run_worker(const GenerateArgs& a, const Env& env);
 
   // CPU threads of this rank: `requested` (--threads) when > 0, else this host's cores shared
@@ -61,20 +65,26 @@ class DataParallel {
   // the workers); `prompt_len` / `gen_len` as given to make_run_setup. `st` gets the job's
   // sums (tokens, batches; prefill/decode seconds summed over ranks); interrupted when a
   // signal, a failed rank or a silent one ended the job early (finished results were delivered).
+  // A signal on any rank (env.stop here, a worker's stopped report) stops every rank at its
+  // next token step; rank 0 then waits for the workers' last results and reports for
+  // max(0.5 s, twice the longest step seen), so the job ends in order.
   void generate(StepRunner& runner, const std::vector<GenerationRequest>& reqs, const GenerateOptions& go,
                 const std::function<std::vector<std::string>(size_t)>& stops, int64_t prompt_len, int64_t gen_len,
                 GenerateStats* st);
   // Rank 0: the job's totals, wall time and tokens/s at the top of `report` (rank 0's run
   // report) and a "ranks" array of every rank's figures.
   void add_to_report(nlohmann::json& report) const;
-  // Rank 0 at the end: `code`, or 1 after a rank failed or went silent; a silent rank cannot
-  // finish MPI, so then every rank is ended here (Comm::abort) once the results are written.
+  // Rank 0 at the end: 1 after a rank failed, 128 + the signal after a stop, else `code`. A
+  // silent rank (or one that did not end its step after a stop) cannot finish MPI, so then
+  // every rank is ended here (Comm::abort) once the results are written.
   int finish(int code);
 
  private:
   struct Root;
   std::unique_ptr<dist::Comm> comm_;
   double timeout_s_;
+  const std::atomic<int>* stop_signal_;  // Env::stop_signal: the signal that set Env::stop
+  bool has_output_;                      // --output is set (the stop message points to it)
   std::unique_ptr<Root> root_;  // rank 0's bookkeeping
   bool ended_ = false;          // rank 0 said goodbye (or a failure was handled)
 };

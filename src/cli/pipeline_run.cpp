@@ -126,8 +126,8 @@ PipelineJob::PipelineJob(const Env&, const GenerateArgs& a)
     : comm_(std::make_unique<dist::Comm>()), timeout_s_(a.rank_timeout), stages_(a.pipeline.stages) {
   if (comm_->size() != stages_) {
     if (is_root())
-      std::cerr << "flexh2o: error: --pipeline-stages " << stages_ << " needs as many ranks (mpirun -np " << stages_
-                << "), this job has " << comm_->size() << "\n";
+      say("flexh2o: error: --pipeline-stages ", stages_, " needs as many ranks (mpirun -np ", stages_,
+          "), this job has ", comm_->size());
     layout_sent_ = true;  // every rank refuses on its own
     FH_FAIL("--pipeline-stages ", stages_, " needs mpirun -np ", stages_, ", this job has ", comm_->size(), " ranks");
   }
@@ -151,16 +151,13 @@ int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
   {
     dist::Message m;
     if (Status st = comm.recv(0, kLayoutTag, timeout_s_, &m); !st.ok()) {
-      std::cerr << "flexh2o: error: rank " << rank << " got no pipeline layout from rank 0: " << st.message()
-                << "; ending the job\n";
-      std::cerr.flush();
+      say("flexh2o: error: rank ", rank, " got no pipeline layout from rank 0: ", st.message(), "; ending the job");
       comm.abort(1);
     }
     dist::Reader r(m.bytes, "the pipeline layout");
     l.stages = r.get<int32_t>();
     if (l.stages <= 0) {
-      std::cerr << "flexh2o: rank " << rank << ": rank 0 stopped with an error before the job started (see its "
-                << "message)\n";
+      say("flexh2o: rank ", rank, ": rank 0 stopped with an error before the job started (see its message)");
       return 1;
     }
     l.groups = r.get<int32_t>();
@@ -179,28 +176,26 @@ int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
     const Model stage = lm.model->stage(l.bounds[size_t(s)], l.bounds[size_t(s) + 1]);
     CpuDevice cpu(threads(a.threads));
     Forward fwd(stage, cpu);
-    std::cerr << "flexh2o: pipeline stage " << s << " of " << l.stages << " (" << comm.describe(rank)
-              << "): layers " << l.bounds[size_t(s)] << "-" << l.bounds[size_t(s) + 1] - 1 << "\n";
+    say("flexh2o: pipeline stage ", s, " of ", l.stages, " (", comm.describe(rank), "): layers ", l.bounds[size_t(s)],
+        "-", l.bounds[size_t(s) + 1] - 1);
     RunSetup rs = stage_setup(a, env, stage, fwd, cpu, l, s, device, rank_cuda_index(comm, device), std::cerr);
     rs.offload->set_idle([&ch] { ch.progress(); });
     res = dist::serve_stage(ch, *rs.offload, l.stages, l.bounds[size_t(s)], pipeline_options(timeout_s_, env));
   } catch (const std::exception& e) {  // before serving (its own setup) or a failed wait: the job cannot go on
-    std::cerr << "flexh2o: error: " << e.what() << "; ending the job\n";
-    std::cerr.flush();
+    say("flexh2o: error: ", e.what(), "; ending the job");
     comm.abort(1);
   }
   if (!res.error.empty()) {
-    std::cerr << "flexh2o: error: pipeline stage " << s << ": " << res.error << "\n";
+    say("flexh2o: error: pipeline stage ", s, ": ", res.error);
     return 1;
   }
   if (res.job_failed) {
-    std::cerr << "flexh2o: pipeline stage " << s << ": the job ended after an error on another rank (rank 0 says "
-              << "which)\n";
+    say("flexh2o: pipeline stage ", s, ": the job ended after an error on another rank (rank 0 says which)");
     return 1;
   }
   if (res.stop_signal > 0) {
-    std::cerr << "flexh2o: pipeline stage " << s << ": the job was stopped by signal " << res.stop_signal
-              << " at a token step (rank 0 kept the finished results)\n";
+    say("flexh2o: pipeline stage ", s, ": the job was stopped by signal ", res.stop_signal,
+        " at a token step (rank 0 kept the finished results)");
     return 128 + res.stop_signal;
   }
   return 0;
@@ -240,9 +235,8 @@ PipelineDriverSetup PipelineJob::start(const GenerateArgs& a, const Env& env, co
   dist::PipelineOptions po = pipeline_options(timeout_s_, env);
   // Said at once: under mpirun a signal is followed by SIGKILL 1 s later, often before the end.
   po.on_stop = [has_output = !a.output.empty()](int signal) {
-    std::cerr << "flexh2o: signal " << signal << ": the pipeline stops at the next token step"
-              << (has_output ? "; finished results are in --output (rerun with --resume to finish)" : "") << "\n";
-    std::cerr.flush();
+    say("flexh2o: signal ", signal, ": the pipeline stops at the next token step",
+        (has_output ? "; finished results are in --output (rerun with --resume to finish)" : ""));
   };
   d.driver = std::make_unique<dist::PipelineDriver>(*d.channel, *d.rs.offload, l.stages, l.bounds[size_t(s)], po);
   return d;
@@ -250,9 +244,8 @@ PipelineDriverSetup PipelineJob::start(const GenerateArgs& a, const Env& env, co
 
 void PipelineJob::fail(const dist::PipelineDriver& d, const std::exception& e, bool has_output) {
   if (!d.broken()) return;
-  std::cerr << "flexh2o: error: " << e.what() << "; ending every rank of the job"
-            << (has_output ? " (finished results are in --output: rerun with --resume to finish)" : "") << "\n";
-  std::cerr.flush();
+  say("flexh2o: error: ", e.what(), "; ending every rank of the job",
+      (has_output ? " (finished results are in --output: rerun with --resume to finish)" : ""));
   comm_->abort(1);
 }
 

@@ -1,7 +1,7 @@
 // Comm on the MPI C API: errors returned (MPI_ERRORS_RETURN) and turned into Error / Status
 // naming the peer; sends are MPI_Isend kept here until MPI_Test says done; receives poll
-// MPI_Improbe (then MPI_Mrecv) with short sleeps, so every wait can watch its clock and the stop
-// flag. Writer / Reader: the byte layout of messages.
+// MPI_Improbe (then MPI_Mrecv) with short sleeps, so every wait can watch its clock. Writer /
+// Reader: the byte layout of messages.
 #include "dist/comm.h"
 
 // The C API only (Open MPI would also pull in its deprecated C++ bindings).
@@ -28,16 +28,15 @@ std::string mpi_error(int code) {
 
 using Clock = std::chrono::steady_clock;
 
-// Polls `ready` (true: done) until it is, `stop` is set or `timeout_s` passed. The first polls
+// Polls `ready` (true: done) until it is or `timeout_s` passed. The first polls
 // spin (a message in flight arrives within microseconds); after that, sleeps of 100 us keep an
 // idle wait off the CPU without adding more than that to a step.
-enum class Wait { kDone, kStopped, kTimedOut };
+enum class Wait { kDone, kTimedOut };
 template <class F>
-Wait wait_for(F&& ready, double timeout_s, const std::atomic<bool>* stop) {
+Wait wait_for(F&& ready, double timeout_s) {
   const auto start = Clock::now();
   for (int spins = 0;; ++spins) {
     if (ready()) return Wait::kDone;
-    if (stop && stop->load()) return Wait::kStopped;
     if (std::chrono::duration<double>(Clock::now() - start).count() >= timeout_s) return Wait::kTimedOut;
     if (spins < 200) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -53,7 +52,6 @@ std::string seconds_text(double s) {
 }  // namespace
 
 struct Comm::Impl {
-  const std::atomic<bool>* stop = nullptr;
   bool initialized = false;  // by us: finalize when done
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
@@ -69,7 +67,7 @@ struct Comm::Impl {
     if (!initialized) return;
     // Sends still queued would make MPI_Finalize wait for their peer: give them a bounded time,
     // then let them go.
-    (void)wait_for([&] { return progress(); }, 10.0, stop);
+    (void)wait_for([&] { return progress(); }, 10.0);
     for (Pending& p : pending) MPI_Request_free(&p.req);
     pending.clear();
     if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
@@ -124,9 +122,8 @@ struct Comm::Impl {
   }
 };
 
-Comm::Comm(const std::atomic<bool>* stop) : impl_(std::make_unique<Impl>()) {
+Comm::Comm() : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  m.stop = stop;
   int inited = 0;
   MPI_Initialized(&inited);
   if (inited) FH_FAIL("MPI is already initialised in this process: one Comm per process");
@@ -158,9 +155,9 @@ Comm::Comm(const std::atomic<bool>* stop) : impl_(std::make_unique<Impl>()) {
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
         return done || rc != MPI_SUCCESS;
       },
-      1e9, stop);
+      1e9);
   m.check(rc, "gathering the host names");
-  if (w != Wait::kDone) FH_FAIL("MPI: stopped while the ranks gathered their host names");
+  if (w != Wait::kDone) FH_FAIL("MPI: the ranks did not gather their host names");
   for (int r = 0; r < m.size; ++r) {
     const char* p = all.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME;
     m.hosts.emplace_back(p, strnlen(p, MPI_MAX_PROCESSOR_NAME));
@@ -207,11 +204,8 @@ Status Comm::recv(int source, int tag, double timeout_s, Message* out) {
         m.progress();
         return m.try_recv(source, tag, out);
       },
-      timeout_s, m.stop);
+      timeout_s);
   if (w == Wait::kDone) return Status::Ok();
-  if (w == Wait::kStopped)
-    return {StatusCode::kIoError, "stopped (a signal) while " + m.describe(m.rank) + " waited for a message from " +
-                                      from + tag_text};
   return {StatusCode::kIoError, m.describe(m.rank) + " heard nothing from " + from + tag_text + " in " +
                                     seconds_text(timeout_s)};
 }
@@ -229,13 +223,12 @@ bool Comm::poll(int source, int tag, Message* out) {
 
 Status Comm::flush(double timeout_s) {
   Impl& m = *impl_;
-  const Wait w = wait_for([&] { return m.progress(); }, timeout_s, m.stop);
+  const Wait w = wait_for([&] { return m.progress(); }, timeout_s);
   if (w == Wait::kDone) return Status::Ok();
   std::string peers;
   for (const Impl::Pending& p : m.pending)
     if (peers.find(m.describe(p.dest)) == std::string::npos) peers += (peers.empty() ? "" : ", ") + m.describe(p.dest);
   const std::string what = std::to_string(m.pending.size()) + " message(s) to " + peers;
-  if (w == Wait::kStopped) return {StatusCode::kIoError, "stopped (a signal) while sending " + what};
   return {StatusCode::kIoError, what + " not taken in " + seconds_text(timeout_s)};
 }
 

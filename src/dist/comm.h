@@ -5,7 +5,6 @@
 // arrive in the order sent (MPI's ordering).
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -31,9 +30,9 @@ struct Message {
 class Comm {
  public:
   // MPI_Init_thread (funneled) with errors returned, not fatal; MPI_Finalize when destroyed.
-  // `stop` (may be null): once true, every wait returns a failure at its next poll (Ctrl-C,
-  // or mpirun's SIGTERM after another rank died). Throws Error when MPI cannot start.
-  explicit Comm(const std::atomic<bool>* stop = nullptr);
+  // Throws Error when MPI cannot start. Waits watch only their clocks: a caller that must
+  // notice a signal waits in short slices.
+  Comm();
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -51,8 +50,7 @@ class Comm {
   // until the send completes (progressed by every later call).
   void send(int dest, int tag, std::vector<std::byte> bytes);
   // Waits up to `timeout_s` seconds for a message from `source` (or kAnySource) with `tag` (or
-  // kAnyTag). Fails (kIoError) naming the peer and the wait when the time passes, or when the
-  // stop flag is set.
+  // kAnyTag). Fails (kIoError) naming the peer and the wait when the time passes.
   [[nodiscard]] Status recv(int source, int tag, double timeout_s, Message* out);
   // A message that has already arrived, without waiting: true and *out filled, else false.
   bool poll(int source, int tag, Message* out);

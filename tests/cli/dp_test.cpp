@@ -84,6 +84,9 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
     EXPECT_EQ(j["generated_tokens"], want_report["generated_tokens"]) << what;
     EXPECT_EQ(j["prompt_tokens"], want_report["prompt_tokens"]) << what;
     EXPECT_EQ(j["finished_requests"], 13) << what;
+    // Per-rank figures (device, threads, rates, memory) are only under "ranks".
+    for (const char* k : {"device_name", "threads", "decode_tokens_per_s", "peak_rss_bytes", "cpu_isa"})
+      EXPECT_FALSE(j.contains(k)) << what << ": " << k << " at the top level";
     ASSERT_EQ(j["ranks"].size(), size_t(ranks)) << what;
     // 7 batches of 2: batch b on rank b % ranks.
     const std::vector<int64_t> requests = ranks == 2 ? std::vector<int64_t>{7, 6} : std::vector<int64_t>{5, 4, 4};
@@ -253,9 +256,12 @@ TEST(DataParallel, AKilledRankEndsTheJobAndResumeFinishesIt) {
   const Faulted f = run_and_signal(tmp.path(), 1, SIGKILL, "");
   EXPECT_NE(f.code, 0) << f.err;
   EXPECT_LT(f.seconds_after_signal, 20) << f.err;
-  EXPECT_NE(f.err.find("rank 0 of 3 ("), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("stopped by a signal (mpirun ends every rank when one dies)"), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("rerun with --resume to finish"), std::string::npos) << f.err;
+  // mpirun sends SIGTERM to the others, then SIGKILL about a second later: rank 0 says at once
+  // that it stops and where the finished results are.
+  EXPECT_NE(f.err.find("signal 15: the job stops at the next token step on every rank; finished results are in "
+                       "--output (rerun with --resume to finish)"),
+            std::string::npos)
+      << f.err;
   const std::vector<json> want = reference_of_big(tmp.path());
   expect_finished_lines_kept(f, want);
   const RunResult d =
@@ -265,6 +271,51 @@ TEST(DataParallel, AKilledRankEndsTheJobAndResumeFinishesIt) {
   ASSERT_EQ(got.size(), want.size());
   std::sort(got.begin(), got.end(), [](const json& a, const json& b) { return a["id"] < b["id"]; });
   expect_same_lines(got, want, "resumed after the kill");
+}
+
+// SIGTERM on a worker or on rank 0 (as `kill`, or a batch system, sends it): every rank stops at
+// its next token step, the workers' last results and reports reach rank 0, and every rank exits
+// 143 with the report written.
+TEST(DataParallel, ASigtermOnAnyRankEndsTheJobInOrder) {
+  for (int rank : {1, 0}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    TempDir tmp;
+    const fs::path rep = tmp.path() / "rep.json";
+    const Faulted f = run_and_signal(tmp.path(), rank, SIGTERM, "--report " + rep.string());
+    EXPECT_EQ(f.code, 143) << f.err;
+    EXPECT_LT(f.seconds_after_signal, 20) << f.err;
+    EXPECT_EQ(f.err.find("ending every rank of the job"), std::string::npos) << f.err;
+    EXPECT_NE(f.err.find("signal 15: the job stops at the next token step on every rank; finished results are in "
+                         "--output (rerun with --resume to finish)"),
+              std::string::npos)
+        << f.err;
+    EXPECT_NE(f.err.find("rank 0 of 3 ("), std::string::npos) << f.err;
+    EXPECT_NE(f.err.find("the job was stopped by signal 15 at a token step"), std::string::npos) << f.err;
+    EXPECT_NE(f.err.find(named("rank ", rank) + " of 3 (" ), std::string::npos) << f.err;
+    const std::vector<json> want = reference_of_big(tmp.path());
+    expect_finished_lines_kept(f, want);
+    const json report = read_json(rep);
+    EXPECT_EQ(report["interrupted"], true) << report.dump();
+    EXPECT_EQ(report["finished_requests"], f.lines.size()) << report.dump();
+    ASSERT_EQ(report["ranks"].size(), 3u) << report.dump();
+    for (size_t k = 0; k < 3; ++k) {
+      const json& rk = report["ranks"][k];
+      EXPECT_FALSE(rk.contains("finished")) << "rank " << k << " sent no report: " << rk.dump();
+      EXPECT_GT(rk.value("generated_tokens", int64_t(0)), 0) << rk.dump();
+      if (k > 0) {
+        EXPECT_EQ(rk["interrupted"], true) << rk.dump();
+      }
+    }
+    // Tokens of unfinished requests count too; those of finished ones must all be there.
+    EXPECT_GE(report["generated_tokens"].get<int64_t>(), int64_t(64 * f.lines.size())) << report.dump();
+    const RunResult resumed =
+        mpirun(3, gen(kOpt, tmp.path() / "big.jsonl", tmp.path() / "out.jsonl", "-b 1 --greedy --ignore-eos -n 64 --resume"));
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    std::vector<json> got = read_jsonl(tmp.path() / "out.jsonl");
+    ASSERT_EQ(got.size(), want.size());
+    std::sort(got.begin(), got.end(), [](const json& a, const json& b) { return a["id"] < b["id"]; });
+    expect_same_lines(got, want, "resumed after SIGTERM");
+  }
 }
 
 TEST(DataParallel, AStoppedRankEndsTheJobWithinTheTimeout) {
