@@ -251,6 +251,17 @@ void expect_finished_lines_kept(const Faulted& f, const std::vector<json>& want)
   }
 }
 
+// --resume over `ranks` ranks completes the stopped run in `dir`: every request once, as `want`.
+void expect_resume_finishes(const fs::path& dir, int ranks, const std::vector<json>& want, const std::string& what) {
+  const RunResult d =
+      mpirun(ranks, gen(kOpt, dir / "big.jsonl", dir / "out.jsonl", "-b 1 --greedy --ignore-eos -n 64 --resume"));
+  ASSERT_EQ(d.code, 0) << what << "\n" << d.err;
+  std::vector<json> got = read_jsonl(dir / "out.jsonl");
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::sort(got.begin(), got.end(), [](const json& a, const json& b) { return a["id"] < b["id"]; });
+  expect_same_lines(got, want, what);
+}
+
 TEST(DataParallel, AKilledRankEndsTheJobAndResumeFinishesIt) {
   TempDir tmp;
   const Faulted f = run_and_signal(tmp.path(), 1, SIGKILL, "");
@@ -264,13 +275,7 @@ TEST(DataParallel, AKilledRankEndsTheJobAndResumeFinishesIt) {
       << f.err;
   const std::vector<json> want = reference_of_big(tmp.path());
   expect_finished_lines_kept(f, want);
-  const RunResult d =
-      mpirun(2, gen(kOpt, tmp.path() / "big.jsonl", tmp.path() / "out.jsonl", "-b 1 --greedy --ignore-eos -n 64 --resume"));
-  ASSERT_EQ(d.code, 0) << d.err;
-  std::vector<json> got = read_jsonl(tmp.path() / "out.jsonl");
-  ASSERT_EQ(got.size(), want.size());
-  std::sort(got.begin(), got.end(), [](const json& a, const json& b) { return a["id"] < b["id"]; });
-  expect_same_lines(got, want, "resumed after the kill");
+  expect_resume_finishes(tmp.path(), 2, want, "resumed after the kill");
 }
 
 // SIGTERM on a worker or on rank 0 (as `kill`, or a batch system, sends it): every rank stops at
@@ -308,13 +313,7 @@ TEST(DataParallel, ASigtermOnAnyRankEndsTheJobInOrder) {
     }
     // Tokens of unfinished requests count too; those of finished ones must all be there.
     EXPECT_GE(report["generated_tokens"].get<int64_t>(), int64_t(64 * f.lines.size())) << report.dump();
-    const RunResult resumed =
-        mpirun(3, gen(kOpt, tmp.path() / "big.jsonl", tmp.path() / "out.jsonl", "-b 1 --greedy --ignore-eos -n 64 --resume"));
-    ASSERT_EQ(resumed.code, 0) << resumed.err;
-    std::vector<json> got = read_jsonl(tmp.path() / "out.jsonl");
-    ASSERT_EQ(got.size(), want.size());
-    std::sort(got.begin(), got.end(), [](const json& a, const json& b) { return a["id"] < b["id"]; });
-    expect_same_lines(got, want, "resumed after SIGTERM");
+    expect_resume_finishes(tmp.path(), 3, want, "resumed after SIGTERM");
   }
 }
 
