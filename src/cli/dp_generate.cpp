@@ -10,6 +10,7 @@
 
 #include "cli/openai_batch.h"
 #include "core/error.h"
+#include "dist/channel.h"
 #include "kernels/cuda/cuda_probe.h"
 
 namespace flexh2o::cli {
@@ -36,9 +37,6 @@ constexpr double kBeatEvery = 1.0;
 constexpr double kWorkerBeatEvery = 0.05;
 // A worker waits for rank 0 in slices this long, so a signal ends the wait between them.
 constexpr double kWaitSlice = 0.05;
-// After a stop, rank 0 waits for the workers' last steps at least this long, else twice the
-// longest step it saw (the gap between a rank's messages): a rank not done by then is gone.
-constexpr double kStopGrace_s = 0.5;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -160,7 +158,7 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
   auto stopped_now = [&] {
     if (!stopped && env.stop && env.stop->load()) {
       stopped = by_me = true;
-      signal = env.stop_signal ? env.stop_signal->load() : 0;
+      signal = own_signal();
     }
     return stopped;
   };
@@ -390,7 +388,7 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
   auto last_beat = start;
   auto service = [&] {
     for (dist::Message m; c.poll(dist::kAnySource, dist::kAnyTag, &m);) handle(m);
-    if (go.stop && go.stop->load()) begin_stop(stop_signal_ ? stop_signal_->load() : 0);
+    if (go.stop && go.stop->load()) begin_stop(own_signal());
     for (int w = 1; w < n; ++w)
       if (!R.done[size_t(w)] && since(R.heard[size_t(w)]) > timeout_s_)
         fail(c.describe(w) + " sent nothing for " + seconds(since(R.heard[size_t(w)])) + " (--rank-timeout " +
@@ -434,7 +432,7 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
     if (std::all_of(R.done.begin() + 1, R.done.end(), [](bool d) { return d; })) break;
     if (R.stopping) {
       if (!stopped_at) stopped_at = Clock::now();
-      const double grace = std::min(timeout_s_, std::max(kStopGrace_s, 2 * R.longest_step_s));
+      const double grace = dist::stop_grace_s(R.longest_step_s, timeout_s_);
       if (since(*stopped_at) > grace) {
         for (int w = 1; w < n; ++w)
           if (!R.done[size_t(w)])

@@ -81,6 +81,7 @@ class DataParallel {
 
  private:
   struct Root;
+  int own_signal() const { return stop_signal_ ? stop_signal_->load() : 0; }  // that set Env::stop, 0 if none
   std::unique_ptr<dist::Comm> comm_;
   double timeout_s_;
   const std::atomic<int>* stop_signal_;  // Env::stop_signal: the signal that set Env::stop

@@ -1,7 +1,9 @@
 // The in-process Channel: one mailbox per rank (a mutex, a condition variable and a queue of
-// messages), so tests run the pipeline protocol on threads exactly as ranks run it over MPI.
+// messages), so tests run the pipeline protocol on threads exactly as ranks run it over MPI; and
+// the stop grace both multi-rank modes share.
 #include "dist/channel.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace flexh2o::dist {
@@ -72,6 +74,10 @@ LocalChannels::~LocalChannels() = default;
 Channel& LocalChannels::channel(int r) {
   FH_CHECK(r >= 0 && r < int(ends_.size()), "rank ", r, " outside [0, ", ends_.size(), ")");
   return *ends_[size_t(r)];
+}
+
+double stop_grace_s(double longest_step_s, double timeout_s) {
+  return std::min(timeout_s, std::max(0.5, 2 * longest_step_s));
 }
 
 }  // namespace flexh2o::dist

@@ -42,4 +42,9 @@ class LocalChannels {
   std::vector<std::unique_ptr<Channel>> ends_;
 };
 
+// After a stop (a signal), how long a job waits for the steps still in flight, in seconds:
+// twice the longest step it saw, at least 0.5 s, at most `timeout_s` (--rank-timeout). A rank
+// not heard from by then is taken as gone. Used by the pipeline driver and data parallel.
+double stop_grace_s(double longest_step_s, double timeout_s);
+
 }  // namespace flexh2o::dist

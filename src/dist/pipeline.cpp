@@ -17,7 +17,6 @@ namespace {
 constexpr int kTag = 20;  // every message of the protocol (data parallel uses 1-8)
 enum Kind : uint8_t { kBegin = 1, kStep = 2, kEnd = 3, kError = 4, kStop = 5 };
 constexpr double kStopPoll_s = 0.05;  // a stage waiting for a message looks at its stop flag this often
-constexpr double kStopGrace_s = 0.5;  // the driver's shortest wait for a step in flight after a stop
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -151,7 +150,7 @@ Status PipelineDriver::wait(Message* m, bool decode) {
   const int from = stage_rank(stages_ - 2, stages_);
   const double t0 = now_s();
   const bool stopped_before = stop_.load();
-  auto grace = [&] { return std::min(opts_.timeout_s, std::max(kStopGrace_s, 2 * longest_wait_s_)); };
+  auto grace = [&] { return stop_grace_s(longest_wait_s_, opts_.timeout_s); };
   double deadline = t0 + (stopped_before ? grace() : opts_.timeout_s);
   bool stopped = stopped_before;
   while (true) {
