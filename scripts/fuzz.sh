@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 dir=build-asan
 # bash scripts/fuzz.sh [-t SECONDS] [-s SEED] [NAME...]   CI: 15 s each, seed 1 (0: random), all
 # bash scripts/fuzz.sh --seeds                            rewrites the seed corpora
-all=(safetensors torch_checkpoint config tokenizer_json vocab_merges request_jsonl policy store_header)
+all=(safetensors torch_checkpoint config tokenizer_json vocab_merges sentencepiece request_jsonl policy store_header)
 secs=15 seed=1 seeds=0 names=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,6 +39,7 @@ run_one() {  # NAME: replay its reproducers one by one, then fuzz from its seeds
   case "$name" in
     store_header) ;;
     torch_checkpoint) dict=(-dict=tests/fuzz/pickle.dict) ;;
+    sentencepiece) ;;
     *) dict=(-dict=tests/fuzz/json.dict) ;;
   esac
   mkdir -p "$out/corpus"

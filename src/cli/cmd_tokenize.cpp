@@ -23,7 +23,7 @@ void register_tokenize(CLI::App& app, TokenizeArgs& a, bool detokenize) {
   auto* t = detokenize ? app.add_subcommand("detokenize", "JSONL {\"ids\": [...]} -> {\"text\": ...}")
                        : app.add_subcommand("tokenize", "JSONL {\"text\": ...} -> {\"ids\": [...]}");
   t->add_option("--tokenizer,-t", a.tokenizer,
-                "Directory with tokenizer.json, or vocab.json + merges.txt (no model needed)")->required();
+                "Directory with tokenizer.json, vocab.json + merges.txt, or tokenizer.model (no model needed)")->required();
   t->add_option("--input,-i", a.input, "JSONL input (default stdin)");
   t->add_option("--output,-o", a.output,
                 "JSONL output (default stdout), one line per input line; replaced when the run ends, never the "

@@ -65,7 +65,7 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
   }
   if (!tokenizer_dir.empty()) {
     lm.tokenizer.emplace(Tokenizer::load(tokenizer_dir));
-  } else if (dir && (fs::exists(*dir / "tokenizer.json") || fs::exists(*dir / "vocab.json"))) {
+  } else if (dir && Tokenizer::present_in(*dir)) {
     lm.tokenizer.emplace(Tokenizer::load(*dir));
   }
   lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -1,4 +1,5 @@
-// Tokenizer::load: finds the tokenizer files in a checkpoint directory, then applies
+// Tokenizer::load: finds the tokenizer files in a checkpoint directory (tokenizer.json,
+// vocab.json + merges.txt, or tokenizer.model), then applies
 // tokenizer_config.json / special_tokens_map.json / added_tokens.json (special tokens, BOS/EOS/PAD,
 // add_bos_token/add_eos_token, add_prefix_space) and builds the per-id tables (finalize).
 #include <algorithm>
@@ -16,15 +17,14 @@ using nlohmann::json;
 
 namespace tok {
 
-namespace {
-
-// null when `file` does not exist; anything there that is not a regular file is an error.
 json read_optional_json(const fs::path& file) {
   const Status st = check_regular_file(file, "tokenizer file");
   if (st.code() == StatusCode::kNotFound) return json();
   st.throw_if_error();
   return read_json_file(file, "tokenizer file");
 }
+
+namespace {
 
 // A special token entry is "text", {"content": "text", ...} or null.
 std::optional<std::string> token_text(const json& v, const std::string& where) {
@@ -175,17 +175,24 @@ void Tokenizer::Impl::finalize() {
     added_by_first_byte[static_cast<unsigned char>(added[i].content[0])].push_back(static_cast<uint32_t>(i));
 }
 
+bool Tokenizer::present_in(const fs::path& dir) {
+  return fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json") || fs::exists(dir / "tokenizer.model");
+}
+
 Tokenizer Tokenizer::load(const fs::path& dir) {
   if (!fs::is_directory(dir)) FH_FAIL("tokenizer directory ", dir.string(), " does not exist or is not a directory");
   std::unique_ptr<Impl> impl;
+  // transformers' order: a tokenizer.json wins over the files it was converted from.
   if (fs::exists(dir / "tokenizer.json")) {
     impl = tok::load_tokenizer_json(dir / "tokenizer.json");
   } else if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
     impl = tok::load_vocab_merges(dir / "vocab.json", dir / "merges.txt");
+  } else if (fs::exists(dir / "tokenizer.model")) {
+    impl = tok::load_sentencepiece(dir / "tokenizer.model", tok::read_optional_json(dir / "tokenizer_config.json"));
   } else {
     FH_FAIL("no tokenizer found in ", dir.string(),
-            ": looked for tokenizer.json, or vocab.json + merges.txt",
-            fs::exists(dir / "tokenizer.model") ? " (tokenizer.model / sentencepiece is not supported)" : "");
+            ": looked for tokenizer.json, vocab.json + merges.txt, or tokenizer.model",
+            fs::exists(dir / "vocab.json") ? " (vocab.json is there, merges.txt is missing)" : "");
   }
   tok::apply_configs(*impl, dir);
   impl->finalize();

@@ -391,9 +391,12 @@ std::unique_ptr<BpeModel> parse_model(const Ctx& ctx, const json& m) {
 }  // namespace
 
 std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::filesystem::path& file) {
-  Ctx ctx{file.string()};
   // Bounded nesting matters here beyond printing: Sequence components are parsed recursively.
-  const json j = read_json_file(file, "tokenizer file");
+  return load_tokenizer_doc(read_json_file(file, "tokenizer file"), file.string());
+}
+
+std::unique_ptr<Tokenizer::Impl> load_tokenizer_doc(const json& j, const std::string& source) {
+  Ctx ctx{source};
   auto impl = std::make_unique<Tokenizer::Impl>();
   impl->source = ctx.file;
   try {

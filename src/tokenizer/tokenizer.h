@@ -1,7 +1,8 @@
-// Tokenizers of real checkpoints: GPT-2/OPT byte-level BPE (vocab.json + merges.txt) and
+// Tokenizers of real checkpoints: GPT-2/OPT byte-level BPE (vocab.json + merges.txt),
 // Hugging Face tokenizer.json BPE models with the normalizers (NFC/NFKC/..., Lowercase, Strip,
 // Replace, Bert, ...) and pre-tokenizers (ByteLevel, Split, Digits, Metaspace, Whitespace, ...)
-// current open models use (GPT-2, LLaMA-2/3, Mistral, SmolLM2/StarCoder); see detail/pipeline.h.
+// current open models use (GPT-2, LLaMA-2/3, Mistral, SmolLM2/StarCoder; see detail/pipeline.h),
+// and sentencepiece BPE tokenizer.model files read as transformers' LlamaTokenizer reads them.
 // Added/special tokens are matched before BPE. Immutable after load: thread-safe to share.
 #pragma once
 
@@ -18,12 +19,16 @@ namespace flexh2o {
 
 class Tokenizer {
  public:
-  // Loads from a directory holding tokenizer.json, or vocab.json + merges.txt (GPT-2 style),
-  // plus optional tokenizer_config.json / special_tokens_map.json for BOS/EOS/PAD and
-  // add_bos_token. Throws flexh2o::Error naming the missing or malformed file. A merge naming a
-  // token absent from the vocabulary is an error; tokenizer.json component types other than the
-  // supported ones (model BPE; see detail/pipeline.h) are rejected naming the type.
+  // Loads from a directory holding tokenizer.json, or vocab.json + merges.txt (GPT-2 style), or
+  // tokenizer.model (sentencepiece BPE, LLaMA family; its tokenizer_config.json "legacy" and
+  // "add_prefix_space" are honoured), in that order, plus optional tokenizer_config.json /
+  // special_tokens_map.json for BOS/EOS/PAD and add_bos_token. Throws flexh2o::Error naming the
+  // missing or malformed file. A merge naming a token absent from the vocabulary is an error;
+  // tokenizer.json component types other than the supported ones (model BPE; see
+  // detail/pipeline.h) and sentencepiece unigram models are rejected naming the type.
   static Tokenizer load(const std::filesystem::path& dir);
+  // Whether `dir` holds any of the files load() looks for (it may still find them malformed).
+  static bool present_in(const std::filesystem::path& dir);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -350,4 +350,28 @@ TEST(Cli, EvalPplMatchesReference) {
   EXPECT_NEAR(j["perplexity"].get<double>(), ref["perplexity"].get<double>(), 0.005 * ref["perplexity"].get<double>());
 }
 
+// A checkpoint that ships only tokenizer.model (Vicuna, OpenLLaMA) tokenizes from its own
+// directory exactly as with --tokenizer pointing at the same files; its own tiny-llama
+// tokenizer gives another text, so the perplexities differ.
+TEST(Cli, ACheckpointWithOnlyTokenizerModelIsTokenized) {
+  TempDir tmp;
+  const fs::path llama = model_dir("tiny-llama"), spm = model_dir("tokenizers/spm-llama"), dir = tmp.path() / "m";
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::create_symlink(llama / f, dir / f);
+  for (const char* f : {"tokenizer.model", "tokenizer_config.json"}) fs::copy_file(spm / f, dir / f);
+  const std::string text = (model_dir("tiny-opt") / "reference/eval.txt").string();
+  auto ppl = [&](const std::string& args) {
+    RunResult r = flexh2o("eval-ppl " + args + " --max-tokens 200 --json --device cpu " + text);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code == 0 ? json::parse(r.out) : json();
+  };
+  const json own = ppl("-m " + dir.string());
+  const json given = ppl("-m " + llama.string() + " --tokenizer " + spm.string());
+  const json llama_tok = ppl("-m " + llama.string());
+  ASSERT_TRUE(own.contains("perplexity") && given.contains("perplexity") && llama_tok.contains("perplexity"));
+  EXPECT_EQ(own["tokens"], 200);
+  EXPECT_EQ(own["perplexity"], given["perplexity"]);
+  EXPECT_NE(own["perplexity"], llama_tok["perplexity"]);
+}
+
 }  // namespace

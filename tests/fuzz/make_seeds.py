@@ -35,6 +35,29 @@ def safetensors(tensors, metadata=None, pad=0):
     return struct.pack("<Q", len(text)) + text + blob
 
 
+def spm_proto(pieces):
+    """A sentencepiece ModelProto: pieces (<unk> unknown, <s> </s> control, others normal) and a
+    trainer_spec with model_type BPE and pad_id -1."""
+    def varint(v):
+        v &= (1 << 64) - 1
+        out = b""
+        while True:
+            out += bytes([(v & 0x7F) | (0x80 if v > 0x7F else 0)])
+            v >>= 7
+            if not v:
+                return out
+
+    def field(num, payload):
+        return varint(num << 3 | 2) + varint(len(payload)) + payload
+
+    types = {"<unk>": 2, "<s>": 3, "</s>": 3}
+    out = b""
+    for i, p in enumerate(pieces):
+        out += field(1, field(1, p.encode()) + varint(2 << 3 | 5) + struct.pack("<f", -i) +
+                     varint(3 << 3) + varint(types.get(p, 1)))
+    return out + field(2, varint(3 << 3) + varint(2) + varint(43 << 3) + varint(-1))
+
+
 def small_tokenizer(name, keep_ids):
     """A tokenizer.json from tests/data/tokenizers/NAME cut to ids < keep_ids."""
     j = json.loads((DATA / "tokenizers" / name / "tokenizer.json").read_text())
@@ -88,6 +111,11 @@ def main():
     put("vocab_merges", "tiny_opt", compact(vocab).encode() + b"\0" + "\n".join(merges).encode() + b"\0" +
         special.encode())
     put("vocab_merges", "no_version_line", compact({"a": 0, "b": 1, "ab": 2, "</s>": 3}) + "\0a b\r\n")
+
+    # tokenizer.model: the whole input is the file (protobuf holds NUL bytes); a real trained
+    # model and a hand-written one (varint, fixed32 and nested fields, a negative id).
+    put("sentencepiece", "spm_llama", (DATA / "tokenizers" / "spm-llama" / "tokenizer.model").read_bytes())
+    put("sentencepiece", "hand_written", spm_proto(["<unk>", "<s>", "</s>", "\u2581", "a", "\u2581a", "ab"]))
 
     put("request_jsonl", "prompts", (ROOT / "configs" / "prompts" / "bible.jsonl").read_text().split("\n", 3)[0] +
         "\n" + compact({"id": 7, "prompt_ids": [2, 100, 5], "max_new_tokens": 4, "temperature": 0.7,

@@ -2,7 +2,8 @@
 // Tokenizer::load as every command does, then used to encode and decode a fixed sample. The
 // input is the files' contents separated by NUL bytes (FUZZ_TOKENIZER_FILES names them, see
 // CMakeLists.txt): tokenizer.json [\0 tokenizer_config.json] for fuzz_tokenizer_json,
-// vocab.json \0 merges.txt [\0 special_tokens_map.json] for fuzz_vocab_merges.
+// vocab.json \0 merges.txt [\0 special_tokens_map.json] for fuzz_vocab_merges. With one file
+// named (fuzz_sentencepiece: tokenizer.model, a protobuf that holds NULs) it is the whole input.
 #include <initializer_list>
 #include <vector>
 
@@ -38,11 +39,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // JSON and merges.txt never hold a raw NUL; a part the input lacks leaves its file absent.
   std::string_view rest = fuzz::as_text(data, size);
   bool more = true;
-  for (const char* name : {FUZZ_TOKENIZER_FILES}) {
+  const std::initializer_list<const char*> names = {FUZZ_TOKENIZER_FILES};
+  for (const char* name : names) {
     std::error_code ec;
     std::filesystem::remove(dir / name, ec);
     if (!more) continue;
-    const size_t nul = rest.find('\0');
+    const size_t nul = names.size() == 1 ? std::string_view::npos : rest.find('\0');
     fuzz::write_file(dir / name, rest.substr(0, nul));
     more = nul != std::string_view::npos;
     if (more) rest.remove_prefix(nul + 1);

@@ -1,7 +1,8 @@
 // tokenizer.json variants built by tests/tools/make_tokenizer_cases.py with Hugging Face
 // `tokenizers` (ByteLevel, LLaMA-2 sentencepiece-style, Mistral Metaspace, LLaMA-3 Split,
-// SmolLM2 Digits+ByteLevel, NFKC/NFC/Bert normalizers, every Split behaviour): encode (with and
-// without special tokens), tokens and decode must match exactly.
+// SmolLM2 Digits+ByteLevel, NFKC/NFC/Bert normalizers, every Split behaviour), and sentencepiece
+// tokenizer.model files against transformers: encode (with and without special tokens), tokens
+// and decode must match exactly.
 #include <chrono>
 
 #include "tokenizer/tokenizer.h"
@@ -56,6 +57,16 @@ INSTANTIATE_TEST_SUITE_P(Variants, TokenizerJson,
                                            "nfkc-punct", "whitespace-punct", "metaspace-nfc", "metaspace-never",
                                            "split-behaviors", "split-invert", "split-empty", "split-star",
                                            "norm-sequence", "bert"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) c = (c == '-') ? '_' : c;
+                           return n;
+                         });
+
+// tokenizer.model alone (tests/tools/make_spm_cases.py): the same cases against transformers'
+// LlamaTokenizer, with legacy false and true, add_prefix_space false, and no config at all.
+INSTANTIATE_TEST_SUITE_P(SentencePiece, TokenizerJson,
+                         ::testing::Values("spm-llama", "spm-legacy", "spm-noprefix", "spm-bare"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = (c == '-') ? '_' : c;

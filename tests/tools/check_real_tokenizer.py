@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Checks `flexh2o tokenize` / `detokenize` against Hugging Face `tokenizers` on a real model's
-tokenizer.json (developer tool; needs `tokenizers` in a venv, not the build).
+tokenizer.json, or against transformers' LlamaTokenizer on a real tokenizer.model (developer
+tool; needs `tokenizers`, and for tokenizer.model transformers + sentencepiece + protobuf, in a
+venv, not the build).
 
     python3 tests/tools/check_real_tokenizer.py --flexh2o build/flexh2o --tokenizer DIR [--texts FILE]
 
-DIR holds tokenizer.json (e.g. SmolLM2's, from /work/shared/tools/smollm2_from_gguf.py). The texts
+DIR holds tokenizer.json (e.g. SmolLM2's, from /work/shared/tools/smollm2_from_gguf.py), or only
+tokenizer.model and tokenizer_config.json (e.g. LLaMA's, from tests/tools/spm_from_gguf.py). The texts
 are every line of tests/data/tiny-opt/reference/eval.txt, README.md and two source files, the
 whole eval text, a chat template, the awkward texts and Unicode fuzz of make_tokenizer_cases.py
 (and the lines of --texts). Prints the match counts for ids (no special
@@ -33,6 +36,16 @@ def run_jsonl(flexh2o, sub, tok_dir, rows, extra):
         return [json.loads(line) for line in out.read_text(encoding="utf-8").split("\n") if line]
 
 
+def oracle(tok_dir):
+    """(encode without special tokens, decode keeping them) of the reference implementation."""
+    if (tok_dir / "tokenizer.json").exists():
+        hf = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+        return (lambda t: hf.encode(t, add_special_tokens=False).ids), (lambda ids: hf.decode(ids, skip_special_tokens=False))
+    from transformers import LlamaTokenizer
+    hf = LlamaTokenizer.from_pretrained(str(tok_dir))
+    return (lambda t: hf.encode(t, add_special_tokens=False)), (lambda ids: hf.decode(ids, skip_special_tokens=False))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flexh2o", required=True)
@@ -46,12 +59,12 @@ def main():
     texts += [cases.TRAIN, "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>"]
     if a.texts:
         texts += a.texts.read_text(encoding="utf-8").splitlines()
-    hf = Tokenizer.from_file(str(a.tokenizer / "tokenizer.json"))
-    want = [hf.encode(t, add_special_tokens=False).ids for t in texts]
+    encode, decode = oracle(a.tokenizer)
+    want = [encode(t) for t in texts]
     got = run_jsonl(a.flexh2o, "tokenize", a.tokenizer, [{"text": t} for t in texts], ["--no-special"])
     dec = run_jsonl(a.flexh2o, "detokenize", a.tokenizer, [{"ids": w} for w in want], [])
     bad_ids = [i for i, (w, g) in enumerate(zip(want, got)) if g.get("ids") != w]
-    bad_dec = [i for i, (w, g) in enumerate(zip(want, dec)) if g.get("text") != hf.decode(w, skip_special_tokens=False)]
+    bad_dec = [i for i, (w, g) in enumerate(zip(want, dec)) if g.get("text") != decode(w)]
     print(f"{a.tokenizer}: ids match {len(texts) - len(bad_ids)}/{len(texts)}, "
           f"decode matches {len(texts) - len(bad_dec)}/{len(texts)}")
     for i in (bad_ids + bad_dec)[:5]:

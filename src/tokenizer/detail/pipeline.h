@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "tokenizer/detail/bpe.h"
 #include "tokenizer/detail/regex.h"
 #include "tokenizer/detail/unicode.h"
@@ -117,11 +119,19 @@ struct Tokenizer::Impl {
 };
 
 namespace tok {
-// Loaders (hf_json.cpp, gpt2_files.cpp, config.cpp).
+// Loaders (hf_json.cpp, gpt2_files.cpp, sentencepiece.cpp, config.cpp).
 std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const std::filesystem::path& file);
+// A parsed tokenizer.json document; `source` names it in messages.
+std::unique_ptr<Tokenizer::Impl> load_tokenizer_doc(const nlohmann::json& doc, const std::string& source);
+// tokenizer.model (a sentencepiece BPE model) read as transformers' LlamaTokenizer reads it;
+// `config` is tokenizer_config.json (null when absent), for legacy / add_prefix_space.
+std::unique_ptr<Tokenizer::Impl> load_sentencepiece(const std::filesystem::path& file, const nlohmann::json& config);
 std::unique_ptr<Tokenizer::Impl> load_vocab_merges(const std::filesystem::path& vocab,
                                                    const std::filesystem::path& merges);
 void apply_configs(Tokenizer::Impl& impl, const std::filesystem::path& dir);
+// A JSON file's contents, or null when `file` does not exist; anything there that is not a
+// regular file, or not JSON, is an error.
+nlohmann::json read_optional_json(const std::filesystem::path& file);
 }  // namespace tok
 
 }  // namespace flexh2o
