@@ -10,17 +10,7 @@ using test::data_dir;
 using test::read_json;
 using test::ScratchDir;
 using test::write_file;
-
-// Loads `dir` expecting flexh2o::Error whose message contains every string in `parts`.
-void expect_load_error(const std::filesystem::path& dir, std::initializer_list<std::string> parts) {
-  try {
-    (void)Tokenizer::load(dir);
-    ADD_FAILURE() << "expected an error loading " << dir;
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
+using test::expect_load_error;
 
 TEST(LoadErrors, MissingDirectory) {
   expect_load_error("/nonexistent/flexh2o/tok", {"/nonexistent/flexh2o/tok", "does not exist"});

@@ -14,20 +14,11 @@ namespace {
 using test::data_dir;
 using test::ScratchDir;
 using test::write_file;
+using test::expect_load_error;
 
 const std::filesystem::path& spm_model() {
   static const auto p = data_dir() / "tokenizers/spm-llama/tokenizer.model";
   return p;
-}
-
-void expect_load_error(const std::filesystem::path& dir, std::initializer_list<std::string> parts) {
-  try {
-    (void)Tokenizer::load(dir);
-    ADD_FAILURE() << "expected an error loading " << dir;
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
 }
 
 // The protobuf wire format, enough to write ModelProto files by hand.

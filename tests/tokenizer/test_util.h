@@ -1,4 +1,5 @@
-// Helpers shared by the tokenizer tests: reading JSON test data and scratch directories.
+// Helpers shared by the tokenizer tests: reading JSON test data, expected load errors and scratch
+// directories.
 #pragma once
 
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tokenizer/tokenizer.h"
 
 namespace flexh2o::test {
 
@@ -31,6 +33,17 @@ inline nlohmann::json read_json(const std::filesystem::path& p) { return nlohman
 inline void write_file(const std::filesystem::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary);
   out << text;
+}
+
+// Loads `dir` expecting flexh2o::Error whose message contains every string in `parts`.
+inline void expect_load_error(const std::filesystem::path& dir, std::initializer_list<std::string> parts) {
+  try {
+    (void)Tokenizer::load(dir);
+    ADD_FAILURE() << "expected an error loading " << dir;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
 }
 
 // A fresh directory under the system temp dir, removed when the object dies.
