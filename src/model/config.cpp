@@ -1,6 +1,7 @@
 // Parsing Hugging Face config.json into ModelConfig, with errors that name file and key.
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -76,7 +77,7 @@ void parse_opt(const Reader& r, ModelConfig& c) {
   c.n_kv_heads = c.n_heads;
   c.norm_eps = 1e-5f;
   c.tie_embeddings = r.bool_or("tie_word_embeddings", true);
-  c.attention_bias = c.mlp_bias = r.bool_or("enable_bias", true);
+  c.attention_bias = c.o_bias = c.mlp_bias = r.bool_or("enable_bias", true);
   if (!c.attention_bias)
     FH_FAIL(r.source(), ": OPT without biases (enable_bias=false) is not supported");
   if (!r.bool_or("do_layer_norm_before", true))
@@ -101,12 +102,35 @@ void parse_llama(const Reader& r, const json& j, ModelConfig& c) {
   c.norm_eps = float(r.number_or("rms_norm_eps", 1e-6));
   c.rope_theta = float(r.number_or("rope_theta", 10000.0));
   c.tie_embeddings = r.bool_or("tie_word_embeddings", false);
-  c.attention_bias = r.bool_or("attention_bias", false);
-  c.mlp_bias = r.bool_or("mlp_bias", false);
+  if (c.model_type == "qwen2") {  // Qwen2Attention: q/k/v with bias, o_proj without
+    c.attention_bias = true;
+  } else {
+    c.attention_bias = c.o_bias = r.bool_or("attention_bias", false);
+    c.mlp_bias = r.bool_or("mlp_bias", false);
+  }
   std::string act = r.string_or("hidden_act", "silu");
-  if (act != "silu") FH_FAIL(r.source(), ": hidden_act \"", act, "\" is not supported (LLaMA uses silu)");
+  if (act != "silu")
+    FH_FAIL(r.source(), ": hidden_act \"", act, "\" is not supported (", c.model_type, " uses silu)");
   if (r.has("rope_scaling"))
     FH_FAIL(r.source(), ": rope_scaling ", json_excerpt(j["rope_scaling"]), " is not supported");
+  // transformers 5 writes the rotary settings as rope_parameters {rope_type, rope_theta, ...}.
+  if (r.has("rope_parameters")) {
+    const json& rp = j["rope_parameters"];
+    if (!rp.is_object()) FH_FAIL(r.source(), ": \"rope_parameters\" must be an object, got ", json_excerpt(rp));
+    const Reader p(rp, r.source() + " rope_parameters");
+    const std::string type = p.string_or("rope_type", "default");
+    if (type != "default")
+      FH_FAIL(r.source(), ": rope_parameters ", json_excerpt(rp), " is not supported (rope_type \"", type,
+              "\"; only \"default\" is)");
+    c.rope_theta = float(p.number_or("rope_theta", c.rope_theta));
+  }
+  // Mistral: sliding_window (null: none); Qwen2: only with use_sliding_window.
+  const bool windowed =
+      c.model_type == "mistral" || (c.model_type == "qwen2" && r.bool_or("use_sliding_window", false));
+  if (windowed && r.has("sliding_window")) {
+    c.sliding_window = r.positive_int("sliding_window", kMaxIndex);
+    c.max_positions = std::min(c.max_positions, c.sliding_window);
+  }
 }
 
 }  // namespace
@@ -126,10 +150,10 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.max_positions = r.positive_int("max_position_embeddings", kMaxIndex - 2);  // OPT stores 2 more
   if (c.model_type == "opt") {
     parse_opt(r, c);
-  } else if (c.model_type == "llama") {
+  } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") {
     parse_llama(r, j, c);
   } else {
-    FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: opt, llama)");
+    FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: opt, llama, mistral, qwen2)");
   }
   c.head_dim = r.positive_int_or("head_dim", kMaxDim, c.hidden / c.n_heads);
   if (!r.has("head_dim") && c.hidden % c.n_heads != 0)
@@ -137,7 +161,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.bos_id = r.token_id("bos_token_id");
   c.eos_id = r.token_id("eos_token_id");
   c.pad_id = r.token_id("pad_token_id");
-  std::string dt = r.string_or("torch_dtype", "float16");
+  std::string dt = r.string_or("torch_dtype", r.string_or("dtype", "float16"));  // "dtype": transformers 5
   if (dt == "float32") c.dtype = DType::F32;
   else if (dt == "bfloat16") c.dtype = DType::BF16;
   else c.dtype = DType::F16;

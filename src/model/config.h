@@ -1,6 +1,7 @@
 // ModelConfig: the architecture facts the engine needs, parsed from a Hugging Face config.json.
 // Supported families: OPT (pre-LN, learned positions offset 2, ReLU FFN, tied lm_head) and
-// LLaMA (RMSNorm, rotary, SwiGLU, GQA). Parsing validates every field it uses and throws
+// LLaMA (RMSNorm, rotary, SwiGLU, GQA), which also serves model_type "mistral" and "qwen2" (q/k/v
+// biases without an o_proj bias). Parsing validates every field it uses and throws
 // flexh2o::Error naming the file and the key. Plain value type.
 #pragma once
 
@@ -17,7 +18,7 @@ enum class Arch { kOpt, kLlama };
 
 struct ModelConfig {
   Arch arch = Arch::kOpt;
-  std::string model_type;  // "opt" | "llama"
+  std::string model_type;  // "opt" | "llama" | "mistral" | "qwen2"
   std::string name;        // _name_or_path or the directory name, for reports
   int64_t vocab_size = 0;
   int64_t hidden = 0;
@@ -26,11 +27,15 @@ struct ModelConfig {
   int64_t n_kv_heads = 0;  // == n_heads for OPT
   int64_t head_dim = 0;
   int64_t ffn_dim = 0;     // OPT ffn_dim / LLaMA intermediate_size
+  // Positions a sequence may use. A sliding-window attention (Mistral, Qwen2 with
+  // use_sliding_window) caps it at the window, within which full attention is exact.
   int64_t max_positions = 0;
+  int64_t sliding_window = 0;  // the model's window, 0 for none (it capped max_positions)
   float norm_eps = 1e-5f;  // layer_norm eps (OPT) / rms_norm_eps (LLaMA)
   float rope_theta = 10000.f;
   bool tie_embeddings = true;
-  bool attention_bias = false;  // q/k/v/o biases (always true for OPT)
+  bool attention_bias = false;  // q/k/v biases (always true for OPT)
+  bool o_bias = false;          // the attention output projection's bias (OPT; LLaMA attention_bias)
   bool mlp_bias = false;        // fc/gate/up/down biases (always true for OPT)
   std::optional<int32_t> bos_id, eos_id, pad_id;
   DType dtype = DType::F16;  // torch_dtype: what dummy weights use

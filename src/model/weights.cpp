@@ -4,6 +4,7 @@
 #include <tbb/parallel_for.h>
 
 #include <cmath>
+#include <string_view>
 
 #include "core/error.h"
 #include "loader/checkpoint.h"
@@ -79,7 +80,7 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
       {"q_proj", {Q, H}}, {"k_proj", {KV, H}}, {"v_proj", {KV, H}}, {"o_proj", {H, Q}}};
   for (const auto& [n, shape] : proj) {
     add(p + "self_attn." + n + ".weight", shape);
-    if (c.attention_bias) add(p + "self_attn." + n + ".bias", {shape[0]});
+    if (std::string_view(n) == "o_proj" ? c.o_bias : c.attention_bias) add(p + "self_attn." + n + ".bias", {shape[0]});
   }
   add(p + "post_attention_layernorm.weight", {H});
   const std::pair<const char*, Shape> mlp[] = {{"gate_proj", {F, H}}, {"up_proj", {F, H}}, {"down_proj", {H, F}}};

@@ -183,6 +183,12 @@ TEST(Cli, InfoDescribesPresetsAndDirectories) {
   auto j = json::parse(r.out);
   EXPECT_NEAR(j["parameters"].get<double>(), 29.97e9, 0.05e9);
   EXPECT_EQ(j["kv_bytes_per_token_f16"], 2 * 48 * 7168 * 2);
+  // The model cards' counts: Qwen2.5-7B 7.62 B (its q/k/v biases included), Mistral-7B-v0.3 7.25 B.
+  for (auto [preset, params] : {std::pair{"qwen2.5-7b", 7.62e9}, std::pair{"mistral-7b", 7.25e9}}) {
+    RunResult p = flexh2o(std::string("info --json ") + preset);
+    ASSERT_EQ(p.code, 0) << p.err;
+    EXPECT_NEAR(json::parse(p.out)["parameters"].get<double>(), params, 0.006e9) << preset;
+  }
   RunResult d = flexh2o("info " + model_dir("tiny-llama").string());
   ASSERT_EQ(d.code, 0) << d.err;
   EXPECT_NE(d.out.find("4 heads (2 kv)"), std::string::npos) << d.out;

@@ -41,6 +41,62 @@ TEST(ModelConfig, ParsesBothFamilies) {
   EXPECT_EQ(l.kv_bytes_per_token(DType::F16), 2 * 4 * 2 * 64 * 2);
 }
 
+// model_type mistral and qwen2 run the LLaMA path with their differences: Qwen2's q/k/v biases
+// without an o_proj bias; a sliding window (Mistral's sliding_window, Qwen2's only with
+// use_sliding_window) caps the positions.
+TEST(ModelConfig, MistralAndQwen2AreLlamaWithTheirDifferences) {
+  auto j = test::read_json(model_dir("tiny-llama") / "config.json");
+  j["model_type"] = "mistral";
+  j["max_position_embeddings"] = 4096;
+  j["sliding_window"] = 1024;
+  ModelConfig m = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_EQ(m.arch, Arch::kLlama);
+  EXPECT_EQ(m.sliding_window, 1024);
+  EXPECT_EQ(m.max_positions, 1024);
+  EXPECT_FALSE(m.attention_bias || m.o_bias || m.mlp_bias);
+  j["sliding_window"] = nullptr;  // Mistral v0.2 and later
+  m = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_EQ(m.sliding_window, 0);
+  EXPECT_EQ(m.max_positions, 4096);
+  j["sliding_window"] = 8192;  // wider than the positions: nothing to cap
+  EXPECT_EQ(ModelConfig::from_json_text(j.dump(), "c").max_positions, 4096);
+  j["sliding_window"] = 0;
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("sliding_window"), std::string::npos);
+
+  j["model_type"] = "qwen2";
+  j["sliding_window"] = 1024;  // Qwen2 configs carry one, used only with use_sliding_window
+  ModelConfig q = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_TRUE(q.attention_bias);
+  EXPECT_FALSE(q.o_bias || q.mlp_bias);
+  EXPECT_EQ(q.sliding_window, 0);
+  EXPECT_EQ(q.max_positions, 4096);
+  j["use_sliding_window"] = true;
+  EXPECT_EQ(ModelConfig::from_json_text(j.dump(), "c").max_positions, 1024);
+  j["hidden_act"] = "gelu";
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("qwen2 uses silu"), std::string::npos);
+}
+
+// transformers 5 writes rope_parameters and dtype where earlier versions wrote rope_theta and
+// torch_dtype; other rope types (llama3, yarn, ...) are refused as rope_scaling is.
+TEST(ModelConfig, Transformers5RopeParametersAndDtype) {
+  auto j = test::read_json(model_dir("tiny-llama") / "config.json");
+  j.erase("rope_theta");
+  j.erase("torch_dtype");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  j["dtype"] = "bfloat16";
+  ModelConfig c = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.dtype, DType::BF16);
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0}};
+  const std::string msg = error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); });
+  EXPECT_NE(msg.find("rope_type \"yarn\""), std::string::npos) << msg;
+  j["rope_parameters"] = "default";
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("must be an object"), std::string::npos);
+  j["rope_parameters"] = {{"rope_theta", "big"}};
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("rope_parameters: \"rope_theta\""),
+            std::string::npos);
+}
+
 TEST(ModelConfig, MissingKeyIsNamed) {
   auto j = tiny_config();
   j.erase("num_attention_heads");
@@ -54,6 +110,7 @@ TEST(ModelConfig, UnknownModelTypeIsNamed) {
   j["model_type"] = "bloom";
   std::string msg = error_of([&] { ModelConfig::from_json_text(j.dump(), "config.json"); });
   EXPECT_NE(msg.find("unknown model_type \"bloom\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("opt, llama, mistral, qwen2"), std::string::npos) << msg;
 }
 
 TEST(ModelConfig, BadValuesAndUnsupportedVariants) {

@@ -1,5 +1,6 @@
 // End-to-end checks of the CPU engine against the tiny models' Hugging Face references:
-// logits, greedy continuations, perplexity, batching with left padding, weight dtypes, shards.
+// logits, greedy continuations, perplexity, batching with left padding, weight dtypes, shards;
+// and logits of random Mistral and Qwen2 checkpoints against transformers.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -206,6 +207,20 @@ TEST_P(Reference, Bf16CheckpointStaysClose) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, Reference, ::testing::Values("tiny-opt", "tiny-llama"));
+
+// Mistral and Qwen2 checkpoints written by transformers' own classes with random weights, biases
+// included (tests/tools/make_arch_models.py): the LLaMA path with Qwen2's q/k/v biases, its tied
+// embeddings and rope_theta 1e6, and Mistral's sliding window (prompts up to its 48 positions).
+class ArchReference : public Reference {};
+
+TEST_P(ArchReference, LogitsMatchTransformers) {
+  Model model = Model::load_dir(dir());
+  EXPECT_EQ(model.config().model_type, dir().filename().string());
+  expect_logits_match(model, dev(), dir(), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, ArchReference, ::testing::Values("arch/mistral", "arch/qwen2"),
+                         [](const auto& info) { return info.param.substr(5); });
 
 }  // namespace
 }  // namespace flexh2o

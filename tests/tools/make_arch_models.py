@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Writes tiny random Mistral and Qwen2 checkpoints with transformers' own model classes, and
+the logits transformers computes for them, under tests/data/arch/<name>/ (developer tool, not CI;
+needs torch, transformers, safetensors):
+
+    python3 tests/tools/make_arch_models.py
+
+Each directory holds config.json and model.safetensors as save_pretrained writes them (float32)
+and reference/logits.json in the format of the tiny models' references (per-position argmax and
+the last position's logits, for id sequences). Every parameter is drawn at random, biases and
+norm weights included (transformers initialises biases to zero, which would hide a bias that is
+not applied), and wide enough that the top two logits of every position are well apart.
+  mistral  MistralForCausalLM, GQA, sliding_window 48 below max_position_embeddings 128 (flexh2o
+           caps the positions at the window, within which attention is full).
+  qwen2    Qwen2ForCausalLM: q/k/v biases without an o_proj bias, rope_theta 1e6, tied embeddings.
+"""
+import json
+import pathlib
+
+import torch
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, bos_token_id=1,
+              eos_token_id=2, torch_dtype="float32")
+LENGTHS = (1, 7, 23, 48)
+
+
+def randomize(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+
+
+def reference(model, seed):
+    """The prompts' logits, or None when some position's top two logits are within 3e-4 of the
+    spread (an argmax that rounding could flip)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    prompts = []
+    for n in LENGTHS:
+        ids = torch.randint(3, model.config.vocab_size, (1, n), generator=g)
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        top2 = logits.topk(2, dim=-1).values
+        if (top2[:, 0] - top2[:, 1]).min().item() < 3e-4 * (logits.max() - logits.min()).item():
+            return None
+        prompts.append({"prompt": f"random ids, {n} tokens", "ids": ids[0].tolist(),
+                        "argmax": logits.argmax(-1).tolist(), "last_logits": logits[-1].tolist()})
+    return prompts
+
+
+def write(name, model, note, seed):
+    d = OUT / name
+    model.eval()
+    for seed in range(seed, seed + 1000, 100):  # the first seed without near ties
+        randomize(model, seed)
+        prompts = reference(model, seed)
+        if prompts:
+            break
+    assert prompts, f"{name}: every seed tried has a near tie in some argmax"
+    model.save_pretrained(d, safe_serialization=True)
+    note += f" (seed {seed})"
+    (d / "reference").mkdir(exist_ok=True)
+    (d / "reference" / "logits.json").write_text(json.dumps(
+        {"description": note, "vocab_size": model.config.vocab_size, "prompts": prompts}) + "\n")
+    print(f"{d}: {sum(p.numel() for p in model.parameters())} parameters")
+
+
+def main():
+    torch.manual_seed(0)
+    write("mistral", MistralForCausalLM(MistralConfig(**COMMON, sliding_window=48, tie_word_embeddings=False)),
+          "tiny random MistralForCausalLM (transformers), float32, sliding_window 48", seed=11)
+    write("qwen2", Qwen2ForCausalLM(Qwen2Config(**COMMON, rope_theta=1e6, tie_word_embeddings=True,
+                                                use_sliding_window=False)),
+          "tiny random Qwen2ForCausalLM (transformers), float32, q/k/v biases, tied embeddings", seed=12)
+
+
+if __name__ == "__main__":
+    main()
