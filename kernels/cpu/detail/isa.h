@@ -32,7 +32,9 @@ struct Q4Row {
 // chunk is as long as an AVX-512 tile's w rows (6 x KC floats) and x rows still fit a 32 KiB
 // L1 together: on a Zen 4 core 768 measured 4-20% faster than 512, and up to 19% faster
 // than 1024; on an AVX2-only EPYC (512 KiB L2) 7-8% faster than 512 at K = 768 and within 5%
-// of both elsewhere (bench/RESULTS.md, 2026-12-02 fifth session, and 2026-12-03).
+// of both elsewhere; on an AVX-512 Xeon with 48 KiB L1d, 1024 and 1152 (also with a padded
+// panel stride) came within 5% of it at every shape (bench/RESULTS.md, 2026-12-02 fifth
+// session, and 2026-12-03).
 constexpr int64_t kLinearKC = 768;
 constexpr int64_t kLinearMB = 96;   // rows of x per packed task (multiple of every MR)
 constexpr int64_t kLinearNB = 96;   // rows of w per task (multiple of every NR)
