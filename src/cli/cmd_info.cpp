@@ -54,6 +54,7 @@ int run_info(const InfoArgs& a, const Env& env) {
          {"head_dim", c.head_dim},
          {"ffn_dim", c.ffn_dim},
          {"max_position_embeddings", c.max_positions},
+         {"sliding_window", c.sliding_window},
          {"tie_word_embeddings", c.tie_embeddings},
          {"dtype", dtype_name(c.dtype)},
          {"parameters", params},
@@ -74,7 +75,8 @@ int run_info(const InfoArgs& a, const Env& env) {
             << "checkpoint   " << checkpoint << "\n"
             << "shape        " << c.n_layers << " layers, hidden " << c.hidden << ", " << c.n_heads << " heads ("
             << c.n_kv_heads << " kv) x " << c.head_dim << ", ffn " << c.ffn_dim << ", vocab " << c.vocab_size
-            << ", " << c.max_positions << " positions\n"
+            << ", " << c.max_positions << " positions"
+            << (c.sliding_window ? " (its sliding window; within it attention is full)" : "") << "\n"
             << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
             << "weights      " << human_bytes(double(params) * double(esize)) << " in " << dtype_name(c.dtype) << "\n";
   for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(double(b)) << "\n";

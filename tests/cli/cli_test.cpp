@@ -189,6 +189,9 @@ TEST(Cli, InfoDescribesPresetsAndDirectories) {
     ASSERT_EQ(p.code, 0) << p.err;
     EXPECT_NEAR(json::parse(p.out)["parameters"].get<double>(), params, 0.006e9) << preset;
   }
+  RunResult w = flexh2o("info " + model_dir("arch/mistral").string());
+  ASSERT_EQ(w.code, 0) << w.err;
+  EXPECT_NE(w.out.find("48 positions (its sliding window"), std::string::npos) << w.out;
   RunResult d = flexh2o("info " + model_dir("tiny-llama").string());
   ASSERT_EQ(d.code, 0) << d.err;
   EXPECT_NE(d.out.find("4 heads (2 kv)"), std::string::npos) << d.out;
