@@ -17,6 +17,9 @@ struct VecAvx2 {
   using V = __m256;
   static constexpr int L = 8;
   static constexpr int MR = 3, NR = 4;  // linear register tile: 12 accumulators
+  // No x prefetch in the packed linear: 256 B ahead gained nothing on the same Xeon (-2% to
+  // +1%; RESULTS, 2026-12-03).
+  static constexpr int X_PREFETCH = 0;
   static constexpr int Q4_MQ = 4;  // x rows per Q4 direct-path tile (linear_direct_q4)
   static constexpr int q4_nq(int mq) { return mq <= 2 ? 4 : 2; }  // w rows per Q4 tile
   static constexpr int PV_Q = 2, PV_V = 4;

@@ -17,6 +17,10 @@ struct VecAvx512 {
   using V = __m512;
   static constexpr int L = 16;
   static constexpr int MR = 4, NR = 6;  // linear register tile: 24 accumulators
+  // Floats ahead that the packed linear prefetches its x rows (256 B): the 4 x streams come
+  // from L2, and on an AVX-512 Xeon this was 3-9% faster at prefill shapes (bench/RESULTS.md,
+  // 2026-12-03; not measured on Zen 4).
+  static constexpr int X_PREFETCH = 64;
   static constexpr int Q4_MQ = 4;  // x rows per Q4 direct-path tile (linear_direct_q4)
   static constexpr int q4_nq(int mq) { return mq <= 2 ? 8 : 4; }  // w rows per Q4 tile
   static constexpr int PV_Q = 4, PV_V = 4;  // attention P.V tile: queries x vectors of d

@@ -19,6 +19,7 @@ struct VecScalar {
   };
   static constexpr int L = 8;
   static constexpr int MR = 2, NR = 4;
+  static constexpr int X_PREFETCH = 0;
   static constexpr int Q4_MQ = 4;  // x rows per Q4 direct-path tile (linear_direct_q4)
   static constexpr int q4_nq(int mq) { return mq <= 2 ? 4 : 2; }  // w rows per Q4 tile
   static constexpr int PV_Q = 2, PV_V = 2;
