@@ -6,8 +6,10 @@ venv, not the build).
 
     python3 tests/tools/check_real_tokenizer.py --flexh2o build/flexh2o --tokenizer DIR [--texts FILE]
 
-DIR holds tokenizer.json (e.g. SmolLM2's, from /work/shared/tools/smollm2_from_gguf.py), or only
-tokenizer.model and tokenizer_config.json (e.g. LLaMA's, from tests/tools/spm_from_gguf.py). The texts
+DIR holds tokenizer.json (e.g. SmolLM2's, from /work/shared/tools/smollm2_from_gguf.py; or Qwen2's
+and LLaMA-3's: AutoTokenizer.from_pretrained(MODELS, gguf_file="ggml-vocab-qwen2.gguf").save_pretrained(DIR),
+MODELS being vendor/llama.cpp/models of the llama-cpp-python sdist), or only tokenizer.model and
+tokenizer_config.json (e.g. LLaMA's, from tests/tools/spm_from_gguf.py). The texts
 are every line of tests/data/tiny-opt/reference/eval.txt, README.md and two source files, the
 whole eval text, a chat template, the awkward texts and Unicode fuzz of make_tokenizer_cases.py
 (and the lines of --texts). Prints the match counts for ids (no special
