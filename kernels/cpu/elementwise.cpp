@@ -49,19 +49,17 @@ void add_embedding(const int32_t* rows, int64_t T, const TensorView& table, floa
 // ---- rotary ---------------------------------------------------------------------------
 
 void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
-            const int32_t* positions, float theta) {
+            const int32_t* positions, const double* inv_freq, float attention_factor) {
   FH_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary: head_dim ", head_dim, " must be even");
   FH_CHECK(row_stride >= n_heads * head_dim, "rotary: row_stride ", row_stride, " < n_heads*head_dim");
+  FH_CHECK(inv_freq != nullptr, "rotary: null inv_freq");
   const int64_t half = head_dim / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = std::pow(double(theta), -2.0 * double(i) / double(head_dim));
   detail::for_rows(T, n_heads * head_dim * 4, [&](int64_t t) {
     std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i) {
       const double ang = double(positions[t]) * inv_freq[i];
-      c[i] = float(std::cos(ang));
-      s[i] = float(std::sin(ang));
+      c[i] = float(std::cos(ang) * attention_factor);
+      s[i] = float(std::sin(ang) * attention_factor);
     }
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + t * row_stride + h * head_dim;

@@ -1,6 +1,8 @@
 // Row-wise and element-wise CUDA ops of ops.h: embedding, add_embedding, layernorm, rmsnorm,
 // rotary, silu_mul. fp32 math on fp16/bf16 storage; grid-stride loops with 64-bit indices;
 // norms use one block per row with two block reductions.
+#include <algorithm>
+
 #include "kernels/cuda/detail/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -53,13 +55,12 @@ __global__ void norm_kernel(const T* x, int64_t M, int64_t D, const T* gamma, co
 
 template <class T>
 __global__ void rotary_kernel(T* x, int64_t T_, int64_t n_heads, int64_t head_dim, int64_t row_stride,
-                              const int32_t* positions, double theta) {
+                              const int32_t* positions, const RotaryTable table) {
   const int64_t half = head_dim / 2, n = T_ * n_heads * half;
   for (int64_t idx = detail::global_tid(); idx < n; idx += detail::grid_stride()) {
     const int64_t i = idx % half, h = (idx / half) % n_heads, t = idx / (half * n_heads);
-    const double inv_freq = pow(theta, -2.0 * double(i) / double(head_dim));
-    const double ang = double(positions[t]) * inv_freq;
-    const float c = float(cos(ang)), s = float(sin(ang));
+    const double ang = double(positions[t]) * table.inv_freq[i];
+    const float c = float(cos(ang) * table.attention_factor), s = float(sin(ang) * table.attention_factor);
     T* p = x + t * row_stride + h * head_dim;
     const float x1 = to_f(p[i]), x2 = to_f(p[i + half]);
     p[i] = from_f<T>(x1 * c - x2 * s);
@@ -126,19 +127,29 @@ void rmsnorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, f
 }
 
 void rotary(DType dt, void* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
-            const int32_t* positions, float theta, cudaStream_t stream) {
+            const int32_t* positions, const RotaryTable& table, cudaStream_t stream) {
   FH_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary: head_dim ", head_dim, " must be even");
+  FH_CHECK(head_dim / 2 <= RotaryTable::kMaxHalf, "rotary: head_dim ", head_dim, " is over ", 2 * RotaryTable::kMaxHalf);
   FH_CHECK(T >= 0 && n_heads > 0, "rotary: bad sizes T=", T, " n_heads=", n_heads);
   FH_CHECK(row_stride >= n_heads * head_dim, "rotary: row_stride ", row_stride, " < n_heads*head_dim");
-  FH_CHECK(theta > 0.f, "rotary: theta must be positive");
   if (T == 0) return;
   FH_CHECK(x && positions, "rotary: null pointer");
   detail::dispatch_half(dt, "rotary", [&](auto tag) {
     using E = decltype(tag);
     rotary_kernel<E><<<detail::grid_size_1d(T * n_heads * head_dim / 2), detail::kThreads, 0, stream>>>(
-        static_cast<E*>(x), T, n_heads, head_dim, row_stride, positions, double(theta));
+        static_cast<E*>(x), T, n_heads, head_dim, row_stride, positions, table);
     FH_CUDA_LAUNCH_CHECK("rotary", stream);
   });
+}
+
+RotaryTable rotary_table(const double* inv_freq, int64_t half, float attention_factor) {
+  FH_CHECK(half >= 0 && half <= RotaryTable::kMaxHalf, "rotary: head_dim ", 2 * half, " is over ",
+           2 * RotaryTable::kMaxHalf);
+  FH_CHECK(half == 0 || inv_freq, "rotary: null inv_freq");
+  RotaryTable t;
+  std::copy(inv_freq, inv_freq + half, t.inv_freq);
+  t.attention_factor = attention_factor;
+  return t;
 }
 
 void silu_mul(DType dt, void* gate, const void* up, int64_t n, cudaStream_t stream) {

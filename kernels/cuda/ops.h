@@ -50,11 +50,22 @@ void layernorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma,
 void rmsnorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, float eps, void* y,
              cudaStream_t stream);
 
+// A model's rotary frequencies, passed to the kernel by value (no device memory to manage):
+// inv_freq[i] for i < head_dim/2 (the model's Rope), attention_factor multiplies cos and sin.
+struct RotaryTable {
+  static constexpr int64_t kMaxHalf = 256;  // head_dim up to 512; the struct stays within 4 KiB of kernel parameters
+  double inv_freq[kMaxHalf] = {};
+  float attention_factor = 1.f;
+};
+// Copies `half` values (head_dim / 2 <= kMaxHalf, else throws).
+RotaryTable rotary_table(const double* inv_freq, int64_t half, float attention_factor);
+
 // HF rotate_half rotary, in place: row t at x + t*row_stride (elements) holds n_heads*head_dim
-// values rotated by positions[t] (device int32); inv_freq[i] = theta^(-2i/head_dim).
-// Angles are computed in double, like the CPU op. head_dim must be even.
+// values rotated by positions[t] (device int32): pair (i, i + head_dim/2) turns by
+// positions[t] * table.inv_freq[i]. Angles are computed in double, like the CPU op. head_dim
+// must be even.
 void rotary(DType dt, void* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
-            const int32_t* positions, float theta, cudaStream_t stream);
+            const int32_t* positions, const RotaryTable& table, cudaStream_t stream);
 
 // gate[i] = silu(gate[i]) * up[i] for i < n.
 void silu_mul(DType dt, void* gate, const void* up, int64_t n, cudaStream_t stream);

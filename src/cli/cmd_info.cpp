@@ -2,6 +2,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "loader/checkpoint.h"
@@ -33,6 +34,24 @@ std::string human_bytes(double b) {
 }
 }  // namespace
 
+namespace {
+
+// "rope  llama3, theta 500000, factor 8 over 8192 pretraining positions\n"; empty for OPT.
+std::string rope_line(const ModelConfig& c) {
+  if (c.arch != Arch::kLlama) return {};
+  std::ostringstream o;
+  o << "rope         " << c.rope.type << ", theta " << c.rope.theta;
+  if (c.rope.type != "default") o << ", factor " << c.rope.factor;
+  if (c.rope.original_max_positions) o << " over " << c.rope.original_max_positions << " pretraining positions";
+  if (c.rope.attention_factor != 1) o << ", attention factor " << std::setprecision(4) << c.rope.attention_factor;
+  if (c.rope.type == "dynamic") o << " (within max_position_embeddings it is the default rope)";
+  if (c.rope.type == "longrope") o << " (its short factors; beyond, transformers switches)";
+  o << "\n";
+  return o.str();
+}
+
+}  // namespace
+
 int run_info(const InfoArgs& a, const Env& env) {
   std::string source;
   ModelConfig c = resolve_config(env, a.model, &source);
@@ -62,6 +81,12 @@ int run_info(const InfoArgs& a, const Env& env) {
          {"bytes_per_group", group_bytes},
          {"kv_bytes_per_token_f16", c.kv_bytes_per_token(DType::F16)},
          {"kv_bytes_per_token_f32", c.kv_bytes_per_token(DType::F32)}};
+  if (c.arch == Arch::kLlama)
+    j["rope"] = {{"type", c.rope.type},
+                 {"theta", c.rope.theta},
+                 {"factor", c.rope.factor},
+                 {"original_max_position_embeddings", c.rope.original_max_positions},
+                 {"attention_factor", c.rope.attention_factor}};
   // Which weights a load would read (presets have none; a directory may hold config.json only).
   std::string checkpoint = "none";
   if (std::filesystem::is_directory(source))
@@ -77,7 +102,7 @@ int run_info(const InfoArgs& a, const Env& env) {
             << c.n_kv_heads << " kv) x " << c.head_dim << ", ffn " << c.ffn_dim << ", vocab " << c.vocab_size
             << ", " << c.max_positions << " positions"
             << (c.sliding_window ? " (its sliding window; within it attention is full)" : "") << "\n"
-            << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
+            << rope_line(c) << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
             << "weights      " << human_bytes(double(params) * double(esize)) << " in " << dtype_name(c.dtype) << "\n";
   for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(double(b)) << "\n";
   std::cout << "KV per token " << human_bytes(double(c.kv_bytes_per_token(DType::F16))) << " (f16), "

@@ -50,8 +50,10 @@ void LayerCompute::qkv(const ModelConfig& c, const LayerWeights& L, const StepSh
   cpu::linear(normed_.data(), M, H, L.k_w, bias(L.k_b), k, cpu::Epilogue::kStore);
   cpu::linear(normed_.data(), M, H, L.v_w, bias(L.v_b), v, cpu::Epilogue::kStore);
   if (c.arch == Arch::kLlama) {
-    cpu::rotary(q, M, c.n_heads, c.head_dim, Q, s.positions, c.rope_theta);
-    cpu::rotary(k, M, c.n_kv_heads, c.head_dim, KV, s.positions, c.rope_theta);
+    const double* f = c.rope.inv_freq.data();
+    const float af = float(c.rope.attention_factor);
+    cpu::rotary(q, M, c.n_heads, c.head_dim, Q, s.positions, f, af);
+    cpu::rotary(k, M, c.n_kv_heads, c.head_dim, KV, s.positions, f, af);
   }
 }
 

@@ -81,8 +81,10 @@ void CudaDevice::attention_in(const ModelConfig& c, const LayerWeights& L, const
   linear_w(L.k_w, normed_, M, H, KV, L.k_b, k, Epilogue::kStore);
   linear_w(L.v_w, normed_, M, H, KV, L.v_b, v, Epilogue::kStore);
   if (c.arch == Arch::kLlama) {
-    rotary(dt_, q, M, c.n_heads, c.head_dim, Q, r.positions, c.rope_theta, st);
-    rotary(dt_, k, M, c.n_kv_heads, c.head_dim, KV, r.positions, c.rope_theta, st);
+    const RotaryTable table =
+        rotary_table(c.rope.inv_freq.data(), int64_t(c.rope.inv_freq.size()), float(c.rope.attention_factor));
+    rotary(dt_, q, M, c.n_heads, c.head_dim, Q, r.positions, table, st);
+    rotary(dt_, k, M, c.n_kv_heads, c.head_dim, KV, r.positions, table, st);
   }
 }
 

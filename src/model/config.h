@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "model/rope.h"
 
 namespace flexh2o {
 
@@ -27,12 +28,13 @@ struct ModelConfig {
   int64_t n_kv_heads = 0;  // == n_heads for OPT
   int64_t head_dim = 0;
   int64_t ffn_dim = 0;     // OPT ffn_dim / LLaMA intermediate_size
-  // Positions a sequence may use. A sliding-window attention (Mistral, Qwen2 with
-  // use_sliding_window) caps it at the window, within which full attention is exact.
+  // Positions a sequence may use: max_position_embeddings, changed where the rope scaling says
+  // (model/detail/rope_parse.h) and capped by a sliding-window attention (Mistral, Qwen2 with
+  // use_sliding_window) at the window, within which full attention is exact.
   int64_t max_positions = 0;
   int64_t sliding_window = 0;  // the model's window, 0 for none (it capped max_positions)
   float norm_eps = 1e-5f;  // layer_norm eps (OPT) / rms_norm_eps (LLaMA)
-  float rope_theta = 10000.f;
+  Rope rope;  // LLaMA family: rotary frequencies (rope_theta and any rope scaling)
   bool tie_embeddings = true;
   bool attention_bias = false;  // q/k/v biases (always true for OPT)
   bool o_bias = false;          // the attention output projection's bias (OPT; LLaMA attention_bias)

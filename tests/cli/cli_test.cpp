@@ -183,12 +183,23 @@ TEST(Cli, InfoDescribesPresetsAndDirectories) {
   auto j = json::parse(r.out);
   EXPECT_NEAR(j["parameters"].get<double>(), 29.97e9, 0.05e9);
   EXPECT_EQ(j["kv_bytes_per_token_f16"], 2 * 48 * 7168 * 2);
-  // The model cards' counts: Qwen2.5-7B 7.62 B (its q/k/v biases included), Mistral-7B-v0.3 7.25 B.
-  for (auto [preset, params] : {std::pair{"qwen2.5-7b", 7.62e9}, std::pair{"mistral-7b", 7.25e9}}) {
+  // The model cards' counts: Qwen2.5-7B 7.62 B (its q/k/v biases included), Mistral-7B-v0.3 7.25 B,
+  // Llama 3.1 8.03 B and 70.55 B.
+  for (auto [preset, params] : {std::pair{"qwen2.5-7b", 7.62e9}, std::pair{"mistral-7b", 7.25e9},
+                                std::pair{"llama-3.1-8b", 8.03e9}, std::pair{"llama-3.1-70b", 70.55e9}}) {
     RunResult p = flexh2o(std::string("info --json ") + preset);
     ASSERT_EQ(p.code, 0) << p.err;
     EXPECT_NEAR(json::parse(p.out)["parameters"].get<double>(), params, 0.006e9) << preset;
   }
+  RunResult l3 = flexh2o("info llama-3.1-8b");
+  ASSERT_EQ(l3.code, 0) << l3.err;
+  EXPECT_NE(l3.out.find("rope         llama3, theta 500000, factor 8 over 8192 pretraining positions\n"),
+            std::string::npos)
+      << l3.out;
+  RunResult y = flexh2o("info --json " + model_dir("arch/qwen2_yarn").string());
+  ASSERT_EQ(y.code, 0) << y.err;
+  EXPECT_EQ(json::parse(y.out)["max_position_embeddings"], 64);  // yarn: 16 x 4, over the config's 32
+  EXPECT_NEAR(json::parse(y.out)["rope"]["attention_factor"].get<double>(), 1.1386, 1e-4);
   RunResult w = flexh2o("info " + model_dir("arch/mistral").string());
   ASSERT_EQ(w.code, 0) << w.err;
   EXPECT_NE(w.out.find("48 positions (its sliding window"), std::string::npos) << w.out;

@@ -77,7 +77,7 @@ TEST(ModelConfig, MistralAndQwen2AreLlamaWithTheirDifferences) {
 }
 
 // transformers 5 writes rope_parameters and dtype where earlier versions wrote rope_theta and
-// torch_dtype; other rope types (llama3, yarn, ...) are refused as rope_scaling is.
+// torch_dtype (the rope types themselves: tests/model/rope_test.cpp).
 TEST(ModelConfig, Transformers5RopeParametersAndDtype) {
   auto j = test::read_json(model_dir("tiny-llama") / "config.json");
   j.erase("rope_theta");
@@ -85,11 +85,12 @@ TEST(ModelConfig, Transformers5RopeParametersAndDtype) {
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
   j["dtype"] = "bfloat16";
   ModelConfig c = ModelConfig::from_json_text(j.dump(), "c");
-  EXPECT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.rope.theta, 1e6);
+  EXPECT_EQ(c.rope.inv_freq.size(), size_t(c.head_dim / 2));
   EXPECT_EQ(c.dtype, DType::BF16);
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0}};
+  j["rope_parameters"] = {{"rope_type", "mrope"}, {"rope_theta", 1e6}, {"factor", 4.0}};
   const std::string msg = error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); });
-  EXPECT_NE(msg.find("rope_type \"yarn\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rope_type \"mrope\""), std::string::npos) << msg;
   j["rope_parameters"] = "default";
   EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("must be an object"), std::string::npos);
   j["rope_parameters"] = {{"rope_theta", "big"}};

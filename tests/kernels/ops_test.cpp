@@ -49,27 +49,34 @@ INSTANTIATE_TEST_SUITE_P(All, Norms,
                                             ::testing::Values<int64_t>(1, 3, 129),
                                             ::testing::Values<int64_t>(1, 17, 768, 1031)));
 
+// Pairs turn by position * inv_freq[i] with cos and sin times attention_factor; the table is
+// the default one and, for scaled ropes, an arbitrary one (any per-pair frequency must be used
+// as given, in its own pair).
 TEST(Rotary, MatchesHfRotateHalf) {
-  for (int64_t hd : {64, 80, 128}) {
-    const int64_t T = 9, H = 3, stride = H * hd + 7;
-    auto x = randn(size_t(T * stride), 8);
-    const auto x0 = x;
-    std::vector<int32_t> pos(T);
-    for (int64_t t = 0; t < T; ++t) pos[t] = int32_t(t * 37 + (t % 2) * 1000);
-    rotary(x.data(), T, H, hd, stride, pos.data(), 10000.f);
-    std::vector<double> r(x.begin(), x.end());
-    const int64_t half = hd / 2;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < hd; ++i) {  // q*cos + rotate_half(q)*sin, rotate_half = [-x2, x1]
-          const double inv = std::pow(10000.0, -2.0 * double(i % half) / double(hd));
-          const double a = pos[t] * inv;
-          const float* v = x0.data() + t * stride + h * hd;
-          const double rot = i < half ? -double(v[i + half]) : double(v[i - half]);
-          r[t * stride + h * hd + i] = v[i] * std::cos(a) + rot * std::sin(a);
-        }
-    expect_close(x.data(), r.data(), r.size(), 1e-5, 1e-5, "rotary hd=" + std::to_string(hd));
-  }
+  for (int64_t hd : {2, 64, 80, 128})
+    for (const bool scaled : {false, true}) {
+      const int64_t T = 9, H = 3, stride = H * hd + 7, half = hd / 2;
+      auto x = randn(size_t(T * stride), 8);
+      const auto x0 = x;
+      std::vector<int32_t> pos(T);
+      for (int64_t t = 0; t < T; ++t) pos[t] = int32_t(t * 37 + (t % 2) * 1000);
+      std::vector<double> inv(static_cast<size_t>(half));
+      for (int64_t i = 0; i < half; ++i)
+        inv[size_t(i)] = scaled ? 0.9 / double(1 + 3 * ((i * 7) % half)) : std::pow(10000.0, -2.0 * double(i) / double(hd));
+      const double af = scaled ? 1.25 : 1.0;
+      rotary(x.data(), T, H, hd, stride, pos.data(), inv.data(), float(af));
+      std::vector<double> r(x.begin(), x.end());
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < hd; ++i) {  // q*cos + rotate_half(q)*sin, rotate_half = [-x2, x1]
+            const double a = pos[t] * inv[size_t(i % half)];
+            const float* v = x0.data() + t * stride + h * hd;
+            const double rot = i < half ? -double(v[i + half]) : double(v[i - half]);
+            r[t * stride + h * hd + i] = (v[i] * std::cos(a) + rot * std::sin(a)) * af;
+          }
+      expect_close(x.data(), r.data(), r.size(), 1e-5, 1e-5,
+                   "rotary hd=" + std::to_string(hd) + (scaled ? " scaled" : ""));
+    }
 }
 
 class SiluMul : public ::testing::TestWithParam<Isa> {};

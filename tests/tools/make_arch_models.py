@@ -13,12 +13,21 @@ not applied), and wide enough that the top two logits of every position are well
   mistral  MistralForCausalLM, GQA, sliding_window 48 below max_position_embeddings 128 (flexh2o
            caps the positions at the window, within which attention is full).
   qwen2    Qwen2ForCausalLM: q/k/v biases without an o_proj bias, rope_theta 1e6, tied embeddings.
+Rope scaling, each type with settings small enough that the prompts reach the scaled region:
+  llama_llama3     LlamaForCausalLM, rope_type llama3 over an original length of 32 (head_dim 16:
+                   kept, smoothed and divided wavelengths all occur).
+  qwen2_yarn       YaRN, factor 4 over 16 positions, max_position_embeddings 32: flexh2o allows
+                   64 positions (the prompts reach 48); attention factor 1.139.
+  mistral_linear   linear, factor 2, max_position_embeddings 32 (flexh2o allows 64).
+  llama_longrope   LongRoPE with the pretraining length 24 given at the top level, as Phi-3 does;
+                   prompts up to 23 tokens (beyond 24 transformers switches to the long factors).
 """
 import json
 import pathlib
 
 import torch
-from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -39,12 +48,12 @@ def randomize(model, seed):
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
 
 
-def reference(model, seed):
+def reference(model, seed, lengths):
     """The prompts' logits, or None when some position's top two logits are within 3e-4 of the
     spread (an argmax that rounding could flip)."""
     g = torch.Generator().manual_seed(seed + 1)
     prompts = []
-    for n in LENGTHS:
+    for n in lengths:
         ids = torch.randint(3, model.config.vocab_size, (1, n), generator=g)
         with torch.no_grad():
             logits = model(ids).logits[0].float()
@@ -56,12 +65,12 @@ def reference(model, seed):
     return prompts
 
 
-def write(name, model, note, seed):
+def write(name, model, note, seed, lengths=LENGTHS):
     d = OUT / name
     model.eval()
     for seed in range(seed, seed + 1000, 100):  # the first seed without near ties
         randomize(model, seed)
-        prompts = reference(model, seed)
+        prompts = reference(model, seed, lengths)
         if prompts:
             break
     assert prompts, f"{name}: every seed tried has a near tie in some argmax"
@@ -80,6 +89,24 @@ def main():
     write("qwen2", Qwen2ForCausalLM(Qwen2Config(**COMMON, rope_theta=1e6, tie_word_embeddings=True,
                                                 use_sliding_window=False)),
           "tiny random Qwen2ForCausalLM (transformers), float32, q/k/v biases, tied embeddings", seed=12)
+    short = dict((k, v) for k, v in COMMON.items() if k != "max_position_embeddings")
+    write("llama_llama3", LlamaForCausalLM(LlamaConfig(**COMMON, rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=32))),
+          "tiny random LlamaForCausalLM (transformers), float32, rope_type llama3 over 32 positions", seed=13)
+    write("qwen2_yarn", Qwen2ForCausalLM(Qwen2Config(**short, max_position_embeddings=32, tie_word_embeddings=False,
+                                                     use_sliding_window=False, rope_scaling=dict(
+        type="yarn", factor=4.0, original_max_position_embeddings=16))),
+          "tiny random Qwen2ForCausalLM (transformers), float32, YaRN factor 4 over 16 positions", seed=14)
+    write("mistral_linear", MistralForCausalLM(MistralConfig(**short, max_position_embeddings=32, sliding_window=None,
+                                                             rope_scaling=dict(type="linear", factor=2.0))),
+          "tiny random MistralForCausalLM (transformers), float32, linear rope scaling factor 2", seed=15)
+    write("llama_longrope", LlamaForCausalLM(LlamaConfig(**short, max_position_embeddings=96,
+                                                         original_max_position_embeddings=24, rope_scaling=dict(
+        rope_type="longrope", short_factor=[1.0 + 0.4 * i for i in range(8)],
+        long_factor=[2.0 + i for i in range(8)]))),
+          "tiny random LlamaForCausalLM (transformers), float32, LongRoPE within its 24 pretraining positions",
+          seed=16, lengths=(1, 7, 23, 24))
 
 
 if __name__ == "__main__":
