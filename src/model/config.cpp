@@ -52,6 +52,8 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   c.tie_embeddings = r.bool_or("tie_word_embeddings", false);
   if (c.model_type == "qwen2") {  // Qwen2Attention: q/k/v with bias, o_proj without
     c.attention_bias = true;
+  } else if (c.model_type == "phi3") {  // no biases; q/k/v and gate/up stored fused
+    c.fused_projections = true;
   } else {
     c.attention_bias = c.o_bias = r.bool_or("attention_bias", false);
     c.mlp_bias = r.bool_or("mlp_bias", false);
@@ -59,9 +61,9 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu")
     FH_FAIL(r.source(), ": hidden_act \"", act, "\" is not supported (", c.model_type, " uses silu)");
-  // Mistral: sliding_window (null: none); Qwen2: only with use_sliding_window.
-  const bool windowed =
-      c.model_type == "mistral" || (c.model_type == "qwen2" && r.bool_or("use_sliding_window", false));
+  // Mistral and Phi-3: sliding_window (null: none); Qwen2: only with use_sliding_window.
+  const bool windowed = c.model_type == "mistral" || c.model_type == "phi3" ||
+                        (c.model_type == "qwen2" && r.bool_or("use_sliding_window", false));
   if (windowed && r.has("sliding_window")) c.sliding_window = r.positive_int("sliding_window", kMaxIndex);
 }
 
@@ -82,17 +84,18 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.max_positions = r.positive_int("max_position_embeddings", kMaxIndex - 2);  // OPT stores 2 more
   if (c.model_type == "opt") {
     parse_opt(r, c);
-  } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") {
+  } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
+             c.model_type == "phi3") {
     parse_llama(r, c);
   } else {
-    FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: opt, llama, mistral, qwen2)");
+    FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: opt, llama, mistral, qwen2, phi3)");
   }
   c.head_dim = r.positive_int_or("head_dim", kMaxDim, c.hidden / c.n_heads);
   if (!r.has("head_dim") && c.hidden % c.n_heads != 0)
     FH_FAIL(source, ": hidden_size (", c.hidden, ") is not a multiple of num_attention_heads (", c.n_heads, ")");
   if (c.arch == Arch::kLlama) {
     int64_t positions = 0;
-    c.rope = model_detail::parse_rope(r, c.head_dim, c.max_positions, &positions);
+    c.rope = model_detail::parse_rope(r, c.head_dim, c.max_positions, c.model_type == "phi3", &positions);
     c.max_positions = c.sliding_window ? std::min(positions, c.sliding_window) : positions;
   }
   c.bos_id = r.token_id("bos_token_id");

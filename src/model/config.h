@@ -1,8 +1,8 @@
 // ModelConfig: the architecture facts the engine needs, parsed from a Hugging Face config.json.
 // Supported families: OPT (pre-LN, learned positions offset 2, ReLU FFN, tied lm_head) and
-// LLaMA (RMSNorm, rotary, SwiGLU, GQA), which also serves model_type "mistral" and "qwen2" (q/k/v
-// biases without an o_proj bias). Parsing validates every field it uses and throws
-// flexh2o::Error naming the file and the key. Plain value type.
+// LLaMA (RMSNorm, rotary, SwiGLU, GQA), which also serves model_type "mistral", "qwen2" (q/k/v
+// biases without an o_proj bias) and "phi3" (q/k/v and gate/up stored fused). Parsing validates
+// every field it uses and throws flexh2o::Error naming the file and the key. Plain value type.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@ enum class Arch { kOpt, kLlama };
 
 struct ModelConfig {
   Arch arch = Arch::kOpt;
-  std::string model_type;  // "opt" | "llama" | "mistral" | "qwen2"
+  std::string model_type;  // "opt" | "llama" | "mistral" | "qwen2" | "phi3"
   std::string name;        // _name_or_path or the directory name, for reports
   int64_t vocab_size = 0;
   int64_t hidden = 0;
@@ -39,6 +39,9 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v biases (always true for OPT)
   bool o_bias = false;          // the attention output projection's bias (OPT; LLaMA attention_bias)
   bool mlp_bias = false;        // fc/gate/up/down biases (always true for OPT)
+  // Phi-3: the checkpoint holds q/k/v as one qkv_proj and gate/up as one gate_up_proj, which the
+  // engine reads as row ranges (weights.h: fused_part).
+  bool fused_projections = false;
   std::optional<int32_t> bos_id, eos_id, pad_id;
   DType dtype = DType::F16;  // torch_dtype: what dummy weights use
 

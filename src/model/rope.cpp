@@ -125,7 +125,7 @@ void check_finite(const std::string& source, const Rope& rope) {
     FH_FAIL(source, ": these ", rope.type, " rope settings give an attention factor of ", rope.attention_factor);
 }
 
-Rope parse_types(const Reader& r, int64_t head_dim, int64_t max_positions, int64_t* positions) {
+Rope parse_types(const Reader& r, int64_t head_dim, int64_t max_positions, bool phi3, int64_t* positions) {
   const json& j = r.object();
   // transformers: `rope_scaling or rope_parameters` (an empty rope_scaling counts as absent).
   const char* key = r.has("rope_scaling") && !(j["rope_scaling"].is_object() && j["rope_scaling"].empty())
@@ -142,6 +142,7 @@ Rope parse_types(const Reader& r, int64_t head_dim, int64_t max_positions, int64
 
   Rope rope;
   rope.type = p.string_or("rope_type", p.string_or("type", "default"));
+  if (phi3 && (rope.type == "su" || rope.type == "yarn")) rope.type = "longrope";  // Phi3Config's renaming
   rope.theta = positive(p, "rope_theta", p.number_or("rope_theta", r.number_or("rope_theta", 10000.0)));
   const double partial = p.number_or("partial_rotary_factor", r.number_or("partial_rotary_factor", 1.0));
   if (partial != 1.0)
@@ -167,7 +168,8 @@ Rope parse_types(const Reader& r, int64_t head_dim, int64_t max_positions, int64
   // Phi-3 keeps the pretraining length beside the rope settings; transformers prefers it there.
   rope.original_max_positions = r.has("original_max_position_embeddings")
                                     ? r.positive_int("original_max_position_embeddings", limit)
-                                    : p.positive_int_or("original_max_position_embeddings", limit, max_positions);
+                                : phi3 ? 4096  // Phi3Config's default
+                                       : p.positive_int_or("original_max_position_embeddings", limit, max_positions);
   if (t == "llama3") {
     llama3(p, rope);
   } else if (t == "yarn") {
@@ -183,8 +185,8 @@ Rope parse_types(const Reader& r, int64_t head_dim, int64_t max_positions, int64
 
 }  // namespace
 
-Rope parse_rope(const Reader& r, int64_t head_dim, int64_t max_positions, int64_t* positions) {
-  Rope rope = parse_types(r, head_dim, max_positions, positions);
+Rope parse_rope(const Reader& r, int64_t head_dim, int64_t max_positions, bool phi3, int64_t* positions) {
+  Rope rope = parse_types(r, head_dim, max_positions, phi3, positions);
   check_finite(r.source(), rope);
   return rope;
 }

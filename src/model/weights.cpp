@@ -4,6 +4,7 @@
 #include <tbb/parallel_for.h>
 
 #include <cmath>
+#include <set>
 #include <string_view>
 
 #include "core/error.h"
@@ -92,6 +93,19 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
 
 }  // namespace
 
+std::optional<FusedPart> fused_part(const ModelConfig& c, const WeightSpec& spec) {
+  if (!c.fused_projections || spec.layer < 0) return std::nullopt;
+  const std::string p = layer_prefix(c, spec.layer);
+  const int64_t Q = c.q_dim(), KV = c.kv_dim(), F = c.ffn_dim;
+  const std::string qkv = p + "self_attn.qkv_proj.weight", gate_up = p + "mlp.gate_up_proj.weight";
+  if (spec.name == p + "self_attn.q_proj.weight") return FusedPart{qkv, 0, Q + 2 * KV};
+  if (spec.name == p + "self_attn.k_proj.weight") return FusedPart{qkv, Q, Q + 2 * KV};
+  if (spec.name == p + "self_attn.v_proj.weight") return FusedPart{qkv, Q + KV, Q + 2 * KV};
+  if (spec.name == p + "mlp.gate_proj.weight") return FusedPart{gate_up, 0, 2 * F};
+  if (spec.name == p + "mlp.up_proj.weight") return FusedPart{gate_up, F, 2 * F};
+  return std::nullopt;
+}
+
 std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   std::vector<WeightSpec> s;
   append_specs(c, -1, s);
@@ -104,10 +118,16 @@ void check_layer_count(const ModelConfig& c, const WeightLookup& lookup, size_t 
                        const std::string& source) {
   std::vector<WeightSpec> last;
   append_specs(c, int(c.n_layers - 1), last);
-  const size_t needed = last.size() * size_t(c.n_layers);
+  auto stored_name = [&](const WeightSpec& spec) {  // as the checkpoint names it
+    const std::optional<FusedPart> part = fused_part(c, spec);
+    return part ? part->fused : spec.name;
+  };
+  std::set<std::string> held;
+  for (const WeightSpec& spec : last) held.insert(stored_name(spec));
+  const size_t needed = held.size() * size_t(c.n_layers);
   std::string missing;
   for (const WeightSpec& spec : last)
-    if (missing.empty() && lookup(spec).empty()) missing = spec.name;
+    if (missing.empty() && lookup(spec).empty()) missing = stored_name(spec);
   if (missing.empty() && tensors_held >= needed) return;
   FH_FAIL(source, ": config.json says num_hidden_layers = ", c.n_layers, " (", needed,
           " layer tensors) but the checkpoint holds ", tensors_held, " tensors",
@@ -121,7 +141,10 @@ ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, cons
   w.layers.resize(size_t(c.n_layers));
   for (const WeightSpec& spec : weight_specs(c)) {
     TensorView v = lookup(spec);
-    if (v.empty()) FH_FAIL(source, ": tensor \"", spec.name, "\" is missing (required by config.json)");
+    if (v.empty()) {
+      const std::optional<FusedPart> part = fused_part(c, spec);  // name it as the checkpoint would
+      FH_FAIL(source, ": tensor \"", part ? part->fused : spec.name, "\" is missing (required by config.json)");
+    }
     if (!is_float(v.dtype))
       FH_FAIL(source, ": tensor \"", spec.name, "\" has dtype ", dtype_name(v.dtype),
               "; weights must be F32, F16 or BF16");
@@ -172,11 +195,24 @@ Model Model::load_dir(const std::filesystem::path& dir) {
   m.config_ = ModelConfig::from_file(dir / "config.json");
   auto archive = std::make_shared<TensorArchive>(open_checkpoint_dir(dir));
   // Some OPT checkpoints drop the "model." prefix; accept either spelling.
+  auto find = [&](const std::string& name) -> const TensorEntry* {
+    if (const TensorEntry* e = archive->find(name)) return e;
+    return name.rfind("model.", 0) == 0 ? archive->find(name.substr(6)) : nullptr;
+  };
   auto lookup = [&](const WeightSpec& spec) -> TensorView {
-    if (const TensorEntry* e = archive->find(spec.name)) return e->view;
-    if (spec.name.rfind("model.", 0) == 0)
-      if (const TensorEntry* e = archive->find(spec.name.substr(6))) return e->view;
-    return {};
+    if (const TensorEntry* e = find(spec.name)) return e->view;
+    const std::optional<FusedPart> part = fused_part(m.config_, spec);
+    const TensorEntry* e = part ? find(part->fused) : nullptr;
+    if (!e) return {};
+    if (!is_float(e->view.dtype)) return e->view;  // bind_weights names the dtype
+    const Shape want{part->fused_rows, spec.shape[1]};
+    if (e->view.shape != want)
+      FH_FAIL(dir.string(), ": tensor \"", part->fused, "\" has shape ", e->view.shape.str(),
+              " but config.json implies ", want.str());
+    TensorView v = e->view;  // rows are contiguous: a row range is a view at an offset
+    v.data = static_cast<const std::byte*>(v.data) + size_t(part->row0 * want[1]) * dtype_size(v.dtype);
+    v.shape = spec.shape;
+    return v;
   };
   // Before bind_weights builds per-layer specs and slots: a small checkpoint whose config.json
   // claims a million layers is refused here, not after gigabytes of bookkeeping.

@@ -7,6 +7,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,15 @@ struct WeightSpec {
 // Every tensor the engine reads for `c`, in model order (embeddings, layers, head).
 // A tied lm_head is not listed (it is the token embedding).
 std::vector<WeightSpec> weight_specs(const ModelConfig& c);
+
+// Where a tensor of a checkpoint with fused projections (ModelConfig::fused_projections, Phi-3)
+// lives: rows [row0, row0 + the spec's rows) of the 2-D tensor `fused`, of fused_rows rows.
+struct FusedPart {
+  std::string fused;  // e.g. "model.layers.3.self_attn.qkv_proj.weight"
+  int64_t row0 = 0, fused_rows = 0;
+};
+// The fused tensor a spec is a part of (q/k/v of qkv_proj, gate/up of gate_up_proj), or nullopt.
+std::optional<FusedPart> fused_part(const ModelConfig& c, const WeightSpec& spec);
 
 // One transformer layer. Unused fields stay empty (e.g. LLaMA has no biases or ln*_b;
 // OPT has no gate/up/down).

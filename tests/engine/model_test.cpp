@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include "engine/generate.h"
@@ -126,11 +127,12 @@ TEST(ModelConfig, BadValuesAndUnsupportedVariants) {
             std::string::npos);
 }
 
-// Copies tiny-opt into `dst`, applying `edit` to the tensor list first.
+// Copies model `src` (tiny-opt by default) into `dst`, applying `edit` to the tensor list first.
 void write_edited(const std::filesystem::path& dst,
-                  const std::function<void(std::vector<std::pair<std::string, TensorView>>&)>& edit) {
-  test::copy_model_files(model_dir("tiny-opt"), dst);
-  SafetensorsArchive a = SafetensorsArchive::open_dir(model_dir("tiny-opt"));
+                  const std::function<void(std::vector<std::pair<std::string, TensorView>>&)>& edit,
+                  const std::string& src = "tiny-opt") {
+  test::copy_model_files(model_dir(src), dst);
+  SafetensorsArchive a = SafetensorsArchive::open_dir(model_dir(src));
   std::vector<std::pair<std::string, TensorView>> t;
   for (const auto& e : a.tensors()) t.push_back({e.name, e.view});
   edit(t);
@@ -187,6 +189,90 @@ TEST(ModelLoad, MissingConfigAndWeightsAreNamed) {
   EXPECT_NE(error_of([&] { Model::load_dir(tmp.path()); }).find("config.json"), std::string::npos);
   test::copy_model_files(model_dir("tiny-opt"), tmp.path());
   EXPECT_NE(error_of([&] { Model::load_dir(tmp.path()); }).find("model.safetensors"), std::string::npos);
+}
+
+// Phi-3: the LLaMA path reading q/k/v and gate/up as row ranges of qkv_proj and gate_up_proj
+// (its logits against transformers: reference_test.cpp).
+TEST(ModelConfig, Phi3IsLlamaWithFusedProjections) {
+  auto j = test::read_json(model_dir("arch/phi3") / "config.json");
+  ModelConfig c = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_TRUE(c.fused_projections);
+  EXPECT_FALSE(c.attention_bias || c.o_bias || c.mlp_bias);
+  EXPECT_EQ(c.sliding_window, 47);
+  EXPECT_EQ(c.max_positions, 47);
+  // Phi3Config: "su" and "yarn" mean longrope; without a top-level original_max_position_embeddings
+  // the pretraining length is 4096 (its default), whatever the rope settings say.
+  j["max_position_embeddings"] = 131072;
+  j["sliding_window"] = nullptr;
+  j["rope_scaling"] = {{"type", "su"},
+                       {"original_max_position_embeddings", 8192},
+                       {"short_factor", std::vector<double>(8, 1.5)},
+                       {"long_factor", std::vector<double>(8, 4.0)}};
+  c = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_EQ(c.rope.type, "longrope");
+  EXPECT_EQ(c.rope.original_max_positions, 4096);
+  EXPECT_EQ(c.max_positions, 4096);
+  EXPECT_NEAR(c.rope.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12);
+  j["model_type"] = "llama";  // the same settings elsewhere: "su" is no rope type
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("rope_type \"su\""), std::string::npos);
+  j = test::read_json(model_dir("arch/phi3") / "config.json");
+  j["rope_parameters"].erase("partial_rotary_factor");  // as Phi-4-mini's config has it: at the top level
+  j["partial_rotary_factor"] = 0.75;
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("partial_rotary_factor 0.75"),
+            std::string::npos);
+}
+
+TEST(ModelLoad, Phi3FusedTensorsAreReadInPlaceAndNamedInErrors) {
+  const Model m = Model::load_dir(model_dir("arch/phi3"));
+  const ModelConfig& c = m.config();
+  SafetensorsArchive a = SafetensorsArchive::open_dir(model_dir("arch/phi3"));
+  const int64_t H = c.hidden, Q = c.q_dim(), KV = c.kv_dim(), F = c.ffn_dim;
+  auto same = [&](const TensorView& part, const char* fused, int64_t row0) {
+    const TensorEntry* e = a.find(std::string("model.layers.1.") + fused);
+    EXPECT_TRUE(e && e->view.dtype == part.dtype);
+    const size_t n = size_t(part.numel()) * dtype_size(part.dtype);
+    return e && std::memcmp(part.data, static_cast<const std::byte*>(e->view.data) + size_t(row0 * H) * 4, n) == 0;
+  };
+  const LayerWeights& L = m.weights().layers[1];
+  EXPECT_EQ(L.q_w.shape, (Shape{Q, H}));
+  EXPECT_EQ(L.v_w.shape, (Shape{KV, H}));
+  EXPECT_TRUE(same(L.q_w, "self_attn.qkv_proj.weight", 0));
+  EXPECT_TRUE(same(L.k_w, "self_attn.qkv_proj.weight", Q));
+  EXPECT_TRUE(same(L.v_w, "self_attn.qkv_proj.weight", Q + KV));
+  EXPECT_TRUE(same(L.gate_w, "mlp.gate_up_proj.weight", 0));
+  EXPECT_TRUE(same(L.up_w, "mlp.gate_up_proj.weight", F));
+  EXPECT_EQ(m.parameter_count(), 94528);  // transformers' count for the checkpoint
+
+  TempDir tmp;
+  write_edited(
+      tmp.path(), [](auto&) {}, "arch/phi3");
+  auto j = test::read_json(model_dir("arch/phi3") / "config.json");
+  j["num_key_value_heads"] = 4;
+  std::ofstream(tmp.path() / "config.json") << j.dump();
+  std::string msg = error_of([&] { Model::load_dir(tmp.path()); });
+  EXPECT_NE(msg.find("\"model.layers.1.self_attn.qkv_proj.weight\" has shape [128, 64] but config.json implies "
+                     "[192, 64]"),
+            std::string::npos)
+      << msg;
+  TempDir gone;
+  write_edited(
+      gone.path(),
+      [](auto& t) {
+        std::erase_if(t, [](const auto& p) { return p.first == "model.layers.1.mlp.gate_up_proj.weight"; });
+      },
+      "arch/phi3");
+  msg = error_of([&] { Model::load_dir(gone.path()); });
+  EXPECT_NE(msg.find("tensor \"model.layers.1.mlp.gate_up_proj.weight\" is missing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(12 layer tensors)"), std::string::npos) << msg;  // 6 a layer as Phi-3 stores them
+
+  // The same weights stored split (as q_proj, ..., up_proj) under the phi3 config load as well.
+  TempDir split;
+  test::copy_model_files(model_dir("arch/phi3"), split.path());
+  std::vector<std::pair<std::string, TensorView>> t;
+  for (const BoundTensor& b : m.tensors()) t.push_back({b.spec.name, b.view});
+  write_safetensors(split.path() / "model.safetensors", t);
+  const Model s = Model::load_dir(split.path());
+  EXPECT_EQ(std::memcmp(s.weights().layers[1].up_w.data, L.up_w.data, size_t(F * H) * 4), 0);
 }
 
 TEST(DummyWeights, DeterministicVariedAndRunnable) {

@@ -225,8 +225,10 @@ TEST_P(ArchReference, LogitsMatchTransformers) {
   expect_logits_match(model, dev(), dir(), 1e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformers, ArchReference, ::testing::Values("arch/mistral", "arch/qwen2", "arch/llama_llama3", "arch/qwen2_yarn",
-                                           "arch/mistral_linear", "arch/llama_longrope"),
+INSTANTIATE_TEST_SUITE_P(Transformers, ArchReference,
+                         ::testing::Values("arch/mistral", "arch/qwen2", "arch/llama_llama3", "arch/qwen2_yarn",
+                                           "arch/mistral_linear", "arch/llama_longrope", "arch/phi3",
+                                           "arch/phi3_longrope"),
                          [](const auto& info) { return info.param.substr(5); });
 
 }  // namespace

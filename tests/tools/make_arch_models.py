@@ -13,6 +13,8 @@ not applied), and wide enough that the top two logits of every position are well
   mistral  MistralForCausalLM, GQA, sliding_window 48 below max_position_embeddings 128 (flexh2o
            caps the positions at the window, within which attention is full).
   qwen2    Qwen2ForCausalLM: q/k/v biases without an o_proj bias, rope_theta 1e6, tied embeddings.
+  phi3     Phi3ForCausalLM: q/k/v in one qkv_proj, gate/up in one gate_up_proj; sliding_window 47
+           as Phi-3-mini-4k's 2047 (prompts up to 47 tokens).
 Rope scaling, each type with settings small enough that the prompts reach the scaled region:
   llama_llama3     LlamaForCausalLM, rope_type llama3 over an original length of 32 (head_dim 16:
                    kept, smoothed and divided wavelengths all occur).
@@ -21,13 +23,14 @@ Rope scaling, each type with settings small enough that the prompts reach the sc
   mistral_linear   linear, factor 2, max_position_embeddings 32 (flexh2o allows 64).
   llama_longrope   LongRoPE with the pretraining length 24 given at the top level, as Phi-3 does;
                    prompts up to 23 tokens (beyond 24 transformers switches to the long factors).
+  phi3_longrope    Phi-3-128k's LongRoPE: pretraining length 24 at the top level only.
 """
 import json
 import pathlib
 
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -107,6 +110,14 @@ def main():
         long_factor=[2.0 + i for i in range(8)]))),
           "tiny random LlamaForCausalLM (transformers), float32, LongRoPE within its 24 pretraining positions",
           seed=16, lengths=(1, 7, 23, 24))
+    write("phi3", Phi3ForCausalLM(Phi3Config(**COMMON, sliding_window=47, pad_token_id=None)),
+          "tiny random Phi3ForCausalLM (transformers), float32, fused qkv_proj / gate_up_proj, sliding_window 47",
+          seed=17, lengths=(1, 7, 23, 47))
+    write("phi3_longrope", Phi3ForCausalLM(Phi3Config(**short, max_position_embeddings=96, pad_token_id=None,
+                                                      original_max_position_embeddings=24, rope_scaling=dict(
+        type="longrope", short_factor=[1.0 + 0.3 * i for i in range(8)], long_factor=[3.0 + i for i in range(8)]))),
+          "tiny random Phi3ForCausalLM (transformers), float32, LongRoPE within its 24 pretraining positions",
+          seed=18, lengths=(1, 7, 23, 24))
 
 
 if __name__ == "__main__":

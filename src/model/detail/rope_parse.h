@@ -13,7 +13,9 @@ namespace flexh2o::model_detail {
 // of `head_dim`, whose max_position_embeddings is `max_positions`. `*positions` receives the
 // positions over which the result equals transformers exactly: scaled up by linear and yarn
 // (their frequencies are fixed), the pretraining length for longrope (transformers switches to
-// its long factors beyond), max_positions otherwise. Throws Error naming the key on any problem.
-Rope parse_rope(const Reader& r, int64_t head_dim, int64_t max_positions, int64_t* positions);
+// its long factors beyond), max_positions otherwise. `phi3`: Phi3Config's rules (rope types "su"
+// and "yarn" mean longrope; the top-level original_max_position_embeddings, 4096 when absent,
+// is the pretraining length). Throws Error naming the key on any problem.
+Rope parse_rope(const Reader& r, int64_t head_dim, int64_t max_positions, bool phi3, int64_t* positions);
 
 }  // namespace flexh2o::model_detail
