@@ -37,8 +37,8 @@ void register_bench(CLI::App& app, BenchArgs& a) {
 }
 
 int run_bench(const BenchArgs& a, const Env& env) {
-  const std::string device = select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, "");
+  const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& c = lm.model->config();
   if (a.prompt_len + a.gen_len > c.max_positions)
     FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " exceeds the model's ", c.max_positions,

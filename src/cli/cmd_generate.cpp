@@ -347,8 +347,8 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   PriorResults prior;
   std::optional<OutputFile> out_file;
   if (!a.output.empty()) out_file.emplace(open_results(a, format, prior));
-  const std::string device = select_device(a.device, std::cerr);
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
+  const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& cfg = lm.model->config();
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
             << "M params, loaded in " << lm.load_seconds << " s\n";

@@ -13,6 +13,7 @@
 #include "cli/output_file.h"
 #include "core/error.h"
 #include "core/input_guard.h"
+#include "gpu/cuda_device.h"
 #include "kernels/cuda/cuda_probe.h"
 
 namespace flexh2o::cli {
@@ -81,6 +82,19 @@ std::string select_device(const std::string& requested, std::ostream& log) {
   if (why.empty()) {
     if (requested == "auto") log << "flexh2o: --device auto: using the GPU (" << p.device_name << ")\n";
     return "cuda";
+  }
+  if (requested == "cuda") FH_FAIL("--device cuda: ", why, "; use --device cpu");
+  log << "flexh2o: --device auto: using the CPU (" << why << ")\n";
+  return "cpu";
+}
+
+std::string select_device(const std::string& requested, const Model& m, std::ostream& log) {
+  std::ostringstream quiet;  // auto's "using the GPU" is said once the model is known to fit
+  const std::string device = select_device(requested, requested == "auto" ? quiet : log);
+  const std::string why = device == "cuda" ? gpu::cuda_unsupported(m.config(), gpu::compute_dtype(m)) : "";
+  if (why.empty()) {
+    log << quiet.str();
+    return device;
   }
   if (requested == "cuda") FH_FAIL("--device cuda: ", why, "; use --device cpu");
   log << "flexh2o: --device auto: using the CPU (" << why << ")\n";

@@ -211,7 +211,7 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       batches = sr.get<int64_t>();
     }
     if (batches > 0) {
-      const std::string device = select_device(a.device, std::cerr);
+      const std::string device = select_device(a.device, *lm.model, std::cerr);
       CpuDevice dev(threads(a.threads));
       Forward fwd(*lm.model, dev);
       RunSetup rs = make_run_setup(a.offload, a.kv, batch_size, *lm.model, fwd, dev, env, prompt_len, gen_len, plan,

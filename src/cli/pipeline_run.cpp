@@ -171,8 +171,8 @@ int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
   dist::CommChannel ch(comm);
   dist::ServeResult res;
   try {
-    const std::string device = select_device(a.device, std::cerr);
     LoadedModel lm = load_model(env, a.model, a.tokenizer);
+    const std::string device = select_device(a.device, *lm.model, std::cerr);
     const Model stage = lm.model->stage(l.bounds[size_t(s)], l.bounds[size_t(s) + 1]);
     CpuDevice cpu(threads(a.threads));
     Forward fwd(stage, cpu);

@@ -29,6 +29,11 @@ struct CudaDeviceOptions {
 // f16), F16 otherwise (f16 and f32 checkpoints; f32 is rounded to f16 on upload).
 DType compute_dtype(const Model& m);
 
+// Why the CUDA device cannot run model config `c` with activations in `compute` (its attention
+// kernels are built for some head sizes only), or "" when it can. Needs no GPU; without CUDA
+// compiled in it returns "" (make_cuda_device() says why instead).
+std::string cuda_unsupported(const ModelConfig& c, DType compute);
+
 // Throws Error naming the reason when CUDA is not compiled in, no GPU is usable, the dtype is
 // not F16/BF16, or a CUDA call fails.
 std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o);

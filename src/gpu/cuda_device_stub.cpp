@@ -8,4 +8,6 @@ std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions&) {
   FH_FAIL("this build of flexh2o has no CUDA backend (nvcc was not found at build time); use --device cpu");
 }
 
+std::string cuda_unsupported(const ModelConfig&, DType) { return {}; }
+
 }  // namespace flexh2o::gpu

@@ -82,8 +82,8 @@ Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
   if (opts_.threads < 0) FH_FAIL("threads must be >= 1 (or None: all cores), got ", opts_.threads);
   cli::make_kv_config(kv_);          // flag errors before loading anything, as the commands
   cli::make_offload_options(off_);
-  device_ = cli::select_device(opts_.device, std::cerr);
   lm_ = cli::load_model(opts_.env, opts_.model, opts_.tokenizer);
+  device_ = cli::select_device(opts_.device, *lm_.model, std::cerr);
   cli::run_kv_dtype(kv_, off_.compress_cache, *lm_.model);
   if (!opts_.tokenizer.empty()) tokenizer_dir_ = opts_.tokenizer;
   else if (lm_.tokenizer) tokenizer_dir_ = lm_.source;  // the model directory

@@ -37,6 +37,23 @@ TEST(CudaDevice, WithoutAGpuSaysWhyAndWhatToUseInstead) {
   }
 }
 
+// A model the CUDA kernels cannot run is named before any GPU work: Phi-3-mini's head_dim 96 (the
+// CLI's --device auto then picks the CPU, --device cuda refuses with this reason).
+TEST(CudaDevice, SaysWhichModelsItsKernelsCannotRun) {
+  ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
+  EXPECT_EQ(gpu::cuda_unsupported(c, DType::F16), "");
+  c.head_dim = 128;
+  EXPECT_EQ(gpu::cuda_unsupported(c, DType::BF16), "");
+  c.head_dim = 96;
+  c.name = "phi-3-mini";
+  const std::string why = gpu::cuda_unsupported(c, DType::F16);
+  if (!cuda_compiled_in()) {
+    EXPECT_EQ(why, "");  // make_cuda_device() refuses on its own
+    return;
+  }
+  EXPECT_EQ(why, "the CUDA attention kernels are built for head_dim 64 and 128, and phi-3-mini has 96");
+}
+
 // The tile is the largest weight a unit multiplies by (tiny-opt and tiny-llama: the 4096 x 256
 // token table as lm_head), capped at 64 MiB (an OPT-175B-sized layer: tiles of 64 MiB).
 TEST(CudaDevice, DequantTileIsTheLargestUnitWeightCappedAt64MiB) {
