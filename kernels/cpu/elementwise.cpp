@@ -48,12 +48,13 @@ void add_embedding(const int32_t* rows, int64_t T, const TensorView& table, floa
 
 // ---- rotary ---------------------------------------------------------------------------
 
-void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
-            const int32_t* positions, const double* inv_freq, float attention_factor) {
-  FH_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary: head_dim ", head_dim, " must be even");
+void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride, const int32_t* positions,
+            const double* inv_freq, int64_t rotary_dims, float attention_factor) {
+  FH_CHECK(rotary_dims > 0 && rotary_dims % 2 == 0 && rotary_dims <= head_dim, "rotary: rotary_dims ", rotary_dims,
+           " must be even and within head_dim ", head_dim);
   FH_CHECK(row_stride >= n_heads * head_dim, "rotary: row_stride ", row_stride, " < n_heads*head_dim");
   FH_CHECK(inv_freq != nullptr, "rotary: null inv_freq");
-  const int64_t half = head_dim / 2;
+  const int64_t half = rotary_dims / 2;
   detail::for_rows(T, n_heads * head_dim * 4, [&](int64_t t) {
     std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i) {

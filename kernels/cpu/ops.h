@@ -46,11 +46,12 @@ void rmsnorm(const float* x, int64_t M, int64_t D, const TensorView& gamma, floa
 
 // Rotary embedding in the Hugging Face (non-interleaved, rotate_half) layout, in place.
 // x: T rows, row t at x + t*row_stride holding n_heads*head_dim floats; row t is rotated
-// by position positions[t]: pair (i, i + head_dim/2) turns by positions[t] * inv_freq[i]
-// (head_dim/2 values, the model's Rope), and cos and sin are multiplied by attention_factor.
+// by position positions[t]: of each head's first rotary_dims values (even, <= head_dim; the
+// rest pass unchanged), pair (i, i + rotary_dims/2) turns by positions[t] * inv_freq[i]
+// (rotary_dims/2 values, the model's Rope), and cos and sin are multiplied by attention_factor.
 // Angles are computed in double.
-void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
-            const int32_t* positions, const double* inv_freq, float attention_factor);
+void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride, const int32_t* positions,
+            const double* inv_freq, int64_t rotary_dims, float attention_factor);
 
 // gate[i] = silu(gate[i]) * up[i] for i < n.
 void silu_mul(float* gate, const float* up, int64_t n);

@@ -56,7 +56,7 @@ __global__ void norm_kernel(const T* x, int64_t M, int64_t D, const T* gamma, co
 template <class T>
 __global__ void rotary_kernel(T* x, int64_t T_, int64_t n_heads, int64_t head_dim, int64_t row_stride,
                               const int32_t* positions, const RotaryTable table) {
-  const int64_t half = head_dim / 2, n = T_ * n_heads * half;
+  const int64_t half = table.dims / 2, n = T_ * n_heads * half;
   for (int64_t idx = detail::global_tid(); idx < n; idx += detail::grid_stride()) {
     const int64_t i = idx % half, h = (idx / half) % n_heads, t = idx / (half * n_heads);
     const double ang = double(positions[t]) * table.inv_freq[i];
@@ -128,26 +128,27 @@ void rmsnorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, f
 
 void rotary(DType dt, void* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
             const int32_t* positions, const RotaryTable& table, cudaStream_t stream) {
-  FH_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary: head_dim ", head_dim, " must be even");
-  FH_CHECK(head_dim / 2 <= RotaryTable::kMaxHalf, "rotary: head_dim ", head_dim, " is over ", 2 * RotaryTable::kMaxHalf);
+  FH_CHECK(table.dims > 0 && table.dims % 2 == 0 && table.dims <= head_dim, "rotary: table.dims ", table.dims,
+           " must be even and within head_dim ", head_dim);
   FH_CHECK(T >= 0 && n_heads > 0, "rotary: bad sizes T=", T, " n_heads=", n_heads);
   FH_CHECK(row_stride >= n_heads * head_dim, "rotary: row_stride ", row_stride, " < n_heads*head_dim");
   if (T == 0) return;
   FH_CHECK(x && positions, "rotary: null pointer");
   detail::dispatch_half(dt, "rotary", [&](auto tag) {
     using E = decltype(tag);
-    rotary_kernel<E><<<detail::grid_size_1d(T * n_heads * head_dim / 2), detail::kThreads, 0, stream>>>(
+    rotary_kernel<E><<<detail::grid_size_1d(T * n_heads * table.dims / 2), detail::kThreads, 0, stream>>>(
         static_cast<E*>(x), T, n_heads, head_dim, row_stride, positions, table);
     FH_CUDA_LAUNCH_CHECK("rotary", stream);
   });
 }
 
 RotaryTable rotary_table(const double* inv_freq, int64_t half, float attention_factor) {
-  FH_CHECK(half >= 0 && half <= RotaryTable::kMaxHalf, "rotary: head_dim ", 2 * half, " is over ",
-           2 * RotaryTable::kMaxHalf);
-  FH_CHECK(half == 0 || inv_freq, "rotary: null inv_freq");
+  FH_CHECK(half > 0 && half <= RotaryTable::kMaxHalf, "rotary: ", 2 * half, " rotary dimensions are not in [2, ",
+           2 * RotaryTable::kMaxHalf, "]");
+  FH_CHECK(inv_freq, "rotary: null inv_freq");
   RotaryTable t;
   std::copy(inv_freq, inv_freq + half, t.inv_freq);
+  t.dims = 2 * half;
   t.attention_factor = attention_factor;
   return t;
 }

@@ -51,19 +51,21 @@ void rmsnorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, f
              cudaStream_t stream);
 
 // A model's rotary frequencies, passed to the kernel by value (no device memory to manage):
-// inv_freq[i] for i < head_dim/2 (the model's Rope), attention_factor multiplies cos and sin.
+// inv_freq[i] for i < dims/2 (the model's Rope), over each head's first `dims` values;
+// attention_factor multiplies cos and sin.
 struct RotaryTable {
-  static constexpr int64_t kMaxHalf = 256;  // head_dim up to 512; the struct stays within 4 KiB of kernel parameters
+  static constexpr int64_t kMaxHalf = 256;  // dims up to 512; the struct stays within 4 KiB of kernel parameters
   double inv_freq[kMaxHalf] = {};
+  int64_t dims = 0;
   float attention_factor = 1.f;
 };
-// Copies `half` values (head_dim / 2 <= kMaxHalf, else throws).
+// Copies `half` values (half <= kMaxHalf, else throws): dims = 2 * half.
 RotaryTable rotary_table(const double* inv_freq, int64_t half, float attention_factor);
 
 // HF rotate_half rotary, in place: row t at x + t*row_stride (elements) holds n_heads*head_dim
-// values rotated by positions[t] (device int32): pair (i, i + head_dim/2) turns by
-// positions[t] * table.inv_freq[i]. Angles are computed in double, like the CPU op. head_dim
-// must be even.
+// values; of each head's first table.dims (<= head_dim; the rest pass unchanged), pair
+// (i, i + dims/2) turns by positions[t] (device int32) * table.inv_freq[i]. Angles are computed
+// in double, like the CPU op.
 void rotary(DType dt, void* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
             const int32_t* positions, const RotaryTable& table, cudaStream_t stream);
 

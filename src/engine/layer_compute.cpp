@@ -52,8 +52,9 @@ void LayerCompute::qkv(const ModelConfig& c, const LayerWeights& L, const StepSh
   if (c.arch == Arch::kLlama) {
     const double* f = c.rope.inv_freq.data();
     const float af = float(c.rope.attention_factor);
-    cpu::rotary(q, M, c.n_heads, c.head_dim, Q, s.positions, f, af);
-    cpu::rotary(k, M, c.n_kv_heads, c.head_dim, KV, s.positions, f, af);
+    const int64_t rd = c.rope.rotary_dims();
+    cpu::rotary(q, M, c.n_heads, c.head_dim, Q, s.positions, f, rd, af);
+    cpu::rotary(k, M, c.n_kv_heads, c.head_dim, KV, s.positions, f, rd, af);
   }
 }
 

@@ -86,7 +86,8 @@ std::vector<double> factor_list(const Reader& p, const char* key, size_t n) {
   if (!p.has(key)) FH_FAIL(p.source(), ": required key \"", key, "\" is missing");
   const json& v = p.object()[key];
   if (!v.is_array() || v.size() != n)
-    FH_FAIL(p.source(), ": \"", key, "\" must be a list of ", n, " numbers (head_dim / 2), got ", json_excerpt(v));
+    FH_FAIL(p.source(), ": \"", key, "\" must be a list of ", n, " numbers (half the rotary dimensions), got ",
+            json_excerpt(v));
   std::vector<double> out;
   for (const json& e : v) {
     if (!e.is_number() || !(e.get<double>() > 0) || !std::isfinite(e.get<double>()))
@@ -144,11 +145,18 @@ Rope parse_types(const Reader& r, int64_t head_dim, int64_t max_positions, bool 
   rope.type = p.string_or("rope_type", p.string_or("type", "default"));
   if (phi3 && (rope.type == "su" || rope.type == "yarn")) rope.type = "longrope";  // Phi3Config's renaming
   rope.theta = positive(p, "rope_theta", p.number_or("rope_theta", r.number_or("rope_theta", 10000.0)));
+  // Phi-3's attention rotates the first int(head_dim * partial_rotary_factor) dimensions and
+  // passes the rest; LLaMA's, Mistral's and Qwen2's rotate the whole head.
   const double partial = p.number_or("partial_rotary_factor", r.number_or("partial_rotary_factor", 1.0));
-  if (partial != 1.0)
-    FH_FAIL(r.source(), ": partial_rotary_factor ", partial, " is not supported (rotary over the whole head only)");
-  if (head_dim % 2 != 0) FH_FAIL(r.source(), ": head_dim ", head_dim, " must be even for rotary embeddings");
-  rope.inv_freq = default_inv_freq(rope.theta, head_dim);
+  if (partial != 1.0 && !phi3)
+    FH_FAIL(r.source(), ": partial_rotary_factor ", partial, " is not supported (phi3 only; this model's attention",
+            " rotates the whole head)");
+  if (!(partial > 0 && partial <= 1)) FH_FAIL(r.source(), ": partial_rotary_factor must be in (0, 1], got ", partial);
+  const int64_t dim = int64_t(double(head_dim) * partial);
+  if (dim < 2 || dim % 2 != 0)
+    FH_FAIL(r.source(), ": the rotary dimensions (head_dim ", head_dim, " x partial_rotary_factor ", partial, " = ",
+            dim, ") must be even and at least 2");
+  rope.inv_freq = default_inv_freq(rope.theta, dim);
   *positions = max_positions;
   const int64_t limit = kMaxIndex - 2;
 
@@ -174,7 +182,7 @@ Rope parse_types(const Reader& r, int64_t head_dim, int64_t max_positions, bool 
     llama3(p, rope);
   } else if (t == "yarn") {
     if (!p.has("factor")) rope.factor = double(max_positions) / double(rope.original_max_positions);
-    yarn(p, head_dim, rope);
+    yarn(p, dim, rope);
     *positions = std::max(max_positions, scaled_positions(double(rope.original_max_positions) * rope.factor, limit));
   } else {
     longrope(p, max_positions, rope);

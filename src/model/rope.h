@@ -15,8 +15,12 @@ struct Rope {
   double theta = 10000;                // rope_theta: the base wavelength
   double factor = 1;                   // the context scaling factor (1 for default)
   int64_t original_max_positions = 0;  // llama3 / yarn / longrope: the pretraining length, else 0
-  std::vector<double> inv_freq;        // head_dim / 2 values: pair i turns by position * inv_freq[i]
+  // rotary_dims / 2 values: pair (i, i + rotary_dims / 2) turns by position * inv_freq[i]; the
+  // rotary dimensions are the head's first ones (all of it unless partial_rotary_factor < 1).
+  std::vector<double> inv_freq;
   double attention_factor = 1;         // multiplies cos and sin (yarn, longrope; 1 otherwise)
+
+  int64_t rotary_dims() const { return 2 * int64_t(inv_freq.size()); }
 };
 
 }  // namespace flexh2o

@@ -215,10 +215,19 @@ TEST(ModelConfig, Phi3IsLlamaWithFusedProjections) {
   EXPECT_NEAR(c.rope.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12);
   j["model_type"] = "llama";  // the same settings elsewhere: "su" is no rope type
   EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("rope_type \"su\""), std::string::npos);
+  // Phi-4-mini rotates 3/4 of each head (its factor at the top level); other model types refuse it.
   j = test::read_json(model_dir("arch/phi3") / "config.json");
-  j["rope_parameters"].erase("partial_rotary_factor");  // as Phi-4-mini's config has it: at the top level
+  j["rope_parameters"].erase("partial_rotary_factor");
   j["partial_rotary_factor"] = 0.75;
-  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("partial_rotary_factor 0.75"),
+  c = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_EQ(c.rope.rotary_dims(), 12);
+  EXPECT_NEAR(c.rope.inv_freq[1], std::pow(10000.0, -2.0 / 12), 1e-15);  // the exponent is over the rotary dims
+  j["partial_rotary_factor"] = 0.1;                                      // 1.6 dimensions
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("= 1) must be even and at least 2"),
+            std::string::npos);
+  j["partial_rotary_factor"] = 0.75;
+  j["model_type"] = "mistral";
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("partial_rotary_factor 0.75 is not"),
             std::string::npos);
 }
 

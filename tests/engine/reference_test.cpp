@@ -212,23 +212,27 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, Reference, ::testing::Values("tiny-opt", "t
 // included (tests/tools/make_arch_models.py): the LLaMA path with Qwen2's q/k/v biases, its tied
 // embeddings and rope_theta 1e6, and Mistral's sliding window (prompts up to its 48 positions);
 // and each rope scaling type (llama3, yarn, linear, longrope) with prompts reaching its scaled
-// region, yarn's and linear's beyond max_position_embeddings. A directory is named
-// <model_type>[_<rope type>].
+// region, yarn's and linear's beyond max_position_embeddings; and Phi-3's partial rotary. A
+// directory is named <model_type>[_<rope type> | _partial].
 class ArchReference : public Reference {};
 
 TEST_P(ArchReference, LogitsMatchTransformers) {
   Model model = Model::load_dir(dir());
   const std::string name = dir().filename().string();
   const size_t cut = std::min(name.find('_'), name.size());
+  const std::string variant = cut == name.size() ? "default" : name.substr(cut + 1);
   EXPECT_EQ(model.config().model_type, std::string_view(name).substr(0, cut));
-  EXPECT_EQ(model.config().rope.type, cut == name.size() ? "default" : std::string_view(name).substr(cut + 1));
+  if (variant == "partial")
+    EXPECT_EQ(model.config().rope.rotary_dims(), model.config().head_dim * 3 / 4);
+  else
+    EXPECT_EQ(model.config().rope.type, variant);
   expect_logits_match(model, dev(), dir(), 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, ArchReference,
                          ::testing::Values("arch/mistral", "arch/qwen2", "arch/llama_llama3", "arch/qwen2_yarn",
                                            "arch/mistral_linear", "arch/llama_longrope", "arch/phi3",
-                                           "arch/phi3_longrope"),
+                                           "arch/phi3_longrope", "arch/phi3_partial"),
                          [](const auto& info) { return info.param.substr(5); });
 
 }  // namespace

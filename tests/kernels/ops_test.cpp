@@ -51,32 +51,35 @@ INSTANTIATE_TEST_SUITE_P(All, Norms,
 
 // Pairs turn by position * inv_freq[i] with cos and sin times attention_factor; the table is
 // the default one and, for scaled ropes, an arbitrary one (any per-pair frequency must be used
-// as given, in its own pair).
+// as given, in its own pair). With partial rotary (Phi-3's partial_rotary_factor) only the
+// head's first rotary_dims values turn, in pairs (i, i + rotary_dims/2); the rest pass unchanged.
 TEST(Rotary, MatchesHfRotateHalf) {
   for (int64_t hd : {2, 64, 80, 128})
-    for (const bool scaled : {false, true}) {
-      const int64_t T = 9, H = 3, stride = H * hd + 7, half = hd / 2;
-      auto x = randn(size_t(T * stride), 8);
-      const auto x0 = x;
-      std::vector<int32_t> pos(T);
-      for (int64_t t = 0; t < T; ++t) pos[t] = int32_t(t * 37 + (t % 2) * 1000);
-      std::vector<double> inv(static_cast<size_t>(half));
-      for (int64_t i = 0; i < half; ++i)
-        inv[size_t(i)] = scaled ? 0.9 / double(1 + 3 * ((i * 7) % half)) : std::pow(10000.0, -2.0 * double(i) / double(hd));
-      const double af = scaled ? 1.25 : 1.0;
-      rotary(x.data(), T, H, hd, stride, pos.data(), inv.data(), float(af));
-      std::vector<double> r(x.begin(), x.end());
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t i = 0; i < hd; ++i) {  // q*cos + rotate_half(q)*sin, rotate_half = [-x2, x1]
-            const double a = pos[t] * inv[size_t(i % half)];
-            const float* v = x0.data() + t * stride + h * hd;
-            const double rot = i < half ? -double(v[i + half]) : double(v[i - half]);
-            r[t * stride + h * hd + i] = (v[i] * std::cos(a) + rot * std::sin(a)) * af;
-          }
-      expect_close(x.data(), r.data(), r.size(), 1e-5, 1e-5,
-                   "rotary hd=" + std::to_string(hd) + (scaled ? " scaled" : ""));
-    }
+    for (const bool scaled : {false, true})
+      for (const int64_t rd : {hd, std::max<int64_t>(2, hd * 3 / 4 / 2 * 2)}) {
+        const int64_t T = 9, H = 3, stride = H * hd + 7, half = rd / 2;
+        auto x = randn(size_t(T * stride), 8);
+        const auto x0 = x;
+        std::vector<int32_t> pos(T);
+        for (int64_t t = 0; t < T; ++t) pos[t] = int32_t(t * 37 + (t % 2) * 1000);
+        std::vector<double> inv(static_cast<size_t>(half));
+        for (int64_t i = 0; i < half; ++i)
+          inv[size_t(i)] =
+              scaled ? 0.9 / double(1 + 3 * ((i * 7) % half)) : std::pow(10000.0, -2.0 * double(i) / double(rd));
+        const double af = scaled ? 1.25 : 1.0;
+        rotary(x.data(), T, H, hd, stride, pos.data(), inv.data(), rd, float(af));
+        std::vector<double> r(x.begin(), x.end());
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < rd; ++i) {  // q*cos + rotate_half(q)*sin, rotate_half = [-x2, x1]
+              const double a = pos[t] * inv[size_t(i % half)];
+              const float* v = x0.data() + t * stride + h * hd;
+              const double rot = i < half ? -double(v[i + half]) : double(v[i - half]);
+              r[t * stride + h * hd + i] = (v[i] * std::cos(a) + rot * std::sin(a)) * af;
+            }
+        expect_close(x.data(), r.data(), r.size(), 1e-5, 1e-5,
+                     "rotary hd=" + std::to_string(hd) + " rd=" + std::to_string(rd) + (scaled ? " scaled" : ""));
+      }
 }
 
 class SiluMul : public ::testing::TestWithParam<Isa> {};

@@ -128,21 +128,22 @@ TEST_P(OpsGpu, RotaryMatchesCpuWithRowStride) {
   const DType dt = GetParam();
   for (int64_t T : {1, 5})
     for (int64_t H : {1, 3})
-      for (int64_t hd : {2, 6, 64}) {
-        const int64_t stride = H * hd + 3;
-        HostT x = host_tensor(dt, {T, stride}, 11);
-        std::vector<int32_t> pos(static_cast<size_t>(T));
-        for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t * 97 + 1);
-        std::vector<double> inv(size_t(hd / 2));  // a scaled rope's arbitrary frequencies
-        for (size_t i = 0; i < inv.size(); ++i) inv[i] = 0.8 / double(1 + 5 * ((i * 3) % inv.size()));
-        std::vector<float> ref = x.f;
-        cpu::rotary(ref.data(), T, H, hd, stride, pos.data(), inv.data(), 1.1f);
-        void* dx = upload(x.f, dt);
-        rotary(dt, dx, T, H, hd, stride, upload_raw(pos), rotary_table(inv.data(), hd / 2, 1.1f), stream());
-        expect_close(download(dx, ref.size(), dt), ref, tol_for(dt),
-                     std::string("rotary ") + dt_str(dt) + " T=" + std::to_string(T) + " H=" +
-                         std::to_string(H) + " hd=" + std::to_string(hd));
-      }
+      for (int64_t hd : {2, 6, 64})
+        for (int64_t rd : {hd, hd > 2 ? hd - 2 : hd}) {  // whole head, and partial rotary
+          const int64_t stride = H * hd + 3;
+          HostT x = host_tensor(dt, {T, stride}, 11);
+          std::vector<int32_t> pos(static_cast<size_t>(T));
+          for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t * 97 + 1);
+          std::vector<double> inv(size_t(rd / 2));  // a scaled rope's arbitrary frequencies
+          for (size_t i = 0; i < inv.size(); ++i) inv[i] = 0.8 / double(1 + 5 * ((i * 3) % inv.size()));
+          std::vector<float> ref = x.f;
+          cpu::rotary(ref.data(), T, H, hd, stride, pos.data(), inv.data(), rd, 1.1f);
+          void* dx = upload(x.f, dt);
+          rotary(dt, dx, T, H, hd, stride, upload_raw(pos), rotary_table(inv.data(), rd / 2, 1.1f), stream());
+          expect_close(download(dx, ref.size(), dt), ref, tol_for(dt),
+                       std::string("rotary ") + dt_str(dt) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+                           " hd=" + std::to_string(hd) + " rd=" + std::to_string(rd));
+        }
 }
 
 TEST_P(OpsGpu, SiluMulMatchesCpu) {

@@ -132,7 +132,7 @@ TEST(Rope, BadSettingsAreRefusedByName) {
              "\"high_freq_factor\" (1) must be greater than \"low_freq_factor\" (1)");
   EXPECT_HAS(edit(l3, "original_max_position_embeddings", -3),
              "\"original_max_position_embeddings\" must be an integer");
-  EXPECT_HAS(edit(l3, "partial_rotary_factor", 0.5), "partial_rotary_factor 0.5 is not supported");
+  EXPECT_HAS(edit(l3, "partial_rotary_factor", 0.5), "partial_rotary_factor 0.5 is not supported (phi3 only");
   EXPECT_HAS(edit(l3, "rope_theta", -1.0), "\"rope_theta\" must be positive");
   json nested = l3;
   nested["rope_scaling"] = {{"full_attention", {{"rope_type", "default"}}}};
@@ -159,7 +159,7 @@ TEST(Rope, BadSettingsAreRefusedByName) {
   EXPECT_HAS(error_of(one), "longrope needs \"original_max_position_embeddings\" of 2 or more");
   json odd = case_config(all, "default");
   odd["head_dim"] = 7;
-  EXPECT_HAS(error_of(odd), "head_dim 7 must be even");
+  EXPECT_HAS(error_of(odd), "the rotary dimensions (head_dim 7 x partial_rotary_factor 1 = 7) must be even");
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ Rope scaling, each type with settings small enough that the prompts reach the sc
   llama_longrope   LongRoPE with the pretraining length 24 given at the top level, as Phi-3 does;
                    prompts up to 23 tokens (beyond 24 transformers switches to the long factors).
   phi3_longrope    Phi-3-128k's LongRoPE: pretraining length 24 at the top level only.
+  phi3_partial     Phi-4-mini's partial_rotary_factor 0.75 (12 of head_dim 16 turn) with tied embeddings.
 """
 import json
 import pathlib
@@ -118,6 +119,9 @@ def main():
         type="longrope", short_factor=[1.0 + 0.3 * i for i in range(8)], long_factor=[3.0 + i for i in range(8)]))),
           "tiny random Phi3ForCausalLM (transformers), float32, LongRoPE within its 24 pretraining positions",
           seed=18, lengths=(1, 7, 23, 24))
+    write("phi3_partial", Phi3ForCausalLM(Phi3Config(**COMMON, pad_token_id=None, partial_rotary_factor=0.75,
+                                                     tie_word_embeddings=True)),
+          "tiny random Phi3ForCausalLM (transformers), float32, partial_rotary_factor 0.75, tied embeddings", seed=19)
 
 
 if __name__ == "__main__":
