@@ -208,9 +208,7 @@ void each_view(const std::function<void(const TensorView&)>& f, const V&... v) {
 
 void CpuDevice::touch_weights(const LayerWeights& L) {
   if (!hazards_) return;
-  each_view([&](const TensorView& v) { touch(0, v.data, v.nbytes(), false); }, L.ln1_w, L.ln1_b, L.q_w, L.q_b, L.k_w,
-            L.k_b, L.v_w, L.v_b, L.o_w, L.o_b, L.ln2_w, L.ln2_b, L.fc1_w, L.fc1_b, L.fc2_w, L.fc2_b, L.gate_w, L.up_w,
-            L.down_w, L.gate_b, L.up_b, L.down_b);
+  for (const TensorView* v : L.all()) touch(0, v->data, v->nbytes(), false);
 }
 
 void CpuDevice::touch_weights(const ModelWeights& w) {

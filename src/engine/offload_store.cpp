@@ -28,9 +28,9 @@ std::string offload_store_manifest(const Model& model, const Device& dev, bool c
   std::string m = detail::concat("store format=", kStoreFormatVersion, " payload_hash=xxh3-64\n");
   m += detail::concat("config arch=", c.model_type, " layers=", c.n_layers, " hidden=", c.hidden, " heads=", c.n_heads,
                       " kv_heads=", c.n_kv_heads, " head_dim=", c.head_dim, " ffn=", c.ffn_dim, " vocab=", c.vocab_size,
-                      " max_positions=", c.max_positions, " tie=", c.tie_embeddings, " attention_bias=",
-                      c.attention_bias, " o_bias=", c.o_bias, " mlp_bias=", c.mlp_bias, " dtype=", dtype_name(c.dtype),
-                      "\n");
+                      " max_positions=", c.max_positions, " tie=", c.tie_embeddings,
+                      " attention_bias=", c.attention_bias, " o_bias=", c.o_bias, " mlp_bias=", c.mlp_bias,
+                      " qk_norm=", c.qk_norm, " dtype=", dtype_name(c.dtype), "\n");
   m += detail::concat("weights f32=", dtype_name(dev.weight_dtype(DType::F32)), " f16=",
                       dtype_name(dev.weight_dtype(DType::F16)), " bf16=", dtype_name(dev.weight_dtype(DType::BF16)),
                       compress_weight ? " compress_weight=q4-g64-lastdim" : "", "\n");

@@ -80,6 +80,10 @@ void CudaDevice::attention_in(const ModelConfig& c, const LayerWeights& L, const
   linear_w(L.q_w, normed_, M, H, Q, L.q_b, q, Epilogue::kStore);
   linear_w(L.k_w, normed_, M, H, KV, L.k_b, k, Epilogue::kStore);
   linear_w(L.v_w, normed_, M, H, KV, L.v_b, v, Epilogue::kStore);
+  if (c.qk_norm) {  // Qwen3: RMSNorm over each head, rows of head_dim (in place)
+    rmsnorm(dt_, q, M * c.n_heads, c.head_dim, L.q_norm_w.data, c.norm_eps, q, st);
+    rmsnorm(dt_, k, M * c.n_kv_heads, c.head_dim, L.k_norm_w.data, c.norm_eps, k, st);
+  }
   if (c.arch == Arch::kLlama) {
     const RotaryTable table =
         rotary_table(c.rope.inv_freq.data(), int64_t(c.rope.inv_freq.size()), float(c.rope.attention_factor));

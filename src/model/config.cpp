@@ -52,6 +52,9 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   c.tie_embeddings = r.bool_or("tie_word_embeddings", false);
   if (c.model_type == "qwen2") {  // Qwen2Attention: q/k/v with bias, o_proj without
     c.attention_bias = true;
+  } else if (c.model_type == "qwen3") {  // Qwen3Attention: per-head q_norm / k_norm; biases as LLaMA's
+    c.qk_norm = true;
+    c.attention_bias = c.o_bias = r.bool_or("attention_bias", false);
   } else if (c.model_type == "phi3") {  // no biases; q/k/v and gate/up stored fused
     c.fused_projections = true;
   } else {
@@ -62,8 +65,9 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   if (act != "silu")
     FH_FAIL(r.source(), ": hidden_act \"", act, "\" is not supported (", c.model_type, " uses silu)");
   // Mistral and Phi-3: sliding_window (null: none); Qwen2: only with use_sliding_window.
-  const bool windowed = c.model_type == "mistral" || c.model_type == "phi3" ||
-                        (c.model_type == "qwen2" && r.bool_or("use_sliding_window", false));
+  const bool windowed =
+      c.model_type == "mistral" || c.model_type == "phi3" ||
+      ((c.model_type == "qwen2" || c.model_type == "qwen3") && r.bool_or("use_sliding_window", false));
   if (windowed && r.has("sliding_window")) c.sliding_window = r.positive_int("sliding_window", kMaxIndex);
 }
 
@@ -85,10 +89,10 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   if (c.model_type == "opt") {
     parse_opt(r, c);
   } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
-             c.model_type == "phi3") {
+             c.model_type == "qwen3" || c.model_type == "phi3") {
     parse_llama(r, c);
   } else {
-    FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: opt, llama, mistral, qwen2, phi3)");
+    FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: opt, llama, mistral, qwen2, qwen3, phi3)");
   }
   c.head_dim = r.positive_int_or("head_dim", kMaxDim, c.hidden / c.n_heads);
   if (!r.has("head_dim") && c.hidden % c.n_heads != 0)

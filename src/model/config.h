@@ -1,8 +1,9 @@
 // ModelConfig: the architecture facts the engine needs, parsed from a Hugging Face config.json.
 // Supported families: OPT (pre-LN, learned positions offset 2, ReLU FFN, tied lm_head) and
 // LLaMA (RMSNorm, rotary, SwiGLU, GQA), which also serves model_type "mistral", "qwen2" (q/k/v
-// biases without an o_proj bias) and "phi3" (q/k/v and gate/up stored fused). Parsing validates
-// every field it uses and throws flexh2o::Error naming the file and the key. Plain value type.
+// biases without an o_proj bias), "qwen3" (RMSNorm over each head of q and k) and "phi3" (q/k/v
+// and gate/up stored fused). Parsing validates every field it uses and throws flexh2o::Error
+// naming the file and the key. Plain value type.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ enum class Arch { kOpt, kLlama };
 
 struct ModelConfig {
   Arch arch = Arch::kOpt;
-  std::string model_type;  // "opt" | "llama" | "mistral" | "qwen2" | "phi3"
+  std::string model_type;  // "opt" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3"
   std::string name;        // _name_or_path or the directory name, for reports
   int64_t vocab_size = 0;
   int64_t hidden = 0;
@@ -42,6 +43,7 @@ struct ModelConfig {
   // Phi-3: the checkpoint holds q/k/v as one qkv_proj and gate/up as one gate_up_proj, which the
   // engine reads as row ranges (weights.h: fused_part).
   bool fused_projections = false;
+  bool qk_norm = false;  // Qwen3: q and k pass an RMSNorm over each head (q_norm, k_norm) before rotary
   std::optional<int32_t> bos_id, eos_id, pad_id;
   DType dtype = DType::F16;  // torch_dtype: what dummy weights use
 

@@ -83,6 +83,10 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
     add(p + "self_attn." + n + ".weight", shape);
     if (std::string_view(n) == "o_proj" ? c.o_bias : c.attention_bias) add(p + "self_attn." + n + ".bias", {shape[0]});
   }
+  if (c.qk_norm) {
+    add(p + "self_attn.q_norm.weight", {c.head_dim});
+    add(p + "self_attn.k_norm.weight", {c.head_dim});
+  }
   add(p + "post_attention_layernorm.weight", {H});
   const std::pair<const char*, Shape> mlp[] = {{"gate_proj", {F, H}}, {"up_proj", {F, H}}, {"down_proj", {H, F}}};
   for (const auto& [n, shape] : mlp) {
@@ -166,16 +170,34 @@ ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, cons
       continue;
     }
     LayerWeights& L = w.layers[size_t(spec.layer)];
-    const std::pair<const char*, TensorView*> table[] = {
-        {"self_attn_layer_norm.weight", &L.ln1_w}, {"self_attn_layer_norm.bias", &L.ln1_b},
-        {"input_layernorm.weight", &L.ln1_w},      {"post_attention_layernorm.weight", &L.ln2_w},
-        {"final_layer_norm.weight", &L.ln2_w},     {"final_layer_norm.bias", &L.ln2_b},
-        {"q_proj.weight", &L.q_w}, {"q_proj.bias", &L.q_b}, {"k_proj.weight", &L.k_w}, {"k_proj.bias", &L.k_b},
-        {"v_proj.weight", &L.v_w}, {"v_proj.bias", &L.v_b}, {"out_proj.weight", &L.o_w}, {"out_proj.bias", &L.o_b},
-        {"o_proj.weight", &L.o_w}, {"o_proj.bias", &L.o_b},
-        {"fc1.weight", &L.fc1_w}, {"fc1.bias", &L.fc1_b}, {"fc2.weight", &L.fc2_w}, {"fc2.bias", &L.fc2_b},
-        {"gate_proj.weight", &L.gate_w}, {"gate_proj.bias", &L.gate_b}, {"up_proj.weight", &L.up_w},
-        {"up_proj.bias", &L.up_b}, {"down_proj.weight", &L.down_w}, {"down_proj.bias", &L.down_b}};
+    const std::pair<const char*, TensorView*> table[] = {{"self_attn_layer_norm.weight", &L.ln1_w},
+                                                         {"self_attn_layer_norm.bias", &L.ln1_b},
+                                                         {"input_layernorm.weight", &L.ln1_w},
+                                                         {"post_attention_layernorm.weight", &L.ln2_w},
+                                                         {"final_layer_norm.weight", &L.ln2_w},
+                                                         {"final_layer_norm.bias", &L.ln2_b},
+                                                         {"q_proj.weight", &L.q_w},
+                                                         {"q_proj.bias", &L.q_b},
+                                                         {"k_proj.weight", &L.k_w},
+                                                         {"k_proj.bias", &L.k_b},
+                                                         {"v_proj.weight", &L.v_w},
+                                                         {"v_proj.bias", &L.v_b},
+                                                         {"out_proj.weight", &L.o_w},
+                                                         {"out_proj.bias", &L.o_b},
+                                                         {"o_proj.weight", &L.o_w},
+                                                         {"o_proj.bias", &L.o_b},
+                                                         {"fc1.weight", &L.fc1_w},
+                                                         {"fc1.bias", &L.fc1_b},
+                                                         {"fc2.weight", &L.fc2_w},
+                                                         {"fc2.bias", &L.fc2_b},
+                                                         {"gate_proj.weight", &L.gate_w},
+                                                         {"gate_proj.bias", &L.gate_b},
+                                                         {"up_proj.weight", &L.up_w},
+                                                         {"up_proj.bias", &L.up_b},
+                                                         {"down_proj.weight", &L.down_w},
+                                                         {"down_proj.bias", &L.down_b},
+                                                         {"q_norm.weight", &L.q_norm_w},
+                                                         {"k_norm.weight", &L.k_norm_w}};
     bool bound = false;
     for (const auto& [suffix, slot] : table) {
       if (ends(suffix)) {

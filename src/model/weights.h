@@ -48,12 +48,19 @@ struct LayerWeights {
   TensorView fc1_w, fc1_b, fc2_w, fc2_b;  // OPT: fc1 = up (ReLU), fc2 = down
   TensorView gate_w, up_w, down_w;        // LLaMA SwiGLU
   TensorView gate_b, up_b, down_b;
+  TensorView q_norm_w, k_norm_w;  // Qwen3: [head_dim] gains of the per-head RMSNorm of q and k
 
-  // Every view of the layer, for code that rewrites them all (compression, offload remapping),
-  // so a field added here is never missed there.
-  std::array<TensorView*, 22> all() {
-    return {&ln1_w, &ln1_b, &q_w,   &q_b,   &k_w,   &k_b,    &v_w,  &v_b,    &o_w,    &o_b,    &ln2_w,
-            &ln2_b, &fc1_w, &fc1_b, &fc2_w, &fc2_b, &gate_w, &up_w, &down_w, &gate_b, &up_b, &down_b};
+  // Every view of the layer, for code that rewrites or visits them all (compression, offload
+  // remapping, hazard tracking), so a field added here is never missed there.
+  std::array<TensorView*, 24> all() {
+    return {&ln1_w, &ln1_b, &q_w,   &q_b,   &k_w,    &k_b,  &v_w,    &v_b,    &o_w,  &o_b,    &ln2_w,    &ln2_b,
+            &fc1_w, &fc1_b, &fc2_w, &fc2_b, &gate_w, &up_w, &down_w, &gate_b, &up_b, &down_b, &q_norm_w, &k_norm_w};
+  }
+  std::array<const TensorView*, 24> all() const {
+    std::array<const TensorView*, 24> out{};
+    const auto mut = const_cast<LayerWeights*>(this)->all();
+    for (size_t i = 0; i < out.size(); ++i) out[i] = mut[i];
+    return out;
   }
 };
 

@@ -184,10 +184,11 @@ TEST(Cli, InfoDescribesPresetsAndDirectories) {
   EXPECT_NEAR(j["parameters"].get<double>(), 29.97e9, 0.05e9);
   EXPECT_EQ(j["kv_bytes_per_token_f16"], 2 * 48 * 7168 * 2);
   // The model cards' counts: Qwen2.5-7B 7.62 B (its q/k/v biases included), Mistral-7B-v0.3 7.25 B,
-  // Llama 3.1 8.03 B and 70.55 B, Phi-4 14.66 B.
+  // Llama 3.1 8.03 B and 70.55 B, Phi-4 14.66 B, Qwen3 8.19 B and 32.76 B.
   for (auto [preset, params] :
        {std::pair{"qwen2.5-7b", 7.62e9}, std::pair{"mistral-7b", 7.25e9}, std::pair{"llama-3.1-8b", 8.03e9},
-        std::pair{"llama-3.1-70b", 70.55e9}, std::pair{"phi-4", 14.66e9}}) {
+        std::pair{"llama-3.1-70b", 70.55e9}, std::pair{"phi-4", 14.66e9}, std::pair{"qwen3-8b", 8.19e9},
+        std::pair{"qwen3-32b", 32.76e9}}) {
     RunResult p = flexh2o(std::string("info --json ") + preset);
     ASSERT_EQ(p.code, 0) << p.err;
     EXPECT_NEAR(json::parse(p.out)["parameters"].get<double>(), params, 0.006e9) << preset;

@@ -191,6 +191,30 @@ TEST(ModelLoad, MissingConfigAndWeightsAreNamed) {
   EXPECT_NE(error_of([&] { Model::load_dir(tmp.path()); }).find("model.safetensors"), std::string::npos);
 }
 
+// Qwen3: the LLaMA path with q_norm / k_norm ([head_dim] each, attention weights) and LLaMA's
+// optional attention_bias.
+TEST(ModelConfig, Qwen3HasPerHeadQkNorms) {
+  auto j = test::read_json(model_dir("arch/qwen3") / "config.json");
+  ModelConfig c = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_FALSE(c.attention_bias || c.o_bias);
+  int norms = 0;
+  for (const WeightSpec& s : weight_specs(c))
+    if (s.name.find("_norm.weight") != std::string::npos && s.name.find("self_attn.") != std::string::npos) {
+      EXPECT_EQ(s.shape, (Shape{32})) << s.name;
+      EXPECT_EQ(s.part, LayerPart::kAttention) << s.name;
+      ++norms;
+    }
+  EXPECT_EQ(norms, 2 * c.n_layers);
+  j["attention_bias"] = true;
+  c = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_TRUE(c.attention_bias && c.o_bias);
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 20;
+  EXPECT_EQ(ModelConfig::from_json_text(j.dump(), "c").max_positions, 20);
+}
+
 // Phi-3: the LLaMA path reading q/k/v and gate/up as row ranges of qkv_proj and gate_up_proj
 // (its logits against transformers: reference_test.cpp).
 TEST(ModelConfig, Phi3IsLlamaWithFusedProjections) {

@@ -232,7 +232,7 @@ TEST_P(ArchReference, LogitsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Transformers, ArchReference,
                          ::testing::Values("arch/mistral", "arch/qwen2", "arch/llama_llama3", "arch/qwen2_yarn",
                                            "arch/mistral_linear", "arch/llama_longrope", "arch/phi3",
-                                           "arch/phi3_longrope", "arch/phi3_partial"),
+                                           "arch/phi3_longrope", "arch/phi3_partial", "arch/qwen3"),
                          [](const auto& info) { return info.param.substr(5); });
 
 }  // namespace

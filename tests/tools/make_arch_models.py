@@ -13,6 +13,8 @@ not applied), and wide enough that the top two logits of every position are well
   mistral  MistralForCausalLM, GQA, sliding_window 48 below max_position_embeddings 128 (flexh2o
            caps the positions at the window, within which attention is full).
   qwen2    Qwen2ForCausalLM: q/k/v biases without an o_proj bias, rope_theta 1e6, tied embeddings.
+  qwen3    Qwen3ForCausalLM: RMSNorm over each head of q and k (q_norm, k_norm) before rotary, an
+           explicit head_dim 32 (hidden / heads is 16), tied embeddings.
   phi3     Phi3ForCausalLM: q/k/v in one qkv_proj, gate/up in one gate_up_proj; sliding_window 47
            as Phi-3-mini-4k's 2047 (prompts up to 47 tokens).
 Rope scaling, each type with settings small enough that the prompts reach the scaled region:
@@ -31,7 +33,7 @@ import pathlib
 
 import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -111,6 +113,10 @@ def main():
         long_factor=[2.0 + i for i in range(8)]))),
           "tiny random LlamaForCausalLM (transformers), float32, LongRoPE within its 24 pretraining positions",
           seed=16, lengths=(1, 7, 23, 24))
+    write("qwen3", Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=32, rope_theta=1e6, tie_word_embeddings=True,
+                                                use_sliding_window=False)),
+          "tiny random Qwen3ForCausalLM (transformers), float32, q_norm / k_norm, head_dim 32, tied embeddings",
+          seed=20)
     write("phi3", Phi3ForCausalLM(Phi3Config(**COMMON, sliding_window=47, pad_token_id=None)),
           "tiny random Phi3ForCausalLM (transformers), float32, fused qkv_proj / gate_up_proj, sliding_window 47",
           seed=17, lengths=(1, 7, 23, 47))
