@@ -1,7 +1,7 @@
 """cpu_compare.py — flexh2o beside Hugging Face transformers and accelerate on the CPU (issue #13).
 
-A developer tool, not run by CI (it needs torch). Builds random-weight OPT checkpoints (HF
-save_pretrained, safetensors), then runs each system on the same workload, interleaved, best of
+A developer tool, not run by CI (it needs torch). Builds random-weight checkpoints (HF
+save_pretrained, safetensors; OPT shapes, and --models llama3.2-1b,qwen3-0.6b for the LLaMA path), then runs each system on the same workload, interleaved, best of
 N, and times it by FlexGen's rule: tokens generated / (prefill + decode) wall time.
   flexh2o-mem   flexh2o bench, everything in memory on the CPU device
   flexh2o-disk  flexh2o bench, weights on disk (--percent 0 0 100 0 100 0 --offload-dir)
@@ -10,18 +10,35 @@ N, and times it by FlexGen's rule: tokens generated / (prefill + decode) wall ti
 """
 import argparse, csv, json, os, subprocess, sys, tempfile, time
 
+# OPT shapes, and LLaMA-path ones: Llama 3.2 1B (GQA, tied head, rope_type llama3) and Qwen3 0.6B
+# (q_norm / k_norm, head_dim 128 over hidden 1024).
+OPT_SHAPES = {"opt-125m": (768, 12, 12, 3072), "opt-1.3b": (2048, 24, 32, 8192)}
+LLAMA_SHAPES = {
+    "llama3.2-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                        num_key_value_heads=8, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True,
+                        rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                                               high_freq_factor=4.0,
+                                                               original_max_position_embeddings=8192)),
+    "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
+                       tie_word_embeddings=True, rope_theta=1000000.0),
+}
+
 def make_checkpoint(name, out):
     if os.path.exists(os.path.join(out, "config.json")):
         return
     import torch
-    from transformers import OPTConfig, OPTForCausalLM
-    shapes = {"opt-125m": (768, 12, 12, 3072), "opt-1.3b": (2048, 24, 32, 8192)}
-    h, layers, heads, ffn = shapes[name]
-    cfg = OPTConfig(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads, ffn_dim=ffn,
-                    word_embed_proj_dim=h, vocab_size=50272, max_position_embeddings=2048,
-                    torch_dtype="float16")
+    from transformers import AutoConfig, AutoModelForCausalLM, OPTConfig
+    if name in OPT_SHAPES:
+        h, layers, heads, ffn = OPT_SHAPES[name]
+        cfg = OPTConfig(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads, ffn_dim=ffn,
+                        word_embed_proj_dim=h, vocab_size=50272, max_position_embeddings=2048,
+                        torch_dtype="float16")
+    else:
+        kw = dict(LLAMA_SHAPES[name])
+        cfg = AutoConfig.for_model(kw.pop("model_type"), max_position_embeddings=4096, torch_dtype="float16", **kw)
     torch.manual_seed(0)
-    model = OPTForCausalLM(cfg).to(torch.float16)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.float16)
     model.save_pretrained(out, safe_serialization=True)
 
 def run_flexh2o(exe, ckpt, a, disk, workdir):
@@ -38,9 +55,9 @@ def run_flexh2o(exe, ckpt, a, disk, workdir):
 
 def run_hf(ckpt, a, disk, workdir):
     import torch
-    from transformers import OPTForCausalLM
+    from transformers import AutoModelForCausalLM
     torch.set_num_threads(a.threads)
-    model = OPTForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float32)
     if disk:
         from accelerate import disk_offload
         disk_offload(model, offload_dir=os.path.join(workdir, "acc-offload"), execution_device=torch.device("cpu"))
