@@ -197,12 +197,12 @@ TEST(ModelConfig, Qwen3HasPerHeadQkNorms) {
   auto j = test::read_json(model_dir("arch/qwen3") / "config.json");
   ModelConfig c = ModelConfig::from_json_text(j.dump(), "c");
   EXPECT_TRUE(c.qk_norm);
-  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.head_dim, 64);  // explicit, over hidden 64 and 4 heads
   EXPECT_FALSE(c.attention_bias || c.o_bias);
   int norms = 0;
   for (const WeightSpec& s : weight_specs(c))
     if (s.name.find("_norm.weight") != std::string::npos && s.name.find("self_attn.") != std::string::npos) {
-      EXPECT_EQ(s.shape, (Shape{32})) << s.name;
+      EXPECT_EQ(s.shape, (Shape{64})) << s.name;
       EXPECT_EQ(s.part, LayerPart::kAttention) << s.name;
       ++norms;
     }
@@ -230,8 +230,8 @@ TEST(ModelConfig, Phi3IsLlamaWithFusedProjections) {
   j["sliding_window"] = nullptr;
   j["rope_scaling"] = {{"type", "su"},
                        {"original_max_position_embeddings", 8192},
-                       {"short_factor", std::vector<double>(8, 1.5)},
-                       {"long_factor", std::vector<double>(8, 4.0)}};
+                       {"short_factor", std::vector<double>(32, 1.5)},
+                       {"long_factor", std::vector<double>(32, 4.0)}};
   c = ModelConfig::from_json_text(j.dump(), "c");
   EXPECT_EQ(c.rope.type, "longrope");
   EXPECT_EQ(c.rope.original_max_positions, 4096);
@@ -244,9 +244,9 @@ TEST(ModelConfig, Phi3IsLlamaWithFusedProjections) {
   j["rope_parameters"].erase("partial_rotary_factor");
   j["partial_rotary_factor"] = 0.75;
   c = ModelConfig::from_json_text(j.dump(), "c");
-  EXPECT_EQ(c.rope.rotary_dims(), 12);
-  EXPECT_NEAR(c.rope.inv_freq[1], std::pow(10000.0, -2.0 / 12), 1e-15);  // the exponent is over the rotary dims
-  j["partial_rotary_factor"] = 0.1;                                      // 1.6 dimensions
+  EXPECT_EQ(c.rope.rotary_dims(), 48);
+  EXPECT_NEAR(c.rope.inv_freq[1], std::pow(10000.0, -2.0 / 48), 1e-15);  // the exponent is over the rotary dims
+  j["partial_rotary_factor"] = 0.02;                                     // 1.28 dimensions
   EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("= 1) must be even and at least 2"),
             std::string::npos);
   j["partial_rotary_factor"] = 0.75;
@@ -274,17 +274,17 @@ TEST(ModelLoad, Phi3FusedTensorsAreReadInPlaceAndNamedInErrors) {
   EXPECT_TRUE(same(L.v_w, "self_attn.qkv_proj.weight", Q + KV));
   EXPECT_TRUE(same(L.gate_w, "mlp.gate_up_proj.weight", 0));
   EXPECT_TRUE(same(L.up_w, "mlp.gate_up_proj.weight", F));
-  EXPECT_EQ(m.parameter_count(), 94528);  // transformers' count for the checkpoint
+  EXPECT_EQ(m.parameter_count(), 238208);  // transformers' count for the checkpoint
 
   TempDir tmp;
   write_edited(
       tmp.path(), [](auto&) {}, "arch/phi3");
   auto j = test::read_json(model_dir("arch/phi3") / "config.json");
-  j["num_key_value_heads"] = 4;
+  j["num_key_value_heads"] = 2;
   std::ofstream(tmp.path() / "config.json") << j.dump();
   std::string msg = error_of([&] { Model::load_dir(tmp.path()); });
-  EXPECT_NE(msg.find("\"model.layers.1.self_attn.qkv_proj.weight\" has shape [128, 64] but config.json implies "
-                     "[192, 64]"),
+  EXPECT_NE(msg.find("\"model.layers.1.self_attn.qkv_proj.weight\" has shape [256, 128] but config.json implies "
+                     "[384, 128]"),
             std::string::npos)
       << msg;
   TempDir gone;

@@ -8,12 +8,13 @@
 
 #include <sstream>
 
+#include "arch_requests.h"
 #include "bible_requests.h"
 #include "engine/cpu_device.h"
 #include "engine/offload_engine.h"
+#include "policy_of.h"
 #include "runner_compare.h"
 #include "test_util.h"
-#include "policy_of.h"
 
 namespace flexh2o {
 namespace {
@@ -234,6 +235,32 @@ TEST(OffloadPrefetch, OddAndEvenUnitCountsMatchInMemory) {
     }
   }
 }
+
+// The transformers-written arch models through the offloading engine, weights on the disk tier
+// (and, for every other model, H2O on a host KV cache): Phi-3's fused views, Qwen3's q/k norms
+// and each rope type as streamed units, bit-identical to the in-memory run.
+class OffloadArch : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(OffloadArch, DiskTierLogitsBitIdenticalToInMemory) {
+  Model model = Model::load_dir(model_dir(GetParam()));
+  const auto reqs = test::arch_requests(GetParam(), model.config(), 4);
+  const bool h2o = std::string(GetParam()).find('_') != std::string::npos;
+  const auto policy = kv_policy(h2o ? KvPolicyKind::kH2o : KvPolicyKind::kFull);
+  CpuDevice dev(2);
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = make_policy(Case{GetParam(), "0 0 0 100 100 0", 2, 2});
+  o.offload_dir = dir.path() / "store";
+  o.kv_policy = policy.get();
+  o.kv_dtype = DType::F16;
+  OffloadEngine eng(model, dev, o);
+  Forward fwd(model, dev);
+  InMemoryRunner ref(fwd, eng.max_batch(), policy.get(), DType::F16);
+  test::expect_same_logits(test::run_greedy(eng, reqs), test::run_greedy(ref, reqs), GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, OffloadArch, ::testing::ValuesIn(test::arch_models()),
+                         [](const auto& info) { return std::string(info.param).substr(5); });
 
 }  // namespace
 }  // namespace flexh2o

@@ -11,6 +11,7 @@
 #include "engine/perplexity.h"
 #include "loader/safetensors.h"
 #include "loader/safetensors_writer.h"
+#include "arch_requests.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -230,9 +231,8 @@ TEST_P(ArchReference, LogitsMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, ArchReference,
-                         ::testing::Values("arch/mistral", "arch/qwen2", "arch/llama_llama3", "arch/qwen2_yarn",
-                                           "arch/mistral_linear", "arch/llama_longrope", "arch/phi3",
-                                           "arch/phi3_longrope", "arch/phi3_partial", "arch/qwen3"),
+                         ::testing::ValuesIn(std::vector<std::string>(test::arch_models().begin(),
+                                                                      test::arch_models().end())),
                          [](const auto& info) { return info.param.substr(5); });
 
 }  // namespace

@@ -13,20 +13,20 @@ not applied), and wide enough that the top two logits of every position are well
   mistral  MistralForCausalLM, GQA, sliding_window 48 below max_position_embeddings 128 (flexh2o
            caps the positions at the window, within which attention is full).
   qwen2    Qwen2ForCausalLM: q/k/v biases without an o_proj bias, rope_theta 1e6, tied embeddings.
-  qwen3    Qwen3ForCausalLM: RMSNorm over each head of q and k (q_norm, k_norm) before rotary, an
-           explicit head_dim 32 (hidden / heads is 16), tied embeddings.
+  qwen3    Qwen3ForCausalLM: RMSNorm over each head of q and k (q_norm, k_norm) before rotary,
+           tied embeddings.
   phi3     Phi3ForCausalLM: q/k/v in one qkv_proj, gate/up in one gate_up_proj; sliding_window 47
            as Phi-3-mini-4k's 2047 (prompts up to 47 tokens).
 Rope scaling, each type with settings small enough that the prompts reach the scaled region:
-  llama_llama3     LlamaForCausalLM, rope_type llama3 over an original length of 32 (head_dim 16:
-                   kept, smoothed and divided wavelengths all occur).
+  llama_llama3     LlamaForCausalLM, rope_type llama3 over an original length of 32 (kept,
+                   smoothed and divided wavelengths all occur).
   qwen2_yarn       YaRN, factor 4 over 16 positions, max_position_embeddings 32: flexh2o allows
                    64 positions (the prompts reach 48); attention factor 1.139.
   mistral_linear   linear, factor 2, max_position_embeddings 32 (flexh2o allows 64).
   llama_longrope   LongRoPE with the pretraining length 24 given at the top level, as Phi-3 does;
                    prompts up to 23 tokens (beyond 24 transformers switches to the long factors).
   phi3_longrope    Phi-3-128k's LongRoPE: pretraining length 24 at the top level only.
-  phi3_partial     Phi-4-mini's partial_rotary_factor 0.75 (12 of head_dim 16 turn) with tied embeddings.
+  phi3_partial     Phi-4-mini's partial_rotary_factor 0.75 (48 of head_dim 64 turn) with tied embeddings.
 """
 import json
 import pathlib
@@ -36,9 +36,14 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
+# head_dim 64 (explicit, over hidden 64) so that the CUDA attention kernels run them too (tests/gpu).
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, bos_token_id=1,
+              num_key_value_heads=2, head_dim=64, max_position_embeddings=128, rms_norm_eps=1e-6, bos_token_id=1,
               eos_token_id=2, torch_dtype="float32")
+# Phi3Config checks rope lists against hidden / heads whatever head_dim says: its models get head_dim
+# 64 from hidden 128 over 2 heads (one KV head).
+PHI3 = dict(COMMON, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+del PHI3["head_dim"]
 LENGTHS = (1, 7, 23, 48)
 
 
@@ -109,23 +114,23 @@ def main():
           "tiny random MistralForCausalLM (transformers), float32, linear rope scaling factor 2", seed=15)
     write("llama_longrope", LlamaForCausalLM(LlamaConfig(**short, max_position_embeddings=96,
                                                          original_max_position_embeddings=24, rope_scaling=dict(
-        rope_type="longrope", short_factor=[1.0 + 0.4 * i for i in range(8)],
-        long_factor=[2.0 + i for i in range(8)]))),
+        rope_type="longrope", short_factor=[1.0 + 0.1 * i for i in range(32)],
+        long_factor=[2.0 + i for i in range(32)]))),
           "tiny random LlamaForCausalLM (transformers), float32, LongRoPE within its 24 pretraining positions",
           seed=16, lengths=(1, 7, 23, 24))
-    write("qwen3", Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=32, rope_theta=1e6, tie_word_embeddings=True,
+    write("qwen3", Qwen3ForCausalLM(Qwen3Config(**COMMON, rope_theta=1e6, tie_word_embeddings=True,
                                                 use_sliding_window=False)),
-          "tiny random Qwen3ForCausalLM (transformers), float32, q_norm / k_norm, head_dim 32, tied embeddings",
+          "tiny random Qwen3ForCausalLM (transformers), float32, q_norm / k_norm, tied embeddings",
           seed=20)
-    write("phi3", Phi3ForCausalLM(Phi3Config(**COMMON, sliding_window=47, pad_token_id=None)),
+    write("phi3", Phi3ForCausalLM(Phi3Config(**PHI3, sliding_window=47, pad_token_id=None)),
           "tiny random Phi3ForCausalLM (transformers), float32, fused qkv_proj / gate_up_proj, sliding_window 47",
           seed=17, lengths=(1, 7, 23, 47))
-    write("phi3_longrope", Phi3ForCausalLM(Phi3Config(**short, max_position_embeddings=96, pad_token_id=None,
+    write("phi3_longrope", Phi3ForCausalLM(Phi3Config(**dict(PHI3, max_position_embeddings=96), pad_token_id=None,
                                                       original_max_position_embeddings=24, rope_scaling=dict(
-        type="longrope", short_factor=[1.0 + 0.3 * i for i in range(8)], long_factor=[3.0 + i for i in range(8)]))),
+        type="longrope", short_factor=[1.0 + 0.08 * i for i in range(32)], long_factor=[3.0 + i for i in range(32)]))),
           "tiny random Phi3ForCausalLM (transformers), float32, LongRoPE within its 24 pretraining positions",
           seed=18, lengths=(1, 7, 23, 24))
-    write("phi3_partial", Phi3ForCausalLM(Phi3Config(**COMMON, pad_token_id=None, partial_rotary_factor=0.75,
+    write("phi3_partial", Phi3ForCausalLM(Phi3Config(**PHI3, pad_token_id=None, partial_rotary_factor=0.75,
                                                      tie_word_embeddings=True)),
           "tiny random Phi3ForCausalLM (transformers), float32, partial_rotary_factor 0.75, tied embeddings", seed=19)
 
