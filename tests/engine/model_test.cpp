@@ -197,7 +197,7 @@ TEST(ModelConfig, Qwen3HasPerHeadQkNorms) {
   auto j = test::read_json(model_dir("arch/qwen3") / "config.json");
   ModelConfig c = ModelConfig::from_json_text(j.dump(), "c");
   EXPECT_TRUE(c.qk_norm);
-  EXPECT_EQ(c.head_dim, 64);  // explicit, over hidden 64 and 4 heads
+  EXPECT_EQ(c.head_dim, 64);  // explicit, over hidden 64 and 2 heads
   EXPECT_FALSE(c.attention_bias || c.o_bias);
   int norms = 0;
   for (const WeightSpec& s : weight_specs(c))
@@ -263,8 +263,8 @@ TEST(ModelLoad, Phi3FusedTensorsAreReadInPlaceAndNamedInErrors) {
   auto same = [&](const TensorView& part, const char* fused, int64_t row0) {
     const TensorEntry* e = a.find(std::string("model.layers.1.") + fused);
     EXPECT_TRUE(e && e->view.dtype == part.dtype);
-    const size_t n = size_t(part.numel()) * dtype_size(part.dtype);
-    return e && std::memcmp(part.data, static_cast<const std::byte*>(e->view.data) + size_t(row0 * H) * 4, n) == 0;
+    const size_t es = dtype_size(part.dtype), n = size_t(part.numel()) * es;
+    return e && std::memcmp(part.data, static_cast<const std::byte*>(e->view.data) + size_t(row0 * H) * es, n) == 0;
   };
   const LayerWeights& L = m.weights().layers[1];
   EXPECT_EQ(L.q_w.shape, (Shape{Q, H}));
@@ -274,17 +274,17 @@ TEST(ModelLoad, Phi3FusedTensorsAreReadInPlaceAndNamedInErrors) {
   EXPECT_TRUE(same(L.v_w, "self_attn.qkv_proj.weight", Q + KV));
   EXPECT_TRUE(same(L.gate_w, "mlp.gate_up_proj.weight", 0));
   EXPECT_TRUE(same(L.up_w, "mlp.gate_up_proj.weight", F));
-  EXPECT_EQ(m.parameter_count(), 238208);  // transformers' count for the checkpoint
+  EXPECT_EQ(m.parameter_count(), 74048);  // transformers' count for the checkpoint
 
   TempDir tmp;
   write_edited(
       tmp.path(), [](auto&) {}, "arch/phi3");
   auto j = test::read_json(model_dir("arch/phi3") / "config.json");
-  j["num_key_value_heads"] = 2;
+  j["head_dim"] = 32;  // q, k and v of 32 rows each
   std::ofstream(tmp.path() / "config.json") << j.dump();
   std::string msg = error_of([&] { Model::load_dir(tmp.path()); });
-  EXPECT_NE(msg.find("\"model.layers.1.self_attn.qkv_proj.weight\" has shape [256, 128] but config.json implies "
-                     "[384, 128]"),
+  EXPECT_NE(msg.find("\"model.layers.1.self_attn.qkv_proj.weight\" has shape [192, 64] but config.json implies "
+                     "[96, 64]"),
             std::string::npos)
       << msg;
   TempDir gone;
@@ -305,7 +305,7 @@ TEST(ModelLoad, Phi3FusedTensorsAreReadInPlaceAndNamedInErrors) {
   for (const BoundTensor& b : m.tensors()) t.push_back({b.spec.name, b.view});
   write_safetensors(split.path() / "model.safetensors", t);
   const Model s = Model::load_dir(split.path());
-  EXPECT_EQ(std::memcmp(s.weights().layers[1].up_w.data, L.up_w.data, size_t(F * H) * 4), 0);
+  EXPECT_EQ(std::memcmp(s.weights().layers[1].up_w.data, L.up_w.data, L.up_w.nbytes()), 0);
 }
 
 TEST(DummyWeights, DeterministicVariedAndRunnable) {

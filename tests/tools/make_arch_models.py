@@ -5,7 +5,7 @@ needs torch, transformers, safetensors):
 
     python3 tests/tools/make_arch_models.py
 
-Each directory holds config.json and model.safetensors as save_pretrained writes them (float32)
+Each directory holds config.json and model.safetensors as save_pretrained writes them (float16)
 and reference/logits.json in the format of the tiny models' references (per-position argmax and
 the last position's logits, for id sequences). Every parameter is drawn at random, biases and
 norm weights included (transformers initialises biases to zero, which would hide a bias that is
@@ -36,13 +36,15 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
-# head_dim 64 (explicit, over hidden 64) so that the CUDA attention kernels run them too (tests/gpu).
-COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=64, max_position_embeddings=128, rms_norm_eps=1e-6, bos_token_id=1,
-              eos_token_id=2, torch_dtype="float32")
+# head_dim 64 (explicit, over hidden 64) so that the CUDA attention kernels run them too (tests/gpu);
+# GQA with 2 heads over 1 KV head. Small and stored as float16 (the references are computed from
+# the rounded weights): the device tool carries the working tree with the GPU pack, 64 MiB in all.
+COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=64, max_position_embeddings=128, rms_norm_eps=1e-6, bos_token_id=1,
+              eos_token_id=2, torch_dtype="float16")
 # Phi3Config checks rope lists against hidden / heads whatever head_dim says: its models get head_dim
-# 64 from hidden 128 over 2 heads (one KV head).
-PHI3 = dict(COMMON, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+# 64 from hidden 64 over 1 head.
+PHI3 = dict(COMMON, num_attention_heads=1)
 del PHI3["head_dim"]
 LENGTHS = (1, 7, 23, 48)
 
@@ -81,11 +83,14 @@ def write(name, model, note, seed, lengths=LENGTHS):
     model.eval()
     for seed in range(seed, seed + 1000, 100):  # the first seed without near ties
         randomize(model, seed)
+        with torch.no_grad():  # the stored float16 weights, computed in float32 (parameters only:
+            for p in model.parameters():  # Module.half() would round the rotary buffers too)
+                p.copy_(p.half().float())
         prompts = reference(model, seed, lengths)
         if prompts:
             break
     assert prompts, f"{name}: every seed tried has a near tie in some argmax"
-    model.save_pretrained(d, safe_serialization=True)
+    model.half().save_pretrained(d, safe_serialization=True)
     note += f" (seed {seed})"
     (d / "reference").mkdir(exist_ok=True)
     (d / "reference" / "logits.json").write_text(json.dumps(
@@ -96,43 +101,43 @@ def write(name, model, note, seed, lengths=LENGTHS):
 def main():
     torch.manual_seed(0)
     write("mistral", MistralForCausalLM(MistralConfig(**COMMON, sliding_window=48, tie_word_embeddings=False)),
-          "tiny random MistralForCausalLM (transformers), float32, sliding_window 48", seed=11)
+          "tiny random MistralForCausalLM (transformers), float16, sliding_window 48", seed=11)
     write("qwen2", Qwen2ForCausalLM(Qwen2Config(**COMMON, rope_theta=1e6, tie_word_embeddings=True,
                                                 use_sliding_window=False)),
-          "tiny random Qwen2ForCausalLM (transformers), float32, q/k/v biases, tied embeddings", seed=12)
+          "tiny random Qwen2ForCausalLM (transformers), float16, q/k/v biases, tied embeddings", seed=12)
     short = dict((k, v) for k, v in COMMON.items() if k != "max_position_embeddings")
     write("llama_llama3", LlamaForCausalLM(LlamaConfig(**COMMON, rope_scaling=dict(
         rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=32))),
-          "tiny random LlamaForCausalLM (transformers), float32, rope_type llama3 over 32 positions", seed=13)
+          "tiny random LlamaForCausalLM (transformers), float16, rope_type llama3 over 32 positions", seed=13)
     write("qwen2_yarn", Qwen2ForCausalLM(Qwen2Config(**short, max_position_embeddings=32, tie_word_embeddings=False,
                                                      use_sliding_window=False, rope_scaling=dict(
         type="yarn", factor=4.0, original_max_position_embeddings=16))),
-          "tiny random Qwen2ForCausalLM (transformers), float32, YaRN factor 4 over 16 positions", seed=14)
+          "tiny random Qwen2ForCausalLM (transformers), float16, YaRN factor 4 over 16 positions", seed=14)
     write("mistral_linear", MistralForCausalLM(MistralConfig(**short, max_position_embeddings=32, sliding_window=None,
                                                              rope_scaling=dict(type="linear", factor=2.0))),
-          "tiny random MistralForCausalLM (transformers), float32, linear rope scaling factor 2", seed=15)
+          "tiny random MistralForCausalLM (transformers), float16, linear rope scaling factor 2", seed=15)
     write("llama_longrope", LlamaForCausalLM(LlamaConfig(**short, max_position_embeddings=96,
                                                          original_max_position_embeddings=24, rope_scaling=dict(
         rope_type="longrope", short_factor=[1.0 + 0.1 * i for i in range(32)],
         long_factor=[2.0 + i for i in range(32)]))),
-          "tiny random LlamaForCausalLM (transformers), float32, LongRoPE within its 24 pretraining positions",
+          "tiny random LlamaForCausalLM (transformers), float16, LongRoPE within its 24 pretraining positions",
           seed=16, lengths=(1, 7, 23, 24))
     write("qwen3", Qwen3ForCausalLM(Qwen3Config(**COMMON, rope_theta=1e6, tie_word_embeddings=True,
                                                 use_sliding_window=False)),
-          "tiny random Qwen3ForCausalLM (transformers), float32, q_norm / k_norm, tied embeddings",
+          "tiny random Qwen3ForCausalLM (transformers), float16, q_norm / k_norm, tied embeddings",
           seed=20)
     write("phi3", Phi3ForCausalLM(Phi3Config(**PHI3, sliding_window=47, pad_token_id=None)),
-          "tiny random Phi3ForCausalLM (transformers), float32, fused qkv_proj / gate_up_proj, sliding_window 47",
+          "tiny random Phi3ForCausalLM (transformers), float16, fused qkv_proj / gate_up_proj, sliding_window 47",
           seed=17, lengths=(1, 7, 23, 47))
     write("phi3_longrope", Phi3ForCausalLM(Phi3Config(**dict(PHI3, max_position_embeddings=96), pad_token_id=None,
                                                       original_max_position_embeddings=24, rope_scaling=dict(
         type="longrope", short_factor=[1.0 + 0.08 * i for i in range(32)], long_factor=[3.0 + i for i in range(32)]))),
-          "tiny random Phi3ForCausalLM (transformers), float32, LongRoPE within its 24 pretraining positions",
+          "tiny random Phi3ForCausalLM (transformers), float16, LongRoPE within its 24 pretraining positions",
           seed=18, lengths=(1, 7, 23, 24))
     write("phi3_partial", Phi3ForCausalLM(Phi3Config(**PHI3, pad_token_id=None, partial_rotary_factor=0.75,
                                                      tie_word_embeddings=True)),
-          "tiny random Phi3ForCausalLM (transformers), float32, partial_rotary_factor 0.75, tied embeddings", seed=19)
+          "tiny random Phi3ForCausalLM (transformers), float16, partial_rotary_factor 0.75, tied embeddings", seed=19)
 
 
 if __name__ == "__main__":
