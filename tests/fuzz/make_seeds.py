@@ -91,6 +91,23 @@ def main():
     put("config", "minimal_llama", compact({"model_type": "llama", "vocab_size": 8, "hidden_size": 4,
                                             "num_hidden_layers": 1, "num_attention_heads": 2,
                                             "intermediate_size": 8, "max_position_embeddings": 16}))
+    # tiny-llama's config with each rope type's optional keys, and Qwen3's / Phi-3's model types.
+    llama = json.loads((DATA / "tiny-llama" / "config.json").read_text())
+    half = llama["hidden_size"] // llama["num_attention_heads"] // 2
+    ropes = {
+        "rope_llama3": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+        "rope_yarn": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                          "original_max_position_embeddings": 64, "mscale": 0.7,
+                                          "mscale_all_dim": 1.0, "truncate": False}},
+        "rope_longrope": {"original_max_position_embeddings": 64,
+                          "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(half)],
+                                           "long_factor": [2.0] * half}},
+        "qwen3": {"model_type": "qwen3", "head_dim": 64},
+        "phi3_partial": {"model_type": "phi3", "partial_rotary_factor": 0.75, "sliding_window": 47},
+    }
+    for name, extra in ropes.items():
+        put("config", name, compact({**llama, **extra}))
 
     put("tokenizer_json", "bytelevel", small_tokenizer("bytelevel", 300))
     put("tokenizer_json", "llama2", small_tokenizer("llama2", 420))
