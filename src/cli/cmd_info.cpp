@@ -32,9 +32,6 @@ std::string human_bytes(double b) {
   os << std::fixed << std::setprecision(u ? 2 : 0) << b << " " << units[u];
   return os.str();
 }
-}  // namespace
-
-namespace {
 
 // "rope  llama3, theta 500000, factor 8 over 8192 pretraining positions\n"; empty for OPT.
 std::string rope_line(const ModelConfig& c) {

@@ -49,8 +49,8 @@ int make_current(int device) {
 
 std::string cuda_unsupported(const ModelConfig& c, DType compute) {
   if (attention_supported(compute, c.head_dim)) return {};
-  return flexh2o::detail::concat("the CUDA attention kernels are built for head_dim 64 and 128, and ", c.name, " has ",
-                        c.head_dim);
+  return flexh2o::detail::concat("the CUDA attention kernels are built for head_dim 64 and 128, and ", c.name,
+                                 " has ", c.head_dim);
 }
 
 std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o) {

@@ -9,14 +9,15 @@
 namespace flexh2o::model_detail {
 namespace {
 
-double number(const Reader& p, const char* key) {
-  if (!p.has(key)) FH_FAIL(p.source(), ": required key \"", key, "\" is missing");
-  return p.number_or(key, 0);
-}
-
 double positive(const Reader& p, const char* key, double value) {
   if (!(value > 0)) FH_FAIL(p.source(), ": \"", key, "\" must be positive, got ", value);
   return value;
+}
+
+// A required key holding a positive number.
+double positive_number(const Reader& p, const char* key) {
+  if (!p.has(key)) FH_FAIL(p.source(), ": required key \"", key, "\" is missing");
+  return positive(p, key, p.number_or(key, 0));
 }
 
 // Python's `x or default` for an optional number: absent, null and 0 all give the default.
@@ -33,8 +34,8 @@ std::vector<double> default_inv_freq(double theta, int64_t dim) {
 
 // Llama 3.1: long wavelengths divided by `factor`, short ones kept, a smooth blend between.
 void llama3(const Reader& p, Rope& rope) {
-  const double low = positive(p, "low_freq_factor", number(p, "low_freq_factor"));
-  const double high = positive(p, "high_freq_factor", number(p, "high_freq_factor"));
+  const double low = positive_number(p, "low_freq_factor");
+  const double high = positive_number(p, "high_freq_factor");
   if (!(high > low))
     FH_FAIL(p.source(), ": \"high_freq_factor\" (", high, ") must be greater than \"low_freq_factor\" (", low, ")");
   const double old_len = double(rope.original_max_positions);
@@ -73,7 +74,7 @@ void yarn(const Reader& p, int64_t dim, Rope& rope) {
     rope.inv_freq[i] = interpolation * ramp + extrapolation * (1 - ramp);
   }
   if (p.has("attention_factor")) {
-    rope.attention_factor = positive(p, "attention_factor", number(p, "attention_factor"));
+    rope.attention_factor = positive_number(p, "attention_factor");
   } else {
     const double mscale = p.number_or("mscale", 0), mscale_all_dim = p.number_or("mscale_all_dim", 0);
     rope.attention_factor = mscale != 0 && mscale_all_dim != 0
@@ -98,16 +99,15 @@ std::vector<double> factor_list(const Reader& p, const char* key, size_t n) {
 }
 
 // LongRoPE (Phi-3): per-pair divisors; within the pretraining length transformers uses the short ones.
-void longrope(const Reader& p, int64_t max_positions, Rope& rope) {
+void longrope(const Reader& p, Rope& rope) {
   if (rope.original_max_positions < 2)
     FH_FAIL(p.source(), ": longrope needs \"original_max_position_embeddings\" of 2 or more, got ",
             rope.original_max_positions);
   const std::vector<double> shorts = factor_list(p, "short_factor", rope.inv_freq.size());
   (void)factor_list(p, "long_factor", rope.inv_freq.size());
   for (size_t i = 0; i < shorts.size(); ++i) rope.inv_freq[i] /= shorts[i];
-  if (!p.has("factor")) rope.factor = double(max_positions) / double(rope.original_max_positions);
   if (p.has("attention_factor"))
-    rope.attention_factor = positive(p, "attention_factor", number(p, "attention_factor"));
+    rope.attention_factor = positive_number(p, "attention_factor");
   else if (rope.factor > 1)
     rope.attention_factor = std::sqrt(1 + std::log(rope.factor) / std::log(double(rope.original_max_positions)));
 }
@@ -166,7 +166,7 @@ Rope parse_types(const Reader& r, int64_t head_dim, int64_t max_positions, bool 
     FH_FAIL(r.source(), ": ", key, " ", json_excerpt(rp), " is not supported (rope_type \"", t,
             "\"; supported: default, linear, dynamic, llama3, yarn, longrope)");
   if (t == "linear" || t == "dynamic" || t == "llama3" || p.has("factor"))
-    rope.factor = positive(p, "factor", number(p, "factor"));
+    rope.factor = positive_number(p, "factor");
   if (t == "linear") {
     for (double& f : rope.inv_freq) f /= rope.factor;
     *positions = scaled_positions(double(max_positions) * std::max(rope.factor, 1.0), limit);
@@ -178,14 +178,15 @@ Rope parse_types(const Reader& r, int64_t head_dim, int64_t max_positions, bool 
                                     ? r.positive_int("original_max_position_embeddings", limit)
                                 : phi3 ? 4096  // Phi3Config's default
                                        : p.positive_int_or("original_max_position_embeddings", limit, max_positions);
+  // yarn and longrope without a factor take the ratio of the two lengths, as transformers does.
+  if (!p.has("factor")) rope.factor = double(max_positions) / double(rope.original_max_positions);
   if (t == "llama3") {
     llama3(p, rope);
   } else if (t == "yarn") {
-    if (!p.has("factor")) rope.factor = double(max_positions) / double(rope.original_max_positions);
     yarn(p, dim, rope);
     *positions = std::max(max_positions, scaled_positions(double(rope.original_max_positions) * rope.factor, limit));
   } else {
-    longrope(p, max_positions, rope);
+    longrope(p, rope);
     *positions = std::min(max_positions, rope.original_max_positions);
   }
   return rope;
