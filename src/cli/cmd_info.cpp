@@ -84,6 +84,13 @@ int run_info(const InfoArgs& a, const Env& env) {
                  {"factor", c.rope.factor},
                  {"original_max_position_embeddings", c.rope.original_max_positions},
                  {"attention_factor", c.rope.attention_factor}};
+  // A MoE's parameters a token uses: all but its unchosen experts.
+  const int64_t active = params - c.n_layers * (c.n_experts - c.experts_per_token) * 3 * c.hidden * c.ffn_dim;
+  if (c.moe())
+    j["experts"] = {{"count", c.n_experts},
+                    {"per_token", c.experts_per_token},
+                    {"norm_topk_prob", c.norm_topk_prob},
+                    {"active_parameters", active}};
   // Which weights a load would read (presets have none; a directory may hold config.json only).
   std::string checkpoint = "none";
   if (std::filesystem::is_directory(source))
@@ -96,10 +103,14 @@ int run_info(const InfoArgs& a, const Env& env) {
   std::cout << "model        " << c.name << " (" << c.model_type << ", " << source << ")\n"
             << "checkpoint   " << checkpoint << "\n"
             << "shape        " << c.n_layers << " layers, hidden " << c.hidden << ", " << c.n_heads << " heads ("
-            << c.n_kv_heads << " kv) x " << c.head_dim << ", ffn " << c.ffn_dim << ", vocab " << c.vocab_size
-            << ", " << c.max_positions << " positions"
-            << (c.sliding_window ? " (its sliding window; within it attention is full)" : "") << "\n"
-            << rope_line(c) << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
+            << c.n_kv_heads << " kv) x " << c.head_dim << ", ffn " << c.ffn_dim << ", vocab " << c.vocab_size << ", "
+            << c.max_positions << " positions"
+            << (c.sliding_window ? " (its sliding window; within it attention is full)" : "") << "\n";
+  if (c.moe())
+    std::cout << "experts      " << c.n_experts << " of ffn " << c.ffn_dim << ", " << c.experts_per_token << " a token"
+              << (c.norm_topk_prob ? " (weights renormalized)" : "") << ", " << std::setprecision(4) << active / 1e9
+              << " B parameters active a token\n";
+  std::cout << rope_line(c) << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
             << "weights      " << human_bytes(double(params) * double(esize)) << " in " << dtype_name(c.dtype) << "\n";
   for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(double(b)) << "\n";
   std::cout << "KV per token " << human_bytes(double(c.kv_bytes_per_token(DType::F16))) << " (f16), "

@@ -41,6 +41,28 @@ void parse_opt(const Reader& r, ModelConfig& c) {
   if (act != "relu") FH_FAIL(r.source(), ": activation_function \"", act, "\" is not supported (OPT uses relu)");
 }
 
+// MixtralConfig and Qwen3MoeConfig, with their defaults. Qwen3-MoE may keep some layers dense
+// (mlp_only_layers, decoder_sparse_step); the published checkpoints do not, and a mix is refused.
+void parse_moe(const Reader& r, ModelConfig& c) {
+  const bool qwen = c.model_type == "qwen3_moe";
+  c.mlp_bias = false;  // neither family's experts have biases (MixtralConfig has no mlp_bias)
+  const char* experts_key = qwen && !r.has("num_local_experts") ? "num_experts" : "num_local_experts";
+  c.n_experts = r.positive_int_or(experts_key, kMaxCount, qwen ? 128 : 8);
+  c.experts_per_token = r.positive_int_or("num_experts_per_tok", kMaxCount, qwen ? 8 : 2);
+  if (c.experts_per_token > c.n_experts)
+    FH_FAIL(r.source(), ": num_experts_per_tok (", c.experts_per_token, ") exceeds the ", c.n_experts, " experts");
+  if (!qwen) return;  // Mixtral always renormalizes the chosen experts' weights
+  c.ffn_dim = r.positive_int_or("moe_intermediate_size", kMaxDim, 768);
+  c.norm_topk_prob = r.bool_or("norm_topk_prob", false);
+  if (r.positive_int_or("decoder_sparse_step", kMaxCount, 1) != 1)
+    FH_FAIL(r.source(), ": decoder_sparse_step other than 1 (dense layers between the MoE ones) is not supported");
+  const nlohmann::json& j = r.object();
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null() &&
+      !(j["mlp_only_layers"].is_array() && j["mlp_only_layers"].empty()))
+    FH_FAIL(r.source(), ": mlp_only_layers (dense layers among the MoE ones) is not supported, got ",
+            json_excerpt(j["mlp_only_layers"]));
+}
+
 void parse_llama(const Reader& r, ModelConfig& c) {
   c.arch = Arch::kLlama;
   c.ffn_dim = r.positive_int("intermediate_size", kMaxDim);
@@ -52,7 +74,7 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   c.tie_embeddings = r.bool_or("tie_word_embeddings", false);
   if (c.model_type == "qwen2") {  // Qwen2Attention: q/k/v with bias, o_proj without
     c.attention_bias = true;
-  } else if (c.model_type == "qwen3") {  // Qwen3Attention: per-head q_norm / k_norm; biases as LLaMA's
+  } else if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") {  // per-head q_norm / k_norm
     c.qk_norm = true;
     c.attention_bias = c.o_bias = r.bool_or("attention_bias", false);
   } else if (c.model_type == "phi3") {  // no biases; q/k/v and gate/up stored fused
@@ -64,10 +86,11 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu")
     FH_FAIL(r.source(), ": hidden_act \"", act, "\" is not supported (", c.model_type, " uses silu)");
-  // Mistral and Phi-3: sliding_window (null: none); Qwen2: only with use_sliding_window.
-  const bool windowed =
-      c.model_type == "mistral" || c.model_type == "phi3" ||
-      ((c.model_type == "qwen2" || c.model_type == "qwen3") && r.bool_or("use_sliding_window", false));
+  if (c.model_type == "mixtral" || c.model_type == "qwen3_moe") parse_moe(r, c);
+  // Mistral, Mixtral and Phi-3: sliding_window (null: none); Qwen2/3: only with use_sliding_window.
+  const bool windowed = c.model_type == "mistral" || c.model_type == "mixtral" || c.model_type == "phi3" ||
+                        ((c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe") &&
+                         r.bool_or("use_sliding_window", false));
   if (windowed && r.has("sliding_window")) c.sliding_window = r.positive_int("sliding_window", kMaxIndex);
 }
 
@@ -89,10 +112,12 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   if (c.model_type == "opt") {
     parse_opt(r, c);
   } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
-             c.model_type == "qwen3" || c.model_type == "phi3") {
+             c.model_type == "qwen3" || c.model_type == "phi3" || c.model_type == "mixtral" ||
+             c.model_type == "qwen3_moe") {
     parse_llama(r, c);
   } else {
-    FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: opt, llama, mistral, qwen2, qwen3, phi3)");
+    FH_FAIL(source, ": unknown model_type \"", c.model_type,
+            "\" (supported: opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe)");
   }
   c.head_dim = r.positive_int_or("head_dim", kMaxDim, c.hidden / c.n_heads);
   if (!r.has("head_dim") && c.hidden % c.n_heads != 0)

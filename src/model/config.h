@@ -1,9 +1,9 @@
 // ModelConfig: the architecture facts the engine needs, parsed from a Hugging Face config.json.
 // Supported families: OPT (pre-LN, learned positions offset 2, ReLU FFN, tied lm_head) and
 // LLaMA (RMSNorm, rotary, SwiGLU, GQA), which also serves model_type "mistral", "qwen2" (q/k/v
-// biases without an o_proj bias), "qwen3" (RMSNorm over each head of q and k) and "phi3" (q/k/v
-// and gate/up stored fused). Parsing validates every field it uses and throws flexh2o::Error
-// naming the file and the key. Plain value type.
+// biases without an o_proj bias), "qwen3" (RMSNorm over each head of q and k), "phi3" (q/k/v
+// and gate/up stored fused) and the mixtures of experts "mixtral" and "qwen3_moe". Parsing validates every field it
+// uses and throws flexh2o::Error naming the file and the key. Plain value type.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +20,7 @@ enum class Arch { kOpt, kLlama };
 
 struct ModelConfig {
   Arch arch = Arch::kOpt;
-  std::string model_type;  // "opt" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3"
+  std::string model_type;  // "opt" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "mixtral" | "qwen3_moe"
   std::string name;        // _name_or_path or the directory name, for reports
   int64_t vocab_size = 0;
   int64_t hidden = 0;
@@ -28,7 +28,13 @@ struct ModelConfig {
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;  // == n_heads for OPT
   int64_t head_dim = 0;
-  int64_t ffn_dim = 0;     // OPT ffn_dim / LLaMA intermediate_size
+  int64_t ffn_dim = 0;  // OPT ffn_dim / LLaMA intermediate_size / one expert's (MoE)
+  // Mixture of experts (Mixtral, Qwen3-MoE): every layer's MLP is n_experts SwiGLU experts of
+  // ffn_dim, of which a linear router picks experts_per_token for each row, weighting their
+  // outputs by the softmax of its logits over all experts (renormalized over the chosen ones when
+  // norm_topk_prob). n_experts == 0: a dense MLP.
+  int64_t n_experts = 0, experts_per_token = 0;
+  bool norm_topk_prob = true;
   // Positions a sequence may use: max_position_embeddings, changed where the rope scaling says
   // (model/detail/rope_parse.h) and capped by a sliding-window attention (Mistral, Qwen2 with
   // use_sliding_window) at the window, within which full attention is exact.
@@ -51,6 +57,15 @@ struct ModelConfig {
   static ModelConfig from_file(const std::filesystem::path& path);
   // Parses JSON text; `source` names it in errors.
   static ModelConfig from_json_text(const std::string& text, const std::string& source);
+
+  bool moe() const { return n_experts > 0; }
+  // Weights the MLP multiplies one row by (its FLOPs are twice this): a MoE's router and the
+  // experts_per_token experts a row runs, else the FFN.
+  double mlp_row_params() const {
+    const double H = double(hidden), F = double(ffn_dim);
+    if (moe()) return H * double(n_experts) + double(experts_per_token) * 3 * H * F;
+    return (arch == Arch::kOpt ? 2 : 3) * H * F;
+  }
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }

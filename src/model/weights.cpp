@@ -34,6 +34,7 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
     if (layer >= 0) {
       const bool mlp = name.find(".fc1.") != std::string::npos || name.find(".fc2.") != std::string::npos ||
                        name.find("final_layer_norm") != std::string::npos || name.find(".mlp.") != std::string::npos ||
+                       name.find(".block_sparse_moe.") != std::string::npos ||
                        name.find("post_attention_layernorm") != std::string::npos;
       part = mlp ? LayerPart::kMlp : LayerPart::kAttention;
     }
@@ -88,6 +89,18 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
     add(p + "self_attn.k_norm.weight", {c.head_dim});
   }
   add(p + "post_attention_layernorm.weight", {H});
+  if (c.moe()) {  // the names each family's checkpoints use
+    const bool mixtral = c.model_type == "mixtral";
+    const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    add(moe + "gate.weight", {c.n_experts, H});
+    for (int64_t e = 0; e < c.n_experts; ++e) {
+      const std::string x = moe + "experts." + std::to_string(e) + ".";
+      add(x + (mixtral ? "w1" : "gate_proj") + ".weight", {F, H});
+      add(x + (mixtral ? "w3" : "up_proj") + ".weight", {F, H});
+      add(x + (mixtral ? "w2" : "down_proj") + ".weight", {H, F});
+    }
+    return;
+  }
   const std::pair<const char*, Shape> mlp[] = {{"gate_proj", {F, H}}, {"up_proj", {F, H}}, {"down_proj", {H, F}}};
   for (const auto& [n, shape] : mlp) {
     add(p + "mlp." + n + ".weight", shape);
@@ -139,10 +152,34 @@ void check_layer_count(const ModelConfig& c, const WeightLookup& lookup, size_t 
           "; config.json and the weights disagree.");
 }
 
+namespace {
+
+// The slot of a MoE tensor named `n` (append_specs' names: the router "...gate.weight" and
+// "...experts.E.{w1,w3,w2|gate_proj,up_proj,down_proj}.weight"), or nullptr for the others.
+TensorView* moe_slot(const ModelConfig& c, const std::string& n, LayerWeights& L) {
+  if (!c.moe()) return nullptr;
+  if (n.ends_with(".gate.weight")) return &L.router_w;
+  const size_t at = n.find(".experts.");
+  if (at == std::string::npos) return nullptr;
+  size_t end = at + 9;
+  const size_t e = size_t(std::stoll(n.substr(end)));
+  end = n.find('.', end) + 1;
+  FH_CHECK(e < L.experts.size(), "expert index of ", n, " out of range");
+  ExpertWeights& x = L.experts[e];
+  const std::string_view what = std::string_view(n).substr(end);
+  if (what == "w1.weight" || what == "gate_proj.weight") return &x.gate_w;
+  if (what == "w3.weight" || what == "up_proj.weight") return &x.up_w;
+  if (what == "w2.weight" || what == "down_proj.weight") return &x.down_w;
+  FH_FAIL("weight spec ", n, " has no slot");
+}
+
+}  // namespace
+
 ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, const std::string& source,
                           std::vector<BoundTensor>* bound) {
   ModelWeights w;
   w.layers.resize(size_t(c.n_layers));
+  for (LayerWeights& L : w.layers) L.experts.resize(size_t(c.n_experts));
   for (const WeightSpec& spec : weight_specs(c)) {
     TensorView v = lookup(spec);
     if (v.empty()) {
@@ -170,6 +207,10 @@ ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, cons
       continue;
     }
     LayerWeights& L = w.layers[size_t(spec.layer)];
+    if (TensorView* slot = moe_slot(c, n, L)) {
+      *slot = v;
+      continue;
+    }
     const std::pair<const char*, TensorView*> table[] = {{"self_attn_layer_norm.weight", &L.ln1_w},
                                                          {"self_attn_layer_norm.bias", &L.ln1_b},
                                                          {"input_layernorm.weight", &L.ln1_w},

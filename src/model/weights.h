@@ -39,8 +39,13 @@ struct FusedPart {
 // The fused tensor a spec is a part of (q/k/v of qkv_proj, gate/up of gate_up_proj), or nullopt.
 std::optional<FusedPart> fused_part(const ModelConfig& c, const WeightSpec& spec);
 
+// One expert of a mixture-of-experts MLP: a SwiGLU without biases.
+struct ExpertWeights {
+  TensorView gate_w, up_w, down_w;  // Mixtral's w1, w3, w2
+};
+
 // One transformer layer. Unused fields stay empty (e.g. LLaMA has no biases or ln*_b;
-// OPT has no gate/up/down).
+// OPT has no gate/up/down; a MoE layer has router_w and experts instead of gate/up/down).
 struct LayerWeights {
   TensorView ln1_w, ln1_b;  // self_attn_layer_norm / input_layernorm
   TensorView q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b;
@@ -49,18 +54,21 @@ struct LayerWeights {
   TensorView gate_w, up_w, down_w;        // LLaMA SwiGLU
   TensorView gate_b, up_b, down_b;
   TensorView q_norm_w, k_norm_w;  // Qwen3: [head_dim] gains of the per-head RMSNorm of q and k
+  TensorView router_w;            // MoE: [n_experts, hidden]
+  std::vector<ExpertWeights> experts;  // MoE: n_experts of them
 
   // Every view of the layer, for code that rewrites or visits them all (compression, offload
   // remapping, hazard tracking), so a field added here is never missed there.
-  std::array<TensorView*, 24> all() {
-    return {&ln1_w, &ln1_b, &q_w,   &q_b,   &k_w,    &k_b,  &v_w,    &v_b,    &o_w,  &o_b,    &ln2_w,    &ln2_b,
-            &fc1_w, &fc1_b, &fc2_w, &fc2_b, &gate_w, &up_w, &down_w, &gate_b, &up_b, &down_b, &q_norm_w, &k_norm_w};
+  std::vector<TensorView*> all() {
+    std::vector<TensorView*> v{&ln1_w,  &ln1_b,  &q_w,   &q_b,    &k_w,      &k_b,      &v_w,     &v_b,    &o_w,
+                               &o_b,    &ln2_w,  &ln2_b, &fc1_w,  &fc1_b,    &fc2_w,    &fc2_b,   &gate_w, &up_w,
+                               &down_w, &gate_b, &up_b,  &down_b, &q_norm_w, &k_norm_w, &router_w};
+    for (ExpertWeights& e : experts) v.insert(v.end(), {&e.gate_w, &e.up_w, &e.down_w});
+    return v;
   }
-  std::array<const TensorView*, 24> all() const {
-    std::array<const TensorView*, 24> out{};
-    const auto mut = const_cast<LayerWeights*>(this)->all();
-    for (size_t i = 0; i < out.size(); ++i) out[i] = mut[i];
-    return out;
+  std::vector<const TensorView*> all() const {
+    const std::vector<TensorView*> mut = const_cast<LayerWeights*>(this)->all();
+    return {mut.begin(), mut.end()};
   }
 };
 
