@@ -26,9 +26,9 @@ double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::
 
 // Matmul + attention FLOPs of one prefill step of B sequences of S tokens (lm_head on last rows).
 double prefill_flops(const ModelConfig& c, int64_t B, int64_t S) {
-  const double H = double(c.hidden), F = double(c.ffn_dim), L = double(c.n_layers);
-  const double per_token_layer = 2.0 * (H * double(c.q_dim()) + 2 * H * double(c.kv_dim()) + double(c.q_dim()) * H +
-                                        (c.arch == Arch::kOpt ? 2.0 : 3.0) * H * F);
+  const double H = double(c.hidden), L = double(c.n_layers);
+  const double per_token_layer =
+      2.0 * (H * double(c.q_dim()) + 2 * H * double(c.kv_dim()) + double(c.q_dim()) * H + c.mlp_row_params());
   const double attn = 2.0 * 2.0 * double(c.q_dim()) * double(S) * double(S + 1) / 2.0;  // per sequence per layer
   return L * (per_token_layer * double(B * S) + attn * double(B)) + 2.0 * H * double(c.vocab_size) * double(B);
 }

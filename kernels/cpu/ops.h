@@ -56,6 +56,12 @@ void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_
 // gate[i] = silu(gate[i]) * up[i] for i < n.
 void silu_mul(float* gate, const float* up, int64_t n);
 
+// Mixture-of-experts routing of M rows of E router logits: p = softmax(row) in fp32, its k
+// largest (ties: the lower expert first; NaN last) into experts[r*k + j] (int32) and their p,
+// divided by the chosen ones' sum when `normalize`, into weights[r*k + j], in descending p.
+// Throws unless 1 <= k <= E.
+void moe_route(const float* logits, int64_t M, int64_t E, int64_t k, bool normalize, int32_t* experts, float* weights);
+
 // Row conversions, element by element, bit-identical to the scalar ones in core/dtype.h:
 // narrowing rounds to nearest even (subnormals included, overflow to inf) and turns NaN
 // into a quiet NaN with the top payload bits; widening is exact, NaN bits included.

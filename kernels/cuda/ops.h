@@ -72,4 +72,20 @@ void rotary(DType dt, void* x, int64_t T, int64_t n_heads, int64_t head_dim, int
 // gate[i] = silu(gate[i]) * up[i] for i < n.
 void silu_mul(DType dt, void* gate, const void* up, int64_t n, cudaStream_t stream);
 
+// Mixture-of-experts routing (moe.cu): cpu::moe_route's choice and weights ([M, k] each, device
+// memory) from the fp32 router logits [M, E]. E <= 1024, k <= 64 (else throws).
+void moe_route(const float* logits, int64_t M, int64_t E, int64_t k, bool normalize, int32_t* experts, float* weights,
+               cudaStream_t stream);
+// Groups moe_route's M*k choices by expert: counts[e] (int32 [E]) choices went to expert e, and
+// expert e's group, at offset counts[0] + ... + counts[e-1] of rows / row_w (int32 / fp32
+// [M*k]), holds each choosing row's index and its weight, in no fixed order. work: int32 [2E].
+void moe_group(const int32_t* experts, const float* weights, int64_t M, int64_t k, int64_t E, int32_t* counts,
+               int32_t* work, int32_t* rows, float* row_w, cudaStream_t stream);
+// sum[rows[g], :] += row_w[g] * y[g, :] for g < n, rows of H (y in dt, sum fp32). The rows of
+// one call must be distinct (one expert's group).
+void moe_scatter_add(DType dt, const void* y, const int32_t* rows, const float* row_w, int64_t n, int64_t H, float* sum,
+                     cudaStream_t stream);
+// x[i] += sum[i] for i < n (x in dt, sum fp32), rounding once.
+void add_f32(DType dt, void* x, const float* sum, int64_t n, cudaStream_t stream);
+
 }  // namespace flexh2o::gpu

@@ -52,6 +52,13 @@ CudaScratch cuda_scratch(const ModelConfig& c, DType act, int64_t rows, int64_t 
   s.last = al(uint64_t(seqs * c.hidden) * es);
   s.dequant = al(q4_dequant_tile_bytes(c, act));
   s.cublas_workspace = kCublasWorkspaceBytes;
+  if (c.moe()) {
+    s.moe_logits = al(chunk * uint64_t(c.n_experts) * 4);
+    s.moe_list = al(chunk * uint64_t(c.experts_per_token) * 4);
+    s.moe_counts = al(3 * uint64_t(c.n_experts) * 4);
+    s.moe_x = s.moe_out = al(chunk * uint64_t(c.hidden) * es);
+    s.moe_sum = al(chunk * uint64_t(c.hidden) * 4);
+  }
   return s;
 }
 

@@ -19,7 +19,10 @@ const TensorView* bias(const TensorView& b) { return b.empty() ? nullptr : &b; }
 
 int64_t LayerCompute::unit_scratch_bytes(const ModelConfig& c, int64_t M, int64_t B) {
   const int64_t chunk = std::min(M, kMlpChunkRows);
-  const int64_t floats = M * c.hidden + 2 * chunk * c.ffn_dim + B * c.hidden;
+  int64_t floats = M * c.hidden + 2 * chunk * c.ffn_dim + B * c.hidden;
+  // MoE: router logits; the choices (int32), their weights, an expert's rows (int64) and their
+  // weights; gathered rows, an expert's output, the sum
+  if (c.moe()) floats += chunk * (c.n_experts + 5 * c.experts_per_token + 3 * c.hidden);
   return floats * int64_t(sizeof(float));
 }
 
@@ -95,6 +98,46 @@ void LayerCompute::attention_out(const ModelConfig& c, const LayerWeights& L, co
   cpu::linear(attn, s.B * s.T, c.q_dim(), L.o_w, bias(L.o_b), hidden, cpu::Epilogue::kAccumulate);
 }
 
+// Each expert runs on the rows that chose it, gathered; a row's sum over its experts is taken in
+// expert order in fp32, so it depends on nothing but the row (the determinism contract).
+void LayerCompute::moe(const ModelConfig& c, const LayerWeights& L, int64_t m, float* h) {
+  const int64_t H = c.hidden, F = c.ffn_dim, E = c.n_experts, k = c.experts_per_token;
+  FH_CHECK(int64_t(L.experts.size()) == E, "MoE layer with ", L.experts.size(), " experts, config has ", E);
+  grow(router_, m * E);
+  grow(route_w_, m * k);
+  if (route_e_.size() < size_t(m * k)) route_e_.resize(size_t(m * k));
+  grow(gathered_, m * H);
+  grow(expert_out_, m * H);
+  grow(moe_sum_, m * H);
+  cpu::linear(normed_.data(), m, H, L.router_w, nullptr, router_.data(), cpu::Epilogue::kStore);
+  cpu::moe_route(router_.data(), m, E, k, c.norm_topk_prob, route_e_.data(), route_w_.data());
+  std::fill_n(moe_sum_.data(), m * H, 0.f);
+  std::vector<int64_t>& rows = expert_rows_;
+  std::vector<float>& wts = expert_w_;
+  rows.reserve(size_t(m * k)), wts.reserve(size_t(m * k));
+  for (int64_t e = 0; e < E; ++e) {
+    rows.clear(), wts.clear();
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < k; ++j)
+        if (route_e_[size_t(r * k + j)] == e) rows.push_back(r), wts.push_back(route_w_[size_t(r * k + j)]);
+    if (rows.empty()) continue;
+    const int64_t n = int64_t(rows.size());
+    for (int64_t i = 0; i < n; ++i) std::copy_n(normed_.data() + rows[size_t(i)] * H, H, gathered_.data() + i * H);
+    const ExpertWeights& x = L.experts[size_t(e)];
+    cpu::linear(gathered_.data(), n, H, x.gate_w, nullptr, ffn_a_.data(), cpu::Epilogue::kStore);
+    cpu::linear(gathered_.data(), n, H, x.up_w, nullptr, ffn_b_.data(), cpu::Epilogue::kStore);
+    cpu::silu_mul(ffn_a_.data(), ffn_b_.data(), n * F);
+    cpu::linear(ffn_a_.data(), n, F, x.down_w, nullptr, expert_out_.data(), cpu::Epilogue::kStore);
+    for (int64_t i = 0; i < n; ++i) {
+      float* sum = moe_sum_.data() + rows[size_t(i)] * H;
+      const float* y = expert_out_.data() + i * H;
+      const float w = wts[size_t(i)];
+      for (int64_t d = 0; d < H; ++d) sum[d] += w * y[d];
+    }
+  }
+  for (int64_t i = 0; i < m * H; ++i) h[i] += moe_sum_[size_t(i)];
+}
+
 void LayerCompute::mlp(const ModelConfig& c, const LayerWeights& L, const StepShape& s, float* hidden) {
   const int64_t H = c.hidden, M = s.B * s.T, F = c.ffn_dim;
   const bool opt = c.arch == Arch::kOpt;
@@ -111,6 +154,10 @@ void LayerCompute::mlp(const ModelConfig& c, const LayerWeights& L, const StepSh
       cpu::linear(ffn_a_.data(), m, F, L.fc2_w, bias(L.fc2_b), h, cpu::Epilogue::kAccumulate);
     } else {
       cpu::rmsnorm(h, m, H, L.ln2_w, c.norm_eps, normed_.data());
+      if (c.moe()) {
+        moe(c, L, m, h);
+        continue;
+      }
       cpu::linear(normed_.data(), m, H, L.gate_w, bias(L.gate_b), ffn_a_.data(), cpu::Epilogue::kStore);
       cpu::linear(normed_.data(), m, H, L.up_w, bias(L.up_b), ffn_b_.data(), cpu::Epilogue::kStore);
       cpu::silu_mul(ffn_a_.data(), ffn_b_.data(), m * F);

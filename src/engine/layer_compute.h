@@ -59,7 +59,13 @@ class LayerCompute {
   static int64_t scratch_bytes(const ModelConfig& c, int64_t M);
 
  private:
+  // A MoE MLP over m rows of normed_, added into h.
+  void moe(const ModelConfig& c, const LayerWeights& L, int64_t m, float* h);
+
   std::vector<float> normed_, q_, k_, v_, attn_, ffn_a_, ffn_b_, last_;
+  std::vector<float> router_, route_w_, gathered_, expert_out_, moe_sum_, expert_w_;  // MoE
+  std::vector<int32_t> route_e_;
+  std::vector<int64_t> expert_rows_;
 };
 
 }  // namespace flexh2o

@@ -9,6 +9,7 @@
 #include "engine/layer_compute.h"
 #include "gpu/detail/cuda_device_impl.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/copy.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/q4.h"
@@ -46,6 +47,15 @@ TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs,
   ffn_b_ = p += sz.ffn_chunk;
   last_ = p += sz.ffn_chunk;
   dq_ = p += sz.last;
+  moe_logits_ = reinterpret_cast<float*>(p += sz.dequant);
+  moe_experts_ = reinterpret_cast<int32_t*>(p += sz.moe_logits);
+  moe_weights_ = reinterpret_cast<float*>(p += sz.moe_list);
+  moe_rows_ = reinterpret_cast<int32_t*>(p += sz.moe_list);
+  moe_row_w_ = reinterpret_cast<float*>(p += sz.moe_list);
+  moe_counts_ = reinterpret_cast<int32_t*>(p += sz.moe_list);
+  moe_x_ = p += sz.moe_counts;
+  moe_out_ = p += sz.moe_x;
+  moe_sum_ = reinterpret_cast<float*>(p += sz.moe_out);
   dq_bytes_ = sz.dequant;
   rows_ = rows, seqs_ = seqs;
   return charge;
@@ -149,6 +159,9 @@ void CudaDevice::mlp(const ModelConfig& c, const LayerWeights& L, const StepRows
       layernorm(dt_, h, m, H, L.ln2_w.data, ptr(L.ln2_b), c.norm_eps, normed_, st);
       linear_w(L.fc1_w, normed_, m, H, F, L.fc1_b, ffn_a_, Epilogue::kRelu);
       linear_w(L.fc2_w, ffn_a_, m, F, H, L.fc2_b, h, Epilogue::kAccumulate);
+    } else if (c.moe()) {
+      rmsnorm(dt_, h, m, H, L.ln2_w.data, c.norm_eps, normed_, st);
+      moe(c, L, m, h);
     } else {
       rmsnorm(dt_, h, m, H, L.ln2_w.data, c.norm_eps, normed_, st);
       linear_w(L.gate_w, normed_, m, H, F, L.gate_b, ffn_a_, Epilogue::kStore);
@@ -157,6 +170,43 @@ void CudaDevice::mlp(const ModelConfig& c, const LayerWeights& L, const StepRows
       linear_w(L.down_w, ffn_a_, m, F, H, L.down_b, h, Epilogue::kAccumulate);
     }
   }
+}
+
+// The rows are grouped by expert on the device; the group sizes come back to the host (the one
+// synchronisation of the compute stream, which only the compute queue's thread waits for) so
+// that each expert's GEMMs run on its rows alone.
+void CudaDevice::moe(const ModelConfig& c, const LayerWeights& L, int64_t m, void* h) {
+  const int64_t H = c.hidden, F = c.ffn_dim, E = c.n_experts, k = c.experts_per_token;
+  FH_CHECK(int64_t(L.experts.size()) == E, "MoE layer with ", L.experts.size(), " experts, config has ", E);
+  cudaStream_t st = stream(Queue::kCompute);
+  if (L.router_w.dtype == DType::Q4)
+    linear_q4_f32out(cublas_, dt_, normed_, m, H, L.router_w.data, E, moe_logits_, dq_, dq_bytes_, st);
+  else
+    linear_f32out(cublas_, dt_, normed_, m, H, L.router_w.data, E, moe_logits_, st);
+  moe_route(moe_logits_, m, E, k, c.norm_topk_prob, moe_experts_, moe_weights_, st);
+  moe_group(moe_experts_, moe_weights_, m, k, E, moe_counts_, moe_counts_ + E, moe_rows_, moe_row_w_, st);
+  moe_host_counts_.resize(size_t(E));
+  FH_CUDA_CHECK(
+      cudaMemcpyAsync(moe_host_counts_.data(), moe_counts_, size_t(E) * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  FH_CUDA_CHECK(cudaMemsetAsync(moe_sum_, 0, size_t(m * H) * sizeof(float), st));
+  FH_CUDA_CHECK(cudaStreamSynchronize(st));
+  const size_t row = size_t(H) * dtype_size(dt_);
+  int64_t at = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = moe_host_counts_[size_t(e)];
+    FH_CHECK(n >= 0 && at + n <= m * k, "MoE grouping gave expert ", e, " ", n, " rows");
+    if (n == 0) continue;
+    const ExpertWeights& x = L.experts[size_t(e)];
+    gpu::gather_rows(moe_rows_ + at, n, normed_, m, int64_t(row), moe_x_, st);
+    linear_w(x.gate_w, moe_x_, n, H, F, TensorView(), ffn_a_, Epilogue::kStore);
+    linear_w(x.up_w, moe_x_, n, H, F, TensorView(), ffn_b_, Epilogue::kStore);
+    silu_mul(dt_, ffn_a_, ffn_b_, n * F, st);
+    linear_w(x.down_w, ffn_a_, n, F, H, TensorView(), moe_out_, Epilogue::kStore);
+    moe_scatter_add(dt_, moe_out_, moe_rows_ + at, moe_row_w_ + at, n, H, moe_sum_, st);
+    at += n;
+  }
+  FH_CHECK(at == m * k, "MoE grouping placed ", at, " of ", m * k, " choices");
+  add_f32(dt_, h, moe_sum_, m * H, st);
 }
 
 void CudaDevice::head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden,

@@ -330,8 +330,9 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   };
   auto sum = [](const std::vector<size_t>& v) { return double(std::accumulate(v.begin(), v.end(), size_t(0))); };
   const double H = double(c.hidden), Q = double(c.q_dim()), KV = double(c.kv_dim()), F = double(c.ffn_dim);
-  const double ffn_mats = c.arch == Arch::kLlama ? 3 : 2;
-  const double attn_in_params = H * Q + 2 * H * KV, attn_out_params = H * Q, mlp_params = ffn_mats * H * F;
+  // A MoE row runs its chosen experts only (both devices group the rows by expert).
+  const double attn_in_params = H * Q + 2 * H * KV, attn_out_params = H * Q, mlp_params = c.mlp_row_params();
+  const double ffn_width = F * double(std::max<int64_t>(c.experts_per_token, 1));  // FFN values a row
   const double attn_w = sum(us.attn), mlp_w = sum(us.mlp), head_w = sum(us.head);
   const double qkv_share = attn_in_params / (attn_in_params + attn_out_params);
   const double rows_bytes = n * T * hid;
@@ -351,7 +352,7 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
                            device_attention(attn_seqs_device) + elementwise(kAttnPasses / 2);
   const double c_attn_out = gemm(2 * n * T * attn_out_params, attn_w * (1 - qkv_share), prefill) +
                             elementwise(kAttnPasses / 2);
-  const double c_mlp = gemm(2 * n * T * mlp_params, mlp_w, prefill) + elementwise(kMlpPasses + 2 * F / H);
+  const double c_mlp = gemm(2 * n * T * mlp_params, mlp_w, prefill) + elementwise(kMlpPasses + 2 * ffn_width / H);
   double embed_c = hw_.device_weight_read > 0 ? n * T * hid / hw_.device_weight_read : 0;
   double head_c = gemm(2 * n * double(c.hidden * c.vocab_size), head_w, false);
   if (hw_.device_elementwise > 0) {

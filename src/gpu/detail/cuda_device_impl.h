@@ -78,6 +78,8 @@ class CudaDevice final : public Device {
   // y = ep(x w^T + b) on the compute stream; a Q4 weight goes through linear_q4 and dq_.
   void linear_w(const TensorView& w, const void* x, int64_t M, int64_t K, int64_t N, const TensorView& b, void* y,
                 Epilogue ep);
+  // A MoE MLP over m rows of normed_, added into h (m <= kMlpChunkRows).
+  void moe(const ModelConfig& c, const LayerWeights& L, int64_t m, void* h);
 
   CudaDeviceOptions opts_;
   int device_;  // made current before anything else is created
@@ -88,9 +90,13 @@ class CudaDevice final : public Device {
   CublasHandle cublas_;
   tbb::task_arena arena_;
   // Scratch of the unit ops (reserve()): normed rows, two FFN chunks, last rows, and the tile
-  // Q4 weights are decoded into for cuBLAS (dq_bytes_ of it).
+  // Q4 weights are decoded into for cuBLAS (dq_bytes_ of it), and a MoE's (CudaScratch).
   void *scratch_ = nullptr, *normed_ = nullptr, *ffn_a_ = nullptr, *ffn_b_ = nullptr, *last_ = nullptr;
   void* dq_ = nullptr;
+  float *moe_logits_ = nullptr, *moe_weights_ = nullptr, *moe_row_w_ = nullptr, *moe_sum_ = nullptr;
+  int32_t *moe_experts_ = nullptr, *moe_rows_ = nullptr, *moe_counts_ = nullptr;
+  void *moe_x_ = nullptr, *moe_out_ = nullptr;
+  std::vector<int32_t> moe_host_counts_;  // the group sizes, read back (compute queue's thread only)
   size_t dq_bytes_ = 0;
   int64_t rows_ = 0, seqs_ = 0;
   // upload()'s double-buffered pinned staging, kept across calls (pinning it anew for each of
