@@ -10,6 +10,7 @@
 
 #include "arch_requests.h"
 #include "bible_requests.h"
+#include "engine/compress.h"
 #include "engine/cpu_device.h"
 #include "engine/offload_engine.h"
 #include "policy_of.h"
@@ -261,6 +262,42 @@ TEST_P(OffloadArch, DiskTierLogitsBitIdenticalToInMemory) {
 
 INSTANTIATE_TEST_SUITE_P(Transformers, OffloadArch, ::testing::ValuesIn(test::arch_models()),
                          [](const auto& info) { return std::string(info.param).substr(5); });
+
+// Mixtures of experts with 4-bit weights (router and experts) and KV, weights split over device,
+// host and disk, CPU attention and H2O: the in-memory compressed run's logits bit for bit, on the
+// hazard-checking device too (every access of an expert ordered after its load).
+class OffloadMoe : public ::testing::TestWithParam<std::tuple<const char*, bool>> {};
+
+TEST_P(OffloadMoe, CompressedSplitRunMatchesInMemory) {
+  const auto [name, check] = GetParam();
+  Model model = Model::load_dir(model_dir(name));
+  ASSERT_TRUE(model.config().moe());
+  const auto reqs = test::arch_requests(name, model.config(), 4);
+  const auto policy = kv_policy(KvPolicyKind::kH2o);
+  CpuDeviceOptions co;
+  co.threads = 2, co.check_hazards = check, co.max_delay_us = check ? 200 : 0;
+  CpuDevice dev(co);
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = make_policy(Case{name, "30 30 34 33 0 100", 2, 2, true, true});
+  o.policy.compress_weight = o.policy.compress_cache = true;
+  o.offload_dir = dir.path() / "store";
+  o.kv_policy = policy.get();
+  OffloadEngine eng(model, dev, o);
+  CompressedWeights cw(model);
+  Forward fwd(model, dev);
+  fwd.use_weights(&cw.weights());
+  InMemoryRunner ref(fwd, eng.max_batch(), policy.get(), DType::Q4);
+  test::expect_same_logits(test::run_greedy(eng, reqs), test::run_greedy(ref, reqs), name);
+  EXPECT_EQ(eng.report().weight_dtype, "Q4");
+}
+
+INSTANTIATE_TEST_SUITE_P(Experts, OffloadMoe,
+                         ::testing::Combine(::testing::Values("arch/mixtral", "arch/qwen3_moe"), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)).substr(5) +
+                                  (std::get<1>(info.param) ? "_hazards" : "");
+                         });
 
 }  // namespace
 }  // namespace flexh2o

@@ -213,16 +213,18 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, Reference, ::testing::Values("tiny-opt", "t
 // included (tests/tools/make_arch_models.py): the LLaMA path with Qwen2's q/k/v biases, its tied
 // embeddings and rope_theta 1e6, and Mistral's sliding window (prompts up to its 48 positions);
 // and each rope scaling type (llama3, yarn, linear, longrope) with prompts reaching its scaled
-// region, yarn's and linear's beyond max_position_embeddings; and Phi-3's partial rotary. A
-// directory is named <model_type>[_<rope type> | _partial].
+// region, yarn's and linear's beyond max_position_embeddings; Phi-3's partial rotary; Mixtral's
+// and Qwen3-MoE's experts. A directory is named <model_type>[_<rope type> | _partial].
 class ArchReference : public Reference {};
 
 TEST_P(ArchReference, LogitsMatchTransformers) {
   Model model = Model::load_dir(dir());
   const std::string name = dir().filename().string();
-  const size_t cut = std::min(name.find('_'), name.size());
-  const std::string variant = cut == name.size() ? "default" : name.substr(cut + 1);
-  EXPECT_EQ(model.config().model_type, std::string_view(name).substr(0, cut));
+  const ModelConfig& c = model.config();
+  ASSERT_TRUE(name == c.model_type || name.starts_with(c.model_type + "_")) << name << " is " << c.model_type;
+  const std::string variant = name == c.model_type ? "default" : name.substr(c.model_type.size() + 1);
+  EXPECT_EQ(c.moe(), c.model_type == "mixtral" || c.model_type == "qwen3_moe");
+  if (c.moe()) EXPECT_EQ(c.n_experts, 4);
   if (variant == "partial")
     EXPECT_EQ(model.config().rope.rotary_dims(), model.config().head_dim * 3 / 4);
   else

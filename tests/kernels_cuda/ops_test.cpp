@@ -1,10 +1,14 @@
-// ops.h (linear, embeddings, norms, rotary, silu_mul) against kernels/cpu on random inputs,
+// ops.h (linear, embeddings, norms, rotary, silu_mul, the MoE ops) against kernels/cpu on random inputs,
 // for F16 and BF16 and awkward shapes (1, primes, non-multiples of 8/16). The CPU reference
 // gets the same dt-rounded inputs; tolerances cover the fp16/bf16 rounding of the output.
-#include <tuple>
-
-#include "core/tensor.h"
 #include "kernels/cpu/ops.h"
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include "core/error.h"
+#include "core/tensor.h"
 #include "kernels/cuda/ops.h"
 #include "util.h"
 
@@ -156,6 +160,70 @@ TEST_P(OpsGpu, SiluMulMatchesCpu) {
     silu_mul(dt, dg, upload(u.f, dt), n, stream());
     expect_close(download(dg, ref.size(), dt), ref, tol_for(dt), "silu_mul n=" + std::to_string(n));
   }
+}
+
+// Routing: cpu::moe_route's experts (random logits: no near ties) and weights within fp32
+// rounding. Grouping: each expert's group holds exactly the (row, weight) pairs that chose it.
+// Scatter-add over every group, then one rounding into the hidden rows, against the CPU sum.
+TEST_P(OpsGpu, MoeRouteGroupAndScatterMatchCpu) {
+  const DType dt = GetParam();
+  for (auto [M, E, k] : {std::tuple{1, 1, 1}, {37, 4, 2}, {37, 8, 2}, {5, 128, 8}, {19, 13, 13}, {600, 64, 6}})
+    for (bool normalize : {false, true}) {
+      const std::string what = std::string("moe ") + dt_str(dt) + " M=" + std::to_string(M) +
+                               " E=" + std::to_string(E) + " k=" + std::to_string(k) +
+                               " norm=" + std::to_string(normalize);
+      const std::vector<float> logits = randn(size_t(M * E), 20, 2.f);
+      std::vector<int32_t> ex(size_t(M * k));
+      std::vector<float> wk(size_t(M * k));
+      cpu::moe_route(logits.data(), M, E, k, normalize, ex.data(), wk.data());
+      int32_t* dex = alloc<int32_t>(ex.size());
+      float* dwk = alloc<float>(wk.size());
+      moe_route(upload_raw(logits), M, E, k, normalize, dex, dwk, stream());
+      ASSERT_EQ(download_raw(dex, ex.size()), ex) << what;
+      expect_close(download_raw(dwk, wk.size()), wk, {1e-7f, 1e-5f}, what + " weights");
+
+      int32_t* counts = alloc<int32_t>(size_t(E));
+      int32_t* work = alloc<int32_t>(size_t(2 * E));
+      int32_t* rows = alloc<int32_t>(ex.size());
+      float* row_w = alloc<float>(ex.size());
+      moe_group(dex, dwk, M, k, E, counts, work, rows, row_w, stream());
+      const std::vector<int32_t> got_counts = download_raw(counts, size_t(E)), got_rows = download_raw(rows, ex.size());
+      const std::vector<float> got_w = download_raw(row_w, ex.size());
+      const std::vector<float> dev_w = download_raw(dwk, wk.size());
+      int64_t at = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        std::vector<std::pair<int32_t, float>> want, got;
+        for (int64_t i = 0; i < M * k; ++i)
+          if (ex[size_t(i)] == e) want.push_back({int32_t(i / k), dev_w[size_t(i)]});
+        ASSERT_EQ(got_counts[size_t(e)], int32_t(want.size())) << what << " expert " << e;
+        for (int64_t g = 0; g < int64_t(want.size()); ++g)
+          got.push_back({got_rows[size_t(at + g)], got_w[size_t(at + g)]});
+        std::sort(got.begin(), got.end());
+        ASSERT_EQ(got, want) << what << " expert " << e;
+        at += int64_t(want.size());
+      }
+
+      const int64_t H = 24;
+      HostT y = host_tensor(dt, {M * k, H}, 21), x = host_tensor(dt, {M, H}, 22);
+      std::vector<float> ref = x.f;
+      std::vector<float> sum(size_t(M * H), 0.f);
+      for (int64_t g = 0; g < M * k; ++g)
+        for (int64_t d = 0; d < H; ++d)
+          sum[size_t(got_rows[size_t(g)] * H + d)] += got_w[size_t(g)] * y.f[size_t(g * H + d)];
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] += sum[i];
+      float* dsum = upload_raw(std::vector<float>(size_t(M * H), 0.f));
+      const std::byte* dy = static_cast<const std::byte*>(upload(y.f, dt));
+      at = 0;
+      for (int64_t e = 0; e < E; ++e) {  // one call a group, as the device runs them
+        const int64_t n = got_counts[size_t(e)];
+        moe_scatter_add(dt, dy + size_t(at * H) * dtype_size(dt), rows + at, row_w + at, n, H, dsum, stream());
+        at += n;
+      }
+      void* dx = upload(x.f, dt);
+      add_f32(dt, dx, dsum, M * H, stream());
+      expect_close(download(dx, ref.size(), dt), ref, tol_for(dt, 2.f), what + " scatter-add");
+    }
+  EXPECT_THROW(moe_route(nullptr, 1, 4, 5, true, nullptr, nullptr, stream()), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, OpsGpu, ::testing::Values(DType::F16, DType::BF16),

@@ -3,7 +3,7 @@
 the logits transformers computes for them, under tests/data/arch/<name>/ (developer tool, not CI;
 needs torch, transformers, safetensors):
 
-    python3 tests/tools/make_arch_models.py
+    python3 tests/tools/make_arch_models.py [NAME ...]   (default: all of them)
 
 Each directory holds config.json and model.safetensors as save_pretrained writes them (float16)
 and reference/logits.json in the format of the tiny models' references (per-position argmax and
@@ -27,13 +27,21 @@ Rope scaling, each type with settings small enough that the prompts reach the sc
                    prompts up to 23 tokens (beyond 24 transformers switches to the long factors).
   phi3_longrope    Phi-3-128k's LongRoPE: pretraining length 24 at the top level only.
   phi3_partial     Phi-4-mini's partial_rotary_factor 0.75 (48 of head_dim 64 turn) with tied embeddings.
+Mixtures of experts, 4 experts of which each token takes 2; a seed is kept only when, in every
+layer and for every token, the second and third routing probabilities are at least 0.002 apart
+(so fp16 rounding on a GPU cannot change which experts a token takes):
+  mixtral    MixtralForCausalLM: block_sparse_moe.experts.E.w1/w2/w3, weights renormalized.
+  qwen3_moe  Qwen3MoeForCausalLM: q_norm / k_norm, mlp.experts.E.*_proj of moe_intermediate_size 48,
+             norm_topk_prob false (the chosen probabilities as they are).
 """
 import json
 import pathlib
+import sys
 
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
 # head_dim 64 (explicit, over hidden 64) so that the CUDA attention kernels run them too (tests/gpu);
@@ -47,6 +55,8 @@ COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_l
 PHI3 = dict(COMMON, num_attention_heads=1)
 del PHI3["head_dim"]
 LENGTHS = (1, 7, 23, 48)
+ROUTING_GAP = 0.002
+WANT = set(sys.argv[1:])
 
 
 def randomize(model, seed):
@@ -61,27 +71,49 @@ def randomize(model, seed):
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
 
 
+def routers(model):
+    """The MoE routers (MixtralTopKRouter, Qwen3MoeTopKRouter): modules named ...mlp.gate."""
+    return [m for name, m in model.named_modules() if name.endswith("mlp.gate")]
+
+
 def reference(model, seed, lengths):
     """The prompts' logits, or None when some position's top two logits are within 3e-4 of the
-    spread (an argmax that rounding could flip)."""
+    spread (an argmax that rounding could flip) or, in a MoE, a token's last chosen expert and
+    the first one left out are within ROUTING_GAP in probability."""
     g = torch.Generator().manual_seed(seed + 1)
     prompts = []
+    gaps = []
+
+    def gap(module, inputs, output):
+        probs = torch.softmax(output[0].float(), dim=-1).sort(dim=-1, descending=True).values
+        k = module.top_k
+        gaps.append((probs[:, k - 1] - probs[:, k]).min().item())
+
+    hooks = [r.register_forward_hook(gap) for r in routers(model)]
     for n in lengths:
         ids = torch.randint(3, model.config.vocab_size, (1, n), generator=g)
         with torch.no_grad():
             logits = model(ids).logits[0].float()
+        if gaps and min(gaps) < ROUTING_GAP:
+            break
         top2 = logits.topk(2, dim=-1).values
         if (top2[:, 0] - top2[:, 1]).min().item() < 3e-4 * (logits.max() - logits.min()).item():
             return None
         prompts.append({"prompt": f"random ids, {n} tokens", "ids": ids[0].tolist(),
                         "argmax": logits.argmax(-1).tolist(), "last_logits": logits[-1].tolist()})
+    for h in hooks:
+        h.remove()
+    if gaps and min(gaps) < ROUTING_GAP:
+        return None
     return prompts
 
 
 def write(name, model, note, seed, lengths=LENGTHS):
+    if WANT and name not in WANT:
+        return
     d = OUT / name
     model.eval()
-    for seed in range(seed, seed + 1000, 100):  # the first seed without near ties
+    for seed in range(seed, seed + 5000, 100):  # the first seed without near ties
         randomize(model, seed)
         with torch.no_grad():  # the stored float16 weights, computed in float32 (parameters only:
             for p in model.parameters():  # Module.half() would round the rotary buffers too)
@@ -138,6 +170,15 @@ def main():
     write("phi3_partial", Phi3ForCausalLM(Phi3Config(**PHI3, pad_token_id=None, partial_rotary_factor=0.75,
                                                      tie_word_embeddings=True)),
           "tiny random Phi3ForCausalLM (transformers), float16, partial_rotary_factor 0.75, tied embeddings", seed=19)
+    moe = dict(num_experts_per_tok=2, output_router_logits=False)
+    write("mixtral", MixtralForCausalLM(MixtralConfig(**COMMON, **moe, num_local_experts=4, sliding_window=None,
+                                                      tie_word_embeddings=False)),
+          "tiny random MixtralForCausalLM (transformers), float16, 4 experts, 2 a token", seed=21)
+    write("qwen3_moe", Qwen3MoeForCausalLM(Qwen3MoeConfig(**COMMON, **moe, num_experts=4, moe_intermediate_size=48,
+                                                          norm_topk_prob=False, tie_word_embeddings=False,
+                                                          use_sliding_window=False)),
+          "tiny random Qwen3MoeForCausalLM (transformers), float16, 4 experts, 2 a token, norm_topk_prob false",
+          seed=22)
 
 
 if __name__ == "__main__":
