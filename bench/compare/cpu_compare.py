@@ -1,7 +1,8 @@
 """cpu_compare.py — flexh2o beside Hugging Face transformers and accelerate on the CPU (issue #13).
 
 A developer tool, not run by CI (it needs torch). Builds random-weight checkpoints (HF
-save_pretrained, safetensors; OPT shapes, and --models llama3.2-1b,qwen3-0.6b for the LLaMA path), then runs each system on the same workload, interleaved, best of
+save_pretrained, safetensors; OPT shapes, --models llama3.2-1b,qwen3-0.6b for the LLaMA path and
+qwen3-moe-1b for a mixture of experts), then runs each system on the same workload, interleaved, best of
 N, and times it by FlexGen's rule: tokens generated / (prefill + decode) wall time.
   flexh2o-mem   flexh2o bench, everything in memory on the CPU device
   flexh2o-disk  flexh2o bench, weights on disk (--percent 0 0 100 0 100 0 --offload-dir)
@@ -10,8 +11,8 @@ N, and times it by FlexGen's rule: tokens generated / (prefill + decode) wall ti
 """
 import argparse, csv, json, os, subprocess, sys, tempfile, time
 
-# OPT shapes, and LLaMA-path ones: Llama 3.2 1B (GQA, tied head, rope_type llama3) and Qwen3 0.6B
-# (q_norm / k_norm, head_dim 128 over hidden 1024).
+# OPT shapes, and LLaMA-path ones: Llama 3.2 1B (GQA, tied head, rope_type llama3), Qwen3 0.6B
+# (q_norm / k_norm, head_dim 128 over hidden 1024) and a small Qwen3-MoE.
 OPT_SHAPES = {"opt-125m": (768, 12, 12, 3072), "opt-1.3b": (2048, 24, 32, 8192)}
 LLAMA_SHAPES = {
     "llama3.2-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
@@ -22,6 +23,11 @@ LLAMA_SHAPES = {
     "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
                        tie_word_embeddings=True, rope_theta=1000000.0),
+    # Qwen3-30B-A3B's structure scaled down: 32 experts of 512, 4 a token (1.0 B parameters, 0.3 B active).
+    "qwen3-moe-1b": dict(model_type="qwen3_moe", hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
+                         num_key_value_heads=4, head_dim=64, intermediate_size=3072, moe_intermediate_size=512,
+                         num_experts=32, num_experts_per_tok=4, norm_topk_prob=True, vocab_size=151936,
+                         tie_word_embeddings=True, rope_theta=1000000.0),
 }
 
 def make_checkpoint(name, out):

@@ -6,8 +6,9 @@
 // job's throughput, the groups in flight and the bubble fraction).
 #include <iomanip>
 #include <iostream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -217,7 +218,9 @@ int run_plan(const PlanArgs& a, const Env& env) {
     e = r.best;
     evaluated = r.evaluated;
   }
-  const double fg = flexgen_reference_throughput(c, hw, w, e.policy);
+  // FlexGen's model has a dense FFN's weight bytes and FLOPs: a MoE's are neither.
+  const std::optional<double> fg =
+      c.moe() ? std::nullopt : std::optional<double>(flexgen_reference_throughput(c, hw, w, e.policy));
   if (a.json) {
     nlohmann::json j = estimate_json(e, cm);
     j["model"] = c.name;
@@ -229,7 +232,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
     j["device"] = device_kind_name(hw.device);
     j["searched"] = !given;
     j["policies_evaluated"] = evaluated;
-    j["flexgen_cost_model_tokens_per_s"] = fg;
+    j["flexgen_cost_model_tokens_per_s"] = fg ? nlohmann::json(*fg) : nlohmann::json(nullptr);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -255,8 +258,11 @@ int run_plan(const PlanArgs& a, const Env& env) {
   for (int l = 0; l < kNumLinks; ++l) std::cout << link_name(Link(l)) << " " << double(e.bytes[size_t(l)]) / 1e9 << " GB  ";
   std::cout << "\nbusy       ";
   for (int q = 0; q < kNumQueues; ++q) std::cout << queue_name(Queue(q)) << " " << e.busy[size_t(q)] << " s  ";
-  std::cout << "\nFlexGen's published cost model for this policy: " << fg
-            << " tokens/s (FlexGen's scheduler; ours list-schedules our own queues and steps)\n";
+  if (fg)
+    std::cout << "\nFlexGen's published cost model for this policy: " << *fg
+              << " tokens/s (FlexGen's scheduler; ours list-schedules our own queues and steps)\n";
+  else
+    std::cout << "\nFlexGen's published cost model: not shown (it models a dense FFN, not a mixture of experts)\n";
   return 0;
 }
 

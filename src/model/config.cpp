@@ -47,8 +47,9 @@ void parse_moe(const Reader& r, ModelConfig& c) {
   const bool qwen = c.model_type == "qwen3_moe";
   c.mlp_bias = false;  // neither family's experts have biases (MixtralConfig has no mlp_bias)
   const char* experts_key = qwen && !r.has("num_local_experts") ? "num_experts" : "num_local_experts";
-  c.n_experts = r.positive_int_or(experts_key, kMaxCount, qwen ? 128 : 8);
-  c.experts_per_token = r.positive_int_or("num_experts_per_tok", kMaxCount, qwen ? 8 : 2);
+  // The bounds of the CUDA routing kernel (kernels/cuda/ops.h: moe_route), far above published models'.
+  c.n_experts = r.positive_int_or(experts_key, 1024, qwen ? 128 : 8);
+  c.experts_per_token = r.positive_int_or("num_experts_per_tok", 64, qwen ? 8 : 2);
   if (c.experts_per_token > c.n_experts)
     FH_FAIL(r.source(), ": num_experts_per_tok (", c.experts_per_token, ") exceeds the ", c.n_experts, " experts");
   if (!qwen) return;  // Mixtral always renormalizes the chosen experts' weights

@@ -71,6 +71,9 @@ TEST(MoeConfig, RefusesWhatItCannotRun) {
   EXPECT_NE(error_of([&] { parse(j); }).find("num_experts_per_tok (5) exceeds the 4 experts"), std::string::npos);
   j["num_experts_per_tok"] = 0;
   EXPECT_NE(error_of([&] { parse(j); }).find("num_experts_per_tok"), std::string::npos);
+  j["num_experts_per_tok"] = 2;
+  j["num_local_experts"] = 1025;  // beyond what the CUDA routing kernel takes
+  EXPECT_NE(error_of([&] { parse(j); }).find("num_local_experts"), std::string::npos);
   j = config_of("arch/qwen3_moe");
   j["decoder_sparse_step"] = 2;
   EXPECT_NE(error_of([&] { parse(j); }).find("decoder_sparse_step other than 1"), std::string::npos);

@@ -91,7 +91,7 @@ def main():
     put("config", "minimal_llama", compact({"model_type": "llama", "vocab_size": 8, "hidden_size": 4,
                                             "num_hidden_layers": 1, "num_attention_heads": 2,
                                             "intermediate_size": 8, "max_position_embeddings": 16}))
-    # tiny-llama's config with each rope type's optional keys, and Qwen3's / Phi-3's model types.
+    # tiny-llama's config with each rope type's optional keys, and the Qwen3 / Phi-3 / MoE model types.
     llama = json.loads((DATA / "tiny-llama" / "config.json").read_text())
     half = llama["hidden_size"] // llama["num_attention_heads"] // 2
     ropes = {
@@ -105,6 +105,10 @@ def main():
                                            "long_factor": [2.0] * half}},
         "qwen3": {"model_type": "qwen3", "head_dim": 64},
         "phi3_partial": {"model_type": "phi3", "partial_rotary_factor": 0.75, "sliding_window": 47},
+        "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+        "qwen3_moe": {"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "head_dim": 64,
+                      "moe_intermediate_size": 96, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                      "mlp_only_layers": []},
     }
     for name, extra in ropes.items():
         put("config", name, compact({**llama, **extra}))
