@@ -1,5 +1,6 @@
-// The planner: the cost model's bytes per link equal what OffloadEngine counts (tiny-opt and
-// tiny-llama, a grid of policies), its placement and memory equal the engine's, the search
+// The planner: the cost model's bytes per link equal what OffloadEngine counts (tiny-opt,
+// tiny-llama and the MoE models, a grid of policies), its placement and memory equal the
+// engine's, a MoE's compute counts the chosen experts, the search
 // respects every budget, infeasible requests and bad profiles fail with clear errors, and the
 // t4-paper profile reproduces FlexGen's published cost-model anchors.
 #include <fcntl.h>
@@ -101,21 +102,22 @@ TEST(PlannerBytesEmbedding, WholeTableWhenAStepHasVocabRows) {
   EXPECT_GE(embed_moved(m, disk, 4096)[2], table);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Policies, PlannerBytes,
-    ::testing::Values(BytesCase{"tiny-opt", "0 100 0 100 100 0", 2, 2, false},
-                      BytesCase{"tiny-opt", "0 100 0 100 100 0", 2, 2, true},
-                      BytesCase{"tiny-opt", "20 30 0 50 0 100", 2, 2, false},
-                      BytesCase{"tiny-opt", "0 50 0 0 0 100", 4, 2, true},
-                      BytesCase{"tiny-opt", "100 0 34 33 100 0", 3, 3, false},
-                      BytesCase{"tiny-opt", "100 0 34 33 0 100", 3, 3, true},
-                      BytesCase{"tiny-opt", "0 0 0 0 100 0", 3, 1, false},
-                      BytesCase{"tiny-opt", "100 0 100 0 100 0", 2, 3, false},
-                      BytesCase{"tiny-llama", "30 30 100 0 100 0", 2, 2, false},
-                      BytesCase{"tiny-llama", "0 0 0 100 0 100", 3, 2, true},
-                      BytesCase{"tiny-llama", "50 0 34 33 100 0", 2, 3, false},
-                      BytesCase{"tiny-llama", "0 0 0 0 100 0", 3, 1, false},
-                      BytesCase{"tiny-llama", "0 100 0 0 0 100", 1, 2, true}));
+INSTANTIATE_TEST_SUITE_P(Policies, PlannerBytes,
+                         ::testing::Values(BytesCase{"tiny-opt", "0 100 0 100 100 0", 2, 2, false},
+                                           BytesCase{"tiny-opt", "0 100 0 100 100 0", 2, 2, true},
+                                           BytesCase{"tiny-opt", "20 30 0 50 0 100", 2, 2, false},
+                                           BytesCase{"tiny-opt", "0 50 0 0 0 100", 4, 2, true},
+                                           BytesCase{"tiny-opt", "100 0 34 33 100 0", 3, 3, false},
+                                           BytesCase{"tiny-opt", "100 0 34 33 0 100", 3, 3, true},
+                                           BytesCase{"tiny-opt", "0 0 0 0 100 0", 3, 1, false},
+                                           BytesCase{"tiny-opt", "100 0 100 0 100 0", 2, 3, false},
+                                           BytesCase{"tiny-llama", "30 30 100 0 100 0", 2, 2, false},
+                                           BytesCase{"tiny-llama", "0 0 0 100 0 100", 3, 2, true},
+                                           BytesCase{"tiny-llama", "50 0 34 33 100 0", 2, 3, false},
+                                           BytesCase{"tiny-llama", "0 0 0 0 100 0", 3, 1, false},
+                                           BytesCase{"tiny-llama", "0 100 0 0 0 100", 1, 2, true},
+                                           BytesCase{"arch/mixtral", "30 30 100 0 100 0", 2, 2, false},
+                                           BytesCase{"arch/qwen3_moe", "0 0 0 100 0 100", 3, 2, true}));
 
 // With a KV policy the engine keeps min(len, budget - 1) rows per sequence: prefill stores the
 // kept rows, each decode step loads them and stores one row per (sequence, KV head).
@@ -201,7 +203,7 @@ INSTANTIATE_TEST_SUITE_P(
         KvBytesCase{"tiny-llama", "0 100 0 0 0 100", 1, 2, true, KvPolicyKind::kLocal, 0, 9, 7, 8}));
 
 TEST(PlannerPlacement, UnitsAndMemoryEqualTheEngine) {
-  for (const char* name : {"tiny-opt", "tiny-llama"}) {
+  for (const char* name : {"tiny-opt", "tiny-llama", "arch/mixtral", "arch/qwen3_moe"}) {
     Model model = Model::load_dir(model_dir(name));
     const ModelShape from_model = ModelShape::from_model(model);
     const ModelShape from_config = ModelShape::from_config(model.config());
@@ -246,6 +248,23 @@ TEST(PlannerPlacement, UnitsAndMemoryEqualTheEngine) {
     EXPECT_EQ(from_config.attn.size() + from_config.mlp.size(), from_model.layer.size());
     EXPECT_EQ(from_config.head.size(), from_model.head.size());
   }
+}
+
+// A MoE row costs its chosen experts' FLOPs: with everything on the device, 8 experts of which
+// 2 run prefill in the time of 2 dense-sized experts (the router aside), and taking all 8 costs
+// more by the MLP's share.
+TEST(PlannerMoe, PrefillComputeCountsTheChosenExperts) {
+  auto prefill = [](int64_t experts, int64_t chosen) {
+    ModelConfig c =
+        ModelConfig::from_file(std::filesystem::path(FLEXH2O_SOURCE_CONFIGS) / "models" / "mixtral-8x7b.json");
+    c.n_layers = 2, c.n_experts = experts, c.experts_per_token = chosen;
+    HardwareProfile h = HardwareProfile::load(std::filesystem::path(FLEXH2O_SOURCE_CONFIGS) / "hardware" / "h200.json");
+    CostModel cm(ModelShape::from_config(c), h, Workload{512, 8, {}});
+    return cm.estimate(make("100 0 100 0 100 0", 8, 1, false)).prefill_s;
+  };
+  const double sparse = prefill(8, 2), dense_sized = prefill(2, 2), all = prefill(8, 8);
+  EXPECT_NEAR(sparse, dense_sized, 0.02 * dense_sized);
+  EXPECT_GT(all, 2.0 * sparse);
 }
 
 HardwareProfile small_profile(double dev_mb, double host_mb, double disk_mb) {
