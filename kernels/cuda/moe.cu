@@ -1,6 +1,6 @@
 // Mixture-of-experts CUDA ops of ops.h: routing (as cpu::moe_route), grouping the chosen
 // (row, weight) pairs by expert, and the weighted scatter-add of an expert's output rows into an
-// fp32 sum, then that sum into the hidden rows. One thread per row for the routing (a row's
+// fp32 sum (and a shared expert's, gated), then that sum into the hidden rows. One thread per row for the routing (a row's
 // logits are few); counting and placing use atomics, so the order within an expert's group is
 // not fixed (each row's result does not depend on it).
 #include "kernels/cuda/detail/common.cuh"
@@ -76,6 +76,13 @@ __global__ void moe_scatter_add_kernel(const T* y, const int32_t* rows, const fl
 }
 
 template <class T>
+__global__ void moe_gated_add_kernel(const T* y, const float* gate, int64_t M, int64_t H, float* sum) {
+  const int64_t n = M * H;
+  for (int64_t i = detail::global_tid(); i < n; i += detail::grid_stride())
+    sum[i] += to_f(y[i]) / (1.f + expf(-gate[i / H]));
+}
+
+template <class T>
 __global__ void add_f32_kernel(T* x, const float* sum, int64_t n) {
   for (int64_t i = detail::global_tid(); i < n; i += detail::grid_stride()) x[i] = from_f<T>(to_f(x[i]) + sum[i]);
 }
@@ -121,6 +128,18 @@ void moe_scatter_add(DType dt, const void* y, const int32_t* rows, const float* 
     moe_scatter_add_kernel<T><<<detail::grid_size_1d(n * H), detail::kThreads, 0, stream>>>(
         static_cast<const T*>(y), rows, row_w, n, H, sum);
     FH_CUDA_LAUNCH_CHECK("moe_scatter_add", stream);
+  });
+}
+
+void moe_gated_add(DType dt, const void* y, const float* gate, int64_t M, int64_t H, float* sum, cudaStream_t stream) {
+  FH_CHECK(M >= 0 && H > 0, "moe_gated_add: bad sizes M=", M, " H=", H);
+  if (M == 0) return;
+  FH_CHECK(y && gate && sum, "moe_gated_add: null pointer");
+  detail::dispatch_half(dt, "moe_gated_add", [&](auto tag) {
+    using T = decltype(tag);
+    moe_gated_add_kernel<T><<<detail::grid_size_1d(M * H), detail::kThreads, 0, stream>>>(static_cast<const T*>(y),
+                                                                                          gate, M, H, sum);
+    FH_CUDA_LAUNCH_CHECK("moe_gated_add", stream);
   });
 }
 

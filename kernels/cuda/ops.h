@@ -85,6 +85,9 @@ void moe_group(const int32_t* experts, const float* weights, int64_t M, int64_t 
 // one call must be distinct (one expert's group).
 void moe_scatter_add(DType dt, const void* y, const int32_t* rows, const float* row_w, int64_t n, int64_t H, float* sum,
                      cudaStream_t stream);
+// sum[r, :] += sigmoid(gate[r]) * y[r, :] over M rows of H (Qwen2-MoE's shared expert; y in dt,
+// gate and sum fp32).
+void moe_gated_add(DType dt, const void* y, const float* gate, int64_t M, int64_t H, float* sum, cudaStream_t stream);
 // x[i] += sum[i] for i < n (x in dt, sum fp32), rounding once.
 void add_f32(DType dt, void* x, const float* sum, int64_t n, cudaStream_t stream);
 

@@ -90,6 +90,7 @@ int run_info(const InfoArgs& a, const Env& env) {
     j["experts"] = {{"count", c.n_experts},
                     {"per_token", c.experts_per_token},
                     {"norm_topk_prob", c.norm_topk_prob},
+                    {"shared_expert_dim", c.shared_expert_dim},
                     {"active_parameters", active}};
   // Which weights a load would read (presets have none; a directory may hold config.json only).
   std::string checkpoint = "none";
@@ -108,8 +109,9 @@ int run_info(const InfoArgs& a, const Env& env) {
             << (c.sliding_window ? " (its sliding window; within it attention is full)" : "") << "\n";
   if (c.moe())
     std::cout << "experts      " << c.n_experts << " of ffn " << c.ffn_dim << ", " << c.experts_per_token << " a token"
-              << (c.norm_topk_prob ? " (weights renormalized)" : "") << ", " << std::setprecision(4) << active / 1e9
-              << " B parameters active a token\n";
+              << (c.norm_topk_prob ? " (weights renormalized)" : "")
+              << (c.shared_expert_dim ? ", a gated shared expert of " + std::to_string(c.shared_expert_dim) : "")
+              << ", " << std::setprecision(4) << active / 1e9 << " B parameters active a token\n";
   std::cout << rope_line(c) << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
             << "weights      " << human_bytes(double(params) * double(esize)) << " in " << dtype_name(c.dtype) << "\n";
   for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(double(b)) << "\n";

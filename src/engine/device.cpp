@@ -48,12 +48,12 @@ CudaScratch cuda_scratch(const ModelConfig& c, DType act, int64_t rows, int64_t 
   auto al = [](uint64_t n) { return (n + 255) / 256 * 256; };
   CudaScratch s;
   s.normed = al(uint64_t(rows * c.hidden) * es);
-  s.ffn_chunk = al(chunk * uint64_t(c.ffn_dim) * es);
+  s.ffn_chunk = al(chunk * uint64_t(c.ffn_scratch_dim()) * es);
   s.last = al(uint64_t(seqs * c.hidden) * es);
   s.dequant = al(q4_dequant_tile_bytes(c, act));
   s.cublas_workspace = kCublasWorkspaceBytes;
   if (c.moe()) {
-    s.moe_logits = al(chunk * uint64_t(c.n_experts) * 4);
+    s.moe_logits = al(chunk * uint64_t(c.n_experts + 1) * 4);  // and the shared expert's gate
     s.moe_list = al(chunk * uint64_t(c.experts_per_token) * 4);
     s.moe_counts = al(3 * uint64_t(c.n_experts) * 4);
     s.moe_x = s.moe_out = al(chunk * uint64_t(c.hidden) * es);
@@ -63,7 +63,7 @@ CudaScratch cuda_scratch(const ModelConfig& c, DType act, int64_t rows, int64_t 
 }
 
 uint64_t q4_dequant_tile_bytes(const ModelConfig& c, DType act) {
-  const uint64_t largest = uint64_t(c.hidden) * uint64_t(std::max({c.q_dim(), c.ffn_dim, c.vocab_size}));
+  const uint64_t largest = uint64_t(c.hidden) * uint64_t(std::max({c.q_dim(), c.ffn_scratch_dim(), c.vocab_size}));
   return std::min(largest * dtype_size(act), uint64_t(64) << 20);
 }
 

@@ -19,10 +19,10 @@ const TensorView* bias(const TensorView& b) { return b.empty() ? nullptr : &b; }
 
 int64_t LayerCompute::unit_scratch_bytes(const ModelConfig& c, int64_t M, int64_t B) {
   const int64_t chunk = std::min(M, kMlpChunkRows);
-  int64_t floats = M * c.hidden + 2 * chunk * c.ffn_dim + B * c.hidden;
-  // MoE: router logits; the choices (int32), their weights, an expert's rows (int64) and their
-  // weights; gathered rows, an expert's output, the sum
-  if (c.moe()) floats += chunk * (c.n_experts + 5 * c.experts_per_token + 3 * c.hidden);
+  int64_t floats = M * c.hidden + 2 * chunk * c.ffn_scratch_dim() + B * c.hidden;
+  // MoE: router logits and the shared expert's gate; the choices (int32), their weights, an
+  // expert's rows (int64) and their weights; gathered rows, an expert's output, the sum
+  if (c.moe()) floats += chunk * (c.n_experts + 1 + 5 * c.experts_per_token + 3 * c.hidden);
   return floats * int64_t(sizeof(float));
 }
 
@@ -135,6 +135,21 @@ void LayerCompute::moe(const ModelConfig& c, const LayerWeights& L, int64_t m, f
       for (int64_t d = 0; d < H; ++d) sum[d] += w * y[d];
     }
   }
+  if (const int64_t S = c.shared_expert_dim) {  // Qwen2-MoE: sum += sigmoid(gate . x) * shared(x)
+    const ExpertWeights& x = L.shared_expert;
+    grow(shared_gate_, m);
+    cpu::linear(normed_.data(), m, H, x.gate_w, nullptr, ffn_a_.data(), cpu::Epilogue::kStore);
+    cpu::linear(normed_.data(), m, H, x.up_w, nullptr, ffn_b_.data(), cpu::Epilogue::kStore);
+    cpu::silu_mul(ffn_a_.data(), ffn_b_.data(), m * S);
+    cpu::linear(ffn_a_.data(), m, S, x.down_w, nullptr, expert_out_.data(), cpu::Epilogue::kStore);
+    cpu::linear(normed_.data(), m, H, L.shared_gate_w, nullptr, shared_gate_.data(), cpu::Epilogue::kStore);
+    for (int64_t r = 0; r < m; ++r) {
+      const float g = 1.f / (1.f + std::exp(-shared_gate_[size_t(r)]));
+      float* sum = moe_sum_.data() + r * H;
+      const float* y = expert_out_.data() + r * H;
+      for (int64_t d = 0; d < H; ++d) sum[d] += g * y[d];
+    }
+  }
   for (int64_t i = 0; i < m * H; ++i) h[i] += moe_sum_[size_t(i)];
 }
 
@@ -143,8 +158,8 @@ void LayerCompute::mlp(const ModelConfig& c, const LayerWeights& L, const StepSh
   const bool opt = c.arch == Arch::kOpt;
   const int64_t chunk = std::min(M, kMlpChunkRows);
   grow(normed_, chunk * H);
-  grow(ffn_a_, chunk * F);
-  if (!opt) grow(ffn_b_, chunk * F);
+  grow(ffn_a_, chunk * c.ffn_scratch_dim());
+  if (!opt) grow(ffn_b_, chunk * c.ffn_scratch_dim());
   for (int64_t r0 = 0; r0 < M; r0 += chunk) {
     const int64_t m = std::min(chunk, M - r0);
     float* h = hidden + r0 * H;

@@ -63,7 +63,7 @@ class LayerCompute {
   void moe(const ModelConfig& c, const LayerWeights& L, int64_t m, float* h);
 
   std::vector<float> normed_, q_, k_, v_, attn_, ffn_a_, ffn_b_, last_;
-  std::vector<float> router_, route_w_, gathered_, expert_out_, moe_sum_, expert_w_;  // MoE
+  std::vector<float> router_, route_w_, gathered_, expert_out_, moe_sum_, expert_w_, shared_gate_;  // MoE
   std::vector<int32_t> route_e_;
   std::vector<int64_t> expert_rows_;
 };

@@ -206,6 +206,19 @@ void CudaDevice::moe(const ModelConfig& c, const LayerWeights& L, int64_t m, voi
     at += n;
   }
   FH_CHECK(at == m * k, "MoE grouping placed ", at, " of ", m * k, " choices");
+  if (const int64_t S = c.shared_expert_dim) {  // Qwen2-MoE: sum += sigmoid(gate . x) * shared(x)
+    const ExpertWeights& x = L.shared_expert;
+    float* gate = moe_logits_ + m * E;  // the logits' scratch holds n_experts + 1 a row
+    linear_w(x.gate_w, normed_, m, H, S, TensorView(), ffn_a_, Epilogue::kStore);
+    linear_w(x.up_w, normed_, m, H, S, TensorView(), ffn_b_, Epilogue::kStore);
+    silu_mul(dt_, ffn_a_, ffn_b_, m * S, st);
+    linear_w(x.down_w, ffn_a_, m, S, H, TensorView(), moe_out_, Epilogue::kStore);
+    if (L.shared_gate_w.dtype == DType::Q4)
+      linear_q4_f32out(cublas_, dt_, normed_, m, H, L.shared_gate_w.data, 1, gate, dq_, dq_bytes_, st);
+    else
+      linear_f32out(cublas_, dt_, normed_, m, H, L.shared_gate_w.data, 1, gate, st);
+    moe_gated_add(dt_, moe_out_, gate, m, H, moe_sum_, st);
+  }
   add_f32(dt_, h, moe_sum_, m * H, st);
 }
 

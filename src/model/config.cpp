@@ -41,19 +41,21 @@ void parse_opt(const Reader& r, ModelConfig& c) {
   if (act != "relu") FH_FAIL(r.source(), ": activation_function \"", act, "\" is not supported (OPT uses relu)");
 }
 
-// MixtralConfig and Qwen3MoeConfig, with their defaults. Qwen3-MoE may keep some layers dense
-// (mlp_only_layers, decoder_sparse_step); the published checkpoints do not, and a mix is refused.
+// MixtralConfig, Qwen2MoeConfig and Qwen3MoeConfig, with their defaults. The Qwen ones may keep
+// some layers dense (mlp_only_layers, decoder_sparse_step); the published checkpoints do not,
+// and a mix is refused.
 void parse_moe(const Reader& r, ModelConfig& c) {
-  const bool qwen = c.model_type == "qwen3_moe";
+  const bool qwen2 = c.model_type == "qwen2_moe", qwen = qwen2 || c.model_type == "qwen3_moe";
   c.mlp_bias = false;  // neither family's experts have biases (MixtralConfig has no mlp_bias)
   const char* experts_key = qwen && !r.has("num_local_experts") ? "num_experts" : "num_local_experts";
   // The bounds of the CUDA routing kernel (kernels/cuda/ops.h: moe_route), far above published models'.
-  c.n_experts = r.positive_int_or(experts_key, 1024, qwen ? 128 : 8);
-  c.experts_per_token = r.positive_int_or("num_experts_per_tok", 64, qwen ? 8 : 2);
+  c.n_experts = r.positive_int_or(experts_key, 1024, qwen2 ? 60 : qwen ? 128 : 8);
+  c.experts_per_token = r.positive_int_or("num_experts_per_tok", 64, qwen2 ? 4 : qwen ? 8 : 2);
   if (c.experts_per_token > c.n_experts)
     FH_FAIL(r.source(), ": num_experts_per_tok (", c.experts_per_token, ") exceeds the ", c.n_experts, " experts");
   if (!qwen) return;  // Mixtral always renormalizes the chosen experts' weights
-  c.ffn_dim = r.positive_int_or("moe_intermediate_size", kMaxDim, 768);
+  c.ffn_dim = r.positive_int_or("moe_intermediate_size", kMaxDim, qwen2 ? 1408 : 768);
+  if (qwen2) c.shared_expert_dim = r.positive_int_or("shared_expert_intermediate_size", kMaxDim, 5632);
   c.norm_topk_prob = r.bool_or("norm_topk_prob", false);
   if (r.positive_int_or("decoder_sparse_step", kMaxCount, 1) != 1)
     FH_FAIL(r.source(), ": decoder_sparse_step other than 1 (dense layers between the MoE ones) is not supported");
@@ -75,6 +77,8 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   c.tie_embeddings = r.bool_or("tie_word_embeddings", false);
   if (c.model_type == "qwen2") {  // Qwen2Attention: q/k/v with bias, o_proj without
     c.attention_bias = true;
+  } else if (c.model_type == "qwen2_moe") {  // as Qwen2's, where qkv_bias (default true) says
+    c.attention_bias = r.bool_or("qkv_bias", true);
   } else if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") {  // per-head q_norm / k_norm
     c.qk_norm = true;
     c.attention_bias = c.o_bias = r.bool_or("attention_bias", false);
@@ -87,10 +91,11 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu")
     FH_FAIL(r.source(), ": hidden_act \"", act, "\" is not supported (", c.model_type, " uses silu)");
-  if (c.model_type == "mixtral" || c.model_type == "qwen3_moe") parse_moe(r, c);
+  if (c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") parse_moe(r, c);
   // Mistral, Mixtral and Phi-3: sliding_window (null: none); Qwen2/3: only with use_sliding_window.
   const bool windowed = c.model_type == "mistral" || c.model_type == "mixtral" || c.model_type == "phi3" ||
-                        ((c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe") &&
+                        ((c.model_type == "qwen2" || c.model_type == "qwen2_moe" || c.model_type == "qwen3" ||
+                          c.model_type == "qwen3_moe") &&
                          r.bool_or("use_sliding_window", false));
   if (windowed && r.has("sliding_window")) c.sliding_window = r.positive_int("sliding_window", kMaxIndex);
 }
@@ -114,11 +119,11 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     parse_opt(r, c);
   } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
              c.model_type == "qwen3" || c.model_type == "phi3" || c.model_type == "mixtral" ||
-             c.model_type == "qwen3_moe") {
+             c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
     parse_llama(r, c);
   } else {
     FH_FAIL(source, ": unknown model_type \"", c.model_type,
-            "\" (supported: opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe)");
+            "\" (supported: opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen2_moe, qwen3_moe)");
   }
   c.head_dim = r.positive_int_or("head_dim", kMaxDim, c.hidden / c.n_heads);
   if (!r.has("head_dim") && c.hidden % c.n_heads != 0)

@@ -2,7 +2,8 @@
 // Supported families: OPT (pre-LN, learned positions offset 2, ReLU FFN, tied lm_head) and
 // LLaMA (RMSNorm, rotary, SwiGLU, GQA), which also serves model_type "mistral", "qwen2" (q/k/v
 // biases without an o_proj bias), "qwen3" (RMSNorm over each head of q and k), "phi3" (q/k/v
-// and gate/up stored fused) and the mixtures of experts "mixtral" and "qwen3_moe". Parsing validates every field it
+// and gate/up stored fused) and the mixtures of experts "mixtral", "qwen2_moe" (with a shared
+// expert) and "qwen3_moe". Parsing validates every field it
 // uses and throws flexh2o::Error naming the file and the key. Plain value type.
 #pragma once
 
@@ -20,7 +21,8 @@ enum class Arch { kOpt, kLlama };
 
 struct ModelConfig {
   Arch arch = Arch::kOpt;
-  std::string model_type;  // "opt" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "mixtral" | "qwen3_moe"
+  std::string
+      model_type;  // "opt" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "mixtral" | "qwen2_moe" | "qwen3_moe"
   std::string name;        // _name_or_path or the directory name, for reports
   int64_t vocab_size = 0;
   int64_t hidden = 0;
@@ -35,6 +37,9 @@ struct ModelConfig {
   // norm_topk_prob). n_experts == 0: a dense MLP.
   int64_t n_experts = 0, experts_per_token = 0;
   bool norm_topk_prob = true;
+  // Qwen2-MoE: every row also passes a shared SwiGLU expert of this width, its output scaled by
+  // sigmoid(shared_expert_gate . x) (0: none).
+  int64_t shared_expert_dim = 0;
   // Positions a sequence may use: max_position_embeddings, changed where the rope scaling says
   // (model/detail/rope_parse.h) and capped by a sliding-window attention (Mistral, Qwen2 with
   // use_sliding_window) at the window, within which full attention is exact.
@@ -59,13 +64,18 @@ struct ModelConfig {
   static ModelConfig from_json_text(const std::string& text, const std::string& source);
 
   bool moe() const { return n_experts > 0; }
-  // Weights the MLP multiplies one row by (its FLOPs are twice this): a MoE's router and the
-  // experts_per_token experts a row runs, else the FFN.
+  // Weights the MLP multiplies one row by (its FLOPs are twice this): a MoE's router, the
+  // experts_per_token experts a row runs and the shared expert with its gate, else the FFN.
   double mlp_row_params() const {
     const double H = double(hidden), F = double(ffn_dim);
-    if (moe()) return H * double(n_experts) + double(experts_per_token) * 3 * H * F;
+    if (moe())
+      return H * double(n_experts) + double(experts_per_token) * 3 * H * F +
+             (shared_expert_dim ? H + 3 * H * double(shared_expert_dim) : 0);
     return (arch == Arch::kOpt ? 2 : 3) * H * F;
   }
+
+  // The widest FFN an MLP runs: the scratch rows it needs.
+  int64_t ffn_scratch_dim() const { return shared_expert_dim > ffn_dim ? shared_expert_dim : ffn_dim; }
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }

@@ -99,6 +99,12 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
       add(x + (mixtral ? "w3" : "up_proj") + ".weight", {F, H});
       add(x + (mixtral ? "w2" : "down_proj") + ".weight", {H, F});
     }
+    if (const int64_t S = c.shared_expert_dim) {
+      add(moe + "shared_expert.gate_proj.weight", {S, H});
+      add(moe + "shared_expert.up_proj.weight", {S, H});
+      add(moe + "shared_expert.down_proj.weight", {H, S});
+      add(moe + "shared_expert_gate.weight", {1, H});
+    }
     return;
   }
   const std::pair<const char*, Shape> mlp[] = {{"gate_proj", {F, H}}, {"up_proj", {F, H}}, {"down_proj", {H, F}}};
@@ -154,18 +160,25 @@ void check_layer_count(const ModelConfig& c, const WeightLookup& lookup, size_t 
 
 namespace {
 
-// The slot of a MoE tensor named `n` (append_specs' names: the router "...gate.weight" and
-// "...experts.E.{w1,w3,w2|gate_proj,up_proj,down_proj}.weight"), or nullptr for the others.
+// The slot of a MoE tensor named `n` (append_specs' names: the router "...gate.weight",
+// "...experts.E.{w1,w3,w2|gate_proj,up_proj,down_proj}.weight" and Qwen2-MoE's
+// "...shared_expert.{gate,up,down}_proj.weight" and "...shared_expert_gate.weight"), or nullptr.
 TensorView* moe_slot(const ModelConfig& c, const std::string& n, LayerWeights& L) {
   if (!c.moe()) return nullptr;
   if (n.ends_with(".gate.weight")) return &L.router_w;
-  const size_t at = n.find(".experts.");
-  if (at == std::string::npos) return nullptr;
-  size_t end = at + 9;
-  const size_t e = size_t(std::stoll(n.substr(end)));
-  end = n.find('.', end) + 1;
-  FH_CHECK(e < L.experts.size(), "expert index of ", n, " out of range");
-  ExpertWeights& x = L.experts[e];
+  if (n.ends_with(".shared_expert_gate.weight")) return &L.shared_gate_w;
+  const size_t shared = n.find(".shared_expert."), at = n.find(".experts.");
+  if (shared == std::string::npos && at == std::string::npos) return nullptr;
+  ExpertWeights* xp = &L.shared_expert;
+  size_t end = shared + 15;
+  if (shared == std::string::npos) {
+    end = at + 9;
+    const size_t e = size_t(std::stoll(n.substr(end)));
+    end = n.find('.', end) + 1;
+    FH_CHECK(e < L.experts.size(), "expert index of ", n, " out of range");
+    xp = &L.experts[e];
+  }
+  ExpertWeights& x = *xp;
   const std::string_view what = std::string_view(n).substr(end);
   if (what == "w1.weight" || what == "gate_proj.weight") return &x.gate_w;
   if (what == "w3.weight" || what == "up_proj.weight") return &x.up_w;

@@ -56,13 +56,41 @@ struct LayerWeights {
   TensorView q_norm_w, k_norm_w;  // Qwen3: [head_dim] gains of the per-head RMSNorm of q and k
   TensorView router_w;            // MoE: [n_experts, hidden]
   std::vector<ExpertWeights> experts;  // MoE: n_experts of them
+  ExpertWeights shared_expert;         // Qwen2-MoE: of shared_expert_dim
+  TensorView shared_gate_w;            // Qwen2-MoE: [1, hidden]
 
   // Every view of the layer, for code that rewrites or visits them all (compression, offload
   // remapping, hazard tracking), so a field added here is never missed there.
   std::vector<TensorView*> all() {
-    std::vector<TensorView*> v{&ln1_w,  &ln1_b,  &q_w,   &q_b,    &k_w,      &k_b,      &v_w,     &v_b,    &o_w,
-                               &o_b,    &ln2_w,  &ln2_b, &fc1_w,  &fc1_b,    &fc2_w,    &fc2_b,   &gate_w, &up_w,
-                               &down_w, &gate_b, &up_b,  &down_b, &q_norm_w, &k_norm_w, &router_w};
+    std::vector<TensorView*> v{&ln1_w,
+                               &ln1_b,
+                               &q_w,
+                               &q_b,
+                               &k_w,
+                               &k_b,
+                               &v_w,
+                               &v_b,
+                               &o_w,
+                               &o_b,
+                               &ln2_w,
+                               &ln2_b,
+                               &fc1_w,
+                               &fc1_b,
+                               &fc2_w,
+                               &fc2_b,
+                               &gate_w,
+                               &up_w,
+                               &down_w,
+                               &gate_b,
+                               &up_b,
+                               &down_b,
+                               &q_norm_w,
+                               &k_norm_w,
+                               &router_w,
+                               &shared_expert.gate_w,
+                               &shared_expert.up_w,
+                               &shared_expert.down_w,
+                               &shared_gate_w};
     for (ExpertWeights& e : experts) v.insert(v.end(), {&e.gate_w, &e.up_w, &e.down_w});
     return v;
   }

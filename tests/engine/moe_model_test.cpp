@@ -1,4 +1,4 @@
-// Mixtures of experts (model_type mixtral, qwen3_moe) at the config and loading level: each
+// Mixtures of experts (model_type mixtral, qwen2_moe, qwen3_moe) at the config and loading level: each
 // family's keys and defaults, the refusals, the weight specs (router and experts, all in the MLP
 // unit), LayerWeights::all() reaching every expert, and errors naming a missing expert tensor.
 // Their logits against transformers: reference_test.cpp; offloaded and compressed: offload_test.cpp.
@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <functional>
+#include <map>
 
 #include "core/error.h"
 #include "loader/safetensors.h"
@@ -61,8 +62,29 @@ TEST(MoeConfig, EachFamilysKeysAndDefaults) {
   EXPECT_EQ(c.experts_per_token, 8);
   EXPECT_EQ(c.ffn_dim, 768);
   EXPECT_FALSE(c.norm_topk_prob);
+  // Qwen2-MoE: q/k/v biases (qkv_bias) and the shared expert.
+  j = config_of("arch/qwen2_moe");
+  c = parse(j);
+  EXPECT_EQ(c.n_experts, 4);
+  EXPECT_EQ(c.ffn_dim, 48);
+  EXPECT_EQ(c.shared_expert_dim, 80);
+  EXPECT_EQ(c.ffn_scratch_dim(), 80);
+  EXPECT_TRUE(c.norm_topk_prob && c.attention_bias && !c.o_bias && !c.qk_norm);
+  j["qkv_bias"] = false;
+  EXPECT_FALSE(parse(j).attention_bias);
+  for (const char* k : {"qkv_bias", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                        "shared_expert_intermediate_size", "norm_topk_prob"})
+    j.erase(k);
+  c = parse(j);  // Qwen2MoeConfig's defaults
+  EXPECT_EQ(c.n_experts, 60);
+  EXPECT_EQ(c.experts_per_token, 4);
+  EXPECT_EQ(c.ffn_dim, 1408);
+  EXPECT_EQ(c.shared_expert_dim, 5632);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_FALSE(c.norm_topk_prob);
   // A dense model has none of it.
   EXPECT_FALSE(parse(config_of("arch/qwen3")).moe());
+  EXPECT_EQ(parse(config_of("arch/qwen3")).shared_expert_dim, 0);
 }
 
 TEST(MoeConfig, RefusesWhatItCannotRun) {
@@ -113,6 +135,24 @@ TEST(MoeWeights, SpecsHoldTheRouterAndEveryExpertInTheMlpUnit) {
     EXPECT_EQ(router, 1) << name;
     EXPECT_EQ(experts, 12) << name;
   }
+  // Qwen2-MoE's shared expert and its [1, hidden] gate, in the MLP unit too.
+  const ModelConfig c = parse(config_of("arch/qwen2_moe"));
+  std::map<std::string, Shape> shared;
+  for (const WeightSpec& s : weight_specs(c))
+    if (s.layer == 1 && s.name.find("shared_expert") != std::string::npos) {
+      EXPECT_EQ(s.part, LayerPart::kMlp) << s.name;
+      shared[s.name.substr(s.name.find("shared_expert"))] = s.shape;
+    }
+  EXPECT_EQ(shared, (std::map<std::string, Shape>{{"shared_expert.down_proj.weight", Shape{64, 80}},
+                                                  {"shared_expert.gate_proj.weight", Shape{80, 64}},
+                                                  {"shared_expert.up_proj.weight", Shape{80, 64}},
+                                                  {"shared_expert_gate.weight", Shape{1, 64}}}));
+  const Model m = Model::load_dir(model_dir("arch/qwen2_moe"));
+  const LayerWeights& L = m.weights().layers[0];
+  EXPECT_EQ(L.shared_expert.down_w.shape, (Shape{64, 80}));
+  EXPECT_EQ(L.shared_gate_w.shape, (Shape{1, 64}));
+  EXPECT_TRUE(L.gate_w.empty());           // not mistaken for a dense MLP's gate_proj
+  EXPECT_EQ(m.parameter_count(), 171456);  // transformers' count
 }
 
 TEST(MoeWeights, LoadedExpertsAreTheCheckpointsAndAllReachesThem) {

@@ -109,6 +109,8 @@ def main():
         "qwen3_moe": {"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "head_dim": 64,
                       "moe_intermediate_size": 96, "norm_topk_prob": True, "decoder_sparse_step": 1,
                       "mlp_only_layers": []},
+        "qwen2_moe": {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2, "qkv_bias": True,
+                      "moe_intermediate_size": 48, "shared_expert_intermediate_size": 80},
     }
     for name, extra in ropes.items():
         put("config", name, compact({**llama, **extra}))

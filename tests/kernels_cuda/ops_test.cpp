@@ -164,7 +164,8 @@ TEST_P(OpsGpu, SiluMulMatchesCpu) {
 
 // Routing: cpu::moe_route's experts (random logits: no near ties) and weights within fp32
 // rounding. Grouping: each expert's group holds exactly the (row, weight) pairs that chose it.
-// Scatter-add over every group, then one rounding into the hidden rows, against the CPU sum.
+// Scatter-add over every group and a gated shared expert, then one rounding into the hidden
+// rows, against the CPU sum.
 TEST_P(OpsGpu, MoeRouteGroupAndScatterMatchCpu) {
   const DType dt = GetParam();
   for (auto [M, E, k] : {std::tuple{1, 1, 1}, {37, 4, 2}, {37, 8, 2}, {5, 128, 8}, {19, 13, 13}, {600, 64, 6}})
@@ -219,9 +220,16 @@ TEST_P(OpsGpu, MoeRouteGroupAndScatterMatchCpu) {
         moe_scatter_add(dt, dy + size_t(at * H) * dtype_size(dt), rows + at, row_w + at, n, H, dsum, stream());
         at += n;
       }
+      // Qwen2-MoE's shared expert: sum[r, :] += sigmoid(gate[r]) * shared[r, :].
+      HostT shared = host_tensor(dt, {M, H}, 24);
+      const std::vector<float> gate = randn(size_t(M), 25, 3.f);
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t d = 0; d < H; ++d)
+          ref[size_t(r * H + d)] += shared.f[size_t(r * H + d)] / (1.f + std::exp(-gate[size_t(r)]));
+      moe_gated_add(dt, upload(shared.f, dt), upload_raw(gate), M, H, dsum, stream());
       void* dx = upload(x.f, dt);
       add_f32(dt, dx, dsum, M * H, stream());
-      expect_close(download(dx, ref.size(), dt), ref, tol_for(dt, 2.f), what + " scatter-add");
+      expect_close(download(dx, ref.size(), dt), ref, tol_for(dt, 2.f), what + " scatter-add and shared expert");
     }
   EXPECT_THROW(moe_route(nullptr, 1, 4, 5, true, nullptr, nullptr, stream()), Error);
 }

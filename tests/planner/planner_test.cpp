@@ -117,7 +117,8 @@ INSTANTIATE_TEST_SUITE_P(Policies, PlannerBytes,
                                            BytesCase{"tiny-llama", "0 0 0 0 100 0", 3, 1, false},
                                            BytesCase{"tiny-llama", "0 100 0 0 0 100", 1, 2, true},
                                            BytesCase{"arch/mixtral", "30 30 100 0 100 0", 2, 2, false},
-                                           BytesCase{"arch/qwen3_moe", "0 0 0 100 0 100", 3, 2, true}));
+                                           BytesCase{"arch/qwen3_moe", "0 0 0 100 0 100", 3, 2, true},
+                                           BytesCase{"arch/qwen2_moe", "0 50 0 100 100 0", 2, 2, false}));
 
 // With a KV policy the engine keeps min(len, budget - 1) rows per sequence: prefill stores the
 // kept rows, each decode step loads them and stores one row per (sequence, KV head).
@@ -203,7 +204,7 @@ INSTANTIATE_TEST_SUITE_P(
         KvBytesCase{"tiny-llama", "0 100 0 0 0 100", 1, 2, true, KvPolicyKind::kLocal, 0, 9, 7, 8}));
 
 TEST(PlannerPlacement, UnitsAndMemoryEqualTheEngine) {
-  for (const char* name : {"tiny-opt", "tiny-llama", "arch/mixtral", "arch/qwen3_moe"}) {
+  for (const char* name : {"tiny-opt", "tiny-llama", "arch/mixtral", "arch/qwen3_moe", "arch/qwen2_moe"}) {
     Model model = Model::load_dir(model_dir(name));
     const ModelShape from_model = ModelShape::from_model(model);
     const ModelShape from_config = ModelShape::from_config(model.config());

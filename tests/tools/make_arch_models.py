@@ -33,6 +33,8 @@ layer and for every token, the second and third routing probabilities are at lea
   mixtral    MixtralForCausalLM: block_sparse_moe.experts.E.w1/w2/w3, weights renormalized.
   qwen3_moe  Qwen3MoeForCausalLM: q_norm / k_norm, mlp.experts.E.*_proj of moe_intermediate_size 48,
              norm_topk_prob false (the chosen probabilities as they are).
+  qwen2_moe  Qwen2MoeForCausalLM: q/k/v biases, experts of 48 and a shared expert of 80 gated by
+             sigmoid(shared_expert_gate), norm_topk_prob true.
 """
 import json
 import pathlib
@@ -40,8 +42,9 @@ import sys
 
 import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
-                          MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
 # head_dim 64 (explicit, over hidden 64) so that the CUDA attention kernels run them too (tests/gpu);
@@ -179,6 +182,11 @@ def main():
                                                           use_sliding_window=False)),
           "tiny random Qwen3MoeForCausalLM (transformers), float16, 4 experts, 2 a token, norm_topk_prob false",
           seed=22)
+    write("qwen2_moe", Qwen2MoeForCausalLM(Qwen2MoeConfig(**COMMON, **moe, num_experts=4, moe_intermediate_size=48,
+                                                          shared_expert_intermediate_size=80, norm_topk_prob=True,
+                                                          tie_word_embeddings=False, use_sliding_window=False)),
+          "tiny random Qwen2MoeForCausalLM (transformers), float16, 4 experts, 2 a token, a gated shared expert",
+          seed=23)
 
 
 if __name__ == "__main__":
