@@ -1,6 +1,7 @@
 // KV-cache kernels of attention.h: write_kv (converting to the cache dtype), attention
 // (templated on activation type, KV type and head_dim; one dispatch point) and kv_gather.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/quant4.h"
 #include "core/tensor.h"
@@ -182,12 +183,17 @@ void launch_attention(const AttentionArgs& a, int64_t max_keys, cudaStream_t str
 }
 
 // The one dispatch point of the attention family: act {F16, BF16} x kv {F16, BF16, F32, Q4} x
-// head_dim {64, 128}, sixteen instantiations. Returns false otherwise.
+// head_dim {64, 128}, and head_dim 96 with kv {F16, BF16, F32}: 22 instantiations. Returns false
+// otherwise.
 template <class F>
 bool dispatch_attention(DType act, DType kv, int64_t head_dim, F&& f) {
   auto by_dim = [&](auto tq, auto tkv) {
     switch (head_dim) {
       case 64: f(tq, tkv, std::integral_constant<int, 64>{}); return true;
+      case 96:  // Phi-3-mini; a Q4 row's groups of 64 would straddle a lane's elements
+        if constexpr (std::is_same_v<decltype(tkv), Q4Kv>) return false;
+        else f(tq, tkv, std::integral_constant<int, 96>{});
+        return true;
       case 128: f(tq, tkv, std::integral_constant<int, 128>{}); return true;
       default: return false;
     }
@@ -290,7 +296,8 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   const DType kv = a.kv_dtype.value_or(a.dtype);
   FH_CHECK(attention_supported(a.dtype, kv, a.head_dim), "attention: unsupported dtype ",
            dtype_name(a.dtype), " / kv_dtype ", dtype_name(kv), " / head_dim ", a.head_dim,
-           " on CUDA (supported: dtype F16, BF16 x kv_dtype F16, BF16, F32, Q4 x head_dim 64, 128)");
+           " on CUDA (supported: dtype F16, BF16 x kv_dtype F16, BF16, F32, Q4 x head_dim 64, 128; head_dim 96 "
+           "without Q4)");
   if (a.batch == 0 || a.tq == 0) return;
   FH_CHECK(a.q && a.k && a.v && a.out && a.seq_keys, "attention: null pointer");
   FH_CHECK(a.q_stride >= a.n_heads * a.head_dim && a.out_stride >= a.n_heads * a.head_dim,

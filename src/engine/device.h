@@ -88,6 +88,12 @@ class Device {
   virtual DType act_dtype() const = 0;        // hidden states, q/k/v and attention rows
   virtual DType weight_dtype(DType checkpoint) const = 0;  // weights as the ops read them
   virtual uint64_t memory_bytes() const = 0;  // device memory to budget by default (0: unlimited)
+  // Why this device's attention cannot run `c` over a KV cache of `kv` (empty: it can). The
+  // offloading engine refuses such a run before any work.
+  virtual std::string kv_unsupported(const ModelConfig& c, DType kv) const {
+    (void)c, (void)kv;
+    return {};
+  }
 
   // ---- memory --------------------------------------------------------------------------
   // kOutOfBudget (naming `what`) when the budget or the device refuses. Contents undefined.

@@ -89,6 +89,7 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
                opts_.kv_dtype == DType::Q4,
            "KV cache dtype must be f16, bf16, f32 or q4, got ", dtype_name(opts_.kv_dtype));
   const ModelConfig& c = model.config();
+  if (const std::string why = dev.kv_unsupported(c, opts_.kv_dtype); !why.empty()) FH_FAIL(dev.name(), ": ", why);
   placement_ = place_weights(model, opts_.policy, placement_dtype(dev));
   budgets_[0] = std::make_unique<TierBudget>(Tier::kDevice, opts.device_mem ? opts.device_mem : dev.memory_bytes());
   budgets_[1] = std::make_unique<TierBudget>(Tier::kHost, opts.host_mem);

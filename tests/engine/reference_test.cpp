@@ -213,9 +213,9 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, Reference, ::testing::Values("tiny-opt", "t
 // included (tests/tools/make_arch_models.py): the LLaMA path with Qwen2's q/k/v biases, its tied
 // embeddings and rope_theta 1e6, and Mistral's sliding window (prompts up to its 48 positions);
 // and each rope scaling type (llama3, yarn, linear, longrope) with prompts reaching its scaled
-// region, yarn's and linear's beyond max_position_embeddings; Phi-3's partial rotary; Mixtral's
-// Qwen2-MoE's and Qwen3-MoE's experts (Qwen2-MoE's with its gated shared expert). A directory is named
-// <model_type>[_<rope type> | _partial].
+// region, yarn's and linear's beyond max_position_embeddings; Phi-3's partial rotary and
+// Phi-3-mini's head_dim 96; Mixtral's, Qwen2-MoE's and Qwen3-MoE's experts (Qwen2-MoE's with its
+// gated shared expert). A directory is named <model_type>[_<rope type> | _partial | _hd<dim>].
 class ArchReference : public Reference {};
 
 TEST_P(ArchReference, LogitsMatchTransformers) {
@@ -226,7 +226,9 @@ TEST_P(ArchReference, LogitsMatchTransformers) {
   const std::string variant = name == c.model_type ? "default" : name.substr(c.model_type.size() + 1);
   EXPECT_EQ(c.moe(), c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe");
   if (c.moe()) EXPECT_EQ(c.n_experts, 4);
-  if (variant == "partial")
+  if (variant.starts_with("hd"))
+    EXPECT_EQ(c.head_dim, std::stoll(variant.substr(2)));
+  else if (variant == "partial")
     EXPECT_EQ(model.config().rope.rotary_dims(), model.config().head_dim * 3 / 4);
   else
     EXPECT_EQ(model.config().rope.type, variant);

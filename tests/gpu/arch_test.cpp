@@ -1,11 +1,13 @@
 // The transformers-written arch models (tests/data/arch: each rope type, Phi-3's fused
-// projections and partial rotary, Qwen3's q/k norms; head_dim 64) on the CUDA device (label gpu;
-// skipped without one): teacher-forced logits of every step within f16 tolerance of the CPU
-// device's in-memory run, everything resident and with weights and KV cache in host memory.
+// projections and partial rotary, Qwen3's q/k norms, the mixtures of experts; head_dim 64, and
+// Phi-3-mini's 96) on the CUDA device (label gpu; skipped without one): teacher-forced logits of
+// every step within f16 tolerance of the CPU device's in-memory run, everything resident and
+// with weights and KV cache in host memory; a 4-bit cache of head_dim 96 refused before any work.
 #include <gtest/gtest.h>
 
 #include <sstream>
 
+#include "core/error.h"
 #include "engine/arch_requests.h"
 #include "engine/cpu_device.h"
 #include "engine/offload_engine.h"
@@ -44,6 +46,29 @@ TEST_P(GpuArch, LogitsWithinF16ToleranceOfTheCpuDevice) {
     test::expect_close_logits(test::run_forced(eng, reqs, want.tokens), forced, 0.06, 0.02,
                               std::string(GetParam()) + " [" + percent + "]");
   }
+}
+
+class GpuKvDtype : public test::SkipWithoutGpu<> {};
+
+TEST_F(GpuKvDtype, AFourBitCacheOfHeadDim96IsRefusedBeforeAnyWork) {
+  Model model = Model::load_dir(model_dir("arch/phi3_hd96"));
+  auto dev = gpu::make_cuda_device({});
+  OffloadOptions o;
+  o.policy.gpu_batch_size = 2;
+  o.policy.num_gpu_batches = 1;
+  o.policy.compress_cache = true;
+  test::TempDir dir;
+  o.offload_dir = dir.path();
+  try {
+    OffloadEngine eng(model, *dev, o);
+    ADD_FAILURE() << "a Q4 cache of head_dim 96 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4-bit KV cache (--compress-cache) for head_dim 64 and 128"),
+              std::string::npos)
+        << e.what();
+  }
+  o.policy.compress_cache = false;
+  EXPECT_NO_THROW(OffloadEngine(model, *dev, o));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, GpuArch, ::testing::ValuesIn(test::arch_models()),

@@ -37,21 +37,24 @@ TEST(CudaDevice, WithoutAGpuSaysWhyAndWhatToUseInstead) {
   }
 }
 
-// A model the CUDA kernels cannot run is named before any GPU work: Phi-3-mini's head_dim 96 (the
-// CLI's --device auto then picks the CPU, --device cuda refuses with this reason).
+// A model the CUDA kernels cannot run is named before any GPU work: Gemma's head_dim 256 (the
+// CLI's --device auto then picks the CPU, --device cuda refuses with this reason); Phi-3-mini's
+// 96 runs (over an f16/bf16/f32 cache: the 4-bit one is refused by the device, which needs a GPU).
 TEST(CudaDevice, SaysWhichModelsItsKernelsCannotRun) {
   ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
   EXPECT_EQ(gpu::cuda_unsupported(c, DType::F16), "");
   c.head_dim = 128;
   EXPECT_EQ(gpu::cuda_unsupported(c, DType::BF16), "");
   c.head_dim = 96;
-  c.name = "phi-3-mini";
+  EXPECT_EQ(gpu::cuda_unsupported(c, DType::F16), "");
+  c.head_dim = 256;
+  c.name = "gemma-7b";
   const std::string why = gpu::cuda_unsupported(c, DType::F16);
   if (!cuda_compiled_in()) {
     EXPECT_EQ(why, "");  // make_cuda_device() refuses on its own
     return;
   }
-  EXPECT_EQ(why, "the CUDA attention kernels are built for head_dim 64 and 128, and phi-3-mini has 96");
+  EXPECT_EQ(why, "the CUDA attention kernels are built for head_dim 64, 96 and 128, and gemma-7b has 256");
 }
 
 // The tile is the largest weight a unit multiplies by (tiny-opt and tiny-llama: the 4096 x 256

@@ -204,13 +204,16 @@ TEST(AttentionReference, AgreesWithCpuKernel) {
   }
 }
 
-// CPU-only: the dispatch list is act {F16, BF16} x kv {F16, BF16, F32} x head_dim {64, 128}.
+// CPU-only: the dispatch list is act {F16, BF16} x kv {F16, BF16, F32} x head_dim {64, 96, 128},
+// and kv Q4 for head_dim {64, 128} (a Q4 row's groups of 64 do not divide 96).
 TEST(AttentionDispatch, KvDtypeIsIndependentOfActivationDtype) {
   for (DType act : {DType::F16, DType::BF16, DType::F32, DType::I32})
-    for (DType kv : {DType::F16, DType::BF16, DType::F32, DType::I32, DType::U8})
-      for (int64_t hd : {32, 64, 80, 128, 256}) {
-        const bool want = (act == DType::F16 || act == DType::BF16) &&
-                          (kv == DType::F16 || kv == DType::BF16 || kv == DType::F32) && (hd == 64 || hd == 128);
+    for (DType kv : {DType::F16, DType::BF16, DType::F32, DType::Q4, DType::I32, DType::U8})
+      for (int64_t hd : {32, 64, 80, 96, 128, 256}) {
+        const bool plain =
+            (kv == DType::F16 || kv == DType::BF16 || kv == DType::F32) && (hd == 64 || hd == 96 || hd == 128);
+        const bool q4 = kv == DType::Q4 && (hd == 64 || hd == 128);
+        const bool want = (act == DType::F16 || act == DType::BF16) && (plain || q4);
         EXPECT_EQ(attention_supported(act, kv, hd), want) << dt_str(act) << " " << dt_str(kv) << " " << hd;
       }
   EXPECT_TRUE(attention_supported(DType::BF16, 64));  // 2-argument form: kv == act
@@ -318,7 +321,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, KvGatherGpu, ::testing::Values(DType::F16, DTyp
 INSTANTIATE_TEST_SUITE_P(Shapes, AttnGpu,
                          ::testing::Combine(::testing::Values(DType::F16, DType::BF16),
                                             ::testing::Values(DType::F16, DType::BF16, DType::F32),
-                                            ::testing::Values(int64_t(64), int64_t(128)),
+                                            ::testing::Values(int64_t(64), int64_t(96), int64_t(128)),
                                             ::testing::Values(0, 1, 2, 3)),
                          [](const auto& i) {
                            return std::string(dt_str(std::get<0>(i.param))) + "_kv" + dt_str(std::get<1>(i.param)) +

@@ -24,6 +24,7 @@ class CudaDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
+  std::string kv_unsupported(const ModelConfig& c, DType kv) const override;
   DType act_dtype() const override { return dt_; }
   // Q4 weights stay compressed on the device (the ops decode them); the rest are in dt_.
   DType weight_dtype(DType checkpoint) const override { return checkpoint == DType::Q4 ? DType::Q4 : dt_; }
