@@ -16,14 +16,7 @@ namespace {
 using test::model_dir;
 using test::TempDir;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 nlohmann::json tiny_config() { return test::read_json(model_dir("tiny-opt") / "config.json"); }
 

@@ -18,14 +18,7 @@ namespace flexh2o {
 namespace {
 using test::model_dir;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 nlohmann::json config_of(const char* model) { return test::read_json(model_dir(model) / "config.json"); }
 ModelConfig parse(const nlohmann::json& j) { return ModelConfig::from_json_text(j.dump(), "c"); }

@@ -1,15 +1,27 @@
-// Helpers shared by the engine tests: reference files, temp dirs, model loading.
+// Helpers shared by the engine tests: reference files, temp dirs, model loading, error messages.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 #include <string>
 
 namespace flexh2o::test {
+
+// The message of the exception (flexh2o::Error is one) `f` throws, or "<no error>".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
 
 inline std::filesystem::path data_dir() { return FLEXH2O_TEST_DATA; }
 inline std::filesystem::path model_dir(const std::string& name) { return data_dir() / name; }
