@@ -27,7 +27,7 @@ Rope scaling, each type with settings small enough that the prompts reach the sc
                    prompts up to 23 tokens (beyond 24 transformers switches to the long factors).
   phi3_longrope    Phi-3-128k's LongRoPE: pretraining length 24 at the top level only.
   phi3_partial     Phi-4-mini's partial_rotary_factor 0.75 (48 of head_dim 64 turn) with tied embeddings.
-  phi3_hd96        Phi-3-mini's head_dim 96 (hidden 192 over 2 heads, 1 KV head), which CUDA runs too.
+  phi3_hd96        Phi-3-mini's head_dim 96 (hidden 96 over 1 head), which CUDA runs too.
 Mixtures of experts, 4 experts of which each token takes 2; a seed is kept only when, in every
 layer and for every token, the second and third routing probabilities are at least 0.002 apart
 (so fp16 rounding on a GPU cannot change which experts a token takes):
@@ -174,7 +174,7 @@ def main():
     write("phi3_partial", Phi3ForCausalLM(Phi3Config(**PHI3, pad_token_id=None, partial_rotary_factor=0.75,
                                                      tie_word_embeddings=True)),
           "tiny random Phi3ForCausalLM (transformers), float16, partial_rotary_factor 0.75, tied embeddings", seed=19)
-    write("phi3_hd96", Phi3ForCausalLM(Phi3Config(**dict(PHI3, hidden_size=192, num_attention_heads=2),
+    write("phi3_hd96", Phi3ForCausalLM(Phi3Config(**dict(PHI3, hidden_size=96),
                                                   pad_token_id=None, sliding_window=None)),
           "tiny random Phi3ForCausalLM (transformers), float16, head_dim 96 as Phi-3-mini's", seed=24)
     moe = dict(num_experts_per_tok=2, output_router_logits=False)
