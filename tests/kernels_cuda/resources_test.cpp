@@ -91,8 +91,9 @@ TEST(Dispatch, SupportedListsAreExplicit) {
   EXPECT_FALSE(dtype_supported(DType::F32));
   for (DType dt : {DType::F16, DType::BF16}) {
     EXPECT_TRUE(attention_supported(dt, 64));
+    EXPECT_TRUE(attention_supported(dt, 96));
     EXPECT_TRUE(attention_supported(dt, 128));
-    for (int64_t hd : {1, 32, 80, 96, 127, 256}) EXPECT_FALSE(attention_supported(dt, hd)) << hd;
+    for (int64_t hd : {1, 32, 80, 95, 127, 256}) EXPECT_FALSE(attention_supported(dt, hd)) << hd;
   }
   EXPECT_FALSE(attention_supported(DType::F32, 128));
   AttentionArgs a;
