@@ -52,7 +52,10 @@ void LayerCompute::qkv(const ModelConfig& c, const LayerWeights& L, const StepSh
   cpu::linear(normed_.data(), M, H, L.q_w, bias(L.q_b), q, cpu::Epilogue::kStore);
   cpu::linear(normed_.data(), M, H, L.k_w, bias(L.k_b), k, cpu::Epilogue::kStore);
   cpu::linear(normed_.data(), M, H, L.v_w, bias(L.v_b), v, cpu::Epilogue::kStore);
-  if (c.qk_norm) {  // Qwen3: RMSNorm over each head, rows of head_dim
+  if (c.qk_norm_whole) {  // OLMoE: RMSNorm over each row of q and of k
+    cpu::rmsnorm(q, M, Q, L.q_norm_w, c.norm_eps, q);
+    cpu::rmsnorm(k, M, KV, L.k_norm_w, c.norm_eps, k);
+  } else if (c.qk_norm) {  // Qwen3: RMSNorm over each head, rows of head_dim
     cpu::rmsnorm(q, M * c.n_heads, c.head_dim, L.q_norm_w, c.norm_eps, q);
     cpu::rmsnorm(k, M * c.n_kv_heads, c.head_dim, L.k_norm_w, c.norm_eps, k);
   }

@@ -30,8 +30,8 @@ std::string offload_store_manifest(const Model& model, const Device& dev, bool c
                       " kv_heads=", c.n_kv_heads, " head_dim=", c.head_dim, " ffn=", c.ffn_dim, " vocab=", c.vocab_size,
                       " max_positions=", c.max_positions, " tie=", c.tie_embeddings,
                       " attention_bias=", c.attention_bias, " o_bias=", c.o_bias, " mlp_bias=", c.mlp_bias,
-                      " qk_norm=", c.qk_norm, " experts=", c.n_experts, "/", c.experts_per_token,
-                      " norm_topk=", c.norm_topk_prob, " dtype=", dtype_name(c.dtype), "\n");
+                      " qk_norm=", c.qk_norm, c.qk_norm_whole ? "/whole" : "", " experts=", c.n_experts, "/",
+                      c.experts_per_token, " norm_topk=", c.norm_topk_prob, " dtype=", dtype_name(c.dtype), "\n");
   m += detail::concat("weights f32=", dtype_name(dev.weight_dtype(DType::F32)), " f16=",
                       dtype_name(dev.weight_dtype(DType::F16)), " bf16=", dtype_name(dev.weight_dtype(DType::BF16)),
                       compress_weight ? " compress_weight=q4-g64-lastdim" : "", "\n");

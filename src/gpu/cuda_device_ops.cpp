@@ -90,7 +90,10 @@ void CudaDevice::attention_in(const ModelConfig& c, const LayerWeights& L, const
   linear_w(L.q_w, normed_, M, H, Q, L.q_b, q, Epilogue::kStore);
   linear_w(L.k_w, normed_, M, H, KV, L.k_b, k, Epilogue::kStore);
   linear_w(L.v_w, normed_, M, H, KV, L.v_b, v, Epilogue::kStore);
-  if (c.qk_norm) {  // Qwen3: RMSNorm over each head, rows of head_dim (in place)
+  if (c.qk_norm_whole) {  // OLMoE: RMSNorm over each row of q and of k (in place)
+    rmsnorm(dt_, q, M, c.q_dim(), L.q_norm_w.data, c.norm_eps, q, st);
+    rmsnorm(dt_, k, M, KV, L.k_norm_w.data, c.norm_eps, k, st);
+  } else if (c.qk_norm) {  // Qwen3: RMSNorm over each head, rows of head_dim (in place)
     rmsnorm(dt_, q, M * c.n_heads, c.head_dim, L.q_norm_w.data, c.norm_eps, q, st);
     rmsnorm(dt_, k, M * c.n_kv_heads, c.head_dim, L.k_norm_w.data, c.norm_eps, k, st);
   }

@@ -46,13 +46,18 @@ void parse_opt(const Reader& r, ModelConfig& c) {
 // and a mix is refused.
 void parse_moe(const Reader& r, ModelConfig& c) {
   const bool qwen2 = c.model_type == "qwen2_moe", qwen = qwen2 || c.model_type == "qwen3_moe";
-  c.mlp_bias = false;  // neither family's experts have biases (MixtralConfig has no mlp_bias)
-  const char* experts_key = qwen && !r.has("num_local_experts") ? "num_experts" : "num_local_experts";
+  const bool olmoe = c.model_type == "olmoe";
+  c.mlp_bias = false;  // no family's experts have biases (MixtralConfig has no mlp_bias)
+  const char* experts_key = (qwen || olmoe) && !r.has("num_local_experts") ? "num_experts" : "num_local_experts";
   // The bounds of the CUDA routing kernel (kernels/cuda/ops.h: moe_route), far above published models'.
-  c.n_experts = r.positive_int_or(experts_key, 1024, qwen2 ? 60 : qwen ? 128 : 8);
-  c.experts_per_token = r.positive_int_or("num_experts_per_tok", 64, qwen2 ? 4 : qwen ? 8 : 2);
+  c.n_experts = r.positive_int_or(experts_key, 1024, qwen2 ? 60 : qwen ? 128 : olmoe ? 64 : 8);
+  c.experts_per_token = r.positive_int_or("num_experts_per_tok", 64, qwen2 ? 4 : qwen || olmoe ? 8 : 2);
   if (c.experts_per_token > c.n_experts)
     FH_FAIL(r.source(), ": num_experts_per_tok (", c.experts_per_token, ") exceeds the ", c.n_experts, " experts");
+  if (olmoe) {  // intermediate_size is an expert's
+    c.norm_topk_prob = r.bool_or("norm_topk_prob", false);
+    return;
+  }
   if (!qwen) return;  // Mixtral always renormalizes the chosen experts' weights
   c.ffn_dim = r.positive_int_or("moe_intermediate_size", kMaxDim, qwen2 ? 1408 : 768);
   if (qwen2) c.shared_expert_dim = r.positive_int_or("shared_expert_intermediate_size", kMaxDim, 5632);
@@ -82,6 +87,12 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   } else if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") {  // per-head q_norm / k_norm
     c.qk_norm = true;
     c.attention_bias = c.o_bias = r.bool_or("attention_bias", false);
+  } else if (c.model_type == "olmoe") {  // OlmoeAttention: q_norm over hidden_size, k_norm over kv_dim
+    c.qk_norm = c.qk_norm_whole = true;
+    c.attention_bias = r.bool_or("attention_bias", false);
+    if (r.has("clip_qkv"))
+      FH_FAIL(r.source(), ": clip_qkv (clamping q, k and v) is not supported, got ",
+              json_excerpt(r.object()["clip_qkv"]));
   } else if (c.model_type == "phi3") {  // no biases; q/k/v and gate/up stored fused
     c.fused_projections = true;
   } else {
@@ -91,7 +102,9 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu")
     FH_FAIL(r.source(), ": hidden_act \"", act, "\" is not supported (", c.model_type, " uses silu)");
-  if (c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") parse_moe(r, c);
+  if (c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe" ||
+      c.model_type == "olmoe")
+    parse_moe(r, c);
   // Mistral, Mixtral and Phi-3: sliding_window (null: none); Qwen2/3: only with use_sliding_window.
   const bool windowed = c.model_type == "mistral" || c.model_type == "mixtral" || c.model_type == "phi3" ||
                         ((c.model_type == "qwen2" || c.model_type == "qwen2_moe" || c.model_type == "qwen3" ||
@@ -119,11 +132,11 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     parse_opt(r, c);
   } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
              c.model_type == "qwen3" || c.model_type == "phi3" || c.model_type == "mixtral" ||
-             c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
+             c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe" || c.model_type == "olmoe") {
     parse_llama(r, c);
   } else {
     FH_FAIL(source, ": unknown model_type \"", c.model_type,
-            "\" (supported: opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen2_moe, qwen3_moe)");
+            "\" (supported: opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen2_moe, qwen3_moe, olmoe)");
   }
   c.head_dim = r.positive_int_or("head_dim", kMaxDim, c.hidden / c.n_heads);
   if (!r.has("head_dim") && c.hidden % c.n_heads != 0)

@@ -3,7 +3,7 @@
 // LLaMA (RMSNorm, rotary, SwiGLU, GQA), which also serves model_type "mistral", "qwen2" (q/k/v
 // biases without an o_proj bias), "qwen3" (RMSNorm over each head of q and k), "phi3" (q/k/v
 // and gate/up stored fused) and the mixtures of experts "mixtral", "qwen2_moe" (with a shared
-// expert) and "qwen3_moe". Parsing validates every field it
+// expert), "qwen3_moe" and "olmoe" (q and k normalized over the whole projection). Parsing validates every field it
 // uses and throws flexh2o::Error naming the file and the key. Plain value type.
 #pragma once
 
@@ -21,8 +21,8 @@ enum class Arch { kOpt, kLlama };
 
 struct ModelConfig {
   Arch arch = Arch::kOpt;
-  std::string
-      model_type;  // "opt" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "mixtral" | "qwen2_moe" | "qwen3_moe"
+  std::string model_type;  // "opt" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "mixtral" | "qwen2_moe" |
+                           // "qwen3_moe" | "olmoe"
   std::string name;        // _name_or_path or the directory name, for reports
   int64_t vocab_size = 0;
   int64_t hidden = 0;
@@ -55,6 +55,7 @@ struct ModelConfig {
   // engine reads as row ranges (weights.h: fused_part).
   bool fused_projections = false;
   bool qk_norm = false;  // Qwen3: q and k pass an RMSNorm over each head (q_norm, k_norm) before rotary
+  bool qk_norm_whole = false;  // OLMoE: that RMSNorm is over the whole q / k projection, not each head
   std::optional<int32_t> bos_id, eos_id, pad_id;
   DType dtype = DType::F16;  // torch_dtype: what dummy weights use
 

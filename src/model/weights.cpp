@@ -84,9 +84,9 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
     add(p + "self_attn." + n + ".weight", shape);
     if (std::string_view(n) == "o_proj" ? c.o_bias : c.attention_bias) add(p + "self_attn." + n + ".bias", {shape[0]});
   }
-  if (c.qk_norm) {
-    add(p + "self_attn.q_norm.weight", {c.head_dim});
-    add(p + "self_attn.k_norm.weight", {c.head_dim});
+  if (c.qk_norm) {  // per head (Qwen3) or over the whole projection (OLMoE)
+    add(p + "self_attn.q_norm.weight", {c.qk_norm_whole ? Q : c.head_dim});
+    add(p + "self_attn.k_norm.weight", {c.qk_norm_whole ? KV : c.head_dim});
   }
   add(p + "post_attention_layernorm.weight", {H});
   if (c.moe()) {  // the names each family's checkpoints use

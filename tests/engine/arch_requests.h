@@ -18,7 +18,7 @@ inline const std::vector<const char*>& arch_models() {
   static const std::vector<const char*> names = {
       "arch/mistral",        "arch/qwen2",          "arch/qwen3",     "arch/llama_llama3",  "arch/qwen2_yarn",
       "arch/mistral_linear", "arch/llama_longrope", "arch/phi3",      "arch/phi3_longrope", "arch/phi3_partial",
-      "arch/mixtral",        "arch/qwen3_moe",      "arch/qwen2_moe", "arch/phi3_hd96"};
+      "arch/mixtral",        "arch/qwen3_moe",      "arch/qwen2_moe", "arch/phi3_hd96",     "arch/olmoe"};
   return names;
 }
 

@@ -1,4 +1,4 @@
-// Mixtures of experts (model_type mixtral, qwen2_moe, qwen3_moe) at the config and loading level: each
+// Mixtures of experts (model_type mixtral, qwen2_moe, qwen3_moe, olmoe) at the config and loading level: each
 // family's keys and defaults, the refusals, the weight specs (router and experts, all in the MLP
 // unit), LayerWeights::all() reaching every expert, and errors naming a missing expert tensor.
 // Their logits against transformers: reference_test.cpp; offloaded and compressed: offload_test.cpp.
@@ -75,8 +75,25 @@ TEST(MoeConfig, EachFamilysKeysAndDefaults) {
   EXPECT_EQ(c.shared_expert_dim, 5632);
   EXPECT_TRUE(c.attention_bias);
   EXPECT_FALSE(c.norm_topk_prob);
+  // OLMoE: q/k norms over the whole projection ([q_dim], [kv_dim]), intermediate_size an expert's.
+  j = config_of("arch/olmoe");
+  c = parse(j);
+  EXPECT_TRUE(c.qk_norm && c.qk_norm_whole);
+  EXPECT_EQ(c.ffn_dim, 32);
+  EXPECT_FALSE(c.norm_topk_prob);
+  for (const WeightSpec& s : weight_specs(c))
+    if (s.name.ends_with("self_attn.q_norm.weight") || s.name.ends_with("self_attn.k_norm.weight"))
+      EXPECT_EQ(s.shape, (Shape{128})) << s.name;  // 2 heads (and 2 KV heads) of 64
+  j.erase("num_experts"), j.erase("num_experts_per_tok");
+  c = parse(j);  // OlmoeConfig's defaults
+  EXPECT_EQ(c.n_experts, 64);
+  EXPECT_EQ(c.experts_per_token, 8);
+  j["clip_qkv"] = 8.0;
+  EXPECT_NE(error_of([&] { parse(j); }).find("clip_qkv (clamping q, k and v) is not supported, got 8"),
+            std::string::npos);
   // A dense model has none of it.
   EXPECT_FALSE(parse(config_of("arch/qwen3")).moe());
+  EXPECT_FALSE(parse(config_of("arch/qwen3")).qk_norm_whole);
   EXPECT_EQ(parse(config_of("arch/qwen3")).shared_expert_dim, 0);
 }
 

@@ -293,7 +293,8 @@ TEST_P(OffloadMoe, CompressedSplitRunMatchesInMemory) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Experts, OffloadMoe,
-                         ::testing::Combine(::testing::Values("arch/mixtral", "arch/qwen3_moe", "arch/qwen2_moe"),
+                         ::testing::Combine(::testing::Values("arch/mixtral", "arch/qwen3_moe", "arch/qwen2_moe",
+                                                              "arch/olmoe"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)).substr(5) +

@@ -214,8 +214,9 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, Reference, ::testing::Values("tiny-opt", "t
 // embeddings and rope_theta 1e6, and Mistral's sliding window (prompts up to its 48 positions);
 // and each rope scaling type (llama3, yarn, linear, longrope) with prompts reaching its scaled
 // region, yarn's and linear's beyond max_position_embeddings; Phi-3's partial rotary and
-// Phi-3-mini's head_dim 96; Mixtral's, Qwen2-MoE's and Qwen3-MoE's experts (Qwen2-MoE's with its
-// gated shared expert). A directory is named <model_type>[_<rope type> | _partial | _hd<dim>].
+// Phi-3-mini's head_dim 96; Mixtral's, Qwen2-MoE's, Qwen3-MoE's and OLMoE's experts (Qwen2-MoE's
+// with its gated shared expert, OLMoE's q/k norms over the whole projection). A directory is named <model_type>[_<rope
+// type> | _partial | _hd<dim>].
 class ArchReference : public Reference {};
 
 TEST_P(ArchReference, LogitsMatchTransformers) {
@@ -224,7 +225,8 @@ TEST_P(ArchReference, LogitsMatchTransformers) {
   const ModelConfig& c = model.config();
   ASSERT_TRUE(name == c.model_type || name.starts_with(c.model_type + "_")) << name << " is " << c.model_type;
   const std::string variant = name == c.model_type ? "default" : name.substr(c.model_type.size() + 1);
-  EXPECT_EQ(c.moe(), c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe");
+  EXPECT_EQ(c.moe(), c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe" ||
+                         c.model_type == "olmoe");
   if (c.moe()) EXPECT_EQ(c.n_experts, 4);
   if (variant.starts_with("hd"))
     EXPECT_EQ(c.head_dim, std::stoll(variant.substr(2)));

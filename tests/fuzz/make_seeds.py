@@ -111,6 +111,7 @@ def main():
                       "mlp_only_layers": []},
         "qwen2_moe": {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2, "qkv_bias": True,
                       "moe_intermediate_size": 48, "shared_expert_intermediate_size": 80},
+        "olmoe": {"model_type": "olmoe", "num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": None},
     }
     for name, extra in ropes.items():
         put("config", name, compact({**llama, **extra}))

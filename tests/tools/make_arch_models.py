@@ -36,6 +36,10 @@ layer and for every token, the second and third routing probabilities are at lea
              norm_topk_prob false (the chosen probabilities as they are).
   qwen2_moe  Qwen2MoeForCausalLM: q/k/v biases, experts of 48 and a shared expert of 80 gated by
              sigmoid(shared_expert_gate), norm_topk_prob true.
+  olmoe      OlmoeForCausalLM: q_norm / k_norm over the whole q / k projection (hidden 128 over 2
+             heads and 2 KV heads of 64, so that a norm per head would differ), experts of
+             intermediate_size 32, tied embeddings; prompts up to 32 tokens (fewer routing
+             choices to keep apart).
 """
 import json
 import pathlib
@@ -45,7 +49,7 @@ import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
                           MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM)
+                          Qwen3MoeForCausalLM, OlmoeConfig, OlmoeForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
 # head_dim 64 (explicit, over hidden 64) so that the CUDA attention kernels run them too (tests/gpu);
@@ -191,6 +195,12 @@ def main():
                                                           tie_word_embeddings=False, use_sliding_window=False)),
           "tiny random Qwen2MoeForCausalLM (transformers), float16, 4 experts, 2 a token, a gated shared expert",
           seed=23)
+    olmoe = dict((k, v) for k, v in COMMON.items() if k != "head_dim")
+    write("olmoe", OlmoeForCausalLM(OlmoeConfig(**dict(olmoe, hidden_size=128, num_key_value_heads=2,
+                                                     intermediate_size=32), **moe, num_experts=4,
+                                                tie_word_embeddings=True, pad_token_id=None)),
+          "tiny random OlmoeForCausalLM (transformers), float16, 4 experts, 2 a token, q/k norms over the projection",
+          seed=25, lengths=(1, 7, 23, 32))
 
 
 if __name__ == "__main__":
