@@ -193,10 +193,9 @@ uint64_t device_scratch_bytes(DeviceKind kind, const ModelConfig& c, DType act, 
 struct CudaScratch {
   uint64_t normed = 0, ffn_chunk = 0, last = 0, dequant = 0, cublas_workspace = 0;
   // MoE, per chunk of rows: router logits and the shared expert's gate (fp32, n_experts + 1 a
-  // row); four lists of the rows'
-  // choices (experts, weights, then grouped by expert: rows, weights; 4-byte, experts_per_token
-  // a row); counts and work (int32, 3 n_experts); an expert's gathered rows and output (act) and
-  // the sum over experts (fp32), a hidden row each.
+  // row); four lists of the rows' choices (experts, weights, then grouped by expert: rows,
+  // weights; 4-byte, experts_per_token a row); counts and work (int32, 3 n_experts); an expert's
+  // gathered rows and output (act) and the sum over experts (fp32), a hidden row each.
   uint64_t moe_logits = 0, moe_list = 0, moe_counts = 0, moe_x = 0, moe_out = 0, moe_sum = 0;
   uint64_t allocation() const {
     return normed + 2 * ffn_chunk + last + dequant + moe_logits + 4 * moe_list + moe_counts + moe_x + moe_out + moe_sum;

@@ -20,9 +20,10 @@ const TensorView* bias(const TensorView& b) { return b.empty() ? nullptr : &b; }
 int64_t LayerCompute::unit_scratch_bytes(const ModelConfig& c, int64_t M, int64_t B) {
   const int64_t chunk = std::min(M, kMlpChunkRows);
   int64_t floats = M * c.hidden + 2 * chunk * c.ffn_scratch_dim() + B * c.hidden;
-  // MoE: router logits and the shared expert's gate; the choices (int32), their weights, an
-  // expert's rows (int64) and their weights; gathered rows, an expert's output, the sum
-  if (c.moe()) floats += chunk * (c.n_experts + 1 + 5 * c.experts_per_token + 3 * c.hidden);
+  // MoE: router logits and the shared expert's gate; the choices (int32), their weights, the
+  // choices grouped by expert (int64 rows, weights); gathered rows, an expert's output, the sum;
+  // the groups' starts and cursors (int64, n_experts + 1 each)
+  if (c.moe()) floats += chunk * (c.n_experts + 1 + 5 * c.experts_per_token + 3 * c.hidden) + 4 * (c.n_experts + 1);
   return floats * int64_t(sizeof(float));
 }
 
@@ -101,6 +102,14 @@ void LayerCompute::attention_out(const ModelConfig& c, const LayerWeights& L, co
   cpu::linear(attn, s.B * s.T, c.q_dim(), L.o_w, bias(L.o_b), hidden, cpu::Epilogue::kAccumulate);
 }
 
+// out[n, H] = down(silu(gate(x)) * up(x)) of an expert of width F, through ffn_a_ / ffn_b_.
+void LayerCompute::expert_ffn(const ExpertWeights& w, const float* x, int64_t n, int64_t H, int64_t F, float* out) {
+  cpu::linear(x, n, H, w.gate_w, nullptr, ffn_a_.data(), cpu::Epilogue::kStore);
+  cpu::linear(x, n, H, w.up_w, nullptr, ffn_b_.data(), cpu::Epilogue::kStore);
+  cpu::silu_mul(ffn_a_.data(), ffn_b_.data(), n * F);
+  cpu::linear(ffn_a_.data(), n, F, w.down_w, nullptr, out, cpu::Epilogue::kStore);
+}
+
 // Each expert runs on the rows that chose it, gathered; a row's sum over its experts is taken in
 // expert order in fp32, so it depends on nothing but the row (the determinism contract).
 void LayerCompute::moe(const ModelConfig& c, const LayerWeights& L, int64_t m, float* h) {
@@ -108,43 +117,41 @@ void LayerCompute::moe(const ModelConfig& c, const LayerWeights& L, int64_t m, f
   FH_CHECK(int64_t(L.experts.size()) == E, "MoE layer with ", L.experts.size(), " experts, config has ", E);
   grow(router_, m * E);
   grow(route_w_, m * k);
-  if (route_e_.size() < size_t(m * k)) route_e_.resize(size_t(m * k));
   grow(gathered_, m * H);
   grow(expert_out_, m * H);
   grow(moe_sum_, m * H);
+  route_e_.resize(size_t(std::max<int64_t>(int64_t(route_e_.size()), m * k)));
   cpu::linear(normed_.data(), m, H, L.router_w, nullptr, router_.data(), cpu::Epilogue::kStore);
   cpu::moe_route(router_.data(), m, E, k, c.norm_topk_prob, route_e_.data(), route_w_.data());
+  // Group the m*k choices by expert in one pass (a counting sort: rows ascending in each group).
+  std::vector<int64_t>& start = expert_start_;
+  start.assign(size_t(E + 1), 0);
+  for (int64_t i = 0; i < m * k; ++i) ++start[size_t(route_e_[size_t(i)]) + 1];
+  for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] += start[size_t(e)];
+  expert_rows_.resize(size_t(m * k)), expert_w_.resize(size_t(m * k));
+  std::vector<int64_t>& at = expert_at_;
+  at.assign(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < m * k; ++i) {
+    const size_t g = size_t(at[size_t(route_e_[size_t(i)])]++);
+    expert_rows_[g] = i / k, expert_w_[g] = route_w_[size_t(i)];
+  }
   std::fill_n(moe_sum_.data(), m * H, 0.f);
-  std::vector<int64_t>& rows = expert_rows_;
-  std::vector<float>& wts = expert_w_;
-  rows.reserve(size_t(m * k)), wts.reserve(size_t(m * k));
   for (int64_t e = 0; e < E; ++e) {
-    rows.clear(), wts.clear();
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < k; ++j)
-        if (route_e_[size_t(r * k + j)] == e) rows.push_back(r), wts.push_back(route_w_[size_t(r * k + j)]);
-    if (rows.empty()) continue;
-    const int64_t n = int64_t(rows.size());
-    for (int64_t i = 0; i < n; ++i) std::copy_n(normed_.data() + rows[size_t(i)] * H, H, gathered_.data() + i * H);
-    const ExpertWeights& x = L.experts[size_t(e)];
-    cpu::linear(gathered_.data(), n, H, x.gate_w, nullptr, ffn_a_.data(), cpu::Epilogue::kStore);
-    cpu::linear(gathered_.data(), n, H, x.up_w, nullptr, ffn_b_.data(), cpu::Epilogue::kStore);
-    cpu::silu_mul(ffn_a_.data(), ffn_b_.data(), n * F);
-    cpu::linear(ffn_a_.data(), n, F, x.down_w, nullptr, expert_out_.data(), cpu::Epilogue::kStore);
+    const int64_t g0 = start[size_t(e)], n = start[size_t(e + 1)] - g0;
+    if (n == 0) continue;
+    const int64_t* rows = expert_rows_.data() + g0;
+    for (int64_t i = 0; i < n; ++i) std::copy_n(normed_.data() + rows[i] * H, H, gathered_.data() + i * H);
+    expert_ffn(L.experts[size_t(e)], gathered_.data(), n, H, F, expert_out_.data());
     for (int64_t i = 0; i < n; ++i) {
-      float* sum = moe_sum_.data() + rows[size_t(i)] * H;
+      float* sum = moe_sum_.data() + rows[i] * H;
       const float* y = expert_out_.data() + i * H;
-      const float w = wts[size_t(i)];
+      const float w = expert_w_[size_t(g0 + i)];
       for (int64_t d = 0; d < H; ++d) sum[d] += w * y[d];
     }
   }
   if (const int64_t S = c.shared_expert_dim) {  // Qwen2-MoE: sum += sigmoid(gate . x) * shared(x)
-    const ExpertWeights& x = L.shared_expert;
     grow(shared_gate_, m);
-    cpu::linear(normed_.data(), m, H, x.gate_w, nullptr, ffn_a_.data(), cpu::Epilogue::kStore);
-    cpu::linear(normed_.data(), m, H, x.up_w, nullptr, ffn_b_.data(), cpu::Epilogue::kStore);
-    cpu::silu_mul(ffn_a_.data(), ffn_b_.data(), m * S);
-    cpu::linear(ffn_a_.data(), m, S, x.down_w, nullptr, expert_out_.data(), cpu::Epilogue::kStore);
+    expert_ffn(L.shared_expert, normed_.data(), m, H, S, expert_out_.data());
     cpu::linear(normed_.data(), m, H, L.shared_gate_w, nullptr, shared_gate_.data(), cpu::Epilogue::kStore);
     for (int64_t r = 0; r < m; ++r) {
       const float g = 1.f / (1.f + std::exp(-shared_gate_[size_t(r)]));

@@ -59,13 +59,15 @@ class LayerCompute {
   static int64_t scratch_bytes(const ModelConfig& c, int64_t M);
 
  private:
+  // out[n, H] = an expert's SwiGLU of width F over x[n, H] (through ffn_a_ / ffn_b_).
+  void expert_ffn(const ExpertWeights& w, const float* x, int64_t n, int64_t H, int64_t F, float* out);
   // A MoE MLP over m rows of normed_, added into h.
   void moe(const ModelConfig& c, const LayerWeights& L, int64_t m, float* h);
 
   std::vector<float> normed_, q_, k_, v_, attn_, ffn_a_, ffn_b_, last_;
   std::vector<float> router_, route_w_, gathered_, expert_out_, moe_sum_, expert_w_, shared_gate_;  // MoE
   std::vector<int32_t> route_e_;
-  std::vector<int64_t> expert_rows_;
+  std::vector<int64_t> expert_rows_, expert_start_, expert_at_;
 };
 
 }  // namespace flexh2o

@@ -68,6 +68,21 @@ void CudaDevice::linear_w(const TensorView& w, const void* x, int64_t M, int64_t
   else linear(cublas_, dt_, x, M, K, w.data, N, ptr(b), y, ep, st);
 }
 
+void CudaDevice::linear_f32out_w(const TensorView& w, const void* x, int64_t M, int64_t K, int64_t N, float* y) {
+  cudaStream_t st = stream(Queue::kCompute);
+  if (w.dtype == DType::Q4)
+    linear_q4_f32out(cublas_, dt_, x, M, K, w.data, N, y, dq_, dq_bytes_, st);
+  else
+    linear_f32out(cublas_, dt_, x, M, K, w.data, N, y, st);
+}
+
+void CudaDevice::expert_ffn(const ExpertWeights& w, const void* x, int64_t n, int64_t H, int64_t F, void* out) {
+  linear_w(w.gate_w, x, n, H, F, TensorView(), ffn_a_, Epilogue::kStore);
+  linear_w(w.up_w, x, n, H, F, TensorView(), ffn_b_, Epilogue::kStore);
+  silu_mul(dt_, ffn_a_, ffn_b_, n * F, stream(Queue::kCompute));
+  linear_w(w.down_w, ffn_a_, n, F, H, TensorView(), out, Epilogue::kStore);
+}
+
 void CudaDevice::embed(const ModelConfig& c, const ModelWeights& w, const StepRows& r, void* hidden) {
   const int64_t M = r.n * r.T;
   cudaStream_t st = stream(Queue::kCompute);
@@ -182,10 +197,7 @@ void CudaDevice::moe(const ModelConfig& c, const LayerWeights& L, int64_t m, voi
   const int64_t H = c.hidden, F = c.ffn_dim, E = c.n_experts, k = c.experts_per_token;
   FH_CHECK(int64_t(L.experts.size()) == E, "MoE layer with ", L.experts.size(), " experts, config has ", E);
   cudaStream_t st = stream(Queue::kCompute);
-  if (L.router_w.dtype == DType::Q4)
-    linear_q4_f32out(cublas_, dt_, normed_, m, H, L.router_w.data, E, moe_logits_, dq_, dq_bytes_, st);
-  else
-    linear_f32out(cublas_, dt_, normed_, m, H, L.router_w.data, E, moe_logits_, st);
+  linear_f32out_w(L.router_w, normed_, m, H, E, moe_logits_);
   moe_route(moe_logits_, m, E, k, c.norm_topk_prob, moe_experts_, moe_weights_, st);
   moe_group(moe_experts_, moe_weights_, m, k, E, moe_counts_, moe_counts_ + E, moe_rows_, moe_row_w_, st);
   moe_host_counts_.resize(size_t(E));
@@ -199,27 +211,16 @@ void CudaDevice::moe(const ModelConfig& c, const LayerWeights& L, int64_t m, voi
     const int64_t n = moe_host_counts_[size_t(e)];
     FH_CHECK(n >= 0 && at + n <= m * k, "MoE grouping gave expert ", e, " ", n, " rows");
     if (n == 0) continue;
-    const ExpertWeights& x = L.experts[size_t(e)];
     gpu::gather_rows(moe_rows_ + at, n, normed_, m, int64_t(row), moe_x_, st);
-    linear_w(x.gate_w, moe_x_, n, H, F, TensorView(), ffn_a_, Epilogue::kStore);
-    linear_w(x.up_w, moe_x_, n, H, F, TensorView(), ffn_b_, Epilogue::kStore);
-    silu_mul(dt_, ffn_a_, ffn_b_, n * F, st);
-    linear_w(x.down_w, ffn_a_, n, F, H, TensorView(), moe_out_, Epilogue::kStore);
+    expert_ffn(L.experts[size_t(e)], moe_x_, n, H, F, moe_out_);
     moe_scatter_add(dt_, moe_out_, moe_rows_ + at, moe_row_w_ + at, n, H, moe_sum_, st);
     at += n;
   }
   FH_CHECK(at == m * k, "MoE grouping placed ", at, " of ", m * k, " choices");
   if (const int64_t S = c.shared_expert_dim) {  // Qwen2-MoE: sum += sigmoid(gate . x) * shared(x)
-    const ExpertWeights& x = L.shared_expert;
     float* gate = moe_logits_ + m * E;  // the logits' scratch holds n_experts + 1 a row
-    linear_w(x.gate_w, normed_, m, H, S, TensorView(), ffn_a_, Epilogue::kStore);
-    linear_w(x.up_w, normed_, m, H, S, TensorView(), ffn_b_, Epilogue::kStore);
-    silu_mul(dt_, ffn_a_, ffn_b_, m * S, st);
-    linear_w(x.down_w, ffn_a_, m, S, H, TensorView(), moe_out_, Epilogue::kStore);
-    if (L.shared_gate_w.dtype == DType::Q4)
-      linear_q4_f32out(cublas_, dt_, normed_, m, H, L.shared_gate_w.data, 1, gate, dq_, dq_bytes_, st);
-    else
-      linear_f32out(cublas_, dt_, normed_, m, H, L.shared_gate_w.data, 1, gate, st);
+    expert_ffn(L.shared_expert, normed_, m, H, S, moe_out_);
+    linear_f32out_w(L.shared_gate_w, normed_, m, H, 1, gate);
     moe_gated_add(dt_, moe_out_, gate, m, H, moe_sum_, st);
   }
   add_f32(dt_, h, moe_sum_, m * H, st);
@@ -238,10 +239,7 @@ void CudaDevice::head(const ModelConfig& c, const ModelWeights& w, const StepRow
     layernorm(dt_, last_, r.n, H, w.final_norm_w.data, ptr(w.final_norm_b), c.norm_eps, last_, st);
   else
     rmsnorm(dt_, last_, r.n, H, w.final_norm_w.data, c.norm_eps, last_, st);
-  if (w.lm_head.dtype == DType::Q4)
-    linear_q4_f32out(cublas_, dt_, last_, r.n, H, w.lm_head.data, c.vocab_size, logits, dq_, dq_bytes_, st);
-  else
-    linear_f32out(cublas_, dt_, last_, r.n, H, w.lm_head.data, c.vocab_size, logits, st);
+  linear_f32out_w(w.lm_head, last_, r.n, H, c.vocab_size, logits);
 }
 
 void CudaDevice::kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, int64_t row_elems,

@@ -2,6 +2,7 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,14 @@ using model_detail::kMaxCount;
 using model_detail::kMaxDim;
 using model_detail::kMaxIndex;
 using model_detail::Reader;
+
+// The model types the LLaMA path runs: dense ones, and mixtures of experts (parse_moe).
+constexpr std::array<std::string_view, 5> kDenseLlamaTypes = {"llama", "mistral", "qwen2", "qwen3", "phi3"};
+constexpr std::array<std::string_view, 4> kMoeTypes = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+template <size_t N>
+bool is_one_of(const std::string& t, const std::array<std::string_view, N>& list) {
+  return std::find(list.begin(), list.end(), t) != list.end();
+}
 
 void parse_opt(const Reader& r, ModelConfig& c) {
   c.arch = Arch::kOpt;
@@ -41,7 +50,7 @@ void parse_opt(const Reader& r, ModelConfig& c) {
   if (act != "relu") FH_FAIL(r.source(), ": activation_function \"", act, "\" is not supported (OPT uses relu)");
 }
 
-// MixtralConfig, Qwen2MoeConfig and Qwen3MoeConfig, with their defaults. The Qwen ones may keep
+// MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig and OlmoeConfig, with their defaults. The Qwen ones may keep
 // some layers dense (mlp_only_layers, decoder_sparse_step); the published checkpoints do not,
 // and a mix is refused.
 void parse_moe(const Reader& r, ModelConfig& c) {
@@ -102,9 +111,7 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu")
     FH_FAIL(r.source(), ": hidden_act \"", act, "\" is not supported (", c.model_type, " uses silu)");
-  if (c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe" ||
-      c.model_type == "olmoe")
-    parse_moe(r, c);
+  if (is_one_of(c.model_type, kMoeTypes)) parse_moe(r, c);
   // Mistral, Mixtral and Phi-3: sliding_window (null: none); Qwen2/3: only with use_sliding_window.
   const bool windowed = c.model_type == "mistral" || c.model_type == "mixtral" || c.model_type == "phi3" ||
                         ((c.model_type == "qwen2" || c.model_type == "qwen2_moe" || c.model_type == "qwen3" ||
@@ -130,13 +137,13 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.max_positions = r.positive_int("max_position_embeddings", kMaxIndex - 2);  // OPT stores 2 more
   if (c.model_type == "opt") {
     parse_opt(r, c);
-  } else if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
-             c.model_type == "qwen3" || c.model_type == "phi3" || c.model_type == "mixtral" ||
-             c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe" || c.model_type == "olmoe") {
+  } else if (is_one_of(c.model_type, kDenseLlamaTypes) || is_one_of(c.model_type, kMoeTypes)) {
     parse_llama(r, c);
   } else {
-    FH_FAIL(source, ": unknown model_type \"", c.model_type,
-            "\" (supported: opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen2_moe, qwen3_moe, olmoe)");
+    std::string known = "opt";
+    for (std::string_view t : kDenseLlamaTypes) known += ", " + std::string(t);
+    for (std::string_view t : kMoeTypes) known += ", " + std::string(t);
+    FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: ", known, ")");
   }
   c.head_dim = r.positive_int_or("head_dim", kMaxDim, c.hidden / c.n_heads);
   if (!r.has("head_dim") && c.hidden % c.n_heads != 0)

@@ -79,6 +79,10 @@ class CudaDevice final : public Device {
   // y = ep(x w^T + b) on the compute stream; a Q4 weight goes through linear_q4 and dq_.
   void linear_w(const TensorView& w, const void* x, int64_t M, int64_t K, int64_t N, const TensorView& b, void* y,
                 Epilogue ep);
+  // y (fp32) = x w^T on the compute stream; a Q4 weight goes through linear_q4_f32out and dq_.
+  void linear_f32out_w(const TensorView& w, const void* x, int64_t M, int64_t K, int64_t N, float* y);
+  // out[n, H] = an expert's SwiGLU of width F over x[n, H] (through ffn_a_ / ffn_b_).
+  void expert_ffn(const ExpertWeights& w, const void* x, int64_t n, int64_t H, int64_t F, void* out);
   // A MoE MLP over m rows of normed_, added into h (m <= kMlpChunkRows).
   void moe(const ModelConfig& c, const LayerWeights& L, int64_t m, void* h);
 
