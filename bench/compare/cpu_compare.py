@@ -2,7 +2,7 @@
 
 A developer tool, not run by CI (it needs torch). Builds random-weight checkpoints (HF
 save_pretrained, safetensors; OPT shapes, --models llama3.2-1b,qwen3-0.6b for the LLaMA path and
-qwen3-moe-1b for a mixture of experts), then runs each system on the same workload, interleaved, best of
+qwen3-moe-1b for a mixture of experts, gemma2-0.5b for Gemma 2), then runs each system on the same workload, interleaved, best of
 N, and times it by FlexGen's rule: tokens generated / (prefill + decode) wall time.
   flexh2o-mem   flexh2o bench, everything in memory on the CPU device
   flexh2o-disk  flexh2o bench, weights on disk (--percent 0 0 100 0 100 0 --offload-dir)
@@ -12,7 +12,7 @@ N, and times it by FlexGen's rule: tokens generated / (prefill + decode) wall ti
 import argparse, csv, json, os, subprocess, sys, tempfile, time
 
 # OPT shapes, and LLaMA-path ones: Llama 3.2 1B (GQA, tied head, rope_type llama3), Qwen3 0.6B
-# (q_norm / k_norm, head_dim 128 over hidden 1024) and a small Qwen3-MoE.
+# (q_norm / k_norm, head_dim 128 over hidden 1024), a small Qwen3-MoE and a small Gemma 2.
 OPT_SHAPES = {"opt-125m": (768, 12, 12, 3072), "opt-1.3b": (2048, 24, 32, 8192)}
 LLAMA_SHAPES = {
     "llama3.2-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
@@ -28,6 +28,11 @@ LLAMA_SHAPES = {
                          num_key_value_heads=4, head_dim=64, intermediate_size=3072, moe_intermediate_size=512,
                          num_experts=32, num_experts_per_tok=4, norm_topk_prob=True, vocab_size=151936,
                          tie_word_embeddings=True, rope_theta=1000000.0),
+    # Gemma-2-2B's structure scaled down (its 256k vocabulary kept): GeGLU, four norms a layer, soft caps
+    # 50 / 30, alternating sliding-window layers (0.45 B parameters, 0.26 B of them the tied table).
+    "gemma2-0.5b": dict(model_type="gemma2", hidden_size=1024, num_hidden_layers=12, num_attention_heads=8,
+                        num_key_value_heads=4, head_dim=128, intermediate_size=4096, vocab_size=256000,
+                        query_pre_attn_scalar=128, sliding_window=4096, hidden_activation="gelu_pytorch_tanh"),
 }
 
 def make_checkpoint(name, out):

@@ -151,26 +151,48 @@ void score_gather(float* scores, int64_t B, int64_t heads, int64_t capacity, con
   kv_gather(scores, B, heads, capacity, 1, keep, keep_stride, keep_count);
 }
 
-// ---- SwiGLU ---------------------------------------------------------------------------
+// ---- SwiGLU, GeGLU, soft cap -----------------------------------------------------------
 
 namespace detail {
+namespace {
 
-void silu_mul_isa(Isa isa, float* gate, const float* up, int64_t n) {
-  const KernelTable& kt = kernels(isa);
-  constexpr int64_t kBlock = int64_t(1) << 15;  // fixed blocks: results do not depend on threads
-  if (n <= kBlock) return kt.silu_mul(gate, up, n);
+// f over [0, n) in fixed blocks, so results never depend on the thread count.
+template <class F>
+void blocks(int64_t n, F f) {
+  constexpr int64_t kBlock = int64_t(1) << 15;
+  if (n <= kBlock) return f(int64_t(0), n);
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, (n + kBlock - 1) / kBlock),
                     [&](const tbb::blocked_range<int64_t>& r) {
                       const int64_t i0 = r.begin() * kBlock;
                       const int64_t i1 = r.end() * kBlock < n ? r.end() * kBlock : n;
-                      kt.silu_mul(gate + i0, up + i0, i1 - i0);
+                      f(i0, i1 - i0);
                     });
+}
+
+}  // namespace
+
+void silu_mul_isa(Isa isa, float* gate, const float* up, int64_t n) {
+  const KernelTable& kt = kernels(isa);
+  blocks(n, [&](int64_t i0, int64_t m) { kt.silu_mul(gate + i0, up + i0, m); });
+}
+
+void gelu_tanh_mul_isa(Isa isa, float* gate, const float* up, int64_t n) {
+  const KernelTable& kt = kernels(isa);
+  blocks(n, [&](int64_t i0, int64_t m) { kt.gelu_tanh_mul(gate + i0, up + i0, m); });
+}
+
+void softcap_isa(Isa isa, float* x, int64_t n, float cap) {
+  FH_CHECK(cap > 0, "softcap: cap must be positive, got ", cap);
+  const KernelTable& kt = kernels(isa);
+  blocks(n, [&](int64_t i0, int64_t m) { kt.softcap(x + i0, m, cap); });
 }
 
 }  // namespace detail
 
-void silu_mul(float* gate, const float* up, int64_t n) {
-  detail::silu_mul_isa(detail::best_isa(), gate, up, n);
+void silu_mul(float* gate, const float* up, int64_t n) { detail::silu_mul_isa(detail::best_isa(), gate, up, n); }
+void gelu_tanh_mul(float* gate, const float* up, int64_t n) {
+  detail::gelu_tanh_mul_isa(detail::best_isa(), gate, up, n);
 }
+void softcap(float* x, int64_t n, float cap) { detail::softcap_isa(detail::best_isa(), x, n, cap); }
 
 }  // namespace flexh2o::cpu

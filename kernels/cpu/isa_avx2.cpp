@@ -11,8 +11,14 @@
 namespace flexh2o::cpu::detail {
 
 const KernelTable& kernels_avx2() {
-  static constexpr KernelTable kTable{"avx2", &linear_task<VecAvx2>, &attention_task<VecAvx2>,
-                                      &silu_mul<VecAvx2>, &to_f32<VecAvx2>, &from_f32<VecAvx2>,
+  static constexpr KernelTable kTable{"avx2",
+                                      &linear_task<VecAvx2>,
+                                      &attention_task<VecAvx2>,
+                                      &silu_mul<VecAvx2>,
+                                      &gelu_tanh_mul<VecAvx2>,
+                                      &softcap<VecAvx2>,
+                                      &to_f32<VecAvx2>,
+                                      &from_f32<VecAvx2>,
                                       &q4_decode<VecAvx2>};
   return kTable;
 }

@@ -11,8 +11,14 @@
 namespace flexh2o::cpu::detail {
 
 const KernelTable& kernels_avx512() {
-  static constexpr KernelTable kTable{"avx512", &linear_task<VecAvx512>, &attention_task<VecAvx512>,
-                                      &silu_mul<VecAvx512>, &to_f32<VecAvx512>, &from_f32<VecAvx512>,
+  static constexpr KernelTable kTable{"avx512",
+                                      &linear_task<VecAvx512>,
+                                      &attention_task<VecAvx512>,
+                                      &silu_mul<VecAvx512>,
+                                      &gelu_tanh_mul<VecAvx512>,
+                                      &softcap<VecAvx512>,
+                                      &to_f32<VecAvx512>,
+                                      &from_f32<VecAvx512>,
                                       &q4_decode<VecAvx512>};
   return kTable;
 }

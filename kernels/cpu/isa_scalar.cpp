@@ -11,8 +11,14 @@
 namespace flexh2o::cpu::detail {
 
 const KernelTable& kernels_scalar() {
-  static constexpr KernelTable kTable{"scalar", &linear_task<VecScalar>, &attention_task<VecScalar>,
-                                      &silu_mul<VecScalar>, &to_f32<VecScalar>, &from_f32<VecScalar>,
+  static constexpr KernelTable kTable{"scalar",
+                                      &linear_task<VecScalar>,
+                                      &attention_task<VecScalar>,
+                                      &silu_mul<VecScalar>,
+                                      &gelu_tanh_mul<VecScalar>,
+                                      &softcap<VecScalar>,
+                                      &to_f32<VecScalar>,
+                                      &from_f32<VecScalar>,
                                       &q4_decode<VecScalar>};
   return kTable;
 }

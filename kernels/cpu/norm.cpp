@@ -37,16 +37,39 @@ void layernorm(const float* x, int64_t M, int64_t D, const TensorView& gamma,
   });
 }
 
-void rmsnorm(const float* x, int64_t M, int64_t D, const TensorView& gamma, float eps, float* y) {
+namespace {
+
+// y[r] (add: y[r] +=) x[r] / sqrt(mean(x[r]^2) + eps) * (gamma + offset) for each row r.
+template <bool kAdd>
+void rms_rows(const float* x, int64_t M, int64_t D, const TensorView& gamma, float eps, float offset, float* y) {
   FH_CHECK(D > 0 && M >= 0, "rmsnorm: bad sizes M=", M, " D=", D);
-  const std::vector<float> g = detail::vec_to_f32(gamma, D, "rmsnorm gamma");
+  std::vector<float> g = detail::vec_to_f32(gamma, D, "rmsnorm gamma");
+  if (offset != 0.f)
+    for (float& v : g) v = offset + v;
   detail::for_rows(M, D, [&](int64_t r) {
     const float* xr = x + r * D;
     float* yr = y + r * D;
     const float ms = lane_sum(xr, D, [](float v) { return v * v; }) / float(D);
     const float inv = 1.f / std::sqrt(ms + eps);
-    for (int64_t i = 0; i < D; ++i) yr[i] = xr[i] * inv * g[i];
+    for (int64_t i = 0; i < D; ++i) {
+      if constexpr (kAdd)
+        yr[i] += xr[i] * inv * g[i];
+      else
+        yr[i] = xr[i] * inv * g[i];
+    }
   });
+}
+
+}  // namespace
+
+void rmsnorm(const float* x, int64_t M, int64_t D, const TensorView& gamma, float eps, float* y, float gamma_offset) {
+  rms_rows<false>(x, M, D, gamma, eps, gamma_offset, y);
+}
+
+void rmsnorm_add(const float* x, int64_t M, int64_t D, const TensorView& gamma, float eps, float gamma_offset,
+                 float* y) {
+  FH_CHECK(x != y || M == 0, "rmsnorm_add: x and y alias");
+  rms_rows<true>(x, M, D, gamma, eps, gamma_offset, y);
 }
 
 }  // namespace flexh2o::cpu

@@ -41,8 +41,13 @@ void add_embedding(const int32_t* rows, int64_t T, const TensorView& table, floa
 // y = (x - mean) / sqrt(var + eps) * gamma + beta, per row of D. x and y may alias.
 void layernorm(const float* x, int64_t M, int64_t D, const TensorView& gamma,
                const TensorView& beta, float eps, float* y);
-// y = x / sqrt(mean(x^2) + eps) * gamma, per row of D. x and y may alias.
-void rmsnorm(const float* x, int64_t M, int64_t D, const TensorView& gamma, float eps, float* y);
+// y = x / sqrt(mean(x^2) + eps) * (gamma + gamma_offset), per row of D (Gemma's norms: offset 1,
+// added to gamma in fp32). x and y may alias.
+void rmsnorm(const float* x, int64_t M, int64_t D, const TensorView& gamma, float eps, float* y,
+             float gamma_offset = 0.f);
+// y += rmsnorm(x) (Gemma 2's norms of the attention and MLP outputs). x and y must not alias.
+void rmsnorm_add(const float* x, int64_t M, int64_t D, const TensorView& gamma, float eps, float gamma_offset,
+                 float* y);
 
 // Rotary embedding in the Hugging Face (non-interleaved, rotate_half) layout, in place.
 // x: T rows, row t at x + t*row_stride holding n_heads*head_dim floats; row t is rotated
@@ -55,6 +60,11 @@ void rotary(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_
 
 // gate[i] = silu(gate[i]) * up[i] for i < n.
 void silu_mul(float* gate, const float* up, int64_t n);
+// gate[i] = gelu_tanh(gate[i]) * up[i] for i < n (GeGLU; PyTorch's gelu approximate="tanh").
+void gelu_tanh_mul(float* gate, const float* up, int64_t n);
+// x[i] = cap * tanh(x[i] / cap) for i < n (Gemma 2's soft caps; absolute error ~1e-7 * cap).
+// Throws unless cap > 0.
+void softcap(float* x, int64_t n, float cap);
 
 // Mixture-of-experts routing of M rows of E router logits: p = softmax(row) in fp32, its k
 // largest (ties: the lower expert first; NaN last) into experts[r*k + j] (int32) and their p,
@@ -138,6 +148,7 @@ struct AttentionArgs {
   int64_t capacity = 0;
   const int32_t* seq_keys = nullptr;  // [B] filled slots of sequence b (incl. this step's tq)
   float scale = 0.f;                  // softmax(q.k * scale); usually 1/sqrt(head_dim)
+  float softcap = 0.f;                // > 0: scores s = q.k * scale become softcap * tanh(s / softcap)
   float* out = nullptr;               // [B, tq] rows at stride out_stride, n_heads*head_dim
   int64_t out_stride = 0;
   // Optional [B, n_heads, capacity]: for each key slot, += the attention probability it got,

@@ -76,7 +76,7 @@ struct AttentionView {
   float* key_scores;
   const int32_t* seq_keys;
   int64_t q_stride, out_stride, tq, n_heads, kv_heads, capacity, max_keys;
-  float scale;
+  float scale, softcap;
 };
 
 // One 128-thread block per (query row, head, sequence). The row's scores stay in shared
@@ -124,6 +124,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
 #pragma unroll
     for (int e = 0; e < E; ++e) s += qr[e] * kr[e];
     s = detail::warp_sum(s) * a.scale;
+    if (a.softcap > 0.f) s = a.softcap * tanhf(s / a.softcap);
     if (lane == 0) sc[j] = s;
     mx = fmaxf(mx, s);
   }
@@ -176,15 +177,15 @@ void launch_attention(const AttentionArgs& a, int64_t max_keys, cudaStream_t str
     FH_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<TQ, TKV, HD>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const AttentionView v{a.q, a.k, a.v, a.out, a.key_scores, a.seq_keys, a.q_stride, a.out_stride,
-                        a.tq, a.n_heads, a.kv_heads, a.capacity, max_keys, a.scale};
+                        a.tq, a.n_heads, a.kv_heads, a.capacity, max_keys, a.scale, a.softcap};
   const dim3 grid(unsigned(a.tq), unsigned(a.n_heads), unsigned(a.batch));
   attention_kernel<TQ, TKV, HD><<<grid, kAttnThreads, smem, stream>>>(v);
   FH_CUDA_LAUNCH_CHECK("attention", stream);
 }
 
 // The one dispatch point of the attention family: act {F16, BF16} x kv {F16, BF16, F32, Q4} x
-// head_dim {64, 128}, and head_dim 96 with kv {F16, BF16, F32}: 22 instantiations. Returns false
-// otherwise.
+// head_dim {64, 128, 256}, and head_dim 96 with kv {F16, BF16, F32}: 30 instantiations. Returns
+// false otherwise.
 template <class F>
 bool dispatch_attention(DType act, DType kv, int64_t head_dim, F&& f) {
   auto by_dim = [&](auto tq, auto tkv) {
@@ -195,6 +196,7 @@ bool dispatch_attention(DType act, DType kv, int64_t head_dim, F&& f) {
         else f(tq, tkv, std::integral_constant<int, 96>{});
         return true;
       case 128: f(tq, tkv, std::integral_constant<int, 128>{}); return true;
+      case 256: f(tq, tkv, std::integral_constant<int, 256>{}); return true;  // Gemma 2 2B/9B, Gemma 3 1B-12B
       default: return false;
     }
   };
@@ -296,7 +298,7 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
   const DType kv = a.kv_dtype.value_or(a.dtype);
   FH_CHECK(attention_supported(a.dtype, kv, a.head_dim), "attention: unsupported dtype ",
            dtype_name(a.dtype), " / kv_dtype ", dtype_name(kv), " / head_dim ", a.head_dim,
-           " on CUDA (supported: dtype F16, BF16 x kv_dtype F16, BF16, F32, Q4 x head_dim 64, 128; head_dim 96 "
+           " on CUDA (supported: dtype F16, BF16 x kv_dtype F16, BF16, F32, Q4 x head_dim 64, 128, 256; head_dim 96 "
            "without Q4)");
   if (a.batch == 0 || a.tq == 0) return;
   FH_CHECK(a.q && a.k && a.v && a.out && a.seq_keys, "attention: null pointer");

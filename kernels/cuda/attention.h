@@ -50,16 +50,16 @@ struct AttentionArgs {
   // 0 means capacity. A sequence above it gets NaN output (contract violation, visible).
   int64_t max_keys = 0;
   float scale = 0.f;         // softmax(q.k * scale)
+  float softcap = 0.f;       // > 0: scores s = q.k * scale become softcap * tanh(s / softcap) (Gemma 2)
   void* out = nullptr;       // [B, tq] rows at stride out_stride, n_heads*head_dim each
   int64_t out_stride = 0;
   // Optional fp32 [B, n_heads, capacity]: each slot += the probability it got, summed over the
   // queries (H2O scores). Prefill sums use float atomics (order not fixed); decode (tq=1) is exact.
   float* key_scores = nullptr;
 };
-// Supported: dtype {F16, BF16} x kv_dtype {F16, BF16, F32, Q4} x head_dim {64, 128} (see
-// attention_supported); else throws. Math is fp32 whatever the storage dtypes; the output is
-// rounded once to dtype. Keys per query up to ~(227 KB - 2.5 KB)/4 on H100/H200 (scores stay
-// in shared memory).
+// Supported: dtype {F16, BF16} x kv_dtype {F16, BF16, F32, Q4} x head_dim {64, 128, 256}, and
+// head_dim 96 without Q4 (see attention_supported); else throws. Math is fp32 whatever the storage dtypes; the output
+// is rounded once to dtype. Keys per query up to ~(227 KB - 2.5 KB)/4 on H100/H200 (scores stay in shared memory).
 void attention(const AttentionArgs& a, cudaStream_t stream);
 bool attention_supported(DType act, DType kv, int64_t head_dim);
 // The same with kv == act.

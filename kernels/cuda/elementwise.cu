@@ -1,5 +1,5 @@
-// Row-wise and element-wise CUDA ops of ops.h: embedding, add_embedding, layernorm, rmsnorm,
-// rotary, silu_mul. fp32 math on fp16/bf16 storage; grid-stride loops with 64-bit indices;
+// Row-wise and element-wise CUDA ops of ops.h: embedding, add_embedding, scale, layernorm,
+// rmsnorm (+ rmsnorm_add), rotary, silu_mul, gelu_tanh_mul, softcap_f32. fp32 math on fp16/bf16 storage; grid-stride loops with 64-bit indices;
 // norms use one block per row with two block reductions.
 #include <algorithm>
 
@@ -25,10 +25,11 @@ __global__ void embedding_kernel(const int32_t* ids, int64_t T_, const T* table,
 }
 
 // One block per row (grid-stride over rows). Each thread reads x[i] and writes y[i] for the
-// same i after both reductions, so x and y may alias.
-template <class T, bool kLayer>
+// same i after both reductions, so x and y may alias (not with kAdd: y += norm(x)). RMSNorm
+// multiplies by goff + gamma (Gemma: 1).
+template <class T, bool kLayer, bool kAdd>
 __global__ void norm_kernel(const T* x, int64_t M, int64_t D, const T* gamma, const T* beta,
-                            float eps, T* y) {
+                            float eps, float goff, T* y) {
   __shared__ float red[32];
   for (int64_t r = blockIdx.x; r < M; r += gridDim.x) {
     const T* xr = x + r * D;
@@ -46,9 +47,9 @@ __global__ void norm_kernel(const T* x, int64_t M, int64_t D, const T* gamma, co
     }
     const float inv = 1.f / sqrtf(detail::block_reduce<false>(s2, red) / float(D) + eps);
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-      float v = (to_f(xr[i]) - mean) * inv * to_f(gamma[i]);
+      float v = (to_f(xr[i]) - mean) * inv * (goff + to_f(gamma[i]));
       if (kLayer) v += to_f(beta[i]);
-      yr[i] = from_f<T>(v);
+      yr[i] = from_f<T>(kAdd ? to_f(yr[i]) + v : v);
     }
   }
 }
@@ -76,6 +77,25 @@ __global__ void silu_mul_kernel(T* gate, const T* up, int64_t n) {
   }
 }
 
+// 0.5 g (1 + tanh(a)), a = sqrt(2/pi) (g + 0.044715 g^3), as g / (1 + exp(-2a)) (the CPU op's form).
+template <class T>
+__global__ void gelu_tanh_mul_kernel(T* gate, const T* up, int64_t n) {
+  for (int64_t i = detail::global_tid(); i < n; i += detail::grid_stride()) {
+    const float g = to_f(gate[i]);
+    const float e = expf(-1.5957691216057308f * fmaf(0.044715f * g * g, g, g));
+    gate[i] = from_f<T>(g / (1.f + e) * to_f(up[i]));
+  }
+}
+
+template <class T>
+__global__ void scale_kernel(T* x, int64_t n, float s) {
+  for (int64_t i = detail::global_tid(); i < n; i += detail::grid_stride()) x[i] = from_f<T>(to_f(x[i]) * s);
+}
+
+__global__ void softcap_kernel(float* x, int64_t n, float cap) {
+  for (int64_t i = detail::global_tid(); i < n; i += detail::grid_stride()) x[i] = cap * tanhf(x[i] / cap);
+}
+
 template <bool kAdd>
 void embedding_impl(const char* op, DType dt, const int32_t* ids, int64_t T, const void* table,
                     int64_t V, int64_t D, void* out, cudaStream_t stream) {
@@ -90,17 +110,18 @@ void embedding_impl(const char* op, DType dt, const int32_t* ids, int64_t T, con
   });
 }
 
-template <bool kLayer>
+template <bool kLayer, bool kAdd = false>
 void norm_impl(const char* op, DType dt, const void* x, int64_t M, int64_t D, const void* gamma,
-               const void* beta, float eps, void* y, cudaStream_t stream) {
+               const void* beta, float eps, float goff, void* y, cudaStream_t stream) {
   FH_CHECK(M >= 0 && D > 0, op, ": bad sizes M=", M, " D=", D);
   if (M == 0) return;
   FH_CHECK(x && gamma && y && (!kLayer || beta), op, ": null pointer");
+  FH_CHECK(!kAdd || x != y, op, ": x and y alias");
   const unsigned grid = unsigned(M < 65536 ? M : 65536);
   detail::dispatch_half(dt, op, [&](auto tag) {
     using E = decltype(tag);
-    norm_kernel<E, kLayer><<<grid, detail::kThreads, 0, stream>>>(
-        static_cast<const E*>(x), M, D, static_cast<const E*>(gamma), static_cast<const E*>(beta), eps,
+    norm_kernel<E, kLayer, kAdd><<<grid, detail::kThreads, 0, stream>>>(
+        static_cast<const E*>(x), M, D, static_cast<const E*>(gamma), static_cast<const E*>(beta), eps, goff,
         static_cast<E*>(y));
     FH_CUDA_LAUNCH_CHECK(op, stream);
   });
@@ -119,11 +140,15 @@ void add_embedding(DType dt, const int32_t* rows, int64_t T, const void* table, 
 
 void layernorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, const void* beta,
                float eps, void* y, cudaStream_t stream) {
-  norm_impl<true>("layernorm", dt, x, M, D, gamma, beta, eps, y, stream);
+  norm_impl<true>("layernorm", dt, x, M, D, gamma, beta, eps, 0.f, y, stream);
 }
 void rmsnorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, float eps, void* y,
-             cudaStream_t stream) {
-  norm_impl<false>("rmsnorm", dt, x, M, D, gamma, nullptr, eps, y, stream);
+             cudaStream_t stream, float gamma_offset) {
+  norm_impl<false>("rmsnorm", dt, x, M, D, gamma, nullptr, eps, gamma_offset, y, stream);
+}
+void rmsnorm_add(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, float eps, float gamma_offset,
+                 void* y, cudaStream_t stream) {
+  norm_impl<false, true>("rmsnorm_add", dt, x, M, D, gamma, nullptr, eps, gamma_offset, y, stream);
 }
 
 void rotary(DType dt, void* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t row_stride,
@@ -163,6 +188,37 @@ void silu_mul(DType dt, void* gate, const void* up, int64_t n, cudaStream_t stre
         static_cast<E*>(gate), static_cast<const E*>(up), n);
     FH_CUDA_LAUNCH_CHECK("silu_mul", stream);
   });
+}
+
+void gelu_tanh_mul(DType dt, void* gate, const void* up, int64_t n, cudaStream_t stream) {
+  FH_CHECK(n >= 0, "gelu_tanh_mul: bad size ", n);
+  if (n == 0) return;
+  FH_CHECK(gate && up, "gelu_tanh_mul: null pointer");
+  detail::dispatch_half(dt, "gelu_tanh_mul", [&](auto tag) {
+    using E = decltype(tag);
+    gelu_tanh_mul_kernel<E><<<detail::grid_size_1d(n), detail::kThreads, 0, stream>>>(
+        static_cast<E*>(gate), static_cast<const E*>(up), n);
+    FH_CUDA_LAUNCH_CHECK("gelu_tanh_mul", stream);
+  });
+}
+
+void scale(DType dt, void* x, int64_t n, float s, cudaStream_t stream) {
+  FH_CHECK(n >= 0, "scale: bad size ", n);
+  if (n == 0) return;
+  FH_CHECK(x, "scale: null pointer");
+  detail::dispatch_half(dt, "scale", [&](auto tag) {
+    using E = decltype(tag);
+    scale_kernel<E><<<detail::grid_size_1d(n), detail::kThreads, 0, stream>>>(static_cast<E*>(x), n, s);
+    FH_CUDA_LAUNCH_CHECK("scale", stream);
+  });
+}
+
+void softcap_f32(float* x, int64_t n, float cap, cudaStream_t stream) {
+  FH_CHECK(n >= 0 && cap > 0, "softcap_f32: bad size ", n, " or cap ", cap);
+  if (n == 0) return;
+  FH_CHECK(x, "softcap_f32: null pointer");
+  softcap_kernel<<<detail::grid_size_1d(n), detail::kThreads, 0, stream>>>(x, n, cap);
+  FH_CUDA_LAUNCH_CHECK("softcap_f32", stream);
 }
 
 }  // namespace flexh2o::gpu

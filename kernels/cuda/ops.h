@@ -46,9 +46,15 @@ void add_embedding(DType dt, const int32_t* rows, int64_t T, const void* table, 
 // Per row of D: y = (x-mean)/sqrt(var+eps)*gamma + beta (two-pass fp32). x and y may alias.
 void layernorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, const void* beta,
                float eps, void* y, cudaStream_t stream);
-// Per row of D: y = x/sqrt(mean(x^2)+eps)*gamma. x and y may alias.
-void rmsnorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, float eps, void* y,
-             cudaStream_t stream);
+// Per row of D: y = x/sqrt(mean(x^2)+eps)*(gamma_offset + gamma) (Gemma: offset 1). x and y may alias.
+void rmsnorm(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, float eps, void* y, cudaStream_t stream,
+             float gamma_offset = 0.f);
+// y += rmsnorm(x) per row, in fp32, rounded once (Gemma 2's norms of the attention and MLP
+// outputs). x and y must not alias.
+void rmsnorm_add(DType dt, const void* x, int64_t M, int64_t D, const void* gamma, float eps, float gamma_offset,
+                 void* y, cudaStream_t stream);
+// x[i] *= s for i < n (Gemma's embedding scale).
+void scale(DType dt, void* x, int64_t n, float s, cudaStream_t stream);
 
 // A model's rotary frequencies, passed to the kernel by value (no device memory to manage):
 // inv_freq[i] for i < dims/2 (the model's Rope), over each head's first `dims` values;
@@ -71,6 +77,10 @@ void rotary(DType dt, void* x, int64_t T, int64_t n_heads, int64_t head_dim, int
 
 // gate[i] = silu(gate[i]) * up[i] for i < n.
 void silu_mul(DType dt, void* gate, const void* up, int64_t n, cudaStream_t stream);
+// gate[i] = gelu_tanh(gate[i]) * up[i] for i < n (GeGLU), in the CPU op's form.
+void gelu_tanh_mul(DType dt, void* gate, const void* up, int64_t n, cudaStream_t stream);
+// x[i] = cap * tanh(x[i] / cap) over fp32 logits (Gemma 2's final soft cap). cap > 0.
+void softcap_f32(float* x, int64_t n, float cap, cudaStream_t stream);
 
 // Mixture-of-experts routing (moe.cu): cpu::moe_route's choice and weights ([M, k] each, device
 // memory) from the fp32 router logits [M, E]. E <= 1024, k <= 64 (else throws).

@@ -1,4 +1,5 @@
 // `flexh2o info MODEL`: config, checkpoint format, parameter count, bytes per tensor group, KV bytes per token.
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -43,6 +44,7 @@ std::string rope_line(const ModelConfig& c) {
   if (c.rope.attention_factor != 1) o << ", attention factor " << std::setprecision(4) << c.rope.attention_factor;
   if (c.rope.type == "dynamic") o << " (within max_position_embeddings it is the default rope)";
   if (c.rope.type == "longrope") o << " (its short factors; beyond, transformers switches)";
+  if (c.has_local_rope) o << "; sliding-window layers: " << c.rope_local.type << ", theta " << c.rope_local.theta;
   o << "\n";
   return o.str();
 }
@@ -92,6 +94,13 @@ int run_info(const InfoArgs& a, const Env& env) {
                     {"norm_topk_prob", c.norm_topk_prob},
                     {"shared_expert_dim", c.shared_expert_dim},
                     {"active_parameters", active}};
+  if (c.gelu_gate)  // Gemma
+    j["gemma"] = {{"sandwich_norms", c.sandwich_norms},
+                  {"embed_scale", c.embed_scale},
+                  {"attention_scale", c.attention_scale()},
+                  {"attn_logit_softcapping", c.attn_softcap},
+                  {"final_logit_softcapping", c.final_softcap},
+                  {"sliding_layers", std::count(c.sliding_layers.begin(), c.sliding_layers.end(), 1)}};
   // Which weights a load would read (presets have none; a directory may hold config.json only).
   std::string checkpoint = "none";
   if (std::filesystem::is_directory(source))
@@ -112,6 +121,12 @@ int run_info(const InfoArgs& a, const Env& env) {
               << (c.norm_topk_prob ? " (weights renormalized)" : "")
               << (c.shared_expert_dim ? ", a gated shared expert of " + std::to_string(c.shared_expert_dim) : "")
               << ", " << std::setprecision(4) << active / 1e9 << " B parameters active a token\n";
+  if (c.gelu_gate)
+    std::cout << "gemma        GeGLU, norms by 1 + weight"
+              << (c.sandwich_norms ? " (also after attention and MLP)" : "") << ", embeddings x " << c.embed_scale
+              << ", softmax scale " << c.attention_scale()
+              << (c.attn_softcap > 0 ? ", scores capped at " + std::to_string(int(c.attn_softcap)) : "")
+              << (c.final_softcap > 0 ? ", logits capped at " + std::to_string(int(c.final_softcap)) : "") << "\n";
   std::cout << rope_line(c) << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
             << "weights      " << human_bytes(double(params) * double(esize)) << " in " << dtype_name(c.dtype) << "\n";
   for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(double(b)) << "\n";

@@ -14,6 +14,17 @@ void grow(std::vector<float>& v, int64_t n) {
   if (v.size() < size_t(n)) v.resize(size_t(n));
 }
 const TensorView* bias(const TensorView& b) { return b.empty() ? nullptr : &b; }
+// The LLaMA family's RMSNorm (Gemma's multiplies by 1 + gamma).
+void rms(const ModelConfig& c, const float* x, int64_t M, int64_t D, const TensorView& gamma, float* y) {
+  cpu::rmsnorm(x, M, D, gamma, c.norm_eps, y, c.norm_offset);
+}
+// The gated MLP's activation: SiLU (SwiGLU) or Gemma's tanh GELU (GeGLU).
+void gate_mul(const ModelConfig& c, float* gate, const float* up, int64_t n) {
+  if (c.gelu_gate)
+    cpu::gelu_tanh_mul(gate, up, n);
+  else
+    cpu::silu_mul(gate, up, n);
+}
 
 }  // namespace
 
@@ -35,6 +46,8 @@ void LayerCompute::embed(const ModelConfig& c, const ModelWeights& w, const int3
                          float* hidden) {
   const int64_t M = s.B * s.T;
   cpu::embedding(ids, M, w.embed, hidden);
+  if (c.embed_scale != 1.f)
+    for (int64_t i = 0; i < M * c.hidden; ++i) hidden[i] *= c.embed_scale;
   if (c.arch == Arch::kOpt) {
     std::vector<int32_t> rows(s.positions, s.positions + M);
     for (auto& p : rows) p += int32_t(c.position_offset());
@@ -49,21 +62,22 @@ void LayerCompute::qkv(const ModelConfig& c, const LayerWeights& L, const StepSh
   if (c.arch == Arch::kOpt)
     cpu::layernorm(hidden, M, H, L.ln1_w, L.ln1_b, c.norm_eps, normed_.data());
   else
-    cpu::rmsnorm(hidden, M, H, L.ln1_w, c.norm_eps, normed_.data());
+    rms(c, hidden, M, H, L.ln1_w, normed_.data());
   cpu::linear(normed_.data(), M, H, L.q_w, bias(L.q_b), q, cpu::Epilogue::kStore);
   cpu::linear(normed_.data(), M, H, L.k_w, bias(L.k_b), k, cpu::Epilogue::kStore);
   cpu::linear(normed_.data(), M, H, L.v_w, bias(L.v_b), v, cpu::Epilogue::kStore);
   if (c.qk_norm_whole) {  // OLMoE: RMSNorm over each row of q and of k
-    cpu::rmsnorm(q, M, Q, L.q_norm_w, c.norm_eps, q);
-    cpu::rmsnorm(k, M, KV, L.k_norm_w, c.norm_eps, k);
+    rms(c, q, M, Q, L.q_norm_w, q);
+    rms(c, k, M, KV, L.k_norm_w, k);
   } else if (c.qk_norm) {  // Qwen3: RMSNorm over each head, rows of head_dim
-    cpu::rmsnorm(q, M * c.n_heads, c.head_dim, L.q_norm_w, c.norm_eps, q);
-    cpu::rmsnorm(k, M * c.n_kv_heads, c.head_dim, L.k_norm_w, c.norm_eps, k);
+    rms(c, q, M * c.n_heads, c.head_dim, L.q_norm_w, q);
+    rms(c, k, M * c.n_kv_heads, c.head_dim, L.k_norm_w, k);
   }
   if (c.arch == Arch::kLlama) {
-    const double* f = c.rope.inv_freq.data();
-    const float af = float(c.rope.attention_factor);
-    const int64_t rd = c.rope.rotary_dims();
+    const Rope& rope = L.local_rope ? c.rope_local : c.rope;
+    const double* f = rope.inv_freq.data();
+    const float af = float(rope.attention_factor);
+    const int64_t rd = rope.rotary_dims();
     cpu::rotary(q, M, c.n_heads, c.head_dim, Q, s.positions, f, rd, af);
     cpu::rotary(k, M, c.n_kv_heads, c.head_dim, KV, s.positions, f, rd, af);
   }
@@ -90,7 +104,8 @@ void LayerCompute::attend(const ModelConfig& c, const StepShape& s, const float*
   a.head_dim = c.head_dim;
   a.capacity = seg.capacity;
   a.seq_keys = keys;
-  a.scale = 1.0f / std::sqrt(float(c.head_dim));
+  a.scale = c.attention_scale();
+  a.softcap = c.attn_softcap;
   a.out = attn + row0 * Q;
   a.out_stride = Q;
   a.key_scores = seg.key_scores;
@@ -99,7 +114,11 @@ void LayerCompute::attend(const ModelConfig& c, const StepShape& s, const float*
 
 void LayerCompute::attention_out(const ModelConfig& c, const LayerWeights& L, const StepShape& s, const float* attn,
                                  float* hidden) {
-  cpu::linear(attn, s.B * s.T, c.q_dim(), L.o_w, bias(L.o_b), hidden, cpu::Epilogue::kAccumulate);
+  const int64_t M = s.B * s.T;
+  if (!c.sandwich_norms) return cpu::linear(attn, M, c.q_dim(), L.o_w, bias(L.o_b), hidden, cpu::Epilogue::kAccumulate);
+  grow(normed_, M * c.hidden);  // Gemma 2/3: hidden += norm(o_proj(attn))
+  cpu::linear(attn, M, c.q_dim(), L.o_w, bias(L.o_b), normed_.data(), cpu::Epilogue::kStore);
+  cpu::rmsnorm_add(normed_.data(), M, c.hidden, L.post_attn_norm_w, c.norm_eps, c.norm_offset, hidden);
 }
 
 // out[n, H] = down(silu(gate(x)) * up(x)) of an expert of width F, through ffn_a_ / ffn_b_.
@@ -178,15 +197,21 @@ void LayerCompute::mlp(const ModelConfig& c, const LayerWeights& L, const StepSh
       cpu::linear(normed_.data(), m, H, L.fc1_w, bias(L.fc1_b), ffn_a_.data(), cpu::Epilogue::kRelu);
       cpu::linear(ffn_a_.data(), m, F, L.fc2_w, bias(L.fc2_b), h, cpu::Epilogue::kAccumulate);
     } else {
-      cpu::rmsnorm(h, m, H, L.ln2_w, c.norm_eps, normed_.data());
+      rms(c, h, m, H, L.ln2_w, normed_.data());
       if (c.moe()) {
         moe(c, L, m, h);
         continue;
       }
       cpu::linear(normed_.data(), m, H, L.gate_w, bias(L.gate_b), ffn_a_.data(), cpu::Epilogue::kStore);
       cpu::linear(normed_.data(), m, H, L.up_w, bias(L.up_b), ffn_b_.data(), cpu::Epilogue::kStore);
-      cpu::silu_mul(ffn_a_.data(), ffn_b_.data(), m * F);
-      cpu::linear(ffn_a_.data(), m, F, L.down_w, bias(L.down_b), h, cpu::Epilogue::kAccumulate);
+      gate_mul(c, ffn_a_.data(), ffn_b_.data(), m * F);
+      if (!c.sandwich_norms) {
+        cpu::linear(ffn_a_.data(), m, F, L.down_w, bias(L.down_b), h, cpu::Epilogue::kAccumulate);
+        continue;
+      }
+      // Gemma 2/3: h += norm(down(...)); normed_ is free once gate and up have read it.
+      cpu::linear(ffn_a_.data(), m, F, L.down_w, bias(L.down_b), normed_.data(), cpu::Epilogue::kStore);
+      cpu::rmsnorm_add(normed_.data(), m, H, L.post_ffn_norm_w, c.norm_eps, c.norm_offset, h);
     }
   }
 }
@@ -218,8 +243,9 @@ void LayerCompute::head_last(const ModelConfig& c, const ModelWeights& w, const 
   if (c.arch == Arch::kOpt)
     cpu::layernorm(last_.data(), s.B, H, w.final_norm_w, w.final_norm_b, c.norm_eps, last_.data());
   else
-    cpu::rmsnorm(last_.data(), s.B, H, w.final_norm_w, c.norm_eps, last_.data());
+    rms(c, last_.data(), s.B, H, w.final_norm_w, last_.data());
   cpu::linear(last_.data(), s.B, H, w.lm_head, nullptr, logits, cpu::Epilogue::kStore);
+  if (c.final_softcap > 0) cpu::softcap(logits, s.B * c.vocab_size, c.final_softcap);
 }
 
 void LayerCompute::head(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden,
@@ -235,9 +261,10 @@ void LayerCompute::head(const ModelConfig& c, const ModelWeights& w, const StepS
   if (c.arch == Arch::kOpt)
     cpu::layernorm(last_.data(), R, H, w.final_norm_w, w.final_norm_b, c.norm_eps, last_.data());
   else
-    cpu::rmsnorm(last_.data(), R, H, w.final_norm_w, c.norm_eps, last_.data());
+    rms(c, last_.data(), R, H, w.final_norm_w, last_.data());
   logits.resize(size_t(R * c.vocab_size));
   cpu::linear(last_.data(), R, H, w.lm_head, nullptr, logits.data(), cpu::Epilogue::kStore);
+  if (c.final_softcap > 0) cpu::softcap(logits.data(), R * c.vocab_size, c.final_softcap);
 }
 
 }  // namespace flexh2o

@@ -4,6 +4,9 @@
 namespace flexh2o::gpu {
 
 DType compute_dtype(const Model& m) {
+  // Gemma's residual stream outgrows f16's range (transformers refuses float16 for Gemma 2 for
+  // the same reason): bf16 whatever the checkpoint holds.
+  if (m.config().model_type.starts_with("gemma")) return DType::BF16;
   bool bf16 = false, f16 = false;
   for (const BoundTensor& t : m.tensors()) {
     bf16 = bf16 || t.view.dtype == DType::BF16;

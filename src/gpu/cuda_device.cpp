@@ -49,15 +49,15 @@ int make_current(int device) {
 
 std::string cuda_unsupported(const ModelConfig& c, DType compute) {
   if (attention_supported(compute, c.head_dim)) return {};
-  return flexh2o::detail::concat("the CUDA attention kernels are built for head_dim 64, 96 and 128, and ", c.name,
+  return flexh2o::detail::concat("the CUDA attention kernels are built for head_dim 64, 96, 128 and 256, and ", c.name,
                                  " has ", c.head_dim);
 }
 
 std::string CudaDevice::kv_unsupported(const ModelConfig& c, DType kv) const {
   if (attention_supported(dt_, kv, c.head_dim)) return {};
   if (kv == DType::Q4 && attention_supported(dt_, c.head_dim))
-    return flexh2o::detail::concat("the CUDA attention reads a 4-bit KV cache (--compress-cache) for head_dim 64 and ",
-                                   "128, and ", c.name, " has ", c.head_dim, "; use an f16 cache or --device cpu");
+    return flexh2o::detail::concat("the CUDA attention reads a 4-bit KV cache (--compress-cache) for head_dim 64, 128 ",
+                                   "and 256, and ", c.name, " has ", c.head_dim, "; use an f16 cache or --device cpu");
   return cuda_unsupported(c, dt_);
 }
 

@@ -17,6 +17,11 @@
 namespace flexh2o::gpu {
 namespace {
 const void* ptr(const TensorView& v) { return v.empty() ? nullptr : v.data; }
+// The LLaMA family's RMSNorm (Gemma's multiplies by 1 + gamma).
+void rms(const ModelConfig& c, DType dt, const void* x, int64_t M, int64_t D, const TensorView& gamma, void* y,
+         cudaStream_t st) {
+  rmsnorm(dt, x, M, D, gamma.data, c.norm_eps, y, st, c.norm_offset);
+}
 }  // namespace
 
 TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs, TierBudget& budget) {
@@ -88,6 +93,7 @@ void CudaDevice::embed(const ModelConfig& c, const ModelWeights& w, const StepRo
   cudaStream_t st = stream(Queue::kCompute);
   if (w.embed.dtype == DType::Q4) q4_embedding(dt_, r.ids, M, w.embed.data, w.embed.shape[0], c.hidden, hidden, false, st);
   else embedding(dt_, r.ids, M, w.embed.data, w.embed.shape[0], c.hidden, hidden, st);
+  if (c.embed_scale != 1.f) scale(dt_, hidden, M * c.hidden, c.embed_scale, st);
   if (c.arch != Arch::kOpt) return;
   if (w.pos_embed.dtype == DType::Q4)
     q4_embedding(dt_, r.pos_rows, M, w.pos_embed.data, w.pos_embed.shape[0], c.hidden, hidden, true, st);
@@ -101,20 +107,22 @@ void CudaDevice::attention_in(const ModelConfig& c, const LayerWeights& L, const
   FH_CHECK(M <= rows_, "CUDA device: reserve() covers ", rows_, " rows, the step has ", M);
   cudaStream_t st = stream(Queue::kCompute);
   if (c.arch == Arch::kOpt) layernorm(dt_, hidden, M, H, L.ln1_w.data, ptr(L.ln1_b), c.norm_eps, normed_, st);
-  else rmsnorm(dt_, hidden, M, H, L.ln1_w.data, c.norm_eps, normed_, st);
+  else
+    rms(c, dt_, hidden, M, H, L.ln1_w, normed_, st);
   linear_w(L.q_w, normed_, M, H, Q, L.q_b, q, Epilogue::kStore);
   linear_w(L.k_w, normed_, M, H, KV, L.k_b, k, Epilogue::kStore);
   linear_w(L.v_w, normed_, M, H, KV, L.v_b, v, Epilogue::kStore);
   if (c.qk_norm_whole) {  // OLMoE: RMSNorm over each row of q and of k (in place)
-    rmsnorm(dt_, q, M, c.q_dim(), L.q_norm_w.data, c.norm_eps, q, st);
-    rmsnorm(dt_, k, M, KV, L.k_norm_w.data, c.norm_eps, k, st);
+    rms(c, dt_, q, M, c.q_dim(), L.q_norm_w, q, st);
+    rms(c, dt_, k, M, KV, L.k_norm_w, k, st);
   } else if (c.qk_norm) {  // Qwen3: RMSNorm over each head, rows of head_dim (in place)
-    rmsnorm(dt_, q, M * c.n_heads, c.head_dim, L.q_norm_w.data, c.norm_eps, q, st);
-    rmsnorm(dt_, k, M * c.n_kv_heads, c.head_dim, L.k_norm_w.data, c.norm_eps, k, st);
+    rms(c, dt_, q, M * c.n_heads, c.head_dim, L.q_norm_w, q, st);
+    rms(c, dt_, k, M * c.n_kv_heads, c.head_dim, L.k_norm_w, k, st);
   }
   if (c.arch == Arch::kLlama) {
+    const Rope& rope = L.local_rope ? c.rope_local : c.rope;
     const RotaryTable table =
-        rotary_table(c.rope.inv_freq.data(), int64_t(c.rope.inv_freq.size()), float(c.rope.attention_factor));
+        rotary_table(rope.inv_freq.data(), int64_t(rope.inv_freq.size()), float(rope.attention_factor));
     rotary(dt_, q, M, c.n_heads, c.head_dim, Q, r.positions, table, st);
     rotary(dt_, k, M, c.n_kv_heads, c.head_dim, KV, r.positions, table, st);
   }
@@ -152,7 +160,8 @@ void CudaDevice::attend(const ModelConfig& c, const StepRows& r, const void* q, 
     a.capacity = seg.capacity;
     a.seq_keys = keys;
     a.max_keys = std::min(r.max_keys, seg.capacity);
-    a.scale = 1.0f / std::sqrt(float(c.head_dim));
+    a.scale = c.attention_scale();
+    a.softcap = c.attn_softcap;
     a.out = const_cast<std::byte*>(at(attn, row0 * Q));
     a.out_stride = Q;
     a.key_scores = seg.key_scores;
@@ -162,7 +171,13 @@ void CudaDevice::attend(const ModelConfig& c, const StepRows& r, const void* q, 
 
 void CudaDevice::attention_out(const ModelConfig& c, const LayerWeights& L, const StepRows& r, const void* attn,
                                void* hidden) {
-  linear_w(L.o_w, attn, r.n * r.T, c.q_dim(), c.hidden, L.o_b, hidden, Epilogue::kAccumulate);
+  const int64_t M = r.n * r.T;
+  if (!c.sandwich_norms) return linear_w(L.o_w, attn, M, c.q_dim(), c.hidden, L.o_b, hidden, Epilogue::kAccumulate);
+  FH_CHECK(M <= rows_, "CUDA device: reserve() covers ", rows_, " rows, the step has ", M);
+  // Gemma 2/3: hidden += norm(o_proj(attn)), through the normed rows' scratch
+  linear_w(L.o_w, attn, M, c.q_dim(), c.hidden, L.o_b, normed_, Epilogue::kStore);
+  rmsnorm_add(dt_, normed_, M, c.hidden, L.post_attn_norm_w.data, c.norm_eps, c.norm_offset, hidden,
+              stream(Queue::kCompute));
 }
 
 void CudaDevice::mlp(const ModelConfig& c, const LayerWeights& L, const StepRows& r, void* hidden) {
@@ -178,14 +193,23 @@ void CudaDevice::mlp(const ModelConfig& c, const LayerWeights& L, const StepRows
       linear_w(L.fc1_w, normed_, m, H, F, L.fc1_b, ffn_a_, Epilogue::kRelu);
       linear_w(L.fc2_w, ffn_a_, m, F, H, L.fc2_b, h, Epilogue::kAccumulate);
     } else if (c.moe()) {
-      rmsnorm(dt_, h, m, H, L.ln2_w.data, c.norm_eps, normed_, st);
+      rms(c, dt_, h, m, H, L.ln2_w, normed_, st);
       moe(c, L, m, h);
     } else {
-      rmsnorm(dt_, h, m, H, L.ln2_w.data, c.norm_eps, normed_, st);
+      rms(c, dt_, h, m, H, L.ln2_w, normed_, st);
       linear_w(L.gate_w, normed_, m, H, F, L.gate_b, ffn_a_, Epilogue::kStore);
       linear_w(L.up_w, normed_, m, H, F, L.up_b, ffn_b_, Epilogue::kStore);
-      silu_mul(dt_, ffn_a_, ffn_b_, m * F, st);
-      linear_w(L.down_w, ffn_a_, m, F, H, L.down_b, h, Epilogue::kAccumulate);
+      if (c.gelu_gate)
+        gelu_tanh_mul(dt_, ffn_a_, ffn_b_, m * F, st);
+      else
+        silu_mul(dt_, ffn_a_, ffn_b_, m * F, st);
+      if (!c.sandwich_norms) {
+        linear_w(L.down_w, ffn_a_, m, F, H, L.down_b, h, Epilogue::kAccumulate);
+        continue;
+      }
+      // Gemma 2/3: h += norm(down(...)); normed_ is free once gate and up have read it
+      linear_w(L.down_w, ffn_a_, m, F, H, L.down_b, normed_, Epilogue::kStore);
+      rmsnorm_add(dt_, normed_, m, H, L.post_ffn_norm_w.data, c.norm_eps, c.norm_offset, h, st);
     }
   }
 }
@@ -238,8 +262,9 @@ void CudaDevice::head(const ModelConfig& c, const ModelWeights& w, const StepRow
   if (c.arch == Arch::kOpt)
     layernorm(dt_, last_, r.n, H, w.final_norm_w.data, ptr(w.final_norm_b), c.norm_eps, last_, st);
   else
-    rmsnorm(dt_, last_, r.n, H, w.final_norm_w.data, c.norm_eps, last_, st);
+    rms(c, dt_, last_, r.n, H, w.final_norm_w, last_, st);
   linear_f32out_w(w.lm_head, last_, r.n, H, c.vocab_size, logits);
+  if (c.final_softcap > 0) softcap_f32(logits, r.n * c.vocab_size, c.final_softcap, st);
 }
 
 void CudaDevice::kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, int64_t row_elems,

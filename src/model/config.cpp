@@ -24,6 +24,7 @@ using model_detail::Reader;
 // The model types the LLaMA path runs: dense ones, and mixtures of experts (parse_moe).
 constexpr std::array<std::string_view, 5> kDenseLlamaTypes = {"llama", "mistral", "qwen2", "qwen3", "phi3"};
 constexpr std::array<std::string_view, 4> kMoeTypes = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+constexpr std::array<std::string_view, 3> kGemmaTypes = {"gemma", "gemma2", "gemma3_text"};
 template <size_t N>
 bool is_one_of(const std::string& t, const std::array<std::string_view, N>& list) {
   return std::find(list.begin(), list.end(), t) != list.end();
@@ -80,6 +81,100 @@ void parse_moe(const Reader& r, ModelConfig& c) {
             json_excerpt(j["mlp_only_layers"]));
 }
 
+// A Gemma 2 soft cap: `dflt` when the key is absent, none when it is null, else a positive number.
+float softcap(const Reader& r, const char* key, double dflt) {
+  if (!r.object().contains(key)) return float(dflt);
+  if (!r.has(key)) return 0.f;
+  const double v = r.number_or(key, 0);
+  if (!(v > 0)) FH_FAIL(r.source(), ": \"", key, "\" must be positive or null, got ", v);
+  return float(v);
+}
+
+// GemmaConfig, Gemma2Config and Gemma3TextConfig with their defaults: GeGLU, norms by 1 + weight,
+// tied embeddings; Gemma 2 and 3 add the norms after attention and MLP, the query_pre_attn_scalar
+// and the sliding-window layers of layer_types, Gemma 2 the soft caps, Gemma 3 per-head q/k norms.
+void parse_gemma(const Reader& r, ModelConfig& c) {
+  const bool gemma1 = c.model_type == "gemma", gemma3 = c.model_type == "gemma3_text";
+  c.gelu_gate = true;
+  c.norm_offset = 1.f;
+  c.tie_embeddings = r.bool_or("tie_word_embeddings", true);
+  c.attention_bias = c.o_bias = r.bool_or("attention_bias", false);
+  // GemmaConfig reads hidden_act, whose legacy "gelu" it takes for the tanh approximation.
+  std::string act =
+      gemma1 ? r.string_or("hidden_act", "gelu_pytorch_tanh") : r.string_or("hidden_activation", "gelu_pytorch_tanh");
+  if (gemma1 && act == "gelu") act = "gelu_pytorch_tanh";
+  if (act != "gelu_pytorch_tanh")
+    FH_FAIL(r.source(), ": ", gemma1 ? "hidden_act" : "hidden_activation", " \"", act, "\" is not supported (",
+            c.model_type, " uses gelu_pytorch_tanh)");
+  if (gemma1) return;
+  c.sandwich_norms = true;
+  c.qk_norm = gemma3;
+  c.query_pre_attn_scalar = r.positive_int_or("query_pre_attn_scalar", kMaxDim, 256);
+  c.attn_softcap = softcap(r, "attn_logit_softcapping", gemma3 ? 0 : 50);
+  c.final_softcap = softcap(r, "final_logit_softcapping", gemma3 ? 0 : 30);
+  if (r.bool_or("use_bidirectional_attention", false))
+    FH_FAIL(r.source(), ": use_bidirectional_attention (an embedding model's attention) is not supported");
+  // layer_types, else every 2nd (Gemma 2) or sliding_window_pattern-th (Gemma 3, 6) layer is full.
+  const json& j = r.object();
+  c.sliding_layers.assign(size_t(c.n_layers), 0);
+  if (r.has("layer_types")) {
+    const json& t = j["layer_types"];
+    if (!t.is_array() || int64_t(t.size()) != c.n_layers)
+      FH_FAIL(r.source(), ": \"layer_types\" must list the ", c.n_layers, " layers, got ", json_excerpt(t));
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (t[i] == "sliding_attention")
+        c.sliding_layers[i] = 1;
+      else if (t[i] != "full_attention")
+        FH_FAIL(r.source(), ": \"layer_types\" entry ", i, " must be \"sliding_attention\" or \"full_attention\", got ",
+                json_excerpt(t[i]));
+    }
+  } else {
+    const int64_t pattern = gemma3 ? r.positive_int_or("sliding_window_pattern", kMaxCount, 6) : 2;
+    for (int64_t i = 0; i < c.n_layers; ++i) c.sliding_layers[size_t(i)] = (i + 1) % pattern != 0;
+  }
+  const bool any = std::find(c.sliding_layers.begin(), c.sliding_layers.end(), 1) != c.sliding_layers.end();
+  if (any && r.has("sliding_window")) c.sliding_window = r.positive_int("sliding_window", kMaxIndex);
+}
+
+// Gemma 3's two ropes: the full-attention layers' from rope_parameters.full_attention (or the
+// top-level rope_scaling, which transformers merges into it, and rope_theta, 1e6 by default), the
+// sliding-window layers' from rope_parameters.sliding_attention (or rope_local_base_freq, 1e4).
+// Each is parsed by parse_rope over the config with that entry as its rope_parameters.
+void parse_gemma3_ropes(const Reader& r, ModelConfig& c, int64_t* positions) {
+  const json& j = r.object();
+  const json* rp = r.has("rope_parameters") ? &j["rope_parameters"] : nullptr;
+  if (rp && !rp->is_object()) FH_FAIL(r.source(), ": \"rope_parameters\" must be an object, got ", json_excerpt(*rp));
+  if (rp)
+    for (const auto& [name, value] : rp->items())
+      if (name != "full_attention" && name != "sliding_attention")
+        FH_FAIL(r.source(), ": gemma3_text's \"rope_parameters\" must be per layer type (full_attention, ",
+                "sliding_attention), got entry \"", name, "\"");
+  auto entry = [&](const char* type) {
+    if (!rp || !rp->contains(type) || (*rp)[type].is_null()) return json::object();
+    if (!(*rp)[type].is_object())
+      FH_FAIL(r.source(), ": \"rope_parameters\" entry \"", type, "\" must be an object, got ",
+              json_excerpt((*rp)[type]));
+    return (*rp)[type];
+  };
+  json full = entry("full_attention"), local = entry("sliding_attention");
+  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) full.update(j["rope_scaling"]);
+  if (!full.contains("rope_theta")) full["rope_theta"] = r.number_or("rope_theta", 1e6);
+  if (!local.contains("rope_theta")) local["rope_theta"] = r.number_or("rope_local_base_freq", 1e4);
+  auto parse = [&](json params, const char* type, int64_t* pos) {
+    json cfg = j;
+    cfg.erase("rope_scaling");
+    cfg.erase("rope_theta");
+    cfg["rope_parameters"] = std::move(params);
+    return model_detail::parse_rope(Reader(cfg, r.source() + " (" + type + " layers)"), c.head_dim, c.max_positions,
+                                    false, pos);
+  };
+  int64_t local_positions = 0;
+  c.rope = parse(std::move(full), "full_attention", positions);
+  c.rope_local = parse(std::move(local), "sliding_attention", &local_positions);
+  c.has_local_rope = true;
+  *positions = std::min(*positions, local_positions);
+}
+
 void parse_llama(const Reader& r, ModelConfig& c) {
   c.arch = Arch::kLlama;
   c.ffn_dim = r.positive_int("intermediate_size", kMaxDim);
@@ -104,6 +199,9 @@ void parse_llama(const Reader& r, ModelConfig& c) {
               json_excerpt(r.object()["clip_qkv"]));
   } else if (c.model_type == "phi3") {  // no biases; q/k/v and gate/up stored fused
     c.fused_projections = true;
+  } else if (is_one_of(c.model_type, kGemmaTypes)) {
+    parse_gemma(r, c);
+    return;
   } else {
     c.attention_bias = c.o_bias = r.bool_or("attention_bias", false);
     c.mlp_bias = r.bool_or("mlp_bias", false);
@@ -137,12 +235,14 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.max_positions = r.positive_int("max_position_embeddings", kMaxIndex - 2);  // OPT stores 2 more
   if (c.model_type == "opt") {
     parse_opt(r, c);
-  } else if (is_one_of(c.model_type, kDenseLlamaTypes) || is_one_of(c.model_type, kMoeTypes)) {
+  } else if (is_one_of(c.model_type, kDenseLlamaTypes) || is_one_of(c.model_type, kMoeTypes) ||
+             is_one_of(c.model_type, kGemmaTypes)) {
     parse_llama(r, c);
   } else {
     std::string known = "opt";
     for (std::string_view t : kDenseLlamaTypes) known += ", " + std::string(t);
     for (std::string_view t : kMoeTypes) known += ", " + std::string(t);
+    for (std::string_view t : kGemmaTypes) known += ", " + std::string(t);
     FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: ", known, ")");
   }
   c.head_dim = r.positive_int_or("head_dim", kMaxDim, c.hidden / c.n_heads);
@@ -150,7 +250,10 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     FH_FAIL(source, ": hidden_size (", c.hidden, ") is not a multiple of num_attention_heads (", c.n_heads, ")");
   if (c.arch == Arch::kLlama) {
     int64_t positions = 0;
-    c.rope = model_detail::parse_rope(r, c.head_dim, c.max_positions, c.model_type == "phi3", &positions);
+    if (c.model_type == "gemma3_text")
+      parse_gemma3_ropes(r, c, &positions);
+    else
+      c.rope = model_detail::parse_rope(r, c.head_dim, c.max_positions, c.model_type == "phi3", &positions);
     c.max_positions = c.sliding_window ? std::min(positions, c.sliding_window) : positions;
   }
   c.bos_id = r.token_id("bos_token_id");
@@ -160,6 +263,12 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   if (dt == "float32") c.dtype = DType::F32;
   else if (dt == "bfloat16") c.dtype = DType::BF16;
   else c.dtype = DType::F16;
+  if (c.gelu_gate) {  // Gemma's sqrt(hidden), in the checkpoint's dtype as transformers computes it
+    const float scale = std::sqrt(float(c.hidden));
+    c.embed_scale = c.dtype == DType::BF16  ? bf16_to_f32(f32_to_bf16(scale))
+                    : c.dtype == DType::F16 ? f16_to_f32(f32_to_f16(scale))
+                                            : scale;
+  }
   return c;
 }
 

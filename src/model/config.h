@@ -3,14 +3,18 @@
 // LLaMA (RMSNorm, rotary, SwiGLU, GQA), which also serves model_type "mistral", "qwen2" (q/k/v
 // biases without an o_proj bias), "qwen3" (RMSNorm over each head of q and k), "phi3" (q/k/v
 // and gate/up stored fused) and the mixtures of experts "mixtral", "qwen2_moe" (with a shared
-// expert), "qwen3_moe" and "olmoe" (q and k normalized over the whole projection). Parsing validates every field it
-// uses and throws flexh2o::Error naming the file and the key. Plain value type.
+// expert), "qwen3_moe" and "olmoe" (q and k normalized over the whole projection), and Gemma: "gemma" (GeGLU,
+// norms by 1 + weight, scaled embeddings), "gemma2" (norms after attention and MLP too, tanh soft caps)
+// and "gemma3_text" (q/k norms, a rope of its own for the sliding-window layers). Parsing validates
+// every field it uses and throws flexh2o::Error naming the file and the key. Plain value type.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "model/rope.h"
@@ -22,7 +26,7 @@ enum class Arch { kOpt, kLlama };
 struct ModelConfig {
   Arch arch = Arch::kOpt;
   std::string model_type;  // "opt" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "mixtral" | "qwen2_moe" |
-                           // "qwen3_moe" | "olmoe"
+                           // "qwen3_moe" | "olmoe" | "gemma" | "gemma2" | "gemma3_text"
   std::string name;        // _name_or_path or the directory name, for reports
   int64_t vocab_size = 0;
   int64_t hidden = 0;
@@ -56,6 +60,26 @@ struct ModelConfig {
   bool fused_projections = false;
   bool qk_norm = false;  // Qwen3: q and k pass an RMSNorm over each head (q_norm, k_norm) before rotary
   bool qk_norm_whole = false;  // OLMoE: that RMSNorm is over the whole q / k projection, not each head
+  // Gemma: the MLP's gate passes the tanh GELU (GeGLU) instead of SiLU; every RMSNorm multiplies
+  // by norm_offset + weight (1; 0 elsewhere); token embeddings are multiplied by embed_scale
+  // (sqrt(hidden) rounded to the checkpoint's dtype, as transformers does).
+  bool gelu_gate = false;
+  float norm_offset = 0.f;
+  float embed_scale = 1.f;
+  // Gemma 2/3: the attention output passes post_attention_layernorm and the MLP output
+  // post_feedforward_layernorm before each residual add; the MLP's input norm is
+  // pre_feedforward_layernorm (LayerWeights::post_attn_norm_w, ln2_w, post_ffn_norm_w).
+  bool sandwich_norms = false;
+  // Gemma 2/3: softmax(q.k / sqrt(query_pre_attn_scalar)) instead of / sqrt(head_dim) (0: head_dim).
+  int64_t query_pre_attn_scalar = 0;
+  // Gemma 2: attention scores and the final logits pass cap * tanh(x / cap) (0: no cap).
+  float attn_softcap = 0.f, final_softcap = 0.f;
+  // Gemma 2/3 (layer_types): 1 for each layer whose attention is sliding-window (within
+  // max_positions it is full attention); Gemma 3 rotates those layers' q/k by rope_local. Empty
+  // elsewhere.
+  std::vector<uint8_t> sliding_layers;
+  Rope rope_local;
+  bool has_local_rope = false;
   std::optional<int32_t> bos_id, eos_id, pad_id;
   DType dtype = DType::F16;  // torch_dtype: what dummy weights use
 
@@ -77,6 +101,16 @@ struct ModelConfig {
 
   // The widest FFN an MLP runs: the scratch rows it needs.
   int64_t ffn_scratch_dim() const { return shared_expert_dim > ffn_dim ? shared_expert_dim : ffn_dim; }
+
+  // The softmax scale of q.k.
+  float attention_scale() const {
+    return 1.0f / std::sqrt(float(query_pre_attn_scalar ? query_pre_attn_scalar : head_dim));
+  }
+  // Whether layer `layer` rotates by rope_local (Gemma 3's sliding-window layers); bind_weights
+  // records it in LayerWeights::local_rope.
+  bool local_rope_layer(int64_t layer) const {
+    return has_local_rope && layer >= 0 && layer < int64_t(sliding_layers.size()) && sliding_layers[size_t(layer)];
+  }
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }

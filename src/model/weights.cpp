@@ -35,7 +35,8 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
       const bool mlp = name.find(".fc1.") != std::string::npos || name.find(".fc2.") != std::string::npos ||
                        name.find("final_layer_norm") != std::string::npos || name.find(".mlp.") != std::string::npos ||
                        name.find(".block_sparse_moe.") != std::string::npos ||
-                       name.find("post_attention_layernorm") != std::string::npos;
+                       name.find("feedforward_layernorm") != std::string::npos ||
+                       (name.find("post_attention_layernorm") != std::string::npos && !c.sandwich_norms);
       part = mlp ? LayerPart::kMlp : LayerPart::kAttention;
     }
     s.push_back({std::move(name), shape, layer, part});
@@ -89,6 +90,10 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
     add(p + "self_attn.k_norm.weight", {c.qk_norm_whole ? KV : c.head_dim});
   }
   add(p + "post_attention_layernorm.weight", {H});
+  if (c.sandwich_norms) {  // Gemma 2/3: the MLP's input norm and its output's
+    add(p + "pre_feedforward_layernorm.weight", {H});
+    add(p + "post_feedforward_layernorm.weight", {H});
+  }
   if (c.moe()) {  // the names each family's checkpoints use
     const bool mixtral = c.model_type == "mixtral";
     const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
@@ -192,7 +197,10 @@ ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, cons
                           std::vector<BoundTensor>* bound) {
   ModelWeights w;
   w.layers.resize(size_t(c.n_layers));
-  for (LayerWeights& L : w.layers) L.experts.resize(size_t(c.n_experts));
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    w.layers[i].experts.resize(size_t(c.n_experts));
+    w.layers[i].local_rope = c.local_rope_layer(int64_t(i));
+  }
   for (const WeightSpec& spec : weight_specs(c)) {
     TensorView v = lookup(spec);
     if (v.empty()) {
@@ -222,6 +230,12 @@ ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, cons
     LayerWeights& L = w.layers[size_t(spec.layer)];
     if (TensorView* slot = moe_slot(c, n, L)) {
       *slot = v;
+      continue;
+    }
+    if (c.sandwich_norms && (ends("post_attention_layernorm.weight") || ends("feedforward_layernorm.weight"))) {
+      (ends("post_attention_layernorm.weight")    ? L.post_attn_norm_w
+       : ends("pre_feedforward_layernorm.weight") ? L.ln2_w
+                                                  : L.post_ffn_norm_w) = v;
       continue;
     }
     const std::pair<const char*, TensorView*> table[] = {{"self_attn_layer_norm.weight", &L.ln1_w},
@@ -368,6 +382,8 @@ Model Model::stage(int64_t first, int64_t end) const {
   Model m;
   m.config_ = config_;
   m.config_.n_layers = end - first;
+  if (!config_.sliding_layers.empty())
+    m.config_.sliding_layers.assign(config_.sliding_layers.begin() + first, config_.sliding_layers.begin() + end);
   m.owner_ = owner_;
   m.dummy_ = dummy_;
   m.stage_ = {base + first, base + end, total};

@@ -58,6 +58,12 @@ struct LayerWeights {
   std::vector<ExpertWeights> experts;  // MoE: n_experts of them
   ExpertWeights shared_expert;         // Qwen2-MoE: of shared_expert_dim
   TensorView shared_gate_w;            // Qwen2-MoE: [1, hidden]
+  // Gemma 2/3 (ModelConfig::sandwich_norms): post_attention_layernorm over the attention output
+  // and post_feedforward_layernorm over the MLP's (ln2_w is then pre_feedforward_layernorm).
+  TensorView post_attn_norm_w, post_ffn_norm_w;
+  // Not a weight: this layer rotates q/k by ModelConfig::rope_local (Gemma 3's sliding-window
+  // layers), set by bind_weights from ModelConfig::local_rope_layer.
+  bool local_rope = false;
 
   // Every view of the layer, for code that rewrites or visits them all (compression, offload
   // remapping, hazard tracking), so a field added here is never missed there.
@@ -90,7 +96,9 @@ struct LayerWeights {
                                &shared_expert.gate_w,
                                &shared_expert.up_w,
                                &shared_expert.down_w,
-                               &shared_gate_w};
+                               &shared_gate_w,
+                               &post_attn_norm_w,
+                               &post_ffn_norm_w};
     for (ExpertWeights& e : experts) v.insert(v.end(), {&e.gate_w, &e.up_w, &e.down_w});
     return v;
   }

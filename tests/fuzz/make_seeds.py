@@ -112,6 +112,16 @@ def main():
         "qwen2_moe": {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2, "qkv_bias": True,
                       "moe_intermediate_size": 48, "shared_expert_intermediate_size": 80},
         "olmoe": {"model_type": "olmoe", "num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": None},
+        "gemma": {"model_type": "gemma", "hidden_act": "gelu", "head_dim": 64},
+        "gemma2": {"model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 48,
+                   "attn_logit_softcapping": 50.0, "final_logit_softcapping": None, "sliding_window": 64,
+                   "layer_types": ["sliding_attention", "full_attention"] * 2},
+        "gemma3_text": {"model_type": "gemma3_text", "head_dim": 64, "sliding_window": 32, "sliding_window_pattern": 2,
+                        "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                               "rope_theta": 1e6},
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+        "gemma3_text_old": {"model_type": "gemma3_text", "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                            "rope_local_base_freq": 1e4, "rope_theta": 1e6},
     }
     for name, extra in ropes.items():
         put("config", name, compact({**llama, **extra}))

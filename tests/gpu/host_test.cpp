@@ -21,6 +21,9 @@ TEST(CudaDevice, ComputeDtypeFollowsTheCheckpoint) {
   ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
   c.dtype = DType::BF16;
   EXPECT_EQ(gpu::compute_dtype(Model::dummy(c)), DType::BF16);  // dummy weights are stored in c.dtype
+  // Gemma runs in bf16 even from an f16 checkpoint (its activations overflow f16).
+  for (const char* name : {"arch/gemma", "arch/gemma2"})
+    EXPECT_EQ(gpu::compute_dtype(Model::load_dir(model_dir(name))), DType::BF16) << name;
 }
 
 TEST(CudaDevice, WithoutAGpuSaysWhyAndWhatToUseInstead) {
@@ -37,9 +40,10 @@ TEST(CudaDevice, WithoutAGpuSaysWhyAndWhatToUseInstead) {
   }
 }
 
-// A model the CUDA kernels cannot run is named before any GPU work: Gemma's head_dim 256 (the
-// CLI's --device auto then picks the CPU, --device cuda refuses with this reason); Phi-3-mini's
-// 96 runs (over an f16/bf16/f32 cache: the 4-bit one is refused by the device, which needs a GPU).
+// A model the CUDA kernels cannot run is named before any GPU work: a head_dim of 80 (the CLI's
+// --device auto then picks the CPU, --device cuda refuses with this reason); Phi-3-mini's 96 runs
+// (over an f16/bf16/f32 cache: the 4-bit one is refused by the device, which needs a GPU), and
+// Gemma's 256.
 TEST(CudaDevice, SaysWhichModelsItsKernelsCannotRun) {
   ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
   EXPECT_EQ(gpu::cuda_unsupported(c, DType::F16), "");
@@ -48,13 +52,15 @@ TEST(CudaDevice, SaysWhichModelsItsKernelsCannotRun) {
   c.head_dim = 96;
   EXPECT_EQ(gpu::cuda_unsupported(c, DType::F16), "");
   c.head_dim = 256;
-  c.name = "gemma-7b";
+  EXPECT_EQ(gpu::cuda_unsupported(c, DType::BF16), "");
+  c.head_dim = 80;
+  c.name = "stablelm-3b";
   const std::string why = gpu::cuda_unsupported(c, DType::F16);
   if (!cuda_compiled_in()) {
     EXPECT_EQ(why, "");  // make_cuda_device() refuses on its own
     return;
   }
-  EXPECT_EQ(why, "the CUDA attention kernels are built for head_dim 64, 96 and 128, and gemma-7b has 256");
+  EXPECT_EQ(why, "the CUDA attention kernels are built for head_dim 64, 96, 128 and 256, and stablelm-3b has 80");
 }
 
 // The tile is the largest weight a unit multiplies by (tiny-opt and tiny-llama: the 4096 x 256

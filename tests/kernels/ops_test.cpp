@@ -1,6 +1,7 @@
-// The small CPU ops against double-precision references: layernorm, rmsnorm, rotary (HF
-// rotate_half), silu_mul (every ISA variant), embedding / add_embedding (every weight dtype,
-// bad ids throw), write_kv and kv_gather/score_gather.
+// The small CPU ops against double-precision references: layernorm, rmsnorm (with Gemma's
+// 1 + gamma, and rmsnorm_add), rotary (HF rotate_half), silu_mul, gelu_tanh_mul and softcap
+// (every ISA variant), embedding / add_embedding (every weight dtype, bad ids throw), write_kv
+// and kv_gather/score_gather.
 #include <algorithm>
 #include <cmath>
 
@@ -42,6 +43,24 @@ TEST_P(Norms, LayerNormAndRmsNorm) {
     for (int64_t i = 0; i < D; ++i) r[m * D + i] = x[m * D + i] / std::sqrt(ms + 1e-6) * g.values[i];
   }
   expect_close(y.data(), r.data(), r.size(), 1e-5, 1e-4, "rmsnorm");
+
+  // Gemma: times 1 + gamma; rmsnorm_add adds that into y.
+  rmsnorm(x.data(), M, D, g.view, 1e-6f, y.data(), 1.f);
+  std::vector<float> acc = randn(x.size(), 7), acc0 = acc;
+  rmsnorm_add(x.data(), M, D, g.view, 1e-6f, 1.f, acc.data());
+  std::vector<double> ra(x.size());
+  for (int64_t m = 0; m < M; ++m) {
+    double ms = 0;
+    for (int64_t i = 0; i < D; ++i) ms += double(x[m * D + i]) * x[m * D + i];
+    ms /= D;
+    for (int64_t i = 0; i < D; ++i) {
+      r[m * D + i] = x[m * D + i] / std::sqrt(ms + 1e-6) * (1.0 + g.values[i]);
+      ra[m * D + i] = acc0[m * D + i] + r[m * D + i];
+    }
+  }
+  expect_close(y.data(), r.data(), r.size(), 1e-5, 1e-4, "rmsnorm offset 1");
+  expect_close(acc.data(), ra.data(), ra.size(), 1e-5, 1e-4, "rmsnorm_add");
+  EXPECT_THROW(rmsnorm_add(acc.data(), M, D, g.view, 1e-6f, 1.f, acc.data()), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Norms,
@@ -93,6 +112,31 @@ TEST_P(SiluMul, MatchesReference) {
     for (int64_t i = 0; i < n; ++i) r[i] = g0[i] / (1.0 + std::exp(-double(g0[i]))) * u[i];
     expect_close(g.data(), r.data(), r.size(), 1e-6, 1e-5, "silu_mul n=" + std::to_string(n));
   }
+}
+// PyTorch's gelu(approximate="tanh") times up, and cap * tanh(x / cap), against double references,
+// extremes included (saturation must give the limit, not NaN).
+TEST_P(SiluMul, GeluTanhAndSoftcapMatchReference) {
+  for (int64_t n : {1, 7, 16, 1000, 100003}) {
+    auto g = randn(size_t(n), 11, 4.f), u = randn(size_t(n), 12);
+    if (n > 4) g[0] = 95.f, g[1] = -95.f, g[2] = 0.f, g[3] = -1e-4f;
+    auto x = g;
+    const auto g0 = g;
+    detail::gelu_tanh_mul_isa(GetParam(), g.data(), u.data(), n);
+    std::vector<double> r(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = g0[i];
+      r[i] = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))) * u[i];
+    }
+    expect_close(g.data(), r.data(), r.size(), 1e-6, 1e-5, "gelu_tanh_mul n=" + std::to_string(n));
+    for (const float cap : {0.5f, 5.f, 50.f}) {
+      auto y = x;
+      detail::softcap_isa(GetParam(), y.data(), n, cap);
+      for (int64_t i = 0; i < n; ++i) r[i] = cap * std::tanh(double(x[i]) / cap);
+      expect_close(y.data(), r.data(), r.size(), 2e-7 * cap, 1e-5, "softcap " + std::to_string(cap));
+    }
+  }
+  float one = 1.f;
+  EXPECT_THROW(detail::softcap_isa(GetParam(), &one, 1, 0.f), Error);
 }
 INSTANTIATE_TEST_SUITE_P(All, SiluMul, ::testing::ValuesIn(available_isas()),
                          [](const ::testing::TestParamInfo<Isa>& i) { return isa_str(i.param); });

@@ -204,15 +204,15 @@ TEST(AttentionReference, AgreesWithCpuKernel) {
   }
 }
 
-// CPU-only: the dispatch list is act {F16, BF16} x kv {F16, BF16, F32} x head_dim {64, 96, 128},
-// and kv Q4 for head_dim {64, 128} (a Q4 row's groups of 64 do not divide 96).
+// CPU-only: the dispatch list is act {F16, BF16} x kv {F16, BF16, F32} x head_dim {64, 96, 128,
+// 256}, and kv Q4 for head_dim {64, 128, 256} (a Q4 row's groups of 64 do not divide 96).
 TEST(AttentionDispatch, KvDtypeIsIndependentOfActivationDtype) {
   for (DType act : {DType::F16, DType::BF16, DType::F32, DType::I32})
     for (DType kv : {DType::F16, DType::BF16, DType::F32, DType::Q4, DType::I32, DType::U8})
-      for (int64_t hd : {32, 64, 80, 96, 128, 256}) {
-        const bool plain =
-            (kv == DType::F16 || kv == DType::BF16 || kv == DType::F32) && (hd == 64 || hd == 96 || hd == 128);
-        const bool q4 = kv == DType::Q4 && (hd == 64 || hd == 128);
+      for (int64_t hd : {32, 64, 80, 96, 128, 256, 512}) {
+        const bool plain = (kv == DType::F16 || kv == DType::BF16 || kv == DType::F32) &&
+                           (hd == 64 || hd == 96 || hd == 128 || hd == 256);
+        const bool q4 = kv == DType::Q4 && (hd == 64 || hd == 128 || hd == 256);
         const bool want = (act == DType::F16 || act == DType::BF16) && (plain || q4);
         EXPECT_EQ(attention_supported(act, kv, hd), want) << dt_str(act) << " " << dt_str(kv) << " " << hd;
       }

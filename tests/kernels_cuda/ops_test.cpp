@@ -1,6 +1,6 @@
-// ops.h (linear, embeddings, norms, rotary, silu_mul, the MoE ops) against kernels/cpu on random inputs,
-// for F16 and BF16 and awkward shapes (1, primes, non-multiples of 8/16). The CPU reference
-// gets the same dt-rounded inputs; tolerances cover the fp16/bf16 rounding of the output.
+// ops.h (linear, embeddings, scale, norms (Gemma's too), rotary, silu_mul, gelu_tanh_mul, softcap_f32, the MoE ops)
+// against kernels/cpu on random inputs, for F16 and BF16 and awkward shapes (1, primes, non-multiples of 8/16). The CPU
+// reference gets the same dt-rounded inputs; tolerances cover the fp16/bf16 rounding of the output.
 #include "kernels/cpu/ops.h"
 
 #include <algorithm>
@@ -125,6 +125,16 @@ TEST_P(OpsGpu, NormsMatchCpu) {
       void* dy = alloc<uint16_t>(x.f.size());
       rmsnorm(dt, upload(x.f, dt), M, D, upload(g.f, dt), 1e-6f, dy, stream());
       expect_close(download(dy, ref.size(), dt), ref, tol_for(dt, 4.f), "rmsnorm " + sh);
+      // Gemma: times 1 + gamma, and y += norm(x) rounded once
+      cpu::rmsnorm(x.f.data(), M, D, g.view, 1e-6f, ref.data(), 1.f);
+      rmsnorm(dt, upload(x.f, dt), M, D, upload(g.f, dt), 1e-6f, dy, stream(), 1.f);
+      expect_close(download(dy, ref.size(), dt), ref, tol_for(dt, 4.f), "rmsnorm offset 1 " + sh);
+      HostT acc = host_tensor(dt, {M, D}, 11);
+      std::vector<float> sum = acc.f;
+      cpu::rmsnorm_add(x.f.data(), M, D, g.view, 1e-6f, 1.f, sum.data());
+      void* da = upload(acc.f, dt);
+      rmsnorm_add(dt, upload(x.f, dt), M, D, upload(g.f, dt), 1e-6f, 1.f, da, stream());
+      expect_close(download(da, sum.size(), dt), sum, tol_for(dt, 4.f), "rmsnorm_add " + sh);
     }
 }
 
@@ -159,6 +169,28 @@ TEST_P(OpsGpu, SiluMulMatchesCpu) {
     void* dg = upload(g.f, dt);
     silu_mul(dt, dg, upload(u.f, dt), n, stream());
     expect_close(download(dg, ref.size(), dt), ref, tol_for(dt), "silu_mul n=" + std::to_string(n));
+  }
+}
+
+TEST_P(OpsGpu, GeluTanhMulScaleAndSoftcapMatchCpu) {
+  const DType dt = GetParam();
+  for (int64_t n : {1, 31, 1000}) {
+    HostT g = host_tensor(dt, {n}, 14, 3.f), u = host_tensor(dt, {n}, 15);
+    std::vector<float> ref = g.f;
+    cpu::gelu_tanh_mul(ref.data(), u.f.data(), n);
+    void* dg = upload(g.f, dt);
+    gelu_tanh_mul(dt, dg, upload(u.f, dt), n, stream());
+    expect_close(download(dg, ref.size(), dt), ref, tol_for(dt), "gelu_tanh_mul n=" + std::to_string(n));
+    ref = g.f;
+    for (float& v : ref) v *= 59.75f;
+    void* ds = upload(g.f, dt);
+    scale(dt, ds, n, 59.75f, stream());
+    expect_close(download(ds, ref.size(), dt), ref, tol_for(dt, 60.f), "scale n=" + std::to_string(n));
+    std::vector<float> logits = randn(size_t(n), 16, 40.f), capped = logits;
+    cpu::softcap(capped.data(), n, 30.f);
+    float* dl = upload_raw(logits);
+    softcap_f32(dl, n, 30.f, stream());
+    expect_close(download_raw(dl, capped.size()), capped, {1e-5f, 1e-5f}, "softcap_f32 n=" + std::to_string(n));
   }
 }
 

@@ -40,6 +40,13 @@ layer and for every token, the second and third routing probabilities are at lea
              heads and 2 KV heads of 64, so that a norm per head would differ), experts of
              intermediate_size 32, tied embeddings; prompts up to 32 tokens (fewer routing
              choices to keep apart).
+Gemma, GeGLU (tanh GELU), every RMSNorm by 1 + weight, embeddings times sqrt(hidden), tied:
+  gemma      GemmaForCausalLM.
+  gemma2     Gemma2ForCausalLM: norms after attention and MLP too, query_pre_attn_scalar 48,
+             soft caps 5 on the attention scores and 3 on the logits (small enough to bite),
+             layer 0 sliding-window (48, below max_position_embeddings 128), layer 1 full.
+  gemma3_text_linear  Gemma3ForCausalLM: as gemma2 without soft caps, with per-head q/k norms; the
+             sliding layer rotates by theta 1e4, the full one by theta 1e6 with linear factor 2.
 """
 import json
 import pathlib
@@ -49,7 +56,8 @@ import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
                           MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM, OlmoeConfig, OlmoeForCausalLM)
+                          Qwen3MoeForCausalLM, OlmoeConfig, OlmoeForCausalLM, GemmaConfig, GemmaForCausalLM,
+                          Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
 # head_dim 64 (explicit, over hidden 64) so that the CUDA attention kernels run them too (tests/gpu);
@@ -201,6 +209,19 @@ def main():
                                                 tie_word_embeddings=True, pad_token_id=None)),
           "tiny random OlmoeForCausalLM (transformers), float16, 4 experts, 2 a token, q/k norms over the projection",
           seed=25, lengths=(1, 7, 23, 32))
+    gemma = dict(COMMON, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)
+    write("gemma", GemmaForCausalLM(GemmaConfig(**COMMON, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True)),
+          "tiny random GemmaForCausalLM (transformers), float16", seed=26)
+    write("gemma2", Gemma2ForCausalLM(Gemma2Config(**gemma, query_pre_attn_scalar=48, sliding_window=48,
+                                                   attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                                                   attn_implementation="eager")),
+          "tiny random Gemma2ForCausalLM (transformers), float16, soft caps 5 and 3, a sliding layer", seed=27)
+    write("gemma3_text_linear", Gemma3ForCausalLM(Gemma3TextConfig(
+        **gemma, query_pre_attn_scalar=48, sliding_window=48, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}},
+        attn_implementation="eager")),
+          "tiny random Gemma3ForCausalLM (transformers), float16, q/k norms, a rope per layer type", seed=28)
 
 
 if __name__ == "__main__":

@@ -118,11 +118,12 @@ void attention_run(const AttnTask& task) {
           for (int j = 0; j < nr; ++j) S[(i0 - qb0 + i) * ld + j0 + j] = part[i * NR + j] * a.scale;
       }
     }
-    // ---- softmax per query (fp32, max-subtracted), H2O key scores
+    // ---- softmax per query (fp32, max-subtracted, after any soft cap), H2O key scores
     for (int64_t i = qb0; i < qb1; ++i) {
       const int64_t n = n_of(i);
       if (n <= 0) continue;
       float* row = S + (i - qb0) * ld;
+      if (a.softcap > 0) softcap<T>(row, n, a.softcap);
       float* kscore = task.scores ? task.scores + (i % nh) * a.capacity : nullptr;
       V mv = T::set1(row[0]);
       int64_t j = 0;

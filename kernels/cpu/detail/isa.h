@@ -82,6 +82,8 @@ struct KernelTable {
   void (*linear_task)(const LinearTask& t);
   void (*attention_task)(const AttnTask& t);
   void (*silu_mul)(float* gate, const float* up, int64_t n);
+  void (*gelu_tanh_mul)(float* gate, const float* up, int64_t n);
+  void (*softcap)(float* x, int64_t n, float cap);
   void (*to_f32)(DType dtype, const void* src, int64_t n, float* dst);    // one block, no checks
   void (*from_f32)(const float* src, int64_t n, DType dtype, void* dst);  // one block, no checks
   void (*q4_decode)(const void* src, int64_t rows, int64_t cols, float* dst, int64_t dst_stride);
@@ -100,6 +102,8 @@ void linear_isa(Isa isa, const float* x, int64_t M, int64_t K, const TensorView&
                 const TensorView* bias, float* y, Epilogue ep);
 void attention_isa(Isa isa, const AttentionArgs& a);
 void silu_mul_isa(Isa isa, float* gate, const float* up, int64_t n);
+void gelu_tanh_mul_isa(Isa isa, float* gate, const float* up, int64_t n);
+void softcap_isa(Isa isa, float* x, int64_t n, float cap);
 void check_kv_dtype(DType dtype, const char* what);     // throws unless F32, F16, BF16 or Q4
 void check_float_dtype(DType dtype, const char* what);  // throws unless F32, F16 or BF16
 void to_f32_isa(Isa isa, DType src_dtype, const void* src, int64_t n, float* dst);
