@@ -218,11 +218,52 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   if (windowed && r.has("sliding_window")) c.sliding_window = r.positive_int("sliding_window", kMaxIndex);
 }
 
+ModelConfig parse_object(const json& j, const std::string& source);
+
+// Gemma3TextConfig's defaults for the keys a config may leave out (the multimodal checkpoints'
+// text_config lists only what differs, e.g. Gemma 3 4B's hidden_size and layer count).
+json with_gemma3_defaults(json t) {
+  const std::pair<const char*, int64_t> defaults[] = {{"vocab_size", 262208},      {"hidden_size", 2304},
+                                                      {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+                                                      {"num_attention_heads", 8},  {"num_key_value_heads", 4},
+                                                      {"head_dim", 256},           {"max_position_embeddings", 131072}};
+  for (const auto& [key, value] : defaults)
+    if (!t.contains(key)) t[key] = value;
+  return t;
+}
+
+// Gemma3ForConditionalGeneration (model_type gemma3): the engine runs its text model, whose
+// config is text_config (with the top level's name, dtype and tie_word_embeddings where it has
+// none) and whose weights are named language_model.model.*; the vision tower is not read.
+ModelConfig parse_gemma3_multimodal(const json& j, const std::string& source) {
+  if (!j.contains("text_config") || !j["text_config"].is_object())
+    FH_FAIL(source, ": a gemma3 (multimodal) config needs a \"text_config\" object");
+  json t = j["text_config"];
+  if (t.contains("model_type") && t["model_type"] != "gemma3_text")
+    FH_FAIL(source, ": text_config has model_type ", json_excerpt(t["model_type"]), ", expected \"gemma3_text\"");
+  t["model_type"] = "gemma3_text";
+  for (const char* key :
+       {"_name_or_path", "torch_dtype", "dtype", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"})
+    if (j.contains(key) && !t.contains(key)) t[key] = j[key];
+  ModelConfig c = parse_object(with_gemma3_defaults(std::move(t)), source + " text_config");
+  c.in_multimodal = true;
+  return c;
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& source) {
   const json j = parse_json(text, source);
   if (!j.is_object()) FH_FAIL(source, ": expected a JSON object");
+  if (j.contains("model_type") && j["model_type"] == "gemma3") return parse_gemma3_multimodal(j, source);
+  if (j.contains("model_type") && j["model_type"] == "gemma3_text")
+    return parse_object(with_gemma3_defaults(j), source);
+  return parse_object(j, source);
+}
+
+namespace {
+
+ModelConfig parse_object(const json& j, const std::string& source) {
   Reader r(j, source);
   ModelConfig c;
   c.model_type = r.string_or("model_type", "");
@@ -243,6 +284,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     for (std::string_view t : kDenseLlamaTypes) known += ", " + std::string(t);
     for (std::string_view t : kMoeTypes) known += ", " + std::string(t);
     for (std::string_view t : kGemmaTypes) known += ", " + std::string(t);
+    known += ", gemma3";
     FH_FAIL(source, ": unknown model_type \"", c.model_type, "\" (supported: ", known, ")");
   }
   c.head_dim = r.positive_int_or("head_dim", kMaxDim, c.hidden / c.n_heads);
@@ -271,6 +313,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   }
   return c;
 }
+
+}  // namespace
 
 ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
   ModelConfig c = from_json_text(read_input_file(path, "model config"), path.string());

@@ -5,7 +5,8 @@
 // and gate/up stored fused) and the mixtures of experts "mixtral", "qwen2_moe" (with a shared
 // expert), "qwen3_moe" and "olmoe" (q and k normalized over the whole projection), and Gemma: "gemma" (GeGLU,
 // norms by 1 + weight, scaled embeddings), "gemma2" (norms after attention and MLP too, tanh soft caps)
-// and "gemma3_text" (q/k norms, a rope of its own for the sliding-window layers). Parsing validates
+// and "gemma3_text" (q/k norms, a rope of its own for the sliding-window layers; also the text model
+// of a multimodal "gemma3" checkpoint). Parsing validates
 // every field it uses and throws flexh2o::Error naming the file and the key. Plain value type.
 #pragma once
 
@@ -80,6 +81,9 @@ struct ModelConfig {
   std::vector<uint8_t> sliding_layers;
   Rope rope_local;
   bool has_local_rope = false;
+  // Gemma 3's text model read from a multimodal (model_type gemma3) checkpoint: its weights are
+  // named language_model.model.* (or model.language_model.*); the vision tower is not read.
+  bool in_multimodal = false;
   std::optional<int32_t> bos_id, eos_id, pad_id;
   DType dtype = DType::F16;  // torch_dtype: what dummy weights use
 

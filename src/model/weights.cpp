@@ -14,9 +14,13 @@
 namespace flexh2o {
 namespace {
 
-std::string layer_prefix(const ModelConfig& c, int i) {
-  return (c.arch == Arch::kOpt ? "model.decoder.layers." : "model.layers.") + std::to_string(i) + ".";
+// Where the transformer's tensors live: OPT's model.decoder., LLaMA's model., and the text model of
+// a multimodal Gemma 3 checkpoint (as transformers saves it; load_dir also accepts the layout it
+// uses in memory, model.language_model.).
+std::string base_prefix(const ModelConfig& c) {
+  return c.arch == Arch::kOpt ? "model.decoder." : c.in_multimodal ? "language_model.model." : "model.";
 }
+std::string layer_prefix(const ModelConfig& c, int i) { return base_prefix(c) + "layers." + std::to_string(i) + "."; }
 
 bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
@@ -46,7 +50,7 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
       add("model.decoder.embed_tokens.weight", {V, H});
       add("model.decoder.embed_positions.weight", {c.max_positions + 2, H});
     } else {
-      add("model.embed_tokens.weight", {V, H});
+      add(base_prefix(c) + "embed_tokens.weight", {V, H});
     }
     return;
   }
@@ -55,9 +59,9 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
       add("model.decoder.final_layer_norm.weight", {H});
       add("model.decoder.final_layer_norm.bias", {H});
     } else {
-      add("model.norm.weight", {H});
+      add(base_prefix(c) + "norm.weight", {H});
     }
-    if (!c.tie_embeddings) add("lm_head.weight", {V, H});
+    if (!c.tie_embeddings) add(c.in_multimodal ? "language_model.lm_head.weight" : "lm_head.weight", {V, H});
     return;
   }
   const std::string p = layer_prefix(c, i);
@@ -284,9 +288,12 @@ Model Model::load_dir(const std::filesystem::path& dir) {
   Model m;
   m.config_ = ModelConfig::from_file(dir / "config.json");
   auto archive = std::make_shared<TensorArchive>(open_checkpoint_dir(dir));
-  // Some OPT checkpoints drop the "model." prefix; accept either spelling.
+  // Some OPT checkpoints drop the "model." prefix, and a multimodal Gemma 3's text model may be
+  // saved as model.language_model.* (transformers' names in memory); accept either spelling.
   auto find = [&](const std::string& name) -> const TensorEntry* {
     if (const TensorEntry* e = archive->find(name)) return e;
+    static constexpr std::string_view kSaved = "language_model.model.";
+    if (name.starts_with(kSaved)) return archive->find("model.language_model." + name.substr(kSaved.size()));
     return name.rfind("model.", 0) == 0 ? archive->find(name.substr(6)) : nullptr;
   };
   auto lookup = [&](const WeightSpec& spec) -> TensorView {

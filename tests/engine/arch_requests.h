@@ -20,7 +20,8 @@ inline const std::vector<const char*>& arch_models() {
                                                  "arch/llama_longrope", "arch/phi3",       "arch/phi3_longrope",
                                                  "arch/phi3_partial",   "arch/mixtral",    "arch/qwen3_moe",
                                                  "arch/qwen2_moe",      "arch/phi3_hd96",  "arch/olmoe",
-                                                 "arch/gemma",          "arch/gemma2",     "arch/gemma3_text_linear"};
+                                                 "arch/gemma",          "arch/gemma2",     "arch/gemma3_text_linear",
+                                                 "arch/gemma3_text_mm"};
   return names;
 }
 

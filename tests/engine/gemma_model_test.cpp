@@ -13,6 +13,8 @@
 #include "engine/cpu_device.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
+#include "loader/safetensors.h"
+#include "loader/safetensors_writer.h"
 #include "model/weights.h"
 #include "test_util.h"
 
@@ -156,6 +158,58 @@ TEST(GemmaWeights, NormsBelongToTheirUnitsAndStagesKeepLocalRopes) {
   EXPECT_EQ(second.config().sliding_layers, (std::vector<uint8_t>{0}));
   EXPECT_FALSE(second.weights().layers[0].local_rope);
   EXPECT_TRUE(m.stage(0, 1).weights().layers[0].local_rope);
+}
+
+// Gemma3ForConditionalGeneration: the text model of text_config, with Gemma3TextConfig's defaults
+// for what it leaves out and the top level's dtype; weights named language_model.model.* as
+// transformers saves them, or model.language_model.* as it holds them, with the same logits.
+TEST(GemmaMultimodal, TheTextModelOfAGemma3CheckpointInEitherLayout) {
+  nlohmann::json j = config_of("arch/gemma3_text_mm");
+  ModelConfig c = parse(j);
+  EXPECT_TRUE(c.in_multimodal);
+  EXPECT_EQ(c.model_type, "gemma3_text");
+  EXPECT_EQ(c.hidden, 64);
+  EXPECT_EQ(c.query_pre_attn_scalar, 48);
+  EXPECT_EQ(c.dtype, DType::F16);
+  EXPECT_EQ(weight_specs(c).front().name, "language_model.model.embed_tokens.weight");
+  // Gemma 3 4B's text_config as published lists five keys; the rest are Gemma3TextConfig's.
+  j["text_config"] = {{"hidden_size", 2560},         {"intermediate_size", 10240},
+                      {"model_type", "gemma3_text"}, {"num_hidden_layers", 34},
+                      {"sliding_window", 1024},      {"rope_scaling", {{"factor", 8.0}, {"rope_type", "linear"}}}};
+  j["torch_dtype"] = "bfloat16";
+  c = parse(j);
+  EXPECT_EQ(c.vocab_size, 262208);
+  EXPECT_EQ(c.n_heads, 8);
+  EXPECT_EQ(c.n_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.query_pre_attn_scalar, 256);
+  EXPECT_EQ(c.dtype, DType::BF16);
+  EXPECT_EQ(c.rope.factor, 8);
+  EXPECT_EQ(c.max_positions, 1024);
+  EXPECT_EQ(std::count(c.sliding_layers.begin(), c.sliding_layers.end(), 1), 34 - 5);  // layers 5, 11, ... full
+  j.erase("text_config");
+  EXPECT_NE(error_of([&] { parse(j); }).find("needs a \"text_config\" object"), std::string::npos);
+
+  test::TempDir tmp;
+  std::filesystem::copy_file(model_dir("arch/gemma3_text_mm") / "config.json", tmp.path() / "config.json");
+  SafetensorsArchive a = SafetensorsArchive::open_dir(model_dir("arch/gemma3_text_mm"));
+  std::vector<std::pair<std::string, TensorView>> t;
+  for (const auto& e : a.tensors()) {
+    std::string name = e.name;
+    if (name.starts_with("language_model.model.")) name = "model.language_model." + name.substr(21);
+    t.push_back({name, e.view});
+  }
+  write_safetensors(tmp.path() / "model.safetensors", t);
+  Model saved = Model::load_dir(model_dir("arch/gemma3_text_mm")), held = Model::load_dir(tmp.path());
+  CpuDevice dev(1);
+  Forward fa(saved, dev), fb(held, dev);
+  const std::vector<int32_t> ids = {5, 17, 99, 3, 64};
+  std::vector<int32_t> pos = {0, 1, 2, 3, 4};
+  std::vector<float> la, lb;
+  KvCache ca(saved.config(), 1, 5), cb(held.config(), 1, 5);
+  fa.step(ids.data(), pos.data(), 5, nullptr, ca, LogitsRows::kAll, la);
+  fb.step(ids.data(), pos.data(), 5, nullptr, cb, LogitsRows::kAll, lb);
+  EXPECT_EQ(la, lb);
 }
 
 // The largest |logit - transformers'| of the last reference prompt's last position, as a fraction

@@ -216,7 +216,7 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, Reference, ::testing::Values("tiny-opt", "t
 // region, yarn's and linear's beyond max_position_embeddings; Phi-3's partial rotary and
 // Phi-3-mini's head_dim 96; Mixtral's, Qwen2-MoE's, Qwen3-MoE's and OLMoE's experts (Qwen2-MoE's
 // with its gated shared expert, OLMoE's q/k norms over the whole projection). A directory is named <model_type>[_<rope
-// type> | _partial | _hd<dim>].
+// type> | _partial | _hd<dim> | _mm (the text model of a multimodal checkpoint)].
 class ArchReference : public Reference {};
 
 TEST_P(ArchReference, LogitsMatchTransformers) {
@@ -230,6 +230,8 @@ TEST_P(ArchReference, LogitsMatchTransformers) {
   if (c.moe()) EXPECT_EQ(c.n_experts, 4);
   if (variant.starts_with("hd"))
     EXPECT_EQ(c.head_dim, std::stoll(variant.substr(2)));
+  else if (variant == "mm")  // Gemma 3's text model in a multimodal checkpoint
+    EXPECT_TRUE(c.in_multimodal);
   else if (variant == "partial")
     EXPECT_EQ(model.config().rope.rotary_dims(), model.config().head_dim * 3 / 4);
   else

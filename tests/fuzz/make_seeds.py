@@ -125,6 +125,11 @@ def main():
     }
     for name, extra in ropes.items():
         put("config", name, compact({**llama, **extra}))
+    # A multimodal Gemma 3: the text model's config inside, partly left to Gemma3TextConfig's defaults.
+    put("config", "gemma3_multimodal", compact({"model_type": "gemma3", "torch_dtype": "bfloat16",
+                                                "text_config": {"model_type": "gemma3_text", "hidden_size": 64,
+                                                                "intermediate_size": 128, "num_hidden_layers": 6,
+                                                                "head_dim": 64, "sliding_window": 32}}))
 
     put("tokenizer_json", "bytelevel", small_tokenizer("bytelevel", 300))
     put("tokenizer_json", "llama2", small_tokenizer("llama2", 420))

@@ -47,6 +47,9 @@ Gemma, GeGLU (tanh GELU), every RMSNorm by 1 + weight, embeddings times sqrt(hid
              layer 0 sliding-window (48, below max_position_embeddings 128), layer 1 full.
   gemma3_text_linear  Gemma3ForCausalLM: as gemma2 without soft caps, with per-head q/k norms; the
              sliding layer rotates by theta 1e4, the full one by theta 1e6 with linear factor 2.
+  gemma3_text_mm  Gemma3ForConditionalGeneration (model_type gemma3: the text model inside, a
+             tiny SigLIP vision tower beside it), text-only prompts; its weights are named
+             model.language_model.*, as transformers 5 saves them.
 """
 import json
 import pathlib
@@ -57,7 +60,8 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
                           MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM, OlmoeConfig, OlmoeForCausalLM, GemmaConfig, GemmaForCausalLM,
-                          Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM)
+                          Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM, Gemma3Config,
+                          Gemma3ForConditionalGeneration, SiglipVisionConfig)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "data" / "arch"
 # head_dim 64 (explicit, over hidden 64) so that the CUDA attention kernels run them too (tests/gpu);
@@ -107,7 +111,7 @@ def reference(model, seed, lengths):
 
     hooks = [r.register_forward_hook(gap) for r in routers(model)]
     for n in lengths:
-        ids = torch.randint(3, model.config.vocab_size, (1, n), generator=g)
+        ids = torch.randint(3, model.config.get_text_config().vocab_size, (1, n), generator=g)
         with torch.no_grad():
             logits = model(ids).logits[0].float()
         if gaps and min(gaps) < ROUTING_GAP:
@@ -128,7 +132,8 @@ def write(name, model, note, seed, lengths=LENGTHS):
     if WANT and name not in WANT:
         return
     d = OUT / name
-    model.eval()
+    # fp32 compute: a multimodal model builds its text model in text_config's dtype (float16 here)
+    model.float().eval()
     for seed in range(seed, seed + 5000, 100):  # the first seed without near ties
         randomize(model, seed)
         with torch.no_grad():  # the stored float16 weights, computed in float32 (parameters only:
@@ -142,7 +147,7 @@ def write(name, model, note, seed, lengths=LENGTHS):
     note += f" (seed {seed})"
     (d / "reference").mkdir(exist_ok=True)
     (d / "reference" / "logits.json").write_text(json.dumps(
-        {"description": note, "vocab_size": model.config.vocab_size, "prompts": prompts}) + "\n")
+        {"description": note, "vocab_size": model.config.get_text_config().vocab_size, "prompts": prompts}) + "\n")
     print(f"{d}: {sum(p.numel() for p in model.parameters())} parameters")
 
 
@@ -222,6 +227,13 @@ def main():
                          "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}},
         attn_implementation="eager")),
           "tiny random Gemma3ForCausalLM (transformers), float16, q/k norms, a rope per layer type", seed=28)
+    text = Gemma3TextConfig(**gemma, query_pre_attn_scalar=48, sliding_window=48,
+                            layer_types=["sliding_attention", "full_attention"])
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    write("gemma3_text_mm", Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision,
+                                                                        mm_tokens_per_image=4)),
+          "tiny random Gemma3ForConditionalGeneration (transformers), float16, text-only prompts", seed=29)
 
 
 if __name__ == "__main__":
