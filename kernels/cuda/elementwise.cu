@@ -1,5 +1,6 @@
 // Row-wise and element-wise CUDA ops of ops.h: embedding, add_embedding, scale, layernorm,
-// rmsnorm (+ rmsnorm_add), rotary, silu_mul, gelu_tanh_mul, softcap_f32. fp32 math on fp16/bf16 storage; grid-stride loops with 64-bit indices;
+// rmsnorm (+ rmsnorm_add), rotary, silu_mul, gelu_tanh_mul, softcap_f32. fp32 math on fp16/bf16
+// storage; grid-stride loops with 64-bit indices;
 // norms use one block per row with two block reductions.
 #include <algorithm>
 
