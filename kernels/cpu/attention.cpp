@@ -35,6 +35,7 @@ void attention_isa(Isa isa, const AttentionArgs& a) {
   check_kv_dtype(a.kv_dtype, "attention");
   FH_CHECK(a.n_heads % a.kv_heads == 0, "attention: n_heads ", a.n_heads,
            " is not a multiple of kv_heads ", a.kv_heads);
+  FH_CHECK(a.window >= 0, "attention: window must be >= 0, got ", a.window);
   if (a.batch == 0 || a.tq == 0) return;
   FH_CHECK(a.q && a.k && a.v && a.out && a.seq_keys, "attention: null pointer");
   FH_CHECK(a.q_stride >= a.n_heads * a.head_dim && a.out_stride >= a.n_heads * a.head_dim,

@@ -149,6 +149,8 @@ struct AttentionArgs {
   const int32_t* seq_keys = nullptr;  // [B] filled slots of sequence b (incl. this step's tq)
   float scale = 0.f;                  // softmax(q.k * scale); usually 1/sqrt(head_dim)
   float softcap = 0.f;                // > 0: scores s = q.k * scale become softcap * tanh(s / softcap)
+  // > 0: sliding-window attention, the query in slot s sees slots (s - window, s] (0: [0, s]).
+  int64_t window = 0;
   float* out = nullptr;               // [B, tq] rows at stride out_stride, n_heads*head_dim
   int64_t out_stride = 0;
   // Optional [B, n_heads, capacity]: for each key slot, += the attention probability it got,

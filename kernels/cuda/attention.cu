@@ -75,7 +75,7 @@ struct AttentionView {
   void* out;
   float* key_scores;
   const int32_t* seq_keys;
-  int64_t q_stride, out_stride, tq, n_heads, kv_heads, capacity, max_keys;
+  int64_t q_stride, out_stride, tq, n_heads, kv_heads, capacity, max_keys, window;
   float scale, softcap;
 };
 
@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
     return;
   }
   const int64_t nk = slot + 1;
+  const int64_t lo = a.window > 0 && nk > a.window ? nk - a.window : 0;  // a window hides [0, lo)
   const int64_t g = h / (a.n_heads / a.kv_heads);
   using Row = KvRow<TKV, HD>;
   const std::byte* kb = static_cast<const std::byte*>(a.k) + (b * a.kv_heads + g) * a.capacity * Row::kBytes;
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
 #pragma unroll
   for (int e = 0; e < E; ++e) qr[e] = qs[lane * E + e];
   float mx = -INFINITY;
-  for (int64_t j = warp; j < nk; j += kAttnWarps) {
+  for (int64_t j = lo + warp; j < nk; j += kAttnWarps) {
     float kr[E];
     Row::load(kb + j * Row::kBytes, lane, kr);
     float s = 0.f;
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
   }
   mx = detail::block_reduce<true>(mx, red);  // (its __syncthreads also publishes sc)
   float sum = 0.f;
-  for (int64_t j = threadIdx.x; j < nk; j += kAttnThreads) {
+  for (int64_t j = lo + threadIdx.x; j < nk; j += kAttnThreads) {
     const float p = expf(sc[j] - mx);
     sc[j] = p;
     sum += p;
@@ -138,14 +139,14 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
   const float inv = 1.f / detail::block_reduce<false>(sum, red);
   if (a.key_scores) {
     float* ks = a.key_scores + (b * a.n_heads + h) * a.capacity;
-    for (int64_t j = threadIdx.x; j < nk; j += kAttnThreads) atomicAdd(ks + j, sc[j] * inv);
+    for (int64_t j = lo + threadIdx.x; j < nk; j += kAttnThreads) atomicAdd(ks + j, sc[j] * inv);
   }
 
   // output: warp w accumulates keys w, w+4, ... into E registers per lane, then warps combine
   float acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
-  for (int64_t j = warp; j < nk; j += kAttnWarps) {
+  for (int64_t j = lo + warp; j < nk; j += kAttnWarps) {
     float vr[E];
     Row::load(vb + j * Row::kBytes, lane, vr);
     const float p = sc[j];
@@ -177,7 +178,7 @@ void launch_attention(const AttentionArgs& a, int64_t max_keys, cudaStream_t str
     FH_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<TQ, TKV, HD>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const AttentionView v{a.q, a.k, a.v, a.out, a.key_scores, a.seq_keys, a.q_stride, a.out_stride,
-                        a.tq, a.n_heads, a.kv_heads, a.capacity, max_keys, a.scale, a.softcap};
+                        a.tq, a.n_heads, a.kv_heads, a.capacity, max_keys, a.window, a.scale, a.softcap};
   const dim3 grid(unsigned(a.tq), unsigned(a.n_heads), unsigned(a.batch));
   attention_kernel<TQ, TKV, HD><<<grid, kAttnThreads, smem, stream>>>(v);
   FH_CUDA_LAUNCH_CHECK("attention", stream);
@@ -291,6 +292,7 @@ void attention(const AttentionArgs& a, cudaStream_t stream) {
            "attention: bad sizes");
   FH_CHECK(a.n_heads % a.kv_heads == 0, "attention: n_heads ", a.n_heads,
            " is not a multiple of kv_heads ", a.kv_heads);
+  FH_CHECK(a.window >= 0, "attention: window must be >= 0, got ", a.window);
   FH_CHECK(a.batch <= 65535 && a.n_heads <= 65535 && a.tq <= INT32_MAX,
            "attention: grid limits (batch, n_heads <= 65535)");
   const int64_t max_keys = a.max_keys > 0 ? a.max_keys : a.capacity;

@@ -32,7 +32,8 @@ void write_kv(DType dt, const void* src, int64_t src_stride, int64_t B, int64_t 
               cudaStream_t stream);
 
 // Causal softmax attention of tq queries per sequence over that sequence's keys.
-// Query row t of sequence b sits at slot s = seq_keys[b] - tq + t and attends to slots [0, s];
+// Query row t of sequence b sits at slot s = seq_keys[b] - tq + t and attends to slots [0, s]
+// (with a window, (s - window, s]);
 // s < 0 marks a padding row, whose output is zero and which adds no key score.
 // GQA: query head h reads kv head h / (n_heads / kv_heads).
 struct AttentionArgs {
@@ -51,6 +52,7 @@ struct AttentionArgs {
   int64_t max_keys = 0;
   float scale = 0.f;         // softmax(q.k * scale)
   float softcap = 0.f;       // > 0: scores s = q.k * scale become softcap * tanh(s / softcap) (Gemma 2)
+  int64_t window = 0;        // > 0: sliding window, the query in slot s sees slots (s - window, s]
   void* out = nullptr;       // [B, tq] rows at stride out_stride, n_heads*head_dim each
   int64_t out_stride = 0;
   // Optional fp32 [B, n_heads, capacity]: each slot += the probability it got, summed over the

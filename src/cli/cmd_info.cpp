@@ -114,8 +114,10 @@ int run_info(const InfoArgs& a, const Env& env) {
             << "checkpoint   " << checkpoint << "\n"
             << "shape        " << c.n_layers << " layers, hidden " << c.hidden << ", " << c.n_heads << " heads ("
             << c.n_kv_heads << " kv) x " << c.head_dim << ", ffn " << c.ffn_dim << ", vocab " << c.vocab_size << ", "
-            << c.max_positions << " positions"
-            << (c.sliding_window ? " (its sliding window; within it attention is full)" : "") << "\n";
+            << c.max_positions << " positions\n";
+  if (c.sliding_window)
+    std::cout << "window       " << std::count(c.sliding_layers.begin(), c.sliding_layers.end(), 1) << " of "
+              << c.n_layers << " layers attend to the last " << c.sliding_window << " positions only\n";
   if (c.moe())
     std::cout << "experts      " << c.n_experts << " of ffn " << c.ffn_dim << ", " << c.experts_per_token << " a token"
               << (c.norm_topk_prob ? " (weights renormalized)" : "")

@@ -33,6 +33,7 @@ void Forward::step(const int32_t* ids, const int32_t* positions, int64_t T, cons
     const bool prefill = std::all_of(cache.lengths().begin(), cache.lengths().end(), [](int32_t n) { return n == 0; });
     for (int i = 0; i < c.n_layers; ++i) {
       KvSegment seg = cache.segment(i);
+      seg.window = c.attention_window(i);
       if (evict && policy->needs_scores()) {
         scores_.assign(size_t(B * c.n_heads * cache.capacity()), 0.f);
         seg.key_scores = scores_.data();

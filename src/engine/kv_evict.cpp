@@ -10,6 +10,53 @@
 
 namespace flexh2o {
 
+namespace {
+
+struct WindowScratch {
+  std::vector<int32_t> inside, pos, victims;
+  std::vector<float> acc;
+};
+
+// Victims of a sliding-window layer's row of n slots: every slot the next query cannot see
+// (position <= newest - window + 1), then the policy's choice among the others, which it sees as
+// a row of their own. check_window_budgets() makes sure enough of them remain.
+void window_victims(const EvictArgs& a, int64_t b, int64_t h, const float* acc, const int32_t* pos, int64_t n,
+                    int64_t keep_n, uint64_t salt, WindowScratch& w, std::vector<int32_t>& victims) {
+  const int64_t newest = int64_t(a.seen_before[b]) + (n - a.len_before[b]) - 1;
+  const int64_t first = newest - a.seg.window + 2;  // the oldest position the next query sees
+  victims.clear();
+  w.inside.clear(), w.pos.clear(), w.acc.clear();
+  for (int64_t s = 0; s < n; ++s) {
+    if (pos[s] < first) {
+      victims.push_back(int32_t(s));
+    } else {
+      w.inside.push_back(int32_t(s));
+      w.pos.push_back(pos[s]);
+      w.acc.push_back(acc[s]);
+    }
+  }
+  const int64_t inside = int64_t(w.inside.size());
+  FH_CHECK(inside >= keep_n, "KV policy: sequence ", b, " head ", h, " keeps ", keep_n, " tokens but only ", inside,
+           " lie inside the layer's sliding window of ", a.seg.window, " (check_window_budgets refuses this budget)");
+  if (inside == keep_n) return;
+  const SlotView view{{w.acc.data(), w.acc.size()}, {w.pos.data(), w.pos.size()}, salt};
+  a.policy->select_victims(view, a.budgets[b], keep_n, w.victims);
+  for (int32_t v : w.victims) victims.push_back(w.inside[size_t(v)]);
+  std::sort(victims.begin(), victims.end());
+}
+
+}  // namespace
+
+void check_window_budgets(const ModelConfig& c, std::span<const KvBudget> budgets, int64_t max_len) {
+  if (c.sliding_window == 0 || max_len <= c.sliding_window) return;
+  for (size_t b = 0; b < budgets.size(); ++b)
+    if (!budgets[b].unbounded && budgets[b].total() > c.sliding_window)
+      FH_FAIL("KV budget of ", budgets[b].total(), " tokens (sequence ", b, ") is more than the ", c.sliding_window,
+              "-token sliding window of this model's sliding-window layers, and sequences may reach ", max_len,
+              " tokens: those layers keep only their window, so the budget must fit it (a lower "
+              "--heavy-ratio/--recent-ratio, absolute --heavy-budget/--recent-budget, or the full cache)");
+}
+
 void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
   const ModelConfig& c = *a.config;
   const int64_t kvh = c.n_kv_heads, cap = a.score_capacity ? a.score_capacity : a.seg.capacity;
@@ -19,6 +66,7 @@ void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
   a.dirty_lo->assign(size_t(a.seg.n_seq * kvh), 0);
   a.dirty_hi->assign(size_t(a.seg.n_seq * kvh), 0);
   std::vector<int32_t> victims, keep;
+  WindowScratch scratch;
   for (int64_t b = 0; b < a.seg.n_seq; ++b) {
     const int64_t before = a.len_before[b], n = a.len_after[b];
     const int64_t budget = a.budgets[b].total();
@@ -42,8 +90,13 @@ void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
       if (keep_n < n) {
         // The salt names the (layer, head) only: a sequence's choices must not depend on its
         // place in the batch (positions already differ between sequences).
-        SlotView view{{acc, size_t(n)}, {pos, size_t(n)}, a.salt * 0x9e3779b97f4a7c15ull + uint64_t(h)};
-        a.policy->select_victims(view, a.budgets[b], keep_n, victims);
+        const uint64_t salt = a.salt * 0x9e3779b97f4a7c15ull + uint64_t(h);
+        if (a.seg.window > 0) {
+          window_victims(a, b, h, acc, pos, n, keep_n, salt, scratch, victims);
+        } else {
+          SlotView view{{acc, size_t(n)}, {pos, size_t(n)}, salt};
+          a.policy->select_victims(view, a.budgets[b], keep_n, victims);
+        }
         make_keep_list(n, victims, a.prefill ? Compaction::kStable : Compaction::kMoveLast, keep);
         lo = int32_t(keep_n);
         hi = 0;

@@ -48,6 +48,10 @@ struct EvictArgs {
   std::vector<int32_t>* dirty_hi = nullptr;
 };
 
+// A sliding-window layer's segment (a.seg.window > 0) first drops every slot outside the window
+// of the next query, then lets the policy choose among the rest; so every layer keeps the same
+// count. Throws if fewer than that lie in the window: check_window_budgets() refuses such
+// budgets before a batch starts.
 // Decides and applies: decide_kv_policy() below, then moves the K/V rows of a.seg in place.
 void apply_kv_policy(const EvictArgs& a);
 
@@ -61,5 +65,10 @@ using KvKeepFn = std::function<void(int64_t b, int64_t h, std::span<const int32_
 // compacted), a.len_after and the dirty ranges exactly as apply_kv_policy does, and hands each
 // evicting row's keep list to `move`. The offloading engine hands the lists to Device::kv_gather.
 void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move);
+
+// Throws (naming the flags to change) if a sequence that may reach max_len tokens has a bounded
+// budget above the model's sliding window: its sliding-window layers could not keep that many
+// tokens while its other layers do. Called by the engines at each batch's prefill.
+void check_window_budgets(const ModelConfig& c, std::span<const KvBudget> budgets, int64_t max_len);
 
 }  // namespace flexh2o

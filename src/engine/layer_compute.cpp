@@ -106,6 +106,7 @@ void LayerCompute::attend(const ModelConfig& c, const StepShape& s, const float*
   a.seq_keys = keys;
   a.scale = c.attention_scale();
   a.softcap = c.attn_softcap;
+  a.window = seg.window;
   a.out = attn + row0 * Q;
   a.out_stride = Q;
   a.key_scores = seg.key_scores;

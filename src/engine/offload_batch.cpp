@@ -64,6 +64,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   s_max = T;
   budgets.clear();
   for (int64_t b = 0; b < batch && kv_policy; ++b) budgets.push_back(kv_policy->budget(real_rows ? real_rows[b] : T));
+  check_window_budgets(c, budgets, capacity);
   plan = plan_memory(c, WeightBytes::of(e.placement_), p, dims(), {dev.kind(), kvdt, adt});
   cap_w = plan.cap_w;
   cap_h = plan.cap_h;

@@ -58,6 +58,7 @@ void OffloadEngine::Impl::compute(int u, int k) {
                     sp.n_device + sp.n_host, sp.n_disk, cap_w, scores ? scores + (sp.n_device + sp.n_host) * srow : nullptr});
   }
   std::erase_if(segs, [](const KvSegment& s) { return s.n_seq == 0; });
+  for (KvSegment& s : segs) s.window = c.attention_window(l);
   if (scores && !segs.empty()) {
     const int64_t attended = segs.back().first_seq + segs.back().n_seq;
     dev.fill_zero(Queue::kCompute, scores, size_t(attended * srow) * 4);
@@ -86,6 +87,7 @@ EvictArgs OffloadEngine::Impl::evict_args(int l, int k, const KvSegment& seg, in
   ea.policy = kv_policy;
   ea.config = &c;
   ea.seg = seg;
+  ea.seg.window = c.attention_window(l);
   ea.score_capacity = score_cap;
   ea.state_first = mb_seq;
   ea.state = &mb.policy_state[size_t(l)];
@@ -143,6 +145,7 @@ void OffloadEngine::Impl::host_attention(int u, int k) {
     LayerCompute lc;
     for (int i = 0; i < 2; ++i) {
       if (segs[i].n_seq == 0) continue;
+      segs[i].window = c.attention_window(l);
       if (scores) {
         sc[i].assign(size_t(segs[i].n_seq * c.n_heads * segs[i].capacity), 0.f);
         segs[i].key_scores = sc[i].data();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/forward.h"
+#include "engine/kv_evict.h"
 #include "policies/kv_policy.h"
 
 namespace flexh2o {
@@ -59,6 +60,7 @@ class InMemoryRunner final : public StepRunner {
           else need = capacity_;
         }
         cap = std::min(capacity_, need);  // prompt during prefill, then at most the budget
+        check_window_budgets(config(), budgets, capacity_);
       }
       cache_.emplace(config(), batch_, cap, kv_dtype_);
       if (policy_) cache_->enable_policy(config(), std::move(budgets));

@@ -23,6 +23,11 @@ struct KvSegment {
   // Optional fp32 [n_seq, n_heads, capacity], zeroed by the caller: += each slot's attention
   // probability summed over this step's queries (H2O scores).
   float* key_scores = nullptr;
+  // A sliding-window layer's segment (ModelConfig::attention_window; 0: full attention). The
+  // query in slot s attends to slots (s - window, s]. That is the model's position window while
+  // slots are positions, i.e. until a policy first evicts; from then on the policy keeps only
+  // positions inside the window (kv_evict.h), and at most `window` slots are ever attended.
+  int64_t window = 0;
 };
 
 // One micro-batch of a token step: n sequences x T rows, left-padded. Device arrays are in the

@@ -162,6 +162,7 @@ void CudaDevice::attend(const ModelConfig& c, const StepRows& r, const void* q, 
     a.max_keys = std::min(r.max_keys, seg.capacity);
     a.scale = c.attention_scale();
     a.softcap = c.attn_softcap;
+    a.window = seg.window;
     a.out = const_cast<std::byte*>(at(attn, row0 * Q));
     a.out_stride = Q;
     a.key_scores = seg.key_scores;

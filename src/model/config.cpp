@@ -90,6 +90,33 @@ float softcap(const Reader& r, const char* key, double dflt) {
   return float(v);
 }
 
+// The sliding-window layers (ModelConfig::sliding_layers) and their window: layer_types where the
+// config lists it, else `fallback(layer)`; the window is sliding_window (4096 when absent, as in
+// transformers' configs). Leaves both empty when no layer slides.
+template <class F>
+void read_sliding_layers(const Reader& r, ModelConfig& c, F&& fallback) {
+  c.sliding_layers.assign(size_t(c.n_layers), 0);
+  if (r.has("layer_types")) {
+    const json& t = r.object()["layer_types"];
+    if (!t.is_array() || int64_t(t.size()) != c.n_layers)
+      FH_FAIL(r.source(), ": \"layer_types\" must list the ", c.n_layers, " layers, got ", json_excerpt(t));
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (t[i] == "sliding_attention")
+        c.sliding_layers[i] = 1;
+      else if (t[i] != "full_attention")
+        FH_FAIL(r.source(), ": \"layer_types\" entry ", i, " must be \"sliding_attention\" or \"full_attention\", got ",
+                json_excerpt(t[i]));
+    }
+  } else {
+    for (int64_t i = 0; i < c.n_layers; ++i) c.sliding_layers[size_t(i)] = fallback(i) ? 1 : 0;
+  }
+  if (std::find(c.sliding_layers.begin(), c.sliding_layers.end(), 1) == c.sliding_layers.end()) {
+    c.sliding_layers.clear();
+    return;
+  }
+  c.sliding_window = r.positive_int_or("sliding_window", kMaxIndex, 4096);
+}
+
 // GemmaConfig, Gemma2Config and Gemma3TextConfig with their defaults: GeGLU, norms by 1 + weight,
 // tied embeddings; Gemma 2 and 3 add the norms after attention and MLP, the query_pre_attn_scalar
 // and the sliding-window layers of layer_types, Gemma 2 the soft caps, Gemma 3 per-head q/k norms.
@@ -115,25 +142,8 @@ void parse_gemma(const Reader& r, ModelConfig& c) {
   if (r.bool_or("use_bidirectional_attention", false))
     FH_FAIL(r.source(), ": use_bidirectional_attention (an embedding model's attention) is not supported");
   // layer_types, else every 2nd (Gemma 2) or sliding_window_pattern-th (Gemma 3, 6) layer is full.
-  const json& j = r.object();
-  c.sliding_layers.assign(size_t(c.n_layers), 0);
-  if (r.has("layer_types")) {
-    const json& t = j["layer_types"];
-    if (!t.is_array() || int64_t(t.size()) != c.n_layers)
-      FH_FAIL(r.source(), ": \"layer_types\" must list the ", c.n_layers, " layers, got ", json_excerpt(t));
-    for (size_t i = 0; i < t.size(); ++i) {
-      if (t[i] == "sliding_attention")
-        c.sliding_layers[i] = 1;
-      else if (t[i] != "full_attention")
-        FH_FAIL(r.source(), ": \"layer_types\" entry ", i, " must be \"sliding_attention\" or \"full_attention\", got ",
-                json_excerpt(t[i]));
-    }
-  } else {
-    const int64_t pattern = gemma3 ? r.positive_int_or("sliding_window_pattern", kMaxCount, 6) : 2;
-    for (int64_t i = 0; i < c.n_layers; ++i) c.sliding_layers[size_t(i)] = (i + 1) % pattern != 0;
-  }
-  const bool any = std::find(c.sliding_layers.begin(), c.sliding_layers.end(), 1) != c.sliding_layers.end();
-  if (any && r.has("sliding_window")) c.sliding_window = r.positive_int("sliding_window", kMaxIndex);
+  const int64_t pattern = gemma3 ? r.positive_int_or("sliding_window_pattern", kMaxCount, 6) : 2;
+  read_sliding_layers(r, c, [&](int64_t i) { return (i + 1) % pattern != 0; });
 }
 
 // Gemma 3's two ropes: the full-attention layers' from rope_parameters.full_attention (or the
@@ -210,12 +220,28 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   if (act != "silu")
     FH_FAIL(r.source(), ": hidden_act \"", act, "\" is not supported (", c.model_type, " uses silu)");
   if (is_one_of(c.model_type, kMoeTypes)) parse_moe(r, c);
-  // Mistral, Mixtral and Phi-3: sliding_window (null: none); Qwen2/3: only with use_sliding_window.
-  const bool windowed = c.model_type == "mistral" || c.model_type == "mixtral" || c.model_type == "phi3" ||
-                        ((c.model_type == "qwen2" || c.model_type == "qwen2_moe" || c.model_type == "qwen3" ||
-                          c.model_type == "qwen3_moe") &&
-                         r.bool_or("use_sliding_window", false));
-  if (windowed && r.has("sliding_window")) c.sliding_window = r.positive_int("sliding_window", kMaxIndex);
+  // The sliding-window layers as transformers 5 reads them. Mistral, Mixtral, Phi-3: all layers,
+  // unless sliding_window is null (Mixtral's and Phi-3's default). Qwen2/3 and their MoEs only with
+  // use_sliding_window: Qwen2/3 the layers from max_window_layers (28) on, Qwen2-MoE the even ones
+  // below it, Qwen3-MoE all, unless layer_types lists them.
+  const std::string& t = c.model_type;
+  const json& j = r.object();
+  const bool null_window = j.contains("sliding_window") && j["sliding_window"].is_null();
+  const bool absent_means_none = t == "mixtral" || t == "phi3";
+  if (t == "mistral" || absent_means_none) {
+    if (!null_window && (r.has("sliding_window") || !absent_means_none)) {
+      c.sliding_layers.assign(size_t(c.n_layers), 1);
+      c.sliding_window = r.positive_int_or("sliding_window", kMaxIndex, 4096);
+    }
+  } else if (t != "olmoe" && t != "llama" && r.bool_or("use_sliding_window", false) && !null_window) {
+    const int64_t from = r.count_or("max_window_layers", kMaxCount, 28);
+    if (t == "qwen3_moe")
+      read_sliding_layers(r, c, [](int64_t) { return true; });
+    else if (t == "qwen2_moe")
+      read_sliding_layers(r, c, [&](int64_t i) { return (i + 1) % 2 != 0 && i < from; });
+    else
+      read_sliding_layers(r, c, [&](int64_t i) { return i >= from; });
+  }
 }
 
 ModelConfig parse_object(const json& j, const std::string& source);
@@ -296,7 +322,7 @@ ModelConfig parse_object(const json& j, const std::string& source) {
       parse_gemma3_ropes(r, c, &positions);
     else
       c.rope = model_detail::parse_rope(r, c.head_dim, c.max_positions, c.model_type == "phi3", &positions);
-    c.max_positions = c.sliding_window ? std::min(positions, c.sliding_window) : positions;
+    c.max_positions = positions;
   }
   c.bos_id = r.token_id("bos_token_id");
   c.eos_id = r.token_id("eos_token_id");

@@ -46,10 +46,11 @@ struct ModelConfig {
   // sigmoid(shared_expert_gate . x) (0: none).
   int64_t shared_expert_dim = 0;
   // Positions a sequence may use: max_position_embeddings, changed where the rope scaling says
-  // (model/detail/rope_parse.h) and capped by a sliding-window attention (Mistral, Qwen2 with
-  // use_sliding_window) at the window, within which full attention is exact.
+  // (model/detail/rope_parse.h).
   int64_t max_positions = 0;
-  int64_t sliding_window = 0;  // the model's window, 0 for none (it capped max_positions)
+  // The window of the sliding-window layers (sliding_layers): a query at position p attends to
+  // positions (p - sliding_window, p]. 0 when no layer slides.
+  int64_t sliding_window = 0;
   float norm_eps = 1e-5f;  // layer_norm eps (OPT) / rms_norm_eps (LLaMA)
   Rope rope;  // LLaMA family: rotary frequencies (rope_theta and any rope scaling)
   bool tie_embeddings = true;
@@ -75,9 +76,9 @@ struct ModelConfig {
   int64_t query_pre_attn_scalar = 0;
   // Gemma 2: attention scores and the final logits pass cap * tanh(x / cap) (0: no cap).
   float attn_softcap = 0.f, final_softcap = 0.f;
-  // Gemma 2/3 (layer_types): 1 for each layer whose attention is sliding-window (within
-  // max_positions it is full attention); Gemma 3 rotates those layers' q/k by rope_local. Empty
-  // elsewhere.
+  // 1 for each layer whose attention is sliding-window (Mistral: all; Gemma 2/3 and Qwen: as
+  // layer_types or the model type's rule says); Gemma 3 rotates those layers' q/k by rope_local.
+  // Empty when no layer slides.
   std::vector<uint8_t> sliding_layers;
   Rope rope_local;
   bool has_local_rope = false;
@@ -114,6 +115,13 @@ struct ModelConfig {
   // records it in LayerWeights::local_rope.
   bool local_rope_layer(int64_t layer) const {
     return has_local_rope && layer >= 0 && layer < int64_t(sliding_layers.size()) && sliding_layers[size_t(layer)];
+  }
+
+  // The attention window of layer `layer` (KvSegment::window): sliding_window for a sliding
+  // layer, else 0 (full causal attention).
+  int64_t attention_window(int64_t layer) const {
+    const bool sliding = layer >= 0 && layer < int64_t(sliding_layers.size()) && sliding_layers[size_t(layer)];
+    return sliding ? sliding_window : 0;
   }
 
   int64_t q_dim() const { return n_heads * head_dim; }

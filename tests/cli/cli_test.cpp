@@ -204,7 +204,9 @@ TEST(Cli, InfoDescribesPresetsAndDirectories) {
   EXPECT_NEAR(json::parse(y.out)["rope"]["attention_factor"].get<double>(), 1.1386, 1e-4);
   RunResult w = flexh2o("info " + model_dir("arch/mistral").string());
   ASSERT_EQ(w.code, 0) << w.err;
-  EXPECT_NE(w.out.find("48 positions (its sliding window"), std::string::npos) << w.out;
+  EXPECT_NE(w.out.find("128 positions\nwindow       2 of 2 layers attend to the last 20 positions only\n"),
+            std::string::npos)
+      << w.out;
   RunResult d = flexh2o("info " + model_dir("tiny-llama").string());
   ASSERT_EQ(d.code, 0) << d.err;
   EXPECT_NE(d.out.find("4 heads (2 kv)"), std::string::npos) << d.out;

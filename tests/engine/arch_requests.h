@@ -13,15 +13,16 @@
 namespace flexh2o::test {
 
 // The arch models every device runs: each rope type, fused projections, q/k norms, partial rotary,
-// mixtures of experts, Phi-3-mini's head_dim 96, Gemma's GeGLU, soft caps and per-layer ropes.
+// mixtures of experts, Phi-3-mini's head_dim 96, Gemma's GeGLU, soft caps and per-layer ropes,
+// sliding windows (all layers, or some) that the longer prompts pass.
 inline const std::vector<const char*>& arch_models() {
-  static const std::vector<const char*> names = {"arch/mistral",        "arch/qwen2",      "arch/qwen3",
-                                                 "arch/llama_llama3",   "arch/qwen2_yarn", "arch/mistral_linear",
-                                                 "arch/llama_longrope", "arch/phi3",       "arch/phi3_longrope",
-                                                 "arch/phi3_partial",   "arch/mixtral",    "arch/qwen3_moe",
-                                                 "arch/qwen2_moe",      "arch/phi3_hd96",  "arch/olmoe",
-                                                 "arch/gemma",          "arch/gemma2",     "arch/gemma3_text_linear",
-                                                 "arch/gemma3_text_mm"};
+  static const std::vector<const char*> names = {"arch/mistral",        "arch/qwen2",       "arch/qwen3",
+                                                 "arch/llama_llama3",   "arch/qwen2_yarn",  "arch/mistral_linear",
+                                                 "arch/llama_longrope", "arch/phi3",        "arch/phi3_longrope",
+                                                 "arch/phi3_partial",   "arch/mixtral",     "arch/qwen3_moe",
+                                                 "arch/qwen2_moe",      "arch/phi3_hd96",   "arch/olmoe",
+                                                 "arch/gemma",          "arch/gemma2",      "arch/gemma3_text_linear",
+                                                 "arch/gemma3_text_mm", "arch/qwen2_window"};
   return names;
 }
 

@@ -64,8 +64,10 @@ TEST(GemmaConfig, Gemma2SoftCapsScalarAndSlidingLayers) {
   EXPECT_EQ(c.attn_softcap, 5.f);
   EXPECT_EQ(c.final_softcap, 3.f);
   EXPECT_EQ(c.sliding_layers, (std::vector<uint8_t>{1, 0}));
-  EXPECT_EQ(c.sliding_window, 48);
-  EXPECT_EQ(c.max_positions, 48);  // capped at the window, within which attention is full
+  EXPECT_EQ(c.sliding_window, 20);
+  EXPECT_EQ(c.attention_window(0), 20);
+  EXPECT_EQ(c.attention_window(1), 0);
+  EXPECT_EQ(c.max_positions, 128);  // the window does not cap the positions
   // Gemma2Config's defaults: caps 50 and 30, scalar 256, every other layer sliding from the first.
   j.erase("attn_logit_softcapping"), j.erase("final_logit_softcapping"), j.erase("query_pre_attn_scalar");
   j.erase("layer_types");
@@ -77,10 +79,13 @@ TEST(GemmaConfig, Gemma2SoftCapsScalarAndSlidingLayers) {
   EXPECT_EQ(c.sliding_layers, (std::vector<uint8_t>{1, 0, 1, 0}));
   j["final_logit_softcapping"] = nullptr;  // null: no cap
   EXPECT_EQ(parse(j).final_softcap, 0.f);
-  // Only full layers: no window caps the positions.
+  j.erase("sliding_window");  // Gemma2Config's default
+  EXPECT_EQ(parse(j).sliding_window, 4096);
+  // Only full layers: no window.
   j["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention"};
   c = parse(j);
   EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_TRUE(c.sliding_layers.empty());
   EXPECT_EQ(c.max_positions, 128);
 }
 
@@ -185,7 +190,8 @@ TEST(GemmaMultimodal, TheTextModelOfAGemma3CheckpointInEitherLayout) {
   EXPECT_EQ(c.query_pre_attn_scalar, 256);
   EXPECT_EQ(c.dtype, DType::BF16);
   EXPECT_EQ(c.rope.factor, 8);
-  EXPECT_EQ(c.max_positions, 1024);
+  EXPECT_EQ(c.max_positions, 131072);  // its global layers' context; the others see 1024
+  EXPECT_EQ(c.sliding_window, 1024);
   EXPECT_EQ(std::count(c.sliding_layers.begin(), c.sliding_layers.end(), 1), 34 - 5);  // layers 5, 11, ... full
   j.erase("text_config");
   EXPECT_NE(error_of([&] { parse(j); }).find("needs a \"text_config\" object"), std::string::npos);

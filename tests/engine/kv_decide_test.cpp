@@ -1,9 +1,11 @@
 // decide_kv_policy() (the decision the engine applies to a device-homed cache with kv_gather)
-// against apply_kv_policy() (which moves the rows itself), at prefill and decode; and the room
+// against apply_kv_policy() (which moves the rows itself), at prefill and decode; a sliding-window
+// layer's eviction and the budgets it refuses (check_window_budgets); and the room
 // check every device's attend makes before writing K/V (check_kv_room), and the id check every
 // device's gather_rows makes before it copies (check_gather_ids).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "engine/cpu_device.h"
@@ -90,6 +92,79 @@ TEST(DecideKvPolicy, KeepListsReproduceApplyAtPrefillAndDecode) {
   for (KvPolicyKind kind : {KvPolicyKind::kH2o, KvPolicyKind::kRandom}) {
     check_decide_equals_apply(true, kind);
     check_decide_equals_apply(false, kind);
+  }
+}
+
+// A sliding-window layer (window 6) under H2O (2 heavy + 3 recent): the old tokens with the
+// highest scores, which the same rows without a window keep as heavy hitters, go because the
+// next query cannot see them; every step keeps the full count, all inside the window.
+TEST(DecideKvPolicy, SlidingWindowLayerKeepsOnlyItsWindow) {
+  ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
+  const int64_t cap = 16, kvh = c.n_kv_heads, W = 6;
+  KvPolicyConfig pc;
+  pc.kind = KvPolicyKind::kH2o;
+  pc.heavy_budget = 2;
+  pc.recent_budget = 3;
+  auto policy = make_policy(pc);
+  const KvBudget budget = policy->budget(12);
+  for (int64_t window : {int64_t(0), W}) {
+    KvPolicyState st;
+    st.reset(1, kvh, cap);
+    std::vector<float> scores(size_t(c.n_heads * cap));
+    for (int64_t h = 0; h < c.n_heads; ++h)
+      for (int64_t s = 0; s < 12; ++s) scores[size_t(h * cap + s)] = s < 4 ? 10.f + float(s) : 0.01f * float(s);
+    int32_t before = 0, after = 12, seen = 0;
+    std::vector<int32_t> lo, hi;
+    for (int step = 0; step < 5; ++step) {
+      EvictArgs a;
+      a.policy = policy.get();
+      a.config = &c;
+      a.seg = KvSegment{nullptr, nullptr, DType::F32, 0, 1, cap, scores.data()};
+      a.seg.window = window;
+      a.state = &st;
+      a.len_before = &before;
+      a.len_after = &after;
+      a.seen_before = &seen;
+      a.budgets = &budget;
+      a.prefill = step == 0;
+      a.salt = 1;
+      a.dirty_lo = &lo;
+      a.dirty_hi = &hi;
+      const int32_t added = after - before, newest = seen + added - 1;
+      decide_kv_policy(a, [](int64_t, int64_t, std::span<const int32_t>) {});
+      ASSERT_EQ(after, budget.total() - 1) << "step " << step;
+      for (int64_t h = 0; h < kvh; ++h) {
+        const int32_t* pos = st.pos.data() + h * cap;
+        const int32_t oldest = *std::min_element(pos, pos + after);
+        if (window)
+          EXPECT_GE(oldest, newest - W + 2) << "step " << step << ": a position the next query cannot see was kept";
+        else
+          EXPECT_EQ(oldest, 2) << "without a window, the old heavy hitters stay";  // scores 12 and 13
+      }
+      seen += added;
+      before = after;  // the next step appends one token
+      after = before + 1;
+      std::fill(scores.begin(), scores.end(), 0.f);
+    }
+  }
+}
+
+TEST(WindowBudgets, ABudgetAboveTheWindowIsRefusedOnlyWhenSequencesPassIt) {
+  ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
+  const std::vector<KvBudget> fits = {{0, 3, 3, false}}, over = {{0, 4, 3, false}}, full = {{0, 0, 0, true}};
+  EXPECT_NO_THROW(check_window_budgets(c, over, 100));  // no sliding layer
+  c.sliding_window = 6;
+  c.sliding_layers.assign(size_t(c.n_layers), 1);
+  EXPECT_NO_THROW(check_window_budgets(c, fits, 100));
+  EXPECT_NO_THROW(check_window_budgets(c, full, 100));
+  EXPECT_NO_THROW(check_window_budgets(c, over, 6));  // never beyond the window
+  try {
+    check_window_budgets(c, over, 7);
+    ADD_FAILURE() << "a 7-token budget over a 6-token window was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV budget of 7 tokens (sequence 0) is more than the 6-token sliding window"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -36,8 +36,9 @@ TEST(ModelConfig, ParsesBothFamilies) {
 }
 
 // model_type mistral and qwen2 run the LLaMA path with their differences: Qwen2's q/k/v biases
-// without an o_proj bias; a sliding window (Mistral's sliding_window, Qwen2's only with
-// use_sliding_window) caps the positions.
+// without an o_proj bias; sliding-window layers (Mistral's sliding_window: every layer; Qwen2's
+// only with use_sliding_window: those from max_window_layers on, or as layer_types says), which
+// leave the positions as they are.
 TEST(ModelConfig, MistralAndQwen2AreLlamaWithTheirDifferences) {
   auto j = test::read_json(model_dir("tiny-llama") / "config.json");
   j["model_type"] = "mistral";
@@ -46,26 +47,61 @@ TEST(ModelConfig, MistralAndQwen2AreLlamaWithTheirDifferences) {
   ModelConfig m = ModelConfig::from_json_text(j.dump(), "c");
   EXPECT_EQ(m.arch, Arch::kLlama);
   EXPECT_EQ(m.sliding_window, 1024);
-  EXPECT_EQ(m.max_positions, 1024);
+  EXPECT_EQ(m.max_positions, 4096);
+  for (int64_t l = 0; l < m.n_layers; ++l) EXPECT_EQ(m.attention_window(l), 1024) << "layer " << l;
+  EXPECT_EQ(m.attention_window(m.n_layers), 0);
   EXPECT_FALSE(m.attention_bias || m.o_bias || m.mlp_bias);
   j["sliding_window"] = nullptr;  // Mistral v0.2 and later
   m = ModelConfig::from_json_text(j.dump(), "c");
   EXPECT_EQ(m.sliding_window, 0);
+  EXPECT_EQ(m.attention_window(0), 0);
   EXPECT_EQ(m.max_positions, 4096);
-  j["sliding_window"] = 8192;  // wider than the positions: nothing to cap
-  EXPECT_EQ(ModelConfig::from_json_text(j.dump(), "c").max_positions, 4096);
+  j.erase("sliding_window");  // MistralConfig's default
+  EXPECT_EQ(ModelConfig::from_json_text(j.dump(), "c").attention_window(0), 4096);
   j["sliding_window"] = 0;
   EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("sliding_window"), std::string::npos);
+  j["model_type"] = "mixtral";  // MixtralConfig's default: no window
+  j["num_local_experts"] = 4;
+  j["num_experts_per_tok"] = 2;
+  j.erase("sliding_window");
+  EXPECT_EQ(ModelConfig::from_json_text(j.dump(), "c").sliding_window, 0);
 
+  j = test::read_json(model_dir("tiny-llama") / "config.json");
+  j["max_position_embeddings"] = 4096;
   j["model_type"] = "qwen2";
   j["sliding_window"] = 1024;  // Qwen2 configs carry one, used only with use_sliding_window
   ModelConfig q = ModelConfig::from_json_text(j.dump(), "c");
   EXPECT_TRUE(q.attention_bias);
   EXPECT_FALSE(q.o_bias || q.mlp_bias);
   EXPECT_EQ(q.sliding_window, 0);
+  EXPECT_TRUE(q.sliding_layers.empty());
+  j["use_sliding_window"] = true;  // max_window_layers 28 by default: no layer of 2 slides
+  q = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_EQ(q.sliding_window, 0);
+  EXPECT_EQ(q.attention_window(1), 0);
+  j["max_window_layers"] = 1;
+  q = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_EQ(q.attention_window(0), 0);
+  EXPECT_EQ(q.attention_window(1), 1024);
   EXPECT_EQ(q.max_positions, 4096);
-  j["use_sliding_window"] = true;
-  EXPECT_EQ(ModelConfig::from_json_text(j.dump(), "c").max_positions, 1024);
+  j["layer_types"] = {"sliding_attention", "full_attention", "full_attention", "full_attention"};
+  q = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_EQ(q.attention_window(0), 1024);
+  EXPECT_EQ(q.attention_window(1), 0);
+  j["layer_types"] = {"sliding_attention", "chunked_attention", "full_attention", "full_attention"};
+  EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("layer_types"), std::string::npos);
+  j.erase("layer_types");
+  j["model_type"] = "qwen2_moe";  // the even layers below max_window_layers
+  j["num_experts"] = 4;
+  j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 32;
+  j["shared_expert_intermediate_size"] = 32;
+  j["max_window_layers"] = 28;
+  q = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_EQ(q.attention_window(0), 1024);
+  EXPECT_EQ(q.attention_window(1), 0);
+  EXPECT_EQ(q.attention_window(2), 1024);
+  j["model_type"] = "qwen2";
   j["hidden_act"] = "gelu";
   EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("qwen2 uses silu"), std::string::npos);
 }
@@ -203,9 +239,14 @@ TEST(ModelConfig, Qwen3HasPerHeadQkNorms) {
   j["attention_bias"] = true;
   c = ModelConfig::from_json_text(j.dump(), "c");
   EXPECT_TRUE(c.attention_bias && c.o_bias);
-  j["use_sliding_window"] = true;
+  j["use_sliding_window"] = true;  // Qwen3: the layers from max_window_layers on slide
   j["sliding_window"] = 20;
-  EXPECT_EQ(ModelConfig::from_json_text(j.dump(), "c").max_positions, 20);
+  j["max_window_layers"] = 1;
+  j.erase("layer_types");  // what transformers saved for the model without a window
+  c = ModelConfig::from_json_text(j.dump(), "c");
+  EXPECT_EQ(c.attention_window(0), 0);
+  EXPECT_EQ(c.attention_window(1), 20);
+  EXPECT_EQ(c.max_positions, 128);
 }
 
 // Phi-3: the LLaMA path reading q/k/v and gate/up as row ranges of qkv_proj and gate_up_proj
@@ -215,8 +256,9 @@ TEST(ModelConfig, Phi3IsLlamaWithFusedProjections) {
   ModelConfig c = ModelConfig::from_json_text(j.dump(), "c");
   EXPECT_TRUE(c.fused_projections);
   EXPECT_FALSE(c.attention_bias || c.o_bias || c.mlp_bias);
-  EXPECT_EQ(c.sliding_window, 47);
-  EXPECT_EQ(c.max_positions, 47);
+  EXPECT_EQ(c.sliding_window, 19);
+  EXPECT_EQ(c.attention_window(0), 19);
+  EXPECT_EQ(c.max_positions, 128);
   // Phi3Config: "su" and "yarn" mean longrope; without a top-level original_max_position_embeddings
   // the pretraining length is 4096 (its default), whatever the rope settings say.
   j["max_position_embeddings"] = 131072;

@@ -1,6 +1,7 @@
 // End-to-end checks of the CPU engine against the tiny models' Hugging Face references:
 // logits, greedy continuations, perplexity, batching with left padding, weight dtypes, shards;
-// and logits of random Mistral and Qwen2 checkpoints against transformers.
+// and logits of random checkpoints of each architecture against transformers, sliding windows
+// decoded past their width among them.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -211,12 +212,13 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, Reference, ::testing::Values("tiny-opt", "t
 
 // Mistral and Qwen2 checkpoints written by transformers' own classes with random weights, biases
 // included (tests/tools/make_arch_models.py): the LLaMA path with Qwen2's q/k/v biases, its tied
-// embeddings and rope_theta 1e6, and Mistral's sliding window (prompts up to its 48 positions);
+// embeddings and rope_theta 1e6, and sliding windows that the 23- and 48-token prompts pass
+// (Mistral's and Phi-3's on every layer, Gemma's and Qwen2's on some);
 // and each rope scaling type (llama3, yarn, linear, longrope) with prompts reaching its scaled
 // region, yarn's and linear's beyond max_position_embeddings; Phi-3's partial rotary and
 // Phi-3-mini's head_dim 96; Mixtral's, Qwen2-MoE's, Qwen3-MoE's and OLMoE's experts (Qwen2-MoE's
 // with its gated shared expert, OLMoE's q/k norms over the whole projection). A directory is named <model_type>[_<rope
-// type> | _partial | _hd<dim> | _mm (the text model of a multimodal checkpoint)].
+// type> | _partial | _hd<dim> | _window | _mm (the text model of a multimodal checkpoint)].
 class ArchReference : public Reference {};
 
 TEST_P(ArchReference, LogitsMatchTransformers) {
@@ -232,6 +234,8 @@ TEST_P(ArchReference, LogitsMatchTransformers) {
     EXPECT_EQ(c.head_dim, std::stoll(variant.substr(2)));
   else if (variant == "mm")  // Gemma 3's text model in a multimodal checkpoint
     EXPECT_TRUE(c.in_multimodal);
+  else if (variant == "window")  // some layers slide, others not
+    EXPECT_TRUE(c.attention_window(0) == 0 && c.attention_window(1) > 0);
   else if (variant == "partial")
     EXPECT_EQ(model.config().rope.rotary_dims(), model.config().head_dim * 3 / 4);
   else
@@ -242,6 +246,62 @@ TEST_P(ArchReference, LogitsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Transformers, ArchReference,
                          ::testing::ValuesIn(std::vector<std::string>(test::arch_models().begin(),
                                                                       test::arch_models().end())),
+                         [](const auto& info) { return info.param.substr(5); });
+
+// Sliding windows past their width, one token a step (decode: the window hides slots while
+// nothing is evicted): each position's argmax and the last position's logits as transformers
+// computes them in one pass over the longest prompt. Where every layer slides, also with the
+// `local` policy at the window's width, whose eviction keeps exactly what the window shows.
+class WindowDecode : public Reference {};
+
+TEST_P(WindowDecode, StepByStepMatchesTransformersPastTheWindow) {
+  Model model = Model::load_dir(dir());
+  const ModelConfig& c = model.config();
+  const int64_t V = c.vocab_size;
+  const auto ref = read_json(dir() / "reference/logits.json");
+  const auto& p = ref["prompts"].back();
+  const auto ids = p["ids"].get<std::vector<int32_t>>();
+  const auto argmax = p["argmax"].get<std::vector<int32_t>>();
+  const auto last = p["last_logits"].get<std::vector<float>>();
+  const int64_t n = int64_t(ids.size());
+  ASSERT_GT(c.sliding_window, 0);
+  ASSERT_GT(n, c.sliding_window + 2) << "the prompt must pass the window";
+  bool all_slide = true;
+  for (int64_t l = 0; l < c.n_layers; ++l) all_slide = all_slide && c.attention_window(l) > 0;
+  for (bool evict : {false, true}) {
+    if (evict && !all_slide) continue;
+    Forward fwd(model, dev());
+    KvCache cache(c, 1, n, DType::F32);
+    std::unique_ptr<KvPolicy> policy;
+    if (evict) {
+      KvPolicyConfig pc;
+      pc.kind = KvPolicyKind::kLocal;
+      pc.recent_budget = c.sliding_window;
+      policy = make_policy(pc);
+      cache.enable_policy(c, {policy->budget(1)});
+    }
+    const std::string what = evict ? "local policy" : "full cache";
+    std::vector<float> logits;
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t pos = int32_t(t);
+      fwd.step(&ids[size_t(t)], &pos, 1, nullptr, cache, LogitsRows::kAll, logits, policy.get());
+      EXPECT_EQ(std::max_element(logits.begin(), logits.begin() + V) - logits.begin(), argmax[size_t(t)])
+          << what << ", position " << t;
+    }
+    if (evict) EXPECT_EQ(cache.length(0), c.sliding_window - 1) << "the policy kept more than the window";
+    const auto [mn, mx] = std::minmax_element(last.begin(), last.end());
+    double worst = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      ASSERT_FALSE(std::isnan(logits[size_t(v)])) << v;
+      worst = std::max(worst, std::abs(double(logits[size_t(v)]) - last[size_t(v)]));
+    }
+    EXPECT_LE(worst, 1e-4 * (*mx - *mn)) << what << ": max |logit - reference| " << worst;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, WindowDecode,
+                         ::testing::Values("arch/mistral", "arch/phi3", "arch/gemma2", "arch/gemma3_text_linear",
+                                           "arch/qwen2_window"),
                          [](const auto& info) { return info.param.substr(5); });
 
 }  // namespace

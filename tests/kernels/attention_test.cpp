@@ -1,7 +1,7 @@
 // attention(): every output and H2O key score against a double-precision reference on every
 // ISA variant: left-aligned caches with per-sequence seq_keys, causal mask, left-padding
-// query rows (zeros out), GQA, decode (tq=1), head_dim 64/80/128, with and without
-// key_scores; unwritten cache slots hold NaN and must never be read.
+// query rows (zeros out), GQA, decode (tq=1), sliding windows, head_dim 64/80/128, with and
+// without key_scores; unwritten cache slots hold NaN and must never be read.
 // Determinism: a sequence alone vs inside a batch of other lengths gives identical bits.
 #include <tbb/task_arena.h>
 
@@ -18,6 +18,7 @@ namespace {
 struct AttnCase {
   int64_t B, tq, H, KV;
   std::vector<int32_t> seq_keys;  // [B]
+  int64_t window = 0;             // sliding window (0: none)
 };
 
 int64_t max_keys(const AttnCase& c) {
@@ -44,6 +45,7 @@ struct AttnData {
     a.capacity = cap;
     a.seq_keys = c.seq_keys.data();
     a.scale = 1.f / std::sqrt(float(d));
+    a.window = c.window;
     a.out = out.data();
     a.out_stride = c.H * d;
     a.key_scores = ks.empty() ? nullptr : ks.data();
@@ -80,7 +82,8 @@ void reference(const AttnData& t, std::vector<double>& out, std::vector<double>&
     for (int64_t h = 0; h < c.H; ++h) {
       const int64_t g = h / (c.H / c.KV);
       for (int64_t tt = 0; tt < c.tq; ++tt) {
-        const int64_t pos = c.seq_keys[b] - c.tq + tt, s0 = 0;
+        const int64_t pos = c.seq_keys[b] - c.tq + tt;
+        const int64_t s0 = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
         if (pos < 0) continue;  // padding query: output 0
         const float* qr = t.q.data() + (b * c.tq + tt) * (c.H * d + 3) + h * d;
         std::vector<double> p(size_t(pos + 1), 0.0);
@@ -104,16 +107,23 @@ void reference(const AttnData& t, std::vector<double>& out, std::vector<double>&
 
 const std::vector<AttnCase>& cases() {
   static const std::vector<AttnCase> k = {
-      {1, 7, 4, 4, {7}},               // plain causal prefill
-      {3, 5, 4, 2, {19, 16, 8}},       // chunked prefill over a cache, GQA 2
-      {2, 1, 4, 1, {40, 35}},          // decode, MQA, different lengths
-      {2, 10, 4, 2, {10, 6}},          // left-padded prompt: 4 padding query rows
-      {1, 70, 2, 1, {100}},            // several query blocks
-      {2, 37, 4, 2, {37, 0}},          // an all-padding sequence (empty cache)
-      {3, 6, 4, 2, {2, 6, 30}},        // chunk longer than a short sequence's cache
-      {2, 1, 4, 4, {1, 0}},            // decode of a 1-token cache next to an idle slot
-      {1, 300, 2, 1, {400}},           // key scores over several slot blocks (256)
-      {2, 270, 2, 2, {270, 200}},      // several slot blocks, one sequence left-padded
+      {1, 7, 4, 4, {7}},             // plain causal prefill
+      {3, 5, 4, 2, {19, 16, 8}},     // chunked prefill over a cache, GQA 2
+      {2, 1, 4, 1, {40, 35}},        // decode, MQA, different lengths
+      {2, 10, 4, 2, {10, 6}},        // left-padded prompt: 4 padding query rows
+      {1, 70, 2, 1, {100}},          // several query blocks
+      {2, 37, 4, 2, {37, 0}},        // an all-padding sequence (empty cache)
+      {3, 6, 4, 2, {2, 6, 30}},      // chunk longer than a short sequence's cache
+      {2, 1, 4, 4, {1, 0}},          // decode of a 1-token cache next to an idle slot
+      {1, 300, 2, 1, {400}},         // key scores over several slot blocks (256)
+      {2, 270, 2, 2, {270, 200}},    // several slot blocks, one sequence left-padded
+      {1, 40, 4, 2, {40}, 9},        // sliding window shorter than the prompt
+      {3, 5, 4, 2, {19, 16, 8}, 6},  // window, chunked prefill over a cache
+      {2, 1, 4, 1, {40, 35}, 16},    // window, decode
+      {2, 10, 4, 2, {10, 6}, 3},     // window, left-padded prompt
+      {1, 300, 2, 1, {400}, 77},     // window inside several query and slot blocks
+      {2, 1, 4, 4, {5, 3}, 8},       // window wider than the cache: no effect
+      {1, 70, 2, 1, {100}, 1},       // window 1: each query sees itself only
   };
   return k;
 }
@@ -168,45 +178,45 @@ class AttentionDeterminism : public ::testing::TestWithParam<Isa> {};
 
 // One sequence alone vs the same sequence at b=1 of a batch whose other sequences have other
 // lengths (so b=1 gets left-padding query rows in prefill): outputs and key scores are
-// bit-identical (prefill and decode), and the thread count does not change any bit.
+// bit-identical (prefill and decode, with and without a window), and the thread count does not
+// change any bit.
 TEST_P(AttentionDeterminism, SequenceAloneEqualsInBatch) {
   const Isa isa = GetParam();
   const int64_t d = 80, H = 4, KV = 2;
-  for (int64_t L : {int64_t(45), int64_t(1), int64_t(300)}) {  // prefills of 45 and 300 (two
-                                                                // score blocks); decode step
-    const int64_t keys = L == 1 ? 60 : L, pad = L == 1 ? 0 : 5;
-    const int64_t tqb = L + pad;
-    AttnData alone = make({1, L, H, KV, {int32_t(keys)}}, d, true, 3);
-    AttnData batch = make({3, tqb, H, KV, {int32_t(keys + 33), int32_t(keys), int32_t(tqb)}}, d, true, 11);
-    const int64_t cap_b = batch.cap;
-    for (int64_t g = 0; g < KV; ++g)
-      for (int64_t s = 0; s < keys; ++s)
-        for (int64_t i = 0; i < d; ++i) {
-          batch.k[((1 * KV + g) * cap_b + s) * d + i] = alone.k[((0 * KV + g) * alone.cap + s) * d + i];
-          batch.v[((1 * KV + g) * cap_b + s) * d + i] = alone.v[((0 * KV + g) * alone.cap + s) * d + i];
-        }
-    const int64_t qs = H * d + 3;
-    for (int64_t tt = 0; tt < L; ++tt)
-      for (int64_t i = 0; i < qs; ++i)
-        batch.q[size_t((1 * tqb + pad + tt) * qs + i)] = alone.q[size_t(tt * qs + i)];
-    detail::attention_isa(isa, alone.args());
-    detail::attention_isa(isa, batch.args());
-    for (int64_t tt = 0; tt < L; ++tt)
-      EXPECT_TRUE(bit_equal(alone.out.data() + tt * H * d, batch.out.data() + (1 * tqb + pad + tt) * H * d,
-                            size_t(H * d)))
-          << "L=" << L << " query " << tt;
-    for (int64_t h = 0; h < H; ++h)
-      EXPECT_TRUE(bit_equal(alone.ks.data() + h * alone.cap, batch.ks.data() + (1 * H + h) * cap_b,
-                            size_t(keys)))
-          << "key scores, head " << h;
-    AttnData again = batch;
-    std::fill(again.out.begin(), again.out.end(), -1.f);
-    std::fill(again.ks.begin(), again.ks.end(), 0.f);
-    tbb::task_arena one(1);
-    one.execute([&] { detail::attention_isa(isa, again.args()); });
-    EXPECT_TRUE(bit_equal(again.out.data(), batch.out.data(), batch.out.size())) << "threads, L=" << L;
-    EXPECT_TRUE(bit_equal(again.ks.data(), batch.ks.data(), batch.ks.size())) << "threads, L=" << L;
-  }
+  for (int64_t window : {int64_t(0), int64_t(13)})
+    for (int64_t L : {int64_t(45), int64_t(1), int64_t(300)}) {  // prefills of 45 and 300 (two
+                                                                 // score blocks); decode step
+      const int64_t keys = L == 1 ? 60 : L, pad = L == 1 ? 0 : 5;
+      const int64_t tqb = L + pad;
+      AttnData alone = make({1, L, H, KV, {int32_t(keys)}, window}, d, true, 3);
+      AttnData batch = make({3, tqb, H, KV, {int32_t(keys + 33), int32_t(keys), int32_t(tqb)}, window}, d, true, 11);
+      const int64_t cap_b = batch.cap;
+      for (int64_t g = 0; g < KV; ++g)
+        for (int64_t s = 0; s < keys; ++s)
+          for (int64_t i = 0; i < d; ++i) {
+            batch.k[((1 * KV + g) * cap_b + s) * d + i] = alone.k[((0 * KV + g) * alone.cap + s) * d + i];
+            batch.v[((1 * KV + g) * cap_b + s) * d + i] = alone.v[((0 * KV + g) * alone.cap + s) * d + i];
+          }
+      const int64_t qs = H * d + 3;
+      for (int64_t tt = 0; tt < L; ++tt)
+        for (int64_t i = 0; i < qs; ++i) batch.q[size_t((1 * tqb + pad + tt) * qs + i)] = alone.q[size_t(tt * qs + i)];
+      detail::attention_isa(isa, alone.args());
+      detail::attention_isa(isa, batch.args());
+      for (int64_t tt = 0; tt < L; ++tt)
+        EXPECT_TRUE(
+            bit_equal(alone.out.data() + tt * H * d, batch.out.data() + (1 * tqb + pad + tt) * H * d, size_t(H * d)))
+            << "L=" << L << " query " << tt;
+      for (int64_t h = 0; h < H; ++h)
+        EXPECT_TRUE(bit_equal(alone.ks.data() + h * alone.cap, batch.ks.data() + (1 * H + h) * cap_b, size_t(keys)))
+            << "key scores, head " << h;
+      AttnData again = batch;
+      std::fill(again.out.begin(), again.out.end(), -1.f);
+      std::fill(again.ks.begin(), again.ks.end(), 0.f);
+      tbb::task_arena one(1);
+      one.execute([&] { detail::attention_isa(isa, again.args()); });
+      EXPECT_TRUE(bit_equal(again.out.data(), batch.out.data(), batch.out.size())) << "threads, L=" << L;
+      EXPECT_TRUE(bit_equal(again.ks.data(), batch.ks.data(), batch.ks.size())) << "threads, L=" << L;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AttentionDeterminism, ::testing::ValuesIn(available_isas()),
@@ -223,6 +233,8 @@ TEST(Attention, RejectsBadArguments) {
   AttentionArgs n = u.args();
   n.seq_keys = nullptr;
   EXPECT_THROW(attention(n), Error);
+  AttnData w = make({1, 4, 4, 2, {4}, -1}, 64, false, 1);  // negative window
+  EXPECT_THROW(attention(w.args()), Error);
 }
 
 }  // namespace

@@ -85,11 +85,14 @@ TEST(Rope, PositionsEachTypeAllows) {
   EXPECT_EQ(positions("longrope-phi3"), 4096);       // beyond, transformers switches to long_factor
   EXPECT_EQ(positions("longrope-factor"), 8192);
   EXPECT_EQ(positions("default"), 2048);
-  // A sliding window still caps the positions (Mistral with YaRN).
+  // A sliding window does not cap the positions (Mistral with YaRN): its layers attend to the
+  // window past it.
   json m = case_config(all, "yarn-qwen2.5");
   m["model_type"] = "mistral";
   m["sliding_window"] = 4096;
-  EXPECT_EQ(ModelConfig::from_json_text(m.dump(), "m").max_positions, 4096);
+  const ModelConfig mc = ModelConfig::from_json_text(m.dump(), "m");
+  EXPECT_EQ(mc.max_positions, 131072);
+  EXPECT_EQ(mc.attention_window(0), 4096);
 }
 
 TEST(Rope, OldAndNewSpellingsAgree) {

@@ -10,13 +10,14 @@ and reference/logits.json in the format of the tiny models' references (per-posi
 the last position's logits, for id sequences). Every parameter is drawn at random, biases and
 norm weights included (transformers initialises biases to zero, which would hide a bias that is
 not applied), and wide enough that the top two logits of every position are well apart.
-  mistral  MistralForCausalLM, GQA, sliding_window 48 below max_position_embeddings 128 (flexh2o
-           caps the positions at the window, within which attention is full).
+  mistral  MistralForCausalLM, GQA, sliding_window 20 (the 23- and 48-token prompts pass it).
   qwen2    Qwen2ForCausalLM: q/k/v biases without an o_proj bias, rope_theta 1e6, tied embeddings.
   qwen3    Qwen3ForCausalLM: RMSNorm over each head of q and k (q_norm, k_norm) before rotary,
            tied embeddings.
-  phi3     Phi3ForCausalLM: q/k/v in one qkv_proj, gate/up in one gate_up_proj; sliding_window 47
-           as Phi-3-mini-4k's 2047 (prompts up to 47 tokens).
+  phi3     Phi3ForCausalLM: q/k/v in one qkv_proj, gate/up in one gate_up_proj; sliding_window 19,
+           odd as Phi-3-mini-4k's 2047, below the 23- and 47-token prompts.
+  qwen2_window  Qwen2ForCausalLM with use_sliding_window, max_window_layers 1: layer 1 slides
+           (window 20), layer 0 is full.
 Rope scaling, each type with settings small enough that the prompts reach the scaled region:
   llama_llama3     LlamaForCausalLM, rope_type llama3 over an original length of 32 (kept,
                    smoothed and divided wavelengths all occur).
@@ -44,7 +45,7 @@ Gemma, GeGLU (tanh GELU), every RMSNorm by 1 + weight, embeddings times sqrt(hid
   gemma      GemmaForCausalLM.
   gemma2     Gemma2ForCausalLM: norms after attention and MLP too, query_pre_attn_scalar 48,
              soft caps 5 on the attention scores and 3 on the logits (small enough to bite),
-             layer 0 sliding-window (48, below max_position_embeddings 128), layer 1 full.
+             layer 0 sliding-window (20, below the 23- and 48-token prompts), layer 1 full.
   gemma3_text_linear  Gemma3ForCausalLM: as gemma2 without soft caps, with per-head q/k norms; the
              sliding layer rotates by theta 1e4, the full one by theta 1e6 with linear factor 2.
   gemma3_text_mm  Gemma3ForConditionalGeneration (model_type gemma3: the text model inside, a
@@ -153,11 +154,15 @@ def write(name, model, note, seed, lengths=LENGTHS):
 
 def main():
     torch.manual_seed(0)
-    write("mistral", MistralForCausalLM(MistralConfig(**COMMON, sliding_window=48, tie_word_embeddings=False)),
-          "tiny random MistralForCausalLM (transformers), float16, sliding_window 48", seed=11)
+    write("mistral", MistralForCausalLM(MistralConfig(**COMMON, sliding_window=20, tie_word_embeddings=False)),
+          "tiny random MistralForCausalLM (transformers), float16, sliding_window 20", seed=11)
     write("qwen2", Qwen2ForCausalLM(Qwen2Config(**COMMON, rope_theta=1e6, tie_word_embeddings=True,
                                                 use_sliding_window=False)),
           "tiny random Qwen2ForCausalLM (transformers), float16, q/k/v biases, tied embeddings", seed=12)
+    write("qwen2_window", Qwen2ForCausalLM(Qwen2Config(**COMMON, rope_theta=1e6, tie_word_embeddings=True,
+                                                       use_sliding_window=True, sliding_window=20,
+                                                       max_window_layers=1)),
+          "tiny random Qwen2ForCausalLM (transformers), float16, layer 1 sliding (window 20)", seed=30)
     short = dict((k, v) for k, v in COMMON.items() if k != "max_position_embeddings")
     write("llama_llama3", LlamaForCausalLM(LlamaConfig(**COMMON, rope_scaling=dict(
         rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -180,8 +185,8 @@ def main():
                                                 use_sliding_window=False)),
           "tiny random Qwen3ForCausalLM (transformers), float16, q_norm / k_norm, tied embeddings",
           seed=20)
-    write("phi3", Phi3ForCausalLM(Phi3Config(**PHI3, sliding_window=47, pad_token_id=None)),
-          "tiny random Phi3ForCausalLM (transformers), float16, fused qkv_proj / gate_up_proj, sliding_window 47",
+    write("phi3", Phi3ForCausalLM(Phi3Config(**PHI3, sliding_window=19, pad_token_id=None)),
+          "tiny random Phi3ForCausalLM (transformers), float16, fused qkv_proj / gate_up_proj, sliding_window 19",
           seed=17, lengths=(1, 7, 23, 47))
     write("phi3_longrope", Phi3ForCausalLM(Phi3Config(**dict(PHI3, max_position_embeddings=96), pad_token_id=None,
                                                       original_max_position_embeddings=24, rope_scaling=dict(
@@ -217,17 +222,17 @@ def main():
     gemma = dict(COMMON, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)
     write("gemma", GemmaForCausalLM(GemmaConfig(**COMMON, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True)),
           "tiny random GemmaForCausalLM (transformers), float16", seed=26)
-    write("gemma2", Gemma2ForCausalLM(Gemma2Config(**gemma, query_pre_attn_scalar=48, sliding_window=48,
+    write("gemma2", Gemma2ForCausalLM(Gemma2Config(**gemma, query_pre_attn_scalar=48, sliding_window=20,
                                                    attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
                                                    attn_implementation="eager")),
           "tiny random Gemma2ForCausalLM (transformers), float16, soft caps 5 and 3, a sliding layer", seed=27)
     write("gemma3_text_linear", Gemma3ForCausalLM(Gemma3TextConfig(
-        **gemma, query_pre_attn_scalar=48, sliding_window=48, layer_types=["sliding_attention", "full_attention"],
+        **gemma, query_pre_attn_scalar=48, sliding_window=20, layer_types=["sliding_attention", "full_attention"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                          "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}},
         attn_implementation="eager")),
           "tiny random Gemma3ForCausalLM (transformers), float16, q/k norms, a rope per layer type", seed=28)
-    text = Gemma3TextConfig(**gemma, query_pre_attn_scalar=48, sliding_window=48,
+    text = Gemma3TextConfig(**gemma, query_pre_attn_scalar=48, sliding_window=20,
                             layer_types=["sliding_attention", "full_attention"])
     vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                 image_size=28, patch_size=14)

@@ -1,7 +1,8 @@
 // Private: causal softmax attention for one (sequence, query head, query range), written
 // over a vector-traits type T and instantiated per ISA; the TBB driver is attention.cpp.
-// Every sum runs over keys in slot order starting at slot 0 of the sequence's left-aligned
-// cache, so a sequence gives the same bits whatever its batch or the query block it falls in.
+// Every sum runs over keys in slot order, from slot 0 of the sequence's left-aligned cache (with
+// a window, from the first slot the query block sees, its earlier ones adding exact zeros), so a
+// sequence gives the same bits whatever its batch or the query block it falls in.
 // K/V elements (float, half_t or bf16_t; q4_t records decoded as q4::decode_rows does) are
 // widened exactly in registers as they are loaded, so a 16-bit or Q4 cache gives the bits of
 // an fp32 cache holding the same (decoded) values.
@@ -86,6 +87,8 @@ void attention_run(const AttnTask& task) {
   const int64_t ld = nk > 0 ? nk : 1;
   // Row r of the task is query t0 + r / nh of head h + r % nh: keys seen grow with r.
   auto n_of = [&](int64_t r) { return nk - a.tq + task.t0 + r / nh + 1; };  // <= 0: padding
+  // First slot row r sees: a window hides the slots before n - window.
+  auto lo_of = [&](int64_t r) { return a.window > 0 && n_of(r) > a.window ? n_of(r) - a.window : int64_t(0); };
   auto qrow = [&](int64_t r) {
     return a.q + (b * a.tq + task.t0 + r / nh) * a.q_stride + (h + r % nh) * d;
   };
@@ -107,7 +110,7 @@ void attention_run(const AttnTask& task) {
       if (nmax <= 0) continue;
       const float* xr[MR];
       for (int i = 0; i < MR; ++i) xr[i] = qrow(i0 + (i < mr ? i : mr - 1));
-      for (int64_t j0 = 0; j0 < nmax; j0 += NR) {
+      for (int64_t j0 = lo_of(i0); j0 < nmax; j0 += NR) {
         const int nr = int(nmax - j0 < NR ? nmax - j0 : NR);
         if (i0 == qb0 && j0 + pfk + NR <= nmax) prefetch_l2(elem_addr(row_at(kb, j0 + pfk, d), 0), NR * row_bytes);
         typename RowOf<KV>::R wr[NR];
@@ -118,13 +121,18 @@ void attention_run(const AttnTask& task) {
           for (int j = 0; j < nr; ++j) S[(i0 - qb0 + i) * ld + j0 + j] = part[i * NR + j] * a.scale;
       }
     }
-    // ---- softmax per query (fp32, max-subtracted, after any soft cap), H2O key scores
+    // ---- softmax per query (fp32, max-subtracted, after any soft cap), H2O key scores; a
+    // windowed row's hidden slots from the block's first seen slot on get probability 0
+    const int64_t lo_block = lo_of(qb0);
     for (int64_t i = qb0; i < qb1; ++i) {
-      const int64_t n = n_of(i);
-      if (n <= 0) continue;
-      float* row = S + (i - qb0) * ld;
+      const int64_t n0 = n_of(i);
+      if (n0 <= 0) continue;
+      const int64_t lo = lo_of(i), n = n0 - lo;
+      float* whole = S + (i - qb0) * ld;
+      for (int64_t j = lo_block; j < lo; ++j) whole[j] = 0.f;
+      float* row = whole + lo;
       if (a.softcap > 0) softcap<T>(row, n, a.softcap);
-      float* kscore = task.scores ? task.scores + (i % nh) * a.capacity : nullptr;
+      float* kscore = task.scores ? task.scores + (i % nh) * a.capacity + lo : nullptr;
       V mv = T::set1(row[0]);
       int64_t j = 0;
       for (; j + L <= n; j += L) mv = T::max(mv, T::load(row + j));
@@ -170,10 +178,11 @@ void attention_run(const AttnTask& task) {
         for (int i = 0; i < PQ * PV; ++i) acc[i] = T::zero();
         const float* prow[PQ];
         for (int q = 0; q < qn; ++q) prow[q] = S + (i0 + q - qb0) * ld;
-        int64_t done = 0;
+        int64_t done = lo_of(i0);        // the tile's first seen slot (lo grows with rows)
         if (qn == PQ && n_of(i0) > 0) {  // common key range of the tile (n grows with rows)
+          const int64_t from = done;
           done = n_of(i0);
-          pv_run_rt<T, PQ>(nv, acc, prow, vb, d0, d, tail, 0, done, i0 == qb0 ? pfv : 0, pf_bytes);
+          pv_run_rt<T, PQ>(nv, acc, prow, vb, d0, d, tail, from, done, i0 == qb0 ? pfv : 0, pf_bytes);
         }
         for (int q = 0; q < qn; ++q) {  // each query finishes its own keys alone
           const int64_t n = n_of(i0 + q);

@@ -38,6 +38,10 @@ class Reader {
   int64_t positive_int_or(const char* key, int64_t hi, int64_t dflt) const {
     return has(key) ? positive_int(key, hi) : dflt;
   }
+  // An optional integer in [0, hi].
+  int64_t count_or(const char* key, int64_t hi, int64_t dflt) const {
+    return has(key) ? json_to_int(j_[key], 0, hi, name(key)) : dflt;
+  }
   double number_or(const char* key, double dflt) const {
     if (!has(key)) return dflt;
     const json& v = j_[key];
