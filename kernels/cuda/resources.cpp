@@ -89,33 +89,39 @@ void DeviceArena::rewind(size_t mark) {
 
 // ---- PinnedBuffer -----------------------------------------------------------------------
 
-Status PinnedBuffer::create(size_t bytes, PinnedBuffer* out, unsigned flags) {
+Status PinnedBuffer::create(size_t bytes, PinnedBuffer* out, size_t align, unsigned flags) {
   FH_CHECK(out, "PinnedBuffer::create: null out");
-  void* p = nullptr;
+  FH_CHECK(align > 0 && (align & (align - 1)) == 0, "PinnedBuffer::create: alignment ", align,
+           " is not a power of two");
+  PinnedBuffer b;
   if (bytes > 0) {
-    const cudaError_t e = cudaHostAlloc(&p, bytes, flags);
+    FH_CHECK(bytes <= SIZE_MAX - (align - 1), "PinnedBuffer::create: ", bytes, " bytes overflow");
+    const size_t n = bytes + (align - 1);
+    const cudaError_t e = cudaHostAlloc(&b.base_, n, flags);
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       return Status(StatusCode::kOutOfBudget,
-                    flexh2o::detail::concat("pinned buffer: cudaHostAlloc of ", bytes, " bytes failed"));
+                    flexh2o::detail::concat("pinned buffer: cudaHostAlloc of ", n, " bytes failed"));
     }
     FH_CUDA_CHECK(e);
+    b.ptr_ = static_cast<char*>(b.base_) + detail::aligned_offset(reinterpret_cast<uintptr_t>(b.base_), 0, align);
+    b.size_ = bytes;
   }
-  PinnedBuffer b;
-  b.ptr_ = p;
-  b.size_ = bytes;
   *out = std::move(b);
   return Status::Ok();
 }
 
 PinnedBuffer::~PinnedBuffer() {
-  if (ptr_) FH_CUDA_LOG(cudaFreeHost(ptr_));
+  if (base_) FH_CUDA_LOG(cudaFreeHost(base_));
 }
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
-    : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+    : base_(std::exchange(o.base_, nullptr)),
+      ptr_(std::exchange(o.ptr_, nullptr)),
+      size_(std::exchange(o.size_, 0)) {}
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
   if (this != &o) {
-    if (ptr_) FH_CUDA_LOG(cudaFreeHost(ptr_));
+    if (base_) FH_CUDA_LOG(cudaFreeHost(base_));
+    base_ = std::exchange(o.base_, nullptr);
     ptr_ = std::exchange(o.ptr_, nullptr);
     size_ = std::exchange(o.size_, 0);
   }

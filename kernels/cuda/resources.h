@@ -68,8 +68,11 @@ class DeviceArena {
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
-  // kOutOfBudget when the OS refuses to pin `bytes` (the CUDA error is cleared).
-  static Status create(size_t bytes, PinnedBuffer* out, unsigned flags = cudaHostAllocDefault);
+  // data() is a multiple of `align` (a power of two). cudaHostAlloc's own pointer need not be
+  // page-aligned (small allocations have been seen 2 KiB into a page), so a larger `align` is
+  // had by pinning align - 1 bytes more. kOutOfBudget when the OS refuses to pin them (the CUDA
+  // error is cleared).
+  static Status create(size_t bytes, PinnedBuffer* out, size_t align = 1, unsigned flags = cudaHostAllocDefault);
   ~PinnedBuffer();
   PinnedBuffer(PinnedBuffer&& o) noexcept;
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
@@ -79,7 +82,8 @@ class PinnedBuffer {
   size_t size() const { return size_; }
 
  private:
-  void* ptr_ = nullptr;
+  void* base_ = nullptr;  // what cudaHostAlloc returned (cudaFreeHost's)
+  void* ptr_ = nullptr;   // base_, aligned up
   size_t size_ = 0;
 };
 

@@ -54,8 +54,7 @@ std::string CpuDevice::name() const {
 Status CpuDevice::allocate(MemKind kind, size_t bytes, TierBudget& budget, const std::string& what, Buffer* out) {
   TierCharge charge;
   if (Status s = TierCharge::reserve(budget, bytes, what, &charge); !s.ok()) return s;
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
-  void* p = std::aligned_alloc(4096, rounded);
+  void* p = std::aligned_alloc(kHostAlign, align_up(std::max<size_t>(bytes, 1), kHostAlign));
   if (!p) return Status(StatusCode::kOutOfBudget, "out of host memory allocating " + what);
   if (hazards_) hazards_->add_buffer(p, bytes, what);
   *out = make_buffer(static_cast<std::byte*>(p), bytes, kind, std::move(charge));

@@ -26,6 +26,10 @@ void Buffer::reset() noexcept {
 }
 
 Buffer Device::make_buffer(std::byte* p, size_t bytes, MemKind kind, TierCharge charge) {
+  const bool aligned = kind == MemKind::kDevice || reinterpret_cast<uintptr_t>(p) % kHostAlign == 0;
+  if (!aligned) release(kind, p, bytes);  // not leaked by the throw below
+  FH_CHECK(aligned, name(), ": host buffer ", static_cast<const void*>(p), " (", bytes, " bytes) is not ", kHostAlign,
+           "-byte aligned");
   Buffer b;
   b.dev_ = this, b.data_ = p, b.size_ = bytes, b.kind_ = kind;
   b.charge_ = std::move(charge);

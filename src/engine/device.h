@@ -23,11 +23,16 @@
 #include "engine/schedule.h"
 #include "engine/unit_args.h"
 #include "model/weights.h"
+#include "offload/aligned_buffer.h"
 #include "offload/tier.h"
 
 namespace flexh2o {
 
 enum class MemKind : uint8_t { kDevice, kPinned, kPageable };
+// Host memory a Device allocates (kPinned, kPageable) starts at a multiple of kHostAlign: the
+// engine hands it, and page offsets into it, to O_DIRECT disk I/O (the KV cache's disk staging,
+// DiskStore::read_ranges / write_ranges), which needs kIoAlign.
+inline constexpr size_t kHostAlign = kIoAlign;
 enum class DeviceKind : uint8_t { kCpu, kCuda };
 const char* device_kind_name(DeviceKind k);
 
@@ -97,6 +102,7 @@ class Device {
 
   // ---- memory --------------------------------------------------------------------------
   // kOutOfBudget (naming `what`) when the budget or the device refuses. Contents undefined.
+  // Host kinds start at a multiple of kHostAlign (make_buffer checks).
   [[nodiscard]] virtual Status allocate(MemKind kind, size_t bytes, TierBudget& budget, const std::string& what,
                                         Buffer* out) = 0;
   // Makes existing read-only host memory a fast copy source (CUDA: registered, read-only).
@@ -176,6 +182,7 @@ class Device {
 
  protected:
   // For implementations: wraps memory they allocated into a Buffer that calls release().
+  // Throws (misuse) when host memory is not kHostAlign-aligned.
   Buffer make_buffer(std::byte* p, size_t bytes, MemKind kind, TierCharge charge);
   virtual void release(MemKind kind, std::byte* p, size_t bytes) noexcept = 0;
 

@@ -121,10 +121,13 @@ Status CudaDevice::allocate(MemKind kind, size_t bytes, TierBudget& budget, cons
   void* p = nullptr;
   const size_t n = std::max<size_t>(bytes, 1);
   cudaError_t e = cudaSuccess;
+  PinnedBuffer pinned;  // kPinned: aligned to kHostAlign (cudaHostAlloc's own pointer need not be)
   switch (kind) {
     case MemKind::kDevice: e = cudaMalloc(&p, n); break;
-    case MemKind::kPinned: e = cudaHostAlloc(&p, n, cudaHostAllocDefault); break;
-    case MemKind::kPageable: p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096); break;
+    case MemKind::kPinned:
+      if (PinnedBuffer::create(n, &pinned, kHostAlign).ok()) p = pinned.data();
+      break;
+    case MemKind::kPageable: p = std::aligned_alloc(kHostAlign, align_up(n, kHostAlign)); break;
   }
   if (e == cudaErrorMemoryAllocation || (!p && e == cudaSuccess)) {
     (void)cudaGetLastError();
@@ -133,6 +136,10 @@ Status CudaDevice::allocate(MemKind kind, size_t bytes, TierBudget& budget, cons
                                           bytes, " bytes for ", what, " (out of memory)"));
   }
   FH_CUDA_CHECK(e);
+  if (pinned.data()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    host_allocs_.emplace(static_cast<std::byte*>(p), std::move(pinned));
+  }
   *out = make_buffer(static_cast<std::byte*>(p), bytes, kind, std::move(charge));
   return Status::Ok();
 }
@@ -140,7 +147,15 @@ Status CudaDevice::allocate(MemKind kind, size_t bytes, TierBudget& budget, cons
 void CudaDevice::release(MemKind kind, std::byte* p, size_t) noexcept {
   switch (kind) {
     case MemKind::kDevice: FH_CUDA_LOG(cudaFree(p)); break;
-    case MemKind::kPinned: FH_CUDA_LOG(cudaFreeHost(p)); break;
+    case MemKind::kPinned: {
+      PinnedBuffer freed;  // frees it once mu_ is released
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = host_allocs_.find(p); it != host_allocs_.end()) {
+        freed = std::move(it->second);
+        host_allocs_.erase(it);
+      }
+      break;
+    }
     case MemKind::kPageable: std::free(p); break;
   }
 }
@@ -328,15 +343,63 @@ double CudaDevice::seconds_between(const flexh2o::Event& from, const flexh2o::Ev
 
 // ---- moves -------------------------------------------------------------------------------
 
+std::vector<size_t> CudaDevice::pin_cuts(const void* p, size_t bytes) {
+  std::vector<size_t> cuts;
+  const uintptr_t a = uintptr_t(p), b = a + bytes;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pins_.empty()) return cuts;
+  auto it = pins_.upper_bound(a);
+  if (it != pins_.begin()) --it;
+  for (; it != pins_.end() && it->first < b; ++it) {
+    for (uintptr_t edge : {it->first, it->second.first})
+      if (edge > a && edge < b) cuts.push_back(size_t(edge - a));
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  return cuts;
+}
+
+// Tensors pinned in place share pages with their neighbours, so one tensor can lie across two
+// registrations (pin_in_place registers only what is not registered yet): such a copy goes in
+// pieces, one per registration.
 void CudaDevice::copy(Queue q, void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
-  FH_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream(q)));
+  std::vector<size_t> cuts = pin_cuts(src, bytes), dcuts = pin_cuts(dst, bytes);
+  cuts.insert(cuts.end(), dcuts.begin(), dcuts.end());
+  std::sort(cuts.begin(), cuts.end());
+  cuts.push_back(bytes);
+  size_t at = 0;
+  for (size_t c : cuts) {
+    if (c <= at) continue;
+    FH_CUDA_CHECK(cudaMemcpyAsync(static_cast<std::byte*>(dst) + at, static_cast<const std::byte*>(src) + at, c - at,
+                                  cudaMemcpyDefault, stream(q)));
+    at = c;
+  }
 }
 
 void CudaDevice::copy_2d(Queue q, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                          size_t height) {
   if (!width || !height) return;
-  FH_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, stream(q)));
+  const std::vector<size_t> sc = pin_cuts(src, spitch * (height - 1) + width);
+  const std::vector<size_t> dc = pin_cuts(dst, dpitch * (height - 1) + width);
+  auto crosses = [](const std::vector<size_t>& cuts, size_t lo, size_t hi) {  // a cut in (lo, hi)
+    auto it = std::upper_bound(cuts.begin(), cuts.end(), lo);
+    return it != cuts.end() && *it < hi;
+  };
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  for (size_t r = 0; r < height;) {
+    if (crosses(sc, r * spitch, r * spitch + width) || crosses(dc, r * dpitch, r * dpitch + width)) {
+      copy(q, d + r * dpitch, s + r * spitch, width);  // this row itself spans two registrations
+      ++r;
+      continue;
+    }
+    size_t e = r + 1;  // rows [r, e) whose whole span stays inside one registration on each side
+    while (e < height && !crosses(sc, r * spitch, e * spitch + width) && !crosses(dc, r * dpitch, e * dpitch + width)) ++e;
+    FH_CUDA_CHECK(cudaMemcpy2DAsync(d + r * dpitch, dpitch, s + r * spitch, spitch, width, e - r, cudaMemcpyDefault,
+                                    stream(q)));
+    r = e;
+  }
 }
 
 void CudaDevice::gather_rows(Queue q, void* dst, const void* table, int64_t table_rows, size_t row_bytes,

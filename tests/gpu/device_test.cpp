@@ -104,6 +104,47 @@ TEST_F(CudaDeviceTest, RefusedRegistrationReturnsNullAndKeepsOtherPins) {
   std::free(raw);
 }
 
+// Tensors pinned in place share pages, so the second of two neighbours lies across two
+// registrations: the driver refuses one copy spanning both (cudaErrorInvalidValue, seen on an
+// H200 with every host-homed checkpoint weight), so the device copies it in pieces, 1-D and
+// 2-D, including a 2-D row that itself straddles the boundary.
+TEST_F(CudaDeviceTest, ATensorAcrossTwoRegistrationsCopies) {
+  int read_only = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, 0), cudaSuccess);
+  if (!read_only) GTEST_SKIP() << "this GPU cannot register read-only memory in place";
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  void* raw = std::aligned_alloc(page, 4 * page);
+  ASSERT_NE(raw, nullptr);
+  auto* base = static_cast<std::byte*>(raw);
+  for (size_t i = 0; i < 4 * page; ++i) base[i] = std::byte((i * 131 + 7) & 0xff);
+  HostPin a = dev->pin_in_place(base, page + 64);  // pages 0-1
+  ASSERT_TRUE(a);
+  const std::byte* b = base + page + 64;  // pages 1 (shared) to 3: a second registration
+  const size_t nb = 3 * page - 64 - 8;
+  HostPin pb = dev->pin_in_place(b, nb);
+  ASSERT_TRUE(pb);
+  Buffer d, back;
+  ASSERT_TRUE(dev->allocate(MemKind::kDevice, nb, device_budget, "d", &d).ok());
+  ASSERT_TRUE(dev->allocate(MemKind::kPinned, nb, host_budget, "back", &back).ok());
+  std::memset(back.data(), 0, nb);
+  dev->copy(Queue::kHostToDevice, d.data(), b, nb);
+  dev->synchronize();
+  dev->copy(Queue::kDeviceToHost, back.data(), d.data(), nb);
+  dev->synchronize();
+  EXPECT_EQ(std::memcmp(back.data(), b, nb), 0) << "1-D copy across the registrations";
+  // Rows of 200 bytes every 1000: with 4 KiB pages the boundary (at 4032) falls inside row 4.
+  const size_t w = 200, sp = 1000, h = (nb - w) / sp + 1;
+  std::memset(back.data(), 0, nb);
+  dev->copy_2d(Queue::kHostToDevice, d.data(), w, b, sp, w, h);
+  dev->synchronize();
+  dev->copy(Queue::kDeviceToHost, back.data(), d.data(), w * h);
+  dev->synchronize();
+  for (size_t r = 0; r < h; ++r) EXPECT_EQ(std::memcmp(back.data() + r * w, b + r * sp, w), 0) << "2-D row " << r;
+  pb.reset();
+  a.reset();
+  std::free(raw);
+}
+
 TEST_F(CudaDeviceTest, CopiesAndEventsOrderTheQueues) {
   const size_t w = 96, h = 7, sp = 128, dp = 256;
   Buffer src, mid, dst;

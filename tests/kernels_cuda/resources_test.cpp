@@ -2,7 +2,9 @@
 // tables run on the CPU; real allocations, streams, events and pinned memory need a GPU.
 #include <cublas_v2.h>
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/ops.h"
@@ -153,6 +155,25 @@ TEST_F(ResourcesGpu, PinnedStreamEventRoundTrip) {
   Stream s2 = std::move(*stream_);
   EXPECT_EQ(stream_->get(), nullptr);
   *stream_ = std::move(s2);
+}
+
+// cudaHostAlloc's own pointers to small allocations can sit at sub-page offsets (0x...4800 on
+// an H200), which O_DIRECT refuses: an `align` is of data(), kept through a move.
+TEST_F(ResourcesGpu, PinnedBufferDataIsAlignedAsAsked) {
+  std::vector<PinnedBuffer> pins;
+  for (size_t bytes : {1, 100, 2048, 4096, 5000, 16384, 1 << 20}) {
+    for (int i = 0; i < 4; ++i) {
+      PinnedBuffer pin;
+      ASSERT_TRUE(PinnedBuffer::create(bytes, &pin, 4096).ok());
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(pin.data()) % 4096, 0u) << bytes << " bytes";
+      EXPECT_EQ(pin.size(), bytes);
+      std::memset(pin.data(), 0xab, bytes);  // all `bytes` are ours
+      pins.push_back(std::move(pin));
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(pins.back().data()) % 4096, 0u);
+    }
+  }
+  PinnedBuffer bad;
+  EXPECT_THROW((void)PinnedBuffer::create(64, &bad, 3000), Error);  // not a power of two
 }
 
 TEST_F(ResourcesGpu, CublasHandleBindsToStream) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "gpu/cuda_device.h"
@@ -71,6 +72,10 @@ class CudaDevice final : public Device {
 
  private:
   friend struct Pinned;
+  // Offsets in (0, bytes), ascending, where [p, p + bytes) crosses from one registered chunk
+  // of pins_ into another or out of one: a copy must be split there, since the driver refuses
+  // one that spans two registrations (cudaErrorInvalidValue). Empty for unregistered memory.
+  std::vector<size_t> pin_cuts(const void* p, size_t bytes);
   static bool device_queue(Queue q) { return q == Queue::kCompute || q == Queue::kHostToDevice || q == Queue::kDeviceToHost; }
   // Makes this device current on the calling thread (see bind_thread in cuda_device.cpp).
   void bind_thread() const;
@@ -109,10 +114,12 @@ class CudaDevice final : public Device {
   // upload_mu_ serialises uploads, which share it.
   std::mutex upload_mu_;
   PinnedBuffer upload_stage_;
-  std::mutex mu_;                    // event pool and pin registry
+  std::mutex mu_;                    // event pool, pin registry and host_allocs_
   std::vector<cudaEvent_t> events_;  // free timing events
   // Page-locked host ranges registered in place: start -> (end, references).
   std::map<uintptr_t, std::pair<uintptr_t, int>> pins_;
+  // allocate()'s pinned host memory: Buffer::data() -> its owner (release() frees it).
+  std::unordered_map<const std::byte*, PinnedBuffer> host_allocs_;
 };
 
 }  // namespace flexh2o::gpu
