@@ -37,6 +37,7 @@ void register_bench(CLI::App& app, BenchArgs& a) {
 }
 
 int run_bench(const BenchArgs& a, const Env& env) {
+  check_device_early(a.device);
   LoadedModel lm = load_model(env, a.model, "");
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& c = lm.model->config();

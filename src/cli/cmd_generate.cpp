@@ -347,6 +347,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   PriorResults prior;
   std::optional<OutputFile> out_file;
   if (!a.output.empty()) out_file.emplace(open_results(a, format, prior));
+  check_device_early(a.device);
   LoadedModel lm = load_model(env, a.model, a.tokenizer);
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& cfg = lm.model->config();

@@ -88,6 +88,12 @@ std::string select_device(const std::string& requested, std::ostream& log) {
   return "cpu";
 }
 
+void check_device_early(const std::string& requested) {
+  if (requested == "cpu" || requested == "auto") return;  // nothing to refuse before the model
+  std::ostringstream quiet;
+  (void)select_device(requested, quiet);
+}
+
 std::string select_device(const std::string& requested, const Model& m, std::ostream& log) {
   std::ostringstream quiet;  // auto's "using the GPU" is said once the model is known to fit
   const std::string device = select_device(requested, requested == "auto" ? quiet : log);

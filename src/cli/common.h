@@ -64,6 +64,9 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
 // --device cpu|cuda|auto -> "cpu" or "cuda". CUDA needs a usable GPU (probe_cuda()); without
 // one, cuda throws with the reason and auto logs it and picks the CPU.
 std::string select_device(const std::string& requested, std::ostream& log);
+// Before the model loads (a preset's dummy weights can take a minute and 60 GB): throws what
+// select_device would for --device cuda without a usable GPU or a word other than cpu/cuda/auto.
+void check_device_early(const std::string& requested);
 // The same for a loaded model: CUDA also needs the model to fit its kernels
 // (gpu::cuda_unsupported); where it does not, cuda throws with the reason and auto picks the CPU.
 std::string select_device(const std::string& requested, const Model& m, std::ostream& log);

@@ -218,4 +218,22 @@ TEST(InputLimits, OutOfMemoryIsASentence) {
   EXPECT_HAS(r.err, "flexh2o: error: out of memory while running `bench`");
 }
 
+// --device cuda without a GPU is refused before a preset's dummy weights are made (opt-175b:
+// 350 GB, which under a 2 GB address space would end in "out of memory" instead; on a GPU
+// machine of this project's kind, OPT-30B's 60 GB took a minute before the refusal).
+TEST(InputLimits, DeviceCudaWithoutAGpuIsRefusedBeforeTheWeights) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ulimit -v breaks sanitizer runtimes";
+#endif
+  ShellRun probe = run_shell(kBin + " bench -m opt-125m --device auto --prompt-len 4 --gen-len 1 --num-prompts 1");
+  if (probe.err.find("using the GPU") != std::string::npos) GTEST_SKIP() << "a GPU is present";
+  for (const char* cmd : {" bench -m opt-175b --prompt-len 8 --gen-len 1", " generate -m opt-175b --prompt hi",
+                          " eval-ppl -m opt-175b /etc/hostname"}) {
+    ShellRun r = run_shell("ulimit -v 2000000; " + kBin + cmd + " --device cuda");
+    EXPECT_EQ(r.code, 1) << cmd << ": " << r.err;
+    EXPECT_HAS(r.err, "--device cuda: ");
+    EXPECT_EQ(r.err.find("out of memory"), std::string::npos) << cmd << ": " << r.err;
+  }
+}
+
 }  // namespace
