@@ -98,8 +98,16 @@ echo "gpu_pack: $((kib / 1024)) MiB"
 # session writes into the tree before the call.
 tree_kib=$(git -C "$ROOT" ls-files -z --cached --others --exclude-standard |
   du -ck --apparent-size --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+# The .debs are only the fallback for binaries that do not run on the image (proved above in a
+# bare root): they are the first thing left out when the tree has grown.
+if [ $((kib + tree_kib)) -gt $((63 * 1024)) ] && [ -d "$PACK/debs" ]; then
+  echo "gpu_pack: gpu_pack ($((kib / 1024)) MiB) + the working tree ($((tree_kib / 1024)) MiB) is over 63 MiB: leaving out the fallback .debs"
+  rm -rf "$PACK/debs"
+  kib=$(du -sk --apparent-size "$PACK" | cut -f1)
+fi
 if [ $((kib + tree_kib)) -gt $((63 * 1024)) ]; then
   echo "gpu_pack: gpu_pack ($((kib / 1024)) MiB) + the working tree ($((tree_kib / 1024)) MiB) is over the 64 MiB the device tool carries"
   exit 1
 fi
+echo "gpu_pack: $((kib / 1024)) MiB + the working tree $((tree_kib / 1024)) MiB"
 echo "gpu_pack: ready; in the window: run(command=\"bash bench/gpu_session.sh\", carry=[\"gpu_pack\"], timeout_s=600)"
