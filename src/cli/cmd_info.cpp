@@ -34,6 +34,13 @@ std::string human_bytes(double b) {
   return os.str();
 }
 
+// A cap as the config wrote it: 50, or 30.5 (not truncated to an integer).
+std::string short_number(float x) {
+  std::ostringstream o;
+  o << std::setprecision(6) << x;
+  return o.str();
+}
+
 // "rope  llama3, theta 500000, factor 8 over 8192 pretraining positions\n"; empty for OPT.
 std::string rope_line(const ModelConfig& c) {
   if (c.arch != Arch::kLlama) return {};
@@ -127,8 +134,8 @@ int run_info(const InfoArgs& a, const Env& env) {
     std::cout << "gemma        GeGLU, norms by 1 + weight"
               << (c.sandwich_norms ? " (also after attention and MLP)" : "") << ", embeddings x " << c.embed_scale
               << ", softmax scale " << c.attention_scale()
-              << (c.attn_softcap > 0 ? ", scores capped at " + std::to_string(int(c.attn_softcap)) : "")
-              << (c.final_softcap > 0 ? ", logits capped at " + std::to_string(int(c.final_softcap)) : "") << "\n";
+              << (c.attn_softcap > 0 ? ", scores capped at " + short_number(c.attn_softcap) : "")
+              << (c.final_softcap > 0 ? ", logits capped at " + short_number(c.final_softcap) : "") << "\n";
   std::cout << rope_line(c) << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
             << "weights      " << human_bytes(double(params) * double(esize)) << " in " << dtype_name(c.dtype) << "\n";
   for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(double(b)) << "\n";

@@ -207,6 +207,16 @@ TEST(Cli, InfoDescribesPresetsAndDirectories) {
   EXPECT_NE(w.out.find("128 positions\nwindow       2 of 2 layers attend to the last 20 positions only\n"),
             std::string::npos)
       << w.out;
+  {  // Gemma 2's soft caps as the config writes them, not truncated
+    TempDir g;
+    json cfg = json::parse(std::ifstream(model_dir("arch/gemma2") / "config.json"));
+    cfg["attn_logit_softcapping"] = 30.5;
+    std::ofstream(g.path() / "config.json") << cfg.dump();
+    fs::copy_file(model_dir("arch/gemma2") / "model.safetensors", g.path() / "model.safetensors");
+    RunResult gi = flexh2o("info " + g.path().string());
+    ASSERT_EQ(gi.code, 0) << gi.err;
+    EXPECT_NE(gi.out.find("scores capped at 30.5, logits capped at 3\n"), std::string::npos) << gi.out;
+  }
   RunResult d = flexh2o("info " + model_dir("tiny-llama").string());
   ASSERT_EQ(d.code, 0) << d.err;
   EXPECT_NE(d.out.find("4 heads (2 kv)"), std::string::npos) << d.out;
@@ -284,6 +294,32 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
   RunResult kv = flexh2o("generate -m " + kOpt + " --prompt hi --kv-policy h2o --heavy-ratio 1.5");
   EXPECT_EQ(kv.code, 1);
   EXPECT_NE(kv.err.find("--heavy-ratio"), std::string::npos) << kv.err;
+}
+
+// A KV budget wider than a sliding window that the sequences pass is refused before anything
+// runs, naming both; one that fits the window runs (arch/mistral: window 20, 37-token prompt).
+TEST(Cli, AKvBudgetWiderThanTheSlidingWindowIsRefusedUpFront) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "ids.jsonl", out = tmp.path() / "out.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"prompt_ids": [)";
+    for (int i = 3; i < 40; ++i) f << (i > 3 ? "," : "") << i;
+    f << "]}\n";
+  }
+  const std::string run = "generate -m " + model_dir("arch/mistral").string() + " --input " + in.string() +
+                          " --output " + out.string() + " -n 4 --kv-policy h2o --recent-budget 10 --heavy-budget ";
+  RunResult wide = flexh2o(run + "15");
+  EXPECT_EQ(wide.code, 1);
+  EXPECT_NE(wide.err.find("KV budget of 25 tokens (sequence 0) is more than the 20-token sliding window"),
+            std::string::npos)
+      << wide.err;
+  RunResult fits = flexh2o(run + "10");
+  ASSERT_EQ(fits.code, 0) << fits.err;
+  std::ifstream f(out);
+  std::string line;
+  ASSERT_TRUE(std::getline(f, line));
+  EXPECT_EQ(json::parse(line)["token_ids"].size(), 4u) << line;
 }
 
 // --overlap / --sep-layer / --pin-weight take the same words wherever they are read: a bad one
