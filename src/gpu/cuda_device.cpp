@@ -344,61 +344,33 @@ double CudaDevice::seconds_between(const flexh2o::Event& from, const flexh2o::Ev
 // ---- moves -------------------------------------------------------------------------------
 
 std::vector<size_t> CudaDevice::pin_cuts(const void* p, size_t bytes) {
-  std::vector<size_t> cuts;
-  const uintptr_t a = uintptr_t(p), b = a + bytes;
   std::lock_guard<std::mutex> lock(mu_);
-  if (pins_.empty()) return cuts;
-  auto it = pins_.upper_bound(a);
-  if (it != pins_.begin()) --it;
-  for (; it != pins_.end() && it->first < b; ++it) {
-    for (uintptr_t edge : {it->first, it->second.first})
-      if (edge > a && edge < b) cuts.push_back(size_t(edge - a));
-  }
-  std::sort(cuts.begin(), cuts.end());
-  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  return cuts;
+  return registration_cuts(pins_, uintptr_t(p), bytes);
 }
 
 // Tensors pinned in place share pages with their neighbours, so one tensor can lie across two
 // registrations (pin_in_place registers only what is not registered yet): such a copy goes in
-// pieces, one per registration.
+// pieces, one per registration (copy_pieces.h).
 void CudaDevice::copy(Queue q, void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
-  std::vector<size_t> cuts = pin_cuts(src, bytes), dcuts = pin_cuts(dst, bytes);
-  cuts.insert(cuts.end(), dcuts.begin(), dcuts.end());
-  std::sort(cuts.begin(), cuts.end());
-  cuts.push_back(bytes);
   size_t at = 0;
-  for (size_t c : cuts) {
-    if (c <= at) continue;
-    FH_CUDA_CHECK(cudaMemcpyAsync(static_cast<std::byte*>(dst) + at, static_cast<const std::byte*>(src) + at, c - at,
+  for (size_t end : piece_ends(pin_cuts(src, bytes), pin_cuts(dst, bytes), bytes)) {
+    FH_CUDA_CHECK(cudaMemcpyAsync(static_cast<std::byte*>(dst) + at, static_cast<const std::byte*>(src) + at, end - at,
                                   cudaMemcpyDefault, stream(q)));
-    at = c;
+    at = end;
   }
 }
 
 void CudaDevice::copy_2d(Queue q, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                          size_t height) {
   if (!width || !height) return;
-  const std::vector<size_t> sc = pin_cuts(src, spitch * (height - 1) + width);
-  const std::vector<size_t> dc = pin_cuts(dst, dpitch * (height - 1) + width);
-  auto crosses = [](const std::vector<size_t>& cuts, size_t lo, size_t hi) {  // a cut in (lo, hi)
-    auto it = std::upper_bound(cuts.begin(), cuts.end(), lo);
-    return it != cuts.end() && *it < hi;
-  };
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
-  for (size_t r = 0; r < height;) {
-    if (crosses(sc, r * spitch, r * spitch + width) || crosses(dc, r * dpitch, r * dpitch + width)) {
-      copy(q, d + r * dpitch, s + r * spitch, width);  // this row itself spans two registrations
-      ++r;
-      continue;
-    }
-    size_t e = r + 1;  // rows [r, e) whose whole span stays inside one registration on each side
-    while (e < height && !crosses(sc, r * spitch, e * spitch + width) && !crosses(dc, r * dpitch, e * dpitch + width)) ++e;
-    FH_CUDA_CHECK(cudaMemcpy2DAsync(d + r * dpitch, dpitch, s + r * spitch, spitch, width, e - r, cudaMemcpyDefault,
-                                    stream(q)));
-    r = e;
+  for (const RowPiece& pc : plan_2d(pin_cuts(src, spitch * (height - 1) + width), spitch,
+                                    pin_cuts(dst, dpitch * (height - 1) + width), dpitch, width, height)) {
+    if (pc.split_row) copy(q, d + pc.row * dpitch, s + pc.row * spitch, width);
+    else FH_CUDA_CHECK(cudaMemcpy2DAsync(d + pc.row * dpitch, dpitch, s + pc.row * spitch, spitch, width, pc.rows,
+                                         cudaMemcpyDefault, stream(q)));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gpu/copy_pieces.h"
 #include "gpu/cuda_device.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/resources.h"
@@ -117,7 +118,7 @@ class CudaDevice final : public Device {
   std::mutex mu_;                    // event pool, pin registry and host_allocs_
   std::vector<cudaEvent_t> events_;  // free timing events
   // Page-locked host ranges registered in place: start -> (end, references).
-  std::map<uintptr_t, std::pair<uintptr_t, int>> pins_;
+  PinRegistry pins_;
   // allocate()'s pinned host memory: Buffer::data() -> its owner (release() frees it).
   std::unordered_map<const std::byte*, PinnedBuffer> host_allocs_;
 };
