@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "engine/kv_evict.h"
 #include "loader/checkpoint.h"
 
 namespace flexh2o::cli {
@@ -124,7 +125,9 @@ int run_info(const InfoArgs& a, const Env& env) {
             << c.max_positions << " positions\n";
   if (c.sliding_window)
     std::cout << "window       " << std::count(c.sliding_layers.begin(), c.sliding_layers.end(), 1) << " of "
-              << c.n_layers << " layers attend to the last " << c.sliding_window << " positions only\n";
+              << c.n_layers << " layers attend to the last " << c.sliding_window << " positions only"
+              << (window_caps_full_cache(c, c.max_positions) ? " (a full cache keeps that many a sequence)" : "")
+              << "\n";
   if (c.moe())
     std::cout << "experts      " << c.n_experts << " of ffn " << c.ffn_dim << ", " << c.experts_per_token << " a token"
               << (c.norm_topk_prob ? " (weights renormalized)" : "")

@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/kv_evict.h"
 #include "planner/pipeline.h"
 #include "planner/planner.h"
 
@@ -184,6 +185,9 @@ int run_plan(const PlanArgs& a, const Env& env) {
     validate(kv);
     w.kv = kv;
   }
+  // As the run would (window_kv_policy): what the lines below print is what the planner prices.
+  if (window_caps_full_cache(c, w.prompt_len + w.gen_len) && !w.kv)
+    w.kv = window_kv_policy(c, KvPolicyConfig{}, w.prompt_len + w.gen_len);
   if (a.pipeline_stages > 0) return run_pipeline_plan(a, env, c, hw, w);
   if (a.groups != 0 || !a.stage_link.empty()) FH_FAIL("plan: --groups and --stage-link need --pipeline-stages");
   // Dummy presets use config.dtype; a checkpoint directory is planned with the same shapes.

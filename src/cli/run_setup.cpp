@@ -3,6 +3,7 @@
 #include "cli/run_setup.h"
 
 #include "core/error.h"
+#include "engine/kv_evict.h"
 #include "gpu/cuda_device.h"
 #include "kernels/cpu/isa.h"
 
@@ -41,6 +42,14 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
                         int64_t requests, const std::string& device, std::ostream& log, int cuda_index, const StageRun* stage) {
   RunSetup rs;
   rs.kv_config = make_kv_config(kv);
+  const int64_t max_len = std::max<int64_t>(1, prompt_len) + std::max<int64_t>(1, gen_len);
+  if (window_caps_full_cache(model.config(), max_len) && rs.kv_config.kind == KvPolicyKind::kFull) {
+    const ModelConfig& c = model.config();
+    rs.kv_config_note = detail::concat("full cache: every layer attends to its last ", c.sliding_window,
+                                       " positions only, so a sequence keeps those (sequences reach ", max_len, ")");
+    log << "flexh2o: " << c.name << ": " << rs.kv_config_note << "\n";
+  }
+  rs.kv_config = window_kv_policy(model.config(), rs.kv_config, max_len);
   if (rs.kv_config.kind != KvPolicyKind::kFull) rs.kv_policy = make_policy(rs.kv_config);
   rs.kv_dtype = run_kv_dtype(kv, off.compress_cache, model);
   rs.device = &open_device(device, model, cpu, rs.owned, cuda_index);
@@ -83,6 +92,7 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
               {"threads", cpu.threads()},
               {"cpu_isa", cpu::cpu_isa_name()},
               {"kv_policy", describe(rs.kv_config)},
+              {"kv_policy_note", rs.kv_config_note},
               {"kv_dtype", dtype_name(rs.kv_dtype)},
               {"compress_weight", rs.compressed != nullptr || (rs.offload && rs.offload->options().policy.compress_weight)},
               {"batch_size", rs.runner->max_batch()},

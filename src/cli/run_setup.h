@@ -18,7 +18,8 @@
 namespace flexh2o::cli {
 
 struct RunSetup {
-  KvPolicyConfig kv_config;
+  KvPolicyConfig kv_config;             // what runs: the flags', or window_kv_policy()'s
+  std::string kv_config_note;           // why kv_config differs from the flags ("" when it does not)
   std::unique_ptr<KvPolicy> kv_policy;  // null for full
   DType kv_dtype = DType::F16;
   std::unique_ptr<CompressedWeights> compressed;  // in memory with --compress-weight (Forward reads it)

@@ -57,6 +57,21 @@ void check_window_budgets(const ModelConfig& c, std::span<const KvBudget> budget
               "--heavy-ratio/--recent-ratio, absolute --heavy-budget/--recent-budget, or the full cache)");
 }
 
+bool window_caps_full_cache(const ModelConfig& c, int64_t max_len) {
+  if (c.sliding_window == 0 || max_len <= c.sliding_window || c.n_layers < 1) return false;
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    if (c.attention_window(l) == 0) return false;
+  return true;
+}
+
+KvPolicyConfig window_kv_policy(const ModelConfig& c, const KvPolicyConfig& kv, int64_t max_len) {
+  if (kv.kind != KvPolicyKind::kFull || !window_caps_full_cache(c, max_len)) return kv;
+  KvPolicyConfig local;
+  local.kind = KvPolicyKind::kLocal;
+  local.recent_budget = c.sliding_window;  // the incoming token included: the query's window
+  return local;
+}
+
 void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
   const ModelConfig& c = *a.config;
   const int64_t kvh = c.n_kv_heads, cap = a.score_capacity ? a.score_capacity : a.seg.capacity;

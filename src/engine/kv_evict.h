@@ -12,6 +12,7 @@
 
 #include "engine/unit_args.h"
 #include "model/config.h"
+#include "policies/kv_config.h"
 #include "policies/kv_policy.h"
 
 namespace flexh2o {
@@ -70,5 +71,15 @@ void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move);
 // budget above the model's sliding window: its sliding-window layers could not keep that many
 // tokens while its other layers do. Called by the engines at each batch's prefill.
 void check_window_budgets(const ModelConfig& c, std::span<const KvBudget> budgets, int64_t max_len);
+
+// The KV policy of a run whose sequences may reach max_len tokens: `kv` as asked, except that the
+// full cache of a model whose every layer slides (Mistral v0.1, Phi-3-mini, Qwen with
+// use_sliding_window from layer 0) becomes `local` at the window's width once max_len passes the
+// window. No layer of such a model looks further back, so the tokens are the full cache's, and a
+// sequence holds `sliding_window` slots instead of max_len. The one rule that the runs (cli
+// make_run_setup) and the planner (CostModel) both apply.
+KvPolicyConfig window_kv_policy(const ModelConfig& c, const KvPolicyConfig& kv, int64_t max_len);
+// Whether window_kv_policy() replaces the full cache of this run.
+bool window_caps_full_cache(const ModelConfig& c, int64_t max_len);
 
 }  // namespace flexh2o

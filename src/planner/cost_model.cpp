@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "engine/layer_compute.h"
+#include "engine/kv_evict.h"
 #include "engine/placement.h"
 #include "model/weights.h"
 #include "policies/kv_policy.h"
@@ -124,6 +125,8 @@ CostModel::CostModel(ModelShape m, HardwareProfile hw, Workload w) : m_(std::mov
   FH_CHECK(w_.prompt_len >= 1 && w_.gen_len >= 1, "workload needs prompt_len >= 1 and gen_len >= 1, got ",
            w_.prompt_len, " and ", w_.gen_len);
   act_ = hw_.device == DeviceKind::kCuda ? DType::F16 : DType::F32;
+  if (const int64_t max_len = w_.prompt_len + w_.gen_len; window_caps_full_cache(m_.config, max_len))
+    w_.kv = window_kv_policy(m_.config, w_.kv.value_or(KvPolicyConfig{}), max_len);
   // The engine (offload_batch.cpp, kv_evict.cpp) with a bounded budget B per sequence: after
   // every step a sequence keeps min(len, B - 1) rows (room for the incoming token).
   const int64_t full = w_.prompt_len + w_.gen_len;

@@ -183,10 +183,11 @@ TEST(Cli, InfoDescribesPresetsAndDirectories) {
   auto j = json::parse(r.out);
   EXPECT_NEAR(j["parameters"].get<double>(), 29.97e9, 0.05e9);
   EXPECT_EQ(j["kv_bytes_per_token_f16"], 2 * 48 * 7168 * 2);
-  // The model cards' counts: Qwen2.5-7B 7.62 B (its q/k/v biases included), Mistral-7B-v0.3 7.25 B,
+  // The model cards' counts: Qwen2.5-7B 7.62 B (its q/k/v biases included), Mistral-7B-v0.3 7.25 B, v0.1 7.24 B,
   // Llama 3.1 8.03 B and 70.55 B, Phi-4 14.66 B, Qwen3 8.19 B and 32.76 B.
   for (auto [preset, params] :
-       {std::pair{"qwen2.5-7b", 7.62e9}, std::pair{"mistral-7b", 7.25e9}, std::pair{"llama-3.1-8b", 8.03e9},
+       {std::pair{"qwen2.5-7b", 7.62e9}, std::pair{"mistral-7b", 7.25e9}, std::pair{"mistral-7b-v0.1", 7.24e9},
+        std::pair{"llama-3.1-8b", 8.03e9},
         std::pair{"llama-3.1-70b", 70.55e9}, std::pair{"phi-4", 14.66e9}, std::pair{"qwen3-8b", 8.19e9},
         std::pair{"qwen3-32b", 32.76e9}}) {
     RunResult p = flexh2o(std::string("info --json ") + preset);
@@ -204,7 +205,7 @@ TEST(Cli, InfoDescribesPresetsAndDirectories) {
   EXPECT_NEAR(json::parse(y.out)["rope"]["attention_factor"].get<double>(), 1.1386, 1e-4);
   RunResult w = flexh2o("info " + model_dir("arch/mistral").string());
   ASSERT_EQ(w.code, 0) << w.err;
-  EXPECT_NE(w.out.find("128 positions\nwindow       2 of 2 layers attend to the last 20 positions only\n"),
+  EXPECT_NE(w.out.find("128 positions\nwindow       2 of 2 layers attend to the last 20 positions only (a full cache keeps that many a sequence)\n"),
             std::string::npos)
       << w.out;
   {  // Gemma 2's soft caps as the config writes them, not truncated
@@ -320,6 +321,36 @@ TEST(Cli, AKvBudgetWiderThanTheSlidingWindowIsRefusedUpFront) {
   std::string line;
   ASSERT_TRUE(std::getline(f, line));
   EXPECT_EQ(json::parse(line)["token_ids"].size(), 4u) << line;
+}
+
+// The full cache of a model whose every layer slides (arch/mistral: window 20), run past the
+// window: the run says so, keeps the window (`local` at 20, in the report with the reason), and
+// `plan` prices the same; within the window nothing changes.
+TEST(Cli, TheFullCachePastAnAllSlidingWindowKeepsTheWindow) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "ids.jsonl", out = tmp.path() / "out.jsonl", rep = tmp.path() / "r.json";
+  {
+    std::ofstream f(in);
+    f << R"({"prompt_ids": [3,4,5,6,7,8,9,10,11,12,13,14]})" << "\n";
+  }
+  const std::string run = "generate -m " + model_dir("arch/mistral").string() + " --input " + in.string() +
+                          " --output " + out.string() + " --overwrite --report " + rep.string() + " -n ";
+  RunResult past = flexh2o(run + "12");
+  ASSERT_EQ(past.code, 0) << past.err;
+  EXPECT_NE(past.err.find("every layer attends to its last 20 positions only"), std::string::npos) << past.err;
+  json r = json::parse(std::ifstream(rep));
+  EXPECT_EQ(r["kv_policy"], "local recent=20") << r.dump();
+  EXPECT_NE(r["kv_policy_note"].get<std::string>().find("sequences reach 24"), std::string::npos) << r.dump();
+  RunResult within = flexh2o(run + "8");
+  ASSERT_EQ(within.code, 0) << within.err;
+  r = json::parse(std::ifstream(rep));
+  EXPECT_EQ(r["kv_policy"], "full") << r.dump();
+  EXPECT_EQ(r["kv_policy_note"], "") << r.dump();
+  const std::string t4 = (fs::path(FLEXH2O_TEST_DATA) / "../../configs/hardware/t4-paper.json").string();
+  RunResult plan = flexh2o("plan -m " + model_dir("arch/mistral").string() + " --hardware " + t4 +
+                           " --prompt-len 30 --gen-len 10");
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("KV local recent=20"), std::string::npos) << plan.out;
 }
 
 // --overlap / --sep-layer / --pin-weight take the same words wherever they are read: a bad one

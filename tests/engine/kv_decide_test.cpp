@@ -168,6 +168,34 @@ TEST(WindowBudgets, ABudgetAboveTheWindowIsRefusedOnlyWhenSequencesPassIt) {
   }
 }
 
+// The full cache becomes `local` at the window's width only where every layer slides and the
+// sequences pass the window; a policy the user chose, a model without a window, or one with a
+// full-attention layer keeps what it asked for.
+TEST(WindowKvPolicy, OnlyTheFullCacheOfAnAllSlidingModelPastItsWindowIsCapped) {
+  ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
+  const KvPolicyConfig full;
+  EXPECT_EQ(window_kv_policy(c, full, 1000), full);  // no sliding layer
+  c.sliding_window = 6;
+  c.sliding_layers.assign(size_t(c.n_layers), 1);
+  EXPECT_EQ(window_kv_policy(c, full, 6), full) << "never past the window";
+  EXPECT_FALSE(window_caps_full_cache(c, 6));
+  const KvPolicyConfig capped = window_kv_policy(c, full, 7);
+  EXPECT_TRUE(window_caps_full_cache(c, 7));
+  EXPECT_EQ(capped.kind, KvPolicyKind::kLocal);
+  EXPECT_EQ(capped.recent_budget, 6);
+  EXPECT_FALSE(capped.recent_ratio || capped.heavy_budget || capped.heavy_ratio || capped.sink_tokens);
+  EXPECT_EQ(make_policy(capped)->budget(100).total(), 6) << "the window's positions, the incoming token included";
+  EXPECT_NO_THROW(check_window_budgets(c, std::vector<KvBudget>{make_policy(capped)->budget(100)}, 1000));
+  KvPolicyConfig h2o;
+  h2o.kind = KvPolicyKind::kH2o;
+  h2o.heavy_budget = 2;
+  h2o.recent_budget = 2;
+  EXPECT_EQ(window_kv_policy(c, h2o, 1000), h2o);
+  c.sliding_layers.back() = 0;  // one full-attention layer needs every token
+  EXPECT_EQ(window_kv_policy(c, full, 1000), full);
+  EXPECT_FALSE(window_caps_full_cache(c, 1000));
+}
+
 // A segment of sequences 2..3 of a micro-batch with capacity 8: their keys are read from index
 // first_seq on, a full sequence is refused by name, and others' keys are not its concern.
 TEST(KvRoom, ASequencePastItsSegmentsCapacityIsRefused) {

@@ -12,6 +12,7 @@
 #include "bible_requests.h"
 #include "engine/compress.h"
 #include "engine/cpu_device.h"
+#include "engine/kv_evict.h"
 #include "engine/offload_engine.h"
 #include "policy_of.h"
 #include "runner_compare.h"
@@ -261,6 +262,55 @@ TEST_P(OffloadArch, DiskTierLogitsBitIdenticalToInMemory) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, OffloadArch, ::testing::ValuesIn(test::arch_models()),
+                         [](const auto& info) { return std::string(info.param).substr(5); });
+
+// The full cache of a model whose every layer slides, run past the window as the CLI runs it
+// (window_kv_policy: `local` at the window's width). Every step's logits are the uncapped full
+// cache's: the slots hold the same keys, but the oldest leaving reorders them, so sums differ in
+// the last bits. Offloaded with the cache on the host, the capped run is the in-memory capped
+// run bit for bit, and its KV homes hold the window's slots instead of prompt + generated.
+class WindowCap : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(WindowCap, TheFullCacheKeepsTheWindowWithTheUncappedLogits) {
+  Model model = Model::load_dir(model_dir(GetParam()));
+  const ModelConfig& c = model.config();
+  const int64_t gen = 40;
+  const auto reqs = test::arch_requests(GetParam(), c, gen);
+  int64_t max_len = 0;
+  for (const auto& r : reqs) max_len = std::max(max_len, int64_t(r.prompt_ids.size()) + gen);
+  ASSERT_TRUE(window_caps_full_cache(c, max_len)) << "every layer must slide, and the run pass the window";
+  const KvPolicyConfig kc = window_kv_policy(c, KvPolicyConfig{}, max_len);
+  ASSERT_EQ(kc.kind, KvPolicyKind::kLocal);
+  ASSERT_EQ(kc.recent_budget, c.sliding_window);
+  const auto capped_policy = make_policy(kc);
+  CpuDevice dev(2);
+  Forward fwd(model, dev);
+  InMemoryRunner full(fwd, 4, nullptr, DType::F16), capped(fwd, 4, capped_policy.get(), DType::F16);
+  const test::Run want = test::run_greedy(full, reqs);
+  const test::Run got = test::run_forced(capped, reqs, want.tokens);
+  const double worst = test::expect_close_logits(got, want, 1e-4, 1e-4, GetParam());
+  EXPECT_GT(worst, 0.0) << "the capped run evicted nothing";
+  EXPECT_LT(capped.kv_bytes(), full.kv_bytes());
+
+  auto offloaded = [&](const KvPolicy* policy, test::Run* run) {
+    test::TempDir dir;
+    OffloadOptions o;
+    o.policy = make_policy(Case{GetParam(), "0 100 0 100 100 0", 2, 2, true, true});
+    o.offload_dir = dir.path() / "store";
+    o.kv_policy = policy;
+    o.kv_dtype = DType::F16;
+    OffloadEngine eng(model, dev, o);
+    *run = test::run_forced(eng, reqs, want.tokens);
+    return eng.report().peak[1];
+  };
+  test::Run on_host, on_host_full;
+  const uint64_t host_capped = offloaded(capped_policy.get(), &on_host);
+  const uint64_t host_full = offloaded(nullptr, &on_host_full);
+  test::expect_same_logits(on_host, got, std::string(GetParam()) + " offloaded");
+  EXPECT_LT(host_capped, host_full) << "the host's KV homes did not shrink to the window";
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryLayerSlides, WindowCap, ::testing::Values("arch/mistral", "arch/phi3"),
                          [](const auto& info) { return std::string(info.param).substr(5); });
 
 // Mixtures of experts with 4-bit weights (router and experts) and KV, weights split over device,

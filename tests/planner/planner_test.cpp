@@ -1,5 +1,5 @@
 // The planner: the cost model's bytes per link equal what OffloadEngine counts (tiny-opt,
-// tiny-llama and the MoE models, a grid of policies), its placement and memory equal the
+// tiny-llama and the MoE models, a grid of policies; a full cache capped at a sliding window), its placement and memory equal the
 // engine's, a MoE's compute counts the chosen experts, the search
 // respects every budget, infeasible requests and bad profiles fail with clear errors, and the
 // t4-paper profile reproduces FlexGen's published cost-model anchors.
@@ -17,6 +17,7 @@
 
 #include "engine/cpu_device.h"
 #include "engine/generate.h"
+#include "engine/kv_evict.h"
 #include "engine/offload_engine.h"
 #include "engine/test_util.h"
 #include "engine/policy_of.h"
@@ -202,6 +203,48 @@ INSTANTIATE_TEST_SUITE_P(
         KvBytesCase{"tiny-llama", "50 0 34 33 100 0", 2, 3, false, KvPolicyKind::kH2o, 4, 6, 7, 8},
         KvBytesCase{"tiny-llama", "0 0 0 0 100 0", 3, 1, false, KvPolicyKind::kLocal, 0, 5, 12, 6},
         KvBytesCase{"tiny-llama", "0 100 0 0 0 100", 1, 2, true, KvPolicyKind::kLocal, 0, 9, 7, 8}));
+
+// The full cache of a model whose every layer slides, past the window (arch/mistral: window 20,
+// 24 + 12 tokens): the planner prices what the run does (window_kv_policy's `local` at 20), so
+// its bytes per link and memory equal the engine's, and the same shapes without a window grow
+// the cache to prompt + gen.
+TEST(PlannerWindow, AFullCachePastAnAllSlidingWindowIsPricedAtTheWindow) {
+  Model model = Model::load_dir(model_dir("arch/mistral"));
+  Workload w;
+  w.prompt_len = 24;
+  w.gen_len = 12;
+  const KvPolicyConfig kc = window_kv_policy(model.config(), KvPolicyConfig{}, w.prompt_len + w.gen_len);
+  ASSERT_EQ(kc.kind, KvPolicyKind::kLocal);
+  const auto policy = make_policy(kc);
+  CpuDevice dev(2);
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = make("0 100 0 100 100 0", 2, 2, false);
+  o.offload_dir = dir.path();
+  o.kv_policy = policy.get();
+  OffloadEngine eng(model, dev, o);
+  std::vector<GenerationRequest> reqs(size_t(o.policy.block_size()));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    for (int64_t t = 0; t < w.prompt_len; ++t) reqs[i].prompt_ids.push_back(int32_t((3 + 5 * t + int64_t(i)) % 128));
+    reqs[i].max_new_tokens = w.gen_len;
+    reqs[i].sampling.temperature = 0;
+  }
+  GenerateOptions go;
+  go.ignore_eos = true;
+  generate(eng, reqs, go);
+  CostModel cm(ModelShape::from_model(model), big_profile(), w);  // w.kv unset: the full cache
+  EXPECT_EQ(cm.kv_keep(), model.config().sliding_window - 1);
+  const OffloadReport rep = eng.report();
+  const auto got = cm.bytes(o.policy);
+  for (int l = 0; l < kNumLinks; ++l) EXPECT_EQ(got[size_t(l)], rep.bytes[size_t(l)]) << link_name(Link(l));
+  EXPECT_EQ(cm.memory(o.policy)[1], rep.peak[1]) << "host";
+  ModelShape unslid = ModelShape::from_model(model);
+  unslid.config.sliding_window = 0;
+  unslid.config.sliding_layers.clear();
+  CostModel cf(unslid, big_profile(), w);
+  EXPECT_EQ(cf.kv_keep(), w.prompt_len + w.gen_len);
+  EXPECT_LT(cm.memory(o.policy)[1], cf.memory(o.policy)[1]);
+}
 
 TEST(PlannerPlacement, UnitsAndMemoryEqualTheEngine) {
   for (const char* name : {"tiny-opt", "tiny-llama", "arch/mixtral", "arch/qwen3_moe", "arch/qwen2_moe"}) {
