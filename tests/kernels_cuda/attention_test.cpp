@@ -1,4 +1,5 @@
-// attention.h: attention for every activation x KV dtype x head_dim against cpu::attention on
+// attention.h: attention for every activation x KV dtype x head_dim (and sliding windows, score
+// caps, head_dim 256) against cpu::attention on
 // fp32 copies of the same rounded values (which a double-precision host reference with the
 // seq_keys semantics cross-checks on the CPU); write_kv (converting) and kv_gather must match
 // host references bit for bit, padding rows and untouched slots included.
@@ -232,12 +233,14 @@ TEST(AttentionDispatch, KvDtypeIsIndependentOfActivationDtype) {
   }
 }
 
-// (activation dtype, KV dtype, head_dim, shape)
-using AttnParam = std::tuple<DType, DType, int64_t, int>;
-class AttnGpu : public GpuTest, public ::testing::WithParamInterface<AttnParam> {};
+// The CUDA attention against cpu::attention on the same values; `window` > 0 slides (Mistral,
+// Gemma), `softcap` > 0 caps the scores (Gemma 2).
+class AttnCheck : public GpuTest {
+ protected:
+  void check_attention(DType act, DType kvt, int64_t hd, int which, int64_t window = 0, float softcap = 0.f);
+};
 
-TEST_P(AttnGpu, MatchesCpuAttention) {
-  const auto [act, kvt, hd, which] = GetParam();
+void AttnCheck::check_attention(DType act, DType kvt, int64_t hd, int which, int64_t window, float softcap) {
   const AttnShape s = attn_shape(which, hd);
   const bool with_scores = attn_scores_on(which);
   const int64_t B = int64_t(s.seq_keys.size()), row = s.n_heads * s.head_dim;
@@ -248,7 +251,10 @@ TEST_P(AttnGpu, MatchesCpuAttention) {
   const float scale = 1.f / std::sqrt(float(hd));
   const std::vector<float> scores_init = randn(size_t(B * s.n_heads * s.capacity), 33);
   std::vector<float> out(q.size(), 7.f), scores = scores_init;
-  cpu::attention(cpu_args(s, q, k, v, scale, out, with_scores ? &scores : nullptr));
+  cpu::AttentionArgs c = cpu_args(s, q, k, v, scale, out, with_scores ? &scores : nullptr);
+  c.window = window;
+  c.softcap = softcap;
+  cpu::attention(c);
 
   AttentionArgs a;
   a.dtype = act;
@@ -265,12 +271,15 @@ TEST_P(AttnGpu, MatchesCpuAttention) {
   a.capacity = s.capacity;
   a.seq_keys = upload_raw(s.seq_keys);
   a.scale = scale;
+  a.window = window;
+  a.softcap = softcap;
   a.out = upload(std::vector<float>(q.size(), 7.f), act);  // garbage that must be overwritten
   a.out_stride = row;
   a.key_scores = with_scores ? upload_raw(scores_init) : nullptr;
   attention(a, stream());
   const std::string what = std::string("attention ") + dt_str(act) + "/kv " + dt_str(kvt) +
-                           " hd=" + std::to_string(hd) + " shape=" + std::to_string(which);
+                           " hd=" + std::to_string(hd) + " shape=" + std::to_string(which) +
+                           " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap);
   // Inputs are identical, so the output differs by fp32 summation order and one rounding to
   // act: half an ulp is 2^-11 (f16) or 2^-8 (bf16) relative; outputs are O(1) averages of v.
   const Tol out_tol = act == DType::F16 ? Tol{2e-3f, 4e-3f} : Tol{1.6e-2f, 1.6e-2f};
@@ -278,6 +287,26 @@ TEST_P(AttnGpu, MatchesCpuAttention) {
   // Scores are fp32 sums of <= 37 probabilities (plus an O(1) start value) in any order.
   if (with_scores)
     expect_close(download_raw(a.key_scores, scores.size()), scores, {1e-5f, 1e-4f}, what + " key_scores");
+}
+
+// (activation dtype, KV dtype, head_dim, shape)
+using AttnParam = std::tuple<DType, DType, int64_t, int>;
+class AttnGpu : public AttnCheck, public ::testing::WithParamInterface<AttnParam> {};
+
+TEST_P(AttnGpu, MatchesCpuAttention) {
+  const auto [act, kvt, hd, which] = GetParam();
+  check_attention(act, kvt, hd, which);
+}
+
+// Sliding windows narrower than the prompts and the decode keys (7 of up to 300), Gemma 2's score
+// cap, and head_dim 256 (Gemma), each alone and together, prefill with padding and decode with
+// key scores (shapes 1 and 2).
+using AttnVariantParam = std::tuple<DType, int64_t, int, std::pair<int64_t, float>>;
+class AttnVariantGpu : public AttnCheck, public ::testing::WithParamInterface<AttnVariantParam> {};
+
+TEST_P(AttnVariantGpu, WindowAndSoftcapMatchCpuAttention) {
+  const auto [act, hd, which, ws] = GetParam();
+  check_attention(act, act, hd, which, ws.first, ws.second);
 }
 
 class AttnBoundGpu : public GpuTest {};
@@ -327,6 +356,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttnGpu,
                            return std::string(dt_str(std::get<0>(i.param))) + "_kv" + dt_str(std::get<1>(i.param)) +
                                   "_hd" + std::to_string(std::get<2>(i.param)) + "_s" +
                                   std::to_string(std::get<3>(i.param));
+                         });
+
+INSTANTIATE_TEST_SUITE_P(Variants, AttnVariantGpu,
+                         ::testing::Combine(::testing::Values(DType::F16, DType::BF16),
+                                            ::testing::Values(int64_t(64), int64_t(256)), ::testing::Values(1, 2),
+                                            ::testing::Values(std::pair<int64_t, float>{0, 0.f},
+                                                              std::pair<int64_t, float>{7, 0.f},
+                                                              std::pair<int64_t, float>{0, 2.f},
+                                                              std::pair<int64_t, float>{7, 2.f})),
+                         [](const auto& i) {
+                           return std::string(dt_str(std::get<0>(i.param))) + "_hd" +
+                                  std::to_string(std::get<1>(i.param)) + "_s" + std::to_string(std::get<2>(i.param)) +
+                                  "_w" + std::to_string(std::get<3>(i.param).first) + "_cap" +
+                                  std::to_string(int(std::get<3>(i.param).second));
                          });
 
 }  // namespace
