@@ -105,7 +105,7 @@ class BatchRun {
       if (finished_[bi]) continue;
       const GenerationRequest& r = reqs_[first_ + bi];
       GenerationResult& res = out_[first_ + bi];
-      const int32_t tok = samplers_[bi].sample(logits.data() + b * c_.vocab_size, c_.vocab_size);
+      const int32_t tok = samplers_[bi].sample(logits.data() + b * c_.vocab_size, c_.vocab_size, {r.prompt_ids, res.tokens});
       res.tokens.push_back(tok);
       ++st_.generated_tokens;
       ++done_;

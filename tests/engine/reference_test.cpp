@@ -229,7 +229,9 @@ TEST_P(ArchReference, LogitsMatchTransformers) {
   const std::string variant = name == c.model_type ? "default" : name.substr(c.model_type.size() + 1);
   EXPECT_EQ(c.moe(), c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe" ||
                          c.model_type == "olmoe");
-  if (c.moe()) EXPECT_EQ(c.n_experts, 4);
+  if (c.moe()) {
+    EXPECT_EQ(c.n_experts, 4);
+  }
   if (variant.starts_with("hd"))
     EXPECT_EQ(c.head_dim, std::stoll(variant.substr(2)));
   else if (variant == "mm")  // Gemma 3's text model in a multimodal checkpoint
@@ -288,7 +290,9 @@ TEST_P(WindowDecode, StepByStepMatchesTransformersPastTheWindow) {
       EXPECT_EQ(std::max_element(logits.begin(), logits.begin() + V) - logits.begin(), argmax[size_t(t)])
           << what << ", position " << t;
     }
-    if (evict) EXPECT_EQ(cache.length(0), c.sliding_window - 1) << "the policy kept more than the window";
+    if (evict) {
+      EXPECT_EQ(cache.length(0), c.sliding_window - 1) << "the policy kept more than the window";
+    }
     const auto [mn, mx] = std::minmax_element(last.begin(), last.end());
     double worst = 0;
     for (int64_t v = 0; v < V; ++v) {

@@ -1,11 +1,18 @@
-// Sampler: greedy ties, top-k / top-p truncation, seeded reproducibility, temperature.
+// Sampler: greedy ties, top-k / top-p / min-p truncation, seeded reproducibility, temperature, the
+// repetition / presence / frequency penalties (values worked by hand from transformers' and
+// OpenAI's definitions), and the distribution sample() draws from against transformers' logits
+// processors (tests/data/sampling/cases.json, tests/tools/make_sampling_cases.py).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/sampler.h"
+#include "engine/test_util.h"
 
 namespace flexh2o {
 namespace {
@@ -59,6 +66,116 @@ TEST(Sampler, InvalidParamsThrow) {
   EXPECT_THROW(Sampler({-1.f, 0, 1.f, 0}), Error);
   EXPECT_THROW(Sampler({1.f, -2, 1.f, 0}), Error);
   EXPECT_THROW(Sampler({1.f, 0, 1.5f, 0}), Error);
+  auto msg = [](SamplingParams p) {
+    try {
+      Sampler s(p);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(msg({1.f, 0, 1.f, 0, -0.1f}).find("min_p must be in [0, 1]"), std::string::npos);
+  EXPECT_NE(msg({1.f, 0, 1.f, 0, 1.5f}).find("min_p"), std::string::npos);
+  EXPECT_NE(msg({1.f, 0, 1.f, 0, 0.f, 0.f}).find("repetition_penalty must be > 0 (1 = off), got 0"), std::string::npos);
+  EXPECT_NE(msg({1.f, 0, 1.f, 0, 0.f, NAN}).find("repetition_penalty"), std::string::npos);
+  EXPECT_NE(msg({1.f, 0, 1.f, 0, 0.f, 1.f, 2.5f}).find("presence_penalty must be in [-2, 2]"), std::string::npos);
+  EXPECT_NE(msg({1.f, 0, 1.f, 0, 0.f, 1.f, 0.f, -3.f}).find("frequency_penalty must be in [-2, 2]"), std::string::npos);
+  EXPECT_EQ(msg({1.f, 0, 1.f, 0, 1.f, 0.5f, -2.f, 2.f}), "accepted");
+}
+
+// (id, probability) pairs against softmax(expected) over all ids, most likely first.
+void expect_softmax(const std::vector<std::pair<int32_t, double>>& got, const std::vector<double>& logits) {
+  double mx = *std::max_element(logits.begin(), logits.end()), total = 0;
+  for (double x : logits) total += std::exp(x - mx);
+  ASSERT_EQ(got.size(), logits.size());
+  double prev = 2;
+  for (const auto& [id, p] : got) {
+    EXPECT_NEAR(p, std::exp(logits[size_t(id)] - mx) / total, 1e-6) << "id " << id;
+    EXPECT_LE(p, prev);
+    prev = p;
+  }
+}
+
+// transformers: every id of prompt + generated, once however often it occurs, from its own
+// logit: positive / penalty, negative * penalty; greedy sees it too.
+TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogitsOnce) {
+  const std::vector<float> l{2.f, -1.f, 0.5f, 1.5f, 0.f};
+  const std::vector<int32_t> prompt{0, 4}, gen{1, 1, 0};
+  Sampler s({1.f, 0, 1.f, 0, 0.f, 2.f});
+  expect_softmax(s.distribution(l.data(), 5, {prompt, gen}), {1.0, -2.0, 0.5, 1.5, 0.0});
+  expect_softmax(s.distribution(l.data(), 5), {2.0, -1.0, 0.5, 1.5, 0.0});  // no history, no penalty
+  Sampler g({0.f, 0, 1.f, 0, 0.f, 2.f}), g1({0.f, 0, 1.f, 0});
+  EXPECT_EQ(g.sample(l.data(), 5, {prompt, gen}), 3);
+  EXPECT_EQ(g1.sample(l.data(), 5, {prompt, gen}), 0);
+  Sampler below({1.f, 0, 1.f, 0, 0.f, 0.5f});  // < 1 favours repeats
+  expect_softmax(below.distribution(l.data(), 5, {prompt, gen}), {4.0, -0.5, 0.5, 1.5, 0.0});
+}
+
+// OpenAI: generated tokens only, presence once, frequency per occurrence; after the repetition
+// penalty, before the temperature.
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokensOnly) {
+  const std::vector<float> l{1.f, 1.f, 1.f, 1.f};
+  const std::vector<int32_t> prompt{3, 3}, gen{0, 0, 1, 0};
+  Sampler s({1.f, 0, 1.f, 0, 0.f, 1.f, 0.5f, 0.25f});
+  expect_softmax(s.distribution(l.data(), 4, {prompt, gen}), {1 - 0.5 - 0.75, 1 - 0.5 - 0.25, 1, 1});
+  // Twice in a row: the marks of the first call are cleared.
+  expect_softmax(s.distribution(l.data(), 4, {prompt, gen}), {1 - 0.5 - 0.75, 1 - 0.5 - 0.25, 1, 1});
+  Sampler both({2.f, 0, 1.f, 0, 0.f, 2.f, -1.f, 0.f});  // (1 / 2 + 1) / temperature 2
+  expect_softmax(both.distribution(l.data(), 4, {prompt, gen}), {0.75, 0.75, 0.5, 0.25});
+  const std::vector<int32_t> bad{4};
+  EXPECT_THROW(s.distribution(l.data(), 4, {prompt, bad}), Error);
+}
+
+// transformers' MinPLogitsWarper after top-k and top-p: keep p >= min_p * p_max.
+TEST(Sampler, MinPKeepsTokensWithinAFractionOfTheMostLikely) {
+  const std::vector<float> l{std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  auto kept = [&](SamplingParams p) {
+    std::vector<int32_t> ids;
+    for (const auto& [id, pr] : Sampler(p).distribution(l.data(), 4)) ids.push_back(id);
+    return ids;
+  };
+  EXPECT_EQ(kept({1.f, 0, 1.f, 0, 0.25f}), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(kept({1.f, 0, 1.f, 0, 0.5f}), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(kept({1.f, 0, 1.f, 0, 1.f}), (std::vector<int32_t>{0}));
+  EXPECT_EQ(kept({1.f, 2, 1.f, 0, 0.05f}), (std::vector<int32_t>{0, 1}));  // top-k first
+  // At temperature 2 the ratios are square roots: 0.15 / 0.5 -> 0.548 >= 0.5.
+  EXPECT_EQ(kept({2.f, 0, 1.f, 0, 0.5f}), (std::vector<int32_t>{0, 1, 2}));
+  const auto d = Sampler({1.f, 0, 1.f, 0, 0.25f}).distribution(l.data(), 4);
+  EXPECT_NEAR(d[2].second, 0.15 / 0.95, 1e-6);  // renormalized over what is kept
+  Sampler s({1.f, 0, 1.f, 7, 0.5f});
+  for (int i = 0; i < 300; ++i) EXPECT_LT(s.sample(l.data(), 4), 2);
+}
+
+// transformers' RepetitionPenalty -> Temperature -> TopK -> TopP -> MinP on 60 random cases: the
+// same tokens kept, with the same probabilities.
+TEST(Sampler, DistributionMatchesTransformersProcessors) {
+  const auto doc = test::read_json(std::filesystem::path(FLEXH2O_TEST_DATA) / "sampling" / "cases.json");
+  ASSERT_GE(doc["cases"].size(), 60u);
+  int truncated = 0;
+  for (size_t c = 0; c < doc["cases"].size(); ++c) {
+    const auto& k = doc["cases"][c];
+    const auto& pj = k["params"];
+    SamplingParams p;
+    p.temperature = pj["temperature"].get<float>();
+    p.top_k = pj["top_k"].get<int>();
+    p.top_p = pj["top_p"].get<float>();
+    p.min_p = pj["min_p"].get<float>();
+    p.repetition_penalty = pj["repetition_penalty"].get<float>();
+    const auto logits = k["logits"].get<std::vector<float>>();
+    const auto prompt = k["prompt"].get<std::vector<int32_t>>(), gen = k["generated"].get<std::vector<int32_t>>();
+    const auto want = k["probs"].get<std::vector<double>>();
+    std::vector<double> got(want.size(), 0.0);
+    for (const auto& [id, pr] : Sampler(p).distribution(logits.data(), int64_t(logits.size()), {prompt, gen}))
+      got[size_t(id)] = pr;
+    int kept = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i] > 0, want[i] > 0) << "case " << c << " token " << i << ": " << pj.dump();
+      EXPECT_NEAR(got[i], want[i], 1e-6) << "case " << c << " token " << i << ": " << pj.dump();
+      kept += want[i] > 0;
+    }
+    truncated += kept < int(want.size());
+  }
+  EXPECT_GT(truncated, 30) << "most cases should cut the vocabulary";
 }
 
 }  // namespace
