@@ -24,6 +24,7 @@
 #include "cli/pipeline_run.h"
 #include "cli/openai_batch.h"
 #include "cli/progress.h"
+#include "cli/sampling_flags.h"
 #include "cli/output_file.h"
 #include "core/error.h"
 #include "core/input_guard.h"
@@ -94,6 +95,10 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
     req.sampling.temperature = a.greedy ? 0.f : field<float>(j, "temperature", a.temperature);
     req.sampling.top_k = field<int>(j, "top_k", a.top_k);
     req.sampling.top_p = field<float>(j, "top_p", a.top_p);
+    req.sampling.min_p = field<float>(j, "min_p", a.min_p);
+    req.sampling.repetition_penalty = field<float>(j, "repetition_penalty", a.repetition_penalty);
+    req.sampling.presence_penalty = field<float>(j, "presence_penalty", a.presence_penalty);
+    req.sampling.frequency_penalty = field<float>(j, "frequency_penalty", a.frequency_penalty);
     req.sampling.seed = field<uint64_t>(j, "seed", a.seed + index);
     validate_request(req, lm.model->config());
     it.reqs.push_back(std::move(req));
@@ -132,6 +137,10 @@ Item make_batch_item(const json& j, int64_t line, size_t index, const GenerateAr
         g.sampling.temperature = a.greedy ? 0.f : r.temperature;
         g.sampling.top_k = a.top_k;
         g.sampling.top_p = r.top_p;
+        g.sampling.min_p = a.min_p;
+        g.sampling.repetition_penalty = a.repetition_penalty;
+        g.sampling.presence_penalty = r.presence_penalty;
+        g.sampling.frequency_penalty = r.frequency_penalty;
         g.sampling.seed = base + uint64_t(k) * kChoiceSeedStride;
         validate_request(g, cfg);
         it.reqs.push_back(std::move(g));
@@ -260,7 +269,8 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   auto* in = g->add_option(
       "--input,-i", a.input,
       "JSONL input, one request a line, in one of two formats (see below): flexh2o's {\"prompt\": ...} or "
-      "{\"prompt_ids\": [...]} with optional id, max_new_tokens, temperature, top_k, top_p, seed; or an OpenAI "
+      "{\"prompt_ids\": [...]} with optional id, max_new_tokens, temperature, top_k, top_p, min_p, "
+      "repetition_penalty, presence_penalty, frequency_penalty, seed; or an OpenAI "
       "Batch file ({\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/completions\" or \"/v1/chat/completions\", "
       "\"body\"}). Output lines follow the input's format");
   p->excludes(in);
@@ -279,11 +289,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   g->add_option("--batch-size,-b", a.batch_size, "Prompts prefilled and decoded together")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  g->add_flag("--greedy", a.greedy, "Greedy decoding (temperature 0), overrides lines' temperature");
-  g->add_option("--temperature", a.temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
-  g->add_option("--top-k", a.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
-  g->add_option("--top-p", a.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
-  g->add_option("--seed", a.seed, "Base seed; line i uses seed+i unless it sets its own")->capture_default_str();
+  add_sampling_flags(*g, a);
   g->add_flag("--ignore-eos", a.ignore_eos, "Generate exactly max_new_tokens (benchmarks need fixed lengths)");
   g->add_option("--device", a.device,
                 "cpu, cuda (the offloading engine on the GPU: everything resident, or placed by the offloading "
@@ -304,10 +310,11 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       "  Body: model is echoed back, never used to pick a model (--model does). prompt: a string (BOS added, as for "
       "flexh2o lines), token ids (used as given), or an array of either (choices for each). max_tokens (or "
       "max_completion_tokens): default 16 for completions, up to the context for chat (give it: the KV cache is "
-      "sized for it). temperature (default 1), top_p (1), n (choice k uses seed + k * 0x9E3779B97F4A7C15), stop (up "
+      "sized for it). temperature (default 1), top_p (1), presence_penalty and frequency_penalty (0), n (choice k uses seed + k * 0x9E3779B97F4A7C15), stop (up "
       "to 4 strings: the text is cut before the first, finish_reason \"stop\"), seed (default --seed + the line's "
-      "index). --max-new-tokens, --temperature and --top-p do not apply; --greedy, --top-k and --ignore-eos do.\n"
-      "  Other OpenAI parameters (stream, logprobs, echo, penalties, logit_bias, tools, response_format, ...) are "
+      "index). --max-new-tokens, --temperature, --top-p and the two penalties do not apply; --greedy, --top-k, "
+      "--min-p, --repetition-penalty and --ignore-eos do.\n"
+      "  Other OpenAI parameters (stream, logprobs, echo, logit_bias, tools, response_format, ...) are "
       "refused unless at their default, unknown ones are refused as OpenAI does, and user, metadata, store and "
       "service_tier are ignored. custom_ids must be unique.\n"
       "  Chat lines need the model's (Jinja) chat template, which the flexh2o binary cannot render: "

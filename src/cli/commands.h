@@ -27,6 +27,7 @@ struct GenerateArgs {
   int64_t max_new_tokens = 32, batch_size = 8;
   float temperature = 1.0f, top_p = 1.0f;
   int top_k = 0;
+  float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;
   uint64_t seed = 0;
   int threads = 0;
   bool greedy = false, ignore_eos = false, quiet = false;

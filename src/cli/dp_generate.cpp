@@ -53,6 +53,10 @@ void put_request(dist::Writer& w, const GenerationRequest& r, const std::vector<
       .put<int32_t>(r.sampling.top_k)
       .put<float>(r.sampling.top_p)
       .put<uint64_t>(r.sampling.seed)
+      .put<float>(r.sampling.min_p)
+      .put<float>(r.sampling.repetition_penalty)
+      .put<float>(r.sampling.presence_penalty)
+      .put<float>(r.sampling.frequency_penalty)
       .put<uint32_t>(uint32_t(stop.size()));
   for (const std::string& s : stop) w.put_string(s);
 }
@@ -65,6 +69,10 @@ GenerationRequest get_request(dist::Reader& rd, std::vector<std::string>* stop) 
   r.sampling.top_k = rd.get<int32_t>();
   r.sampling.top_p = rd.get<float>();
   r.sampling.seed = rd.get<uint64_t>();
+  r.sampling.min_p = rd.get<float>();
+  r.sampling.repetition_penalty = rd.get<float>();
+  r.sampling.presence_penalty = rd.get<float>();
+  r.sampling.frequency_penalty = rd.get<float>();
   stop->resize(rd.get<uint32_t>());
   for (std::string& s : *stop) s = rd.get_string();
   return r;

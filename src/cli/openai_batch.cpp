@@ -37,8 +37,8 @@ const std::vector<Param>& params(Endpoint ep) {
       {"model", K::kSupported}, {"prompt", K::kSupported}, {"max_tokens", K::kSupported},
       {"temperature", K::kSupported}, {"top_p", K::kSupported}, {"n", K::kSupported}, {"stop", K::kSupported},
       {"seed", K::kSupported}, {"best_of", K::kSupported}, {"user", K::kIgnored},
-      {"echo", K::kDefaultOnly, {false}}, {"frequency_penalty", K::kDefaultOnly, {0}},
-      {"presence_penalty", K::kDefaultOnly, {0}}, {"logit_bias", K::kDefaultOnly, {json::object()}},
+      {"echo", K::kDefaultOnly, {false}}, {"frequency_penalty", K::kSupported},
+      {"presence_penalty", K::kSupported}, {"logit_bias", K::kDefaultOnly, {json::object()}},
       {"logprobs", K::kDefaultOnly}, {"stream", K::kDefaultOnly, {false}}, {"stream_options", K::kDefaultOnly},
       {"suffix", K::kDefaultOnly}};
   static const std::vector<Param> chat = {
@@ -47,7 +47,7 @@ const std::vector<Param>& params(Endpoint ep) {
       {"n", K::kSupported}, {"stop", K::kSupported}, {"seed", K::kSupported}, {"user", K::kIgnored},
       {"metadata", K::kIgnored}, {"store", K::kIgnored}, {"service_tier", K::kIgnored},
       {"parallel_tool_calls", K::kIgnored}, {"prompt_cache_key", K::kIgnored}, {"safety_identifier", K::kIgnored},
-      {"frequency_penalty", K::kDefaultOnly, {0}}, {"presence_penalty", K::kDefaultOnly, {0}},
+      {"frequency_penalty", K::kSupported}, {"presence_penalty", K::kSupported},
       {"logit_bias", K::kDefaultOnly, {json::object()}}, {"logprobs", K::kDefaultOnly, {false}},
       {"top_logprobs", K::kDefaultOnly, {0}}, {"stream", K::kDefaultOnly, {false}},
       {"stream_options", K::kDefaultOnly}, {"tools", K::kDefaultOnly, {json::array()}},
@@ -180,6 +180,8 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h) {
   if (given(body, "n")) r.n = int_param(body, "n", 1, 128);  // OpenAI's range
   if (given(body, "temperature")) r.temperature = number_param(body, "temperature", 0, 2, false);
   if (given(body, "top_p")) r.top_p = number_param(body, "top_p", 0, 1, true);
+  if (given(body, "presence_penalty")) r.presence_penalty = number_param(body, "presence_penalty", -2, 2, false);
+  if (given(body, "frequency_penalty")) r.frequency_penalty = number_param(body, "frequency_penalty", -2, 2, false);
   if (given(body, "seed"))
     r.seed = int_param(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   r.stop = stop_param(body);

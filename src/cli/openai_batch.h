@@ -28,6 +28,7 @@ struct Request {
   int64_t n = 1;                            // choices per prompt
   std::optional<int64_t> max_tokens;        // absent (chat only): up to the model's context
   float temperature = 1.0f, top_p = 1.0f;   // OpenAI's defaults
+  float presence_penalty = 0.f, frequency_penalty = 0.f;  // in [-2, 2], over the generated tokens
   std::optional<int64_t> seed;
   std::vector<std::string> stop;            // up to 4 non-empty strings
 };

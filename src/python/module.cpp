@@ -127,10 +127,11 @@ PYBIND11_MODULE(_flexh2o, m) {
       .def(
           "generate",
           [](python::Session& s, const std::vector<python::Prompt>& prompts, int64_t max_new_tokens, float temperature,
-             int top_k, float top_p, uint64_t seed, bool ignore_eos, std::vector<std::string> stop) {
+             int top_k, float top_p, uint64_t seed, bool ignore_eos, std::vector<std::string> stop, float min_p,
+             float repetition_penalty, float presence_penalty, float frequency_penalty) {
             std::atomic<bool> interrupt{false};
             python::GenerateParams p{max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, std::move(stop),
-                                     &interrupt};
+                                     &interrupt, min_p, repetition_penalty, presence_penalty, frequency_penalty};
             std::vector<python::Completion> out;
             run_interruptible(interrupt, [&] { out = s.generate(prompts, p); });
             py::list l;
@@ -138,7 +139,8 @@ PYBIND11_MODULE(_flexh2o, m) {
             return l;
           },
           py::arg("prompts"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
-          py::arg("seed"), py::arg("ignore_eos"), py::arg("stop"))
+          py::arg("seed"), py::arg("ignore_eos"), py::arg("stop"), py::arg("min_p") = 0.f,
+          py::arg("repetition_penalty") = 1.f, py::arg("presence_penalty") = 0.f, py::arg("frequency_penalty") = 0.f)
       .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),

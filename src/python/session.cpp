@@ -164,7 +164,8 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
         r.prompt_ids = std::get<std::vector<int32_t>>(prompts[i]);
       }
       r.max_new_tokens = p.max_new_tokens;
-      r.sampling = SamplingParams{p.temperature, p.top_k, p.top_p, p.seed + i};
+      r.sampling = SamplingParams{p.temperature, p.top_k,         p.top_p,           p.seed + i,
+                                  p.min_p,       p.repetition_penalty, p.presence_penalty, p.frequency_penalty};
       validate_request(r, cfg);
     } catch (const Error& e) {
       FH_FAIL("prompt ", i, ": ", e.what());

@@ -56,6 +56,7 @@ struct GenerateParams {
   std::vector<std::string> stop;
   // Once true, generation ends at the next token step and generate() throws Interrupted.
   const std::atomic<bool>* interrupt = nullptr;
+  float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;  // sampler.h
 };
 
 // generate() was ended by GenerateParams::interrupt (Ctrl-C in Python).

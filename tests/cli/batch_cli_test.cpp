@@ -1,5 +1,5 @@
 // `flexh2o generate` on OpenAI Batch files, through the program: the same tokens as the
-// equivalent flexh2o lines, usage, stop strings, n choices, every error as an OpenAI error line,
+// equivalent flexh2o lines (penalties and sampling flags included), usage, stop strings, n choices, every error as an OpenAI error line,
 // files that mix formats, and --resume's rules for custom_ids.
 #include <gtest/gtest.h>
 
@@ -56,6 +56,9 @@ TEST(BatchCli, CompletionsMatchTheEquivalentFlexh2oLinesAndCountUsage) {
       body["seed"] = 1000 + i;
       ours["seed"] = 1000 + i;
     }
+    if (i % 3 == 2) {  // OpenAI's penalties, the same on both sides
+      for (json* j : {&body, &ours}) (*j)["presence_penalty"] = 0.8, (*j)["frequency_penalty"] = 0.4;
+    }
     if (i == 5) {
       body["prompt"] = p["ids"];
       ours["prompt_ids"] = p["ids"];
@@ -68,9 +71,11 @@ TEST(BatchCli, CompletionsMatchTheEquivalentFlexh2oLinesAndCountUsage) {
   }
   write_lines(tmp.path() / "plain.jsonl", plain);
   write_lines(tmp.path() / "batch.jsonl", batch);
-  RunResult r = flexh2o(gen(tmp.path() / "plain.jsonl", tmp.path() / "plain.out", "--ignore-eos --seed 7 -b 4"));
+  // --min-p and --repetition-penalty (not OpenAI's) apply to both formats.
+  const std::string flags = "--ignore-eos --seed 7 --min-p 0.02 --repetition-penalty 1.1 ";
+  RunResult r = flexh2o(gen(tmp.path() / "plain.jsonl", tmp.path() / "plain.out", flags + "-b 4"));
   ASSERT_EQ(r.code, 0) << r.err;
-  r = flexh2o(gen(tmp.path() / "batch.jsonl", tmp.path() / "batch.out", "--ignore-eos --seed 7 -b 3"));
+  r = flexh2o(gen(tmp.path() / "batch.jsonl", tmp.path() / "batch.out", flags + "-b 3"));
   ASSERT_EQ(r.code, 0) << r.err;
   const auto want = read_jsonl(tmp.path() / "plain.out"), got = read_jsonl(tmp.path() / "batch.out");
   ASSERT_EQ(got.size(), 6u);

@@ -101,6 +101,33 @@ TEST(Cli, SinglePromptPrintsText) {
       << r.err;
 }
 
+// The repetition penalty breaks tiny-opt's greedy loop; a penalty outside its range is refused
+// before anything runs, and a line's own bad value is that line's error.
+TEST(Cli, PenaltiesChangeGreedyTextAndBadValuesAreNamed) {
+  const std::string run = "generate -m " + kOpt + " --prompt 'In the beginning God created' --greedy -n 8 --device cpu";
+  RunResult r = flexh2o(run + " --repetition-penalty 1.8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out, ", and the LORD, and the LORD\n");
+  EXPECT_EQ(r.out.find(", and the LORD, and the LORD"), std::string::npos) << r.out;
+  RunResult bad = flexh2o(run + " --presence-penalty 3");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("presence_penalty must be in [-2, 2], got 3"), std::string::npos) << bad.err;
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"id": "a", "prompt": "Jesus wept.", "max_new_tokens": 2, "min_p": 2})" << "\n";
+    f << R"({"id": "b", "prompt": "Jesus wept.", "max_new_tokens": 2, "min_p": 0.1, "repetition_penalty": 1.3})"
+      << "\n";
+  }
+  RunResult lines = flexh2o("generate -m " + kOpt + " -i " + in.string() + " -o " + out.string() + " --device cpu");
+  EXPECT_EQ(lines.code, 1);
+  const auto got = read_jsonl(out);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_NE(got[0]["error"].get<std::string>().find("min_p must be in [0, 1], got 2"), std::string::npos) << got[0];
+  EXPECT_EQ(got[1]["token_ids"].size(), 2u) << got[1];
+}
+
 TEST(Cli, DeviceCudaWithoutAGpuFailsClearlyAndAutoFallsBack) {
   RunResult probe = flexh2o("generate -m " + kOpt + " --prompt hi -n 1 --device auto");
   ASSERT_EQ(probe.code, 0) << probe.err;

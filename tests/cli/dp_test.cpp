@@ -40,8 +40,8 @@ std::string named(const char* prefix, int i) {
   return s;
 }
 
-// 13 requests over the reference prompts: greedy and sampled (own seeds or --seed + index), and
-// lengths that differ so batches end at different steps.
+// 13 requests over the reference prompts: greedy and sampled (own seeds or --seed + index; min-p and
+// the penalties on some), and lengths that differ so batches end at different steps.
 fs::path write_input(const fs::path& dir, const std::string& model) {
   const json ref = read_json(fs::path(model) / "reference/greedy.json");
   std::vector<json> lines;
@@ -51,6 +51,8 @@ fs::path write_input(const fs::path& dir, const std::string& model) {
     if (i % 3 == 1) l["temperature"] = 0;
     if (i % 4 == 2) l["seed"] = 77 + i;
     if (i % 5 == 3) l["top_p"] = 0.9;
+    if (i % 6 == 4) l["repetition_penalty"] = 1.4, l["min_p"] = 0.05;  // ranks get every sampling field
+    if (i % 6 == 5) l["presence_penalty"] = 0.7, l["frequency_penalty"] = -0.3;
     lines.push_back(std::move(l));
   }
   const fs::path in = dir / "in.jsonl";

@@ -83,8 +83,7 @@ TEST(OpenAiBatch, LineShapeErrorsNameTheField) {
 TEST(OpenAiBatch, UnsupportedParametersAreRefusedUnlessDefault) {
   const std::pair<json, std::string> completions_bad[] = {
       {{{"stream", true}}, "stream"},         {{{"logprobs", 2}}, "logprobs"},
-      {{{"echo", true}}, "echo"},             {{{"presence_penalty", 0.5}}, "presence_penalty"},
-      {{{"frequency_penalty", -1}}, "frequency_penalty"}, {{{"logit_bias", {{"50256", -100}}}}, "logit_bias"},
+      {{{"echo", true}}, "echo"},             {{{"logit_bias", {{"50256", -100}}}}, "logit_bias"},
       {{{"suffix", "x"}}, "suffix"},          {{{"stream_options", {{"include_usage", true}}}}, "stream_options"}};
   for (const auto& [extra, key] : completions_bad)
     expect_refused(completion(extra), "\"" + key + "\" is not supported by flexh2o (got ", key);
@@ -124,6 +123,8 @@ TEST(OpenAiBatch, BadTypesAndRangesNameTheField) {
       {{{"temperature", "hot"}}, "\"temperature\" must be a number, got \"hot\"", "temperature"},
       {{{"temperature", 2.5}}, "\"temperature\" must be in [0, 2], got 2.5", "temperature"},
       {{{"top_p", 0}}, "\"top_p\" must be in (0, 1], got 0", "top_p"},
+      {{{"presence_penalty", 2.5}}, "\"presence_penalty\" must be in [-2, 2], got 2.5", "presence_penalty"},
+      {{{"frequency_penalty", "x"}}, "\"frequency_penalty\" must be a number", "frequency_penalty"},
       {{{"n", 0}}, "\"n\" must be an integer in [1, 128], got 0", "n"},
       {{{"n", 129}}, "\"n\" must be an integer in [1, 128]", "n"},
       {{{"seed", "42"}}, "\"seed\" must be an integer", "seed"},
@@ -160,6 +161,8 @@ TEST(OpenAiBatch, DefaultsAndValuesAreOpenAis) {
   EXPECT_EQ(p.request->max_tokens, 16);
   EXPECT_EQ(p.request->temperature, 1.0f);
   EXPECT_EQ(p.request->top_p, 1.0f);
+  EXPECT_EQ(p.request->presence_penalty, 0.0f);
+  EXPECT_EQ(p.request->frequency_penalty, 0.0f);
   EXPECT_EQ(p.request->n, 1);
   EXPECT_FALSE(p.request->seed);
   EXPECT_TRUE(p.request->stop.empty());
@@ -167,7 +170,8 @@ TEST(OpenAiBatch, DefaultsAndValuesAreOpenAis) {
   EXPECT_EQ(p.request->prompts[0], opt_tokenizer().encode("In the beginning", true));  // BOS as flexh2o lines
 
   p = parse_input_line(completion({{"prompt", {"In the", {2, 44}}}, {"max_tokens", 0}, {"temperature", 0},
-                                   {"top_p", 0.5}, {"n", 3}, {"seed", -5}, {"stop", {"\n", "LORD"}}}),
+                                   {"top_p", 0.5}, {"n", 3}, {"seed", -5}, {"stop", {"\n", "LORD"}},
+                                   {"presence_penalty", 0.5}, {"frequency_penalty", -1}}),
                        opt_hooks());
   ASSERT_TRUE(p.request) << p.error->message;
   ASSERT_EQ(p.request->prompts.size(), 2u);
@@ -176,6 +180,8 @@ TEST(OpenAiBatch, DefaultsAndValuesAreOpenAis) {
   EXPECT_EQ(p.request->max_tokens, 0);
   EXPECT_EQ(p.request->temperature, 0.0f);
   EXPECT_EQ(p.request->top_p, 0.5f);
+  EXPECT_EQ(p.request->presence_penalty, 0.5f);
+  EXPECT_EQ(p.request->frequency_penalty, -1.0f);
   EXPECT_EQ(p.request->n, 3);
   EXPECT_EQ(p.request->seed, -5);
   EXPECT_EQ(p.request->stop, (std::vector<std::string>{"\n", "LORD"}));

@@ -79,11 +79,12 @@ class FakeLLM:
         return [self.score(s[:1], s[1:])[0] for s in seqs]
 
     def generate(self, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0, seed=0,
-                 ignore_eos=False, stop=None):
+                 ignore_eos=False, stop=None, **sampling):
         prompts = [list(p) for p in prompts]
         stop = [stop] if isinstance(stop, str) else list(stop or [])
+        assert set(sampling) <= {"min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}, sampling
         self.calls.append(("generate", prompts, dict(max_new_tokens=max_new_tokens, temperature=temperature,
-                                                     top_k=top_k, top_p=top_p, seed=seed, stop=stop)))
+                                                     top_k=top_k, top_p=top_p, seed=seed, stop=stop, **sampling)))
         self.last_report = self.report
         out = []
         for p in prompts:

@@ -37,6 +37,29 @@ def test_seeded_sampling_matches_cli(llms, tmp_path, model):
     assert got != llms[model].generate(PROMPTS, **{**kw, "seed": 8})  # the seed matters
 
 
+def test_penalties_and_min_p_match_cli_and_change_the_text(llms, tmp_path):
+    # The same sampler behind both; greedy with a repetition penalty leaves the tiny model's loop.
+    llm = llms["llama"]
+    kw = dict(max_new_tokens=16, temperature=0.0, ignore_eos=True)
+    plain = llm.generate(PROMPTS, **kw)
+    got = llm.generate(PROMPTS, **kw, repetition_penalty=1.5)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    want = cli_generate(tmp_path / "a", TINY["llama"], [{"prompt": p} for p in PROMPTS], "-n", "16", "--greedy",
+                        "--ignore-eos", "--repetition-penalty", "1.5")
+    check_same(got, want)
+    assert [c.token_ids for c in got] != [c.token_ids for c in plain]
+    sampled = dict(max_new_tokens=10, temperature=1.0, seed=3, min_p=0.1, presence_penalty=0.5,
+                   frequency_penalty=0.3)
+    got = llm.generate(PROMPTS, **sampled)
+    want = cli_generate(tmp_path / "b", TINY["llama"], [{"prompt": p, "min_p": 0.1, "presence_penalty": 0.5,
+                                                   "frequency_penalty": 0.3} for p in PROMPTS],
+                        "-n", "10", "--seed", "3")
+    check_same(got, want)
+    with pytest.raises(Exception, match="repetition_penalty must be > 0"):
+        llm.generate(PROMPTS, repetition_penalty=0.0)
+
+
 def test_id_prompts_are_used_exactly(llms, tmp_path):
     llm = llms["llama"]
     ids = [[5, 17, 300, 42], [llm.bos_id, 99, 100]]

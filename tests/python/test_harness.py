@@ -394,6 +394,20 @@ def test_adapter_generate_until_groups_cuts_and_restores_order():
         ad.generate_until([("a", {}), ("b", {"num_beams": 2})])
 
 
+def test_gen_kwargs_min_p_and_repetition_penalty_reach_the_engine():
+    g = h.parse_gen_kwargs({"min_p": 0.1, "repetition_penalty": 1.3}, 8)
+    assert (g.min_p, g.repetition_penalty) == (0.1, 1.3)
+    with pytest.raises(RequestError, match=r"min_p must be in \[0, 1\], got 1.5"):
+        h.parse_gen_kwargs({"min_p": 1.5}, 8)
+    with pytest.raises(RequestError, match=r"repetition_penalty must be > 0 \(1 = off\), got 0.0"):
+        h.parse_gen_kwargs({"repetition_penalty": 0}, 8)
+    llm = FakeLLM(max_length=16, script=[" one"])
+    HarnessAdapter(llm, max_gen_toks=2).generate_until([("a", {"repetition_penalty": 1.3}), ("a", {"min_p": 0.2}),
+                                                        ("a", {})])
+    kws = [c[2] for c in llm.calls]
+    assert [(k.get("min_p"), k.get("repetition_penalty")) for k in kws] == [(None, 1.3), (0.2, None), (None, None)]
+
+
 def test_adapter_generate_truncates_the_prompt_for_the_new_tokens():
     llm = FakeLLM(max_length=8, script=[" z"] * 8)
     got = HarnessAdapter(llm, max_gen_toks=5).generate_until([("a b c d e f", {})])

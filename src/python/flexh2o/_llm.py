@@ -61,18 +61,24 @@ class LLM:
 
     def generate(self, prompts: Union[str, Sequence[str], Sequence[Sequence[int]]], *, max_new_tokens: int = 32,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 ignore_eos: bool = False, stop: Union[str, Sequence[str], None] = None) -> List[Completion]:
+                 ignore_eos: bool = False, stop: Union[str, Sequence[str], None] = None, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0) -> List[Completion]:
         """Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists are
         used exactly. Request i samples with seed + i. Greedy when temperature is 0. A sequence
         ends as soon as its text holds one of the `stop` strings (finish_reason "stop"; the text
-        is cut before it, token_ids keep every generated token)."""
+        is cut before it, token_ids keep every generated token). min_p and repetition_penalty
+        are transformers' (the penalty also applies when greedy), presence_penalty and
+        frequency_penalty OpenAI's (over the generated tokens)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         stops = [stop] if isinstance(stop, str) else [str(s) for s in (stop or [])]
         items = [p if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         self.last_report = None
         out = self._s.generate(items, int(max_new_tokens), float(temperature), int(top_k), float(top_p),
-                               int(seed), bool(ignore_eos), stops)
+                               int(seed), bool(ignore_eos), stops, min_p=float(min_p),
+                               repetition_penalty=float(repetition_penalty), presence_penalty=float(presence_penalty),
+                               frequency_penalty=float(frequency_penalty))
         self._set_report()
         return [Completion(t.decode("utf-8", "replace"), list(ids), reason) for t, ids, reason in out]
 

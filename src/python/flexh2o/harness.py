@@ -163,18 +163,21 @@ class GenSpec:
     top_k: int
     top_p: float
     seed: int
+    min_p: float = 0.0               # transformers' MinPLogitsWarper; 0 = off
+    repetition_penalty: float = 1.0  # transformers' RepetitionPenaltyLogitsProcessor; 1 = off
 
 
 _MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")  # by priority
-_GEN_KEYS = {"until", "do_sample", "temperature", "top_k", "top_p", "seed", *_MAX_TOKEN_KEYS}
+_GEN_KEYS = {"until", "do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+             *_MAX_TOKEN_KEYS}
 
 
 def parse_gen_kwargs(gen_kwargs: dict | None, default_max_gen_toks: int, default_seed: int = 0) -> GenSpec:
     """A task's generation kwargs -> GenSpec, with lm-eval's rules: greedy unless do_sample is
     true or (do_sample unset and) temperature > 0; do_sample=false forces greedy; do_sample=true
     without a temperature samples at 1.0 (Hugging Face's default); max_gen_toks and its aliases
-    by lm-eval's priority. Keys flexh2o cannot honour (num_beams, repetition_penalty, max_length,
-    ...) raise RequestError rather than being silently ignored."""
+    by lm-eval's priority; min_p and repetition_penalty as transformers applies them. Keys flexh2o
+    cannot honour (num_beams, max_length, no_repeat_ngram_size, ...) raise RequestError rather than being silently ignored."""
     kw = {k: v for k, v in (gen_kwargs or {}).items() if v is not None}
     unknown = sorted(set(kw) - _GEN_KEYS)
     if unknown:
@@ -198,9 +201,15 @@ def parse_gen_kwargs(gen_kwargs: dict | None, default_max_gen_toks: int, default
         temperature = 0.0
     elif do_sample is True and "temperature" not in kw:
         temperature = 1.0
+    min_p = _as_float("min_p", kw.get("min_p", 0.0))
+    if not 0.0 <= min_p <= 1.0:
+        raise RequestError(f"min_p must be in [0, 1], got {min_p}")
+    penalty = _as_float("repetition_penalty", kw.get("repetition_penalty", 1.0))
+    if not penalty > 0.0:
+        raise RequestError(f"repetition_penalty must be > 0 (1 = off), got {penalty}")
     return GenSpec(until=tuple(until), max_gen_toks=max_toks, temperature=temperature,
                    top_k=_as_int("top_k", kw.get("top_k", 0)), top_p=_as_float("top_p", kw.get("top_p", 1.0)),
-                   seed=_as_int("seed", kw.get("seed", default_seed)))
+                   seed=_as_int("seed", kw.get("seed", default_seed)), min_p=min_p, repetition_penalty=penalty)
 
 
 def cut_at_stops(text: str, stops: Iterable[str]) -> str:

@@ -127,9 +127,14 @@ class HarnessAdapter:
                        for i in group}
             ordered = [group[j] for j in h.sort_order([-len(prompts[i]) for i in group])]
             for chunk in h.chunks(ordered, self.chunk_size):
+                extra = {}  # only when set: an LLM without these keywords still serves the rest
+                if spec.min_p:
+                    extra["min_p"] = spec.min_p
+                if spec.repetition_penalty != 1.0:
+                    extra["repetition_penalty"] = spec.repetition_penalty
                 done = self._call("generate", [prompts[i] for i in chunk], max_new_tokens=spec.max_gen_toks,
                                temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, seed=spec.seed,
-                               stop=[s for s in spec.until if s])  # the engine ends a sequence there
+                               stop=[s for s in spec.until if s], **extra)  # the engine ends a sequence there
                 if len(done) != len(chunk):
                     raise RuntimeError(f"LLM.generate returned {len(done)} completions for {len(chunk)} prompts")
                 for i, c in zip(chunk, done):
