@@ -100,6 +100,7 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
     req.sampling.presence_penalty = field<float>(j, "presence_penalty", a.presence_penalty);
     req.sampling.frequency_penalty = field<float>(j, "frequency_penalty", a.frequency_penalty);
     req.sampling.seed = field<uint64_t>(j, "seed", a.seed + index);
+    req.top_logprobs = field<int>(j, "logprobs", a.logprobs);
     validate_request(req, lm.model->config());
     it.reqs.push_back(std::move(req));
   } catch (const Error& e) {
@@ -270,12 +271,12 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       "--input,-i", a.input,
       "JSONL input, one request a line, in one of two formats (see below): flexh2o's {\"prompt\": ...} or "
       "{\"prompt_ids\": [...]} with optional id, max_new_tokens, temperature, top_k, top_p, min_p, "
-      "repetition_penalty, presence_penalty, frequency_penalty, seed; or an OpenAI "
+      "repetition_penalty, presence_penalty, frequency_penalty, seed, logprobs; or an OpenAI "
       "Batch file ({\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/completions\" or \"/v1/chat/completions\", "
       "\"body\"}). Output lines follow the input's format");
   p->excludes(in);
   g->add_option("--output,-o", a.output,
-                "JSONL output (id, text, token_ids, finish_reason; Batch output lines for a Batch file; default stdout). Results are appended as they "
+                "JSONL output (id, text, token_ids, finish_reason, logprobs when asked; Batch output lines for a Batch file; default stdout). Results are appended as they "
                 "finish and fsync'd after each batch; a file that already holds results is refused unless "
                 "--resume or --overwrite is given");
   auto* resume = g->add_flag("--resume", a.resume,
@@ -478,6 +479,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
       o["text"] = std::move(text);
       o["token_ids"] = r.tokens;
       o["finish_reason"] = finish_reason_name(r.finish);
+      add_logprobs(r, o);
     }
     if (out_file) out_file->write(jsonl_line(o));
     else std::cout << jsonl_line(o);

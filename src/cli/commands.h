@@ -28,6 +28,7 @@ struct GenerateArgs {
   float temperature = 1.0f, top_p = 1.0f;
   int top_k = 0;
   float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;
+  int logprobs = -1;  // --logprobs N: per-token log-probabilities (and N alternatives); -1 = none
   uint64_t seed = 0;
   int threads = 0;
   bool greedy = false, ignore_eos = false, quiet = false;

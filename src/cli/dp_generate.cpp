@@ -57,6 +57,7 @@ void put_request(dist::Writer& w, const GenerationRequest& r, const std::vector<
       .put<float>(r.sampling.repetition_penalty)
       .put<float>(r.sampling.presence_penalty)
       .put<float>(r.sampling.frequency_penalty)
+      .put<int32_t>(r.top_logprobs)
       .put<uint32_t>(uint32_t(stop.size()));
   for (const std::string& s : stop) w.put_string(s);
 }
@@ -73,6 +74,7 @@ GenerationRequest get_request(dist::Reader& rd, std::vector<std::string>* stop) 
   r.sampling.repetition_penalty = rd.get<float>();
   r.sampling.presence_penalty = rd.get<float>();
   r.sampling.frequency_penalty = rd.get<float>();
+  r.top_logprobs = rd.get<int32_t>();
   stop->resize(rd.get<uint32_t>());
   for (std::string& s : *stop) s = rd.get_string();
   return r;
@@ -238,12 +240,17 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
                openai_batch::first_stop_at(lm.tokenizer->decode(tokens), stops[r]) != std::string::npos;
       };
       go.on_result = [&](size_t r, const GenerationResult& res) {
-        c.send(0, kResult,
-               dist::Writer()
-                   .put<uint64_t>(first + r)
-                   .put<uint8_t>(uint8_t(res.finish))
-                   .put_array(std::span<const int32_t>(res.tokens))
-                   .take());
+        dist::Writer w;
+        w.put<uint64_t>(first + r)
+            .put<uint8_t>(uint8_t(res.finish))
+            .put_array(std::span<const int32_t>(res.tokens))
+            .put_array(std::span<const float>(res.logprobs))
+            .put<uint32_t>(uint32_t(res.top_logprobs.size()));
+        for (const auto& step : res.top_logprobs) {
+          w.put<uint32_t>(uint32_t(step.size()));
+          for (const TokenLogprob& t : step) w.put<int32_t>(t.id).put<float>(t.logprob);
+        }
+        c.send(0, kResult, w.take());
       };
       int64_t before = 0;  // tokens of the earlier batches
       auto last_beat = Clock::now();
@@ -378,6 +385,12 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
       GenerationResult res;
       res.finish = FinishReason(rd.get<uint8_t>());
       res.tokens = rd.get_array<int32_t>();
+      res.logprobs = rd.get_array<float>();
+      res.top_logprobs.resize(rd.get<uint32_t>());
+      for (auto& step : res.top_logprobs) {
+        step.resize(rd.get<uint32_t>());
+        for (TokenLogprob& t : step) t.id = rd.get<int32_t>(), t.logprob = rd.get<float>();
+      }
       res.finished = true;
       if (r >= reqs.size()) FH_FAIL(from, ": a result for request ", r, " of ", reqs.size());
       if (go.on_result) go.on_result(size_t(r), res);

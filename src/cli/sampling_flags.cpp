@@ -1,4 +1,4 @@
-// The sampling flags of `flexh2o generate`.
+// The sampling flags of `flexh2o generate`, and the log-probabilities of its output lines.
 #include "cli/sampling_flags.h"
 
 namespace flexh2o::cli {
@@ -20,7 +20,24 @@ void add_sampling_flags(CLI::App& g, GenerateArgs& a) {
   g.add_option("--frequency-penalty", a.frequency_penalty,
                "OpenAI's: minus this times how often a token was generated so far (-2..2; 0 = off)")
       ->capture_default_str();
+  g.add_option("--logprobs", a.logprobs,
+               "Write each generated token's log-probability (the model's, in nats: before penalties and "
+               "temperature) and the N most likely alternatives (0..20; 0 = the token's only) into "
+               "flexh2o lines: \"logprobs\" and \"top_logprobs\"")
+      ->check(CLI::Range(0, kMaxTopLogprobs));
   g.add_option("--seed", a.seed, "Base seed; line i uses seed+i unless it sets its own")->capture_default_str();
+}
+
+void add_logprobs(const GenerationResult& r, nlohmann::json& line) {
+  if (!r.logprobs.empty()) line["logprobs"] = r.logprobs;
+  if (r.top_logprobs.empty()) return;
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& step : r.top_logprobs) {
+    nlohmann::json alts = nlohmann::json::array();
+    for (const TokenLogprob& t : step) alts.push_back({{"id", t.id}, {"logprob", t.logprob}});
+    out.push_back(std::move(alts));
+  }
+  line["top_logprobs"] = std::move(out);
 }
 
 }  // namespace flexh2o::cli

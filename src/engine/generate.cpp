@@ -26,6 +26,8 @@ void validate_request(const GenerationRequest& r, const ModelConfig& c) {
     FH_FAIL("prompt is ", r.prompt_ids.size(), " tokens, longer than the model's max_position_embeddings (",
             c.max_positions, ")");
   if (r.max_new_tokens < 0) FH_FAIL("max_new_tokens must be >= 0, got ", r.max_new_tokens);
+  if (r.top_logprobs < -1 || r.top_logprobs > kMaxTopLogprobs)
+    FH_FAIL("logprobs must be in [0, ", kMaxTopLogprobs, "] (or absent), got ", r.top_logprobs);
   validate(r.sampling);
 }
 
@@ -106,6 +108,12 @@ class BatchRun {
       const GenerationRequest& r = reqs_[first_ + bi];
       GenerationResult& res = out_[first_ + bi];
       const int32_t tok = samplers_[bi].sample(logits.data() + b * c_.vocab_size, c_.vocab_size, {r.prompt_ids, res.tokens});
+      if (r.top_logprobs >= 0) {
+        const float* row = logits.data() + b * c_.vocab_size;
+        std::vector<TokenLogprob> top;
+        res.logprobs.push_back(token_logprob(row, c_.vocab_size, tok, r.top_logprobs, &top));
+        if (r.top_logprobs > 0) res.top_logprobs.push_back(std::move(top));
+      }
       res.tokens.push_back(tok);
       ++st_.generated_tokens;
       ++done_;

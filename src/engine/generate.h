@@ -22,6 +22,9 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_ids;  // BOS already included where the model expects it
   int64_t max_new_tokens = 32;
   SamplingParams sampling;
+  // -1: no log-probabilities; 0: each generated token's (GenerationResult::logprobs); N in
+  // [1, kMaxTopLogprobs]: also the N most likely tokens at each step (top_logprobs).
+  int top_logprobs = -1;
 };
 
 // kStopped: GenerateOptions::ends_at ended the sequence (a stop string); named "stop".
@@ -30,6 +33,10 @@ const char* finish_reason_name(FinishReason r);
 
 struct GenerationResult {
   std::vector<int32_t> tokens;  // generated ids only
+  // With GenerationRequest::top_logprobs >= 0, one per token (token_logprob(): the model's own
+  // distribution, before penalties and temperature); with N > 0 also N alternatives per token.
+  std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
   FinishReason finish = FinishReason::kLength;
   bool finished = false;        // false only for requests an interrupted run did not complete
 };

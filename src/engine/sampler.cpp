@@ -114,6 +114,25 @@ int32_t Sampler::sample(const float* raw, int64_t vocab, const TokenHistory& h) 
   return cand_[n - 1].second;
 }
 
+float token_logprob(const float* logits, int64_t vocab, int32_t id, int n_top, std::vector<TokenLogprob>* top) {
+  FH_CHECK(id >= 0 && id < vocab, "token_logprob: id ", id, " outside [0, ", vocab, ")");
+  const float mx = *std::max_element(logits, logits + vocab);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - mx);
+  const double lse = double(mx) + std::log(sum);
+  if (top && n_top > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) ids[size_t(i)] = int32_t(i);
+    const auto k = std::min<size_t>(size_t(n_top), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    top->clear();
+    for (size_t i = 0; i < k; ++i) top->push_back({ids[i], float(double(logits[ids[i]]) - lse)});
+  }
+  return float(double(logits[id]) - lse);
+}
+
 std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* raw, int64_t vocab, const TokenHistory& h) {
   const float* logits = penalize(raw, vocab, h);
   if (p_.temperature == 0.f) return {{argmax(logits, vocab), 1.0}};

@@ -64,4 +64,17 @@ class Sampler {
 // Validates params, throwing flexh2o::Error with a message naming the bad field.
 void validate(const SamplingParams& p);
 
+// The model's log-probability of a token: log softmax of the raw logits (before penalties and
+// temperature), in nats.
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.f;
+  bool operator==(const TokenLogprob&) const = default;
+};
+// Of token `id` of `logits` (`vocab` entries); with n_top > 0, `top` <- the n_top most likely
+// tokens, most likely first (ties: lower id). Reads the row twice, sorts only when n_top > 0.
+float token_logprob(const float* logits, int64_t vocab, int32_t id, int n_top = 0, std::vector<TokenLogprob>* top = nullptr);
+// Most alternatives a request may ask for (OpenAI's top_logprobs limit).
+inline constexpr int kMaxTopLogprobs = 20;
+
 }  // namespace flexh2o

@@ -128,19 +128,29 @@ PYBIND11_MODULE(_flexh2o, m) {
           "generate",
           [](python::Session& s, const std::vector<python::Prompt>& prompts, int64_t max_new_tokens, float temperature,
              int top_k, float top_p, uint64_t seed, bool ignore_eos, std::vector<std::string> stop, float min_p,
-             float repetition_penalty, float presence_penalty, float frequency_penalty) {
+             float repetition_penalty, float presence_penalty, float frequency_penalty, int logprobs) {
             std::atomic<bool> interrupt{false};
             python::GenerateParams p{max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, std::move(stop),
-                                     &interrupt, min_p, repetition_penalty, presence_penalty, frequency_penalty};
+                                     &interrupt, min_p, repetition_penalty, presence_penalty, frequency_penalty,
+                                     logprobs};
             std::vector<python::Completion> out;
             run_interruptible(interrupt, [&] { out = s.generate(prompts, p); });
             py::list l;
-            for (auto& c : out) l.append(py::make_tuple(py::bytes(c.text), c.token_ids, c.finish_reason));
+            for (auto& c : out) {
+              py::list top;
+              for (const auto& step : c.top_logprobs) {
+                py::list alts;
+                for (const TokenLogprob& t : step) alts.append(py::make_tuple(t.id, t.logprob));
+                top.append(alts);
+              }
+              l.append(py::make_tuple(py::bytes(c.text), c.token_ids, c.finish_reason, c.logprobs, top));
+            }
             return l;
           },
           py::arg("prompts"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
           py::arg("seed"), py::arg("ignore_eos"), py::arg("stop"), py::arg("min_p") = 0.f,
-          py::arg("repetition_penalty") = 1.f, py::arg("presence_penalty") = 0.f, py::arg("frequency_penalty") = 0.f)
+          py::arg("repetition_penalty") = 1.f, py::arg("presence_penalty") = 0.f, py::arg("frequency_penalty") = 0.f,
+          py::arg("logprobs") = -1)
       .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),

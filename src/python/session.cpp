@@ -164,6 +164,7 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
         r.prompt_ids = std::get<std::vector<int32_t>>(prompts[i]);
       }
       r.max_new_tokens = p.max_new_tokens;
+      r.top_logprobs = p.logprobs;
       r.sampling = SamplingParams{p.temperature, p.top_k,         p.top_p,           p.seed + i,
                                   p.min_p,       p.repetition_penalty, p.presence_penalty, p.frequency_penalty};
       validate_request(r, cfg);
@@ -195,7 +196,7 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   for (const GenerationResult& r : res) {
     std::string text = decode(r.tokens);
     if (r.finish == FinishReason::kStopped) text.resize(cli::openai_batch::first_stop_at(text, p.stop));
-    out.push_back({std::move(text), r.tokens, finish_reason_name(r.finish)});
+    out.push_back({std::move(text), r.tokens, finish_reason_name(r.finish), r.logprobs, r.top_logprobs});
   }
   json report = cli::run_report(lm_, run.rs, st, *cpu_, device_);
   report["requests"] = reqs.size();

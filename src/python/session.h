@@ -57,6 +57,7 @@ struct GenerateParams {
   // Once true, generation ends at the next token step and generate() throws Interrupted.
   const std::atomic<bool>* interrupt = nullptr;
   float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;  // sampler.h
+  int logprobs = -1;  // GenerationRequest::top_logprobs
 };
 
 // generate() was ended by GenerateParams::interrupt (Ctrl-C in Python).
@@ -71,6 +72,8 @@ struct Completion {
   std::string text;
   std::vector<int32_t> token_ids;  // generated only
   std::string finish_reason;       // "eos" | "length" | "stop"
+  std::vector<float> logprobs;     // per token, when asked (GenerationResult)
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
 };
 
 class Session {

@@ -128,6 +128,45 @@ TEST(Cli, PenaltiesChangeGreedyTextAndBadValuesAreNamed) {
   EXPECT_EQ(got[1]["token_ids"].size(), 2u) << got[1];
 }
 
+// --logprobs N: one log-probability per generated token, N alternatives most likely first; greedy
+// tokens are the first alternative, with the same value. A line may ask for its own; out of
+// range is refused.
+TEST(Cli, LogprobsAreWrittenPerTokenWithAlternatives) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"id": "g", "prompt": "In the beginning", "max_new_tokens": 5, "temperature": 0})" << "\n";
+    f << R"({"id": "s", "prompt": "Jesus wept.", "max_new_tokens": 4, "logprobs": 0})" << "\n";
+    f << R"({"id": "none", "prompt": "Jesus wept.", "max_new_tokens": 2, "logprobs": null})" << "\n";
+    f << R"({"id": "bad", "prompt": "Jesus wept.", "max_new_tokens": 2, "logprobs": 21})" << "\n";
+  }
+  RunResult r = flexh2o("generate -m " + kOpt + " -i " + in.string() + " -o " + out.string() +
+                        " --device cpu --logprobs 3 --ignore-eos");
+  EXPECT_EQ(r.code, 1) << r.err;  // the bad line
+  const auto got = read_jsonl(out);
+  ASSERT_EQ(got.size(), 4u);
+  const json& g = got[0];
+  ASSERT_EQ(g["logprobs"].size(), 5u) << g;
+  ASSERT_EQ(g["top_logprobs"].size(), 5u) << g;
+  for (size_t t = 0; t < 5; ++t) {
+    const json& alts = g["top_logprobs"][t];
+    ASSERT_EQ(alts.size(), 3u) << g;
+    EXPECT_EQ(alts[0]["id"], g["token_ids"][t]) << "greedy takes the most likely";
+    EXPECT_EQ(alts[0]["logprob"], g["logprobs"][t]);
+    EXPECT_LE(alts[0]["logprob"].get<double>(), 0.0);
+    EXPECT_GE(alts[0]["logprob"].get<double>(), alts[1]["logprob"].get<double>());
+    EXPECT_GE(alts[1]["logprob"].get<double>(), alts[2]["logprob"].get<double>());
+  }
+  EXPECT_EQ(got[1]["logprobs"].size(), 4u) << got[1];
+  EXPECT_FALSE(got[1].contains("top_logprobs")) << got[1];
+  EXPECT_EQ(got[2]["logprobs"].size(), 2u) << "null takes the flag's value";
+  EXPECT_NE(got[3]["error"].get<std::string>().find("logprobs must be in [0, 20]"), std::string::npos) << got[3];
+  RunResult off = flexh2o("generate -m " + kOpt + " --prompt hi -n 1 --logprobs 21");
+  EXPECT_EQ(off.code, 2) << off.err;
+  EXPECT_NE(off.err.find("--logprobs"), std::string::npos) << off.err;
+}
+
 TEST(Cli, DeviceCudaWithoutAGpuFailsClearlyAndAutoFallsBack) {
   RunResult probe = flexh2o("generate -m " + kOpt + " --prompt hi -n 1 --device auto");
   ASSERT_EQ(probe.code, 0) << probe.err;

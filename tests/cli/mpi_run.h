@@ -57,6 +57,10 @@ inline void expect_same_lines(const std::vector<nlohmann::json>& got, const std:
     EXPECT_EQ(got[i]["token_ids"], want[i]["token_ids"]) << what << " line " << i;
     EXPECT_EQ(got[i]["text"], want[i]["text"]) << what << " line " << i;
     EXPECT_EQ(got[i]["finish_reason"], want[i]["finish_reason"]) << what << " line " << i;
+    EXPECT_EQ(got[i].value("logprobs", nlohmann::json()), want[i].value("logprobs", nlohmann::json()))
+        << what << " line " << i;
+    EXPECT_EQ(got[i].value("top_logprobs", nlohmann::json()), want[i].value("top_logprobs", nlohmann::json()))
+        << what << " line " << i;
   }
 }
 

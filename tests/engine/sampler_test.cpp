@@ -146,6 +146,27 @@ TEST(Sampler, MinPKeepsTokensWithinAFractionOfTheMostLikely) {
   for (int i = 0; i < 300; ++i) EXPECT_LT(s.sample(l.data(), 4), 2);
 }
 
+// log softmax of the raw row: exact on a hand case, the alternatives most likely first (ties to
+// the lower id), the chosen token's value among them; a large row stays finite.
+TEST(TokenLogprob, IsLogSoftmaxWithTheMostLikelyAlternatives) {
+  const std::vector<float> l{std::log(0.5f), std::log(0.25f), std::log(0.125f), std::log(0.125f)};
+  std::vector<TokenLogprob> top;
+  EXPECT_NEAR(token_logprob(l.data(), 4, 1, 3, &top), std::log(0.25), 1e-6);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].id, 0);
+  EXPECT_EQ(top[1].id, 1);
+  EXPECT_EQ(top[2].id, 2);  // tied with 3: the lower id
+  EXPECT_NEAR(top[0].logprob, std::log(0.5), 1e-6);
+  EXPECT_NEAR(top[2].logprob, std::log(0.125), 1e-6);
+  EXPECT_NEAR(token_logprob(l.data(), 4, 3, 10, &top), std::log(0.125), 1e-6);
+  EXPECT_EQ(top.size(), 4u) << "at most the vocabulary";
+  const std::vector<float> big{1000.f, 999.f, -1000.f};
+  const float lp = token_logprob(big.data(), 3, 1);
+  EXPECT_TRUE(std::isfinite(lp));
+  EXPECT_NEAR(lp, -1.0 - std::log1p(std::exp(-1.0)), 1e-5);
+  EXPECT_THROW(token_logprob(big.data(), 3, 3), Error);
+}
+
 // transformers' RepetitionPenalty -> Temperature -> TopK -> TopP -> MinP on 60 random cases: the
 // same tokens kept, with the same probabilities.
 TEST(Sampler, DistributionMatchesTransformersProcessors) {

@@ -60,6 +60,21 @@ def test_penalties_and_min_p_match_cli_and_change_the_text(llms, tmp_path):
         llm.generate(PROMPTS, repetition_penalty=0.0)
 
 
+def test_logprobs_sum_to_the_loglikelihood_of_the_generated_tokens(llms):
+    # Two paths of the engine: decode steps (generate) and one teacher-forced pass (loglikelihood).
+    llm = llms["opt"]
+    got = llm.generate(PROMPTS, max_new_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2)
+    scores = llm.loglikelihood([(llm.encode(p), c.token_ids) for p, c in zip(PROMPTS, got)])
+    for c, (ll, greedy) in zip(got, scores):
+        assert len(c.logprobs) == len(c.token_ids) == 6
+        assert abs(sum(c.logprobs) - ll) < 1e-3 * max(1.0, abs(ll)), (c.logprobs, ll)
+        assert greedy
+        assert [step[0][0] for step in c.top_logprobs] == c.token_ids
+    plain = llm.generate(PROMPTS, max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    assert plain[0].logprobs is None and plain[0].top_logprobs is None
+    assert [c.token_ids for c in plain] == [c.token_ids for c in got]
+
+
 def test_id_prompts_are_used_exactly(llms, tmp_path):
     llm = llms["llama"]
     ids = [[5, 17, 300, 42], [llm.bos_id, 99, 100]]

@@ -20,6 +20,10 @@ class Completion:
     text: str
     token_ids: List[int]  # generated tokens only
     finish_reason: str  # "eos" | "length" | "stop"
+    # With generate(logprobs=N): each token's log-probability under the model (nats, before
+    # penalties and temperature), and for N > 0 the N most likely (id, logprob) at each step.
+    logprobs: Optional[List[float]] = None
+    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
 
 
 def _flag(name, value):
@@ -63,13 +67,14 @@ class LLM:
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  ignore_eos: bool = False, stop: Union[str, Sequence[str], None] = None, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0) -> List[Completion]:
+                 frequency_penalty: float = 0.0, logprobs: Optional[int] = None) -> List[Completion]:
         """Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists are
         used exactly. Request i samples with seed + i. Greedy when temperature is 0. A sequence
         ends as soon as its text holds one of the `stop` strings (finish_reason "stop"; the text
         is cut before it, token_ids keep every generated token). min_p and repetition_penalty
         are transformers' (the penalty also applies when greedy), presence_penalty and
-        frequency_penalty OpenAI's (over the generated tokens)."""
+        frequency_penalty OpenAI's (over the generated tokens). logprobs=N (0..20) fills the
+        completions' logprobs (and N alternatives per token in top_logprobs)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         stops = [stop] if isinstance(stop, str) else [str(s) for s in (stop or [])]
@@ -78,9 +83,13 @@ class LLM:
         out = self._s.generate(items, int(max_new_tokens), float(temperature), int(top_k), float(top_p),
                                int(seed), bool(ignore_eos), stops, min_p=float(min_p),
                                repetition_penalty=float(repetition_penalty), presence_penalty=float(presence_penalty),
-                               frequency_penalty=float(frequency_penalty))
+                               frequency_penalty=float(frequency_penalty),
+                               logprobs=-1 if logprobs is None else int(logprobs))
         self._set_report()
-        return [Completion(t.decode("utf-8", "replace"), list(ids), reason) for t, ids, reason in out]
+        want = logprobs is not None
+        return [Completion(t.decode("utf-8", "replace"), list(ids), reason, list(lp) if want else None,
+                           [[(int(i), float(x)) for i, x in step] for step in top] if want and logprobs > 0 else None)
+                for t, ids, reason, lp, top in out]
 
     def loglikelihood(self, requests: Sequence[Tuple[Sequence[int], Sequence[int]]]) -> List[Tuple[float, bool]]:
         """(sum of log p(continuation | context) in nats, whether every continuation token was
