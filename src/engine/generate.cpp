@@ -107,9 +107,9 @@ class BatchRun {
       if (finished_[bi]) continue;
       const GenerationRequest& r = reqs_[first_ + bi];
       GenerationResult& res = out_[first_ + bi];
-      const int32_t tok = samplers_[bi].sample(logits.data() + b * c_.vocab_size, c_.vocab_size, {r.prompt_ids, res.tokens});
+      const float* row = logits.data() + b * c_.vocab_size;
+      const int32_t tok = samplers_[bi].sample(row, c_.vocab_size, {r.prompt_ids, res.tokens});
       if (r.top_logprobs >= 0) {
-        const float* row = logits.data() + b * c_.vocab_size;
         std::vector<TokenLogprob> top;
         res.logprobs.push_back(token_logprob(row, c_.vocab_size, tok, r.top_logprobs, &top));
         if (r.top_logprobs > 0) res.top_logprobs.push_back(std::move(top));

@@ -36,16 +36,16 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate(p); }
 
 const float* Sampler::penalize(const float* logits, int64_t vocab, const TokenHistory& h) {
   if (!p_.penalized()) return logits;
+  for (std::span<const int32_t> part : {h.prompt, h.generated})  // before anything is marked
+    for (int32_t id : part)
+      if (id < 0 || id >= vocab)
+        FH_FAIL("sampler: token id ", id, " of the history is outside the vocabulary [0, ", vocab, ")");
   scratch_.assign(logits, logits + vocab);
-  auto check = [&](int32_t id) {
-    if (id < 0 || id >= vocab) FH_FAIL("sampler: token id ", id, " of the history is outside the vocabulary [0, ", vocab, ")");
-  };
   if (p_.repetition_penalty != 1.f) {
     // From the unpenalized logit each time, so a repeated token is penalized once.
     const float r = p_.repetition_penalty;
     for (std::span<const int32_t> part : {h.prompt, h.generated})
       for (int32_t id : part) {
-        check(id);
         const float x = logits[id];
         scratch_[size_t(id)] = x < 0.f ? x * r : x / r;
       }
@@ -53,7 +53,6 @@ const float* Sampler::penalize(const float* logits, int64_t vocab, const TokenHi
   if (p_.presence_penalty != 0.f || p_.frequency_penalty != 0.f) {
     seen_.resize(size_t(vocab), 0);
     for (int32_t id : h.generated) {
-      check(id);
       scratch_[size_t(id)] -= p_.frequency_penalty;
       if (!seen_[size_t(id)]) scratch_[size_t(id)] -= p_.presence_penalty;
       seen_[size_t(id)] = 1;
