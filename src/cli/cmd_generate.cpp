@@ -143,6 +143,7 @@ Item make_batch_item(const json& j, int64_t line, size_t index, const GenerateAr
         g.sampling.presence_penalty = r.presence_penalty;
         g.sampling.frequency_penalty = r.frequency_penalty;
         g.sampling.seed = base + uint64_t(k) * kChoiceSeedStride;
+        g.top_logprobs = r.logprobs;
         validate_request(g, cfg);
         it.reqs.push_back(std::move(g));
       }
@@ -311,11 +312,11 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       "  Body: model is echoed back, never used to pick a model (--model does). prompt: a string (BOS added, as for "
       "flexh2o lines), token ids (used as given), or an array of either (choices for each). max_tokens (or "
       "max_completion_tokens): default 16 for completions, up to the context for chat (give it: the KV cache is "
-      "sized for it). temperature (default 1), top_p (1), presence_penalty and frequency_penalty (0), n (choice k uses seed + k * 0x9E3779B97F4A7C15), stop (up "
+      "sized for it). temperature (default 1), top_p (1), presence_penalty and frequency_penalty (0), logprobs (completions: 0..5 alternatives; chat: true, with top_logprobs 0..20), n (choice k uses seed + k * 0x9E3779B97F4A7C15), stop (up "
       "to 4 strings: the text is cut before the first, finish_reason \"stop\"), seed (default --seed + the line's "
       "index). --max-new-tokens, --temperature, --top-p and the two penalties do not apply; --greedy, --top-k, "
       "--min-p, --repetition-penalty and --ignore-eos do.\n"
-      "  Other OpenAI parameters (stream, logprobs, echo, logit_bias, tools, response_format, ...) are "
+      "  Other OpenAI parameters (stream, echo, logit_bias, tools, response_format, ...) are "
       "refused unless at their default, unknown ones are refused as OpenAI does, and user, metadata, store and "
       "service_tier are ignored. custom_ids must be unique.\n"
       "  Chat lines need the model's (Jinja) chat template, which the flexh2o binary cannot render: "
@@ -453,11 +454,17 @@ int run_generate(const GenerateArgs& a, const Env& env) {
     for (size_t k = 0; k < it.reqs.size(); ++k) {
       const GenerationResult& r = *ready[it.first_req + k];
       choices.push_back(batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, it.batch->stop));
+      batch::with_logprobs(choices.back(), r);
     }
     int64_t prompt_tokens = 0;
     for (const auto& p : it.batch->prompts) prompt_tokens += int64_t(p.size());
     if (human) std::cout << "[" << it.id.dump() << "] " << choices[0].text << "\n";
-    return batch::success_line(*it.batch, choices, prompt_tokens, cfg.name, int64_t(std::time(nullptr)), ids);
+    return batch::success_line(*it.batch, choices, prompt_tokens, cfg.name, int64_t(std::time(nullptr)), ids,
+                               [&](int32_t id) {
+                                 if (!lm.tokenizer) return batch::TokenPiece{};
+                                 return batch::TokenPiece{lm.tokenizer->decode(std::vector<int32_t>{id}),
+                                                          lm.tokenizer->token_bytes(id)};
+                               });
   };
   // One result line for item i; the --prompt-only mode prints just the text.
   auto emit = [&](size_t i) {

@@ -39,7 +39,7 @@ const std::vector<Param>& params(Endpoint ep) {
       {"seed", K::kSupported}, {"best_of", K::kSupported}, {"user", K::kIgnored},
       {"echo", K::kDefaultOnly, {false}}, {"frequency_penalty", K::kSupported},
       {"presence_penalty", K::kSupported}, {"logit_bias", K::kDefaultOnly, {json::object()}},
-      {"logprobs", K::kDefaultOnly}, {"stream", K::kDefaultOnly, {false}}, {"stream_options", K::kDefaultOnly},
+      {"logprobs", K::kSupported}, {"stream", K::kDefaultOnly, {false}}, {"stream_options", K::kDefaultOnly},
       {"suffix", K::kDefaultOnly}};
   static const std::vector<Param> chat = {
       {"model", K::kSupported}, {"messages", K::kSupported}, {"max_tokens", K::kSupported},
@@ -48,8 +48,8 @@ const std::vector<Param>& params(Endpoint ep) {
       {"metadata", K::kIgnored}, {"store", K::kIgnored}, {"service_tier", K::kIgnored},
       {"parallel_tool_calls", K::kIgnored}, {"prompt_cache_key", K::kIgnored}, {"safety_identifier", K::kIgnored},
       {"frequency_penalty", K::kSupported}, {"presence_penalty", K::kSupported},
-      {"logit_bias", K::kDefaultOnly, {json::object()}}, {"logprobs", K::kDefaultOnly, {false}},
-      {"top_logprobs", K::kDefaultOnly, {0}}, {"stream", K::kDefaultOnly, {false}},
+      {"logit_bias", K::kDefaultOnly, {json::object()}}, {"logprobs", K::kSupported},
+      {"top_logprobs", K::kSupported}, {"stream", K::kDefaultOnly, {false}},
       {"stream_options", K::kDefaultOnly}, {"tools", K::kDefaultOnly, {json::array()}},
       {"tool_choice", K::kDefaultOnly, {"none"}}, {"functions", K::kDefaultOnly, {json::array()}},
       {"function_call", K::kDefaultOnly, {"none"}},
@@ -186,6 +186,7 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h) {
     r.seed = int_param(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   r.stop = stop_param(body);
   if (ep == Endpoint::kCompletions) {
+    if (given(body, "logprobs")) r.logprobs = int(int_param(body, "logprobs", 0, 5));  // OpenAI's range
     r.max_tokens = given(body, "max_tokens") ? int_param(body, "max_tokens", 0, kMaxTokens) : 16;
     if (given(body, "best_of") && int_param(body, "best_of", 1, 128) != r.n)
       bad("best_of", "\"best_of\" other than \"n\" is not supported by flexh2o (it returns every choice it "
@@ -198,6 +199,16 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h) {
     if (a && b && *a != *b)
       bad("max_tokens", "\"max_tokens\" (", *b, ") and \"max_completion_tokens\" (", *a, ") disagree; give one");
     r.max_tokens = a ? a : b;
+    if (given(body, "logprobs")) {
+      if (!body["logprobs"].is_boolean())
+        bad("logprobs", "\"logprobs\" must be a boolean, got ", json_excerpt(body["logprobs"]));
+      if (body["logprobs"].get<bool>()) r.logprobs = 0;
+    }
+    if (given(body, "top_logprobs")) {
+      const int n = int(int_param(body, "top_logprobs", 0, kMaxTopLogprobs));
+      if (r.logprobs < 0) bad("top_logprobs", "\"top_logprobs\" needs \"logprobs\": true");
+      r.logprobs = n;
+    }
     r.prompts = {chat_prompt(body, h)};
   }
   return r;
@@ -264,6 +275,61 @@ Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& de
   return c;
 }
 
+void with_logprobs(Choice& c, const GenerationResult& r) {
+  if (r.logprobs.empty()) return;
+  size_t n = std::min(size_t(c.completion_tokens), r.tokens.size());
+  if (r.finish == FinishReason::kEos && n == r.tokens.size() && n > 0) --n;  // EOS has no text
+  n = std::min(n, r.logprobs.size());
+  c.tokens.assign(r.tokens.begin(), r.tokens.begin() + std::ptrdiff_t(n));
+  c.logprobs.assign(r.logprobs.begin(), r.logprobs.begin() + std::ptrdiff_t(n));
+  if (!r.top_logprobs.empty())
+    c.top_logprobs.assign(r.top_logprobs.begin(), r.top_logprobs.begin() + std::ptrdiff_t(std::min(n, r.top_logprobs.size())));
+}
+
+namespace {
+
+json bytes_json(const std::string& b) {
+  json a = json::array();
+  for (unsigned char ch : b) a.push_back(int(ch));
+  return a;
+}
+
+// A choice's "logprobs" in its endpoint's shape.
+json logprobs_json(const Choice& c, bool chat, const TokenText& piece) {
+  auto of = [&](int32_t id) { return piece ? piece(id) : TokenPiece{}; };
+  if (chat) {
+    json content = json::array();
+    for (size_t i = 0; i < c.tokens.size(); ++i) {
+      const TokenPiece t = of(c.tokens[i]);
+      json alts = json::array();
+      if (i < c.top_logprobs.size())
+        for (const TokenLogprob& a : c.top_logprobs[i]) {
+          const TokenPiece at = of(a.id);
+          alts.push_back({{"token", at.text}, {"logprob", a.logprob}, {"bytes", bytes_json(at.bytes)}});
+        }
+      content.push_back(
+          {{"token", t.text}, {"logprob", c.logprobs[i]}, {"bytes", bytes_json(t.bytes)}, {"top_logprobs", alts}});
+    }
+    return {{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), top = json::array(), offsets = json::array();
+  size_t at = 0;
+  for (size_t i = 0; i < c.tokens.size(); ++i) {
+    const TokenPiece t = of(c.tokens[i]);
+    tokens.push_back(t.text);
+    offsets.push_back(at);
+    at += t.bytes.size();
+    json alts = json::object();
+    if (i < c.top_logprobs.size())
+      for (const TokenLogprob& a : c.top_logprobs[i]) alts[of(a.id).text] = a.logprob;
+    top.push_back(std::move(alts));
+  }
+  return {{"tokens", std::move(tokens)}, {"token_logprobs", c.logprobs}, {"top_logprobs", std::move(top)},
+          {"text_offset", std::move(offsets)}};
+}
+
+}  // namespace
+
 std::string IdMaker::next(std::string_view prefix) {
   char hex[33];
   std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(rng_()),
@@ -272,13 +338,15 @@ std::string IdMaker::next(std::string_view prefix) {
 }
 
 json success_line(const Request& r, const std::vector<Choice>& choices, int64_t prompt_tokens,
-                  const std::string& model_name, int64_t created, IdMaker& ids) {
+                  const std::string& model_name, int64_t created, IdMaker& ids, const TokenText& piece) {
   const bool chat = r.endpoint == Endpoint::kChatCompletions;
   json cs = json::array();
   int64_t completion_tokens = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
     const Choice& c = choices[i];
-    json o{{"index", i}, {"logprobs", nullptr}, {"finish_reason", c.stopped ? "stop" : "length"}};
+    json o{{"index", i},
+           {"logprobs", r.logprobs >= 0 ? logprobs_json(c, chat, piece) : json()},
+           {"finish_reason", c.stopped ? "stop" : "length"}};
     if (chat) o["message"] = json{{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
     else o["text"] = c.text;
     cs.push_back(std::move(o));

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/generate.h"
+
 namespace flexh2o::cli::openai_batch {
 
 enum class Endpoint { kCompletions, kChatCompletions };
@@ -29,6 +31,9 @@ struct Request {
   std::optional<int64_t> max_tokens;        // absent (chat only): up to the model's context
   float temperature = 1.0f, top_p = 1.0f;   // OpenAI's defaults
   float presence_penalty = 0.f, frequency_penalty = 0.f;  // in [-2, 2], over the generated tokens
+  // -1: none; else per-token log-probabilities with this many alternatives (completions:
+  // "logprobs" 0..5; chat: "logprobs": true and "top_logprobs" 0..20).
+  int logprobs = -1;
   std::optional<int64_t> seed;
   std::vector<std::string> stop;            // up to 4 non-empty strings
 };
@@ -71,12 +76,24 @@ struct Choice {
   std::string text;
   int64_t completion_tokens = 0;  // tokens generated up to the stop (EOS counted)
   bool stopped = false;           // EOS or a stop string: "stop"; else "length"
+  // With Request::logprobs >= 0 (with_logprobs): the tokens of `text` and their log-probabilities.
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
 };
 using Decode = std::function<std::string(std::span<const int32_t> ids)>;
 // `tokens` as generated (ending in EOS when `eos`): the text without EOS, cut before the first
 // occurrence of any stop string; then the tokens counted are those needed to produce that stop.
 Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode,
                      const std::vector<std::string>& stop);
+// Adds r's log-probabilities (when it has them) for the tokens `c` counts, EOS left out.
+void with_logprobs(Choice& c, const GenerationResult& r);
+// A token's text (valid UTF-8: a partial sequence's bytes become U+FFFD, as Tokenizer::decode
+// gives them) and its bytes (Tokenizer::token_bytes).
+struct TokenPiece {
+  std::string text, bytes;
+};
+using TokenText = std::function<TokenPiece(int32_t id)>;
 
 // Unique ids for output lines ("batch_req_…", request ids, "cmpl-…"): 96 random bits each from a
 // generator seeded once per run. Not thread-safe.
@@ -90,9 +107,13 @@ class IdMaker {
 };
 
 // The output line of a request that ran: choices in order (prompt-major, then n), usage, and
-// `model_name` as body.model when the request gave none. `created`: Unix seconds.
+// `model_name` as body.model when the request gave none. `created`: Unix seconds. With
+// Request::logprobs, each choice's "logprobs" in its endpoint's shape (chat: content[{token,
+// logprob, bytes, top_logprobs}]; completions: tokens, token_logprobs, top_logprobs as
+// {token: logprob}, text_offset in bytes), token text from `piece` (empty without one).
 nlohmann::json success_line(const Request& r, const std::vector<Choice>& choices, int64_t prompt_tokens,
-                            const std::string& model_name, int64_t created, IdMaker& ids);
+                            const std::string& model_name, int64_t created, IdMaker& ids,
+                            const TokenText& piece = {});
 // The output line of a request that could not run: response.status_code 400 and
 // response.body.error {message, type: "invalid_request_error", param, code: null}, as OpenAI
 // writes per-request failures (the top-level "error" is only for expired/cancelled batches).

@@ -98,6 +98,41 @@ TEST(BatchCli, CompletionsMatchTheEquivalentFlexh2oLinesAndCountUsage) {
   }
 }
 
+// A completions line's logprobs are the flexh2o line's: the same values per token, its tokens'
+// text, and the top alternatives; EOS and the text after a stop string are left out.
+TEST(BatchCli, LogprobsEqualTheFlexh2oLinesValues) {
+  TempDir tmp;
+  const json greedy = read_json(model_dir("tiny-opt") / "reference/greedy.json");
+  const std::string prompt = greedy["prompts"][0]["prompt"];
+  write_lines(tmp.path() / "plain.jsonl", {{{"id", "p"}, {"prompt", prompt}, {"max_new_tokens", 6}, {"logprobs", 2}}});
+  write_lines(tmp.path() / "batch.jsonl",
+              {completion("c", {{"prompt", prompt}, {"max_tokens", 6}, {"logprobs", 2}}),
+               completion("s", {{"prompt", prompt}, {"max_tokens", 6}, {"logprobs", 0}, {"stop", " LORD"}})});
+  RunResult r = flexh2o(gen(tmp.path() / "plain.jsonl", tmp.path() / "plain.out", "--greedy --ignore-eos"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = flexh2o(gen(tmp.path() / "batch.jsonl", tmp.path() / "batch.out", "--greedy --ignore-eos"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json want = read_jsonl(tmp.path() / "plain.out")[0];
+  const auto got = read_jsonl(tmp.path() / "batch.out");
+  const json& lp = body_of(got[0])["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["token_logprobs"], want["logprobs"]) << lp;
+  ASSERT_EQ(lp["tokens"].size(), 6u) << lp;
+  std::string joined;
+  for (const auto& t : lp["tokens"]) joined += t.get<std::string>();
+  EXPECT_EQ(joined, want["text"]) << lp;
+  ASSERT_EQ(lp["top_logprobs"].size(), 6u);
+  for (size_t t = 0; t < 6; ++t) {
+    EXPECT_EQ(lp["top_logprobs"][t].size(), 2u) << lp;
+    EXPECT_EQ(lp["top_logprobs"][t][lp["tokens"][t].get<std::string>()], want["logprobs"][t]) << "greedy: the best";
+  }
+  const json& cut = body_of(got[1])["choices"][0];
+  EXPECT_EQ(cut["finish_reason"], "stop");
+  std::string kept;
+  for (const auto& t : cut["logprobs"]["tokens"]) kept += t.get<std::string>();
+  EXPECT_LT(cut["logprobs"]["tokens"].size(), 6u) << cut;
+  EXPECT_EQ(kept.substr(0, cut["text"].get<std::string>().size()), cut["text"]) << cut;
+}
+
 TEST(BatchCli, StopStringsAndSeveralChoices) {
   TempDir tmp;
   const json greedy = read_json(model_dir("tiny-opt") / "reference/greedy.json");

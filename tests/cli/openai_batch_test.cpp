@@ -82,17 +82,15 @@ TEST(OpenAiBatch, LineShapeErrorsNameTheField) {
 
 TEST(OpenAiBatch, UnsupportedParametersAreRefusedUnlessDefault) {
   const std::pair<json, std::string> completions_bad[] = {
-      {{{"stream", true}}, "stream"},         {{{"logprobs", 2}}, "logprobs"},
-      {{{"echo", true}}, "echo"},             {{{"logit_bias", {{"50256", -100}}}}, "logit_bias"},
+      {{{"stream", true}}, "stream"},         {{{"echo", true}}, "echo"},
+      {{{"logit_bias", {{"50256", -100}}}}, "logit_bias"},
       {{{"suffix", "x"}}, "suffix"},          {{{"stream_options", {{"include_usage", true}}}}, "stream_options"}};
   for (const auto& [extra, key] : completions_bad)
     expect_refused(completion(extra), "\"" + key + "\" is not supported by flexh2o (got ", key);
   const std::pair<json, std::string> chat_bad[] = {
       {{{"tools", {{{"type", "function"}}}}}, "tools"},
       {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
-      {{{"logprobs", true}}, "logprobs"},
-      {{{"tool_choice", "auto"}}, "tool_choice"},
-      {{{"top_logprobs", 3}}, "top_logprobs"}};
+      {{{"tool_choice", "auto"}}, "tool_choice"}};
   for (const auto& [extra, key] : chat_bad) {
     Hooks h = opt_hooks();
     h.render_chat = [](const json&) { return std::string("hi"); };
@@ -242,6 +240,67 @@ TEST(OpenAiBatch, StopStringsCutTextAndCountTheTokensNeeded) {
   c = finish_choice(std::vector<int32_t>{}, false, decode, {"x"});
   EXPECT_EQ(c.text, "");
   EXPECT_EQ(c.completion_tokens, 0);
+}
+
+// logprobs: completions' integer (0..5), chat's boolean with top_logprobs (0..20, only with
+// logprobs true); each endpoint's output shape, with token text and bytes from the hook.
+TEST(OpenAiBatch, LogprobsParseAndTakeEachEndpointsShape) {
+  auto parsed = [](const json& l) {
+    Hooks h = opt_hooks();
+    h.render_chat = [](const json&) { return std::string("hi"); };
+    return parse_input_line(l, h);
+  };
+  EXPECT_EQ(parsed(completion()).request->logprobs, -1);
+  EXPECT_EQ(parsed(completion({{"logprobs", 0}})).request->logprobs, 0);
+  EXPECT_EQ(parsed(completion({{"logprobs", 5}})).request->logprobs, 5);
+  EXPECT_EQ(parsed(chat({{"logprobs", false}})).request->logprobs, -1);
+  EXPECT_EQ(parsed(chat({{"logprobs", true}})).request->logprobs, 0);
+  EXPECT_EQ(parsed(chat({{"logprobs", true}, {"top_logprobs", 20}})).request->logprobs, 20);
+  auto error = [&](const json& l) {
+    const Parsed p = parsed(l);
+    return p.error ? p.error->param.value_or("") + ": " + p.error->message : std::string("accepted");
+  };
+  EXPECT_NE(error(completion({{"logprobs", 6}})).find("logprobs: \"logprobs\" must be an integer in [0, 5]"),
+            std::string::npos);
+  EXPECT_NE(error(chat({{"logprobs", 1}})).find("logprobs: \"logprobs\" must be a boolean, got 1"), std::string::npos);
+  EXPECT_NE(error(chat({{"top_logprobs", 2}})).find("top_logprobs: \"top_logprobs\" needs \"logprobs\": true"),
+            std::string::npos);
+  EXPECT_NE(error(chat({{"logprobs", false}, {"top_logprobs", 2}})).find("needs \"logprobs\": true"), std::string::npos);
+  EXPECT_NE(error(chat({{"logprobs", true}, {"top_logprobs", 21}})).find("in [0, 20]"), std::string::npos);
+
+  Choice c{"ab", 2, false, {5, 6}, {-0.5f, -1.5f}, {{{5, -0.5f}, {7, -0.75f}}, {{8, -1.25f}, {6, -1.5f}}}};
+  const TokenText bytes = [](int32_t id) {
+    if (id == 6) return TokenPiece{"\xef\xbf\xbd", "\xc3"};  // a partial UTF-8 sequence: U+FFFD, its byte
+    return TokenPiece{std::string(1, char('a' + id - 5)), std::string(1, char('a' + id - 5))};
+  };
+  IdMaker ids(1);
+  const json cl = success_line(*parsed(completion({{"logprobs", 2}})).request, {c}, 1, "m", 1, ids, bytes);
+  EXPECT_EQ(cl["response"]["body"]["choices"][0]["logprobs"], json::parse(R"({"tokens": ["a", "\ufffd"],
+      "token_logprobs": [-0.5, -1.5], "top_logprobs": [{"a": -0.5, "c": -0.75}, {"d": -1.25, "\ufffd": -1.5}],
+      "text_offset": [0, 1]})")) << cl.dump();
+  const json ch = success_line(*parsed(chat({{"logprobs", true}, {"top_logprobs", 1}})).request, {c}, 1, "m", 1, ids,
+                               bytes);
+  const json& content = ch["response"]["body"]["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u) << ch.dump();
+  EXPECT_EQ(content[0]["token"], "a");
+  EXPECT_EQ(content[0]["logprob"], -0.5);
+  EXPECT_EQ(content[0]["bytes"], json::array({97}));
+  EXPECT_EQ(content[1]["bytes"], json::array({195})) << "a partial UTF-8 sequence keeps its bytes";
+  EXPECT_EQ(content[0]["top_logprobs"][1], json::parse(R"({"token": "c", "logprob": -0.75, "bytes": [99]})"));
+  EXPECT_TRUE(ch["response"]["body"]["choices"][0]["logprobs"]["refusal"].is_null());
+
+  // The tokens a choice keeps: those its text counts, EOS left out.
+  GenerationResult r;
+  r.tokens = {5, 6, 2};
+  r.logprobs = {-0.5f, -1.5f, -0.1f};
+  r.finish = FinishReason::kEos;
+  Choice e{"ab", 3, true};
+  with_logprobs(e, r);
+  EXPECT_EQ(e.tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(e.logprobs, (std::vector<float>{-0.5f, -1.5f}));
+  Choice cut{"a", 1, true};  // a stop string after the first token
+  with_logprobs(cut, r);
+  EXPECT_EQ(cut.tokens, (std::vector<int32_t>{5}));
 }
 
 TEST(OpenAiBatch, OutputLinesHaveOpenAisShape) {
