@@ -283,7 +283,8 @@ void with_logprobs(Choice& c, const GenerationResult& r) {
   c.tokens.assign(r.tokens.begin(), r.tokens.begin() + std::ptrdiff_t(n));
   c.logprobs.assign(r.logprobs.begin(), r.logprobs.begin() + std::ptrdiff_t(n));
   if (!r.top_logprobs.empty())
-    c.top_logprobs.assign(r.top_logprobs.begin(), r.top_logprobs.begin() + std::ptrdiff_t(std::min(n, r.top_logprobs.size())));
+    c.top_logprobs.assign(r.top_logprobs.begin(),
+                          r.top_logprobs.begin() + std::ptrdiff_t(std::min(n, r.top_logprobs.size())));
 }
 
 namespace {

@@ -73,7 +73,8 @@ struct TokenLogprob {
 };
 // Of token `id` of `logits` (`vocab` entries); with n_top > 0, `top` <- the n_top most likely
 // tokens, most likely first (ties: lower id). Reads the row twice, sorts only when n_top > 0.
-float token_logprob(const float* logits, int64_t vocab, int32_t id, int n_top = 0, std::vector<TokenLogprob>* top = nullptr);
+float token_logprob(const float* logits, int64_t vocab, int32_t id, int n_top = 0,
+                    std::vector<TokenLogprob>* top = nullptr);
 // Most alternatives a request may ask for (OpenAI's top_logprobs limit).
 inline constexpr int kMaxTopLogprobs = 20;
 
