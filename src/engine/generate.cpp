@@ -5,6 +5,8 @@
 #include <chrono>
 #include <memory>
 
+#include <tbb/parallel_for.h>
+
 #include "core/error.h"
 
 namespace flexh2o {
@@ -101,10 +103,12 @@ class BatchRun {
     if (step_no_++ > 0) ++st_.decode_steps;
     ids_.assign(size_t(B_), opts_.pad_id);
     pos_.assign(size_t(B_), 0);
-    bool any = false;
-    for (int64_t b = 0; b < B_; ++b) {
+    // Each sequence draws with its own sampler and RNG, so the draws run in parallel (sampling
+    // a large vocabulary is on the path between two steps) and give the same tokens serially.
+    toks_.assign(size_t(B_), 0);
+    tbb::parallel_for(int64_t(0), B_, [&](int64_t b) {
       const size_t bi = size_t(b);
-      if (finished_[bi]) continue;
+      if (finished_[bi]) return;
       const GenerationRequest& r = reqs_[first_ + bi];
       GenerationResult& res = out_[first_ + bi];
       const float* row = logits.data() + b * c_.vocab_size;
@@ -114,6 +118,15 @@ class BatchRun {
         res.logprobs.push_back(token_logprob(row, c_.vocab_size, tok, r.top_logprobs, &top));
         if (r.top_logprobs > 0) res.top_logprobs.push_back(std::move(top));
       }
+      toks_[bi] = tok;
+    });
+    bool any = false;
+    for (int64_t b = 0; b < B_; ++b) {
+      const size_t bi = size_t(b);
+      if (finished_[bi]) continue;
+      const GenerationRequest& r = reqs_[first_ + bi];
+      GenerationResult& res = out_[first_ + bi];
+      const int32_t tok = toks_[bi];
       res.tokens.push_back(tok);
       ++st_.generated_tokens;
       ++done_;
@@ -144,6 +157,7 @@ class BatchRun {
   int64_t B_, S_ = 0, capacity_ = 0, steps_ = 1, step_no_ = 0;
   const GenerateOptions& opts_;
   std::vector<GenerationResult>& out_;
+  std::vector<int32_t> toks_;  // this step's draws
   GenerateStats& st_;
   int64_t& done_;
   int64_t total_;

@@ -49,14 +49,20 @@ class Sampler {
  private:
   // The penalized logits (logits itself when no penalty applies).
   const float* penalize(const float* logits, int64_t vocab, const TokenHistory& h);
-  // Fills cand_ (sorted) and prob_ (unnormalized) with the kept candidates; returns their number
-  // and sets total to their mass. Not for greedy.
-  size_t candidates(const float* logits, int64_t vocab, double& total);
+  // With top-k: cand_ (sorted) and prob_ (unnormalized) hold the kept candidates; returns their
+  // number and sets total to their mass.
+  size_t top_k_candidates(const float* logits, int64_t vocab, double& total);
+  // Without: every token's weight (w_, scaled logits x_); the heaviest prefix (cand_, for top-p);
+  // a draw among the tokens of weight >= floor in id order (no sort: temperature and min-p).
+  double weigh(const float* logits, int64_t vocab);
+  double heaviest(int64_t vocab, double mass, double floor);
+  int32_t draw_unsorted(int64_t vocab, double floor);
 
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;
-  std::vector<double> prob_;
+  std::vector<double> prob_, w_;
+  std::vector<float> x_;
   std::vector<float> scratch_;
   std::vector<uint8_t> seen_;  // per id, during penalize(); all zero between calls
 };

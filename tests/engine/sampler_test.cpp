@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,58 @@ TEST(TokenLogprob, IsLogSoftmaxWithTheMostLikelyAlternatives) {
   EXPECT_TRUE(std::isfinite(lp));
   EXPECT_NEAR(lp, -1.0 - std::log1p(std::exp(-1.0)), 1e-5);
   EXPECT_THROW(token_logprob(big.data(), 3, 3), Error);
+}
+
+// Without top-k the kept tokens are found without sorting the vocabulary (a weighted
+// quickselect among the tokens heavy enough to matter): the same tokens and probabilities as
+// sorting all of them, on flat and peaked rows of 1000 and 50000 tokens; draws stay inside.
+TEST(Sampler, LargeVocabularyTopPAndMinPEqualAFullSort) {
+  std::mt19937 g(11);
+  int checked = 0;
+  for (int64_t V : {int64_t(1000), int64_t(50000)})
+    for (float spread : {0.02f, 1.f, 4.f})
+      for (float top_p : {0.3f, 0.9f, 0.995f, 1.f})
+        for (float min_p : {0.f, 0.001f, 0.3f}) {
+          std::normal_distribution<float> n(0.f, spread);
+          std::vector<float> l(static_cast<size_t>(V));
+          for (auto& x : l) x = n(g);
+          const float T = 0.7f;
+          std::vector<std::pair<float, int32_t>> all(static_cast<size_t>(V));
+          for (int64_t i = 0; i < V; ++i) all[size_t(i)] = {l[size_t(i)] / T, int32_t(i)};
+          std::sort(all.begin(), all.end(),
+                    [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+          std::vector<double> w(all.size());
+          double total = 0;
+          for (size_t i = 0; i < all.size(); ++i) total += w[i] = std::exp(double(all[i].first - all[0].first));
+          size_t keep = all.size();
+          double acc = 0, margin = 1;
+          if (top_p < 1.f)
+            for (size_t i = 0; i < all.size(); ++i) {
+              acc += w[i] / total;
+              margin = std::min(margin, std::abs(acc - top_p));
+              if (acc >= top_p) {
+                keep = i + 1;
+                break;
+              }
+            }
+          while (min_p > 0.f && keep > 1 && w[keep - 1] < min_p) --keep;
+          if (margin < 1e-9) continue;  // a cut within rounding of the threshold
+          double kept = 0;
+          for (size_t i = 0; i < keep; ++i) kept += w[i];
+          SamplingParams p{T, 0, top_p, 5, min_p};
+          const auto got = Sampler(p).distribution(l.data(), V);
+          ASSERT_EQ(got.size(), keep) << V << " " << spread << " " << top_p << " " << min_p;
+          for (size_t i = 0; i < keep; ++i) {
+            ASSERT_EQ(got[i].first, all[i].second) << i;
+            ASSERT_NEAR(got[i].second, w[i] / kept, 1e-9) << i;
+          }
+          Sampler s(p);
+          std::vector<char> in(static_cast<size_t>(V), 0);
+          for (size_t i = 0; i < keep; ++i) in[size_t(all[i].second)] = 1;
+          for (int d = 0; d < 50; ++d) ASSERT_TRUE(in[size_t(s.sample(l.data(), V))]) << "a draw outside the kept tokens";
+          ++checked;
+        }
+  EXPECT_GT(checked, 60);
 }
 
 // transformers' RepetitionPenalty -> Temperature -> TopK -> TopP -> MinP on 60 random cases: the
