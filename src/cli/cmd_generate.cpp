@@ -7,8 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -328,7 +326,8 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       "once (--resume still works).");
 }
 
-int run_generate(const GenerateArgs& a, const Env& env) {
+int run_generate(const GenerateArgs& args, const Env& env) {
+  GenerateArgs a = args;  // the model's generation_config.json may set sampling defaults
   std::optional<DataParallel> dp;  // under mpirun: rank 0 goes on below, the others serve it
   std::optional<PipelineJob> pipe;  // ... or with --pipeline-stages, the others run their stages
   if (a.pipeline.stages > 1) {
@@ -363,6 +362,7 @@ int run_generate(const GenerateArgs& a, const Env& env) {
   const ModelConfig& cfg = lm.model->config();
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
             << "M params, loaded in " << lm.load_seconds << " s\n";
+  apply_generation_config(a, lm.dir, std::cerr);
 
   std::vector<Item> items;
   if (!a.prompt.empty()) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <set>
+#include <string>
 
 #include "cli/common.h"
 #include "cli/kv_flags.h"
@@ -29,6 +31,10 @@ struct GenerateArgs {
   int top_k = 0;
   float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;
   int logprobs = -1;  // --logprobs N: per-token log-probabilities (and N alternatives); -1 = none
+  // --generation-config auto|none: the model's generation_config.json sampling values as the
+  // defaults of the sampling flags not given (their names in sampling_given), or not.
+  std::string generation_config = "auto";
+  std::set<std::string> sampling_given;
   uint64_t seed = 0;
   int threads = 0;
   bool greedy = false, ignore_eos = false, quiet = false;

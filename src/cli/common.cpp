@@ -63,6 +63,7 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
     dir = resolve_model_dir(spec, env.hub);
     lm.model = std::make_unique<Model>(Model::load_dir(*dir));
     lm.source = dir->string();
+    lm.dir = *dir;
   }
   if (!tokenizer_dir.empty()) {
     lm.tokenizer.emplace(Tokenizer::load(tokenizer_dir));

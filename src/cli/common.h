@@ -39,6 +39,7 @@ struct LoadedModel {
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;  // absent for presets unless --tokenizer given
   std::string source;                  // directory or "preset NAME (dummy weights)"
+  std::filesystem::path dir;           // the model directory; empty for a preset
   double load_seconds = 0;
 };
 

@@ -1,31 +1,80 @@
-// The sampling flags of `flexh2o generate`, and the log-probabilities of its output lines.
+// The sampling flags of `flexh2o generate`, the model's generation_config.json defaults, and the
+// log-probabilities of its output lines.
 #include "cli/sampling_flags.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
 
 namespace flexh2o::cli {
 
 void add_sampling_flags(CLI::App& g, GenerateArgs& a) {
+  // A flag given on the command line wins over generation_config.json.
+  auto given = [&a](const char* name) { return [&a, name](const std::string&) { a.sampling_given.insert(name); }; };
   g.add_flag("--greedy", a.greedy, "Greedy decoding (temperature 0), overrides lines' temperature");
-  g.add_option("--temperature", a.temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
-  g.add_option("--top-k", a.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
-  g.add_option("--top-p", a.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
+  g.add_option("--temperature", a.temperature, "Sampling temperature (0 = greedy)")
+      ->capture_default_str()
+      ->each(given("temperature"));
+  g.add_option("--top-k", a.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str()->each(given("top_k"));
+  g.add_option("--top-p", a.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str()->each(given("top_p"));
   g.add_option("--min-p", a.min_p, "Keep tokens at least this fraction as likely as the most likely (0 = off)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each(given("min_p"));
   g.add_option("--repetition-penalty", a.repetition_penalty,
                "transformers' repetition penalty over the prompt and generated tokens: logits / p when "
                "positive, x p when negative (1 = off; greedy too)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each(given("repetition_penalty"));
   g.add_option("--presence-penalty", a.presence_penalty,
                "OpenAI's: minus this from each token generated so far, once (-2..2; 0 = off)")
       ->capture_default_str();
   g.add_option("--frequency-penalty", a.frequency_penalty,
                "OpenAI's: minus this times how often a token was generated so far (-2..2; 0 = off)")
       ->capture_default_str();
+  g.add_option("--generation-config", a.generation_config,
+               "auto: the model directory's generation_config.json sets the defaults of --temperature, --top-k, "
+               "--top-p, --min-p and --repetition-penalty where it has them and the flag is not given (as vLLM "
+               "does; the run says which); none: the flags' own defaults")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none"}));
   g.add_option("--logprobs", a.logprobs,
                "Write each generated token's log-probability (the model's, in nats: before penalties and "
                "temperature) and the N most likely alternatives (0..20; 0 = the token's only) into "
                "flexh2o lines: \"logprobs\" and \"top_logprobs\"")
       ->check(CLI::Range(0, kMaxTopLogprobs));
   g.add_option("--seed", a.seed, "Base seed; line i uses seed+i unless it sets its own")->capture_default_str();
+}
+
+void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model_dir, std::ostream& log) {
+  if (a.generation_config != "auto" || model_dir.empty()) return;
+  const std::filesystem::path file = model_dir / "generation_config.json";
+  std::ifstream in(file);
+  if (!in) return;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    FH_FAIL(file.string(), ": not valid JSON (", e.what(), "); fix it or pass --generation-config none");
+  }
+  if (!j.is_object()) FH_FAIL(file.string(), ": not a JSON object; fix it or pass --generation-config none");
+  std::ostringstream used;
+  auto take = [&](const char* key, auto& field) {
+    if (!j.contains(key) || j[key].is_null() || a.sampling_given.count(key)) return;
+    if (!j[key].is_number())
+      FH_FAIL(file.string(), ": \"", key, "\" must be a number, got ", j[key].dump(),
+              "; fix it or pass --generation-config none");
+    field = j[key].get<std::remove_reference_t<decltype(field)>>();
+    used << (used.tellp() > 0 ? ", " : "") << key << " " << field;
+  };
+  take("temperature", a.temperature);
+  take("top_k", a.top_k);
+  take("top_p", a.top_p);
+  take("min_p", a.min_p);
+  take("repetition_penalty", a.repetition_penalty);
+  if (used.tellp() > 0)
+    log << "flexh2o: sampling defaults from " << file.string() << ": " << used.str()
+        << " (flags and line fields override them; --generation-config none ignores the file)\n";
 }
 
 void add_logprobs(const GenerationResult& r, nlohmann::json& line) {

@@ -167,6 +167,43 @@ TEST(Cli, LogprobsAreWrittenPerTokenWithAlternatives) {
   EXPECT_NE(off.err.find("--logprobs"), std::string::npos) << off.err;
 }
 
+// A model's generation_config.json sets the sampling defaults (as vLLM reads it): temperature 0
+// there is greedy; a flag given wins; --generation-config none ignores the file; a bad value is
+// refused naming the file.
+TEST(Cli, GenerationConfigSetsSamplingDefaultsFlagsWin) {
+  TempDir tmp;
+  const fs::path model = tmp.path() / "m";
+  fs::copy(model_dir("tiny-llama"), model, fs::copy_options::recursive);
+  auto write_config = [&](const std::string& text) { std::ofstream(model / "generation_config.json") << text; };
+  const std::string run = "generate -m " + model.string() + " --prompt 'In the beginning God created' -n 12 "
+                          "--device cpu --seed 5 --ignore-eos";
+  RunResult greedy = flexh2o(run + " --greedy");
+  ASSERT_EQ(greedy.code, 0) << greedy.err;
+  RunResult plain = flexh2o(run);  // tiny-llama's own file has no sampling values: temperature 1
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_NE(plain.out, greedy.out) << "seed 5 should not sample the greedy text";
+  EXPECT_EQ(plain.err.find("sampling defaults from"), std::string::npos) << plain.err;
+  write_config(R"({"bos_token_id": 0, "eos_token_id": 2, "do_sample": true, "temperature": 0, "top_p": 0.9})");
+  RunResult from_file = flexh2o(run);
+  ASSERT_EQ(from_file.code, 0) << from_file.err;
+  EXPECT_EQ(from_file.out, greedy.out);
+  EXPECT_NE(from_file.err.find("generation_config.json: temperature 0, top_p 0.9"), std::string::npos)
+      << from_file.err;
+  RunResult flag = flexh2o(run + " --temperature 1");
+  ASSERT_EQ(flag.code, 0) << flag.err;
+  EXPECT_NE(flag.out, greedy.out) << "the flag must win over the file";
+  RunResult none = flexh2o(run + " --generation-config none");
+  ASSERT_EQ(none.code, 0) << none.err;
+  EXPECT_EQ(none.out, plain.out);
+  write_config(R"({"temperature": "hot"})");
+  RunResult bad = flexh2o(run);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("generation_config.json: \"temperature\" must be a number, got \"hot\""),
+            std::string::npos)
+      << bad.err;
+  EXPECT_NE(bad.err.find("--generation-config none"), std::string::npos) << bad.err;
+}
+
 TEST(Cli, DeviceCudaWithoutAGpuFailsClearlyAndAutoFallsBack) {
   RunResult probe = flexh2o("generate -m " + kOpt + " --prompt hi -n 1 --device auto");
   ASSERT_EQ(probe.code, 0) << probe.err;
