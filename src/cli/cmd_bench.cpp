@@ -24,7 +24,13 @@ void register_bench(CLI::App& app, BenchArgs& a) {
       ->check(CLI::PositiveNumber);
   b->add_option("--batch-size,-b", a.batch_size, "Batch without offloading")->capture_default_str()
       ->check(CLI::PositiveNumber);
-  b->add_option("--seed", a.seed, "Seed of the synthetic prompt ids")->capture_default_str();
+  b->add_option("--seed", a.seed, "Seed of the synthetic prompt ids (and of sequence i's draws: seed + i)")
+      ->capture_default_str();
+  b->add_option("--temperature", a.temperature,
+                "Sampling temperature: 0 is greedy (FlexGen's benchmark); > 0 times sampled decoding too")
+      ->capture_default_str();
+  b->add_option("--top-k", a.top_k, "With --temperature: keep the k most likely tokens (0 = off)")->capture_default_str();
+  b->add_option("--top-p", a.top_p, "With --temperature: nucleus mass (1 = off)")->capture_default_str();
   b->add_option("--report", a.report, "Write the JSON run report here");
   b->add_option("--device", a.device,
                 "cpu, cuda (the offloading engine on the GPU: everything resident, or placed by the offloading "
@@ -37,6 +43,7 @@ void register_bench(CLI::App& app, BenchArgs& a) {
 }
 
 int run_bench(const BenchArgs& a, const Env& env) {
+  validate(SamplingParams{a.temperature, a.top_k, a.top_p, a.seed});  // before a preset's weights
   check_device_early(a.device);
   LoadedModel lm = load_model(env, a.model, "");
   const std::string device = select_device(a.device, *lm.model, std::cerr);
@@ -52,12 +59,13 @@ int run_bench(const BenchArgs& a, const Env& env) {
   const int64_t n = a.num_prompts ? a.num_prompts : rs.runner->max_batch();
   std::mt19937_64 rng(a.seed);
   std::vector<GenerationRequest> reqs(static_cast<size_t>(n));
-  for (auto& r : reqs) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    GenerationRequest& r = reqs[i];
     r.prompt_ids.resize(size_t(a.prompt_len));
     for (auto& id : r.prompt_ids) id = int32_t(rng() % uint64_t(c.vocab_size));
     if (c.bos_id) r.prompt_ids[0] = *c.bos_id;
     r.max_new_tokens = a.gen_len;
-    r.sampling.temperature = 0;
+    r.sampling = SamplingParams{a.temperature, a.top_k, a.top_p, a.seed + i};
   }
   GenerateOptions go;
   go.ignore_eos = true;
@@ -68,7 +76,8 @@ int run_bench(const BenchArgs& a, const Env& env) {
   generate(*rs.runner, reqs, go, &st);
   progress.finish();
   json report = run_report(lm, rs, st, dev, device);
-  report["workload"] = {{"prompts", n}, {"prompt_len", a.prompt_len}, {"gen_len", a.gen_len}};
+  report["workload"] = {{"prompts", n},           {"prompt_len", a.prompt_len}, {"gen_len", a.gen_len},
+                        {"temperature", a.temperature}, {"top_k", a.top_k},      {"top_p", a.top_p}};
   if (!a.report.empty()) write_json_file(a.report, report);
   if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);
   std::cout << c.name << " " << a.prompt_len << "+" << a.gen_len << " x " << n << " sequences: "

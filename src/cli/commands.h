@@ -56,6 +56,8 @@ struct BenchArgs {
   std::string model, report, device = "auto", progress = "auto";
   int64_t prompt_len = 512, gen_len = 32, num_prompts = 0, batch_size = 8;
   uint64_t seed = 0;
+  float temperature = 0.f, top_p = 1.f;  // greedy by default, as FlexGen's benchmark
+  int top_k = 0;
   int threads = 0;
   OffloadArgs offload;
   KvArgs kv;

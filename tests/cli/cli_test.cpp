@@ -532,6 +532,17 @@ TEST(Cli, BenchRunsFixedLengthWorkloadsWithPoliciesAndPresets) {
   RunResult too_long = flexh2o("bench -m " + kOpt + " --prompt-len 1000 --gen-len 100");
   EXPECT_EQ(too_long.code, 1);
   EXPECT_NE(too_long.err.find("exceeds"), std::string::npos) << too_long.err;
+  // Sampled decoding is timed too, and its settings are in the report.
+  RunResult sampled = flexh2o("bench -m " + kOpt + " --prompt-len 8 --gen-len 5 --num-prompts 3 --device cpu "
+                              "--temperature 0.8 --top-p 0.9 --report " + rep.string());
+  ASSERT_EQ(sampled.code, 0) << sampled.err;
+  j = read_json(rep);
+  EXPECT_EQ(j["generated_tokens"], 3 * 5);
+  EXPECT_NEAR(j["workload"]["temperature"].get<double>(), 0.8, 1e-6);
+  EXPECT_NEAR(j["workload"]["top_p"].get<double>(), 0.9, 1e-6);
+  RunResult bad = flexh2o("bench -m " + kOpt + " --prompt-len 8 --gen-len 5 --top-p 0");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("top_p must be in (0, 1], got 0"), std::string::npos) << bad.err;
 }
 
 TEST(Cli, EvalPplMatchesReference) {
