@@ -68,8 +68,8 @@ const float* Sampler::penalize(const float* logits, int64_t vocab, const TokenHi
   return scratch_.data();
 }
 
-// The top-k path: today's candidates sorted by scaled logit (partial sort of k), then top-p and
-// min-p within them. prob_ holds their weights, cand_ them; returns how many are kept.
+// The top-k path: the k most likely by scaled logit (a partial sort), then top-p and min-p among
+// them. prob_ holds their weights, cand_ them; returns how many are kept.
 size_t Sampler::top_k_candidates(const float* logits, int64_t vocab, double& total) {
   cand_.resize(size_t(vocab));
   for (int64_t i = 0; i < vocab; ++i) cand_[size_t(i)] = {logits[i] / p_.temperature, int32_t(i)};
@@ -214,7 +214,9 @@ std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* raw, 
     return out;
   }
   const double total = weigh(logits, vocab);
-  const double kept = heaviest(vocab, p_.top_p < 1.f ? double(p_.top_p) * total : 2 * total, double(p_.min_p));
+  // Without top-p no mass ends the prefix: every token at least min-p heavy.
+  const double all = std::numeric_limits<double>::infinity();
+  const double kept = heaviest(vocab, p_.top_p < 1.f ? double(p_.top_p) * total : all, double(p_.min_p));
   std::sort(cand_.begin(), cand_.end(), before);
   for (const auto& [x, id] : cand_) out.push_back({id, w_[size_t(id)] / kept});
   return out;
