@@ -232,6 +232,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
     j["prompt_len"] = w.prompt_len;
     j["gen_len"] = w.gen_len;
     j["kv_policy"] = w.kv ? describe(*w.kv) : "full";
+    j["kv_window_slots"] = cm.window_cap();  // the sliding layers' slots under a window cap, 0: none
     j["kv_dtype"] = e.policy.compress_cache ? "q4" : a.kv_dtype;
     j["device"] = device_kind_name(hw.device);
     j["searched"] = !given;
@@ -243,7 +244,10 @@ int run_plan(const PlanArgs& a, const Env& env) {
   std::cout << std::setprecision(4) << "model      " << c.name << " (" << source << ")\n"
             << "hardware   " << hw.name << "\n"
             << "workload   prompt " << w.prompt_len << " + gen " << w.gen_len << ", KV "
-            << (w.kv ? describe(*w.kv) : std::string("full")) << " (" << e.kv_tokens << " slots/sequence, "
+            << (w.kv ? describe(*w.kv) : std::string("full")) << " (" << e.kv_tokens << " slots/sequence"
+            << (cm.window_cap() ? "; " + std::to_string(count_sliding_layers(c)) + " sliding layers keep " +
+                                      std::to_string(cm.window_cap())
+                                : std::string()) << ", "
             << (e.policy.compress_cache ? "q4" : a.kv_dtype) << "), " << device_kind_name(hw.device) << " device\n"
             << "policy     " << e.policy.str() << (given ? "  (given)" : "  (searched, " + std::to_string(evaluated) + " policies timed)") << "\n"
             << "throughput " << e.throughput << " tokens/s (effective batch " << e.block << "; prefill " << e.prefill_s

@@ -73,6 +73,13 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
   }
   oo.kv_policy = rs.kv_policy.get();
   oo.kv_dtype = rs.kv_dtype;
+  if (const int64_t w = full_cache_window(model.config(), rs.kv_policy != nullptr, max_len); w && oo.window_cap) {
+    const ModelConfig& c = model.config();
+    rs.kv_config_note = detail::concat("full cache: the ", count_sliding_layers(c), " sliding layers of ", c.n_layers,
+                                       " attend to their last ", w, " positions only, so they keep those; the others "
+                                       "keep every token (sequences reach ", max_len, ")");
+    log << "flexh2o: " << c.name << ": " << rs.kv_config_note << "\n";
+  }
   auto eng = std::make_unique<OffloadEngine>(model, *rs.device, oo);
   rs.offload = eng.get();
   rs.kv_dtype = eng->options().kv_dtype;  // Q4 when the policy compresses the cache

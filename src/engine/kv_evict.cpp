@@ -64,6 +64,17 @@ bool window_caps_full_cache(const ModelConfig& c, int64_t max_len) {
   return true;
 }
 
+int64_t count_sliding_layers(const ModelConfig& c) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) n += c.attention_window(l) > 0;
+  return n;
+}
+
+int64_t full_cache_window(const ModelConfig& c, bool kv_policy, int64_t max_len) {
+  if (kv_policy || c.sliding_window == 0 || max_len <= c.sliding_window) return 0;
+  return count_sliding_layers(c) > 0 ? c.sliding_window : 0;
+}
+
 KvPolicyConfig window_kv_policy(const ModelConfig& c, const KvPolicyConfig& kv, int64_t max_len) {
   if (kv.kind != KvPolicyKind::kFull || !window_caps_full_cache(c, max_len)) return kv;
   KvPolicyConfig local;

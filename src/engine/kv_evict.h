@@ -82,4 +82,16 @@ KvPolicyConfig window_kv_policy(const ModelConfig& c, const KvPolicyConfig& kv, 
 // Whether window_kv_policy() replaces the full cache of this run.
 bool window_caps_full_cache(const ModelConfig& c, int64_t max_len);
 
+// The full cache of a model with sliding layers: the slots those layers keep in a run whose
+// sequences may reach max_len tokens. Without a KV policy, once max_len passes the window, a
+// sliding layer keeps `local`'s window (c.sliding_window, the incoming token included) while the
+// others keep everything, so each layer attends to the tokens the full cache gives it (Gemma 2/3
+// and Qwen's windows mix the two; a model whose every layer slides is usually capped for the
+// whole run by window_kv_policy() before this sees it). 0 (every layer keeps everything)
+// otherwise. The one rule that the offloading engine (each batch) and the planner (CostModel)
+// apply.
+int64_t full_cache_window(const ModelConfig& c, bool kv_policy, int64_t max_len);
+// Layers of c that slide (attention_window(l) > 0).
+int64_t count_sliding_layers(const ModelConfig& c);
+
 }  // namespace flexh2o

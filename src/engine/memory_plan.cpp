@@ -46,19 +46,32 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
                        const PlanDtypes& t) {
   MemoryPlan m;
   const bool bounded = d.budget_max > 0;
-  m.cap_w = std::max<int64_t>(1, bounded ? std::min(d.capacity, std::max(d.rows, d.budget_max)) : d.capacity);
-  m.cap_h = std::max<int64_t>(1, bounded ? std::min(d.capacity, std::max<int64_t>(d.budget_max, 1)) : d.capacity);
-  m.cap_d = align_kv_capacity(c, t.kv, m.cap_h);
+  const uint64_t region = uint64_t(c.n_kv_heads) * row_nbytes(t.kv, c.head_dim);  // one slot of K (or V), all heads
+  auto slots = [&](int64_t budget) {
+    KvSlots s;
+    s.cap_w = std::max<int64_t>(1, budget > 0 ? std::min(d.capacity, std::max(d.rows, budget)) : d.capacity);
+    s.cap_h = std::max<int64_t>(1, budget > 0 ? std::min(d.capacity, budget) : d.capacity);
+    s.cap_d = align_kv_capacity(c, t.kv, s.cap_h);
+    s.device_seq = 2 * region * uint64_t(s.cap_w);
+    s.home_seq = 2 * region * uint64_t(s.cap_h);
+    s.disk_seq = 2 * region * uint64_t(s.cap_d);
+    return s;
+  };
+  const uint64_t L = uint64_t(c.n_layers);
+  const uint64_t LW = d.window > 0 ? uint64_t(std::clamp<int64_t>(d.window_layers, 0, c.n_layers)) : 0, LF = L - LW;
+  // With every layer capped, the other class has no layer: it takes the window's slots, so the
+  // widest class (what the shared slots are sized by) is always the first.
+  const KvSlots full = slots(bounded ? d.budget_max : 0);
+  m.window = LW ? slots(d.window) : full;
+  const KvSlots& first = LF ? full : m.window;
+  m.cap_w = first.cap_w, m.cap_h = first.cap_h, m.cap_d = first.cap_d;
+  m.kv_device_seq = first.device_seq, m.kv_home_seq = first.home_seq, m.kv_disk_seq = first.disk_seq;
   m.split = split_kv(p.gpu_batch_size, p);
   const uint64_t es_a = dtype_size(t.act);
-  const uint64_t L = uint64_t(c.n_layers), K = uint64_t(p.num_gpu_batches), n = uint64_t(p.gpu_batch_size);
+  const uint64_t K = uint64_t(p.num_gpu_batches), n = uint64_t(p.gpu_batch_size);
   const uint64_t B = n * K, rows = uint64_t(d.rows), dec = uint64_t(std::max<int64_t>(d.decode_rows, 1));
   const uint64_t nd = uint64_t(m.split.n_device), nh = uint64_t(m.split.n_host), nk = uint64_t(m.split.n_disk);
   const uint64_t off = nh + nk;
-  const uint64_t region = uint64_t(c.n_kv_heads) * row_nbytes(t.kv, c.head_dim);  // one slot of K (or V), all heads
-  m.kv_device_seq = 2 * region * uint64_t(m.cap_w);
-  m.kv_home_seq = 2 * region * uint64_t(m.cap_h);
-  m.kv_disk_seq = 2 * region * uint64_t(m.cap_d);
   m.hidden = n * rows * uint64_t(c.hidden) * es_a;
   m.qkv_rows = uint64_t(c.q_dim() + 2 * c.kv_dim()) * es_a;
   m.attn_rows = uint64_t(c.q_dim()) * es_a;
@@ -68,7 +81,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   m.scores = d.kv_policy && d.scores ? n * uint64_t(c.n_heads * m.cap_w) * 4 : 0;
   // Keep lists of the device-homed sequences, and at a prefill of the offloaded ones too.
   m.keep = d.kv_policy ? n * uint64_t(c.n_kv_heads * (m.cap_w + 1)) * 4 : 0;
-  m.inputs = (4 * B * rows + B) * 4;
+  m.inputs = (4 * B * rows + B * (LW && LF ? 2 : 1)) * 4;  // one seq_keys row per class of layers
   m.logits = d.hidden_out ? 0 : B * uint64_t(c.vocab_size) * 4;
   m.hidden_in = d.hidden_in ? B * rows * uint64_t(c.hidden) * es_a : 0;
   m.hidden_out = d.hidden_out ? B * rows * uint64_t(c.hidden) * es_a : 0;
@@ -80,7 +93,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   // Device
   add(Tier::kDevice, "weights homed", w.homed[0]);
   add(Tier::kDevice, "weight double buffer", 2 * w.max_streamed);
-  add(Tier::kDevice, "KV homed", L * K * nd * m.kv_device_seq);
+  add(Tier::kDevice, "KV homed", K * nd * (LF * m.kv_device_seq + LW * m.window.device_seq));
   add(Tier::kDevice, "KV staging", off ? 2 * off * m.kv_device_seq : 0);
   add(Tier::kDevice, "hidden states", act_host ? 2 * m.hidden : K * m.hidden);
   // One q/k/v + attention slot for a whole step; a second for the host-attention pipeline.
@@ -94,7 +107,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   // Host
   add(Tier::kHost, "weights homed", w.homed[1]);
   add(Tier::kHost, "weight disk staging", w.max_disk ? 2 * w.max_disk : 0);
-  add(Tier::kHost, "KV homed", L * K * nh * m.kv_home_seq);
+  add(Tier::kHost, "KV homed", K * nh * (LF * m.kv_home_seq + LW * m.window.home_seq));
   add(Tier::kHost, "KV disk staging", nk ? 2 * nk * m.kv_disk_seq : 0);
   add(Tier::kHost, "hidden states", act_host ? K * m.hidden : 0);
   add(Tier::kHost, "host attention rows", host_attention ? 2 * off * dec * (m.qkv_rows + m.attn_rows) : 0);
@@ -104,7 +117,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   add(Tier::kHost, "stage hidden rows in and out", m.hidden_in + m.hidden_out);
   // Disk
   add(Tier::kDisk, "weights homed", w.homed[2]);
-  add(Tier::kDisk, "KV homed", L * K * nk * m.kv_disk_seq);
+  add(Tier::kDisk, "KV homed", K * nk * (LF * m.kv_disk_seq + LW * m.window.disk_seq));
   return m;
 }
 

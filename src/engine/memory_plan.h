@@ -34,6 +34,9 @@ struct BatchDims {
   // A pipeline stage (Model::stage): after the first it reads hidden rows instead of token ids,
   // before the last it returns hidden rows instead of logits ([B * rows, hidden] in act).
   bool hidden_in = false, hidden_out = false;
+  // A window cap (full_cache_window(): the full cache of a model with sliding layers): its
+  // `window_layers` sliding layers keep `window` slots a sequence; 0: none.
+  int64_t window = 0, window_layers = 0;
 };
 
 // Run-wide constants of a plan.
@@ -48,14 +51,27 @@ struct MemoryItem {
   uint64_t bytes = 0;
 };
 
+// KV slots per (sequence, head) of a class of layers: device-side buffers (the prefill attends
+// the whole prompt), host homes (a bounded policy's budget), and disk homes and their host
+// staging (the same, aligned by kv_capacity_align so every row block is a run of whole
+// 4096-byte pages); and the K+V bytes of one sequence at each.
+struct KvSlots {
+  int64_t cap_w = 0, cap_h = 0, cap_d = 0;
+  uint64_t device_seq = 0, home_seq = 0, disk_seq = 0;
+};
+
 struct MemoryPlan {
-  // KV slots per (sequence, head): device-side buffers (the prefill attends the whole prompt),
-  // host homes (a bounded policy's budget), and disk homes and their host staging (the same,
-  // aligned by kv_capacity_align so every row block is a run of whole 4096-byte pages).
+  // Every layer's KV slots, or under a window cap the full-attention layers' (the widest: the
+  // staging slots, scores and keep lists are sized by them).
   int64_t cap_w = 0, cap_h = 0, cap_d = 0;
   KvSplit split;  // of one full micro-batch
   // Bytes of one buffer of each kind (the engine allocates exactly these; 0 = not allocated).
   uint64_t kv_device_seq = 0, kv_home_seq = 0, kv_disk_seq = 0;  // K+V of one sequence: cap_w / cap_h / cap_d
+  // Under a window cap (BatchDims::window), the sliding layers' slots; else the same as above.
+  KvSlots window;
+  KvSlots slots(bool windowed) const {
+    return windowed ? window : KvSlots{cap_w, cap_h, cap_d, kv_device_seq, kv_home_seq, kv_disk_seq};
+  }
   uint64_t hidden = 0;                                 // one micro-batch's hidden states
   uint64_t qkv_rows = 0, attn_rows = 0;                // per row: q|k|v and attention output
   uint64_t scores = 0;                                 // one score slot (micro-batch, fp32)

@@ -29,6 +29,9 @@ BatchDims OffloadEngine::Impl::dims() const {
   d.hidden_in = hidden_in;
   d.hidden_out = hidden_out;
   d.scores = kv_policy && kv_policy->needs_scores();
+  d.window = window;
+  d.window_layers = window ? count_sliding_layers(c) : 0;
+  const std::vector<KvBudget>& budgets = kvc[0].budgets;
   bool bounded = kv_policy != nullptr && !budgets.empty();
   for (const KvBudget& b : budgets) {
     if (b.unbounded) bounded = false;
@@ -53,22 +56,32 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
   capacity = cap;
   allocated = false;
   s_max = 0;
-  budgets.clear();
-  len_before.assign(size_t(B), 0);
-  len_after.assign(size_t(B), 0);
-  len_final.assign(size_t(B), 0);
+  window = e.opts_.window_cap ? full_cache_window(c, user_policy != nullptr, cap) : 0;
+  kv_policy = window ? window_policy.get() : user_policy;
+  n_classes = window && count_sliding_layers(c) < c.n_layers ? 2 : 1;
+  for (KvClass& k : kvc) {
+    k.budgets.clear();
+    k.len_before.assign(size_t(B), 0);
+    k.len_after.assign(size_t(B), 0);
+    k.len_final.assign(size_t(B), 0);
+  }
   seen.assign(size_t(B), 0);
 }
 
 void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   s_max = T;
-  budgets.clear();
-  for (int64_t b = 0; b < batch && kv_policy; ++b) budgets.push_back(kv_policy->budget(real_rows ? real_rows[b] : T));
-  check_window_budgets(c, budgets, capacity);
+  for (int i = 0; i < n_classes; ++i) {
+    // Under a window cap of a model with full-attention layers, class 0 is those: unbounded.
+    std::vector<KvBudget>& budgets = kvc[size_t(i)].budgets;
+    budgets.clear();
+    for (int64_t b = 0; b < batch && kv_policy; ++b)
+      budgets.push_back(n_classes > 1 && i == 0 ? KvBudget{.unbounded = true}
+                                                : kv_policy->budget(real_rows ? real_rows[b] : T));
+    check_window_budgets(c, budgets, capacity);
+  }
   plan = plan_memory(c, WeightBytes::of(e.placement_), p, dims(), {dev.kind(), kvdt, adt});
-  cap_w = plan.cap_w;
-  cap_h = plan.cap_h;
-  cap_d = plan.cap_d;
+  static_cast<KvSlots&>(kvc[0]) = plan.slots(false);
+  static_cast<KvSlots&>(kvc[1]) = plan.slots(true);
   const int64_t L = c.n_layers;
   int64_t n_max = 0, off_max = 0, nk_max = 0;
   for (int64_t first = 0, k = 0; first < batch; first += p.gpu_batch_size, ++k) {
@@ -81,11 +94,12 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
     off_max = std::max(off_max, sp.n_host + sp.n_disk);
     nk_max = std::max(nk_max, sp.n_disk);
     for (int l = 0; l < L; ++l) {
+      const KvClass& kc = kv_class(l);
       const std::string tag = "KV layer " + std::to_string(l) + " micro-batch " + std::to_string(k);
-      mb.kv_device.push_back(alloc(MemKind::kDevice, Tier::kDevice, size_t(sp.n_device) * plan.kv_device_seq, tag));
-      mb.kv_host.push_back(alloc(MemKind::kPinned, Tier::kHost, size_t(sp.n_host) * plan.kv_home_seq, tag));
+      mb.kv_device.push_back(alloc(MemKind::kDevice, Tier::kDevice, size_t(sp.n_device) * kc.device_seq, tag));
+      mb.kv_host.push_back(alloc(MemKind::kPinned, Tier::kHost, size_t(sp.n_host) * kc.home_seq, tag));
       if (sp.n_disk > 0) {
-        const uint64_t bytes = uint64_t(sp.n_disk) * plan.kv_disk_seq;
+        const uint64_t bytes = uint64_t(sp.n_disk) * kc.disk_seq;
         mb.kv_disk_charge.emplace_back();
         Status s = TierCharge::reserve(*e.budgets_[2], bytes, tag, &mb.kv_disk_charge.back());
         if (!s.ok()) FH_FAIL(s.message());
@@ -97,7 +111,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
       }
       if (kv_policy) {
         mb.policy_state.emplace_back();
-        mb.policy_state.back().reset(mb.n, c.n_kv_heads, cap_w);
+        mb.policy_state.back().reset(mb.n, c.n_kv_heads, kc.cap_w);
       }
     }
     const size_t hidden = size_t(mb.n * s_max * c.hidden) * es_a;
@@ -109,13 +123,14 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
     const size_t i = size_t(s);
     kv_stage_device[i] = alloc(MemKind::kDevice, Tier::kDevice, size_t(off_max) * plan.kv_device_seq, "KV staging");
     kv_stage_host[i] = alloc(MemKind::kPinned, Tier::kHost, size_t(nk_max) * plan.kv_disk_seq, "KV disk staging");
+    // Scores and keep lists hold any layer's rows: the widest class's (MemoryPlan::cap_w).
     if (plan.scores) {
-      const size_t sb = size_t(n_max * c.n_heads * cap_w) * 4;
+      const size_t sb = size_t(n_max * c.n_heads * plan.cap_w) * 4;
       scores_device[i] = alloc(MemKind::kDevice, Tier::kDevice, sb, "attention scores");
       scores_host[i] = alloc(MemKind::kPinned, Tier::kHost, sb, "attention scores");
     }
     if (plan.keep) {
-      const size_t kb = size_t(n_max * c.n_kv_heads * (cap_w + 1)) * 4;
+      const size_t kb = size_t(n_max * c.n_kv_heads * (plan.cap_w + 1)) * 4;
       keep_host[i] = alloc(MemKind::kPinned, Tier::kHost, kb, "keep lists");
       keep_device[i] = alloc(MemKind::kDevice, Tier::kDevice, kb, "keep lists");
     }
@@ -124,8 +139,9 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   }
   qkv_step = alloc(MemKind::kDevice, Tier::kDevice, size_t(n_max * s_max) * plan.qkv_rows, "q/k/v rows");
   attn_step = alloc(MemKind::kDevice, Tier::kDevice, size_t(n_max * s_max) * plan.attn_rows, "attention rows");
-  inputs_device = alloc(MemKind::kDevice, Tier::kDevice, size_t(4 * batch * s_max + batch) * 4, "step inputs");
-  inputs_host = alloc(MemKind::kPinned, Tier::kHost, size_t(4 * batch * s_max + batch) * 4, "step inputs");
+  const size_t inputs = size_t(4 * batch * s_max + n_classes * batch) * 4;
+  inputs_device = alloc(MemKind::kDevice, Tier::kDevice, inputs, "step inputs");
+  inputs_host = alloc(MemKind::kPinned, Tier::kHost, inputs, "step inputs");
   const size_t logits = hidden_out ? 0 : size_t(batch * c.vocab_size) * 4;
   logits_device = alloc(MemKind::kDevice, Tier::kDevice, logits, "logits");
   logits_host = alloc(MemKind::kPinned, Tier::kHost, logits, "logits");
@@ -171,17 +187,20 @@ void OffloadEngine::Impl::prepare_step(const int32_t* step_ids, const int32_t* s
   prefill = !allocated;
   if (prefill) allocate_batch(real_rows);
   FH_CHECK(T <= s_max, "step of ", T, " rows after a prefill of ", s_max);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t add = real_rows ? real_rows[b] : T;
-    FH_CHECK(add >= 0 && add <= T, "real rows ", add, " outside [0, ", T, "]");
-    len_after[size_t(b)] = int32_t(len_before[size_t(b)] + add);
-    FH_CHECK(len_after[size_t(b)] <= cap_w, "KV cache full: sequence ", b, " needs ", len_after[size_t(b)],
-             " slots, capacity ", cap_w);
-    int64_t keep = len_after[size_t(b)];
-    if (!budgets.empty() && !budgets[size_t(b)].unbounded)
-      keep = std::min<int64_t>(keep, std::max<int64_t>(budgets[size_t(b)].total() - 1, 0));
-    FH_CHECK(keep <= cap_h, "KV home holds ", cap_h, " slots, sequence keeps ", keep);
-    len_final[size_t(b)] = int32_t(keep);
+  for (int i = 0; i < n_classes; ++i) {
+    KvClass& k = kvc[size_t(i)];
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t add = real_rows ? real_rows[b] : T;
+      FH_CHECK(add >= 0 && add <= T, "real rows ", add, " outside [0, ", T, "]");
+      k.len_after[size_t(b)] = int32_t(k.len_before[size_t(b)] + add);
+      FH_CHECK(k.len_after[size_t(b)] <= k.cap_w, "KV cache full: sequence ", b, " needs ", k.len_after[size_t(b)],
+               " slots, capacity ", k.cap_w);
+      int64_t keep = k.len_after[size_t(b)];
+      if (!k.budgets.empty() && !k.budgets[size_t(b)].unbounded)
+        keep = std::min<int64_t>(keep, std::max<int64_t>(k.budgets[size_t(b)].total() - 1, 0));
+      FH_CHECK(keep <= k.cap_h, "KV home holds ", k.cap_h, " slots, sequence keeps ", keep);
+      k.len_final[size_t(b)] = int32_t(keep);
+    }
   }
   const int64_t M = batch * T;
   for (int64_t i = 0; i < M; ++i) {
@@ -191,14 +210,16 @@ void OffloadEngine::Impl::prepare_step(const int32_t* step_ids, const int32_t* s
              c.vocab_size, ")");
   }
   gather_rows = token_streamed && M < c.vocab_size;
-  // Inputs: ids | positions | OPT position rows | local ids | seq_keys, laid out for this T.
+  // Inputs: ids | positions | OPT position rows | local ids | seq_keys of each class, laid out
+  // for this T.
   int32_t* h = inputs_host.as<int32_t>();
   std::memcpy(h, step_ids, size_t(M) * 4);
   std::memcpy(h + M, step_pos, size_t(M) * 4);
   for (int64_t i = 0; i < M; ++i) h[2 * M + i] = step_pos[i] + int32_t(c.position_offset());
   for (int64_t i = 0; i < M; ++i) h[3 * M + i] = int32_t(i);
-  std::memcpy(h + 4 * M, len_after.data(), size_t(batch) * 4);
-  const size_t bytes = size_t(4 * M + batch) * 4;
+  for (int i = 0; i < n_classes; ++i)
+    std::memcpy(h + 4 * M + i * batch, kvc[size_t(i)].len_after.data(), size_t(batch) * 4);
+  const size_t bytes = size_t(4 * M + n_classes * batch) * 4;
   dev.host_access(kMainAgent, h, bytes, true);
   dev.begin_schedule();
   dev.copy(Queue::kHostToDevice, inputs_device.data(), h, bytes);
@@ -215,7 +236,7 @@ void OffloadEngine::Impl::prepare_step(const int32_t* step_ids, const int32_t* s
   in_ids = d, in_pos = d + M, in_pos_rows = d + 2 * M, in_local = d + 3 * M, in_keys = d + 4 * M;
 }
 
-StepRows OffloadEngine::Impl::rows(int k) const {
+StepRows OffloadEngine::Impl::rows(int k, int l) const {
   const MicroBatch& mb = mbs[size_t(k)];
   const int64_t M = batch * T, off = mb.first * T;
   const int32_t* h = inputs_host.as<int32_t>();
@@ -226,11 +247,13 @@ StepRows OffloadEngine::Impl::rows(int k) const {
   r.ids = (gather_rows ? in_local : in_ids) + off;
   r.positions = in_pos + off;
   r.pos_rows = in_pos_rows + off;
-  r.seq_keys = in_keys + mb.first;
+  const int64_t cls = class_of(l);
+  const std::vector<int32_t>& len_after = kvc[size_t(cls)].len_after;
+  r.seq_keys = in_keys + cls * batch + mb.first;
   r.host_ids = h + ids_at + off;
   r.host_positions = h + M + off;
   r.host_pos_rows = h + 2 * M + off;
-  r.host_seq_keys = h + 4 * M + mb.first;
+  r.host_seq_keys = h + 4 * M + cls * batch + mb.first;
   for (int64_t b = mb.first; b < mb.first + mb.n; ++b) r.max_keys = std::max<int64_t>(r.max_keys, len_after[size_t(b)]);
   return r;
 }
@@ -252,8 +275,8 @@ void OffloadEngine::Impl::finish_step(std::vector<float>& logits, std::vector<st
     logits.resize(size_t(batch * c.vocab_size));
     std::memcpy(logits.data(), logits_host.data(), bytes);
   }
-  for (int64_t b = 0; b < batch; ++b) seen[size_t(b)] += len_after[size_t(b)] - len_before[size_t(b)];
-  len_before = len_final;
+  for (int64_t b = 0; b < batch; ++b) seen[size_t(b)] += kvc[0].len_after[size_t(b)] - kvc[0].len_before[size_t(b)];
+  for (KvClass& k : kvc) k.len_before = k.len_final;
 }
 
 }  // namespace flexh2o

@@ -16,7 +16,7 @@ void OffloadEngine::Impl::compute(int u, int k) {
   const MicroBatch& mb = mbs[size_t(k)];
   const UnitKind kind = e.placement_.units[size_t(u)].kind;
   std::byte* hidden = device_hidden(u, k);
-  const StepRows r = rows(k);
+  const StepRows r = rows(k, layer(u));
   if (kind == UnitKind::kEmbed && hidden_in) {  // a later pipeline stage: the previous stage's rows
     const size_t bytes = size_t(mb.n * T * c.hidden) * es_a;
     return dev.copy(Queue::kCompute, hidden, hidden_in_device.data() + size_t(mb.first * T * c.hidden) * es_a, bytes);
@@ -44,7 +44,7 @@ void OffloadEngine::Impl::compute(int u, int k) {
   std::byte* attn = attn_slot(p_);
   dev.attention_in(c, L, r, hidden, q, kk, vv);
   float* scores = scores_device[slot] ? scores_device[slot].as<float>() : nullptr;
-  const int64_t srow = c.n_heads * cap_w;
+  const int64_t cap_w = kv_class(l).cap_w, srow = c.n_heads * cap_w;
   std::vector<KvSegment> segs;
   const Buffer& home = mb.kv_device[size_t(l)];
   if (sp.n_device > 0)
@@ -71,7 +71,7 @@ void OffloadEngine::Impl::compute(int u, int k) {
 
 void OffloadEngine::Impl::compute_rest(int u, int k) {
   const LayerWeights& L = weights(u).layers[0];
-  const StepRows r = rows(k);
+  const StepRows r = rows(k, layer(u));
   std::byte* hidden = device_hidden(u, k);
   dev.attention_out(c, L, r, attn_slot(pair(u, k)), hidden);
   if (e.placement_.units[size_t(u)].kind == UnitKind::kLayer) dev.mlp(c, L, r, hidden);
@@ -81,8 +81,9 @@ EvictArgs OffloadEngine::Impl::evict_args(int l, int k, const KvSegment& seg, in
                                           std::vector<int32_t>& after, std::vector<int32_t>& dlo,
                                           std::vector<int32_t>& dhi) {
   MicroBatch& mb = mbs[size_t(k)];
+  const KvClass& kc = kv_class(l);
   const int64_t g0 = mb.first + mb_seq;
-  after.assign(len_after.begin() + g0, len_after.begin() + g0 + seg.n_seq);
+  after.assign(kc.len_after.begin() + g0, kc.len_after.begin() + g0 + seg.n_seq);
   EvictArgs ea;
   ea.policy = kv_policy;
   ea.config = &c;
@@ -91,10 +92,10 @@ EvictArgs OffloadEngine::Impl::evict_args(int l, int k, const KvSegment& seg, in
   ea.score_capacity = score_cap;
   ea.state_first = mb_seq;
   ea.state = &mb.policy_state[size_t(l)];
-  ea.len_before = len_before.data() + g0;
+  ea.len_before = kc.len_before.data() + g0;
   ea.len_after = after.data();
   ea.seen_before = seen.data() + g0;
-  ea.budgets = budgets.data() + g0;
+  ea.budgets = kc.budgets.data() + g0;
   ea.prefill = prefill;
   ea.salt = uint64_t(l);
   ea.dirty_lo = &dlo;
@@ -113,6 +114,9 @@ void OffloadEngine::Impl::host_attention(int u, int k) {
   const MicroBatch& mb = mbs[size_t(k)];
   const KvSplit& sp = mb.split;
   const int l = layer(u);
+  const KvClass& kc = kv_class(l);
+  const int64_t cap_h = kc.cap_h, cap_d = kc.cap_d;
+  const std::vector<int32_t>&len_before = kc.len_before, &len_after = kc.len_after, &len_final = kc.len_final;
   const size_t slot = size_t(pair(u, k) % 2);
   const int64_t nd = sp.n_device, off = sp.n_host + sp.n_disk, rows = off * T, Q = c.q_dim(), KV = c.kv_dim();
   const int64_t g0 = mb.first + nd, kvh = c.n_kv_heads;
@@ -122,7 +126,7 @@ void OffloadEngine::Impl::host_attention(int u, int k) {
   const int agent = int(Queue::kHost);
   dev.host_access(agent, qh, size_t(rows * (Q + 2 * KV)) * es_a, false);
   dev.host_access(agent, home.data(), home.size(), true);
-  if (sp.n_disk) dev.host_access(agent, stage.data(), size_t(sp.n_disk) * plan.kv_disk_seq, true);
+  if (sp.n_disk) dev.host_access(agent, stage.data(), size_t(sp.n_disk) * kc.disk_seq, true);
   dev.host_access(agent, attn_host[slot].data(), size_t(rows * Q) * es_a, true);
   dev.host_run([&] {
     std::vector<float> q32, k32, v32, a32(size_t(rows * Q));
@@ -185,6 +189,9 @@ void OffloadEngine::Impl::update_cache(int u, int k) {
   const MicroBatch& mb = mbs[size_t(k)];
   const KvSplit& sp = mb.split;
   const int l = layer(u);
+  const KvClass& kc = kv_class(l);
+  const int64_t cap_w = kc.cap_w;
+  const std::vector<int32_t>& len_final = kc.len_final;
   const size_t slot = size_t(pair(u, k) % 2);
   const int64_t kvh = c.n_kv_heads, off = sp.n_host + sp.n_disk;
   const int agent = int(Queue::kHost);
@@ -225,8 +232,8 @@ void OffloadEngine::Impl::update_cache(int u, int k) {
       if (n_seg == 0) continue;
       const Buffer& home = disk ? kv_stage_host[slot] : mb.kv_host[size_t(l)];
       const int64_t mb_seq = sp.n_device + (disk ? sp.n_host : 0), gs = mb.first + mb_seq;
-      const int64_t cap = disk ? cap_d : cap_h;
-      dev.host_access(agent, home.data(), size_t(n_seg) * (disk ? plan.kv_disk_seq : plan.kv_home_seq), true);
+      const int64_t cap = disk ? kc.cap_d : kc.cap_h;
+      dev.host_access(agent, home.data(), size_t(n_seg) * (disk ? kc.disk_seq : kc.home_seq), true);
       const KvSegment seg{kv_at(home, n_seg, cap, 0, 0), kv_at(home, n_seg, cap, 1, 0), kvdt, mb_seq, n_seg, cap,
                           scores ? scores + mb_seq * srow : nullptr};
       apply_kv_policy(evict_args(l, k, seg, mb_seq, cap_w, after, dlo, dhi));
@@ -245,6 +252,7 @@ void OffloadEngine::Impl::gather_cache(int u, int k) {
   const KvSplit& sp = mb.split;
   const int64_t kvh = c.n_kv_heads, nd = sp.n_device, off = sp.n_host + sp.n_disk;
   const int64_t listed = nd + (kept_mode() ? off : 0);
+  const int64_t cap_w = kv_class(layer(u)).cap_w;
   const size_t slot = size_t(pair(u, k) % 2);
   const size_t lists_bytes = size_t(mb.n * kvh * cap_w) * 4;
   // The keep lists of the listed rows, and their counts.

@@ -50,7 +50,7 @@ OffloadEngine::Impl::Impl(OffloadEngine& engine)
       dev(engine.dev_),
       c(engine.config()),
       p(engine.opts_.policy),
-      kv_policy(engine.opts_.kv_policy),
+      user_policy(engine.opts_.kv_policy),
       kvdt(engine.opts_.kv_dtype),
       adt(engine.dev_.act_dtype()),
       kv_row(row_nbytes(kvdt, engine.config().head_dim)),
@@ -58,6 +58,12 @@ OffloadEngine::Impl::Impl(OffloadEngine& engine)
       hidden_in(!engine.model_.stage_range().embed()),
       hidden_out(!engine.model_.stage_range().head()) {
   parked.resize(1);
+  if (c.sliding_window > 0) {
+    KvPolicyConfig local;
+    local.kind = KvPolicyKind::kLocal;
+    local.recent_budget = c.sliding_window;  // the incoming token included: the query's window
+    window_policy = make_policy(local);
+  }
 }
 
 void OffloadEngine::Impl::select_group(int g) {
@@ -280,8 +286,10 @@ size_t OffloadEngine::group_kv_bytes() const {
   if (!m.allocated) return 0;
   size_t n = 0;
   for (const auto& mb : m.mbs)
-    n += size_t(config().n_layers) *
-         (size_t(mb.split.n_device) * m.plan.kv_device_seq + size_t(mb.n - mb.split.n_device) * m.plan.kv_home_seq);
+    for (int l = 0; l < config().n_layers; ++l) {
+      const KvSlots& s = m.kv_class(l);
+      n += size_t(mb.split.n_device) * s.device_seq + size_t(mb.n - mb.split.n_device) * s.home_seq;
+    }
   return n;
 }
 
@@ -318,7 +326,7 @@ void OffloadEngine::step_stage(const int32_t* ids, const int32_t* positions, int
   }
   sh.cpu_attention = opts_.policy.cpu_cache_compute;
   sh.act_on_host = opts_.policy.act_cpu_percent == 100;
-  sh.kv_policy = opts_.kv_policy != nullptr;
+  sh.kv_policy = m.kv_policy != nullptr;
   sh.first_layer_loaded = first_layer_loaded_;
   sh.prefetch_next = more_steps_;
   if (sh.host_attention()) m.ensure_pipeline(T);
@@ -346,7 +354,8 @@ void OffloadEngine::step_stage(const int32_t* ids, const int32_t* positions, int
   m.finish_step(logits, hidden_out);
 }
 
-std::vector<int32_t> OffloadEngine::lengths() const { return impl_->len_before; }
+std::vector<int32_t> OffloadEngine::lengths() const { return impl_->kvc[0].len_before; }
+int64_t OffloadEngine::window_cap() const { return impl_->window; }
 
 void OffloadEngine::write_trace(std::ostream& os) const {
   os << "{\"traceEvents\": [\n";

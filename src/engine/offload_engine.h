@@ -44,6 +44,10 @@ struct OffloadOptions {
   IoBackend* io_backend = nullptr;
   // KV-cache policy (null = full cache). Caller-owned; must outlive the engine.
   const KvPolicy* kv_policy = nullptr;
+  // With the full cache, a batch whose sequences may pass the model's sliding window keeps only
+  // the window in its sliding layers (full_cache_window(): the same logits, fewer KV bytes).
+  // false: every layer keeps every token (tests compare the two).
+  bool window_cap = true;
   // Of the KV cache in every tier: F16, BF16, F32 or Q4 (policy.compress_cache: the engine
   // makes the two agree, either one turning on both).
   DType kv_dtype = DType::F16;
@@ -140,8 +144,11 @@ class OffloadEngine final : public StepRunner {
   const TierBudget& budget(Tier t) const { return *budgets_[size_t(t)]; }
   const Schedule& last_schedule() const { return schedule_; }
   const ScheduleShape& last_shape() const { return shape_; }
-  // Tokens cached per sequence of the current batch (after the last step's eviction).
+  // Tokens cached per sequence of the current batch (after the last step's eviction); under a
+  // window cap, in the full-attention layers.
   std::vector<int32_t> lengths() const;
+  // This batch's window cap (full_cache_window()), 0: none.
+  int64_t window_cap() const;
   // With OffloadOptions::trace: every step run so far as Chrome trace-event JSON (open in
   // Perfetto or chrome://tracing): one row per queue, one slice per step, named like
   // "C(3,1)" (schedule.h), microseconds since the engine was created.

@@ -54,16 +54,27 @@ struct MicroBatch {
 // Everything one batch holds (its KV homes and buffers, lengths, the current step): a group of a
 // pipeline (OffloadEngine::select_group) parks its own while another group steps.
 struct BatchState {
-  // Current batch. cap_w: slots per row of device-side buffers (the whole prompt during
-  // prefill); cap_h: of host homes (the policy's budget when one is set); cap_d: of disk homes
-  // and their host staging (cap_h in whole pages).
+  // KV lengths and slots shared by a class of layers: every layer, or under a window cap
+  // (full_cache_window()) of a model whose other layers attend to everything, class 0 those and
+  // class 1 the sliding ones. Slots (KvSlots): cap_w per row of device-side buffers (the whole
+  // prompt during prefill), cap_h of host homes (the policy's budget when one is set), cap_d of
+  // disk homes and their host staging (cap_h in whole pages).
+  struct KvClass : KvSlots {
+    std::vector<KvBudget> budgets;                          // [B] with a policy
+    std::vector<int32_t> len_before, len_after, len_final;  // [B] cached tokens before / after / kept
+  };
+
+  // Current batch.
   int64_t batch = 0, capacity = 0, s_max = 0;
   bool allocated = false;
   MemoryPlan plan;
-  int64_t cap_w = 0, cap_h = 0, cap_d = 0;
-  std::vector<KvBudget> budgets;                   // [B] with a policy
-  std::vector<int32_t> seen;                       // [B] tokens seen (next token's position)
-  std::vector<int32_t> len_before, len_after, len_final;  // [B] cached tokens before / after / kept
+  // This batch's KV policy: the caller's, or under a window cap `local` at the window (the
+  // full-attention layers' budgets unbounded).
+  const KvPolicy* kv_policy = nullptr;
+  int64_t window = 0;  // the window cap, 0: none
+  std::array<KvClass, 2> kvc;
+  int n_classes = 1;
+  std::vector<int32_t> seen;  // [B] tokens seen (next token's position)
   std::vector<std::vector<int32_t>> dirty_lo, dirty_hi;  // per layer [B*kvh]: disk rows to store
   std::vector<MicroBatch> mbs;
   std::array<Buffer, 2> kv_stage_device, kv_stage_host, scores_device, scores_host;
@@ -124,11 +135,14 @@ struct OffloadEngine::Impl : BatchState {
 
   // ---- helpers
   int layer(int u) const { return e.placement_.units[size_t(u)].layer; }
+  int class_of(int l) const { return n_classes > 1 && l >= 0 && c.attention_window(l) > 0 ? 1 : 0; }
+  KvClass& kv_class(int l) { return kvc[size_t(class_of(l))]; }
+  const KvClass& kv_class(int l) const { return kvc[size_t(class_of(l))]; }
   int pair(int u, int k) const { return kv_pair(e.shape_, u, k); }
   bool split() const { return e.shape_.host_attention(); }
   // A prefill with a KV policy: offloaded rows are compacted on the device, then stored.
   bool kept_mode() const { return prefill && kv_policy != nullptr; }
-  StepRows rows(int k) const;
+  StepRows rows(int k, int l = -1) const;  // seq_keys of layer l's class (l < 0: class 0)
   const ModelWeights& weights(int u) const;  // unit u's tensors where they are now (device views)
   std::byte* device_hidden(int u, int k) const;
   std::byte* qkv_slot(int p) const;   // q | k | v rows of the micro-batch (device)
@@ -152,7 +166,8 @@ struct OffloadEngine::Impl : BatchState {
   Device& dev;
   const ModelConfig& c;
   const Policy& p;
-  const KvPolicy* kv_policy;
+  const KvPolicy* user_policy;             // OffloadOptions::kv_policy
+  std::unique_ptr<KvPolicy> window_policy;  // `local` at c.sliding_window, for window caps
   DType kvdt, adt;
   size_t kv_row, es_a;  // bytes of one K (or V) row of one head (row_nbytes), of one activation
   std::string io_note;

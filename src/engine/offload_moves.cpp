@@ -108,7 +108,7 @@ uint64_t OffloadEngine::Impl::copy_kv_rows(Queue q, const Buffer& dst, int64_t d
 void OffloadEngine::Impl::disk_kv(int l, int k, const Buffer& stage, bool write, const std::vector<int32_t>& lo,
                                   const std::vector<int32_t>& hi, int64_t seq0) {
   const MicroBatch& mb = mbs[size_t(k)];
-  const int64_t nk = mb.split.n_disk, kvh = c.n_kv_heads;
+  const int64_t nk = mb.split.n_disk, kvh = c.n_kv_heads, cap_d = kv_class(l).cap_d;
   const size_t row = kv_row, block = size_t(cap_d) * row;
   const std::string& name = mb.kv_disk[size_t(l)];
   // Whole 4096-byte pages of each row block holding the rows: the staging slot has the same
@@ -139,6 +139,7 @@ void OffloadEngine::Impl::disk_kv(int l, int k, const Buffer& stage, bool write,
 void OffloadEngine::Impl::load_cache_disk(int u, int k) {
   const MicroBatch& mb = mbs[size_t(k)];
   const int64_t kvh = c.n_kv_heads, seq0 = mb.first + mb.split.n_device + mb.split.n_host;
+  const std::vector<int32_t>& len_before = kv_class(layer(u)).len_before;
   std::vector<int32_t> lo(size_t(batch * kvh), 0), hi(size_t(batch * kvh), 0);
   for (int64_t b = seq0; b < mb.first + mb.n; ++b)
     for (int64_t h = 0; h < kvh; ++h) hi[size_t(b * kvh + h)] = len_before[size_t(b)];
@@ -156,6 +157,8 @@ void OffloadEngine::Impl::move_offloaded(int u, int k, Queue q, const int32_t* l
   const Buffer& stage = kv_stage_device[slot];
   const Buffer& home = mb.kv_host[size_t(layer(u))];
   const Buffer& disk = kv_stage_host[slot];
+  const KvClass& kc = kv_class(layer(u));
+  const int64_t cap_w = kc.cap_w, cap_h = kc.cap_h, cap_d = kc.cap_d;
   const bool load = q == Queue::kHostToDevice;
   uint64_t moved = load ? copy_kv_rows(q, stage, off, cap_w, 0, home, sp.n_host, cap_h, 0, sp.n_host, lo, hi)
                         : copy_kv_rows(q, home, sp.n_host, cap_h, 0, stage, off, cap_w, 0, sp.n_host, lo, hi);
@@ -172,13 +175,15 @@ void OffloadEngine::Impl::load_cache(int u, int k) {  // rows [0, len) before th
   const MicroBatch& mb = mbs[size_t(k)];
   const int64_t host0 = mb.first + mb.split.n_device;
   const std::vector<int32_t> zero(size_t(mb.n), 0);
-  move_offloaded(u, k, Queue::kHostToDevice, zero.data(), len_before.data() + host0);
+  move_offloaded(u, k, Queue::kHostToDevice, zero.data(), kv_class(layer(u)).len_before.data() + host0);
 }
 
 void OffloadEngine::Impl::store_cache(int u, int k) {
   const MicroBatch& mb = mbs[size_t(k)];
   const KvSplit& sp = mb.split;
   const int64_t off = sp.n_host + sp.n_disk, host0 = mb.first + sp.n_device;
+  const KvClass& kc = kv_class(layer(u));
+  const std::vector<int32_t>&len_before = kc.len_before, &len_after = kc.len_after;
   const size_t slot = size_t(pair(u, k) % 2);
   if (off > 0 && !split() && !kept_mode())  // the new rows (kept mode: store_kept, after the compaction)
     move_offloaded(u, k, Queue::kDeviceToHost, len_before.data() + host0, len_after.data() + host0);
@@ -187,7 +192,7 @@ void OffloadEngine::Impl::store_cache(int u, int k) {
     int64_t longest = 0;
     for (int64_t b = mb.first; b < mb.first + n; ++b) longest = std::max<int64_t>(longest, len_after[size_t(b)]);
     if (n > 0 && longest > 0) {
-      const size_t pitch = size_t(cap_w) * 4, width = size_t(longest) * 4, height = size_t(n * c.n_heads);
+      const size_t pitch = size_t(kc.cap_w) * 4, width = size_t(longest) * 4, height = size_t(n * c.n_heads);
       dev.copy_2d(Queue::kDeviceToHost, scores_host[slot].data(), pitch, scores_device[slot].data(), pitch, width,
                   height);
       e.counters_.add(Link::kDeviceToHost, width * height);
@@ -198,13 +203,15 @@ void OffloadEngine::Impl::store_cache(int u, int k) {
 void OffloadEngine::Impl::store_kept(int u, int k) {  // rows [0, kept) after the compaction
   const MicroBatch& mb = mbs[size_t(k)];
   const std::vector<int32_t> zero(size_t(mb.n), 0);
-  move_offloaded(u, k, Queue::kDeviceToHost, zero.data(), len_final.data() + mb.first + mb.split.n_device);
+  move_offloaded(u, k, Queue::kDeviceToHost, zero.data(), kv_class(layer(u)).len_final.data() + mb.first + mb.split.n_device);
 }
 
 void OffloadEngine::Impl::store_cache_disk(int u, int k) {
   const MicroBatch& mb = mbs[size_t(k)];
   const int l = layer(u);
   const int64_t kvh = c.n_kv_heads, seq0 = mb.first + mb.split.n_device + mb.split.n_host;
+  const KvClass& kc = kv_class(l);
+  const std::vector<int32_t>&len_before = kc.len_before, &len_after = kc.len_after;
   if (!kv_policy) {  // the new rows
     for (int64_t b = seq0; b < mb.first + mb.n; ++b)
       for (int64_t h = 0; h < kvh; ++h) {

@@ -138,12 +138,20 @@ CostModel::CostModel(ModelShape m, HardwareProfile hw, Workload w) : m_(std::mov
       budget_max_ = b.total();
     }
   }
+  window_ = full_cache_window(m_.config, w_.kv && w_.kv->kind != KvPolicyKind::kFull, full);
+  window_layers_ = window_ ? count_sliding_layers(m_.config) : 0;
+  keep_window_ = window_ ? std::min(full, window_ - 1) : full;
   const MemoryPlan mp = plan(Policy{});
   cap_w_ = mp.cap_w;
   cap_h_ = mp.cap_h;
 }
 
 int64_t CostModel::capacity() const { return cap_h_; }
+
+int64_t CostModel::kv_len(int64_t tokens) const {
+  const int64_t L = m_.config.n_layers, lw = window_layers_;
+  return ((L - lw) * std::min(tokens, keep_) + lw * std::min(tokens, keep_window_) + L / 2) / std::max<int64_t>(L, 1);
+}
 
 MemoryPlan CostModel::plan(const Policy& p) const {
   const ModelConfig& c = m_.config;
@@ -167,8 +175,10 @@ MemoryPlan CostModel::plan(const Policy& p) const {
   d.rows = w_.prompt_len;
   d.capacity = w_.prompt_len + w_.gen_len;
   d.budget_max = budget_max_;
-  d.kv_policy = w_.kv && w_.kv->kind != KvPolicyKind::kFull;
-  d.scores = d.kv_policy && make_policy(*w_.kv)->needs_scores();
+  d.kv_policy = (w_.kv && w_.kv->kind != KvPolicyKind::kFull) || window_ > 0;
+  d.scores = w_.kv && w_.kv->kind != KvPolicyKind::kFull && make_policy(*w_.kv)->needs_scores();
+  d.window = window_;
+  d.window_layers = window_layers_;
   return plan_memory(c, wb, p, d, {hw_.device, kv_dtype_of(w_, p), act_});
 }
 
@@ -228,26 +238,32 @@ std::array<uint64_t, kNumLinks> CostModel::bytes(const Policy& p) const {
   }
   const KvSplit sp = split_kv(p.gpu_batch_size, p);
   const uint64_t nd = uint64_t(sp.n_device), off = uint64_t(sp.n_host + sp.n_disk), nk = uint64_t(sp.n_disk);
-  const uint64_t row = kv_row_bytes(c, kv_dtype_of(w_, p)), LK = L * K;
-  const uint64_t keep = uint64_t(keep_);
+  const uint64_t row = kv_row_bytes(c, kv_dtype_of(w_, p));
   const bool scores = w_.kv && w_.kv->kind != KvPolicyKind::kFull && make_policy(*w_.kv)->needs_scores();
   const uint64_t score_row = uint64_t(c.n_heads) * 4;  // per sequence and slot
-  add(Link::kDeviceToHost, LK * off * std::min(s, keep) * row);  // a policy compacts them on the device first
-  add(Link::kHostToDisk, LK * nk * std::min(s, keep) * row);
-  if (scores) add(Link::kDeviceToHost, LK * n * s * score_row);
   const bool host_attention = p.cpu_cache_compute && off > 0;
-  for (uint64_t i = 1; i < steps; ++i) {
-    const uint64_t before = std::min(s + i - 1, keep), after = before + 1;
-    add(Link::kDiskToHost, LK * nk * before * row);
-    add(Link::kHostToDisk, LK * nk * row);
-    if (host_attention) {
-      add(Link::kDeviceToHost, LK * off * uint64_t(c.q_dim() + 2 * c.kv_dim()) * es_a);
-      add(Link::kHostToDevice, LK * off * uint64_t(c.q_dim()) * es_a);
-      if (scores) add(Link::kDeviceToHost, LK * nd * after * score_row);
-    } else {
-      add(Link::kHostToDevice, LK * off * before * row);
-      add(Link::kDeviceToHost, LK * off * row);
-      if (scores) add(Link::kDeviceToHost, LK * n * after * score_row);
+  // Each class of layers (every layer, or under a window cap the full and the sliding ones)
+  // moves the rows it keeps.
+  const uint64_t LW = uint64_t(window_layers_);
+  for (const auto& [layers, kept] : {std::pair{L - LW, uint64_t(keep_)}, std::pair{LW, uint64_t(keep_window_)}}) {
+    const uint64_t LK = layers * K;
+    if (!LK) continue;
+    add(Link::kDeviceToHost, LK * off * std::min(s, kept) * row);  // a policy compacts them on the device first
+    add(Link::kHostToDisk, LK * nk * std::min(s, kept) * row);
+    if (scores) add(Link::kDeviceToHost, LK * n * s * score_row);
+    for (uint64_t i = 1; i < steps; ++i) {
+      const uint64_t before = std::min(s + i - 1, kept), after = before + 1;
+      add(Link::kDiskToHost, LK * nk * before * row);
+      add(Link::kHostToDisk, LK * nk * row);
+      if (host_attention) {
+        add(Link::kDeviceToHost, LK * off * uint64_t(c.q_dim() + 2 * c.kv_dim()) * es_a);
+        add(Link::kHostToDevice, LK * off * uint64_t(c.q_dim()) * es_a);
+        if (scores) add(Link::kDeviceToHost, LK * nd * after * score_row);
+      } else {
+        add(Link::kHostToDevice, LK * off * before * row);
+        add(Link::kDeviceToHost, LK * off * row);
+        if (scores) add(Link::kDeviceToHost, LK * n * after * score_row);
+      }
     }
   }
   return b;
@@ -294,14 +310,14 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   sh.kv_disk = sp.n_disk > 0;
   sh.cpu_attention = p.cpu_cache_compute;
   sh.act_on_host = p.act_cpu_percent == 100;
-  sh.kv_policy = policy;
+  sh.kv_policy = policy || window_ > 0;
   // The engine prefetches the next step's first layer at the end of each step (all but the
   // run's last), so decode steps start with it loaded.
   sh.first_layer_loaded = !prefill;
   sh.prefetch_next = true;
   uint64_t key = uint64_t(layers) | uint64_t(K) << 8 | uint64_t(prefill) << 40 | uint64_t(sh.kv_device) << 41 |
                  uint64_t(sh.kv_host) << 42 | uint64_t(sh.kv_disk) << 43 | uint64_t(sh.cpu_attention) << 44 |
-                 uint64_t(sh.act_on_host) << 45 | uint64_t(policy) << 46 | uint64_t(p.sep_layer) << 47;
+                 uint64_t(sh.act_on_host) << 45 | uint64_t(sh.kv_policy) << 46 | uint64_t(p.sep_layer) << 47;
   for (int i = 0; i < 5; ++i) {
     const auto& t = i == 0 ? pe : i == 1 ? ph : i == 2 ? pa : i == 3 ? pm : pl;
     key |= uint64_t(streams(t)) << (48 + 2 * i) | uint64_t(t[2] > 0) << (49 + 2 * i);
@@ -313,8 +329,8 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   const double row = double(kv_row_bytes(c, kv_dtype_of(w_, p))), hid = double(c.hidden) * es_a;
   const double off = double(sp.n_host + sp.n_disk), nd = double(sp.n_disk), ndev = double(sp.n_device);
   const double before = double(len_before);
-  const double kept = std::min(double(w_.prompt_len), double(keep_));
-  const bool kept_mode = prefill && policy;  // rows leave after the device compacted them (SK)
+  const double kept = double(kv_len(w_.prompt_len));
+  const bool kept_mode = prefill && sh.kv_policy;  // rows leave after the device compacted them (SK)
   const double after = prefill ? double(w_.prompt_len) : before + 1;
   const bool host_attn = sh.host_attention();
   // Compression's compute cost (HardwareProfile::device_dequant / host_dequant): seconds per
@@ -424,7 +440,7 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
       case StepKind::kUpdateCache: d = 0; break;
       case StepKind::kGatherCache: d = hw_.compute_step_overhead; break;
       case StepKind::kStoreCacheDisk: {
-        const double stored = prefill ? std::min(double(w_.prompt_len), double(keep_)) : 1.0;
+        const double stored = prefill ? kept : 1.0;
         d = nd * stored * row / hw_.host_to_disk_cache + disk_req * hw_.disk_write_request;
         break;
       }
@@ -504,15 +520,15 @@ Estimate CostModel::estimate(const Policy& p) {
     pts = {{1, w}, {1 + (n - 2) / 2, 2 * w}, {n - 1, w}};
   }
   for (auto [i, w] : pts) {
-    const Sim d = token_step(p, false, std::min(s + i - 1, keep_));
+    const Sim d = token_step(p, false, kv_len(s + i - 1));
     decode += w * (d.t + hw_.token_step_overhead);
     for (int q = 0; q < kNumQueues; ++q) busy[size_t(q)] += w * d.busy[size_t(q)];
   }
   double dl = 0;
   if (n > 1) {
-    const Sim mid = token_step(p, false, std::min(s + (n - 1) / 2, keep_));
-    const Sim one = L > 4 ? simulate(p, false, std::min(s + (n - 1) / 2, keep_), 4) : mid;
-    const Sim two = L > 4 ? simulate(p, false, std::min(s + (n - 1) / 2, keep_), 3) : mid;
+    const Sim mid = token_step(p, false, kv_len(s + (n - 1) / 2));
+    const Sim one = L > 4 ? simulate(p, false, kv_len(s + (n - 1) / 2), 4) : mid;
+    const Sim two = L > 4 ? simulate(p, false, kv_len(s + (n - 1) / 2), 3) : mid;
     dl = L > 4 ? one.t - two.t : mid.t / double(L);
   }
   const double pl = L > 4 ? simulate(p, true, 0, 4).t - simulate(p, true, 0, 3).t : pre.t / double(L);
@@ -528,7 +544,7 @@ Estimate CostModel::quick(const Policy& p) {
   std::array<double, kNumQueues> busy = pre.busy;
   double decode = 0;
   if (n > 1) {
-    const Sim d = token_step(p, false, std::min(s + (n - 1) / 2, keep_));
+    const Sim d = token_step(p, false, kv_len(s + (n - 1) / 2));
     decode = double(n - 1) * (d.t + hw_.token_step_overhead);
     for (int q = 0; q < kNumQueues; ++q) busy[size_t(q)] += double(n - 1) * d.busy[size_t(q)];
   }

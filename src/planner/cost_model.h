@@ -104,6 +104,8 @@ class CostModel {
   // KV rows a sequence keeps after a step: min(prompt+gen, budget-1) under a bounded KV
   // policy (the engine leaves room for the incoming token), else prompt+gen.
   int64_t kv_keep() const { return keep_; }
+  // Under a window cap (full_cache_window()): the window, and the rows each sliding layer keeps.
+  int64_t window_cap() const { return window_; }
   // KV slots per sequence of the host/disk homes, aligned like the engine (prompt+gen without
   // a bounded KV policy, else the budget); device-side buffers: device_capacity().
   int64_t capacity() const;
@@ -117,6 +119,9 @@ class CostModel {
     std::array<double, kNumQueues> busy{};
   };
   Sim token_step(const Policy& p, bool prefill, int64_t len_before);
+  // KV rows a decode step with `tokens` cached tokens before it reads per layer: the mean over
+  // the layers (a window cap keeps fewer in its sliding layers; the simulated layers are alike).
+  int64_t kv_len(int64_t tokens) const;
   Sim simulate(const Policy& p, bool prefill, int64_t len_before, int layers);
   Estimate finish(const Policy& p, double prefill, const std::array<double, kNumQueues>& busy, double decode,
                   double pl, double dl);
@@ -126,6 +131,7 @@ class CostModel {
   HardwareProfile hw_;
   Workload w_;
   int64_t keep_ = 0, cap_w_ = 0, cap_h_ = 0, budget_max_ = 0;
+  int64_t window_ = 0, window_layers_ = 0, keep_window_ = 0;  // the window cap, its layers and their rows
   DType act_ = DType::F32;
   std::map<uint64_t, Schedule> schedules_;
 };

@@ -255,6 +255,7 @@ TEST_P(OffloadArch, DiskTierLogitsBitIdenticalToInMemory) {
   o.offload_dir = dir.path() / "store";
   o.kv_policy = policy.get();
   o.kv_dtype = DType::F16;
+  o.window_cap = false;  // as the in-memory reference, every layer keeps every token (WindowCap*: the cap)
   OffloadEngine eng(model, dev, o);
   Forward fwd(model, dev);
   InMemoryRunner ref(fwd, eng.max_batch(), policy.get(), DType::F16);
@@ -299,6 +300,7 @@ TEST_P(WindowCap, TheFullCacheKeepsTheWindowWithTheUncappedLogits) {
     o.offload_dir = dir.path() / "store";
     o.kv_policy = policy;
     o.kv_dtype = DType::F16;
+    o.window_cap = policy != nullptr;  // the uncapped full cache to compare with
     OffloadEngine eng(model, dev, o);
     *run = test::run_forced(eng, reqs, want.tokens);
     return eng.report().peak[1];

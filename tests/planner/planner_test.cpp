@@ -246,6 +246,45 @@ TEST(PlannerWindow, AFullCachePastAnAllSlidingWindowIsPricedAtTheWindow) {
   EXPECT_LT(cm.memory(o.policy)[1], cf.memory(o.policy)[1]);
 }
 
+// The full cache of a model where only some layers slide (arch/gemma2: window 20, one sliding
+// and one full layer; 24 + 12 tokens): the engine caps the sliding layer at the window
+// (full_cache_window), and the planner prices the same: its bytes per link, and the host's and
+// the disk's memory, equal the engine's with the KV cache on the host, on the disk, or split.
+TEST(PlannerWindow, MixedSlidingLayersArePricedAsTheEngineRunsThem) {
+  Model model = Model::load_dir(model_dir("arch/gemma2"));
+  Workload w;
+  w.prompt_len = 24;
+  w.gen_len = 12;
+  CostModel cm(ModelShape::from_model(model), big_profile(), w);
+  ASSERT_EQ(cm.window_cap(), model.config().sliding_window);
+  EXPECT_EQ(cm.kv_keep(), w.prompt_len + w.gen_len) << "the full layer keeps everything";
+  // Weights on the device: the host and disk hold the KV cache and its buffers only.
+  for (const char* percent : {"100 0 0 100 100 0", "100 0 0 0 100 0", "100 0 50 50 100 0", "100 0 0 100 0 100"}) {
+    CpuDevice dev(2);
+    test::TempDir dir;
+    OffloadOptions o;
+    o.policy = make(percent, 2, 2, false);
+    o.offload_dir = dir.path();
+    OffloadEngine eng(model, dev, o);
+    std::vector<GenerationRequest> reqs(size_t(o.policy.block_size()));
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      for (int64_t t = 0; t < w.prompt_len; ++t) reqs[i].prompt_ids.push_back(int32_t((3 + 5 * t + int64_t(i)) % 128));
+      reqs[i].max_new_tokens = w.gen_len;
+      reqs[i].sampling.temperature = 0;
+    }
+    GenerateOptions go;
+    go.ignore_eos = true;
+    generate(eng, reqs, go);
+    ASSERT_EQ(eng.window_cap(), model.config().sliding_window) << percent;
+    const OffloadReport rep = eng.report();
+    const auto got = cm.bytes(o.policy);
+    for (int l = 0; l < kNumLinks; ++l)
+      EXPECT_EQ(got[size_t(l)], rep.bytes[size_t(l)]) << percent << " " << link_name(Link(l));
+    const auto mem = cm.memory(o.policy);
+    for (int t = 1; t < 3; ++t) EXPECT_EQ(mem[size_t(t)], rep.peak[size_t(t)]) << percent << " " << tier_name(Tier(t));
+  }
+}
+
 TEST(PlannerPlacement, UnitsAndMemoryEqualTheEngine) {
   for (const char* name : {"tiny-opt", "tiny-llama", "arch/mixtral", "arch/qwen3_moe", "arch/qwen2_moe"}) {
     Model model = Model::load_dir(model_dir(name));
