@@ -126,7 +126,9 @@ int run_info(const InfoArgs& a, const Env& env) {
   if (c.sliding_window)
     std::cout << "window       " << std::count(c.sliding_layers.begin(), c.sliding_layers.end(), 1) << " of "
               << c.n_layers << " layers attend to the last " << c.sliding_window << " positions only"
-              << (window_caps_full_cache(c, c.max_positions) ? " (a full cache keeps that many a sequence)" : "")
+              << (window_caps_full_cache(c, c.max_positions)       ? " (a full cache keeps that many a sequence)"
+                  : full_cache_window(c, false, c.max_positions) ? " (a full cache keeps that many in those layers)"
+                                                                 : "")
               << "\n";
   if (c.moe())
     std::cout << "experts      " << c.n_experts << " of ffn " << c.ffn_dim << ", " << c.experts_per_token << " a token"

@@ -51,6 +51,14 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
   }
   rs.kv_config = window_kv_policy(model.config(), rs.kv_config, max_len);
   if (rs.kv_config.kind != KvPolicyKind::kFull) rs.kv_policy = make_policy(rs.kv_config);
+  // Both runners cap the full cache of a model whose other layers attend to everything.
+  if (const int64_t w = full_cache_window(model.config(), rs.kv_policy != nullptr, max_len)) {
+    const ModelConfig& c = model.config();
+    rs.kv_config_note = detail::concat("full cache: the ", count_sliding_layers(c), " sliding layers of ", c.n_layers,
+                                       " attend to their last ", w, " positions only, so they keep those; the others "
+                                       "keep every token (sequences reach ", max_len, ")");
+    log << "flexh2o: " << c.name << ": " << rs.kv_config_note << "\n";
+  }
   rs.kv_dtype = run_kv_dtype(kv, off.compress_cache, model);
   rs.device = &open_device(device, model, cpu, rs.owned, cuda_index);
   if (device != "cuda" && !stage && !offload_requested(off)) {
@@ -73,13 +81,6 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
   }
   oo.kv_policy = rs.kv_policy.get();
   oo.kv_dtype = rs.kv_dtype;
-  if (const int64_t w = full_cache_window(model.config(), rs.kv_policy != nullptr, max_len); w && oo.window_cap) {
-    const ModelConfig& c = model.config();
-    rs.kv_config_note = detail::concat("full cache: the ", count_sliding_layers(c), " sliding layers of ", c.n_layers,
-                                       " attend to their last ", w, " positions only, so they keep those; the others "
-                                       "keep every token (sequences reach ", max_len, ")");
-    log << "flexh2o: " << c.name << ": " << rs.kv_config_note << "\n";
-  }
   auto eng = std::make_unique<OffloadEngine>(model, *rs.device, oo);
   rs.offload = eng.get();
   rs.kv_dtype = eng->options().kv_dtype;  // Q4 when the policy compresses the cache

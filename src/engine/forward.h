@@ -4,6 +4,7 @@
 // Not thread-safe: one Forward per driver thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -41,7 +42,8 @@ class Forward {
   const ModelWeights* weights_;
   LayerCompute compute_;
   std::vector<float> hidden_;
-  std::vector<int32_t> seq_keys_, evicted_, dirty_lo_, dirty_hi_;
+  std::array<std::vector<int32_t>, 2> seq_keys_, evicted_;  // [class of layers][B]
+  std::vector<int32_t> dirty_lo_, dirty_hi_;
   std::vector<float> scores_;
 };
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -34,12 +35,14 @@ class StepRunner {
 
 // Everything resident on the CPU: Forward + KvCache (the reference the offloading engine is
 // tested against). With a KV policy (policies/kv_policy.h; null = full cache), each sequence's
-// cache is kept at the policy's budget. The cache holds `kv_dtype` (F16 by default, as the
-// offloading engine).
+// cache is kept at the policy's budget. The full cache of a model with sliding layers keeps
+// only the window in those once sequences pass it, as the offloading engine does
+// (full_cache_window(); window_cap false: every layer keeps every token). The cache holds
+// `kv_dtype` (F16 by default, as the offloading engine).
 class InMemoryRunner final : public StepRunner {
  public:
-  InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* policy = nullptr, DType kv_dtype = DType::F16)
-      : fwd_(fwd), max_batch_(max_batch), policy_(policy), kv_dtype_(kv_dtype) {}
+  InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* policy = nullptr, DType kv_dtype = DType::F16,
+                 bool window_cap = true);
   const ModelConfig& config() const override { return fwd_.model().config(); }
   int64_t max_batch() const override { return max_batch_; }
   void begin_batch(int64_t B, int64_t capacity) override {
@@ -48,33 +51,19 @@ class InMemoryRunner final : public StepRunner {
     capacity_ = capacity;
   }
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
-            std::vector<float>& logits) override {
-    if (!cache_) {  // the first step is the prefill: budgets follow the prompt lengths
-      std::vector<KvBudget> budgets;
-      int64_t cap = capacity_;
-      if (policy_) {
-        int64_t need = T;
-        for (int64_t b = 0; b < batch_; ++b) {
-          budgets.push_back(policy_->budget(real_rows ? real_rows[b] : T));
-          if (!budgets.back().unbounded) need = std::max(need, budgets.back().total());
-          else need = capacity_;
-        }
-        cap = std::min(capacity_, need);  // prompt during prefill, then at most the budget
-        check_window_budgets(config(), budgets, capacity_);
-      }
-      cache_.emplace(config(), batch_, cap, kv_dtype_);
-      if (policy_) cache_->enable_policy(config(), std::move(budgets));
-    }
-    fwd_.step(ids, positions, T, real_rows, *cache_, LogitsRows::kLast, logits, policy_);
-  }
+            std::vector<float>& logits) override;
   size_t kv_bytes() const override { return cache_ ? cache_->bytes() : 0; }
+  // The current batch's window cap (full_cache_window()), 0: none.
+  int64_t window_cap() const { return window_; }
 
  private:
   Forward& fwd_;
   int64_t max_batch_;
   const KvPolicy* policy_;
   DType kv_dtype_;
-  int64_t batch_ = 0, capacity_ = 0;
+  bool window_cap_;
+  std::unique_ptr<KvPolicy> window_policy_;  // `local` at the sliding window
+  int64_t batch_ = 0, capacity_ = 0, window_ = 0;
   std::optional<KvCache> cache_;
 };
 

@@ -258,7 +258,7 @@ TEST_P(OffloadArch, DiskTierLogitsBitIdenticalToInMemory) {
   o.window_cap = false;  // as the in-memory reference, every layer keeps every token (WindowCap*: the cap)
   OffloadEngine eng(model, dev, o);
   Forward fwd(model, dev);
-  InMemoryRunner ref(fwd, eng.max_batch(), policy.get(), DType::F16);
+  InMemoryRunner ref(fwd, eng.max_batch(), policy.get(), DType::F16, false);
   test::expect_same_logits(test::run_greedy(eng, reqs), test::run_greedy(ref, reqs), GetParam());
 }
 
@@ -286,7 +286,7 @@ TEST_P(WindowCap, TheFullCacheKeepsTheWindowWithTheUncappedLogits) {
   const auto capped_policy = make_policy(kc);
   CpuDevice dev(2);
   Forward fwd(model, dev);
-  InMemoryRunner full(fwd, 4, nullptr, DType::F16), capped(fwd, 4, capped_policy.get(), DType::F16);
+  InMemoryRunner full(fwd, 4, nullptr, DType::F16, false), capped(fwd, 4, capped_policy.get(), DType::F16);
   const test::Run want = test::run_greedy(full, reqs);
   const test::Run got = test::run_forced(capped, reqs, want.tokens);
   const double worst = test::expect_close_logits(got, want, 1e-4, 1e-4, GetParam());

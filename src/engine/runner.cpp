@@ -1,0 +1,49 @@
+// InMemoryRunner: the prefill sizes the cache from the prompt lengths and the KV policy (or a
+// full cache's window cap); every step runs Forward over it.
+#include "engine/runner.h"
+
+#include <algorithm>
+
+namespace flexh2o {
+
+InMemoryRunner::InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* policy, DType kv_dtype,
+                               bool window_cap)
+    : fwd_(fwd), max_batch_(max_batch), policy_(policy), kv_dtype_(kv_dtype), window_cap_(window_cap) {
+  if (const int64_t w = fwd.model().config().sliding_window; w > 0) {
+    KvPolicyConfig local;
+    local.kind = KvPolicyKind::kLocal;
+    local.recent_budget = w;  // the incoming token included: the query's window
+    window_policy_ = make_policy(local);
+  }
+}
+
+void InMemoryRunner::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+                          std::vector<float>& logits) {
+  const ModelConfig& c = config();
+  if (!cache_) {  // the first step is the prefill: budgets follow the prompt lengths
+    window_ = window_cap_ ? full_cache_window(c, policy_ != nullptr, capacity_) : 0;
+    const KvPolicy* policy = window_ ? window_policy_.get() : policy_;
+    // A cap of a model whose other layers attend to everything: those keep every token.
+    const bool mixed = window_ && count_sliding_layers(c) < c.n_layers;
+    std::vector<KvBudget> budgets, window_budgets;
+    int64_t cap = capacity_;
+    if (policy) {
+      int64_t need = T;
+      for (int64_t b = 0; b < batch_; ++b) {
+        const KvBudget kb = policy->budget(real_rows ? real_rows[b] : T);
+        (mixed ? window_budgets : budgets).push_back(kb);
+        if (mixed) budgets.push_back(KvBudget{.unbounded = true});
+        need = mixed || kb.unbounded ? capacity_ : std::max(need, kb.total());
+      }
+      cap = std::min(capacity_, need);  // prompt during prefill, then at most the budget
+      check_window_budgets(c, budgets, capacity_);
+      check_window_budgets(c, window_budgets, capacity_);
+    }
+    const int64_t window_slots = window_ ? std::min(capacity_, std::max(T, window_)) : 0;
+    cache_.emplace(c, batch_, cap, kv_dtype_, window_slots);
+    if (policy) cache_->enable_policy(c, std::move(budgets), std::move(window_budgets));
+  }
+  fwd_.step(ids, positions, T, real_rows, *cache_, LogitsRows::kLast, logits, window_ ? window_policy_.get() : policy_);
+}
+
+}  // namespace flexh2o
