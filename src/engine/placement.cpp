@@ -66,7 +66,17 @@ WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DTy
     wp.max_streamed = std::max(wp.max_streamed, u.slot_bytes);
     wp.max_disk = std::max(wp.max_disk, u.stage_bytes);
   }
+  if (c.tie_embeddings && m.stage_range().head() && m.stage_range().embed()) {
+    const PlacedTensor& head = wp.units.back().tensors.back();
+    for (const PlacedTensor& t : wp.units.front().tensors)
+      if (t.source.data == head.source.data)
+        wp.bytes[size_t(head.tier)] -= head.bytes - tied_head_home_bytes(t.tier, head.tier, head.bytes);
+  }
   return wp;
+}
+
+size_t tied_head_home_bytes(Tier embed, Tier head, size_t bytes) {
+  return embed == head && head != Tier::kDisk ? 0 : bytes;
 }
 
 std::vector<Tier> unit_tiers(const std::vector<size_t>& tensor_bytes, const Policy& p) {

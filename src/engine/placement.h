@@ -60,7 +60,7 @@ struct UnitPlacement {
 
 struct WeightPlacement {
   std::vector<UnitPlacement> units;  // unit_kinds(n_layers, sep_layer)
-  std::array<size_t, 3> bytes{};     // per tier, all units
+  std::array<size_t, 3> bytes{};     // per tier, the homes of all units
   size_t max_streamed = 0;           // largest unit's slot bytes (one of the device double buffer)
   size_t max_disk = 0;               // largest unit's staging bytes (one of the host double buffer)
 };
@@ -68,8 +68,14 @@ struct WeightPlacement {
 // Tier chosen by the midpoint rule for a tensor whose byte midpoint sits at `mid_percent`.
 Tier midpoint_tier(double mid_percent, double w_gpu_percent, double w_cpu_percent);
 
+// The bytes a tied lm_head (the embedding's table, `bytes` as held) adds to the homes of the
+// head's tier: none where the table is homed on the same device or host tier (the engine uses
+// that home), all of them otherwise (on disk it is a file of its own).
+size_t tied_head_home_bytes(Tier embed, Tier head, size_t bytes);
+
 // Units per p.sep_layer. `as`: the dtype the device holds weights in, or the checkpoint's dtype
-// per tensor when unset; p.compress_weight makes every 2-D tensor Q4 (held_dtype).
+// per tensor when unset; p.compress_weight makes every 2-D tensor Q4 (held_dtype). bytes: what
+// every tier's homes hold (a tied head counted by tied_head_home_bytes()).
 WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DType> as = std::nullopt);
 // unit_bytes(...).tier
 std::array<uint64_t, 3> place_unit(const std::vector<size_t>& tensor_bytes, const Policy& p);

@@ -171,6 +171,10 @@ MemoryPlan CostModel::plan(const Policy& p) const {
     add(us.layer, uint64_t(c.n_layers));
   }
   add(us.head, 1);
+  if (c.tie_embeddings && !us.embed.empty() && !us.head.empty()) {  // the head shares the token table's home
+    const Tier e = unit_tiers(us.embed, p)[m_.token_index], h = unit_tiers(us.head, p).back();
+    wb.homed[size_t(h)] -= us.head.back() - tied_head_home_bytes(e, h, us.head.back());
+  }
   BatchDims d;
   d.rows = w_.prompt_len;
   d.capacity = w_.prompt_len + w_.gen_len;

@@ -258,8 +258,8 @@ TEST(PlannerWindow, MixedSlidingLayersArePricedAsTheEngineRunsThem) {
   CostModel cm(ModelShape::from_model(model), big_profile(), w);
   ASSERT_EQ(cm.window_cap(), model.config().sliding_window);
   EXPECT_EQ(cm.kv_keep(), w.prompt_len + w.gen_len) << "the full layer keeps everything";
-  // Weights on the device: the host and disk hold the KV cache and its buffers only.
-  for (const char* percent : {"100 0 0 100 100 0", "100 0 0 0 100 0", "100 0 50 50 100 0", "100 0 0 100 0 100"}) {
+  for (const char* percent :
+       {"100 0 0 100 100 0", "100 0 0 0 100 0", "100 0 50 50 100 0", "100 0 0 100 0 100", "0 100 0 100 100 0"}) {
     CpuDevice dev(2);
     test::TempDir dir;
     OffloadOptions o;
@@ -282,6 +282,40 @@ TEST(PlannerWindow, MixedSlidingLayersArePricedAsTheEngineRunsThem) {
       EXPECT_EQ(got[size_t(l)], rep.bytes[size_t(l)]) << percent << " " << link_name(Link(l));
     const auto mem = cm.memory(o.policy);
     for (int t = 1; t < 3; ++t) EXPECT_EQ(mem[size_t(t)], rep.peak[size_t(t)]) << percent << " " << tier_name(Tier(t));
+  }
+}
+
+// A tied lm_head shares the embedding's home on the device or the host (the engine keeps one
+// copy), so the placement and the planner count the table once there; on the disk it is a file
+// of its own. The memory predicted is the engine's peak on each tier.
+TEST(PlannerPlacement, ATiedHeadSharesTheEmbeddingsHome) {
+  for (const char* name : {"tiny-opt", "arch/gemma"}) {
+    Model model = Model::load_dir(model_dir(name));
+    ASSERT_TRUE(model.config().tie_embeddings) << name;
+    Workload w;
+    w.prompt_len = 12;
+    w.gen_len = 4;
+    CostModel cm(ModelShape::from_model(model), big_profile(), w);
+    for (const char* percent : {"100 0 100 0 100 0", "0 100 0 100 100 0", "0 0 0 100 100 0"}) {
+      CpuDevice dev(2);
+      test::TempDir dir;
+      OffloadOptions o;
+      o.policy = make(percent, 2, 1, false);
+      o.offload_dir = dir.path();
+      OffloadEngine eng(model, dev, o);
+      std::vector<GenerationRequest> reqs(2);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        for (int64_t t = 0; t < w.prompt_len; ++t) reqs[i].prompt_ids.push_back(int32_t((3 + 5 * t + int64_t(i)) % 64));
+        reqs[i].max_new_tokens = w.gen_len;
+        reqs[i].sampling.temperature = 0;
+      }
+      GenerateOptions go;
+      go.ignore_eos = true;
+      generate(eng, reqs, go);
+      const auto mem = cm.memory(o.policy);
+      for (int t = 0; t < 3; ++t)
+        EXPECT_EQ(mem[size_t(t)], eng.report().peak[size_t(t)]) << name << " [" << percent << "] " << tier_name(Tier(t));
+    }
   }
 }
 
