@@ -77,6 +77,7 @@ CudaDevice::CudaDevice(const CudaDeviceOptions& o)
   FH_CHECK(dtype_supported(dt_), "the CUDA device computes in F16 or BF16, not ", dtype_name(dt_));
   cudaDeviceProp prop{};
   FH_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+  host_pointers_ = prop.canUseHostPointerForRegisteredMem != 0;
   size_t free_b = 0, total_b = 0;
   FH_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   name_ = std::string(prop.name) + " (" + std::to_string(total_b >> 20) + " MiB)";
@@ -381,14 +382,16 @@ void CudaDevice::gather_rows(Queue q, void* dst, const void* table, int64_t tabl
   cudaPointerAttributes at{};
   const bool visible = cudaPointerGetAttributes(&at, table) == cudaSuccess && at.type != cudaMemoryTypeUnregistered;
   (void)cudaGetLastError();
-  if (visible) {  // device memory or page-locked host memory: one kernel reads the rows
+  // The kernel reads the whole table through the device address of its first registration: right
+  // for device memory, for one registration, or where the device uses host addresses.
+  if (visible && (at.type != cudaMemoryTypeHost || host_pointers_ ||
+                  pin_cuts(table, size_t(table_rows) * row_bytes).empty())) {
     gpu::gather_rows(ids, n, table, table_rows, int64_t(row_bytes), dst, stream(q));
     return;
   }
-  for (int64_t i = 0; i < n; ++i)  // pageable host memory: a copy per row
-    FH_CUDA_CHECK(cudaMemcpyAsync(static_cast<std::byte*>(dst) + size_t(i) * row_bytes,
-                                  static_cast<const std::byte*>(table) + size_t(host_ids[i]) * row_bytes, row_bytes,
-                                  cudaMemcpyHostToDevice, stream(q)));
+  for (int64_t i = 0; i < n; ++i)  // pageable host memory, or a table over several registrations: a copy per row
+    copy(q, static_cast<std::byte*>(dst) + size_t(i) * row_bytes,
+         static_cast<const std::byte*>(table) + size_t(host_ids[i]) * row_bytes, row_bytes);
 }
 
 void CudaDevice::fill_zero(Queue q, void* dst, size_t bytes) {

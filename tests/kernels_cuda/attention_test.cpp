@@ -3,6 +3,7 @@
 // fp32 copies of the same rounded values (which a double-precision host reference with the
 // seq_keys semantics cross-checks on the CPU); write_kv (converting) and kv_gather must match
 // host references bit for bit, padding rows and untouched slots included.
+#include <algorithm>
 #include <tuple>
 #include <utility>
 
@@ -273,20 +274,27 @@ void AttnCheck::check_attention(DType act, DType kvt, int64_t hd, int which, int
   a.scale = scale;
   a.window = window;
   a.softcap = softcap;
-  a.out = upload(std::vector<float>(q.size(), 7.f), act);  // garbage that must be overwritten
   a.out_stride = row;
-  a.key_scores = with_scores ? upload_raw(scores_init) : nullptr;
-  attention(a, stream());
-  const std::string what = std::string("attention ") + dt_str(act) + "/kv " + dt_str(kvt) +
-                           " hd=" + std::to_string(hd) + " shape=" + std::to_string(which) +
-                           " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap);
-  // Inputs are identical, so the output differs by fp32 summation order and one rounding to
-  // act: half an ulp is 2^-11 (f16) or 2^-8 (bf16) relative; outputs are O(1) averages of v.
-  const Tol out_tol = act == DType::F16 ? Tol{2e-3f, 4e-3f} : Tol{1.6e-2f, 1.6e-2f};
-  expect_close(download(a.out, out.size(), act), out, out_tol, what + " out");
-  // Scores are fp32 sums of <= 37 probabilities (plus an O(1) start value) in any order.
-  if (with_scores)
-    expect_close(download_raw(a.key_scores, scores.size()), scores, {1e-5f, 1e-4f}, what + " key_scores");
+  // With max_keys unset (the capacity) and as the engine calls it: the longest sequence's keys,
+  // below the capacity in some shapes, which sizes the kernel's score rows.
+  const int64_t longest = *std::max_element(s.seq_keys.begin(), s.seq_keys.end());
+  for (const int64_t max_keys : {int64_t(0), longest}) {
+    a.max_keys = max_keys;
+    a.out = upload(std::vector<float>(q.size(), 7.f), act);  // garbage that must be overwritten
+    a.key_scores = with_scores ? upload_raw(scores_init) : nullptr;
+    attention(a, stream());
+    const std::string what = std::string("attention ") + dt_str(act) + "/kv " + dt_str(kvt) +
+                             " hd=" + std::to_string(hd) + " shape=" + std::to_string(which) +
+                             " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap) +
+                             " max_keys=" + std::to_string(max_keys);
+    // Inputs are identical, so the output differs by fp32 summation order and one rounding to
+    // act: half an ulp is 2^-11 (f16) or 2^-8 (bf16) relative; outputs are O(1) averages of v.
+    const Tol out_tol = act == DType::F16 ? Tol{2e-3f, 4e-3f} : Tol{1.6e-2f, 1.6e-2f};
+    expect_close(download(a.out, out.size(), act), out, out_tol, what + " out");
+    // Scores are fp32 sums of <= 37 probabilities (plus an O(1) start value) in any order.
+    if (with_scores)
+      expect_close(download_raw(a.key_scores, scores.size()), scores, {1e-5f, 1e-4f}, what + " key_scores");
+  }
 }
 
 // (activation dtype, KV dtype, head_dim, shape)
@@ -301,12 +309,13 @@ TEST_P(AttnGpu, MatchesCpuAttention) {
 // Sliding windows narrower than the prompts and the decode keys (7 of up to 300), Gemma 2's score
 // cap, and head_dim 256 (Gemma), each alone and together, prefill with padding and decode with
 // key scores (shapes 1 and 2).
-using AttnVariantParam = std::tuple<DType, int64_t, int, std::pair<int64_t, float>>;
+// The KV cache in the activations' dtype or in f32.
+using AttnVariantParam = std::tuple<DType, int64_t, int, std::pair<int64_t, float>, bool>;
 class AttnVariantGpu : public AttnCheck, public ::testing::WithParamInterface<AttnVariantParam> {};
 
 TEST_P(AttnVariantGpu, WindowAndSoftcapMatchCpuAttention) {
-  const auto [act, hd, which, ws] = GetParam();
-  check_attention(act, act, hd, which, ws.first, ws.second);
+  const auto [act, hd, which, ws, f32_kv] = GetParam();
+  check_attention(act, f32_kv ? DType::F32 : act, hd, which, ws.first, ws.second);
 }
 
 class AttnBoundGpu : public GpuTest {};
@@ -364,12 +373,14 @@ INSTANTIATE_TEST_SUITE_P(Variants, AttnVariantGpu,
                                             ::testing::Values(std::pair<int64_t, float>{0, 0.f},
                                                               std::pair<int64_t, float>{7, 0.f},
                                                               std::pair<int64_t, float>{0, 2.f},
-                                                              std::pair<int64_t, float>{7, 2.f})),
+                                                              std::pair<int64_t, float>{7, 2.f}),
+                                            ::testing::Bool()),
                          [](const auto& i) {
                            return std::string(dt_str(std::get<0>(i.param))) + "_hd" +
                                   std::to_string(std::get<1>(i.param)) + "_s" + std::to_string(std::get<2>(i.param)) +
                                   "_w" + std::to_string(std::get<3>(i.param).first) + "_cap" +
-                                  std::to_string(int(std::get<3>(i.param).second));
+                                  std::to_string(int(std::get<3>(i.param).second)) +
+                                  (std::get<4>(i.param) ? "_kvF32" : "");
                          });
 
 }  // namespace

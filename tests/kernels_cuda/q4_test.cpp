@@ -369,7 +369,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, Q4EmbedGpu, ::testing::Values(DType::F16, DType
                          [](const auto& i) { return std::string(dt_str(i.param)); });
 INSTANTIATE_TEST_SUITE_P(Shapes, Q4KvGpu,
                          ::testing::Combine(::testing::Values(DType::F16, DType::BF16),
-                                            ::testing::Values(int64_t(64), int64_t(128))),
+                                            ::testing::Values(int64_t(64), int64_t(128), int64_t(256))),
                          [](const auto& i) {
                            return std::string(dt_str(std::get<0>(i.param))) + "_hd" + std::to_string(std::get<1>(i.param));
                          });

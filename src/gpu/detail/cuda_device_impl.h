@@ -95,6 +95,9 @@ class CudaDevice final : public Device {
   CudaDeviceOptions opts_;
   int device_;  // made current before anything else is created
   DType dt_;
+  // The GPU reads registered host memory at its host address (cudaDevAttrCanUseHostPointerForRegisteredMem):
+  // a kernel may then read a table that spans several registrations.
+  bool host_pointers_ = false;
   std::string name_;
   uint64_t budget_default_ = 0;
   std::array<Stream, 3> streams_;
