@@ -8,7 +8,9 @@ namespace flexh2o::cli {
 
 void add_kv_flags(CLI::App* app, KvArgs& a) {
   const char* g = "KV cache policy";
-  app->add_option("--kv-policy", a.policy, "KV cache policy: full, local, sinks, h2o, random")
+  app->add_option("--kv-policy", a.policy,
+                  "KV cache policy: full, local, sinks, h2o, random (full: every token the model attends to; a "
+                  "sliding-window layer keeps only its window once sequences pass it)")
       ->capture_default_str()->group(g);
   app->add_option("--heavy-ratio", a.heavy_ratio,
                   "Heavy hitters (h2o) or random picks (random), fraction of the prompt length")->group(g);

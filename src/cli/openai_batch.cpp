@@ -313,13 +313,16 @@ json logprobs_json(const Choice& c, bool chat, const TokenText& piece) {
     }
     return {{"content", std::move(content)}, {"refusal", nullptr}};
   }
+  // text_offset in characters (code points) of the completion text, as OpenAI and vLLM count:
+  // a token that starts inside a character (a byte-level piece of it) gets that character's.
   json tokens = json::array(), top = json::array(), offsets = json::array();
-  size_t at = 0;
+  int64_t chars = 0;  // characters begun before this token
   for (size_t i = 0; i < c.tokens.size(); ++i) {
     const TokenPiece t = of(c.tokens[i]);
     tokens.push_back(t.text);
-    offsets.push_back(at);
-    at += t.bytes.size();
+    const bool inside = !t.bytes.empty() && (static_cast<unsigned char>(t.bytes[0]) & 0xC0) == 0x80;
+    offsets.push_back(std::max<int64_t>(chars - (inside ? 1 : 0), 0));
+    for (unsigned char ch : t.bytes) chars += (ch & 0xC0) != 0x80;
     json alts = json::object();
     if (i < c.top_logprobs.size())
       for (const TokenLogprob& a : c.top_logprobs[i]) alts[of(a.id).text] = a.logprob;

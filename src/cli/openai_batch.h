@@ -110,7 +110,8 @@ class IdMaker {
 // `model_name` as body.model when the request gave none. `created`: Unix seconds. With
 // Request::logprobs, each choice's "logprobs" in its endpoint's shape (chat: content[{token,
 // logprob, bytes, top_logprobs}]; completions: tokens, token_logprobs, top_logprobs as
-// {token: logprob}, text_offset in bytes), token text from `piece` (empty without one).
+// {token: logprob}, text_offset in characters of the text), token text from `piece` (empty
+// without one).
 nlohmann::json success_line(const Request& r, const std::vector<Choice>& choices, int64_t prompt_tokens,
                             const std::string& model_name, int64_t created, IdMaker& ids,
                             const TokenText& piece = {});

@@ -88,8 +88,8 @@ bool window_caps_full_cache(const ModelConfig& c, int64_t max_len);
 // others keep everything, so each layer attends to the tokens the full cache gives it (Gemma 2/3
 // and Qwen's windows mix the two; a model whose every layer slides is usually capped for the
 // whole run by window_kv_policy() before this sees it). 0 (every layer keeps everything)
-// otherwise. The one rule that the offloading engine (each batch) and the planner (CostModel)
-// apply.
+// otherwise. The one rule that both runners (each batch: OffloadEngine, InMemoryRunner) and the
+// planner (CostModel) apply.
 int64_t full_cache_window(const ModelConfig& c, bool kv_policy, int64_t max_len);
 // Layers of c that slide (attention_window(l) > 0).
 int64_t count_sliding_layers(const ModelConfig& c);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -301,6 +302,21 @@ TEST(OpenAiBatch, LogprobsParseAndTakeEachEndpointsShape) {
   Choice cut{"a", 1, true};  // a stop string after the first token
   with_logprobs(cut, r);
   EXPECT_EQ(cut.tokens, (std::vector<int32_t>{5}));
+}
+
+// text_offset counts characters (code points) of the completion text, as OpenAI and vLLM do:
+// "é" is one character of two bytes, and the byte-level pieces of "€" share its offset.
+TEST(OpenAiBatch, TextOffsetsCountCharacters) {
+  const std::map<int32_t, std::string> bytes = {{1, "\xc3\xa9"}, {2, "b"}, {3, "\xe2\x82"}, {4, "\xac"}, {5, "x"}};
+  const TokenText piece = [&](int32_t id) { return TokenPiece{bytes.at(id), bytes.at(id)}; };
+  Choice c{"\xc3\xa9" "b\xe2\x82\xacx", 5, false, {1, 2, 3, 4, 5}, {-1, -1, -1, -1, -1}, {}};
+  const Parsed p = parse_input_line(completion({{"logprobs", 0}}), opt_hooks());
+  ASSERT_TRUE(p.request) << (p.error ? p.error->message : "");
+  IdMaker ids(1);
+  const json line = success_line(*p.request, {c}, 1, "m", 1, ids, piece);
+  // "éb€x": é 0, b 1, € 2 (both of its pieces), x 3.
+  EXPECT_EQ(line["response"]["body"]["choices"][0]["logprobs"]["text_offset"], json::array({0, 1, 2, 2, 3}))
+      << line.dump();
 }
 
 TEST(OpenAiBatch, OutputLinesHaveOpenAisShape) {
