@@ -75,12 +75,16 @@ int64_t full_cache_window(const ModelConfig& c, bool kv_policy, int64_t max_len)
   return count_sliding_layers(c) > 0 ? c.sliding_window : 0;
 }
 
-KvPolicyConfig window_kv_policy(const ModelConfig& c, const KvPolicyConfig& kv, int64_t max_len) {
-  if (kv.kind != KvPolicyKind::kFull || !window_caps_full_cache(c, max_len)) return kv;
+KvPolicyConfig window_local_policy(const ModelConfig& c) {
   KvPolicyConfig local;
   local.kind = KvPolicyKind::kLocal;
-  local.recent_budget = c.sliding_window;  // the incoming token included: the query's window
+  local.recent_budget = c.sliding_window;
   return local;
+}
+
+KvPolicyConfig window_kv_policy(const ModelConfig& c, const KvPolicyConfig& kv, int64_t max_len) {
+  if (kv.kind != KvPolicyKind::kFull || !window_caps_full_cache(c, max_len)) return kv;
+  return window_local_policy(c);
 }
 
 void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {

@@ -58,12 +58,7 @@ OffloadEngine::Impl::Impl(OffloadEngine& engine)
       hidden_in(!engine.model_.stage_range().embed()),
       hidden_out(!engine.model_.stage_range().head()) {
   parked.resize(1);
-  if (c.sliding_window > 0) {
-    KvPolicyConfig local;
-    local.kind = KvPolicyKind::kLocal;
-    local.recent_budget = c.sliding_window;  // the incoming token included: the query's window
-    window_policy = make_policy(local);
-  }
+  if (c.sliding_window > 0) window_policy = make_policy(window_local_policy(c));
 }
 
 void OffloadEngine::Impl::select_group(int g) {

@@ -9,12 +9,7 @@ namespace flexh2o {
 InMemoryRunner::InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* policy, DType kv_dtype,
                                bool window_cap)
     : fwd_(fwd), max_batch_(max_batch), policy_(policy), kv_dtype_(kv_dtype), window_cap_(window_cap) {
-  if (const int64_t w = fwd.model().config().sliding_window; w > 0) {
-    KvPolicyConfig local;
-    local.kind = KvPolicyKind::kLocal;
-    local.recent_budget = w;  // the incoming token included: the query's window
-    window_policy_ = make_policy(local);
-  }
+  if (fwd.model().config().sliding_window > 0) window_policy_ = make_policy(window_local_policy(fwd.model().config()));
 }
 
 void InMemoryRunner::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,

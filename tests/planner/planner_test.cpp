@@ -204,6 +204,34 @@ INSTANTIATE_TEST_SUITE_P(
         KvBytesCase{"tiny-llama", "0 0 0 0 100 0", 3, 1, false, KvPolicyKind::kLocal, 0, 5, 12, 6},
         KvBytesCase{"tiny-llama", "0 100 0 0 0 100", 1, 2, true, KvPolicyKind::kLocal, 0, 9, 7, 8}));
 
+// The offloading engine on the CPU device under policy p (and a KV policy, or none), after a
+// greedy run of n prompts of w.prompt_len synthetic ids below `vocab`, w.gen_len tokens each
+// with EOS ignored: the run whose bytes and memory the planner predicts.
+struct EngineRun {
+  OffloadReport report;
+  int64_t window_cap = 0;
+};
+EngineRun run_synthetic(const Model& model, const Policy& p, const KvPolicy* kv, const Workload& w, int64_t n,
+                        int32_t vocab) {
+  CpuDevice dev(2);
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = p;
+  o.offload_dir = dir.path();
+  o.kv_policy = kv;
+  OffloadEngine eng(model, dev, o);
+  std::vector<GenerationRequest> reqs(static_cast<size_t>(n));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    for (int64_t t = 0; t < w.prompt_len; ++t) reqs[i].prompt_ids.push_back(int32_t((3 + 5 * t + int64_t(i)) % vocab));
+    reqs[i].max_new_tokens = w.gen_len;
+    reqs[i].sampling.temperature = 0;
+  }
+  GenerateOptions go;
+  go.ignore_eos = true;
+  generate(eng, reqs, go);
+  return {eng.report(), eng.window_cap()};
+}
+
 // The full cache of a model whose every layer slides, past the window (arch/mistral: window 20,
 // 24 + 12 tokens): the planner prices what the run does (window_kv_policy's `local` at 20), so
 // its bytes per link and memory equal the engine's, and the same shapes without a window grow
@@ -216,34 +244,19 @@ TEST(PlannerWindow, AFullCachePastAnAllSlidingWindowIsPricedAtTheWindow) {
   const KvPolicyConfig kc = window_kv_policy(model.config(), KvPolicyConfig{}, w.prompt_len + w.gen_len);
   ASSERT_EQ(kc.kind, KvPolicyKind::kLocal);
   const auto policy = make_policy(kc);
-  CpuDevice dev(2);
-  test::TempDir dir;
-  OffloadOptions o;
-  o.policy = make("0 100 0 100 100 0", 2, 2, false);
-  o.offload_dir = dir.path();
-  o.kv_policy = policy.get();
-  OffloadEngine eng(model, dev, o);
-  std::vector<GenerationRequest> reqs(size_t(o.policy.block_size()));
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    for (int64_t t = 0; t < w.prompt_len; ++t) reqs[i].prompt_ids.push_back(int32_t((3 + 5 * t + int64_t(i)) % 128));
-    reqs[i].max_new_tokens = w.gen_len;
-    reqs[i].sampling.temperature = 0;
-  }
-  GenerateOptions go;
-  go.ignore_eos = true;
-  generate(eng, reqs, go);
+  const Policy p = make("0 100 0 100 100 0", 2, 2, false);
+  const OffloadReport rep = run_synthetic(model, p, policy.get(), w, p.block_size(), 128).report;
   CostModel cm(ModelShape::from_model(model), big_profile(), w);  // w.kv unset: the full cache
   EXPECT_EQ(cm.kv_keep(), model.config().sliding_window - 1);
-  const OffloadReport rep = eng.report();
-  const auto got = cm.bytes(o.policy);
+  const auto got = cm.bytes(p);
   for (int l = 0; l < kNumLinks; ++l) EXPECT_EQ(got[size_t(l)], rep.bytes[size_t(l)]) << link_name(Link(l));
-  EXPECT_EQ(cm.memory(o.policy)[1], rep.peak[1]) << "host";
+  EXPECT_EQ(cm.memory(p)[1], rep.peak[1]) << "host";
   ModelShape unslid = ModelShape::from_model(model);
   unslid.config.sliding_window = 0;
   unslid.config.sliding_layers.clear();
   CostModel cf(unslid, big_profile(), w);
   EXPECT_EQ(cf.kv_keep(), w.prompt_len + w.gen_len);
-  EXPECT_LT(cm.memory(o.policy)[1], cf.memory(o.policy)[1]);
+  EXPECT_LT(cm.memory(p)[1], cf.memory(p)[1]);
 }
 
 // The full cache of a model where only some layers slide (arch/gemma2: window 20, one sliding
@@ -260,27 +273,14 @@ TEST(PlannerWindow, MixedSlidingLayersArePricedAsTheEngineRunsThem) {
   EXPECT_EQ(cm.kv_keep(), w.prompt_len + w.gen_len) << "the full layer keeps everything";
   for (const char* percent :
        {"100 0 0 100 100 0", "100 0 0 0 100 0", "100 0 50 50 100 0", "100 0 0 100 0 100", "0 100 0 100 100 0"}) {
-    CpuDevice dev(2);
-    test::TempDir dir;
-    OffloadOptions o;
-    o.policy = make(percent, 2, 2, false);
-    o.offload_dir = dir.path();
-    OffloadEngine eng(model, dev, o);
-    std::vector<GenerationRequest> reqs(size_t(o.policy.block_size()));
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      for (int64_t t = 0; t < w.prompt_len; ++t) reqs[i].prompt_ids.push_back(int32_t((3 + 5 * t + int64_t(i)) % 128));
-      reqs[i].max_new_tokens = w.gen_len;
-      reqs[i].sampling.temperature = 0;
-    }
-    GenerateOptions go;
-    go.ignore_eos = true;
-    generate(eng, reqs, go);
-    ASSERT_EQ(eng.window_cap(), model.config().sliding_window) << percent;
-    const OffloadReport rep = eng.report();
-    const auto got = cm.bytes(o.policy);
+    const Policy p = make(percent, 2, 2, false);
+    const EngineRun run = run_synthetic(model, p, nullptr, w, p.block_size(), 128);
+    ASSERT_EQ(run.window_cap, model.config().sliding_window) << percent;
+    const OffloadReport& rep = run.report;
+    const auto got = cm.bytes(p);
     for (int l = 0; l < kNumLinks; ++l)
       EXPECT_EQ(got[size_t(l)], rep.bytes[size_t(l)]) << percent << " " << link_name(Link(l));
-    const auto mem = cm.memory(o.policy);
+    const auto mem = cm.memory(p);
     for (int t = 1; t < 3; ++t) EXPECT_EQ(mem[size_t(t)], rep.peak[size_t(t)]) << percent << " " << tier_name(Tier(t));
   }
 }
@@ -297,24 +297,11 @@ TEST(PlannerPlacement, ATiedHeadSharesTheEmbeddingsHome) {
     w.gen_len = 4;
     CostModel cm(ModelShape::from_model(model), big_profile(), w);
     for (const char* percent : {"100 0 100 0 100 0", "0 100 0 100 100 0", "0 0 0 100 100 0"}) {
-      CpuDevice dev(2);
-      test::TempDir dir;
-      OffloadOptions o;
-      o.policy = make(percent, 2, 1, false);
-      o.offload_dir = dir.path();
-      OffloadEngine eng(model, dev, o);
-      std::vector<GenerationRequest> reqs(2);
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        for (int64_t t = 0; t < w.prompt_len; ++t) reqs[i].prompt_ids.push_back(int32_t((3 + 5 * t + int64_t(i)) % 64));
-        reqs[i].max_new_tokens = w.gen_len;
-        reqs[i].sampling.temperature = 0;
-      }
-      GenerateOptions go;
-      go.ignore_eos = true;
-      generate(eng, reqs, go);
-      const auto mem = cm.memory(o.policy);
+      const Policy p = make(percent, 2, 1, false);
+      const OffloadReport rep = run_synthetic(model, p, nullptr, w, 2, 64).report;
+      const auto mem = cm.memory(p);
       for (int t = 0; t < 3; ++t)
-        EXPECT_EQ(mem[size_t(t)], eng.report().peak[size_t(t)]) << name << " [" << percent << "] " << tier_name(Tier(t));
+        EXPECT_EQ(mem[size_t(t)], rep.peak[size_t(t)]) << name << " [" << percent << "] " << tier_name(Tier(t));
     }
   }
 }
