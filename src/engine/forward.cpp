@@ -54,7 +54,7 @@ void Forward::step(const int32_t* ids, const int32_t* positions, int64_t T, cons
         ea.policy = policy;
         ea.config = &c;
         ea.seg = seg;
-        ea.state = &cache.state(i);
+        ea.state = cache.state(i);
         ea.len_before = cache.lengths(k).data();
         ea.len_after = evicted_[size_t(k)].data();
         ea.seen_before = cache.seen().data();

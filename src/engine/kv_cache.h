@@ -6,6 +6,7 @@
 // Owns its memory; move-only; not thread-safe (one batch is driven by one thread).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -41,17 +42,22 @@ class KvCache {
       v_.emplace_back(n);
     }
   }
-  // With a policy: per-layer scores/positions, per-sequence budgets (of class 1: window_budgets)
-  // and tokens seen.
+  // With a policy: per-sequence budgets (of class 1: window_budgets), tokens seen, and the
+  // per-layer scores/positions of the layers whose class has a bounded budget.
   void enable_policy(const ModelConfig& c, std::vector<KvBudget> budgets, std::vector<KvBudget> window_budgets = {}) {
-    state_.resize(k_.size());
-    for (size_t l = 0; l < state_.size(); ++l) state_[l].reset(batch_, c.n_kv_heads, capacity(layer_class(int(l))));
     budgets_[0] = std::move(budgets);
     budgets_[1] = std::move(window_budgets);
+    state_.assign(k_.size(), KvPolicyState{});
+    for (size_t l = 0; l < state_.size(); ++l) {
+      const std::vector<KvBudget>& b = budgets_[size_t(layer_class(int(l)))];
+      if (std::any_of(b.begin(), b.end(), [](const KvBudget& x) { return !x.unbounded; }))
+        state_[l].reset(batch_, c.n_kv_heads, capacity(layer_class(int(l))));
+    }
     seen_.assign(size_t(batch_), 0);
   }
   bool has_policy() const { return !state_.empty(); }
-  KvPolicyState& state(int layer) { return state_[size_t(layer)]; }
+  // Null for a layer that never evicts (EvictArgs::state).
+  KvPolicyState* state(int layer) { return state_[size_t(layer)].capacity ? &state_[size_t(layer)] : nullptr; }
   const std::vector<KvBudget>& budgets(int cls = 0) const { return budgets_[size_t(cls)]; }
   std::vector<int32_t>& seen() { return seen_; }
   KvCache(KvCache&&) = default;

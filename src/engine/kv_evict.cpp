@@ -91,10 +91,20 @@ void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
   const ModelConfig& c = *a.config;
   const int64_t kvh = c.n_kv_heads, cap = a.score_capacity ? a.score_capacity : a.seg.capacity;
   const int64_t group = c.n_heads / c.n_kv_heads;
-  const int64_t scap = a.state->capacity;  // the state may be wider than this segment's buffer
-  FH_CHECK(a.state->kv_heads == kvh, "policy state shape mismatch");
   a.dirty_lo->assign(size_t(a.seg.n_seq * kvh), 0);
   a.dirty_hi->assign(size_t(a.seg.n_seq * kvh), 0);
+  if (!a.state) {  // the new rows stay where they were written
+    for (int64_t b = 0; b < a.seg.n_seq; ++b) {
+      FH_CHECK(a.budgets[b].unbounded, "KV policy: sequence ", b, " has a bounded budget but no policy state");
+      for (int64_t h = 0; h < kvh; ++h) {
+        (*a.dirty_lo)[size_t(b * kvh + h)] = a.len_before[b];
+        (*a.dirty_hi)[size_t(b * kvh + h)] = a.len_after[b];
+      }
+    }
+    return;
+  }
+  const int64_t scap = a.state->capacity;  // the state may be wider than this segment's buffer
+  FH_CHECK(a.state->kv_heads == kvh, "policy state shape mismatch");
   std::vector<int32_t> victims, keep;
   WindowScratch scratch;
   for (int64_t b = 0; b < a.seg.n_seq; ++b) {

@@ -28,6 +28,10 @@ struct KvPolicyState {
     pos.assign(size_t(n * heads * cap), 0);
   }
   size_t bytes() const { return acc.size() * sizeof(float) + pos.size() * sizeof(int32_t); }
+  // bytes() after reset(n, heads, cap).
+  static uint64_t bytes_for(int64_t n, int64_t heads, int64_t cap) {
+    return uint64_t(n * heads * cap) * (sizeof(float) + sizeof(int32_t));
+  }
 };
 
 struct EvictArgs {
@@ -36,7 +40,7 @@ struct EvictArgs {
   KvSegment seg;                  // K/V rows of seg.n_seq sequences (and optional key_scores)
   int64_t score_capacity = 0;     // row stride of seg.key_scores (0: seg.capacity)
   int64_t state_first = 0;        // index of seg's first sequence inside `state` (its capacity >= seg's)
-  KvPolicyState* state = nullptr;
+  KvPolicyState* state = nullptr;  // null: every budget is unbounded (nothing evicts, nothing to keep)
   const int32_t* len_before = nullptr;  // [seg.n_seq] cached tokens before the step
   int32_t* len_after = nullptr;         // [seg.n_seq] in: before + new rows; out: after eviction
   const int32_t* seen_before = nullptr; // [seg.n_seq] tokens the sequence had seen before the step

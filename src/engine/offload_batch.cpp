@@ -11,14 +11,16 @@ namespace flexh2o {
 Buffer OffloadEngine::Impl::alloc(MemKind kind, Tier t, size_t bytes, const std::string& what) {
   Buffer b;
   if (!bytes) return b;
-  Status s = dev.allocate(kind, bytes, *e.budgets_[size_t(t)], what, &b);
-  if (!s.ok()) {
-    if (!allocated && batch == 0) FH_FAIL(s.message());
-    const MemoryPlan need = plan_memory(c, WeightBytes::of(e.placement_), p, dims(), {dev.kind(), kvdt, adt});
-    FH_FAIL(s.message(), "\nthis batch (", batch, " sequences, prompt ", s_max, ", capacity ", capacity,
-            ") needs per tier:\n", need.breakdown(), "lower the batch size, use a KV policy or move data to a lower tier");
-  }
+  fail_unless(dev.allocate(kind, bytes, *e.budgets_[size_t(t)], what, &b));
   return b;
+}
+
+void OffloadEngine::Impl::fail_unless(const Status& s) {
+  if (s.ok()) return;
+  if (!allocated && batch == 0) FH_FAIL(s.message());
+  const MemoryPlan need = plan_memory(c, WeightBytes::of(e.placement_), p, dims(), {dev.kind(), kvdt, adt});
+  FH_FAIL(s.message(), "\nthis batch (", batch, " sequences, prompt ", s_max, ", capacity ", capacity,
+          ") needs per tier:\n", need.breakdown(), "lower the batch size, use a KV policy or move data to a lower tier");
 }
 
 BatchDims OffloadEngine::Impl::dims() const {
@@ -93,6 +95,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
     n_max = std::max(n_max, mb.n);
     off_max = std::max(off_max, sp.n_host + sp.n_disk);
     nk_max = std::max(nk_max, sp.n_disk);
+    uint64_t state_bytes = 0;
     for (int l = 0; l < L; ++l) {
       const KvClass& kc = kv_class(l);
       const std::string tag = "KV layer " + std::to_string(l) + " micro-batch " + std::to_string(k);
@@ -109,11 +112,15 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
         mb.kv_disk.push_back(e.store_->run_name(g + std::to_string(l) + ".mb" + std::to_string(k)));
         e.store_->create(mb.kv_disk.back(), bytes).throw_if_error();
       }
-      if (kv_policy) {
+      if (kv_policy) {  // a class that never evicts keeps no state (evict_args passes none)
         mb.policy_state.emplace_back();
-        mb.policy_state.back().reset(mb.n, c.n_kv_heads, kc.cap_w);
+        if (kc.evicts()) mb.policy_state.back().reset(mb.n, c.n_kv_heads, kc.cap_w);
+        state_bytes += mb.policy_state.back().bytes();
       }
     }
+    if (state_bytes)
+      fail_unless(TierCharge::reserve(*e.budgets_[1], state_bytes, "KV policy state micro-batch " + std::to_string(k),
+                                      &mb.policy_charge));
     const size_t hidden = size_t(mb.n * s_max * c.hidden) * es_a;
     if (p.act_cpu_percent == 100) mb.hidden_host = alloc(MemKind::kPinned, Tier::kHost, hidden, "hidden states");
     else mb.hidden_device = alloc(MemKind::kDevice, Tier::kDevice, hidden, "hidden states");

@@ -91,7 +91,8 @@ EvictArgs OffloadEngine::Impl::evict_args(int l, int k, const KvSegment& seg, in
   ea.seg.window = c.attention_window(l);
   ea.score_capacity = score_cap;
   ea.state_first = mb_seq;
-  ea.state = &mb.policy_state[size_t(l)];
+  KvPolicyState& state = mb.policy_state[size_t(l)];
+  ea.state = state.capacity ? &state : nullptr;
   ea.len_before = kc.len_before.data() + g0;
   ea.len_after = after.data();
   ea.seen_before = seen.data() + g0;

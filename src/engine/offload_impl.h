@@ -4,6 +4,7 @@
 // lengths), offload_moves.cpp (transfers), offload_compute.cpp (compute and KV decisions).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>
@@ -43,7 +44,8 @@ struct WeightHome {
 struct MicroBatch {
   int64_t first = 0, n = 0;  // global sequence range
   KvSplit split;
-  std::vector<KvPolicyState> policy_state;  // [layer], when a KV policy is set
+  std::vector<KvPolicyState> policy_state;  // [layer], when a KV policy is set (empty: never evicts)
+  TierCharge policy_charge;                 // their bytes, on the host budget
   std::vector<Buffer> kv_device, kv_host;   // [layer]: K region then V region
   std::vector<std::string> kv_disk;         // [layer]: store entry (same layout as kv_host)
   std::vector<TierCharge> kv_disk_charge;
@@ -62,6 +64,9 @@ struct BatchState {
   struct KvClass : KvSlots {
     std::vector<KvBudget> budgets;                          // [B] with a policy
     std::vector<int32_t> len_before, len_after, len_final;  // [B] cached tokens before / after / kept
+    bool evicts() const {
+      return std::any_of(budgets.begin(), budgets.end(), [](const KvBudget& b) { return !b.unbounded; });
+    }
   };
 
   // Current batch.
@@ -112,6 +117,8 @@ struct OffloadEngine::Impl : BatchState {
   void prepare_step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows);
   void finish_step(std::vector<float>& logits, std::vector<std::byte>* hidden_out_rows);
   Buffer alloc(MemKind kind, Tier t, size_t bytes, const std::string& what);
+  // Throws when an allocation or charge failed: the message and this batch's needs per tier.
+  void fail_unless(const Status& s);
   BatchDims dims() const;
 
   // ---- actions (offload_moves.cpp, offload_compute.cpp)

@@ -87,7 +87,7 @@ TEST_P(KvPolicyEngine, CacheNeverHoldsMoreThanTheBudget) {
     EXPECT_EQ(cache.seen()[0], S + i + 1);
     // The most recent tokens (recent - 1 of them) always survive; positions stay unique.
     for (int h = 0; h < c.n_kv_heads; ++h) {
-      const int32_t* pp = cache.state(0).pos.data() + h * cache.capacity();
+      const int32_t* pp = cache.state(0)->pos.data() + h * cache.capacity();
       std::vector<int32_t> kept(pp, pp + 6);
       std::sort(kept.begin(), kept.end());
       EXPECT_EQ(std::adjacent_find(kept.begin(), kept.end()), kept.end());

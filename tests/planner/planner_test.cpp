@@ -170,6 +170,11 @@ TEST_P(PlannerKvBytes, EqualTheEngineCounters) {
   for (int l = 0; l < kNumLinks; ++l)
     EXPECT_EQ(got[size_t(l)], rep.bytes[size_t(l)]) << link_name(Link(l)) << " for " << o.policy.str() << " "
                                                     << describe(kc);
+  // The memory too, the policy's per-slot state included.
+  for (int t = 1; t < 3; ++t)
+    EXPECT_EQ(cm.memory(o.policy)[size_t(t)], rep.peak[size_t(t)])
+        << tier_name(Tier(t)) << " for " << o.policy.str() << " " << describe(kc) << "\n"
+        << cm.memory_breakdown(o.policy);
   // Without the policy the cache grows to prompt+gen: strictly more KV bytes when anything is offloaded.
   Workload full = w;
   full.kv.reset();
