@@ -114,11 +114,15 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   add(Tier::kHost, "hidden states", act_host ? K * m.hidden : 0);
   add(Tier::kHost, "host attention rows", host_attention ? 2 * off * dec * (m.qkv_rows + m.attn_rows) : 0);
   add(Tier::kHost, "attention scores", 2 * m.scores);
-  // A policy's scores and positions per slot, in the layers that evict: all of them, or under a
-  // window cap the sliding ones (the others never evict).
-  if (d.kv_policy)
+  // A policy's scores and positions per slot, in the layers that evict (all of them, or under a
+  // window cap the sliding ones: the others never evict): what each keeps between steps, and one
+  // micro-batch's rows over the whole prompt for the prefill's decisions.
+  if (d.kv_policy) {
+    const KvSlots& ev = LW ? m.window : full;
     add(Tier::kHost, "KV policy state",
-        K * (LW ? LW : L) * KvPolicyState::bytes_for(int64_t(n), c.n_kv_heads, LW ? m.window.cap_w : m.cap_w));
+        K * (LW ? LW : L) * KvPolicyState::bytes_for(int64_t(n), c.n_kv_heads, ev.cap_h) +
+            KvPolicyState::bytes_for(int64_t(n), c.n_kv_heads, ev.cap_w));
+  }
   add(Tier::kHost, "keep lists", 2 * m.keep);
   add(Tier::kHost, "step inputs and logits", m.inputs + m.logits);
   add(Tier::kHost, "stage hidden rows in and out", m.hidden_in + m.hidden_out);

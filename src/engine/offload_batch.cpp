@@ -114,7 +114,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
       }
       if (kv_policy) {  // a class that never evicts keeps no state (evict_args passes none)
         mb.policy_state.emplace_back();
-        if (kc.evicts()) mb.policy_state.back().reset(mb.n, c.n_kv_heads, kc.cap_w);
+        if (kc.evicts()) mb.policy_state.back().reset(mb.n, c.n_kv_heads, kc.cap_h);
         state_bytes += mb.policy_state.back().bytes();
       }
     }
@@ -125,6 +125,16 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
     if (p.act_cpu_percent == 100) mb.hidden_host = alloc(MemKind::kPinned, Tier::kHost, hidden, "hidden states");
     else mb.hidden_device = alloc(MemKind::kDevice, Tier::kDevice, hidden, "hidden states");
     mbs.push_back(std::move(mb));
+  }
+  int64_t decide_cap = 0;  // the widest prefill row of a class that evicts
+  for (int i = 0; i < n_classes; ++i)
+    if (kv_policy && kvc[size_t(i)].evicts()) decide_cap = std::max(decide_cap, kvc[size_t(i)].cap_w);
+  prefill_state = KvPolicyState{};
+  prefill_state_charge = TierCharge();
+  if (decide_cap) {
+    prefill_state.reset(n_max, c.n_kv_heads, decide_cap);
+    fail_unless(TierCharge::reserve(*e.budgets_[1], prefill_state.bytes(), "KV policy state (prefill)",
+                                    &prefill_state_charge));
   }
   for (int s = 0; s < 2; ++s) {
     const size_t i = size_t(s);

@@ -210,13 +210,16 @@ void OffloadEngine::Impl::update_cache(int u, int k) {
       dev.host_access(agent, lists, keep_host[slot].size(), true);
       std::fill(counts, counts + listed * kvh, 0);
       const KvSegment seg{nullptr, nullptr, kvdt, 0, listed, cap_w, scores};
-      decide_kv_policy(evict_args(l, k, seg, 0, cap_w, after, dlo, dhi),
-                       [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
-                         const int64_t r = b * kvh + h;
-                         std::copy(keep.begin(), keep.end(), lists + r * cap_w);
-                         counts[r] = int32_t(keep.size());
-                       });
+      EvictArgs ea = evict_args(l, k, seg, 0, cap_w, after, dlo, dhi);
+      KvPolicyState* kept_state = ea.state;
+      if (prefill && kept_state) ea.state = &prefill_state;  // the whole prompt, then its kept rows
+      decide_kv_policy(ea, [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
+        const int64_t r = b * kvh + h;
+        std::copy(keep.begin(), keep.end(), lists + r * cap_w);
+        counts[r] = int32_t(keep.size());
+      });
       check_kept(after, len_final, mb.first);
+      if (ea.state != kept_state) keep_prefill_state(*kept_state, listed, after);
       if (kept_mode())  // the disk rows store_kept() brings to the host: all of them
         for (int64_t b = mb.first + sp.n_device + sp.n_host; b < mb.first + mb.n; ++b)
           for (int64_t h = 0; h < kvh; ++h) {
@@ -246,6 +249,18 @@ void OffloadEngine::Impl::update_cache(int u, int k) {
         }
     }
   });
+}
+
+void OffloadEngine::Impl::keep_prefill_state(KvPolicyState& to, int64_t n_seq, const std::vector<int32_t>& kept) {
+  const int64_t kvh = c.n_kv_heads, from_cap = prefill_state.capacity, to_cap = to.capacity;
+  for (int64_t b = 0; b < n_seq; ++b) {
+    FH_CHECK(kept[size_t(b)] <= to_cap, "policy state holds ", to_cap, " slots, sequence keeps ", kept[size_t(b)]);
+    for (int64_t h = 0; h < kvh; ++h) {
+      const size_t src = size_t((b * kvh + h) * from_cap), dst = size_t((b * kvh + h) * to_cap);
+      std::copy_n(prefill_state.acc.begin() + src, kept[size_t(b)], to.acc.begin() + dst);
+      std::copy_n(prefill_state.pos.begin() + src, kept[size_t(b)], to.pos.begin() + dst);
+    }
+  }
 }
 
 void OffloadEngine::Impl::gather_cache(int u, int k) {

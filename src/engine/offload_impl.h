@@ -44,7 +44,9 @@ struct WeightHome {
 struct MicroBatch {
   int64_t first = 0, n = 0;  // global sequence range
   KvSplit split;
-  std::vector<KvPolicyState> policy_state;  // [layer], when a KV policy is set (empty: never evicts)
+  // [layer], when a KV policy is set: cap_h slots a row, what a sequence keeps between steps
+  // (empty: the layer never evicts).
+  std::vector<KvPolicyState> policy_state;
   TierCharge policy_charge;                 // their bytes, on the host budget
   std::vector<Buffer> kv_device, kv_host;   // [layer]: K region then V region
   std::vector<std::string> kv_disk;         // [layer]: store entry (same layout as kv_host)
@@ -79,6 +81,10 @@ struct BatchState {
   int64_t window = 0;  // the window cap, 0: none
   std::array<KvClass, 2> kvc;
   int n_classes = 1;
+  // The prefill's decisions over the whole prompt (cap_w slots a row, one micro-batch: the host
+  // queue decides one layer at a time); the kept rows then go to MicroBatch::policy_state.
+  KvPolicyState prefill_state;
+  TierCharge prefill_state_charge;
   std::vector<int32_t> seen;  // [B] tokens seen (next token's position)
   std::vector<std::vector<int32_t>> dirty_lo, dirty_hi;  // per layer [B*kvh]: disk rows to store
   std::vector<MicroBatch> mbs;
@@ -166,6 +172,8 @@ struct OffloadEngine::Impl : BatchState {
   // Disk KV of (layer, k): page-aligned ranges of the staging slot, read or written at once.
   void disk_kv(int l, int k, const Buffer& stage, bool write, const std::vector<int32_t>& lo,
                const std::vector<int32_t>& hi, int64_t seq0);
+  // The kept slots [0, kept[b]) of the first n_seq rows of prefill_state into `to` (a layer's state).
+  void keep_prefill_state(KvPolicyState& to, int64_t n_seq, const std::vector<int32_t>& kept);
   EvictArgs evict_args(int l, int k, const KvSegment& seg, int64_t first_seq_in_mb, int64_t score_cap,
                        std::vector<int32_t>& after, std::vector<int32_t>& dlo, std::vector<int32_t>& dhi);
 
