@@ -6,7 +6,6 @@
 // Owns its memory; move-only; not thread-safe (one batch is driven by one thread).
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -29,8 +28,7 @@ class KvCache {
     FH_CHECK(batch > 0 && capacity > 0 && window_capacity >= 0, "KV cache needs batch > 0 and capacity > 0");
     FH_CHECK(dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16 || dtype == DType::Q4,
              "KV cache dtype must be F32, F16, BF16 or Q4");
-    int64_t sliding = 0;
-    for (int64_t l = 0; l < c.n_layers; ++l) sliding += c.attention_window(l) > 0;
+    const int64_t sliding = count_sliding_layers(c);
     const bool capped = window_capacity > 0 && sliding > 0, two = capped && sliding < c.n_layers;
     n_classes_ = two ? 2 : 1;
     for (int64_t l = 0; two && l < c.n_layers; ++l) class_[size_t(l)] = c.attention_window(l) > 0;
@@ -49,8 +47,7 @@ class KvCache {
     budgets_[1] = std::move(window_budgets);
     state_.assign(k_.size(), KvPolicyState{});
     for (size_t l = 0; l < state_.size(); ++l) {
-      const std::vector<KvBudget>& b = budgets_[size_t(layer_class(int(l)))];
-      if (std::any_of(b.begin(), b.end(), [](const KvBudget& x) { return !x.unbounded; }))
+      if (any_bounded(budgets_[size_t(layer_class(int(l)))]))
         state_[l].reset(batch_, c.n_kv_heads, capacity(layer_class(int(l))));
     }
     seen_.assign(size_t(batch_), 0);

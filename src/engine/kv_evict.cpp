@@ -70,6 +70,10 @@ int64_t count_sliding_layers(const ModelConfig& c) {
   return n;
 }
 
+bool any_bounded(std::span<const KvBudget> budgets) {
+  return std::any_of(budgets.begin(), budgets.end(), [](const KvBudget& b) { return !b.unbounded; });
+}
+
 int64_t full_cache_window(const ModelConfig& c, bool kv_policy, int64_t max_len) {
   if (kv_policy || c.sliding_window == 0 || max_len <= c.sliding_window) return 0;
   return count_sliding_layers(c) > 0 ? c.sliding_window : 0;

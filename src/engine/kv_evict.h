@@ -97,6 +97,8 @@ bool window_caps_full_cache(const ModelConfig& c, int64_t max_len);
 int64_t full_cache_window(const ModelConfig& c, bool kv_policy, int64_t max_len);
 // Layers of c that slide (attention_window(l) > 0).
 int64_t count_sliding_layers(const ModelConfig& c);
+// Whether any of these budgets is bounded: a layer under them evicts, and keeps policy state.
+bool any_bounded(std::span<const KvBudget> budgets);
 // `local` at c.sliding_window, the incoming token included: a query's window. What a capped
 // sliding layer keeps (window_kv_policy, full_cache_window).
 KvPolicyConfig window_local_policy(const ModelConfig& c);

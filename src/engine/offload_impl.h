@@ -4,7 +4,6 @@
 // lengths), offload_moves.cpp (transfers), offload_compute.cpp (compute and KV decisions).
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>
@@ -66,9 +65,7 @@ struct BatchState {
   struct KvClass : KvSlots {
     std::vector<KvBudget> budgets;                          // [B] with a policy
     std::vector<int32_t> len_before, len_after, len_final;  // [B] cached tokens before / after / kept
-    bool evicts() const {
-      return std::any_of(budgets.begin(), budgets.end(), [](const KvBudget& b) { return !b.unbounded; });
-    }
+    bool evicts() const { return any_bounded(budgets); }
   };
 
   // Current batch.
