@@ -164,6 +164,12 @@ int main(int argc, char** argv) {
       const double ms = bn.time_ms([&] { attention(a, s); });
       const double bytes = 2.0 * B * H * n * hd * 2 + 2.0 * B * H * n * 4;  // K+V + scores rw
       rows.push_back({"decode attention B8 H32 d128 n2048 f16", "GB/s", ms, bytes / ms / 1e6, copy_gbs});
+      // The same rows on the streamed path (no score row in shared memory; two q.k passes),
+      // which every row longer than shared memory holds (~56k keys) takes.
+      AttentionArgs st = a;
+      st.path = AttentionPath::kStreamed;
+      const double sms = bn.time_ms([&] { attention(st, s); });
+      rows.push_back({"decode attention B8 H32 d128 n2048 f16 streamed", "GB/s", sms, bytes / sms / 1e6, copy_gbs});
       // prefill: B=1, 512 queries over 512 keys
       AttentionArgs pf = a;
       pf.batch = 1; pf.tq = 512; pf.capacity = 512;
@@ -176,6 +182,29 @@ int main(int argc, char** argv) {
       const double pms = bn.time_ms([&] { attention(pf, s); }, 5);
       const double flops = 4.0 * H * hd * (512.0 * 513 / 2);  // causal QK^T + PV
       rows.push_back({"prefill attention B1 H32 d128 t512 f16", "TFLOP/s", pms, flops / pms / 1e9, gemm_tf});
+    }
+
+    // ---- long-context decode: B=1, Llama-3-8B's heads (32 query, 8 KV), 100k keys, fp16
+    {
+      const int64_t H = 32, kvh = 8, hd = 128, n = 100000;
+      AttentionArgs a;
+      a.dtype = DType::F16;
+      a.batch = 1; a.tq = 1; a.n_heads = H; a.kv_heads = kvh; a.head_dim = hd; a.capacity = n;
+      a.q = bn.random_half(size_t(H * hd), 20);
+      a.k = bn.random_half(size_t(kvh * n * hd), 21);
+      a.v = bn.random_half(size_t(kvh * n * hd), 22);
+      a.q_stride = a.out_stride = H * hd;
+      a.out = bn.alloc<__half>(size_t(H * hd));
+      const int32_t nk = int32_t(n);
+      int32_t* dsk = bn.alloc<int32_t>(1);
+      FH_CUDA_CHECK(cudaMemcpyAsync(dsk, &nk, 4, cudaMemcpyHostToDevice, s));
+      a.seq_keys = dsk;
+      a.scale = 0.088f;
+      a.key_scores = bn.alloc<float>(size_t(H * n));
+      FH_CUDA_CHECK(cudaMemsetAsync(a.key_scores, 0, size_t(H * n) * 4, s));
+      const double ms = bn.time_ms([&] { attention(a, s); });
+      const double bytes = 2.0 * kvh * n * hd * 2 + 2.0 * H * n * 4;  // K+V + scores rw
+      rows.push_back({"decode attention B1 H32/8 d128 n100k f16 (streamed)", "GB/s", ms, bytes / ms / 1e6, copy_gbs});
     }
 
     // ---- linear at OPT-6.7B MLP shape (K=4096, N=16384), decode and prefill batch

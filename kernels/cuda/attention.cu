@@ -79,11 +79,70 @@ struct AttentionView {
   float scale, softcap;
 };
 
+// What one attention block works on: query row t of sequence b at head h sees keys [lo, nk)
+// of its KV head's rows kb / vb. The prologue of both kernels below.
+template <class TQ, class TKV, int HD>
+struct AttnRow {
+  using Row = KvRow<TKV, HD>;
+  const std::byte *kb, *vb;
+  const TQ* q;
+  TQ* out;
+  int64_t lo, nk;
+  bool skip;  // padding row or contract violation: out already filled, nothing else to do
+
+  __device__ AttnRow(const AttentionView& a, int64_t t, int64_t h, int64_t b) {
+    const int64_t n_b = a.seq_keys[b];
+    const int64_t slot = n_b - a.tq + t;
+    out = static_cast<TQ*>(a.out) + (b * a.tq + t) * a.out_stride + h * HD;
+    skip = slot < 0 || n_b > a.max_keys;
+    if (skip) {  // padding row (zeros) or contract violation (NaN)
+      const float fill = slot < 0 ? 0.f : NAN;
+      for (int d = threadIdx.x; d < HD; d += kAttnThreads) out[d] = from_f<TQ>(fill);
+      return;
+    }
+    nk = slot + 1;
+    lo = a.window > 0 && nk > a.window ? nk - a.window : 0;  // a window hides [0, lo)
+    const int64_t g = h / (a.n_heads / a.kv_heads);
+    kb = static_cast<const std::byte*>(a.k) + (b * a.kv_heads + g) * a.capacity * Row::kBytes;
+    vb = static_cast<const std::byte*>(a.v) + (b * a.kv_heads + g) * a.capacity * Row::kBytes;
+    q = static_cast<const TQ*>(a.q) + (b * a.tq + t) * a.q_stride + h * HD;
+  }
+  // The scaled (and capped) score of key j against the lane's E elements of q; every lane of
+  // the warp gets it. Both kernels and both passes of the streamed one compute scores here.
+  __device__ float score(const AttentionView& a, const float (&qr)[HD / 32], int64_t j, int lane) const {
+    float kr[HD / 32];
+    Row::load(kb + j * Row::kBytes, lane, kr);
+    float s = 0.f;
+#pragma unroll
+    for (int e = 0; e < HD / 32; ++e) s += qr[e] * kr[e];
+    s = detail::warp_sum(s) * a.scale;
+    if (a.softcap > 0.f) s = a.softcap * tanhf(s / a.softcap);
+    return s;
+  }
+  __device__ void add_value(int64_t j, float p, int lane, float (&acc)[HD / 32]) const {
+    float vr[HD / 32];
+    Row::load(vb + j * Row::kBytes, lane, vr);
+#pragma unroll
+    for (int e = 0; e < HD / 32; ++e) acc[e] += p * vr[e];
+  }
+  // Warps' partial outputs (part: [warps][HD] floats of shared memory) summed, times inv.
+  __device__ void write_out(const float (&acc)[HD / 32], float inv, float* part, int lane, int warp) const {
+#pragma unroll
+    for (int e = 0; e < HD / 32; ++e) part[warp * HD + lane * (HD / 32) + e] = acc[e];
+    __syncthreads();
+    for (int d = threadIdx.x; d < HD; d += kAttnThreads) {
+      float o = 0.f;
+#pragma unroll
+      for (int w = 0; w < kAttnWarps; ++w) o += part[w * HD + d];
+      out[d] = from_f<TQ>(o * inv);
+    }
+  }
+};
+
 // One 128-thread block per (query row, head, sequence). The row's scores stay in shared
 // memory (fp32), so one pass gives exact probabilities for key_scores; warps split the keys,
 // each lane holds head_dim/32 consecutive elements of q and of the running output. K and V
 // are widened to fp32 on load whatever TKV is.
-// Correctness-first: a flash-decoding split over keys is the next step for long contexts.
 // Shared memory: q [HD] | scores [max_keys] | per-warp output partials [warps][HD] | red[32].
 template <class TQ, class TKV, int HD>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a) {
@@ -95,22 +154,9 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
   float* red = part + kAttnWarps * HD;
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t n_b = a.seq_keys[b];
-  const int64_t slot = n_b - a.tq + t;
-  TQ* out = static_cast<TQ*>(a.out) + (b * a.tq + t) * a.out_stride + h * HD;
-  if (slot < 0 || n_b > a.max_keys) {  // padding row (zeros) or contract violation (NaN)
-    const float fill = slot < 0 ? 0.f : NAN;
-    for (int d = threadIdx.x; d < HD; d += kAttnThreads) out[d] = from_f<TQ>(fill);
-    return;
-  }
-  const int64_t nk = slot + 1;
-  const int64_t lo = a.window > 0 && nk > a.window ? nk - a.window : 0;  // a window hides [0, lo)
-  const int64_t g = h / (a.n_heads / a.kv_heads);
-  using Row = KvRow<TKV, HD>;
-  const std::byte* kb = static_cast<const std::byte*>(a.k) + (b * a.kv_heads + g) * a.capacity * Row::kBytes;
-  const std::byte* vb = static_cast<const std::byte*>(a.v) + (b * a.kv_heads + g) * a.capacity * Row::kBytes;
-  const TQ* q = static_cast<const TQ*>(a.q) + (b * a.tq + t) * a.q_stride + h * HD;
-  for (int d = threadIdx.x; d < HD; d += kAttnThreads) qs[d] = to_f(q[d]);
+  const AttnRow<TQ, TKV, HD> r(a, t, h, b);
+  if (r.skip) return;
+  for (int d = threadIdx.x; d < HD; d += kAttnThreads) qs[d] = to_f(r.q[d]);
   __syncthreads();
 
   // scores: warp w takes keys w, w+4, ...; lane covers elements [lane*E, lane*E+E)
@@ -118,20 +164,14 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
 #pragma unroll
   for (int e = 0; e < E; ++e) qr[e] = qs[lane * E + e];
   float mx = -INFINITY;
-  for (int64_t j = lo + warp; j < nk; j += kAttnWarps) {
-    float kr[E];
-    Row::load(kb + j * Row::kBytes, lane, kr);
-    float s = 0.f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) s += qr[e] * kr[e];
-    s = detail::warp_sum(s) * a.scale;
-    if (a.softcap > 0.f) s = a.softcap * tanhf(s / a.softcap);
+  for (int64_t j = r.lo + warp; j < r.nk; j += kAttnWarps) {
+    const float s = r.score(a, qr, j, lane);
     if (lane == 0) sc[j] = s;
     mx = fmaxf(mx, s);
   }
   mx = detail::block_reduce<true>(mx, red);  // (its __syncthreads also publishes sc)
   float sum = 0.f;
-  for (int64_t j = lo + threadIdx.x; j < nk; j += kAttnThreads) {
+  for (int64_t j = r.lo + threadIdx.x; j < r.nk; j += kAttnThreads) {
     const float p = expf(sc[j] - mx);
     sc[j] = p;
     sum += p;
@@ -139,48 +179,106 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
   const float inv = 1.f / detail::block_reduce<false>(sum, red);
   if (a.key_scores) {
     float* ks = a.key_scores + (b * a.n_heads + h) * a.capacity;
-    for (int64_t j = lo + threadIdx.x; j < nk; j += kAttnThreads) atomicAdd(ks + j, sc[j] * inv);
+    for (int64_t j = r.lo + threadIdx.x; j < r.nk; j += kAttnThreads) atomicAdd(ks + j, sc[j] * inv);
   }
 
   // output: warp w accumulates keys w, w+4, ... into E registers per lane, then warps combine
   float acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
-  for (int64_t j = lo + warp; j < nk; j += kAttnWarps) {
-    float vr[E];
-    Row::load(vb + j * Row::kBytes, lane, vr);
-    const float p = sc[j];
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] += p * vr[e];
-  }
-#pragma unroll
-  for (int e = 0; e < E; ++e) part[warp * HD + lane * E + e] = acc[e];
-  __syncthreads();
-  for (int d = threadIdx.x; d < HD; d += kAttnThreads) {
-    float o = 0.f;
-#pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) o += part[w * HD + d];
-    out[d] = from_f<TQ>(o * inv);
-  }
+  for (int64_t j = r.lo + warp; j < r.nk; j += kAttnWarps) r.add_value(j, sc[j], lane, acc);
+  r.write_out(acc, inv, part, lane, warp);
 }
 
-// Launches attention_kernel<TQ, TKV, HD> for arguments attention() has already checked.
+// The same attention for rows whose scores do not fit in shared memory (long contexts): no
+// score row is kept. Pass 1 finds the row's max and softmax denominator (each warp an online
+// softmax over its keys, then the warps combined); pass 2 recomputes every score the same
+// way, adds its probability to key_scores and accumulates the output. Twice the
+// q.k work of attention_kernel, the same V reads, shared memory independent of the keys.
 template <class TQ, class TKV, int HD>
-void launch_attention(const AttentionArgs& a, int64_t max_keys, cudaStream_t stream) {
-  const size_t smem = sizeof(float) * size_t(HD + max_keys + kAttnWarps * HD + 32);
+__global__ void __launch_bounds__(kAttnThreads) attention_streamed_kernel(AttentionView a) {
+  constexpr int E = HD / 32;
+  __shared__ float qs[HD], part[kAttnWarps * HD], wmax[kAttnWarps], wsum[kAttnWarps];
+  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const AttnRow<TQ, TKV, HD> r(a, t, h, b);
+  if (r.skip) return;
+  for (int d = threadIdx.x; d < HD; d += kAttnThreads) qs[d] = to_f(r.q[d]);
+  __syncthreads();
+  float qr[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) qr[e] = qs[lane * E + e];
+
+  // pass 1: warp w's keys w, w+4, ...: running max m and sum l of exp(s - m)
+  float m = -INFINITY, l = 0.f;
+  for (int64_t j = r.lo + warp; j < r.nk; j += kAttnWarps) {
+    const float s = r.score(a, qr, j, lane);
+    if (s > m) {
+      l = l * expf(m - s) + 1.f;  // exp(-inf) = 0 on the first key
+      m = s;
+    } else {
+      l += expf(s - m);
+    }
+  }
+  if (lane == 0) {
+    wmax[warp] = m;
+    wsum[warp] = l;
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, wmax[w]);
+  float sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kAttnWarps; ++w)
+    if (wsum[w] > 0.f) sum += wsum[w] * expf(wmax[w] - mx);  // a warp without keys adds nothing
+  const float inv = 1.f / sum;
+
+  // pass 2: probabilities, key scores and the output
+  float* ks = a.key_scores ? a.key_scores + (b * a.n_heads + h) * a.capacity : nullptr;
+  float acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] = 0.f;
+  for (int64_t j = r.lo + warp; j < r.nk; j += kAttnWarps) {
+    const float p = expf(r.score(a, qr, j, lane) - mx);
+    if (ks && lane == 0) atomicAdd(ks + j, p * inv);
+    r.add_value(j, p, lane, acc);
+  }
+  r.write_out(acc, inv, part, lane, warp);
+}
+
+// Bytes of shared memory attention_kernel needs for rows of up to max_keys keys.
+size_t shared_path_bytes(int64_t head_dim, int64_t max_keys) {
+  return sizeof(float) * size_t(head_dim + max_keys + kAttnWarps * head_dim + 32);
+}
+
+int shared_memory_optin() {
   int dev = 0, optin = 0;
   FH_CUDA_CHECK(cudaGetDevice(&dev));
   FH_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  FH_CHECK(smem <= size_t(optin), "attention: ", max_keys, " keys need ", smem,
-           " bytes of shared memory, more than this device's ", optin,
-           " (long-context attention is not implemented on CUDA yet)");
-  if (smem > 48 * 1024)
-    FH_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<TQ, TKV, HD>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  return optin;
+}
+
+// Launches attention_kernel<TQ, TKV, HD> (scores in shared memory) when the rows fit, else
+// attention_streamed_kernel, for arguments attention() has already checked.
+template <class TQ, class TKV, int HD>
+void launch_attention(const AttentionArgs& a, int64_t max_keys, cudaStream_t stream) {
+  const size_t smem = shared_path_bytes(HD, max_keys);
+  const bool fits = smem <= size_t(shared_memory_optin());
+  FH_CHECK(fits || a.path != AttentionPath::kShared, "attention: ", max_keys, " keys need ", smem,
+           " bytes of shared memory on the shared path, more than this device's ", shared_memory_optin());
+  const bool shared = a.path == AttentionPath::kShared || (a.path == AttentionPath::kAuto && fits);
   const AttentionView v{a.q, a.k, a.v, a.out, a.key_scores, a.seq_keys, a.q_stride, a.out_stride,
                         a.tq, a.n_heads, a.kv_heads, a.capacity, max_keys, a.window, a.scale, a.softcap};
   const dim3 grid(unsigned(a.tq), unsigned(a.n_heads), unsigned(a.batch));
-  attention_kernel<TQ, TKV, HD><<<grid, kAttnThreads, smem, stream>>>(v);
+  if (shared) {
+    if (smem > 48 * 1024)
+      FH_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<TQ, TKV, HD>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attention_kernel<TQ, TKV, HD><<<grid, kAttnThreads, smem, stream>>>(v);
+  } else {
+    attention_streamed_kernel<TQ, TKV, HD><<<grid, kAttnThreads, 0, stream>>>(v);
+  }
   FH_CUDA_LAUNCH_CHECK("attention", stream);
 }
 

@@ -31,6 +31,13 @@ void write_kv(DType dt, const void* src, int64_t src_stride, int64_t B, int64_t 
               int64_t head_dim, void* cache, int64_t capacity, const int32_t* seq_keys,
               cudaStream_t stream);
 
+// Which kernel attention() runs. kShared keeps a row's fp32 scores in shared memory: one q.k
+// pass, rows of up to ~(227 KB - 2.5 KB)/4 keys on H100/H200 (more throws). kStreamed keeps no
+// score row: two q.k passes (the softmax's max and sum, then probabilities and output), any
+// length. kAuto: kShared when max_keys fits, else kStreamed. Both compute each q.k score with the same
+// code; probabilities differ by the order the denominator is summed in.
+enum class AttentionPath : uint8_t { kAuto, kShared, kStreamed };
+
 // Causal softmax attention of tq queries per sequence over that sequence's keys.
 // Query row t of sequence b sits at slot s = seq_keys[b] - tq + t and attends to slots [0, s]
 // (with a window, (s - window, s]);
@@ -47,8 +54,8 @@ struct AttentionArgs {
   const void* v = nullptr;   // same layout and dtype as k
   int64_t batch = 0, tq = 0, n_heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
   const int32_t* seq_keys = nullptr;  // device [B], each in [0, max_keys]
-  // Host-side upper bound on every seq_keys[b] (<= capacity), sizes shared memory;
-  // 0 means capacity. A sequence above it gets NaN output (contract violation, visible).
+  // Host-side upper bound on every seq_keys[b] (<= capacity), sizes shared memory and picks the
+  // path; 0 means capacity. A sequence above it gets NaN output (contract violation, visible).
   int64_t max_keys = 0;
   float scale = 0.f;         // softmax(q.k * scale)
   float softcap = 0.f;       // > 0: scores s = q.k * scale become softcap * tanh(s / softcap) (Gemma 2)
@@ -58,10 +65,11 @@ struct AttentionArgs {
   // Optional fp32 [B, n_heads, capacity]: each slot += the probability it got, summed over the
   // queries (H2O scores). Prefill sums use float atomics (order not fixed); decode (tq=1) is exact.
   float* key_scores = nullptr;
+  AttentionPath path = AttentionPath::kAuto;  // the engine leaves kAuto; tests force each path
 };
 // Supported: dtype {F16, BF16} x kv_dtype {F16, BF16, F32, Q4} x head_dim {64, 128, 256}, and
 // head_dim 96 without Q4 (see attention_supported); else throws. Math is fp32 whatever the storage dtypes; the output
-// is rounded once to dtype. Keys per query up to ~(227 KB - 2.5 KB)/4 on H100/H200 (scores stay in shared memory).
+// is rounded once to dtype. Any number of keys per query (see AttentionPath).
 void attention(const AttentionArgs& a, cudaStream_t stream);
 bool attention_supported(DType act, DType kv, int64_t head_dim);
 // The same with kv == act.

@@ -277,8 +277,12 @@ void AttnCheck::check_attention(DType act, DType kvt, int64_t hd, int which, int
   a.out_stride = row;
   // With max_keys unset (the capacity) and as the engine calls it: the longest sequence's keys,
   // below the capacity in some shapes, which sizes the kernel's score rows.
+  // Each on both kernels: scores in shared memory, and streamed (what rows too long for shared
+  // memory take).
   const int64_t longest = *std::max_element(s.seq_keys.begin(), s.seq_keys.end());
+  for (const AttentionPath path : {AttentionPath::kShared, AttentionPath::kStreamed})
   for (const int64_t max_keys : {int64_t(0), longest}) {
+    a.path = path;
     a.max_keys = max_keys;
     a.out = upload(std::vector<float>(q.size(), 7.f), act);  // garbage that must be overwritten
     a.key_scores = with_scores ? upload_raw(scores_init) : nullptr;
@@ -286,7 +290,8 @@ void AttnCheck::check_attention(DType act, DType kvt, int64_t hd, int which, int
     const std::string what = std::string("attention ") + dt_str(act) + "/kv " + dt_str(kvt) +
                              " hd=" + std::to_string(hd) + " shape=" + std::to_string(which) +
                              " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap) +
-                             " max_keys=" + std::to_string(max_keys);
+                             " max_keys=" + std::to_string(max_keys) +
+                             (path == AttentionPath::kStreamed ? " streamed" : " shared");
     // Inputs are identical, so the output differs by fp32 summation order and one rounding to
     // act: half an ulp is 2^-11 (f16) or 2^-8 (bf16) relative; outputs are O(1) averages of v.
     const Tol out_tol = act == DType::F16 ? Tol{2e-3f, 4e-3f} : Tol{1.6e-2f, 1.6e-2f};
@@ -347,6 +352,88 @@ TEST_F(AttnBoundGpu, MaxKeysBoundViolationGivesNaN) {
       EXPECT_NEAR(o[0], 1.f, 1e-3) << dt_str(act) << "/kv " << dt_str(kvt);
     }
 }
+
+// Rows longer than shared memory holds (70000 keys: 280 KB of fp32 scores, over the H200's
+// 227 KB): kAuto streams them, with key scores and a window, prefill rows and decode; forcing
+// the shared path throws, naming the bytes.
+class AttnLongGpu : public GpuTest, public ::testing::WithParamInterface<std::tuple<DType, int64_t>> {};
+
+TEST_P(AttnLongGpu, RowsBeyondSharedMemoryAreStreamed) {
+  const auto [act, hd] = GetParam();
+  const int64_t B = 2, tq = 3, H = 4, kvh = 2, cap = 70000, row = H * hd;
+  const std::vector<int32_t> seq_keys = {70000, 2};  // the second: one padding row, two real
+  const size_t cache_n = size_t(B * kvh * cap * hd);
+  const std::vector<float> q = round_to(randn(size_t(B * tq * row), 40), act);
+  const std::vector<float> k = round_to(randn(cache_n, 41), act), v = round_to(randn(cache_n, 42), act);
+  const float scale = 1.f / std::sqrt(float(hd));
+  const void* dq = upload(q, act);
+  const void* dk = upload(k, act);
+  const void* dv = upload(v, act);
+  const int32_t* dkeys = upload_raw(seq_keys);
+  void* dout = alloc<uint16_t>(q.size());
+  float* dscores = alloc<float>(size_t(B * H * cap));
+  for (const int64_t window : {int64_t(0), int64_t(60000)}) {
+    std::vector<float> out(q.size(), 7.f), scores(size_t(B * H * cap), 0.f);
+    cpu::AttentionArgs c;
+    c.q = q.data();
+    c.q_stride = c.out_stride = row;
+    c.k = k.data();
+    c.v = v.data();
+    c.batch = B;
+    c.tq = tq;
+    c.n_heads = H;
+    c.kv_heads = kvh;
+    c.head_dim = hd;
+    c.capacity = cap;
+    c.seq_keys = seq_keys.data();
+    c.scale = scale;
+    c.window = window;
+    c.out = out.data();
+    c.key_scores = scores.data();
+    cpu::attention(c);
+
+    AttentionArgs a;
+    a.dtype = act;
+    a.q = dq;
+    a.q_stride = a.out_stride = row;
+    a.k = dk;
+    a.v = dv;
+    a.batch = B;
+    a.tq = tq;
+    a.n_heads = H;
+    a.kv_heads = kvh;
+    a.head_dim = hd;
+    a.capacity = cap;
+    a.seq_keys = dkeys;
+    a.scale = scale;
+    a.window = window;
+    a.out = dout;
+    a.key_scores = dscores;
+    FH_CUDA_CHECK(cudaMemsetAsync(dout, 0x7f, q.size() * 2, stream()));  // garbage to overwrite
+    FH_CUDA_CHECK(cudaMemsetAsync(dscores, 0, scores.size() * sizeof(float), stream()));
+    attention(a, stream());
+    const std::string what = std::string("long attention ") + dt_str(act) + " hd=" + std::to_string(hd) +
+                             " window=" + std::to_string(window);
+    expect_close(download(a.out, out.size(), act), out, tol_for(act), what + " out");
+    // Probabilities of ~1/60000 each, three query rows summed: the absolute part dominates.
+    expect_close(download_raw(a.key_scores, scores.size()), scores, {1e-7f, 1e-3f}, what + " key_scores");
+    a.path = AttentionPath::kShared;
+    try {
+      attention(a, stream());
+      FAIL() << what << ": the shared path took 70000 keys";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bytes of shared memory"), std::string::npos) << e.what();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Long, AttnLongGpu,
+                         ::testing::Combine(::testing::Values(DType::F16, DType::BF16),
+                                            ::testing::Values(int64_t(64), int64_t(128))),
+                         [](const auto& i) {
+                           return std::string(dt_str(std::get<0>(i.param))) + "_hd" +
+                                  std::to_string(std::get<1>(i.param));
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, WriteKvGpu,
                          ::testing::Combine(::testing::Values(DType::F16, DType::BF16),
