@@ -54,10 +54,6 @@ struct Item {
   bool ready() const { return !reqs.empty() && results == reqs.size(); }
 };
 
-// Choice k (of each prompt) of a Batch line draws from base seed + k * this odd constant (2^64 /
-// golden ratio): choice 0 uses the base seed, as a flexh2o line does, and no two choices share one.
-constexpr uint64_t kChoiceSeedStride = 0x9E3779B97F4A7C15ull;
-
 template <typename T>
 T field(const json& j, const char* key, T dflt) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
@@ -124,30 +120,16 @@ Item make_batch_item(const json& j, int64_t line, size_t index, const GenerateAr
     it.error_param = p.error->param;
     return it;
   }
-  const batch::Request& r = *p.request;
-  const ModelConfig& cfg = lm.model->config();
-  const uint64_t base = r.seed ? uint64_t(*r.seed) : a.seed + index;
+  batch::RunDefaults d;
+  d.greedy = a.greedy;
+  d.top_k = a.top_k;
+  d.min_p = a.min_p;
+  d.repetition_penalty = a.repetition_penalty;
+  d.seed = a.seed + index;
   try {
-    for (const auto& prompt : r.prompts)
-      for (int64_t k = 0; k < r.n; ++k) {
-        GenerationRequest g;
-        g.prompt_ids = prompt;
-        g.max_new_tokens = r.max_tokens.value_or(std::max<int64_t>(0, cfg.max_positions - int64_t(prompt.size())));
-        g.sampling.temperature = a.greedy ? 0.f : r.temperature;
-        g.sampling.top_k = a.top_k;
-        g.sampling.top_p = r.top_p;
-        g.sampling.min_p = a.min_p;
-        g.sampling.repetition_penalty = a.repetition_penalty;
-        g.sampling.presence_penalty = r.presence_penalty;
-        g.sampling.frequency_penalty = r.frequency_penalty;
-        g.sampling.seed = base + uint64_t(k) * kChoiceSeedStride;
-        g.top_logprobs = r.logprobs;
-        validate_request(g, cfg);
-        it.reqs.push_back(std::move(g));
-      }
+    it.reqs = batch::expand_request(*p.request, d, lm.model->config());
     it.batch = std::move(p.request);
   } catch (const Error& e) {
-    it.reqs.clear();
     it.error = e.what();
   }
   return it;
@@ -451,21 +433,12 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   // A Batch line's result: its choices (cut at stop strings) and usage.
   auto batch_line = [&](const Item& it) {
     if (!it.error.empty()) return batch::error_line(it.id, {it.error, it.error_param}, ids);
-    std::vector<batch::Choice> choices;
-    for (size_t k = 0; k < it.reqs.size(); ++k) {
-      const GenerationResult& r = *ready[it.first_req + k];
-      choices.push_back(batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, it.batch->stop));
-      batch::with_logprobs(choices.back(), r);
-    }
-    int64_t prompt_tokens = 0;
-    for (const auto& p : it.batch->prompts) prompt_tokens += int64_t(p.size());
-    if (human) std::cout << "[" << it.id.dump() << "] " << choices[0].text << "\n";
-    return batch::success_line(*it.batch, choices, prompt_tokens, cfg.name, int64_t(std::time(nullptr)), ids,
-                               [&](int32_t id) {
-                                 if (!lm.tokenizer) return batch::TokenPiece{};
-                                 return batch::TokenPiece{lm.tokenizer->decode(std::vector<int32_t>{id}),
-                                                          lm.tokenizer->token_bytes(id)};
-                               });
+    std::vector<const GenerationResult*> results;
+    for (size_t k = 0; k < it.reqs.size(); ++k) results.push_back(&*ready[it.first_req + k]);
+    json line = batch::result_line(*it.batch, results, decode, batch::token_text_of(lm.tokenizer ? &*lm.tokenizer : nullptr), cfg.name,
+                                   int64_t(std::time(nullptr)), ids);
+    if (human) std::cout << "[" << it.id.dump() << "] " << batch::first_choice_text(line) << "\n";
+    return line;
   };
   // One result line for item i; the --prompt-only mode prints just the text.
   auto emit = [&](size_t i) {

@@ -369,6 +369,65 @@ json success_line(const Request& r, const std::vector<Choice>& choices, int64_t 
               {"error", nullptr}};
 }
 
+std::vector<GenerationRequest> expand_request(const Request& r, const RunDefaults& d, const ModelConfig& c) {
+  // 2^64 / golden ratio: odd, so no two choices of a line share a seed.
+  constexpr uint64_t kChoiceSeedStride = 0x9E3779B97F4A7C15ull;
+  if (d.max_tokens_cap > 0 && r.max_tokens && *r.max_tokens > d.max_tokens_cap)
+    FH_FAIL("max_tokens ", *r.max_tokens, " is more than this server's limit of ", d.max_tokens_cap,
+            " (--max-new-tokens)");
+  const uint64_t base = r.seed ? uint64_t(*r.seed) : d.seed;
+  std::vector<GenerationRequest> out;
+  for (const auto& prompt : r.prompts)
+    for (int64_t k = 0; k < r.n; ++k) {
+      GenerationRequest g;
+      g.prompt_ids = prompt;
+      int64_t rest = std::max<int64_t>(0, c.max_positions - int64_t(prompt.size()));
+      if (d.max_tokens_cap > 0) rest = std::min(rest, d.max_tokens_cap);
+      g.max_new_tokens = r.max_tokens.value_or(rest);
+      g.sampling.temperature = d.greedy ? 0.f : r.temperature;
+      g.sampling.top_k = d.top_k;
+      g.sampling.top_p = r.top_p;
+      g.sampling.min_p = d.min_p;
+      g.sampling.repetition_penalty = d.repetition_penalty;
+      g.sampling.presence_penalty = r.presence_penalty;
+      g.sampling.frequency_penalty = r.frequency_penalty;
+      g.sampling.seed = base + uint64_t(k) * kChoiceSeedStride;
+      g.top_logprobs = r.logprobs;
+      validate_request(g, c);
+      out.push_back(std::move(g));
+    }
+  return out;
+}
+
+json result_line(const Request& r, std::span<const GenerationResult* const> results, const Decode& decode,
+                 const TokenText& piece, const std::string& model_name, int64_t created, IdMaker& ids) {
+  std::vector<Choice> choices;
+  for (const GenerationResult* res : results) {
+    choices.push_back(finish_choice(res->tokens, res->finish == FinishReason::kEos, decode, r.stop));
+    with_logprobs(choices.back(), *res);
+  }
+  int64_t prompt_tokens = 0;
+  for (const auto& p : r.prompts) prompt_tokens += int64_t(p.size());
+  return success_line(r, choices, prompt_tokens, model_name, created, ids, piece);
+}
+
+Decode decoder_of(const Tokenizer* t) {
+  return [t](std::span<const int32_t> ids) { return t ? t->decode(ids) : std::string(); };
+}
+
+TokenText token_text_of(const Tokenizer* t) {
+  return [t](int32_t id) {
+    if (!t) return TokenPiece{};
+    return TokenPiece{t->decode(std::vector<int32_t>{id}), t->token_bytes(id)};
+  };
+}
+
+std::string first_choice_text(const json& line) {
+  const json& c = line["response"]["body"]["choices"][0];
+  if (c.contains("message")) return c["message"].value("content", std::string());
+  return c.value("text", std::string());
+}
+
 json error_line(const json& custom_id, const RequestError& e, IdMaker& ids) {
   json err{{"message", e.message}, {"type", "invalid_request_error"}, {"code", nullptr}};
   err["param"] = e.param ? json(*e.param) : json();

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/generate.h"
+#include "tokenizer/tokenizer.h"
 
 namespace flexh2o::cli::openai_batch {
 
@@ -68,6 +69,23 @@ bool is_input_line(const nlohmann::json& line);
 // line without render_chat or whose hook throws) becomes the error, naming the field.
 Parsed parse_input_line(const nlohmann::json& line, const Hooks& hooks);
 
+// What a request runs with besides its body: the CLI's sampling flags that are not OpenAI
+// parameters, the base seed of a body without "seed", and an optional cap on max_tokens.
+struct RunDefaults {
+  bool greedy = false;  // temperature 0 whatever the body says
+  int top_k = 0;
+  float min_p = 0.f, repetition_penalty = 1.f;
+  uint64_t seed = 0;
+  // > 0: the most tokens a request may generate (a server's bound): a larger max_tokens is
+  // refused, and a chat body without one gets up to this many. 0: the model's context.
+  int64_t max_tokens_cap = 0;
+};
+
+// A valid request's engine requests: one per prompt and choice, prompt-major. Choice k draws
+// from (body seed, else defaults.seed) + k * an odd constant, so choice 0 uses the base seed.
+// Throws Error (validate_request's, or the cap's) when one cannot run on `c`.
+std::vector<GenerationRequest> expand_request(const Request& r, const RunDefaults& defaults, const ModelConfig& c);
+
 // Where the first of the stop strings starts in `text`; npos when none occurs.
 size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop);
 
@@ -95,6 +113,12 @@ struct TokenPiece {
 };
 using TokenText = std::function<TokenPiece(int32_t id)>;
 
+// Decode and TokenText of a tokenizer; both give empty text when `t` is null (a preset without one).
+Decode decoder_of(const Tokenizer* t);
+TokenText token_text_of(const Tokenizer* t);
+// The text of a result line's first choice (completions: "text"; chat: message.content).
+std::string first_choice_text(const nlohmann::json& line);
+
 // Unique ids for output lines ("batch_req_…", request ids, "cmpl-…"): 96 random bits each from a
 // generator seeded once per run. Not thread-safe.
 class IdMaker {
@@ -115,6 +139,11 @@ class IdMaker {
 nlohmann::json success_line(const Request& r, const std::vector<Choice>& choices, int64_t prompt_tokens,
                             const std::string& model_name, int64_t created, IdMaker& ids,
                             const TokenText& piece = {});
+// The output line of a request that ran, from its engine results (expand_request's order):
+// each choice cut at the stop strings, with its log-probabilities when asked, and the usage.
+nlohmann::json result_line(const Request& r, std::span<const GenerationResult* const> results, const Decode& decode,
+                           const TokenText& piece, const std::string& model_name, int64_t created, IdMaker& ids);
+
 // The output line of a request that could not run: response.status_code 400 and
 // response.body.error {message, type: "invalid_request_error", param, code: null}, as OpenAI
 // writes per-request failures (the top-level "error" is only for expired/cancelled batches).

@@ -72,6 +72,12 @@ void run_interruptible(std::atomic<bool>& interrupt, F fn) {
   if (failure) std::rethrow_exception(failure);
 }
 
+// A flag another Python thread sets to end a Session.openai call at its next token step (a
+// server's engine thread runs the call; only the main thread sees signals).
+struct StopFlag {
+  std::atomic<bool> set{false};
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_flexh2o, m) {
@@ -151,11 +157,57 @@ PYBIND11_MODULE(_flexh2o, m) {
           py::arg("seed"), py::arg("ignore_eos"), py::arg("stop"), py::arg("min_p") = 0.f,
           py::arg("repetition_penalty") = 1.f, py::arg("presence_penalty") = 0.f, py::arg("frequency_penalty") = 0.f,
           py::arg("logprobs") = -1)
+      // OpenAI Batch input lines -> output lines (Session::openai), with the GIL released.
+      // `render_chat(body_json_text) -> str` (optional) is called with the GIL held.
+      .def(
+          "openai",
+          [](python::Session& s, const std::vector<std::string>& lines, bool greedy, int top_k, float min_p,
+             float repetition_penalty, uint64_t seed, int64_t max_tokens_cap, int64_t plan_prompt_len,
+             int64_t plan_gen_len, int64_t plan_requests, py::object render_chat, StopFlag* stop) {
+            python::OpenAiParams p;
+            p.defaults = {greedy, top_k, min_p, repetition_penalty, seed, max_tokens_cap};
+            p.plan_prompt_len = plan_prompt_len;
+            p.plan_gen_len = plan_gen_len;
+            p.plan_requests = plan_requests;
+            p.interrupt = stop ? &stop->set : nullptr;
+            // Owned by a shared_ptr whose last copy is dropped with the GIL held (at return).
+            auto fn = std::make_shared<py::object>(render_chat);
+            if (!render_chat.is_none())
+              p.render_chat = [fn](const nlohmann::json& body) -> std::string {
+                py::gil_scoped_acquire gil;
+                try {
+                  return (*fn)(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)).cast<std::string>();
+                } catch (py::error_already_set& e) {
+                  FH_FAIL(std::string(py::str(e.value())));  // the message, not the traceback
+                }
+              };
+            std::vector<std::string> out;
+            {
+              py::gil_scoped_release nogil;
+              try {
+                out = s.openai(lines, p);
+              } catch (...) {
+                p.render_chat = nullptr;
+                throw;
+              }
+              p.render_chat = nullptr;
+            }
+            return out;
+          },
+          py::arg("lines"), py::arg("greedy") = false, py::arg("top_k") = 0, py::arg("min_p") = 0.f,
+          py::arg("repetition_penalty") = 1.f, py::arg("seed") = 0, py::arg("max_tokens_cap") = 0,
+          py::arg("plan_prompt_len") = 0, py::arg("plan_gen_len") = 0, py::arg("plan_requests") = 0,
+          py::arg("render_chat") = py::none(), py::arg("stop") = nullptr)
       .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),
            py::call_guard<py::gil_scoped_release>())
       .def("last_report", &python::Session::last_report);
+
+  py::class_<StopFlag>(m, "StopFlag")
+      .def(py::init<>())
+      .def("set", [](StopFlag& f) { f.set = true; })
+      .def("is_set", [](const StopFlag& f) { return f.set.load(); });
 
   // The command line. `render_chat(template_dir, body_json_text) -> str` (optional) is called
   // on this thread with the GIL held; its exceptions become the chat line's error.

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <iostream>
+#include <random>
 
 #include "core/error.h"
 #include "engine/evaluate.h"
@@ -204,6 +206,88 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   report["interrupted"] = st.interrupted;
   report_ = report.dump(2, ' ', false, json::error_handler_t::replace);
   return out;
+}
+
+std::vector<std::string> Session::openai(const std::vector<std::string>& lines, const OpenAiParams& p) {
+  namespace batch = cli::openai_batch;
+  std::lock_guard<std::mutex> lk(mu_);
+  const ModelConfig& cfg = lm_.model->config();
+  batch::Hooks hooks;
+  if (lm_.tokenizer)
+    hooks.tokenize = [&](const std::string& text, bool add_special) { return lm_.tokenizer->encode(text, add_special); };
+  hooks.render_chat = p.render_chat;
+  batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
+  std::vector<json> out(lines.size());
+  std::vector<std::optional<batch::Request>> requests(lines.size());
+  std::vector<GenerationRequest> reqs;
+  std::vector<size_t> first(lines.size(), 0);
+  Workload w{std::max<int64_t>(1, p.plan_prompt_len), std::max<int64_t>(1, p.plan_gen_len), 0};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    json line;
+    try {
+      line = json::parse(lines[i]);
+    } catch (const json::exception& e) {
+      out[i] = batch::error_line(json(), {std::string("the request is not JSON: ") + e.what(), std::nullopt}, ids);
+      continue;
+    }
+    batch::Parsed parsed = batch::parse_input_line(line, hooks);
+    if (parsed.error) {
+      out[i] = batch::error_line(parsed.custom_id, *parsed.error, ids);
+      continue;
+    }
+    batch::RunDefaults d = p.defaults;
+    d.seed += i;
+    try {
+      std::vector<GenerationRequest> mine = batch::expand_request(*parsed.request, d, cfg);
+      first[i] = reqs.size();
+      for (GenerationRequest& g : mine) {
+        w.prompt_len = std::max<int64_t>(w.prompt_len, int64_t(g.prompt_ids.size()));
+        w.gen_len = std::max<int64_t>(w.gen_len, g.max_new_tokens);
+        reqs.push_back(std::move(g));
+      }
+      requests[i] = std::move(parsed.request);
+    } catch (const Error& e) {
+      out[i] = batch::error_line(parsed.custom_id, {e.what(), std::nullopt}, ids);
+    }
+  }
+  std::vector<GenerationResult> res;
+  if (!reqs.empty()) {
+    w.requests = std::max<int64_t>(int64_t(reqs.size()), p.plan_requests);
+    Runner& run = runner_for(w);
+    GenerateOptions go;
+    go.batch_size = run.rs.runner->max_batch();
+    go.eos_id = eos_id();
+    go.pad_id = cfg.pad_id.value_or(0);
+    go.stop = p.interrupt;
+    std::vector<const std::vector<std::string>*> stop_of;
+    for (size_t i = 0; i < lines.size(); ++i)
+      if (requests[i])
+        for (size_t k = 0; k < requests[i]->prompts.size() * size_t(requests[i]->n); ++k)
+          stop_of.push_back(&requests[i]->stop);
+    const batch::Decode decode = batch::decoder_of(lm_.tokenizer ? &*lm_.tokenizer : nullptr);
+    go.ends_at = [&](size_t r, std::span<const int32_t> tokens) {
+      return !stop_of[r]->empty() && batch::first_stop_at(decode(tokens), *stop_of[r]) != std::string::npos;
+    };
+    GenerateStats st;
+    res = flexh2o::generate(*run.rs.runner, reqs, go, &st);
+    if (st.interrupted) throw Interrupted();
+    const int64_t created = int64_t(std::time(nullptr));
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (!requests[i]) continue;
+      const size_t n = requests[i]->prompts.size() * size_t(requests[i]->n);
+      std::vector<const GenerationResult*> mine;
+      for (size_t k = 0; k < n; ++k) mine.push_back(&res[first[i] + k]);
+      out[i] = batch::result_line(*requests[i], mine, decode, batch::token_text_of(lm_.tokenizer ? &*lm_.tokenizer : nullptr),
+                                  cfg.name, created, ids);
+    }
+    json report = cli::run_report(lm_, run.rs, st, *cpu_, device_);
+    report["requests"] = lines.size();
+    report["finished_requests"] = res.size();
+    report_ = report.dump(2, ' ', false, json::error_handler_t::replace);
+  }
+  std::vector<std::string> text;
+  for (const json& o : out) text.push_back(o.dump(-1, ' ', false, json::error_handler_t::replace));
+  return text;
 }
 
 std::vector<std::pair<double, bool>> Session::loglikelihood(

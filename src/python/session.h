@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "cli/common.h"
+#include "cli/openai_batch.h"
 #include "cli/kv_flags.h"
 #include "cli/offload_flags.h"
 #include "cli/run_setup.h"
@@ -60,6 +62,18 @@ struct GenerateParams {
   int logprobs = -1;  // GenerationRequest::top_logprobs
 };
 
+// What Session::openai() runs OpenAI request lines with.
+struct OpenAiParams {
+  cli::openai_batch::RunDefaults defaults;  // flags that are not OpenAI parameters, seed, max_tokens cap
+  // The workload the runner is planned for at least (a server's bounds), so --policy auto
+  // places the weights once rather than again for each larger batch.
+  int64_t plan_prompt_len = 0, plan_gen_len = 0, plan_requests = 0;
+  // A chat body -> prompt text (the model's template); null: chat lines get a 400 error.
+  std::function<std::string(const nlohmann::json& body)> render_chat;
+  // Once true, generation ends at the next token step and openai() throws Interrupted.
+  const std::atomic<bool>* interrupt = nullptr;
+};
+
 // generate() was ended by GenerateParams::interrupt (Ctrl-C in Python).
 struct Interrupted : std::runtime_error {
   Interrupted() : std::runtime_error("interrupted") {}
@@ -95,6 +109,11 @@ class Session {
   std::string decode(const std::vector<int32_t>& ids) const;
 
   std::vector<Completion> generate(const std::vector<Prompt>& prompts, const GenerateParams& p);
+  // OpenAI Batch input lines (JSON text: custom_id, method, url, body) -> their output lines, in
+  // order, as `flexh2o generate` writes them (cli/openai_batch.h): a line that cannot run gets
+  // its 400 error line, the others run together in the engine's batches. Throws when the engine
+  // fails (no line is then answered) or Interrupted.
+  std::vector<std::string> openai(const std::vector<std::string>& lines, const OpenAiParams& p);
   // (log p(continuation | context) in nats, is_greedy) per request.
   std::vector<std::pair<double, bool>> loglikelihood(
       const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests);

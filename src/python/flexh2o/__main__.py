@@ -1,7 +1,8 @@
 """`python -m flexh2o ARGS...`: the flexh2o command line (every subcommand, the same flags,
 messages and exit codes as the binary), plus chat lines in `generate`: a chat body's
 "messages" are rendered with the model's chat template (flexh2o.LLM.apply_chat_template's
-rules). SIGINT/SIGTERM stop generate/tokenize cleanly, as in the binary."""
+rules). SIGINT/SIGTERM stop generate/tokenize cleanly, as in the binary. `python -m flexh2o serve` is
+the OpenAI-compatible server (serve.py)."""
 
 import json
 import sys
@@ -27,6 +28,9 @@ def render_chat(template_dir: str, body_text: str) -> str:
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["serve"]:
+        from .serve import main as serve_main
+        return serve_main(args[1:])
     sys.stdout.flush()
     sys.stderr.flush()
     return run_cli(["flexh2o"] + args, _env.configs_dir(), stderr_is_tty=_env.stderr_is_tty(),

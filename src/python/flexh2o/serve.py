@@ -1,0 +1,337 @@
+"""`python -m flexh2o serve`: an OpenAI-compatible HTTP server over one flexh2o.LLM.
+
+POST /v1/completions and /v1/chat/completions take the bodies OpenAI's API takes (what
+`flexh2o generate` accepts in an OpenAI Batch file, checked by the same code) and answer in
+OpenAI's shapes; GET /v1/models and /health. Requests that arrive together run together: the
+engine thread takes every request queued (after --batch-wait-ms from the first) as one call,
+which the engine cuts into its batches, so concurrent clients get the offloading engine's
+throughput. Streaming is refused (400), as in Batch files."""
+
+import argparse
+import json
+import secrets
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from ._flexh2o import Error, StopFlag
+
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+MAX_BODY = 64 << 20  # bytes; the CLI's JSONL line limit
+
+
+def error_body(message, type_="invalid_request_error", param=None):
+    return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    # Many clients connect at once (that is how they share a batch): socketserver's default
+    # backlog of 5 would drop or reset connections beyond it.
+    request_queue_size = 1024
+
+
+class _Pending:
+    """One request waiting for the engine: its Batch input line, then its (status, body)."""
+
+    def __init__(self, line):
+        self.line = line
+        self.done = threading.Event()
+        self.status = 500
+        self.body = error_body("no answer", "server_error")
+
+    def answer(self, status, body):
+        self.status, self.body = status, body
+        self.done.set()
+
+
+class Server:
+    """The HTTP server and its engine thread. `llm` is a flexh2o.LLM, used only by the engine
+    thread while the server runs. `port` 0 picks a free port (see `address`)."""
+
+    def __init__(self, llm, host="127.0.0.1", port=8000, *, served_model_name=None, max_new_tokens=256,
+                 max_prompt_len=512, batch_wait_ms=20.0, max_batch_requests=256, api_key=None, seed=None,
+                 greedy=False, top_k=0, min_p=0.0, repetition_penalty=1.0, log=sys.stderr, log_requests=False):
+        if max_new_tokens < 1 or max_prompt_len < 1 or max_batch_requests < 1 or batch_wait_ms < 0:
+            raise ValueError("max_new_tokens, max_prompt_len and max_batch_requests must be >= 1, "
+                             "batch_wait_ms >= 0")
+        self.llm = llm
+        self.model_name = served_model_name or llm.name
+        self.max_new_tokens, self.max_prompt_len = int(max_new_tokens), int(max_prompt_len)
+        self.batch_wait = float(batch_wait_ms) / 1000.0
+        self.max_batch_requests = int(max_batch_requests)
+        self.api_key = api_key
+        self.seed = seed
+        self.sampling = dict(greedy=bool(greedy), top_k=int(top_k), min_p=float(min_p),
+                             repetition_penalty=float(repetition_penalty))
+        self.log, self.log_requests = log, log_requests
+        self.created = int(time.time())
+        self.requests = self.batches = 0  # answered by the engine; engine calls
+        self._queue = []
+        self._cv = threading.Condition()
+        self._closing = False
+        self._stop = StopFlag()
+        self._next_id = 0
+        self._httpd = _HTTPServer((host, port), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._engine = threading.Thread(target=self._engine_loop, name="flexh2o-engine", daemon=True)
+        self._engine.start()
+
+    @property
+    def address(self):
+        host, port = self._httpd.server_address[:2]
+        return host, port
+
+    def serve_forever(self):
+        self._httpd.serve_forever(poll_interval=0.2)
+
+    def close(self):
+        """Stops accepting requests, ends the running engine call at its next token step and
+        answers every waiting request 503. Call from another thread than serve_forever's, or
+        after it returned."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._stop.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._engine.join()
+
+    # ---- the engine thread
+
+    def submit(self, url, body):
+        """Queues one request (url: an endpoint, body: the parsed JSON) and waits for its answer."""
+        with self._cv:
+            if self._closing:
+                return 503, error_body("the server is shutting down", "server_error")
+            self._next_id += 1
+            line = json.dumps({"custom_id": f"req-{self._next_id}", "method": "POST", "url": url, "body": body})
+            p = _Pending(line)
+            self._queue.append(p)
+            self._cv.notify_all()
+        p.done.wait()
+        return p.status, p.body
+
+    def _take(self):
+        """The next requests to run together: waits for one, then up to batch_wait for more."""
+        with self._cv:
+            while not self._queue and not self._closing:
+                self._cv.wait()
+            if self._closing:
+                return None
+            deadline = time.monotonic() + self.batch_wait
+            while len(self._queue) < self.max_batch_requests and not self._closing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            taken = self._queue[:self.max_batch_requests]
+            del self._queue[:len(taken)]
+            return taken
+
+    def _render_chat(self, body_text):
+        body = json.loads(body_text)
+        return self.llm.apply_chat_template(body["messages"], add_generation_prompt=True)
+
+    def _engine_loop(self):
+        while True:
+            taken = self._take()
+            if taken is None:
+                break
+            seed = self.seed if self.seed is not None else secrets.randbits(63)
+            if self.seed is not None:
+                self.seed += len(taken)  # requests without a "seed" never repeat one another's
+            t0 = time.monotonic()
+            try:
+                out = self.llm._s.openai([p.line for p in taken], seed=seed, max_tokens_cap=self.max_new_tokens,
+                                         plan_prompt_len=self.max_prompt_len, plan_gen_len=self.max_new_tokens,
+                                         plan_requests=self.max_batch_requests, render_chat=self._render_chat,
+                                         stop=self._stop, **self.sampling)
+            except Exception as e:  # noqa: BLE001 - every waiting client gets the reason
+                if self._stop.is_set():
+                    for p in taken:
+                        p.answer(503, error_body("the server is shutting down", "server_error"))
+                else:
+                    print(f"flexh2o serve: engine error: {e}", file=self.log, flush=True)
+                    for p in taken:
+                        p.answer(500, error_body(str(e), "server_error"))
+                continue
+            tokens = 0
+            for p, text in zip(taken, out):
+                resp = json.loads(text)["response"]
+                body = resp["body"]
+                tokens += body.get("usage", {}).get("completion_tokens", 0)
+                p.answer(resp["status_code"], body)
+            self.requests += len(taken)
+            self.batches += 1
+            dt = time.monotonic() - t0
+            print(f"flexh2o serve: {len(taken)} request(s), {tokens} tokens in {dt:.2f} s "
+                  f"({tokens / dt if dt > 0 else 0:.1f} tok/s)", file=self.log, flush=True)
+        with self._cv:  # closing: whatever still waits
+            for p in self._queue:
+                p.answer(503, error_body("the server is shutting down", "server_error"))
+            self._queue.clear()
+
+
+def _handler_for(server):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "flexh2o"
+
+        def log_message(self, fmt, *args):
+            if server.log_requests:
+                print(f"flexh2o serve: {self.address_string()} {fmt % args}", file=server.log, flush=True)
+
+        def _send(self, status, body):
+            data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorized(self):
+            if server.api_key is None:
+                return True
+            if self.headers.get("Authorization", "") == f"Bearer {server.api_key}":
+                return True
+            self._send(401, error_body("missing or wrong API key (Authorization: Bearer KEY)"))
+            return False
+
+        def do_GET(self):
+            path = self.path.split("?", 1)[0]
+            if path == "/health":
+                self._send(200, {"status": "ok"})
+            elif path == "/v1/models":
+                if self._authorized():
+                    self._send(200, {"object": "list", "data": [{"id": server.model_name, "object": "model",
+                                                                 "created": server.created, "owned_by": "flexh2o"}]})
+            else:
+                self._send(404, error_body(f"no such endpoint: GET {path}"))
+
+        def do_POST(self):
+            path = self.path.split("?", 1)[0]
+            length = self.headers.get("Content-Length")
+            if path not in ENDPOINTS:
+                self.close_connection = True  # the body is not read
+                self._send(404, error_body(f"no such endpoint: POST {path} (flexh2o serves "
+                                           f"{', '.join(ENDPOINTS)})"))
+                return
+            if not self._authorized():
+                self.close_connection = True
+                return
+            if length is None or not length.isdigit():
+                self.close_connection = True
+                self._send(411, error_body("a request needs a Content-Length header"))
+                return
+            if int(length) > MAX_BODY:
+                self.close_connection = True
+                self._send(413, error_body(f"the body is {length} bytes, more than {MAX_BODY}"))
+                return
+            raw = self.rfile.read(int(length))
+            try:
+                body = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                self._send(400, error_body(f"the body is not JSON: {e}"))
+                return
+            if not isinstance(body, dict):
+                self._send(400, error_body("the body must be a JSON object"))
+                return
+            status, answer = server.submit(path, body)
+            self._send(status, answer)
+
+    return Handler
+
+
+def _engine_flags(rest):
+    """The CLI's engine flags left over by argparse (`--percent 20 80 0 100 0 100`,
+    `--cpu-cache-compute`, `--kv-policy=h2o`) as flexh2o.LLM keyword arguments."""
+    flags, name = {}, None
+    for tok in rest:
+        if tok.startswith("--"):
+            key, eq, value = tok[2:].partition("=")
+            if not key:
+                raise SystemExit(f"flexh2o serve: unexpected argument {tok!r}")
+            name = key.replace("-", "_")
+            flags[name] = [value] if eq else []
+        elif name is None:
+            raise SystemExit(f"flexh2o serve: unexpected argument {tok!r} (engine flags start with --)")
+        else:
+            flags[name].append(tok)
+    return {k: (True if not v else v[0] if len(v) == 1 else v) for k, v in flags.items()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="python -m flexh2o serve",
+        description="An OpenAI-compatible server (POST /v1/completions, /v1/chat/completions; GET /v1/models, "
+                    "/health) over the flexh2o engine. Concurrent requests run together in the engine's "
+                    "batches. Any other --flag is an engine flag of `flexh2o generate` (offloading, KV policy, "
+                    "compression), e.g. --percent 20 80 0 100 0 100 --kv-policy h2o --heavy-ratio 0.1 "
+                    "--recent-ratio 0.1.",
+        epilog="Example: python -m flexh2o serve -m tests/data/tiny-opt --port 8000  then  curl "
+               "localhost:8000/v1/completions -H 'Content-Type: application/json' -d "
+               "'{\"model\": \"m\", \"prompt\": \"In the beginning\", \"max_tokens\": 8}'")
+    ap.add_argument("-m", "--model", required=True, help="model directory, hub id in the local HF cache, or preset")
+    ap.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
+    ap.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    ap.add_argument("--batch-size", type=int, default=8, help="sequences per engine batch (default 8; an "
+                    "offloading policy's block size wins)")
+    ap.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
+                    "only; 0.0.0.0 for every interface)")
+    ap.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
+    ap.add_argument("--served-model-name", help="the model id /v1/models lists (default: the config's name)")
+    ap.add_argument("--max-new-tokens", type=int, default=256, help="the most tokens a request may generate "
+                    "(a larger max_tokens is refused; a chat request without one gets up to this many; default 256)")
+    ap.add_argument("--max-prompt-len", type=int, default=512, help="the prompt length --policy auto plans for "
+                    "(longer prompts still run; default 512)")
+    ap.add_argument("--batch-wait-ms", type=float, default=20.0, help="after a request arrives, how long the "
+                    "engine waits for others to run with it (default 20)")
+    ap.add_argument("--max-batch-requests", type=int, default=256, help="the most requests one engine call "
+                    "takes (default 256)")
+    ap.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every /v1 request")
+    ap.add_argument("--seed", type=int, help="base seed of requests without a \"seed\" (default: random)")
+    ap.add_argument("--greedy", action="store_true", help="temperature 0 whatever a request says")
+    ap.add_argument("--top-k", type=int, default=0, help="top-k for every request (not an OpenAI parameter)")
+    ap.add_argument("--min-p", type=float, default=0.0, help="min-p for every request")
+    ap.add_argument("--repetition-penalty", type=float, default=1.0, help="transformers' repetition penalty "
+                    "for every request")
+    ap.add_argument("--log-requests", action="store_true", help="log every HTTP request to stderr")
+    args, rest = ap.parse_known_args(argv)
+    flags = _engine_flags(rest)
+
+    import flexh2o
+    try:
+        llm = flexh2o.LLM(args.model, tokenizer=args.tokenizer, device=args.device, batch_size=args.batch_size,
+                          threads=args.threads, **flags)
+        server = Server(llm, args.host, args.port, served_model_name=args.served_model_name,
+                        max_new_tokens=args.max_new_tokens, max_prompt_len=args.max_prompt_len,
+                        batch_wait_ms=args.batch_wait_ms, max_batch_requests=args.max_batch_requests,
+                        api_key=args.api_key, seed=args.seed, greedy=args.greedy, top_k=args.top_k,
+                        min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                        log_requests=args.log_requests)
+    except TypeError as e:  # an engine flag that is none of the CLI's
+        print(f"flexh2o serve: {e}".replace("LLM() got an unexpected keyword argument", "unknown flag"),
+              file=sys.stderr)
+        return 2
+    except (Error, ValueError, OSError) as e:
+        print(f"flexh2o serve: {e}", file=sys.stderr)
+        return 1
+    host, port = server.address
+    print(f"flexh2o serve: {server.model_name} on http://{host}:{port}/v1 (Ctrl-C stops)", file=sys.stderr,
+          flush=True)
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("flexh2o serve: stopping (the running batch ends at its next token step; a second Ctrl-C "
+              "ends the process at once)", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    server.close()  # serve_forever has returned: this ends the engine and answers what waits
+    return 0

@@ -1,0 +1,236 @@
+"""flexh2o.serve, the OpenAI-compatible server: its answers equal what `generate` writes for the
+same bodies in an OpenAI Batch file (completions, chat, offloaded), concurrent requests share
+engine calls, and every bad request gets OpenAI's error shape with the right status."""
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+import flexh2o
+from flexh2o.serve import Server, _engine_flags
+from conftest import TINY, cli_generate, run_module
+
+
+class Running:
+    """A Server on a free port, served by a thread, closed by stop()."""
+
+    def __init__(self, llm, **kw):
+        kw.setdefault("log", open("/dev/null", "w"))
+        self.server = Server(llm, "127.0.0.1", 0, **kw)
+        self.host, self.port = self.server.address
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        """(status, parsed JSON answer)."""
+        c = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        c.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        r = c.getresponse()
+        out = (r.status, json.loads(r.read()))
+        c.close()
+        return out
+
+    def post_all(self, path, bodies):
+        """POSTs every body at once from its own thread: the answers, in order."""
+        out = [None] * len(bodies)
+
+        def one(i):
+            out[i] = self.request("POST", path, bodies[i])
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return out
+
+    def stop(self):
+        self.server.close()
+        self.thread.join()
+
+
+def comparable(body):
+    """A response body without what differs between runs (ids, timestamps)."""
+    return {k: v for k, v in body.items() if k not in ("id", "created")}
+
+
+COMPLETIONS = [
+    {"model": "m", "prompt": "In the beginning God created", "max_tokens": 8, "temperature": 0},
+    {"model": "m", "prompt": "And the LORD said", "max_tokens": 12, "temperature": 0, "stop": [" said,"]},
+    {"model": "m", "prompt": [[2, 133, 1139, 9], "Then"], "max_tokens": 5, "temperature": 0},
+    {"model": "m", "prompt": "Blessed are", "max_tokens": 7, "temperature": 0.8, "top_p": 0.9, "seed": 11, "n": 2},
+    {"model": "m", "prompt": "Let there be", "max_tokens": 4, "temperature": 0, "logprobs": 2},
+    {"model": "m", "prompt": "Unto thee", "max_tokens": 6, "temperature": 0.7, "seed": 5, "presence_penalty": 1.5},
+]
+
+
+def batch_lines(url, bodies):
+    return [{"custom_id": f"c{i}", "method": "POST", "url": url, "body": b} for i, b in enumerate(bodies)]
+
+
+@pytest.mark.parametrize("flags", [{}, {"percent": [50, 50, 0, 100, 100, 0], "gpu_batch_size": 2}],
+                         ids=["in_memory", "offloaded"])
+def test_completions_equal_the_batch_files(tmp_path, flags):
+    llm = flexh2o.LLM(str(TINY["opt"]), device="cpu", **flags)
+    srv = Running(llm, batch_wait_ms=300)
+    try:
+        got = srv.post_all("/v1/completions", COMPLETIONS)
+    finally:
+        srv.stop()
+    cli_flags = []
+    for k, v in flags.items():
+        cli_flags += ["--" + k.replace("_", "-")] + [str(x) for x in (v if isinstance(v, list) else [v])]
+    want = cli_generate(tmp_path, TINY["opt"], batch_lines("/v1/completions", COMPLETIONS), *cli_flags)
+    for i, ((status, body), line) in enumerate(zip(got, want)):
+        assert status == 200 == line["response"]["status_code"], (i, body)
+        assert comparable(body) == comparable(line["response"]["body"]), i
+    assert got[1][1]["choices"][0]["finish_reason"] == "stop"
+    assert len(got[3][1]["choices"]) == 2
+    # Requests that arrive together share engine calls.
+    assert srv.server.requests == len(COMPLETIONS) and srv.server.batches < len(COMPLETIONS)
+
+
+def test_chat_equals_the_python_front_ends_batch_file(tmp_path, chat_tokenizer):
+    llm = flexh2o.LLM(str(TINY["llama"]), tokenizer=str(chat_tokenizer), device="cpu")
+    bodies = [{"model": "tiny", "messages": [{"role": "user", "content": "Who made the light?"}], "max_tokens": 6,
+               "temperature": 0},
+              {"model": "tiny", "messages": [{"role": "system", "content": "Be brief."},
+                                             {"role": "user", "content": "Hi"}], "temperature": 0, "logprobs": True,
+               "top_logprobs": 1}]
+    srv = Running(llm, max_new_tokens=9)
+    try:
+        got = srv.post_all("/v1/chat/completions", bodies)
+    finally:
+        srv.stop()
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(l) + "\n" for l in batch_lines("/v1/chat/completions", bodies)))
+    r = run_module(["generate", "-m", TINY["llama"], "--tokenizer", chat_tokenizer, "--input", inp, "--output", out,
+                    "--quiet", "--device", "cpu", "--progress", "never"])
+    assert r.returncode == 0, r.stderr
+    want = [json.loads(l)["response"]["body"] for l in out.read_text().splitlines()]
+    assert got[0][0] == 200 and comparable(got[0][1]) == comparable(want[0])
+    # Without max_tokens a chat request gets up to the server's --max-new-tokens, not the context.
+    assert got[1][0] == 200 and got[1][1]["usage"]["completion_tokens"] <= 9
+    assert got[1][1]["choices"][0]["logprobs"]["content"]
+
+
+@pytest.fixture(scope="module")
+def opt_server():
+    srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"), max_new_tokens=20, api_key="sesame",
+                  served_model_name="tiny-served")
+    yield srv
+    srv.stop()
+
+
+AUTH = {"Authorization": "Bearer sesame"}
+
+
+def test_models_and_health(opt_server):
+    assert opt_server.request("GET", "/health") == (200, {"status": "ok"})
+    status, body = opt_server.request("GET", "/v1/models", headers=AUTH)
+    assert status == 200 and [m["id"] for m in body["data"]] == ["tiny-served"]
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"model": "m", "prompt": "x", "stream": True}, "stream", "\"stream\" is not supported"),
+    ({"model": "m", "prompt": "x", "max_tokens": 21}, None, "more than this server's limit of 20"),
+    ({"model": "m", "prompt": "x", "best_of": 3}, "best_of", "best_of"),
+    ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "messages", "no chat template"),
+    ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature", "temperature"),
+])
+def test_bad_bodies_get_openai_errors(opt_server, body, param, words):
+    url = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    status, answer = opt_server.request("POST", url, body, headers=AUTH)
+    assert status == 400, answer
+    err = answer["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and words in err["message"], err
+    assert "Traceback" not in err["message"] and "At:" not in err["message"]
+
+
+def test_bad_requests_get_their_status(opt_server):
+    assert opt_server.request("POST", "/v1/completions", {"prompt": "x"})[0] == 401  # no key
+    assert opt_server.request("POST", "/v1/completions", {"prompt": "x"}, {"Authorization": "Bearer no"})[0] == 401
+    assert opt_server.request("GET", "/v1/models")[0] == 401
+    status, answer = opt_server.request("POST", "/v1/completions", headers=AUTH, raw=b"{not json")
+    assert status == 400 and "not JSON" in answer["error"]["message"]
+    assert opt_server.request("POST", "/v1/completions", [1, 2], headers=AUTH)[0] == 400
+    status, answer = opt_server.request("POST", "/v1/embeddings", {"input": "x"}, headers=AUTH)
+    assert status == 404 and "/v1/completions" in answer["error"]["message"]
+    assert opt_server.request("GET", "/v2/anything")[0] == 404
+    # A body over the limit is refused from its header, before it is read.
+    c = http.client.HTTPConnection(opt_server.host, opt_server.port, timeout=30)
+    c.putrequest("POST", "/v1/completions")
+    c.putheader("Authorization", "Bearer sesame")
+    c.putheader("Content-Length", str(65 << 20))
+    c.endheaders()
+    r = c.getresponse()
+    assert r.status == 413 and "more than" in json.loads(r.read())["error"]["message"]
+    c.close()
+    # ... and one without Content-Length.
+    c = http.client.HTTPConnection(opt_server.host, opt_server.port, timeout=30)
+    c.putrequest("POST", "/v1/completions")
+    c.putheader("Authorization", "Bearer sesame")
+    c.endheaders()
+    r = c.getresponse()
+    assert r.status == 411
+    c.close()
+    # The server still answers.
+    status, answer = opt_server.request("POST", "/v1/completions", {"model": "m", "prompt": "In", "max_tokens": 2},
+                                        headers=AUTH)
+    assert status == 200 and answer["model"] == "m" and answer["usage"]["completion_tokens"] == 2
+
+
+def test_a_closed_server_refuses_and_waiting_requests_are_answered():
+    srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"))
+    srv.stop()
+    status, body = srv.server.submit("/v1/completions", {"model": "m", "prompt": "x"})
+    assert status == 503 and "shutting down" in body["error"]["message"]
+    with pytest.raises((ConnectionError, OSError)):
+        urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/health", timeout=5)
+
+
+def test_engine_flags_and_unknown_ones():
+    assert _engine_flags(["--percent", "20", "80", "0", "100", "0", "100", "--cpu-cache-compute",
+                          "--kv-policy=h2o", "--heavy-ratio", "0.1"]) == {
+        "percent": ["20", "80", "0", "100", "0", "100"], "cpu_cache_compute": True, "kv_policy": "h2o",
+        "heavy_ratio": "0.1"}
+    r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--no-such-flag", "1"])
+    assert r.returncode == 2 and "unknown flag 'no_such_flag'" in r.stderr, r.stderr
+    r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--kv-policy", "bogus"])
+    assert r.returncode == 1 and "bogus" in r.stderr, r.stderr
+
+
+def test_the_command_serves_until_sigint():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.Popen([sys.executable, "-m", "flexh2o", "serve", "-m", str(TINY["opt"]), "--device", "cpu",
+                          "--port", "0", "--greedy"], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                         env=env)
+    try:
+        line = ""
+        for _ in range(50):  # the model's load notes may come first
+            line = p.stderr.readline()
+            if "on http://" in line or not line:
+                break
+        assert "on http://127.0.0.1:" in line, line
+        port = int(line.split("127.0.0.1:")[1].split("/")[0])
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"model": "m", "prompt": "In the beginning", "max_tokens": 3,
+                                                      "temperature": 1.5}).encode())
+        body = json.loads(urllib.request.urlopen(req, timeout=60).read())
+        assert body["usage"]["completion_tokens"] == 3
+        (want,) = flexh2o.LLM(str(TINY["opt"]), device="cpu").generate(["In the beginning"], max_new_tokens=3)
+        assert body["choices"][0]["text"] == want.text  # --greedy wins over the body's temperature
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and "stopping" in err, err
+    finally:
+        p.kill()
