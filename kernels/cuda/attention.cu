@@ -79,8 +79,9 @@ struct AttentionView {
   float scale, softcap;
 };
 
-// What one attention block works on: query row t of sequence b at head h sees keys [lo, nk)
-// of its KV head's rows kb / vb. The prologue of both kernels below.
+// What one attention block (grid: query row, head, sequence) works on: the query row of
+// sequence b at head h sees keys [lo, nk) of its KV head's rows kb / vb. The prologue of both
+// kernels below.
 template <class TQ, class TKV, int HD>
 struct AttnRow {
   using Row = KvRow<TKV, HD>;
@@ -90,7 +91,12 @@ struct AttnRow {
   int64_t lo, nk;
   bool skip;  // padding row or contract violation: out already filled, nothing else to do
 
-  __device__ AttnRow(const AttentionView& a, int64_t t, int64_t h, int64_t b) {
+  int64_t b, h;  // the block's sequence and query head (its query row is blockIdx.x)
+  int lane, warp;
+
+  __device__ explicit AttnRow(const AttentionView& a)
+      : b(blockIdx.z), h(blockIdx.y), lane(threadIdx.x & 31), warp(threadIdx.x >> 5) {
+    const int64_t t = blockIdx.x;
     const int64_t n_b = a.seq_keys[b];
     const int64_t slot = n_b - a.tq + t;
     out = static_cast<TQ*>(a.out) + (b * a.tq + t) * a.out_stride + h * HD;
@@ -107,9 +113,16 @@ struct AttnRow {
     vb = static_cast<const std::byte*>(a.v) + (b * a.kv_heads + g) * a.capacity * Row::kBytes;
     q = static_cast<const TQ*>(a.q) + (b * a.tq + t) * a.q_stride + h * HD;
   }
+  // The lane's E elements of q, staged through shared memory qs [HD]. Call from all threads.
+  __device__ void load_q(float* qs, float (&qr)[HD / 32]) const {
+    for (int d = threadIdx.x; d < HD; d += kAttnThreads) qs[d] = to_f(q[d]);
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < HD / 32; ++e) qr[e] = qs[lane * (HD / 32) + e];
+  }
   // The scaled (and capped) score of key j against the lane's E elements of q; every lane of
   // the warp gets it. Both kernels and both passes of the streamed one compute scores here.
-  __device__ float score(const AttentionView& a, const float (&qr)[HD / 32], int64_t j, int lane) const {
+  __device__ float score(const AttentionView& a, const float (&qr)[HD / 32], int64_t j) const {
     float kr[HD / 32];
     Row::load(kb + j * Row::kBytes, lane, kr);
     float s = 0.f;
@@ -119,14 +132,14 @@ struct AttnRow {
     if (a.softcap > 0.f) s = a.softcap * tanhf(s / a.softcap);
     return s;
   }
-  __device__ void add_value(int64_t j, float p, int lane, float (&acc)[HD / 32]) const {
+  __device__ void add_value(int64_t j, float p, float (&acc)[HD / 32]) const {
     float vr[HD / 32];
     Row::load(vb + j * Row::kBytes, lane, vr);
 #pragma unroll
     for (int e = 0; e < HD / 32; ++e) acc[e] += p * vr[e];
   }
   // Warps' partial outputs (part: [warps][HD] floats of shared memory) summed, times inv.
-  __device__ void write_out(const float (&acc)[HD / 32], float inv, float* part, int lane, int warp) const {
+  __device__ void write_out(const float (&acc)[HD / 32], float inv, float* part) const {
 #pragma unroll
     for (int e = 0; e < HD / 32; ++e) part[warp * HD + lane * (HD / 32) + e] = acc[e];
     __syncthreads();
@@ -152,20 +165,15 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
   float* sc = qs + HD;
   float* part = sc + a.max_keys;
   float* red = part + kAttnWarps * HD;
-  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const AttnRow<TQ, TKV, HD> r(a, t, h, b);
+  const AttnRow<TQ, TKV, HD> r(a);
   if (r.skip) return;
-  for (int d = threadIdx.x; d < HD; d += kAttnThreads) qs[d] = to_f(r.q[d]);
-  __syncthreads();
-
+  const int lane = r.lane, warp = r.warp;
   // scores: warp w takes keys w, w+4, ...; lane covers elements [lane*E, lane*E+E)
   float qr[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) qr[e] = qs[lane * E + e];
+  r.load_q(qs, qr);
   float mx = -INFINITY;
   for (int64_t j = r.lo + warp; j < r.nk; j += kAttnWarps) {
-    const float s = r.score(a, qr, j, lane);
+    const float s = r.score(a, qr, j);
     if (lane == 0) sc[j] = s;
     mx = fmaxf(mx, s);
   }
@@ -178,7 +186,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
   }
   const float inv = 1.f / detail::block_reduce<false>(sum, red);
   if (a.key_scores) {
-    float* ks = a.key_scores + (b * a.n_heads + h) * a.capacity;
+    float* ks = a.key_scores + (r.b * a.n_heads + r.h) * a.capacity;
     for (int64_t j = r.lo + threadIdx.x; j < r.nk; j += kAttnThreads) atomicAdd(ks + j, sc[j] * inv);
   }
 
@@ -186,8 +194,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionView a
   float acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
-  for (int64_t j = r.lo + warp; j < r.nk; j += kAttnWarps) r.add_value(j, sc[j], lane, acc);
-  r.write_out(acc, inv, part, lane, warp);
+  for (int64_t j = r.lo + warp; j < r.nk; j += kAttnWarps) r.add_value(j, sc[j], acc);
+  r.write_out(acc, inv, part);
 }
 
 // The same attention for rows whose scores do not fit in shared memory (long contexts): no
@@ -199,20 +207,16 @@ template <class TQ, class TKV, int HD>
 __global__ void __launch_bounds__(kAttnThreads) attention_streamed_kernel(AttentionView a) {
   constexpr int E = HD / 32;
   __shared__ float qs[HD], part[kAttnWarps * HD], wmax[kAttnWarps], wsum[kAttnWarps];
-  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const AttnRow<TQ, TKV, HD> r(a, t, h, b);
+  const AttnRow<TQ, TKV, HD> r(a);
   if (r.skip) return;
-  for (int d = threadIdx.x; d < HD; d += kAttnThreads) qs[d] = to_f(r.q[d]);
-  __syncthreads();
+  const int lane = r.lane, warp = r.warp;
   float qr[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) qr[e] = qs[lane * E + e];
+  r.load_q(qs, qr);
 
   // pass 1: warp w's keys w, w+4, ...: running max m and sum l of exp(s - m)
   float m = -INFINITY, l = 0.f;
   for (int64_t j = r.lo + warp; j < r.nk; j += kAttnWarps) {
-    const float s = r.score(a, qr, j, lane);
+    const float s = r.score(a, qr, j);
     if (s > m) {
       l = l * expf(m - s) + 1.f;  // exp(-inf) = 0 on the first key
       m = s;
@@ -235,16 +239,16 @@ __global__ void __launch_bounds__(kAttnThreads) attention_streamed_kernel(Attent
   const float inv = 1.f / sum;
 
   // pass 2: probabilities, key scores and the output
-  float* ks = a.key_scores ? a.key_scores + (b * a.n_heads + h) * a.capacity : nullptr;
+  float* ks = a.key_scores ? a.key_scores + (r.b * a.n_heads + r.h) * a.capacity : nullptr;
   float acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
   for (int64_t j = r.lo + warp; j < r.nk; j += kAttnWarps) {
-    const float p = expf(r.score(a, qr, j, lane) - mx);
+    const float p = expf(r.score(a, qr, j) - mx);
     if (ks && lane == 0) atomicAdd(ks + j, p * inv);
-    r.add_value(j, p, lane, acc);
+    r.add_value(j, p, acc);
   }
-  r.write_out(acc, inv, part, lane, warp);
+  r.write_out(acc, inv, part);
 }
 
 // Bytes of shared memory attention_kernel needs for rows of up to max_keys keys.

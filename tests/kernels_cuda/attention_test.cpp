@@ -362,6 +362,7 @@ TEST_P(AttnLongGpu, RowsBeyondSharedMemoryAreStreamed) {
   const auto [act, hd] = GetParam();
   const int64_t B = 2, tq = 3, H = 4, kvh = 2, cap = 70000, row = H * hd;
   const std::vector<int32_t> seq_keys = {70000, 2};  // the second: one padding row, two real
+  const AttnShape shape{tq, H, kvh, hd, cap, seq_keys};
   const size_t cache_n = size_t(B * kvh * cap * hd);
   const std::vector<float> q = round_to(randn(size_t(B * tq * row), 40), act);
   const std::vector<float> k = round_to(randn(cache_n, 41), act), v = round_to(randn(cache_n, 42), act);
@@ -374,22 +375,8 @@ TEST_P(AttnLongGpu, RowsBeyondSharedMemoryAreStreamed) {
   float* dscores = alloc<float>(size_t(B * H * cap));
   for (const int64_t window : {int64_t(0), int64_t(60000)}) {
     std::vector<float> out(q.size(), 7.f), scores(size_t(B * H * cap), 0.f);
-    cpu::AttentionArgs c;
-    c.q = q.data();
-    c.q_stride = c.out_stride = row;
-    c.k = k.data();
-    c.v = v.data();
-    c.batch = B;
-    c.tq = tq;
-    c.n_heads = H;
-    c.kv_heads = kvh;
-    c.head_dim = hd;
-    c.capacity = cap;
-    c.seq_keys = seq_keys.data();
-    c.scale = scale;
+    cpu::AttentionArgs c = cpu_args(shape, q, k, v, scale, out, &scores);
     c.window = window;
-    c.out = out.data();
-    c.key_scores = scores.data();
     cpu::attention(c);
 
     AttentionArgs a;
