@@ -296,7 +296,10 @@ cudaEvent_t CudaDevice::take_event() {
   }
   cudaEvent_t e = nullptr;
   bind_thread();  // an event belongs to the device current where it is created
-  FH_CUDA_CHECK(cudaEventCreate(&e));
+  // Blocking sync: the host-side queues (disk, host attention) wait on these events from their
+  // own threads, and under cudaDeviceScheduleAuto a wait would spin a core that host attention
+  // needs. A blocked wait wakes some microseconds later, once per dependency.
+  FH_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventBlockingSync));
   return e;
 }
 
