@@ -10,6 +10,7 @@
 #include "cli/common.h"
 #include "cli/kv_flags.h"
 #include "cli/offload_flags.h"
+#include "engine/generate.h"
 #include "policies/kv_config.h"
 
 namespace flexh2o::cli {
@@ -27,6 +28,9 @@ struct PipelineArgs {
 struct GenerateArgs {
   std::string model, tokenizer, prompt, input, output, report, device = "auto";
   int64_t max_new_tokens = 32, batch_size = 8;
+  // --sort-window: requests sorted by prompt length within windows of this many batches
+  // (length_sorted_order); 1 = input order.
+  int64_t sort_window = kDefaultSortWindow;
   float temperature = 1.0f, top_p = 1.0f;
   int top_k = 0;
   float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <numeric>
 
 #include <tbb/parallel_for.h>
 
@@ -200,6 +201,24 @@ std::vector<GenerationResult> start(const ModelConfig& c, int64_t batch, const s
 
 }  // namespace
 
+std::vector<size_t> length_sorted_order(const std::vector<GenerationRequest>& requests, int64_t batch,
+                                        int64_t window_batches) {
+  FH_CHECK(batch > 0, "batch size must be positive, got ", batch);
+  std::vector<size_t> order(requests.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  if (window_batches <= 1) return order;
+  const size_t window = size_t(batch) * size_t(window_batches);
+  for (size_t first = 0; first < order.size(); first += window) {
+    const auto end = order.begin() + std::ptrdiff_t(std::min(order.size(), first + window));
+    std::stable_sort(order.begin() + std::ptrdiff_t(first), end, [&](size_t a, size_t b) {
+      const GenerationRequest &x = requests[a], &y = requests[b];
+      if (x.prompt_ids.size() != y.prompt_ids.size()) return x.prompt_ids.size() < y.prompt_ids.size();
+      return x.max_new_tokens < y.max_new_tokens;
+    });
+  }
+  return order;
+}
+
 std::vector<GenerationResult> generate(Forward& fwd, const std::vector<GenerationRequest>& requests,
                                        const GenerateOptions& opts, GenerateStats* stats) {
   FH_CHECK(opts.batch_size > 0, "batch size must be positive, got ", opts.batch_size);
@@ -224,6 +243,27 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
     ++st.batches;  // an interrupted batch ran too (its prefill at least)
   }
   if (stats) *stats = st;
+  return out;
+}
+
+std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<GenerationRequest>& requests,
+                                       const std::vector<size_t>& order, const GenerateOptions& opts,
+                                       GenerateStats* stats) {
+  FH_CHECK(order.size() == requests.size(), "an order of ", order.size(), " for ", requests.size(), " requests");
+  std::vector<GenerationRequest> run;
+  run.reserve(requests.size());
+  std::vector<bool> seen(requests.size(), false);
+  for (size_t r : order) {
+    FH_CHECK(r < requests.size() && !seen[r], "the order is not a permutation of the requests");
+    seen[r] = true;
+    run.push_back(requests[r]);
+  }
+  GenerateOptions o = opts;
+  if (opts.ends_at) o.ends_at = [&](size_t j, std::span<const int32_t> t) { return opts.ends_at(order[j], t); };
+  if (opts.on_result) o.on_result = [&](size_t j, const GenerationResult& res) { opts.on_result(order[j], res); };
+  std::vector<GenerationResult> got = generate(runner, run, o, stats);
+  std::vector<GenerationResult> out(requests.size());
+  for (size_t j = 0; j < order.size(); ++j) out[order[j]] = std::move(got[j]);
   return out;
 }
 

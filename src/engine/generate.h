@@ -72,9 +72,25 @@ struct GenerateStats {
 // max_position_embeddings, sampling params); throws flexh2o::Error describing the problem.
 void validate_request(const GenerationRequest& r, const ModelConfig& c);
 
+// The order to run requests in so that a batch's prompts are alike in length: each batch is
+// left-padded to its longest prompt, and the padding is computed like tokens. Within each
+// window of `window_batches` * `batch` requests (taken in request order), requests sorted by
+// prompt length, then max_new_tokens, stably; window_batches <= 1: request order. A permutation
+// of [0, requests.size()): position j runs request order[j]. Results do not depend on it (a
+// sequence's result never depends on its batch); only padding and when each result is ready do.
+std::vector<size_t> length_sorted_order(const std::vector<GenerationRequest>& requests, int64_t batch,
+                                        int64_t window_batches);
+// The window the front ends use unless told otherwise (`generate --sort-window`).
+constexpr int64_t kDefaultSortWindow = 8;
+
 // Cuts requests into batches of runner.max_batch(); results in request order.
 std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<GenerationRequest>& requests,
                                        const GenerateOptions& opts, GenerateStats* stats = nullptr);
+// generate() running request order[j] as its j-th (a permutation, e.g. length_sorted_order's);
+// results, and the request index opts.ends_at and opts.on_result get, are in request order.
+std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<GenerationRequest>& requests,
+                                       const std::vector<size_t>& order, const GenerateOptions& opts,
+                                       GenerateStats* stats = nullptr);
 // A runner that holds several batches ("groups") at once and works on their steps while the
 // caller samples: a pipeline runs group g's step on later stages while the driver samples
 // another group's logits. Steps complete in the order submitted.

@@ -192,7 +192,8 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
     };
   go.stop = p.interrupt;
   GenerateStats st;
-  std::vector<GenerationResult> res = flexh2o::generate(*run.rs.runner, reqs, go, &st);
+  std::vector<GenerationResult> res = flexh2o::generate(
+      *run.rs.runner, reqs, length_sorted_order(reqs, go.batch_size, kDefaultSortWindow), go, &st);
   if (st.interrupted) throw Interrupted();
   std::vector<Completion> out;
   for (const GenerationResult& r : res) {
@@ -269,7 +270,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
       return !stop_of[r]->empty() && batch::first_stop_at(decode(tokens), *stop_of[r]) != std::string::npos;
     };
     GenerateStats st;
-    res = flexh2o::generate(*run.rs.runner, reqs, go, &st);
+    res = flexh2o::generate(*run.rs.runner, reqs, length_sorted_order(reqs, go.batch_size, kDefaultSortWindow), go, &st);
     if (st.interrupted) throw Interrupted();
     const int64_t created = int64_t(std::time(nullptr));
     for (size_t i = 0; i < lines.size(); ++i) {
