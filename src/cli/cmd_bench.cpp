@@ -54,7 +54,9 @@ int run_bench(const BenchArgs& a, const Env& env) {
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
   const int64_t guess = a.num_prompts ? a.num_prompts : a.batch_size;
-  RunSetup rs = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, a.prompt_len, a.gen_len,
+  OffloadArgs off = a.offload;
+  off.progress = a.progress;
+  RunSetup rs = make_run_setup(off, a.kv, a.batch_size, *lm.model, fwd, dev, env, a.prompt_len, a.gen_len,
                                guess, device, std::cerr);
   const int64_t n = a.num_prompts ? a.num_prompts : rs.runner->max_batch();
   std::mt19937_64 rng(a.seed);

@@ -115,7 +115,9 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
     oo->kv_policy = policy.get();
     oo->kv_dtype = kv_dtype;
     std::unique_ptr<Device> owned;
-    OffloadEngine engine(*lm.model, open_device(device, *lm.model, dev, owned), *oo);
+    std::unique_ptr<OffloadEngine> placed =
+        place_engine(*lm.model, open_device(device, *lm.model, dev, owned), *oo, a.progress, env.stderr_is_tty);
+    OffloadEngine& engine = *placed;
     Progress progress("eval-ppl", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, &engine);
     r = streaming_perplexity(engine, ids, nullptr, [&](int64_t d, int64_t n) { progress.update(d, n); });
     progress.finish();
@@ -270,7 +272,8 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
     if (!offload_requested(a.offload)) o.policy.gpu_batch_size = batch;  // everything resident on the GPU
     o.kv_policy = policy.get();
     o.kv_dtype = kv_dtype = run_kv_dtype(a.kv, o.policy.compress_cache, *lm.model);
-    auto e = std::make_unique<OffloadEngine>(*lm.model, open_device(device, *lm.model, dev, owned_device), o);
+    auto e = place_engine(*lm.model, open_device(device, *lm.model, dev, owned_device), o, a.progress,
+                          env.stderr_is_tty);
     engine = e.get();
     owned = std::move(e);
   } else {

@@ -417,15 +417,17 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   }
   std::optional<PipelineDriverSetup> stages;  // rank 0 of a pipeline: its stage and the driver
   RunSetup own;
-  if (pipe)
+  if (pipe) {
     stages.emplace(pipe->start(a, env, *lm.model, dev,
                                choose_layout(a, env, *lm.model, dev, device, pipe->comm().size(), prompt, gen,
                                              int64_t(reqs.size()), std::cerr),
                                device, std::cerr));
-  else
+  } else {
+    a.offload.progress = a.progress;  // this rank draws the lines (under mpirun, rank 0)
     own = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,
                          dp ? dp->plan_requests(reqs.size()) : int64_t(reqs.size()), device, std::cerr,
                          dp ? dp->cuda_index(device) : 0);
+  }
   RunSetup& rs = stages ? stages->rs : own;
   StepRunner* runner = rs.runner.get();
   // The engine runs request order[j] as its j-th (length-sorted batches); the callbacks below

@@ -28,6 +28,10 @@ struct OffloadArgs {
   // ask for the offloading engine by themselves.
   bool compress_weight = false, compress_cache = false;
   bool no_compress = false;  // --policy auto: never choose compression
+  // Not a flag: the command's --progress, which placing the weights reports through (a
+  // "[place weights]" line once it takes more than a second). "never" where no line belongs
+  // (the workers of an mpirun job).
+  std::string progress = "never";
 };
 
 void add_offload_flags(CLI::App* app, OffloadArgs& a);

@@ -43,8 +43,15 @@ std::string format_duration(double seconds) {
 std::string format_progress(const ProgressSnapshot& s) {
   char buf[160];
   const double rate = s.seconds > 0 ? double(s.done) / s.seconds : 0.0;
-  std::snprintf(buf, sizeof buf, "[%s] %lld/%lld %s  %.1f %s/s", s.label.c_str(), (long long)s.done,
-                (long long)s.total, s.unit.c_str(), rate, s.unit == "tokens" ? "tok" : s.unit.c_str());
+  if (s.unit == "bytes") {
+    const bool gb = s.total >= 1000000000;
+    const double scale = gb ? 1e9 : 1e6;
+    std::snprintf(buf, sizeof buf, "[%s] %.1f/%.1f %s  %s", s.label.c_str(), double(s.done) / scale,
+                  double(s.total) / scale, gb ? "GB" : "MB", rate_text(rate).c_str());
+  } else {
+    std::snprintf(buf, sizeof buf, "[%s] %lld/%lld %s  %.1f %s/s", s.label.c_str(), (long long)s.done,
+                  (long long)s.total, s.unit.c_str(), rate, s.unit == "tokens" ? "tok" : s.unit.c_str());
+  }
   std::string line = buf;
   if (s.done >= s.total) line += "  done in " + format_duration(s.seconds);
   else line += "  ETA " + (rate > 0 ? format_duration(double(s.total - s.done) / rate) : std::string("?"));
@@ -71,8 +78,8 @@ ProgressMode parse_progress_mode(const std::string& value) {
 }
 
 Progress::Progress(std::string label, std::string unit, ProgressMode mode, bool is_tty, const OffloadEngine* engine,
-                   std::FILE* out)
-    : label_(std::move(label)), unit_(std::move(unit)), engine_(engine), out_(out) {
+                   std::FILE* out, std::chrono::milliseconds quiet)
+    : label_(std::move(label)), unit_(std::move(unit)), engine_(engine), out_(out), quiet_(quiet) {
   enabled_ = mode == ProgressMode::kAlways || (mode == ProgressMode::kAuto && is_tty);
   redraw_ = is_tty;
   start_ = last_ = std::chrono::steady_clock::now();
@@ -101,6 +108,7 @@ ProgressSnapshot Progress::snapshot(int64_t done, int64_t total) const {
 void Progress::update(int64_t done, int64_t total) {
   if (!enabled_) return;
   const auto now = std::chrono::steady_clock::now();
+  if (!drawn_ && now - start_ < quiet_) return;  // quick work says nothing, its end included
   const bool final = done >= total;
   const std::chrono::steady_clock::duration every =
       redraw_ ? std::chrono::steady_clock::duration(kRedrawEvery) : std::chrono::steady_clock::duration(kLogEvery);

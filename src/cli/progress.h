@@ -28,7 +28,7 @@ struct ProgressSnapshot {
 
 // "[generate] 96/256 tokens  41.3 tok/s  ETA 0:04  disk->host 1.21 GB/s  host->device 310 MB/s":
 // the rate is done/seconds; the ETA assumes it holds (an upper bound when sequences stop early at
-// EOS); links with no traffic are left out.
+// EOS); links with no traffic are left out. Unit "bytes": "[place weights] 12.3/40.1 GB  2.10 GB/s".
 std::string format_progress(const ProgressSnapshot& s);
 // 0:07, 3:25, 1:02:03.
 std::string format_duration(double seconds);
@@ -40,9 +40,10 @@ ProgressMode parse_progress_mode(const std::string& value);  // throws flexh2o::
 
 class Progress {
  public:
-  // `engine` (may be null) must outlive this object; `out` is where lines go (stderr).
+  // `engine` (may be null) must outlive this object; `out` is where lines go (stderr). Nothing is
+  // drawn before the work has run for `quiet` (work that ends sooner prints nothing).
   Progress(std::string label, std::string unit, ProgressMode mode, bool is_tty, const OffloadEngine* engine = nullptr,
-           std::FILE* out = stderr);
+           std::FILE* out = stderr, std::chrono::milliseconds quiet = std::chrono::milliseconds(0));
   ~Progress();  // finish()
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
@@ -60,6 +61,7 @@ class Progress {
   const OffloadEngine* engine_;
   std::FILE* out_;
   std::chrono::steady_clock::time_point start_, last_;
+  std::chrono::milliseconds quiet_;
   std::array<uint64_t, kNumLinks> start_bytes_{};
 };
 

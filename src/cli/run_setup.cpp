@@ -2,6 +2,7 @@
 // that run a model.
 #include "cli/run_setup.h"
 
+#include "cli/progress.h"
 #include "core/error.h"
 #include "engine/kv_evict.h"
 #include "gpu/cuda_device.h"
@@ -35,6 +36,16 @@ OffloadOptions engine_options(const OffloadArgs& off, int64_t batch_size) {
     oo.policy.num_gpu_batches = 1;
   }
   return oo;
+}
+
+std::unique_ptr<OffloadEngine> place_engine(const Model& model, Device& dev, OffloadOptions o,
+                                            const std::string& progress, bool stderr_is_tty) {
+  Progress place("place weights", "bytes", parse_progress_mode(progress), stderr_is_tty, nullptr, stderr,
+                 std::chrono::seconds(1));
+  o.on_place = [&](uint64_t done, uint64_t total) { place.update(int64_t(done), int64_t(total)); };
+  auto eng = std::make_unique<OffloadEngine>(model, dev, o);
+  place.finish();
+  return eng;
 }
 
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
@@ -81,7 +92,7 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
   }
   oo.kv_policy = rs.kv_policy.get();
   oo.kv_dtype = rs.kv_dtype;
-  auto eng = std::make_unique<OffloadEngine>(model, *rs.device, oo);
+  auto eng = place_engine(model, *rs.device, oo, off.progress, env.stderr_is_tty);
   rs.offload = eng.get();
   rs.kv_dtype = eng->options().kv_dtype;  // Q4 when the policy compresses the cache
   log << "flexh2o: on " << rs.device->name() << ": " << eng->options().policy.str() << " (block of "

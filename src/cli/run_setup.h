@@ -57,6 +57,11 @@ struct StageRun {
   // resident, one micro-batch).
   std::optional<Policy> policy;
 };
+// The offloading engine of `model` on `dev` under `o`, drawing a "[place weights]" progress line
+// (--progress `progress`; none when placing takes under a second) while the weights are placed.
+std::unique_ptr<OffloadEngine> place_engine(const Model& model, Device& dev, OffloadOptions o,
+                                            const std::string& progress, bool stderr_is_tty);
+
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
                         int64_t requests, const std::string& device, std::ostream& log, int cuda_index = 0,

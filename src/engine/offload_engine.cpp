@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <ostream>
 
 #include "core/error.h"
@@ -128,6 +129,7 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
   }
   impl_->place_weights();
   impl_->build_views();
+  opts_.on_place = nullptr;  // the caller's progress need not outlive construction
 }
 
 OffloadEngine::~OffloadEngine() {
@@ -145,6 +147,12 @@ void OffloadEngine::Impl::place_weights() {
   std::map<const void*, const std::byte*> device_home, host_home;  // by source: a tied lm_head shares
   const bool want_pinned = dev.kind() != DeviceKind::kCpu && p.pin_weight;
   std::vector<std::pair<size_t, size_t>> disk_homes;  // (unit, index in the unit)
+  {  // a tied lm_head homed with the embedding shares its home: one copy to place
+    std::set<std::pair<const void*, Tier>> seen;
+    for (const UnitPlacement& up : wp.units)
+      for (const PlacedTensor& t : up.tensors)
+        if (t.tier == Tier::kDisk || seen.emplace(t.source.data, t.tier).second) to_place += t.bytes;
+  }
   for (size_t u = 0; u < wp.units.size(); ++u) {
     size_t slot_off = 0, stage_off = 0;
     for (const PlacedTensor& t : wp.units[u].tensors) {
@@ -156,10 +164,12 @@ void OffloadEngine::Impl::place_weights() {
       h.token_table = u == 0 && t.source.data == e.model_.weights().embed.data;
       if (h.token_table && t.tier != Tier::kDevice) token_streamed = true;
       const std::string what = std::string("weight ") + t.name;
+      bool placed_here = false;  // a device or host home made now (not one shared with the embedding)
       if (t.tier == Tier::kDevice) {
         if (auto it = device_home.find(t.source.data); it != device_home.end()) {
           h.device_ptr = it->second;
         } else {
+          placed_here = true;
           h.device = alloc(MemKind::kDevice, Tier::kDevice, h.bytes, what);
           if (h.dtype == DType::Q4) {  // compressed on the host, uploaded as records
             std::vector<std::byte> tmp(h.bytes);
@@ -177,6 +187,7 @@ void OffloadEngine::Impl::place_weights() {
         if (auto it = host_home.find(t.source.data); it != host_home.end()) {
           h.host = it->second;
         } else {
+          placed_here = true;
           // In place when the model already holds the device's dtype (and, for a GPU, the
           // pages can be pinned where they are); otherwise one converted / pinned copy.
           if (t.source.dtype == h.dtype && want_pinned) h.pin = dev.pin_in_place(t.source.data, h.bytes);
@@ -202,6 +213,7 @@ void OffloadEngine::Impl::place_weights() {
         h.slot_offset = slot_off;
         slot_off += round_up(h.bytes, kSlotAlign);
       }
+      if (placed_here) placed(h.bytes);  // disk homes: as their files are checked or written
       units[u].push_back(std::move(h));
     }
     FH_CHECK(slot_off == wp.units[u].slot_bytes && stage_off == wp.units[u].stage_bytes,

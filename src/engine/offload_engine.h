@@ -53,6 +53,10 @@ struct OffloadOptions {
   DType kv_dtype = DType::F16;
   // Record when every schedule step ran (write_trace()); a few dozen bytes per step.
   bool trace = false;
+  // Called by the constructor on its thread as it places the weights: (bytes placed, bytes to
+  // place), device and host homes as they are uploaded or copied, disk homes as their store
+  // files are checked or written. Null: none. The engine drops it once constructed.
+  std::function<void(uint64_t done, uint64_t total)> on_place;
   // Tests only: edits each token step's schedule before it runs (e.g. drops a dependency).
   std::function<void(Schedule&)> edit_schedule;
 };

@@ -189,6 +189,11 @@ struct OffloadEngine::Impl : BatchState {
   std::array<std::vector<ModelWeights>, 2> views;  // [slot parity][unit]
   int slot_phase = 0;  // unit u's weights use slot (u + slot_phase) % 2 (schedule.h)
   uint64_t pinned_in_place = 0;
+  uint64_t to_place = 0, placed_bytes = 0;  // weight bytes to place / placed (OffloadOptions::on_place)
+  void placed(uint64_t bytes) {
+    placed_bytes += bytes;
+    if (e.opts_.on_place) e.opts_.on_place(placed_bytes, to_place);
+  }
   bool token_streamed = false;  // the token table is host- or disk-homed
   bool hidden_in = false, hidden_out = false;  // a pipeline stage: !stage_range().embed() / head()
   // The other groups' batches while one steps (select_group); [current] is empty.

@@ -110,8 +110,12 @@ void OffloadEngine::Impl::place_disk_weights(const std::vector<std::pair<size_t,
     previous = read_store_manifest(store.dir());
     for (size_t i = 0; i < homes.size(); ++i) {
       Status st = reuse(home(homes[i]));
-      if (st.ok()) ++e.reused_;
-      else failed.emplace_back(i, std::move(st));
+      if (st.ok()) {
+        ++e.reused_;
+        placed(home(homes[i]).bytes);
+      } else {
+        failed.emplace_back(i, std::move(st));
+      }
     }
   }
   if (failed.empty() && previous == store_manifest) return;
@@ -122,10 +126,12 @@ void OffloadEngine::Impl::place_disk_weights(const std::vector<std::pair<size_t,
     WeightHome& h = home(homes[i]);
     if (reuse(h).ok()) {
       ++e.reused_;
+      placed(h.bytes);
       continue;
     }
     write_weight(store, h);
     ++e.written_;
+    placed(h.bytes);
     rebuilt.push_back(std::move(why));
   }
   const std::string why = rebuild_reason(rebuilt, e.reused_, previous, store_manifest);

@@ -80,6 +80,7 @@ json scoring_report(const cli::LoadedModel& lm, const cli::RunSetup& rs, const C
 
 Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
   parse_flags(opts_.flags, off_, kv_);
+  off_.progress = "auto";  // a "[place weights]" line on a terminal when placing takes a while
   if (opts_.batch_size < 1) FH_FAIL("batch_size must be >= 1, got ", opts_.batch_size);
   if (opts_.threads < 0) FH_FAIL("threads must be >= 1 (or None: all cores), got ", opts_.threads);
   cli::make_kv_config(kv_);          // flag errors before loading anything, as the commands

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <regex>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "cli/progress.h"
@@ -40,6 +41,35 @@ TEST(Progress, LineShowsRateEtaAndBusyLinksOnly) {
   EXPECT_EQ(format_progress(s), "[eval-choice] 10/10 items  0.1 items/s  done in 2:05");
   s = ProgressSnapshot{"bench", "tokens", 0, 64, 0.0};  // nothing done yet: no rate, no ETA
   EXPECT_EQ(format_progress(s), "[bench] 0/64 tokens  0.0 tok/s  ETA ?");
+}
+
+TEST(Progress, BytesReadInGigabytesOrMegabytes) {
+  ProgressSnapshot s{"place weights", "bytes", 12'300'000'000, 40'100'000'000, 5.0};
+  EXPECT_EQ(format_progress(s), "[place weights] 12.3/40.1 GB  2.46 GB/s  ETA 0:11");
+  s = ProgressSnapshot{"place weights", "bytes", 250'000'000, 250'000'000, 2.0};
+  EXPECT_EQ(format_progress(s), "[place weights] 250.0/250.0 MB  125 MB/s  done in 0:02");
+}
+
+// Work shorter than `quiet` prints nothing, its final line included; longer work draws as usual.
+TEST(Progress, QuietWorkSaysNothing) {
+  for (const bool slow : {false, true}) {
+    std::FILE* f = std::tmpfile();
+    ASSERT_NE(f, nullptr);
+    {
+      Progress p("place weights", "bytes", ProgressMode::kAlways, false, nullptr, f, std::chrono::milliseconds(300));
+      p.update(1, 4);
+      if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(350));
+      p.update(2, 4);
+      p.update(4, 4);
+    }
+    const std::string got = drain(f);
+    std::fclose(f);
+    if (slow)
+      EXPECT_TRUE(std::regex_search(got, std::regex("^\\[place weights\\] 0.0/0.0 MB [^\n]*\n\\[place weights\\] [^\n]*done in")))
+          << nlohmann::json(got).dump();
+    else
+      EXPECT_EQ(got, "");
+  }
 }
 
 TEST(Progress, ModesDecideWhetherAndHowLinesAreDrawn) {

@@ -251,5 +251,44 @@ TEST(OffloadStore, TrustStoreSkipsThePayloadHash) {
   EXPECT_EQ(checking.report().weights_written, 1u);
 }
 
+// OffloadOptions::on_place: every weight counted once as it is placed (device and host homes,
+// disk files written on the first run and checked on the second), rising to the total.
+TEST(OffloadStore, PlacingReportsBytesUpToTheTotal) {
+  test::TempDir tmp;
+  const Model model = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  OffloadOptions o = disk_options(tmp.path());
+  o.policy.w_gpu_percent = 30;  // the rest split over host and disk
+  o.policy.w_cpu_percent = 30;
+  for (const char* run : {"writes", "reuses"}) {
+    std::vector<std::pair<uint64_t, uint64_t>> calls;
+    o.on_place = [&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); };
+    OffloadEngine e(model, dev, o);
+    uint64_t total = 0;
+    for (const UnitPlacement& u : e.placement().units)
+      for (const PlacedTensor& t : u.tensors) total += t.bytes;
+    ASSERT_GE(calls.size(), 3u) << run;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(calls[i].second, total) << run;
+      if (i) EXPECT_GT(calls[i].first, calls[i - 1].first) << run << " call " << i;
+    }
+    EXPECT_EQ(calls.back().first, total) << run;
+    for (int t = 0; t < 3; ++t) EXPECT_GT(e.placement().bytes[size_t(t)], 0u) << run << " tier " << t;
+    EXPECT_FALSE(e.options().on_place) << "the engine keeps no reference to the caller's progress";
+  }
+  // All on the host: the tied lm_head shares the embedding's home, so the total is the model's
+  // bytes with the table counted once.
+  OffloadOptions host = disk_options(tmp.path());
+  host.policy.w_cpu_percent = 100;
+  host.policy.cache_cpu_percent = 100;
+  host.offload_dir.clear();
+  uint64_t last = 0, total = 0;
+  host.on_place = [&](uint64_t done, uint64_t t) { last = done, total = t; };
+  OffloadEngine e(model, dev, host);
+  EXPECT_TRUE(model.config().tie_embeddings);
+  EXPECT_EQ(total, model.weight_bytes());
+  EXPECT_EQ(last, total);
+}
+
 }  // namespace
 }  // namespace flexh2o
