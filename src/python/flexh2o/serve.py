@@ -325,6 +325,7 @@ def main(argv=None):
     host, port = server.address
     print(f"flexh2o serve: {server.model_name} on http://{host}:{port}/v1 (Ctrl-C stops)", file=sys.stderr,
           flush=True)
+
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
