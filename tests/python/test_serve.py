@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import urllib.error
 import urllib.request
 
 import pytest
