@@ -157,6 +157,8 @@ PYBIND11_MODULE(_flexh2o, m) {
           py::arg("seed"), py::arg("ignore_eos"), py::arg("stop"), py::arg("min_p") = 0.f,
           py::arg("repetition_penalty") = 1.f, py::arg("presence_penalty") = 0.f, py::arg("frequency_penalty") = 0.f,
           py::arg("logprobs") = -1)
+      .def("prepare", &python::Session::prepare, py::arg("prompt_len"), py::arg("gen_len"), py::arg("requests"),
+           py::call_guard<py::gil_scoped_release>())
       // OpenAI Batch input lines -> output lines (Session::openai), with the GIL released.
       // `render_chat(body_json_text) -> str` (optional) is called with the GIL held.
       .def(

@@ -210,6 +210,11 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   return out;
 }
 
+void Session::prepare(int64_t prompt_len, int64_t gen_len, int64_t requests) {
+  std::lock_guard<std::mutex> lk(mu_);
+  runner_for(Workload{std::max<int64_t>(1, prompt_len), std::max<int64_t>(1, gen_len), std::max<int64_t>(1, requests)});
+}
+
 std::vector<std::string> Session::openai(const std::vector<std::string>& lines, const OpenAiParams& p) {
   namespace batch = cli::openai_batch;
   std::lock_guard<std::mutex> lk(mu_);

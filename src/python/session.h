@@ -109,6 +109,10 @@ class Session {
   std::string decode(const std::vector<int32_t>& ids) const;
 
   std::vector<Completion> generate(const std::vector<Prompt>& prompts, const GenerateParams& p);
+  // Builds the runner (placing the weights) for a workload of requests up to these sizes now,
+  // so that a later call within them starts at once; placement errors (a budget too small)
+  // are thrown here.
+  void prepare(int64_t prompt_len, int64_t gen_len, int64_t requests);
   // OpenAI Batch input lines (JSON text: custom_id, method, url, body) -> their output lines, in
   // order, as `flexh2o generate` writes them (cli/openai_batch.h): a line that cannot run gets
   // its 400 error line, the others run together in the engine's batches. Throws when the engine

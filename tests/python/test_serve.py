@@ -206,6 +206,10 @@ def test_engine_flags_and_unknown_ones():
     assert r.returncode == 2 and "unknown flag 'no_such_flag'" in r.stderr, r.stderr
     r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--kv-policy", "bogus"])
     assert r.returncode == 1 and "bogus" in r.stderr, r.stderr
+    # The weights are placed before the server listens: a budget too small ends it at once.
+    r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--percent", "100", "0", "100",
+                    "0", "100", "0", "--gpu-mem", "64KiB"], timeout=120)
+    assert r.returncode == 1 and "budget" in r.stderr and "on http://" not in r.stderr, r.stderr
 
 
 def test_the_command_serves_until_sigint():

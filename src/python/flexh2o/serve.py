@@ -73,6 +73,9 @@ class Server:
         self._closing = False
         self._stop = StopFlag()
         self._next_id = 0
+        # The weights are placed now (for the workload the bounds allow), not on the first request:
+        # a budget too small fails here, and the first request starts at once.
+        llm._s.prepare(self.max_prompt_len, self.max_new_tokens, self.max_batch_requests)
         self._httpd = _HTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
         self._engine = threading.Thread(target=self._engine_loop, name="flexh2o-engine", daemon=True)
