@@ -45,7 +45,7 @@ void register_bench(CLI::App& app, BenchArgs& a) {
 int run_bench(const BenchArgs& a, const Env& env) {
   validate(SamplingParams{a.temperature, a.top_k, a.top_p, a.seed});  // before a preset's weights
   check_device_early(a.device);
-  LoadedModel lm = load_model(env, a.model, "");
+  LoadedModel lm = load_model(env, a.model, "", 0, a.progress);
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& c = lm.model->config();
   if (a.prompt_len + a.gen_len > c.max_positions)

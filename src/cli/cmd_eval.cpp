@@ -84,7 +84,7 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   if (offload) oo = make_offload_options(a.offload);
   if (offload && a.offload.policy_file == "auto") FH_FAIL("eval-ppl: --policy auto is not supported; give --percent");
   check_device_early(a.device);
-  LoadedModel lm = load_model(env, a.model, a.tokenizer);
+  LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   if (!lm.tokenizer) FH_FAIL("eval-ppl needs a tokenizer: pass --tokenizer DIR");
   const std::string text = read_file(a.file);
@@ -250,7 +250,7 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   if (a.num_fewshot >= int64_t(items.size()))
     FH_FAIL("--num-fewshot ", a.num_fewshot, " needs more items than the ", items.size(), " in ", a.tasks);
   check_device_early(a.device);
-  LoadedModel lm = load_model(env, a.model, a.tokenizer);
+  LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   if (!lm.tokenizer) FH_FAIL("eval-choice needs a tokenizer: pass --tokenizer DIR");
   const Tokenizer& tok = *lm.tokenizer;

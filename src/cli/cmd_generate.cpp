@@ -272,7 +272,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   std::optional<OutputFile> out_file;
   if (!a.output.empty()) out_file.emplace(open_results(a, format, prior));
   check_device_early(a.device);
-  LoadedModel lm = load_model(env, a.model, a.tokenizer);
+  LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& cfg = lm.model->config();
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6

@@ -11,6 +11,7 @@
 #include <ostream>
 
 #include "cli/output_file.h"
+#include "cli/progress.h"
 #include "core/error.h"
 #include "core/input_guard.h"
 #include "gpu/cuda_device.h"
@@ -51,13 +52,16 @@ ModelConfig resolve_config(const Env& env, const std::string& spec, std::string*
 }
 
 LoadedModel load_model(const Env& env, const std::string& spec, const std::string& tokenizer_dir,
-                       uint64_t dummy_seed) {
+                       uint64_t dummy_seed, const std::string& progress) {
   auto t0 = std::chrono::steady_clock::now();
   LoadedModel lm;
   std::optional<fs::path> dir;
   if (!fs::is_directory(spec) && preset_path(env, spec)) {
     ModelConfig c = resolve_config(env, spec);
-    lm.model = std::make_unique<Model>(Model::dummy(c, dummy_seed));
+    Progress made("dummy weights", "bytes", parse_progress_mode(progress), env.stderr_is_tty, nullptr, stderr,
+                  std::chrono::seconds(1));
+    lm.model = std::make_unique<Model>(
+        Model::dummy(c, dummy_seed, [&](uint64_t done, uint64_t total) { made.update(int64_t(done), int64_t(total)); }));
     lm.source = "preset " + spec + " (dummy weights: timings are real, text is meaningless)";
   } else {
     dir = resolve_model_dir(spec, env.hub);

@@ -59,8 +59,10 @@ std::optional<std::filesystem::path> preset_path(const Env& env, const std::stri
 // Config only (no weights): for `info` and planning.
 ModelConfig resolve_config(const Env& env, const std::string& spec, std::string* source = nullptr);
 // Loads weights (mmap or dummy) and, when present, the tokenizer (`tokenizer_dir` overrides).
+// Making a preset's dummy weights draws a progress line (--progress `progress`) once it takes a
+// second.
 LoadedModel load_model(const Env& env, const std::string& spec, const std::string& tokenizer_dir,
-                       uint64_t dummy_seed = 0);
+                       uint64_t dummy_seed = 0, const std::string& progress = "never");
 
 // --device cpu|cuda|auto -> "cpu" or "cuda". CUDA needs a usable GPU (probe_cuda()); without
 // one, cuda throws with the reason and auto logs it and picks the CPU.

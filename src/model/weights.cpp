@@ -357,11 +357,14 @@ void fill_uniform(void* out, DType dtype, int64_t n, uint64_t seed, float center
 
 }  // namespace
 
-Model Model::dummy(const ModelConfig& c, uint64_t seed) {
+Model Model::dummy(const ModelConfig& c, uint64_t seed, const std::function<void(uint64_t, uint64_t)>& on_progress) {
   Model m;
   m.config_ = c;
   m.dummy_ = true;
   auto buffers = std::make_shared<std::vector<std::unique_ptr<std::byte[]>>>();
+  uint64_t total = 0, done = 0;
+  if (on_progress)
+    for (const WeightSpec& spec : weight_specs(c)) total += TensorView{nullptr, c.dtype, spec.shape}.nbytes();
   auto lookup = [&](const WeightSpec& spec) -> TensorView {
     TensorView v{nullptr, c.dtype, spec.shape};
     // Not value-initialised: zeroing first would touch every page on this one thread (60 GB of
@@ -374,6 +377,7 @@ Model Model::dummy(const ModelConfig& c, uint64_t seed) {
     fill_uniform(buf.get(), c.dtype, v.numel(), fnv1a(spec.name) ^ seed, norm ? 1.f : 0.f, amp);
     v.data = buf.get();
     buffers->push_back(std::move(buf));
+    if (on_progress) on_progress(done += v.nbytes(), total);
     return v;
   };
   m.weights_ = bind_weights(c, lookup, "dummy weights", &m.tensors_);

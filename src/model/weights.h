@@ -154,7 +154,9 @@ class Model {
   // pytorch_model.bin; single or sharded), mmapped, no copies.
   static Model load_dir(const std::filesystem::path& dir);
   // Deterministic random weights (not constant: constants hide indexing bugs) in c.dtype.
-  static Model dummy(const ModelConfig& c, uint64_t seed = 0);
+  // `on_progress(bytes made, bytes to make)`, when given, is called after each tensor.
+  static Model dummy(const ModelConfig& c, uint64_t seed = 0,
+                     const std::function<void(uint64_t done, uint64_t total)>& on_progress = {});
 
   // Layers [first, end) as a model of their own that shares this one's bytes (which stay owned
   // while either lives): config().n_layers = end - first, layer specs renumbered from 0 (HF names

@@ -365,6 +365,23 @@ TEST(DummyWeights, DeterministicVariedAndRunnable) {
   EXPECT_EQ(out[0].tokens.size(), 4u);
 }
 
+// Model::dummy's progress: after each tensor, rising to the model's bytes (a tied head once).
+TEST(DummyWeights, ReportProgressUpToTheModelsBytes) {
+  for (const char* name : {"tiny-opt", "tiny-llama"}) {
+    ModelConfig c = ModelConfig::from_file(model_dir(name) / "config.json");
+    std::vector<std::pair<uint64_t, uint64_t>> calls;
+    Model m = Model::dummy(c, 1, [&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); });
+    ASSERT_EQ(calls.size(), m.tensors().size()) << name;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(calls[i].second, m.weight_bytes()) << name;
+      if (i) EXPECT_GT(calls[i].first, calls[i - 1].first) << name;
+    }
+    EXPECT_EQ(calls.back().first, m.weight_bytes()) << name;
+    Model same = Model::dummy(c, 1);  // the callback changes nothing
+    EXPECT_EQ(0, std::memcmp(m.weights().embed.data, same.weights().embed.data, m.weights().embed.nbytes()));
+  }
+}
+
 TEST(Requests, BadRequestsAreExplained) {
   ModelConfig c = ModelConfig::from_file(model_dir("tiny-opt") / "config.json");
   GenerationRequest r;
