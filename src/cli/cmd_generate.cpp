@@ -68,6 +68,10 @@ T field(const json& j, const char* key, T dflt) {
   }
 }
 
+batch::Hooks hooks_of(const GenerateArgs& a, const LoadedModel& lm) {
+  return batch::make_hooks(lm.tokenizer ? &*lm.tokenizer : nullptr, a.render_chat);
+}
+
 Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a, const LoadedModel& lm) {
   Item it;
   it.line = line;
@@ -82,8 +86,12 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
       if (text.empty()) FH_FAIL("empty prompt");
       if (!lm.tokenizer) FH_FAIL("this model has no tokenizer: give \"prompt_ids\" or pass --tokenizer DIR");
       req.prompt_ids = lm.tokenizer->encode(text, /*add_special=*/true);
+    } else if (j.contains("messages")) {  // a chat: rendered with the model's template
+      batch::RequestError why;
+      req.prompt_ids = batch::chat_prompt_ids(j, hooks_of(a, lm), &why);
+      if (req.prompt_ids.empty()) FH_FAIL(why.message);
     } else {
-      FH_FAIL("line has neither \"prompt\" nor \"prompt_ids\"");
+      FH_FAIL("line has none of \"prompt\", \"prompt_ids\" and \"messages\"");
     }
     req.max_new_tokens = field<int64_t>(j, "max_new_tokens", a.max_new_tokens);
     req.sampling.temperature = a.greedy ? 0.f : field<float>(j, "temperature", a.temperature);
@@ -107,11 +115,7 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
 // completions, up to the context for chat; temperature 1, top_p 1); --greedy, --top-k and --seed
 // (base seed + line index, when the body has no seed) still apply.
 Item make_batch_item(const json& j, int64_t line, size_t index, const GenerateArgs& a, const LoadedModel& lm) {
-  batch::Hooks hooks;
-  if (lm.tokenizer)
-    hooks.tokenize = [&](const std::string& text, bool add_special) { return lm.tokenizer->encode(text, add_special); };
-  hooks.render_chat = a.render_chat;
-  batch::Parsed p = batch::parse_input_line(j, hooks);
+  batch::Parsed p = batch::parse_input_line(j, hooks_of(a, lm));
   Item it;
   it.line = line;
   it.id = p.custom_id;

@@ -428,6 +428,23 @@ std::string first_choice_text(const json& line) {
   return c.value("text", std::string());
 }
 
+Hooks make_hooks(const Tokenizer* tokenizer, std::function<std::string(const json& body)> render_chat) {
+  Hooks h;
+  if (tokenizer)
+    h.tokenize = [tokenizer](const std::string& text, bool add_special) { return tokenizer->encode(text, add_special); };
+  h.render_chat = std::move(render_chat);
+  return h;
+}
+
+std::vector<int32_t> chat_prompt_ids(const json& body, const Hooks& hooks, RequestError* error) {
+  try {
+    return chat_prompt(body, hooks);
+  } catch (const BadRequest& b) {
+    *error = b.e;
+    return {};
+  }
+}
+
 json error_line(const json& custom_id, const RequestError& e, IdMaker& ids) {
   json err{{"message", e.message}, {"type", "invalid_request_error"}, {"code", nullptr}};
   err["param"] = e.param ? json(*e.param) : json();

@@ -59,6 +59,9 @@ struct Hooks {
   std::function<std::string(const nlohmann::json& body)> render_chat;
 };
 
+// Hooks over a tokenizer (null: none, a preset without one) and a chat renderer (may be null).
+Hooks make_hooks(const Tokenizer* tokenizer, std::function<std::string(const nlohmann::json& body)> render_chat);
+
 // True for a line in the Batch input format: an object with "custom_id", "method", "url" or
 // "body" (flexh2o's own request lines use none of them).
 bool is_input_line(const nlohmann::json& line);
@@ -85,6 +88,10 @@ struct RunDefaults {
 // from (body seed, else defaults.seed) + k * an odd constant, so choice 0 uses the base seed.
 // Throws Error (validate_request's, or the cap's) when one cannot run on `c`.
 std::vector<GenerationRequest> expand_request(const Request& r, const RunDefaults& defaults, const ModelConfig& c);
+
+// The prompt of a chat request: its "messages" checked, rendered by hooks.render_chat and
+// tokenized without adding BOS/EOS; empty, with *error set (param "messages"), when it cannot be.
+std::vector<int32_t> chat_prompt_ids(const nlohmann::json& body, const Hooks& hooks, RequestError* error);
 
 // Where the first of the stop strings starts in `text`; npos when none occurs.
 size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop);

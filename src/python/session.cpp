@@ -219,10 +219,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
   namespace batch = cli::openai_batch;
   std::lock_guard<std::mutex> lk(mu_);
   const ModelConfig& cfg = lm_.model->config();
-  batch::Hooks hooks;
-  if (lm_.tokenizer)
-    hooks.tokenize = [&](const std::string& text, bool add_special) { return lm_.tokenizer->encode(text, add_special); };
-  hooks.render_chat = p.render_chat;
+  const batch::Hooks hooks = batch::make_hooks(lm_.tokenizer ? &*lm_.tokenizer : nullptr, p.render_chat);
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
   std::vector<json> out(lines.size());
   std::vector<std::optional<batch::Request>> requests(lines.size());

@@ -104,3 +104,29 @@ def test_python_front_end_renders_batch_chat_lines(tmp_path, chat_tokenizer, cha
     out.unlink()
     r = run_binary(args)
     assert r.returncode == 1 and "the flexh2o binary cannot render chat templates" in r.stderr
+
+
+def test_flexh2o_lines_with_messages_are_chats(tmp_path, chat_tokenizer, chat_llm):
+    # A flexh2o line {"messages": [...]} is rendered like a Batch chat line (its text is
+    # tokenized without BOS/EOS); the binary refuses such a line, naming the Python front end,
+    # and still runs the others.
+    messages = CASES[0][1]
+    lines = [{"id": "chat", "messages": messages, "max_new_tokens": 5},
+             {"id": "plain", "prompt": "In the beginning", "max_new_tokens": 3}]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    args = ["generate", "-m", TINY["llama"], "--tokenizer", chat_tokenizer, "--input", inp, "--output", out,
+            "--quiet", "--device", "cpu", "--progress", "never", "--greedy"]
+    r = run_module(args)
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(l) for l in out.read_text().splitlines()]
+    ids = chat_llm.encode(chat_llm.apply_chat_template(messages), add_special=False)
+    (want,) = chat_llm.generate([ids], max_new_tokens=5)
+    assert got[0]["id"] == "chat" and got[0]["text"] == want.text and got[0]["token_ids"] == want.token_ids
+    (plain,) = chat_llm.generate(["In the beginning"], max_new_tokens=3)
+    assert got[1]["text"] == plain.text
+    out.unlink()
+    r = run_binary(args)
+    assert r.returncode == 1, r.stderr
+    got = [json.loads(l) for l in out.read_text().splitlines()]
+    assert "the flexh2o binary cannot render chat templates" in got[0]["error"] and got[1]["text"] == plain.text
