@@ -102,6 +102,8 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
     req.sampling.presence_penalty = field<float>(j, "presence_penalty", a.presence_penalty);
     req.sampling.frequency_penalty = field<float>(j, "frequency_penalty", a.frequency_penalty);
     req.sampling.seed = field<uint64_t>(j, "seed", a.seed + index);
+    if (j.contains("logit_bias") && !j["logit_bias"].is_null())
+      req.sampling.logit_bias = batch::parse_logit_bias(j["logit_bias"]);
     req.top_logprobs = field<int>(j, "logprobs", a.logprobs);
     validate_request(req, lm.model->config());
     it.reqs.push_back(std::move(req));

@@ -58,7 +58,9 @@ void put_request(dist::Writer& w, const GenerationRequest& r, const std::vector<
       .put<float>(r.sampling.presence_penalty)
       .put<float>(r.sampling.frequency_penalty)
       .put<int32_t>(r.top_logprobs)
-      .put<uint32_t>(uint32_t(stop.size()));
+      .put<uint32_t>(uint32_t(r.sampling.logit_bias.size()));
+  for (const auto& [id, bias] : r.sampling.logit_bias) w.put<int32_t>(id).put<float>(bias);
+  w.put<uint32_t>(uint32_t(stop.size()));
   for (const std::string& s : stop) w.put_string(s);
 }
 
@@ -75,6 +77,12 @@ GenerationRequest get_request(dist::Reader& rd, std::vector<std::string>* stop) 
   r.sampling.presence_penalty = rd.get<float>();
   r.sampling.frequency_penalty = rd.get<float>();
   r.top_logprobs = rd.get<int32_t>();
+  const uint32_t biased = rd.get<uint32_t>();
+  FH_CHECK(biased <= 1024, "a request message with ", biased, " logit_bias entries");
+  for (uint32_t i = 0; i < biased; ++i) {
+    const int32_t id = rd.get<int32_t>();
+    r.sampling.logit_bias.emplace_back(id, rd.get<float>());
+  }
   stop->resize(rd.get<uint32_t>());
   for (std::string& s : *stop) s = rd.get_string();
   return r;

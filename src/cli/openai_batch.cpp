@@ -4,6 +4,7 @@
 #include "cli/openai_batch.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <limits>
 
@@ -38,7 +39,7 @@ const std::vector<Param>& params(Endpoint ep) {
       {"temperature", K::kSupported}, {"top_p", K::kSupported}, {"n", K::kSupported}, {"stop", K::kSupported},
       {"seed", K::kSupported}, {"best_of", K::kSupported}, {"user", K::kIgnored},
       {"echo", K::kDefaultOnly, {false}}, {"frequency_penalty", K::kSupported},
-      {"presence_penalty", K::kSupported}, {"logit_bias", K::kDefaultOnly, {json::object()}},
+      {"presence_penalty", K::kSupported}, {"logit_bias", K::kSupported},
       {"logprobs", K::kSupported}, {"stream", K::kDefaultOnly, {false}}, {"stream_options", K::kDefaultOnly},
       {"suffix", K::kDefaultOnly}};
   static const std::vector<Param> chat = {
@@ -48,7 +49,7 @@ const std::vector<Param>& params(Endpoint ep) {
       {"metadata", K::kIgnored}, {"store", K::kIgnored}, {"service_tier", K::kIgnored},
       {"parallel_tool_calls", K::kIgnored}, {"prompt_cache_key", K::kIgnored}, {"safety_identifier", K::kIgnored},
       {"frequency_penalty", K::kSupported}, {"presence_penalty", K::kSupported},
-      {"logit_bias", K::kDefaultOnly, {json::object()}}, {"logprobs", K::kSupported},
+      {"logit_bias", K::kSupported}, {"logprobs", K::kSupported},
       {"top_logprobs", K::kSupported}, {"stream", K::kDefaultOnly, {false}},
       {"stream_options", K::kDefaultOnly}, {"tools", K::kDefaultOnly, {json::array()}},
       {"tool_choice", K::kDefaultOnly, {"none"}}, {"functions", K::kDefaultOnly, {json::array()}},
@@ -182,6 +183,13 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h) {
   if (given(body, "top_p")) r.top_p = number_param(body, "top_p", 0, 1, true);
   if (given(body, "presence_penalty")) r.presence_penalty = number_param(body, "presence_penalty", -2, 2, false);
   if (given(body, "frequency_penalty")) r.frequency_penalty = number_param(body, "frequency_penalty", -2, 2, false);
+  if (given(body, "logit_bias")) {
+    try {
+      r.logit_bias = parse_logit_bias(body["logit_bias"]);
+    } catch (const Error& e) {
+      bad("logit_bias", e.what());
+    }
+  }
   if (given(body, "seed"))
     r.seed = int_param(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   r.stop = stop_param(body);
@@ -390,6 +398,7 @@ std::vector<GenerationRequest> expand_request(const Request& r, const RunDefault
       g.sampling.min_p = d.min_p;
       g.sampling.repetition_penalty = d.repetition_penalty;
       g.sampling.presence_penalty = r.presence_penalty;
+      g.sampling.logit_bias = r.logit_bias;
       g.sampling.frequency_penalty = r.frequency_penalty;
       g.sampling.seed = base + uint64_t(k) * kChoiceSeedStride;
       g.top_logprobs = r.logprobs;
@@ -426,6 +435,26 @@ std::string first_choice_text(const json& line) {
   const json& c = line["response"]["body"]["choices"][0];
   if (c.contains("message")) return c["message"].value("content", std::string());
   return c.value("text", std::string());
+}
+
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v) {
+  if (!v.is_object()) FH_FAIL("\"logit_bias\" must be an object of token ids to biases, got ", json_excerpt(v));
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& item : v.items()) {
+    const std::string& key = item.key();
+    int64_t id = -1;
+    const char* end = key.data() + key.size();
+    const auto [at, ec] = std::from_chars(key.data(), end, id);
+    if (ec != std::errc() || at != end || key.empty() || id < 0 || id > std::numeric_limits<int32_t>::max())
+      FH_FAIL("\"logit_bias\": the key ", json(key).dump(), " is not a token id");
+    if (!item.value().is_number())
+      FH_FAIL("\"logit_bias\": the bias of token ", key, " must be a number, got ", json_excerpt(item.value()));
+    const double b = item.value().get<double>();
+    if (!(b >= -100 && b <= 100)) FH_FAIL("\"logit_bias\": the bias of token ", key, " must be in [-100, 100], got ", b);
+    out.emplace_back(int32_t(id), float(b));
+  }
+  if (out.size() > 1024) FH_FAIL("\"logit_bias\" holds ", out.size(), " tokens, more than 1024");
+  return out;
 }
 
 Hooks make_hooks(const Tokenizer* tokenizer, std::function<std::string(const json& body)> render_chat) {

@@ -32,6 +32,7 @@ struct Request {
   std::optional<int64_t> max_tokens;        // absent (chat only): up to the model's context
   float temperature = 1.0f, top_p = 1.0f;   // OpenAI's defaults
   float presence_penalty = 0.f, frequency_penalty = 0.f;  // in [-2, 2], over the generated tokens
+  std::vector<std::pair<int32_t, float>> logit_bias;      // SamplingParams::logit_bias
   // -1: none; else per-token log-probabilities with this many alternatives (completions:
   // "logprobs" 0..5; chat: "logprobs": true and "top_logprobs" 0..20).
   int logprobs = -1;
@@ -58,6 +59,11 @@ struct Hooks {
   // A chat body -> prompt text (GenerateArgs::render_chat); may throw.
   std::function<std::string(const nlohmann::json& body)> render_chat;
 };
+
+// OpenAI's logit_bias object ({"50256": -100, ...}: token ids as decimal strings, biases in
+// [-100, 100], at most 1024) as SamplingParams::logit_bias; throws Error naming what is wrong.
+// Ids are checked against the vocabulary later (validate_request).
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const nlohmann::json& v);
 
 // Hooks over a tokenizer (null: none, a preset without one) and a chat renderer (may be null).
 Hooks make_hooks(const Tokenizer* tokenizer, std::function<std::string(const nlohmann::json& body)> render_chat);

@@ -31,7 +31,7 @@ void validate_request(const GenerationRequest& r, const ModelConfig& c) {
   if (r.max_new_tokens < 0) FH_FAIL("max_new_tokens must be >= 0, got ", r.max_new_tokens);
   if (r.top_logprobs < -1 || r.top_logprobs > kMaxTopLogprobs)
     FH_FAIL("logprobs must be in [0, ", kMaxTopLogprobs, "] (or absent), got ", r.top_logprobs);
-  validate(r.sampling);
+  validate(r.sampling, c.vocab_size);
 }
 
 namespace {

@@ -24,7 +24,7 @@ bool before(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>&
 
 }  // namespace
 
-void validate(const SamplingParams& p) {
+void validate(const SamplingParams& p, int64_t vocab) {
   if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature))
     FH_FAIL("temperature must be >= 0, got ", p.temperature);
   if (p.top_k < 0) FH_FAIL("top_k must be >= 0, got ", p.top_k);
@@ -36,6 +36,16 @@ void validate(const SamplingParams& p) {
     FH_FAIL("presence_penalty must be in [-2, 2], got ", p.presence_penalty);
   if (!(p.frequency_penalty >= -2.f && p.frequency_penalty <= 2.f))
     FH_FAIL("frequency_penalty must be in [-2, 2], got ", p.frequency_penalty);
+  std::vector<int32_t> ids;
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || (vocab > 0 && id >= vocab))
+      FH_FAIL("logit_bias: token id ", id, " is outside the vocabulary [0, ", vocab, ")");
+    if (!(bias >= -100.f && bias <= 100.f)) FH_FAIL("logit_bias: the bias of token ", id, " must be in [-100, 100], got ", bias);
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (std::adjacent_find(ids.begin(), ids.end()) != ids.end())
+    FH_FAIL("logit_bias: token id ", *std::adjacent_find(ids.begin(), ids.end()), " is given twice");
 }
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate(p); }
@@ -64,6 +74,10 @@ const float* Sampler::penalize(const float* logits, int64_t vocab, const TokenHi
       seen_[size_t(id)] = 1;
     }
     for (int32_t id : h.generated) seen_[size_t(id)] = 0;
+  }
+  for (const auto& [id, bias] : p_.logit_bias) {
+    if (id >= vocab) FH_FAIL("sampler: logit_bias token id ", id, " is outside the vocabulary [0, ", vocab, ")");
+    scratch_[size_t(id)] += bias;
   }
   return scratch_.data();
 }

@@ -27,7 +27,12 @@ struct SamplingParams {
   // time it was generated (the prompt does not count). 0 = off; each in [-2, 2].
   float presence_penalty = 0.f;
   float frequency_penalty = 0.f;
-  bool penalized() const { return repetition_penalty != 1.f || presence_penalty != 0.f || frequency_penalty != 0.f; }
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to that token's logit after the
+  // penalties, greedy too (-100 in effect bans a token, 100 forces it). Ids once each.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  bool penalized() const {
+    return repetition_penalty != 1.f || presence_penalty != 0.f || frequency_penalty != 0.f || !logit_bias.empty();
+  }
 };
 
 // What a step's penalties read: the sequence's prompt and the tokens it generated so far.
@@ -67,8 +72,9 @@ class Sampler {
   std::vector<uint8_t> seen_;  // per id, during penalize(); all zero between calls
 };
 
-// Validates params, throwing flexh2o::Error with a message naming the bad field.
-void validate(const SamplingParams& p);
+// Validates params, throwing flexh2o::Error with a message naming the bad field. With vocab > 0,
+// logit_bias ids must be in [0, vocab).
+void validate(const SamplingParams& p, int64_t vocab = 0);
 
 // The model's log-probability of a token: log softmax of the raw logits (before penalties and
 // temperature), in nats.

@@ -134,11 +134,12 @@ PYBIND11_MODULE(_flexh2o, m) {
           "generate",
           [](python::Session& s, const std::vector<python::Prompt>& prompts, int64_t max_new_tokens, float temperature,
              int top_k, float top_p, uint64_t seed, bool ignore_eos, std::vector<std::string> stop, float min_p,
-             float repetition_penalty, float presence_penalty, float frequency_penalty, int logprobs) {
+             float repetition_penalty, float presence_penalty, float frequency_penalty, int logprobs,
+             std::vector<std::pair<int32_t, float>> logit_bias) {
             std::atomic<bool> interrupt{false};
             python::GenerateParams p{max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, std::move(stop),
                                      &interrupt, min_p, repetition_penalty, presence_penalty, frequency_penalty,
-                                     logprobs};
+                                     logprobs, std::move(logit_bias)};
             std::vector<python::Completion> out;
             run_interruptible(interrupt, [&] { out = s.generate(prompts, p); });
             py::list l;
@@ -156,7 +157,7 @@ PYBIND11_MODULE(_flexh2o, m) {
           py::arg("prompts"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
           py::arg("seed"), py::arg("ignore_eos"), py::arg("stop"), py::arg("min_p") = 0.f,
           py::arg("repetition_penalty") = 1.f, py::arg("presence_penalty") = 0.f, py::arg("frequency_penalty") = 0.f,
-          py::arg("logprobs") = -1)
+          py::arg("logprobs") = -1, py::arg("logit_bias") = std::vector<std::pair<int32_t, float>>{})
       .def("prepare", &python::Session::prepare, py::arg("prompt_len"), py::arg("gen_len"), py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       // OpenAI Batch input lines -> output lines (Session::openai), with the GIL released.

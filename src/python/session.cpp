@@ -169,7 +169,8 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
       r.max_new_tokens = p.max_new_tokens;
       r.top_logprobs = p.logprobs;
       r.sampling = SamplingParams{p.temperature, p.top_k,         p.top_p,           p.seed + i,
-                                  p.min_p,       p.repetition_penalty, p.presence_penalty, p.frequency_penalty};
+                                  p.min_p,       p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
+                                  p.logit_bias};
       validate_request(r, cfg);
     } catch (const Error& e) {
       FH_FAIL("prompt ", i, ": ", e.what());

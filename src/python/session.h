@@ -60,6 +60,7 @@ struct GenerateParams {
   const std::atomic<bool>* interrupt = nullptr;
   float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;  // sampler.h
   int logprobs = -1;  // GenerationRequest::top_logprobs
+  std::vector<std::pair<int32_t, float>> logit_bias;  // SamplingParams::logit_bias, every prompt
 };
 
 // What Session::openai() runs OpenAI request lines with.

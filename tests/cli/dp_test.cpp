@@ -53,6 +53,7 @@ fs::path write_input(const fs::path& dir, const std::string& model) {
     if (i % 5 == 3) l["top_p"] = 0.9;
     if (i % 6 == 4) l["repetition_penalty"] = 1.4, l["min_p"] = 0.05;  // ranks get every sampling field
     if (i % 6 == 5) l["presence_penalty"] = 0.7, l["frequency_penalty"] = -0.3;
+    if (i % 5 == 1) l["logit_bias"] = {{"5", 3.5}, {"9", -100}};
     if (i % 4 == 1) l["logprobs"] = i % 8 == 1 ? 2 : 0;  // ranks send them back
     lines.push_back(std::move(l));
   }

@@ -84,7 +84,6 @@ TEST(OpenAiBatch, LineShapeErrorsNameTheField) {
 TEST(OpenAiBatch, UnsupportedParametersAreRefusedUnlessDefault) {
   const std::pair<json, std::string> completions_bad[] = {
       {{{"stream", true}}, "stream"},         {{{"echo", true}}, "echo"},
-      {{{"logit_bias", {{"50256", -100}}}}, "logit_bias"},
       {{{"suffix", "x"}}, "suffix"},          {{{"stream_options", {{"include_usage", true}}}}, "stream_options"}};
   for (const auto& [extra, key] : completions_bad)
     expect_refused(completion(extra), "\"" + key + "\" is not supported by flexh2o (got ", key);
@@ -109,6 +108,22 @@ TEST(OpenAiBatch, UnsupportedParametersAreRefusedUnlessDefault) {
                  "max_new_tokens");
   expect_refused(completion({{"messages", json::array()}}), "Unrecognized request argument supplied: messages",
                  "messages");
+}
+
+// logit_bias as OpenAI writes it (ids as decimal strings) reaches every choice's sampling.
+TEST(OpenAiBatch, LogitBiasReachesEveryChoice) {
+  const Parsed p = parse_input_line(completion({{"logit_bias", {{"50256", -100}, {"7", 2.5}}}, {"n", 2}}), opt_hooks());
+  ASSERT_TRUE(p.request) << p.error->message;
+  const std::vector<std::pair<int32_t, float>> want{{50256, -100.f}, {7, 2.5f}};  // keys in string order
+  EXPECT_EQ(p.request->logit_bias, want);
+  ModelConfig c;
+  c.vocab_size = 50272;
+  c.max_positions = 2048;
+  const auto reqs = expand_request(*p.request, RunDefaults{}, c);
+  ASSERT_EQ(reqs.size(), 2u);
+  for (const auto& g : reqs) EXPECT_EQ(g.sampling.logit_bias, want);
+  c.vocab_size = 5000;  // an id outside the vocabulary fails when the request is expanded
+  EXPECT_THROW(expand_request(*p.request, RunDefaults{}, c), Error);
 }
 
 TEST(OpenAiBatch, BadTypesAndRangesNameTheField) {
@@ -139,6 +154,11 @@ TEST(OpenAiBatch, BadTypesAndRangesNameTheField) {
       {{{"prompt", {2, -1}}}, "\"prompt\"[1] must be an integer in [0, ", "prompt"},
       {{{"prompt", {"ok", 5}}}, "\"prompt\"[1] must be a string or an array of token ids, got 5", "prompt"},
       {{{"prompt", {"ok", ""}}}, "\"prompt\"[1] is an empty string", "prompt"},
+      {{{"logit_bias", {1, 2}}}, "\"logit_bias\" must be an object of token ids to biases", "logit_bias"},
+      {{{"logit_bias", {{"x5", 1}}}}, "\"logit_bias\": the key \"x5\" is not a token id", "logit_bias"},
+      {{{"logit_bias", {{"-3", 1}}}}, "the key \"-3\" is not a token id", "logit_bias"},
+      {{{"logit_bias", {{"5", "up"}}}}, "the bias of token 5 must be a number", "logit_bias"},
+      {{{"logit_bias", {{"5", 101}}}}, "the bias of token 5 must be in [-100, 100], got 101", "logit_bias"},
   };
   for (const Case& c : cases) expect_refused(completion(c.extra), c.needle, c.param);
   expect_refused(chat({{"messages", json::array()}}), "\"messages\" must be a non-empty array, got []", "messages");

@@ -127,6 +127,39 @@ TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokensOnly) {
   EXPECT_THROW(s.distribution(l.data(), 4, {prompt, bad}), Error);
 }
 
+// OpenAI's logit_bias: added after the penalties, before the temperature, greedy too.
+TEST(Sampler, LogitBiasIsAddedAfterThePenalties) {
+  const std::vector<float> l{2.f, 1.f, 0.5f, 1.5f};
+  const std::vector<int32_t> prompt{0}, gen{0};
+  SamplingParams p{1.f, 0, 1.f, 0, 0.f, 2.f};
+  p.logit_bias = {{1, -0.5f}, {3, 1.f}};
+  Sampler s(p);  // repetition penalty halves token 0's 2 to 1, then the biases
+  expect_softmax(s.distribution(l.data(), 4, {prompt, gen}), {1.0, 0.5, 0.5, 2.5});
+  SamplingParams greedy{0.f, 0, 1.f, 0};
+  greedy.logit_bias = {{0, -100.f}};  // bans the greedy choice
+  Sampler g(greedy);
+  EXPECT_EQ(g.sample(l.data(), 4), 3);
+  greedy.logit_bias = {{2, 100.f}};  // forces one
+  Sampler f(greedy);
+  EXPECT_EQ(f.sample(l.data(), 4), 2);
+  SamplingParams hot{1.f, 0, 1.f, 7};
+  hot.logit_bias = {{2, 100.f}};
+  Sampler h(hot);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(h.sample(l.data(), 4), 2);
+  SamplingParams bad{1.f, 0, 1.f, 0};
+  bad.logit_bias = {{4, 1.f}};
+  EXPECT_THROW(validate(bad, 4), Error);  // outside the vocabulary
+  EXPECT_NO_THROW(validate(bad));          // no vocabulary given: only the sign is checked
+  Sampler late(bad);
+  EXPECT_THROW(late.sample(l.data(), 4), Error);
+  bad.logit_bias = {{1, 100.5f}};
+  EXPECT_THROW(validate(bad, 4), Error);
+  bad.logit_bias = {{1, 1.f}, {1, 2.f}};
+  EXPECT_THROW(validate(bad, 4), Error);
+  bad.logit_bias = {{-1, 1.f}};
+  EXPECT_THROW(validate(bad), Error);
+}
+
 // transformers' MinPLogitsWarper after top-k and top-p: keep p >= min_p * p_max.
 TEST(Sampler, MinPKeepsTokensWithinAFractionOfTheMostLikely) {
   const std::vector<float> l{std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};

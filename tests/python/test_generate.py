@@ -60,6 +60,24 @@ def test_penalties_and_min_p_match_cli_and_change_the_text(llms, tmp_path):
         llm.generate(PROMPTS, repetition_penalty=0.0)
 
 
+def test_logit_bias_matches_cli_bans_and_forces(llms, tmp_path):
+    llm = llms["opt"]
+    kw = dict(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    plain = llm.generate(PROMPTS, **kw)
+    banned = {plain[0].token_ids[0]: -100, plain[1].token_ids[0]: -100}
+    got = llm.generate(PROMPTS, **kw, logit_bias=banned)
+    assert got[0].token_ids[0] != plain[0].token_ids[0] and got[1].token_ids[0] != plain[1].token_ids[0]
+    for c in got:
+        assert not set(c.token_ids) & set(banned)
+    want = cli_generate(tmp_path, TINY["opt"], [{"prompt": p, "logit_bias": {str(t): b for t, b in banned.items()}}
+                                                for p in PROMPTS], "-n", "6", "--greedy", "--ignore-eos")
+    check_same(got, want)
+    forced = llm.generate(PROMPTS, max_new_tokens=4, temperature=1.0, seed=2, ignore_eos=True, logit_bias={77: 100})
+    assert all(c.token_ids == [77] * 4 for c in forced)
+    with pytest.raises(Exception, match="outside the vocabulary"):
+        llm.generate(PROMPTS, logit_bias={llm.vocab_size: 1})
+
+
 def test_logprobs_sum_to_the_loglikelihood_of_the_generated_tokens(llms):
     # Two paths of the engine: decode steps (generate) and one teacher-forced pass (loglikelihood).
     llm = llms["opt"]

@@ -8,7 +8,7 @@ loglikelihood_rolling run with the GIL released; calls on one LLM run one at a t
 
 import json
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _env
 from ._chat import ChatTemplate
@@ -67,14 +67,17 @@ class LLM:
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  ignore_eos: bool = False, stop: Union[str, Sequence[str], None] = None, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0, logprobs: Optional[int] = None) -> List[Completion]:
+                 frequency_penalty: float = 0.0, logprobs: Optional[int] = None,
+                 logit_bias: Optional[Dict[int, float]] = None) -> List[Completion]:
         """Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists are
         used exactly. Request i samples with seed + i. Greedy when temperature is 0. A sequence
         ends as soon as its text holds one of the `stop` strings (finish_reason "stop"; the text
         is cut before it, token_ids keep every generated token). min_p and repetition_penalty
         are transformers' (the penalty also applies when greedy), presence_penalty and
         frequency_penalty OpenAI's (over the generated tokens). logprobs=N (0..20) fills the
-        completions' logprobs (and N alternatives per token in top_logprobs)."""
+        completions' logprobs (and N alternatives per token in top_logprobs). logit_bias
+        {token id: bias in [-100, 100]} is added to those logits after the penalties, greedy too
+        (OpenAI's; -100 bans a token)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         stops = [stop] if isinstance(stop, str) else [str(s) for s in (stop or [])]
@@ -84,7 +87,8 @@ class LLM:
                                int(seed), bool(ignore_eos), stops, min_p=float(min_p),
                                repetition_penalty=float(repetition_penalty), presence_penalty=float(presence_penalty),
                                frequency_penalty=float(frequency_penalty),
-                               logprobs=-1 if logprobs is None else int(logprobs))
+                               logprobs=-1 if logprobs is None else int(logprobs),
+                               logit_bias=[(int(t), float(b)) for t, b in (logit_bias or {}).items()])
         self._set_report()
         want = logprobs is not None
         return [Completion(t.decode("utf-8", "replace"), list(ids), reason, list(lp) if want else None,
