@@ -88,6 +88,8 @@ JOBS=8
 
 # ---- 0b. gpu_pack: prebuilt binaries, or the libraries the image lacks -------------------
 PACK="$ROOT/gpu_pack"
+# gpu_pack.sh ships the binaries as build.tar.gz (the device tool's 64 MiB).
+if [ -f "$PACK/build.tar.gz" ] && [ ! -d "$PACK/build" ]; then tar -C "$PACK" -xzf "$PACK/build.tar.gz"; fi
 if [ -z "${FLEXH2O_PREBUILT:-}" ] && [ -d "$PACK" ]; then
   step "gpu_pack"
   # CUDA's libraries: the image's toolkit, else the copies PyTorch's wheels carry.

@@ -2,7 +2,8 @@
 # gpu_pack.sh — run HERE (the CPU development machine, Debian) before a GPU session. The H200
 # image has CUDA, CMake and ninja but none of our Debian libraries, and device time is short, so
 # this packs into gpu_pack/ (git-ignored, a few MiB) what bench/gpu_check.sh needs there:
-#   gpu_pack/build/  the GPU-check binaries built here for sm_90, at their build-tree paths
+#   gpu_pack/build.tar.gz  the GPU-check binaries built here for sm_90, at their build-tree paths
+#                    (unpacked into gpu_pack/build/ by gpu_session.sh / gpu_check.sh there)
 #   gpu_pack/lib/    every shared library they load that the image may lack (all but glibc,
 #                    libstdc++/libgcc_s and CUDA's): oneTBB, liburing, PCRE2, Open MPI, ...; checked
 #                    below by resolving each binary against gpu_pack/lib and those alone
@@ -84,6 +85,9 @@ if [ "$(id -u)" -eq 0 ] && command -v chroot >/dev/null 2>&1; then
   rm -rf "$J"
 fi
 echo "$ROOT" >"$PACK/source_root"
+# The binaries travel compressed (about a third of their bytes, so the .debs fit beside the tree);
+# gpu_session.sh and gpu_check.sh unpack build.tar.gz into gpu_pack/build first.
+tar -C "$PACK" -czf "$PACK/build.tar.gz" build && rm -rf "$PACK/build"
 (cd "$PACK/debs" && apt-get download -q libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 libhwloc15 \
   liburing-dev liburing2 libcli11-dev libgtest-dev nlohmann-json3-dev libpcre2-dev libpcre2-8-0 \
   libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2 libxxhash-dev libxxhash0 libzstd-dev pkgconf \

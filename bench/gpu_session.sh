@@ -16,6 +16,10 @@ TOTAL="${FLEXH2O_SESSION_BUDGET:-575}"
 T0=$SECONDS
 BASE="${OUT:-$ROOT/gpu_session_out}"
 mkdir -p "$BASE/check" "$BASE/compare"
+# gpu_pack.sh ships the binaries as build.tar.gz (the device tool's 64 MiB): unpacked here once,
+# for the checks and the comparison.
+P="$ROOT/gpu_pack"
+if [ -f "$P/build.tar.gz" ] && [ ! -d "$P/build" ]; then tar -C "$P" -xzf "$P/build.tar.gz"; fi
 [ -d "$ROOT/gpu_pack/build" ] || echo "gpu_session: no gpu_pack/ (run bench/gpu_pack.sh here first); gpu_check.sh will build"
 OUT="$BASE/check" FLEXH2O_GPU_CHECK_BUDGET="${FLEXH2O_CHECK_BUDGET:-210}" bash "$ROOT/bench/gpu_check.sh" --quick
 check_rc=$?
