@@ -18,9 +18,10 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   auto* p = g->add_option("--prompt,-p", a.prompt, "One prompt (BOS added per model convention)");
   auto* in = g->add_option(
       "--input,-i", a.input,
-      "JSONL input, one request a line, in one of two formats (see below): flexh2o's {\"prompt\": ...} or "
-      "{\"prompt_ids\": [...]} with optional id, max_new_tokens, temperature, top_k, top_p, min_p, "
-      "repetition_penalty, presence_penalty, frequency_penalty, seed, logprobs; or an OpenAI "
+      "JSONL input, one request a line, in one of two formats (see below): flexh2o's {\"prompt\": ...}, "
+      "{\"prompt_ids\": [...]} or {\"messages\": [...]} (a chat: `python -m flexh2o generate` renders the "
+      "model's template) with optional id, max_new_tokens, temperature, top_k, top_p, min_p, "
+      "repetition_penalty, presence_penalty, frequency_penalty, seed, logprobs, logit_bias; or an OpenAI "
       "Batch file ({\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/completions\" or \"/v1/chat/completions\", "
       "\"body\"}). Output lines follow the input's format");
   p->excludes(in);
