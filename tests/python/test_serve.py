@@ -237,3 +237,56 @@ def test_the_command_serves_until_sigint():
         assert p.returncode == 0 and "stopping" in err, err
     finally:
         p.kill()
+
+
+class FakeLLM:
+    """Stands in for flexh2o.LLM where the engine must fail or block: `openai` is the behaviour."""
+
+    def __init__(self, openai):
+        self.name = "fake"
+        self._s = self
+        self.openai = openai
+
+    def prepare(self, *args):
+        pass
+
+
+def test_an_engine_failure_answers_500_and_the_server_goes_on():
+    calls = []
+
+    def openai(lines, **kw):
+        calls.append(len(lines))
+        if len(calls) == 1:
+            raise flexh2o.Error("device budget 1 KiB is too small")
+        return [json.dumps({"response": {"status_code": 200, "body": {"usage": {"completion_tokens": 1}, "ok": True}}})
+                for _ in lines]
+
+    srv = Running(FakeLLM(openai))
+    try:
+        status, body = srv.request("POST", "/v1/completions", {"model": "m", "prompt": "x"})
+        assert status == 500 and body["error"]["type"] == "server_error"
+        assert "budget 1 KiB is too small" in body["error"]["message"]
+        assert srv.request("POST", "/v1/completions", {"model": "m", "prompt": "x"}) == (
+            200, {"usage": {"completion_tokens": 1}, "ok": True})
+    finally:
+        srv.stop()
+
+
+def test_closing_ends_the_running_call_and_answers_503():
+    started = threading.Event()
+
+    def openai(lines, stop=None, **kw):
+        started.set()
+        while not stop.is_set():  # the engine's token steps, until the server stops it
+            threading.Event().wait(0.01)
+        raise flexh2o.Error("interrupted")
+
+    srv = Running(FakeLLM(openai))
+    out = {}
+    t = threading.Thread(target=lambda: out.update(r=srv.request("POST", "/v1/completions", {"prompt": "x"})))
+    t.start()
+    assert started.wait(30)
+    srv.stop()
+    t.join(30)
+    status, body = out["r"]
+    assert status == 503 and "shutting down" in body["error"]["message"]
