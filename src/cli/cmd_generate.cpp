@@ -69,7 +69,7 @@ T field(const json& j, const char* key, T dflt) {
 }
 
 batch::Hooks hooks_of(const GenerateArgs& a, const LoadedModel& lm) {
-  return batch::make_hooks(lm.tokenizer ? &*lm.tokenizer : nullptr, a.render_chat);
+  return batch::make_hooks(lm.tokenizer_or_null(), a.render_chat);
 }
 
 Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a, const LoadedModel& lm) {
@@ -367,15 +367,15 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const bool human = !a.output.empty() && !a.quiet;
   const bool single = !a.prompt.empty() && a.output.empty();
   std::vector<std::optional<GenerationResult>> ready(reqs.size());
-  auto decode = [&](std::span<const int32_t> ids) { return lm.tokenizer ? lm.tokenizer->decode(ids) : std::string(); };
+  const batch::Decode decode = batch::decoder_of(lm.tokenizer_or_null());
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
   // A Batch line's result: its choices (cut at stop strings) and usage.
   auto batch_line = [&](const Item& it) {
     if (!it.error.empty()) return batch::error_line(it.id, {it.error, it.error_param}, ids);
     std::vector<const GenerationResult*> results;
     for (size_t k = 0; k < it.reqs.size(); ++k) results.push_back(&*ready[it.first_req + k]);
-    json line = batch::result_line(*it.batch, results, decode, batch::token_text_of(lm.tokenizer ? &*lm.tokenizer : nullptr), cfg.name,
-                                   int64_t(std::time(nullptr)), ids);
+    json line = batch::result_line(*it.batch, results, decode, batch::token_text_of(lm.tokenizer_or_null()),
+                                   cfg.name, int64_t(std::time(nullptr)), ids);
     if (human) std::cout << "[" << it.id.dump() << "] " << batch::first_choice_text(line) << "\n";
     return line;
   };

@@ -58,8 +58,7 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
   std::optional<fs::path> dir;
   if (!fs::is_directory(spec) && preset_path(env, spec)) {
     ModelConfig c = resolve_config(env, spec);
-    Progress made("dummy weights", "bytes", parse_progress_mode(progress), env.stderr_is_tty, nullptr, stderr,
-                  std::chrono::seconds(1));
+    Progress made = startup_progress("dummy weights", progress, env.stderr_is_tty);
     lm.model = std::make_unique<Model>(
         Model::dummy(c, dummy_seed, [&](uint64_t done, uint64_t total) { made.update(int64_t(done), int64_t(total)); }));
     lm.source = "preset " + spec + " (dummy weights: timings are real, text is meaningless)";

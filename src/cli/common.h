@@ -41,6 +41,7 @@ struct LoadedModel {
   std::string source;                  // directory or "preset NAME (dummy weights)"
   std::filesystem::path dir;           // the model directory; empty for a preset
   double load_seconds = 0;
+  const Tokenizer* tokenizer_or_null() const { return tokenizer ? &*tokenizer : nullptr; }
 };
 
 // Writes `text` to stderr in one write(2), after what std::cerr holds: an mpirun job merges its

@@ -122,4 +122,8 @@ void Progress::update(int64_t done, int64_t total) {
   std::fflush(out_);
 }
 
+Progress startup_progress(std::string label, const std::string& mode, bool is_tty) {
+  return Progress(std::move(label), "bytes", parse_progress_mode(mode), is_tty, nullptr, stderr, std::chrono::seconds(1));
+}
+
 }  // namespace flexh2o::cli

@@ -65,4 +65,8 @@ class Progress {
   std::array<uint64_t, kNumLinks> start_bytes_{};
 };
 
+// A "[label] 1.2/4.0 GB" line of startup work (placing weights, making dummy ones) under
+// --progress `mode`, drawn only once the work has taken a second.
+Progress startup_progress(std::string label, const std::string& mode, bool is_tty);
+
 }  // namespace flexh2o::cli

@@ -40,8 +40,7 @@ OffloadOptions engine_options(const OffloadArgs& off, int64_t batch_size) {
 
 std::unique_ptr<OffloadEngine> place_engine(const Model& model, Device& dev, OffloadOptions o,
                                             const std::string& progress, bool stderr_is_tty) {
-  Progress place("place weights", "bytes", parse_progress_mode(progress), stderr_is_tty, nullptr, stderr,
-                 std::chrono::seconds(1));
+  Progress place = startup_progress("place weights", progress, stderr_is_tty);
   o.on_place = [&](uint64_t done, uint64_t total) { place.update(int64_t(done), int64_t(total)); };
   auto eng = std::make_unique<OffloadEngine>(model, dev, o);
   place.finish();

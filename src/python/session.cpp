@@ -185,7 +185,7 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   go.ignore_eos = p.ignore_eos;
   go.eos_id = eos_id();
   go.pad_id = cfg.pad_id.value_or(0);
-  auto decode = [&](std::span<const int32_t> ids) { return lm_.tokenizer ? lm_.tokenizer->decode(ids) : std::string(); };
+  const cli::openai_batch::Decode decode = cli::openai_batch::decoder_of(lm_.tokenizer_or_null());
   for (const std::string& s : p.stop)
     if (s.empty()) FH_FAIL("stop: an empty string would stop every sequence at once");
   if (!p.stop.empty())
@@ -220,12 +220,12 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
   namespace batch = cli::openai_batch;
   std::lock_guard<std::mutex> lk(mu_);
   const ModelConfig& cfg = lm_.model->config();
-  const batch::Hooks hooks = batch::make_hooks(lm_.tokenizer ? &*lm_.tokenizer : nullptr, p.render_chat);
+  const batch::Hooks hooks = batch::make_hooks(lm_.tokenizer_or_null(), p.render_chat);
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
   std::vector<json> out(lines.size());
   std::vector<std::optional<batch::Request>> requests(lines.size());
   std::vector<GenerationRequest> reqs;
-  std::vector<size_t> first(lines.size(), 0);
+  std::vector<size_t> first(lines.size(), 0), line_of;  // a line's first engine request; a request's line
   Workload w{std::max<int64_t>(1, p.plan_prompt_len), std::max<int64_t>(1, p.plan_gen_len), 0};
   for (size_t i = 0; i < lines.size(); ++i) {
     json line;
@@ -249,6 +249,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
         w.prompt_len = std::max<int64_t>(w.prompt_len, int64_t(g.prompt_ids.size()));
         w.gen_len = std::max<int64_t>(w.gen_len, g.max_new_tokens);
         reqs.push_back(std::move(g));
+        line_of.push_back(i);
       }
       requests[i] = std::move(parsed.request);
     } catch (const Error& e) {
@@ -264,14 +265,10 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
     go.eos_id = eos_id();
     go.pad_id = cfg.pad_id.value_or(0);
     go.stop = p.interrupt;
-    std::vector<const std::vector<std::string>*> stop_of;
-    for (size_t i = 0; i < lines.size(); ++i)
-      if (requests[i])
-        for (size_t k = 0; k < requests[i]->prompts.size() * size_t(requests[i]->n); ++k)
-          stop_of.push_back(&requests[i]->stop);
-    const batch::Decode decode = batch::decoder_of(lm_.tokenizer ? &*lm_.tokenizer : nullptr);
+    const batch::Decode decode = batch::decoder_of(lm_.tokenizer_or_null());
     go.ends_at = [&](size_t r, std::span<const int32_t> tokens) {
-      return !stop_of[r]->empty() && batch::first_stop_at(decode(tokens), *stop_of[r]) != std::string::npos;
+      const std::vector<std::string>& stop = requests[line_of[r]]->stop;
+      return !stop.empty() && batch::first_stop_at(decode(tokens), stop) != std::string::npos;
     };
     GenerateStats st;
     res = flexh2o::generate(*run.rs.runner, reqs, length_sorted_order(reqs, go.batch_size, kDefaultSortWindow), go, &st);
@@ -279,10 +276,9 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
     const int64_t created = int64_t(std::time(nullptr));
     for (size_t i = 0; i < lines.size(); ++i) {
       if (!requests[i]) continue;
-      const size_t n = requests[i]->prompts.size() * size_t(requests[i]->n);
       std::vector<const GenerationResult*> mine;
-      for (size_t k = 0; k < n; ++k) mine.push_back(&res[first[i] + k]);
-      out[i] = batch::result_line(*requests[i], mine, decode, batch::token_text_of(lm_.tokenizer ? &*lm_.tokenizer : nullptr),
+      for (size_t r = first[i]; r < res.size() && line_of[r] == i; ++r) mine.push_back(&res[r]);
+      out[i] = batch::result_line(*requests[i], mine, decode, batch::token_text_of(lm_.tokenizer_or_null()),
                                   cfg.name, created, ids);
     }
     json report = cli::run_report(lm_, run.rs, st, *cpu_, device_);
