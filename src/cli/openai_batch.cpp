@@ -63,13 +63,15 @@ const std::vector<Param>& params(Endpoint ep) {
 
 // Unknown keys are refused as OpenAI refuses them; parameters flexh2o cannot honour are refused
 // unless they hold their default.
-void check_params(const json& body, Endpoint ep) {
+// `stream`: "stream" and "stream_options" are checked by stream_params instead.
+void check_params(const json& body, Endpoint ep, bool stream) {
   for (const auto& item : body.items()) {  // no structured binding: clang 14 cannot capture one
     const std::string& key = item.key();
     const json& value = item.value();
     const auto& ps = params(ep);
     auto p = std::find_if(ps.begin(), ps.end(), [&](const Param& q) { return key == q.key; });
     if (p == ps.end()) bad(key, "Unrecognized request argument supplied: ", key);
+    if (stream && (key == "stream" || key == "stream_options")) continue;
     if (p->kind != Param::kDefaultOnly || value.is_null()) continue;
     if (std::find(p->dflt.begin(), p->dflt.end(), value) == p->dflt.end())
       bad(key, "\"", key, "\" is not supported by flexh2o (got ", json_excerpt(value), "); remove it",
@@ -169,9 +171,30 @@ std::vector<std::string> stop_param(const json& body) {
   return out;
 }
 
-Request parse_body(const json& body, Endpoint ep, const Hooks& h) {
-  check_params(body, ep);
+// "stream" (a boolean) and "stream_options" ({"include_usage": bool}, only with "stream": true).
+void stream_params(const json& body, Request& r) {
+  if (given(body, "stream")) {
+    if (!body["stream"].is_boolean()) bad("stream", "\"stream\" must be a boolean, got ", json_excerpt(body["stream"]));
+    r.stream = body["stream"].get<bool>();
+  }
+  if (!given(body, "stream_options")) return;
+  const json& o = body["stream_options"];
+  if (!r.stream) bad("stream_options", "\"stream_options\" is only allowed with \"stream\": true");
+  if (!o.is_object()) bad("stream_options", "\"stream_options\" must be an object, got ", json_excerpt(o));
+  for (const auto& item : o.items()) {
+    if (item.key() != "include_usage")
+      bad("stream_options", "\"stream_options\": ", json(item.key()).dump(),
+          " is not supported by flexh2o (it takes \"include_usage\")");
+    if (!item.value().is_null() && !item.value().is_boolean())
+      bad("stream_options", "\"stream_options\".include_usage must be a boolean, got ", json_excerpt(item.value()));
+    r.include_usage = item.value().is_boolean() && item.value().get<bool>();
+  }
+}
+
+Request parse_body(const json& body, Endpoint ep, const Hooks& h, bool stream) {
+  check_params(body, ep, stream);
   Request r;
+  if (stream) stream_params(body, r);
   r.endpoint = ep;
   if (given(body, "model")) {
     if (!body["model"].is_string()) bad("model", "\"model\" must be a string, got ", json_excerpt(body["model"]));
@@ -219,6 +242,8 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h) {
     }
     r.prompts = {chat_prompt(body, h)};
   }
+  if (r.stream && r.logprobs >= 0)
+    bad("logprobs", "\"logprobs\" with \"stream\": true is not supported by flexh2o; ask without streaming");
   return r;
 }
 
@@ -229,7 +254,7 @@ bool is_input_line(const json& line) {
          (line.contains("custom_id") || line.contains("method") || line.contains("url") || line.contains("body"));
 }
 
-Parsed parse_input_line(const json& line, const Hooks& hooks) {
+Parsed parse_input_line(const json& line, const Hooks& hooks, bool stream) {
   Parsed out;
   out.custom_id = line.is_object() && line.contains("custom_id") ? line["custom_id"] : json();
   try {
@@ -247,7 +272,7 @@ Parsed parse_input_line(const json& line, const Hooks& hooks) {
                     "\"/v1/chat/completions\"");
     if (!line.contains("body")) bad("body", "missing \"body\"");
     if (!line["body"].is_object()) bad("body", "\"body\" must be an object, got ", json_excerpt(line["body"]));
-    out.request = parse_body(line["body"], ep, hooks);
+    out.request = parse_body(line["body"], ep, hooks, stream);
     out.request->custom_id = line["custom_id"].get<std::string>();
   } catch (const BadRequest& b) {
     out.error = b.e;

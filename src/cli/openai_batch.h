@@ -38,6 +38,8 @@ struct Request {
   int logprobs = -1;
   std::optional<int64_t> seed;
   std::vector<std::string> stop;            // up to 4 non-empty strings
+  // "stream": true and stream_options.include_usage (a server's; Batch files refuse them).
+  bool stream = false, include_usage = false;
 };
 
 // Why a line cannot run: OpenAI's error object, sent as a 400 response.
@@ -76,7 +78,8 @@ bool is_input_line(const nlohmann::json& line);
 // returns (at most one render_chat call). Never throws for bad input: every problem
 // (method, url, body, types, ranges, parameters flexh2o cannot honour, unknown body keys, a chat
 // line without render_chat or whose hook throws) becomes the error, naming the field.
-Parsed parse_input_line(const nlohmann::json& line, const Hooks& hooks);
+// `stream`: "stream" and "stream_options" are honoured (a server); else only their defaults pass.
+Parsed parse_input_line(const nlohmann::json& line, const Hooks& hooks, bool stream = false);
 
 // What a request runs with besides its body: the CLI's sampling flags that are not OpenAI
 // parameters, the base seed of a body without "seed", and an optional cap on max_tokens.

@@ -161,20 +161,35 @@ PYBIND11_MODULE(_flexh2o, m) {
       .def("prepare", &python::Session::prepare, py::arg("prompt_len"), py::arg("gen_len"), py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       // OpenAI Batch input lines -> output lines (Session::openai), with the GIL released.
-      // `render_chat(body_json_text) -> str` (optional) is called with the GIL held.
+      // `render_chat(body_json_text) -> str` and `on_event(line, "chunk" | "line", json_text) ->
+      // bool | None` (optional; False: a chunk's client has gone) are called with the GIL held.
       .def(
           "openai",
           [](python::Session& s, const std::vector<std::string>& lines, bool greedy, int top_k, float min_p,
              float repetition_penalty, uint64_t seed, int64_t max_tokens_cap, int64_t plan_prompt_len,
-             int64_t plan_gen_len, int64_t plan_requests, py::object render_chat, StopFlag* stop) {
+             int64_t plan_gen_len, int64_t plan_requests, py::object render_chat, StopFlag* stop, bool stream,
+             py::object on_event) {
             python::OpenAiParams p;
             p.defaults = {greedy, top_k, min_p, repetition_penalty, seed, max_tokens_cap};
             p.plan_prompt_len = plan_prompt_len;
             p.plan_gen_len = plan_gen_len;
             p.plan_requests = plan_requests;
             p.interrupt = stop ? &stop->set : nullptr;
-            // Owned by a shared_ptr whose last copy is dropped with the GIL held (at return).
+            p.stream = stream;
+            // Owned by shared_ptrs whose last copies are dropped with the GIL held (at return).
             auto fn = std::make_shared<py::object>(render_chat);
+            auto ev = std::make_shared<py::object>(on_event);
+            using Event = cli::openai_batch::LiveAnswers::Event;
+            if (!on_event.is_none())
+              p.on_event = [ev](size_t line, Event kind, const std::string& payload) {
+                py::gil_scoped_acquire gil;
+                try {
+                  const py::object keep = (*ev)(line, kind == Event::kChunk ? "chunk" : "line", payload);
+                  return keep.is_none() || keep.cast<bool>();
+                } catch (py::error_already_set& e) {
+                  FH_FAIL(std::string(py::str(e.value())));
+                }
+              };
             if (!render_chat.is_none())
               p.render_chat = [fn](const nlohmann::json& body) -> std::string {
                 py::gil_scoped_acquire gil;
@@ -191,16 +206,19 @@ PYBIND11_MODULE(_flexh2o, m) {
                 out = s.openai(lines, p);
               } catch (...) {
                 p.render_chat = nullptr;
+                p.on_event = nullptr;
                 throw;
               }
               p.render_chat = nullptr;
+              p.on_event = nullptr;
             }
             return out;
           },
           py::arg("lines"), py::arg("greedy") = false, py::arg("top_k") = 0, py::arg("min_p") = 0.f,
           py::arg("repetition_penalty") = 1.f, py::arg("seed") = 0, py::arg("max_tokens_cap") = 0,
           py::arg("plan_prompt_len") = 0, py::arg("plan_gen_len") = 0, py::arg("plan_requests") = 0,
-          py::arg("render_chat") = py::none(), py::arg("stop") = nullptr)
+          py::arg("render_chat") = py::none(), py::arg("stop") = nullptr, py::arg("stream") = false,
+          py::arg("on_event") = py::none())
       .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),

@@ -222,41 +222,41 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
   const ModelConfig& cfg = lm_.model->config();
   const batch::Hooks hooks = batch::make_hooks(lm_.tokenizer_or_null(), p.render_chat);
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
-  std::vector<json> out(lines.size());
+  batch::LiveAnswers live(p.on_event, batch::decoder_of(lm_.tokenizer_or_null()),
+                          batch::token_text_of(lm_.tokenizer_or_null()), cfg.name, int64_t(std::time(nullptr)), ids);
   std::vector<std::optional<batch::Request>> requests(lines.size());
   std::vector<GenerationRequest> reqs;
-  std::vector<size_t> first(lines.size(), 0), line_of;  // a line's first engine request; a request's line
   Workload w{std::max<int64_t>(1, p.plan_prompt_len), std::max<int64_t>(1, p.plan_gen_len), 0};
   for (size_t i = 0; i < lines.size(); ++i) {
     json line;
     try {
       line = json::parse(lines[i]);
     } catch (const json::exception& e) {
-      out[i] = batch::error_line(json(), {std::string("the request is not JSON: ") + e.what(), std::nullopt}, ids);
+      live.fail(i, batch::error_line(json(), {std::string("the request is not JSON: ") + e.what(), std::nullopt}, ids));
       continue;
     }
-    batch::Parsed parsed = batch::parse_input_line(line, hooks);
+    batch::Parsed parsed = batch::parse_input_line(line, hooks, p.stream);
     if (parsed.error) {
-      out[i] = batch::error_line(parsed.custom_id, *parsed.error, ids);
+      live.fail(i, batch::error_line(parsed.custom_id, *parsed.error, ids));
       continue;
     }
     batch::RunDefaults d = p.defaults;
     d.seed += i;
+    std::vector<GenerationRequest> mine;
     try {
-      std::vector<GenerationRequest> mine = batch::expand_request(*parsed.request, d, cfg);
-      first[i] = reqs.size();
-      for (GenerationRequest& g : mine) {
-        w.prompt_len = std::max<int64_t>(w.prompt_len, int64_t(g.prompt_ids.size()));
-        w.gen_len = std::max<int64_t>(w.gen_len, g.max_new_tokens);
-        reqs.push_back(std::move(g));
-        line_of.push_back(i);
-      }
-      requests[i] = std::move(parsed.request);
+      mine = batch::expand_request(*parsed.request, d, cfg);
     } catch (const Error& e) {
-      out[i] = batch::error_line(parsed.custom_id, {e.what(), std::nullopt}, ids);
+      live.fail(i, batch::error_line(parsed.custom_id, {e.what(), std::nullopt}, ids));
+      continue;
+    }
+    requests[i] = std::move(parsed.request);
+    live.add(i, *requests[i], reqs.size(), mine.size());
+    for (GenerationRequest& g : mine) {
+      w.prompt_len = std::max<int64_t>(w.prompt_len, int64_t(g.prompt_ids.size()));
+      w.gen_len = std::max<int64_t>(w.gen_len, g.max_new_tokens);
+      reqs.push_back(std::move(g));
     }
   }
-  std::vector<GenerationResult> res;
   if (!reqs.empty()) {
     w.requests = std::max<int64_t>(int64_t(reqs.size()), p.plan_requests);
     Runner& run = runner_for(w);
@@ -265,29 +265,21 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
     go.eos_id = eos_id();
     go.pad_id = cfg.pad_id.value_or(0);
     go.stop = p.interrupt;
-    const batch::Decode decode = batch::decoder_of(lm_.tokenizer_or_null());
-    go.ends_at = [&](size_t r, std::span<const int32_t> tokens) {
-      const std::vector<std::string>& stop = requests[line_of[r]]->stop;
-      return !stop.empty() && batch::first_stop_at(decode(tokens), stop) != std::string::npos;
-    };
+    go.ends_at = [&](size_t r, std::span<const int32_t> tokens) { return live.on_token(r, tokens); };
+    go.on_result = [&](size_t r, const GenerationResult& res) { live.on_result(r, res); };
     GenerateStats st;
-    res = flexh2o::generate(*run.rs.runner, reqs, length_sorted_order(reqs, go.batch_size, kDefaultSortWindow), go, &st);
+    const std::vector<GenerationResult> res =
+        flexh2o::generate(*run.rs.runner, reqs, length_sorted_order(reqs, go.batch_size, kDefaultSortWindow), go, &st);
     if (st.interrupted) throw Interrupted();
-    const int64_t created = int64_t(std::time(nullptr));
-    for (size_t i = 0; i < lines.size(); ++i) {
-      if (!requests[i]) continue;
-      std::vector<const GenerationResult*> mine;
-      for (size_t r = first[i]; r < res.size() && line_of[r] == i; ++r) mine.push_back(&res[r]);
-      out[i] = batch::result_line(*requests[i], mine, decode, batch::token_text_of(lm_.tokenizer_or_null()),
-                                  cfg.name, created, ids);
-    }
     json report = cli::run_report(lm_, run.rs, st, *cpu_, device_);
     report["requests"] = lines.size();
     report["finished_requests"] = res.size();
+    report["cancelled_requests"] = live.cancelled();
     report_ = report.dump(2, ' ', false, json::error_handler_t::replace);
   }
   std::vector<std::string> text;
-  for (const json& o : out) text.push_back(o.dump(-1, ' ', false, json::error_handler_t::replace));
+  for (size_t i = 0; i < lines.size(); ++i)
+    text.push_back(live.line(i).dump(-1, ' ', false, json::error_handler_t::replace));
   return text;
 }
 

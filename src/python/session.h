@@ -19,6 +19,7 @@
 
 #include "cli/common.h"
 #include "cli/openai_batch.h"
+#include "cli/openai_stream.h"
 #include "cli/kv_flags.h"
 #include "cli/offload_flags.h"
 #include "cli/run_setup.h"
@@ -73,6 +74,12 @@ struct OpenAiParams {
   std::function<std::string(const nlohmann::json& body)> render_chat;
   // Once true, generation ends at the next token step and openai() throws Interrupted.
   const std::atomic<bool>* interrupt = nullptr;
+  // "stream": true is honoured (a server); else refused as in Batch files.
+  bool stream = false;
+  // Called on the generating thread as answers are ready (cli/openai_stream.h): each line's
+  // output line as soon as its choices have ended (an error line before generation), and a
+  // streamed line's chunks as its tokens are drawn. May be null.
+  cli::openai_batch::LiveAnswers::Emit on_event;
 };
 
 // generate() was ended by GenerateParams::interrupt (Ctrl-C in Python).

@@ -1,6 +1,7 @@
 """flexh2o.serve, the OpenAI-compatible server: its answers equal what `generate` writes for the
 same bodies in an OpenAI Batch file (completions, chat, offloaded), concurrent requests share
-engine calls, and every bad request gets OpenAI's error shape with the right status."""
+engine calls, and every bad request gets OpenAI's error shape with the right status. Streaming
+is tested in test_serve_stream.py."""
 
 import http.client
 import json
@@ -140,7 +141,8 @@ def test_models_and_health(opt_server):
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"model": "m", "prompt": "x", "stream": True}, "stream", "\"stream\" is not supported"),
+    ({"model": "m", "prompt": "x", "stream": True, "logprobs": 1}, "logprobs", "with \"stream\": true is not supported"),
+    ({"model": "m", "prompt": "x", "stream": "yes"}, "stream", "must be a boolean"),
     ({"model": "m", "prompt": "x", "max_tokens": 21}, None, "more than this server's limit of 20"),
     ({"model": "m", "prompt": "x", "best_of": 3}, "best_of", "best_of"),
     ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "messages", "no chat template"),
@@ -191,8 +193,8 @@ def test_bad_requests_get_their_status(opt_server):
 def test_a_closed_server_refuses_and_waiting_requests_are_answered():
     srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"))
     srv.stop()
-    status, body = srv.server.submit("/v1/completions", {"model": "m", "prompt": "x"})
-    assert status == 503 and "shutting down" in body["error"]["message"]
+    p = srv.server.submit("/v1/completions", {"model": "m", "prompt": "x"})
+    assert p.done.is_set() and p.status == 503 and "shutting down" in p.body["error"]["message"]
     with pytest.raises((ConnectionError, OSError)):
         urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/health", timeout=5)
 

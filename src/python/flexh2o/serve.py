@@ -5,10 +5,13 @@ POST /v1/completions and /v1/chat/completions take the bodies OpenAI's API takes
 OpenAI's shapes; GET /v1/models and /health. Requests that arrive together run together: the
 engine thread takes every request queued (after --batch-wait-ms from the first) as one call,
 which the engine cuts into its batches, so concurrent clients get the offloading engine's
-throughput. Streaming is refused (400), as in Batch files."""
+throughput. Each request is answered as soon as its own choices end, not when the call ends;
+"stream": true sends its text as server-sent events while the tokens are drawn, and a streaming
+client that disconnects ends its request at the next token."""
 
 import argparse
 import json
+import queue
 import secrets
 import signal
 import sys
@@ -33,16 +36,30 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class _Pending:
-    """One request waiting for the engine: its Batch input line, then its (status, body)."""
+    """One request waiting for the engine: its Batch input line, then its (status, body); a
+    streamed one also gets its chunks, in `events` as ("chunk", json_text), then ("line", status,
+    body). Written by the engine thread, read by the request's handler thread."""
 
-    def __init__(self, line):
-        self.line = line
+    def __init__(self, line, stream):
+        self.line, self.stream = line, stream
+        self.events = queue.SimpleQueue()
         self.done = threading.Event()
         self.status = 500
         self.body = error_body("no answer", "server_error")
+        self.gone = False  # the streaming client disconnected
+
+    def chunk(self, text):
+        """Queues a chunk; False once the client has gone (the engine then ends the request)."""
+        self.events.put(("chunk", text))
+        return not self.gone
 
     def answer(self, status, body):
+        """The final answer; later ones are ignored (a request answered early keeps its answer
+        when the call fails afterwards)."""
+        if self.done.is_set():
+            return
         self.status, self.body = status, body
+        self.events.put(("line", status, body))
         self.done.set()
 
 
@@ -104,17 +121,18 @@ class Server:
     # ---- the engine thread
 
     def submit(self, url, body):
-        """Queues one request (url: an endpoint, body: the parsed JSON) and waits for its answer."""
+        """Queues one request (url: an endpoint, body: the parsed JSON) and returns its _Pending
+        (answered at once with 503 while the server is closing)."""
         with self._cv:
-            if self._closing:
-                return 503, error_body("the server is shutting down", "server_error")
             self._next_id += 1
             line = json.dumps({"custom_id": f"req-{self._next_id}", "method": "POST", "url": url, "body": body})
-            p = _Pending(line)
+            p = _Pending(line, body.get("stream") is True)
+            if self._closing:
+                p.answer(503, error_body("the server is shutting down", "server_error"))
+                return p
             self._queue.append(p)
             self._cv.notify_all()
-        p.done.wait()
-        return p.status, p.body
+        return p
 
     def _take(self):
         """The next requests to run together: waits for one, then up to batch_wait for more."""
@@ -146,12 +164,23 @@ class Server:
             if self.seed is not None:
                 self.seed += len(taken)  # requests without a "seed" never repeat one another's
             t0 = time.monotonic()
+            tokens = 0
+
+            def on_event(i, kind, payload):  # on this thread, inside the call
+                nonlocal tokens
+                if kind == "chunk":
+                    return taken[i].chunk(payload)
+                resp = json.loads(payload)["response"]
+                tokens += resp["body"].get("usage", {}).get("completion_tokens", 0)
+                taken[i].answer(resp["status_code"], resp["body"])
+                return True
+
             try:
                 out = self.llm._s.openai([p.line for p in taken], seed=seed, max_tokens_cap=self.max_new_tokens,
-                                         plan_prompt_len=self.max_prompt_len, plan_gen_len=self.max_new_tokens,
-                                         plan_requests=self.max_batch_requests, render_chat=self._render_chat,
-                                         stop=self._stop, **self.sampling)
-            except Exception as e:  # noqa: BLE001 - every waiting client gets the reason
+                                   plan_prompt_len=self.max_prompt_len, plan_gen_len=self.max_new_tokens,
+                                   plan_requests=self.max_batch_requests, render_chat=self._render_chat,
+                                   stop=self._stop, stream=True, on_event=on_event, **self.sampling)
+            except Exception as e:  # noqa: BLE001 - every client still waiting gets the reason
                 if self._stop.is_set():
                     for p in taken:
                         p.answer(503, error_body("the server is shutting down", "server_error"))
@@ -160,12 +189,9 @@ class Server:
                     for p in taken:
                         p.answer(500, error_body(str(e), "server_error"))
                 continue
-            tokens = 0
-            for p, text in zip(taken, out):
+            for p, text in zip(taken, out):  # answered by their events already, unless the engine gave none
                 resp = json.loads(text)["response"]
-                body = resp["body"]
-                tokens += body.get("usage", {}).get("completion_tokens", 0)
-                p.answer(resp["status_code"], body)
+                p.answer(resp["status_code"], resp["body"])
             self.requests += len(taken)
             self.batches += 1
             dt = time.monotonic() - t0
@@ -244,8 +270,43 @@ def _handler_for(server):
             if not isinstance(body, dict):
                 self._send(400, error_body("the body must be a JSON object"))
                 return
-            status, answer = server.submit(path, body)
-            self._send(status, answer)
+            p = server.submit(path, body)
+            if p.stream:
+                self._stream(p)
+            else:
+                p.done.wait()
+                self._send(p.status, p.body)
+
+        def _stream(self, p):
+            """Server-sent events: one "data: CHUNK" per chunk, then "data: [DONE]". A request that
+            fails before its first chunk gets a plain error response; one that fails later, an
+            error event."""
+            self.close_connection = True  # the stream ends with the connection (no length)
+            started = False
+            try:
+                while True:
+                    ev = p.events.get()
+                    if ev[0] == "line" and not started and ev[1] != 200:
+                        self._send(ev[1], ev[2])
+                        return
+                    if not started:
+                        self.send_response(200)
+                        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                        self.send_header("Cache-Control", "no-cache")
+                        self.send_header("Connection", "close")
+                        self.end_headers()
+                        started = True
+                    if ev[0] == "chunk":
+                        self.wfile.write(b"data: " + ev[1].encode("utf-8") + b"\n\n")
+                        self.wfile.flush()
+                        continue
+                    if ev[1] != 200:
+                        self.wfile.write(b"data: " + json.dumps(ev[2], ensure_ascii=False).encode("utf-8") + b"\n\n")
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                    return
+            except (BrokenPipeError, ConnectionResetError):  # the client left: its request ends
+                p.gone = True
 
     return Handler
 
@@ -273,7 +334,8 @@ def main(argv=None):
         prog="python -m flexh2o serve",
         description="An OpenAI-compatible server (POST /v1/completions, /v1/chat/completions; GET /v1/models, "
                     "/health) over the flexh2o engine. Concurrent requests run together in the engine's "
-                    "batches. Any other --flag is an engine flag of `flexh2o generate` (offloading, KV policy, "
+                    "batches; each is answered when its own choices end, and \"stream\": true sends "
+                    "server-sent events as tokens are drawn. Any other --flag is an engine flag of `flexh2o generate` (offloading, KV policy, "
                     "compression), e.g. --percent 20 80 0 100 0 100 --kv-policy h2o --heavy-ratio 0.1 "
                     "--recent-ratio 0.1.",
         epilog="Example: python -m flexh2o serve -m tests/data/tiny-opt --port 8000  then  curl "

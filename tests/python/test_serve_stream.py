@@ -1,0 +1,202 @@
+"""flexh2o.serve's streaming and early answers: streamed chunks add up to the plain answer
+(completions, chat, several choices, stop strings, in memory and offloaded), a request is
+answered when its own choices end, a client that leaves ends its request, and failures before
+and after the first chunk reach the client."""
+
+import http.client
+import io
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+import flexh2o
+from conftest import TINY
+from test_serve import FakeLLM, Running, comparable
+
+
+def stream(srv, path, body):
+    """(status, headers, [parsed chunks], saw [DONE]) of a streamed request; a non-200 answer
+    comes back as (status, headers, parsed JSON body, False)."""
+    c = http.client.HTTPConnection(srv.host, srv.port, timeout=60)
+    c.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    raw = r.read().decode("utf-8")
+    c.close()
+    if r.status != 200:
+        return r.status, dict(r.getheaders()), json.loads(raw), False
+    chunks, done = [], False
+    for event in raw.split("\n\n"):
+        if not event:
+            continue
+        assert event.startswith("data: ") and not done, event
+        data = event[len("data: "):]
+        if data == "[DONE]":
+            done = True
+        else:
+            chunks.append(json.loads(data))
+    return r.status, dict(r.getheaders()), chunks, done
+
+
+def assemble(chunks, chat):
+    """Each choice's (text, finish_reason) from its chunks, and the usage chunk's usage."""
+    out, usage = {}, None
+    for ch in chunks:
+        if not ch["choices"]:
+            usage = ch["usage"]
+        for c in ch["choices"]:
+            text, fin = out.get(c["index"], ("", None))
+            text += c["delta"].get("content", "") if chat else c["text"]
+            out[c["index"]] = (text, c["finish_reason"] or fin)
+    return out, usage
+
+
+STREAMED = [
+    {"model": "m", "prompt": "In the beginning God created", "max_tokens": 24, "temperature": 0},
+    {"model": "m", "prompt": "And the LORD said", "max_tokens": 30, "temperature": 0, "stop": [" the LORD", "zz"]},
+    {"model": "m", "prompt": "Blessed are", "max_tokens": 12, "temperature": 0.8, "seed": 11, "n": 3},
+    {"model": "m", "prompt": "caf\u00e9 \u2603 \u65e5\u672c", "max_tokens": 16, "temperature": 1.0, "seed": 3,
+     "stream_options": {"include_usage": True}},
+]
+
+
+@pytest.mark.parametrize("flags", [{}, {"percent": [50, 50, 0, 100, 100, 0], "gpu_batch_size": 2}],
+                         ids=["in_memory", "offloaded"])
+def test_streamed_completions_add_up_to_the_plain_answers(flags):
+    srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu", **flags))
+    try:
+        for body in STREAMED:
+            plain = {k: v for k, v in body.items() if k != "stream_options"}
+            status, want = srv.request("POST", "/v1/completions", plain)
+            assert status == 200, want
+            status, headers, chunks, done = stream(srv, "/v1/completions", {**body, "stream": True})
+            assert status == 200 and done and headers["Content-Type"].startswith("text/event-stream"), chunks
+            got, usage = assemble(chunks, chat=False)
+            assert [got[c["index"]] for c in want["choices"]] == [(c["text"], c["finish_reason"])
+                                                                  for c in want["choices"]], body
+            assert len({ch["id"] for ch in chunks}) == 1 and chunks[0]["object"] == "text_completion"
+            assert all(ch["model"] == "m" for ch in chunks)
+            if "stream_options" in body:
+                assert usage == want["usage"] and chunks[-1]["choices"] == []
+                assert all(ch["usage"] is None for ch in chunks[:-1])
+            else:
+                assert usage is None and all("usage" not in ch for ch in chunks)
+            # Text comes token by token: more chunks than choices (each choice's last has its finish).
+            assert len(chunks) > len(want["choices"]) + (usage is not None)
+    finally:
+        srv.stop()
+    # The stop string is never streamed, even in part.
+    assert " the LORD" not in assemble(stream_once(STREAMED[1]), False)[0][0][0]
+
+
+def stream_once(body):
+    srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"))
+    try:
+        return stream(srv, "/v1/completions", {**body, "stream": True})[2]
+    finally:
+        srv.stop()
+
+
+def test_streamed_chat_starts_with_the_role(chat_tokenizer):
+    srv = Running(flexh2o.LLM(str(TINY["llama"]), tokenizer=str(chat_tokenizer), device="cpu"), max_new_tokens=16)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Who made the light?"}], "temperature": 0,
+            "n": 2}
+    try:
+        status, want = srv.request("POST", "/v1/chat/completions", body)
+        status2, _, chunks, done = stream(srv, "/v1/chat/completions", {**body, "stream": True})
+    finally:
+        srv.stop()
+    assert status == status2 == 200 and done
+    assert [ch["choices"][0]["delta"] for ch in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
+    assert {ch["choices"][0]["index"] for ch in chunks[:2]} == {0, 1}
+    assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+    got, _ = assemble(chunks, chat=True)
+    assert [got[c["index"]] for c in want["choices"]] == [(c["message"]["content"], c["finish_reason"])
+                                                          for c in want["choices"]]
+    assert want["choices"][0]["message"]["content"], "an empty answer would check nothing"
+
+
+def test_each_request_is_answered_when_its_own_choices_end():
+    srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"), batch_wait_ms=300)
+    long = {"model": "m", "prompt": "In the beginning", "max_tokens": 250, "temperature": 0, "stream": True}
+    short = {"model": "m", "prompt": "And God said", "max_tokens": 2, "temperature": 0}
+    chunk_at, short_at, out = [], [], []
+
+    def read_long():
+        c = http.client.HTTPConnection(srv.host, srv.port, timeout=60)
+        c.request("POST", "/v1/completions", body=json.dumps(long).encode(), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        while r.readline():  # one line at a time, as it arrives
+            chunk_at.append(time.monotonic())
+        c.close()
+
+    def ask_short():
+        out.append(srv.request("POST", "/v1/completions", short))
+        short_at.append(time.monotonic())
+
+    try:
+        ts = [threading.Thread(target=read_long), threading.Thread(target=ask_short)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        srv.stop()
+    assert srv.server.batches == 1, "both requests must share one engine call for this to check anything"
+    assert out[0][0] == 200 and out[0][1]["usage"]["completion_tokens"] == 2
+    later = sum(t > short_at[0] for t in chunk_at)
+    assert later > len(chunk_at) // 2, (later, len(chunk_at))  # the long one went on after the short one's answer
+
+
+def test_a_client_that_leaves_ends_its_request():
+    log = io.StringIO()
+    srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"), max_new_tokens=1000, log=log)
+    try:
+        s = socket.create_connection((srv.host, srv.port), timeout=60)
+        body = json.dumps({"model": "m", "prompt": "In the beginning", "max_tokens": 1000, "temperature": 0,
+                           "stream": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while b"data: " not in got:  # streaming has started (the headers may come alone)
+            more = s.recv(4096)
+            assert more, got
+            got += more
+        s.close()
+        status, _ = srv.request("POST", "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 1})
+        assert status == 200
+    finally:
+        srv.stop()
+    # "flexh2o serve: 1 request(s), N tokens in ...": the first call ended long before 1000 tokens.
+    calls = [line for line in log.getvalue().splitlines() if "request(s)" in line]
+    assert len(calls) == 2, calls
+    assert int(calls[0].split(", ")[1].split()[0]) < 500, calls
+
+
+def test_a_streamed_request_that_cannot_run_gets_a_plain_error():
+    srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"))
+    try:
+        status, headers, body, _ = stream(srv, "/v1/completions", {"model": "m", "prompt": "x", "stream": True,
+                                                                   "temperature": 9})
+        assert status == 400 and headers["Content-Type"] == "application/json"
+        assert body["error"]["param"] == "temperature"
+    finally:
+        srv.stop()
+
+
+def test_an_engine_failure_after_the_first_chunk_is_an_error_event():
+    def openai(lines, on_event=None, **kw):
+        on_event(0, "chunk", json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [
+            {"index": 0, "text": "Hel", "logprobs": None, "finish_reason": None}]}))
+        raise flexh2o.Error("device lost")
+
+    srv = Running(FakeLLM(openai))
+    try:
+        status, _, chunks, done = stream(srv, "/v1/completions", {"model": "m", "prompt": "x", "stream": True})
+    finally:
+        srv.stop()
+    assert status == 200 and done
+    assert chunks[0]["choices"][0]["text"] == "Hel"
+    assert chunks[1]["error"]["type"] == "server_error" and "device lost" in chunks[1]["error"]["message"]
