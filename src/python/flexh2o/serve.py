@@ -280,31 +280,37 @@ def _handler_for(server):
         def _stream(self, p):
             """Server-sent events: one "data: CHUNK" per chunk, then "data: [DONE]". A request that
             fails before its first chunk gets a plain error response; one that fails later, an
-            error event."""
+            error event. Chunks queued meanwhile go out in one write."""
             self.close_connection = True  # the stream ends with the connection (no length)
-            started = False
+            ev = p.events.get()
+            if ev[0] == "line" and ev[1] != 200:
+                self._send(ev[1], ev[2])
+                return
             try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
                 while True:
-                    ev = p.events.get()
-                    if ev[0] == "line" and not started and ev[1] != 200:
-                        self._send(ev[1], ev[2])
-                        return
-                    if not started:
-                        self.send_response(200)
-                        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-                        self.send_header("Cache-Control", "no-cache")
-                        self.send_header("Connection", "close")
-                        self.end_headers()
-                        started = True
-                    if ev[0] == "chunk":
-                        self.wfile.write(b"data: " + ev[1].encode("utf-8") + b"\n\n")
-                        self.wfile.flush()
-                        continue
-                    if ev[1] != 200:
-                        self.wfile.write(b"data: " + json.dumps(ev[2], ensure_ascii=False).encode("utf-8") + b"\n\n")
-                    self.wfile.write(b"data: [DONE]\n\n")
+                    out, last = [], False
+                    while not last:
+                        if ev[0] == "chunk":
+                            out.append(b"data: " + ev[1].encode("utf-8") + b"\n\n")
+                        else:
+                            if ev[1] != 200:
+                                out.append(b"data: " + json.dumps(ev[2], ensure_ascii=False).encode("utf-8") + b"\n\n")
+                            out.append(b"data: [DONE]\n\n")
+                            last = True
+                        try:
+                            ev = p.events.get_nowait()
+                        except queue.Empty:
+                            break
+                    self.wfile.write(b"".join(out))
                     self.wfile.flush()
-                    return
+                    if last:
+                        return
+                    ev = p.events.get()
             except (BrokenPipeError, ConnectionResetError):  # the client left: its request ends
                 p.gone = True
 
