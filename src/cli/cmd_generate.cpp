@@ -446,6 +446,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   GenerateOptions go;
   go.batch_size = runner->max_batch();
   go.ignore_eos = a.ignore_eos;
+  go.continuous = a.continuous;
   go.eos_id = lm.tokenizer && lm.tokenizer->eos_id() ? lm.tokenizer->eos_id() : cfg.eos_id;
   go.pad_id = cfg.pad_id.value_or(0);
   // A pipeline stops when any of its ranks is asked to (the driver hears of the stages').
@@ -510,6 +511,10 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << finished << " prompts in " << total_s
             << " s (" << report["tokens_per_s"].get<double>() << " tok/s; prefill " << st.prefill_seconds
             << " s, decode " << st.decode_seconds << " s)\n";
+  if (a.continuous && !st.continuous && run_reqs.size() > batch)
+    std::cerr << "flexh2o: --continuous: " << (stages ? "pipeline stages run" : "this run's placement runs")
+              << " static batches (continuous batching needs a full cache without --kv-policy or a window cap, "
+                 "and no --cpu-cache-compute with offloaded KV)\n";
   if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
   if (st.interrupted) {
     std::cerr << "flexh2o: interrupted: " << finished << " of " << to_run << " requests finished this run"

@@ -31,6 +31,7 @@ struct GenerateArgs {
   // --sort-window: requests sorted by prompt length within windows of this many batches
   // (length_sorted_order); 1 = input order.
   int64_t sort_window = kDefaultSortWindow;
+  bool continuous = false;  // --continuous: GenerateOptions::continuous
   float temperature = 1.0f, top_p = 1.0f;
   int top_k = 0;
   float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;

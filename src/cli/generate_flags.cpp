@@ -46,6 +46,13 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
                  "tokens do). Results are the same and stay in input order; a result is written once every earlier "
                  "one is done, up to this many batches later. 1: input order")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  g->add_flag("--continuous", a.continuous,
+              "Continuous batching: a sequence that ends (EOS, a stop string, its max_new_tokens) hands its "
+              "slot to the next request, in one step with the batch's other sequences once half the slots are "
+              "free, instead of leaving it idle until the whole batch ends. Each result is the same as without "
+              "it. Pays off when lengths vary (EOS, mixed max_tokens); needs a full cache (no --kv-policy or "
+              "window cap) and attention where the cache goes (not --cpu-cache-compute with offloaded KV), "
+              "else it runs static batches and says so. Not with pipeline stages");
   add_sampling_flags(*g, a);
   g->add_flag("--ignore-eos", a.ignore_eos, "Generate exactly max_new_tokens (benchmarks need fixed lengths)");
   g->add_option("--device", a.device,

@@ -58,6 +58,12 @@ struct GenerateOptions {
   // another step: finished requests are complete (on_result was called), the others have
   // finished == false and GenerateStats::interrupted is set. Null: never stops early.
   const std::atomic<bool>* stop = nullptr;
+  // Continuous batching (generate(StepRunner&) only): a slot whose sequence ends takes the next
+  // request, in a refill step once at least half the batch's slots are free, instead of idling
+  // until its batch ends. Results are a sequence's own as in static batches; where the runner
+  // cannot rewind (can_rewind(): a KV policy, a window cap, --cpu-cache-compute offloading),
+  // the first batch runs to its end and the rest in static batches.
+  bool continuous = false;
 };
 
 struct GenerateStats {
@@ -65,6 +71,9 @@ struct GenerateStats {
   int64_t prompt_tokens = 0, padded_prompt_tokens = 0, generated_tokens = 0;
   int64_t batches = 0, decode_steps = 0;
   size_t peak_kv_bytes = 0;
+  // Continuous batching: whether it ran (the runner could rewind), refill steps, requests they started.
+  bool continuous = false;
+  int64_t refills = 0, refilled_sequences = 0;
   bool interrupted = false;  // opts.stop ended the run before every request finished
 };
 

@@ -361,6 +361,26 @@ void OffloadEngine::step_stage(const int32_t* ids, const int32_t* positions, int
   m.finish_step(logits, hidden_out);
 }
 
+bool OffloadEngine::can_rewind() const {
+  const Impl& m = *impl_;
+  // Host attention's rows are sized for one row a sequence (the decode steps').
+  const bool host_attention = opts_.policy.cpu_cache_compute && (shape_.kv_host || shape_.kv_disk);
+  return m.allocated && m.kv_policy == nullptr && !m.hidden_in && !m.hidden_out && !host_attention;
+}
+
+void OffloadEngine::rewind(int64_t b, int64_t len) {
+  Impl& m = *impl_;
+  FH_CHECK(can_rewind(), "rewind() needs a whole model's full cache without --cpu-cache-compute offloading, after "
+                         "the first step");
+  FH_CHECK(b >= 0 && b < m.batch, "sequence ", b, " outside the batch of ", m.batch);
+  for (int i = 0; i < m.n_classes; ++i) {
+    int32_t& n = m.kvc[size_t(i)].len_before[size_t(b)];
+    FH_CHECK(len >= 0 && len <= n, "rewind of sequence ", b, " to ", len, " tokens; it has ", n);
+    n = int32_t(len);
+  }
+  m.seen[size_t(b)] = int32_t(len);
+}
+
 std::vector<int32_t> OffloadEngine::lengths() const { return impl_->kvc[0].len_before; }
 int64_t OffloadEngine::window_cap() const { return impl_->window; }
 

@@ -120,6 +120,10 @@ class OffloadEngine final : public StepRunner {
   size_t kv_bytes() const override { return kv_bytes_; }
   // true (the default): each step also loads the next step's first layer when it streams.
   void expect_more_steps(bool more) override { more_steps_ = more; }
+  // A whole model's full cache (no policy or window cap) whose attention runs where the cache
+  // is sent (not --cpu-cache-compute with offloaded KV: its host rows are sized for one row).
+  bool can_rewind() const override;
+  void rewind(int64_t b, int64_t len) override;
 
   // ---- pipeline stages and groups
   // One step of a pipeline stage (the model is a Model::stage() view): stages after the first

@@ -4,7 +4,24 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace flexh2o {
+
+void StepRunner::rewind(int64_t b, int64_t len) {
+  (void)b, (void)len;
+  FH_FAIL("this runner cannot rewind a sequence (can_rewind() is false)");
+}
+
+void InMemoryRunner::rewind(int64_t b, int64_t len) {
+  FH_CHECK(can_rewind(), "rewind() needs a full cache without a KV policy or window cap, after the first step");
+  FH_CHECK(b >= 0 && b < batch_, "sequence ", b, " outside the batch of ", batch_);
+  for (int k = 0; k < cache_->n_classes(); ++k) {
+    int32_t& n = cache_->lengths(k)[size_t(b)];
+    FH_CHECK(len >= 0 && len <= n, "rewind of sequence ", b, " to ", len, " tokens; it has ", n);
+    n = int32_t(len);
+  }
+}
 
 InMemoryRunner::InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* policy, DType kv_dtype,
                                bool window_cap)

@@ -31,6 +31,13 @@ class StepRunner {
   // A hint before each step: whether another step (of this batch or the next) is expected after
   // it, so an engine may prefetch for it. A wrong hint costs time, never correctness.
   virtual void expect_more_steps(bool more) { (void)more; }
+  // Continuous batching. Asked after the batch's first step: whether rewind() may be called (a
+  // full cache with no KV policy or window cap; offloaded, attention where the cache is sent).
+  virtual bool can_rewind() const { return false; }
+  // Keeps only sequence b's first `len` cached tokens: the next step's rows for b are written
+  // from slot len on (len 0: a new sequence in b's slot; else rows recomputed so that b can
+  // take part in a step of T rows, each of its rows a token). Throws unless can_rewind().
+  virtual void rewind(int64_t b, int64_t len);
 };
 
 // Everything resident on the CPU: Forward + KvCache (the reference the offloading engine is
@@ -53,6 +60,8 @@ class InMemoryRunner final : public StepRunner {
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
             std::vector<float>& logits) override;
   size_t kv_bytes() const override { return cache_ ? cache_->bytes() : 0; }
+  bool can_rewind() const override { return cache_ && policy_ == nullptr && window_ == 0; }
+  void rewind(int64_t b, int64_t len) override;
   // The current batch's window cap (full_cache_window()), 0: none.
   int64_t window_cap() const { return window_; }
 

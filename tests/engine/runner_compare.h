@@ -29,6 +29,8 @@ class Recorder final : public StepRunner {
   }
   size_t kv_bytes() const override { return r_.kv_bytes(); }
   void expect_more_steps(bool more) override { r_.expect_more_steps(more); }
+  bool can_rewind() const override { return r_.can_rewind(); }
+  void rewind(int64_t b, int64_t len) override { r_.rewind(b, len); }
   std::vector<std::vector<float>> steps;
 
  private:

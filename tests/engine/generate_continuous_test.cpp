@@ -1,0 +1,166 @@
+// Continuous batching (GenerateOptions::continuous): every request's tokens, log-probabilities
+// and finish are what static batches give, on the in-memory runner and on the offloading engine
+// over placements that can refill (logits bit for bit against the in-memory runner, step by
+// step); fewer steps when sequences end early; the runners that cannot refill fall back.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <sstream>
+
+#include "bible_requests.h"
+#include "engine/cpu_device.h"
+#include "engine/offload_engine.h"
+#include "policy_of.h"
+#include "runner_compare.h"
+#include "test_util.h"
+
+namespace flexh2o {
+namespace {
+using test::model_dir;
+
+// 14 requests: prompts of 1 to 40 tokens, 0 to 11 new tokens, sampled from their own seeds with
+// 2 alternatives' log-probabilities; some end early (their stop at `stop_at`).
+std::vector<GenerationRequest> mixed_requests(const ModelConfig& c) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 14; ++i) {
+    GenerationRequest r;
+    const int len = i % 3 == 0 ? 40 - 2 * i : 1 + 3 * i % 17;
+    for (int t = 0; t < len; ++t) r.prompt_ids.push_back(int32_t(4 + (11 * i + 5 * t) % (c.vocab_size - 4)));
+    r.max_new_tokens = i == 4 ? 0 : 2 + (5 * i) % 10;
+    r.sampling.temperature = i % 4 == 1 ? 0.f : 0.9f;
+    r.sampling.seed = 1000 + uint64_t(i);
+    r.top_logprobs = 2;
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+size_t stop_at(size_t r) { return r % 3 == 2 ? 1 + r % 4 : 1000; }
+
+GenerateOptions options(bool continuous, std::vector<size_t>* reported = nullptr) {
+  GenerateOptions o;
+  o.ignore_eos = true;
+  o.continuous = continuous;
+  o.ends_at = [](size_t r, std::span<const int32_t> t) { return t.size() >= stop_at(r); };
+  if (reported) o.on_result = [reported](size_t r, const GenerationResult&) { reported->push_back(r); };
+  return o;
+}
+
+void expect_same_results(const std::vector<GenerationResult>& got, const std::vector<GenerationResult>& want,
+                         const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(got[i].finished) << what << " request " << i;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << what << " request " << i;
+    EXPECT_EQ(got[i].logprobs, want[i].logprobs) << what << " request " << i;
+    EXPECT_EQ(got[i].finish, want[i].finish) << what << " request " << i;
+    ASSERT_EQ(got[i].top_logprobs.size(), want[i].top_logprobs.size()) << what << " request " << i;
+    for (size_t k = 0; k < got[i].top_logprobs.size(); ++k)
+      for (size_t j = 0; j < got[i].top_logprobs[k].size(); ++j) {
+        EXPECT_EQ(got[i].top_logprobs[k][j].id, want[i].top_logprobs[k][j].id) << what << " request " << i;
+        EXPECT_EQ(got[i].top_logprobs[k][j].logprob, want[i].top_logprobs[k][j].logprob) << what;
+      }
+  }
+}
+
+TEST(ContinuousBatching, InMemoryResultsEqualStaticBatchesInFewerSteps) {
+  for (const char* name : {"tiny-llama", "tiny-opt"}) {
+    Model m = Model::load_dir(model_dir(name));
+    CpuDevice dev(2);
+    Forward fwd(m, dev);
+    InMemoryRunner runner(fwd, 4);
+    const auto reqs = mixed_requests(m.config());
+    GenerateStats st_static, st_cont;
+    std::vector<size_t> reported;
+    const auto want = generate(runner, reqs, options(false), &st_static);
+    const auto got = generate(runner, reqs, options(true, &reported), &st_cont);
+    expect_same_results(got, want, name);
+    EXPECT_EQ(reported.size(), reqs.size()) << name;
+    EXPECT_EQ(std::set<size_t>(reported.begin(), reported.end()).size(), reqs.size()) << name;
+    EXPECT_GT(st_cont.refills, 0) << name;
+    EXPECT_EQ(st_cont.refilled_sequences, int64_t(reqs.size()) - 4 - 1) << name;  // all but the first 4 and request 4
+    EXPECT_EQ(st_cont.batches, 1) << name;
+    EXPECT_EQ(st_cont.generated_tokens, st_static.generated_tokens) << name;
+    // Request 4 (no new tokens) joins no batch: its prompt is never computed.
+    EXPECT_EQ(st_cont.prompt_tokens, st_static.prompt_tokens - int64_t(reqs[4].prompt_ids.size())) << name;
+    EXPECT_LT(st_cont.decode_steps + st_cont.refills, st_static.decode_steps + st_static.batches) << name;
+  }
+}
+
+TEST(ContinuousBatching, AStopEndsTheRunAndKeepsWhatFinished) {
+  Model m = Model::load_dir(model_dir("tiny-llama"));
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  InMemoryRunner runner(fwd, 4);
+  const auto reqs = mixed_requests(m.config());
+  const auto want = generate(runner, reqs, options(false));
+  std::atomic<bool> stop{false};
+  size_t n = 0;
+  GenerateOptions o = options(true);
+  o.on_result = [&](size_t, const GenerationResult&) { stop = ++n >= 7; };
+  o.stop = &stop;
+  GenerateStats st;
+  const auto got = generate(runner, reqs, o, &st);
+  EXPECT_TRUE(st.interrupted);
+  size_t finished = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!got[i].finished) continue;
+    ++finished;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
+  }
+  EXPECT_GE(finished, 7u);
+  EXPECT_LT(finished, reqs.size());
+}
+
+struct Placement {
+  const char* model;
+  const char* percent;  // "w_g w_c c_g c_c a_g a_c"
+  int gbs, ngb;
+  bool overlap = true, cpu_attention = false;
+  bool refills = true;  // whether the engine can refill under this placement
+};
+
+std::ostream& operator<<(std::ostream& os, const Placement& p) {
+  return os << p.model << " [" << p.percent << "] " << p.gbs << "x" << p.ngb << (p.overlap ? "" : " no-overlap")
+            << (p.cpu_attention ? " cpu-attn" : "");
+}
+
+class ContinuousOffload : public ::testing::TestWithParam<Placement> {};
+
+TEST_P(ContinuousOffload, LogitsBitIdenticalToInMemoryAndResultsToStatic) {
+  const Placement& c = GetParam();
+  std::ostringstream what;
+  what << c;
+  Model model = Model::load_dir(model_dir(c.model));
+  CpuDevice dev(2);
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = test::policy_of(c.percent, c.gbs, c.ngb, c.cpu_attention);
+  o.policy.overlap = c.overlap;
+  o.offload_dir = dir.path() / "store";
+  OffloadEngine eng(model, dev, o);
+  Forward fwd(model, dev);
+  InMemoryRunner ref(fwd, eng.max_batch());
+  const auto reqs = mixed_requests(model.config());
+  test::Recorder got_rec(eng), ref_rec(ref);
+  GenerateStats st;
+  const auto got = generate(got_rec, reqs, options(true), &st);
+  const auto want = generate(ref_rec, reqs, options(c.refills), nullptr);
+  test::Run g{got_rec.steps, {}}, w{ref_rec.steps, {}};
+  test::expect_same_logits(g, w, what.str());
+  expect_same_results(got, generate(ref, reqs, options(false)), what.str());
+  EXPECT_EQ(st.refills > 0, c.refills) << what.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, ContinuousOffload,
+    ::testing::Values(Placement{"tiny-opt", "100 0 100 0 100 0", 2, 2}, Placement{"tiny-opt", "0 100 0 100 100 0", 2, 3},
+                      Placement{"tiny-opt", "30 30 34 33 100 0", 3, 2}, Placement{"tiny-opt", "100 0 0 0 100 0", 3, 2},
+                      Placement{"tiny-opt", "0 50 0 100 0 100", 2, 2, false},
+                      Placement{"tiny-llama", "50 0 34 33 100 0", 2, 3}, Placement{"tiny-llama", "0 0 0 100 0 100", 4, 1},
+                      // Host attention over offloaded KV cannot refill: static batches after the first.
+                      Placement{"tiny-opt", "100 0 0 100 100 0", 2, 2, true, true, false},
+                      // ... but with every sequence's KV on the device it can.
+                      Placement{"tiny-opt", "100 0 100 0 100 0", 2, 2, true, true, true}));
+
+}  // namespace
+}  // namespace flexh2o
