@@ -48,8 +48,8 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   g->add_flag("--continuous", a.continuous,
               "Continuous batching: a sequence that ends (EOS, a stop string, its max_new_tokens) hands its "
-              "slot to the next request, in one step with the batch's other sequences once half the slots are "
-              "free, instead of leaving it idle until the whole batch ends. Each result is the same as without "
+              "slot to the next request, in one step with the batch's other sequences once a quarter of the "
+              "slots are free, instead of leaving it idle until the whole batch ends. Each result is the same as without "
               "it. Pays off when lengths vary (EOS, mixed max_tokens); needs a full cache (no --kv-policy or "
               "window cap) and attention where the cache goes (not --cpu-cache-compute with offloaded KV), "
               "else it runs static batches and says so. Not with pipeline stages");

@@ -59,7 +59,7 @@ struct GenerateOptions {
   // finished == false and GenerateStats::interrupted is set. Null: never stops early.
   const std::atomic<bool>* stop = nullptr;
   // Continuous batching (generate(StepRunner&) only): a slot whose sequence ends takes the next
-  // request, in a refill step once at least half the batch's slots are free, instead of idling
+  // request, in a refill step once a quarter of the batch's slots are free, instead of idling
   // until its batch ends. Results are a sequence's own as in static batches; where the runner
   // cannot rewind (can_rewind(): a KV policy, a window cap, --cpu-cache-compute offloading),
   // the first batch runs to its end and the rest in static batches.

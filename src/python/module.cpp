@@ -135,11 +135,11 @@ PYBIND11_MODULE(_flexh2o, m) {
           [](python::Session& s, const std::vector<python::Prompt>& prompts, int64_t max_new_tokens, float temperature,
              int top_k, float top_p, uint64_t seed, bool ignore_eos, std::vector<std::string> stop, float min_p,
              float repetition_penalty, float presence_penalty, float frequency_penalty, int logprobs,
-             std::vector<std::pair<int32_t, float>> logit_bias) {
+             std::vector<std::pair<int32_t, float>> logit_bias, bool continuous) {
             std::atomic<bool> interrupt{false};
             python::GenerateParams p{max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, std::move(stop),
                                      &interrupt, min_p, repetition_penalty, presence_penalty, frequency_penalty,
-                                     logprobs, std::move(logit_bias)};
+                                     logprobs, std::move(logit_bias), continuous};
             std::vector<python::Completion> out;
             run_interruptible(interrupt, [&] { out = s.generate(prompts, p); });
             py::list l;
@@ -157,7 +157,8 @@ PYBIND11_MODULE(_flexh2o, m) {
           py::arg("prompts"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
           py::arg("seed"), py::arg("ignore_eos"), py::arg("stop"), py::arg("min_p") = 0.f,
           py::arg("repetition_penalty") = 1.f, py::arg("presence_penalty") = 0.f, py::arg("frequency_penalty") = 0.f,
-          py::arg("logprobs") = -1, py::arg("logit_bias") = std::vector<std::pair<int32_t, float>>{})
+          py::arg("logprobs") = -1, py::arg("logit_bias") = std::vector<std::pair<int32_t, float>>{},
+          py::arg("continuous") = false)
       .def("prepare", &python::Session::prepare, py::arg("prompt_len"), py::arg("gen_len"), py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       // OpenAI Batch input lines -> output lines (Session::openai), with the GIL released.
@@ -168,7 +169,7 @@ PYBIND11_MODULE(_flexh2o, m) {
           [](python::Session& s, const std::vector<std::string>& lines, bool greedy, int top_k, float min_p,
              float repetition_penalty, uint64_t seed, int64_t max_tokens_cap, int64_t plan_prompt_len,
              int64_t plan_gen_len, int64_t plan_requests, py::object render_chat, StopFlag* stop, bool stream,
-             py::object on_event) {
+             py::object on_event, bool continuous) {
             python::OpenAiParams p;
             p.defaults = {greedy, top_k, min_p, repetition_penalty, seed, max_tokens_cap};
             p.plan_prompt_len = plan_prompt_len;
@@ -176,6 +177,7 @@ PYBIND11_MODULE(_flexh2o, m) {
             p.plan_requests = plan_requests;
             p.interrupt = stop ? &stop->set : nullptr;
             p.stream = stream;
+            p.continuous = continuous;
             // Owned by shared_ptrs whose last copies are dropped with the GIL held (at return).
             auto fn = std::make_shared<py::object>(render_chat);
             auto ev = std::make_shared<py::object>(on_event);
@@ -218,7 +220,7 @@ PYBIND11_MODULE(_flexh2o, m) {
           py::arg("repetition_penalty") = 1.f, py::arg("seed") = 0, py::arg("max_tokens_cap") = 0,
           py::arg("plan_prompt_len") = 0, py::arg("plan_gen_len") = 0, py::arg("plan_requests") = 0,
           py::arg("render_chat") = py::none(), py::arg("stop") = nullptr, py::arg("stream") = false,
-          py::arg("on_event") = py::none())
+          py::arg("on_event") = py::none(), py::arg("continuous") = false)
       .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),

@@ -183,6 +183,7 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   GenerateOptions go;
   go.batch_size = run.rs.runner->max_batch();
   go.ignore_eos = p.ignore_eos;
+  go.continuous = p.continuous;
   go.eos_id = eos_id();
   go.pad_id = cfg.pad_id.value_or(0);
   const cli::openai_batch::Decode decode = cli::openai_batch::decoder_of(lm_.tokenizer_or_null());
@@ -265,6 +266,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
     go.eos_id = eos_id();
     go.pad_id = cfg.pad_id.value_or(0);
     go.stop = p.interrupt;
+    go.continuous = p.continuous;
     go.ends_at = [&](size_t r, std::span<const int32_t> tokens) { return live.on_token(r, tokens); };
     go.on_result = [&](size_t r, const GenerationResult& res) { live.on_result(r, res); };
     GenerateStats st;

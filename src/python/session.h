@@ -62,6 +62,7 @@ struct GenerateParams {
   float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;  // sampler.h
   int logprobs = -1;  // GenerationRequest::top_logprobs
   std::vector<std::pair<int32_t, float>> logit_bias;  // SamplingParams::logit_bias, every prompt
+  bool continuous = false;  // GenerateOptions::continuous
 };
 
 // What Session::openai() runs OpenAI request lines with.
@@ -76,6 +77,7 @@ struct OpenAiParams {
   const std::atomic<bool>* interrupt = nullptr;
   // "stream": true is honoured (a server); else refused as in Batch files.
   bool stream = false;
+  bool continuous = false;  // GenerateOptions::continuous
   // Called on the generating thread as answers are ready (cli/openai_stream.h): each line's
   // output line as soon as its choices have ended (an error line before generation), and a
   // streamed line's chunks as its tokens are drawn. May be null.

@@ -202,3 +202,16 @@ def test_stop_strings_end_sequences_early(llms):
     assert llm.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=" LORD") == got[:1]
     with pytest.raises(flexh2o.Error, match="empty string"):
         llm.generate(PROMPTS[0], stop=[""])
+
+
+def test_continuous_batching_gives_the_same_completions_in_fewer_steps():
+    llm = flexh2o.LLM(str(TINY["opt"]), device="cpu", batch_size=3)
+    prompts = [p + " " + w for p in PROMPTS for w in ("and", "unto", "the", "Then")]
+    kw = dict(max_new_tokens=24, temperature=0.8, seed=5, stop=[" LORD", ","], logprobs=1)
+    static = llm.generate(prompts, **kw)
+    static_steps = llm.last_report["decode_steps"]
+    got = llm.generate(prompts, continuous=True, **kw)
+    assert got == static
+    assert len({len(c.token_ids) for c in got}) > 3, "lengths must vary for this to check anything"
+    r = llm.last_report
+    assert r["continuous"] and r["refills"] > 0 and r["decode_steps"] < static_steps

@@ -200,3 +200,21 @@ def test_an_engine_failure_after_the_first_chunk_is_an_error_event():
     assert status == 200 and done
     assert chunks[0]["choices"][0]["text"] == "Hel"
     assert chunks[1]["error"]["type"] == "server_error" and "device lost" in chunks[1]["error"]["message"]
+
+
+def test_continuous_batching_in_the_server_keeps_every_answer():
+    bodies = [{"model": "m", "prompt": f"In the beginning {w}", "max_tokens": 3 + 5 * (i % 4), "temperature": 0.8,
+               "seed": i, "n": 1 + i % 2} for i, w in enumerate(["God", "was", "the", "and", "there", "light"])]
+    answers = []
+    for continuous in (False, True):
+        llm = flexh2o.LLM(str(TINY["opt"]), device="cpu", batch_size=2)
+        srv = Running(llm, batch_wait_ms=300, continuous=continuous)
+        try:
+            answers.append(srv.post_all("/v1/completions", bodies))
+        finally:
+            srv.stop()
+        assert srv.server.batches == 1
+        report = json.loads(llm._s.last_report())
+        assert report["continuous"] == continuous and (report["refills"] > 0) == continuous
+    for (s0, a0), (s1, a1) in zip(*answers):
+        assert s0 == s1 == 200 and comparable(a0) == comparable(a1)

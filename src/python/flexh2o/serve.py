@@ -69,7 +69,8 @@ class Server:
 
     def __init__(self, llm, host="127.0.0.1", port=8000, *, served_model_name=None, max_new_tokens=256,
                  max_prompt_len=512, batch_wait_ms=20.0, max_batch_requests=256, api_key=None, seed=None,
-                 greedy=False, top_k=0, min_p=0.0, repetition_penalty=1.0, log=sys.stderr, log_requests=False):
+                 greedy=False, top_k=0, min_p=0.0, repetition_penalty=1.0, continuous=False, log=sys.stderr,
+                 log_requests=False):
         if max_new_tokens < 1 or max_prompt_len < 1 or max_batch_requests < 1 or batch_wait_ms < 0:
             raise ValueError("max_new_tokens, max_prompt_len and max_batch_requests must be >= 1, "
                              "batch_wait_ms >= 0")
@@ -82,6 +83,7 @@ class Server:
         self.seed = seed
         self.sampling = dict(greedy=bool(greedy), top_k=int(top_k), min_p=float(min_p),
                              repetition_penalty=float(repetition_penalty))
+        self.continuous = bool(continuous)
         self.log, self.log_requests = log, log_requests
         self.created = int(time.time())
         self.requests = self.batches = 0  # answered by the engine; engine calls
@@ -179,7 +181,8 @@ class Server:
                 out = self.llm._s.openai([p.line for p in taken], seed=seed, max_tokens_cap=self.max_new_tokens,
                                    plan_prompt_len=self.max_prompt_len, plan_gen_len=self.max_new_tokens,
                                    plan_requests=self.max_batch_requests, render_chat=self._render_chat,
-                                   stop=self._stop, stream=True, on_event=on_event, **self.sampling)
+                                   stop=self._stop, stream=True, on_event=on_event, continuous=self.continuous,
+                                   **self.sampling)
             except Exception as e:  # noqa: BLE001 - every client still waiting gets the reason
                 if self._stop.is_set():
                     for p in taken:
@@ -372,6 +375,8 @@ def main(argv=None):
     ap.add_argument("--min-p", type=float, default=0.0, help="min-p for every request")
     ap.add_argument("--repetition-penalty", type=float, default=1.0, help="transformers' repetition penalty "
                     "for every request")
+    ap.add_argument("--continuous", action="store_true", help="continuous batching within each engine call: a "
+                    "request whose answer ends hands its batch slot to the next (as `generate --continuous`)")
     ap.add_argument("--log-requests", action="store_true", help="log every HTTP request to stderr")
     args, rest = ap.parse_known_args(argv)
     flags = _engine_flags(rest)
@@ -384,7 +389,7 @@ def main(argv=None):
                         max_new_tokens=args.max_new_tokens, max_prompt_len=args.max_prompt_len,
                         batch_wait_ms=args.batch_wait_ms, max_batch_requests=args.max_batch_requests,
                         api_key=args.api_key, seed=args.seed, greedy=args.greedy, top_k=args.top_k,
-                        min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                        min_p=args.min_p, repetition_penalty=args.repetition_penalty, continuous=args.continuous,
                         log_requests=args.log_requests)
     except TypeError as e:  # an engine flag that is none of the CLI's
         print(f"flexh2o serve: {e}".replace("LLM() got an unexpected keyword argument", "unknown flag"),
