@@ -64,6 +64,16 @@ struct GenerateOptions {
   // cannot rewind (can_rewind(): a KV policy, a window cap, --cpu-cache-compute offloading),
   // the first batch runs to its end and the rest in static batches.
   bool continuous = false;
+  // Continuous batching: called while slots are free, for requests that arrived after the call
+  // began (a server's queue): at most `max_count`, each with a prompt of at most `max_prompt`
+  // tokens and prompt + max_new_tokens within `max_total` (what the running batch was sized
+  // for; the caller keeps the others for a later call). They run as if appended to `requests`
+  // (the indices ends_at and on_result get continue theirs) and their results follow in the
+  // returned vector; the call returns once nothing runs and this brings nothing. Null: none.
+  std::function<std::vector<GenerationRequest>(size_t max_count, int64_t max_prompt, int64_t max_total)> more;
+  // Continuous batching: the least prompt rows and slots a sequence the batch is sized for (a
+  // server's bounds), so that requests from `more` up to them fit.
+  int64_t min_rows = 0, min_capacity = 0;
 };
 
 struct GenerateStats {

@@ -111,6 +111,64 @@ TEST(ContinuousBatching, AStopEndsTheRunAndKeepsWhatFinished) {
   EXPECT_LT(finished, reqs.size());
 }
 
+TEST(ContinuousBatching, RequestsThatArriveWhileItRunsJoinIt) {
+  Model m = Model::load_dir(model_dir("tiny-llama"));
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  InMemoryRunner runner(fwd, 4);
+  const auto all = mixed_requests(m.config());
+  const auto want = generate(runner, all, options(false));
+  for (size_t given : {size_t(0), size_t(5)}) {
+    // The first `given` requests are the call's; the rest arrive two at a time, each time the
+    // driver asks. Those longer than the batch was sized for (at least 30 rows and 42 slots,
+    // more if the call's own requests need it) stay with the caller: without any of its own,
+    // requests 0 and 3 (prompts of 40 and 34 tokens).
+    std::vector<GenerationRequest> first(all.begin(), all.begin() + std::ptrdiff_t(given));
+    int64_t rows = 30;
+    for (const auto& r : first) rows = std::max<int64_t>(rows, int64_t(r.prompt_ids.size()));
+    std::vector<size_t> queue, kept, index;  // arrival order; left with the caller; engine index -> request
+    const std::vector<size_t> want_kept = given ? std::vector<size_t>{} : std::vector<size_t>{0, 3};
+    for (size_t i = given; i < all.size(); ++i) queue.push_back(i);
+    for (size_t i = 0; i < given; ++i) index.push_back(i);
+    GenerateOptions o = options(true);
+    o.min_rows = 30;
+    o.min_capacity = 42;
+    o.ends_at = [&](size_t j, std::span<const int32_t> t) { return t.size() >= stop_at(index.at(j)); };
+    int polls = 0;
+    o.more = [&](size_t max_count, int64_t max_prompt, int64_t max_total) {
+      ++polls;
+      EXPECT_EQ(max_prompt, rows);
+      EXPECT_GE(max_total, 42);
+      std::vector<GenerationRequest> got;
+      while (!queue.empty() && got.size() < std::min<size_t>(max_count, 2)) {
+        const size_t r = queue.front();
+        queue.erase(queue.begin());
+        const int64_t p = int64_t(all[r].prompt_ids.size());
+        if (p > max_prompt || p + all[r].max_new_tokens > max_total) {
+          kept.push_back(r);
+          continue;
+        }
+        got.push_back(all[r]);
+        index.push_back(r);
+      }
+      return got;
+    };
+    GenerateStats st;
+    const auto got = generate(runner, first, o, &st);
+    ASSERT_EQ(got.size(), index.size()) << given;
+    EXPECT_EQ(kept, want_kept) << given;
+    EXPECT_TRUE(queue.empty());
+    EXPECT_GT(polls, 3);
+    EXPECT_EQ(got.size(), all.size() - kept.size());
+    for (size_t j = 0; j < got.size(); ++j) {
+      EXPECT_TRUE(got[j].finished) << j;
+      EXPECT_EQ(got[j].tokens, want[index[j]].tokens) << "request " << index[j];
+      EXPECT_EQ(got[j].logprobs, want[index[j]].logprobs) << "request " << index[j];
+    }
+    EXPECT_EQ(st.batches, 1) << given;
+  }
+}
+
 struct Placement {
   const char* model;
   const char* percent;  // "w_g w_c c_g c_c a_g a_c"

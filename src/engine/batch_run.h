@@ -1,0 +1,281 @@
+// The generation drivers' shared parts (generate.cpp: static batches and groups;
+// generate_continuous.cpp: continuous batching): one batch's step inputs, sampling, stopping and
+// results (BatchRun), over any indexable containers of requests and results. Internal to the
+// engine module; not thread-safe.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include <tbb/parallel_for.h>
+
+#include "core/error.h"
+#include "engine/generate.h"
+
+namespace flexh2o::detail {
+
+using Clock = std::chrono::steady_clock;
+inline bool stop_requested(const GenerateOptions& o) { return o.stop && o.stop->load(std::memory_order_relaxed); }
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A request that ends before its first token (max_new_tokens 0, or no room left in the model's
+// positions): it takes no slot.
+inline bool ends_at_once(const GenerationRequest& r, const ModelConfig& c) {
+  return r.max_new_tokens == 0 || int64_t(r.prompt_ids.size()) >= c.max_positions;
+}
+
+// The tokens a request may still add: its max_new_tokens within the model's positions.
+inline int64_t room_for(const GenerationRequest& r, const ModelConfig& c) {
+  return std::min(r.max_new_tokens, c.max_positions - int64_t(r.prompt_ids.size()));
+}
+
+template <class Outs>
+void finish(size_t r, Outs& out, const GenerateOptions& opts) {
+  out[r].finished = true;
+  if (opts.on_result) opts.on_result(r, out[r]);
+}
+
+// One batch from its padded prompt to its last token: the step inputs it needs next and what
+// each step's logits mean (sampling, stopping, results). Slot b holds request members[b]; under
+// continuous batching a slot whose sequence ended takes another request (refill()). Both
+// drivers run batches through it.
+template <class Reqs, class Outs>
+class BatchRun {
+ public:
+  // The prompts are left-padded to at least `min_rows` rows, and each slot gets room for at
+  // least `min_capacity` tokens (a continuous run sizes both for every request it may take).
+  BatchRun(const ModelConfig& c, const Reqs& reqs, std::vector<size_t> members, const GenerateOptions& opts,
+           Outs& out, GenerateStats& st, int64_t& done_tokens, const int64_t& total_tokens, int64_t min_rows = 0,
+           int64_t min_capacity = 0)
+      : c_(c), reqs_(reqs), idx_(std::move(members)), B_(int64_t(idx_.size())), opts_(opts), out_(out), st_(st),
+        done_(done_tokens), total_(total_tokens) {
+    int64_t max_new = 0;
+    for (size_t r : idx_) {
+      S_ = std::max<int64_t>(S_, int64_t(reqs[r].prompt_ids.size()));
+      max_new = std::max<int64_t>(max_new, room_for(reqs[r], c));  // a sequence cannot grow past the positions
+    }
+    S_ = std::max(S_, min_rows);
+    capacity_ = std::max(S_ + std::max<int64_t>(max_new, 1), min_capacity);
+    steps_ = std::max<int64_t>(max_new, 1);
+    len_.assign(size_t(B_), 0);
+    finished_.assign(size_t(B_), false);
+    samplers_.reserve(size_t(B_));
+    for (size_t r : idx_) samplers_.emplace_back(reqs[r].sampling);
+    std::vector<std::pair<int64_t, size_t>> all;
+    for (int64_t b = 0; b < B_; ++b) all.emplace_back(b, idx_[size_t(b)]);
+    ids_.assign(size_t(B_), opts.pad_id);  // no sequence has a pending token yet
+    pos_.assign(size_t(B_), 0);
+    wide_step(all, S_, nullptr);
+    for (int64_t b = 0; b < B_; ++b) {
+      const size_t r = idx_[size_t(b)];
+      if (ends_at_once(reqs[r], c)) end_now(b);
+    }
+  }
+
+  int64_t batch() const { return B_; }
+  int64_t capacity() const { return capacity_; }
+  // The next step processes prompts: the prefill, or a refill's step.
+  bool prefill() const { return T_ > 1 || step_no_ == 0; }
+  const int32_t* ids() const { return ids_.data(); }
+  const int32_t* positions() const { return pos_.data(); }
+  int64_t T() const { return T_; }
+  const int32_t* real_rows() const { return wide_ ? real_rows_.data() : nullptr; }
+  // Whether a step after the next one is expected without EOS (an engine's prefetch hint).
+  bool more_after_next() const { return step_no_ + 1 < steps_; }
+  // Slots whose sequence has not ended.
+  int64_t live() const { return B_ - int64_t(std::count(finished_.begin(), finished_.end(), true)); }
+  // Slots whose sequence ended since the last call, and every ended slot.
+  std::vector<int64_t> take_ended() { return std::exchange(ended_, {}); }
+  std::vector<int64_t> free_slots() const {
+    std::vector<int64_t> f;
+    for (int64_t b = 0; b < B_; ++b)
+      if (finished_[size_t(b)]) f.push_back(b);
+    return f;
+  }
+
+  // Samples the logits of the step just run; true when another step is needed (its inputs are
+  // then ids() / positions()).
+  bool consume(const std::vector<float>& logits) {
+    if (step_no_++ > 0) ++st_.decode_steps;
+    T_ = 1;
+    wide_ = false;
+    ids_.assign(size_t(B_), opts_.pad_id);
+    pos_.assign(size_t(B_), 0);
+    // Each sequence draws with its own sampler and RNG, so the draws run in parallel (sampling
+    // a large vocabulary is on the path between two steps) and give the same tokens serially.
+    toks_.assign(size_t(B_), 0);
+    tbb::parallel_for(int64_t(0), B_, [&](int64_t b) {
+      const size_t bi = size_t(b);
+      if (finished_[bi]) return;
+      const GenerationRequest& r = reqs_[idx_[bi]];
+      GenerationResult& res = out_[idx_[bi]];
+      const float* row = logits.data() + b * c_.vocab_size;
+      const int32_t tok = samplers_[bi].sample(row, c_.vocab_size, {r.prompt_ids, res.tokens});
+      if (r.top_logprobs >= 0) {
+        std::vector<TokenLogprob> top;
+        res.logprobs.push_back(token_logprob(row, c_.vocab_size, tok, r.top_logprobs, &top));
+        if (r.top_logprobs > 0) res.top_logprobs.push_back(std::move(top));
+      }
+      toks_[bi] = tok;
+    });
+    bool any = false;
+    for (int64_t b = 0; b < B_; ++b) {
+      const size_t bi = size_t(b);
+      if (finished_[bi]) continue;
+      const GenerationRequest& r = reqs_[idx_[bi]];
+      GenerationResult& res = out_[idx_[bi]];
+      const int32_t tok = toks_[bi];
+      res.tokens.push_back(tok);
+      ++st_.generated_tokens;
+      ++done_;
+      const bool eos = !opts_.ignore_eos && opts_.eos_id && tok == *opts_.eos_id;
+      const int64_t total_len = len_[bi] + int64_t(res.tokens.size());
+      const bool length = int64_t(res.tokens.size()) >= r.max_new_tokens || total_len >= c_.max_positions;
+      const bool stopped = !eos && !length && opts_.ends_at && opts_.ends_at(idx_[bi], res.tokens);
+      if (eos || length || stopped) {
+        res.finish = eos ? FinishReason::kEos : stopped ? FinishReason::kStopped : FinishReason::kLength;
+        end_now(b);
+        continue;
+      }
+      // Ended sequences ride along with a harmless token; their output is ignored.
+      any = true;
+      ids_[bi] = tok;
+      pos_[bi] = int32_t(total_len - 1);
+    }
+    if (opts_.on_progress) opts_.on_progress(done_, total_);
+    return any;
+  }
+
+  // Continuous batching, after consume(): each (slot, request) of `joins` (ended slots, requests
+  // that do not end at once) starts in that slot at the next step, whose T is the longest
+  // joining prompt. The kernels take a sequence's T rows as its last T slots, so a running
+  // sequence cannot have padding over its cached tokens: it takes part with its last
+  // min(T, tokens) tokens, the pending one last and the others recomputed. Returns the
+  // (slot, tokens kept) each slot's cache must be rewound to before that step.
+  std::vector<std::pair<int64_t, int64_t>> refill(const std::vector<std::pair<int64_t, size_t>>& joins) {
+    int64_t T = 1;
+    for (const auto& [b, r] : joins) {
+      FH_CHECK(finished_[size_t(b)], "slot ", b, " still holds a running sequence");
+      FH_CHECK(!ends_at_once(reqs_[r], c_), "a request that ends at once takes no slot");
+      idx_[size_t(b)] = r;
+      samplers_[size_t(b)] = Sampler(reqs_[r].sampling);
+      finished_[size_t(b)] = false;
+      T = std::max<int64_t>(T, int64_t(reqs_[r].prompt_ids.size()));
+      steps_ = std::max(steps_, step_no_ + room_for(reqs_[r], c_));
+    }
+    FH_CHECK(T <= S_, "a joining prompt of ", T, " tokens is longer than the batch's ", S_, " rows");
+    std::vector<std::pair<int64_t, int64_t>> rewinds;
+    wide_step(joins, T, &rewinds);
+    return rewinds;
+  }
+
+ private:
+  // The next step as T rows a slot, left-padded: each slot of `prompts` its request's prompt
+  // (from an empty cache); each running slot its last min(T, n) tokens (*rewinds gets the
+  // tokens it keeps cached); each ended slot its pending pad token (from an empty cache).
+  void wide_step(const std::vector<std::pair<int64_t, size_t>>& prompts, int64_t T,
+                 std::vector<std::pair<int64_t, int64_t>>* rewinds) {
+    std::vector<int32_t> ids(size_t(B_ * T), opts_.pad_id), pos(size_t(B_ * T), 0);
+    real_rows_.assign(size_t(B_), 1);
+    std::vector<bool> joining(size_t(B_), false);
+    for (const auto& jr : prompts) joining[size_t(jr.first)] = true;
+    for (int64_t b = 0; b < B_; ++b) {
+      if (joining[size_t(b)] || finished_[size_t(b)]) {  // an ended slot: its pending pad token
+        ids[size_t(b * T + T - 1)] = ids_[size_t(b)];
+        pos[size_t(b * T + T - 1)] = pos_[size_t(b)];
+        if (rewinds) rewinds->emplace_back(b, 0);
+        continue;
+      }
+      FH_CHECK(rewinds, "a running sequence in a step of prompts");
+      const std::vector<int32_t>& p = reqs_[idx_[size_t(b)]].prompt_ids;
+      const std::vector<int32_t>& g = out_[idx_[size_t(b)]].tokens;
+      const int64_t n = int64_t(p.size() + g.size()), np = int64_t(p.size()), r = std::min(T, n);
+      for (int64_t j = n - r; j < n; ++j) {
+        const size_t at = size_t(b * T + T - n + j);
+        ids[at] = j < np ? p[size_t(j)] : g[size_t(j - np)];
+        pos[at] = int32_t(j);
+      }
+      real_rows_[size_t(b)] = int32_t(r);
+      rewinds->emplace_back(b, n - r);
+    }
+    for (const auto& [b, r] : prompts) {
+      const auto& p = reqs_[r].prompt_ids;
+      const int64_t pad = T - int64_t(p.size());
+      real_rows_[size_t(b)] = int32_t(p.size());
+      for (int64_t t = 0; t < int64_t(p.size()); ++t) {
+        ids[size_t(b * T + pad + t)] = p[size_t(t)];
+        pos[size_t(b * T + pad + t)] = int32_t(t);
+      }
+      len_[size_t(b)] = int64_t(p.size());
+      st_.prompt_tokens += int64_t(p.size());
+    }
+    st_.padded_prompt_tokens += B_ * T;
+    ids_ = std::move(ids);
+    pos_ = std::move(pos);
+    T_ = T;
+    wide_ = true;
+  }
+
+  void end_now(int64_t b) {
+    finished_[size_t(b)] = true;
+    ended_.push_back(b);
+    finish(idx_[size_t(b)], out_, opts_);
+  }
+
+  const ModelConfig& c_;
+  const Reqs& reqs_;
+  std::vector<size_t> idx_;  // the request in each slot
+  int64_t B_, S_ = 0, capacity_ = 0, steps_ = 1, step_no_ = 0, T_ = 1;
+  bool wide_ = false;  // the next step has real_rows_
+  const GenerateOptions& opts_;
+  Outs& out_;
+  std::vector<int32_t> toks_;  // this step's draws
+  GenerateStats& st_;
+  int64_t& done_;
+  const int64_t& total_;  // grows as a continuous run takes more requests
+  std::vector<int32_t> ids_, pos_, real_rows_;
+  std::vector<int64_t> len_, ended_;  // each slot's prompt length; slots ended since take_ended()
+  std::vector<Sampler> samplers_;
+  std::vector<bool> finished_;
+};
+
+inline std::vector<size_t> iota_from(size_t first, size_t count) {
+  std::vector<size_t> v(count);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+template <class B>
+void run_batch(StepRunner& run, B& b, GenerateStats& st, const GenerateOptions& opts, bool last_batch) {
+  run.begin_batch(b.batch(), b.capacity());
+  std::vector<float> logits;
+  auto t0 = Clock::now();
+  bool more = true;
+  while (more) {
+    const bool prefill = b.prefill();
+    run.expect_more_steps(b.more_after_next() || !last_batch);
+    run.step(b.ids(), b.positions(), b.T(), b.real_rows(), logits);
+    if (prefill) {
+      st.prefill_seconds += seconds_since(t0);
+      st.peak_kv_bytes = std::max(st.peak_kv_bytes, run.kv_bytes());
+      t0 = Clock::now();
+    }
+    more = b.consume(logits);
+    if (more && stop_requested(opts)) {  // every token sampled so far is kept; unfinished ones are dropped
+      st.interrupted = true;
+      break;
+    }
+  }
+  st.decode_seconds += seconds_since(t0);
+}
+
+// Continuous batching (generate_continuous.cpp): `requests` (validated; `total` their
+// max_new_tokens) and any GenerateOptions::more brings, in one batch whose ended slots take the
+// next requests; static batches for the rest where the runner cannot rewind.
+std::vector<GenerationResult> generate_continuous(StepRunner& runner, const std::vector<GenerationRequest>& requests,
+                                                  const GenerateOptions& opts, GenerateStats& st, int64_t total);
+
+}  // namespace flexh2o::detail
