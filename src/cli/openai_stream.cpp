@@ -104,6 +104,10 @@ void LiveAnswers::fail(size_t line, json error_line) {
   if (emit_) emit_(line, Event::kLine, lines_[line].out.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
+void LiveAnswers::defer(size_t line) {
+  if (emit_) emit_(line, Event::kDefer, std::string());
+}
+
 bool LiveAnswers::on_token(size_t req, std::span<const int32_t> tokens) {
   Choice& ch = choices_.at(req);
   Line& l = lines_[ch.line];

@@ -53,9 +53,10 @@ nlohmann::json usage_chunk(const Request& r, const std::string& id, int64_t crea
 // Not thread-safe: the generation thread calls it; `emit` runs on that thread.
 class LiveAnswers {
  public:
-  enum class Event { kChunk, kLine };
-  // (line, kChunk, a chunk's JSON) or (line, kLine, the line's output line). A false return for
-  // a chunk means its client has gone: the line's choices end at their next token.
+  enum class Event { kChunk, kLine, kDefer };
+  // (line, kChunk, a chunk's JSON), (line, kLine, the line's output line) or (line, kDefer, "":
+  // the line does not run in this call). A false return for a chunk means its client has gone:
+  // the line's choices end at their next token.
   using Emit = std::function<bool(size_t line, Event kind, const std::string& payload)>;
   LiveAnswers(Emit emit, Decode decode, TokenText piece, std::string model_name, int64_t created, IdMaker& ids);
 
@@ -64,6 +65,8 @@ class LiveAnswers {
   void add(size_t line, const Request& r, size_t first, size_t count);
   // A line that cannot run: its error line, emitted now.
   void fail(size_t line, nlohmann::json error_line);
+  // A line left for a later call: kDefer, emitted now.
+  void defer(size_t line);
   // ends_at: true when request `req`'s text holds a stop string or its client has gone; a
   // streamed choice's new text is emitted.
   bool on_token(size_t req, std::span<const int32_t> tokens);

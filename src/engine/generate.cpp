@@ -112,12 +112,14 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
     seen[r] = true;
     run.push_back(requests[r]);
   }
+  // Requests from opts.more keep their indices (they follow the given ones).
+  auto index = [&](size_t j) { return j < order.size() ? order[j] : j; };
   GenerateOptions o = opts;
-  if (opts.ends_at) o.ends_at = [&](size_t j, std::span<const int32_t> t) { return opts.ends_at(order[j], t); };
-  if (opts.on_result) o.on_result = [&](size_t j, const GenerationResult& res) { opts.on_result(order[j], res); };
+  if (opts.ends_at) o.ends_at = [&](size_t j, std::span<const int32_t> t) { return opts.ends_at(index(j), t); };
+  if (opts.on_result) o.on_result = [&](size_t j, const GenerationResult& res) { opts.on_result(index(j), res); };
   std::vector<GenerationResult> got = generate(runner, run, o, stats);
-  std::vector<GenerationResult> out(requests.size());
-  for (size_t j = 0; j < order.size(); ++j) out[order[j]] = std::move(got[j]);
+  std::vector<GenerationResult> out(got.size());
+  for (size_t j = 0; j < got.size(); ++j) out[index(j)] = std::move(got[j]);
   return out;
 }
 

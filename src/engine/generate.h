@@ -106,7 +106,8 @@ constexpr int64_t kDefaultSortWindow = 8;
 std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<GenerationRequest>& requests,
                                        const GenerateOptions& opts, GenerateStats* stats = nullptr);
 // generate() running request order[j] as its j-th (a permutation, e.g. length_sorted_order's);
-// results, and the request index opts.ends_at and opts.on_result get, are in request order.
+// results, and the request index opts.ends_at and opts.on_result get, are in request order
+// (requests from opts.more after them, in the order they came).
 std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<GenerationRequest>& requests,
                                        const std::vector<size_t>& order, const GenerateOptions& opts,
                                        GenerateStats* stats = nullptr);

@@ -46,7 +46,9 @@ size_t run_continuous(StepRunner& run, Reqs& reqs, size_t next, const GenerateOp
     cap = std::max(cap, p + std::max<int64_t>(room_for(reqs[r], c), 1));
   }
   const size_t count = std::min(reqs.size() - next, size_t(run.max_batch()));
-  BatchRun<Reqs, Outs> b(c, reqs, iota_from(next, count), opts, out, st, done, total, rows, cap);
+  std::vector<size_t> members = iota_from(next, count);
+  if (opts.more) members.resize(size_t(run.max_batch()), kNoRequest);  // room for what comes
+  BatchRun<Reqs, Outs> b(c, reqs, std::move(members), opts, out, st, done, total, rows, cap);
   next += count;
   ++st.batches;
   run.begin_batch(b.batch(), b.capacity());

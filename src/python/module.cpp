@@ -162,14 +162,15 @@ PYBIND11_MODULE(_flexh2o, m) {
       .def("prepare", &python::Session::prepare, py::arg("prompt_len"), py::arg("gen_len"), py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       // OpenAI Batch input lines -> output lines (Session::openai), with the GIL released.
-      // `render_chat(body_json_text) -> str` and `on_event(line, "chunk" | "line", json_text) ->
-      // bool | None` (optional; False: a chunk's client has gone) are called with the GIL held.
+      // `render_chat(body_json_text) -> str`, `on_event(line, "chunk" | "line" | "defer", json_text)
+      // -> bool | None` (False: a chunk's client has gone) and `more_lines() -> [str]` (optional)
+      // are called with the GIL held.
       .def(
           "openai",
           [](python::Session& s, const std::vector<std::string>& lines, bool greedy, int top_k, float min_p,
              float repetition_penalty, uint64_t seed, int64_t max_tokens_cap, int64_t plan_prompt_len,
              int64_t plan_gen_len, int64_t plan_requests, py::object render_chat, StopFlag* stop, bool stream,
-             py::object on_event, bool continuous) {
+             py::object on_event, bool continuous, py::object more_lines) {
             python::OpenAiParams p;
             p.defaults = {greedy, top_k, min_p, repetition_penalty, seed, max_tokens_cap};
             p.plan_prompt_len = plan_prompt_len;
@@ -181,12 +182,23 @@ PYBIND11_MODULE(_flexh2o, m) {
             // Owned by shared_ptrs whose last copies are dropped with the GIL held (at return).
             auto fn = std::make_shared<py::object>(render_chat);
             auto ev = std::make_shared<py::object>(on_event);
+            auto more = std::make_shared<py::object>(more_lines);
+            if (!more_lines.is_none())
+              p.more_lines = [more]() {
+                py::gil_scoped_acquire gil;
+                try {
+                  return (*more)().cast<std::vector<std::string>>();
+                } catch (py::error_already_set& e) {
+                  FH_FAIL(std::string(py::str(e.value())));
+                }
+              };
             using Event = cli::openai_batch::LiveAnswers::Event;
             if (!on_event.is_none())
               p.on_event = [ev](size_t line, Event kind, const std::string& payload) {
                 py::gil_scoped_acquire gil;
                 try {
-                  const py::object keep = (*ev)(line, kind == Event::kChunk ? "chunk" : "line", payload);
+                  const char* name = kind == Event::kChunk ? "chunk" : kind == Event::kLine ? "line" : "defer";
+                  const py::object keep = (*ev)(line, name, payload);
                   return keep.is_none() || keep.cast<bool>();
                 } catch (py::error_already_set& e) {
                   FH_FAIL(std::string(py::str(e.value())));
@@ -209,10 +221,12 @@ PYBIND11_MODULE(_flexh2o, m) {
               } catch (...) {
                 p.render_chat = nullptr;
                 p.on_event = nullptr;
+                p.more_lines = nullptr;
                 throw;
               }
               p.render_chat = nullptr;
               p.on_event = nullptr;
+              p.more_lines = nullptr;
             }
             return out;
           },
@@ -220,7 +234,7 @@ PYBIND11_MODULE(_flexh2o, m) {
           py::arg("repetition_penalty") = 1.f, py::arg("seed") = 0, py::arg("max_tokens_cap") = 0,
           py::arg("plan_prompt_len") = 0, py::arg("plan_gen_len") = 0, py::arg("plan_requests") = 0,
           py::arg("render_chat") = py::none(), py::arg("stop") = nullptr, py::arg("stream") = false,
-          py::arg("on_event") = py::none(), py::arg("continuous") = false)
+          py::arg("on_event") = py::none(), py::arg("continuous") = false, py::arg("more_lines") = py::none())
       .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),

@@ -3,6 +3,7 @@
 #include "python/session.h"
 
 #include <algorithm>
+#include <deque>
 #include <chrono>
 #include <ctime>
 #include <iostream>
@@ -225,32 +226,40 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
   batch::LiveAnswers live(p.on_event, batch::decoder_of(lm_.tokenizer_or_null()),
                           batch::token_text_of(lm_.tokenizer_or_null()), cfg.name, int64_t(std::time(nullptr)), ids);
-  std::vector<std::optional<batch::Request>> requests(lines.size());
-  std::vector<GenerationRequest> reqs;
-  Workload w{std::max<int64_t>(1, p.plan_prompt_len), std::max<int64_t>(1, p.plan_gen_len), 0};
-  for (size_t i = 0; i < lines.size(); ++i) {
+  // A deque: LiveAnswers holds pointers to the requests while more lines arrive.
+  std::deque<std::optional<batch::Request>> requests;
+  // Line i parsed and expanded into its engine requests; a line that cannot run gets its error
+  // line (and no requests).
+  auto expand = [&](size_t i, const std::string& text) {
+    requests.emplace_back();
     json line;
     try {
-      line = json::parse(lines[i]);
+      line = json::parse(text);
     } catch (const json::exception& e) {
       live.fail(i, batch::error_line(json(), {std::string("the request is not JSON: ") + e.what(), std::nullopt}, ids));
-      continue;
+      return std::vector<GenerationRequest>();
     }
     batch::Parsed parsed = batch::parse_input_line(line, hooks, p.stream);
     if (parsed.error) {
       live.fail(i, batch::error_line(parsed.custom_id, *parsed.error, ids));
-      continue;
+      return std::vector<GenerationRequest>();
     }
     batch::RunDefaults d = p.defaults;
     d.seed += i;
-    std::vector<GenerationRequest> mine;
     try {
-      mine = batch::expand_request(*parsed.request, d, cfg);
+      std::vector<GenerationRequest> mine = batch::expand_request(*parsed.request, d, cfg);
+      requests[i] = std::move(parsed.request);
+      return mine;
     } catch (const Error& e) {
       live.fail(i, batch::error_line(parsed.custom_id, {e.what(), std::nullopt}, ids));
-      continue;
+      return std::vector<GenerationRequest>();
     }
-    requests[i] = std::move(parsed.request);
+  };
+  std::vector<GenerationRequest> reqs;
+  Workload w{std::max<int64_t>(1, p.plan_prompt_len), std::max<int64_t>(1, p.plan_gen_len), 0};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::vector<GenerationRequest> mine = expand(i, lines[i]);
+    if (mine.empty()) continue;
     live.add(i, *requests[i], reqs.size(), mine.size());
     for (GenerationRequest& g : mine) {
       w.prompt_len = std::max<int64_t>(w.prompt_len, int64_t(g.prompt_ids.size()));
@@ -258,10 +267,38 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
       reqs.push_back(std::move(g));
     }
   }
-  if (!reqs.empty()) {
+  size_t n_lines = lines.size(), n_reqs = reqs.size();
+  std::deque<GenerationRequest> ready;  // from more_lines, not yet handed to the driver
+  GenerateOptions go;
+  if (p.continuous && p.more_lines) {
+    go.min_rows = std::min(p.plan_prompt_len, cfg.max_positions);
+    go.min_capacity = std::min(p.plan_prompt_len + p.plan_gen_len, cfg.max_positions);
+    go.more = [&](size_t max_count, int64_t max_prompt, int64_t max_total) {
+      if (ready.size() < max_count)
+        for (const std::string& text : p.more_lines()) {
+          const size_t i = n_lines++;
+          std::vector<GenerationRequest> mine = expand(i, text);
+          if (mine.empty()) continue;
+          const bool fits = std::all_of(mine.begin(), mine.end(), [&](const GenerationRequest& g) {
+            const int64_t n = int64_t(g.prompt_ids.size());
+            return n <= max_prompt && n + g.max_new_tokens <= max_total;
+          });
+          if (!fits) {
+            live.defer(i);
+            continue;
+          }
+          live.add(i, *requests[i], n_reqs, mine.size());
+          n_reqs += mine.size();
+          for (GenerationRequest& g : mine) ready.push_back(std::move(g));
+        }
+      std::vector<GenerationRequest> out;
+      for (; !ready.empty() && out.size() < max_count; ready.pop_front()) out.push_back(std::move(ready.front()));
+      return out;
+    };
+  }
+  if (!reqs.empty() || go.more) {
     w.requests = std::max<int64_t>(int64_t(reqs.size()), p.plan_requests);
     Runner& run = runner_for(w);
-    GenerateOptions go;
     go.batch_size = run.rs.runner->max_batch();
     go.eos_id = eos_id();
     go.pad_id = cfg.pad_id.value_or(0);
@@ -274,14 +311,13 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
         flexh2o::generate(*run.rs.runner, reqs, length_sorted_order(reqs, go.batch_size, kDefaultSortWindow), go, &st);
     if (st.interrupted) throw Interrupted();
     json report = cli::run_report(lm_, run.rs, st, *cpu_, device_);
-    report["requests"] = lines.size();
+    report["requests"] = n_lines;
     report["finished_requests"] = res.size();
     report["cancelled_requests"] = live.cancelled();
     report_ = report.dump(2, ' ', false, json::error_handler_t::replace);
   }
   std::vector<std::string> text;
-  for (size_t i = 0; i < lines.size(); ++i)
-    text.push_back(live.line(i).dump(-1, ' ', false, json::error_handler_t::replace));
+  for (size_t i = 0; i < n_lines; ++i) text.push_back(live.line(i).dump(-1, ' ', false, json::error_handler_t::replace));
   return text;
 }
 

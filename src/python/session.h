@@ -78,6 +78,11 @@ struct OpenAiParams {
   // "stream": true is honoured (a server); else refused as in Batch files.
   bool stream = false;
   bool continuous = false;  // GenerateOptions::continuous
+  // With continuous: called on the generating thread while slots are free, for request lines
+  // that arrived since the call began (JSON text, as `lines`); each takes the next line index.
+  // One longer than the running batch was sized for gets a kDefer event and is not answered
+  // (the caller runs it in a later call). Null: none.
+  std::function<std::vector<std::string>()> more_lines;
   // Called on the generating thread as answers are ready (cli/openai_stream.h): each line's
   // output line as soon as its choices have ended (an error line before generation), and a
   // streamed line's chunks as its tokens are drawn. May be null.
@@ -125,8 +130,9 @@ class Session {
   void prepare(int64_t prompt_len, int64_t gen_len, int64_t requests);
   // OpenAI Batch input lines (JSON text: custom_id, method, url, body) -> their output lines, in
   // order, as `flexh2o generate` writes them (cli/openai_batch.h): a line that cannot run gets
-  // its 400 error line, the others run together in the engine's batches. Throws when the engine
-  // fails (no line is then answered) or Interrupted.
+  // its 400 error line, the others run together in the engine's batches; with more_lines, the
+  // lines it brought follow (a deferred one's entry is "null"). Throws when the engine fails or
+  // on Interrupted (the lines not yet answered through on_event are then not answered).
   std::vector<std::string> openai(const std::vector<std::string>& lines, const OpenAiParams& p);
   // (log p(continuation | context) in nats, is_greedy) per request.
   std::vector<std::pair<double, bool>> loglikelihood(

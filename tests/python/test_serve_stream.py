@@ -218,3 +218,48 @@ def test_continuous_batching_in_the_server_keeps_every_answer():
         assert report["continuous"] == continuous and (report["refills"] > 0) == continuous
     for (s0, a0), (s1, a1) in zip(*answers):
         assert s0 == s1 == 200 and comparable(a0) == comparable(a1)
+
+
+def test_with_continuous_a_request_joins_the_running_call():
+    llm = flexh2o.LLM(str(TINY["opt"]), device="cpu", batch_size=4)
+    log = io.StringIO()
+    srv = Running(llm, continuous=True, max_prompt_len=8, max_new_tokens=400, batch_wait_ms=0, log=log)
+    long = {"model": "m", "prompt": "In the beginning", "max_tokens": 400, "temperature": 0, "stream": True}
+    short = {"model": "m", "prompt": "And God said", "max_tokens": 3, "temperature": 0}
+    too_long = {"model": "m", "prompt": "And the earth was without form, and void; and darkness was upon the face",
+                "max_tokens": 3, "temperature": 0}
+    chunk_at, answers, started = [], {}, threading.Event()
+
+    def read_long():
+        c = http.client.HTTPConnection(srv.host, srv.port, timeout=60)
+        c.request("POST", "/v1/completions", body=json.dumps(long).encode(), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        while r.readline():
+            chunk_at.append(time.monotonic())
+            started.set()
+        c.close()
+
+    def ask(name, body):
+        answers[name] = (srv.request("POST", "/v1/completions", body), time.monotonic())
+
+    try:
+        t = threading.Thread(target=read_long)
+        t.start()
+        assert started.wait(30)
+        asks = [threading.Thread(target=ask, args=("short", short)), threading.Thread(target=ask, args=("too_long", too_long))]
+        for a in asks:
+            a.start()
+        for a in asks + [t]:
+            a.join()
+        alone = srv.request("POST", "/v1/completions", short)
+    finally:
+        srv.stop()
+    (status, body), at = answers["short"]
+    assert status == 200 and comparable(body) == comparable(alone[1])
+    assert sum(c > at for c in chunk_at) > 50, "the short request waited for the long one"
+    # The prompt longer than --max-prompt-len did not fit the running batch: it ran once that
+    # call had ended (`alone` may join its call).
+    (status, body), at = answers["too_long"]
+    assert status == 200 and body["usage"]["completion_tokens"] == 3
+    calls = [line for line in log.getvalue().splitlines() if "request(s)" in line]
+    assert calls[0].startswith("flexh2o serve: 2 request(s)") and len(calls) >= 2, calls

@@ -7,7 +7,8 @@ engine thread takes every request queued (after --batch-wait-ms from the first) 
 which the engine cuts into its batches, so concurrent clients get the offloading engine's
 throughput. Each request is answered as soon as its own choices end, not when the call ends;
 "stream": true sends its text as server-sent events while the tokens are drawn, and a streaming
-client that disconnects ends its request at the next token."""
+client that disconnects ends its request at the next token. With --continuous, a request that
+arrives while a call runs joins its batch when a slot frees."""
 
 import argparse
 import json
@@ -157,48 +158,73 @@ class Server:
         body = json.loads(body_text)
         return self.llm.apply_chat_template(body["messages"], add_generation_prompt=True)
 
+    def _more_lines(self, taken):
+        """With --continuous, called inside an engine call while its batch has free slots: the
+        requests queued since, which join the running call (appended to `taken`)."""
+        with self._cv:
+            if self._closing:
+                return []
+            new = self._queue[:self.max_batch_requests]
+            del self._queue[:len(new)]
+        taken.extend(new)
+        return [p.line for p in new]
+
     def _engine_loop(self):
         while True:
             taken = self._take()
             if taken is None:
                 break
             seed = self.seed if self.seed is not None else secrets.randbits(63)
-            if self.seed is not None:
-                self.seed += len(taken)  # requests without a "seed" never repeat one another's
             t0 = time.monotonic()
             tokens = 0
+            deferred = []  # requests that joined but did not fit the running batch: the next call's
 
             def on_event(i, kind, payload):  # on this thread, inside the call
                 nonlocal tokens
                 if kind == "chunk":
                     return taken[i].chunk(payload)
+                if kind == "defer":
+                    deferred.append(taken[i])
+                    return True
                 resp = json.loads(payload)["response"]
                 tokens += resp["body"].get("usage", {}).get("completion_tokens", 0)
                 taken[i].answer(resp["status_code"], resp["body"])
                 return True
 
+            more = (lambda: self._more_lines(taken)) if self.continuous else None
             try:
                 out = self.llm._s.openai([p.line for p in taken], seed=seed, max_tokens_cap=self.max_new_tokens,
-                                   plan_prompt_len=self.max_prompt_len, plan_gen_len=self.max_new_tokens,
-                                   plan_requests=self.max_batch_requests, render_chat=self._render_chat,
-                                   stop=self._stop, stream=True, on_event=on_event, continuous=self.continuous,
-                                   **self.sampling)
+                                         plan_prompt_len=self.max_prompt_len, plan_gen_len=self.max_new_tokens,
+                                         plan_requests=self.max_batch_requests, render_chat=self._render_chat,
+                                         stop=self._stop, stream=True, on_event=on_event, continuous=self.continuous,
+                                         more_lines=more, **self.sampling)
             except Exception as e:  # noqa: BLE001 - every client still waiting gets the reason
+                out = None
                 if self._stop.is_set():
                     for p in taken:
                         p.answer(503, error_body("the server is shutting down", "server_error"))
                 else:
                     print(f"flexh2o serve: engine error: {e}", file=self.log, flush=True)
                     for p in taken:
-                        p.answer(500, error_body(str(e), "server_error"))
+                        if p not in deferred:
+                            p.answer(500, error_body(str(e), "server_error"))
+            finally:
+                if self.seed is not None:
+                    self.seed += len(taken)  # requests without a "seed" never repeat one another's
+                with self._cv:  # the deferred run next, before what came after them
+                    self._queue[0:0] = [p for p in deferred if not p.done.is_set()]
+                    self._cv.notify_all()
+            if out is None:
                 continue
             for p, text in zip(taken, out):  # answered by their events already, unless the engine gave none
-                resp = json.loads(text)["response"]
-                p.answer(resp["status_code"], resp["body"])
-            self.requests += len(taken)
+                if text != "null":
+                    resp = json.loads(text)["response"]
+                    p.answer(resp["status_code"], resp["body"])
+            ran = len(taken) - len(deferred)
+            self.requests += ran
             self.batches += 1
             dt = time.monotonic() - t0
-            print(f"flexh2o serve: {len(taken)} request(s), {tokens} tokens in {dt:.2f} s "
+            print(f"flexh2o serve: {ran} request(s), {tokens} tokens in {dt:.2f} s "
                   f"({tokens / dt if dt > 0 else 0:.1f} tok/s)", file=self.log, flush=True)
         with self._cv:  # closing: whatever still waits
             for p in self._queue:
@@ -375,8 +401,10 @@ def main(argv=None):
     ap.add_argument("--min-p", type=float, default=0.0, help="min-p for every request")
     ap.add_argument("--repetition-penalty", type=float, default=1.0, help="transformers' repetition penalty "
                     "for every request")
-    ap.add_argument("--continuous", action="store_true", help="continuous batching within each engine call: a "
-                    "request whose answer ends hands its batch slot to the next (as `generate --continuous`)")
+    ap.add_argument("--continuous", action="store_true", help="continuous batching: a request whose answer ends "
+                    "hands its batch slot to the next (as `generate --continuous`), and requests that arrive while "
+                    "the engine runs join its batch instead of waiting for the next call (those longer than "
+                    "--max-prompt-len + --max-new-tokens wait)")
     ap.add_argument("--log-requests", action="store_true", help="log every HTTP request to stderr")
     args, rest = ap.parse_known_args(argv)
     flags = _engine_flags(rest)
