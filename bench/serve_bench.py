@@ -82,6 +82,7 @@ def main():
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--continuous", action="store_true", help="the server and engine with continuous batching")
     a = ap.parse_args()
 
     llm = flexh2o.LLM(a.model, device="cpu", batch_size=a.batch_size)
@@ -90,7 +91,7 @@ def main():
     lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": b})
              for i, b in enumerate(bodies)]
     server = Server(llm, "127.0.0.1", 0, max_new_tokens=a.gen_len, max_prompt_len=a.prompt_len,
-                    max_batch_requests=a.clients, log=open(os.devnull, "w"))
+                    max_batch_requests=a.clients, continuous=a.continuous, log=open(os.devnull, "w"))
     port = server.address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     tokens = a.clients * a.gen_len
@@ -100,7 +101,7 @@ def main():
     for _ in range(a.rounds):
         t0 = time.perf_counter()
         out = llm._s.openai(lines, max_tokens_cap=a.gen_len, plan_prompt_len=a.prompt_len,
-                            plan_gen_len=a.gen_len, plan_requests=a.clients)
+                            plan_gen_len=a.gen_len, plan_requests=a.clients, continuous=a.continuous)
         best["engine"] = max(best["engine"], tokens / (time.perf_counter() - t0))
         assert all(json.loads(o)["response"]["status_code"] == 200 for o in out)
 
@@ -128,7 +129,7 @@ def main():
     server.close()
 
     print(f"model {a.model}, {a.clients} clients, prompt {a.prompt_len} + {a.gen_len} tokens, "
-          f"engine batch {a.batch_size}, best of {a.rounds}:")
+          f"engine batch {a.batch_size}{', continuous' if a.continuous else ''}, best of {a.rounds}:")
     print(f"  engine alone (one openai() call):       {best['engine']:9.1f} tok/s")
     print(f"  server, {a.clients} concurrent clients:       {best['server']:9.1f} tok/s  "
           f"({best['server'] / best['engine']:.2f} of the engine)")

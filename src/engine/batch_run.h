@@ -38,13 +38,9 @@ void finish(size_t r, Outs& out, const GenerateOptions& opts) {
   if (opts.on_result) opts.on_result(r, out[r]);
 }
 
-// A slot of a batch that starts empty (a continuous batch waiting for GenerateOptions::more).
-inline constexpr size_t kNoRequest = size_t(-1);
-
 // One batch from its padded prompt to its last token: the step inputs it needs next and what
-// each step's logits mean (sampling, stopping, results). Slot b holds request members[b]
-// (kNoRequest: none yet); under continuous batching a slot whose sequence ended takes another
-// request (refill()). Both
+// each step's logits mean (sampling, stopping, results). Slot b holds request members[b]; under
+// continuous batching a slot whose sequence ended takes another request (refill()). Both
 // drivers run batches through it.
 template <class Reqs, class Outs>
 class BatchRun {
@@ -58,7 +54,6 @@ class BatchRun {
         done_(done_tokens), total_(total_tokens) {
     int64_t max_new = 0;
     for (size_t r : idx_) {
-      if (r == kNoRequest) continue;
       S_ = std::max<int64_t>(S_, int64_t(reqs[r].prompt_ids.size()));
       max_new = std::max<int64_t>(max_new, room_for(reqs[r], c));  // a sequence cannot grow past the positions
     }
@@ -70,10 +65,8 @@ class BatchRun {
     samplers_.reserve(size_t(B_));
     std::vector<std::pair<int64_t, size_t>> all;
     for (int64_t b = 0; b < B_; ++b) {
-      const size_t r = idx_[size_t(b)];
-      samplers_.emplace_back(r == kNoRequest ? SamplingParams{} : reqs[r].sampling);
-      if (r == kNoRequest) finished_[size_t(b)] = true;  // an empty slot: a pad token until a request takes it
-      else all.emplace_back(b, r);
+      samplers_.emplace_back(reqs[idx_[size_t(b)]].sampling);
+      all.emplace_back(b, idx_[size_t(b)]);
     }
     ids_.assign(size_t(B_), opts.pad_id);  // no sequence has a pending token yet
     pos_.assign(size_t(B_), 0);

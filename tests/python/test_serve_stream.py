@@ -221,10 +221,13 @@ def test_continuous_batching_in_the_server_keeps_every_answer():
 
 
 def test_with_continuous_a_request_joins_the_running_call():
+    # The call starts with a long streamed request and a 5-token one; the short request sent
+    # after the long one's first chunk takes the slot the 5-token one frees.
     llm = flexh2o.LLM(str(TINY["opt"]), device="cpu", batch_size=4)
     log = io.StringIO()
-    srv = Running(llm, continuous=True, max_prompt_len=8, max_new_tokens=400, batch_wait_ms=0, log=log)
+    srv = Running(llm, continuous=True, max_prompt_len=8, max_new_tokens=400, batch_wait_ms=300, log=log)
     long = {"model": "m", "prompt": "In the beginning", "max_tokens": 400, "temperature": 0, "stream": True}
+    brief = {"model": "m", "prompt": "Grace be", "max_tokens": 5, "temperature": 0}
     short = {"model": "m", "prompt": "And God said", "max_tokens": 3, "temperature": 0}
     too_long = {"model": "m", "prompt": "And the earth was without form, and void; and darkness was upon the face",
                 "max_tokens": 3, "temperature": 0}
@@ -243,13 +246,14 @@ def test_with_continuous_a_request_joins_the_running_call():
         answers[name] = (srv.request("POST", "/v1/completions", body), time.monotonic())
 
     try:
-        t = threading.Thread(target=read_long)
-        t.start()
+        first = [threading.Thread(target=read_long), threading.Thread(target=ask, args=("brief", brief))]
+        for t in first:
+            t.start()
         assert started.wait(30)
         asks = [threading.Thread(target=ask, args=("short", short)), threading.Thread(target=ask, args=("too_long", too_long))]
         for a in asks:
             a.start()
-        for a in asks + [t]:
+        for a in asks + first:
             a.join()
         alone = srv.request("POST", "/v1/completions", short)
     finally:
@@ -262,4 +266,4 @@ def test_with_continuous_a_request_joins_the_running_call():
     (status, body), at = answers["too_long"]
     assert status == 200 and body["usage"]["completion_tokens"] == 3
     calls = [line for line in log.getvalue().splitlines() if "request(s)" in line]
-    assert calls[0].startswith("flexh2o serve: 2 request(s)") and len(calls) >= 2, calls
+    assert calls[0].startswith("flexh2o serve: 3 request(s)") and len(calls) >= 2, calls
