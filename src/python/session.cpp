@@ -3,9 +3,9 @@
 #include "python/session.h"
 
 #include <algorithm>
-#include <deque>
 #include <chrono>
 #include <ctime>
+#include <deque>
 #include <iostream>
 #include <random>
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
+#include "jsonl.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -15,12 +16,7 @@ using flexh2o::test::model_dir;
 using flexh2o::test::RunResult;
 using flexh2o::test::TempDir;
 
-std::vector<json> lines_of(const fs::path& p) {
-  std::vector<json> v;
-  std::ifstream f(p);
-  for (std::string l; std::getline(f, l);) v.push_back(json::parse(l));
-  return v;
-}
+std::vector<json> lines_of(const fs::path& p) { return flexh2o::test::read_jsonl(p); }
 
 struct Out {
   std::vector<json> lines;

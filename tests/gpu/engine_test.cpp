@@ -14,6 +14,7 @@
 #include "engine/bible_requests.h"
 #include "engine/cpu_device.h"
 #include "engine/offload_engine.h"
+#include "engine/policy_of.h"
 #include "engine/runner_compare.h"
 #include "gpu/cuda_device.h"
 #include "gpu/skip_without_gpu.h"
@@ -123,11 +124,7 @@ TEST_F(GpuContinuous, RefillStepsGiveEachRequestItsStaticResult) {
   for (const char* percent : {"100 0 100 0 100 0", "0 100 0 100 100 0"}) {
     Model model = Model::load_dir(model_dir("tiny-opt"));
     OffloadOptions o;
-    std::istringstream is(percent);
-    is >> o.policy.w_gpu_percent >> o.policy.w_cpu_percent >> o.policy.cache_gpu_percent >>
-        o.policy.cache_cpu_percent >> o.policy.act_gpu_percent >> o.policy.act_cpu_percent;
-    o.policy.gpu_batch_size = 2;
-    o.policy.num_gpu_batches = 2;
+    o.policy = test::policy_of(percent, 2, 2);
     test::TempDir dir;
     o.offload_dir = dir.path();
     auto dev = gpu::make_cuda_device({});
