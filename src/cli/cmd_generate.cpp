@@ -511,10 +511,13 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << finished << " prompts in " << total_s
             << " s (" << report["tokens_per_s"].get<double>() << " tok/s; prefill " << st.prefill_seconds
             << " s, decode " << st.decode_seconds << " s)\n";
-  if (a.continuous && !st.continuous && run_reqs.size() > batch)
-    std::cerr << "flexh2o: --continuous: " << (stages ? "pipeline stages run" : "this run's placement runs")
-              << " static batches (continuous batching needs a full cache without --kv-policy or a window cap, "
-                 "and no --cpu-cache-compute with offloaded KV)\n";
+  if (a.continuous && (stages || dp))
+    std::cerr << "flexh2o: --continuous: "
+              << (stages ? "pipeline stages run static batches\n"
+                         : "data-parallel ranks take one batch at a time, so their batches are static\n");
+  else if (a.continuous && !st.continuous && run_reqs.size() > batch)
+    std::cerr << "flexh2o: --continuous: this run's placement runs static batches (continuous batching needs a "
+                 "full cache without --kv-policy or a window cap, and no --cpu-cache-compute with offloaded KV)\n";
   if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
   if (st.interrupted) {
     std::cerr << "flexh2o: interrupted: " << finished << " of " << to_run << " requests finished this run"

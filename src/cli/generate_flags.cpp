@@ -52,7 +52,8 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
               "slots are free, instead of leaving it idle until the whole batch ends. Each result is the same as without "
               "it. Pays off when lengths vary (EOS, mixed max_tokens); needs a full cache (no --kv-policy or "
               "window cap) and attention where the cache goes (not --cpu-cache-compute with offloaded KV), "
-              "else it runs static batches and says so. Not with pipeline stages");
+              "else it runs static batches and says so, as it does under mpirun (pipeline stages, data-parallel "
+              "ranks)");
   add_sampling_flags(*g, a);
   g->add_flag("--ignore-eos", a.ignore_eos, "Generate exactly max_new_tokens (benchmarks need fixed lengths)");
   g->add_option("--device", a.device,

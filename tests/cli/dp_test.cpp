@@ -112,6 +112,9 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
 
 TEST(DataParallel, TinyOptFullCacheLikeOneProcess) { expect_like_one_process(kOpt, ""); }
 
+// Ranks take one batch at a time (static batches); one process batches continuously: the same lines.
+TEST(DataParallel, ContinuousLikeOneProcess) { expect_like_one_process(kOpt, "--continuous"); }
+
 TEST(DataParallel, TinyOptH2OWithOffloadingLikeOneProcess) {
   TempDir store;
   expect_like_one_process(kOpt, "--kv-policy h2o --heavy-budget 4 --recent-budget 4 --percent 20 30 0 50 0 100 "
