@@ -95,7 +95,8 @@ void LiveAnswers::add(size_t line, const Request& r, size_t first, size_t count)
   if (!r.stream) return;
   l.stream_id = ids_.next(r.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-");
   if (r.endpoint == Endpoint::kChatCompletions)
-    for (size_t k = 0; k < count; ++k) chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(k), "", nullptr, true));
+    for (size_t k = 0; k < count; ++k)
+      chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(k), "", nullptr, true));
 }
 
 void LiveAnswers::fail(size_t line, json error_line) {

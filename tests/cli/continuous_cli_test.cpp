@@ -26,7 +26,8 @@ struct Out {
 
 Out run(const TempDir& tmp, const fs::path& in, const std::string& flags) {
   static int n = 0;
-  const fs::path out = tmp.path() / ("out" + std::to_string(++n) + ".jsonl"), rep = tmp.path() / ("r" + std::to_string(n) + ".json");
+  const std::string k = std::to_string(++n);
+  const fs::path out = tmp.path() / ("out" + k + ".jsonl"), rep = tmp.path() / ("r" + k + ".json");
   RunResult r = flexh2o::test::run_flexh2o("generate -m " + model_dir("tiny-opt").string() + " --input " + in.string() +
                                            " --output " + out.string() + " --report " + rep.string() +
                                            " -b 3 --seed 3 --temperature 0.8 --progress never --quiet " + flags);
@@ -49,8 +50,9 @@ fs::path mixed_lines(const TempDir& tmp) {
 TEST(Cli, ContinuousKeepsTheOutputInFewerSteps) {
   TempDir tmp;
   const fs::path in = mixed_lines(tmp);
-  for (const std::string& place : std::vector<std::string>{"", " --percent 0 100 50 50 100 0 --gpu-batch-size 3 --offload-dir " +
-                                           (tmp.path() / "store").string()}) {
+  const std::string offloaded =
+      " --percent 0 100 50 50 100 0 --gpu-batch-size 3 --offload-dir " + (tmp.path() / "store").string();
+  for (const std::string& place : {std::string(), offloaded}) {
     const Out base = run(tmp, in, place);
     const Out cont = run(tmp, in, "--continuous" + place);
     ASSERT_EQ(base.lines.size(), 12u);

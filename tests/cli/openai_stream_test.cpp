@@ -237,7 +237,8 @@ TEST(OpenAiStream, StopStringsNeverReachTheStreamAndAGoneClientEndsItsChoices) {
   EXPECT_EQ(got.at(0).first, " one two three");
   EXPECT_EQ(got.at(0).second, "stop");
   for (const auto& [l, kind, j] : rec.events)
-    if (kind == LiveAnswers::Event::kChunk) EXPECT_EQ(j["choices"][0]["text"].get<std::string>().find('f'), std::string::npos);
+    if (kind == LiveAnswers::Event::kChunk)
+      EXPECT_EQ(j["choices"][0]["text"].get<std::string>().find('f'), std::string::npos);
 
   Recorder left;
   left.gone.insert(0);

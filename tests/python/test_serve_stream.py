@@ -250,7 +250,8 @@ def test_with_continuous_a_request_joins_the_running_call():
         for t in first:
             t.start()
         assert started.wait(30)
-        asks = [threading.Thread(target=ask, args=("short", short)), threading.Thread(target=ask, args=("too_long", too_long))]
+        asks = [threading.Thread(target=ask, args=("short", short)),
+                threading.Thread(target=ask, args=("too_long", too_long))]
         for a in asks:
             a.start()
         for a in asks + first:

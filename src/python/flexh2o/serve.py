@@ -370,8 +370,9 @@ def main(argv=None):
         description="An OpenAI-compatible server (POST /v1/completions, /v1/chat/completions; GET /v1/models, "
                     "/health) over the flexh2o engine. Concurrent requests run together in the engine's "
                     "batches; each is answered when its own choices end, and \"stream\": true sends "
-                    "server-sent events as tokens are drawn. Any other --flag is an engine flag of `flexh2o generate` (offloading, KV policy, "
-                    "compression), e.g. --percent 20 80 0 100 0 100 --kv-policy h2o --heavy-ratio 0.1 "
+                    "server-sent events as tokens are drawn. Any other --flag is an engine flag of `flexh2o "
+                    "generate` (offloading, KV policy, compression), e.g. --percent 20 80 0 100 0 100 --kv-policy "
+                    "h2o --heavy-ratio 0.1 "
                     "--recent-ratio 0.1.",
         epilog="Example: python -m flexh2o serve -m tests/data/tiny-opt --port 8000  then  curl "
                "localhost:8000/v1/completions -H 'Content-Type: application/json' -d "
