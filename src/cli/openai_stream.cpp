@@ -13,6 +13,15 @@ constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD: a split UT
 
 bool is_continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
 
+// A chunk of r's stream around `choices` (both chunk kinds share it).
+json envelope(const Request& r, const std::string& id, int64_t created, const std::string& model_name, json choices) {
+  return json{{"id", id},
+              {"object", r.endpoint == Endpoint::kChatCompletions ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", r.model.value_or(model_name)},
+              {"choices", std::move(choices)}};
+}
+
 }  // namespace
 
 std::string StreamText::next(std::string_view text, size_t holdback) {
@@ -50,25 +59,17 @@ json stream_chunk(const Request& r, const std::string& id, int64_t created, cons
   } else {
     c["text"] = std::string(text);
   }
-  json out{{"id", id},
-           {"object", chat ? "chat.completion.chunk" : "text_completion"},
-           {"created", created},
-           {"model", r.model.value_or(model_name)},
-           {"choices", json::array({std::move(c)})}};
+  json out = envelope(r, id, created, model_name, json::array({std::move(c)}));
   if (r.include_usage) out["usage"] = nullptr;
   return out;
 }
 
 json usage_chunk(const Request& r, const std::string& id, int64_t created, const std::string& model_name,
                  int64_t prompt_tokens, int64_t completion_tokens) {
-  const bool chat = r.endpoint == Endpoint::kChatCompletions;
-  return json{{"id", id},
-              {"object", chat ? "chat.completion.chunk" : "text_completion"},
-              {"created", created},
-              {"model", r.model.value_or(model_name)},
-              {"choices", json::array()},
-              {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
-                         {"total_tokens", prompt_tokens + completion_tokens}}}};
+  json out = envelope(r, id, created, model_name, json::array());
+  out["usage"] = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+                  {"total_tokens", prompt_tokens + completion_tokens}};
+  return out;
 }
 
 LiveAnswers::LiveAnswers(Emit emit, Decode decode, TokenText piece, std::string model_name, int64_t created,

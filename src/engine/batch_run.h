@@ -85,8 +85,6 @@ class BatchRun {
   const int32_t* real_rows() const { return wide_ ? real_rows_.data() : nullptr; }
   // Whether a step after the next one is expected without EOS (an engine's prefetch hint).
   bool more_after_next() const { return step_no_ + 1 < steps_; }
-  // Slots whose sequence has not ended.
-  int64_t live() const { return B_ - int64_t(std::count(finished_.begin(), finished_.end(), true)); }
   // Slots whose sequence ended since the last call, and every ended slot.
   std::vector<int64_t> take_ended() { return std::exchange(ended_, {}); }
   std::vector<int64_t> free_slots() const {
