@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "core/error.h"
 
@@ -30,11 +31,43 @@ void check_ids(std::span<const int32_t> ids, const ModelConfig& c, const char* w
       FH_FAIL(what, " token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
 }
 
+// Scores one sequence: logits of the rows of `fed` from `from` on, handed to on_row(j, row) for
+// each such row j (it predicts fed[j + 1], or the next token for the last row). With
+// can_step_rows(), the first step reads fed[0..from] and on as many rows as the logits budget
+// allows, later steps that many rows each while can_rewind(), else one. Without it, one row a step
+// after fed[0..from]. on_step(rows done) after each step.
+void score_sequence(StepRunner& runner, std::span<const int32_t> fed, int64_t from, uint64_t logits_bytes,
+                    const std::function<void(int64_t, const float*)>& on_row,
+                    const std::function<void(int64_t)>& on_step) {
+  const int64_t V = runner.config().vocab_size, n = int64_t(fed.size());
+  const int64_t chunk = runner.can_step_rows() ? scoring_rows(V, 1, logits_bytes) : 1;
+  runner.begin_batch(1, n);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = int32_t(t);
+  std::vector<float> logits;
+  int64_t at = 0, next = from;  // fed rows read so far; the next row to score
+  while (next < n) {
+    const int64_t rows = at == 0 ? std::min(chunk, n - from) : runner.can_rewind() ? std::min(chunk, n - next) : 1;
+    const int64_t end = next + rows;  // rows [next, end) scored this step
+    runner.step_rows(fed.data() + at, pos.data() + at, end - at, nullptr, rows, logits);
+    FH_CHECK(int64_t(logits.size()) >= rows * V, "runner returned ", logits.size(), " logits for ", rows, " rows");
+    for (int64_t i = 0; i < rows; ++i) on_row(next + i, logits.data() + i * V);
+    at = next = end;
+    if (on_step) on_step(next - from);
+  }
+}
+
 }  // namespace
+
+int64_t scoring_rows(int64_t vocab, int64_t sequences, uint64_t logits_bytes) {
+  const uint64_t row = uint64_t(std::max<int64_t>(vocab, 1)) * 4 * uint64_t(std::max<int64_t>(sequences, 1));
+  return std::max<int64_t>(1, int64_t(logits_bytes / row));
+}
 
 PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_t> ids,
                                       std::vector<double>* token_nll,
-                                      const std::function<void(int64_t, int64_t)>& on_progress) {
+                                      const std::function<void(int64_t, int64_t)>& on_progress,
+                                      uint64_t logits_bytes) {
   const ModelConfig& c = runner.config();
   const int64_t n = int64_t(ids.size()) - 1;
   if (n < 1) FH_FAIL("perplexity needs at least 2 tokens (BOS + 1), got ", ids.size());
@@ -42,18 +75,17 @@ PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_
     FH_FAIL("text is ", n, " tokens, more than the model's ", c.max_positions, " positions");
   check_ids(ids, c, "text");
   if (token_nll) token_nll->assign(size_t(n), 0.0);
-  runner.begin_batch(1, n);
-  std::vector<float> logits;
   double nll = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t pos = int32_t(t);
-    runner.step(ids.data() + t, &pos, 1, nullptr, logits);
-    FH_CHECK(int64_t(logits.size()) >= c.vocab_size, "runner returned ", logits.size(), " logits");
-    const double l = score_token(logits.data(), c.vocab_size, ids[size_t(t + 1)]).nll;
-    if (token_nll) (*token_nll)[size_t(t)] = l;
-    nll += l;
-    if (on_progress) on_progress(t + 1, n);
-  }
+  score_sequence(
+      runner, ids.first(size_t(n)), 0, logits_bytes,
+      [&](int64_t t, const float* row) {
+        const double l = score_token(row, c.vocab_size, ids[size_t(t + 1)]).nll;
+        if (token_nll) (*token_nll)[size_t(t)] = l;
+        nll += l;
+      },
+      [&](int64_t done) {
+        if (on_progress) on_progress(done, n);
+      });
   PerplexityResult r;
   r.tokens = n;
   r.mean_nll = nll / double(n);
@@ -61,7 +93,92 @@ PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_
   return r;
 }
 
-std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests) {
+namespace {
+
+// A batch whose contexts are prefilled in one step, then teacher-forced a token a step.
+void loglik_streamed(StepRunner& runner, std::span<const LoglikRequest> req, std::span<LoglikResult> out) {
+  const ModelConfig& c = runner.config();
+  const int64_t B = int64_t(req.size());
+  int64_t S = 0, L = 0;
+  for (const LoglikRequest& r : req) {
+    S = std::max<int64_t>(S, int64_t(r.context.size()));
+    L = std::max<int64_t>(L, int64_t(r.continuation.size()));
+  }
+  runner.begin_batch(B, S + L - 1);
+  // Prefill: left-padded contexts.
+  std::vector<int32_t> ids(size_t(B * S), 0), pos(size_t(B * S), 0), real(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& ctx = req[size_t(b)].context;
+    const int64_t pad = S - int64_t(ctx.size());
+    real[size_t(b)] = int32_t(ctx.size());
+    for (size_t t = 0; t < ctx.size(); ++t) {
+      ids[size_t(b * S + pad) + t] = ctx[t];
+      pos[size_t(b * S + pad) + t] = int32_t(t);
+    }
+  }
+  std::vector<float> logits;
+  runner.step(ids.data(), pos.data(), S, real.data(), logits);
+  auto score = [&](int64_t b, int64_t i) {  // logits row b predicts continuation token i
+    const auto& cont = req[size_t(b)].continuation;
+    TokenScore s = score_token(logits.data() + b * c.vocab_size, c.vocab_size, cont[size_t(i)]);
+    out[size_t(b)].loglik -= s.nll;
+    out[size_t(b)].greedy = out[size_t(b)].greedy && s.argmax;
+  };
+  for (int64_t b = 0; b < B; ++b) score(b, 0);
+  // Teacher forcing: step i feeds continuation token i-1 and scores token i.
+  std::vector<int32_t> next(static_cast<size_t>(B)), next_pos(static_cast<size_t>(B));
+  for (int64_t i = 1; i < L; ++i) {
+    for (int64_t b = 0; b < B; ++b) {
+      const auto& r = req[size_t(b)];
+      const int64_t j = std::min<int64_t>(i - 1, int64_t(r.continuation.size()) - 1);  // rides along when done
+      next[size_t(b)] = r.continuation[size_t(j)];
+      next_pos[size_t(b)] = int32_t(std::min<int64_t>(int64_t(r.context.size()) + i - 1, c.max_positions - 1));
+    }
+    runner.step(next.data(), next_pos.data(), 1, nullptr, logits);
+    for (int64_t b = 0; b < B; ++b)
+      if (i < int64_t(req[size_t(b)].continuation.size())) score(b, i);
+  }
+}
+
+// A batch scored in one step: each request's context and continuation but its last token,
+// left-padded to a common end, and the logits of the last `L` rows (L the longest continuation).
+void loglik_rows(StepRunner& runner, std::span<const LoglikRequest> req, std::span<LoglikResult> out) {
+  const int64_t V = runner.config().vocab_size, B = int64_t(req.size());
+  int64_t S = 0, L = 0;
+  for (const LoglikRequest& r : req) {
+    S = std::max<int64_t>(S, int64_t(r.context.size() + r.continuation.size()) - 1);
+    L = std::max<int64_t>(L, int64_t(r.continuation.size()));
+  }
+  runner.begin_batch(B, S);
+  std::vector<int32_t> ids(size_t(B * S), 0), pos(size_t(B * S), 0), real(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const LoglikRequest& r = req[size_t(b)];
+    const int64_t f = int64_t(r.context.size() + r.continuation.size()) - 1, pad = S - f;
+    real[size_t(b)] = int32_t(f);
+    for (int64_t t = 0; t < f; ++t) {
+      const size_t ct = r.context.size();
+      ids[size_t(b * S + pad + t)] = size_t(t) < ct ? r.context[size_t(t)] : r.continuation[size_t(t) - ct];
+      pos[size_t(b * S + pad + t)] = int32_t(t);
+    }
+  }
+  std::vector<float> logits;
+  runner.step_rows(ids.data(), pos.data(), S, real.data(), L, logits);
+  FH_CHECK(int64_t(logits.size()) >= L * B * V, "runner returned ", logits.size(), " logits for ", L, " rows");
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& cont = req[size_t(b)].continuation;
+    const int64_t l = int64_t(cont.size());
+    for (int64_t i = 0; i < l; ++i) {  // the row before continuation token i: block L - l + i
+      const TokenScore s = score_token(logits.data() + ((L - l + i) * B + b) * V, V, cont[size_t(i)]);
+      out[size_t(b)].loglik -= s.nll;
+      out[size_t(b)].greedy = out[size_t(b)].greedy && s.argmax;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests,
+                                         uint64_t logits_bytes) {
   const ModelConfig& c = runner.config();
   const int64_t max_batch = runner.max_batch();
   FH_CHECK(max_batch > 0, "runner batch size must be positive, got ", max_batch);
@@ -77,55 +194,41 @@ std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<L
     check_ids(r.continuation, c, "continuation");
   }
   std::vector<LoglikResult> out(requests.size());
-  std::vector<float> logits;
-  for (size_t first = 0; first < requests.size(); first += size_t(max_batch)) {
-    const int64_t B = std::min<int64_t>(max_batch, int64_t(requests.size() - first));
-    auto req = [&](int64_t b) -> const LoglikRequest& { return requests[first + size_t(b)]; };
-    int64_t S = 0, L = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      S = std::max<int64_t>(S, int64_t(req(b).context.size()));
-      L = std::max<int64_t>(L, int64_t(req(b).continuation.size()));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    out[i].tokens = int64_t(requests[i].continuation.size());
+    out[i].greedy = true;
+  }
+  const bool rows = runner.can_step_rows();
+  for (size_t first = 0; first < requests.size();) {
+    // A batch: up to max_batch requests whose continuations' logits fit the scoring budget.
+    size_t end = first + 1;
+    int64_t L = int64_t(requests[first].continuation.size());
+    while (end < requests.size() && int64_t(end - first) < max_batch) {
+      const int64_t l = std::max<int64_t>(L, int64_t(requests[end].continuation.size()));
+      if (rows && l > scoring_rows(c.vocab_size, int64_t(end - first) + 1, logits_bytes)) break;
+      L = l, ++end;
     }
-    runner.begin_batch(B, S + L - 1);
-    // Prefill: left-padded contexts.
-    std::vector<int32_t> ids(size_t(B * S), 0), pos(size_t(B * S), 0), real(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) {
-      const auto& ctx = req(b).context;
-      const int64_t pad = S - int64_t(ctx.size());
-      real[size_t(b)] = int32_t(ctx.size());
-      for (size_t t = 0; t < ctx.size(); ++t) {
-        ids[size_t(b * S + pad) + t] = ctx[t];
-        pos[size_t(b * S + pad) + t] = int32_t(t);
-      }
+    const std::span<const LoglikRequest> req(requests.data() + first, end - first);
+    const std::span<LoglikResult> res(out.data() + first, end - first);
+    if (!rows) {
+      loglik_streamed(runner, req, res);
+    } else if (L <= scoring_rows(c.vocab_size, int64_t(req.size()), logits_bytes)) {
+      loglik_rows(runner, req, res);
+    } else {  // one request whose continuation's logits exceed the budget: in chunks
+      const LoglikRequest& r = req[0];
+      std::vector<int32_t> fed(r.context);
+      fed.insert(fed.end(), r.continuation.begin(), r.continuation.end() - 1);
+      const int64_t from = int64_t(r.context.size()) - 1;
+      score_sequence(
+          runner, fed, from, logits_bytes,
+          [&](int64_t j, const float* row) {
+            const TokenScore s = score_token(row, c.vocab_size, r.continuation[size_t(j - from)]);
+            res[0].loglik -= s.nll;
+            res[0].greedy = res[0].greedy && s.argmax;
+          },
+          {});
     }
-    runner.step(ids.data(), pos.data(), S, real.data(), logits);
-    auto score = [&](int64_t b, int64_t i) {  // logits row b predicts continuation token i
-      const auto& cont = req(b).continuation;
-      TokenScore s = score_token(logits.data() + b * c.vocab_size, c.vocab_size, cont[size_t(i)]);
-      LoglikResult& r = out[first + size_t(b)];
-      r.loglik -= s.nll;
-      r.greedy = r.greedy && s.argmax;
-    };
-    for (int64_t b = 0; b < B; ++b) {
-      LoglikResult& r = out[first + size_t(b)];
-      r.tokens = int64_t(req(b).continuation.size());
-      r.greedy = true;
-      score(b, 0);
-    }
-    // Teacher forcing: step i feeds continuation token i-1 and scores token i.
-    std::vector<int32_t> next(static_cast<size_t>(B)), next_pos(static_cast<size_t>(B));
-    for (int64_t i = 1; i < L; ++i) {
-      for (int64_t b = 0; b < B; ++b) {
-        const auto& cont = req(b).continuation;
-        const int64_t j = std::min<int64_t>(i - 1, int64_t(cont.size()) - 1);  // rides along when done
-        next[size_t(b)] = cont[size_t(j)];
-        next_pos[size_t(b)] =
-            int32_t(std::min<int64_t>(int64_t(req(b).context.size()) + i - 1, c.max_positions - 1));
-      }
-      runner.step(next.data(), next_pos.data(), 1, nullptr, logits);
-      for (int64_t b = 0; b < B; ++b)
-        if (i < int64_t(req(b).continuation.size())) score(b, i);
-    }
+    first = end;
   }
   return out;
 }

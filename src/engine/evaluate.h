@@ -1,7 +1,8 @@
 // Accuracy evaluation through the StepRunner interface, so the KV policy the runner was built
-// with holds exactly as in generation: streaming perplexity (one token per decode step) and
-// lm-eval-harness-style log-likelihood / multiple-choice scoring. Blocking; single-threaded
-// driver (the runner may use threads inside a step). No tokenization here: ids in, numbers out.
+// with holds exactly as in generation: perplexity and lm-eval-harness-style log-likelihood /
+// multiple-choice scoring. A runner with a KV policy reads the scored tokens one a step; one
+// without (can_step_rows()) scores many rows a step, which gives the same numbers up to rounding.
+// Blocking; single-threaded driver (the runner may use threads inside a step). Ids in, numbers out.
 #pragma once
 
 #include <cstdint>
@@ -14,17 +15,26 @@
 
 namespace flexh2o {
 
+// Bytes of logits one scoring step may return (rows x sequences x vocab, fp32): scoring needs
+// little more memory than generation.
+inline constexpr uint64_t kScoringLogitsBytes = uint64_t(64) << 20;
+// Rows of logits a sequence a scoring step returns for `sequences` sequences within
+// `logits_bytes` (at least 1).
+int64_t scoring_rows(int64_t vocab, int64_t sequences, uint64_t logits_bytes = kScoringLogitsBytes);
+
 // Teacher-forced perplexity of ids[1..n] given the prefix, n = ids.size() - 1 (ids = BOS + text).
-// begin_batch(1, n); step 0 is a 1-token prefill of ids[0] at position 0; step t feeds ids[t] at
-// position t (T = 1); after every step the next token is scored with a log-softmax of the
-// returned logits, accumulated in double. So with a policy budget of B tokens, the token at
+// begin_batch(1, n). With a KV policy, step 0 is a 1-token prefill of ids[0] at position 0 and
+// step t feeds ids[t] at position t (T = 1), so with a policy budget of B tokens the token at
 // position t is predicted from at most B cached tokens (itself included), and tokens t < B see
-// exactly what the full cache sees. ids.size() must be in [2, max_positions + 1]; ids must lie
+// exactly what the full cache sees. Without one, steps read scoring_rows() tokens each (later
+// steps one where !can_rewind()). Each next token is scored with a log-softmax of its row's
+// logits, accumulated in double. ids.size() must be in [2, max_positions + 1]; ids must lie
 // in the vocabulary. If `token_nll` is non-null it receives the n per-token NLLs (natural log).
-// `on_progress(done, n)` (optional) is called after each step.
+// `on_progress(done, n)` (optional) is called after each step. `logits_bytes`: the scoring budget.
 PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_t> ids,
                                       std::vector<double>* token_nll = nullptr,
-                                      const std::function<void(int64_t, int64_t)>& on_progress = {});
+                                      const std::function<void(int64_t, int64_t)>& on_progress = {},
+                                      uint64_t logits_bytes = kScoringLogitsBytes);
 
 // One log-likelihood query: log P(continuation | context). context is non-empty (BOS included
 // where the model expects it); continuation is non-empty; together <= max_positions tokens.
@@ -38,12 +48,15 @@ struct LoglikResult {
   bool greedy = false;  // every continuation token was the argmax (lm-eval's is_greedy)
 };
 
-// Scores requests in batches of runner.max_batch(): the contexts of a batch are left-padded
-// (pad id 0, never attended) and prefilled in one step, so the runner's policy budget is set by
-// each context's own length and applied over it; then the continuations are teacher-forced one
-// token per step. Sequences whose continuation is shorter ride along (their logits ignored).
-// Results in request order. Throws flexh2o::Error on empty/too long requests or bad ids.
-std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests);
+// Scores requests in batches of up to runner.max_batch(), left-padded (pad id 0, never attended).
+// With a KV policy: the contexts are prefilled in one step, so the policy's budget is set by each
+// context's own length and applied over it; then the continuations are teacher-forced one token
+// a step (shorter ones ride along, their logits ignored). Without one: a batch (as many requests
+// as keep the logits within kScoringLogitsBytes) is one step of context + continuation; a request
+// too long for that is scored in steps of scoring_rows() rows. Results in request order. Throws
+// flexh2o::Error on empty/too long requests or bad ids.
+std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests,
+                                         uint64_t logits_bytes = kScoringLogitsBytes);
 
 // Multiple choice (lm-eval-harness "multiple_choice" output type).
 struct ChoiceResult {

@@ -13,6 +13,7 @@ void Forward::step(const int32_t* ids, const int32_t* positions, int64_t T, cons
   const ModelWeights& w = *weights_;
   const int64_t B = cache.batch(), M = B * T;
   FH_CHECK(T > 0, "step needs at least one token");
+  FH_CHECK(rows.all || (rows.last >= 1 && rows.last <= T), "logits of the last ", rows.last, " rows of a step of ", T);
   for (int64_t i = 0; i < M; ++i) {
     FH_CHECK(positions[i] >= 0 && positions[i] < c.max_positions, "position ", positions[i],
              " outside the model's ", c.max_positions, " positions");
@@ -66,7 +67,12 @@ void Forward::step(const int32_t* ids, const int32_t* positions, int64_t T, cons
         apply_kv_policy(ea);
       }
     }
-    compute_.head(c, w, s, hidden_.data(), rows == LogitsRows::kLast, logits);
+    if (rows.all) {
+      compute_.head(c, w, s, hidden_.data(), false, logits);
+    } else {
+      logits.resize(size_t(rows.last * B * c.vocab_size));
+      compute_.head_rows(c, w, s, hidden_.data(), rows.last, logits.data());
+    }
   });
   if (policy && cache.has_policy())
     for (int64_t b = 0; b < B; ++b) cache.seen()[size_t(b)] += seq_keys_[0][size_t(b)] - cache.length(b);

@@ -15,7 +15,16 @@
 
 namespace flexh2o {
 
-enum class LogitsRows { kLast, kAll };
+// The rows a step returns logits of: every row ([B, T, vocab]), or each sequence's last `last`
+// rows ([last, B, vocab], block i the rows T - last + i; last 1: [B, vocab]).
+struct LogitsRows {
+  bool all = false;
+  int64_t last = 1;
+  static LogitsRows last_rows(int64_t n) { return {false, n}; }
+  static const LogitsRows kLast, kAll;
+};
+inline const LogitsRows LogitsRows::kLast{false, 1};
+inline const LogitsRows LogitsRows::kAll{true, 0};
 
 class Forward {
  public:
@@ -27,7 +36,7 @@ class Forward {
 
   // ids, positions: [B, T] row-major (B = cache.batch()), left-padded: sequence b's last
   // real_rows[b] rows are tokens (null: all T). Appends their K/V after each sequence's
-  // cached tokens. Logits: kLast -> [B, vocab] of each last row; kAll -> [B, T, vocab].
+  // cached tokens. Logits of the rows `rows` names (1 <= rows.last <= T).
   // With `policy` (and cache.enable_policy() done), each layer's cache is cut back to the
   // sequence's budget right after its attention (see kv_evict.h).
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, KvCache& cache,

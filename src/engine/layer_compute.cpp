@@ -236,24 +236,26 @@ void LayerCompute::layer(const ModelConfig& c, const LayerWeights& L, const Step
   mlp(c, L, s, hidden);
 }
 
-void LayerCompute::head_last(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden,
-                             float* logits) {
-  const int64_t H = c.hidden;
-  grow(last_, s.B * H);
-  for (int64_t b = 0; b < s.B; ++b) std::copy_n(hidden + (b * s.T + s.T - 1) * H, H, last_.data() + b * H);
+void LayerCompute::head_rows(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden,
+                             int64_t rows, float* logits) {
+  const int64_t H = c.hidden, R = rows * s.B;
+  grow(last_, R * H);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t b = 0; b < s.B; ++b)
+      std::copy_n(hidden + (b * s.T + s.T - rows + i) * H, H, last_.data() + (i * s.B + b) * H);
   if (c.arch == Arch::kOpt)
-    cpu::layernorm(last_.data(), s.B, H, w.final_norm_w, w.final_norm_b, c.norm_eps, last_.data());
+    cpu::layernorm(last_.data(), R, H, w.final_norm_w, w.final_norm_b, c.norm_eps, last_.data());
   else
-    rms(c, last_.data(), s.B, H, w.final_norm_w, last_.data());
-  cpu::linear(last_.data(), s.B, H, w.lm_head, nullptr, logits, cpu::Epilogue::kStore);
-  if (c.final_softcap > 0) cpu::softcap(logits, s.B * c.vocab_size, c.final_softcap);
+    rms(c, last_.data(), R, H, w.final_norm_w, last_.data());
+  cpu::linear(last_.data(), R, H, w.lm_head, nullptr, logits, cpu::Epilogue::kStore);
+  if (c.final_softcap > 0) cpu::softcap(logits, R * c.vocab_size, c.final_softcap);
 }
 
 void LayerCompute::head(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden,
                         bool last_only, std::vector<float>& logits) {
   if (last_only) {
     logits.resize(size_t(s.B * c.vocab_size));
-    head_last(c, w, s, hidden, logits.data());
+    head_rows(c, w, s, hidden, 1, logits.data());
     return;
   }
   const int64_t H = c.hidden, R = s.B * s.T;

@@ -27,6 +27,7 @@ BatchDims OffloadEngine::Impl::dims() const {
   BatchDims d;
   d.rows = std::max<int64_t>(s_max, 1);
   d.capacity = std::max<int64_t>(capacity, 1);
+  d.logit_rows = logit_rows;
   d.kv_policy = kv_policy != nullptr;
   d.hidden_in = hidden_in;
   d.hidden_out = hidden_out;
@@ -54,6 +55,7 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
                     &hidden_in_device, &hidden_in_host, &hidden_out_device, &hidden_out_host})
     *b = Buffer();
   pipe_rows = 0;
+  logit_rows = 1;
   batch = B;
   capacity = cap;
   allocated = false;
@@ -159,7 +161,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   const size_t inputs = size_t(4 * batch * s_max + n_classes * batch) * 4;
   inputs_device = alloc(MemKind::kDevice, Tier::kDevice, inputs, "step inputs");
   inputs_host = alloc(MemKind::kPinned, Tier::kHost, inputs, "step inputs");
-  const size_t logits = hidden_out ? 0 : size_t(batch * c.vocab_size) * 4;
+  const size_t logits = size_t(plan.logits);
   logits_device = alloc(MemKind::kDevice, Tier::kDevice, logits, "logits");
   logits_host = alloc(MemKind::kPinned, Tier::kHost, logits, "logits");
   const size_t stage_rows = size_t(batch * s_max * c.hidden) * es_a;
@@ -202,8 +204,13 @@ void OffloadEngine::Impl::prepare_step(const int32_t* step_ids, const int32_t* s
   FH_CHECK(steps_T > 0, "step needs at least one token");
   T = steps_T;
   prefill = !allocated;
-  if (prefill) allocate_batch(real_rows);
+  FH_CHECK(step_logit_rows >= 1 && step_logit_rows <= T, "logits of ", step_logit_rows, " rows of a step of ", T);
+  if (prefill) {
+    logit_rows = step_logit_rows;
+    allocate_batch(real_rows);
+  }
   FH_CHECK(T <= s_max, "step of ", T, " rows after a prefill of ", s_max);
+  FH_CHECK(step_logit_rows <= logit_rows, "logits of ", step_logit_rows, " rows after a first step of ", logit_rows);
   for (int i = 0; i < n_classes; ++i) {
     KvClass& k = kvc[size_t(i)];
     for (int64_t b = 0; b < batch; ++b) {
@@ -285,12 +292,18 @@ void OffloadEngine::Impl::finish_step(std::vector<float>& logits, std::vector<st
     std::memcpy(out->data(), hidden_out_host.data(), bytes);
     logits.clear();
   } else {
-    const size_t bytes = size_t(batch * c.vocab_size) * 4;
+    // The device holds [micro-batch][row][sequence][vocab]; the caller gets [row][sequence][vocab].
+    const int64_t R = step_logit_rows, V = c.vocab_size;
+    const size_t bytes = size_t(batch * R * V) * 4;
     dev.copy(Queue::kDeviceToHost, logits_host.data(), logits_device.data(), bytes);
     dev.synchronize();
     dev.host_access(kMainAgent, logits_host.data(), bytes, false);
-    logits.resize(size_t(batch * c.vocab_size));
-    std::memcpy(logits.data(), logits_host.data(), bytes);
+    logits.resize(size_t(batch * R * V));
+    const float* src = logits_host.as<float>();
+    for (const MicroBatch& mb : mbs)
+      for (int64_t i = 0; i < R; ++i)
+        std::memcpy(logits.data() + (i * batch + mb.first) * V, src + (mb.first * R + i * mb.n) * V,
+                    size_t(mb.n * V) * 4);
   }
   for (int64_t b = 0; b < batch; ++b) seen[size_t(b)] += kvc[0].len_after[size_t(b)] - kvc[0].len_before[size_t(b)];
   for (KvClass& k : kvc) k.len_before = k.len_final;

@@ -31,7 +31,8 @@ void OffloadEngine::Impl::compute(int u, int k) {
     return dev.embed(c, w, r, hidden);
   }
   if (kind == UnitKind::kHead)
-    return dev.head(c, weights(u), r, hidden, logits_device.as<float>() + mb.first * c.vocab_size);
+    return dev.head(c, weights(u), r, hidden, step_logit_rows,
+                    logits_device.as<float>() + mb.first * step_logit_rows * c.vocab_size);
   const LayerWeights& L = weights(u).layers[0];
   if (kind == UnitKind::kMlp) return dev.mlp(c, L, r, hidden);
   const int l = layer(u), p_ = pair(u, k);

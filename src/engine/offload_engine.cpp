@@ -302,14 +302,29 @@ size_t OffloadEngine::group_kv_bytes() const {
 
 void OffloadEngine::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                          std::vector<float>& logits) {
+  step_rows(ids, positions, T, real_rows, 1, logits);
+}
+
+bool OffloadEngine::can_step_rows() const { return model_.stage_range().whole() && impl_->user_policy == nullptr; }
+
+void OffloadEngine::step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+                              int64_t rows, std::vector<float>& logits) {
   FH_CHECK(model_.stage_range().whole(), "step() runs a whole model; a pipeline stage runs step_stage()");
-  step_stage(ids, positions, T, real_rows, {}, nullptr, logits);
+  FH_CHECK(rows == 1 || can_step_rows(), "logits of ", rows, " rows a step need a runner without a KV policy");
+  run_step(ids, positions, T, real_rows, rows, {}, nullptr, logits);
 }
 
 void OffloadEngine::step_stage(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                                std::span<const std::byte> hidden_in, std::vector<std::byte>* hidden_out,
                                std::vector<float>& logits) {
+  run_step(ids, positions, T, real_rows, 1, hidden_in, hidden_out, logits);
+}
+
+void OffloadEngine::run_step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+                             int64_t logit_rows, std::span<const std::byte> hidden_in,
+                             std::vector<std::byte>* hidden_out, std::vector<float>& logits) {
   Impl& m = *impl_;
+  m.step_logit_rows = logit_rows;
   FH_CHECK(m.hidden_in == !hidden_in.empty(), m.hidden_in ? "this stage needs the previous stage's hidden rows"
                                                            : "the first stage embeds tokens: no hidden rows in");
   FH_CHECK(!m.hidden_out || hidden_out, "a stage before the last returns hidden rows: give hidden_out");

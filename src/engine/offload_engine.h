@@ -124,6 +124,10 @@ class OffloadEngine final : public StepRunner {
   // is sent (not --cpu-cache-compute with offloaded KV: its host rows are sized for one row).
   bool can_rewind() const override;
   void rewind(int64_t b, int64_t len) override;
+  // A whole model without a KV policy (a window cap is the full cache's).
+  bool can_step_rows() const override;
+  void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t rows,
+                 std::vector<float>& logits) override;
 
   // ---- pipeline stages and groups
   // One step of a pipeline stage (the model is a Model::stage() view): stages after the first
@@ -166,6 +170,9 @@ class OffloadEngine final : public StepRunner {
 
  private:
   void open_store(IoBackend& io);  // offload_store.cpp
+  // step_stage() returning logits of each sequence's last `logit_rows` rows (step_rows()).
+  void run_step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t logit_rows,
+                std::span<const std::byte> hidden_in, std::vector<std::byte>* hidden_out, std::vector<float>& logits);
   const Model& model_;
   Device& dev_;
   OffloadOptions opts_;

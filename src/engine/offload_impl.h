@@ -70,6 +70,7 @@ struct BatchState {
 
   // Current batch.
   int64_t batch = 0, capacity = 0, s_max = 0;
+  int64_t logit_rows = 1;  // rows of logits a sequence the buffers hold (the first step's ask)
   bool allocated = false;
   MemoryPlan plan;
   // This batch's KV policy: the caller's, or under a window cap `local` at the window (the
@@ -98,6 +99,7 @@ struct BatchState {
   // vocab rows.
   bool prefill = true, gather_rows = false;
   int64_t T = 0;
+  int64_t step_logit_rows = 1;  // logits of each sequence's last rows this step returns
   int32_t *in_ids = nullptr, *in_pos = nullptr, *in_pos_rows = nullptr, *in_local = nullptr, *in_keys = nullptr;
   // A pipeline stage after the first reads its hidden rows [batch * T, hidden] (act dtype) from
   // these instead of embedding tokens; one before the last writes them to hidden_out_*.

@@ -23,6 +23,12 @@ void InMemoryRunner::rewind(int64_t b, int64_t len) {
   }
 }
 
+void StepRunner::step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+                           int64_t rows, std::vector<float>& logits) {
+  FH_CHECK(rows == 1, "this runner returns the last row's logits only (can_step_rows() is false), asked for ", rows);
+  step(ids, positions, T, real_rows, logits);
+}
+
 InMemoryRunner::InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* policy, DType kv_dtype,
                                bool window_cap)
     : fwd_(fwd), max_batch_(max_batch), policy_(policy), kv_dtype_(kv_dtype), window_cap_(window_cap) {
@@ -31,7 +37,13 @@ InMemoryRunner::InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* 
 
 void InMemoryRunner::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                           std::vector<float>& logits) {
+  step_rows(ids, positions, T, real_rows, 1, logits);
+}
+
+void InMemoryRunner::step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+                               int64_t rows, std::vector<float>& logits) {
   const ModelConfig& c = config();
+  FH_CHECK(rows == 1 || can_step_rows(), "logits of ", rows, " rows a step need a runner without a KV policy");
   if (!cache_) {  // the first step is the prefill: budgets follow the prompt lengths
     window_ = window_cap_ ? full_cache_window(c, policy_ != nullptr, capacity_) : 0;
     const KvPolicy* policy = window_ ? window_policy_.get() : policy_;
@@ -55,7 +67,8 @@ void InMemoryRunner::step(const int32_t* ids, const int32_t* positions, int64_t 
     cache_.emplace(c, batch_, cap, kv_dtype_, window_slots);
     if (policy) cache_->enable_policy(c, std::move(budgets), std::move(window_budgets));
   }
-  fwd_.step(ids, positions, T, real_rows, *cache_, LogitsRows::kLast, logits, window_ ? window_policy_.get() : policy_);
+  fwd_.step(ids, positions, T, real_rows, *cache_, LogitsRows::last_rows(rows), logits,
+            window_ ? window_policy_.get() : policy_);
 }
 
 }  // namespace flexh2o

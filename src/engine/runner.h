@@ -38,6 +38,16 @@ class StepRunner {
   // from slot len on (len 0: a new sequence in b's slot; else rows recomputed so that b can
   // take part in a step of T rows, each of its rows a token). Throws unless can_rewind().
   virtual void rewind(int64_t b, int64_t len);
+  // Scoring. Whether step_rows() may ask for more than one row: a runner without a KV policy,
+  // whose logits of a step's rows are those that feeding the rows one step at a time would give
+  // (up to rounding). Steps after the first may have more than one row only where can_rewind().
+  virtual bool can_step_rows() const { return false; }
+  // step() returning the logits of each sequence's last `rows` rows (1 <= rows <= T): [rows, B,
+  // vocab], block i the rows T - rows + i; a padding row's logits are unspecified. A batch's
+  // later steps ask for at most as many rows as its first. rows 1 is step(); more throws unless
+  // can_step_rows().
+  virtual void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+                         int64_t rows, std::vector<float>& logits);
 };
 
 // Everything resident on the CPU: Forward + KvCache (the reference the offloading engine is
@@ -62,6 +72,9 @@ class InMemoryRunner final : public StepRunner {
   size_t kv_bytes() const override { return cache_ ? cache_->bytes() : 0; }
   bool can_rewind() const override { return cache_ && policy_ == nullptr && window_ == 0; }
   void rewind(int64_t b, int64_t len) override;
+  bool can_step_rows() const override { return policy_ == nullptr; }
+  void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t rows,
+                 std::vector<float>& logits) override;
   // The current batch's window cap (full_cache_window()), 0: none.
   int64_t window_cap() const { return window_; }
 

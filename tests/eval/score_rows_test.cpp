@@ -1,0 +1,259 @@
+// Scoring many rows a step (StepRunner::step_rows): perplexity and log-likelihoods read in
+// steps of several rows give the numbers that one token a step gives, on the in-memory runner
+// and on the offloading engine over placements (micro-batches, host and disk KV, host
+// attention, which reads one row a step after the first), in fewer steps; chunks follow the
+// logits budget; a runner with a KV policy keeps one token a step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "../engine/policy_of.h"
+#include "../engine/test_util.h"
+#include "core/error.h"
+#include "engine/evaluate.h"
+#include "engine/offload_engine.h"
+#include "policies/kv_policy.h"
+#include "tokenizer/tokenizer.h"
+
+namespace flexh2o {
+namespace {
+using test::model_dir;
+
+// Forwards to a runner, counting steps; `rewind` false hides can_rewind() (as host attention).
+class Counting final : public StepRunner {
+ public:
+  explicit Counting(StepRunner& r, bool rewind = true) : r_(r), rewind_(rewind) {}
+  const ModelConfig& config() const override { return r_.config(); }
+  int64_t max_batch() const override { return r_.max_batch(); }
+  void begin_batch(int64_t B, int64_t capacity) override { r_.begin_batch(B, capacity); }
+  void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+            std::vector<float>& logits) override {
+    step_rows(ids, positions, T, real_rows, 1, logits);
+  }
+  size_t kv_bytes() const override { return r_.kv_bytes(); }
+  bool can_rewind() const override { return rewind_ && r_.can_rewind(); }
+  bool can_step_rows() const override { return r_.can_step_rows(); }
+  void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t rows,
+                 std::vector<float>& logits) override {
+    r_.step_rows(ids, positions, T, real_rows, rows, logits);
+    ++steps;
+    max_rows = std::max(max_rows, rows);
+  }
+  int64_t steps = 0, max_rows = 0;
+
+ private:
+  StepRunner& r_;
+  bool rewind_;
+};
+
+std::unique_ptr<KvPolicy> full_policy() {  // the full cache as a policy object: one token a step
+  KvPolicyConfig c;
+  c.kind = KvPolicyKind::kFull;
+  return make_policy(c);
+}
+
+// The first n + 1 token ids of the model's held-out text (BOS first).
+const std::vector<int32_t>& text(const std::string& name) {
+  static std::map<std::string, std::vector<int32_t>> cache;
+  std::vector<int32_t>& ids = cache[name];
+  if (ids.empty()) {
+    const auto dir = model_dir(name);
+    ids = Tokenizer::load(dir).encode(test::read_text(dir / "reference/eval.txt"), true);
+  }
+  return ids;
+}
+std::vector<int32_t> text_ids(const std::string& name, size_t n) {
+  const std::vector<int32_t>& ids = text(name);
+  EXPECT_GE(ids.size(), n + 1);
+  return {ids.begin(), ids.begin() + std::ptrdiff_t(n + 1)};
+}
+
+void expect_near(double got, double want, const std::string& what) {
+  ASSERT_TRUE(std::isfinite(got)) << what;
+  EXPECT_NEAR(got, want, 1e-9 + 1e-6 * std::abs(want)) << what;
+}
+
+// 13 requests from the held-out text: contexts of 1..57 tokens, continuations of 1..40 (awkward
+// lengths, so the batches pad on the left and ride along differently).
+std::vector<LoglikRequest> requests(const std::string& name) {
+  const std::vector<int32_t>& ids = text(name);
+  std::vector<LoglikRequest> reqs;
+  for (int i = 0; i < 13; ++i) {
+    const size_t at = size_t(29 * i), ctx = size_t(1 + (i * 19) % 57), cont = i == 5 ? 40 : size_t(1 + (i * 7) % 23);
+    reqs.push_back({{ids.begin() + std::ptrdiff_t(at), ids.begin() + std::ptrdiff_t(at + ctx)},
+                    {ids.begin() + std::ptrdiff_t(at + ctx), ids.begin() + std::ptrdiff_t(at + ctx + cont)}});
+  }
+  return reqs;
+}
+
+void expect_same(const std::vector<LoglikResult>& got, const std::vector<LoglikResult>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    expect_near(got[i].loglik, want[i].loglik, what + " request " + std::to_string(i));
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << what << " request " << i;
+    EXPECT_EQ(got[i].greedy, want[i].greedy) << what << " request " << i;
+  }
+}
+
+class ScoreRows : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ScoreRows, PerplexityInRowsEqualsOneTokenAStep) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  const ModelConfig& c = m.config();
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  const int64_t n = 301;
+  const std::vector<int32_t> ids = text_ids(GetParam(), size_t(n));
+  const auto full = full_policy();
+  InMemoryRunner one(fwd, 1, full.get());
+  Counting one_c(one);
+  std::vector<double> want;
+  const PerplexityResult w = streaming_perplexity(one_c, ids, &want);
+  EXPECT_EQ(one_c.steps, n);
+  EXPECT_EQ(one_c.max_rows, 1);
+  struct Case {
+    uint64_t bytes;
+    bool rewind;
+    int64_t steps;
+  };
+  const uint64_t row = uint64_t(c.vocab_size) * 4;
+  for (const Case& k : {Case{kScoringLogitsBytes, true, 1}, Case{50 * row, true, 7}, Case{50 * row + 3, true, 7},
+                        Case{50 * row, false, 1 + n - 50}, Case{row - 1, true, n}}) {
+    InMemoryRunner rows(fwd, 1);
+    Counting rc(rows, k.rewind);
+    std::vector<double> got;
+    int64_t last_done = 0, calls = 0;
+    const PerplexityResult g = streaming_perplexity(rc, ids, &got, [&](int64_t d, int64_t total) {
+      EXPECT_GT(d, last_done);
+      EXPECT_EQ(total, n);
+      last_done = d, ++calls;
+    }, k.bytes);
+    const std::string what = GetParam() + " budget " + std::to_string(k.bytes) + (k.rewind ? "" : " no rewind");
+    EXPECT_EQ(rc.steps, k.steps) << what;
+    EXPECT_EQ(calls, k.steps) << what;
+    EXPECT_EQ(last_done, n) << what;
+    EXPECT_EQ(g.tokens, n) << what;
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t t = 0; t < got.size(); ++t) expect_near(got[t], want[t], what + " token " + std::to_string(t));
+    expect_near(g.perplexity, w.perplexity, what);
+  }
+}
+
+TEST_P(ScoreRows, LoglikelihoodsInRowsEqualTeacherForcing) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  const ModelConfig& c = m.config();
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  const auto reqs = requests(GetParam());
+  const auto full = full_policy();
+  InMemoryRunner one(fwd, 5, full.get());
+  const auto want = loglikelihoods(one, reqs);
+  const uint64_t row = uint64_t(c.vocab_size) * 4;
+  // One step a batch of 5; batches cut to 40 rows of logits; continuations over 16 rows alone,
+  // in steps of 16 rows (with and without steps of many rows after the first).
+  struct Case {
+    uint64_t bytes;
+    bool rewind;
+  };
+  for (const Case& k : {Case{kScoringLogitsBytes, true}, Case{40 * row, true}, Case{16 * row, true},
+                        Case{16 * row, false}, Case{row, true}}) {
+    InMemoryRunner rows(fwd, 5);
+    Counting rc(rows, k.rewind);
+    const auto got = loglikelihoods(rc, reqs, k.bytes);
+    const std::string what = GetParam() + " budget " + std::to_string(k.bytes / row) + " rows";
+    expect_same(got, want, what);
+    EXPECT_LE(rc.max_rows, std::max<int64_t>(1, int64_t(k.bytes / row))) << what;
+    if (k.bytes == kScoringLogitsBytes) EXPECT_EQ(rc.steps, 3) << what;  // 13 requests, 5 a batch
+  }
+}
+
+// A runner with a KV policy reads one token a step, and refuses more.
+TEST_P(ScoreRows, AKvPolicyKeepsOneTokenAStep) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  KvPolicyConfig h2o;
+  h2o.kind = KvPolicyKind::kH2o;
+  h2o.heavy_budget = 8;
+  h2o.recent_budget = 8;
+  const auto p = make_policy(h2o);
+  InMemoryRunner runner(fwd, 2, p.get());
+  EXPECT_FALSE(runner.can_step_rows());
+  Counting rc(runner);
+  const std::vector<int32_t> ids = text_ids(GetParam(), 40);
+  streaming_perplexity(rc, ids);
+  EXPECT_EQ(rc.steps, 40);
+  EXPECT_EQ(rc.max_rows, 1);
+  runner.begin_batch(1, 8);
+  std::vector<float> logits;
+  const int32_t pos[2] = {0, 1};
+  EXPECT_THROW(runner.step_rows(ids.data(), pos, 2, nullptr, 2, logits), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, ScoreRows, ::testing::Values("tiny-opt", "tiny-llama"));
+
+struct Placement {
+  const char* model;
+  const char* percent;  // "w_g w_c c_g c_c a_g a_c"
+  int gbs, ngb;
+  bool cpu_attention = false;
+  bool rows_later = true;  // steps after the first read many rows (can_rewind())
+};
+
+std::ostream& operator<<(std::ostream& os, const Placement& p) {
+  return os << p.model << " [" << p.percent << "] " << p.gbs << "x" << p.ngb << (p.cpu_attention ? " cpu-attn" : "");
+}
+
+class ScoreRowsOffload : public ::testing::TestWithParam<Placement> {};
+
+// The offloading engine's rows (micro-batches laid out per row) against the in-memory runner
+// one token a step.
+TEST_P(ScoreRowsOffload, EqualsInMemoryOneTokenAStep) {
+  const Placement& pl = GetParam();
+  std::ostringstream what;
+  what << pl;
+  Model m = Model::load_dir(model_dir(pl.model));
+  const ModelConfig& c = m.config();
+  CpuDevice dev(2);
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = test::policy_of(pl.percent, pl.gbs, pl.ngb, pl.cpu_attention);
+  o.offload_dir = dir.path() / "store";
+  OffloadEngine eng(m, dev, o);
+  ASSERT_TRUE(eng.can_step_rows()) << what.str();
+  Forward fwd(m, dev);
+  const auto full = full_policy();
+  InMemoryRunner one(fwd, eng.max_batch(), full.get());
+  const auto reqs = requests(pl.model);
+  const uint64_t row = uint64_t(c.vocab_size) * 4;
+  const auto want_ll = loglikelihoods(one, reqs);
+  // Whole batches in a step (every micro-batch), and batches cut to 24 rows of logits.
+  for (const uint64_t bytes : {kScoringLogitsBytes, 24 * row}) {
+    Counting ec(eng);
+    expect_same(loglikelihoods(ec, reqs, bytes), want_ll, what.str() + " budget " + std::to_string(bytes / row));
+    EXPECT_GT(ec.max_rows, 1) << what.str();
+  }
+  const int64_t n = 150;
+  const std::vector<int32_t> ids = text_ids(pl.model, size_t(n));
+  std::vector<double> got, want;
+  Counting pc(eng);
+  streaming_perplexity(pc, ids, &got, {}, 40 * row);
+  streaming_perplexity(one, ids, &want);
+  EXPECT_EQ(pc.steps, pl.rows_later ? 4 : 1 + n - 40) << what.str();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t t = 0; t < got.size(); ++t) expect_near(got[t], want[t], what.str() + " token " + std::to_string(t));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, ScoreRowsOffload,
+    ::testing::Values(Placement{"tiny-opt", "100 0 100 0 100 0", 2, 3}, Placement{"tiny-opt", "0 100 0 100 100 0", 2, 3},
+                      Placement{"tiny-opt", "30 30 34 33 100 0", 3, 2}, Placement{"tiny-opt", "0 50 0 100 0 100", 2, 2},
+                      Placement{"tiny-llama", "50 0 34 33 100 0", 2, 3}, Placement{"tiny-llama", "0 0 0 100 0 100", 4, 1},
+                      // Host attention over offloaded KV: one row a step after the first.
+                      Placement{"tiny-opt", "100 0 0 100 100 0", 2, 2, true, false},
+                      Placement{"tiny-opt", "100 0 100 0 100 0", 2, 2, true}));
+
+}  // namespace
+}  // namespace flexh2o
