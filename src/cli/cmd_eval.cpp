@@ -7,8 +7,9 @@
 //    budget holds at every step (attention sees at most B cached tokens, the new one included).
 //    Budgets are fixed at prefill from the prompt length, which is 1 here, so ratio flags are
 //    taken as fractions of N = the tokens scored and converted to absolute budgets first
-//    (floor(ratio * N), at least 1 when ratio > 0). `--kv-policy full` uses the faster prefill
-//    path (same numbers, it is tested) unless --streaming is given.
+//    (floor(ratio * N), at least 1 when ratio > 0). `--kv-policy full` reads the text in
+//    prefill steps of many tokens (same numbers, it is tested), in memory and through the
+//    offloading engine, unless --streaming is given.
 //  * eval-choice: the context (few-shot examples + item) is the prompt, prefilled once per
 //    batch of choices; ratio flags are fractions of each item's context length, as in
 //    generation. The engine evicts after prefill attention (H2O-FlexGen semantics), so a
@@ -73,8 +74,9 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
   add_offload_flags(e, a.offload);
   e->add_option("file", a.file, "UTF-8 text file")->required();
   e->footer(
-      "Offloading flags (--percent, --offload-dir, --gpu-mem, ...) or --device cuda run the streaming evaluation\n"
-      "through the offloading engine (on the CPU device: the same numbers as in memory, for models that do not fit).");
+      "Offloading flags (--percent, --offload-dir, --gpu-mem, ...) or --device cuda run the evaluation through the\n"
+      "offloading engine (on the CPU device: the same numbers as in memory, for models that do not fit). With the\n"
+      "full cache the text is read many tokens a step (a 64 MiB logits budget), unless --streaming is given.");
 }
 
 int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
@@ -103,7 +105,10 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   Forward fwd(*lm.model, dev);
   const DType kv_dtype = run_kv_dtype(a.kv, oo ? oo->policy.compress_cache : a.offload.compress_cache, *lm.model);
   const bool engine_path = offload || device == "cuda";
-  const bool stream = policy || a.streaming || engine_path;
+  // One token a step where the policy must hold at every step, or where asked; otherwise the
+  // runners score many rows a step (the same numbers up to rounding).
+  const bool stream = policy || a.streaming;
+  const uint64_t logits_bytes = stream ? 0 : kScoringLogitsBytes;
   PerplexityResult r;
   json off_report;
   std::unique_ptr<CompressedWeights> compressed;
@@ -119,7 +124,8 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
         place_engine(*lm.model, open_device(device, *lm.model, dev, owned), *oo, a.progress, env.stderr_is_tty);
     OffloadEngine& engine = *placed;
     Progress progress("eval-ppl", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, &engine);
-    r = streaming_perplexity(engine, ids, nullptr, [&](int64_t d, int64_t n) { progress.update(d, n); });
+    r = streaming_perplexity(engine, ids, nullptr, [&](int64_t d, int64_t n) { progress.update(d, n); },
+                             logits_bytes);
     progress.finish();
     off_report = offload_report_json(engine);
     write_trace_file(a.offload, engine, std::cerr);
@@ -127,7 +133,8 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
     compressed = compress_in_memory(a.offload, *lm.model, fwd);
     InMemoryRunner runner(fwd, 1, policy.get(), kv_dtype);
     Progress progress("eval-ppl", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty);
-    r = streaming_perplexity(runner, ids, nullptr, [&](int64_t d, int64_t n) { progress.update(d, n); });
+    r = streaming_perplexity(runner, ids, nullptr, [&](int64_t d, int64_t n) { progress.update(d, n); },
+                             logits_bytes);
     progress.finish();
   } else {
     compressed = compress_in_memory(a.offload, *lm.model, fwd);

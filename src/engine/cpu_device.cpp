@@ -315,16 +315,16 @@ void CpuDevice::mlp(const ModelConfig& c, const LayerWeights& L, const StepRows&
 }
 
 void CpuDevice::head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden,
-                     int64_t rows, float* logits) {
+                     int64_t row, float* logits) {
   const int64_t M = r.n * r.T, es = int64_t(dtype_size(opts_.act_dtype));
-  FH_CHECK(rows >= 1 && rows <= r.T, "head of ", rows, " rows of a step of ", r.T);
+  FH_CHECK(row >= 0 && row < r.T, "head of row ", row, " of a step of ", r.T);
   enter(0);
   touch_weights(w);
   touch(0, hidden, size_t(M * c.hidden * es), false);
-  touch(0, logits, size_t(rows * r.n * c.vocab_size) * 4, true);
+  touch(0, logits, size_t(r.n * c.vocab_size) * 4, true);
   run([&] {
     const float* h = f32_in(hidden, M * c.hidden, t_hidden_);
-    compute_.head_rows(c, w, shape(r), h, rows, logits);
+    compute_.head_rows(c, w, shape(r), h, row, 1, logits);
   });
 }
 

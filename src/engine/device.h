@@ -170,10 +170,10 @@ class Device {
                              void* hidden) = 0;
   // hidden += mlp(norm(hidden))
   virtual void mlp(const ModelConfig& c, const LayerWeights& L, const StepRows& r, void* hidden) = 0;
-  // Final norm + lm_head of each sequence's last `rows` rows (1 <= rows <= T): logits
-  // [rows, n, V] fp32 (device memory), block i the rows T - rows + i (rows 1: [n, V] of the last).
+  // logits [n, V] fp32 (device memory) of row `row` (0 <= row < T; T - 1 in generation) of each
+  // sequence: final norm + lm_head.
   virtual void head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden,
-                    int64_t rows, float* logits) = 0;
+                    int64_t row, float* logits) = 0;
   // In-place compaction of rows x capacity x row_elems elements of dt (row r: new slot i <-
   // old slot keep[r*keep_stride + i] for i < count[r], i <= keep[..+i] < capacity); keep/count
   // in device memory (the CUDA kernel reads them there; the engine copies its pinned keep slot

@@ -193,34 +193,42 @@ std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<L
     check_ids(r.context, c, "context");
     check_ids(r.continuation, c, "continuation");
   }
-  std::vector<LoglikResult> out(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    out[i].tokens = int64_t(requests[i].continuation.size());
-    out[i].greedy = true;
+  // Longest first, so that a batch pads little (lm-eval-harness orders its requests so too).
+  std::vector<size_t> order(requests.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto fed = [&](size_t i) { return requests[i].context.size() + requests[i].continuation.size(); };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return fed(a) > fed(b); });
+  std::vector<LoglikRequest> sorted;
+  sorted.reserve(requests.size());
+  for (size_t i : order) sorted.push_back(requests[i]);
+  std::vector<LoglikResult> res_sorted(requests.size());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    res_sorted[i].tokens = int64_t(sorted[i].continuation.size());
+    res_sorted[i].greedy = true;
   }
   const bool rows = runner.can_step_rows();
-  for (size_t first = 0; first < requests.size();) {
+  for (size_t first = 0; first < sorted.size();) {
     // A batch: up to max_batch requests whose continuations' logits fit the scoring budget.
     size_t end = first + 1;
-    int64_t L = int64_t(requests[first].continuation.size());
-    while (end < requests.size() && int64_t(end - first) < max_batch) {
-      const int64_t l = std::max<int64_t>(L, int64_t(requests[end].continuation.size()));
+    int64_t L = int64_t(sorted[first].continuation.size());
+    while (end < sorted.size() && int64_t(end - first) < max_batch) {
+      const int64_t l = std::max<int64_t>(L, int64_t(sorted[end].continuation.size()));
       if (rows && l > scoring_rows(c.vocab_size, int64_t(end - first) + 1, logits_bytes)) break;
       L = l, ++end;
     }
-    const std::span<const LoglikRequest> req(requests.data() + first, end - first);
-    const std::span<LoglikResult> res(out.data() + first, end - first);
+    const std::span<const LoglikRequest> req(sorted.data() + first, end - first);
+    const std::span<LoglikResult> res(res_sorted.data() + first, end - first);
     if (!rows) {
       loglik_streamed(runner, req, res);
     } else if (L <= scoring_rows(c.vocab_size, int64_t(req.size()), logits_bytes)) {
       loglik_rows(runner, req, res);
     } else {  // one request whose continuation's logits exceed the budget: in chunks
       const LoglikRequest& r = req[0];
-      std::vector<int32_t> fed(r.context);
-      fed.insert(fed.end(), r.continuation.begin(), r.continuation.end() - 1);
+      std::vector<int32_t> ids(r.context);
+      ids.insert(ids.end(), r.continuation.begin(), r.continuation.end() - 1);
       const int64_t from = int64_t(r.context.size()) - 1;
       score_sequence(
-          runner, fed, from, logits_bytes,
+          runner, ids, from, logits_bytes,
           [&](int64_t j, const float* row) {
             const TokenScore s = score_token(row, c.vocab_size, r.continuation[size_t(j - from)]);
             res[0].loglik -= s.nll;
@@ -230,6 +238,8 @@ std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<L
     }
     first = end;
   }
+  std::vector<LoglikResult> out(requests.size());
+  for (size_t i = 0; i < order.size(); ++i) out[order[i]] = res_sorted[i];
   return out;
 }
 

@@ -30,7 +30,8 @@ int64_t scoring_rows(int64_t vocab, int64_t sequences, uint64_t logits_bytes = k
 // steps one where !can_rewind()). Each next token is scored with a log-softmax of its row's
 // logits, accumulated in double. ids.size() must be in [2, max_positions + 1]; ids must lie
 // in the vocabulary. If `token_nll` is non-null it receives the n per-token NLLs (natural log).
-// `on_progress(done, n)` (optional) is called after each step. `logits_bytes`: the scoring budget.
+// `on_progress(done, n)` (optional) is called after each step. `logits_bytes`: the scoring budget
+// (0: one token a step, as with a KV policy).
 PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_t> ids,
                                       std::vector<double>* token_nll = nullptr,
                                       const std::function<void(int64_t, int64_t)>& on_progress = {},
@@ -48,7 +49,8 @@ struct LoglikResult {
   bool greedy = false;  // every continuation token was the argmax (lm-eval's is_greedy)
 };
 
-// Scores requests in batches of up to runner.max_batch(), left-padded (pad id 0, never attended).
+// Scores requests in batches of up to runner.max_batch(), longest first, left-padded (pad id 0,
+// never attended).
 // With a KV policy: the contexts are prefilled in one step, so the policy's budget is set by each
 // context's own length and applied over it; then the continuations are teacher-forced one token
 // a step (shorter ones ride along, their logits ignored). Without one: a batch (as many requests

@@ -237,12 +237,12 @@ void LayerCompute::layer(const ModelConfig& c, const LayerWeights& L, const Step
 }
 
 void LayerCompute::head_rows(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden,
-                             int64_t rows, float* logits) {
+                             int64_t first, int64_t rows, float* logits) {
   const int64_t H = c.hidden, R = rows * s.B;
   grow(last_, R * H);
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t b = 0; b < s.B; ++b)
-      std::copy_n(hidden + (b * s.T + s.T - rows + i) * H, H, last_.data() + (i * s.B + b) * H);
+      std::copy_n(hidden + (b * s.T + first + i) * H, H, last_.data() + (i * s.B + b) * H);
   if (c.arch == Arch::kOpt)
     cpu::layernorm(last_.data(), R, H, w.final_norm_w, w.final_norm_b, c.norm_eps, last_.data());
   else
@@ -255,7 +255,7 @@ void LayerCompute::head(const ModelConfig& c, const ModelWeights& w, const StepS
                         bool last_only, std::vector<float>& logits) {
   if (last_only) {
     logits.resize(size_t(s.B * c.vocab_size));
-    head_rows(c, w, s, hidden, 1, logits.data());
+    head_rows(c, w, s, hidden, s.T - 1, 1, logits.data());
     return;
   }
   const int64_t H = c.hidden, R = s.B * s.T;

@@ -49,10 +49,10 @@ class LayerCompute {
   // Final norm + lm_head. last_only: logits [B, V] of each sequence's last row; else [B*T, V].
   void head(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden, bool last_only,
             std::vector<float>& logits);
-  // head() into caller memory for each sequence's last `rows` rows: logits [rows, B, V], block i
-  // the rows T - rows + i (rows 1: [B, V] of the last rows).
-  void head_rows(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden, int64_t rows,
-                 float* logits);
+  // head() into caller memory for rows first..first+rows-1 of each sequence: logits [rows, B, V],
+  // block i the rows first + i (first T - 1, rows 1: [B, V] of the last rows).
+  void head_rows(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden, int64_t first,
+                 int64_t rows, float* logits);
 
   // Bytes of scratch this object holds for steps of M = B*T rows and B sequences, using only
   // the unit ops above (not layer()/head(), which also keep q/k/v/attention rows).

@@ -84,7 +84,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   // Keep lists of the device-homed sequences, and at a prefill of the offloaded ones too.
   m.keep = d.kv_policy ? n * uint64_t(c.n_kv_heads * (m.cap_w + 1)) * 4 : 0;
   m.inputs = (4 * B * rows + B * (LW && LF ? 2 : 1)) * 4;  // one seq_keys row per class of layers
-  m.logits = d.hidden_out ? 0 : B * uint64_t(std::max<int64_t>(d.logit_rows, 1)) * uint64_t(c.vocab_size) * 4;
+  m.logits = d.hidden_out ? 0 : B * uint64_t(c.vocab_size) * 4;
+  m.logits_host = m.logits * uint64_t(std::max<int64_t>(d.logit_rows, 1));
   m.hidden_in = d.hidden_in ? B * rows * uint64_t(c.hidden) * es_a : 0;
   m.hidden_out = d.hidden_out ? B * rows * uint64_t(c.hidden) * es_a : 0;
   auto add = [&](Tier tier, std::string what, uint64_t bytes) {
@@ -124,7 +125,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
             KvPolicyState::bytes_for(int64_t(n), c.n_kv_heads, ev.cap_w));
   }
   add(Tier::kHost, "keep lists", 2 * m.keep);
-  add(Tier::kHost, "step inputs and logits", m.inputs + m.logits);
+  add(Tier::kHost, "step inputs and logits", m.inputs + m.logits_host);
   add(Tier::kHost, "stage hidden rows in and out", m.hidden_in + m.hidden_out);
   // Disk
   add(Tier::kDisk, "weights homed", w.homed[2]);

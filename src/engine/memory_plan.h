@@ -31,7 +31,7 @@ struct BatchDims {
   bool kv_policy = false;    // a KV policy runs (decisions on the host)
   bool scores = false;       // ... and needs attention scores
   int64_t decode_rows = 1;   // T of later steps (host-attention slots)
-  int64_t logit_rows = 1;    // rows of logits a sequence a step returns (StepRunner::step_rows)
+  int64_t logit_rows = 1;    // rows of logits a sequence a step returns (StepRunner::step_rows; host only)
   // A pipeline stage (Model::stage): after the first it reads hidden rows instead of token ids,
   // before the last it returns hidden rows instead of logits ([B * rows, hidden] in act).
   bool hidden_in = false, hidden_out = false;
@@ -77,7 +77,8 @@ struct MemoryPlan {
   uint64_t qkv_rows = 0, attn_rows = 0;                // per row: q|k|v and attention output
   uint64_t scores = 0;                                 // one score slot (micro-batch, fp32)
   uint64_t keep = 0;                                   // one keep-list slot (int32, a micro-batch)
-  uint64_t inputs = 0, logits = 0;                     // a block's step inputs / fp32 logits
+  uint64_t inputs = 0, logits = 0;                     // a block's step inputs / fp32 logits (a row a sequence)
+  uint64_t logits_host = 0;                            // ... on the host: BatchDims::logit_rows a sequence
   uint64_t hidden_in = 0, hidden_out = 0;              // a stage's hidden rows in / out (a block)
   std::vector<MemoryItem> items;
   std::array<uint64_t, 3> bytes{};

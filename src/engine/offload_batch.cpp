@@ -161,9 +161,8 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   const size_t inputs = size_t(4 * batch * s_max + n_classes * batch) * 4;
   inputs_device = alloc(MemKind::kDevice, Tier::kDevice, inputs, "step inputs");
   inputs_host = alloc(MemKind::kPinned, Tier::kHost, inputs, "step inputs");
-  const size_t logits = size_t(plan.logits);
-  logits_device = alloc(MemKind::kDevice, Tier::kDevice, logits, "logits");
-  logits_host = alloc(MemKind::kPinned, Tier::kHost, logits, "logits");
+  logits_device = alloc(MemKind::kDevice, Tier::kDevice, size_t(plan.logits), "logits");
+  logits_host = alloc(MemKind::kPinned, Tier::kHost, size_t(plan.logits_host), "logits");
   const size_t stage_rows = size_t(batch * s_max * c.hidden) * es_a;
   if (hidden_in) {
     hidden_in_device = alloc(MemKind::kDevice, Tier::kDevice, stage_rows, "stage hidden rows in");
@@ -292,18 +291,13 @@ void OffloadEngine::Impl::finish_step(std::vector<float>& logits, std::vector<st
     std::memcpy(out->data(), hidden_out_host.data(), bytes);
     logits.clear();
   } else {
-    // The device holds [micro-batch][row][sequence][vocab]; the caller gets [row][sequence][vocab].
-    const int64_t R = step_logit_rows, V = c.vocab_size;
-    const size_t bytes = size_t(batch * R * V) * 4;
-    dev.copy(Queue::kDeviceToHost, logits_host.data(), logits_device.data(), bytes);
+    // Many rows are already in the host logits (the head copied each out).
+    const size_t bytes = size_t(batch * step_logit_rows * c.vocab_size) * 4;
+    if (step_logit_rows == 1) dev.copy(Queue::kDeviceToHost, logits_host.data(), logits_device.data(), bytes);
     dev.synchronize();
     dev.host_access(kMainAgent, logits_host.data(), bytes, false);
-    logits.resize(size_t(batch * R * V));
-    const float* src = logits_host.as<float>();
-    for (const MicroBatch& mb : mbs)
-      for (int64_t i = 0; i < R; ++i)
-        std::memcpy(logits.data() + (i * batch + mb.first) * V, src + (mb.first * R + i * mb.n) * V,
-                    size_t(mb.n * V) * 4);
+    logits.resize(bytes / 4);
+    std::memcpy(logits.data(), logits_host.data(), bytes);
   }
   for (int64_t b = 0; b < batch; ++b) seen[size_t(b)] += kvc[0].len_after[size_t(b)] - kvc[0].len_before[size_t(b)];
   for (KvClass& k : kvc) k.len_before = k.len_final;

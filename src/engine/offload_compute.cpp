@@ -30,9 +30,18 @@ void OffloadEngine::Impl::compute(int u, int k) {
     if (gather_rows && token_streamed) w.embed.shape = Shape({batch * T, c.hidden});
     return dev.embed(c, w, r, hidden);
   }
-  if (kind == UnitKind::kHead)
-    return dev.head(c, weights(u), r, hidden, step_logit_rows,
-                    logits_device.as<float>() + mb.first * step_logit_rows * c.vocab_size);
+  if (kind == UnitKind::kHead) {
+    const int64_t R = step_logit_rows, V = c.vocab_size;
+    float* out = logits_device.as<float>() + mb.first * V;
+    if (R == 1) return dev.head(c, weights(u), r, hidden, T - 1, out);
+    // Many rows (scoring): one row of each sequence at a time through the generation-sized
+    // device slot, each copied out to its block of the host logits [R, batch, V].
+    for (int64_t i = 0; i < R; ++i) {
+      dev.head(c, weights(u), r, hidden, T - R + i, out);
+      dev.copy(Queue::kCompute, logits_host.as<float>() + (i * batch + mb.first) * V, out, size_t(mb.n * V) * 4);
+    }
+    return;
+  }
   const LayerWeights& L = weights(u).layers[0];
   if (kind == UnitKind::kMlp) return dev.mlp(c, L, r, hidden);
   const int l = layer(u), p_ = pair(u, k);

@@ -252,26 +252,21 @@ void CudaDevice::moe(const ModelConfig& c, const LayerWeights& L, int64_t m, voi
 }
 
 void CudaDevice::head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden,
-                      int64_t rows, float* logits) {
+                      int64_t row, float* logits) {
   const int64_t H = c.hidden;
   FH_CHECK(r.n <= seqs_, "CUDA device: reserve() covers ", seqs_, " sequences, the step has ", r.n);
-  FH_CHECK(rows >= 1 && rows <= r.T, "head of ", rows, " rows of a step of ", r.T);
+  FH_CHECK(row >= 0 && row < r.T, "head of row ", row, " of a step of ", r.T);
   cudaStream_t st = stream(Queue::kCompute);
-  const size_t row = size_t(H) * dtype_size(dt_);
-  // One block of logits per row index: the scratch holds one row of each sequence.
-  for (int64_t i = 0; i < rows; ++i) {
-    float* out = logits + i * r.n * c.vocab_size;
-    // Row T - rows + i of each sequence: rows of hidden at stride T.
-    FH_CUDA_CHECK(cudaMemcpy2DAsync(last_, row,
-                                    static_cast<const std::byte*>(hidden) + size_t(r.T - rows + i) * row,
-                                    size_t(r.T) * row, row, size_t(r.n), cudaMemcpyDeviceToDevice, st));
-    if (c.arch == Arch::kOpt)
-      layernorm(dt_, last_, r.n, H, w.final_norm_w.data, ptr(w.final_norm_b), c.norm_eps, last_, st);
-    else
-      rms(c, dt_, last_, r.n, H, w.final_norm_w, last_, st);
-    linear_f32out_w(w.lm_head, last_, r.n, H, c.vocab_size, out);
-    if (c.final_softcap > 0) softcap_f32(out, r.n * c.vocab_size, c.final_softcap, st);
-  }
+  const size_t bytes = size_t(H) * dtype_size(dt_);
+  // Row `row` of each sequence: rows row, row + T, ... of hidden.
+  FH_CUDA_CHECK(cudaMemcpy2DAsync(last_, bytes, static_cast<const std::byte*>(hidden) + size_t(row) * bytes,
+                                  size_t(r.T) * bytes, bytes, size_t(r.n), cudaMemcpyDeviceToDevice, st));
+  if (c.arch == Arch::kOpt)
+    layernorm(dt_, last_, r.n, H, w.final_norm_w.data, ptr(w.final_norm_b), c.norm_eps, last_, st);
+  else
+    rms(c, dt_, last_, r.n, H, w.final_norm_w, last_, st);
+  linear_f32out_w(w.lm_head, last_, r.n, H, c.vocab_size, logits);
+  if (c.final_softcap > 0) softcap_f32(logits, r.n * c.vocab_size, c.final_softcap, st);
 }
 
 void CudaDevice::kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, int64_t row_elems,

@@ -2,7 +2,7 @@
 // steps of several rows give the numbers that one token a step gives, on the in-memory runner
 // and on the offloading engine over placements (micro-batches, host and disk KV, host
 // attention, which reads one row a step after the first), in fewer steps; chunks follow the
-// logits budget; a runner with a KV policy keeps one token a step.
+// logits budget; the rows cost host memory only; a runner with a KV policy keeps one token a step.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -193,6 +193,41 @@ TEST_P(ScoreRows, AKvPolicyKeepsOneTokenAStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, ScoreRows, ::testing::Values("tiny-opt", "tiny-llama"));
+
+// The rows of a scoring step cost host memory only: the device holds what generation holds (its
+// logits pass through the generation-sized slot a row at a time), so a device budget the size of
+// the generation plan scores 40 rows a step.
+TEST(ScoreRowsMemory, ManyRowsCostHostMemoryOnly) {
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  const ModelConfig& c = model.config();
+  CpuDevice dev(2);
+  OffloadOptions o;
+  o.policy = test::policy_of("20 80 50 50 100 0", 2, 2);
+  BatchDims d;
+  d.rows = d.capacity = 60;
+  const MemoryPlan gen = offload_memory_plan(model, dev, o, d);
+  d.logit_rows = 40;
+  const MemoryPlan score = offload_memory_plan(model, dev, o, d);
+  EXPECT_EQ(score.bytes[0], gen.bytes[0]);
+  EXPECT_EQ(score.bytes[1], gen.bytes[1] + 39 * 4 * uint64_t(c.vocab_size) * 4);
+  o.device_mem = gen.bytes[0];
+  o.host_mem = score.bytes[1];
+  OffloadEngine eng(model, dev, o);
+  const std::vector<int32_t>& ids = text("tiny-opt");
+  std::vector<LoglikRequest> reqs;
+  for (size_t i = 0; i < 4; ++i)
+    reqs.push_back({{ids.begin() + std::ptrdiff_t(i * 61), ids.begin() + std::ptrdiff_t(i * 61 + 21)},
+                    {ids.begin() + std::ptrdiff_t(i * 61 + 21), ids.begin() + std::ptrdiff_t(i * 61 + 61)}});
+  Counting ec(eng);
+  const auto got = loglikelihoods(ec, reqs);
+  EXPECT_EQ(ec.steps, 1);
+  EXPECT_EQ(ec.max_rows, 40);
+  Forward fwd(model, dev);
+  const auto full = full_policy();
+  InMemoryRunner one(fwd, 4, full.get());
+  expect_same(got, loglikelihoods(one, reqs), "40 rows under the generation plan's device budget");
+  EXPECT_LE(eng.report().peak[0], gen.bytes[0]);
+}
 
 struct Placement {
   const char* model;

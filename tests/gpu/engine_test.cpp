@@ -6,13 +6,16 @@
 // margin is clear. Compressed rows compare with the CPU device running the same compressed
 // placement (compression moves logits by more than f16 rounding; the CPU device's offloaded
 // compressed run is itself checked against the in-memory compressed run in tests/engine). And
-// continuous batching on the GPU against static batches.
+// continuous batching on the GPU against static batches; scoring many rows a step against one
+// token a step.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <sstream>
 
 #include "engine/bible_requests.h"
 #include "engine/cpu_device.h"
+#include "engine/evaluate.h"
 #include "engine/offload_engine.h"
 #include "engine/policy_of.h"
 #include "engine/runner_compare.h"
@@ -152,6 +155,53 @@ TEST_F(GpuContinuous, RefillStepsGiveEachRequestItsStaticResult) {
         }
         EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 0.05) << percent << " request " << i << " token " << t;
       }
+    }
+  }
+}
+
+// Scoring many rows a step on the GPU (CudaDevice::head of a sequence's last rows, micro-batches
+// laid out per row) against the CPU device's in-memory runner one token a step.
+class GpuScoreRows : public test::SkipWithoutGpu<> {};
+
+TEST_F(GpuScoreRows, LoglikelihoodsAndPerplexityWithinF16ToleranceOfOneTokenAStep) {
+  for (const char* percent : {"100 0 100 0 100 0", "0 100 0 100 100 0"}) {
+    Model model = Model::load_dir(model_dir("tiny-opt"));
+    const ModelConfig& c = model.config();
+    OffloadOptions o;
+    o.policy = test::policy_of(percent, 2, 3);
+    test::TempDir dir;
+    o.offload_dir = dir.path();
+    auto dev = gpu::make_cuda_device({});
+    OffloadEngine eng(model, *dev, o);
+    ASSERT_TRUE(eng.can_step_rows());
+    CpuDevice cpu(2);
+    Forward fwd(model, cpu);
+    KvPolicyConfig full;
+    full.kind = KvPolicyKind::kFull;
+    const auto one_policy = make_policy(full);
+    InMemoryRunner one(fwd, eng.max_batch(), one_policy.get());
+    std::vector<LoglikRequest> reqs;
+    for (const GenerationRequest& r : test::bible_requests("tiny-opt", 11)) {
+      const size_t cut = std::max<size_t>(1, r.prompt_ids.size() * 2 / 3);
+      if (cut >= r.prompt_ids.size()) continue;
+      reqs.push_back({{r.prompt_ids.begin(), r.prompt_ids.begin() + std::ptrdiff_t(cut)},
+                      {r.prompt_ids.begin() + std::ptrdiff_t(cut), r.prompt_ids.end()}});
+    }
+    ASSERT_GT(reqs.size(), 6u);
+    const auto got = loglikelihoods(eng, reqs), want = loglikelihoods(one, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_NEAR(got[i].loglik, want[i].loglik, 0.02 * double(got[i].tokens) + 0.01 * std::abs(want[i].loglik))
+          << percent << " request " << i;
+    std::vector<int32_t> ids;
+    for (const GenerationRequest& r : test::bible_requests("tiny-opt", 11)) ids.insert(ids.end(), r.prompt_ids.begin(), r.prompt_ids.end());
+    ids.resize(std::min<size_t>(ids.size(), 300));
+    std::vector<double> g, w;
+    streaming_perplexity(eng, ids, &g, {}, uint64_t(c.vocab_size) * 4 * 64);  // steps of 64 rows
+    streaming_perplexity(one, ids, &w);
+    ASSERT_EQ(g.size(), w.size());
+    for (size_t t = 0; t < g.size(); ++t) {
+      ASSERT_TRUE(std::isfinite(g[t])) << percent << " token " << t;
+      EXPECT_NEAR(g[t], w[t], 0.05 + 0.02 * std::abs(w[t])) << percent << " token " << t;
     }
   }
 }
