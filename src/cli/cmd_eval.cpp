@@ -10,9 +10,10 @@
 //    (floor(ratio * N), at least 1 when ratio > 0). `--kv-policy full` reads the text in
 //    prefill steps of many tokens (same numbers, it is tested), in memory and through the
 //    offloading engine, unless --streaming is given.
-//  * eval-choice: the context (few-shot examples + item) is the prompt, prefilled once per
-//    batch of choices; ratio flags are fractions of each item's context length, as in
-//    generation. The engine evicts after prefill attention (H2O-FlexGen semantics), so a
+//  * eval-choice: the context (few-shot examples + item) is the prompt of each choice; with the
+//    full cache a batch of choices is one step, with a KV policy the contexts are prefilled and
+//    the choices fed a token a step. Ratio flags are fractions of each item's context length,
+//    as in generation. The engine evicts after prefill attention (H2O-FlexGen semantics), so a
 //    choice's FIRST token is scored with the full context and only later tokens see the capped
 //    cache (h2o_hf's lm-eval masking restricts attention inside the prompt too; stream the
 //    context, as eval-ppl does, for that). acc = argmax of the summed

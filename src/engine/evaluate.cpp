@@ -95,8 +95,11 @@ PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_
 
 namespace {
 
+// Called with (request in the batch, continuation token, the logits row that predicts it).
+using OnToken = std::function<void(size_t, size_t, const float*)>;
+
 // A batch whose contexts are prefilled in one step, then teacher-forced a token a step.
-void loglik_streamed(StepRunner& runner, std::span<const LoglikRequest> req, std::span<LoglikResult> out) {
+void batch_streamed(StepRunner& runner, std::span<const LoglikRequest> req, const OnToken& on_token) {
   const ModelConfig& c = runner.config();
   const int64_t B = int64_t(req.size());
   int64_t S = 0, L = 0;
@@ -118,13 +121,7 @@ void loglik_streamed(StepRunner& runner, std::span<const LoglikRequest> req, std
   }
   std::vector<float> logits;
   runner.step(ids.data(), pos.data(), S, real.data(), logits);
-  auto score = [&](int64_t b, int64_t i) {  // logits row b predicts continuation token i
-    const auto& cont = req[size_t(b)].continuation;
-    TokenScore s = score_token(logits.data() + b * c.vocab_size, c.vocab_size, cont[size_t(i)]);
-    out[size_t(b)].loglik -= s.nll;
-    out[size_t(b)].greedy = out[size_t(b)].greedy && s.argmax;
-  };
-  for (int64_t b = 0; b < B; ++b) score(b, 0);
+  for (int64_t b = 0; b < B; ++b) on_token(size_t(b), 0, logits.data() + b * c.vocab_size);
   // Teacher forcing: step i feeds continuation token i-1 and scores token i.
   std::vector<int32_t> next(static_cast<size_t>(B)), next_pos(static_cast<size_t>(B));
   for (int64_t i = 1; i < L; ++i) {
@@ -136,13 +133,13 @@ void loglik_streamed(StepRunner& runner, std::span<const LoglikRequest> req, std
     }
     runner.step(next.data(), next_pos.data(), 1, nullptr, logits);
     for (int64_t b = 0; b < B; ++b)
-      if (i < int64_t(req[size_t(b)].continuation.size())) score(b, i);
+      if (i < int64_t(req[size_t(b)].continuation.size())) on_token(size_t(b), size_t(i), logits.data() + b * c.vocab_size);
   }
 }
 
 // A batch scored in one step: each request's context and continuation but its last token,
 // left-padded to a common end, and the logits of the last `L` rows (L the longest continuation).
-void loglik_rows(StepRunner& runner, std::span<const LoglikRequest> req, std::span<LoglikResult> out) {
+void batch_rows(StepRunner& runner, std::span<const LoglikRequest> req, const OnToken& on_token) {
   const int64_t V = runner.config().vocab_size, B = int64_t(req.size());
   int64_t S = 0, L = 0;
   for (const LoglikRequest& r : req) {
@@ -165,23 +162,13 @@ void loglik_rows(StepRunner& runner, std::span<const LoglikRequest> req, std::sp
   runner.step_rows(ids.data(), pos.data(), S, real.data(), L, logits);
   FH_CHECK(int64_t(logits.size()) >= L * B * V, "runner returned ", logits.size(), " logits for ", L, " rows");
   for (int64_t b = 0; b < B; ++b) {
-    const auto& cont = req[size_t(b)].continuation;
-    const int64_t l = int64_t(cont.size());
-    for (int64_t i = 0; i < l; ++i) {  // the row before continuation token i: block L - l + i
-      const TokenScore s = score_token(logits.data() + ((L - l + i) * B + b) * V, V, cont[size_t(i)]);
-      out[size_t(b)].loglik -= s.nll;
-      out[size_t(b)].greedy = out[size_t(b)].greedy && s.argmax;
-    }
+    const int64_t l = int64_t(req[size_t(b)].continuation.size());
+    for (int64_t i = 0; i < l; ++i)  // the row before continuation token i: block L - l + i
+      on_token(size_t(b), size_t(i), logits.data() + ((L - l + i) * B + b) * V);
   }
 }
 
-}  // namespace
-
-std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests,
-                                         uint64_t logits_bytes) {
-  const ModelConfig& c = runner.config();
-  const int64_t max_batch = runner.max_batch();
-  FH_CHECK(max_batch > 0, "runner batch size must be positive, got ", max_batch);
+void check_requests(const ModelConfig& c, const std::vector<LoglikRequest>& requests) {
   for (size_t i = 0; i < requests.size(); ++i) {
     const LoglikRequest& r = requests[i];
     if (r.context.empty()) FH_FAIL("request ", i, ": empty context (give at least BOS)");
@@ -193,53 +180,79 @@ std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<L
     check_ids(r.context, c, "context");
     check_ids(r.continuation, c, "continuation");
   }
-  // Longest first, so that a batch pads little (lm-eval-harness orders its requests so too).
+}
+
+// Runs every continuation token of `requests` (checked) past on_token(request, token, row), in
+// batches longest first (so that a batch pads little; lm-eval-harness orders its requests so too).
+void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& requests, uint64_t logits_bytes,
+                    const OnToken& on_token) {
+  const ModelConfig& c = runner.config();
+  const int64_t max_batch = runner.max_batch();
+  FH_CHECK(max_batch > 0, "runner batch size must be positive, got ", max_batch);
+  check_requests(c, requests);
   std::vector<size_t> order(requests.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto fed = [&](size_t i) { return requests[i].context.size() + requests[i].continuation.size(); };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return fed(a) > fed(b); });
-  std::vector<LoglikRequest> sorted;
-  sorted.reserve(requests.size());
-  for (size_t i : order) sorted.push_back(requests[i]);
-  std::vector<LoglikResult> res_sorted(requests.size());
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    res_sorted[i].tokens = int64_t(sorted[i].continuation.size());
-    res_sorted[i].greedy = true;
-  }
   const bool rows = runner.can_step_rows();
-  for (size_t first = 0; first < sorted.size();) {
+  std::vector<LoglikRequest> batch;
+  for (size_t first = 0; first < order.size();) {
     // A batch: up to max_batch requests whose continuations' logits fit the scoring budget.
     size_t end = first + 1;
-    int64_t L = int64_t(sorted[first].continuation.size());
-    while (end < sorted.size() && int64_t(end - first) < max_batch) {
-      const int64_t l = std::max<int64_t>(L, int64_t(sorted[end].continuation.size()));
+    int64_t L = int64_t(requests[order[first]].continuation.size());
+    while (end < order.size() && int64_t(end - first) < max_batch) {
+      const int64_t l = std::max<int64_t>(L, int64_t(requests[order[end]].continuation.size()));
       if (rows && l > scoring_rows(c.vocab_size, int64_t(end - first) + 1, logits_bytes)) break;
       L = l, ++end;
     }
-    const std::span<const LoglikRequest> req(sorted.data() + first, end - first);
-    const std::span<LoglikResult> res(res_sorted.data() + first, end - first);
+    batch.clear();
+    for (size_t k = first; k < end; ++k) batch.push_back(requests[order[k]]);
+    const OnToken in_batch = [&](size_t b, size_t i, const float* row) { on_token(order[first + b], i, row); };
     if (!rows) {
-      loglik_streamed(runner, req, res);
-    } else if (L <= scoring_rows(c.vocab_size, int64_t(req.size()), logits_bytes)) {
-      loglik_rows(runner, req, res);
+      batch_streamed(runner, batch, in_batch);
+    } else if (L <= scoring_rows(c.vocab_size, int64_t(batch.size()), logits_bytes)) {
+      batch_rows(runner, batch, in_batch);
     } else {  // one request whose continuation's logits exceed the budget: in chunks
-      const LoglikRequest& r = req[0];
+      const LoglikRequest& r = batch[0];
       std::vector<int32_t> ids(r.context);
       ids.insert(ids.end(), r.continuation.begin(), r.continuation.end() - 1);
       const int64_t from = int64_t(r.context.size()) - 1;
       score_sequence(
           runner, ids, from, logits_bytes,
-          [&](int64_t j, const float* row) {
-            const TokenScore s = score_token(row, c.vocab_size, r.continuation[size_t(j - from)]);
-            res[0].loglik -= s.nll;
-            res[0].greedy = res[0].greedy && s.argmax;
-          },
-          {});
+          [&](int64_t j, const float* row) { in_batch(0, size_t(j - from), row); }, {});
     }
     first = end;
   }
+}
+
+}  // namespace
+
+std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests,
+                                         uint64_t logits_bytes) {
+  const int64_t V = runner.config().vocab_size;
   std::vector<LoglikResult> out(requests.size());
-  for (size_t i = 0; i < order.size(); ++i) out[order[i]] = res_sorted[i];
+  for (size_t i = 0; i < requests.size(); ++i) {
+    out[i].tokens = int64_t(requests[i].continuation.size());
+    out[i].greedy = true;
+  }
+  score_requests(runner, requests, logits_bytes, [&](size_t r, size_t i, const float* row) {
+    const TokenScore s = score_token(row, V, requests[r].continuation[i]);
+    out[r].loglik -= s.nll;
+    out[r].greedy = out[r].greedy && s.argmax;
+  });
+  return out;
+}
+
+std::vector<std::vector<ScoredToken>> score_tokens(StepRunner& runner, const std::vector<LoglikRequest>& requests,
+                                                   int top, uint64_t logits_bytes) {
+  FH_CHECK(top >= 0 && top <= kMaxTopLogprobs, "top alternatives must be in [0, ", kMaxTopLogprobs, "], got ", top);
+  const int64_t V = runner.config().vocab_size;
+  std::vector<std::vector<ScoredToken>> out(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) out[i].resize(requests[i].continuation.size());
+  score_requests(runner, requests, logits_bytes, [&](size_t r, size_t i, const float* row) {
+    ScoredToken& t = out[r][i];
+    t.logprob = token_logprob(row, V, requests[r].continuation[i], top, &t.top);
+  });
   return out;
 }
 

@@ -12,6 +12,7 @@
 
 #include "engine/perplexity.h"
 #include "engine/runner.h"
+#include "engine/sampler.h"
 
 namespace flexh2o {
 
@@ -59,6 +60,16 @@ struct LoglikResult {
 // flexh2o::Error on empty/too long requests or bad ids.
 std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests,
                                          uint64_t logits_bytes = kScoringLogitsBytes);
+
+// Each continuation token's log-probability (the model's own, as token_logprob() gives it) and
+// with top > 0 the `top` most likely tokens at its position (top <= kMaxTopLogprobs): what an
+// OpenAI completion with "echo" reports for its prompt. Batched and checked as loglikelihoods().
+struct ScoredToken {
+  float logprob = 0.f;
+  std::vector<TokenLogprob> top;
+};
+std::vector<std::vector<ScoredToken>> score_tokens(StepRunner& runner, const std::vector<LoglikRequest>& requests,
+                                                   int top, uint64_t logits_bytes = kScoringLogitsBytes);
 
 // Multiple choice (lm-eval-harness "multiple_choice" output type).
 struct ChoiceResult {

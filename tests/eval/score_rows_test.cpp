@@ -13,6 +13,7 @@
 #include "../engine/test_util.h"
 #include "core/error.h"
 #include "engine/evaluate.h"
+#include "engine/generate.h"
 #include "engine/offload_engine.h"
 #include "policies/kv_policy.h"
 #include "tokenizer/tokenizer.h"
@@ -167,6 +168,53 @@ TEST_P(ScoreRows, LoglikelihoodsInRowsEqualTeacherForcing) {
     EXPECT_LE(rc.max_rows, std::max<int64_t>(1, int64_t(k.bytes / row))) << what;
     if (k.bytes == kScoringLogitsBytes) EXPECT_EQ(rc.steps, 3) << what;  // 13 requests, 5 a batch
   }
+}
+
+// Per-token scores (what "echo" reports for a prompt): a generation's own log-probabilities and
+// alternatives for the tokens it chose, rows or one token a step, and they sum to loglikelihoods().
+TEST_P(ScoreRows, TokenScoresAreTheGenerationsLogprobs) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  InMemoryRunner runner(fwd, 3);
+  const auto full = full_policy();
+  InMemoryRunner one(fwd, 3, full.get());
+  std::vector<GenerationRequest> gen;
+  for (size_t i = 0; i < 4; ++i) {
+    GenerationRequest g;
+    g.prompt_ids = text_ids(GetParam(), 5 + 9 * i);
+    g.max_new_tokens = 6 + int64_t(i);
+    g.sampling.temperature = 0.8f;
+    g.sampling.seed = 7 + i;
+    g.top_logprobs = 3;
+    gen.push_back(std::move(g));
+  }
+  GenerateOptions go;
+  go.ignore_eos = true;
+  const auto res = generate(runner, gen, go);
+  std::vector<LoglikRequest> reqs;
+  for (size_t i = 0; i < gen.size(); ++i) reqs.push_back({gen[i].prompt_ids, res[i].tokens});
+  const auto lls = loglikelihoods(runner, reqs);
+  for (StepRunner* r : {static_cast<StepRunner*>(&runner), static_cast<StepRunner*>(&one)}) {
+    const auto got = score_tokens(*r, reqs, 3);
+    ASSERT_EQ(got.size(), reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(got[i].size(), res[i].tokens.size());
+      double sum = 0;
+      for (size_t t = 0; t < got[i].size(); ++t) {
+        const std::string what = GetParam() + " request " + std::to_string(i) + " token " + std::to_string(t);
+        expect_near(got[i][t].logprob, res[i].logprobs[t], what);
+        ASSERT_EQ(got[i][t].top.size(), 3u) << what;
+        for (size_t k = 0; k < 3; ++k) {
+          EXPECT_EQ(got[i][t].top[k].id, res[i].top_logprobs[t][k].id) << what;
+          expect_near(got[i][t].top[k].logprob, res[i].top_logprobs[t][k].logprob, what);
+        }
+        sum += got[i][t].logprob;
+      }
+      EXPECT_NEAR(sum, lls[i].loglik, 1e-4 * std::abs(lls[i].loglik)) << GetParam() << " request " << i;
+    }
+  }
+  EXPECT_THROW(score_tokens(runner, reqs, kMaxTopLogprobs + 1), Error);
 }
 
 // A runner with a KV policy reads one token a step, and refuses more.
