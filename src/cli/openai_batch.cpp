@@ -38,7 +38,7 @@ const std::vector<Param>& params(Endpoint ep) {
       {"model", K::kSupported}, {"prompt", K::kSupported}, {"max_tokens", K::kSupported},
       {"temperature", K::kSupported}, {"top_p", K::kSupported}, {"n", K::kSupported}, {"stop", K::kSupported},
       {"seed", K::kSupported}, {"best_of", K::kSupported}, {"user", K::kIgnored},
-      {"echo", K::kDefaultOnly, {false}}, {"frequency_penalty", K::kSupported},
+      {"echo", K::kSupported}, {"frequency_penalty", K::kSupported},
       {"presence_penalty", K::kSupported}, {"logit_bias", K::kSupported},
       {"logprobs", K::kSupported}, {"stream", K::kDefaultOnly, {false}}, {"stream_options", K::kDefaultOnly},
       {"suffix", K::kDefaultOnly}};
@@ -222,6 +222,14 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h, bool stream) {
     if (given(body, "best_of") && int_param(body, "best_of", 1, 128) != r.n)
       bad("best_of", "\"best_of\" other than \"n\" is not supported by flexh2o (it returns every choice it "
                      "generates); remove it");
+    if (given(body, "echo")) {
+      if (!body["echo"].is_boolean()) bad("echo", "\"echo\" must be a boolean, got ", json_excerpt(body["echo"]));
+      r.echo = body["echo"].get<bool>();
+    }
+    if (r.echo && r.stream) bad("echo", "\"echo\" with \"stream\": true is not supported by flexh2o; ask without streaming");
+    if (r.echo && r.logprobs >= 0 && !h.score_prompts)
+      bad("echo", "\"echo\" with \"logprobs\" (the prompt's log-probabilities) is served by `python -m flexh2o "
+                  "serve`, not in Batch files; drop one of them");
     r.prompts = completion_prompts(body, h);
   } else {
     std::optional<int64_t> a, b;
@@ -348,20 +356,29 @@ json logprobs_json(const Choice& c, bool chat, const TokenText& piece) {
   }
   // text_offset in characters (code points) of the completion text, as OpenAI and vLLM count:
   // a token that starts inside a character (a byte-level piece of it) gets that character's.
-  json tokens = json::array(), top = json::array(), offsets = json::array();
+  // An echoed prompt's tokens come first; its first token has no log-probability (null).
+  json tokens = json::array(), logprobs = json::array(), top = json::array(), offsets = json::array();
   int64_t chars = 0;  // characters begun before this token
-  for (size_t i = 0; i < c.tokens.size(); ++i) {
-    const TokenPiece t = of(c.tokens[i]);
+  auto add = [&](int32_t id, json logprob, const std::vector<TokenLogprob>* alts) {
+    const TokenPiece t = of(id);
     tokens.push_back(t.text);
+    logprobs.push_back(std::move(logprob));
     const bool inside = !t.bytes.empty() && (static_cast<unsigned char>(t.bytes[0]) & 0xC0) == 0x80;
     offsets.push_back(std::max<int64_t>(chars - (inside ? 1 : 0), 0));
     for (unsigned char ch : t.bytes) chars += (ch & 0xC0) != 0x80;
-    json alts = json::object();
-    if (i < c.top_logprobs.size())
-      for (const TokenLogprob& a : c.top_logprobs[i]) alts[of(a.id).text] = a.logprob;
-    top.push_back(std::move(alts));
+    json o = alts ? json::object() : json();
+    if (alts)
+      for (const TokenLogprob& a : *alts) o[of(a.id).text] = a.logprob;
+    top.push_back(std::move(o));
+  };
+  static const std::vector<TokenLogprob> none;
+  for (size_t i = 0; i < c.prompt.size(); ++i) {
+    const ScoredToken* s = i > 0 && i - 1 < c.prompt_scores.size() ? &c.prompt_scores[i - 1] : nullptr;
+    add(c.prompt[i], s ? json(s->logprob) : json(), s ? &s->top : nullptr);
   }
-  return {{"tokens", std::move(tokens)}, {"token_logprobs", c.logprobs}, {"top_logprobs", std::move(top)},
+  for (size_t i = 0; i < c.tokens.size(); ++i)
+    add(c.tokens[i], c.logprobs[i], i < c.top_logprobs.size() ? &c.top_logprobs[i] : &none);
+  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(logprobs)}, {"top_logprobs", std::move(top)},
           {"text_offset", std::move(offsets)}};
 }
 
@@ -438,11 +455,43 @@ json result_line(const Request& r, std::span<const GenerationResult* const> resu
   std::vector<Choice> choices;
   for (const GenerationResult* res : results) {
     choices.push_back(finish_choice(res->tokens, res->finish == FinishReason::kEos, decode, r.stop));
-    with_logprobs(choices.back(), *res);
+    Choice& c = choices.back();
+    with_logprobs(c, *res);
+    if (!r.echo) continue;
+    const size_t p = (choices.size() - 1) / size_t(std::max<int64_t>(r.n, 1));  // prompt-major, then n
+    c.text = decode(r.prompts[p]) + c.text;
+    if (r.logprobs < 0) continue;
+    c.prompt = r.prompts[p];
+    if (p < r.prompt_scores.size()) c.prompt_scores = r.prompt_scores[p];
   }
   int64_t prompt_tokens = 0;
   for (const auto& p : r.prompts) prompt_tokens += int64_t(p.size());
   return success_line(r, choices, prompt_tokens, model_name, created, ids, piece);
+}
+
+void score_echoed_prompts(StepRunner& runner, std::span<Request* const> requests) {
+  std::vector<LoglikRequest> scored;
+  std::vector<std::pair<Request*, size_t>> of;  // (request, prompt) of each scored prompt
+  for (Request* r : requests) {
+    if (!r->scores_prompts()) continue;
+    r->prompt_scores.assign(r->prompts.size(), {});
+    for (size_t p = 0; p < r->prompts.size(); ++p) {
+      const std::vector<int32_t>& ids = r->prompts[p];
+      if (ids.size() < 2) continue;  // one token: nothing to score
+      scored.push_back({{ids.front()}, {ids.begin() + 1, ids.end()}});
+      of.emplace_back(r, p);
+    }
+  }
+  if (scored.empty()) return;
+  // One top-k for all: each request keeps its own number of alternatives.
+  int top = 0;
+  for (const auto& [r, p] : of) top = std::max(top, r->logprobs);
+  std::vector<std::vector<ScoredToken>> got = score_tokens(runner, scored, top);
+  for (size_t i = 0; i < got.size(); ++i) {
+    auto [r, p] = of[i];
+    for (ScoredToken& t : got[i]) t.top.resize(std::min(t.top.size(), size_t(r->logprobs)));
+    r->prompt_scores[p] = std::move(got[i]);
+  }
 }
 
 Decode decoder_of(const Tokenizer* t) {

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/evaluate.h"
 #include "engine/generate.h"
 #include "tokenizer/tokenizer.h"
 
@@ -40,6 +41,12 @@ struct Request {
   std::vector<std::string> stop;            // up to 4 non-empty strings
   // "stream": true and stream_options.include_usage (a server's; Batch files refuse them).
   bool stream = false, include_usage = false;
+  // Completions "echo": each choice's text (and with logprobs its tokens) begins with its prompt.
+  bool echo = false;
+  // With echo and logprobs: per prompt, the scores of its tokens after the first (the first has
+  // none), which score_echoed_prompts() fills before the output line is built.
+  std::vector<std::vector<ScoredToken>> prompt_scores;
+  bool scores_prompts() const { return echo && logprobs >= 0; }
 };
 
 // Why a line cannot run: OpenAI's error object, sent as a 400 response.
@@ -60,6 +67,9 @@ struct Hooks {
   std::function<std::vector<int32_t>(const std::string& text, bool add_special)> tokenize;
   // A chat body -> prompt text (GenerateArgs::render_chat); may throw.
   std::function<std::string(const nlohmann::json& body)> render_chat;
+  // Whether the caller scores echoed prompts (score_echoed_prompts), so that "echo" may come with
+  // "logprobs" (the server); else that pair is refused (Batch files).
+  bool score_prompts = false;
 };
 
 // OpenAI's logit_bias object ({"50256": -100, ...}: token ids as decimal strings, biases in
@@ -98,6 +108,11 @@ struct RunDefaults {
 // Throws Error (validate_request's, or the cap's) when one cannot run on `c`.
 std::vector<GenerationRequest> expand_request(const Request& r, const RunDefaults& defaults, const ModelConfig& c);
 
+// Fills r.prompt_scores when r.scores_prompts() (score_tokens() of every prompt's tokens after its
+// first, with r.logprobs alternatives), on `runner` between generation calls. Blocking; throws
+// what the runner throws.
+void score_echoed_prompts(StepRunner& runner, std::span<Request* const> requests);
+
 // The prompt of a chat request: its "messages" checked, rendered by hooks.render_chat and
 // tokenized without adding BOS/EOS; empty, with *error set (param "messages"), when it cannot be.
 std::vector<int32_t> chat_prompt_ids(const nlohmann::json& body, const Hooks& hooks, RequestError* error);
@@ -107,13 +122,16 @@ size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop
 
 // One generated choice, cut at the first stop string.
 struct Choice {
-  std::string text;
+  std::string text;  // with echo, the prompt's text first
   int64_t completion_tokens = 0;  // tokens generated up to the stop (EOS counted)
   bool stopped = false;           // EOS or a stop string: "stop"; else "length"
   // With Request::logprobs >= 0 (with_logprobs): the tokens of `text` and their log-probabilities.
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   std::vector<std::vector<TokenLogprob>> top_logprobs;
+  // With echo and logprobs: the prompt's tokens and the scores of all but the first.
+  std::vector<int32_t> prompt;
+  std::vector<ScoredToken> prompt_scores;
 };
 using Decode = std::function<std::string(std::span<const int32_t> ids)>;
 // `tokens` as generated (ending in EOS when `eos`): the text without EOS, cut before the first

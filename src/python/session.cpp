@@ -222,7 +222,8 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
   namespace batch = cli::openai_batch;
   std::lock_guard<std::mutex> lk(mu_);
   const ModelConfig& cfg = lm_.model->config();
-  const batch::Hooks hooks = batch::make_hooks(lm_.tokenizer_or_null(), p.render_chat);
+  batch::Hooks hooks = batch::make_hooks(lm_.tokenizer_or_null(), p.render_chat);
+  hooks.score_prompts = true;  // echoed prompts' log-probabilities: scored before the call generates
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
   batch::LiveAnswers live(p.on_event, batch::decoder_of(lm_.tokenizer_or_null()),
                           batch::token_text_of(lm_.tokenizer_or_null()), cfg.name, int64_t(std::time(nullptr)), ids);
@@ -279,6 +280,10 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
           const size_t i = n_lines++;
           std::vector<GenerationRequest> mine = expand(i, text);
           if (mine.empty()) continue;
+          if (requests[i]->scores_prompts()) {  // its prompt is scored before a call generates
+            live.defer(i);
+            continue;
+          }
           const bool fits = std::all_of(mine.begin(), mine.end(), [&](const GenerationRequest& g) {
             const int64_t n = int64_t(g.prompt_ids.size());
             return n <= max_prompt && n + g.max_new_tokens <= max_total;
@@ -299,6 +304,10 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
   if (!reqs.empty() || go.more) {
     w.requests = std::max<int64_t>(int64_t(reqs.size()), p.plan_requests);
     Runner& run = runner_for(w);
+    std::vector<batch::Request*> echoed;
+    for (auto& r : requests)
+      if (r && r->scores_prompts()) echoed.push_back(&*r);
+    batch::score_echoed_prompts(*run.rs.runner, echoed);
     go.batch_size = run.rs.runner->max_batch();
     go.eos_id = eos_id();
     go.pad_id = cfg.pad_id.value_or(0);

@@ -83,7 +83,7 @@ TEST(OpenAiBatch, LineShapeErrorsNameTheField) {
 
 TEST(OpenAiBatch, UnsupportedParametersAreRefusedUnlessDefault) {
   const std::pair<json, std::string> completions_bad[] = {
-      {{{"stream", true}}, "stream"},         {{{"echo", true}}, "echo"},
+      {{{"stream", true}}, "stream"},
       {{{"suffix", "x"}}, "suffix"},          {{{"stream_options", {{"include_usage", true}}}}, "stream_options"}};
   for (const auto& [extra, key] : completions_bad)
     expect_refused(completion(extra), "\"" + key + "\" is not supported by flexh2o (got ", key);
@@ -322,6 +322,59 @@ TEST(OpenAiBatch, LogprobsParseAndTakeEachEndpointsShape) {
   Choice cut{"a", 1, true};  // a stop string after the first token
   with_logprobs(cut, r);
   EXPECT_EQ(cut.tokens, (std::vector<int32_t>{5}));
+}
+
+// "echo": a boolean; with logprobs only where the caller scores prompts (the server), never with
+// stream. Each choice's text begins with its prompt's; with logprobs its tokens too, the first
+// with null log-probability and alternatives, then the prompt's scores, then the generated tokens.
+TEST(OpenAiBatch, EchoPrependsThePromptAndItsScores) {
+  EXPECT_TRUE(parse_input_line(completion({{"echo", true}}), opt_hooks()).request->echo);
+  expect_refused(completion({{"echo", 1}}), "\"echo\" must be a boolean, got 1", "echo");
+  expect_refused(completion({{"echo", true}, {"logprobs", 1}}), "served by `python -m flexh2o serve`", "echo");
+  Hooks server = opt_hooks();
+  server.score_prompts = true;
+  const Parsed s = parse_input_line(completion({{"echo", true}, {"stream", true}}), server, true);
+  ASSERT_TRUE(s.error);
+  EXPECT_EQ(s.error->param, "echo");
+  // Two prompts of token ids, two choices each, two alternatives.
+  const Parsed p = parse_input_line(
+      completion({{"echo", true}, {"logprobs", 2}, {"n", 2}, {"prompt", {{5, 6}, {7}}}}), server);
+  ASSERT_TRUE(p.request) << p.error->message;
+  Request r = *p.request;
+  EXPECT_TRUE(r.scores_prompts());
+  r.prompt_scores = {{ScoredToken{-2.5f, {{9, -0.5f}, {6, -2.5f}}}}, {}};
+  const Decode decode = [](std::span<const int32_t> ids) {
+    std::string s;
+    for (int32_t id : ids) s += char('a' + id - 5);
+    return s;
+  };
+  const TokenText piece = [](int32_t id) { return TokenPiece{std::string(1, char('a' + id - 5)), std::string(1, char('a' + id - 5))}; };
+  std::vector<GenerationResult> res(4);
+  for (size_t i = 0; i < 4; ++i) {
+    res[i].tokens = {int32_t(8 + i)};
+    res[i].logprobs = {-1.f - float(i)};
+    res[i].top_logprobs = {{{int32_t(8 + i), -1.f - float(i)}}};
+    res[i].finish = FinishReason::kLength;
+  }
+  const std::vector<const GenerationResult*> ptrs = {&res[0], &res[1], &res[2], &res[3]};
+  IdMaker ids(1);
+  const json l = result_line(r, ptrs, decode, piece, "m", 1, ids);
+  const json& cs = l["response"]["body"]["choices"];
+  ASSERT_EQ(cs.size(), 4u) << l.dump();
+  EXPECT_EQ(cs[0]["text"], "abd");
+  EXPECT_EQ(cs[1]["text"], "abe");
+  EXPECT_EQ(cs[2]["text"], "cf");
+  EXPECT_EQ(cs[0]["logprobs"], json::parse(R"({"tokens": ["a", "b", "d"], "token_logprobs": [null, -2.5, -1.0],
+      "top_logprobs": [null, {"e": -0.5, "b": -2.5}, {"d": -1.0}], "text_offset": [0, 1, 2]})")) << cs[0].dump();
+  EXPECT_EQ(cs[3]["logprobs"], json::parse(R"({"tokens": ["c", "g"], "token_logprobs": [null, -4.0],
+      "top_logprobs": [null, {"g": -4.0}], "text_offset": [0, 1]})")) << cs[3].dump();
+  EXPECT_EQ(l["response"]["body"]["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(l["response"]["body"]["usage"]["prompt_tokens"], 3);
+  // Without logprobs, the text alone.
+  Request plain = *parse_input_line(completion({{"echo", true}, {"prompt", {5, 6}}}), opt_hooks()).request;
+  const json pl = result_line(plain, std::vector<const GenerationResult*>{&res[0]}, decode, piece, "m", 1, ids);
+  EXPECT_EQ(pl["response"]["body"]["choices"][0]["text"], "abd");
+  EXPECT_TRUE(pl["response"]["body"]["choices"][0]["logprobs"].is_null());
 }
 
 // text_offset counts characters (code points) of the completion text, as OpenAI and vLLM do:

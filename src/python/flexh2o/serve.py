@@ -8,7 +8,8 @@ which the engine cuts into its batches, so concurrent clients get the offloading
 throughput. Each request is answered as soon as its own choices end, not when the call ends;
 "stream": true sends its text as server-sent events while the tokens are drawn, and a streaming
 client that disconnects ends its request at the next token. With --continuous, a request that
-arrives while a call runs joins its batch when a slot frees."""
+arrives while a call runs joins its batch when a slot frees. "echo" with "logprobs" (a completion
+that also scores its prompt, as lm-eval's local-completions asks) is scored before a call generates."""
 
 import argparse
 import json
