@@ -231,6 +231,7 @@ def test_with_continuous_a_request_joins_the_running_call():
     short = {"model": "m", "prompt": "And God said", "max_tokens": 3, "temperature": 0}
     too_long = {"model": "m", "prompt": "And the earth was without form, and void; and darkness was upon the face",
                 "max_tokens": 3, "temperature": 0}
+    echoed = {"model": "m", "prompt": "And God", "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
     chunk_at, answers, started = [], {}, threading.Event()
 
     def read_long():
@@ -251,7 +252,8 @@ def test_with_continuous_a_request_joins_the_running_call():
             t.start()
         assert started.wait(30)
         asks = [threading.Thread(target=ask, args=("short", short)),
-                threading.Thread(target=ask, args=("too_long", too_long))]
+                threading.Thread(target=ask, args=("too_long", too_long)),
+                threading.Thread(target=ask, args=("echoed", echoed))]
         for a in asks:
             a.start()
         for a in asks + first:
@@ -266,5 +268,9 @@ def test_with_continuous_a_request_joins_the_running_call():
     # call had ended (`alone` may join its call).
     (status, body), at = answers["too_long"]
     assert status == 200 and body["usage"]["completion_tokens"] == 3
+    # A prompt to score (echo with logprobs) is scored before a call generates: the next call.
+    (status, body), at = answers["echoed"]
+    assert status == 200 and body["choices"][0]["logprobs"]["token_logprobs"][0] is None, body
+    assert not any(c > at for c in chunk_at), "the echoed request joined the running call"
     calls = [line for line in log.getvalue().splitlines() if "request(s)" in line]
     assert calls[0].startswith("flexh2o serve: 3 request(s)") and len(calls) >= 2, calls
