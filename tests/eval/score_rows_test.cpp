@@ -277,6 +277,63 @@ TEST(ScoreRowsMemory, ManyRowsCostHostMemoryOnly) {
   EXPECT_LE(eng.report().peak[0], gen.bytes[0]);
 }
 
+// Every architecture's own features in a scoring step of many rows (sliding windows and the
+// full cache's window cap, alternating layers, soft-capping, MoE routing, rope scalings): the
+// per-token scores one token a step gives, in memory and (Gemma 2: the window cap, which reads
+// one row a step after the first) offloaded.
+class ScoreRowsArch : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ScoreRowsArch, PerplexityAndLoglikelihoodsEqualOneTokenAStep) {
+  Model m = Model::load_dir(model_dir("arch/" + GetParam()));
+  const ModelConfig& c = m.config();
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  const int64_t n = std::min<int64_t>(100, c.max_positions - 1);
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i <= n; ++i) ids.push_back(int32_t(3 + (i * 37 + i * i) % (c.vocab_size - 3)));
+  std::vector<LoglikRequest> reqs;  // contexts of 2..2+n/3 tokens, continuations of 1..1+n/5
+  for (int64_t i = 0; i < 5; ++i) {
+    const int64_t ctx = 2 + i * n / 12, cont = 1 + i * n / 20;
+    reqs.push_back({{ids.begin() + i, ids.begin() + i + ctx}, {ids.begin() + i + ctx, ids.begin() + i + ctx + cont}});
+  }
+  // The reference: the same runner reading one token a step (a logits budget of 0). Under a full
+  // cache's window cap the two compact the cache at other steps, so attention sums the same keys
+  // in another order: rounding (1e-4 at most here), where one key too many or too few moves a
+  // score by 1e-2 and more.
+  InMemoryRunner one(fwd, 3);
+  std::vector<double> want;
+  streaming_perplexity(one, ids, &want, {}, 0);
+  const auto want_ll = loglikelihoods(one, reqs, 0);
+  const uint64_t row = uint64_t(c.vocab_size) * 4;
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = test::policy_of("0 100 0 100 100 0", 3, 1);
+  o.offload_dir = dir.path() / "store";
+  OffloadEngine eng(m, dev, o);
+  InMemoryRunner rows(fwd, 3);
+  for (StepRunner* r : {static_cast<StepRunner*>(&rows), static_cast<StepRunner*>(&eng)}) {
+    const std::string what = GetParam() + (r == &eng ? " offloaded" : " in memory");
+    ASSERT_TRUE(r->can_step_rows()) << what;
+    Counting rc(*r);
+    std::vector<double> got;
+    streaming_perplexity(rc, ids, &got, {}, 30 * row);  // chunks of 30 rows
+    EXPECT_LT(rc.steps, n) << what;
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t t = 0; t < got.size(); ++t) {
+      ASSERT_TRUE(std::isfinite(got[t])) << what << " token " << t;
+      EXPECT_NEAR(got[t], want[t], 1e-3) << what << " token " << t;
+    }
+    const auto got_ll = loglikelihoods(*r, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_NEAR(got_ll[i].loglik, want_ll[i].loglik, 1e-3 * double(got_ll[i].tokens)) << what << " " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, ScoreRowsArch,
+                         ::testing::Values("mistral", "gemma2", "gemma3_text_linear", "phi3", "qwen2_window",
+                                           "llama_longrope", "mixtral", "qwen2_moe"));
+
 struct Placement {
   const char* model;
   const char* percent;  // "w_g w_c c_g c_c a_g a_c"
