@@ -239,6 +239,7 @@ PYBIND11_MODULE(_flexh2o, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),
            py::call_guard<py::gil_scoped_release>())
+      .def("score", &python::Session::score, py::arg("seqs"), py::arg("top"), py::call_guard<py::gil_scoped_release>())
       .def("last_report", &python::Session::last_report);
 
   py::class_<StopFlag>(m, "StopFlag")

@@ -354,6 +354,37 @@ std::vector<std::pair<double, bool>> Session::loglikelihood(
   return out;
 }
 
+std::vector<Session::TokenScores> Session::score(const std::vector<std::vector<int32_t>>& seqs, int top) {
+  if (top < 0 || top > kMaxTopLogprobs) FH_FAIL("top must be in [0, ", kMaxTopLogprobs, "], got ", top);
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<TokenScores> out(seqs.size());
+  std::vector<LoglikRequest> reqs;
+  std::vector<size_t> of;  // the sequence of each request (those of one token have nothing to score)
+  Workload w{1, 1, 0};
+  int64_t scored = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs[i].size() < 2) continue;
+    reqs.push_back({{seqs[i].front()}, {seqs[i].begin() + 1, seqs[i].end()}});
+    of.push_back(i);
+    w.gen_len = std::max<int64_t>(w.gen_len, int64_t(seqs[i].size()) - 1);
+    scored += int64_t(seqs[i].size()) - 1;
+  }
+  if (reqs.empty()) return out;
+  w.requests = int64_t(reqs.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  Runner& run = runner_for(w);
+  const std::vector<std::vector<ScoredToken>> res = score_tokens(*run.rs.runner, reqs, top);
+  for (size_t k = 0; k < res.size(); ++k)
+    for (const ScoredToken& t : res[k]) {
+      std::vector<std::pair<int32_t, float>> alts;
+      for (const TokenLogprob& a : t.top) alts.emplace_back(a.id, a.logprob);
+      out[of[k]].emplace_back(t.logprob, std::move(alts));
+    }
+  report_ = scoring_report(lm_, run.rs, *cpu_, device_, reqs.size(), int64_t(reqs.size()), scored, seconds_since(t0))
+                .dump(2, ' ', false, json::error_handler_t::replace);
+  return out;
+}
+
 std::vector<double> Session::loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs) {
   std::lock_guard<std::mutex> lk(mu_);
   if (seqs.empty()) return {};

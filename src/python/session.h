@@ -137,8 +137,13 @@ class Session {
   // (log p(continuation | context) in nats, is_greedy) per request.
   std::vector<std::pair<double, bool>> loglikelihood(
       const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests);
-  // Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]), streamed one token per step.
+  // Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]) (with a KV policy one token a
+  // step, else many; evaluate.h).
   std::vector<double> loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs);
+  // Per sequence, for each token after the first: (log p(ids[t] | ids[:t]) in nats, the `top`
+  // most likely tokens there as (id, log p), most likely first); what OpenAI's echo reports.
+  using TokenScores = std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>>;
+  std::vector<TokenScores> score(const std::vector<std::vector<int32_t>>& seqs, int top);
 
   // The JSON run report of the last successful call ("" before the first). Its offload counts
   // (bytes moved, queue times, token steps) are that call's; a call that built the runner also

@@ -39,6 +39,32 @@ def test_loglikelihood_is_rolling_difference(llms):
     assert ll < 0
 
 
+@pytest.mark.parametrize("model", ["opt", "llama"])
+def test_score_gives_each_tokens_logprob_and_alternatives(llms, model):
+    llm = llms[model]
+    ids = [llm.bos_id] + llm.encode(TEXT, add_special=False)[:30]
+    short = ids[:9]
+    got = llm.score([ids, [ids[0]], short], top=3)
+    assert llm.last_report["scored_tokens"] == 30 + 8
+    assert [len(s) for s in got] == [30, 0, 8]
+    # The sums are loglikelihood_rolling's; a prefix scores as the start of the longer sequence.
+    whole, head = llm.loglikelihood_rolling([ids, short])
+    assert sum(lp for lp, _ in got[0]) == pytest.approx(whole, rel=1e-6)
+    assert sum(lp for lp, _ in got[2]) == pytest.approx(head, rel=1e-6)
+    assert [lp for lp, _ in got[2]] == pytest.approx([lp for lp, _ in got[0][:8]], rel=1e-6)
+    for t, (lp, alts) in enumerate(got[0]):
+        assert len(alts) == 3 and alts[0][1] >= alts[1][1] >= alts[2][1]
+        assert lp <= alts[0][1] + 1e-6
+        if ids[t + 1] == alts[0][0]:
+            assert lp == pytest.approx(alts[0][1])
+    # is_greedy of loglikelihood is "every token was the first alternative".
+    ((_, greedy),) = llm.loglikelihood([(ids[:20], ids[20:24])])
+    assert greedy == all(ids[t + 1] == got[0][t][1][0][0] for t in range(19, 23))
+    assert all(alts == [] for _, alts in llm.score([ids])[0])
+    with pytest.raises(flexh2o.Error, match="top must be in"):
+        llm.score([ids], top=21)
+
+
 def test_is_greedy(llms):
     llm = llms["opt"]
     ctx = llm.encode("In the beginning God created")

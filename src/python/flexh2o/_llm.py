@@ -4,7 +4,7 @@ Keyword flags are the CLI's offloading / KV-cache / compression flags with under
 (heavy_ratio=0.1 is --heavy-ratio 0.1, cpu_cache_compute=True is --cpu-cache-compute,
 percent=[...] is --percent ...), parsed by the CLI's own flag registration: an unknown name
 raises TypeError, a bad value flexh2o.Error with the CLI's message. generate / loglikelihood /
-loglikelihood_rolling run with the GIL released; calls on one LLM run one at a time."""
+loglikelihood_rolling / score run with the GIL released; calls on one LLM run one at a time."""
 
 import json
 from dataclasses import dataclass
@@ -108,13 +108,25 @@ class LLM:
         return [(float(ll), bool(g)) for ll, g in out]
 
     def loglikelihood_rolling(self, ids: Sequence[Sequence[int]]) -> List[float]:
-        """Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]) in nats, one token per step
-        (so a KV policy holds at every step; ratio budgets are fractions of the tokens scored)."""
+        """Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]) in nats. With a KV policy one
+        token per step (so the policy holds at every step; ratio budgets are fractions of the
+        tokens scored); with the full cache many tokens a step, which gives the same numbers."""
         seqs = [[int(t) for t in s] for s in ids]
         self.last_report = None
         out = self._s.loglikelihood_rolling(seqs)
         self._set_report()
         return list(out)
+
+    def score(self, ids: Sequence[Sequence[int]], top: int = 0) -> List[List[Tuple[float, List[Tuple[int, float]]]]]:
+        """Per sequence, for each token after the first: (log p(token | the tokens before) in
+        nats, the `top` (0..20) most likely tokens there as [(id, log p)], most likely first):
+        a prompt's log-probabilities, as an OpenAI completion with echo and logprobs gives them.
+        The model's own numbers, as loglikelihood_rolling computes them."""
+        seqs = [[int(t) for t in s] for s in ids]
+        self.last_report = None
+        out = self._s.score(seqs, int(top))
+        self._set_report()
+        return [[(float(lp), [(int(i), float(x)) for i, x in alts]) for lp, alts in s] for s in out]
 
     def apply_chat_template(self, messages: List[dict], add_generation_prompt: bool = True) -> str:
         if self._chat is None:
