@@ -453,9 +453,10 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   go.stop = stages ? &stages->driver->stop() : env.stop;
   // A Batch request with stop strings ends once its text holds one (finish_choice then cuts the
   // same text), instead of generating the rest of max_tokens.
-  go.ends_at = [&](size_t j, std::span<const int32_t> tokens) {
+  go.ends_at = [&](size_t j, const GenerationResult& res) {
     const Item& it = items[req_item[order[j]]];
-    return it.batch && !it.batch->stop.empty() && batch::first_stop_at(decode(tokens), it.batch->stop) != std::string::npos;
+    return it.batch && !it.batch->stop.empty() &&
+           batch::first_stop_at(decode(res.tokens), it.batch->stop) != std::string::npos;
   };
   Progress progress("generate", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, rs.offload);
   go.on_progress = [&](int64_t done_tokens, int64_t total) { progress.update(done_tokens, total); };

@@ -243,9 +243,9 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       go.stop = &stop;
       uint64_t first = 0;
       std::vector<std::vector<std::string>> stops;
-      go.ends_at = [&](size_t r, std::span<const int32_t> tokens) {
+      go.ends_at = [&](size_t r, const GenerationResult& res) {
         return !stops[r].empty() && lm.tokenizer &&
-               openai_batch::first_stop_at(lm.tokenizer->decode(tokens), stops[r]) != std::string::npos;
+               openai_batch::first_stop_at(lm.tokenizer->decode(res.tokens), stops[r]) != std::string::npos;
       };
       go.on_result = [&](size_t r, const GenerationResult& res) {
         dist::Writer w;
@@ -441,7 +441,7 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
   };
   size_t first = 0;
   if (go.on_result) mine.on_result = [&](size_t r, const GenerationResult& res) { go.on_result(first + r, res); };
-  if (go.ends_at) mine.ends_at = [&](size_t r, std::span<const int32_t> t) { return go.ends_at(first + r, t); };
+  if (go.ends_at) mine.ends_at = [&](size_t r, const GenerationResult& res) { return go.ends_at(first + r, res); };
   for (size_t b = 0; b < batches && !stop; b += size_t(n)) {
     first = b * batch;
     const size_t count = std::min(batch, reqs.size() - first);

@@ -250,8 +250,6 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h, bool stream) {
     }
     r.prompts = {chat_prompt(body, h)};
   }
-  if (r.stream && r.logprobs >= 0)
-    bad("logprobs", "\"logprobs\" with \"stream\": true is not supported by flexh2o; ask without streaming");
   return r;
 }
 
@@ -336,8 +334,9 @@ json bytes_json(const std::string& b) {
   return a;
 }
 
-// A choice's "logprobs" in its endpoint's shape.
-json logprobs_json(const Choice& c, bool chat, const TokenText& piece) {
+}  // namespace
+
+json logprobs_of(const Choice& c, bool chat, const TokenText& piece, int64_t* chars_before) {
   auto of = [&](int32_t id) { return piece ? piece(id) : TokenPiece{}; };
   if (chat) {
     json content = json::array();
@@ -358,7 +357,8 @@ json logprobs_json(const Choice& c, bool chat, const TokenText& piece) {
   // a token that starts inside a character (a byte-level piece of it) gets that character's.
   // An echoed prompt's tokens come first; its first token has no log-probability (null).
   json tokens = json::array(), logprobs = json::array(), top = json::array(), offsets = json::array();
-  int64_t chars = 0;  // characters begun before this token
+  int64_t local = 0;
+  int64_t& chars = chars_before ? *chars_before : local;  // characters begun before this token
   auto add = [&](int32_t id, json logprob, const std::vector<TokenLogprob>* alts) {
     const TokenPiece t = of(id);
     tokens.push_back(t.text);
@@ -382,8 +382,6 @@ json logprobs_json(const Choice& c, bool chat, const TokenText& piece) {
           {"text_offset", std::move(offsets)}};
 }
 
-}  // namespace
-
 std::string IdMaker::next(std::string_view prefix) {
   char hex[33];
   std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(rng_()),
@@ -399,7 +397,7 @@ json success_line(const Request& r, const std::vector<Choice>& choices, int64_t 
   for (size_t i = 0; i < choices.size(); ++i) {
     const Choice& c = choices[i];
     json o{{"index", i},
-           {"logprobs", r.logprobs >= 0 ? logprobs_json(c, chat, piece) : json()},
+           {"logprobs", r.logprobs >= 0 ? logprobs_of(c, chat, piece) : json()},
            {"finish_reason", c.stopped ? "stop" : "length"}};
     if (chat) o["message"] = json{{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
     else o["text"] = c.text;

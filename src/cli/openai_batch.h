@@ -147,6 +147,12 @@ struct TokenPiece {
 };
 using TokenText = std::function<TokenPiece(int32_t id)>;
 
+// A choice's "logprobs" in its endpoint's shape (chat: content[{token, logprob, bytes,
+// top_logprobs}]; completions: tokens, token_logprobs, top_logprobs as {token: logprob}, and
+// text_offset in characters, an echoed prompt's tokens first). `chars_before` (optional): the
+// characters before the first token (a streamed chunk's), advanced past its tokens.
+nlohmann::json logprobs_of(const Choice& c, bool chat, const TokenText& piece, int64_t* chars_before = nullptr);
+
 // Decode and TokenText of a tokenizer; both give empty text when `t` is null (a preset without one).
 Decode decoder_of(const Tokenizer* t);
 TokenText token_text_of(const Tokenizer* t);

@@ -48,9 +48,9 @@ size_t stop_holdback(const std::vector<std::string>& stop) {
 }
 
 json stream_chunk(const Request& r, const std::string& id, int64_t created, const std::string& model_name,
-                  int64_t index, std::string_view text, const char* finish, bool role) {
+                  int64_t index, std::string_view text, const char* finish, bool role, json logprobs) {
   const bool chat = r.endpoint == Endpoint::kChatCompletions;
-  json c{{"index", index}, {"logprobs", nullptr}, {"finish_reason", finish ? json(finish) : json()}};
+  json c{{"index", index}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish ? json(finish) : json()}};
   if (chat) {
     json delta = json::object();
     if (role) delta["role"] = "assistant";
@@ -110,7 +110,21 @@ void LiveAnswers::defer(size_t line) {
   if (emit_) emit_(line, Event::kDefer, std::string());
 }
 
-bool LiveAnswers::on_token(size_t req, std::span<const int32_t> tokens) {
+json LiveAnswers::logprobs_upto(Choice& ch, const Request& r, const GenerationResult& res, size_t end) {
+  if (r.logprobs < 0) return nullptr;
+  openai_batch::Choice part;
+  end = std::min({end, res.tokens.size(), res.logprobs.size()});
+  const size_t from = std::min(ch.tokens_sent, end);
+  part.tokens.assign(res.tokens.begin() + std::ptrdiff_t(from), res.tokens.begin() + std::ptrdiff_t(end));
+  part.logprobs.assign(res.logprobs.begin() + std::ptrdiff_t(from), res.logprobs.begin() + std::ptrdiff_t(end));
+  if (res.top_logprobs.size() >= end)
+    part.top_logprobs.assign(res.top_logprobs.begin() + std::ptrdiff_t(from),
+                             res.top_logprobs.begin() + std::ptrdiff_t(end));
+  ch.tokens_sent = std::max(ch.tokens_sent, end);
+  return logprobs_of(part, r.endpoint == Endpoint::kChatCompletions, piece_, &ch.chars_sent);
+}
+
+bool LiveAnswers::on_token(size_t req, const GenerationResult& res) {
   Choice& ch = choices_.at(req);
   Line& l = lines_[ch.line];
   const Request& r = *l.r;
@@ -119,12 +133,19 @@ bool LiveAnswers::on_token(size_t req, std::span<const int32_t> tokens) {
     return true;
   }
   if (r.stop.empty() && !r.stream) return false;
-  const std::string text = decode_(tokens);
+  const std::string text = decode_(res.tokens);
   if (!r.stop.empty() && first_stop_at(text, r.stop) != std::string::npos) return true;
   if (!r.stream) return false;
   const std::string delta = ch.text.next(text, stop_holdback(r.stop));
   if (delta.empty()) return false;
-  if (!chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), delta, nullptr))) {
+  // The tokens whose text has now gone out in full.
+  size_t done = ch.tokens_sent;
+  if (r.logprobs >= 0)
+    while (done < res.tokens.size() &&
+           decode_(std::span(res.tokens).first(done + 1)).size() <= ch.text.sent().size())
+      ++done;
+  if (!chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), delta, nullptr, false,
+                             logprobs_upto(ch, r, res, done)))) {
     ++cancelled_;
     return true;
   }
@@ -137,9 +158,10 @@ void LiveAnswers::on_result(size_t req, const GenerationResult& res) {
   const Request& r = *l.r;
   ch.res = &res;
   if (r.stream) {
-    const openai_batch::Choice c = finish_choice(res.tokens, res.finish == FinishReason::kEos, decode_, r.stop);
+    openai_batch::Choice c = finish_choice(res.tokens, res.finish == FinishReason::kEos, decode_, r.stop);
+    with_logprobs(c, res);  // the tokens the answer counts: EOS left out, cut at a stop string
     chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), ch.text.rest(c.text),
-                          c.stopped ? "stop" : "length"));
+                          c.stopped ? "stop" : "length", false, logprobs_upto(ch, r, res, c.tokens.size())));
   }
   if (++l.ended < l.count) return;
   std::vector<const GenerationResult*> mine;

@@ -39,11 +39,13 @@ class StreamText {
 size_t stop_holdback(const std::vector<std::string>& stop);
 
 // One chunk of a streamed response: completions {"object": "text_completion", choices[{index,
-// text, logprobs: null, finish_reason}]}, chat {"object": "chat.completion.chunk",
-// choices[{index, delta: {role?, content?}, logprobs: null, finish_reason}]}. `finish`: null
-// while the choice runs. With stream_options.include_usage every chunk has "usage": null.
+// text, logprobs, finish_reason}]}, chat {"object": "chat.completion.chunk", choices[{index,
+// delta: {role?, content?}, logprobs, finish_reason}]}. `finish`: null while the choice runs.
+// `logprobs`: the chunk's tokens' (logprobs_of()), null without. With
+// stream_options.include_usage every chunk has "usage": null.
 nlohmann::json stream_chunk(const Request& r, const std::string& id, int64_t created, const std::string& model_name,
-                            int64_t index, std::string_view text, const char* finish, bool role = false);
+                            int64_t index, std::string_view text, const char* finish, bool role = false,
+                            nlohmann::json logprobs = nullptr);
 // The last chunk under stream_options.include_usage: no choices, the request's usage.
 nlohmann::json usage_chunk(const Request& r, const std::string& id, int64_t created, const std::string& model_name,
                            int64_t prompt_tokens, int64_t completion_tokens);
@@ -68,8 +70,9 @@ class LiveAnswers {
   // A line left for a later call: kDefer, emitted now.
   void defer(size_t line);
   // ends_at: true when request `req`'s text holds a stop string or its client has gone; a
-  // streamed choice's new text is emitted.
-  bool on_token(size_t req, std::span<const int32_t> tokens);
+  // streamed choice's new text is emitted, with logprobs those of the tokens it completes (a
+  // token goes out with the chunk that sends the last of its text).
+  bool on_token(size_t req, const GenerationResult& res);
   // on_result: a streamed choice's last chunk; once a line's choices have all ended, its
   // output line (a streamed one first gets its usage chunk when asked). `res` must stay valid
   // until the line ends (the driver's results do).
@@ -91,8 +94,12 @@ class LiveAnswers {
     size_t line = 0;
     StreamText text;
     const GenerationResult* res = nullptr;
+    size_t tokens_sent = 0;   // tokens whose log-probabilities went out
+    int64_t chars_sent = 0;   // their characters (text_offset of the next)
   };
   bool chunk(Line& l, const nlohmann::json& c);
+  // The logprobs of a streamed choice's tokens [ch.tokens_sent, end) (null without logprobs).
+  nlohmann::json logprobs_upto(Choice& ch, const Request& r, const GenerationResult& res, size_t end);
 
   Emit emit_;
   Decode decode_;

@@ -132,7 +132,7 @@ class BatchRun {
       const bool eos = !opts_.ignore_eos && opts_.eos_id && tok == *opts_.eos_id;
       const int64_t total_len = len_[bi] + int64_t(res.tokens.size());
       const bool length = int64_t(res.tokens.size()) >= r.max_new_tokens || total_len >= c_.max_positions;
-      const bool stopped = !eos && !length && opts_.ends_at && opts_.ends_at(idx_[bi], res.tokens);
+      const bool stopped = !eos && !length && opts_.ends_at && opts_.ends_at(idx_[bi], res);
       if (eos || length || stopped) {
         res.finish = eos ? FinishReason::kEos : stopped ? FinishReason::kStopped : FinishReason::kLength;
         end_now(b);

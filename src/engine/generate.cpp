@@ -115,7 +115,7 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
   // Requests from opts.more keep their indices (they follow the given ones).
   auto index = [&](size_t j) { return j < order.size() ? order[j] : j; };
   GenerateOptions o = opts;
-  if (opts.ends_at) o.ends_at = [&](size_t j, std::span<const int32_t> t) { return opts.ends_at(index(j), t); };
+  if (opts.ends_at) o.ends_at = [&](size_t j, const GenerationResult& res) { return opts.ends_at(index(j), res); };
   if (opts.on_result) o.on_result = [&](size_t j, const GenerationResult& res) { opts.on_result(index(j), res); };
   std::vector<GenerationResult> got = generate(runner, run, o, stats);
   std::vector<GenerationResult> out(got.size());

@@ -49,9 +49,10 @@ struct GenerateOptions {
   // Called after each decode step: (tokens generated so far, total to generate at most).
   std::function<void(int64_t, int64_t)> on_progress;
   // Called after every token a sequence samples that neither is EOS nor reaches its length, with
-  // the request index and the tokens generated so far; true ends the sequence there
-  // (FinishReason::kStopped), so stop strings cost no steps past them. Null: never.
-  std::function<bool(size_t, std::span<const int32_t>)> ends_at;
+  // the request index and its result so far (the tokens generated, and with top_logprobs >= 0
+  // their log-probabilities); true ends the sequence there (FinishReason::kStopped), so stop
+  // strings cost no steps past them. Null: never.
+  std::function<bool(size_t, const GenerationResult&)> ends_at;
   // Called once per finished request index with its result (streaming output).
   std::function<void(size_t, const GenerationResult&)> on_result;
   // Polled before each batch and after each token step; once true, generate() returns without

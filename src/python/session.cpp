@@ -191,8 +191,8 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   for (const std::string& s : p.stop)
     if (s.empty()) FH_FAIL("stop: an empty string would stop every sequence at once");
   if (!p.stop.empty())
-    go.ends_at = [&](size_t, std::span<const int32_t> tokens) {
-      return cli::openai_batch::first_stop_at(decode(tokens), p.stop) != std::string::npos;
+    go.ends_at = [&](size_t, const GenerationResult& res) {
+      return cli::openai_batch::first_stop_at(decode(res.tokens), p.stop) != std::string::npos;
     };
   go.stop = p.interrupt;
   GenerateStats st;
@@ -313,7 +313,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
     go.pad_id = cfg.pad_id.value_or(0);
     go.stop = p.interrupt;
     go.continuous = p.continuous;
-    go.ends_at = [&](size_t r, std::span<const int32_t> tokens) { return live.on_token(r, tokens); };
+    go.ends_at = [&](size_t r, const GenerationResult& res) { return live.on_token(r, res); };
     go.on_result = [&](size_t r, const GenerationResult& res) { live.on_result(r, res); };
     GenerateStats st;
     const std::vector<GenerationResult> res =

@@ -114,9 +114,10 @@ TEST(OpenAiStream, StreamParametersParseOnlyWhereStreamingIsServed) {
           "takes \"include_usage\"", "stream_options");
   refused({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}}, "/v1/completions",
           "must be a boolean", "stream_options");
-  refused({{"prompt", "x"}, {"stream", true}, {"logprobs", 1}}, "/v1/completions", "not supported", "logprobs");
-  refused({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"stream", true}, {"logprobs", true}},
-          "/v1/chat/completions", "not supported", "logprobs");
+  refused({{"prompt", "x"}, {"stream", true}, {"echo", true}}, "/v1/completions", "not supported", "echo");
+  // Log-probabilities stream (they go out with the chunks).
+  EXPECT_TRUE(parse_input_line(line("/v1/completions", {{"prompt", "x"}, {"stream", true}, {"logprobs", 1}}),
+                               opt_hooks(), true).request);
   const Parsed off = parse_input_line(line("/v1/completions", {{"prompt", "x"}, {"stream", false}}), opt_hooks(), true);
   ASSERT_TRUE(off.request);
   EXPECT_FALSE(off.request->stream);
@@ -149,9 +150,10 @@ struct Recorder {
 };
 
 // Runs `gen[k]` (each choice's tokens; `eos` ends them with EOS 2) through `live` for requests
-// [first, first + gen.size()), interleaved token by token as a batch runs them.
+// [first, first + gen.size()), interleaved token by token as a batch runs them; with top >= 0
+// each token gets a log-probability (and `top` alternatives) as the driver gives them.
 void drive(LiveAnswers& live, size_t first, const std::vector<std::vector<int32_t>>& gen, const std::vector<int64_t>& max,
-           std::vector<GenerationResult>& res) {
+           std::vector<GenerationResult>& res, int top = -1) {
   res.resize(first + gen.size());
   std::vector<bool> ended(gen.size(), false);
   for (size_t t = 0;; ++t) {
@@ -160,8 +162,13 @@ void drive(LiveAnswers& live, size_t first, const std::vector<std::vector<int32_
       if (ended[k]) continue;
       GenerationResult& r = res[first + k];
       r.tokens.push_back(gen[k][t]);
+      if (top >= 0) r.logprobs.push_back(-0.125f * float(t + 1 + k));
+      if (top > 0) {
+        r.top_logprobs.emplace_back();
+        for (int i = 0; i < top; ++i) r.top_logprobs.back().push_back({gen[k][t] + i, -0.125f * float(t + 1 + k + i)});
+      }
       const bool eos = gen[k][t] == 2, length = int64_t(r.tokens.size()) >= max[k];
-      const bool stop = !eos && !length && live.on_token(first + k, r.tokens);
+      const bool stop = !eos && !length && live.on_token(first + k, r);
       if (eos || length || stop) {
         r.finish = eos ? FinishReason::kEos : stop ? FinishReason::kStopped : FinishReason::kLength;
         r.finished = ended[k] = true;
@@ -170,6 +177,68 @@ void drive(LiveAnswers& live, size_t first, const std::vector<std::vector<int32_
       any = any || !ended[k];
     }
     if (!any) return;
+  }
+}
+
+// Streamed log-probabilities: each token goes out with the chunk that sends the last of its text,
+// and the chunks' tokens, log-probabilities, alternatives and text offsets add up to the plain
+// answer's (completions and chat; a choice ended by a stop string).
+TEST(OpenAiStream, StreamedLogprobsAddUpToThePlainAnswers) {
+  const std::vector<int32_t> a = opt_tokenizer().encode(kWide + " and more", false);
+  std::vector<int32_t> b = opt_tokenizer().encode(" short, then a stop and more", false);
+  b.push_back(2);  // EOS
+  const TokenText piece = token_text_of(&opt_tokenizer());
+  for (bool chat : {false, true}) {
+    Recorder rec;
+    IdMaker ids(7);
+    LiveAnswers live(rec.emit(), decode_fn(), piece, "tiny", 123, ids);
+    json body{{"stream", true}, {"n", 2}, {"stop", " stop"}};
+    if (chat) {
+      body["messages"] = {{{"role", "user"}, {"content", "x"}}};
+      body["logprobs"] = true;
+      body["top_logprobs"] = 2;
+    } else {
+      body["prompt"] = "x";
+      body["logprobs"] = 2;
+    }
+    const Parsed streamed = parse_input_line(line(chat ? "/v1/chat/completions" : "/v1/completions", body),
+                                             opt_hooks(), true);
+    ASSERT_TRUE(streamed.request) << streamed.error->message;
+    live.add(0, *streamed.request, 0, 2);
+    std::vector<GenerationResult> res;
+    drive(live, 0, {a, b}, {int64_t(a.size()), 100}, res, 2);
+    const json& out = live.line(0);
+    ASSERT_TRUE(out.is_object());
+    for (int64_t k = 0; k < 2; ++k) {
+      const json& want = out["response"]["body"]["choices"][size_t(k)]["logprobs"];
+      json got = chat ? json{{"content", json::array()}} : json{{"tokens", json::array()}, {"token_logprobs", json::array()},
+                                                                {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+      int chunks = 0;
+      std::string text, token_bytes;  // sent so far: the text, and (chat) the bytes of the tokens sent
+      for (const auto& [l, kind, j] : rec.events) {
+        if (kind != LiveAnswers::Event::kChunk) continue;
+        for (const json& c : j["choices"]) {
+          if (c["index"] != k || c["logprobs"].is_null()) continue;
+          ++chunks;
+          text += chat ? c["delta"].value("content", std::string()) : c["text"].get<std::string>();
+          for (auto& [key, arr] : got.items())
+            for (const json& x : c["logprobs"][key]) arr.push_back(x);
+          if (!chat) continue;
+          for (const json& t : c["logprobs"]["content"])
+            for (int byte : t["bytes"]) token_bytes.push_back(char(byte));
+          // A token goes out with (or after) the last of its text, never before (the last chunk
+          // also has the token that completed a stop string, whose text is cut, as the answer has).
+          if (c["finish_reason"].is_null())
+            EXPECT_TRUE(text.starts_with(token_bytes)) << "choice " << k << ": " << token_bytes << " | " << text;
+        }
+      }
+      const std::string what = std::string(chat ? "chat" : "completions") + " choice " + std::to_string(k);
+      EXPECT_GT(chunks, 2) << what;
+      if (chat) got["refusal"] = nullptr;
+      EXPECT_EQ(got, want) << what;
+      EXPECT_FALSE((chat ? want["content"] : want["tokens"]).empty()) << what;
+    }
+    EXPECT_EQ(out["response"]["body"]["choices"][1]["finish_reason"], "stop");
   }
 }
 

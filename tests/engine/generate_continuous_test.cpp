@@ -40,7 +40,7 @@ GenerateOptions options(bool continuous, std::vector<size_t>* reported = nullptr
   GenerateOptions o;
   o.ignore_eos = true;
   o.continuous = continuous;
-  o.ends_at = [](size_t r, std::span<const int32_t> t) { return t.size() >= stop_at(r); };
+  o.ends_at = [](size_t r, const GenerationResult& res) { return res.tokens.size() >= stop_at(r); };
   if (reported) o.on_result = [reported](size_t r, const GenerationResult&) { reported->push_back(r); };
   return o;
 }
@@ -133,7 +133,7 @@ TEST(ContinuousBatching, RequestsThatArriveWhileItRunsJoinIt) {
     GenerateOptions o = options(true);
     o.min_rows = 30;
     o.min_capacity = 42;
-    o.ends_at = [&](size_t j, std::span<const int32_t> t) { return t.size() >= stop_at(index.at(j)); };
+    o.ends_at = [&](size_t j, const GenerationResult& res) { return res.tokens.size() >= stop_at(index.at(j)); };
     int polls = 0;
     o.more = [&](size_t max_count, int64_t max_prompt, int64_t max_total) {
       ++polls;

@@ -60,7 +60,7 @@ TEST(LengthSortedOrder, GenerateGivesRequestOrderResultsWithLessPadding) {
     reported.push_back(r);
     if (r != 5) EXPECT_EQ(res.tokens, plain[r].tokens) << "request " << r;
   };
-  o.ends_at = [&](size_t r, std::span<const int32_t> tokens) { return r == 5 && tokens.size() == 2; };
+  o.ends_at = [&](size_t r, const GenerationResult& res) { return r == 5 && res.tokens.size() == 2; };
   const std::vector<GenerationResult> sorted = generate(runner, reqs, order, o, &sorted_st);
   ASSERT_EQ(sorted.size(), reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {

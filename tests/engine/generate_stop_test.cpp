@@ -79,7 +79,8 @@ TEST(GenerateEndsAt, EndsOneSequenceAtTheTokenItNames) {
   const std::vector<GenerationResult> full = generate(fwd, reqs, o, &full_st);
 
   std::vector<std::vector<int64_t>> seen(reqs.size());
-  o.ends_at = [&](size_t r, std::span<const int32_t> tokens) {
+  o.ends_at = [&](size_t r, const GenerationResult& res) {
+    const std::vector<int32_t>& tokens = res.tokens;
     seen[r].push_back(int64_t(tokens.size()));
     EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), full[r].tokens.begin())) << r;
     return (r == 1 && tokens.size() == 3) || (r == 4 && tokens.size() == 1);  // 4 is alone in its batch

@@ -141,7 +141,7 @@ def test_models_and_health(opt_server):
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"model": "m", "prompt": "x", "stream": True, "logprobs": 1}, "logprobs", "with \"stream\": true is not supported"),
+    ({"model": "m", "prompt": "x", "stream": True, "echo": True}, "echo", "with \"stream\": true is not supported"),
     ({"model": "m", "prompt": "x", "stream": "yes"}, "stream", "must be a boolean"),
     ({"model": "m", "prompt": "x", "max_tokens": 21}, None, "more than this server's limit of 20"),
     ({"model": "m", "prompt": "x", "best_of": 3}, "best_of", "best_of"),

@@ -53,12 +53,26 @@ def assemble(chunks, chat):
     return out, usage
 
 
+def assemble_logprobs(chunks, index):
+    """A completions choice's logprobs from its chunks' (None when they carry none)."""
+    out = None
+    for ch in chunks:
+        for c in ch["choices"]:
+            if c["index"] != index or c["logprobs"] is None:
+                continue
+            out = out or {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            for key in out:
+                out[key] += c["logprobs"][key]
+    return out
+
+
 STREAMED = [
     {"model": "m", "prompt": "In the beginning God created", "max_tokens": 24, "temperature": 0},
-    {"model": "m", "prompt": "And the LORD said", "max_tokens": 30, "temperature": 0, "stop": [" the LORD", "zz"]},
+    {"model": "m", "prompt": "And the LORD said", "max_tokens": 30, "temperature": 0, "stop": [" the LORD", "zz"],
+     "logprobs": 2},
     {"model": "m", "prompt": "Blessed are", "max_tokens": 12, "temperature": 0.8, "seed": 11, "n": 3},
     {"model": "m", "prompt": "caf\u00e9 \u2603 \u65e5\u672c", "max_tokens": 16, "temperature": 1.0, "seed": 3,
-     "stream_options": {"include_usage": True}},
+     "stream_options": {"include_usage": True}, "logprobs": 0},
 ]
 
 
@@ -76,6 +90,9 @@ def test_streamed_completions_add_up_to_the_plain_answers(flags):
             got, usage = assemble(chunks, chat=False)
             assert [got[c["index"]] for c in want["choices"]] == [(c["text"], c["finish_reason"])
                                                                   for c in want["choices"]], body
+            # Log-probabilities stream with the tokens they belong to and add up to the answer's.
+            assert [assemble_logprobs(chunks, c["index"]) for c in want["choices"]] == \
+                [c["logprobs"] for c in want["choices"]], body
             assert len({ch["id"] for ch in chunks}) == 1 and chunks[0]["object"] == "text_completion"
             assert all(ch["model"] == "m" for ch in chunks)
             if "stream_options" in body:
