@@ -159,7 +159,7 @@ void LiveAnswers::on_result(size_t req, const GenerationResult& res) {
   ch.res = &res;
   if (r.stream) {
     openai_batch::Choice c = finish_choice(res.tokens, res.finish == FinishReason::kEos, decode_, r.stop);
-    with_logprobs(c, res);  // the tokens the answer counts: EOS left out, cut at a stop string
+    with_logprobs(c, res);  // the tokens the plain answer lists (EOS left out)
     chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), ch.text.rest(c.text),
                           c.stopped ? "stop" : "length", false, logprobs_upto(ch, r, res, c.tokens.size())));
   }
