@@ -31,8 +31,9 @@
 * KV policies: a log-likelihood request's context is prefilled and the policy's ratios are
   fractions of that context, as in eval-choice (eviction follows the prefill's attention, so a
   continuation's first token sees the whole context). Rolling windows whose context is one token
-  go through LLM.loglikelihood_rolling, one token per step, ratios being fractions of the tokens
-  scored, as in eval-ppl; a last window with a longer context is a log-likelihood request.
+  go through LLM.loglikelihood_rolling (with a KV policy one token per step, ratios being
+  fractions of the tokens scored, as in eval-ppl; with the full cache many tokens a step, the
+  same numbers); a last window with a longer context is a log-likelihood request.
 * acc_norm: lm-eval divides a choice's log-likelihood by its length in characters (acc_bytes: in
   UTF-8 bytes); eval-choice divides by its number of tokens. acc is the same quantity in both.
 """

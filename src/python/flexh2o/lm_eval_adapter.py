@@ -82,8 +82,8 @@ class HarnessAdapter:
 
     def loglikelihood_rolling(self, texts: Sequence[str], progress: Progress = _noop) -> list[float]:
         """Sum of log p over every token of each text (see harness.rolling_requests). Windows with
-        a one-token context go to LLM.loglikelihood_rolling (streaming, eval-ppl's semantics: a
-        KV policy's ratios are fractions of the tokens scored); a last window with a longer
+        a one-token context go to LLM.loglikelihood_rolling (eval-ppl's semantics: a KV policy
+        streams a token a step, its ratios fractions of the tokens scored); a last window with a longer
         context goes to LLM.loglikelihood (context prefilled). Same numbers with the full cache."""
         if self.vocab.prefix_id is None:
             raise h.RequestError("loglikelihood_rolling needs a prefix token: the model has no BOS/EOS "
