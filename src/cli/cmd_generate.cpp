@@ -69,7 +69,9 @@ T field(const json& j, const char* key, T dflt) {
 }
 
 batch::Hooks hooks_of(const GenerateArgs& a, const LoadedModel& lm) {
-  return batch::make_hooks(lm.tokenizer_or_null(), a.render_chat);
+  batch::Hooks h = batch::make_hooks(lm.tokenizer_or_null(), a.render_chat);
+  h.score_prompts = a.pipeline.stages <= 1;  // echoed prompts are scored on the driver's runner
+  return h;
 }
 
 Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a, const LoadedModel& lm) {
@@ -436,6 +438,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   }
   RunSetup& rs = stages ? stages->rs : own;
   StepRunner* runner = rs.runner.get();
+  // Batch lines with echo and logprobs: their prompts are scored before generation.
+  std::vector<batch::Request*> echoed;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (!done[i] && items[i].batch && items[i].batch->scores_prompts()) echoed.push_back(&*items[i].batch);
+  batch::score_echoed_prompts(*runner, echoed);
   // The engine runs request order[j] as its j-th (length-sorted batches); the callbacks below
   // get j and map it back, so everything else stays in request order.
   const std::vector<size_t> order = length_sorted_order(reqs, runner->max_batch(), a.sort_window);

@@ -228,8 +228,8 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h, bool stream) {
     }
     if (r.echo && r.stream) bad("echo", "\"echo\" with \"stream\": true is not supported by flexh2o; ask without streaming");
     if (r.echo && r.logprobs >= 0 && !h.score_prompts)
-      bad("echo", "\"echo\" with \"logprobs\" (the prompt's log-probabilities) is served by `python -m flexh2o "
-                  "serve`, not in Batch files; drop one of them");
+      bad("echo", "\"echo\" with \"logprobs\" (the prompt's log-probabilities) is not served with "
+                  "--pipeline-stages, whose stages cannot score a prompt; drop one of them");
     r.prompts = completion_prompts(body, h);
   } else {
     std::optional<int64_t> a, b;

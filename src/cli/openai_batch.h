@@ -68,7 +68,7 @@ struct Hooks {
   // A chat body -> prompt text (GenerateArgs::render_chat); may throw.
   std::function<std::string(const nlohmann::json& body)> render_chat;
   // Whether the caller scores echoed prompts (score_echoed_prompts), so that "echo" may come with
-  // "logprobs" (the server); else that pair is refused (Batch files).
+  // "logprobs"; else that pair is refused (a pipeline's stages).
   bool score_prompts = false;
 };
 

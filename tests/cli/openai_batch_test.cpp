@@ -11,6 +11,8 @@
 #include <set>
 
 #include "cli/commands.h"
+#include "engine/cpu_device.h"
+#include "engine/evaluate.h"
 #include "cli_run.h"
 #include "tokenizer/tokenizer.h"
 
@@ -324,13 +326,13 @@ TEST(OpenAiBatch, LogprobsParseAndTakeEachEndpointsShape) {
   EXPECT_EQ(cut.tokens, (std::vector<int32_t>{5}));
 }
 
-// "echo": a boolean; with logprobs only where the caller scores prompts (the server), never with
-// stream. Each choice's text begins with its prompt's; with logprobs its tokens too, the first
+// "echo": a boolean; with logprobs only where the caller scores prompts (not a pipeline), never
+// with stream. Each choice's text begins with its prompt's; with logprobs its tokens too, the first
 // with null log-probability and alternatives, then the prompt's scores, then the generated tokens.
 TEST(OpenAiBatch, EchoPrependsThePromptAndItsScores) {
   EXPECT_TRUE(parse_input_line(completion({{"echo", true}}), opt_hooks()).request->echo);
   expect_refused(completion({{"echo", 1}}), "\"echo\" must be a boolean, got 1", "echo");
-  expect_refused(completion({{"echo", true}, {"logprobs", 1}}), "served by `python -m flexh2o serve`", "echo");
+  expect_refused(completion({{"echo", true}, {"logprobs", 1}}), "not served with --pipeline-stages", "echo");
   Hooks server = opt_hooks();
   server.score_prompts = true;
   const Parsed s = parse_input_line(completion({{"echo", true}, {"stream", true}}), server, true);
@@ -507,6 +509,51 @@ TEST(OpenAiBatch, RunGenerateWithHookRendersChatLines) {
   EXPECT_EQ(lines[2]["response"]["status_code"], 400);
   EXPECT_EQ(lines[2]["response"]["body"]["error"]["message"],
             "rendering the chat template failed: role \"tool\" is not supported");
+}
+
+// A Batch file's echo with logprobs: the prompts are scored before generation, and each choice
+// lists them first (the first token null), with score_tokens()' numbers on an in-memory runner.
+TEST(OpenAiBatch, RunGenerateScoresEchoedPrompts) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  const std::vector<int32_t> p1 = opt_tokenizer().encode("In the beginning God created", true);
+  const std::vector<int32_t> p2 = opt_tokenizer().encode("And the earth was", true);
+  {
+    std::ofstream f(in);
+    f << line("/v1/completions", {{"prompt", {p1, p2}}, {"max_tokens", 2}, {"temperature", 0}, {"echo", true},
+                                  {"logprobs", 2}})
+             .dump()
+      << "\n";
+  }
+  GenerateArgs a;
+  a.model = model_dir("tiny-opt").string();
+  a.input = in.string();
+  a.output = out.string();
+  a.device = "cpu";
+  a.quiet = true;
+  a.progress = "never";
+  Env env;
+  ASSERT_EQ(run_generate(a, env), 0);
+  const auto lines = read_lines(out);
+  ASSERT_EQ(lines.size(), 1u);
+  const json& cs = lines[0]["response"]["body"]["choices"];
+  ASSERT_EQ(cs.size(), 2u) << lines[0].dump();
+  Model m = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  InMemoryRunner runner(fwd, 2);
+  const auto want = score_tokens(runner, {{{p1[0]}, {p1.begin() + 1, p1.end()}}, {{p2[0]}, {p2.begin() + 1, p2.end()}}}, 2);
+  for (size_t k = 0; k < 2; ++k) {
+    const json& lp = cs[k]["logprobs"];
+    const std::vector<int32_t>& p = k == 0 ? p1 : p2;
+    ASSERT_EQ(lp["tokens"].size(), p.size() + 2) << lp.dump();
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+    for (size_t t = 1; t < p.size(); ++t) {
+      EXPECT_NEAR(lp["token_logprobs"][t].get<double>(), want[k][t - 1].logprob, 1e-6) << k << " " << t;
+      EXPECT_EQ(lp["top_logprobs"][t].size(), 2u);
+    }
+    EXPECT_EQ(cs[k]["text"].get<std::string>().rfind(opt_tokenizer().decode(p), 0), 0u) << cs[k].dump();
+  }
 }
 
 }  // namespace
