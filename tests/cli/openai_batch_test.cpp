@@ -451,6 +451,18 @@ std::vector<json> read_lines(const fs::path& p) {
   return v;
 }
 
+// `generate --input in --output out` on tiny-opt, on the CPU, quietly.
+GenerateArgs batch_args(const fs::path& in, const fs::path& out) {
+  GenerateArgs a;
+  a.model = model_dir("tiny-opt").string();
+  a.input = in.string();
+  a.output = out.string();
+  a.device = "cpu";
+  a.quiet = true;
+  a.progress = "never";
+  return a;
+}
+
 // run_generate in-process with a render_chat hook (what `python -m flexh2o generate` does): the
 // rendered text is what is tokenized (no BOS added), so a chat line equals a completions line
 // whose prompt is those token ids; the hook's exception is that line's error only.
@@ -476,13 +488,7 @@ TEST(OpenAiBatch, RunGenerateWithHookRendersChatLines) {
     l["custom_id"] = "c3";
     f << l.dump() << "\n";
   }
-  GenerateArgs a;
-  a.model = model_dir("tiny-opt").string();
-  a.input = in.string();
-  a.output = out.string();
-  a.device = "cpu";
-  a.quiet = true;
-  a.progress = "never";
+  GenerateArgs a = batch_args(in, out);
   a.render_chat = [&](const json& body) -> std::string {
     std::string s;
     for (const json& m : body["messages"]) {
@@ -525,13 +531,7 @@ TEST(OpenAiBatch, RunGenerateScoresEchoedPrompts) {
              .dump()
       << "\n";
   }
-  GenerateArgs a;
-  a.model = model_dir("tiny-opt").string();
-  a.input = in.string();
-  a.output = out.string();
-  a.device = "cpu";
-  a.quiet = true;
-  a.progress = "never";
+  GenerateArgs a = batch_args(in, out);
   Env env;
   ASSERT_EQ(run_generate(a, env), 0);
   const auto lines = read_lines(out);
