@@ -68,7 +68,7 @@ void Forward::step(const int32_t* ids, const int32_t* positions, int64_t T, cons
       }
     }
     if (rows.all) {
-      compute_.head(c, w, s, hidden_.data(), false, logits);
+      compute_.head(c, w, s, hidden_.data(), logits);
     } else {
       logits.resize(size_t(rows.last * B * c.vocab_size));
       compute_.head_rows(c, w, s, hidden_.data(), T - rows.last, rows.last, logits.data());

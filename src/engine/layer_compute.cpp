@@ -243,6 +243,11 @@ void LayerCompute::head_rows(const ModelConfig& c, const ModelWeights& w, const 
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t b = 0; b < s.B; ++b)
       std::copy_n(hidden + (b * s.T + first + i) * H, H, last_.data() + (i * s.B + b) * H);
+  head_of_gathered(c, w, R, logits);
+}
+
+void LayerCompute::head_of_gathered(const ModelConfig& c, const ModelWeights& w, int64_t R, float* logits) {
+  const int64_t H = c.hidden;
   if (c.arch == Arch::kOpt)
     cpu::layernorm(last_.data(), R, H, w.final_norm_w, w.final_norm_b, c.norm_eps, last_.data());
   else
@@ -252,22 +257,12 @@ void LayerCompute::head_rows(const ModelConfig& c, const ModelWeights& w, const 
 }
 
 void LayerCompute::head(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden,
-                        bool last_only, std::vector<float>& logits) {
-  if (last_only) {
-    logits.resize(size_t(s.B * c.vocab_size));
-    head_rows(c, w, s, hidden, s.T - 1, 1, logits.data());
-    return;
-  }
+                        std::vector<float>& logits) {
   const int64_t H = c.hidden, R = s.B * s.T;
   grow(last_, R * H);
   std::copy_n(hidden, R * H, last_.data());
-  if (c.arch == Arch::kOpt)
-    cpu::layernorm(last_.data(), R, H, w.final_norm_w, w.final_norm_b, c.norm_eps, last_.data());
-  else
-    rms(c, last_.data(), R, H, w.final_norm_w, last_.data());
   logits.resize(size_t(R * c.vocab_size));
-  cpu::linear(last_.data(), R, H, w.lm_head, nullptr, logits.data(), cpu::Epilogue::kStore);
-  if (c.final_softcap > 0) cpu::softcap(logits.data(), R * c.vocab_size, c.final_softcap);
+  head_of_gathered(c, w, R, logits.data());
 }
 
 }  // namespace flexh2o

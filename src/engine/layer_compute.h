@@ -46,8 +46,8 @@ class LayerCompute {
   // One transformer layer in place on hidden[B*T, H]; segments must cover sequences [0, B) in order.
   void layer(const ModelConfig& c, const LayerWeights& L, const StepShape& s, float* hidden,
              std::span<const KvSegment> segs);
-  // Final norm + lm_head. last_only: logits [B, V] of each sequence's last row; else [B*T, V].
-  void head(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden, bool last_only,
+  // Final norm + lm_head of every row: logits [B*T, V].
+  void head(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden,
             std::vector<float>& logits);
   // head() into caller memory for rows first..first+rows-1 of each sequence: logits [rows, B, V],
   // block i the rows first + i (first T - 1, rows 1: [B, V] of the last rows).
@@ -61,6 +61,8 @@ class LayerCompute {
   static int64_t scratch_bytes(const ModelConfig& c, int64_t M);
 
  private:
+  // Final norm + lm_head of the first R rows of last_ (in place) into logits [R, V].
+  void head_of_gathered(const ModelConfig& c, const ModelWeights& w, int64_t R, float* logits);
   // out[n, H] = an expert's SwiGLU of width F over x[n, H] (through ffn_a_ / ffn_b_).
   void expert_ffn(const ExpertWeights& w, const float* x, int64_t n, int64_t H, int64_t F, float* out);
   // A MoE MLP over m rows of normed_, added into h.
