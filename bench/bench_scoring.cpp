@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "engine/evaluate.h"
+#include "engine/forwarding_runner.h"
 #include "engine/offload_engine.h"
 
 namespace {
@@ -22,20 +23,14 @@ using Clock = std::chrono::steady_clock;
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // The runner as it was: no rows beyond the last, so scoring reads one token a step.
-class OneTokenAStep final : public StepRunner {
+class OneTokenAStep final : public ForwardingRunner {
  public:
-  explicit OneTokenAStep(StepRunner& r) : r_(r) {}
-  const ModelConfig& config() const override { return r_.config(); }
-  int64_t max_batch() const override { return r_.max_batch(); }
-  void begin_batch(int64_t B, int64_t capacity) override { r_.begin_batch(B, capacity); }
-  void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
-            std::vector<float>& logits) override {
-    r_.step(ids, positions, T, real_rows, logits);
+  using ForwardingRunner::ForwardingRunner;
+  bool can_step_rows() const override { return false; }
+  void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t rows,
+                 std::vector<float>& logits) override {
+    StepRunner::step_rows(ids, positions, T, real_rows, rows, logits);  // rows 1 only
   }
-  size_t kv_bytes() const override { return r_.kv_bytes(); }
-
- private:
-  StepRunner& r_;
 };
 
 // lm-eval-like requests: contexts of 128..383 tokens, continuations of 1..24.

@@ -15,6 +15,7 @@
 #include "engine/bible_requests.h"
 #include "engine/cpu_device.h"
 #include "engine/forward.h"
+#include "engine/forwarding_runner.h"
 #include "engine/policy_of.h"
 #include "engine/runner.h"
 #include "planner/pipeline.h"
@@ -31,23 +32,21 @@ struct Steps {
   std::vector<std::vector<std::vector<float>>> by_batch;
 };
 
-class RecordingRunner final : public StepRunner {
+class RecordingRunner final : public ForwardingRunner {
  public:
-  RecordingRunner(StepRunner& r, Steps& s) : r_(r), s_(s) {}
-  const ModelConfig& config() const override { return r_.config(); }
-  int64_t max_batch() const override { return r_.max_batch(); }
+  RecordingRunner(StepRunner& r, Steps& s) : ForwardingRunner(r), s_(s) {}
   void begin_batch(int64_t B, int64_t cap) override {
     s_.by_batch.emplace_back();
-    r_.begin_batch(B, cap);
+    ForwardingRunner::begin_batch(B, cap);
   }
   void step(const int32_t* ids, const int32_t* pos, int64_t T, const int32_t* rr, std::vector<float>& lg) override {
-    r_.step(ids, pos, T, rr, lg);
+    ForwardingRunner::step(ids, pos, T, rr, lg);
     s_.by_batch.back().push_back(lg);
   }
-  size_t kv_bytes() const override { return r_.kv_bytes(); }
+  bool can_step_rows() const override { return false; }  // every step recorded through step()
+  bool can_rewind() const override { return false; }
 
  private:
-  StepRunner& r_;
   Steps& s_;
 };
 

@@ -270,7 +270,9 @@ TEST(OffloadStore, PlacingReportsBytesUpToTheTotal) {
     ASSERT_GE(calls.size(), 3u) << run;
     for (size_t i = 0; i < calls.size(); ++i) {
       EXPECT_EQ(calls[i].second, total) << run;
-      if (i) EXPECT_GT(calls[i].first, calls[i - 1].first) << run << " call " << i;
+      if (i) {
+        EXPECT_GT(calls[i].first, calls[i - 1].first) << run << " call " << i;
+      }
     }
     EXPECT_EQ(calls.back().first, total) << run;
     for (int t = 0; t < 3; ++t) EXPECT_GT(e.placement().bytes[size_t(t)], 0u) << run << " tier " << t;

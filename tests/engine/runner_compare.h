@@ -12,29 +12,24 @@
 #include <vector>
 
 #include "engine/generate.h"
+#include "engine/forwarding_runner.h"
 #include "engine/runner.h"
 
 namespace flexh2o::test {
 
-class Recorder final : public StepRunner {
+class Recorder final : public ForwardingRunner {
  public:
-  explicit Recorder(StepRunner& r) : r_(r) {}
-  const ModelConfig& config() const override { return r_.config(); }
-  int64_t max_batch() const override { return r_.max_batch(); }
-  void begin_batch(int64_t B, int64_t capacity) override { r_.begin_batch(B, capacity); }
+  using ForwardingRunner::ForwardingRunner;
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
             std::vector<float>& logits) override {
-    r_.step(ids, positions, T, real_rows, logits);
+    step_rows(ids, positions, T, real_rows, 1, logits);
+  }
+  void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t rows,
+                 std::vector<float>& logits) override {
+    inner().step_rows(ids, positions, T, real_rows, rows, logits);
     steps.push_back(logits);
   }
-  size_t kv_bytes() const override { return r_.kv_bytes(); }
-  void expect_more_steps(bool more) override { r_.expect_more_steps(more); }
-  bool can_rewind() const override { return r_.can_rewind(); }
-  void rewind(int64_t b, int64_t len) override { r_.rewind(b, len); }
   std::vector<std::vector<float>> steps;
-
- private:
-  StepRunner& r_;
 };
 
 struct Run {

@@ -13,6 +13,7 @@
 #include "../engine/test_util.h"
 #include "core/error.h"
 #include "engine/evaluate.h"
+#include "engine/forwarding_runner.h"
 #include "engine/generate.h"
 #include "engine/offload_engine.h"
 #include "policies/kv_policy.h"
@@ -23,29 +24,23 @@ namespace {
 using test::model_dir;
 
 // Forwards to a runner, counting steps; `rewind` false hides can_rewind() (as host attention).
-class Counting final : public StepRunner {
+class Counting final : public ForwardingRunner {
  public:
-  explicit Counting(StepRunner& r, bool rewind = true) : r_(r), rewind_(rewind) {}
-  const ModelConfig& config() const override { return r_.config(); }
-  int64_t max_batch() const override { return r_.max_batch(); }
-  void begin_batch(int64_t B, int64_t capacity) override { r_.begin_batch(B, capacity); }
+  explicit Counting(StepRunner& r, bool rewind = true) : ForwardingRunner(r), rewind_(rewind) {}
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
             std::vector<float>& logits) override {
     step_rows(ids, positions, T, real_rows, 1, logits);
   }
-  size_t kv_bytes() const override { return r_.kv_bytes(); }
-  bool can_rewind() const override { return rewind_ && r_.can_rewind(); }
-  bool can_step_rows() const override { return r_.can_step_rows(); }
+  bool can_rewind() const override { return rewind_ && ForwardingRunner::can_rewind(); }
   void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t rows,
                  std::vector<float>& logits) override {
-    r_.step_rows(ids, positions, T, real_rows, rows, logits);
+    inner().step_rows(ids, positions, T, real_rows, rows, logits);
     ++steps;
     max_rows = std::max(max_rows, rows);
   }
   int64_t steps = 0, max_rows = 0;
 
  private:
-  StepRunner& r_;
   bool rewind_;
 };
 
@@ -166,7 +161,9 @@ TEST_P(ScoreRows, LoglikelihoodsInRowsEqualTeacherForcing) {
     const std::string what = GetParam() + " budget " + std::to_string(k.bytes / row) + " rows";
     expect_same(got, want, what);
     EXPECT_LE(rc.max_rows, std::max<int64_t>(1, int64_t(k.bytes / row))) << what;
-    if (k.bytes == kScoringLogitsBytes) EXPECT_EQ(rc.steps, 3) << what;  // 13 requests, 5 a batch
+    if (k.bytes == kScoringLogitsBytes) {
+      EXPECT_EQ(rc.steps, 3) << what;  // 13 requests, 5 a batch
+    }
   }
 }
 
