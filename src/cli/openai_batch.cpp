@@ -226,7 +226,6 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h, bool stream) {
       if (!body["echo"].is_boolean()) bad("echo", "\"echo\" must be a boolean, got ", json_excerpt(body["echo"]));
       r.echo = body["echo"].get<bool>();
     }
-    if (r.echo && r.stream) bad("echo", "\"echo\" with \"stream\": true is not supported by flexh2o; ask without streaming");
     if (r.echo && r.logprobs >= 0 && !h.score_prompts)
       bad("echo", "\"echo\" with \"logprobs\" (the prompt's log-probabilities) is not served with "
                   "--pipeline-stages, whose stages cannot score a prompt; drop one of them");

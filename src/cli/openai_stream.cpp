@@ -124,11 +124,27 @@ json LiveAnswers::logprobs_upto(Choice& ch, const Request& r, const GenerationRe
   return logprobs_of(part, r.endpoint == Endpoint::kChatCompletions, piece_, &ch.chars_sent);
 }
 
+bool LiveAnswers::echo_prompt(Choice& ch, Line& l, size_t req) {
+  const Request& r = *l.r;
+  if (!r.stream || !r.echo || ch.echoed) return !l.gone;
+  ch.echoed = true;
+  const size_t p = (req - l.first) / size_t(std::max<int64_t>(r.n, 1));  // prompt-major, then n
+  json logprobs;
+  if (r.logprobs >= 0) {
+    openai_batch::Choice part;
+    part.prompt = r.prompts[p];
+    if (p < r.prompt_scores.size()) part.prompt_scores = r.prompt_scores[p];
+    logprobs = logprobs_of(part, false, piece_, &ch.chars_sent);
+  }
+  return chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), decode_(r.prompts[p]),
+                               nullptr, false, std::move(logprobs)));
+}
+
 bool LiveAnswers::on_token(size_t req, const GenerationResult& res) {
   Choice& ch = choices_.at(req);
   Line& l = lines_[ch.line];
   const Request& r = *l.r;
-  if (l.gone) {
+  if (l.gone || !echo_prompt(ch, l, req)) {
     ++cancelled_;
     return true;
   }
@@ -158,6 +174,7 @@ void LiveAnswers::on_result(size_t req, const GenerationResult& res) {
   const Request& r = *l.r;
   ch.res = &res;
   if (r.stream) {
+    echo_prompt(ch, l, req);
     openai_batch::Choice c = finish_choice(res.tokens, res.finish == FinishReason::kEos, decode_, r.stop);
     with_logprobs(c, res);  // the tokens the plain answer lists (EOS left out)
     chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), ch.text.rest(c.text),

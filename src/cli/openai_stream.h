@@ -71,7 +71,8 @@ class LiveAnswers {
   void defer(size_t line);
   // ends_at: true when request `req`'s text holds a stop string or its client has gone; a
   // streamed choice's new text is emitted, with logprobs those of the tokens it completes (a
-  // token goes out with the chunk that sends the last of its text).
+  // token goes out with the chunk that sends the last of its text). A streamed "echo" choice
+  // sends its prompt first, so the chunks add up to the plain answer.
   bool on_token(size_t req, const GenerationResult& res);
   // on_result: a streamed choice's last chunk; once a line's choices have all ended, its
   // output line (a streamed one first gets its usage chunk when asked). `res` must stay valid
@@ -96,8 +97,13 @@ class LiveAnswers {
     const GenerationResult* res = nullptr;
     size_t tokens_sent = 0;   // tokens whose log-probabilities went out
     int64_t chars_sent = 0;   // their characters (text_offset of the next)
+    bool echoed = false;      // an "echo" choice's prompt chunk went out
   };
   bool chunk(Line& l, const nlohmann::json& c);
+  // A streamed "echo" choice's first chunk, before its first generated text: the prompt's text
+  // and, with logprobs, its tokens and scores (Request::prompt_scores, filled by then). False
+  // once the client has gone.
+  bool echo_prompt(Choice& ch, Line& l, size_t req);
   // The logprobs of a streamed choice's tokens [ch.tokens_sent, end) (null without logprobs).
   nlohmann::json logprobs_upto(Choice& ch, const Request& r, const GenerationResult& res, size_t end);
 

@@ -326,8 +326,8 @@ TEST(OpenAiBatch, LogprobsParseAndTakeEachEndpointsShape) {
   EXPECT_EQ(cut.tokens, (std::vector<int32_t>{5}));
 }
 
-// "echo": a boolean; with logprobs only where the caller scores prompts (not a pipeline), never
-// with stream. Each choice's text begins with its prompt's; with logprobs its tokens too, the first
+// "echo": a boolean; with logprobs only where the caller scores prompts (not a pipeline); with
+// stream too. Each choice's text begins with its prompt's; with logprobs its tokens too, the first
 // with null log-probability and alternatives, then the prompt's scores, then the generated tokens.
 TEST(OpenAiBatch, EchoPrependsThePromptAndItsScores) {
   EXPECT_TRUE(parse_input_line(completion({{"echo", true}}), opt_hooks()).request->echo);
@@ -335,9 +335,9 @@ TEST(OpenAiBatch, EchoPrependsThePromptAndItsScores) {
   expect_refused(completion({{"echo", true}, {"logprobs", 1}}), "not served with --pipeline-stages", "echo");
   Hooks server = opt_hooks();
   server.score_prompts = true;
-  const Parsed s = parse_input_line(completion({{"echo", true}, {"stream", true}}), server, true);
-  ASSERT_TRUE(s.error);
-  EXPECT_EQ(s.error->param, "echo");
+  const Parsed s = parse_input_line(completion({{"echo", true}, {"stream", true}, {"logprobs", 1}}), server, true);
+  ASSERT_TRUE(s.request) << s.error->message;
+  EXPECT_TRUE(s.request->echo && s.request->stream);
   // Two prompts of token ids, two choices each, two alternatives.
   const Parsed p = parse_input_line(
       completion({{"echo", true}, {"logprobs", 2}, {"n", 2}, {"prompt", {{5, 6}, {7}}}}), server);

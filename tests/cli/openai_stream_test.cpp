@@ -114,7 +114,8 @@ TEST(OpenAiStream, StreamParametersParseOnlyWhereStreamingIsServed) {
           "takes \"include_usage\"", "stream_options");
   refused({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}}, "/v1/completions",
           "must be a boolean", "stream_options");
-  refused({{"prompt", "x"}, {"stream", true}, {"echo", true}}, "/v1/completions", "not supported", "echo");
+  EXPECT_TRUE(parse_input_line(line("/v1/completions", {{"prompt", "x"}, {"stream", true}, {"echo", true}}),
+                               opt_hooks(), true).request);
   // Log-probabilities stream (they go out with the chunks).
   EXPECT_TRUE(parse_input_line(line("/v1/completions", {{"prompt", "x"}, {"stream", true}, {"logprobs", 1}}),
                                opt_hooks(), true).request);
@@ -181,14 +182,17 @@ void drive(LiveAnswers& live, size_t first, const std::vector<std::vector<int32_
 }
 
 // Streamed log-probabilities: each token goes out with the chunk that sends the last of its text,
-// and the chunks' tokens, log-probabilities, alternatives and text offsets add up to the plain
-// answer's (completions and chat; a choice ended by a stop string).
+// and the chunks' text, tokens, log-probabilities, alternatives and text offsets add up to the
+// plain answer's (completions, chat, and completions with "echo" of a prompt that splits a
+// character; a choice ended by a stop string).
 TEST(OpenAiStream, StreamedLogprobsAddUpToThePlainAnswers) {
   const std::vector<int32_t> a = opt_tokenizer().encode(kWide + " and more", false);
   std::vector<int32_t> b = opt_tokenizer().encode(" short, then a stop and more", false);
   b.push_back(2);  // EOS
   const TokenText piece = token_text_of(&opt_tokenizer());
-  for (bool chat : {false, true}) {
+  enum Kind { kCompletions, kChat, kEcho };
+  for (Kind kind : {kCompletions, kChat, kEcho}) {
+    const bool chat = kind == kChat;
     Recorder rec;
     IdMaker ids(7);
     LiveAnswers live(rec.emit(), decode_fn(), piece, "tiny", 123, ids);
@@ -198,12 +202,21 @@ TEST(OpenAiStream, StreamedLogprobsAddUpToThePlainAnswers) {
       body["logprobs"] = true;
       body["top_logprobs"] = 2;
     } else {
-      body["prompt"] = "x";
+      body["prompt"] = kind == kEcho ? "\xE2\x98\x83 snow" : "x";
       body["logprobs"] = 2;
+      body["echo"] = kind == kEcho;
     }
-    const Parsed streamed = parse_input_line(line(chat ? "/v1/chat/completions" : "/v1/completions", body),
-                                             opt_hooks(), true);
+    Hooks hooks = opt_hooks();
+    hooks.score_prompts = true;
+    Parsed streamed = parse_input_line(line(chat ? "/v1/chat/completions" : "/v1/completions", body), hooks, true);
     ASSERT_TRUE(streamed.request) << streamed.error->message;
+    if (kind == kEcho) {  // as score_echoed_prompts() leaves them: every token's but the first
+      Request& r = *streamed.request;
+      ASSERT_GT(r.prompts.at(0).size(), 3u);
+      r.prompt_scores.assign(1, {});
+      for (size_t t = 1; t < r.prompts[0].size(); ++t)
+        r.prompt_scores[0].push_back({-0.5f * float(t), {{7, -0.25f}, {9, -0.75f * float(t)}}});
+    }
     live.add(0, *streamed.request, 0, 2);
     std::vector<GenerationResult> res;
     drive(live, 0, {a, b}, {int64_t(a.size()), 100}, res, 2);
@@ -232,10 +245,18 @@ TEST(OpenAiStream, StreamedLogprobsAddUpToThePlainAnswers) {
             EXPECT_TRUE(text.starts_with(token_bytes)) << "choice " << k << ": " << token_bytes << " | " << text;
         }
       }
-      const std::string what = std::string(chat ? "chat" : "completions") + " choice " + std::to_string(k);
+      const std::string what =
+          std::string(chat ? "chat" : kind == kEcho ? "echo" : "completions") + " choice " + std::to_string(k);
       EXPECT_GT(chunks, 2) << what;
       if (chat) got["refusal"] = nullptr;
       EXPECT_EQ(got, want) << what;
+      if (!chat) {
+        EXPECT_EQ(text, out["response"]["body"]["choices"][size_t(k)]["text"]) << what;
+      }
+      if (kind == kEcho) {
+        EXPECT_TRUE(want["token_logprobs"][0].is_null()) << what;
+        EXPECT_EQ(want["token_logprobs"][1], -0.5) << what;
+      }
       EXPECT_FALSE((chat ? want["content"] : want["tokens"]).empty()) << what;
     }
     EXPECT_EQ(out["response"]["body"]["choices"][1]["finish_reason"], "stop");

@@ -69,10 +69,3 @@ def test_echo_without_logprobs_and_with_no_new_tokens(echo_server):
     assert c["text"] == prompt_text and c["finish_reason"] == "length"
     assert len(c["logprobs"]["tokens"]) == len(llm.encode("And God said"))
     assert c["logprobs"]["top_logprobs"][1] == {}
-
-
-def test_echo_with_stream_is_refused(echo_server):
-    srv, _ = echo_server
-    status, body = srv.request("POST", "/v1/completions",
-                               {"model": "m", "prompt": "x", "echo": True, "stream": True})
-    assert status == 400 and body["error"]["param"] == "echo", body

@@ -1,5 +1,5 @@
 """flexh2o.serve's streaming and early answers: streamed chunks add up to the plain answer
-(completions, chat, several choices, stop strings, in memory and offloaded), a request is
+(completions, chat, several choices, stop strings, echo, in memory and offloaded), a request is
 answered when its own choices end, a client that leaves ends its request, and failures before
 and after the first chunk reach the client."""
 
@@ -73,6 +73,10 @@ STREAMED = [
     {"model": "m", "prompt": "Blessed are", "max_tokens": 12, "temperature": 0.8, "seed": 11, "n": 3},
     {"model": "m", "prompt": "caf\u00e9 \u2603 \u65e5\u672c", "max_tokens": 16, "temperature": 1.0, "seed": 3,
      "stream_options": {"include_usage": True}, "logprobs": 0},
+    # "echo": the prompt's chunk first, with its scored tokens (the first one's null).
+    {"model": "m", "prompt": "And God said, Let there be", "max_tokens": 10, "temperature": 0, "echo": True,
+     "logprobs": 1, "n": 2},
+    {"model": "m", "prompt": "caf\u00e9 \u2603", "max_tokens": 6, "temperature": 0, "echo": True},
 ]
 
 
