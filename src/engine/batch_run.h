@@ -45,19 +45,20 @@ void finish(size_t r, Outs& out, const GenerateOptions& opts) {
 template <class Reqs, class Outs>
 class BatchRun {
  public:
-  // The prompts are left-padded to at least `min_rows` rows, and each slot gets room for at
-  // least `min_capacity` tokens (a continuous run sizes both for every request it may take).
+  // The first step is the prompts, left-padded to the longest. A continuous run sizes the batch
+  // for every request it may take: refill steps up to `min_rows` rows (max_rows()), room for
+  // `min_capacity` tokens a slot.
   BatchRun(const ModelConfig& c, const Reqs& reqs, std::vector<size_t> members, const GenerateOptions& opts,
            Outs& out, GenerateStats& st, int64_t& done_tokens, const int64_t& total_tokens, int64_t min_rows = 0,
            int64_t min_capacity = 0)
       : c_(c), reqs_(reqs), idx_(std::move(members)), B_(int64_t(idx_.size())), opts_(opts), out_(out), st_(st),
         done_(done_tokens), total_(total_tokens) {
-    int64_t max_new = 0;
+    int64_t max_new = 0, first_rows = 0;
     for (size_t r : idx_) {
-      S_ = std::max<int64_t>(S_, int64_t(reqs[r].prompt_ids.size()));
+      first_rows = std::max<int64_t>(first_rows, int64_t(reqs[r].prompt_ids.size()));
       max_new = std::max<int64_t>(max_new, room_for(reqs[r], c));  // a sequence cannot grow past the positions
     }
-    S_ = std::max(S_, min_rows);
+    S_ = std::max(first_rows, min_rows);
     capacity_ = std::max(S_ + std::max<int64_t>(max_new, 1), min_capacity);
     steps_ = std::max<int64_t>(max_new, 1);
     len_.assign(size_t(B_), 0);
@@ -70,13 +71,15 @@ class BatchRun {
     }
     ids_.assign(size_t(B_), opts.pad_id);  // no sequence has a pending token yet
     pos_.assign(size_t(B_), 0);
-    wide_step(all, S_, nullptr);
+    wide_step(all, std::max<int64_t>(first_rows, 1), nullptr);
     for (const auto& [b, r] : all)
       if (ends_at_once(reqs[r], c)) end_now(b);
   }
 
   int64_t batch() const { return B_; }
   int64_t capacity() const { return capacity_; }
+  // The widest step this batch may take (its refill steps'): StepRunner::reserve_rows().
+  int64_t max_rows() const { return S_; }
   // The next step processes prompts: the prefill, or a refill's step.
   bool prefill() const { return T_ > 1 || step_no_ == 0; }
   const int32_t* ids() const { return ids_.data(); }

@@ -53,7 +53,9 @@ size_t run_continuous(StepRunner& run, Reqs& reqs, size_t next, const GenerateOp
   next += count;
   ++st.batches;
   run.begin_batch(b.batch(), b.capacity());
-  rows = b.T();  // the prefill's width: no later step may be wider
+  // The prefill is as wide as the batch's own prompts; refill steps may be wider, up to rows.
+  rows = b.max_rows();
+  run.reserve_rows(rows);
   cap = b.capacity();
   std::vector<float> logits;
   bool more = true, can = false;

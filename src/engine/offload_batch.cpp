@@ -60,6 +60,7 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
   capacity = cap;
   allocated = false;
   s_max = 0;
+  rows_reserved = 0;
   window = e.opts_.window_cap ? full_cache_window(c, user_policy != nullptr, cap) : 0;
   kv_policy = window ? window_policy.get() : user_policy;
   n_classes = window && count_sliding_layers(c) < c.n_layers ? 2 : 1;
@@ -73,7 +74,7 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
 }
 
 void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
-  s_max = T;
+  s_max = std::max(T, rows_reserved);
   for (int i = 0; i < n_classes; ++i) {
     // Under a window cap of a model with full-attention layers, class 0 is those: unbounded.
     std::vector<KvBudget>& budgets = kvc[size_t(i)].budgets;

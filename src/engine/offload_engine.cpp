@@ -274,6 +274,13 @@ void OffloadEngine::begin_batch(int64_t B, int64_t capacity) {
   kv_bytes_ = 0;
 }
 
+void OffloadEngine::reserve_rows(int64_t rows) {
+  FH_CHECK(!impl_->allocated, "reserve_rows() after the batch's first step");
+  FH_CHECK(rows >= 0 && rows <= model_.config().max_positions, "reserve of ", rows, " rows outside [0, ",
+           model_.config().max_positions, "]");
+  impl_->rows_reserved = rows;
+}
+
 void OffloadEngine::set_groups(int n) {
   FH_CHECK(n >= 1, "groups must be at least 1, got ", n);
   Impl& m = *impl_;

@@ -113,6 +113,8 @@ class OffloadEngine final : public StepRunner {
   const ModelConfig& config() const override { return model_.config(); }
   int64_t max_batch() const override { return opts_.policy.block_size(); }
   void begin_batch(int64_t B, int64_t capacity) override;
+  // Buffers sized at the prefill take at least `rows` rows a sequence.
+  void reserve_rows(int64_t rows) override;
   // Blocking. The first step of a batch (the prefill) sizes its buffers and fails, naming
   // every item, when they do not fit.
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,

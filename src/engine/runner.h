@@ -31,6 +31,10 @@ class StepRunner {
   // A hint before each step: whether another step (of this batch or the next) is expected after
   // it, so an engine may prefetch for it. A wrong hint costs time, never correctness.
   virtual void expect_more_steps(bool more) { (void)more; }
+  // Before a batch's first step: its later steps may be up to `rows` wide, wider than the first
+  // (continuous batching's refill steps). An engine that sizes its buffers at the first step
+  // sizes them for the wider of the two; without this no step may be wider than the first.
+  virtual void reserve_rows(int64_t rows) { (void)rows; }
   // Continuous batching. Asked after the batch's first step: whether rewind() may be called (a
   // full cache with no KV policy or window cap; offloaded, attention where the cache is sent).
   virtual bool can_rewind() const { return false; }

@@ -4,11 +4,13 @@
 // step); fewer steps when sequences end early; the runners that cannot refill fall back.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
 #include "bible_requests.h"
 #include "engine/cpu_device.h"
+#include "engine/forwarding_runner.h"
 #include "engine/offload_engine.h"
 #include "policy_of.h"
 #include "runner_compare.h"
@@ -166,6 +168,54 @@ TEST(ContinuousBatching, RequestsThatArriveWhileItRunsJoinIt) {
       EXPECT_EQ(got[j].logprobs, want[index[j]].logprobs) << "request " << index[j];
     }
     EXPECT_EQ(st.batches, 1) << given;
+  }
+}
+
+// Records each step's width.
+class Widths final : public ForwardingRunner {
+ public:
+  using ForwardingRunner::ForwardingRunner;
+  void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
+            std::vector<float>& logits) override {
+    widths.push_back(T);
+    ForwardingRunner::step(ids, positions, T, real_rows, logits);
+  }
+  std::vector<int64_t> widths;
+};
+
+// The prefill is as wide as the batch's own prompts, not as the longest request that may join
+// (a server sizes its batch for --max-prompt-len: a prefill that wide cost seconds on 5-token
+// prompts); a joining longer prompt's refill step is wider than the prefill, on the offloading
+// engine too (its buffers are sized for it at the prefill).
+TEST(ContinuousBatching, ThePrefillIsAsWideAsItsPromptsAndRefillsMayBeWider) {
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = test::policy_of("0 100 0 100 100 0", 2, 1);
+  o.offload_dir = dir.path() / "store";
+  OffloadEngine eng(model, dev, o);
+  Forward fwd(model, dev);
+  InMemoryRunner ref(fwd, eng.max_batch());
+  std::vector<GenerationRequest> reqs = mixed_requests(model.config());
+  std::stable_sort(reqs.begin(), reqs.end(), [](const GenerationRequest& a, const GenerationRequest& b) {
+    return a.prompt_ids.size() < b.prompt_ids.size();  // short prompts first, the longest join last
+  });
+  for (StepRunner* r : {static_cast<StepRunner*>(&eng), static_cast<StepRunner*>(&ref)}) {
+    const std::string what = r == &eng ? "offloaded" : "in memory";
+    Widths w(*r);
+    GenerateOptions opts = options(true);
+    opts.ends_at = nullptr;
+    opts.min_rows = 48;  // a server's bound, beyond every prompt
+    GenerateStats st;
+    const auto got = generate(w, reqs, opts, &st);
+    GenerateOptions plain = options(false);
+    plain.ends_at = nullptr;
+    expect_same_results(got, generate(ref, reqs, plain), what);
+    ASSERT_FALSE(w.widths.empty()) << what;
+    EXPECT_EQ(w.widths[0], int64_t(std::max(reqs[0].prompt_ids.size(), reqs[1].prompt_ids.size()))) << what;
+    EXPECT_EQ(*std::max_element(w.widths.begin(), w.widths.end()), int64_t(reqs.back().prompt_ids.size())) << what;
+    EXPECT_GT(st.refills, 0) << what;
   }
 }
 
