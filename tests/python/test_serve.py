@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -141,7 +142,7 @@ def test_models_and_health(opt_server):
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"model": "m", "prompt": "x", "stream": True, "echo": True}, "echo", "with \"stream\": true is not supported"),
+    ({"model": "m", "prompt": "x", "echo": "yes"}, "echo", "must be a boolean"),
     ({"model": "m", "prompt": "x", "stream": "yes"}, "stream", "must be a boolean"),
     ({"model": "m", "prompt": "x", "max_tokens": 21}, None, "more than this server's limit of 20"),
     ({"model": "m", "prompt": "x", "best_of": 3}, "best_of", "best_of"),
@@ -237,6 +238,54 @@ def test_the_command_serves_until_sigint():
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
         assert p.returncode == 0 and "stopping" in err, err
+    finally:
+        p.kill()
+
+
+def test_a_signal_answers_the_requests_in_flight_before_the_process_ends():
+    """SIGTERM while a call runs: the streamed request gets its error event and [DONE], the
+    waiting plain one its whole 503 (the handler threads write before the process exits)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.Popen([sys.executable, "-m", "flexh2o", "serve", "-m", str(TINY["opt"]), "--device", "cpu",
+                          "--port", "0", "--max-new-tokens", "1000"], stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line = ""
+        for _ in range(50):
+            line = p.stderr.readline()
+            if "on http://" in line or not line:
+                break
+        port = int(line.split("127.0.0.1:")[1].split("/")[0])
+        # 16 x 1000 tokens, EOS banned: about 2 s on 2 cores, so the signal comes while it runs.
+        long = {"model": "m", "prompt": "In the beginning", "max_tokens": 1000, "n": 16, "logit_bias": {"2": -100}}
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps({**long, "stream": True}),
+                     headers={"Content-Type": "application/json"})
+        streamed = conn.getresponse()
+        assert streamed.status == 200 and streamed.readline().startswith(b"data: ")  # the call runs
+        plain = {}
+
+        def post():
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                c.request("POST", "/v1/completions", body=json.dumps(long),
+                          headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                plain["answer"] = (r.status, json.loads(r.read()))
+            except Exception as e:  # noqa: BLE001 - what the client saw
+                plain["answer"] = e
+
+        t = threading.Thread(target=post)
+        t.start()
+        time.sleep(0.3)  # the plain request is queued behind the running call
+        p.send_signal(signal.SIGTERM)
+        rest = streamed.read().decode()
+        t.join(60)
+        assert rest.rstrip().endswith("data: [DONE]") and "shutting down" in rest, rest[-300:]
+        status, body = plain["answer"]
+        assert status == 503 and "shutting down" in body["error"]["message"], body
+        p.communicate(timeout=60)
+        assert p.returncode == 0
     finally:
         p.kill()
 

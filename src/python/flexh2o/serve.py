@@ -25,6 +25,7 @@ from ._flexh2o import Error, StopFlag
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_BODY = 64 << 20  # bytes; the CLI's JSONL line limit
+CLOSE_WAIT = 10.0  # seconds close() waits for answers to be written
 
 
 def error_body(message, type_="invalid_request_error", param=None):
@@ -94,6 +95,7 @@ class Server:
         self._closing = False
         self._stop = StopFlag()
         self._next_id = 0
+        self._handling = 0  # POSTs between submit and their last byte written (close() waits for them)
         # The weights are placed now (for the workload the bounds allow), not on the first request:
         # a budget too small fails here, and the first request starts at once.
         llm._s.prepare(self.max_prompt_len, self.max_new_tokens, self.max_batch_requests)
@@ -121,6 +123,17 @@ class Server:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._engine.join()
+        # Every waiting request has its answer now; the handler threads are daemons, so let them
+        # write it before the process may exit (a client that does not read gets CLOSE_WAIT s).
+        deadline = time.monotonic() + CLOSE_WAIT
+        with self._cv:
+            while self._handling and time.monotonic() < deadline:
+                self._cv.wait(deadline - time.monotonic())
+
+    def _handled(self, delta):
+        with self._cv:
+            self._handling += delta
+            self._cv.notify_all()
 
     # ---- the engine thread
 
@@ -300,12 +313,16 @@ def _handler_for(server):
             if not isinstance(body, dict):
                 self._send(400, error_body("the body must be a JSON object"))
                 return
-            p = server.submit(path, body)
-            if p.stream:
-                self._stream(p)
-            else:
-                p.done.wait()
-                self._send(p.status, p.body)
+            server._handled(1)
+            try:
+                p = server.submit(path, body)
+                if p.stream:
+                    self._stream(p)
+                else:
+                    p.done.wait()
+                    self._send(p.status, p.body)
+            finally:
+                server._handled(-1)
 
         def _stream(self, p):
             """Server-sent events: one "data: CHUNK" per chunk, then "data: [DONE]". A request that
@@ -436,6 +453,9 @@ def main(argv=None):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    # A shell starts a background job with SIGINT ignored, and Python then leaves it so: a
+    # server started with `&` would not stop on `kill -INT`.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
