@@ -497,10 +497,10 @@ Estimate CostModel::finish(const Policy& p, double prefill, const std::array<dou
   e.kv_tokens = keep_;
   std::ostringstream os;
   for (int t = 0; t < 3; ++t) {
-    if (double(e.memory[size_t(t)]) > hw_.usable(t)) {
+    if (hw_.charged(t, e.memory) > hw_.usable(t)) {
       e.fits = false;
-      os << (os.tellp() > 0 ? "; " : "") << tier_name(Tier(t)) << " needs " << double(e.memory[size_t(t)]) / 1e9
-         << " GB, usable " << hw_.usable(t) / 1e9 << " GB";
+      os << (os.tellp() > 0 ? "; " : "") << tier_name(Tier(t)) << (t == 1 && hw_.shared_memory ? " with the device" : "")
+         << " needs " << hw_.charged(t, e.memory) / 1e9 << " GB, usable " << hw_.usable(t) / 1e9 << " GB";
     }
   }
   e.memory_note = os.str();

@@ -114,6 +114,11 @@ double HardwareProfile::usable(int tier) const {
   return cap * usable_fraction;
 }
 
+double HardwareProfile::charged(int tier, const std::array<uint64_t, 3>& memory) const {
+  const double own = double(memory[size_t(tier)]);
+  return tier == 1 && shared_memory ? own + double(memory[0]) : own;
+}
+
 HardwareProfile HardwareProfile::from_json(const json& j, const std::string& origin) {
   if (!j.is_object()) FH_FAIL(origin, ": a hardware profile must be a JSON object");
   HardwareProfile h;
@@ -162,6 +167,11 @@ HardwareProfile HardwareProfile::from_json(const json& j, const std::string& ori
       FH_FAIL(origin, ": hardware profile field \"device_gemm_time\" must be \"max\" or \"sum\"");
     h.gemm_time_sum = g.get<std::string>() == "sum";
   }
+  if (j.contains("shared_memory")) {
+    if (!j["shared_memory"].is_boolean())
+      FH_FAIL(origin, ": hardware profile field \"shared_memory\" must be true or false");
+    h.shared_memory = j["shared_memory"].get<bool>();
+  }
   if (j.contains("disk_duplex")) {
     if (!j["disk_duplex"].is_boolean()) FH_FAIL(origin, ": hardware profile field \"disk_duplex\" must be true or false");
     h.disk_duplex = j["disk_duplex"].get<bool>();
@@ -201,6 +211,7 @@ json HardwareProfile::to_json() const {
   j["device"] = device_kind_name(device);
   j["memory_gb"] = {{"device", device_memory / kG}, {"host", host_memory / kG}, {"disk", disk_memory / kG}};
   j["usable_fraction"] = usable_fraction;
+  j["shared_memory"] = shared_memory;
   j["bandwidth_gbps"] = {{"host_to_device", host_to_device / kG},       {"device_to_host", device_to_host / kG},
                          {"device_to_host_cache", device_to_host_cache / kG}, {"disk_to_host", disk_to_host / kG},
                          {"host_to_disk", host_to_disk / kG},           {"host_to_disk_cache", host_to_disk_cache / kG},

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <array>
 #include <string>
 #include <string_view>
 
@@ -96,7 +97,14 @@ struct HardwareProfile {
   // 1/host_to_device)), 10 us per message.
   StageLink between_stages() const;
 
+  // Device and host tiers are one pool (JSON "shared_memory": true; `flexh2o profile` of the
+  // CPU device, whose tiers are both RAM): the host's capacity bounds the two together.
+  bool shared_memory = false;
+
   double usable(int tier) const;  // tier 0 device, 1 host, 2 disk; bytes the planner may use
+  // The bytes of a placement's per-tier `memory` that count against `tier`'s usable bytes: the
+  // tier's own, and for the host of a shared pool the device's too.
+  double charged(int tier, const std::array<uint64_t, 3>& memory) const;
   // Throws flexh2o::Error naming the field when one is missing from `j`, negative, or (for
   // the rates and capacities the model divides by) zero. `origin` names the file.
   static HardwareProfile from_json(const nlohmann::json& j, const std::string& origin);

@@ -30,7 +30,7 @@ std::vector<int64_t> default_batches() {
 }
 
 bool fits(const CostModel& cm, const Policy& p, int tier, int64_t groups) {
-  return double(cm.memory(p, groups)[size_t(tier)]) <= cm.hardware().usable(tier);
+  return cm.hardware().charged(tier, cm.memory(p, groups)) <= cm.hardware().usable(tier);
 }
 
 // Highest-tier weight split that fits (device share, then host share); false if none.
@@ -125,12 +125,13 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     tiny.compress_cache = ccs.back();
     const auto m = cm.memory(tiny, o.groups);
     const double need = double(m[0] + m[1] + m[2]);
-    const double have = hw.usable(0) + hw.usable(1) + hw.usable(2);
+    const double have = (hw.shared_memory ? 0 : hw.usable(0)) + hw.usable(1) + hw.usable(2);
     if (need > have)
       FH_FAIL("infeasible: ", cm.shape().config.name, " needs at least ", gb(need), " (weights ",
               gb(double(cm.shape().total_bytes(tiny))), tiny.compress_weight ? " at 4 bits" : "", " + one sequence's KV and buffers) but the tiers of ", hw.name,
               " hold ", gb(have), " usable together (device ", gb(hw.usable(0)), ", host ", gb(hw.usable(1)),
-              ", disk ", gb(hw.usable(2)), "): short by ", gb(need - have));
+              hw.shared_memory ? " shared with the device" : "", ", disk ", gb(hw.usable(2)), "): short by ",
+              gb(need - have));
   }
   PlanResult r;
   bool found = false;
@@ -156,9 +157,10 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     const auto m = cm.memory(p, o.groups);
     std::ostringstream os;
     for (int t = 0; t < 3; ++t)
-      if (double(m[size_t(t)]) > hw.usable(t))
-        os << " " << tier_name(Tier(t)) << " needs " << gb(double(m[size_t(t)])) << ", usable "
-           << gb(hw.usable(t)) << " (short by " << gb(double(m[size_t(t)]) - hw.usable(t)) << ");";
+      if (hw.charged(t, m) > hw.usable(t))
+        os << " " << tier_name(Tier(t)) << (t == 1 && hw.shared_memory ? " (with the device)" : "") << " needs "
+           << gb(hw.charged(t, m)) << ", usable " << gb(hw.usable(t)) << " (short by "
+           << gb(hw.charged(t, m) - hw.usable(t)) << ");";
     FH_FAIL("infeasible: no policy of the search space fits ", cm.shape().config.name, " on ", hw.name,
             ": the smallest (batch 1, everything offloaded)", os.str(), "\n", cm.memory_breakdown(p));
   }

@@ -78,6 +78,7 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     const double avail = double(si.freeram + si.bufferram) * double(si.mem_unit);
     h.device_memory = h.host_memory = avail;
   }
+  h.shared_memory = true;  // the CPU device's tiers are both this RAM
   const std::filesystem::path dir =
       o.offload_dir.empty() ? std::filesystem::temp_directory_path() / ("flexh2o-profile-" + std::to_string(::getpid()))
                             : o.offload_dir / "flexh2o-profile";

@@ -406,6 +406,31 @@ TEST(PlannerSearch, NeverViolatesABudget) {
   }
 }
 
+// A shared pool (the CPU device's measured profile): device and host together stay within the
+// host's capacity; the same capacities counted as two pools would place more than that.
+TEST(PlannerSearch, ASharedPoolBoundsDeviceAndHostTogether) {
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  Workload w;
+  w.prompt_len = 64;
+  w.gen_len = 16;
+  HardwareProfile h = small_profile(5.0, 5.0, 1000.0);
+  SearchOptions so;
+  so.gpu_batch_sizes = {1, 2, 4, 8, 16, 32};
+  so.max_num_gpu_batches = 16;
+  so.allow_disk = true;
+  CostModel apart(ModelShape::from_model(model), h, w);
+  const auto two = apart.memory(search_policy(apart, so).best.policy);
+  EXPECT_GT(double(two[0] + two[1]), 5e6) << "two pools of 5 MB must place more than 8 MB, or this checks nothing";
+  h.shared_memory = true;
+  CostModel shared(ModelShape::from_model(model), h, w);
+  const PlanResult r = search_policy(shared, so);
+  const auto m = shared.memory(r.best.policy);
+  EXPECT_LE(double(m[0] + m[1]), 5e6) << r.best.policy.str();
+  EXPECT_TRUE(r.best.fits);
+  EXPECT_FALSE(shared.estimate(search_policy(apart, so).best.policy).fits);
+  EXPECT_TRUE(HardwareProfile::from_json(h.to_json(), "round trip").shared_memory);
+}
+
 TEST(PlannerSearch, AllOnDeviceWhenEverythingFits) {
   CostModel cm(ModelShape::from_config(Model::load_dir(model_dir("tiny-opt")).config()), big_profile(), Workload{64, 16, {}});
   SearchOptions so;
