@@ -17,13 +17,13 @@ void register_bench(CLI::App& app, BenchArgs& a) {
   b->add_option("--model,-m", a.model, "Model directory, hub id, or preset name (dummy weights, e.g. opt-1.3b)")
       ->required();
   b->add_option("--prompt-len", a.prompt_len, "Prompt tokens per sequence")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   b->add_option("--gen-len", a.gen_len, "Generated tokens per sequence (EOS ignored)")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   b->add_option("--num-prompts", a.num_prompts, "Sequences (default: one block, or --batch-size)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   b->add_option("--batch-size,-b", a.batch_size, "Batch without offloading")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   b->add_option("--seed", a.seed, "Seed of the synthetic prompt ids (and of sequence i's draws: seed + i)")
       ->capture_default_str();
   b->add_option("--temperature", a.temperature,
@@ -45,12 +45,11 @@ void register_bench(CLI::App& app, BenchArgs& a) {
 int run_bench(const BenchArgs& a, const Env& env) {
   validate(SamplingParams{a.temperature, a.top_k, a.top_p, a.seed});  // before a preset's weights
   check_device_early(a.device);
+  if (const int64_t n = resolve_config(env, a.model).max_positions; a.prompt_len + a.gen_len > n)  // before weights
+    FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " exceeds the model's ", n, " positions");
   LoadedModel lm = load_model(env, a.model, "", 0, a.progress);
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& c = lm.model->config();
-  if (a.prompt_len + a.gen_len > c.max_positions)
-    FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " exceeds the model's ", c.max_positions,
-            " positions");
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
   const int64_t guess = a.num_prompts ? a.num_prompts : a.batch_size;

@@ -64,8 +64,8 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
       "token per decode step; --heavy-ratio/--recent-ratio are then fractions of the tokens scored");
   e->add_option("--model,-m", a.model, "Model directory or hub id")->required();
   e->add_option("--tokenizer", a.tokenizer, "Tokenizer directory (default: the model directory)");
-  e->add_option("--max-tokens", a.max_tokens, "Score the first N tokens of the file")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  e->add_option("--max-tokens", a.max_tokens, "Score the first N tokens of the file (at most the model's positions)")->capture_default_str()
+      ->check(at_least(1));
   e->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
   e->add_option("--threads", a.threads, "CPU threads (default: all)");
   e->add_flag("--json", a.json, "Print one JSON object");
@@ -97,6 +97,9 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   if (auto bos = bos_of(lm)) ids.push_back(*bos);
   const int64_t n = std::min<int64_t>({a.max_tokens, int64_t(toks.size()), c.max_positions});
   if (n < 1 || (ids.empty() && n < 2)) FH_FAIL(a.file, ": no tokens to score");
+  if (n < std::min<int64_t>(a.max_tokens, int64_t(toks.size())))
+    std::cerr << "flexh2o: eval-ppl: scoring the text's first " << n << " of " << toks.size()
+              << " tokens: the model has " << c.max_positions << " positions\n";
   ids.insert(ids.end(), toks.begin(), toks.begin() + n);
   const int64_t scored = int64_t(ids.size()) - 1;
   if (kv.kind != KvPolicyKind::kFull) kv = ratios_to_budgets(kv, scored);
@@ -237,7 +240,8 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
   e->add_option("--fewshot-seed", a.fewshot_seed, "Seed of the (deterministic) few-shot selection")
       ->capture_default_str();
   e->add_option("--limit", a.limit, "Evaluate only the first N items (0: all)")->capture_default_str();
-  e->add_option("--batch-size", a.batch_size, "Choices scored together (default: all choices of an item)");
+  e->add_option("--batch-size", a.batch_size, "Choices scored together (default: all choices of an item)")
+      ->check(at_least(1));
   e->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
   e->add_option("--threads", a.threads, "CPU threads (default: all)");
   e->add_flag("--json", a.json, "Print one JSON object");

@@ -31,8 +31,8 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_option("--heavy-budget", a.kv.heavy_budget, "H2O heavy hitters, tokens");
   s->add_option("--recent-budget", a.kv.recent_budget, "H2O recent window, tokens");
   s->add_option("--percent", a.percent, "Evaluate this placement: w_g w_c c_g c_c a_g a_c")->expected(6);
-  s->add_option("--gpu-batch-size", a.gpu_batch_size, "With --percent");
-  s->add_option("--num-gpu-batches", a.num_gpu_batches, "With --percent");
+  s->add_option("--gpu-batch-size", a.gpu_batch_size, "With --percent")->check(at_least(1));
+  s->add_option("--num-gpu-batches", a.num_gpu_batches, "With --percent")->check(at_least(1));
   s->add_flag("--cpu-cache-compute", a.cpu_cache_compute, "With --percent: decode attention on the host");
   s->add_option("--overlap", a.overlap, "true|false")->check(flag_bool_check());
   s->add_option("--sep-layer", a.sep_layer, "Attention and MLP as separate units (true|false)")
@@ -175,6 +175,12 @@ int run_plan(const PlanArgs& a, const Env& env) {
   ModelConfig c = resolve_config(env, a.model, &source);
   if (c.name.empty()) c.name = a.model;
   const HardwareProfile hw = resolve_profile(a.hardware, env.configs_dir);
+  if (a.prompt_len + a.gen_len > c.max_positions)
+    FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " exceeds ", c.name, "'s ", c.max_positions,
+            " positions: the engine would refuse that run");
+  if (a.percent.empty() && (a.gpu_batch_size != 0 || a.num_gpu_batches != 0 || a.cpu_cache_compute))
+    FH_FAIL("--gpu-batch-size, --num-gpu-batches and --cpu-cache-compute evaluate a placement given with --percent; "
+            "without it the planner searches them");
   Workload w;
   w.prompt_len = a.prompt_len;
   w.gen_len = a.gen_len;

@@ -108,7 +108,7 @@ void add_data_parallel_flags(CLI::App& g, double& rank_timeout_s) {
                "the job ends (finished results are kept; --resume finishes it). Ranks send a heartbeat after every "
                "token step, so this must exceed the longest step (a batch's prefill) and a model's load")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber);  // seconds, not an integer
 }
 
 struct DataParallel::Root {

@@ -37,15 +37,15 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   g->add_flag("--overwrite", a.overwrite, "Replace the results an existing --output holds")->excludes(resume);
   g->add_option("--report", a.report, "Write a JSON run report (timings, tokens/s, memory) to this file");
   g->add_option("--max-new-tokens,-n", a.max_new_tokens, "Tokens to generate per prompt (default for lines)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(at_least(0));
   g->add_option("--batch-size,-b", a.batch_size, "Prompts prefilled and decoded together")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(at_least(1));
   g->add_option("--sort-window", a.sort_window,
                  "Run requests sorted by prompt length (then max_new_tokens) within windows of this many batches, "
                  "so a batch pads less (each batch is left-padded to its longest prompt, and padding costs what "
                  "tokens do). Results are the same and stay in input order; a result is written once every earlier "
                  "one is done, up to this many batches later. 1: input order")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(at_least(1));
   g->add_flag("--continuous", a.continuous,
               "Continuous batching: a sequence that ends (EOS, a stop string, its max_new_tokens) hands its "
               "slot to the next request, in one step with the batch's other sequences once a quarter of the "

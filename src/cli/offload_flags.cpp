@@ -22,9 +22,10 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
   app->add_option("--percent", a.percent,
                   "Placement: w_gpu w_cpu cache_gpu cache_cpu act_gpu act_cpu (percent; disk gets the rest)")
       ->expected(6)->group(g);
-  app->add_option("--gpu-batch-size", a.gpu_batch_size, "Sequences per micro-batch")->group(g);
+  app->add_option("--gpu-batch-size", a.gpu_batch_size, "Sequences per micro-batch")
+      ->check(at_least(1))->group(g);
   app->add_option("--num-gpu-batches", a.num_gpu_batches, "Micro-batches sharing one weight load (block = product)")
-      ->group(g);
+      ->check(at_least(1))->group(g);
   app->add_flag("--cpu-cache-compute,--cpu", a.cpu_cache_compute,
                 "Decode attention on the host where the KV cache lives")->group(g);
   app->add_option("--overlap", a.overlap, "Overlap transfers with compute (true/false)")
@@ -134,6 +135,16 @@ bool parse_flag_bool(const std::string& s, const char* flag) {
 CLI::Validator flag_bool_check() {
   return CLI::Validator([](std::string& s) { return bool_word(s) ? std::string() : bool_word_error(s); },
                         "true|false");
+}
+
+CLI::Validator at_least(int64_t min) {
+  return CLI::Validator(
+      [min](std::string& s) {
+        int64_t v = 0;
+        if (!CLI::detail::lexical_cast(s, v)) return "must be an integer, got " + s;
+        return v < min ? "must be at least " + std::to_string(min) + ", got " + s : std::string();
+      },
+      ">=" + std::to_string(min));
 }
 
 OffloadOptions make_offload_options(const OffloadArgs& a) {

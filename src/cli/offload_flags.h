@@ -40,6 +40,9 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a);
 // at parse time too (CLI11: flag_bool_check()), so a bad value fails in memory as well.
 bool parse_flag_bool(const std::string& s, const char* flag);
 CLI::Validator flag_bool_check();
+// An integer option's check: refuses values below `min` with "must be at least MIN, got V"
+// (CLI11's PositiveNumber prints a floating-point range instead).
+CLI::Validator at_least(int64_t min);
 // True when any flag asks for the offloading engine (otherwise the in-memory path runs);
 // --compress-weight / --compress-cache do not.
 bool offload_requested(const OffloadArgs& a);

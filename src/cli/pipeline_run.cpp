@@ -59,11 +59,11 @@ void add_pipeline_flags(CLI::App* g, PipelineArgs& a) {
   g->add_option("--pipeline-stages", a.stages,
                 "Split the model's layers over this many ranks (mpirun -np the same): rank 0 runs the last layers, "
                 "samples and writes the files; every rank places its own layers with its own policy")
-      ->capture_default_str()->check(CLI::PositiveNumber)->group(grp);
+      ->capture_default_str()->check(at_least(1))->group(grp);
   g->add_option("--pipeline-groups", a.groups,
                 "Batches in flight through the pipeline (FlexGen's inner iterations), each holding its own KV cache "
                 "on every stage (default: one per stage, which keeps every stage busy)")
-      ->check(CLI::NonNegativeNumber)->group(grp);
+      ->check(at_least(0))->group(grp);
 }
 
 PipelineLayout choose_layout(const GenerateArgs& a, const Env& env, const Model& m, CpuDevice& cpu,

@@ -357,14 +357,19 @@ void fill_uniform(void* out, DType dtype, int64_t n, uint64_t seed, float center
 
 }  // namespace
 
+uint64_t Model::dummy_bytes(const ModelConfig& c) {
+  uint64_t total = 0;
+  for (const WeightSpec& spec : weight_specs(c)) total += TensorView{nullptr, c.dtype, spec.shape}.nbytes();
+  return total;
+}
+
 Model Model::dummy(const ModelConfig& c, uint64_t seed, const std::function<void(uint64_t, uint64_t)>& on_progress) {
   Model m;
   m.config_ = c;
   m.dummy_ = true;
   auto buffers = std::make_shared<std::vector<std::unique_ptr<std::byte[]>>>();
-  uint64_t total = 0, done = 0;
-  if (on_progress)
-    for (const WeightSpec& spec : weight_specs(c)) total += TensorView{nullptr, c.dtype, spec.shape}.nbytes();
+  const uint64_t total = on_progress ? dummy_bytes(c) : 0;
+  uint64_t done = 0;
   auto lookup = [&](const WeightSpec& spec) -> TensorView {
     TensorView v{nullptr, c.dtype, spec.shape};
     // Not value-initialised: zeroing first would touch every page on this one thread (60 GB of

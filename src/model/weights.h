@@ -157,6 +157,8 @@ class Model {
   // `on_progress(bytes made, bytes to make)`, when given, is called after each tensor.
   static Model dummy(const ModelConfig& c, uint64_t seed = 0,
                      const std::function<void(uint64_t done, uint64_t total)>& on_progress = {});
+  // The host memory dummy(c) fills: every tensor, in c.dtype.
+  static uint64_t dummy_bytes(const ModelConfig& c);
 
   // Layers [first, end) as a model of their own that shares this one's bytes (which stay owned
   // while either lives): config().n_layers = end - first, layer specs renumbered from 0 (HF names

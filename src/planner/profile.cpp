@@ -2,7 +2,6 @@
 #include "planner/profile.h"
 
 #include <sys/statvfs.h>
-#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "core/quant4.h"
 #include "engine/executor.h"
 #include "engine/layer_compute.h"
@@ -73,11 +73,7 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
   h.name = "measured";
   h.source = "measured by `flexh2o profile` on this machine's CPU device (device and host tiers share RAM; "
              "host<->device = memcpy between buffers; disk through DiskStore)";
-  struct sysinfo si {};
-  if (sysinfo(&si) == 0) {
-    const double avail = double(si.freeram + si.bufferram) * double(si.mem_unit);
-    h.device_memory = h.host_memory = avail;
-  }
+  if (const std::optional<uint64_t> avail = available_host_memory()) h.device_memory = h.host_memory = double(*avail);
   h.shared_memory = true;  // the CPU device's tiers are both this RAM
   const std::filesystem::path dir =
       o.offload_dir.empty() ? std::filesystem::temp_directory_path() / ("flexh2o-profile-" + std::to_string(::getpid()))

@@ -528,6 +528,12 @@ TEST(Cli, EvalPplMatchesReference) {
   auto j = json::parse(r.out);
   EXPECT_EQ(j["tokens"], 1024);
   EXPECT_NEAR(j["perplexity"].get<double>(), ref["perplexity"].get<double>(), 0.005 * ref["perplexity"].get<double>());
+  // More than the model's positions: scored up to them, and said so.
+  RunResult cut = flexh2o("eval-ppl -m " + kOpt + " --max-tokens 5000 --json --device cpu " +
+                          (model_dir("tiny-opt") / "reference/eval.txt").string());
+  ASSERT_EQ(cut.code, 0) << cut.err;
+  EXPECT_EQ(json::parse(cut.out)["tokens"], 1024);
+  EXPECT_NE(cut.err.find("the model has 1024 positions"), std::string::npos) << cut.err;
 }
 
 // A checkpoint that ships only tokenizer.model (Vicuna, OpenLLaMA) tokenizes from its own

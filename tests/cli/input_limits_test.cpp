@@ -211,9 +211,10 @@ TEST(InputLimits, OutOfMemoryIsASentence) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "ulimit -v breaks sanitizer runtimes";
 #endif
-  // opt-175b dummy weights (350 GB) under a 2 GB address space. Not lower: the CUDA libraries
-  // the binary links (cuBLASLt above all) need about 0.8 GB of address space just to load.
-  ShellRun r = run_shell("ulimit -v 2000000; " + kBin + " bench -m opt-175b --device cpu --prompt-len 8 --gen-len 1");
+  // opt-1.3b dummy weights (2.6 GB, less than the RAM: the check against the RAM lets them
+  // through) under a 2 GB address space. Not lower: the CUDA libraries the binary links
+  // (cuBLASLt above all) need about 0.8 GB of address space just to load.
+  ShellRun r = run_shell("ulimit -v 2000000; " + kBin + " bench -m opt-1.3b --device cpu --prompt-len 8 --gen-len 1");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_HAS(r.err, "flexh2o: error: out of memory while running `bench`");
 }
@@ -233,6 +234,43 @@ TEST(InputLimits, DeviceCudaWithoutAGpuIsRefusedBeforeTheWeights) {
     EXPECT_EQ(r.code, 1) << cmd << ": " << r.err;
     EXPECT_HAS(r.err, "--device cuda: ");
     EXPECT_EQ(r.err.find("out of memory"), std::string::npos) << cmd << ": " << r.err;
+  }
+}
+
+// A preset's dummy weights are made in host RAM whatever the placement: more than the machine has
+// is refused before any is made (it ended in the OOM killer, with no message); so is a bench
+// workload longer than the model's positions.
+TEST(InputLimits, PresetsLargerThanTheRamOrTheirPositionsAreRefusedBeforeTheWeights) {
+  for (const char* cmd : {" bench -m opt-175b --prompt-len 8 --gen-len 1", " generate -m opt-175b --prompt hi",
+                          " bench -m opt-175b --prompt-len 8 --gen-len 1 --percent 0 0 0 100 100 0 --offload-dir /tmp"}) {
+    ShellRun r = run_shell(kBin + cmd + " --device cpu");
+    EXPECT_EQ(r.code, 1) << cmd << ": " << r.err;
+    EXPECT_HAS(r.err, "preset opt-175b: its dummy weights take ");
+    EXPECT_HAS(r.err, "is available");
+  }
+  ShellRun r = run_shell(kBin + " bench -m opt-175b --prompt-len 4096 --gen-len 1 --device cpu");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_HAS(r.err, "--prompt-len 4096 + --gen-len 1 exceeds the model's 2048 positions");
+}
+
+// Flags that would be ignored or meaningless are refused, naming what to do.
+TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
+  struct Case {
+    const char* cmd;
+    const char* says;
+  };
+  for (const Case& c : {Case{" plan -m opt-30b --hardware t4-paper --prompt-len 4096 --gen-len 32",
+                             "exceeds opt-30b's 2048 positions"},
+                        Case{" plan -m opt-30b --hardware t4-paper --gpu-batch-size 4", "given with --percent"},
+                        Case{" generate -m TINY --prompt hi --gpu-batch-size 0",
+                             "--gpu-batch-size: must be at least 1, got 0"},
+                        Case{" eval-choice -m TINY --tasks x --batch-size 0",
+                             "--batch-size: must be at least 1, got 0"}}) {
+    std::string cmd = c.cmd;
+    if (const size_t at = cmd.find("TINY"); at != std::string::npos) cmd.replace(at, 4, kOpt);
+    ShellRun r = run_shell(kBin + cmd);
+    EXPECT_NE(r.code, 0) << cmd;
+    EXPECT_HAS(r.err, c.says);
   }
 }
 
