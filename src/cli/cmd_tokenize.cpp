@@ -26,7 +26,8 @@ void register_tokenize(CLI::App& app, TokenizeArgs& a, bool detokenize) {
                 "Directory with tokenizer.json, vocab.json + merges.txt, or tokenizer.model (no model needed)")->required();
   t->add_option("--input,-i", a.input, "JSONL input (default stdin)");
   t->add_option("--output,-o", a.output,
-                "JSONL output (default stdout), one line per input line; replaced when the run ends, never the "
+                "JSONL output (default stdout), one line per non-blank input line, in order (blank lines are "
+                "skipped, as everywhere JSONL is read); replaced when the run ends, never the "
                 "same file as --input");
   t->add_flag("--no-special", a.no_special,
               detokenize ? "Drop special tokens from the text" : "Do not add BOS/EOS");
