@@ -339,6 +339,19 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       it.error_param = "custom_id";
       it.reqs.clear();
     }
+  } else {
+    // Refused before any work: an output with a repeated id could not be resumed, found only
+    // once a long run was interrupted.
+    std::map<std::string, int64_t> line_of_id;
+    for (const Item& it : items) {
+      const std::optional<std::string> key = resume_key(it.id);
+      if (!key) continue;
+      auto [at, fresh] = line_of_id.emplace(*key, it.line);
+      if (!fresh)
+        FH_FAIL(where, ":", it.line, " repeats id ", *key, " of line ", at->second,
+                "; ids must be unique, as --resume finds results by id (a line without \"id\" has its 0-based "
+                "index as its id)");
+    }
   }
   int64_t bad = prior.failed;
   size_t skipped = 0, to_run = 0;

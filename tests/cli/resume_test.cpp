@@ -181,6 +181,33 @@ TEST_F(Resume, PartialLastLineIsCutAndForeignFilesAreRefused) {
   EXPECT_NE(r.err.find("has id \"x9\", which is not in"), std::string::npos) << r.err;
 }
 
+// Ids key --resume, so a file whose ids repeat (explicitly, or an explicit id equal to another
+// line's index) is refused before any work and before --output is touched, naming both lines.
+TEST(ResumeIds, RepeatedIdsAreRefusedBeforeTheRun) {
+  TempDir tmp;
+  const fs::path out = tmp.path() / "out.jsonl";
+  struct Case {
+    std::string lines, says;
+  };
+  for (const Case& c : {Case{R"({"id": "a", "prompt": "x"})" "\n" R"({"id": "a", "prompt": "y"})" "\n",
+                             ":2 repeats id \"a\" of line 1"},
+                        Case{R"({"prompt": "x"})" "\n\n" R"({"id": 0, "prompt": "y"})" "\n",
+                             ":3 repeats id 0 of line 1"}}) {
+    const fs::path in = tmp.path() / "in.jsonl";
+    std::ofstream(in) << c.lines;
+    RunResult r = flexh2o::test::run_flexh2o("generate -m " + kOpt + " -q -i " + in.string() + " -o " + out.string());
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("ids must be unique"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out) && fs::file_size(out) > 0);
+  }
+  // An id and a string of its digits are two ids.
+  const fs::path in = tmp.path() / "ok.jsonl";
+  std::ofstream(in) << R"({"id": 1, "prompt": "x"})" "\n" R"({"id": "1", "prompt": "y"})" "\n";
+  RunResult r = flexh2o::test::run_flexh2o("generate -m " + kOpt + " -q -n 2 -i " + in.string() + " -o " + out.string());
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 // An OpenAI Batch file killed midway and resumed: the lines keyed on custom_id match an
 // uninterrupted run (choices and usage; the batch_req_/request ids are fresh on every run).
 TEST(ResumeBatch, SigkillThenResumeCompletesABatchFile) {
