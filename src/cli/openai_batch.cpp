@@ -361,13 +361,16 @@ json logprobs_of(const Choice& c, bool chat, const TokenText& piece, int64_t* ch
   auto add = [&](int32_t id, json logprob, const std::vector<TokenLogprob>* alts) {
     const TokenPiece t = of(id);
     tokens.push_back(t.text);
-    logprobs.push_back(std::move(logprob));
+    logprobs.push_back(logprob);
     const bool inside = !t.bytes.empty() && (static_cast<unsigned char>(t.bytes[0]) & 0xC0) == 0x80;
     offsets.push_back(std::max<int64_t>(chars - (inside ? 1 : 0), 0));
     for (unsigned char ch : t.bytes) chars += (ch & 0xC0) != 0x80;
+    // The alternatives and, as OpenAI always returns it, the token itself (up to logprobs + 1).
     json o = alts ? json::object() : json();
-    if (alts)
+    if (alts) {
       for (const TokenLogprob& a : *alts) o[of(a.id).text] = a.logprob;
+      if (!o.contains(t.text)) o[t.text] = logprob;
+    }
     top.push_back(std::move(o));
   };
   static const std::vector<TokenLogprob> none;
