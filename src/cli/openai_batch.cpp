@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cstdio>
 #include <limits>
+#include <set>
 
 #include "core/error.h"
 #include "core/input_guard.h"
@@ -140,15 +141,37 @@ std::vector<int32_t> chat_prompt(const json& body, const Hooks& h) {
   if (!given(body, "messages")) bad("messages", "missing \"messages\"");
   const json& m = body["messages"];
   if (!m.is_array() || m.empty()) bad("messages", "\"messages\" must be a non-empty array, got ", json_excerpt(m));
-  for (size_t i = 0; i < m.size(); ++i)
+  // What the template renders: each message with a known role, its content a string (text parts
+  // of an array joined by newlines, as vLLM does; other part types are refused).
+  json chat = body;
+  for (size_t i = 0; i < m.size(); ++i) {
     if (!m[i].is_object() || !m[i].contains("role") || !m[i]["role"].is_string())
       bad("messages", "\"messages\"[", i, "] must be an object with a string \"role\", got ", json_excerpt(m[i]));
+    static const std::set<std::string> kRoles = {"system", "developer", "user", "assistant", "tool", "function"};
+    if (!kRoles.contains(m[i]["role"].get<std::string>()))
+      bad("messages", "\"messages\"[", i, "].role ", json_excerpt(m[i]["role"]),
+          " is not one of system, developer, user, assistant, tool, function");
+    if (!m[i].contains("content") || !m[i]["content"].is_array()) continue;
+    std::string text;
+    for (size_t k = 0; k < m[i]["content"].size(); ++k) {
+      const json& part = m[i]["content"][k];
+      const std::string at = "\"messages\"[" + std::to_string(i) + "].content[" + std::to_string(k) + "]";
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+        bad("messages", at, " must be an object with a string \"type\", got ", json_excerpt(part));
+      if (part["type"] != "text")
+        bad("messages", at, " is of type ", part["type"].dump(), "; flexh2o serves text models (\"text\" parts only)");
+      if (!part.contains("text") || !part["text"].is_string())
+        bad("messages", at, " must have a string \"text\", got ", json_excerpt(part));
+      text += (k ? "\n" : "") + part["text"].get<std::string>();
+    }
+    chat["messages"][i]["content"] = text;
+  }
   if (!h.render_chat)
     bad("messages", "the flexh2o binary cannot render chat templates (they are Jinja); run the same command as "
                     "`python -m flexh2o generate ...`, whose Python front end renders them");
   std::string text;
   try {
-    text = h.render_chat(body);
+    text = h.render_chat(chat);
   } catch (const std::exception& e) {
     bad("messages", "rendering the chat template failed: ", e.what());
   } catch (...) {

@@ -226,7 +226,8 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
   hooks.score_prompts = true;  // echoed prompts' log-probabilities: scored before the call generates
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
   batch::LiveAnswers live(p.on_event, batch::decoder_of(lm_.tokenizer_or_null()),
-                          batch::token_text_of(lm_.tokenizer_or_null()), cfg.name, int64_t(std::time(nullptr)), ids);
+                          batch::token_text_of(lm_.tokenizer_or_null()),
+                          p.model_name.empty() ? cfg.name : p.model_name, int64_t(std::time(nullptr)), ids);
   // A deque: LiveAnswers holds pointers to the requests while more lines arrive.
   std::deque<std::optional<batch::Request>> requests;
   // Line i parsed and expanded into its engine requests; a line that cannot run gets its error

@@ -71,6 +71,9 @@ struct OpenAiParams {
   // The workload the runner is planned for at least (a server's bounds), so --policy auto
   // places the weights once rather than again for each larger batch.
   int64_t plan_prompt_len = 0, plan_gen_len = 0, plan_requests = 0;
+  // The "model" of answers to requests without one (a server's --served-model-name); empty:
+  // the config's name.
+  std::string model_name;
   // A chat body -> prompt text (the model's template); null: chat lines get a 400 error.
   std::function<std::string(const nlohmann::json& body)> render_chat;
   // Once true, generation ends at the next token step and openai() throws Interrupted.

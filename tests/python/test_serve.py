@@ -107,11 +107,18 @@ def test_chat_equals_the_python_front_ends_batch_file(tmp_path, chat_tokenizer):
               {"model": "tiny", "messages": [{"role": "system", "content": "Be brief."},
                                              {"role": "user", "content": "Hi"}], "temperature": 0, "logprobs": True,
                "top_logprobs": 1}]
+    # Content as a list of text parts (what many clients send) is the parts' text joined by newlines.
+    parts = {**bodies[0], "messages": [{"role": "user", "content": [{"type": "text", "text": "Who made"},
+                                                                     {"type": "text", "text": "the light?"}]}]}
+    joined = {**bodies[0], "messages": [{"role": "user", "content": "Who made\nthe light?"}]}
     srv = Running(llm, max_new_tokens=9)
     try:
         got = srv.post_all("/v1/chat/completions", bodies)
+        (p_status, p_body), (j_status, j_body) = srv.post_all("/v1/chat/completions", [parts, joined])
     finally:
         srv.stop()
+    assert p_status == j_status == 200, p_body
+    assert p_body["choices"][0]["message"] == j_body["choices"][0]["message"]
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("".join(json.dumps(l) + "\n" for l in batch_lines("/v1/chat/completions", bodies)))
     r = run_module(["generate", "-m", TINY["llama"], "--tokenizer", chat_tokenizer, "--input", inp, "--output", out,
@@ -139,6 +146,9 @@ def test_models_and_health(opt_server):
     assert opt_server.request("GET", "/health") == (200, {"status": "ok"})
     status, body = opt_server.request("GET", "/v1/models", headers=AUTH)
     assert status == 200 and [m["id"] for m in body["data"]] == ["tiny-served"]
+    # An answer to a request without "model" names the served model, as /v1/models lists it.
+    status, body = opt_server.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1}, headers=AUTH)
+    assert status == 200 and body["model"] == "tiny-served", body
 
 
 @pytest.mark.parametrize("body, param, words", [
@@ -147,6 +157,9 @@ def test_models_and_health(opt_server):
     ({"model": "m", "prompt": "x", "max_tokens": 21}, None, "more than this server's limit of 20"),
     ({"model": "m", "prompt": "x", "best_of": 3}, "best_of", "best_of"),
     ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "messages", "no chat template"),
+    ({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}, "messages", "is not one of system"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages", "flexh2o serves text models"),
     ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature", "temperature"),
 ])
 def test_bad_bodies_get_openai_errors(opt_server, body, param, words):

@@ -211,7 +211,7 @@ class Server:
                                          plan_prompt_len=self.max_prompt_len, plan_gen_len=self.max_new_tokens,
                                          plan_requests=self.max_batch_requests, render_chat=self._render_chat,
                                          stop=self._stop, stream=True, on_event=on_event, continuous=self.continuous,
-                                         more_lines=more, **self.sampling)
+                                         more_lines=more, model_name=self.model_name, **self.sampling)
             except Exception as e:  # noqa: BLE001 - every client still waiting gets the reason
                 out = None
                 if self._stop.is_set():
