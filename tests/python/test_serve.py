@@ -181,6 +181,9 @@ def test_bad_requests_get_their_status(opt_server):
     status, answer = opt_server.request("POST", "/v1/embeddings", {"input": "x"}, headers=AUTH)
     assert status == 404 and "/v1/completions" in answer["error"]["message"]
     assert opt_server.request("GET", "/v2/anything")[0] == 404
+    for method in ("DELETE", "PUT", "OPTIONS"):  # OpenAI's error shape, not an HTML page
+        status, answer = opt_server.request(method, "/v1/completions", headers=AUTH)
+        assert status == 405 and "is not served" in answer["error"]["message"], (method, answer)
     # A body over the limit is refused from its header, before it is read.
     c = http.client.HTTPConnection(opt_server.host, opt_server.port, timeout=30)
     c.putrequest("POST", "/v1/completions")

@@ -285,6 +285,13 @@ def _handler_for(server):
             else:
                 self._send(404, error_body(f"no such endpoint: GET {path}"))
 
+        def _not_allowed(self):
+            self.close_connection = True  # a body, if any, is not read
+            self._send(405, error_body(f"method {self.command} is not served (GET /health, /v1/models; POST "
+                                       f"{', '.join(ENDPOINTS)})"))
+
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+
         def do_POST(self):
             path = self.path.split("?", 1)[0]
             length = self.headers.get("Content-Length")
