@@ -11,10 +11,12 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <random>
 #include <span>
+#include <sstream>
 #include <type_traits>
 
 #include "cli/commands.h"
@@ -145,9 +147,7 @@ Item make_batch_item(const json& j, int64_t line, size_t index, const GenerateAr
 
 // The format of --input, from a first pass over it (before any output is opened): a file that
 // mixes Batch lines with flexh2o lines is refused. Lines that are not JSON objects say nothing.
-Format input_format(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) FH_FAIL("cannot read --input ", path);
+Format input_format(std::istream& in, const std::string& path) {
   int64_t first_batch = 0, first_ours = 0;
   for_each_jsonl(
       in,
@@ -263,18 +263,37 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     dp.emplace(env, a);
     if (!dp->is_root()) return dp->run_worker(a, env);
   }
-  if (a.prompt.empty() && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl");
-  if (!a.input.empty()) check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
+  if (a.prompt.empty() && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl (- for standard input)");
+  const bool from_stdin = a.input == "-";
+  if (!a.input.empty() && !from_stdin) check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
   if (a.resume && a.output.empty()) FH_FAIL("--resume needs --output FILE: the results of the run to finish");
   {  // before anything is opened for writing
-    std::vector<NamedPath> inputs{{"--input", a.input}};
+    std::vector<NamedPath> inputs;
+    if (!from_stdin) inputs.push_back({"--input", a.input});
     if (a.offload.policy_file != "auto") inputs.push_back({"--policy", a.offload.policy_file});
     for (auto& f : files_in("--model", a.model)) inputs.push_back(std::move(f));
     for (auto& f : files_in("--tokenizer", a.tokenizer)) inputs.push_back(std::move(f));
     check_outputs_are_not_inputs({{"--output", a.output}, {"--report", a.report}, {"--trace", a.offload.trace}},
                                  inputs);
   }
-  const Format format = a.input.empty() ? Format::kFlexh2o : input_format(a.input);
+  // The input is read twice (its format, then its requests): standard input is kept for that.
+  // Both readers cap lines (kMaxLineBytes); what a pipe holds is as large as a file would be.
+  std::istringstream piped;
+  std::ifstream file;
+  auto open_input = [&]() -> std::istream& {
+    if (from_stdin) {
+      piped.clear();
+      piped.seekg(0);
+      return piped;
+    }
+    file.close();
+    file.clear();
+    file.open(a.input);
+    if (!file) FH_FAIL("cannot read --input ", a.input);
+    return file;
+  };
+  if (from_stdin) piped.str(std::string(std::istreambuf_iterator<char>(std::cin), {}));
+  const Format format = a.input.empty() ? Format::kFlexh2o : input_format(open_input(), a.input);
   const bool is_batch = format == Format::kBatch;
   PriorResults prior;
   std::optional<OutputFile> out_file;
@@ -291,10 +310,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   if (!a.prompt.empty()) {
     items.push_back(make_item(json{{"prompt", a.prompt}}, 0, 0, a, lm));
   } else {
-    std::ifstream in(a.input);
-    if (!in) FH_FAIL("cannot read --input ", a.input);
     for_each_jsonl(
-        in,
+        open_input(),
         [&](int64_t line, const json& j) {
           items.push_back(is_batch ? make_batch_item(j, line, items.size(), a, lm)
                                    : make_item(j, line, items.size(), a, lm));
@@ -307,7 +324,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
           items.push_back(std::move(it));
         });
   }
-  const std::string where = a.input.empty() ? "prompt" : a.input;
+  const std::string where = a.input.empty() ? "prompt" : from_stdin ? "standard input" : a.input;
   const char* id_name = is_batch ? "custom_id" : "id";
   // With --resume, the requests whose id already has a result are done; ids must identify.
   std::vector<bool> done(items.size(), false);
@@ -364,7 +381,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     }
     if (!items[i].error.empty()) {
       ++bad;
-      std::cerr << "flexh2o: " << (a.input.empty() ? "prompt" : a.input + ":" + std::to_string(items[i].line))
+      std::cerr << "flexh2o: " << (a.input.empty() ? "prompt" : where + ":" + std::to_string(items[i].line))
                 << ": " << items[i].error << "\n";
       continue;
     }

@@ -18,7 +18,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   auto* p = g->add_option("--prompt,-p", a.prompt, "One prompt (BOS added per model convention)");
   auto* in = g->add_option(
       "--input,-i", a.input,
-      "JSONL input, one request a line, in one of two formats (see below): flexh2o's {\"prompt\": ...}, "
+      "JSONL input (- : standard input), one request a line, in one of two formats (see below): flexh2o's {\"prompt\": ...}, "
       "{\"prompt_ids\": [...]} or {\"messages\": [...]} (a chat: `python -m flexh2o generate` renders the "
       "model's template) with optional id, max_new_tokens, temperature, top_k, top_p, min_p, "
       "repetition_penalty, presence_penalty, frequency_penalty, seed, logprobs, logit_bias; or an OpenAI "

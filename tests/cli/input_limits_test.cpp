@@ -237,6 +237,36 @@ TEST(InputLimits, DeviceCudaWithoutAGpuIsRefusedBeforeTheWeights) {
   }
 }
 
+// `--input -` reads the requests from standard input (a pipe: FIFOs given by name are refused
+// above), with the file's results, its line numbers in errors, and Batch files detected alike.
+TEST(InputLimits, DashReadsTheRequestsFromStandardInput) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", batch = tmp.path() / "batch.jsonl";
+  std::ofstream(in) << R"({"id": "a", "prompt": "In the beginning"})" "\n\n" R"({"prompt": "And God"})" "\nnot json\n";
+  std::ofstream(batch) << R"({"custom_id": "q", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 2, "temperature": 0}})" "\n";
+  const std::string gen = kBin + " generate -m " + kOpt + " --device cpu -q -n 4 --greedy ";
+  for (const fs::path& f : {in, batch}) {
+    ShellRun file = run_shell(gen + "-i " + f.string());
+    ShellRun piped = run_shell("cat " + f.string() + " | " + gen + "-i -");
+    EXPECT_EQ(piped.code, file.code) << piped.err;
+    // The results (a Batch line's ids are fresh on every run: its choices are compared).
+    auto results = [](const std::string& out) {
+      std::vector<nlohmann::json> r;
+      std::istringstream lines(out);
+      for (std::string l; std::getline(lines, l);) {
+        nlohmann::json j = nlohmann::json::parse(l);
+        r.push_back(j.contains("response") ? j["response"]["body"]["choices"] : j);
+      }
+      return r;
+    };
+    EXPECT_EQ(results(piped.out), results(file.out));
+    EXPECT_EQ(results(piped.out).size(), f == in ? 3u : 1u);
+  }
+  ShellRun bad = run_shell("cat " + in.string() + " | " + gen + "-i -");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_HAS(bad.err, "standard input:4: invalid JSON");
+}
+
 // A preset's dummy weights are made in host RAM whatever the placement: more than the machine has
 // is refused before any is made (it ended in the OOM killer, with no message); so is a bench
 // workload longer than the model's positions.
