@@ -268,17 +268,20 @@ int shared_memory_optin() {
 template <class TQ, class TKV, int HD>
 void launch_attention(const AttentionArgs& a, int64_t max_keys, cudaStream_t stream) {
   const size_t smem = shared_path_bytes(HD, max_keys);
-  const bool fits = smem <= size_t(shared_memory_optin());
+  const int optin = shared_memory_optin();
+  const bool fits = smem <= size_t(optin);
   FH_CHECK(fits || a.path != AttentionPath::kShared, "attention: ", max_keys, " keys need ", smem,
-           " bytes of shared memory on the shared path, more than this device's ", shared_memory_optin());
+           " bytes of shared memory on the shared path, more than this device's ", optin);
   const bool shared = a.path == AttentionPath::kShared || (a.path == AttentionPath::kAuto && fits);
   const AttentionView v{a.q, a.k, a.v, a.out, a.key_scores, a.seq_keys, a.q_stride, a.out_stride,
                         a.tq, a.n_heads, a.kv_heads, a.capacity, max_keys, a.window, a.scale, a.softcap};
   const dim3 grid(unsigned(a.tq), unsigned(a.n_heads), unsigned(a.batch));
   if (shared) {
+    // The kernel's limit is raised to the device's whole opt-in, never to this launch's size: a
+    // launch on another thread between this set and this launch can then only keep it as high.
     if (smem > 48 * 1024)
-      FH_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<TQ, TKV, HD>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      FH_CUDA_CHECK(
+          cudaFuncSetAttribute(attention_kernel<TQ, TKV, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
     attention_kernel<TQ, TKV, HD><<<grid, kAttnThreads, smem, stream>>>(v);
   } else {
     attention_streamed_kernel<TQ, TKV, HD><<<grid, kAttnThreads, 0, stream>>>(v);

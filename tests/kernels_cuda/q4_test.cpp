@@ -325,12 +325,17 @@ TEST_P(Q4KvGpu, WriteAttendGather) {
   a.batch = B, a.tq = T, a.n_heads = H, a.kv_heads = kvh, a.head_dim = hd, a.capacity = cap;
   a.seq_keys = dkeys;
   a.scale = scale;
-  a.out = upload(std::vector<float>(q.size(), 7.f), act);
-  a.key_scores = upload_raw(std::vector<float>(scores.size(), 0.f));
-  attention(a, stream());
-  // Values are O(3) (q4_input's scale): the output tolerance of the F16/BF16 tests, scaled.
-  expect_close(download(a.out, out.size(), act), out, tol_for(act, 3.f), "attention Q4 " + what);
-  expect_close(download_raw(a.key_scores, scores.size()), scores, {1e-5f, 1e-4f}, "key_scores Q4 " + what);
+  // Both kernels read Q4 rows through the same loader; each is forced once.
+  for (const AttentionPath path : {AttentionPath::kShared, AttentionPath::kStreamed}) {
+    const std::string how = what + (path == AttentionPath::kShared ? " shared" : " streamed");
+    a.path = path;
+    a.out = upload(std::vector<float>(q.size(), 7.f), act);
+    a.key_scores = upload_raw(std::vector<float>(scores.size(), 0.f));
+    attention(a, stream());
+    // Values are O(3) (q4_input's scale): the output tolerance of the F16/BF16 tests, scaled.
+    expect_close(download(a.out, out.size(), act), out, tol_for(act, 3.f), "attention Q4 " + how);
+    expect_close(download_raw(a.key_scores, scores.size()), scores, {1e-5f, 1e-4f}, "key_scores Q4 " + how);
+  }
 
   // kv_gather: per (b, h) row keep every other slot of the first 20.
   const int64_t rows = B * kvh, ks = 10;
