@@ -98,8 +98,9 @@ namespace {
 // Called with (request in the batch, continuation token, the logits row that predicts it).
 using OnToken = std::function<void(size_t, size_t, const float*)>;
 
-// A batch whose contexts are prefilled in one step, then teacher-forced a token a step.
-void batch_streamed(StepRunner& runner, std::span<const LoglikRequest> req, const OnToken& on_token) {
+// A batch whose contexts are prefilled in one step, then teacher-forced a token a step. A KV
+// policy's ratios are shares of each context, or with `whole` of all the tokens the request reads.
+void batch_streamed(StepRunner& runner, std::span<const LoglikRequest> req, bool whole, const OnToken& on_token) {
   const ModelConfig& c = runner.config();
   const int64_t B = int64_t(req.size());
   int64_t S = 0, L = 0;
@@ -108,6 +109,11 @@ void batch_streamed(StepRunner& runner, std::span<const LoglikRequest> req, cons
     L = std::max<int64_t>(L, int64_t(r.continuation.size()));
   }
   runner.begin_batch(B, S + L - 1);
+  if (whole) {
+    std::vector<int64_t> fed;
+    for (const LoglikRequest& r : req) fed.push_back(int64_t(r.context.size() + r.continuation.size()) - 1);
+    runner.budget_lengths(fed);
+  }
   // Prefill: left-padded contexts.
   std::vector<int32_t> ids(size_t(B * S), 0), pos(size_t(B * S), 0), real(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
@@ -184,7 +190,8 @@ void check_requests(const ModelConfig& c, const std::vector<LoglikRequest>& requ
 
 // Runs every continuation token of `requests` (checked) past on_token(request, token, row), in
 // batches longest first (so that a batch pads little; lm-eval-harness orders its requests so too).
-void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& requests, uint64_t logits_bytes,
+// `whole`: see batch_streamed.
+void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& requests, uint64_t logits_bytes, bool whole,
                     const OnToken& on_token) {
   const ModelConfig& c = runner.config();
   const int64_t max_batch = runner.max_batch();
@@ -209,7 +216,7 @@ void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& reques
     for (size_t k = first; k < end; ++k) batch.push_back(requests[order[k]]);
     const OnToken in_batch = [&](size_t b, size_t i, const float* row) { on_token(order[first + b], i, row); };
     if (!rows) {
-      batch_streamed(runner, batch, in_batch);
+      batch_streamed(runner, batch, whole, in_batch);
     } else if (L <= scoring_rows(c.vocab_size, int64_t(batch.size()), logits_bytes)) {
       batch_rows(runner, batch, in_batch);
     } else {  // one request whose continuation's logits exceed the budget: in chunks
@@ -235,7 +242,7 @@ std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<L
     out[i].tokens = int64_t(requests[i].continuation.size());
     out[i].greedy = true;
   }
-  score_requests(runner, requests, logits_bytes, [&](size_t r, size_t i, const float* row) {
+  score_requests(runner, requests, logits_bytes, /*whole=*/false, [&](size_t r, size_t i, const float* row) {
     const TokenScore s = score_token(row, V, requests[r].continuation[i]);
     out[r].loglik -= s.nll;
     out[r].greedy = out[r].greedy && s.argmax;
@@ -249,7 +256,7 @@ std::vector<std::vector<ScoredToken>> score_tokens(StepRunner& runner, const std
   const int64_t V = runner.config().vocab_size;
   std::vector<std::vector<ScoredToken>> out(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) out[i].resize(requests[i].continuation.size());
-  score_requests(runner, requests, logits_bytes, [&](size_t r, size_t i, const float* row) {
+  score_requests(runner, requests, logits_bytes, /*whole=*/true, [&](size_t r, size_t i, const float* row) {
     ScoredToken& t = out[r][i];
     t.logprob = token_logprob(row, V, requests[r].continuation[i], top, &t.top);
   });

@@ -63,7 +63,10 @@ std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<L
 
 // Each continuation token's log-probability (the model's own, as token_logprob() gives it) and
 // with top > 0 the `top` most likely tokens at its position (top <= kMaxTopLogprobs): what an
-// OpenAI completion with "echo" reports for its prompt. Batched and checked as loglikelihoods().
+// OpenAI completion with "echo" reports for its prompt. Batched and checked as loglikelihoods(),
+// but a KV policy's ratios are shares of all the tokens a request reads (context + continuation
+// but its last token), so that scoring a sequence from its first token keeps the share
+// streaming_perplexity() keeps: the same numbers.
 struct ScoredToken {
   float logprob = 0.f;
   std::vector<TokenLogprob> top;

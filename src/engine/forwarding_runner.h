@@ -21,6 +21,7 @@ class ForwardingRunner : public StepRunner {
   size_t kv_bytes() const override { return inner_.kv_bytes(); }
   void expect_more_steps(bool more) override { inner_.expect_more_steps(more); }
   void reserve_rows(int64_t rows) override { inner_.reserve_rows(rows); }
+  void budget_lengths(std::span<const int64_t> lengths) override { inner_.budget_lengths(lengths); }
   bool can_rewind() const override { return inner_.can_rewind(); }
   void rewind(int64_t b, int64_t len) override { inner_.rewind(b, len); }
   bool can_step_rows() const override { return inner_.can_step_rows(); }

@@ -61,6 +61,7 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
   allocated = false;
   s_max = 0;
   rows_reserved = 0;
+  budget_lengths.clear();
   window = e.opts_.window_cap ? full_cache_window(c, user_policy != nullptr, cap) : 0;
   kv_policy = window ? window_policy.get() : user_policy;
   n_classes = window && count_sliding_layers(c) < c.n_layers ? 2 : 1;
@@ -81,7 +82,9 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
     budgets.clear();
     for (int64_t b = 0; b < batch && kv_policy; ++b)
       budgets.push_back(n_classes > 1 && i == 0 ? KvBudget{.unbounded = true}
-                                                : kv_policy->budget(real_rows ? real_rows[b] : T));
+                                                : kv_policy->budget(!budget_lengths.empty() ? budget_lengths[size_t(b)]
+                                                                    : real_rows         ? real_rows[b]
+                                                                                        : T));
     check_window_budgets(c, budgets, capacity);
   }
   plan = plan_memory(c, WeightBytes::of(e.placement_), p, dims(), {dev.kind(), kvdt, adt});

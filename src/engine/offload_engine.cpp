@@ -281,6 +281,11 @@ void OffloadEngine::reserve_rows(int64_t rows) {
   impl_->rows_reserved = rows;
 }
 
+void OffloadEngine::budget_lengths(std::span<const int64_t> lengths) {
+  check_budget_lengths(lengths, impl_->batch, impl_->allocated);
+  impl_->budget_lengths.assign(lengths.begin(), lengths.end());
+}
+
 void OffloadEngine::set_groups(int n) {
   FH_CHECK(n >= 1, "groups must be at least 1, got ", n);
   Impl& m = *impl_;

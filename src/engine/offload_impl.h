@@ -71,6 +71,7 @@ struct BatchState {
   // Current batch.
   int64_t batch = 0, capacity = 0, s_max = 0;
   int64_t rows_reserved = 0;  // reserve_rows(): the widest step the prefill sizes buffers for
+  std::vector<int64_t> budget_lengths;  // budget_lengths() of this batch; empty: prefill rows
   int64_t logit_rows = 1;  // rows of logits a sequence the buffers hold (the first step's ask)
   bool allocated = false;
   MemoryPlan plan;

@@ -23,6 +23,18 @@ void InMemoryRunner::rewind(int64_t b, int64_t len) {
   }
 }
 
+// The checks both runners make of budget_lengths().
+void check_budget_lengths(std::span<const int64_t> lengths, int64_t batch, bool first_step_done) {
+  FH_CHECK(!first_step_done, "budget_lengths() after the batch's first step");
+  FH_CHECK(int64_t(lengths.size()) == batch, "budget_lengths() of ", lengths.size(), " sequences, batch of ", batch);
+  for (int64_t n : lengths) FH_CHECK(n >= 1, "budget length ", n, " below 1");
+}
+
+void InMemoryRunner::budget_lengths(std::span<const int64_t> lengths) {
+  check_budget_lengths(lengths, batch_, cache_.has_value());
+  budget_lengths_.assign(lengths.begin(), lengths.end());
+}
+
 void StepRunner::step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                            int64_t rows, std::vector<float>& logits) {
   FH_CHECK(rows == 1, "this runner returns the last row's logits only (can_step_rows() is false), asked for ", rows);
@@ -54,7 +66,8 @@ void InMemoryRunner::step_rows(const int32_t* ids, const int32_t* positions, int
     if (policy) {
       int64_t need = T;
       for (int64_t b = 0; b < batch_; ++b) {
-        const KvBudget kb = policy->budget(real_rows ? real_rows[b] : T);
+        const int64_t basis = !budget_lengths_.empty() ? budget_lengths_[size_t(b)] : real_rows ? real_rows[b] : T;
+        const KvBudget kb = policy->budget(basis);
         (mixed ? window_budgets : budgets).push_back(kb);
         if (mixed) budgets.push_back(KvBudget{.unbounded = true});
         need = mixed || kb.unbounded ? capacity_ : std::max(need, kb.total());

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "engine/forward.h"
@@ -35,6 +36,12 @@ class StepRunner {
   // (continuous batching's refill steps). An engine that sizes its buffers at the first step
   // sizes them for the wider of the two; without this no step may be wider than the first.
   virtual void reserve_rows(int64_t rows) { (void)rows; }
+  // Before a batch's first step: the length each sequence's KV budget is a share of, when the
+  // runner's policy gives ratios (KvPolicy::budget; default: the sequence's prefill rows).
+  // Scoring a whole sequence a token a step from its first token passes its length, so that a
+  // ratio keeps that share of the sequence (as eval-ppl and loglikelihood_rolling do), not of one
+  // token. lengths.size() is the batch; each at least 1. Every runner with a KV policy honours it.
+  virtual void budget_lengths(std::span<const int64_t> lengths) = 0;
   // Continuous batching. Asked after the batch's first step: whether rewind() may be called (a
   // full cache with no KV policy or window cap; offloaded, attention where the cache is sent).
   virtual bool can_rewind() const { return false; }
@@ -60,6 +67,9 @@ class StepRunner {
 // only the window in those once sequences pass it, as the offloading engine does
 // (full_cache_window(); window_cap false: every layer keeps every token). The cache holds
 // `kv_dtype` (F16 by default, as the offloading engine).
+// Throws unless `lengths` suits budget_lengths() of a batch of `batch` before its first step.
+void check_budget_lengths(std::span<const int64_t> lengths, int64_t batch, bool first_step_done);
+
 class InMemoryRunner final : public StepRunner {
  public:
   InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* policy = nullptr, DType kv_dtype = DType::F16,
@@ -70,7 +80,9 @@ class InMemoryRunner final : public StepRunner {
     cache_.reset();
     batch_ = B;
     capacity_ = capacity;
+    budget_lengths_.clear();
   }
+  void budget_lengths(std::span<const int64_t> lengths) override;
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
             std::vector<float>& logits) override;
   size_t kv_bytes() const override { return cache_ ? cache_->bytes() : 0; }
@@ -90,6 +102,7 @@ class InMemoryRunner final : public StepRunner {
   bool window_cap_;
   std::unique_ptr<KvPolicy> window_policy_;  // `local` at the sliding window
   int64_t batch_ = 0, capacity_ = 0, window_ = 0;
+  std::vector<int64_t> budget_lengths_;  // budget_lengths() of this batch; empty: prefill rows
   std::optional<KvCache> cache_;
 };
 

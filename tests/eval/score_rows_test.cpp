@@ -2,7 +2,8 @@
 // steps of several rows give the numbers that one token a step gives, on the in-memory runner
 // and on the offloading engine over placements (micro-batches, host and disk KV, host
 // attention, which reads one row a step after the first), in fewer steps; chunks follow the
-// logits budget; the rows cost host memory only; a runner with a KV policy keeps one token a step.
+// logits budget; the rows cost host memory only; a runner with a KV policy keeps one token a step,
+// and scoring a whole sequence under its ratios keeps their share of the sequence.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -235,6 +236,66 @@ TEST_P(ScoreRows, AKvPolicyKeepsOneTokenAStep) {
   std::vector<float> logits;
   const int32_t pos[2] = {0, 1};
   EXPECT_THROW(runner.step_rows(ids.data(), pos, 2, nullptr, 2, logits), Error);
+}
+
+// Scoring whole sequences from their first token (score_tokens: an echoed prompt, LLM.score)
+// under H2O ratios keeps the ratio's share of each sequence, as streaming_perplexity with the
+// budgets of that share does, not of the one-token prefill: sequences of different lengths in
+// one batch, in memory and offloaded. budget_lengths() is checked.
+TEST_P(ScoreRows, RatioBudgetsAreSharesOfTheWholeSequence) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  KvPolicyConfig ratio;
+  ratio.kind = KvPolicyKind::kH2o;
+  ratio.heavy_ratio = 0.1;
+  ratio.recent_ratio = 0.15;
+  const auto rp = make_policy(ratio);
+  InMemoryRunner mem(fwd, 3, rp.get());
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = test::policy_of("0 100 0 100 100 0", 2, 2);
+  o.offload_dir = dir.path() / "store";
+  o.kv_policy = rp.get();
+  OffloadEngine eng(m, dev, o);
+  std::vector<LoglikRequest> reqs;
+  for (const size_t n : {150, 61, 97}) {
+    const std::vector<int32_t> ids = text_ids(GetParam(), n);
+    reqs.push_back({{ids.front()}, {ids.begin() + 1, ids.end()}});
+  }
+  for (StepRunner* r : {static_cast<StepRunner*>(&mem), static_cast<StepRunner*>(&eng)}) {
+    const auto got = score_tokens(*r, reqs, 0);
+    ASSERT_EQ(got.size(), reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const int64_t n = int64_t(reqs[i].continuation.size());
+      const KvBudget b = rp->budget(n);
+      ASSERT_GE(b.heavy, 6) << "a share too small to tell from one token's";
+      KvPolicyConfig fixed;
+      fixed.kind = KvPolicyKind::kH2o;
+      fixed.heavy_budget = b.heavy;
+      fixed.recent_budget = b.recent;
+      const auto fp = make_policy(fixed);
+      InMemoryRunner one(fwd, 1, fp.get());
+      std::vector<int32_t> ids = reqs[i].context;
+      ids.insert(ids.end(), reqs[i].continuation.begin(), reqs[i].continuation.end());
+      std::vector<double> want;
+      streaming_perplexity(one, ids, &want);
+      ASSERT_EQ(got[i].size(), want.size());
+      for (size_t t = 0; t < want.size(); ++t)
+        expect_near(-double(got[i][t].logprob), want[t],
+                    GetParam() + (r == &eng ? " offloaded" : " in memory") + " sequence " + std::to_string(i) +
+                        " token " + std::to_string(t));
+    }
+  }
+  for (StepRunner* r : {static_cast<StepRunner*>(&mem), static_cast<StepRunner*>(&eng)}) {
+    r->begin_batch(2, 8);
+    EXPECT_THROW(r->budget_lengths(std::vector<int64_t>{5}), Error);     // one length for two sequences
+    EXPECT_THROW(r->budget_lengths(std::vector<int64_t>{5, 0}), Error);  // below 1
+    std::vector<float> logits;
+    const int32_t ids[2] = {1, 2}, pos[2] = {0, 0};
+    r->step(ids, pos, 1, nullptr, logits);
+    EXPECT_THROW(r->budget_lengths(std::vector<int64_t>{5, 5}), Error);  // after the first step
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, ScoreRows, ::testing::Values("tiny-opt", "tiny-llama"));
