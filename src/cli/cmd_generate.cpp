@@ -173,8 +173,11 @@ std::optional<std::string> resume_key(const json& id) {
 
 // What an earlier run left in --output: the line of each id with a complete result.
 struct PriorResults {
-  std::map<std::string, int64_t> line_of;  // resume_key(id or custom_id) -> line number
+  std::map<std::string, int64_t> line_of;  // resume_key(id) or custom_id_key -> line number
   int64_t failed = 0;                      // lines that carry an error
+  // Batch error lines of input lines with no usable custom_id (not JSON, none, not a non-empty
+  // string): results are written in input order, so they are those of the first such lines.
+  int64_t unkeyed = 0;
   std::optional<Format> format;            // of the lines (none: no complete line)
 };
 
@@ -198,10 +201,11 @@ PriorResults read_prior_results(const std::string& path) {
     const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
     const bool is_batch = batch::is_output_line(j);  // it has an "id" and an "error" too: first
     const std::optional<std::string> key =
-        is_batch ? std::optional(j["custom_id"].dump())
+        is_batch ? batch::custom_id_key(j["custom_id"])
         : j.is_object() && j.contains("id") && (j.contains("error") || j.contains("token_ids")) ? resume_key(j["id"])
                                                                                                 : std::nullopt;
-    if (!key)
+    const bool unkeyed = is_batch && !key && batch::output_line_failed(j);
+    if (!key && !unkeyed)
       FH_FAIL("--resume: ", path, ":", lineno, " is not a result line with a string or number \"id\" (nor a Batch "
               "output line with a \"custom_id\"); refusing to append to a file flexh2o did not write (move it "
               "away, or pass --overwrite instead of --resume)");
@@ -210,10 +214,12 @@ PriorResults read_prior_results(const std::string& path) {
       FH_FAIL("--resume: ", path, ":", lineno, (is_batch ? " is an OpenAI Batch output line" : " is a flexh2o "
               "result line"), " but line 1 is not; refusing to append to a file that mixes the formats");
     prior.format = f;
-    auto [it, fresh] = prior.line_of.emplace(*key, lineno);
-    if (!fresh)
+    if (unkeyed) {
+      ++prior.unkeyed;
+    } else if (auto [it, fresh] = prior.line_of.emplace(*key, lineno); !fresh) {
       FH_FAIL("--resume: ", path, ":", lineno, " repeats ", is_batch ? "custom_id " : "id ", *key, " of line ",
               it->second);
+    }
     prior.failed += is_batch ? batch::output_line_failed(j) : j.contains("error");
     complete_bytes += line.size() + 1;
   }
@@ -326,50 +332,38 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   }
   const std::string where = a.input.empty() ? "prompt" : from_stdin ? "standard input" : a.input;
   const char* id_name = is_batch ? "custom_id" : "id";
-  // With --resume, the requests whose id already has a result are done; ids must identify.
+  // Ids must identify requests, as --resume finds results by id: an input whose ids repeat is
+  // refused before any work, rather than once a long run needs resuming (OpenAI's Batch API
+  // refuses such a file too). With --resume, the requests whose id has a result are done.
+  auto key_of = [&](const Item& it) { return is_batch ? batch::custom_id_key(it.id) : resume_key(it.id); };
   std::vector<bool> done(items.size(), false);
-  if (a.resume) {
-    std::map<std::string, int64_t> line_of_id;
-    for (size_t i = 0; i < items.size(); ++i) {
-      const std::optional<std::string> key =
-          is_batch && !items[i].id.is_string() ? std::nullopt : resume_key(items[i].id);
-      if (!key)
-        FH_FAIL("--resume: ", where, ":", items[i].line, ": the ", id_name,
-                is_batch ? " must be a string (fix the line)" : " must be a string or a number");
-      auto [it, fresh] = line_of_id.emplace(*key, items[i].line);
-      if (!fresh) FH_FAIL("--resume: ", where, ":", items[i].line, " repeats ", id_name, " ", *key, " of line ",
-                          it->second, "; ", id_name, "s must be unique to resume");
-      done[i] = prior.line_of.count(*key) > 0;
+  std::map<std::string, int64_t> line_of_id;
+  int64_t unkeyed_left = prior.unkeyed;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::optional<std::string> key = key_of(items[i]);
+    if (!key) {
+      // A Batch line without a usable custom_id is that line's error (parse_input_line): done
+      // once its error line is in --output. A flexh2o id that is neither string nor number
+      // cannot be found again.
+      if (is_batch && unkeyed_left > 0) --unkeyed_left, done[i] = true;
+      if (a.resume && !is_batch)
+        FH_FAIL("--resume: ", where, ":", items[i].line, ": the id must be a string or a number");
+      continue;
     }
-    for (const auto& [key, line] : prior.line_of)
-      if (!line_of_id.count(key))
-        FH_FAIL("--resume: --output ", a.output, ":", line, " has ", id_name, " ", key, ", which is not in ", where,
-                "; is it the output of another input?");
-  } else if (is_batch) {  // OpenAI requires unique custom_ids: a repeat is that line's error
-    std::map<std::string, int64_t> line_of_id;
-    for (Item& it : items) {
-      if (!it.id.is_string()) continue;
-      auto [at, fresh] = line_of_id.emplace(it.id.get<std::string>(), it.line);
-      if (fresh || !it.error.empty()) continue;
-      it.error = "custom_id " + it.id.dump() + " repeats line " + std::to_string(at->second) +
-                 "; custom_ids must be unique in a batch";
-      it.error_param = "custom_id";
-      it.reqs.clear();
-    }
-  } else {
-    // Refused before any work: an output with a repeated id could not be resumed, found only
-    // once a long run was interrupted.
-    std::map<std::string, int64_t> line_of_id;
-    for (const Item& it : items) {
-      const std::optional<std::string> key = resume_key(it.id);
-      if (!key) continue;
-      auto [at, fresh] = line_of_id.emplace(*key, it.line);
-      if (!fresh)
-        FH_FAIL(where, ":", it.line, " repeats id ", *key, " of line ", at->second,
-                "; ids must be unique, as --resume finds results by id (a line without \"id\" has its 0-based "
-                "index as its id)");
-    }
+    auto [at, fresh] = line_of_id.emplace(*key, items[i].line);
+    if (!fresh)
+      FH_FAIL(where, ":", items[i].line, " repeats ", id_name, " ", *key, " of line ", at->second, "; ", id_name,
+              "s must be unique, as --resume finds results by them",
+              is_batch ? "" : " (a line without \"id\" has its 0-based index as its id)");
+    done[i] = prior.line_of.count(*key) > 0;
   }
+  if (unkeyed_left > 0)
+    FH_FAIL("--resume: --output ", a.output, " holds ", prior.unkeyed, " error lines of requests without a usable "
+            "custom_id, more than ", where, " has; is it the output of another input?");
+  for (const auto& [key, line] : prior.line_of)
+    if (!line_of_id.count(key))
+      FH_FAIL("--resume: --output ", a.output, ":", line, " has ", id_name, " ", key, ", which is not in ", where,
+              "; is it the output of another input?");
   int64_t bad = prior.failed;
   size_t skipped = 0, to_run = 0;
   std::vector<GenerationRequest> reqs;

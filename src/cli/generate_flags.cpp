@@ -85,7 +85,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       "too, the first null; not with --pipeline-stages). "
       "Other OpenAI parameters (stream, suffix, tools, response_format, ...) are "
       "refused unless at their default, unknown ones are refused as OpenAI does, and user, metadata, store and "
-      "service_tier are ignored. custom_ids must be unique.\n"
+      "service_tier are ignored. custom_ids must be unique: a file that repeats one is refused before the run.\n"
       "  Chat lines need the model's (Jinja) chat template, which the flexh2o binary cannot render: "
       "`python -m flexh2o generate ...` (the same flags) renders it (its text is tokenized without adding BOS).\n\n"
       "Exit code: 0 when every request has a result, 1 when any line failed (its \"error\" is in the output) or on "

@@ -581,8 +581,12 @@ json error_line(const json& custom_id, const RequestError& e, IdMaker& ids) {
 }
 
 bool is_output_line(const json& line) {
-  return line.is_object() && line.contains("custom_id") && line["custom_id"].is_string() &&
-         line.contains("response") && line.contains("error");
+  return line.is_object() && line.contains("custom_id") && line.contains("response") && line.contains("error");
+}
+
+std::optional<std::string> custom_id_key(const json& custom_id) {
+  if (!custom_id.is_string() || custom_id.get_ref<const std::string&>().empty()) return std::nullopt;
+  return custom_id.dump();
 }
 
 bool output_line_failed(const json& line) {

@@ -189,9 +189,12 @@ nlohmann::json result_line(const Request& r, std::span<const GenerationResult* c
 // writes per-request failures (the top-level "error" is only for expired/cancelled batches).
 nlohmann::json error_line(const nlohmann::json& custom_id, const RequestError& e, IdMaker& ids);
 
-// For --resume: true for an object shaped like a Batch output line (a string "custom_id", a
-// "response" and an "error" member); `failed` when it carries no 200 response.
+// For --resume: true for an object shaped like a Batch output line (a "custom_id", a "response"
+// and an "error" member; the custom_id is null or as the input gave it where that line had no
+// usable one); `failed` when it carries no 200 response.
 bool is_output_line(const nlohmann::json& line);
+// A custom_id that identifies a request (a non-empty string): its key for --resume, else none.
+std::optional<std::string> custom_id_key(const nlohmann::json& custom_id);
 bool output_line_failed(const nlohmann::json& line);
 
 }  // namespace flexh2o::cli::openai_batch

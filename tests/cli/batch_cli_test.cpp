@@ -185,6 +185,8 @@ TEST(BatchCli, BadLinesGetOpenAiErrorLinesInOrderAndExitOne) {
   get["method"] = "GET";
   json url = completion("url", {{"prompt", "hi"}});
   url["url"] = "/v1/embeddings";
+  json number_id = completion("", {{"prompt", "hi"}, {"max_tokens", 2}});
+  number_id["custom_id"] = 7;
   json nobody = completion("nobody", {});
   nobody.erase("body");
   const json chat{{"custom_id", "chat"}, {"method", "POST"}, {"url", "/v1/chat/completions"},
@@ -199,7 +201,7 @@ TEST(BatchCli, BadLinesGetOpenAiErrorLinesInOrderAndExitOne) {
       << completion("type", {{"prompt", "hi"}, {"max_tokens", "3"}}).dump() << "\n"
       << R"({"custom_id": "broken", "method": )" << "\n"
       << chat.dump() << "\n"
-      << completion("ok", {{"prompt", "hi"}, {"max_tokens", 2}}).dump() << "\n"
+      << number_id.dump() << "\n"
       << completion("long", {{"prompt", std::vector<int>(1100, 5)}}).dump() << "\n";
   }
   RunResult r = flexh2o(gen(in, out));
@@ -218,7 +220,7 @@ TEST(BatchCli, BadLinesGetOpenAiErrorLinesInOrderAndExitOne) {
       {"type", "\"max_tokens\" must be an integer", "max_tokens"},
       {nullptr, "invalid JSON", nullptr},
       {"chat", "the flexh2o binary cannot render chat templates", "messages"},
-      {"ok", "custom_id \"ok\" repeats line 1; custom_ids must be unique", "custom_id"},
+      {7, "\"custom_id\" must be a non-empty string, got 7", "custom_id"},
       {"long", "longer than the model's max_position_embeddings", nullptr},
   };
   EXPECT_EQ(got[0]["response"]["status_code"], 200);
@@ -260,7 +262,7 @@ TEST(BatchCli, ResumeKeysOnUniqueCustomIdsAndRefusesTheOtherFormat) {
                    completion("a", {{"prompt", "hi"}, {"max_tokens", 3}})});
   RunResult r = flexh2o(gen(in, out, "--resume"));
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.err.find("in.jsonl:3 repeats custom_id \"a\" of line 1; custom_ids must be unique to resume"),
+  EXPECT_NE(r.err.find("in.jsonl:3 repeats custom_id \"a\" of line 1; custom_ids must be unique"),
             std::string::npos) << r.err;
   // A run that finished one line, then --resume finishes the other.
   write_lines(in, {completion("a", {{"prompt", "hi"}, {"max_tokens", 2}}),
@@ -298,6 +300,70 @@ TEST(BatchCli, ResumeKeysOnUniqueCustomIdsAndRefusesTheOtherFormat) {
   r = flexh2o(gen(in, ours, "--resume"));
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("ours.jsonl:2 is an OpenAI Batch output line but line 1 is not"), std::string::npos) << r.err;
+}
+
+// custom_ids key --resume, so a file whose custom_ids repeat is refused before the run and before
+// --output is touched, naming both lines (OpenAI's Batch API refuses such a file too).
+TEST(BatchCli, RepeatedCustomIdsAreRefusedBeforeTheRun) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  write_lines(in, {completion("a", {{"prompt", "hi"}}), completion("b", {{"prompt", "hi"}}),
+                   completion("a", {{"prompt", "And"}})});
+  RunResult r = flexh2o(gen(in, out));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("in.jsonl:3 repeats custom_id \"a\" of line 1; custom_ids must be unique"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(out) && fs::file_size(out) > 0);
+}
+
+// Lines without a usable custom_id (not JSON, none, not a non-empty string) get their error lines
+// with the custom_id they had (null when unknown), and a run cut anywhere resumes to the whole
+// run's lines: their error lines are the first such lines', in input order.
+TEST(BatchCli, LinesWithoutACustomIdResume) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  json none = completion("", {{"prompt", "hi"}, {"max_tokens", 2}});
+  none.erase("custom_id");
+  {
+    std::ofstream f(in);
+    f << completion("a", {{"prompt", "hi"}, {"max_tokens", 2}}).dump() << "\n"
+      << "not json\n"
+      << completion("b", {{"prompt", "And"}, {"max_tokens", 2}}).dump() << "\n"
+      << none.dump() << "\n"
+      << completion("c", {{"prompt", "God"}, {"max_tokens", 2}}).dump() << "\n";
+  }
+  RunResult r = flexh2o(gen(in, out));
+  EXPECT_EQ(r.code, 1) << r.err;
+  const auto whole = read_jsonl(out);
+  ASSERT_EQ(whole.size(), 5u);
+  const json ids = json::array({"a", nullptr, "b", nullptr, "c"});
+  auto shape = [](const std::vector<json>& lines) {
+    json s = json::array();
+    for (const json& l : lines) s.push_back({l["custom_id"], l["response"]["status_code"], l["response"]["body"].value("choices", json())});
+    return s;
+  };
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_EQ(whole[i]["custom_id"], ids[i]) << i;
+  for (const size_t kept : {0, 1, 2, 3, 4, 5}) {
+    {
+      std::ofstream f(out);
+      for (size_t i = 0; i < kept; ++i) f << whole[i].dump() << "\n";
+    }
+    r = flexh2o(gen(in, out, "--resume"));
+    EXPECT_EQ(r.code, 1) << kept << ": " << r.err;
+    EXPECT_NE(r.err.find(std::to_string(kept) + " of 5 requests already in"), std::string::npos) << r.err;
+    const auto got = read_jsonl(out);
+    ASSERT_EQ(got.size(), 5u) << kept;
+    EXPECT_EQ(shape(got), shape(whole)) << kept;
+  }
+  // More such error lines than the input has such lines: another input's output.
+  {
+    std::ofstream f(out);
+    for (const size_t i : {0, 1, 3, 1}) f << whole[i].dump() << "\n";
+  }
+  r = flexh2o(gen(in, out, "--resume"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("holds 3 error lines of requests without a usable custom_id, more than"), std::string::npos)
+      << r.err;
 }
 
 TEST(BatchCli, HelpTeachesBothFormats) {
