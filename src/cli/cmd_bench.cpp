@@ -5,6 +5,7 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/output_file.h"
 #include "cli/progress.h"
 #include "cli/run_setup.h"
 #include "core/error.h"
@@ -45,6 +46,7 @@ void register_bench(CLI::App& app, BenchArgs& a) {
 int run_bench(const BenchArgs& a, const Env& env) {
   validate(SamplingParams{a.temperature, a.top_k, a.top_p, a.seed});  // before a preset's weights
   check_device_early(a.device);
+  check_can_write({"--report", a.report});
   if (const int64_t n = resolve_config(env, a.model).max_positions; a.prompt_len + a.gen_len > n)  // before weights
     FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " exceeds the model's ", n, " positions");
   LoadedModel lm = load_model(env, a.model, "", 0, a.progress);

@@ -232,8 +232,10 @@ PriorResults read_prior_results(const std::string& path) {
   return prior;
 }
 
-// Opens --output for this run's results (see register_generate's help for the rules).
-OutputFile open_results(const GenerateArgs& a, Format format, PriorResults& prior) {
+// Checks --output for this run's results (see register_generate's help for the rules) and how
+// it is to be opened. It is opened once the run is set up, so that a run refused before then
+// (a bad flag, a placement that does not fit) leaves an --overwrite'd file as it was.
+OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResults& prior) {
   struct stat st {};
   const bool exists = ::stat(a.output.c_str(), &st) == 0;
   const bool holds_results = exists && S_ISREG(st.st_mode) && st.st_size > 0;
@@ -245,12 +247,12 @@ OutputFile open_results(const GenerateArgs& a, Format format, PriorResults& prio
       FH_FAIL("--resume: --output ", a.output, " holds the results of ", format_name(*prior.format), " but --input ",
               a.input.empty() ? std::string("(--prompt)") : a.input, " is ", format_name(format),
               "; is it the output of another input?");
-    return OutputFile({"--output", a.output}, OutputFile::Mode::kAppend);
-  }
-  if (holds_results && !a.overwrite)
+  } else if (holds_results && !a.overwrite) {
     FH_FAIL("--output ", a.output, " already holds results (", st.st_size, " bytes); pass --resume to finish "
             "that run, or --overwrite to replace them");
-  return OutputFile({"--output", a.output}, OutputFile::Mode::kTruncate);
+  }
+  check_can_write({"--output", a.output});
+  return a.resume ? OutputFile::Mode::kAppend : OutputFile::Mode::kTruncate;
 }
 
 }  // namespace
@@ -303,7 +305,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const bool is_batch = format == Format::kBatch;
   PriorResults prior;
   std::optional<OutputFile> out_file;
-  if (!a.output.empty()) out_file.emplace(open_results(a, format, prior));
+  const OutputFile::Mode out_mode = a.output.empty() ? OutputFile::Mode::kAppend : check_results(a, format, prior);
+  check_can_write({"--report", a.report});
   check_device_early(a.device);
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   const std::string device = select_device(a.device, *lm.model, std::cerr);
@@ -438,7 +441,6 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     if (out_file) out_file->flush();
     else std::cout.flush();
   };
-  flush();
 
   CpuDevice dev(dp ? dp->threads(a.threads) : pipe ? pipe->threads(a.threads) : a.threads);
   Forward fwd(*lm.model, dev);
@@ -462,6 +464,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   }
   RunSetup& rs = stages ? stages->rs : own;
   StepRunner* runner = rs.runner.get();
+  if (!a.output.empty()) out_file.emplace(NamedPath{"--output", a.output}, out_mode);
+  flush();  // the lines that failed before the run
   // Batch lines with echo and logprobs: their prompts are scored before generation.
   std::vector<batch::Request*> echoed;
   for (size_t i = 0; i < items.size(); ++i)

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/output_file.h"
 #include "planner/profile.h"
 
 namespace flexh2o::cli {
@@ -17,6 +18,7 @@ void register_profile(CLI::App& app, ProfileArgs& a) {
 }
 
 int run_profile(const ProfileArgs& a, const Env&) {
+  check_can_write({"--output", a.output});
   CpuDevice dev(a.threads);
   ProfileOptions o;
   o.offload_dir = a.offload_dir;

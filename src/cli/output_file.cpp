@@ -52,6 +52,23 @@ std::optional<FileId> identify(fs::path p) {
 
 }  // namespace
 
+void check_can_write(const NamedPath& where) {
+  if (where.path.empty()) return;
+  const fs::path& p = where.path;
+  struct stat st {};
+  if (::stat(p.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) FH_FAIL("cannot write ", describe(where), ": it is a directory");
+    if (::access(p.c_str(), W_OK) != 0) FH_FAIL("cannot write ", describe(where), ": ", std::strerror(errno));
+    return;
+  }
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    FH_FAIL("cannot write ", describe(where), ": its directory ", dir.string(), " does not exist");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    FH_FAIL("cannot write ", describe(where), ": cannot create files in ", dir.string(), ": ", std::strerror(errno));
+}
+
 void check_outputs_are_not_inputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
   std::vector<std::pair<const NamedPath*, FileId>> seen;
   for (const NamedPath& in : inputs) {

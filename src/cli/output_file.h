@@ -23,6 +23,11 @@ struct NamedPath {
 // name. Empty paths are skipped; inputs that do not exist are skipped (reading them fails later).
 void check_outputs_are_not_inputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
 
+// Throws unless `where` looks writable now: an existing file that is not a directory and that
+// this process may write, or an absent one in an existing directory it may write. Checked
+// before long work, so that a typo in a path does not cost the run whose result it names.
+void check_can_write(const NamedPath& where);
+
 // The regular files directly inside `dir` (a model or tokenizer directory), each named `flag`,
 // for check_outputs_are_not_inputs. Not a directory: nothing.
 std::vector<NamedPath> files_in(const std::string& flag, const std::filesystem::path& dir);

@@ -1,6 +1,6 @@
 // Outputs as a user relies on them: a failed write (full disk) never exits 0, an output that is
 // an input is refused before a byte is written, existing results are not overwritten by
-// accident, and one bad line in `tokenize` does not cost the others.
+// accident (nor by a run refused before it starts), and one bad line in `tokenize` does not cost the others.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -152,6 +152,39 @@ TEST(CliOutput, ExistingResultsAreNotOverwrittenWithoutAFlag) {
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(tmp.path())) files += e.is_regular_file();
   EXPECT_EQ(files, 3u);  // in, out, report
+}
+
+// --overwrite replaces the old results only once the run is set up: a run refused before then
+// (a bad flag, a placement refused after the model loads, a report path that cannot be written)
+// leaves them as they were. An unwritable --report is refused before the work, in bench too.
+TEST(CliOutput, OverwriteKeepsTheOldResultsUntilTheRunStarts) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  write_file(in, kPrompts);
+  const std::string old = R"({"id": "a", "text": "from an earlier run"})" "\n";
+  const std::string gen = "generate -m " + kOpt + " -q --greedy -i " + in.string() + " -o " + out.string() + " --overwrite ";
+  const std::string nodir = (tmp.path() / "no" / "r.json").string();
+  struct Case {
+    std::string extra, says;
+  } cases[] = {
+      {"--kv-policy h2o --heavy-ratio 2", "--heavy-ratio"},
+      {"--percent 100 0 100 0 0 0", "activations cannot be homed on disk"},
+      {"--report " + nodir, "cannot write --report " + nodir + ": its directory"},
+  };
+  for (const Case& c : cases) {
+    write_file(out, old);
+    RunResult r = flexh2o(gen + c.extra);
+    EXPECT_EQ(r.code, 1) << c.extra << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    EXPECT_EQ(read_text(out), old) << c.extra;
+  }
+  RunResult r = flexh2o("generate -m " + kOpt + " -q --greedy -i " + in.string() + " -o " + (tmp.path() / "no" / "o.jsonl").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("its directory"), std::string::npos) << r.err;
+  r = flexh2o("bench -m " + kOpt + " --prompt-len 8 --gen-len 2 --report " + nodir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("cannot write --report " + nodir), std::string::npos) << r.err;
+  EXPECT_EQ((r.out + r.err).find("tok/s"), std::string::npos) << "the benchmark ran before the refusal: " << r.out;
 }
 
 TEST(CliOutput, TokenizeKeepsGoingPastAnInvalidUtf8Line) {
