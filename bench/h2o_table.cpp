@@ -17,7 +17,7 @@
 //                         t4-paper's dequant rate is fitted to the 6.7B row (its calibration
 //                         point); 30B and 175B are predictions.
 //   flexh2o --policy auto the planner's search (full KV cache; compression searched when the
-//                         profile prices dequantization).
+//                         profile prices dequantization, as `--allow-compress` asks).
 //   flexh2o + H2O 20%     the search with h2o heavy 0.1 + recent 0.1 of the prompt.
 //   H2O-paper policy+H2O  (30B) the H2O T4 logs' policies (0/100 weights, CPU attention) with H2O
 //                         20%, as is (flagged like the FlexGen policy when over our budget).

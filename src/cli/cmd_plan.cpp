@@ -43,7 +43,10 @@ void register_plan(CLI::App& app, PlanArgs& a) {
               "4-bit weights (FlexGen's flag): with --percent, evaluate it; without, fix it in the search");
   s->add_flag("--compress-cache", a.compress_cache,
               "4-bit KV cache (FlexGen's flag): with --percent, evaluate it; without, fix it in the search");
-  s->add_flag("--no-compress", a.no_compress, "Search without compression (for comparison)");
+  s->add_flag("--allow-compress", a.allow_compress,
+              "Let the search choose 4-bit weights / KV cache where the profile prices dequantization (lossy; "
+              "--policy auto takes the same flag)");
+  s->add_flag("--no-compress", a.no_compress, "Search without compression (the default)");
   s->add_option("--pipeline-stages", a.pipeline_stages,
                  "Plan a pipeline of this many stages (one rank and device each; layers split by the cost model)");
   s->add_option("--groups", a.groups, "With --pipeline-stages: groups in flight (default: the fewest that hide the transfers)");
@@ -94,14 +97,11 @@ int run_pipeline_plan(const PlanArgs& a, const Env& env, const ModelConfig& c, c
                       const Workload& w) {
   if (!a.percent.empty())
     FH_FAIL("plan: --percent gives one policy; with --pipeline-stages each stage's policy is searched");
-  if (a.no_compress && (a.compress_weight || a.compress_cache))
-    FH_FAIL("plan: --no-compress contradicts --compress-weight / --compress-cache");
   PipelineOptions o;
   o.stages = a.pipeline_stages;
   o.groups = a.groups;
   o.search.overlap = parse_flag_bool(a.overlap, "--overlap");
-  if (a.compress_weight || a.no_compress) o.search.compress_weight = a.compress_weight;
-  if (a.compress_cache || a.no_compress) o.search.compress_cache = a.compress_cache;
+  search_compression(a.compress_weight, a.compress_cache, a.allow_compress, a.no_compress, o.search);
   if (!a.stage_link.empty()) o.link = resolve_stage_link(a.stage_link, env.configs_dir);
   const PipelinePlan p = plan_pipeline(c, {hw}, w, o);
   const StageLink link = p.links.empty() ? hw.between_stages() : p.links[0];
@@ -220,10 +220,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
   } else {
     SearchOptions so;
     so.overlap = parse_flag_bool(a.overlap, "--overlap");
-    if (a.no_compress && (a.compress_weight || a.compress_cache))
-      FH_FAIL("plan: --no-compress contradicts --compress-weight / --compress-cache");
-    if (a.compress_weight || a.no_compress) so.compress_weight = a.compress_weight;
-    if (a.compress_cache || a.no_compress) so.compress_cache = a.compress_cache;
+    search_compression(a.compress_weight, a.compress_cache, a.allow_compress, a.no_compress, so);
     PlanResult r = search_policy(cm, so);
     e = r.best;
     evaluated = r.evaluated;

@@ -119,7 +119,7 @@ struct PlanArgs {
   KvPolicyConfig kv;
   std::vector<double> percent;
   bool cpu_cache_compute = false, json = false;
-  bool compress_weight = false, compress_cache = false, no_compress = false;
+  bool compress_weight = false, compress_cache = false, allow_compress = false, no_compress = false;
   int64_t pipeline_stages = 0, groups = 0;  // > 0 stages: plan a pipeline (planner/pipeline.h)
   std::string stage_link;                   // link preset or file; empty: the profile's
 };

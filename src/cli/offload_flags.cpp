@@ -61,9 +61,13 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
   app->add_flag("--compress-cache", a.compress_cache,
                 "KV cache 4-bit in every tier (the same as --kv-dtype q4): 0.28x the bytes of f16 stored "
                 "and moved")->group(z);
-  app->add_flag("--no-compress", a.no_compress,
-                "With --policy auto: never choose compression (the planner searches it when the hardware "
-                "profile prices dequantization, and 4-bit is lossy)")->group(z);
+  app->add_flag("--allow-compress", a.allow_compress,
+                "With --policy auto: also consider 4-bit weights and KV cache where the hardware profile "
+                "prices dequantization. Lossy: the outputs change. Without it (or with --no-compress, the "
+                "default) auto keeps full precision unless --compress-weight / --compress-cache ask for it")
+      ->group(z);
+  app->add_flag("--no-compress", a.no_compress, "With --policy auto: never choose compression (the default)")
+      ->group(z);
   app->add_option("--trace", a.trace,
                   "Write every schedule step (loads, stores, compute per queue) as Chrome trace-event JSON "
                   "to FILE; open it in ui.perfetto.dev to see what the pipeline waits on")
@@ -211,12 +215,16 @@ SearchOptions auto_search(const OffloadArgs& a, int64_t requests) {
   SearchOptions so;
   so.max_block = requests;
   so.allow_disk = !a.offload_dir.empty();
-  if (a.no_compress && (a.compress_weight || a.compress_cache))
-    FH_FAIL("--no-compress contradicts --compress-weight / --compress-cache");
-  // Asked for: fixed on; --no-compress: fixed off; else searched when the profile prices it.
-  if (a.compress_weight || a.no_compress) so.compress_weight = a.compress_weight;
-  if (a.compress_cache || a.no_compress) so.compress_cache = a.compress_cache;
+  search_compression(a.compress_weight, a.compress_cache, a.allow_compress, a.no_compress, so);
   return so;
+}
+
+void search_compression(bool weight, bool cache, bool allow, bool no, SearchOptions& so) {
+  if (no && (weight || cache)) FH_FAIL("--no-compress contradicts --compress-weight / --compress-cache");
+  if (no && allow) FH_FAIL("--no-compress contradicts --allow-compress");
+  // Asked for: fixed on; allowed: searched (unset); else fixed off.
+  so.compress_weight = weight ? std::optional(true) : allow ? std::nullopt : std::optional(false);
+  so.compress_cache = cache ? std::optional(true) : allow ? std::nullopt : std::optional(false);
 }
 
 Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,

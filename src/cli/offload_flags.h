@@ -27,7 +27,7 @@ struct OffloadArgs {
   // FlexGen's compression flags (Policy::compress_*); they apply in memory too, so they do not
   // ask for the offloading engine by themselves.
   bool compress_weight = false, compress_cache = false;
-  bool no_compress = false;  // --policy auto: never choose compression
+  bool allow_compress = false, no_compress = false;  // --policy auto: see search_compression()
   // Not a flag: the command's --progress, which placing the weights reports through (a
   // "[place weights]" line once it takes more than a second). "never" where no line belongs
   // (the workers of an mpirun job).
@@ -63,6 +63,11 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
 HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& configs_dir, CpuDevice& cpu,
                              DeviceKind kind, const std::string& device_name, std::ostream& log);
 SearchOptions auto_search(const OffloadArgs& a, int64_t requests);
+// What a search (--policy auto, plan) may choose for compression, into `so`: on where asked
+// (--compress-weight / --compress-cache); searched with --allow-compress (where the profile
+// prices dequantization); otherwise off, since 4-bit is lossy and outputs would change unasked.
+// Throws on contradicting flags (--no-compress, the default, is kept for scripts).
+void search_compression(bool weight, bool cache, bool allow, bool no, SearchOptions& so);
 // "16GiB", "512MB", "1.5G", "4096" -> bytes (K/M/G/T and KiB..TiB are powers of 1024, KB..TB
 // of 1000, no unit is bytes). Throws naming `flag` and the accepted units on anything else: a
 // fraction of a byte ("0.5"), less than one byte, more than 1 EiB, an unknown unit.

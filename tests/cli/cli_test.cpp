@@ -355,12 +355,16 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
     std::ofstream(prof) << t4.dump();
     EXPECT_EQ(tokens_of("--policy auto --hardware " + prof.string() + " --gpu-mem 8MiB" + dir), want);
   }
-  {  // a profile that prices it, with --no-compress: auto keeps full-precision weights and KV
+  {  // a profile that prices it: auto keeps full-precision weights and KV unless --allow-compress
     const std::string t4 = (fs::path(FLEXH2O_TEST_DATA) / "../../configs/hardware/t4-paper.json").string();
+    EXPECT_EQ(tokens_of("--policy auto --hardware " + t4 + " --gpu-mem 8MiB" + dir), want);
     EXPECT_EQ(tokens_of("--policy auto --no-compress --hardware " + t4 + " --gpu-mem 8MiB" + dir), want);
     const std::string auto_run = "generate -m " + kOpt + " --prompt hi -n 1 --policy auto --gpu-mem 8MiB --hardware " + t4;
-    EXPECT_NE(flexh2o(auto_run).err.find("--compress-weight"), std::string::npos);  // it would compress
-    EXPECT_EQ(flexh2o(auto_run + " --no-compress").err.find("--compress"), std::string::npos);
+    EXPECT_EQ(flexh2o(auto_run).err.find("--compress"), std::string::npos);
+    EXPECT_NE(flexh2o(auto_run + " --allow-compress").err.find("--compress-weight"), std::string::npos);  // it would
+    RunResult allow_no = flexh2o(auto_run + " --allow-compress --no-compress");
+    EXPECT_EQ(allow_no.code, 1);
+    EXPECT_NE(allow_no.err.find("--no-compress contradicts --allow-compress"), std::string::npos) << allow_no.err;
     RunResult both = flexh2o("generate -m " + kOpt + " --prompt hi -n 1 --policy auto --hardware " + t4 +
                              " --no-compress --compress-cache");
     EXPECT_EQ(both.code, 1);

@@ -322,7 +322,7 @@ ADAPTER_ARGS = ("pretrained", "tokenizer", "device", "flexh2o_device", "batch_si
                 "threads", "max_length", "max_gen_toks", "add_bos_token", "prefix_token_id", "seed", "chunk_size")
 LIST_FLAGS = ("percent",)
 BOOL_FLAGS = ("cpu_cache_compute", "overlap", "sep_layer", "pin_weight", "verify_store", "trust_store",
-              "compress_weight", "compress_cache", "no_compress")  # "1"/"yes"/"on" accepted too
+              "compress_weight", "compress_cache", "allow_compress", "no_compress")  # "1"/"yes"/"on" accepted too
 _INT_RE = re.compile(r"[+-]?\d+")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
