@@ -75,6 +75,9 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
              "host<->device = memcpy between buffers; disk through DiskStore)";
   if (const std::optional<uint64_t> avail = available_host_memory()) h.device_memory = h.host_memory = double(*avail);
   h.shared_memory = true;  // the CPU device's tiers are both this RAM
+  // FlexGen's alpha: MemAvailable is shared with every other process, and the plan's buffers are
+  // not all a run holds (the mapped checkpoint's pages, allocator slack, the tokenizer).
+  h.usable_fraction = 0.8;
   const std::filesystem::path dir =
       o.offload_dir.empty() ? std::filesystem::temp_directory_path() / ("flexh2o-profile-" + std::to_string(::getpid()))
                             : o.offload_dir / "flexh2o-profile";

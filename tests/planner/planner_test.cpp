@@ -22,6 +22,7 @@
 #include "engine/test_util.h"
 #include "engine/policy_of.h"
 #include "planner/planner.h"
+#include "planner/profile.h"
 #include "policies/kv_policy.h"
 
 namespace flexh2o {
@@ -429,6 +430,38 @@ TEST(PlannerSearch, ASharedPoolBoundsDeviceAndHostTogether) {
   EXPECT_TRUE(r.best.fits);
   EXPECT_FALSE(shared.estimate(search_policy(apart, so).best.policy).fits);
   EXPECT_TRUE(HardwareProfile::from_json(h.to_json(), "round trip").shared_memory);
+}
+
+// `flexh2o profile` (and --policy auto without --hardware) measures MemAvailable, which other
+// processes share: a search on a measured profile leaves a fifth of it free, where a profile
+// that let it fill everything would take more.
+TEST(PlannerSearch, AMeasuredProfileLeavesAFifthOfTheMemoryFree) {
+  CpuDevice dev(1);
+  ProfileOptions o;
+  o.copy_bytes = 1 << 20;
+  o.disk_bytes = 4 << 20;
+  o.weight_read_rows = 1024;
+  o.gemm_dim = 64;
+  o.min_seconds = 0.001;
+  HardwareProfile h = measure_profile(dev, o);
+  h.device_memory = h.host_memory = 40e6;  // tiny-opt's scale: a search can fill it
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  Workload w;
+  w.prompt_len = 64;
+  w.gen_len = 16;
+  SearchOptions so;
+  so.gpu_batch_sizes = {1, 2, 4, 8, 16, 32, 64};
+  so.max_num_gpu_batches = 32;
+  so.compress_weight = so.compress_cache = false;
+  auto used = [&](const HardwareProfile& p) {
+    CostModel cm(ModelShape::from_model(model), p, w);
+    const auto m = cm.memory(search_policy(cm, so).best.policy);
+    return double(m[0] + m[1]);
+  };
+  EXPECT_LE(used(h), 0.8 * 40e6);
+  HardwareProfile all = h;
+  all.usable_fraction = 1;
+  EXPECT_GT(used(all), 0.8 * 40e6) << "the whole pool would be filled past the fraction, or this checks nothing";
 }
 
 TEST(PlannerSearch, AllOnDeviceWhenEverythingFits) {
