@@ -23,8 +23,10 @@ void register_bench(CLI::App& app, BenchArgs& a) {
       ->check(at_least(1));
   b->add_option("--num-prompts", a.num_prompts, "Sequences (default: one block, or --batch-size)")
       ->check(at_least(1));
-  b->add_option("--batch-size,-b", a.batch_size, "Batch without offloading")->capture_default_str()
-      ->check(at_least(1));
+  b->add_option("--batch-size,-b", a.batch_size,
+                "Sequences in a batch (with offloading flags: --gpu-batch-size B, one micro-batch; it "
+                "contradicts --gpu-batch-size, --num-gpu-batches and --policy)")
+      ->capture_default_str()->check(at_least(1))->each([&a](const std::string&) { a.batch_size_given = true; });
   b->add_option("--seed", a.seed, "Seed of the synthetic prompt ids (and of sequence i's draws: seed + i)")
       ->capture_default_str();
   b->add_option("--temperature", a.temperature,
@@ -47,6 +49,8 @@ int run_bench(const BenchArgs& a, const Env& env) {
   validate(SamplingParams{a.temperature, a.top_k, a.top_p, a.seed});  // before a preset's weights
   check_device_early(a.device);
   check_can_write({"--report", a.report});
+  OffloadArgs off = a.offload;
+  apply_batch_size_flag(a.batch_size_given, a.batch_size, off);
   if (const int64_t n = resolve_config(env, a.model).max_positions; a.prompt_len + a.gen_len > n)  // before weights
     FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " exceeds the model's ", n, " positions");
   LoadedModel lm = load_model(env, a.model, "", 0, a.progress);
@@ -55,7 +59,6 @@ int run_bench(const BenchArgs& a, const Env& env) {
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
   const int64_t guess = a.num_prompts ? a.num_prompts : a.batch_size;
-  OffloadArgs off = a.offload;
   off.progress = a.progress;
   RunSetup rs = make_run_setup(off, a.kv, a.batch_size, *lm.model, fwd, dev, env, a.prompt_len, a.gen_len,
                                guess, device, std::cerr);

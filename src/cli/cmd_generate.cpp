@@ -275,6 +275,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const bool from_stdin = a.input == "-";
   if (!a.input.empty() && !from_stdin) check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
   if (a.resume && a.output.empty()) FH_FAIL("--resume needs --output FILE: the results of the run to finish");
+  apply_batch_size_flag(a.batch_size_given, a.batch_size, a.offload);
   {  // before anything is opened for writing
     std::vector<NamedPath> inputs;
     if (!from_stdin) inputs.push_back({"--input", a.input});

@@ -28,6 +28,7 @@ struct PipelineArgs {
 struct GenerateArgs {
   std::string model, tokenizer, prompt, input, output, report, device = "auto";
   int64_t max_new_tokens = 32, batch_size = 8;
+  bool batch_size_given = false;  // -b on the command line (check_batch_size_flag)
   // --sort-window: requests sorted by prompt length within windows of this many batches
   // (length_sorted_order); 1 = input order.
   int64_t sort_window = kDefaultSortWindow;
@@ -60,6 +61,7 @@ int run_generate(const GenerateArgs& a, const Env& env);
 struct BenchArgs {
   std::string model, report, device = "auto", progress = "auto";
   int64_t prompt_len = 512, gen_len = 32, num_prompts = 0, batch_size = 8;
+  bool batch_size_given = false;  // -b on the command line (check_batch_size_flag)
   uint64_t seed = 0;
   float temperature = 0.f, top_p = 1.f;  // greedy by default, as FlexGen's benchmark
   int top_k = 0;

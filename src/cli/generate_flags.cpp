@@ -38,8 +38,10 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   g->add_option("--report", a.report, "Write a JSON run report (timings, tokens/s, memory) to this file");
   g->add_option("--max-new-tokens,-n", a.max_new_tokens, "Tokens to generate per prompt (default for lines)")
       ->capture_default_str()->check(at_least(0));
-  g->add_option("--batch-size,-b", a.batch_size, "Prompts prefilled and decoded together")
-      ->capture_default_str()->check(at_least(1));
+  g->add_option("--batch-size,-b", a.batch_size,
+                "Prompts prefilled and decoded together (with offloading flags: --gpu-batch-size B, one "
+                "micro-batch; it contradicts --gpu-batch-size, --num-gpu-batches and --policy)")
+      ->capture_default_str()->check(at_least(1))->each([&a](const std::string&) { a.batch_size_given = true; });
   g->add_option("--sort-window", a.sort_window,
                  "Run requests sorted by prompt length (then max_new_tokens) within windows of this many batches, "
                  "so a batch pads less (each batch is left-padded to its longest prompt, and padding costs what "

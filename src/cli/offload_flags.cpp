@@ -74,6 +74,16 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
       ->group(g);
 }
 
+void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArgs& a) {
+  if (!batch_size_given || !offload_requested(a)) return;
+  if (a.gpu_batch_size || a.num_gpu_batches || !a.policy_file.empty())
+    FH_FAIL("-b/--batch-size ", batch_size, " contradicts ",
+            !a.policy_file.empty() ? "--policy" : "--gpu-batch-size / --num-gpu-batches",
+            ", which set the batch (a block of --gpu-batch-size x --num-gpu-batches sequences) when offloading; "
+            "give one or the other");
+  a.gpu_batch_size = batch_size;
+}
+
 bool offload_requested(const OffloadArgs& a) {
   return !a.percent.empty() || a.gpu_batch_size || a.num_gpu_batches || a.cpu_cache_compute ||
          !a.policy_file.empty() || !a.offload_dir.empty() || !a.gpu_mem.empty() || !a.cpu_mem.empty() ||

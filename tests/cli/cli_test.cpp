@@ -382,6 +382,22 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
     EXPECT_GT(j["offload"]["kv_bytes_moved"].get<uint64_t>(), 0u);
     EXPECT_NE(j["kv_policy"].get<std::string>().find("h2o"), std::string::npos);
   }
+  {  // -b with offloading flags is the block (one micro-batch); beside flags that set it, an error
+    const fs::path rep = tmp.path() / "b.json";
+    const std::string off = " -b 3 --percent 0 100 0 100 100 0 --report " + rep.string();
+    for (const std::string& c : {"generate -m " + kOpt + " -i " + in + " -o /dev/null -q" + off,
+                                 "bench -m " + kOpt + " --prompt-len 5 --gen-len 2 --num-prompts 5" + off}) {
+      RunResult r = flexh2o(c);
+      ASSERT_EQ(r.code, 0) << c << "\n" << r.err;
+      EXPECT_EQ(read_json(rep)["batch_size"], 3) << c;
+    }
+    for (const std::string extra : {"--percent 0 100 0 100 100 0 --gpu-batch-size 2",
+                                    "--percent 0 100 0 100 100 0 --num-gpu-batches 2", "--cpu-mem 1GiB --policy auto"}) {
+      RunResult r = flexh2o("generate -m " + kOpt + " --prompt hi -b 3 " + extra);
+      EXPECT_EQ(r.code, 1) << extra;
+      EXPECT_NE(r.err.find("-b/--batch-size 3 contradicts"), std::string::npos) << r.err;
+    }
+  }
   {  // --trace: Chrome trace-event JSON with one slice per schedule step; an unwritable path fails
     const fs::path tr = tmp.path() / "trace.json";
     RunResult r = flexh2o("bench -m " + kOpt + " --prompt-len 5 --gen-len 3 --percent 0 100 0 100 100 0 --trace " +

@@ -51,7 +51,7 @@ TEST(Cli, ContinuousKeepsTheOutputInFewerSteps) {
   TempDir tmp;
   const fs::path in = mixed_lines(tmp);
   const std::string offloaded =
-      " --percent 0 100 50 50 100 0 --gpu-batch-size 3 --offload-dir " + (tmp.path() / "store").string();
+      " --percent 0 100 50 50 100 0 --offload-dir " + (tmp.path() / "store").string();  // -b 3: blocks of 3
   for (const std::string& place : {std::string(), offloaded}) {
     const Out base = run(tmp, in, place);
     const Out cont = run(tmp, in, "--continuous" + place);

@@ -71,7 +71,9 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
   TempDir tmp;
   const fs::path in = write_input(tmp.path(), model);
   const fs::path one = tmp.path() / "one.jsonl", rep1 = tmp.path() / "one.json";
-  RunResult r = flexh2o::test::run_flexh2o(gen(model, in, one, "-b 2 " + flags + " --report " + rep1.string()));
+  // -b 2 unless the flags set the block themselves (which -b would contradict).
+  const std::string b = flags.find("--gpu-batch-size") == std::string::npos ? "-b 2 " : "";
+  RunResult r = flexh2o::test::run_flexh2o(gen(model, in, one, b + flags + " --report " + rep1.string()));
   ASSERT_EQ(r.code, 0) << r.err;
   const std::vector<json> want = read_jsonl(one);
   ASSERT_EQ(want.size(), 13u);
@@ -80,7 +82,7 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
     const std::string what = model + " " + flags + " over " + std::to_string(ranks) + " ranks";
     const fs::path out = tmp.path() / ("dp" + std::to_string(ranks) + ".jsonl");
     const fs::path rep = tmp.path() / ("dp" + std::to_string(ranks) + ".json");
-    const RunResult d = mpirun(ranks, gen(model, in, out, "-b 2 " + flags + " --report " + rep.string()));
+    const RunResult d = mpirun(ranks, gen(model, in, out, b + flags + " --report " + rep.string()));
     ASSERT_EQ(d.code, 0) << what << "\n" << d.err;
     expect_same_lines(read_jsonl(out), want, what);
     const json j = read_json(rep);
@@ -194,7 +196,7 @@ TEST(DataParallel, AFailedRankEndsTheJobWithItsError) {
   const fs::path in = write_input(tmp.path(), kOpt), out = tmp.path() / "out.jsonl", file = tmp.path() / "file";
   std::ofstream(file) << "x";
   // One program per rank (mpirun's MPMD form): rank 1 cannot make its offload directory.
-  const std::string args = gen(kOpt, in, out, "-b 2 --percent 0 0 0 100 0 100 --offload-dir ");
+  const std::string args = gen(kOpt, in, out, "--gpu-batch-size 2 --percent 0 0 0 100 0 100 --offload-dir ");
   const std::string cmd = std::string(FLEXH2O_MPIEXEC) + " --allow-run-as-root --oversubscribe -np 1 " +
                           FLEXH2O_BINARY_DIR + "/flexh2o " + args + (tmp.path() / "store").string() + " : -np 1 " +
                           FLEXH2O_BINARY_DIR + "/flexh2o " + args + (file / "store").string() + " 2>" +

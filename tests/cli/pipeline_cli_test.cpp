@@ -49,7 +49,9 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
   TempDir tmp;
   const fs::path in = write_input(tmp.path(), model);
   const fs::path one = tmp.path() / "one.jsonl";
-  const RunResult r = flexh2o::test::run_flexh2o(gen(model, in, one, "-b 2 " + flags));
+  // -b 2 unless the flags set the block themselves (which -b would contradict).
+  const std::string b = flags.find("--gpu-batch-size") == std::string::npos ? "-b 2 " : "";
+  const RunResult r = flexh2o::test::run_flexh2o(gen(model, in, one, b + flags));
   ASSERT_EQ(r.code, 0) << r.err;
   const std::vector<json> want = read_jsonl(one);
   int64_t tokens = 0;
@@ -58,7 +60,7 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
     const std::string what = model + " " + flags + " over " + std::to_string(stages) + " stages";
     const fs::path out = tmp.path() / ("pp" + std::to_string(stages) + ".jsonl");
     const fs::path rep = tmp.path() / ("pp" + std::to_string(stages) + ".json");
-    const RunResult d = mpirun(stages, gen(model, in, out, "-b 2 " + flags + " --pipeline-stages " +
+    const RunResult d = mpirun(stages, gen(model, in, out, b + flags + " --pipeline-stages " +
                                                                std::to_string(stages) + " --report " + rep.string()));
     ASSERT_EQ(d.code, 0) << what << "\n" << d.err;
     expect_same_lines(read_jsonl(out), want, what);
