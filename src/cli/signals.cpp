@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -11,6 +12,10 @@
 #include "core/error.h"
 
 namespace flexh2o::cli {
+namespace {
+// Signals this close to the first are that one delivered again, not a user's second Ctrl-C.
+constexpr std::chrono::milliseconds kSameSignal{100};
+}  // namespace
 
 StopSignals& StopSignals::install() {
   // Never destroyed: the detached thread below may touch it until the process ends.
@@ -28,7 +33,12 @@ StopSignals& StopSignals::install() {
       if (sigwait(&set, &sig) != 0) return;
       s->signal_.store(sig);
       s->stop_.store(true);
-      if (sigwait(&set, &sig) != 0) return;
+      // One signal can arrive twice at once: timeout(1) and kill -- -PGID send it to the process
+      // and again to its group. Only a second signal later than kSameSignal ends the process.
+      const auto first = std::chrono::steady_clock::now();
+      do {
+        if (sigwait(&set, &sig) != 0) return;
+      } while (std::chrono::steady_clock::now() - first < kSameSignal);
       ::signal(sig, SIG_DFL);
       sigset_t one;
       sigemptyset(&one);

@@ -2,7 +2,8 @@
 // process, so this is one process-wide object: install() blocks both signals in the calling
 // thread (call it before any thread starts, so the engine's threads inherit the mask and never
 // see EINTR) and starts one detached thread that takes them with sigwait(). The first sets the
-// stop flag; a second ends the process at once by the signal's default action.
+// stop flag; a second, 100 ms or more after it, ends the process at once by the signal's default
+// action (sooner, it is the first delivered twice: timeout(1) signals the process and its group).
 #pragma once
 
 #include <atomic>

@@ -78,8 +78,9 @@ pid_t spawn(const std::string& args, const fs::path& err) {
   return pid;
 }
 
-// Waits until `out` holds a complete line, then sends `sig`; returns the wait status.
-int interrupt_after_first_result(pid_t pid, const fs::path& out, int sig) {
+// Waits until `out` holds a complete line, then sends `sig` (`times` times back to back, the
+// first to the last `gap_ms` apart); returns the wait status.
+int interrupt_after_first_result(pid_t pid, const fs::path& out, int sig, int times = 1, double* gap_ms = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   int status = 0;
   while (read_text(out).find('\n') == std::string::npos) {
@@ -90,7 +91,13 @@ int interrupt_after_first_result(pid_t pid, const fs::path& out, int sig) {
     if (std::chrono::steady_clock::now() > deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  kill(pid, sig);
+  const auto first = std::chrono::steady_clock::now();
+  for (int i = 0; i < times; ++i) {
+    // Apart by a few ms, so the first has been taken (a pending signal would absorb the next).
+    if (i) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    kill(pid, sig);
+  }
+  if (gap_ms) *gap_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - first).count();
   waitpid(pid, &status, 0);
   return status;
 }
@@ -148,6 +155,20 @@ TEST_F(Resume, SigintKeepsFinishedResultsAndResumeCompletesTheRun) {
   const json report = json::parse(read_text(rep));
   EXPECT_TRUE(report["interrupted"].get<bool>());
   EXPECT_EQ(report["finished_requests"].get<size_t>(), results_of(out).size());
+  resume_and_compare(out);
+}
+
+// One signal delivered twice at once (timeout(1) signals the process and then its group) is one
+// stop: the run ends in order, with its report, not by the signal's default action.
+TEST_F(Resume, ASignalDeliveredTwiceAtOnceStopsInOrder) {
+  const fs::path out = tmp_.path() / "out.jsonl", rep = tmp_.path() / "run.json", err = tmp_.path() / "err";
+  double gap_ms = 0;
+  const int st = interrupt_after_first_result(spawn(gen_args(in_, out) + " --report " + rep.string(), err), out,
+                                              SIGTERM, 2, &gap_ms);
+  if (gap_ms > 80) GTEST_SKIP() << "the two signals went " << gap_ms << " ms apart on this loaded machine";
+  ASSERT_TRUE(WIFEXITED(st)) << "ended by the signal itself: " << read_text(err);
+  EXPECT_EQ(WEXITSTATUS(st), 143) << read_text(err);
+  EXPECT_TRUE(json::parse(read_text(rep))["interrupted"].get<bool>());
   resume_and_compare(out);
 }
 
