@@ -410,8 +410,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     return line;
   };
   // One result line for item i; the --prompt-only mode prints just the text.
+  int64_t kept_tokens = 0;  // generated tokens in the result lines written (an interrupt drops others)
   auto emit = [&](size_t i) {
     const Item& it = items[i];
+    if (it.error.empty())
+      for (size_t k = 0; k < it.reqs.size(); ++k) kept_tokens += int64_t(ready[it.first_req + k]->tokens.size());
     json o{{"id", it.id}};
     if (is_batch) {
       o = batch_line(it);
@@ -538,6 +541,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   report["requests"] = items.size();
   report["failed_requests"] = bad;
   report["finished_requests"] = finished;
+  report["kept_tokens"] = kept_tokens;
   report["resumed_requests"] = skipped;  // already in --output (--resume)
   report["interrupted"] = st.interrupted;
   report["sort_window"] = a.sort_window;
@@ -548,6 +552,9 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << finished << " prompts in " << total_s
             << " s (" << report["tokens_per_s"].get<double>() << " tok/s; prefill " << st.prefill_seconds
             << " s, decode " << st.decode_seconds << " s)\n";
+  if (st.interrupted && kept_tokens != st.generated_tokens)  // unfinished requests' tokens: work, not results
+    std::cerr << "flexh2o: " << kept_tokens << " of those tokens are in the " << finished
+              << " results written; the unfinished requests' are dropped\n";
   if (a.continuous && (stages || dp))
     std::cerr << "flexh2o: --continuous: "
               << (stages ? "pipeline stages run static batches\n"

@@ -155,6 +155,10 @@ TEST_F(Resume, SigintKeepsFinishedResultsAndResumeCompletesTheRun) {
   const json report = json::parse(read_text(rep));
   EXPECT_TRUE(report["interrupted"].get<bool>());
   EXPECT_EQ(report["finished_requests"].get<size_t>(), results_of(out).size());
+  int64_t kept = 0;  // the tokens of the results written, not those of the requests dropped
+  for (const auto& [id, line] : results_of(out)) kept += int64_t(line["token_ids"].size());
+  EXPECT_EQ(report["kept_tokens"].get<int64_t>(), kept);
+  EXPECT_GE(report["generated_tokens"].get<int64_t>(), kept);
   resume_and_compare(out);
 }
 
