@@ -80,8 +80,8 @@ nlohmann::json estimate_json(const Estimate& e, const CostModel& cm) {
   j["kv_tokens_per_sequence"] = e.kv_tokens;
   j["compression"] = {{"weight", e.policy.compress_weight},
                       {"cache", e.policy.compress_cache},
-                      {"weight_bytes", cm.shape().total_bytes(e.policy)},
-                      {"weight_bytes_uncompressed", cm.shape().total_bytes()},
+                      {"weight_bytes", cm.shape().weight_bytes(e.policy)},
+                      {"weight_bytes_uncompressed", cm.shape().weight_bytes(Policy{})},
                       {"kv_bytes_per_token", cm.kv_token_bytes(e.policy)},
                       {"dequant_priced", cm.hardware().prices_compression()}};
   return j;
@@ -258,8 +258,8 @@ int run_plan(const PlanArgs& a, const Env& env) {
             << "per layer  prefill " << e.prefill_layer_s * 1e3 << " ms, decode " << e.decode_layer_s * 1e3 << " ms\n"
             << "compress   weight " << (e.policy.compress_weight ? "4-bit" : "off") << ", cache "
             << (e.policy.compress_cache ? "4-bit" : "off") << (hw.prices_compression() ? "" : given ? " (dequantization not priced by this profile)" : " (not searched: the profile has no dequant_gbps)")
-            << "; weights " << double(cm.shape().total_bytes(e.policy)) / 1e9 << " GB (uncompressed "
-            << double(cm.shape().total_bytes()) / 1e9 << " GB), KV " << double(cm.kv_token_bytes(e.policy)) / 1e6
+            << "; weights " << double(cm.shape().weight_bytes(e.policy)) / 1e9 << " GB (uncompressed "
+            << double(cm.shape().weight_bytes(Policy{})) / 1e9 << " GB), KV " << double(cm.kv_token_bytes(e.policy)) / 1e6
             << " MB/token\n"
             << "bottleneck " << e.bottleneck << "\n"
             << "memory     device " << double(e.memory[0]) / 1e9 << " GB, host " << double(e.memory[1]) / 1e9

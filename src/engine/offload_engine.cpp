@@ -145,13 +145,14 @@ void OffloadEngine::Impl::place_weights() {
   const WeightPlacement& wp = e.placement_;
   units.resize(wp.units.size());
   std::map<const void*, const std::byte*> device_home, host_home;  // by source: a tied lm_head shares
+  std::map<const void*, std::string> disk_home;                     // ... and on disk, the file
   const bool want_pinned = dev.kind() != DeviceKind::kCpu && p.pin_weight;
   std::vector<std::pair<size_t, size_t>> disk_homes;  // (unit, index in the unit)
   {  // a tied lm_head homed with the embedding shares its home: one copy to place
     std::set<std::pair<const void*, Tier>> seen;
     for (const UnitPlacement& up : wp.units)
       for (const PlacedTensor& t : up.tensors)
-        if (t.tier == Tier::kDisk || seen.emplace(t.source.data, t.tier).second) to_place += t.bytes;
+        if (seen.emplace(t.source.data, t.tier).second) to_place += t.bytes;
   }
   for (size_t u = 0; u < wp.units.size(); ++u) {
     size_t slot_off = 0, stage_off = 0;
@@ -203,9 +204,14 @@ void OffloadEngine::Impl::place_weights() {
           host_home[t.source.data] = h.host;
         }
       } else {
-        h.store_name = store_name(t.name, h.dtype);
-        TierCharge::reserve(*e.budgets_[2], h.bytes, what, &h.disk_charge).throw_if_error();
-        disk_homes.emplace_back(u, units[u].size());
+        if (auto it = disk_home.find(t.source.data); it != disk_home.end()) {
+          h.store_name = it->second;  // checked or written with the embedding's home
+        } else {
+          h.store_name = store_name(t.name, h.dtype);
+          TierCharge::reserve(*e.budgets_[2], h.bytes, what, &h.disk_charge).throw_if_error();
+          disk_homes.emplace_back(u, units[u].size());
+          disk_home[t.source.data] = h.store_name;
+        }
         h.stage_offset = stage_off;
         stage_off += round_up(h.bytes, kStageAlign);
       }

@@ -75,9 +75,7 @@ WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DTy
   return wp;
 }
 
-size_t tied_head_home_bytes(Tier embed, Tier head, size_t bytes) {
-  return embed == head && head != Tier::kDisk ? 0 : bytes;
-}
+size_t tied_head_home_bytes(Tier embed, Tier head, size_t bytes) { return embed == head ? 0 : bytes; }
 
 std::vector<Tier> unit_tiers(const std::vector<size_t>& tensor_bytes, const Policy& p) {
   size_t total = 0;

@@ -69,8 +69,8 @@ struct WeightPlacement {
 Tier midpoint_tier(double mid_percent, double w_gpu_percent, double w_cpu_percent);
 
 // The bytes a tied lm_head (the embedding's table, `bytes` as held) adds to the homes of the
-// head's tier: none where the table is homed on the same device or host tier (the engine uses
-// that home), all of them otherwise (on disk it is a file of its own).
+// head's tier: none where the table is homed on the same tier (the engine uses that home, on
+// disk its file), all of them otherwise.
 size_t tied_head_home_bytes(Tier embed, Tier head, size_t bytes);
 
 // Units per p.sep_layer. `as`: the dtype the device holds weights in, or the checkpoint's dtype

@@ -92,6 +92,12 @@ ModelShape ModelShape::stage(int64_t layers, bool embed, bool head) const {
   return s;
 }
 
+uint64_t ModelShape::weight_bytes(const Policy& p) const {
+  const UnitSizes& u = units(p);
+  const bool tied = config.tie_embeddings && !u.embed.empty() && !u.head.empty();
+  return u.total(config.n_layers) - (tied ? u.head.back() : 0);
+}
+
 uint64_t UnitSizes::total(int64_t n_layers) const {
   auto sum = [](const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t(0)); };
   return sum(embed) + uint64_t(n_layers) * sum(layer) + sum(head);

@@ -51,6 +51,8 @@ struct ModelShape : UnitSizes {
   const UnitSizes& units(const Policy& p) const { return p.compress_weight ? q4 : *this; }
   uint64_t total_bytes() const { return total(config.n_layers); }  // uncompressed
   uint64_t total_bytes(const Policy& p) const { return units(p).total(config.n_layers); }
+  // total_bytes(p) with a tied lm_head counted once: the weights a placement stores.
+  uint64_t weight_bytes(const Policy& p) const;
   // One pipeline stage of this model: `layers` layers (config.n_layers = layers), with the
   // embedding only when `embed` and the final norm + lm_head only when `head`; a unit left out
   // has no weights and no compute (its schedule steps keep their fixed overheads).

@@ -114,8 +114,8 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
   {
     Policy tiny;
     tiny.gpu_batch_size = tiny.num_gpu_batches = 1;
-    // Weights streamed from the host (where a tied head shares the embedding's home; on disk it
-    // would be a second file), the cache on disk.
+    // Weights streamed from the host (where a tied head shares the embedding's home), the cache
+    // on disk.
     tiny.w_gpu_percent = 0;
     tiny.w_cpu_percent = 100;
     tiny.cache_gpu_percent = tiny.cache_cpu_percent = 0;

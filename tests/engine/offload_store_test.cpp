@@ -290,6 +290,18 @@ TEST(OffloadStore, PlacingReportsBytesUpToTheTotal) {
   EXPECT_TRUE(model.config().tie_embeddings);
   EXPECT_EQ(total, model.weight_bytes());
   EXPECT_EQ(last, total);
+  // All on disk: the tied lm_head reads the embedding's file; no second copy is written or counted.
+  OffloadOptions disk = disk_options(tmp.path() / "all_disk");
+  disk.on_place = [&](uint64_t done, uint64_t t) { last = done, total = t; };
+  OffloadEngine d(model, dev, disk);
+  EXPECT_EQ(total, model.weight_bytes());
+  EXPECT_EQ(last, total);
+  EXPECT_EQ(d.placement().bytes[2], model.weight_bytes());
+  EXPECT_EQ(d.report().weights_written, model.tensors().size());
+  size_t files = 0;
+  for (const auto& f : fs::recursive_directory_iterator(tmp.path() / "all_disk"))
+    files += f.is_regular_file() && f.path().filename().string().rfind("w.", 0) == 0;
+  EXPECT_EQ(files, model.tensors().size());
 }
 
 }  // namespace
