@@ -14,6 +14,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <set>
 #include <random>
 #include <span>
 #include <sstream>
@@ -81,6 +82,18 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
   it.line = line;
   it.id = j.contains("id") ? j["id"] : json(index);
   try {
+    // A misspelt field ("temprature") would otherwise run with the flag's value unnoticed.
+    static const std::set<std::string> kFields = {
+        "id",          "prompt",     "prompt_ids", "messages",           "max_new_tokens",   "temperature",
+        "top_k",       "top_p",      "min_p",      "repetition_penalty", "presence_penalty", "frequency_penalty",
+        "seed",        "logit_bias", "logprobs"};
+    for (const auto& [key, value] : j.items())
+      if (!kFields.contains(key))
+        FH_FAIL("unknown field \"", key, "\"; a line takes id, one of prompt / prompt_ids / messages, "
+                "max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, "
+                "frequency_penalty, seed, logit_bias and logprobs");
+    if (int(j.contains("prompt")) + int(j.contains("prompt_ids")) + int(j.contains("messages")) > 1)
+      FH_FAIL("give one of \"prompt\", \"prompt_ids\" and \"messages\", not several");
     GenerationRequest req;
     if (j.contains("prompt_ids")) {
       req.prompt_ids = json_to_ids(j["prompt_ids"], "field \"prompt_ids\"");

@@ -91,6 +91,30 @@ TEST(InputLimits, DeeplyNestedRequestLineIsAnErrorAndTheRestRuns) {
   EXPECT_TRUE(lines[3].contains("token_ids"));
 }
 
+// A misspelt field would run with the flag's value unnoticed, and a line with two prompts would
+// run one of them: each is that line's error, naming the field, and the other lines run.
+TEST(InputLimits, UnknownFieldsAndTwoPromptsAreLineErrors) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  {
+    std::ofstream f(in);
+    f << R"({"id": "a", "prompt": "hello", "temprature": 0.5})" << "\n";
+    f << R"({"id": "b", "prompt": "hello", "prompt_ids": [2, 100]})" << "\n";
+    f << R"({"id": "c", "prompt": "world", "max_new_tokens": 2, "temperature": 0.5, "seed": 1, "logprobs": 1})"
+      << "\n";
+  }
+  RunResult r = flexh2o("generate -m " + kOpt + " --device cpu -n 2 --input " + in.string() + " --output " +
+                        out.string());
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_HAS(r.err, in.string() + ":1: unknown field \"temprature\"");
+  EXPECT_HAS(r.err, in.string() + ":2: give one of \"prompt\", \"prompt_ids\" and \"messages\"");
+  const auto lines = read_jsonl(out);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_TRUE(lines[0].contains("error"));
+  EXPECT_TRUE(lines[1].contains("error"));
+  EXPECT_EQ(lines[2]["token_ids"].size(), 2u);
+}
+
 // The request reader itself, with a small cap: the over-long line is reported with its number
 // and not stored, a line without a final newline still counts, and every other line is parsed.
 TEST(InputLimits, RequestReaderCapIsConfigurable) {
