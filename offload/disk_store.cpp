@@ -359,11 +359,18 @@ Status DiskStore::create(std::string_view name, uint64_t payload_bytes) {
 // Writes NAME.fhs.<run token>.<n>.tmp (payload, then the header with the complete flag), fsyncs,
 // renames, fsyncs the directory. Any failure removes the tmp file; a killed run's tmp files carry
 // its token and are removed by the next open(). The name is never shared with another writer.
+uint64_t DiskStore::entry_bytes(uint64_t payload_bytes) { return kStoreHeaderBytes + align_up(payload_bytes); }
+
+uint64_t DiskStore::free_bytes() const {
+  struct statvfs vs {};
+  return ::statvfs(dir_.c_str(), &vs) == 0 ? uint64_t(vs.f_bavail) * vs.f_frsize : 0;
+}
+
 Status DiskStore::write_new(std::string_view name, const TensorView* payload, uint64_t bytes) {
   const fs::path final_path = path_of(name);
   fs::path tmp = final_path;
   tmp += detail::concat(".", lease_.token(), ".", tmp_seq_.fetch_add(1), ".tmp");
-  const uint64_t total = kStoreHeaderBytes + align_up(bytes);
+  const uint64_t total = entry_bytes(bytes);
   auto e = std::make_shared<Entry>();
   e->path = tmp;
   e->fd = Fd(::open(tmp.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | (direct_ ? O_DIRECT : 0), 0644));
@@ -374,8 +381,7 @@ Status DiskStore::write_new(std::string_view name, const TensorView* payload, ui
     e->fd.reset();
     ::unlink(tmp.c_str());
     if (st.code() != StatusCode::kNoSpace) return st;
-    struct statvfs vs {};
-    uint64_t avail = ::statvfs(dir_.c_str(), &vs) == 0 ? uint64_t(vs.f_bavail) * vs.f_frsize : 0;
+    const uint64_t avail = free_bytes();
     return Status(StatusCode::kNoSpace,
                   detail::concat("offload directory '", dir_.string(), "' is out of space: entry '", name,
                                  "' needs ", total, " bytes, ", avail, " bytes free (", st.message(), ")"));

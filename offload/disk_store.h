@@ -138,6 +138,10 @@ class DiskStore {
   std::vector<std::string> list() const;
 
   const std::filesystem::path& dir() const { return dir_; }
+  // The bytes an entry of `payload_bytes` takes on disk (header and page padding included).
+  static uint64_t entry_bytes(uint64_t payload_bytes);
+  // Bytes the directory's filesystem has free for this process now (statvfs; 0 if unknown).
+  uint64_t free_bytes() const;
   bool direct_io() const { return direct_; }
   const std::string& io_note() const { return io_note_; }  // "O_DIRECT" or why buffered
   // Bytes moved to/from the files (headers and page padding included), for the run report.

@@ -187,6 +187,27 @@ TEST(CliOutput, OverwriteKeepsTheOldResultsUntilTheRunStarts) {
   EXPECT_EQ((r.out + r.err).find("tok/s"), std::string::npos) << "the benchmark ran before the refusal: " << r.out;
 }
 
+// An --offload-dir too small for the weights homed there is refused before the first file, with
+// the total needed (it failed at the file that did not fit, naming that file's size, with the
+// files before it written). A 3 MiB tmpfs in a private mount namespace (unshare -m): skipped
+// where this process may not make one.
+TEST(CliOutput, AnOffloadDirTooSmallForTheWeightsIsRefusedWithTheTotal) {
+  TempDir tmp;
+  const fs::path small = tmp.path() / "small";
+  fs::create_directories(small);
+  const std::string mount = "mount -t tmpfs -o size=3M none " + small.string();
+  if (std::system(("unshare -m sh -c '" + mount + "' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs in a private mount namespace here";
+  const fs::path err = tmp.path() / "err";
+  const std::string run = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o generate -m " + kOpt +
+                          " --prompt hi -n 2 --percent 0 0 100 0 100 0 --offload-dir " + (small / "store").string();
+  const int st = std::system(("unshare -m sh -c '" + mount + " && exec " + run + "' 2>" + err.string()).c_str());
+  EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 1);
+  const std::string e = read_text(err);
+  EXPECT_NE(e.find("offload directory " + (small / "store").string() + " has 3 MiB free; the "), std::string::npos) << e;
+  EXPECT_NE(e.find("weight files to write need 8.93 MiB"), std::string::npos) << e;
+}
+
 TEST(CliOutput, TokenizeKeepsGoingPastAnInvalidUtf8Line) {
   TempDir tmp;
   const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl", good = tmp.path() / "good.jsonl";
