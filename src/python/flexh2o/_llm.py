@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from . import _env
+from . import _args, _env
 from ._chat import ChatTemplate
 from ._flexh2o import Error, Session
 
@@ -20,8 +20,8 @@ class Completion:
     text: str
     token_ids: List[int]  # generated tokens only
     finish_reason: str  # "eos" | "length" | "stop"
-    # With generate(logprobs=N): each token's log-probability under the model (nats, before
-    # penalties and temperature), and for N > 0 the N most likely (id, logprob) at each step.
+    # With generate(logprobs=True or N): each token's log-probability under the model (nats,
+    # before penalties and temperature), and for N > 0 the N most likely (id, logprob) at each step.
     logprobs: Optional[List[float]] = None
     top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
 
@@ -67,19 +67,21 @@ class LLM:
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  ignore_eos: bool = False, stop: Union[str, Sequence[str], None] = None, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0, logprobs: Optional[int] = None,
+                 frequency_penalty: float = 0.0, logprobs: Union[bool, int, None] = None,
                  logit_bias: Optional[Dict[int, float]] = None, continuous: bool = False) -> List[Completion]:
         """Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists are
         used exactly. Request i samples with seed + i. Greedy when temperature is 0. A sequence
         ends as soon as its text holds one of the `stop` strings (finish_reason "stop"; the text
         is cut before it, token_ids keep every generated token). min_p and repetition_penalty
         are transformers' (the penalty also applies when greedy), presence_penalty and
-        frequency_penalty OpenAI's (over the generated tokens). logprobs=N (0..20) fills the
-        completions' logprobs (and N alternatives per token in top_logprobs). logit_bias
+        frequency_penalty OpenAI's (over the generated tokens). logprobs=True fills the
+        completions' logprobs (each chosen token's), logprobs=N (0..20) also top_logprobs (the N
+        most likely tokens at each step); None or False: neither. logit_bias
         {token id: bias in [-100, 100]} is added to those logits after the penalties, greedy too
         (OpenAI's; -100 bans a token). continuous=True: continuous batching (`generate
         --continuous`): a prompt whose answer ends hands its batch slot to the next; the same
         results, in fewer steps when lengths vary."""
+        n_top = _args.logprobs(logprobs)
         if isinstance(prompts, str):
             prompts = [prompts]
         stops = [stop] if isinstance(stop, str) else [str(s) for s in (stop or [])]
@@ -89,13 +91,12 @@ class LLM:
                                int(seed), bool(ignore_eos), stops, min_p=float(min_p),
                                repetition_penalty=float(repetition_penalty), presence_penalty=float(presence_penalty),
                                frequency_penalty=float(frequency_penalty),
-                               logprobs=-1 if logprobs is None else int(logprobs),
+                               logprobs=n_top,
                                logit_bias=[(int(t), float(b)) for t, b in (logit_bias or {}).items()],
                                continuous=bool(continuous))
         self._set_report()
-        want = logprobs is not None
-        return [Completion(t.decode("utf-8", "replace"), list(ids), reason, list(lp) if want else None,
-                           [[(int(i), float(x)) for i, x in step] for step in top] if want and logprobs > 0 else None)
+        return [Completion(t.decode("utf-8", "replace"), list(ids), reason, list(lp) if n_top >= 0 else None,
+                           [[(int(i), float(x)) for i, x in step] for step in top] if n_top > 0 else None)
                 for t, ids, reason, lp, top in out]
 
     def loglikelihood(self, requests: Sequence[Tuple[Sequence[int], Sequence[int]]]) -> List[Tuple[float, bool]]:
