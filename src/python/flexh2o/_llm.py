@@ -46,8 +46,14 @@ class LLM:
     def __init__(self, model: str, *, tokenizer: Optional[str] = None, device: str = "auto",
                  batch_size: int = 8, threads: Optional[int] = None, **flags):
         flags = [_flag(k, v) for k, v in flags.items() if v is not None]
-        self._s = Session(str(model), "" if tokenizer is None else str(tokenizer), device, int(batch_size),
-                          0 if threads is None else int(threads), flags, _env.configs_dir(),
+        if not isinstance(device, str):
+            raise Error(f"device must be a string (\"auto\", \"cpu\", \"cuda\", \"cuda:N\"), got {device!r}")
+        # Only the C types' ranges here: the engine says what it accepts (batch_size >= 1, ...).
+        batch_size = _args.integer("batch_size", batch_size, _args.INT64_MIN, _args.INT64_MAX)
+        threads = 0 if threads is None else _args.integer("threads", threads, _args.INT32_MIN, _args.INT32_MAX)
+        tokenizer = "" if tokenizer is None else _args.text("tokenizer", str(tokenizer))
+        self._s = Session(_args.text("model", str(model)), tokenizer, device, batch_size, threads, flags,
+                          _env.configs_dir(),
                           stderr_is_tty=_env.stderr_is_tty(), **_env.hub_env())
         self._chat = None
         self.last_report = None
@@ -58,19 +64,21 @@ class LLM:
         self.bos_id: Optional[int] = self._s.bos_id
 
     def encode(self, text: str, add_special: bool = True) -> List[int]:
-        return self._s.encode(text, add_special)
+        return self._s.encode(_args.text("text", text), bool(add_special))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._s.decode(list(ids))
+        return self._s.decode(_args.ids("ids", ids))
 
-    def generate(self, prompts: Union[str, Sequence[str], Sequence[Sequence[int]]], *, max_new_tokens: int = 32,
+    def generate(self, prompts: Union[str, Sequence[int], Sequence[Union[str, Sequence[int]]]], *, max_new_tokens: int = 32,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  ignore_eos: bool = False, stop: Union[str, Sequence[str], None] = None, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, logprobs: Union[bool, int, None] = None,
                  logit_bias: Optional[Dict[int, float]] = None, continuous: bool = False) -> List[Completion]:
-        """Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists are
-        used exactly. Request i samples with seed + i. Greedy when temperature is 0. A sequence
+        """prompts: a string, one prompt's token ids (a flat list of ints), or a list of strings and
+        id lists. Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists
+        are used exactly. Request i samples with seed + i; seeds are taken modulo 2**64 (-1 is
+        2**64 - 1, as in Batch files). Greedy when temperature is 0. A sequence
         ends as soon as its text holds one of the `stop` strings (finish_reason "stop"; the text
         is cut before it, token_ids keep every generated token). min_p and repetition_penalty
         are transformers' (the penalty also applies when greedy), presence_penalty and
@@ -82,18 +90,16 @@ class LLM:
         --continuous`): a prompt whose answer ends hands its batch slot to the next; the same
         results, in fewer steps when lengths vary."""
         n_top = _args.logprobs(logprobs)
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        stops = [stop] if isinstance(stop, str) else [str(s) for s in (stop or [])]
-        items = [p if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        items = _args.prompts(prompts, self.vocab_size)
+        num = _args.number
         self.last_report = None
-        out = self._s.generate(items, int(max_new_tokens), float(temperature), int(top_k), float(top_p),
-                               int(seed), bool(ignore_eos), stops, min_p=float(min_p),
-                               repetition_penalty=float(repetition_penalty), presence_penalty=float(presence_penalty),
-                               frequency_penalty=float(frequency_penalty),
-                               logprobs=n_top,
-                               logit_bias=[(int(t), float(b)) for t, b in (logit_bias or {}).items()],
-                               continuous=bool(continuous))
+        out = self._s.generate(items, _args.integer("max_new_tokens", max_new_tokens, 0, _args.INT64_MAX),
+                               num("temperature", temperature), _args.integer("top_k", top_k, 0, _args.INT32_MAX),
+                               num("top_p", top_p), _args.seed(seed), bool(ignore_eos), _args.stops(stop),
+                               min_p=num("min_p", min_p), repetition_penalty=num("repetition_penalty", repetition_penalty),
+                               presence_penalty=num("presence_penalty", presence_penalty),
+                               frequency_penalty=num("frequency_penalty", frequency_penalty), logprobs=n_top,
+                               logit_bias=_args.logit_bias(logit_bias, self.vocab_size), continuous=bool(continuous))
         self._set_report()
         return [Completion(t.decode("utf-8", "replace"), list(ids), reason, list(lp) if n_top >= 0 else None,
                            [[(int(i), float(x)) for i, x in step] for step in top] if n_top > 0 else None)
@@ -101,8 +107,10 @@ class LLM:
 
     def loglikelihood(self, requests: Sequence[Tuple[Sequence[int], Sequence[int]]]) -> List[Tuple[float, bool]]:
         """(sum of log p(continuation | context) in nats, whether every continuation token was
-        the argmax) per (context ids, continuation ids). The context includes BOS if wanted."""
-        reqs = [([int(t) for t in c], [int(t) for t in x]) for c, x in requests]
+        the argmax) per (context ids, continuation ids). The context includes BOS if wanted.
+        Token ids, not text: encode text with llm.encode(...)."""
+        reqs = [(_args.ids(f"request {i} context", c, self.vocab_size),
+                 _args.ids(f"request {i} continuation", x, self.vocab_size)) for i, (c, x) in enumerate(_args.pairs(requests))]
         self.last_report = None
         out = self._s.loglikelihood(reqs)
         self._set_report()
@@ -112,7 +120,7 @@ class LLM:
         """Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]) in nats. With a KV policy one
         token per step (so the policy holds at every step; ratio budgets are fractions of the
         tokens scored); with the full cache many tokens a step, which gives the same numbers."""
-        seqs = [[int(t) for t in s] for s in ids]
+        seqs = [_args.ids(f"sequence {i}", s, self.vocab_size) for i, s in enumerate(_args.sequences("ids", ids))]
         self.last_report = None
         out = self._s.loglikelihood_rolling(seqs)
         self._set_report()
@@ -123,9 +131,10 @@ class LLM:
         nats, the `top` (0..20) most likely tokens there as [(id, log p)], most likely first):
         a prompt's log-probabilities, as an OpenAI completion with echo and logprobs gives them.
         The model's own numbers, as loglikelihood_rolling computes them."""
-        seqs = [[int(t) for t in s] for s in ids]
+        seqs = [_args.ids(f"sequence {i}", s, self.vocab_size) for i, s in enumerate(_args.sequences("ids", ids))]
+        top = _args.integer("top", top, 0, _args.MAX_TOP_LOGPROBS)
         self.last_report = None
-        out = self._s.score(seqs, int(top))
+        out = self._s.score(seqs, top)
         self._set_report()
         return [[(float(lp), [(int(i), float(x)) for i, x in alts]) for lp, alts in s] for s in out]
 
