@@ -105,13 +105,14 @@ PYBIND11_MODULE(_flexh2o, m) {
                        int64_t batch_size, int threads, const std::vector<std::tuple<std::string, std::vector<std::string>, bool>>& flags,
                        const std::string& configs_dir, const std::optional<std::string>& hf_hub_cache,
                        const std::optional<std::string>& hf_home, const std::optional<std::string>& home,
-                       bool stderr_is_tty) {
+                       bool stderr_is_tty, const std::string& generation_config) {
              python::SessionOptions o;
              o.model = model;
              o.tokenizer = tokenizer;
              o.device = device;
              o.batch_size = batch_size;
              o.threads = threads;
+             o.generation_config = generation_config;
              for (const auto& [name, values, is_bool] : flags) o.flags.push_back({name, values, is_bool});
              o.env.hub = hub_env(hf_hub_cache, hf_home, home);
              o.env.configs_dir = configs_dir;
@@ -121,13 +122,19 @@ PYBIND11_MODULE(_flexh2o, m) {
            }),
            py::arg("model"), py::arg("tokenizer"), py::arg("device"), py::arg("batch_size"), py::arg("threads"),
            py::arg("flags"), py::arg("configs_dir"), py::arg("hf_hub_cache"), py::arg("hf_home"), py::arg("home"),
-           py::arg("stderr_is_tty"))
+           py::arg("stderr_is_tty"), py::arg("generation_config") = "auto")
       .def_property_readonly("name", &python::Session::name)
       .def_property_readonly("vocab_size", &python::Session::vocab_size)
       .def_property_readonly("max_length", &python::Session::max_length)
       .def_property_readonly("eos_id", &python::Session::eos_id)
       .def_property_readonly("bos_id", &python::Session::bos_id)
       .def_property_readonly("tokenizer_dir", &python::Session::tokenizer_dir)
+      // ([(key, value)] in cli::kGenerationConfigKeys order, the file's path or "").
+      .def_property_readonly("generation_config",
+                             [](const python::Session& s) {
+                               const cli::GenerationConfig& g = s.generation_config();
+                               return py::make_tuple(g.values, g.file.string());
+                             })
       .def("encode", &python::Session::encode, py::arg("text"), py::arg("add_special"))
       .def("decode", &python::Session::decode, py::arg("ids"))
       .def(

@@ -132,7 +132,8 @@ def pairs(requests) -> list:
     try:
         items = list(requests)
     except TypeError:
-        raise Error(f"requests must be a list of (context ids, continuation ids) pairs, got {_short(requests)}") from None
+        raise Error(f"requests must be a list of (context ids, continuation ids) pairs, "
+                    f"got {_short(requests)}") from None
     for i, r in enumerate(items):
         if isinstance(r, (str, bytes, bytearray)) or not hasattr(r, "__len__") or len(r) != 2:
             raise Error(f"request {i} must be a (context ids, continuation ids) pair, got {_short(r)}")

@@ -4,9 +4,15 @@ Keyword flags are the CLI's offloading / KV-cache / compression flags with under
 (heavy_ratio=0.1 is --heavy-ratio 0.1, cpu_cache_compute=True is --cpu-cache-compute,
 percent=[...] is --percent ...), parsed by the CLI's own flag registration: an unknown name
 raises TypeError, a bad value flexh2o.Error with the CLI's message. generate / loglikelihood /
-loglikelihood_rolling / score run with the GIL released; calls on one LLM run one at a time."""
+loglikelihood_rolling / score run with the GIL released; calls on one LLM run one at a time.
+
+generation_config="auto" (the default) reads the model's generation_config.json as `flexh2o
+generate` does (the same C++ reader): its temperature, top_k, top_p, min_p and repetition_penalty
+become generate()'s defaults (LLM.generation_defaults; one line on stderr says which), and
+generate()'s arguments override them; generation_config="none" ignores the file."""
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -42,9 +48,13 @@ def _text(v):
     return str(v)
 
 
+# generate()'s sampling defaults where the model's generation_config.json has no value (greedy).
+_BUILTIN = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
+
+
 class LLM:
     def __init__(self, model: str, *, tokenizer: Optional[str] = None, device: str = "auto",
-                 batch_size: int = 8, threads: Optional[int] = None, **flags):
+                 batch_size: int = 8, threads: Optional[int] = None, generation_config: str = "auto", **flags):
         flags = [_flag(k, v) for k, v in flags.items() if v is not None]
         if not isinstance(device, str):
             raise Error(f"device must be a string (\"auto\", \"cpu\", \"cuda\", \"cuda:N\"), got {device!r}")
@@ -53,8 +63,8 @@ class LLM:
         threads = 0 if threads is None else _args.integer("threads", threads, _args.INT32_MIN, _args.INT32_MAX)
         tokenizer = "" if tokenizer is None else _args.text("tokenizer", str(tokenizer))
         self._s = Session(_args.text("model", str(model)), tokenizer, device, batch_size, threads, flags,
-                          _env.configs_dir(),
-                          stderr_is_tty=_env.stderr_is_tty(), **_env.hub_env())
+                          _env.configs_dir(), stderr_is_tty=_env.stderr_is_tty(),
+                          generation_config=_args.text("generation_config", generation_config), **_env.hub_env())
         self._chat = None
         self.last_report = None
         self.name: str = self._s.name
@@ -62,6 +72,13 @@ class LLM:
         self.max_length: int = self._s.max_length
         self.eos_id: Optional[int] = self._s.eos_id
         self.bos_id: Optional[int] = self._s.bos_id
+        values, file = self._s.generation_config
+        # top_k cut to an int, as the CLI does.
+        self.generation_defaults: Dict[str, float] = {k: int(v) if k == "top_k" else v for k, v in values}
+        if self.generation_defaults:
+            taken = ", ".join(f"{k} {v:g}" for k, v in self.generation_defaults.items())
+            print(f"flexh2o: sampling defaults from {file}: {taken} (generate()'s arguments override them; "
+                  'generation_config="none" ignores the file)', file=sys.stderr)
 
     def encode(self, text: str, add_special: bool = True) -> List[int]:
         return self._s.encode(_args.text("text", text), bool(add_special))
@@ -69,16 +86,19 @@ class LLM:
     def decode(self, ids: Sequence[int]) -> str:
         return self._s.decode(_args.ids("ids", ids))
 
-    def generate(self, prompts: Union[str, Sequence[int], Sequence[Union[str, Sequence[int]]]], *, max_new_tokens: int = 32,
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 ignore_eos: bool = False, stop: Union[str, Sequence[str], None] = None, min_p: float = 0.0,
-                 repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+    def generate(self, prompts: Union[str, Sequence[int], Sequence[Union[str, Sequence[int]]]], *,
+                 max_new_tokens: int = 32, temperature: Optional[float] = None, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, seed: int = 0, ignore_eos: bool = False,
+                 stop: Union[str, Sequence[str], None] = None, min_p: Optional[float] = None,
+                 repetition_penalty: Optional[float] = None, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, logprobs: Union[bool, int, None] = None,
                  logit_bias: Optional[Dict[int, float]] = None, continuous: bool = False) -> List[Completion]:
         """prompts: a string, one prompt's token ids (a flat list of ints), or a list of strings and
         id lists. Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists
         are used exactly. Request i samples with seed + i; seeds are taken modulo 2**64 (-1 is
-        2**64 - 1, as in Batch files). Greedy when temperature is 0. A sequence
+        2**64 - 1, as in Batch files). Greedy when temperature is 0. temperature, top_k, top_p,
+        min_p and repetition_penalty left None take generation_defaults' value (the model's
+        generation_config.json), else greedy, 0 (off), 1.0, 0.0 and 1.0 (off). A sequence
         ends as soon as its text holds one of the `stop` strings (finish_reason "stop"; the text
         is cut before it, token_ids keep every generated token). min_p and repetition_penalty
         are transformers' (the penalty also applies when greedy), presence_penalty and
@@ -90,13 +110,18 @@ class LLM:
         --continuous`): a prompt whose answer ends hands its batch slot to the next; the same
         results, in fewer steps when lengths vary."""
         n_top = _args.logprobs(logprobs)
+        given = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                     repetition_penalty=repetition_penalty)
+        sp = {k: v if v is not None else self.generation_defaults.get(k, _BUILTIN[k]) for k, v in given.items()}
         items = _args.prompts(prompts, self.vocab_size)
         num = _args.number
         self.last_report = None
         out = self._s.generate(items, _args.integer("max_new_tokens", max_new_tokens, 0, _args.INT64_MAX),
-                               num("temperature", temperature), _args.integer("top_k", top_k, 0, _args.INT32_MAX),
-                               num("top_p", top_p), _args.seed(seed), bool(ignore_eos), _args.stops(stop),
-                               min_p=num("min_p", min_p), repetition_penalty=num("repetition_penalty", repetition_penalty),
+                               num("temperature", sp["temperature"]),
+                               _args.integer("top_k", sp["top_k"], 0, _args.INT32_MAX),
+                               num("top_p", sp["top_p"]), _args.seed(seed), bool(ignore_eos), _args.stops(stop),
+                               min_p=num("min_p", sp["min_p"]),
+                               repetition_penalty=num("repetition_penalty", sp["repetition_penalty"]),
                                presence_penalty=num("presence_penalty", presence_penalty),
                                frequency_penalty=num("frequency_penalty", frequency_penalty), logprobs=n_top,
                                logit_bias=_args.logit_bias(logit_bias, self.vocab_size), continuous=bool(continuous))
@@ -110,7 +135,8 @@ class LLM:
         the argmax) per (context ids, continuation ids). The context includes BOS if wanted.
         Token ids, not text: encode text with llm.encode(...)."""
         reqs = [(_args.ids(f"request {i} context", c, self.vocab_size),
-                 _args.ids(f"request {i} continuation", x, self.vocab_size)) for i, (c, x) in enumerate(_args.pairs(requests))]
+                 _args.ids(f"request {i} continuation", x, self.vocab_size))
+                for i, (c, x) in enumerate(_args.pairs(requests))]
         self.last_report = None
         out = self._s.loglikelihood(reqs)
         self._set_report()
