@@ -164,7 +164,22 @@ class LLM:
         self._set_report()
         return [[(float(lp), [(int(i), float(x)) for i, x in alts]) for lp, alts in s] for s in out]
 
+    def chat(self, messages: Union[List[dict], List[List[dict]]], **generate_kwargs) -> List[Completion]:
+        """generate() on chat conversations: `messages` is one conversation ([{"role", "content"},
+        ...]) or a list of them, each rendered with the chat template (with the generation prompt)
+        and encoded without adding special tokens, as Batch chat lines are (a template writes its
+        own BOS); one Completion per conversation. generate_kwargs are generate()'s."""
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise Error("messages must be a conversation (a non-empty list of {\"role\", \"content\"} dicts) "
+                        f"or a list of conversations, got {messages!r:.60}")
+        convs = [messages] if isinstance(messages[0], dict) else messages
+        ids = [self.encode(self.apply_chat_template(c), add_special=False) for c in convs]
+        return self.generate(ids, **generate_kwargs)
+
     def apply_chat_template(self, messages: List[dict], add_generation_prompt: bool = True) -> str:
+        """The conversation as the model's chat template renders it (transformers' rules), the
+        special tokens as text: a template that writes {{ bos_token }} starts with BOS's text, so
+        encode it with add_special=False (encode(text) would add a second BOS); chat() does."""
         if self._chat is None:
             self._chat = ChatTemplate.from_dir(self._s.tokenizer_dir)
         return self._chat.render(messages, add_generation_prompt=add_generation_prompt)
