@@ -72,6 +72,14 @@ void run_interruptible(std::atomic<bool>& interrupt, F fn) {
   if (failure) std::rethrow_exception(failure);
 }
 
+// A Python exception as one message, "TypeError: can only concatenate ..." (flexh2o.Error, whose
+// messages are ours: the message alone), without the "At:" stack error_already_set::what() appends.
+std::string message_of(const py::error_already_set& e, PyObject* flexh2o_error) {
+  const std::string text = py::str(e.value());
+  if (e.matches(flexh2o_error)) return text;
+  return std::string(py::str(e.type().attr("__name__"))) + ": " + text;
+}
+
 // A flag another Python thread sets to end a Session.openai call at its next token step (a
 // server's engine thread runs the call; only the main thread sees signals).
 struct StopFlag {
@@ -218,7 +226,7 @@ PYBIND11_MODULE(_flexh2o, m) {
                 try {
                   return (*fn)(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)).cast<std::string>();
                 } catch (py::error_already_set& e) {
-                  FH_FAIL(std::string(py::str(e.value())));  // the message, not the traceback
+                  FH_FAIL(message_of(e, error));
                 }
               };
             std::vector<std::string> out;
@@ -278,7 +286,7 @@ PYBIND11_MODULE(_flexh2o, m) {
               return (*fn)(dir.string(), body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
                   .cast<std::string>();
             } catch (py::error_already_set& e) {
-              FH_FAIL(e.what());
+              FH_FAIL(message_of(e, error));  // a line's error message: no Python stack
             }
           };
         std::vector<const char*> argv;
