@@ -46,25 +46,43 @@ void add_sampling_flags(CLI::App& g, GenerateArgs& a) {
   g.add_option("--seed", a.seed, "Base seed; line i uses seed+i unless it sets its own")->capture_default_str();
 }
 
-void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model_dir, std::ostream& log) {
-  if (a.generation_config != "auto" || model_dir.empty()) return;
+std::optional<double> GenerationConfig::value(const std::string& key) const {
+  for (const auto& [k, v] : values)
+    if (k == key) return v;
+  return std::nullopt;
+}
+
+GenerationConfig read_generation_config(const std::filesystem::path& model_dir, const std::string& turn_off) {
+  GenerationConfig g;
+  if (model_dir.empty()) return g;
   const std::filesystem::path file = model_dir / "generation_config.json";
   std::ifstream in(file);
-  if (!in) return;
+  if (!in) return g;
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    FH_FAIL(file.string(), ": not valid JSON (", e.what(), "); fix it or pass --generation-config none");
+    FH_FAIL(file.string(), ": not valid JSON (", e.what(), "); fix it or pass ", turn_off);
   }
-  if (!j.is_object()) FH_FAIL(file.string(), ": not a JSON object; fix it or pass --generation-config none");
+  if (!j.is_object()) FH_FAIL(file.string(), ": not a JSON object; fix it or pass ", turn_off);
+  g.file = file;
+  for (const char* key : kGenerationConfigKeys) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    if (!j[key].is_number())
+      FH_FAIL(file.string(), ": \"", key, "\" must be a number, got ", j[key].dump(), "; fix it or pass ", turn_off);
+    g.values.emplace_back(key, j[key].get<double>());
+  }
+  return g;
+}
+
+void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model_dir, std::ostream& log) {
+  if (a.generation_config != "auto") return;
+  const GenerationConfig g = read_generation_config(model_dir, "--generation-config none");
   std::ostringstream used;
   auto take = [&](const char* key, auto& field) {
-    if (!j.contains(key) || j[key].is_null() || a.sampling_given.count(key)) return;
-    if (!j[key].is_number())
-      FH_FAIL(file.string(), ": \"", key, "\" must be a number, got ", j[key].dump(),
-              "; fix it or pass --generation-config none");
-    field = j[key].get<std::remove_reference_t<decltype(field)>>();
+    const std::optional<double> v = g.value(key);
+    if (!v || a.sampling_given.count(key)) return;
+    field = static_cast<std::remove_reference_t<decltype(field)>>(*v);
     used << (used.tellp() > 0 ? ", " : "") << key << " " << field;
   };
   take("temperature", a.temperature);
@@ -73,7 +91,7 @@ void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model
   take("min_p", a.min_p);
   take("repetition_penalty", a.repetition_penalty);
   if (used.tellp() > 0)
-    log << "flexh2o: sampling defaults from " << file.string() << ": " << used.str()
+    log << "flexh2o: sampling defaults from " << g.file.string() << ": " << used.str()
         << " (flags and line fields override them; --generation-config none ignores the file)\n";
 }
 

@@ -7,7 +7,11 @@
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/commands.h"
 #include "engine/generate.h"
@@ -18,10 +22,23 @@ namespace flexh2o::cli {
 // Binds the flags to `a`'s fields; `a` must outlive parsing.
 void add_sampling_flags(CLI::App& g, GenerateArgs& a);
 
-// With --generation-config auto (the default): the sampling values of `model_dir`'s
-// generation_config.json (temperature, top_k, top_p, min_p, repetition_penalty) become `a`'s
-// where its flags were not given, and `log` says which. No file (a preset: empty dir): nothing.
-// Throws, naming the file, for one that is not a JSON object or a value that is not a number.
+// The sampling values a model's generation_config.json sets: those of kGenerationConfigKeys it
+// has (not null), in that order, as the file writes them (top_k too is a double here).
+struct GenerationConfig {
+  std::filesystem::path file;  // empty: there is none
+  std::vector<std::pair<std::string, double>> values;
+  std::optional<double> value(const std::string& key) const;
+};
+inline constexpr const char* kGenerationConfigKeys[] = {"temperature", "top_k", "top_p", "min_p",
+                                                        "repetition_penalty"};
+
+// Reads `model_dir`'s generation_config.json; no file (a preset: empty dir) gives no values.
+// Throws, naming the file and `turn_off` (how the caller ignores it: "--generation-config none"),
+// for one that is not a JSON object or a value that is not a number.
+GenerationConfig read_generation_config(const std::filesystem::path& model_dir, const std::string& turn_off);
+
+// With --generation-config auto (the default): the values of read_generation_config become `a`'s
+// where its flags were not given, and `log` says which.
 void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model_dir, std::ostream& log);
 
 // When `r` has them: "logprobs" [per token] and "top_logprobs" [[{"id", "logprob"}, ...] per token].

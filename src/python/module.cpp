@@ -72,6 +72,14 @@ void run_interruptible(std::atomic<bool>& interrupt, F fn) {
   if (failure) std::rethrow_exception(failure);
 }
 
+// A Python exception as one message, "TypeError: can only concatenate ..." (flexh2o.Error, whose
+// messages are ours: the message alone), without the "At:" stack error_already_set::what() appends.
+std::string message_of(const py::error_already_set& e, PyObject* flexh2o_error) {
+  const std::string text = py::str(e.value());
+  if (e.matches(flexh2o_error)) return text;
+  return std::string(py::str(e.type().attr("__name__"))) + ": " + text;
+}
+
 // A flag another Python thread sets to end a Session.openai call at its next token step (a
 // server's engine thread runs the call; only the main thread sees signals).
 struct StopFlag {
@@ -105,13 +113,14 @@ PYBIND11_MODULE(_flexh2o, m) {
                        int64_t batch_size, int threads, const std::vector<std::tuple<std::string, std::vector<std::string>, bool>>& flags,
                        const std::string& configs_dir, const std::optional<std::string>& hf_hub_cache,
                        const std::optional<std::string>& hf_home, const std::optional<std::string>& home,
-                       bool stderr_is_tty) {
+                       bool stderr_is_tty, const std::string& generation_config) {
              python::SessionOptions o;
              o.model = model;
              o.tokenizer = tokenizer;
              o.device = device;
              o.batch_size = batch_size;
              o.threads = threads;
+             o.generation_config = generation_config;
              for (const auto& [name, values, is_bool] : flags) o.flags.push_back({name, values, is_bool});
              o.env.hub = hub_env(hf_hub_cache, hf_home, home);
              o.env.configs_dir = configs_dir;
@@ -121,13 +130,19 @@ PYBIND11_MODULE(_flexh2o, m) {
            }),
            py::arg("model"), py::arg("tokenizer"), py::arg("device"), py::arg("batch_size"), py::arg("threads"),
            py::arg("flags"), py::arg("configs_dir"), py::arg("hf_hub_cache"), py::arg("hf_home"), py::arg("home"),
-           py::arg("stderr_is_tty"))
+           py::arg("stderr_is_tty"), py::arg("generation_config") = "auto")
       .def_property_readonly("name", &python::Session::name)
       .def_property_readonly("vocab_size", &python::Session::vocab_size)
       .def_property_readonly("max_length", &python::Session::max_length)
       .def_property_readonly("eos_id", &python::Session::eos_id)
       .def_property_readonly("bos_id", &python::Session::bos_id)
       .def_property_readonly("tokenizer_dir", &python::Session::tokenizer_dir)
+      // ([(key, value)] in cli::kGenerationConfigKeys order, the file's path or "").
+      .def_property_readonly("generation_config",
+                             [](const python::Session& s) {
+                               const cli::GenerationConfig& g = s.generation_config();
+                               return py::make_tuple(g.values, g.file.string());
+                             })
       .def("encode", &python::Session::encode, py::arg("text"), py::arg("add_special"))
       .def("decode", &python::Session::decode, py::arg("ids"))
       .def(
@@ -211,7 +226,7 @@ PYBIND11_MODULE(_flexh2o, m) {
                 try {
                   return (*fn)(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)).cast<std::string>();
                 } catch (py::error_already_set& e) {
-                  FH_FAIL(std::string(py::str(e.value())));  // the message, not the traceback
+                  FH_FAIL(message_of(e, error));
                 }
               };
             std::vector<std::string> out;
@@ -271,7 +286,7 @@ PYBIND11_MODULE(_flexh2o, m) {
               return (*fn)(dir.string(), body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
                   .cast<std::string>();
             } catch (py::error_already_set& e) {
-              FH_FAIL(e.what());
+              FH_FAIL(message_of(e, error));  // a line's error message: no Python stack
             }
           };
         std::vector<const char*> argv;

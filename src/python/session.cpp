@@ -84,11 +84,15 @@ Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
   off_.progress = "auto";  // a "[place weights]" line on a terminal when placing takes a while
   if (opts_.batch_size < 1) FH_FAIL("batch_size must be >= 1, got ", opts_.batch_size);
   if (opts_.threads < 0) FH_FAIL("threads must be >= 1 (or None: all cores), got ", opts_.threads);
+  if (opts_.generation_config != "auto" && opts_.generation_config != "none")
+    FH_FAIL("generation_config must be \"auto\" or \"none\", got \"", opts_.generation_config, "\"");
   cli::make_kv_config(kv_);          // flag errors before loading anything, as the commands
   cli::make_offload_options(off_);
   lm_ = cli::load_model(opts_.env, opts_.model, opts_.tokenizer);
   device_ = cli::select_device(opts_.device, *lm_.model, std::cerr);
   cli::run_kv_dtype(kv_, off_.compress_cache, *lm_.model);
+  if (opts_.generation_config == "auto")
+    generation_config_ = cli::read_generation_config(lm_.dir, "generation_config=\"none\"");
   if (!opts_.tokenizer.empty()) tokenizer_dir_ = opts_.tokenizer;
   else if (lm_.tokenizer) tokenizer_dir_ = lm_.source;  // the model directory
   cpu_ = std::make_unique<CpuDevice>(opts_.threads);

@@ -23,6 +23,7 @@
 #include "cli/kv_flags.h"
 #include "cli/offload_flags.h"
 #include "cli/run_setup.h"
+#include "cli/sampling_flags.h"
 
 namespace flexh2o::python {
 
@@ -44,6 +45,8 @@ struct SessionOptions {
   std::string model, tokenizer, device = "auto";
   int64_t batch_size = 8;
   int threads = 0;  // 0: all cores
+  // "auto": the model's generation_config.json is read (Session::generation_config); "none": not.
+  std::string generation_config = "auto";
   std::vector<Flag> flags;
   cli::Env env;
 };
@@ -122,6 +125,10 @@ class Session {
   // The directory holding the tokenizer files (tokenizer_config.json); empty for a preset
   // without tokenizer=.
   const std::string& tokenizer_dir() const { return tokenizer_dir_; }
+  // The sampling defaults of the model's generation_config.json (cli/sampling_flags.h): empty
+  // with generation_config "none", for a preset, or a file without them. Generation does not
+  // apply them itself; the front end passes them as defaults of its arguments (as the CLI does).
+  const cli::GenerationConfig& generation_config() const { return generation_config_; }
 
   std::vector<int32_t> encode(const std::string& text, bool add_special) const;
   std::string decode(const std::vector<int32_t>& ids) const;
@@ -170,6 +177,7 @@ class Session {
   cli::KvArgs kv_;
   std::string device_;
   std::string tokenizer_dir_;
+  cli::GenerationConfig generation_config_;
   cli::LoadedModel lm_;
   std::unique_ptr<CpuDevice> cpu_;
   std::unique_ptr<Runner> runner_;

@@ -110,6 +110,10 @@ TEST(OpenAiBatch, UnsupportedParametersAreRefusedUnlessDefault) {
                  "max_new_tokens");
   expect_refused(completion({{"messages", json::array()}}), "Unrecognized request argument supplied: messages",
                  "messages");
+  // Chat's name for max_tokens: its message says which one /v1/completions takes.
+  for (const json& extra : {json{{"max_completion_tokens", 4}}, json{{"max_tokens", 4}, {"max_completion_tokens", 4}}})
+    expect_refused(completion(extra), "\"max_completion_tokens\" and \"max_tokens\" are alternatives (only one may "
+                   "be given), and /v1/completions takes \"max_tokens\": give that one", "max_completion_tokens");
 }
 
 // logit_bias as OpenAI writes it (ids as decimal strings) reaches every choice's sampling.

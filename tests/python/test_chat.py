@@ -130,3 +130,49 @@ def test_flexh2o_lines_with_messages_are_chats(tmp_path, chat_tokenizer, chat_ll
     assert r.returncode == 1, r.stderr
     got = [json.loads(l) for l in out.read_text().splitlines()]
     assert "the flexh2o binary cannot render chat templates" in got[0]["error"] and got[1]["text"] == plain.text
+
+
+def test_chat_encodes_the_rendered_text_without_adding_bos(tmp_path, chat_tokenizer, chat_llm):
+    # One BOS (the template's), as a Batch chat line of `python -m flexh2o generate` gets.
+    messages = CASES[1][1]
+    (got,) = chat_llm.chat(messages, max_new_tokens=6)
+    line = {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": messages, "max_tokens": 6, "temperature": 0}}
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(json.dumps(line) + "\n")
+    r = run_module(["generate", "-m", TINY["llama"], "--tokenizer", chat_tokenizer, "--input", inp, "--output", out,
+                    "--quiet", "--device", "cpu", "--progress", "never"])
+    assert r.returncode == 0, r.stderr
+    body = json.loads(out.read_text())["response"]["body"]
+    assert got.text == body["choices"][0]["message"]["content"]
+    text = chat_llm.apply_chat_template(messages)
+    assert got == chat_llm.generate(chat_llm.encode(text, add_special=False), max_new_tokens=6)[0]
+    assert chat_llm.last_report["prompt_tokens"] == body["usage"]["prompt_tokens"] == len(chat_llm.encode(text)) - 1
+    # Several conversations, generate()'s arguments, and what is not a conversation.
+    two = chat_llm.chat([messages, CASES[0][1]], max_new_tokens=6, logprobs=True)
+    assert [c.token_ids for c in two][:1] == [got.token_ids] and all(c.logprobs for c in two)
+    with pytest.raises(flexh2o.Error, match="messages must be a conversation"):
+        chat_llm.chat("hi")
+
+
+def test_a_failing_template_is_one_line_naming_the_python_error(tmp_path, chat_tokenizer):
+    # The template's own code fails on "content": null: flexh2o.Error with the exception's type
+    # and message, and a Batch line's error holds just that (no "At:" Python stack).
+    d = tmp_path / "tok"
+    shutil.copytree(chat_tokenizer, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% endfor %}"
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    messages = [{"role": "user", "content": None}]
+    want = 'chat template: TypeError: can only concatenate str (not "NoneType") to str'
+    with pytest.raises(flexh2o.Error, match=want.replace("(", r"\(").replace(")", r"\)")):
+        flexh2o.LLM(str(TINY["llama"]), tokenizer=str(d), device="cpu").apply_chat_template(messages)
+    line = {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": messages, "max_tokens": 2}}
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(json.dumps(line) + "\n")
+    r = run_module(["generate", "-m", TINY["llama"], "--tokenizer", d, "--input", inp, "--output", out, "--quiet",
+                    "--device", "cpu", "--progress", "never"])
+    assert r.returncode == 1, r.stderr
+    message = json.loads(out.read_text())["response"]["body"]["error"]["message"]
+    assert message == f"rendering the chat template failed: {d / 'tokenizer_config.json'}: {want}", message

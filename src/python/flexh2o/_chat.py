@@ -119,3 +119,5 @@ class ChatTemplate:
                                          add_generation_prompt=add_generation_prompt, **self.special)
         except jinja2.exceptions.TemplateError as e:
             raise Error(f"{self.origin}: chat template: {e}") from None
+        except Exception as e:  # the template's own code failed: 'x' + None, a missing key, ...
+            raise Error(f"{self.origin}: chat template: {type(e).__name__}: {e}") from None

@@ -4,13 +4,19 @@ Keyword flags are the CLI's offloading / KV-cache / compression flags with under
 (heavy_ratio=0.1 is --heavy-ratio 0.1, cpu_cache_compute=True is --cpu-cache-compute,
 percent=[...] is --percent ...), parsed by the CLI's own flag registration: an unknown name
 raises TypeError, a bad value flexh2o.Error with the CLI's message. generate / loglikelihood /
-loglikelihood_rolling / score run with the GIL released; calls on one LLM run one at a time."""
+loglikelihood_rolling / score run with the GIL released; calls on one LLM run one at a time.
+
+generation_config="auto" (the default) reads the model's generation_config.json as `flexh2o
+generate` does (the same C++ reader): its temperature, top_k, top_p, min_p and repetition_penalty
+become generate()'s defaults (LLM.generation_defaults; one line on stderr says which), and
+generate()'s arguments override them; generation_config="none" ignores the file."""
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from . import _env
+from . import _args, _env
 from ._chat import ChatTemplate
 from ._flexh2o import Error, Session
 
@@ -20,8 +26,8 @@ class Completion:
     text: str
     token_ids: List[int]  # generated tokens only
     finish_reason: str  # "eos" | "length" | "stop"
-    # With generate(logprobs=N): each token's log-probability under the model (nats, before
-    # penalties and temperature), and for N > 0 the N most likely (id, logprob) at each step.
+    # With generate(logprobs=True or N): each token's log-probability under the model (nats,
+    # before penalties and temperature), and for N > 0 the N most likely (id, logprob) at each step.
     logprobs: Optional[List[float]] = None
     top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
 
@@ -42,13 +48,23 @@ def _text(v):
     return str(v)
 
 
+# generate()'s sampling defaults where the model's generation_config.json has no value (greedy).
+_BUILTIN = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
+
+
 class LLM:
     def __init__(self, model: str, *, tokenizer: Optional[str] = None, device: str = "auto",
-                 batch_size: int = 8, threads: Optional[int] = None, **flags):
+                 batch_size: int = 8, threads: Optional[int] = None, generation_config: str = "auto", **flags):
         flags = [_flag(k, v) for k, v in flags.items() if v is not None]
-        self._s = Session(str(model), "" if tokenizer is None else str(tokenizer), device, int(batch_size),
-                          0 if threads is None else int(threads), flags, _env.configs_dir(),
-                          stderr_is_tty=_env.stderr_is_tty(), **_env.hub_env())
+        if not isinstance(device, str):
+            raise Error(f"device must be a string (\"auto\", \"cpu\", \"cuda\", \"cuda:N\"), got {device!r}")
+        # Only the C types' ranges here: the engine says what it accepts (batch_size >= 1, ...).
+        batch_size = _args.integer("batch_size", batch_size, _args.INT64_MIN, _args.INT64_MAX)
+        threads = 0 if threads is None else _args.integer("threads", threads, _args.INT32_MIN, _args.INT32_MAX)
+        tokenizer = "" if tokenizer is None else _args.text("tokenizer", str(tokenizer))
+        self._s = Session(_args.text("model", str(model)), tokenizer, device, batch_size, threads, flags,
+                          _env.configs_dir(), stderr_is_tty=_env.stderr_is_tty(),
+                          generation_config=_args.text("generation_config", generation_config), **_env.hub_env())
         self._chat = None
         self.last_report = None
         self.name: str = self._s.name
@@ -56,52 +72,71 @@ class LLM:
         self.max_length: int = self._s.max_length
         self.eos_id: Optional[int] = self._s.eos_id
         self.bos_id: Optional[int] = self._s.bos_id
+        values, file = self._s.generation_config
+        # top_k cut to an int, as the CLI does.
+        self.generation_defaults: Dict[str, float] = {k: int(v) if k == "top_k" else v for k, v in values}
+        if self.generation_defaults:
+            taken = ", ".join(f"{k} {v:g}" for k, v in self.generation_defaults.items())
+            print(f"flexh2o: sampling defaults from {file}: {taken} (generate()'s arguments override them; "
+                  'generation_config="none" ignores the file)', file=sys.stderr)
 
     def encode(self, text: str, add_special: bool = True) -> List[int]:
-        return self._s.encode(text, add_special)
+        return self._s.encode(_args.text("text", text), bool(add_special))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._s.decode(list(ids))
+        return self._s.decode(_args.ids("ids", ids))
 
-    def generate(self, prompts: Union[str, Sequence[str], Sequence[Sequence[int]]], *, max_new_tokens: int = 32,
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 ignore_eos: bool = False, stop: Union[str, Sequence[str], None] = None, min_p: float = 0.0,
-                 repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0, logprobs: Optional[int] = None,
+    def generate(self, prompts: Union[str, Sequence[int], Sequence[Union[str, Sequence[int]]]], *,
+                 max_new_tokens: int = 32, temperature: Optional[float] = None, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, seed: int = 0, ignore_eos: bool = False,
+                 stop: Union[str, Sequence[str], None] = None, min_p: Optional[float] = None,
+                 repetition_penalty: Optional[float] = None, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, logprobs: Union[bool, int, None] = None,
                  logit_bias: Optional[Dict[int, float]] = None, continuous: bool = False) -> List[Completion]:
-        """Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists are
-        used exactly. Request i samples with seed + i. Greedy when temperature is 0. A sequence
+        """prompts: a string, one prompt's token ids (a flat list of ints), or a list of strings and
+        id lists. Text prompts get BOS per the model's convention (as the CLI's "prompt"); id lists
+        are used exactly. Request i samples with seed + i; seeds are taken modulo 2**64 (-1 is
+        2**64 - 1, as in Batch files). Greedy when temperature is 0. temperature, top_k, top_p,
+        min_p and repetition_penalty left None take generation_defaults' value (the model's
+        generation_config.json), else greedy, 0 (off), 1.0, 0.0 and 1.0 (off). A sequence
         ends as soon as its text holds one of the `stop` strings (finish_reason "stop"; the text
         is cut before it, token_ids keep every generated token). min_p and repetition_penalty
         are transformers' (the penalty also applies when greedy), presence_penalty and
-        frequency_penalty OpenAI's (over the generated tokens). logprobs=N (0..20) fills the
-        completions' logprobs (and N alternatives per token in top_logprobs). logit_bias
+        frequency_penalty OpenAI's (over the generated tokens). logprobs=True fills the
+        completions' logprobs (each chosen token's), logprobs=N (0..20) also top_logprobs (the N
+        most likely tokens at each step); None or False: neither. logit_bias
         {token id: bias in [-100, 100]} is added to those logits after the penalties, greedy too
         (OpenAI's; -100 bans a token). continuous=True: continuous batching (`generate
         --continuous`): a prompt whose answer ends hands its batch slot to the next; the same
         results, in fewer steps when lengths vary."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        stops = [stop] if isinstance(stop, str) else [str(s) for s in (stop or [])]
-        items = [p if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        n_top = _args.logprobs(logprobs)
+        given = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                     repetition_penalty=repetition_penalty)
+        sp = {k: v if v is not None else self.generation_defaults.get(k, _BUILTIN[k]) for k, v in given.items()}
+        items = _args.prompts(prompts, self.vocab_size)
+        num = _args.number
         self.last_report = None
-        out = self._s.generate(items, int(max_new_tokens), float(temperature), int(top_k), float(top_p),
-                               int(seed), bool(ignore_eos), stops, min_p=float(min_p),
-                               repetition_penalty=float(repetition_penalty), presence_penalty=float(presence_penalty),
-                               frequency_penalty=float(frequency_penalty),
-                               logprobs=-1 if logprobs is None else int(logprobs),
-                               logit_bias=[(int(t), float(b)) for t, b in (logit_bias or {}).items()],
-                               continuous=bool(continuous))
+        out = self._s.generate(items, _args.integer("max_new_tokens", max_new_tokens, 0, _args.INT64_MAX),
+                               num("temperature", sp["temperature"]),
+                               _args.integer("top_k", sp["top_k"], 0, _args.INT32_MAX),
+                               num("top_p", sp["top_p"]), _args.seed(seed), bool(ignore_eos), _args.stops(stop),
+                               min_p=num("min_p", sp["min_p"]),
+                               repetition_penalty=num("repetition_penalty", sp["repetition_penalty"]),
+                               presence_penalty=num("presence_penalty", presence_penalty),
+                               frequency_penalty=num("frequency_penalty", frequency_penalty), logprobs=n_top,
+                               logit_bias=_args.logit_bias(logit_bias, self.vocab_size), continuous=bool(continuous))
         self._set_report()
-        want = logprobs is not None
-        return [Completion(t.decode("utf-8", "replace"), list(ids), reason, list(lp) if want else None,
-                           [[(int(i), float(x)) for i, x in step] for step in top] if want and logprobs > 0 else None)
+        return [Completion(t.decode("utf-8", "replace"), list(ids), reason, list(lp) if n_top >= 0 else None,
+                           [[(int(i), float(x)) for i, x in step] for step in top] if n_top > 0 else None)
                 for t, ids, reason, lp, top in out]
 
     def loglikelihood(self, requests: Sequence[Tuple[Sequence[int], Sequence[int]]]) -> List[Tuple[float, bool]]:
         """(sum of log p(continuation | context) in nats, whether every continuation token was
-        the argmax) per (context ids, continuation ids). The context includes BOS if wanted."""
-        reqs = [([int(t) for t in c], [int(t) for t in x]) for c, x in requests]
+        the argmax) per (context ids, continuation ids). The context includes BOS if wanted.
+        Token ids, not text: encode text with llm.encode(...)."""
+        reqs = [(_args.ids(f"request {i} context", c, self.vocab_size),
+                 _args.ids(f"request {i} continuation", x, self.vocab_size))
+                for i, (c, x) in enumerate(_args.pairs(requests))]
         self.last_report = None
         out = self._s.loglikelihood(reqs)
         self._set_report()
@@ -111,7 +146,7 @@ class LLM:
         """Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]) in nats. With a KV policy one
         token per step (so the policy holds at every step; ratio budgets are fractions of the
         tokens scored); with the full cache many tokens a step, which gives the same numbers."""
-        seqs = [[int(t) for t in s] for s in ids]
+        seqs = [_args.ids(f"sequence {i}", s, self.vocab_size) for i, s in enumerate(_args.sequences("ids", ids))]
         self.last_report = None
         out = self._s.loglikelihood_rolling(seqs)
         self._set_report()
@@ -122,13 +157,29 @@ class LLM:
         nats, the `top` (0..20) most likely tokens there as [(id, log p)], most likely first):
         a prompt's log-probabilities, as an OpenAI completion with echo and logprobs gives them.
         The model's own numbers, as loglikelihood_rolling computes them."""
-        seqs = [[int(t) for t in s] for s in ids]
+        seqs = [_args.ids(f"sequence {i}", s, self.vocab_size) for i, s in enumerate(_args.sequences("ids", ids))]
+        top = _args.integer("top", top, 0, _args.MAX_TOP_LOGPROBS)
         self.last_report = None
-        out = self._s.score(seqs, int(top))
+        out = self._s.score(seqs, top)
         self._set_report()
         return [[(float(lp), [(int(i), float(x)) for i, x in alts]) for lp, alts in s] for s in out]
 
+    def chat(self, messages: Union[List[dict], List[List[dict]]], **generate_kwargs) -> List[Completion]:
+        """generate() on chat conversations: `messages` is one conversation ([{"role", "content"},
+        ...]) or a list of them, each rendered with the chat template (with the generation prompt)
+        and encoded without adding special tokens, as Batch chat lines are (a template writes its
+        own BOS); one Completion per conversation. generate_kwargs are generate()'s."""
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise Error("messages must be a conversation (a non-empty list of {\"role\", \"content\"} dicts) "
+                        f"or a list of conversations, got {messages!r:.60}")
+        convs = [messages] if isinstance(messages[0], dict) else messages
+        ids = [self.encode(self.apply_chat_template(c), add_special=False) for c in convs]
+        return self.generate(ids, **generate_kwargs)
+
     def apply_chat_template(self, messages: List[dict], add_generation_prompt: bool = True) -> str:
+        """The conversation as the model's chat template renders it (transformers' rules), the
+        special tokens as text: a template that writes {{ bos_token }} starts with BOS's text, so
+        encode it with add_special=False (encode(text) would add a second BOS); chat() does."""
         if self._chat is None:
             self._chat = ChatTemplate.from_dir(self._s.tokenizer_dir)
         return self._chat.render(messages, add_generation_prompt=add_generation_prompt)

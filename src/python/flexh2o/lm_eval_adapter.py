@@ -127,10 +127,13 @@ class HarnessAdapter:
                        for i in group}
             ordered = [group[j] for j in h.sort_order([-len(prompts[i]) for i in group])]
             for chunk in h.chunks(ordered, self.chunk_size):
-                extra = {}  # only when set: an LLM without these keywords still serves the rest
-                if spec.min_p:
+                # Only when set (an LLM without these keywords still serves the rest), or when the
+                # LLM would otherwise take its generation_config.json's value.
+                file = getattr(self.llm, "generation_defaults", None) or {}
+                extra = {}
+                if spec.min_p or "min_p" in file:
                     extra["min_p"] = spec.min_p
-                if spec.repetition_penalty != 1.0:
+                if spec.repetition_penalty != 1.0 or "repetition_penalty" in file:
                     extra["repetition_penalty"] = spec.repetition_penalty
                 done = self._call("generate", [prompts[i] for i in chunk], max_new_tokens=spec.max_gen_toks,
                                temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, seed=spec.seed,

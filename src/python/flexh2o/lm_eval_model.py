@@ -38,7 +38,8 @@ class FlexH2OLM(LM):
         else:
             from flexh2o import LLM  # the extension; only needed when building the model here
 
-            llm = LLM(args.model, **args.llm_kwargs)
+            # The tasks' generation kwargs (harness.parse_gen_kwargs) set every sampling value.
+            llm = LLM(args.model, **{"generation_config": "none", **args.llm_kwargs})
         self.llm = llm
         self.flags = {k: v for k, v in args.llm_kwargs.items()}
         self.adapter = HarnessAdapter(llm, max_length=args.max_length, max_gen_toks=args.max_gen_toks,

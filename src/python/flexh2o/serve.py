@@ -436,9 +436,13 @@ def main(argv=None):
     flags = _engine_flags(rest)
 
     import flexh2o
+    if "generation_config" in flags:  # requests follow OpenAI's defaults, not the model's file
+        print("flexh2o serve: unknown flag 'generation_config' (request fields not given take OpenAI's "
+              "defaults; the model's generation_config.json is not read)", file=sys.stderr)
+        return 2
     try:
         llm = flexh2o.LLM(args.model, tokenizer=args.tokenizer, device=args.device, batch_size=args.batch_size,
-                          threads=args.threads, **flags)
+                          threads=args.threads, generation_config="none", **flags)
         server = Server(llm, args.host, args.port, served_model_name=args.served_model_name,
                         max_new_tokens=args.max_new_tokens, max_prompt_len=args.max_prompt_len,
                         batch_wait_ms=args.batch_wait_ms, max_batch_requests=args.max_batch_requests,
