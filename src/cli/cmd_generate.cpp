@@ -348,6 +348,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
         });
   }
   const std::string where = a.input.empty() ? "prompt" : from_stdin ? "standard input" : a.input;
+  if (items.empty()) std::cerr << "flexh2o: " << where << " holds no requests (blank lines are skipped)\n";
   const char* id_name = is_batch ? "custom_id" : "id";
   // Ids must identify requests, as --resume finds results by id: an input whose ids repeat is
   // refused before any work, rather than once a long run needs resuming (OpenAI's Batch API

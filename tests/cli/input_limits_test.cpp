@@ -289,6 +289,10 @@ TEST(InputLimits, DashReadsTheRequestsFromStandardInput) {
   ShellRun bad = run_shell("cat " + in.string() + " | " + gen + "-i -");
   EXPECT_EQ(bad.code, 1);
   EXPECT_HAS(bad.err, "standard input:4: invalid JSON");
+  // Nothing to run is not an error, but it is said (an empty file is usually the wrong one).
+  ShellRun none = run_shell("printf '\\n\\n' | " + gen + "-i -");
+  EXPECT_EQ(none.code, 0) << none.err;
+  EXPECT_HAS(none.err, "standard input holds no requests");
 }
 
 // A preset's dummy weights are made in host RAM whatever the placement: more than the machine has
