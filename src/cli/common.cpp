@@ -95,8 +95,8 @@ std::string select_device(const std::string& requested, std::ostream& log) {
     if (requested == "auto") log << "flexh2o: --device auto: using the GPU (" << p.device_name << ")\n";
     return "cuda";
   }
-  if (requested == "cuda") FH_FAIL("--device cuda: ", why, "; use --device cpu");
-  log << "flexh2o: --device auto: using the CPU (" << why << ")\n";
+  if (requested == "cuda") FH_FAIL("--device cuda: no usable GPU (", why, "); use --device cpu");
+  log << "flexh2o: --device auto: using the CPU (no usable GPU: " << why << ")\n";
   return "cpu";
 }
 

@@ -212,12 +212,12 @@ TEST(Cli, DeviceCudaWithoutAGpuFailsClearlyAndAutoFallsBack) {
                                 "generate -m " + kOpt + " --prompt hi --percent 50 50 0 100 0 100"}) {
     RunResult r = flexh2o(cmd + " --device cuda");
     EXPECT_EQ(r.code, 1) << cmd;
-    EXPECT_NE(r.err.find("--device cuda: "), std::string::npos) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("--device cuda: no usable GPU ("), std::string::npos) << cmd << ": " << r.err;
     EXPECT_NE(r.err.find("use --device cpu"), std::string::npos) << cmd << ": " << r.err;
   }
   RunResult bench = flexh2o("bench -m " + kOpt + " --prompt-len 4 --gen-len 2 --num-prompts 2 --device auto");
   EXPECT_EQ(bench.code, 0) << bench.err;
-  EXPECT_NE(bench.err.find("--device auto: using the CPU ("), std::string::npos) << bench.err;
+  EXPECT_NE(bench.err.find("--device auto: using the CPU (no usable GPU: "), std::string::npos) << bench.err;
 }
 
 TEST(Cli, ModelErrorsAreClearAndNonZero) {
