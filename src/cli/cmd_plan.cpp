@@ -53,6 +53,9 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_option("--stage-link", a.stage_link,
                 "With --pipeline-stages: link between stages, a name in configs/hardware/links or a file "
                 "(default: the profile's stage_link)");
+  s->add_option("--gpu-mem", a.gpu_mem, "Device memory instead of the profile's (e.g. 16GiB), as --policy auto takes it");
+  s->add_option("--cpu-mem", a.cpu_mem, "Host memory instead of the profile's");
+  s->add_option("--disk-mem", a.disk_mem, "Disk instead of the profile's");
   s->add_flag("--json", a.json, "One JSON object on stdout");
 }
 
@@ -174,7 +177,8 @@ int run_plan(const PlanArgs& a, const Env& env) {
   std::string source;
   ModelConfig c = resolve_config(env, a.model, &source);
   if (c.name.empty()) c.name = a.model;
-  const HardwareProfile hw = resolve_profile(a.hardware, env.configs_dir);
+  HardwareProfile hw = resolve_profile(a.hardware, env.configs_dir);
+  cap_profile_memory(a.gpu_mem, a.cpu_mem, a.disk_mem, hw);
   if (a.prompt_len + a.gen_len > c.max_positions)
     FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " exceeds ", c.name, "'s ", c.max_positions,
             " positions: the engine would refuse that run");

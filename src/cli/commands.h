@@ -124,6 +124,7 @@ struct PlanArgs {
   bool compress_weight = false, compress_cache = false, allow_compress = false, no_compress = false;
   int64_t pipeline_stages = 0, groups = 0;  // > 0 stages: plan a pipeline (planner/pipeline.h)
   std::string stage_link;                   // link preset or file; empty: the profile's
+  std::string gpu_mem, cpu_mem, disk_mem;   // tier capacities over the profile's (cap_profile_memory)
 };
 void register_plan(CLI::App& app, PlanArgs& a);
 int run_plan(const PlanArgs& a, const Env& env);

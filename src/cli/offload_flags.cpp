@@ -213,10 +213,15 @@ HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& 
     hw = measure_profile(cpu, po);
   }
   hw.device = kind;
-  if (!a.gpu_mem.empty()) hw.device_memory = double(parse_bytes(a.gpu_mem, "--gpu-mem"));
-  if (!a.cpu_mem.empty()) hw.host_memory = double(parse_bytes(a.cpu_mem, "--cpu-mem"));
-  if (!a.disk_mem.empty()) hw.disk_memory = double(parse_bytes(a.disk_mem, "--disk-mem"));
+  cap_profile_memory(a.gpu_mem, a.cpu_mem, a.disk_mem, hw);
   return hw;
+}
+
+void cap_profile_memory(const std::string& gpu_mem, const std::string& cpu_mem, const std::string& disk_mem,
+                        HardwareProfile& hw) {
+  if (!gpu_mem.empty()) hw.device_memory = double(parse_bytes(gpu_mem, "--gpu-mem"));
+  if (!cpu_mem.empty()) hw.host_memory = double(parse_bytes(cpu_mem, "--cpu-mem"));
+  if (!disk_mem.empty()) hw.disk_memory = double(parse_bytes(disk_mem, "--disk-mem"));
 }
 
 SearchOptions auto_search(const OffloadArgs& a, int64_t requests) {

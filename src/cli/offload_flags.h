@@ -66,6 +66,10 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
 HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& configs_dir, CpuDevice& cpu,
                              DeviceKind kind, const std::string& device_name, std::ostream& log);
 SearchOptions auto_search(const OffloadArgs& a, int64_t requests);
+// --gpu-mem / --cpu-mem / --disk-mem (empty: not given) as the profile's tier capacities, as
+// --policy auto and plan take them.
+void cap_profile_memory(const std::string& gpu_mem, const std::string& cpu_mem, const std::string& disk_mem,
+                        HardwareProfile& hw);
 // What a search (--policy auto, plan) may choose for compression, into `so`: on where asked
 // (--compress-weight / --compress-cache); searched with --allow-compress (where the profile
 // prices dequantization); otherwise off, since 4-bit is lossy and outputs would change unasked.

@@ -1,5 +1,6 @@
-// `flexh2o plan --pipeline-stages S` as a user runs it: the JSON plan agrees with itself (bounds,
-// stages, bubble), the text names every stage, and misused flags fail with clear messages.
+// `flexh2o plan` as a user runs it: with --pipeline-stages S the JSON plan agrees with itself
+// (bounds, stages, bubble), the text names every stage, and misused flags fail with clear
+// messages; memory caps replace the profile's capacities.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +50,23 @@ TEST(PipelineCli, TextPlanAndFixedGroupsAndLinkPreset) {
   for (const char* want : {"pipeline   2 stages, 5 groups in flight", "link       ethernet-10g (network, 1.1 GB/s",
                            "stage 0    layers 0..", "+ embedding", "+ lm_head", "throughput ", "bubble     "})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+}
+
+// plan takes --gpu-mem / --cpu-mem / --disk-mem as --policy auto does, so what auto decides under
+// them can be planned: OPT-30B on the h200 profile fits its GPU whole; under 16 GiB it streams.
+TEST(PlanCli, MemoryCapsReplaceTheProfilesCapacities) {
+  const std::string plan = "plan -m opt-30b --hardware h200 --prompt-len 512 --gen-len 32 --json";
+  const auto whole = run_flexh2o(plan), capped = run_flexh2o(plan + " --gpu-mem 16GiB --cpu-mem 100GiB");
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  ASSERT_EQ(capped.code, 0) << capped.err;
+  const json w = json::parse(whole.out), c = json::parse(capped.out);
+  const double gpu = 16.0 * (1ull << 30), cpu = 100.0 * (1ull << 30);
+  EXPECT_GT(w["memory_bytes"]["device"].get<double>(), gpu) << "uncapped, the search must use more than the cap";
+  EXPECT_LE(c["memory_bytes"]["device"].get<double>(), gpu);
+  EXPECT_LE(c["memory_bytes"]["host"].get<double>(), cpu);
+  const auto bad = run_flexh2o(plan + " --gpu-mem lots");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("--gpu-mem"), std::string::npos) << bad.err;
 }
 
 TEST(PipelineCli, MisusedFlagsFailClearly) {
