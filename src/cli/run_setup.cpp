@@ -113,6 +113,7 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
               {"kv_policy_note", rs.kv_config_note},
               {"kv_dtype", dtype_name(rs.kv_dtype)},
               {"compress_weight", rs.compressed != nullptr || (rs.offload && rs.offload->options().policy.compress_weight)},
+              {"compress_cache", rs.kv_dtype == DType::Q4},  // --compress-cache is --kv-dtype q4
               {"batch_size", rs.runner->max_batch()},
               {"batches", st.batches},
               {"continuous", st.continuous},

@@ -494,6 +494,7 @@ TEST(Cli, CompressionFlagsAndPolicyFilesGiveTheInMemoryCompressedTokens) {
   ASSERT_EQ(want.size(), 5u);
   EXPECT_EQ(mem_rep["kv_dtype"], "Q4");
   EXPECT_EQ(mem_rep["compress_weight"], true);
+  EXPECT_EQ(mem_rep["compress_cache"], true);
   const std::string dir = " --offload-dir " + (tmp.path() / "store").string();
   EXPECT_EQ(run("--compress-weight --compress-cache --percent 0 50 0 50 100 0 --gpu-batch-size 2 "
                 "--num-gpu-batches 2" + dir, &off_rep), want);
@@ -505,7 +506,11 @@ TEST(Cli, CompressionFlagsAndPolicyFilesGiveTheInMemoryCompressedTokens) {
                            "compress_cache": true})";
   EXPECT_EQ(run("--policy " + pol.string(), &file_rep), want);
   EXPECT_EQ(file_rep["kv_dtype"], "Q4");
+  EXPECT_EQ(file_rep["compress_cache"], true);
   EXPECT_EQ(file_rep["offload"]["weight_dtype"], "Q4");
+  json plain;
+  run("", &plain);
+  EXPECT_EQ(plain["compress_cache"], false);
 }
 
 TEST(Cli, BenchRunsFixedLengthWorkloadsWithPoliciesAndPresets) {
