@@ -94,8 +94,12 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
   auto eng = place_engine(model, *rs.device, oo, off.progress, env.stderr_is_tty);
   rs.offload = eng.get();
   rs.kv_dtype = eng->options().kv_dtype;  // Q4 when the policy compresses the cache
+  // Whole tensors are placed (FlexGen's midpoint rule), so the split is said as it came out.
+  const auto& homed = eng->placement().bytes;
   log << "flexh2o: on " << rs.device->name() << ": " << eng->options().policy.str() << " (block of "
-      << eng->max_batch() << " sequences), KV cache " << dtype_name(oo.kv_dtype) << "\n";
+      << eng->max_batch() << " sequences), KV cache " << dtype_name(oo.kv_dtype) << "; weights homed: "
+      << human_bytes(homed[0]) << " device, " << human_bytes(homed[1]) << " host, " << human_bytes(homed[2])
+      << " disk\n";
   rs.runner = std::move(eng);
   return rs;
 }

@@ -390,6 +390,9 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
       RunResult r = flexh2o(c);
       ASSERT_EQ(r.code, 0) << c << "\n" << r.err;
       EXPECT_EQ(read_json(rep)["batch_size"], 3) << c;
+      // The split as it came out (whole tensors): all of these weights on the host.
+      EXPECT_NE(r.err.find("; weights homed: 0 B device, "), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find(" host, 0 B disk\n"), std::string::npos) << r.err;
     }
     for (const std::string extra : {"--percent 0 100 0 100 100 0 --gpu-batch-size 2",
                                     "--percent 0 100 0 100 100 0 --num-gpu-batches 2", "--cpu-mem 1GiB --policy auto"}) {
