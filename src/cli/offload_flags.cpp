@@ -74,13 +74,15 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
       ->group(g);
 }
 
-void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArgs& a) {
+void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArgs& a, bool refuse) {
   if (!batch_size_given || !offload_requested(a)) return;
-  if (a.gpu_batch_size || a.num_gpu_batches || !a.policy_file.empty())
+  if (a.gpu_batch_size || a.num_gpu_batches || !a.policy_file.empty()) {
+    if (!refuse) return;
     FH_FAIL("-b/--batch-size ", batch_size, " contradicts ",
             !a.policy_file.empty() ? "--policy" : "--gpu-batch-size / --num-gpu-batches",
             ", which set the batch (a block of --gpu-batch-size x --num-gpu-batches sequences) when offloading; "
             "give one or the other");
+  }
   a.gpu_batch_size = batch_size;
 }
 

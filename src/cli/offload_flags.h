@@ -47,8 +47,10 @@ CLI::Validator at_least(int64_t min);
 // --compress-weight / --compress-cache do not.
 bool offload_requested(const OffloadArgs& a);
 // -b with offloading flags: the block is then -b sequences (--gpu-batch-size B, one micro-batch),
-// unless --gpu-batch-size, --num-gpu-batches or --policy say otherwise, which -b contradicts.
-void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArgs& a);
+// unless --gpu-batch-size, --num-gpu-batches or --policy set it: then a conflict, refused where
+// `refuse` (the CLI) and the flags' block otherwise (the Python LLM, whose batch_size lm-eval
+// always passes).
+void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArgs& a, bool refuse = true);
 // Policy from --policy FILE (if given) overridden by explicit flags; budgets; directory.
 // kv_dtype is left to the caller (run_kv_dtype); policy.compress_* are set by the flags or the file.
 // With --policy auto the policy fields are left at their defaults (see plan_auto_policy).

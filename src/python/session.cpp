@@ -82,7 +82,10 @@ json scoring_report(const cli::LoadedModel& lm, const cli::RunSetup& rs, const C
 Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
   parse_flags(opts_.flags, off_, kv_);
   off_.progress = "auto";  // a "[place weights]" line on a terminal when placing takes a while
+  const bool batch_given = opts_.batch_size != 0;
+  if (!batch_given) opts_.batch_size = 8;
   if (opts_.batch_size < 1) FH_FAIL("batch_size must be >= 1, got ", opts_.batch_size);
+  cli::apply_batch_size_flag(batch_given, opts_.batch_size, off_, /*refuse=*/false);
   if (opts_.threads < 0) FH_FAIL("threads must be >= 1 (or None: all cores), got ", opts_.threads);
   if (opts_.generation_config != "auto" && opts_.generation_config != "none")
     FH_FAIL("generation_config must be \"auto\" or \"none\", got \"", opts_.generation_config, "\"");

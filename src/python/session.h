@@ -43,7 +43,7 @@ class UnknownFlag : public std::invalid_argument {
 
 struct SessionOptions {
   std::string model, tokenizer, device = "auto";
-  int64_t batch_size = 8;
+  int64_t batch_size = 0;  // 0: not given (8; an offloading policy's block)
   int threads = 0;  // 0: all cores
   // "auto": the model's generation_config.json is read (Session::generation_config); "none": not.
   std::string generation_config = "auto";

@@ -130,6 +130,18 @@ def test_offloaded_gives_the_in_memory_tokens(llms):
     assert rep["generated_tokens"] == sum(len(c.token_ids) for c in want)
 
 
+def test_batch_size_is_the_offloaded_block_unless_the_flags_set_it():
+    # As the CLI's -b: batch_size sizes the block of an offloaded run; gpu_batch_size, which
+    # lm-eval's always-passed batch_size must not override, wins where given.
+    place = dict(device="cpu", percent=[0, 100, 100, 0, 100, 0])
+    for kwargs, block in [({"batch_size": 3}, 3), ({"batch_size": 3, "gpu_batch_size": 2}, 2), ({}, 4)]:
+        llm = flexh2o.LLM(str(TINY["opt"]), **place, **kwargs)
+        llm.generate(PROMPTS, max_new_tokens=2)
+        assert llm.last_report["batch_size"] == block, kwargs
+    with pytest.raises(flexh2o.Error, match="batch_size must be >= 1"):
+        flexh2o.LLM(str(TINY["opt"]), device="cpu", batch_size=0)
+
+
 def test_report_counts_each_call_of_a_reused_runner():
     # The runner placed by the first call is reused: each report counts its own call only.
     off = flexh2o.LLM(str(TINY["opt"]), device="cpu", percent=[0, 100, 100, 0, 100, 0], gpu_batch_size=2)

@@ -54,12 +54,20 @@ _BUILTIN = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penal
 
 class LLM:
     def __init__(self, model: str, *, tokenizer: Optional[str] = None, device: str = "auto",
-                 batch_size: int = 8, threads: Optional[int] = None, generation_config: str = "auto", **flags):
+                 batch_size: Optional[int] = None, threads: Optional[int] = None, generation_config: str = "auto",
+                 **flags):
+        """batch_size: sequences run together (default 8). With offloading flags it is the block
+        (gpu_batch_size=batch_size) unless gpu_batch_size / num_gpu_batches / policy set it."""
         flags = [_flag(k, v) for k, v in flags.items() if v is not None]
         if not isinstance(device, str):
             raise Error(f"device must be a string (\"auto\", \"cpu\", \"cuda\", \"cuda:N\"), got {device!r}")
         # Only the C types' ranges here: the engine says what it accepts (batch_size >= 1, ...).
-        batch_size = _args.integer("batch_size", batch_size, _args.INT64_MIN, _args.INT64_MAX)
+        if batch_size is None:
+            batch_size = 0  # not given: the engine's default (and an offloading policy's own block)
+        else:
+            batch_size = _args.integer("batch_size", batch_size, _args.INT64_MIN, _args.INT64_MAX)
+            if batch_size < 1:
+                raise Error(f"batch_size must be >= 1, got {batch_size}")
         threads = 0 if threads is None else _args.integer("threads", threads, _args.INT32_MIN, _args.INT32_MAX)
         tokenizer = "" if tokenizer is None else _args.text("tokenizer", str(tokenizer))
         self._s = Session(_args.text("model", str(model)), tokenizer, device, batch_size, threads, flags,
