@@ -24,8 +24,9 @@ void register_bench(CLI::App& app, BenchArgs& a) {
   b->add_option("--num-prompts", a.num_prompts, "Sequences (default: one block, or --batch-size)")
       ->check(at_least(1));
   b->add_option("--batch-size,-b", a.batch_size,
-                "Sequences in a batch (with offloading flags: --gpu-batch-size B, one micro-batch; it "
-                "contradicts --gpu-batch-size, --num-gpu-batches and --policy)")
+                "Sequences in a batch. With offloading flags the batch is the policy's block "
+                "(--gpu-batch-size, default 4, x --num-gpu-batches, default 1); -b given there is "
+                "--gpu-batch-size B and contradicts --gpu-batch-size, --num-gpu-batches and --policy")
       ->capture_default_str()->check(at_least(1))->each([&a](const std::string&) { a.batch_size_given = true; });
   b->add_option("--seed", a.seed, "Seed of the synthetic prompt ids (and of sequence i's draws: seed + i)")
       ->capture_default_str();

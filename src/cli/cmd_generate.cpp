@@ -550,7 +550,6 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       if (!done[i] && (!items[i].error.empty() || items[i].ready())) emit(i);
   if (out_file) out_file->commit();
 
-  const double total_s = st.prefill_seconds + st.decode_seconds;
   json report = run_report(lm, rs, st, dev, device);
   report["requests"] = items.size();
   report["failed_requests"] = bad;
@@ -563,9 +562,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   if (pipe_report) report["pipeline"] = pipeline_report_json(stages->layout, *pipe_report);
   if (!a.report.empty()) write_json_file(a.report, report, "--report");
   if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);
-  std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << finished << " prompts in " << total_s
-            << " s (" << report["tokens_per_s"].get<double>() << " tok/s; prefill " << st.prefill_seconds
-            << " s, decode " << st.decode_seconds << " s)\n";
+  // Under mpirun the time is the job's wall time; the ranks' prefill and decode seconds add up.
+  std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << finished << " prompts in "
+            << report["total_seconds"].get<double>() << " s (" << report["tokens_per_s"].get<double>()
+            << " tok/s; prefill " << st.prefill_seconds << " s, decode " << st.decode_seconds << " s"
+            << (dp ? ", summed over the ranks" : "") << ")\n";
   if (st.interrupted && kept_tokens != st.generated_tokens)  // unfinished requests' tokens: work, not results
     std::cerr << "flexh2o: " << kept_tokens << " of those tokens are in the " << finished
               << " results written; the unfinished requests' are dropped\n";

@@ -189,11 +189,11 @@ int run_plan(const PlanArgs& a, const Env& env) {
   w.prompt_len = a.prompt_len;
   w.gen_len = a.gen_len;
   w.kv_dtype = a.kv_dtype == "f32" ? DType::F32 : a.kv_dtype == "bf16" ? DType::BF16 : a.kv_dtype == "q4" ? DType::Q4 : DType::F16;
-  if (!a.kv_policy.empty() && a.kv_policy != "full") {
+  {  // validated for the full cache too: --heavy-ratio without --kv-policy h2o is a mistake, not a no-op
     KvPolicyConfig kv = a.kv;
-    kv.kind = parse_kv_policy_kind(a.kv_policy);
+    kv.kind = a.kv_policy.empty() ? KvPolicyKind::kFull : parse_kv_policy_kind(a.kv_policy);
     validate(kv);
-    w.kv = kv;
+    if (kv.kind != KvPolicyKind::kFull) w.kv = kv;
   }
   // As the run would (window_kv_policy): what the lines below print is what the planner prices.
   if (window_caps_full_cache(c, w.prompt_len + w.gen_len) && !w.kv)

@@ -39,8 +39,9 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   g->add_option("--max-new-tokens,-n", a.max_new_tokens, "Tokens to generate per prompt (default for lines)")
       ->capture_default_str()->check(at_least(0));
   g->add_option("--batch-size,-b", a.batch_size,
-                "Prompts prefilled and decoded together (with offloading flags: --gpu-batch-size B, one "
-                "micro-batch; it contradicts --gpu-batch-size, --num-gpu-batches and --policy)")
+                "Prompts prefilled and decoded together. With offloading flags the batch is the policy's "
+                "block (--gpu-batch-size, default 4, x --num-gpu-batches, default 1); -b given there is "
+                "--gpu-batch-size B and contradicts --gpu-batch-size, --num-gpu-batches and --policy")
       ->capture_default_str()->check(at_least(1))->each([&a](const std::string&) { a.batch_size_given = true; });
   g->add_option("--sort-window", a.sort_window,
                  "Run requests sorted by prompt length (then max_new_tokens) within windows of this many batches, "

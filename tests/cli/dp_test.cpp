@@ -12,6 +12,7 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "cli/mpi_run.h"
@@ -90,6 +91,11 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
     EXPECT_EQ(j["generated_tokens"], want_report["generated_tokens"]) << what;
     EXPECT_EQ(j["prompt_tokens"], want_report["prompt_tokens"]) << what;
     EXPECT_EQ(j["finished_requests"], 13) << what;
+    // The summary line's time is the report's, the job's wall time (the ranks' phases add up).
+    std::ostringstream in_s;
+    in_s << " prompts in " << j["total_seconds"].get<double>() << " s (";
+    EXPECT_NE(d.err.find(in_s.str()), std::string::npos) << what << "\n" << d.err;
+    EXPECT_NE(d.err.find(", summed over the ranks)"), std::string::npos) << what << "\n" << d.err;
     // Per-rank figures (device, threads, rates, memory) are only under "ranks".
     for (const char* k : {"device_name", "threads", "decode_tokens_per_s", "peak_rss_bytes", "cpu_isa"})
       EXPECT_FALSE(j.contains(k)) << what << ": " << k << " at the top level";

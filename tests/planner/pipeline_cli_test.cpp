@@ -76,6 +76,7 @@ TEST(PipelineCli, MisusedFlagsFailClearly) {
     EXPECT_NE(r.err.find(msg), std::string::npos) << args << "\n" << r.err;
   };
   expect_fail("plan -m opt-125m --hardware h200 --groups 3", "--groups and --stage-link need --pipeline-stages");
+  expect_fail("plan -m opt-125m --hardware h200 --heavy-ratio 0.2", "--heavy-ratio does not apply to --kv-policy full");
   expect_fail("plan -m opt-125m --hardware h200 --pipeline-stages 2 --percent 100 0 100 0 100 0",
               "with --pipeline-stages each stage's policy is searched");
   expect_fail("plan -m opt-125m --hardware h200 --pipeline-stages 13", "--pipeline-stages must be in [1, 12]");

@@ -56,8 +56,9 @@ class LLM:
     def __init__(self, model: str, *, tokenizer: Optional[str] = None, device: str = "auto",
                  batch_size: Optional[int] = None, threads: Optional[int] = None, generation_config: str = "auto",
                  **flags):
-        """batch_size: sequences run together (default 8). With offloading flags it is the block
-        (gpu_batch_size=batch_size) unless gpu_batch_size / num_gpu_batches / policy set it."""
+        """batch_size: sequences run together (default 8). With offloading flags the batch is the
+        policy's block (gpu_batch_size, default 4, x num_gpu_batches); batch_size given there is
+        gpu_batch_size unless gpu_batch_size / num_gpu_batches / policy set the block."""
         flags = [_flag(k, v) for k, v in flags.items() if v is not None]
         if not isinstance(device, str):
             raise Error(f"device must be a string (\"auto\", \"cpu\", \"cuda\", \"cuda:N\"), got {device!r}")

@@ -406,7 +406,8 @@ def main(argv=None):
     ap.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     ap.add_argument("--batch-size", type=int, help="sequences per engine batch (default 8; with offloading "
-                    "flags the block, unless --gpu-batch-size / --num-gpu-batches / --policy set it)")
+                    "flags the policy's block, 4 x 1 by default: given, it is --gpu-batch-size, unless "
+                    "--gpu-batch-size / --num-gpu-batches / --policy set the block)")
     ap.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
                     "only; 0.0.0.0 for every interface)")
