@@ -19,6 +19,7 @@
 //    context, as eval-ppl does, for that). acc = argmax of the summed
 //    log-likelihood; acc_norm = argmax of the per-TOKEN mean (lm-eval divides by bytes); ties
 //    go to the lowest choice index (numpy argmax, as lm-eval).
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -37,6 +38,17 @@ namespace flexh2o::cli {
 using nlohmann::json;
 
 namespace {
+
+// What an evaluation's JSON names besides its numbers: the model, the input and the seconds the
+// scoring took, so that a results file stands on its own.
+void add_run_identity(nlohmann::json& j, const LoadedModel& lm, const std::string& input,
+                      std::chrono::steady_clock::time_point t0) {
+  j["model"] = lm.model->config().name;
+  j["model_source"] = lm.source;
+  j["input"] = input;
+  j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 
 std::optional<int32_t> bos_of(const LoadedModel& lm) {
   auto bos = lm.tokenizer->bos_id();
@@ -88,6 +100,7 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   if (offload && a.offload.policy_file == "auto") FH_FAIL("eval-ppl: --policy auto is not supported; give --percent");
   check_device_early(a.device);
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
+  const auto t0 = std::chrono::steady_clock::now();  // the scoring (placement included), not the load
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   if (!lm.tokenizer) FH_FAIL("eval-ppl needs a tokenizer: pass --tokenizer DIR");
   const std::string text = read_file(a.file);
@@ -149,6 +162,7 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
          {"kv_budget", budget_json(policy.get(), 1)}, {"mode", stream ? "streaming" : "prefill"},
          {"kv_dtype", dtype_name(kv_dtype)}, {"device", device},
          {"compress_weight", oo ? oo->policy.compress_weight : a.offload.compress_weight}};
+  add_run_identity(j, lm, a.file, t0);
   if (offload) j["offload"] = off_report;
   if (a.json)
     std::cout << j.dump() << "\n";
@@ -263,6 +277,7 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
     FH_FAIL("--num-fewshot ", a.num_fewshot, " needs more items than the ", items.size(), " in ", a.tasks);
   check_device_early(a.device);
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
+  const auto t0 = std::chrono::steady_clock::now();  // the scoring (placement included), not the load
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   if (!lm.tokenizer) FH_FAIL("eval-choice needs a tokenizer: pass --tokenizer DIR");
   const Tokenizer& tok = *lm.tokenizer;
@@ -344,6 +359,7 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
          {"correct", correct}, {"correct_norm", correct_norm}, {"chance", chance / dn},
          {"num_fewshot", a.num_fewshot}, {"mean_context_tokens", double(context_tokens) / dn},
          {"kv_policy", describe(kv)}, {"acc_norm_unit", "token"}};
+  add_run_identity(j, lm, a.tasks, t0);
   if (engine) {
     j["offload"] = offload_report_json(*engine);
     write_trace_file(a.offload, *engine, std::cerr);

@@ -44,6 +44,10 @@ TEST_P(EvalCli, PerplexityJsonMatchesReferenceOnBothPaths) {
     EXPECT_EQ(j["tokens"], 1024);
     EXPECT_EQ(j["kv_policy"], "full");
     EXPECT_NEAR(j["perplexity"].get<double>(), want, 0.005 * want);
+    // The JSON names what it scored and how long that took.
+    EXPECT_EQ(j["model"], GetParam());
+    EXPECT_EQ(j["input"], eval_txt(GetParam()));
+    EXPECT_GT(j["seconds"].get<double>(), 0.0);
   }
   EXPECT_EQ(pre["mode"], "prefill");
   EXPECT_EQ(st["mode"], "streaming");
@@ -129,6 +133,9 @@ TEST_P(EvalCli, ChoiceAccuracyBeatsChanceWithTheFullCache) {
   std::printf("[%s] bible_cloze 0-shot full: acc %.3f acc_norm %.3f (chance %.3f, n=%d)\n", GetParam().c_str(),
               j["acc"].get<double>(), j["acc_norm"].get<double>(), j["chance"].get<double>(), j["count"].get<int>());
   EXPECT_EQ(j["count"], 50);
+  EXPECT_EQ(j["model"], GetParam());
+  EXPECT_EQ(j["input"], kTasks);
+  EXPECT_GT(j["seconds"].get<double>(), 0.0);
   EXPECT_DOUBLE_EQ(j["chance"].get<double>(), 0.25);
   EXPECT_GT(j["acc"].get<double>(), 0.25);
   EXPECT_GT(j["acc_norm"].get<double>(), 0.25);
@@ -144,9 +151,11 @@ TEST_P(EvalCli, ChoiceFewShotAndPolicyRun) {
   EXPECT_EQ(j["count"], 10);
   EXPECT_EQ(j["num_fewshot"], 3);
   EXPECT_GT(j["mean_context_tokens"].get<double>(), 30.0);  // three solved examples + the item
-  // Same run twice: deterministic few-shot selection.
+  // Same run twice: deterministic few-shot selection (everything but the time it took).
   json again = run_json("eval-choice --model " + model() + " --tasks " + kTasks +
                         " --num-fewshot 3 --limit 10 --kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1");
+  j.erase("seconds");
+  again.erase("seconds");
   EXPECT_EQ(j, again);
 }
 
