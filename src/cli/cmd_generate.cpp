@@ -14,8 +14,8 @@
 #include <iterator>
 #include <limits>
 #include <map>
-#include <set>
 #include <random>
+#include <set>
 #include <span>
 #include <sstream>
 #include <type_traits>

@@ -121,11 +121,18 @@ void OffloadEngine::Impl::place_disk_weights(const std::vector<std::pair<size_t,
   if (failed.empty() && previous == store_manifest) return;
   // Writing is exclusive; a file another run wrote while this one waited is reused, not rewritten.
   StoreDirLock exclusive = store.lock_dir(StoreDirLock::Mode::kExclusive);
-  {  // Refused before the first file rather than at the one that does not fit, with the total.
-    uint64_t need = 0;
-    for (const auto& [i, why] : failed) need += DiskStore::entry_bytes(home(homes[i]).bytes);
-    if (const uint64_t free = store.free_bytes(); need > free)
-      FH_FAIL("offload directory ", store.dir().string(), " has ", human_bytes(free), " free; the ", failed.size(),
+  {  // Refused before the first file rather than at the one that does not fit, with the total. A
+     // stale file of the same name is replaced, so its bytes come back.
+    uint64_t need = 0, freed = 0;
+    for (const auto& [i, why] : failed) {
+      need += DiskStore::entry_bytes(home(homes[i]).bytes);
+      std::error_code ec;
+      const uintmax_t old = std::filesystem::file_size(store.path_of(home(homes[i]).store_name), ec);
+      if (!ec) freed += old;
+    }
+    if (const uint64_t free = store.free_bytes() + freed; need > free)
+      FH_FAIL("offload directory ", store.dir().string(), " has ", human_bytes(free), " free",
+              freed ? " (the stale files it replaces counted)" : "", "; the ", failed.size(),
               " weight files to write need ", human_bytes(need), ": free space, give another --offload-dir, or home "
               "fewer weights on disk (--percent)");
   }
