@@ -51,15 +51,17 @@ def policy_of(args):
 
 
 def flexh2o_row(report):
-    """tok/s, projected, batch, tier from a flexh2o --report JSON."""
+    """tok/s, projected, batch, tier from a flexh2o --report JSON. A run stopped at its time cap
+    (bench stops at a token step on SIGTERM) reports the part that ran: projected "cut"."""
     r = json.load(open(report))
     secs = r["prefill_seconds"] + r["decode_seconds"]
     tok_s = r["generated_tokens"] / secs if secs > 0 else 0.0
+    projected = "cut" if r.get("interrupted") else "no"
     off = r.get("offload") or {}
     pol = off.get("policy")
     if pol:
-        return tok_s, "no", pol["gpu_batch_size"] * pol["num_gpu_batches"], lowest_tier(pol["percent"])
-    return tok_s, "no", r.get("batch_size"), "gpu"
+        return tok_s, projected, pol["gpu_batch_size"] * pol["num_gpu_batches"], lowest_tier(pol["percent"])
+    return tok_s, projected, r.get("batch_size"), "gpu"
 
 
 def flexgen_row(log):

@@ -43,7 +43,9 @@ mkdir -p /tmp/cmp_deps_noflexgen
 for d in /tmp/cmp_deps/*; do case "$(basename "$d")" in flexgen*) ;; *) ln -sf "$d" /tmp/cmp_deps_noflexgen/;; esac; done
 
 # Rows go through compare_table.py: FlexGen's rule from each system's own output, the effective
-# batch and lowest tier from its policy; a run that failed or was cut at its cap is tok/s 0.
+# batch and lowest tier from its policy; a flexh2o bench cut at its cap (SIGTERM: it stops at a
+# token step) reports the part that ran, marked projected "cut"; any other run that failed or was
+# cut at its cap is tok/s 0.
 TAB="$ROOT/bench/compare/compare_table.py"
 : >"$CSV"
 fh() {  # fh [--as SYSTEM] MODEL KV CAP ARGS...: flexh2o bench on the GPU, 16 GiB cap

@@ -101,7 +101,8 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
     CLI::App* sub = app.get_subcommands().front();
     const std::string name = sub->get_name();
     // Commands that stop at a clean point on SIGINT/SIGTERM; the others keep the default (die).
-    if (opts.handle_signals && (name == "generate" || name == "tokenize" || name == "detokenize")) {
+    if (opts.handle_signals &&
+        (name == "generate" || name == "bench" || name == "tokenize" || name == "detokenize")) {
       signals = &StopSignals::install();
       env.stop = &signals->stop();
       env.stop_signal = &signals->signal_flag();

@@ -79,10 +79,14 @@ int run_bench(const BenchArgs& a, const Env& env) {
   go.pad_id = c.pad_id.value_or(0);
   Progress progress("bench", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, rs.offload);
   go.on_progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
+  // SIGINT/SIGTERM (timeout(1) at a time cap) stop at the next token step: the report then holds
+  // the tokens and seconds so far, a measurement of the part that ran.
+  go.stop = env.stop;
   GenerateStats st;
   generate(*rs.runner, reqs, go, &st);
   progress.finish();
   json report = run_report(lm, rs, st, dev, device);
+  report["interrupted"] = st.interrupted;
   report["workload"] = {{"prompts", n},           {"prompt_len", a.prompt_len}, {"gen_len", a.gen_len},
                         {"temperature", a.temperature}, {"top_k", a.top_k},      {"top_p", a.top_p}};
   if (!a.report.empty()) write_json_file(a.report, report);
@@ -90,7 +94,8 @@ int run_bench(const BenchArgs& a, const Env& env) {
   std::cout << c.name << " " << a.prompt_len << "+" << a.gen_len << " x " << n << " sequences: "
             << report["tokens_per_s"].get<double>() << " tok/s (prefill " << st.prefill_seconds << " s, decode "
             << st.decode_seconds << " s; block " << rs.runner->max_batch() << "; KV policy "
-            << report["kv_policy"].get<std::string>() << ")\n";
+            << report["kv_policy"].get<std::string>() << ")" << (st.interrupted ? "; interrupted: the part that ran" : "")
+            << "\n";
   if (rs.offload) {
     const auto& off = report["offload"];
     std::cout << "device: " << off["device"].get<std::string>() << "; KV " << off["kv_dtype"].get<std::string>()
@@ -101,7 +106,7 @@ int run_bench(const BenchArgs& a, const Env& env) {
               << off["overlap_efficiency"].get<double>() << " (per step " << off["step_overlap_efficiency"].get<double>()
               << ")\n";
   }
-  return 0;
+  return st.interrupted ? kInterrupted : 0;
 }
 
 }  // namespace flexh2o::cli

@@ -4,11 +4,14 @@
 import importlib.util
 import json
 import math
+import signal
+import subprocess
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import ROOT, TINY, run_binary
+from conftest import BINARY, ROOT, TINY, run_binary
 
 _spec = importlib.util.spec_from_file_location("compare_table", ROOT / "bench" / "compare" / "compare_table.py")
 ct = importlib.util.module_from_spec(_spec)
@@ -73,6 +76,23 @@ def test_flexh2o_report_of_a_real_bench_run(tmp_path):
     tok_s, projected, batch, tier = ct.flexh2o_row(rep)
     assert tok_s == pytest.approx(j["generated_tokens"] / (j["prefill_seconds"] + j["decode_seconds"]), rel=1e-12)
     assert tok_s > 0 and projected == "no" and batch == 4 and tier == "cpu"
+
+
+def test_a_bench_cut_at_its_cap_reports_the_part_that_ran(tmp_path):
+    # timeout(1)'s SIGTERM stops bench at a token step; its report is the part that ran.
+    rep = tmp_path / "r.json"
+    proc = subprocess.Popen([str(BINARY), "bench", "-m", str(TINY["opt"]), "--prompt-len", "8", "--gen-len", "1000",
+                             "--num-prompts", "256", "--device", "cpu", "--report", str(rep)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted: the part that ran" in out
+    j = json.loads(rep.read_text())
+    assert j["interrupted"] and 0 < j["generated_tokens"] < 256 * 1000
+    tok_s, projected, _, _ = ct.flexh2o_row(rep)
+    assert tok_s > 0 and projected == "cut"
 
 
 def rows_of(tmp_path, entries):
