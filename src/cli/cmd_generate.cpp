@@ -272,6 +272,9 @@ OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResult
 
 int run_generate(const GenerateArgs& args, const Env& env) {
   GenerateArgs a = args;  // the model's generation_config.json may set sampling defaults
+  // Before the ranks part: under mpirun every rank (data-parallel worker, pipeline stage) places
+  // its engine from these flags, so -b must be the block on each of them.
+  apply_batch_size_flag(a.batch_size_given, a.batch_size, a.offload);
   std::optional<DataParallel> dp;  // under mpirun: rank 0 goes on below, the others serve it
   std::optional<PipelineJob> pipe;  // ... or with --pipeline-stages, the others run their stages
   if (a.pipeline.stages > 1) {
@@ -288,7 +291,6 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const bool from_stdin = a.input == "-";
   if (!a.input.empty() && !from_stdin) check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
   if (a.resume && a.output.empty()) FH_FAIL("--resume needs --output FILE: the results of the run to finish");
-  apply_batch_size_flag(a.batch_size_given, a.batch_size, a.offload);
   {  // before anything is opened for writing
     std::vector<NamedPath> inputs;
     if (!from_stdin) inputs.push_back({"--input", a.input});

@@ -135,6 +135,18 @@ TEST(DataParallel, TinyLlamaFullAndH2OLikeOneProcess) {
   expect_like_one_process(kLlama, "--kv-policy h2o --heavy-budget 4 --recent-budget 4");
 }
 
+// -b with offloading flags is the block on every rank, not only on rank 0 (each rank places its
+// own engine from the command line).
+TEST(DataParallel, BatchSizeIsTheOffloadedBlockOnEveryRank) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), kOpt), out = tmp.path() / "out.jsonl", rep = tmp.path() / "rep.json";
+  const RunResult d = mpirun(2, gen(kOpt, in, out, "-b 3 --percent 0 100 100 0 100 0 --report " + rep.string()));
+  ASSERT_EQ(d.code, 0) << d.err;
+  const json j = read_json(rep);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (const json& r : j["ranks"]) EXPECT_EQ(r["batch_size"], 3) << r.dump();
+}
+
 TEST(DataParallel, BatchStopStringsEndSequencesOnEveryRank) {
   TempDir tmp;
   const json ref = read_json(model_dir("tiny-opt") / "reference/greedy.json");
