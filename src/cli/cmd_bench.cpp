@@ -47,7 +47,7 @@ void register_bench(CLI::App& app, BenchArgs& a) {
 }
 
 int run_bench(const BenchArgs& a, const Env& env) {
-  validate(SamplingParams{a.temperature, a.top_k, a.top_p, a.seed});  // before a preset's weights
+  validate(SamplingParams{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed});  // before a preset's weights
   check_device_early(a.device);
   check_can_write({"--report", a.report});
   OffloadArgs off = a.offload;
@@ -72,7 +72,7 @@ int run_bench(const BenchArgs& a, const Env& env) {
     for (auto& id : r.prompt_ids) id = int32_t(rng() % uint64_t(c.vocab_size));
     if (c.bos_id) r.prompt_ids[0] = *c.bos_id;
     r.max_new_tokens = a.gen_len;
-    r.sampling = SamplingParams{a.temperature, a.top_k, a.top_p, a.seed + i};
+    r.sampling = SamplingParams{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed + i};
   }
   GenerateOptions go;
   go.ignore_eos = true;

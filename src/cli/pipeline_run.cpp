@@ -124,13 +124,12 @@ PipelineLayout choose_layout(const GenerateArgs& a, const Env& env, const Model&
 // stops at a token step and ends every stage), so its waits must keep going.
 PipelineJob::PipelineJob(const Env&, const GenerateArgs& a)
     : comm_(std::make_unique<dist::Comm>()), timeout_s_(a.rank_timeout), stages_(a.pipeline.stages) {
-  if (comm_->size() != stages_) {
-    if (is_root())
-      say("flexh2o: error: --pipeline-stages ", stages_, " needs as many ranks (mpirun -np ", stages_,
-          "), this job has ", comm_->size());
-    layout_sent_ = true;  // every rank refuses on its own
-    FH_FAIL("--pipeline-stages ", stages_, " needs mpirun -np ", stages_, ", this job has ", comm_->size(), " ranks");
-  }
+  if (comm_->size() == stages_) return;
+  layout_sent_ = true;  // every rank refuses on its own, without waiting for the others
+  if (is_root())
+    FH_FAIL("--pipeline-stages ", stages_, " needs as many ranks (mpirun -np ", stages_, "), this job has ",
+            comm_->size());
+  misfit_ = true;  // serve() ends this rank with an error and no message: one message a job, not one a rank
 }
 
 PipelineJob::~PipelineJob() {
@@ -145,6 +144,7 @@ PipelineJob::~PipelineJob() {
 int PipelineJob::threads(int requested) const { return rank_threads(*comm_, requested); }
 
 int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
+  if (misfit_) return 1;
   dist::Comm& comm = *comm_;
   const int rank = comm.rank();
   PipelineLayout l;

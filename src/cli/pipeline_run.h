@@ -88,6 +88,7 @@ class PipelineJob {
   double timeout_s_;
   int stages_;
   bool layout_sent_ = false;
+  bool misfit_ = false;  // a stage rank of a job with the wrong rank count: rank 0 says why
 };
 
 // The report's "pipeline" section: layout, and per stage its rank, host, layers, steps, busy and

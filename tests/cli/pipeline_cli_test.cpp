@@ -133,9 +133,12 @@ TEST(PipelineGenerate, BadShapesAreRefusedOnEveryRank) {
   EXPECT_NE(plain.err.find("mpirun -np 2 flexh2o generate ... --pipeline-stages 2"), std::string::npos) << plain.err;
   const RunResult ranks = mpirun(2, gen(kOpt, in, out, "--pipeline-stages 3 --overwrite"));
   EXPECT_EQ(ranks.code, 1) << ranks.err;
-  EXPECT_NE(ranks.err.find("--pipeline-stages 3 needs as many ranks (mpirun -np 3), this job has 2"),
-            std::string::npos)
-      << ranks.err;
+  const std::string misfit = "--pipeline-stages 3 needs as many ranks (mpirun -np 3), this job has 2";
+  const size_t at = ranks.err.find(misfit);
+  EXPECT_NE(at, std::string::npos) << ranks.err;
+  // One message for the job, not one a rank.
+  EXPECT_EQ(ranks.err.find(misfit, at + 1), std::string::npos) << ranks.err;
+  EXPECT_EQ(ranks.err.find("error:"), ranks.err.rfind("error:")) << ranks.err;
   // Rank 0 fails before the job starts (--output holds results): the stage ranks end at once.
   write_lines(out, {json{{"id", 0}, {"token_ids", {1}}}});
   const auto t0 = std::chrono::steady_clock::now();
