@@ -46,8 +46,20 @@ void register_bench(CLI::App& app, BenchArgs& a) {
   add_kv_flags(b, a.kv);
 }
 
+namespace {
+// Sequence i's sampling: the flags, with seed + i.
+SamplingParams sampling(const BenchArgs& a, uint64_t i) {
+  SamplingParams s;
+  s.temperature = a.temperature;
+  s.top_k = a.top_k;
+  s.top_p = a.top_p;
+  s.seed = a.seed + i;
+  return s;
+}
+}  // namespace
+
 int run_bench(const BenchArgs& a, const Env& env) {
-  validate(SamplingParams{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed});  // before a preset's weights
+  validate(sampling(a, 0));  // before a preset's weights
   check_device_early(a.device);
   check_can_write({"--report", a.report});
   OffloadArgs off = a.offload;
@@ -72,7 +84,7 @@ int run_bench(const BenchArgs& a, const Env& env) {
     for (auto& id : r.prompt_ids) id = int32_t(rng() % uint64_t(c.vocab_size));
     if (c.bos_id) r.prompt_ids[0] = *c.bos_id;
     r.max_new_tokens = a.gen_len;
-    r.sampling = SamplingParams{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed + i};
+    r.sampling = sampling(a, uint64_t(i));
   }
   GenerateOptions go;
   go.ignore_eos = true;
