@@ -364,10 +364,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     if (!key) {
       // A Batch line without a usable custom_id is that line's error (parse_input_line): done
       // once its error line is in --output. A flexh2o id that is neither string nor number
-      // cannot be found again.
-      if (is_batch && unkeyed_left > 0) --unkeyed_left, done[i] = true;
-      if (a.resume && !is_batch)
-        FH_FAIL("--resume: ", where, ":", items[i].line, ": the id must be a string or a number");
+      // could not be found again by --resume: refused before any work, as repeated ids are.
+      if (!is_batch)
+        FH_FAIL(where, ":", items[i].line, ": \"id\" must be a string or a number, as --resume finds results by it; got ",
+                items[i].id.type_name());
+      if (unkeyed_left > 0) --unkeyed_left, done[i] = true;
       continue;
     }
     auto [at, fresh] = line_of_id.emplace(*key, items[i].line);

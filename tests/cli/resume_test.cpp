@@ -207,7 +207,8 @@ TEST_F(Resume, PartialLastLineIsCutAndForeignFilesAreRefused) {
 }
 
 // Ids key --resume, so a file whose ids repeat (explicitly, or an explicit id equal to another
-// line's index) is refused before any work and before --output is touched, naming both lines.
+// line's index), or whose id is neither a string nor a number, is refused before any work and
+// before --output is touched, naming the lines.
 TEST(ResumeIds, RepeatedIdsAreRefusedBeforeTheRun) {
   TempDir tmp;
   const fs::path out = tmp.path() / "out.jsonl";
@@ -217,13 +218,20 @@ TEST(ResumeIds, RepeatedIdsAreRefusedBeforeTheRun) {
   for (const Case& c : {Case{R"({"id": "a", "prompt": "x"})" "\n" R"({"id": "a", "prompt": "y"})" "\n",
                              ":2 repeats id \"a\" of line 1"},
                         Case{R"({"prompt": "x"})" "\n\n" R"({"id": 0, "prompt": "y"})" "\n",
-                             ":3 repeats id 0 of line 1"}}) {
+                             ":3 repeats id 0 of line 1"},
+                        // Ids --resume could not find again: refused before the run too.
+                        Case{R"({"id": {"x": 1}, "prompt": "x"})" "\n", ":1: \"id\" must be a string or a number"},
+                        Case{R"({"id": 1, "prompt": "x"})" "\n" R"({"id": null, "prompt": "y"})" "\n",
+                             ":2: \"id\" must be a string or a number, as --resume finds results by it; got null"},
+                        Case{R"({"id": true, "prompt": "x"})" "\n", "got boolean"}}) {
     const fs::path in = tmp.path() / "in.jsonl";
     std::ofstream(in) << c.lines;
     RunResult r = flexh2o::test::run_flexh2o("generate -m " + kOpt + " -q -i " + in.string() + " -o " + out.string());
     EXPECT_EQ(r.code, 1) << r.err;
     EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find("ids must be unique"), std::string::npos) << r.err;
+    if (c.says.find("repeats") != std::string::npos) {
+      EXPECT_NE(r.err.find("ids must be unique"), std::string::npos) << r.err;
+    }
     EXPECT_FALSE(fs::exists(out) && fs::file_size(out) > 0);
   }
   // An id and a string of its digits are two ids.
