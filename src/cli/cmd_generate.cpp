@@ -485,13 +485,6 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   }
   RunSetup& rs = stages ? stages->rs : own;
   StepRunner* runner = rs.runner.get();
-  if (!a.output.empty()) out_file.emplace(NamedPath{"--output", a.output}, out_mode);
-  flush();  // the lines that failed before the run
-  // Batch lines with echo and logprobs: their prompts are scored before generation.
-  std::vector<batch::Request*> echoed;
-  for (size_t i = 0; i < items.size(); ++i)
-    if (!done[i] && items[i].batch && items[i].batch->scores_prompts()) echoed.push_back(&*items[i].batch);
-  batch::score_echoed_prompts(*runner, echoed);
   // The engine runs request order[j] as its j-th (length-sorted batches); the callbacks below
   // get j and map it back, so everything else stays in request order.
   const std::vector<size_t> order = length_sorted_order(reqs, runner->max_batch(), a.sort_window);
@@ -499,6 +492,20 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   run_reqs.reserve(reqs.size());
   for (size_t r : order) run_reqs.push_back(std::move(reqs[r]));
   reqs.clear();
+  // A batch that does not fit the budgets is found before --output is opened (which empties it
+  // under --overwrite), not when the run reaches it. Ranks and stages form other batches.
+  if (!stages && !dp) {
+    GenerateOptions shape;
+    shape.continuous = a.continuous;
+    check_batches(*runner, run_reqs, shape);
+  }
+  if (!a.output.empty()) out_file.emplace(NamedPath{"--output", a.output}, out_mode);
+  flush();  // the lines that failed before the run
+  // Batch lines with echo and logprobs: their prompts are scored before generation.
+  std::vector<batch::Request*> echoed;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (!done[i] && items[i].batch && items[i].batch->scores_prompts()) echoed.push_back(&*items[i].batch);
+  batch::score_echoed_prompts(*runner, echoed);
   GenerateOptions go;
   go.batch_size = runner->max_batch();
   go.ignore_eos = a.ignore_eos;

@@ -32,6 +32,40 @@ inline int64_t room_for(const GenerationRequest& r, const ModelConfig& c) {
   return std::min(r.max_new_tokens, c.max_positions - int64_t(r.prompt_ids.size()));
 }
 
+// What sizes a batch of `members`: its first step's rows (the longest prompt, at least
+// min_rows), the tokens a sequence may hold (at least min_capacity) and its decode steps.
+struct BatchExtent {
+  int64_t first_rows = 0, rows = 0, capacity = 0, steps = 1;
+};
+template <class Reqs>
+BatchExtent batch_extent(const ModelConfig& c, const Reqs& reqs, const std::vector<size_t>& members,
+                         int64_t min_rows = 0, int64_t min_capacity = 0) {
+  BatchExtent x;
+  int64_t max_new = 0;
+  for (size_t r : members) {
+    x.first_rows = std::max<int64_t>(x.first_rows, int64_t(reqs[r].prompt_ids.size()));
+    max_new = std::max<int64_t>(max_new, room_for(reqs[r], c));  // a sequence cannot grow past the positions
+  }
+  x.rows = std::max(x.first_rows, min_rows);
+  x.capacity = std::max(x.rows + std::max<int64_t>(max_new, 1), min_capacity);
+  x.steps = std::max<int64_t>(max_new, 1);
+  return x;
+}
+
+// A continuous batch's slots take any request from `next` on: rows for the longest prompt, room
+// for the longest prompt + its tokens (at least min_rows / min_capacity, within the positions).
+template <class Reqs>
+std::pair<int64_t, int64_t> continuous_extent(const ModelConfig& c, const Reqs& reqs, size_t next, int64_t min_rows,
+                                              int64_t min_capacity) {
+  int64_t rows = std::min(min_rows, c.max_positions), cap = std::min(min_capacity, c.max_positions);
+  for (size_t r = next; r < reqs.size(); ++r) {
+    const int64_t p = int64_t(reqs[r].prompt_ids.size());
+    rows = std::max(rows, p);
+    cap = std::max(cap, p + std::max<int64_t>(room_for(reqs[r], c), 1));
+  }
+  return {rows, cap};
+}
+
 template <class Outs>
 void finish(size_t r, Outs& out, const GenerateOptions& opts) {
   out[r].finished = true;
@@ -53,14 +87,11 @@ class BatchRun {
            int64_t min_capacity = 0)
       : c_(c), reqs_(reqs), idx_(std::move(members)), B_(int64_t(idx_.size())), opts_(opts), out_(out), st_(st),
         done_(done_tokens), total_(total_tokens) {
-    int64_t max_new = 0, first_rows = 0;
-    for (size_t r : idx_) {
-      first_rows = std::max<int64_t>(first_rows, int64_t(reqs[r].prompt_ids.size()));
-      max_new = std::max<int64_t>(max_new, room_for(reqs[r], c));  // a sequence cannot grow past the positions
-    }
-    S_ = std::max(first_rows, min_rows);
-    capacity_ = std::max(S_ + std::max<int64_t>(max_new, 1), min_capacity);
-    steps_ = std::max<int64_t>(max_new, 1);
+    const BatchExtent x = batch_extent(c, reqs, idx_, min_rows, min_capacity);
+    const int64_t first_rows = x.first_rows;
+    S_ = x.rows;
+    capacity_ = x.capacity;
+    steps_ = x.steps;
     len_.assign(size_t(B_), 0);
     finished_.assign(size_t(B_), false);
     samplers_.reserve(size_t(B_));

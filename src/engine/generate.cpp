@@ -49,6 +49,26 @@ std::vector<GenerationResult> start(const ModelConfig& c, int64_t batch, const s
 
 }  // namespace
 
+void check_batches(const StepRunner& runner, const std::vector<GenerationRequest>& requests,
+                   const GenerateOptions& opts) {
+  const ModelConfig& c = runner.config();
+  const size_t batch = size_t(runner.max_batch());
+  auto check = [&](const std::vector<size_t>& members, int64_t min_rows, int64_t min_capacity) {
+    const BatchExtent x = batch_extent(c, requests, members, min_rows, min_capacity);
+    std::vector<int64_t> lengths;
+    for (size_t r : members) lengths.push_back(std::max<int64_t>(int64_t(requests[r].prompt_ids.size()), 1));
+    runner.check_batch(lengths, x.rows, x.capacity);
+  };
+  size_t first = 0;
+  if (opts.continuous && !requests.empty()) {
+    const auto [rows, cap] = continuous_extent(c, requests, 0, opts.min_rows, opts.min_capacity);
+    first = std::min(requests.size(), batch);
+    check(iota_from(0, first), rows, cap);
+  }
+  // Static batches (after a continuous one, where the runner cannot rewind).
+  for (; first < requests.size(); first += batch) check(iota_from(first, std::min(requests.size() - first, batch)), 0, 0);
+}
+
 std::vector<size_t> length_sorted_order(const std::vector<GenerationRequest>& requests, int64_t batch,
                                         int64_t window_batches) {
   FH_CHECK(batch > 0, "batch size must be positive, got ", batch);
@@ -79,6 +99,7 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
   const int64_t batch = runner.max_batch();
   int64_t total = 0, done = 0;
   std::vector<GenerationResult> out = start(runner.config(), batch, requests, total);
+  check_batches(runner, requests, opts);
   GenerateStats st;
   if (opts.continuous) {
     out = generate_continuous(runner, requests, opts, st, total);

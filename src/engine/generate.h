@@ -92,6 +92,15 @@ struct GenerateStats {
 // max_position_embeddings, sampling params); throws flexh2o::Error describing the problem.
 void validate_request(const GenerationRequest& r, const ModelConfig& c);
 
+// Throws, before any work, when a batch that generate() would form of `requests` (in this
+// order, max_batch() at a time; under opts.continuous first one batch sized for them all) would
+// not fit the runner's memory budgets (StepRunner::check_batch): a run is refused whole rather
+// than at the batch that does not fit, after the results of those before it. generate() calls
+// it first; a caller with something to lose when a run starts (an output it replaces) calls it
+// before that.
+void check_batches(const StepRunner& runner, const std::vector<GenerationRequest>& requests,
+                   const GenerateOptions& opts);
+
 // The order to run requests in so that a batch's prompts are alike in length: each batch is
 // left-padded to its longest prompt, and the padding is computed like tokens. Within each
 // window of `window_batches` * `batch` requests (taken in request order), requests sorted by

@@ -39,12 +39,8 @@ void take_more(const GenerateOptions& opts, const ModelConfig& c, size_t room, i
 size_t run_continuous(StepRunner& run, Reqs& reqs, size_t next, const GenerateOptions& opts, Outs& out,
                       GenerateStats& st, int64_t& done, int64_t& total) {
   const ModelConfig& c = run.config();
-  int64_t rows = std::min(opts.min_rows, c.max_positions), cap = std::min(opts.min_capacity, c.max_positions);
-  for (size_t r = next; r < reqs.size(); ++r) {
-    const int64_t p = int64_t(reqs[r].prompt_ids.size());
-    rows = std::max(rows, p);
-    cap = std::max(cap, p + std::max<int64_t>(room_for(reqs[r], c), 1));
-  }
+  const std::pair<int64_t, int64_t> extent = continuous_extent(c, reqs, next, opts.min_rows, opts.min_capacity);
+  int64_t rows = extent.first, cap = extent.second;
   const size_t count = std::min(reqs.size() - next, size_t(run.max_batch()));
   // The batch holds what there is now: requests from opts.more take the slots that free. (Empty
   // slots waiting for them would cost a row each every step: on the CPU device a lone request

@@ -70,10 +70,17 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   m.kv_device_seq = first.device_seq, m.kv_home_seq = first.home_seq, m.kv_disk_seq = first.disk_seq;
   m.split = split_kv(p.gpu_batch_size, p);
   const uint64_t es_a = dtype_size(t.act);
-  const uint64_t K = uint64_t(p.num_gpu_batches), n = uint64_t(p.gpu_batch_size);
-  const uint64_t B = n * K, rows = uint64_t(d.rows), dec = uint64_t(std::max<int64_t>(d.decode_rows, 1));
-  const uint64_t nd = uint64_t(m.split.n_device), nh = uint64_t(m.split.n_host), nk = uint64_t(m.split.n_disk);
+  const uint64_t n = uint64_t(p.gpu_batch_size);
+  const uint64_t B = d.batch > 0 ? std::min(uint64_t(d.batch), n * uint64_t(p.num_gpu_batches))
+                                 : n * uint64_t(p.num_gpu_batches);
+  const uint64_t rows = uint64_t(d.rows), dec = uint64_t(std::max<int64_t>(d.decode_rows, 1));
+  const uint64_t nh = uint64_t(m.split.n_host), nk = uint64_t(m.split.n_disk);
   const uint64_t off = nh + nk;
+  // What each micro-batch holds adds up over the K = B / n whole ones and a partial last one of
+  // r sequences (split by the same percentages); staging and step buffers are one micro-batch's.
+  const uint64_t K = B / n, r = B % n;
+  const KvSplit last = split_kv(int64_t(r), p);
+  auto per_mb = [&](auto&& bytes) { return K * bytes(n, m.split) + (r ? bytes(r, last) : 0); };
   m.hidden = n * rows * uint64_t(c.hidden) * es_a;
   m.qkv_rows = uint64_t(c.q_dim() + 2 * c.kv_dim()) * es_a;
   m.attn_rows = uint64_t(c.q_dim()) * es_a;
@@ -96,9 +103,12 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   // Device
   add(Tier::kDevice, "weights homed", w.homed[0]);
   add(Tier::kDevice, "weight double buffer", 2 * w.max_streamed);
-  add(Tier::kDevice, "KV homed", K * nd * (LF * m.kv_device_seq + LW * m.window.device_seq));
+  add(Tier::kDevice, "KV homed", per_mb([&](uint64_t, const KvSplit& s) {
+        return uint64_t(s.n_device) * (LF * m.kv_device_seq + LW * m.window.device_seq);
+      }));
   add(Tier::kDevice, "KV staging", off ? 2 * off * m.kv_device_seq : 0);
-  add(Tier::kDevice, "hidden states", act_host ? 2 * m.hidden : K * m.hidden);
+  const uint64_t hidden_all = per_mb([&](uint64_t k, const KvSplit&) { return k * m.hidden / n; });
+  add(Tier::kDevice, "hidden states", act_host ? 2 * m.hidden : hidden_all);
   // One q/k/v + attention slot for a whole step; a second for the host-attention pipeline.
   add(Tier::kDevice, "q/k/v and attention rows",
       n * rows * (m.qkv_rows + m.attn_rows) + (host_attention ? n * dec * (m.qkv_rows + m.attn_rows) : 0));
@@ -110,9 +120,11 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   // Host
   add(Tier::kHost, "weights homed", w.homed[1]);
   add(Tier::kHost, "weight disk staging", w.max_disk ? 2 * w.max_disk : 0);
-  add(Tier::kHost, "KV homed", K * nh * (LF * m.kv_home_seq + LW * m.window.home_seq));
+  add(Tier::kHost, "KV homed", per_mb([&](uint64_t, const KvSplit& s) {
+        return uint64_t(s.n_host) * (LF * m.kv_home_seq + LW * m.window.home_seq);
+      }));
   add(Tier::kHost, "KV disk staging", nk ? 2 * nk * m.kv_disk_seq : 0);
-  add(Tier::kHost, "hidden states", act_host ? K * m.hidden : 0);
+  add(Tier::kHost, "hidden states", act_host ? hidden_all : 0);
   add(Tier::kHost, "host attention rows", host_attention ? 2 * off * dec * (m.qkv_rows + m.attn_rows) : 0);
   add(Tier::kHost, "attention scores", 2 * m.scores);
   // A policy's scores and positions per slot, in the layers that evict (all of them, or under a
@@ -121,15 +133,18 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   if (d.kv_policy) {
     const KvSlots& ev = LW ? m.window : full;
     add(Tier::kHost, "KV policy state",
-        K * (LW ? LW : L) * KvPolicyState::bytes_for(int64_t(n), c.n_kv_heads, ev.cap_h) +
-            KvPolicyState::bytes_for(int64_t(n), c.n_kv_heads, ev.cap_w));
+        per_mb([&](uint64_t k, const KvSplit&) {
+          return (LW ? LW : L) * KvPolicyState::bytes_for(int64_t(k), c.n_kv_heads, ev.cap_h);
+        }) + KvPolicyState::bytes_for(int64_t(n), c.n_kv_heads, ev.cap_w));
   }
   add(Tier::kHost, "keep lists", 2 * m.keep);
   add(Tier::kHost, "step inputs and logits", m.inputs + m.logits_host);
   add(Tier::kHost, "stage hidden rows in and out", m.hidden_in + m.hidden_out);
   // Disk
   add(Tier::kDisk, "weights homed", w.homed[2]);
-  add(Tier::kDisk, "KV homed", K * nk * (LF * m.kv_disk_seq + LW * m.window.disk_seq));
+  add(Tier::kDisk, "KV homed", per_mb([&](uint64_t, const KvSplit& s) {
+        return uint64_t(s.n_disk) * (LF * m.kv_disk_seq + LW * m.window.disk_seq);
+      }));
   return m;
 }
 

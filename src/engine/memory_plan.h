@@ -38,6 +38,9 @@ struct BatchDims {
   // A window cap (full_cache_window(): the full cache of a model with sliding layers): its
   // `window_layers` sliding layers keep `window` slots a sequence; 0: none.
   int64_t window = 0, window_layers = 0;
+  // Sequences of this batch when fewer than the policy's block: micro-batches of gpu_batch_size,
+  // the last one the rest (what the engine allocates); 0: the whole block.
+  int64_t batch = 0;
 };
 
 // Run-wide constants of a plan.

@@ -18,30 +18,68 @@ Buffer OffloadEngine::Impl::alloc(MemKind kind, Tier t, size_t bytes, const std:
 void OffloadEngine::Impl::fail_unless(const Status& s) {
   if (s.ok()) return;
   if (!allocated && batch == 0) FH_FAIL(s.message());
-  const MemoryPlan need = plan_memory(c, WeightBytes::of(e.placement_), p, dims(), {dev.kind(), kvdt, adt});
+  const MemoryPlan need =
+      plan_memory(c, WeightBytes::of(e.placement_), batch_policy(batch), dims(), {dev.kind(), kvdt, adt});
   FH_FAIL(s.message(), "\nthis batch (", batch, " sequences, prompt ", s_max, ", capacity ", capacity,
           ") needs per tier:\n", need.breakdown(), "lower the batch size, use a KV policy or move data to a lower tier");
 }
 
 BatchDims OffloadEngine::Impl::dims() const {
+  return dims_of({window, kv_policy, n_classes}, batch, s_max, capacity, logit_rows, kvc[0].budgets);
+}
+
+OffloadEngine::Impl::Sizing OffloadEngine::Impl::sizing(int64_t cap) const {
+  Sizing z;
+  z.window = e.opts_.window_cap ? full_cache_window(c, user_policy != nullptr, cap) : 0;
+  z.policy = z.window ? window_policy.get() : user_policy;
+  z.classes = z.window && count_sliding_layers(c) < c.n_layers ? 2 : 1;
+  return z;
+}
+
+std::vector<KvBudget> OffloadEngine::Impl::class_budgets(const Sizing& z, int cls, int64_t B,
+                                                         const std::function<int64_t(int64_t)>& length) const {
+  // Under a window cap of a model with full-attention layers, class 0 is those: unbounded.
+  std::vector<KvBudget> budgets;
+  for (int64_t b = 0; b < B && z.policy; ++b)
+    budgets.push_back(z.classes > 1 && cls == 0 ? KvBudget{.unbounded = true} : z.policy->budget(length(b)));
+  return budgets;
+}
+
+BatchDims OffloadEngine::Impl::dims_of(const Sizing& z, int64_t B, int64_t rows, int64_t cap, int64_t logits,
+                                       const std::vector<KvBudget>& first_class) const {
   BatchDims d;
-  d.rows = std::max<int64_t>(s_max, 1);
-  d.capacity = std::max<int64_t>(capacity, 1);
-  d.logit_rows = logit_rows;
-  d.kv_policy = kv_policy != nullptr;
+  d.batch = B;
+  d.rows = std::max<int64_t>(rows, 1);
+  d.capacity = std::max<int64_t>(cap, 1);
+  d.logit_rows = logits;
+  d.kv_policy = z.policy != nullptr;
   d.hidden_in = hidden_in;
   d.hidden_out = hidden_out;
-  d.scores = kv_policy && kv_policy->needs_scores();
-  d.window = window;
-  d.window_layers = window ? count_sliding_layers(c) : 0;
-  const std::vector<KvBudget>& budgets = kvc[0].budgets;
-  bool bounded = kv_policy != nullptr && !budgets.empty();
-  for (const KvBudget& b : budgets) {
+  d.scores = z.policy && z.policy->needs_scores();
+  d.window = z.window;
+  d.window_layers = z.window ? count_sliding_layers(c) : 0;
+  bool bounded = z.policy != nullptr && !first_class.empty();
+  for (const KvBudget& b : first_class) {
     if (b.unbounded) bounded = false;
     else d.budget_max = std::max(d.budget_max, b.total());
   }
   if (!bounded) d.budget_max = 0;
   return d;
+}
+
+MemoryPlan OffloadEngine::Impl::plan_batch(std::span<const int64_t> lengths, int64_t rows, int64_t cap) const {
+  const int64_t B = int64_t(lengths.size());
+  const Sizing z = sizing(cap);
+  const std::vector<KvBudget> budgets = class_budgets(z, 0, B, [&](int64_t b) { return lengths[size_t(b)]; });
+  return plan_memory(c, WeightBytes::of(e.placement_), batch_policy(B), dims_of(z, B, rows, cap, 1, budgets),
+                     {dev.kind(), kvdt, adt});
+}
+
+Policy OffloadEngine::Impl::batch_policy(int64_t B) const {
+  Policy q = p;  // micro-batches of gpu_batch_size as allocate_batch() makes them, the last the rest
+  q.gpu_batch_size = std::clamp<int64_t>(B, 1, p.gpu_batch_size);
+  q.num_gpu_batches = (std::max<int64_t>(B, 1) + q.gpu_batch_size - 1) / q.gpu_batch_size;
+  return q;
 }
 
 void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
@@ -62,9 +100,10 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
   s_max = 0;
   rows_reserved = 0;
   budget_lengths.clear();
-  window = e.opts_.window_cap ? full_cache_window(c, user_policy != nullptr, cap) : 0;
-  kv_policy = window ? window_policy.get() : user_policy;
-  n_classes = window && count_sliding_layers(c) < c.n_layers ? 2 : 1;
+  const Sizing z = sizing(cap);
+  window = z.window;
+  kv_policy = z.policy;
+  n_classes = z.classes;
   for (KvClass& k : kvc) {
     k.budgets.clear();
     k.len_before.assign(size_t(B), 0);
@@ -76,18 +115,14 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
 
 void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   s_max = std::max(T, rows_reserved);
+  auto length = [&](int64_t b) -> int64_t {
+    return !budget_lengths.empty() ? budget_lengths[size_t(b)] : real_rows ? real_rows[b] : T;
+  };
   for (int i = 0; i < n_classes; ++i) {
-    // Under a window cap of a model with full-attention layers, class 0 is those: unbounded.
-    std::vector<KvBudget>& budgets = kvc[size_t(i)].budgets;
-    budgets.clear();
-    for (int64_t b = 0; b < batch && kv_policy; ++b)
-      budgets.push_back(n_classes > 1 && i == 0 ? KvBudget{.unbounded = true}
-                                                : kv_policy->budget(!budget_lengths.empty() ? budget_lengths[size_t(b)]
-                                                                    : real_rows         ? real_rows[b]
-                                                                                        : T));
-    check_window_budgets(c, budgets, capacity);
+    kvc[size_t(i)].budgets = class_budgets({window, kv_policy, n_classes}, i, batch, length);
+    check_window_budgets(c, kvc[size_t(i)].budgets, capacity);
   }
-  plan = plan_memory(c, WeightBytes::of(e.placement_), p, dims(), {dev.kind(), kvdt, adt});
+  plan = plan_memory(c, WeightBytes::of(e.placement_), batch_policy(batch), dims(), {dev.kind(), kvdt, adt});
   static_cast<KvSlots&>(kvc[0]) = plan.slots(false);
   static_cast<KvSlots&>(kvc[1]) = plan.slots(true);
   const int64_t L = c.n_layers;

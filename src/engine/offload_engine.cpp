@@ -292,6 +292,19 @@ void OffloadEngine::budget_lengths(std::span<const int64_t> lengths) {
   impl_->budget_lengths.assign(lengths.begin(), lengths.end());
 }
 
+void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const {
+  FH_CHECK(!lengths.empty(), "a batch of no sequences");
+  const MemoryPlan need = impl_->plan_batch(lengths, rows, capacity);
+  for (int t = 0; t < 3; ++t) {
+    const uint64_t cap = budgets_[size_t(t)]->capacity();
+    if (cap && need.bytes[size_t(t)] > cap)
+      FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes(cap), " is too small for a batch of this run (",
+              lengths.size(), " sequences, prompt ", rows, ", capacity ", capacity, "): it needs ",
+              human_bytes(need.bytes[size_t(t)]), ":\n", need.breakdown(),
+              "lower the batch size, use a KV policy or move data to a lower tier");
+  }
+}
+
 void OffloadEngine::set_groups(int n) {
   FH_CHECK(n >= 1, "groups must be at least 1, got ", n);
   Impl& m = *impl_;

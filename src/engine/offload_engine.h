@@ -116,6 +116,8 @@ class OffloadEngine final : public StepRunner {
   // Buffers sized at the prefill take at least `rows` rows a sequence.
   void reserve_rows(int64_t rows) override;
   void budget_lengths(std::span<const int64_t> lengths) override;
+  // The batch's memory plan (the one its prefill allocates by) against the budgets.
+  void check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const override;
   // Blocking. The first step of a batch (the prefill) sizes its buffers and fails, naming
   // every item, when they do not fit.
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <cstddef>
 #include <span>
 #include <memory>
@@ -127,6 +128,23 @@ struct OffloadEngine::Impl : BatchState {
   // Throws when an allocation or charge failed: the message and this batch's needs per tier.
   void fail_unless(const Status& s);
   BatchDims dims() const;
+  // What sizes a batch, from the same functions begin_batch() and the prefill use: its window cap
+  // and KV policy by `cap` (tokens a sequence), each class's budgets by `length` (sequence b's
+  // budget base), and the plan of a batch of B sequences whose prefill is `rows` wide.
+  struct Sizing {
+    int64_t window = 0;
+    const KvPolicy* policy = nullptr;
+    int classes = 1;
+  };
+  Sizing sizing(int64_t cap) const;
+  std::vector<KvBudget> class_budgets(const Sizing& z, int cls, int64_t B,
+                                      const std::function<int64_t(int64_t)>& length) const;
+  BatchDims dims_of(const Sizing& z, int64_t B, int64_t rows, int64_t cap, int64_t logits,
+                    const std::vector<KvBudget>& first_class) const;
+  // The plan of a batch ahead of it (OffloadEngine::check_batch): `lengths` its prompts.
+  MemoryPlan plan_batch(std::span<const int64_t> lengths, int64_t rows, int64_t cap) const;
+  // The policy whose block is a batch of B: what plans of that batch count.
+  Policy batch_policy(int64_t B) const;
 
   // ---- actions (offload_moves.cpp, offload_compute.cpp)
   void run(const Step& s);

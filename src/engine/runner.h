@@ -42,6 +42,14 @@ class StepRunner {
   // ratio keeps that share of the sequence (as eval-ppl and loglikelihood_rolling do), not of one
   // token. lengths.size() is the batch; each at least 1. Every runner with a KV policy honours it.
   virtual void budget_lengths(std::span<const int64_t> lengths) = 0;
+  // Throws, with what each tier would need, when a batch of lengths.size() sequences (sequence
+  // b's prompt, lengths[b] tokens, the base of its KV budget) whose first step is `rows` wide and
+  // whose sequences hold up to `capacity` tokens would not fit the runner's memory budgets; so a
+  // driver can refuse a run before its first result rather than at the batch that does not fit.
+  // Allocates nothing. A runner without budgets accepts every batch.
+  virtual void check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const {
+    (void)lengths, (void)rows, (void)capacity;
+  }
   // Continuous batching. Asked after the batch's first step: whether rewind() may be called (a
   // full cache with no KV policy or window cap; offloaded, attention where the cache is sent).
   virtual bool can_rewind() const { return false; }

@@ -155,8 +155,8 @@ TEST(CliOutput, ExistingResultsAreNotOverwrittenWithoutAFlag) {
 }
 
 // --overwrite replaces the old results only once the run is set up: a run refused before then
-// (a bad flag, a placement refused after the model loads, a report path that cannot be written)
-// leaves them as they were. An unwritable --report is refused before the work, in bench too.
+// (a bad flag, a placement refused after the model loads, a report path that cannot be written,
+// a later batch that does not fit the budgets) leaves them as they were. An unwritable --report is refused before the work, in bench too.
 TEST(CliOutput, OverwriteKeepsTheOldResultsUntilTheRunStarts) {
   TempDir tmp;
   const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
@@ -178,7 +178,19 @@ TEST(CliOutput, OverwriteKeepsTheOldResultsUntilTheRunStarts) {
     EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
     EXPECT_EQ(read_text(out), old) << c.extra;
   }
-  RunResult r = flexh2o("generate -m " + kOpt + " -q --greedy -i " + in.string() + " -o " + (tmp.path() / "no" / "o.jsonl").string());
+  // A device budget the first batch fits and the second (400 tokens a sequence) does not: the
+  // run is refused before its first result, not at the second batch with the old results gone.
+  const fs::path longer = tmp.path() / "longer.jsonl";
+  write_file(longer, kPrompts + R"({"id": "c", "prompt": "In the beginning", "max_new_tokens": 400})" "\n"
+                                R"({"id": "d", "prompt": "Jesus wept.", "max_new_tokens": 400})" "\n");
+  write_file(out, old);
+  RunResult r = flexh2o("generate -m " + kOpt + " -q --greedy -i " + longer.string() + " -o " + out.string() +
+                        " --overwrite -b 2 --sort-window 1 --gpu-mem 10MiB");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("device budget 10 MiB is too small for a batch of this run (2 sequences"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(read_text(out), old);
+  r = flexh2o("generate -m " + kOpt + " -q --greedy -i " + in.string() + " -o " + (tmp.path() / "no" / "o.jsonl").string());
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("its directory"), std::string::npos) << r.err;
   r = flexh2o("bench -m " + kOpt + " --prompt-len 8 --gen-len 2 --report " + nodir);

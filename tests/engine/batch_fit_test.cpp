@@ -1,0 +1,172 @@
+// StepRunner::check_batch on the offloading engine against what its batches really allocate: at
+// the smallest budget check_batch accepts the batch runs, one byte less and the batch's own
+// allocation fails too (the check refuses no run that would fit, and lets none through that
+// would not), per tier, over placements, KV policies and partial blocks; and generate() refuses a
+// run whose later batch does not fit before it produces any result.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "engine/cpu_device.h"
+#include "engine/forwarding_runner.h"
+#include "engine/generate.h"
+#include "engine/offload_engine.h"
+#include "policies/kv_policy.h"
+#include "policy_of.h"
+#include "test_util.h"
+
+namespace flexh2o {
+namespace {
+using test::model_dir;
+
+std::vector<GenerationRequest> requests(std::initializer_list<std::pair<int64_t, int64_t>> prompt_and_gen) {
+  std::vector<GenerationRequest> reqs;
+  for (auto [n, gen] : prompt_and_gen) {
+    GenerationRequest r;
+    r.prompt_ids.assign(size_t(n), 262);
+    r.prompt_ids[0] = 2;
+    r.max_new_tokens = gen;
+    r.sampling.temperature = 0;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+// The engine without its check: only the batch's allocations decide.
+class Unchecked final : public ForwardingRunner {
+ public:
+  using ForwardingRunner::ForwardingRunner;
+  void check_batch(std::span<const int64_t>, int64_t, int64_t) const override {}
+};
+
+struct Case {
+  const char* percent;
+  int64_t gbs, ngb;
+  bool cpu_attention;
+  const char* kv;  // "full" or "h2o" (ratios 0.25 + 0.25)
+  int tier;        // the budget under test (the other tiers unbounded): 0 device, 1 host, 2 disk
+};
+
+std::unique_ptr<KvPolicy> kv_policy(const char* kv) {
+  if (std::string(kv) == "full") return nullptr;
+  KvPolicyConfig c;
+  c.kind = KvPolicyKind::kH2o;
+  c.heavy_ratio = 0.25;
+  c.recent_ratio = 0.25;
+  return make_policy(c);
+}
+
+class BatchFit : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BatchFit, TheCheckedBudgetIsTheOneTheBatchAllocates) {
+  const Case& k = GetParam();
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  const std::unique_ptr<KvPolicy> kv = kv_policy(k.kv);
+  // One batch: up to 5 sequences, a block of gbs x ngb or less (its last micro-batch partial
+  // where gbs divides no multiple of it).
+  std::vector<GenerationRequest> reqs = requests({{5, 7}, {9, 3}, {2, 9}, {7, 1}, {3, 4}});
+  std::vector<int64_t> lengths = {5, 9, 2, 7, 3};
+  const size_t B = size_t(std::min<int64_t>(5, k.gbs * k.ngb));
+  reqs.resize(B);
+  lengths.resize(B);
+  const int64_t rows = *std::max_element(lengths.begin(), lengths.end()), capacity = rows + 9;
+  test::TempDir dir;
+  auto options = [&](uint64_t budget) {
+    OffloadOptions o;
+    o.policy = test::policy_of(k.percent, k.gbs, k.ngb, k.cpu_attention);
+    o.kv_policy = kv.get();
+    o.offload_dir = dir.path();
+    (k.tier == 0 ? o.device_mem : k.tier == 1 ? o.host_mem : o.disk_mem) = budget;
+    return o;
+  };
+  auto accepted = [&](uint64_t budget) {
+    try {
+      OffloadEngine eng(model, dev, options(budget));
+      eng.check_batch(lengths, rows, capacity);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  uint64_t lo = 1, hi = 256ull << 20;  // lo refused, hi accepted
+  ASSERT_TRUE(accepted(hi));
+  ASSERT_FALSE(accepted(lo));
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    (accepted(mid) ? hi : lo) = mid;
+  }
+  GenerateOptions go;
+  go.ignore_eos = true;
+  {
+    OffloadEngine eng(model, dev, options(hi));
+    Unchecked run(eng);
+    EXPECT_NO_THROW(generate(run, reqs, go)) << "refused at " << hi << " bytes, which the batch fits";
+  }
+  try {
+    OffloadEngine eng(model, dev, options(lo));  // may itself refuse: the smallest run does not fit
+    Unchecked run(eng);
+    EXPECT_THROW(generate(run, reqs, go), Error) << "accepted at " << lo << " bytes, which the batch does not fit";
+  } catch (const Error&) {
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, BatchFit,
+                         ::testing::Values(Case{"100 0 100 0 100 0", 2, 3, false, "full", 0},
+                                           Case{"20 80 50 50 100 0", 2, 2, false, "full", 0},
+                                           Case{"20 80 50 50 100 0", 2, 2, false, "full", 1},
+                                           Case{"0 100 0 100 0 100", 4, 2, true, "full", 1},
+                                           Case{"0 100 0 100 100 0", 3, 1, false, "h2o", 0},
+                                           Case{"0 100 0 100 0 100", 2, 3, true, "h2o", 1},
+                                           Case{"100 0 100 0 100 0", 8, 1, false, "h2o", 0},
+                                           Case{"0 100 0 0 100 0", 2, 3, false, "full", 2},
+                                           Case{"0 100 50 0 100 0", 2, 3, true, "h2o", 2},
+                                           Case{"0 100 0 50 0 100", 4, 2, true, "h2o", 1}));
+
+// Two batches, the second longer: without the check its prefill fails after the first batch's
+// results were handed out; with it generate() refuses before any.
+TEST(BatchFit, GenerateRefusesBeforeTheFirstResult) {
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  std::vector<GenerationRequest> reqs = requests({{3, 1}, {3, 1}, {40, 60}, {40, 60}});
+  OffloadOptions o;
+  o.policy = test::policy_of("100 0 100 0 100 0", 2, 1);
+  o.device_mem = 64ull << 20;
+  uint64_t first = 0;  // the first batch's need: found as the smallest budget it is accepted at
+  for (uint64_t b = 1ull << 20; b < o.device_mem; b += 4096) {
+    OffloadOptions t = o;
+    t.device_mem = b;
+    try {
+      OffloadEngine eng(model, dev, t);
+      eng.check_batch(std::vector<int64_t>{3, 3}, 3, 4);
+      first = b;
+      break;
+    } catch (const Error&) {
+    }
+  }
+  ASSERT_GT(first, 0u);
+  o.device_mem = first;
+  OffloadEngine eng(model, dev, o);
+  int results = 0;
+  GenerateOptions go;
+  go.ignore_eos = true;
+  go.on_result = [&](size_t, const GenerationResult&) { ++results; };
+  {
+    Unchecked unchecked(eng);
+    EXPECT_THROW(generate(unchecked, reqs, go), Error);
+    EXPECT_EQ(results, 2);  // what a run without the check lost with its output
+  }
+  results = 0;
+  try {
+    generate(eng, reqs, go);
+    FAIL() << "expected the second batch to be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too small for a batch of this run (2 sequences, prompt 40"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(results, 0);
+}
+
+}  // namespace
+}  // namespace flexh2o
