@@ -25,11 +25,24 @@ from ._flexh2o import Error, StopFlag
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_BODY = 64 << 20  # bytes; the CLI's JSONL line limit
+MAX_DEPTH = 64  # array/object nesting a body may have; the CLI's JSONL lines' (core/input_guard.h)
 CLOSE_WAIT = 10.0  # seconds close() waits for answers to be written
 
 
 def error_body(message, type_="invalid_request_error", param=None):
     return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+
+
+def _too_deep(value, limit=MAX_DEPTH):
+    """Whether parsed JSON nests arrays/objects deeper than `limit`. Iterative: the recursion a
+    deep value costs is what this guards (json.dumps and the engine's walks of it)."""
+    todo = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if depth > limit:
+            return True
+        todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (dict, list)))
+    return False
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -314,8 +327,15 @@ def _handler_for(server):
             raw = self.rfile.read(int(length))
             try:
                 body = json.loads(raw.decode("utf-8"))
+                too_deep = isinstance(body, (dict, list)) and _too_deep(body)
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 self._send(400, error_body(f"the body is not JSON: {e}"))
+                return
+            except RecursionError:  # nested far deeper than MAX_DEPTH
+                too_deep = True
+            if too_deep:
+                self._send(400, error_body(f"the body nests arrays/objects more than {MAX_DEPTH} levels deep; "
+                                           "refusing it"))
                 return
             if not isinstance(body, dict):
                 self._send(400, error_body("the body must be a JSON object"))
