@@ -1,13 +1,30 @@
 """flexh2o.serve's limits on what clients send: a body nested too deeply gets a 400 like other
-malformed JSON."""
+malformed JSON; a client that stalls while sending its request gets a 408 and its connection
+closed, while slow answers and streams are never cut."""
 
+import http.client
 import json
+import socket
+import time
 
 from test_serve import FakeLLM, Running
 
 
 def answer_ok(lines, **kw):
     return [json.dumps({"response": {"status_code": 200, "body": {"ok": True}}}) for _ in lines]
+
+
+def raw_exchange(srv, data, timeout=10):
+    """Sends `data` on a new connection and reads until the server closes it."""
+    s = socket.create_connection((srv.host, srv.port), timeout=timeout)
+    try:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+    finally:
+        s.close()
 
 
 def nested(depth):
@@ -24,5 +41,49 @@ def test_a_body_nested_too_deeply_gets_a_400():
         assert srv.request("POST", "/v1/completions", raw=nested(1000).encode()) == too_deep
         assert srv.request("POST", "/v1/completions", raw=nested(65).encode()) == too_deep
         assert srv.request("POST", "/v1/completions", raw=nested(64).encode()) == (200, {"ok": True})
+    finally:
+        srv.stop()
+
+
+def test_a_client_that_stalls_mid_request_gets_408_and_is_closed():
+    srv = Running(FakeLLM(answer_ok), read_timeout=0.3)
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+    want = {"error": {"message": "the request was not received within 0.3 s", "type": "invalid_request_error",
+                      "param": None, "code": None}}
+    try:
+        t0 = time.monotonic()
+        for partial in (head + b"\r\n" + b'{"prompt": ', head):  # the body cut short; the headers
+            status, _, body = raw_exchange(srv, partial).partition(b"\r\n")
+            assert status == b"HTTP/1.1 408 Request Timeout", status
+            assert json.loads(body.partition(b"\r\n\r\n")[2]) == want
+        assert raw_exchange(srv, b"") == b""  # a connection that never sends is closed without a word
+        assert time.monotonic() - t0 < 5
+        assert srv.request("POST", "/v1/completions", {"prompt": "x"}) == (200, {"ok": True})
+    finally:
+        srv.stop()
+
+
+def test_slow_answers_and_streams_are_not_cut_by_the_read_timeout():
+    """The engine takes 4 x read_timeout to answer a plain request and pauses as long between
+    a stream's chunks: only reading the request is timed."""
+    def openai(lines, on_event=None, **kw):
+        if json.loads(lines[0])["body"].get("stream"):
+            for k in range(2):
+                on_event(0, "chunk", json.dumps({"k": k}))
+                time.sleep(0.8)
+        else:
+            time.sleep(0.8)
+        on_event(0, "line", json.dumps({"response": {"status_code": 200, "body": {"ok": True}}}))
+        return ["null"]
+
+    srv = Running(FakeLLM(openai), read_timeout=0.2)
+    try:
+        assert srv.request("POST", "/v1/completions", {"prompt": "x"}) == (200, {"ok": True})
+        c = http.client.HTTPConnection(srv.host, srv.port, timeout=10)
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "x", "stream": True}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200 and r.read() == b'data: {"k": 0}\n\ndata: {"k": 1}\n\ndata: [DONE]\n\n'
+        c.close()
     finally:
         srv.stop()

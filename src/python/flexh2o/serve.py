@@ -26,6 +26,7 @@ from ._flexh2o import Error, StopFlag
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_BODY = 64 << 20  # bytes; the CLI's JSONL line limit
 MAX_DEPTH = 64  # array/object nesting a body may have; the CLI's JSONL lines' (core/input_guard.h)
+READ_TIMEOUT = 60.0  # seconds a client may take to send a request (headers and body)
 CLOSE_WAIT = 10.0  # seconds close() waits for answers to be written
 
 
@@ -85,11 +86,13 @@ class Server:
 
     def __init__(self, llm, host="127.0.0.1", port=8000, *, served_model_name=None, max_new_tokens=256,
                  max_prompt_len=512, batch_wait_ms=20.0, max_batch_requests=256, api_key=None, seed=None,
-                 greedy=False, top_k=0, min_p=0.0, repetition_penalty=1.0, continuous=False, log=sys.stderr,
-                 log_requests=False):
+                 greedy=False, top_k=0, min_p=0.0, repetition_penalty=1.0, continuous=False,
+                 read_timeout=READ_TIMEOUT, log=sys.stderr, log_requests=False):
         if max_new_tokens < 1 or max_prompt_len < 1 or max_batch_requests < 1 or batch_wait_ms < 0:
             raise ValueError("max_new_tokens, max_prompt_len and max_batch_requests must be >= 1, "
                              "batch_wait_ms >= 0")
+        if not read_timeout > 0:
+            raise ValueError(f"read_timeout must be > 0 seconds, got {read_timeout}")
         self.llm = llm
         self.model_name = served_model_name or llm.name
         self.max_new_tokens, self.max_prompt_len = int(max_new_tokens), int(max_prompt_len)
@@ -100,6 +103,7 @@ class Server:
         self.sampling = dict(greedy=bool(greedy), top_k=int(top_k), min_p=float(min_p),
                              repetition_penalty=float(repetition_penalty))
         self.continuous = bool(continuous)
+        self.read_timeout = float(read_timeout)
         self.log, self.log_requests = log, log_requests
         self.created = int(time.time())
         self.requests = self.batches = 0  # answered by the engine; engine calls
@@ -264,6 +268,25 @@ def _handler_for(server):
         protocol_version = "HTTP/1.1"
         server_version = "flexh2o"
 
+        def handle_one_request(self):
+            # Only reading a request may time out: a client that stalls mid-request must not hold
+            # its thread forever. do_POST lifts the limit once the body is in, so waiting for the
+            # engine and writing a long answer or stream are never cut; it is set again for the
+            # next request on the connection (an idle keep-alive connection is closed after it).
+            self.connection.settimeout(server.read_timeout)
+            super().handle_one_request()
+
+        def parse_request(self):
+            try:
+                return super().parse_request()
+            except TimeoutError:  # the request line came, its headers did not
+                self._timed_out()
+                return False
+
+        def _timed_out(self):
+            self.close_connection = True
+            self._send(408, error_body(f"the request was not received within {server.read_timeout:g} s"))
+
         def log_message(self, fmt, *args):
             if server.log_requests:
                 print(f"flexh2o serve: {self.address_string()} {fmt % args}", file=server.log, flush=True)
@@ -324,7 +347,12 @@ def _handler_for(server):
                 self.close_connection = True
                 self._send(413, error_body(f"the body is {length} bytes, more than {MAX_BODY}"))
                 return
-            raw = self.rfile.read(int(length))
+            try:
+                raw = self.rfile.read(int(length))
+            except TimeoutError:
+                self._timed_out()
+                return
+            self.connection.settimeout(None)  # the request is in: answering it has no limit
             try:
                 body = json.loads(raw.decode("utf-8"))
                 too_deep = isinstance(body, (dict, list)) and _too_deep(body)
@@ -448,6 +476,9 @@ def main(argv=None):
     ap.add_argument("--min-p", type=float, default=0.0, help="min-p for every request")
     ap.add_argument("--repetition-penalty", type=float, default=1.0, help="transformers' repetition penalty "
                     "for every request")
+    ap.add_argument("--read-timeout", type=float, default=READ_TIMEOUT, help="seconds a client may take to send "
+                    f"a request, headers and body (then 408 and the connection closed; default {READ_TIMEOUT:g}). "
+                    "Generating and streaming the answer have no limit")
     ap.add_argument("--continuous", action="store_true", help="continuous batching: a request whose answer ends "
                     "hands its batch slot to the next (as `generate --continuous`), and requests that arrive while "
                     "the engine runs join its batch instead of waiting for the next call (those longer than "
@@ -469,7 +500,7 @@ def main(argv=None):
                         batch_wait_ms=args.batch_wait_ms, max_batch_requests=args.max_batch_requests,
                         api_key=args.api_key, seed=args.seed, greedy=args.greedy, top_k=args.top_k,
                         min_p=args.min_p, repetition_penalty=args.repetition_penalty, continuous=args.continuous,
-                        log_requests=args.log_requests)
+                        read_timeout=args.read_timeout, log_requests=args.log_requests)
     except TypeError as e:  # an engine flag that is none of the CLI's
         print(f"flexh2o serve: {e}".replace("LLM() got an unexpected keyword argument", "unknown flag"),
               file=sys.stderr)
