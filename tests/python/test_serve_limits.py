@@ -1,12 +1,17 @@
-"""flexh2o.serve's limits on what clients send: a body nested too deeply gets a 400 like other
-malformed JSON; a client that stalls while sending its request gets a 408 and its connection
-closed, while slow answers and streams are never cut."""
+"""flexh2o.serve's limits on what clients send, and the flags it takes: a body nested too deeply
+gets a 400 like other malformed JSON; a client that stalls while sending its request gets a 408
+and its connection closed, while slow answers and streams are never cut; `generate`'s flags that
+are request fields are refused, named as written; --ignore-eos applies to every request."""
 
 import http.client
 import json
 import socket
 import time
 
+import pytest
+
+import flexh2o
+from conftest import TINY, run_module
 from test_serve import FakeLLM, Running
 
 
@@ -87,3 +92,43 @@ def test_slow_answers_and_streams_are_not_cut_by_the_read_timeout():
         c.close()
     finally:
         srv.stop()
+
+
+SAMPLING_FIELD = ("is a request field in serve, not a flag: each request sets \"{}\" (OpenAI's default when it does "
+                  "not); serve's own sampling flags are --greedy, --top-k, --min-p, --repetition-penalty, "
+                  "--ignore-eos and --seed")
+
+
+@pytest.mark.parametrize("flag, field", [(["--temperature", "0.5"], "temperature"), (["--top-p=0.9"], "top_p"),
+                                         (["--presence-penalty", "1"], "presence_penalty"),
+                                         (["--frequency_penalty", "1"], "frequency_penalty"),
+                                         (["--logprobs", "2"], "logprobs")])
+def test_generates_sampling_flags_that_requests_carry_are_refused_as_written(flag, field):
+    r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", *flag])
+    assert r.returncode == 2
+    assert r.stderr == f"flexh2o serve: {flag[0].partition('=')[0]} {SAMPLING_FIELD.format(field)}\n", r.stderr
+
+
+def test_unknown_flags_are_named_as_written():
+    r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--generation-config", "none"])
+    assert r.returncode == 2 and r.stderr == (
+        "flexh2o serve: --generation-config is not taken: request fields not given take OpenAI's defaults; the "
+        "model's generation_config.json is not read\n"), r.stderr
+    r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--no-such-flag", "1"])
+    assert r.returncode == 2 and r.stderr.endswith(
+        "flexh2o serve: unknown flag --no-such-flag (serve's flags: --help; engine flags: `flexh2o generate "
+        "--help`)\n"), r.stderr
+
+
+def test_ignore_eos_makes_every_request_generate_its_max_tokens():
+    eos = {"model": "m", "prompt": "In the beginning", "max_tokens": 5, "temperature": 0, "logit_bias": {"2": 100}}
+    got = {}
+    for ignore in (False, True):
+        srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"), ignore_eos=ignore)
+        try:
+            status, body = srv.request("POST", "/v1/completions", eos)
+        finally:
+            srv.stop()
+        assert status == 200, body
+        got[ignore] = (body["usage"]["completion_tokens"], body["choices"][0]["finish_reason"])
+    assert got == {False: (1, "stop"), True: (5, "length")}
