@@ -161,6 +161,8 @@ def test_models_and_health(opt_server):
     ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages", "flexh2o serves text models"),
     ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature", "temperature"),
+    # Not "in [-9223372036854775808, 9223372036854775807]": any integer is a seed.
+    ({"model": "m", "prompt": "x", "seed": "7"}, "seed", '"seed" must be an integer, got "7".'),
 ])
 def test_bad_bodies_get_openai_errors(opt_server, body, param, words):
     url = "/v1/chat/completions" if "messages" in body else "/v1/completions"
