@@ -57,13 +57,17 @@ struct Item {
   bool ready() const { return !reqs.empty() && results == reqs.size(); }
 };
 
+// An integer field, checked against the range the field takes (4294967298 must not wrap to 2,
+// and the message names that range, not the C++ type's); nullopt when absent or null.
+std::optional<int64_t> int_field(const json& j, const char* key, int64_t lo, int64_t hi) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  return json_to_int(j[key], lo, hi, "field \"" + std::string(key) + "\"");
+}
+
 template <typename T>
 T field(const json& j, const char* key, T dflt) {
+  static_assert(!std::is_integral_v<T>, "integer fields go through int_field (get<int>() would wrap)");
   if (!j.contains(key) || j[key].is_null()) return dflt;
-  if constexpr (std::is_integral_v<T>) {  // range-checked: 4294967298 must not wrap to 2
-    const int64_t hi = int64_t(std::min<uint64_t>(std::numeric_limits<T>::max(), INT64_MAX));
-    return T(json_to_int(j[key], int64_t(std::numeric_limits<T>::min()), hi, "field \"" + std::string(key) + "\""));
-  }
   try {
     return j[key].get<T>();
   } catch (const json::exception&) {
@@ -110,18 +114,19 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
     } else {
       FH_FAIL("line has none of \"prompt\", \"prompt_ids\" and \"messages\"");
     }
-    req.max_new_tokens = field<int64_t>(j, "max_new_tokens", a.max_new_tokens);
+    req.max_new_tokens = int_field(j, "max_new_tokens", 0, INT64_MAX).value_or(a.max_new_tokens);
     req.sampling.temperature = a.greedy ? 0.f : field<float>(j, "temperature", a.temperature);
-    req.sampling.top_k = field<int>(j, "top_k", a.top_k);
+    req.sampling.top_k = int(int_field(j, "top_k", 0, INT32_MAX).value_or(a.top_k));
     req.sampling.top_p = field<float>(j, "top_p", a.top_p);
     req.sampling.min_p = field<float>(j, "min_p", a.min_p);
     req.sampling.repetition_penalty = field<float>(j, "repetition_penalty", a.repetition_penalty);
     req.sampling.presence_penalty = field<float>(j, "presence_penalty", a.presence_penalty);
     req.sampling.frequency_penalty = field<float>(j, "frequency_penalty", a.frequency_penalty);
-    req.sampling.seed = field<uint64_t>(j, "seed", a.seed + index);
+    const std::optional<int64_t> seed = int_field(j, "seed", 0, INT64_MAX);
+    req.sampling.seed = seed ? uint64_t(*seed) : a.seed + index;
     if (j.contains("logit_bias") && !j["logit_bias"].is_null())
       req.sampling.logit_bias = batch::parse_logit_bias(j["logit_bias"]);
-    req.top_logprobs = field<int>(j, "logprobs", a.logprobs);
+    req.top_logprobs = int(int_field(j, "logprobs", 0, kMaxTopLogprobs).value_or(a.logprobs));
     validate_request(req, lm.model->config());
     it.reqs.push_back(std::move(req));
   } catch (const Error& e) {

@@ -258,7 +258,11 @@ std::string json_excerpt(const nlohmann::json& v, size_t max_chars) {
 }
 
 namespace {
+// int64's own bounds are no limit the field sets: "an integer >= 0" reads better than
+// "in [0, 9223372036854775807]", and "an integer" than both bounds.
 [[noreturn]] void int_range_error(std::string_view what, int64_t lo, int64_t hi, const std::string& got) {
+  if (lo == INT64_MIN && hi == INT64_MAX) FH_FAIL(what, " must be an integer, got ", got, ".");
+  if (hi == INT64_MAX) FH_FAIL(what, " must be an integer >= ", lo, ", got ", got, ".");
   FH_FAIL(what, " must be an integer in [", lo, ", ", hi, "], got ", got, ".");
 }
 }  // namespace

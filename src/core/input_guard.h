@@ -102,7 +102,8 @@ std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 80);
 
 // The integer value of JSON number `v` when lo <= v <= hi. Integral floats (3.0) are accepted;
 // 3.5, 1e300, strings, and integers out of range (4294967298 for a 32-bit id) throw Error
-// "WHAT must be an integer in [lo, hi], got V." `what` should name the file and the field.
+// "WHAT must be an integer in [lo, hi], got V." (">= lo" when hi is INT64_MAX; no range when
+// lo is INT64_MIN too). `what` should name the file and the field.
 int64_t json_to_int(const nlohmann::json& v, int64_t lo, int64_t hi, std::string_view what);
 // A JSON array of token ids, each an integer in [0, 2^31 - 1] (json_to_int rules). Throws
 // Error "WHAT must be an array of token ids" or "WHAT[i] must be an integer in ...".

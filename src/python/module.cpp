@@ -185,7 +185,8 @@ PYBIND11_MODULE(_flexh2o, m) {
           [](python::Session& s, const std::vector<std::string>& lines, bool greedy, int top_k, float min_p,
              float repetition_penalty, uint64_t seed, int64_t max_tokens_cap, int64_t plan_prompt_len,
              int64_t plan_gen_len, int64_t plan_requests, py::object render_chat, StopFlag* stop, bool stream,
-             py::object on_event, bool continuous, py::object more_lines, const std::string& model_name) {
+             py::object on_event, bool continuous, py::object more_lines, const std::string& model_name,
+             bool ignore_eos) {
             python::OpenAiParams p;
             p.model_name = model_name;
             p.defaults = {greedy, top_k, min_p, repetition_penalty, seed, max_tokens_cap};
@@ -195,6 +196,7 @@ PYBIND11_MODULE(_flexh2o, m) {
             p.interrupt = stop ? &stop->set : nullptr;
             p.stream = stream;
             p.continuous = continuous;
+            p.ignore_eos = ignore_eos;
             // Owned by shared_ptrs whose last copies are dropped with the GIL held (at return).
             auto fn = std::make_shared<py::object>(render_chat);
             auto ev = std::make_shared<py::object>(on_event);
@@ -251,7 +253,7 @@ PYBIND11_MODULE(_flexh2o, m) {
           py::arg("plan_prompt_len") = 0, py::arg("plan_gen_len") = 0, py::arg("plan_requests") = 0,
           py::arg("render_chat") = py::none(), py::arg("stop") = nullptr, py::arg("stream") = false,
           py::arg("on_event") = py::none(), py::arg("continuous") = false, py::arg("more_lines") = py::none(),
-          py::arg("model_name") = std::string())
+          py::arg("model_name") = std::string(), py::arg("ignore_eos") = false)
       .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),

@@ -279,6 +279,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
   size_t n_lines = lines.size(), n_reqs = reqs.size();
   std::deque<GenerationRequest> ready;  // from more_lines, not yet handed to the driver
   GenerateOptions go;
+  go.ignore_eos = p.ignore_eos;
   if (p.continuous && p.more_lines) {
     go.min_rows = std::min(p.plan_prompt_len, cfg.max_positions);
     go.min_capacity = std::min(p.plan_prompt_len + p.plan_gen_len, cfg.max_positions);

@@ -84,6 +84,7 @@ struct OpenAiParams {
   // "stream": true is honoured (a server); else refused as in Batch files.
   bool stream = false;
   bool continuous = false;  // GenerateOptions::continuous
+  bool ignore_eos = false;  // GenerateOptions::ignore_eos: every request generates its max_tokens
   // With continuous: called on the generating thread while slots are free, for request lines
   // that arrived since the call began (JSON text, as `lines`); each takes the next line index.
   // One longer than the running batch was sized for gets a kDefer event and is not answered

@@ -162,6 +162,30 @@ TEST(InputLimits, TokenIdsAboveInt32AreErrorsNotWrapped) {
   EXPECT_HAS(d.out, R"({"text":"</s>"})");  // the good line after it
 }
 
+// A line's integer fields name the range the field takes, not their C++ type's: "logprobs": true
+// said "in [-2147483648, 2147483647]" and "max_new_tokens": "5" int64's bounds.
+TEST(InputLimits, IntegerFieldsNameTheirOwnRange) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  {
+    std::ofstream f(in);
+    for (const char* field : {R"("max_new_tokens": "5")", R"("logprobs": true)", R"("logprobs": 21)",
+                              R"("top_k": -3)", R"("seed": 2.5)", R"("max_new_tokens": 1)"})
+      f << R"({"prompt_ids": [2, 100], )" << field << "}\n";
+  }
+  RunResult r = flexh2o("generate -m " + kOpt + " --device cpu --greedy -n 2 --input " + in.string() + " --output " +
+                        out.string());
+  EXPECT_EQ(r.code, 1) << r.err;
+  const auto lines = read_jsonl(out);
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_EQ(lines[0].value("error", ""), "field \"max_new_tokens\" must be an integer >= 0, got \"5\".");
+  EXPECT_EQ(lines[1].value("error", ""), "field \"logprobs\" must be an integer in [0, 20], got true.");
+  EXPECT_EQ(lines[2].value("error", ""), "field \"logprobs\" must be an integer in [0, 20], got 21.");
+  EXPECT_EQ(lines[3].value("error", ""), "field \"top_k\" must be an integer in [0, 2147483647], got -3.");
+  EXPECT_EQ(lines[4].value("error", ""), "field \"seed\" must be an integer >= 0, got 2.5.");
+  EXPECT_EQ(lines[5]["token_ids"].size(), 1u) << lines[5];
+}
+
 // A FIFO given as an input used to block forever in open(); now it is refused at once. `timeout`
 // turns a hang into exit code 124 instead of a stuck suite.
 TEST(InputLimits, FifoInputsAreRefusedWithoutBlocking) {

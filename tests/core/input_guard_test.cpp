@@ -249,6 +249,16 @@ TEST(JsonToInt, RangeCheckedWithoutWrapOrTruncation) {
   EXPECT_HAS(error_of([&] { json_to_int(json::parse("true"), 0, i32, "id"); }), "got true");
 }
 
+// int64's own bounds are no limit a field sets, and are not printed as one.
+TEST(JsonToInt, Int64BoundsAreNotPrintedAsARange) {
+  using nlohmann::json;
+  EXPECT_EQ(error_of([&] { json_to_int(json::parse("\"5\""), 0, INT64_MAX, "n"); }),
+            "n must be an integer >= 0, got \"5\".");
+  EXPECT_EQ(error_of([&] { json_to_int(json::parse("true"), INT64_MIN, INT64_MAX, "seed"); }),
+            "seed must be an integer, got true.");
+  EXPECT_EQ(error_of([&] { parse_int("x", -1, INT64_MAX, "k"); }), "k must be an integer >= -1, got \"x\".");
+}
+
 TEST(ParseInt, StrictDecimalText) {
   EXPECT_EQ(parse_int("123", 0, 1000, "key"), 123);
   EXPECT_EQ(parse_int("-5", -5, 0, "key"), -5);

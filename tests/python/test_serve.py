@@ -161,6 +161,8 @@ def test_models_and_health(opt_server):
     ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages", "flexh2o serves text models"),
     ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature", "temperature"),
+    # Not "in [-9223372036854775808, 9223372036854775807]": any integer is a seed.
+    ({"model": "m", "prompt": "x", "seed": "7"}, "seed", '"seed" must be an integer, got "7".'),
 ])
 def test_bad_bodies_get_openai_errors(opt_server, body, param, words):
     url = "/v1/chat/completions" if "messages" in body else "/v1/completions"
@@ -222,7 +224,7 @@ def test_engine_flags_and_unknown_ones():
         "percent": ["20", "80", "0", "100", "0", "100"], "cpu_cache_compute": True, "kv_policy": "h2o",
         "heavy_ratio": "0.1"}
     r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--no-such-flag", "1"])
-    assert r.returncode == 2 and "unknown flag 'no_such_flag'" in r.stderr, r.stderr
+    assert r.returncode == 2 and "unknown flag --no-such-flag" in r.stderr, r.stderr
     r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--kv-policy", "bogus"])
     assert r.returncode == 1 and "bogus" in r.stderr, r.stderr
     # The weights are placed before the server listens: a budget too small ends it at once.
@@ -234,8 +236,8 @@ def test_engine_flags_and_unknown_ones():
 def test_the_command_serves_until_sigint():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     p = subprocess.Popen([sys.executable, "-m", "flexh2o", "serve", "-m", str(TINY["opt"]), "--device", "cpu",
-                          "--port", "0", "--greedy"], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                         env=env)
+                          "--port", "0", "--greedy", "--ignore-eos", "--read-timeout", "5"], stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, text=True, env=env)
     try:
         line = ""
         for _ in range(50):  # the model's load notes may come first

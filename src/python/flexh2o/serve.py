@@ -14,6 +14,7 @@ that also scores its prompt, as lm-eval's local-completions asks) is scored befo
 import argparse
 import json
 import queue
+import re
 import secrets
 import signal
 import sys
@@ -25,11 +26,25 @@ from ._flexh2o import Error, StopFlag
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_BODY = 64 << 20  # bytes; the CLI's JSONL line limit
+MAX_DEPTH = 64  # array/object nesting a body may have; the CLI's JSONL lines' (core/input_guard.h)
+READ_TIMEOUT = 60.0  # seconds a client may take to send a request (headers and body)
 CLOSE_WAIT = 10.0  # seconds close() waits for answers to be written
 
 
 def error_body(message, type_="invalid_request_error", param=None):
     return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+
+
+def _too_deep(value, limit=MAX_DEPTH):
+    """Whether parsed JSON nests arrays/objects deeper than `limit`. Iterative: the recursion a
+    deep value costs is what this guards (json.dumps and the engine's walks of it)."""
+    todo = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if depth > limit:
+            return True
+        todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (dict, list)))
+    return False
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -72,11 +87,13 @@ class Server:
 
     def __init__(self, llm, host="127.0.0.1", port=8000, *, served_model_name=None, max_new_tokens=256,
                  max_prompt_len=512, batch_wait_ms=20.0, max_batch_requests=256, api_key=None, seed=None,
-                 greedy=False, top_k=0, min_p=0.0, repetition_penalty=1.0, continuous=False, log=sys.stderr,
-                 log_requests=False):
+                 greedy=False, top_k=0, min_p=0.0, repetition_penalty=1.0, ignore_eos=False, continuous=False,
+                 read_timeout=READ_TIMEOUT, log=sys.stderr, log_requests=False):
         if max_new_tokens < 1 or max_prompt_len < 1 or max_batch_requests < 1 or batch_wait_ms < 0:
             raise ValueError("max_new_tokens, max_prompt_len and max_batch_requests must be >= 1, "
                              "batch_wait_ms >= 0")
+        if not read_timeout > 0:
+            raise ValueError(f"read_timeout must be > 0 seconds, got {read_timeout}")
         self.llm = llm
         self.model_name = served_model_name or llm.name
         self.max_new_tokens, self.max_prompt_len = int(max_new_tokens), int(max_prompt_len)
@@ -85,8 +102,9 @@ class Server:
         self.api_key = api_key
         self.seed = seed
         self.sampling = dict(greedy=bool(greedy), top_k=int(top_k), min_p=float(min_p),
-                             repetition_penalty=float(repetition_penalty))
+                             repetition_penalty=float(repetition_penalty), ignore_eos=bool(ignore_eos))
         self.continuous = bool(continuous)
+        self.read_timeout = float(read_timeout)
         self.log, self.log_requests = log, log_requests
         self.created = int(time.time())
         self.requests = self.batches = 0  # answered by the engine; engine calls
@@ -251,6 +269,25 @@ def _handler_for(server):
         protocol_version = "HTTP/1.1"
         server_version = "flexh2o"
 
+        def handle_one_request(self):
+            # Only reading a request may time out: a client that stalls mid-request must not hold
+            # its thread forever. do_POST lifts the limit once the body is in, so waiting for the
+            # engine and writing a long answer or stream are never cut; it is set again for the
+            # next request on the connection (an idle keep-alive connection is closed after it).
+            self.connection.settimeout(server.read_timeout)
+            super().handle_one_request()
+
+        def parse_request(self):
+            try:
+                return super().parse_request()
+            except TimeoutError:  # the request line came, its headers did not
+                self._timed_out()
+                return False
+
+        def _timed_out(self):
+            self.close_connection = True
+            self._send(408, error_body(f"the request was not received within {server.read_timeout:g} s"))
+
         def log_message(self, fmt, *args):
             if server.log_requests:
                 print(f"flexh2o serve: {self.address_string()} {fmt % args}", file=server.log, flush=True)
@@ -311,11 +348,23 @@ def _handler_for(server):
                 self.close_connection = True
                 self._send(413, error_body(f"the body is {length} bytes, more than {MAX_BODY}"))
                 return
-            raw = self.rfile.read(int(length))
+            try:
+                raw = self.rfile.read(int(length))
+            except TimeoutError:
+                self._timed_out()
+                return
+            self.connection.settimeout(None)  # the request is in: answering it has no limit
             try:
                 body = json.loads(raw.decode("utf-8"))
+                too_deep = isinstance(body, (dict, list)) and _too_deep(body)
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 self._send(400, error_body(f"the body is not JSON: {e}"))
+                return
+            except RecursionError:  # nested far deeper than MAX_DEPTH
+                too_deep = True
+            if too_deep:
+                self._send(400, error_body(f"the body nests arrays/objects more than {MAX_DEPTH} levels deep; "
+                                           "refusing it"))
                 return
             if not isinstance(body, dict):
                 self._send(400, error_body("the body must be a JSON object"))
@@ -389,6 +438,29 @@ def _engine_flags(rest):
     return {k: (True if not v else v[0] if len(v) == 1 else v) for k, v in flags.items()}
 
 
+# `generate`'s sampling flags that are fields of an OpenAI request: each request says them
+# (OpenAI's default when it does not), as in a Batch file given to `generate`.
+REQUEST_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logprobs")
+
+
+def _not_engine_flag(rest):
+    """Why a flag left over by argparse is none of serve's (None when all may be engine flags):
+    generate's flags that serve leaves to each request, named as the user wrote them."""
+    for tok in rest:
+        if not tok.startswith("--"):
+            continue
+        spelled = tok.partition("=")[0]
+        name = spelled[2:].replace("-", "_")
+        if name in REQUEST_FIELDS:
+            return (f"{spelled} is a request field in serve, not a flag: each request sets \"{name}\" "
+                    "(OpenAI's default when it does not); serve's own sampling flags are --greedy, --top-k, --min-p, "
+                    "--repetition-penalty, --ignore-eos and --seed")
+        if name == "generation_config":
+            return (f"{spelled} is not taken: request fields not given take OpenAI's defaults; the model's "
+                    "generation_config.json is not read")
+    return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         prog="python -m flexh2o serve",
@@ -397,8 +469,9 @@ def main(argv=None):
                     "batches; each is answered when its own choices end, and \"stream\": true sends "
                     "server-sent events as tokens are drawn. Any other --flag is an engine flag of `flexh2o "
                     "generate` (offloading, KV policy, compression), e.g. --percent 20 80 0 100 0 100 --kv-policy "
-                    "h2o --heavy-ratio 0.1 "
-                    "--recent-ratio 0.1.",
+                    "h2o --heavy-ratio 0.1 --recent-ratio 0.1. generate's sampling flags that OpenAI requests carry "
+                    "(--temperature, --top-p, --presence-penalty, --frequency-penalty, --logprobs) are each "
+                    "request's fields here.",
         epilog="Example: python -m flexh2o serve -m tests/data/tiny-opt --port 8000  then  curl "
                "localhost:8000/v1/completions -H 'Content-Type: application/json' -d "
                "'{\"model\": \"m\", \"prompt\": \"In the beginning\", \"max_tokens\": 8}'")
@@ -413,7 +486,7 @@ def main(argv=None):
                     "only; 0.0.0.0 for every interface)")
     ap.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
     ap.add_argument("--served-model-name", help="the model id /v1/models lists (default: the config's name)")
-    ap.add_argument("--max-new-tokens", type=int, default=256, help="the most tokens a request may generate "
+    ap.add_argument("-n", "--max-new-tokens", type=int, default=256, help="the most tokens a request may generate "
                     "(a larger max_tokens is refused; a chat request without one gets up to this many; default 256)")
     ap.add_argument("--max-prompt-len", type=int, default=512, help="the prompt length --policy auto plans for "
                     "(longer prompts still run; default 512)")
@@ -428,6 +501,12 @@ def main(argv=None):
     ap.add_argument("--min-p", type=float, default=0.0, help="min-p for every request")
     ap.add_argument("--repetition-penalty", type=float, default=1.0, help="transformers' repetition penalty "
                     "for every request")
+    ap.add_argument("--ignore-eos", action="store_true", help="every request generates exactly its max_tokens (EOS "
+                    "does not end it; stop strings still do), as `generate --ignore-eos` runs a Batch file: for "
+                    "benchmarks. One request alone: \"logit_bias\" -100 on the EOS token")
+    ap.add_argument("--read-timeout", type=float, default=READ_TIMEOUT, help="seconds a client may take to send "
+                    f"a request, headers and body (then 408 and the connection closed; default {READ_TIMEOUT:g}). "
+                    "Generating and streaming the answer have no limit")
     ap.add_argument("--continuous", action="store_true", help="continuous batching: a request whose answer ends "
                     "hands its batch slot to the next (as `generate --continuous`), and requests that arrive while "
                     "the engine runs join its batch instead of waiting for the next call (those longer than "
@@ -435,12 +514,14 @@ def main(argv=None):
     ap.add_argument("--log-requests", action="store_true", help="log every HTTP request to stderr")
     args, rest = ap.parse_known_args(argv)
     flags = _engine_flags(rest)
+    why = _not_engine_flag(rest)
+    if why:
+        print(f"flexh2o serve: {why}", file=sys.stderr)
+        return 2
+    spelled = {tok[2:].partition("=")[0].replace("-", "_"): tok.partition("=")[0] for tok in rest
+               if tok.startswith("--")}
 
     import flexh2o
-    if "generation_config" in flags:  # requests follow OpenAI's defaults, not the model's file
-        print("flexh2o serve: unknown flag 'generation_config' (request fields not given take OpenAI's "
-              "defaults; the model's generation_config.json is not read)", file=sys.stderr)
-        return 2
     try:
         llm = flexh2o.LLM(args.model, tokenizer=args.tokenizer, device=args.device, batch_size=args.batch_size,
                           threads=args.threads, generation_config="none", **flags)
@@ -448,10 +529,12 @@ def main(argv=None):
                         max_new_tokens=args.max_new_tokens, max_prompt_len=args.max_prompt_len,
                         batch_wait_ms=args.batch_wait_ms, max_batch_requests=args.max_batch_requests,
                         api_key=args.api_key, seed=args.seed, greedy=args.greedy, top_k=args.top_k,
-                        min_p=args.min_p, repetition_penalty=args.repetition_penalty, continuous=args.continuous,
-                        log_requests=args.log_requests)
+                        min_p=args.min_p, repetition_penalty=args.repetition_penalty, ignore_eos=args.ignore_eos,
+                        continuous=args.continuous, read_timeout=args.read_timeout, log_requests=args.log_requests)
     except TypeError as e:  # an engine flag that is none of the CLI's
-        print(f"flexh2o serve: {e}".replace("LLM() got an unexpected keyword argument", "unknown flag"),
+        m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        what = f"unknown flag {spelled.get(m[1], m[1])}" if m else str(e)
+        print(f"flexh2o serve: {what} (serve's flags: --help; engine flags: `flexh2o generate --help`)",
               file=sys.stderr)
         return 2
     except (Error, ValueError, OSError) as e:
