@@ -1,0 +1,54 @@
+// generate's --input and --output as --resume reads them: the input's format, a request's key,
+// what an earlier run left in --output, and how --output is to be opened. Plain functions of
+// files and flags, run before any output is opened; errors throw flexh2o::Error.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/output_file.h"
+
+namespace flexh2o::cli {
+
+// The two input (and output) formats; one file holds one.
+enum class Format { kFlexh2o, kBatch };
+const char* format_name(Format f);
+
+// The format of --input, from a first pass over it (before any output is opened): a file that
+// mixes Batch lines with flexh2o lines is refused. Lines that are not JSON objects say nothing.
+Format input_format(std::istream& in, const std::string& path);
+
+// A request's key for --resume: its id as JSON text. Only strings and numbers are accepted as
+// ids there (compared exactly: "3" and 3 differ); anything else cannot be matched reliably.
+std::optional<std::string> resume_key(const nlohmann::json& id);
+
+// What an earlier run left in --output: the line of each id with a complete result.
+struct PriorResults {
+  std::map<std::string, int64_t> line_of;  // resume_key(id) or custom_id_key -> line number
+  int64_t failed = 0;                      // lines that carry an error
+  // Batch error lines of input lines with no usable custom_id (not JSON, none, not a non-empty
+  // string): results are written in input order, so they are those of the first such lines.
+  int64_t unkeyed = 0;
+  std::optional<Format> format;            // of the lines (none: no complete line)
+};
+
+// Reads --output for --resume. A complete line ends with a newline and parses as a result with
+// an id (or a Batch output line with a custom_id); a last line without a newline (the run was
+// killed while writing it) is cut off (the file is truncated, said on stderr). Any other line,
+// or a file that mixes the two formats, means the file is not flexh2o's results: refused before
+// anything is changed.
+PriorResults read_prior_results(const std::string& path);
+
+// Checks --output for this run's results (see register_generate's help for the rules) and how
+// it is to be opened; with --resume, fills `prior`. It is opened once the run is set up, so that
+// a run refused before then (a bad flag, a placement that does not fit) leaves an --overwrite'd
+// file as it was.
+OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResults& prior);
+
+}  // namespace flexh2o::cli
