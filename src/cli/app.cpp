@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/signals.h"
 #include "core/error.h"
+#include "core/input_guard.h"
 
 namespace flexh2o::cli {
 namespace {
@@ -125,7 +126,7 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
     std::cerr << "flexh2o: error: " << out_of_memory_message(app.get_subcommands().front()->get_name()) << "\n";
     code = 1;
   } catch (const std::exception& e) {
-    std::cerr << "flexh2o: error: " << e.what() << "\n";
+    std::cerr << "flexh2o: error: " << printable_utf8(e.what()) << "\n";
     code = 1;
   }
   if (!stdout_ok() && code == 0) code = 1;

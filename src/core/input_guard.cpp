@@ -248,6 +248,48 @@ std::string quote_prefix(std::string_view text, size_t max_chars) {
   return out;
 }
 
+std::string printable_utf8(std::string_view text) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  auto escape = [&](unsigned char c) {
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  };
+  auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = byte(i);
+    if (c < 0x80) {
+      if (c >= 0x20 || c == '\n' || c == '\t') out += char(c);
+      else escape(c);
+      ++i;
+      continue;
+    }
+    // The length and the first continuation byte's range of a well-formed sequence (RFC 3629:
+    // no overlong forms, no surrogates, nothing past U+10FFFF); 0: no sequence starts here.
+    size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) n = 2;
+    else if (c == 0xe0) n = 3, lo = 0xa0;
+    else if (c == 0xed) n = 3, hi = 0x9f;
+    else if (c >= 0xe1 && c <= 0xef) n = 3;
+    else if (c == 0xf0) n = 4, lo = 0x90;
+    else if (c >= 0xf1 && c <= 0xf3) n = 4;
+    else if (c == 0xf4) n = 4, hi = 0x8f;
+    bool ok = n > 0 && i + n <= text.size() && byte(i + 1) >= lo && byte(i + 1) <= hi;
+    for (size_t k = 2; ok && k < n; ++k) ok = byte(i + k) >= 0x80 && byte(i + k) <= 0xbf;
+    if (!ok) {
+      escape(c);
+      ++i;
+      continue;
+    }
+    out.append(text.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
 std::string json_excerpt(const nlohmann::json& v, size_t max_chars) {
   std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (s.size() > max_chars) {

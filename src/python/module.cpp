@@ -16,6 +16,7 @@
 
 #include "cli/app.h"
 #include "core/error.h"
+#include "core/input_guard.h"
 #include "python/session.h"
 
 namespace py = pybind11;
@@ -96,7 +97,7 @@ PYBIND11_MODULE(_flexh2o, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const python::UnknownFlag& e) {
-      PyErr_SetString(PyExc_TypeError, e.what());
+      PyErr_SetString(PyExc_TypeError, printable_utf8(e.what()).c_str());
     } catch (const std::bad_alloc&) {
       PyErr_SetString(error, cli::out_of_memory_message("flexh2o.LLM").c_str());
     } catch (const py::builtin_exception&) {
@@ -104,7 +105,8 @@ PYBIND11_MODULE(_flexh2o, m) {
     } catch (const py::error_already_set&) {
       throw;
     } catch (const std::exception& e) {
-      PyErr_SetString(error, e.what());
+      // Python decodes the message as UTF-8: bytes quoted from a bad file would leave it empty.
+      PyErr_SetString(error, printable_utf8(e.what()).c_str());
     }
   });
 

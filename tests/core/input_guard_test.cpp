@@ -221,6 +221,24 @@ TEST(Quoting, QuotePrefixEscapesAndCuts) {
   EXPECT_EQ(quote_prefix(std::string(100, 'a'), 3), "\"aaa\"... (100 bytes)");
 }
 
+TEST(Quoting, PrintableUtf8KeepsWellFormedTextAndEscapesTheRest) {
+  // Kept: ASCII, newlines and tabs, 2-, 3- and 4-byte sequences (é, 語, U+10FFFF, 😀).
+  const std::string good = "a\tb\nc \xc3\xa9 \xe8\xaa\x9e \xf4\x8f\xbf\xbf \xf0\x9f\x98\x80";
+  EXPECT_EQ(printable_utf8(good), good);
+  // Escaped: a stray byte, a truncated sequence, overlong forms, a surrogate, past U+10FFFF, a
+  // lone continuation byte, control bytes.
+  EXPECT_EQ(printable_utf8("ll\xff"), "ll\\xff");
+  EXPECT_EQ(printable_utf8("\xe2\x82"), "\\xe2\\x82");
+  EXPECT_EQ(printable_utf8("\xc0\xaf"), "\\xc0\\xaf");
+  EXPECT_EQ(printable_utf8("\xe0\x80\xaf"), "\\xe0\\x80\\xaf");
+  EXPECT_EQ(printable_utf8("\xed\xa0\x80"), "\\xed\\xa0\\x80");
+  EXPECT_EQ(printable_utf8("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");
+  EXPECT_EQ(printable_utf8("\x80"), "\\x80");
+  EXPECT_EQ(printable_utf8(std::string("a\x01\x1b\0b", 5)), "a\\x01\\x1b\\x00b");
+  // A good sequence right after a bad byte is kept.
+  EXPECT_EQ(printable_utf8("\xff\xc3\xa9"), "\\xff\xc3\xa9");
+}
+
 TEST(Quoting, JsonExcerptSurvivesInvalidUtf8AndIsBounded) {
   const nlohmann::json bad = std::string("\xff\xfe");
   EXPECT_NO_THROW(json_excerpt(bad));

@@ -53,6 +53,19 @@ def test_parse_error_has_cli11_message():
         assert str(e.value) in cli_error(dashed, "maybe")
 
 
+def test_a_message_quoting_invalid_utf8_is_kept(tmp_path):
+    # A config.json with a byte that is not UTF-8 (a damaged download): the parser's message
+    # quotes it; Python's str would be empty without the escape, and the CLI prints the same.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_bytes(b'{"model_type": "ll\xff"}')
+    with pytest.raises(flexh2o.Error) as e:
+        flexh2o.LLM(str(bad), device="cpu")
+    assert "config.json" in str(e.value) and "\\xff" in str(e.value), repr(str(e.value))
+    r = run_binary(["generate", "-m", str(bad), "--prompt", "x", "--device", "cpu"])
+    assert r.returncode == 1 and f"flexh2o: error: {e.value}\n" in r.stderr, r.stderr
+
+
 def test_missing_model_names_it(tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(flexh2o.Error, match="no such model directory: " + str(missing)):
