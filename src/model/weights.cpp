@@ -4,6 +4,7 @@
 #include <tbb/parallel_for.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <string_view>
 
@@ -28,6 +29,14 @@ bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType
 
 namespace {
 
+// The token table's and an untied head's names in a checkpoint.
+std::string embed_name(const ModelConfig& c) {
+  return c.arch == Arch::kOpt ? "model.decoder.embed_tokens.weight" : base_prefix(c) + "embed_tokens.weight";
+}
+std::string head_name(const ModelConfig& c) {
+  return c.in_multimodal ? "language_model.lm_head.weight" : "lm_head.weight";
+}
+
 // Appends the specs of layer `i` (i >= 0) or, for i == -1, of the tensors outside the layers
 // that come before them (embeddings), for i == -2 those after them (final norm, lm_head).
 void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
@@ -46,12 +55,8 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
     s.push_back({std::move(name), shape, layer, part});
   };
   if (i == -1) {
-    if (c.arch == Arch::kOpt) {
-      add("model.decoder.embed_tokens.weight", {V, H});
-      add("model.decoder.embed_positions.weight", {c.max_positions + 2, H});
-    } else {
-      add(base_prefix(c) + "embed_tokens.weight", {V, H});
-    }
+    add(embed_name(c), {V, H});
+    if (c.arch == Arch::kOpt) add("model.decoder.embed_positions.weight", {c.max_positions + 2, H});
     return;
   }
   if (i == -2) {
@@ -61,7 +66,7 @@ void append_specs(const ModelConfig& c, int i, std::vector<WeightSpec>& s) {
     } else {
       add(base_prefix(c) + "norm.weight", {H});
     }
-    if (!c.tie_embeddings) add(c.in_multimodal ? "language_model.lm_head.weight" : "lm_head.weight", {V, H});
+    if (!c.tie_embeddings) add(head_name(c), {V, H});
     return;
   }
   const std::string p = layer_prefix(c, i);
@@ -311,6 +316,15 @@ Model Model::load_dir(const std::filesystem::path& dir) {
     v.shape = spec.shape;
     return v;
   };
+  // As transformers' tie_weights(): a config that ties the head to the token table, over a
+  // checkpoint holding a head of its own with other values, is wrong; that head is used.
+  if (m.config_.tie_embeddings) {
+    const TensorEntry *head = find(head_name(m.config_)), *embed = find(embed_name(m.config_));
+    if (head && embed &&
+        (head->view.dtype != embed->view.dtype || head->view.shape != embed->view.shape ||
+         std::memcmp(head->view.data, embed->view.data, head->view.nbytes()) != 0))
+      m.config_.tie_embeddings = false;
+  }
   // Before bind_weights builds per-layer specs and slots: a small checkpoint whose config.json
   // claims a million layers is refused here, not after gigabytes of bookkeeping.
   check_layer_count(m.config_, lookup, archive->tensors().size(), dir.string());

@@ -201,6 +201,42 @@ TEST(ModelLoad, ConfigDisagreeingWithTensors) {
   EXPECT_NE(msg.find("config.json implies [2048, 256]"), std::string::npos) << msg;
 }
 
+// A config that ties the head to the token table over a checkpoint with a head of its own:
+// transformers' tie_weights() keeps that head when its values differ (the config is wrong), and
+// ties when they are the token table's (as .bin files store both).
+TEST(ModelLoad, AHeadOfItsOwnWinsOverATieInTheConfig) {
+  for (bool same : {false, true}) {
+    TempDir tmp;
+    std::vector<std::byte> embed;
+    write_edited(
+        tmp.path(),
+        [&](auto& t) {
+          const TensorView* e = nullptr;
+          for (auto& [n, v] : t)
+            if (n == "model.embed_tokens.weight") e = &v;
+          ASSERT_NE(e, nullptr);
+          embed.assign(static_cast<const std::byte*>(e->data), static_cast<const std::byte*>(e->data) + e->nbytes());
+          for (auto& [n, v] : t)
+            if (same && n == "lm_head.weight") v.data = embed.data();
+        },
+        "tiny-llama");
+    auto j = test::read_json(model_dir("tiny-llama") / "config.json");
+    j["tie_word_embeddings"] = true;
+    std::ofstream(tmp.path() / "config.json") << j.dump();
+    const Model m = Model::load_dir(tmp.path());
+    const Model untied = Model::load_dir(model_dir("tiny-llama"));
+    EXPECT_EQ(m.config().tie_embeddings, same);
+    const TensorView& head = m.weights().lm_head;
+    ASSERT_EQ(head.nbytes(), embed.size());
+    if (same) {
+      EXPECT_EQ(std::memcmp(head.data, embed.data(), embed.size()), 0);
+    } else {
+      EXPECT_EQ(std::memcmp(head.data, untied.weights().lm_head.data, embed.size()), 0);
+      EXPECT_NE(std::memcmp(head.data, embed.data(), embed.size()), 0);
+    }
+  }
+}
+
 TEST(ModelLoad, IntegerWeightRejected) {
   TempDir tmp;
   std::vector<int32_t> ints(256, 1);
