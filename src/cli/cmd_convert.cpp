@@ -3,6 +3,7 @@
 // with the config and tokenizer files copied. OUTDIR appears whole or not at all: everything is
 // written into a sibling staging directory that is renamed into place last, never over files.
 #include <stdio.h>  // renameat2, RENAME_NOREPLACE
+#include <signal.h>
 #include <unistd.h>
 #include <fcntl.h>
 
@@ -28,7 +29,7 @@ void register_convert(CLI::App& app, ConvertArgs& a) {
   c->add_option("--model,-m", a.model, "Model directory or hub id (ORG/NAME) in the local HF cache")->required();
   c->add_option("--output,-o", a.output, "Directory to create with model.safetensors, config and tokenizer files; "
                 "it must not exist or be empty")->required();
-  c->footer("The checkpoint is read without running any of its code (see README, Models). Tensors are copied as "
+  c->footer("The checkpoint is read without running any of its code (see README, Checkpoints). Tensors are copied as "
             "they are (dtype and shape kept). A head tied to the token embedding (tie_word_embeddings, the "
             "same bytes) is written once, as the embedding, the way transformers saves it; other tensors that "
             "share storage in the .bin become separate copies. config.json, "
@@ -98,6 +99,24 @@ void fsync_dir(const fs::path& dir) {
   if (rc != 0 && err != EINVAL) FH_FAIL("cannot fsync ", dir.string(), ": ", std::strerror(err));
 }
 
+// Staging directories of `target` (".NAME.tmp.PID") whose process is gone: a convert killed by a
+// signal runs no destructor, and its partial copy (up to the model's size) would stay hidden.
+void remove_stale_staging(const fs::path& parent, const fs::path& target) {
+  const std::string prefix = "." + target.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix) || !it->is_directory(ec)) continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(pid_t(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);
+    std::cerr << "flexh2o: removed " << it->path().string() << ", left by an interrupted convert (process " << pid
+              << ")\n";
+  }
+}
+
 }  // namespace
 
 int run_convert(const ConvertArgs& a, const Env& env) {
@@ -114,6 +133,7 @@ int run_convert(const ConvertArgs& a, const Env& env) {
   const TensorArchive archive = open_checkpoint_dir(dir);
 
   fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  remove_stale_staging(parent, target);
   Staging staging(parent / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid())));
   std::string dropped;
   const std::vector<std::pair<std::string, TensorView>> tensors = tensors_to_write(archive, dir, &dropped);

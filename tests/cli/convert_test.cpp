@@ -2,6 +2,8 @@
 // safetensors twin, never overwriting, nothing left behind on failure, malicious input refused
 // without its payload running) and `generate` / `info` on a pytorch_model.bin directory.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -150,6 +152,30 @@ TEST(Convert, RefusedCheckpointLeavesNothing) {
   EXPECT_EQ(g.code, 1);
   EXPECT_HAS(g.err, "the global posix.system");
   EXPECT_FALSE(fs::exists(marker));
+}
+
+// A convert killed by a signal leaves its staging directory (no destructor runs): the next
+// convert to the same output removes those whose process is gone, and only those.
+TEST(Convert, StagingLeftByAKilledConvertIsRemoved) {
+  TempDir tmp;
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // gone: its pid names a dead process
+  const fs::path dead = tmp.path() / (".out.tmp." + std::to_string(child));
+  const fs::path alive = tmp.path() / ".out.tmp.1";  // init: running
+  const fs::path other = tmp.path() / (".other.tmp." + std::to_string(child));  // another output's
+  for (const fs::path& d : {dead, alive, other}) {
+    fs::create_directory(d);
+    std::ofstream(d / "model.safetensors") << "partial";
+  }
+  const RunResult r = flexh2o("convert -m " + (kTorch / "opt-f16").string() + " -o " + (tmp.path() / "out").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_HAS(r.err, "removed " + dead.string() + ", left by an interrupted convert");
+  EXPECT_TRUE(fs::exists(alive / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(other / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(tmp.path() / "out" / "model.safetensors"));
 }
 
 TEST(Convert, InfoNamesTheCheckpointFormat) {
