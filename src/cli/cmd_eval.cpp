@@ -83,7 +83,7 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
   e->add_flag("--json", a.json, "Print one JSON object");
   e->add_flag("--streaming", a.streaming, "Feed one token per step even with --kv-policy full");
   add_progress_flag(*e, a.progress);
-  add_kv_flags(e, a.kv);
+  add_kv_flags(e, a.kv, "the tokens scored");
   add_offload_flags(e, a.offload);
   e->add_option("file", a.file, "UTF-8 text file")->required();
   e->footer(

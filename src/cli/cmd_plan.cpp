@@ -23,18 +23,21 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_option("-m,--model", a.model, "Model directory or preset name (opt-6.7b, opt-30b, ...)")->required();
   s->add_option("--hardware", a.hardware, "Hardware profile file or name in configs/hardware (t4-paper, h200)")
       ->required();
-  s->add_option("--prompt-len", a.prompt_len, "Prompt tokens per sequence");
-  s->add_option("--gen-len", a.gen_len, "Generated tokens per sequence");
-  s->add_option("--kv-policy", a.kv_policy, "KV policy: full or h2o (others use their budget too)");
-  s->add_option("--heavy-ratio", a.kv.heavy_ratio, "H2O heavy hitters, fraction of the prompt");
-  s->add_option("--recent-ratio", a.kv.recent_ratio, "H2O recent window, fraction of the prompt");
-  s->add_option("--heavy-budget", a.kv.heavy_budget, "H2O heavy hitters, tokens");
-  s->add_option("--recent-budget", a.kv.recent_budget, "H2O recent window, tokens");
+  s->add_option("--prompt-len", a.prompt_len, "Prompt tokens per sequence")->capture_default_str();
+  s->add_option("--gen-len", a.gen_len, "Generated tokens per sequence")->capture_default_str();
+  s->add_option("--kv-policy", a.kv_policy,
+                "KV policy: full (default), local, sinks, h2o or random, each priced at its budget");
+  s->add_option("--heavy-ratio", a.kv.heavy_ratio, "Heavy hitters (h2o) or random picks, fraction of the prompt");
+  s->add_option("--recent-ratio", a.kv.recent_ratio, "Recent window, fraction of the prompt");
+  s->add_option("--heavy-budget", a.kv.heavy_budget, "Heavy hitters (h2o) or random picks, tokens");
+  s->add_option("--recent-budget", a.kv.recent_budget, "Recent window, tokens");
+  s->add_option("--sink-tokens", a.kv.sink_tokens, "Attention-sink tokens of --kv-policy sinks (default 4)");
   s->add_option("--percent", a.percent, "Evaluate this placement: w_g w_c c_g c_c a_g a_c")->expected(6);
   s->add_option("--gpu-batch-size", a.gpu_batch_size, "With --percent")->check(at_least(1));
   s->add_option("--num-gpu-batches", a.num_gpu_batches, "With --percent")->check(at_least(1));
   s->add_flag("--cpu-cache-compute", a.cpu_cache_compute, "With --percent: decode attention on the host");
-  s->add_option("--overlap", a.overlap, "true|false")->check(flag_bool_check());
+  s->add_option("--overlap", a.overlap, "Overlap transfers with compute (true|false)")
+      ->capture_default_str()->check(flag_bool_check());
   s->add_option("--sep-layer", a.sep_layer, "Attention and MLP as separate units (true|false)")
       ->capture_default_str()->check(flag_bool_check());
   s->add_option("--kv-dtype", a.kv_dtype, "KV cache element type: f16, bf16, f32 or q4 (= --compress-cache)")

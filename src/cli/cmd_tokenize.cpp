@@ -72,7 +72,8 @@ int run_tokenize(const TokenizeArgs& a, bool detokenize, const Env& env) {
                 if (id < 0 || id >= tok.vocab_size()) FH_FAIL("token id ", id, " is outside the vocabulary");
               put(json{{"text", tok.decode(ids, a.no_special)}});
             } else {
-              if (!j.contains("text") || !j["text"].is_string()) FH_FAIL("line has no \"text\" string");
+              if (!j.contains("text")) FH_FAIL("line has no \"text\" field");
+              if (!j["text"].is_string()) FH_FAIL("\"text\" must be a string, got ", j["text"].type_name());
               put(json{{"ids", tok.encode(j["text"].get<std::string>(), !a.no_special)}});
             }
           } catch (const std::exception& e) {

@@ -6,15 +6,16 @@
 
 namespace flexh2o::cli {
 
-void add_kv_flags(CLI::App* app, KvArgs& a) {
+void add_kv_flags(CLI::App* app, KvArgs& a, const char* ratio_base) {
   const char* g = "KV cache policy";
   app->add_option("--kv-policy", a.policy,
                   "KV cache policy: full, local, sinks, h2o, random (full: every token the model attends to; a "
                   "sliding-window layer keeps only its window once sequences pass it)")
       ->capture_default_str()->group(g);
   app->add_option("--heavy-ratio", a.heavy_ratio,
-                  "Heavy hitters (h2o) or random picks (random), fraction of the prompt length")->group(g);
-  app->add_option("--recent-ratio", a.recent_ratio, "Recent window, fraction of the prompt length")->group(g);
+                  std::string("Heavy hitters (h2o) or random picks (random), fraction of ") + ratio_base)
+      ->group(g);
+  app->add_option("--recent-ratio", a.recent_ratio, std::string("Recent window, fraction of ") + ratio_base)->group(g);
   app->add_option("--heavy-budget", a.heavy_budget, "Heavy hitters / random picks, tokens")->group(g);
   app->add_option("--recent-budget", a.recent_budget, "Recent window, tokens")->group(g);
   app->add_option("--sink-tokens", a.sink_tokens, "Attention-sink tokens kept by --kv-policy sinks (default 4)")

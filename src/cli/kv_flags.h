@@ -27,7 +27,8 @@ struct KvArgs {
 };
 
 // Adds the flags above to `app` in the group "KV cache policy". `a` must outlive parsing.
-void add_kv_flags(CLI::App* app, KvArgs& a);
+// `ratio_base` says what the ratio flags are fractions of, in this command.
+void add_kv_flags(CLI::App* app, KvArgs& a, const char* ratio_base = "the prompt length");
 
 // The validated config. Throws flexh2o::Error naming the flag: unknown --kv-policy, a flag
 // the policy does not read, out-of-range values, ratio and budget for the same part, zero total.

@@ -240,6 +240,16 @@ TEST(CliOutput, TokenizeKeepsGoingPastAnInvalidUtf8Line) {
   EXPECT_EQ(lines[1]["line"], 2);
   EXPECT_TRUE(lines[1].contains("error"));
   EXPECT_EQ(lines[2], wanted[1]);
+  // Lines without a string "text" say which it is.
+  write_file(in, "{\"text\": 5}\n{\"txt\": \"x\"}\n");
+  r = flexh2o("tokenize -t " + kOpt + " -i " + in.string());
+  EXPECT_EQ(r.code, 1) << r.err;
+  std::istringstream bad(r.out);
+  std::vector<json> errors;
+  while (std::getline(bad, line)) errors.push_back(json::parse(line));
+  ASSERT_EQ(errors.size(), 2u) << r.out;
+  EXPECT_EQ(errors[0]["error"], "\"text\" must be a string, got number");
+  EXPECT_EQ(errors[1]["error"], "line has no \"text\" field");
 }
 
 }  // namespace
