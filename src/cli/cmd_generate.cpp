@@ -287,7 +287,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     if (!items[i].error.empty()) {
       ++bad;
       std::cerr << "flexh2o: " << (a.input.empty() ? "prompt" : where + ":" + std::to_string(items[i].line))
-                << ": " << items[i].error << "\n";
+                << ": " << printable_utf8(items[i].error) << "\n";
       continue;
     }
     ++to_run;

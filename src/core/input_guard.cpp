@@ -261,7 +261,7 @@ std::string printable_utf8(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     const unsigned char c = byte(i);
     if (c < 0x80) {
-      if (c >= 0x20 || c == '\n' || c == '\t') out += char(c);
+      if ((c >= 0x20 && c != 0x7f) || c == '\n' || c == '\t') out += char(c);
       else escape(c);
       ++i;
       continue;

@@ -97,7 +97,8 @@ nlohmann::json read_json_file(const std::filesystem::path& path, std::string_vie
 // \xNN, followed by "... (N bytes)" when cut. For quoting untrusted text in error messages.
 std::string quote_prefix(std::string_view text, size_t max_chars = 80);
 // `text` as valid UTF-8 for a terminal or a Python str: well-formed UTF-8, newlines and tabs kept;
-// any other control byte and every byte of an ill-formed sequence escaped as \xNN. For whole
+// every other ASCII control byte (DEL too) and every byte of an ill-formed sequence escaped as
+// \xNN. For whole
 // error messages that may quote untrusted bytes (a JSON parser's "last read" excerpt).
 std::string printable_utf8(std::string_view text);
 // A JSON value printed for an error message: compact, invalid UTF-8 replaced, at most `max_chars`

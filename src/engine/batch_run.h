@@ -66,6 +66,30 @@ std::pair<int64_t, int64_t> continuous_extent(const ModelConfig& c, const Reqs& 
   return {rows, cap};
 }
 
+// StepRunner::check_batch of a batch of `members`, sized as BatchRun sizes it.
+template <class Reqs>
+void check_members(const StepRunner& runner, const Reqs& reqs, const std::vector<size_t>& members,
+                   int64_t min_rows = 0, int64_t min_capacity = 0) {
+  const BatchExtent x = batch_extent(runner.config(), reqs, members, min_rows, min_capacity);
+  std::vector<int64_t> lengths;
+  for (size_t r : members) lengths.push_back(std::max<int64_t>(int64_t(reqs[r].prompt_ids.size()), 1));
+  runner.check_batch(lengths, x.rows, x.capacity);
+}
+
+inline std::vector<size_t> iota_from(size_t first, size_t count) {
+  std::vector<size_t> v(count);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+// The static batches of requests first.. (max_batch() at a time), each checked.
+template <class Reqs>
+void check_static_batches(const StepRunner& runner, const Reqs& reqs, size_t first) {
+  const size_t batch = size_t(runner.max_batch());
+  for (; first < reqs.size(); first += batch)
+    check_members(runner, reqs, iota_from(first, std::min(reqs.size() - first, batch)));
+}
+
 template <class Outs>
 void finish(size_t r, Outs& out, const GenerateOptions& opts) {
   out[r].finished = true;
@@ -273,12 +297,6 @@ class BatchRun {
   std::vector<Sampler> samplers_;
   std::vector<bool> finished_;
 };
-
-inline std::vector<size_t> iota_from(size_t first, size_t count) {
-  std::vector<size_t> v(count);
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
 
 template <class B>
 void run_batch(StepRunner& run, B& b, GenerateStats& st, const GenerateOptions& opts, bool last_batch) {

@@ -51,22 +51,12 @@ std::vector<GenerationResult> start(const ModelConfig& c, int64_t batch, const s
 
 void check_batches(const StepRunner& runner, const std::vector<GenerationRequest>& requests,
                    const GenerateOptions& opts) {
-  const ModelConfig& c = runner.config();
-  const size_t batch = size_t(runner.max_batch());
-  auto check = [&](const std::vector<size_t>& members, int64_t min_rows, int64_t min_capacity) {
-    const BatchExtent x = batch_extent(c, requests, members, min_rows, min_capacity);
-    std::vector<int64_t> lengths;
-    for (size_t r : members) lengths.push_back(std::max<int64_t>(int64_t(requests[r].prompt_ids.size()), 1));
-    runner.check_batch(lengths, x.rows, x.capacity);
-  };
-  size_t first = 0;
-  if (opts.continuous && !requests.empty()) {
-    const auto [rows, cap] = continuous_extent(c, requests, 0, opts.min_rows, opts.min_capacity);
-    first = std::min(requests.size(), batch);
-    check(iota_from(0, first), rows, cap);
-  }
-  // Static batches (after a continuous one, where the runner cannot rewind).
-  for (; first < requests.size(); first += batch) check(iota_from(first, std::min(requests.size() - first, batch)), 0, 0);
+  if (!opts.continuous) return check_static_batches(runner, requests, 0);
+  if (requests.empty()) return;
+  // One batch sized for every request. Where the runner cannot rewind (known after its first
+  // step) the rest run as static batches, checked before they start (generate_continuous()).
+  const auto [rows, cap] = continuous_extent(runner.config(), requests, 0, opts.min_rows, opts.min_capacity);
+  check_members(runner, requests, iota_from(0, std::min(requests.size(), size_t(runner.max_batch()))), rows, cap);
 }
 
 std::vector<size_t> length_sorted_order(const std::vector<GenerationRequest>& requests, int64_t batch,

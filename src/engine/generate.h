@@ -93,11 +93,12 @@ struct GenerateStats {
 void validate_request(const GenerationRequest& r, const ModelConfig& c);
 
 // Throws, before any work, when a batch that generate() would form of `requests` (in this
-// order, max_batch() at a time; under opts.continuous first one batch sized for them all) would
+// order, max_batch() at a time; under opts.continuous the one batch sized for them all) would
 // not fit the runner's memory budgets (StepRunner::check_batch): a run is refused whole rather
 // than at the batch that does not fit, after the results of those before it. generate() calls
 // it first; a caller with something to lose when a run starts (an output it replaces) calls it
-// before that.
+// before that. (Under opts.continuous, a runner that turns out not to rewind runs the rest as
+// static batches, checked when that is known.)
 void check_batches(const StepRunner& runner, const std::vector<GenerationRequest>& requests,
                    const GenerateOptions& opts);
 

@@ -108,6 +108,7 @@ std::vector<GenerationResult> generate_continuous(StepRunner& runner, const std:
     if (!reqs.empty()) first = run_continuous(runner, reqs, 0, opts, out, st, done, total);
   }
   const size_t batch = size_t(runner.max_batch());
+  check_static_batches(runner, reqs, first);
   for (; first < reqs.size() && !st.interrupted; first += batch) {  // a runner that cannot rewind
     if (stop_requested(opts)) {
       st.interrupted = true;

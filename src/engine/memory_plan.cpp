@@ -123,7 +123,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   add(Tier::kHost, "KV homed", per_mb([&](uint64_t, const KvSplit& s) {
         return uint64_t(s.n_host) * (LF * m.kv_home_seq + LW * m.window.home_seq);
       }));
-  add(Tier::kHost, "KV disk staging", nk ? 2 * nk * m.kv_disk_seq : 0);
+  // The staging holds the micro-batch with the most sequences on disk: the percentages' floors
+  // can give a partial one more (split_kv(3) of 25/25/50 puts 3 on disk, split_kv(4) 2).
+  const uint64_t nk_max = std::max<uint64_t>(nk, r ? uint64_t(last.n_disk) : 0);
+  add(Tier::kHost, "KV disk staging", nk_max ? 2 * nk_max * m.kv_disk_seq : 0);
   add(Tier::kHost, "hidden states", act_host ? hidden_all : 0);
   add(Tier::kHost, "host attention rows", host_attention ? 2 * off * dec * (m.qkv_rows + m.attn_rows) : 0);
   add(Tier::kHost, "attention scores", 2 * m.scores);

@@ -70,7 +70,11 @@ BatchDims OffloadEngine::Impl::dims_of(const Sizing& z, int64_t B, int64_t rows,
 MemoryPlan OffloadEngine::Impl::plan_batch(std::span<const int64_t> lengths, int64_t rows, int64_t cap) const {
   const int64_t B = int64_t(lengths.size());
   const Sizing z = sizing(cap);
-  const std::vector<KvBudget> budgets = class_budgets(z, 0, B, [&](int64_t b) { return lengths[size_t(b)]; });
+  auto length = [&](int64_t b) { return lengths[size_t(b)]; };
+  // What the prefill would refuse first: a budget wider than a sliding window the sequences pass.
+  for (int i = 1; i < z.classes; ++i) check_window_budgets(c, class_budgets(z, i, B, length), cap);
+  const std::vector<KvBudget> budgets = class_budgets(z, 0, B, length);
+  check_window_budgets(c, budgets, cap);
   return plan_memory(c, WeightBytes::of(e.placement_), batch_policy(B), dims_of(z, B, rows, cap, 1, budgets),
                      {dev.kind(), kvdt, adt});
 }

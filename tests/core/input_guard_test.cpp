@@ -234,7 +234,7 @@ TEST(Quoting, PrintableUtf8KeepsWellFormedTextAndEscapesTheRest) {
   EXPECT_EQ(printable_utf8("\xed\xa0\x80"), "\\xed\\xa0\\x80");
   EXPECT_EQ(printable_utf8("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");
   EXPECT_EQ(printable_utf8("\x80"), "\\x80");
-  EXPECT_EQ(printable_utf8(std::string("a\x01\x1b\0b", 5)), "a\\x01\\x1b\\x00b");
+  EXPECT_EQ(printable_utf8(std::string("a\x01\x1b\0b\x7f", 6)), "a\\x01\\x1b\\x00b\\x7f");
   // A good sequence right after a bad byte is kept.
   EXPECT_EQ(printable_utf8("\xff\xc3\xa9"), "\\xff\xc3\xa9");
 }

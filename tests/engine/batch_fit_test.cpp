@@ -19,11 +19,12 @@ namespace flexh2o {
 namespace {
 using test::model_dir;
 
-std::vector<GenerationRequest> requests(std::initializer_list<std::pair<int64_t, int64_t>> prompt_and_gen) {
+std::vector<GenerationRequest> requests(std::initializer_list<std::pair<int64_t, int64_t>> prompt_and_gen,
+                                        int32_t token = 262) {
   std::vector<GenerationRequest> reqs;
   for (auto [n, gen] : prompt_and_gen) {
     GenerationRequest r;
-    r.prompt_ids.assign(size_t(n), 262);
+    r.prompt_ids.assign(size_t(n), token);
     r.prompt_ids[0] = 2;
     r.max_new_tokens = gen;
     r.sampling.temperature = 0;
@@ -45,6 +46,7 @@ struct Case {
   bool cpu_attention;
   const char* kv;  // "full" or "h2o" (ratios 0.25 + 0.25)
   int tier;        // the budget under test (the other tiers unbounded): 0 device, 1 host, 2 disk
+  size_t batch = 5;  // sequences (at most the block)
 };
 
 std::unique_ptr<KvPolicy> kv_policy(const char* kv) {
@@ -63,11 +65,11 @@ TEST_P(BatchFit, TheCheckedBudgetIsTheOneTheBatchAllocates) {
   Model model = Model::load_dir(model_dir("tiny-opt"));
   CpuDevice dev(2);
   const std::unique_ptr<KvPolicy> kv = kv_policy(k.kv);
-  // One batch: up to 5 sequences, a block of gbs x ngb or less (its last micro-batch partial
-  // where gbs divides no multiple of it).
-  std::vector<GenerationRequest> reqs = requests({{5, 7}, {9, 3}, {2, 9}, {7, 1}, {3, 4}});
-  std::vector<int64_t> lengths = {5, 9, 2, 7, 3};
-  const size_t B = size_t(std::min<int64_t>(5, k.gbs * k.ngb));
+  // One batch: a block of gbs x ngb or less (its last micro-batch partial where gbs does not
+  // divide it).
+  std::vector<GenerationRequest> reqs = requests({{5, 7}, {9, 3}, {2, 9}, {7, 1}, {3, 4}, {6, 2}, {8, 5}});
+  std::vector<int64_t> lengths = {5, 9, 2, 7, 3, 6, 8};
+  const size_t B = std::min<size_t>(k.batch, size_t(k.gbs * k.ngb));
   reqs.resize(B);
   lengths.resize(B);
   const int64_t rows = *std::max_element(lengths.begin(), lengths.end()), capacity = rows + 9;
@@ -121,7 +123,11 @@ INSTANTIATE_TEST_SUITE_P(Placements, BatchFit,
                                            Case{"100 0 100 0 100 0", 8, 1, false, "h2o", 0},
                                            Case{"0 100 0 0 100 0", 2, 3, false, "full", 2},
                                            Case{"0 100 50 0 100 0", 2, 3, true, "h2o", 2},
-                                           Case{"0 100 0 50 0 100", 4, 2, true, "h2o", 1}));
+                                           Case{"0 100 0 50 0 100", 4, 2, true, "h2o", 1},
+                                           // Floors put more on disk in the partial micro-batch: of
+                                           // 4, 1 + 1 + 2; of 3, 0 + 0 + 3 (its host staging is larger).
+                                           Case{"0 100 25 25 100 0", 4, 2, false, "full", 1, 7},
+                                           Case{"0 100 25 25 0 100", 4, 2, true, "h2o", 1, 7}));
 
 // Two batches, the second longer: without the check its prefill fails after the first batch's
 // results were handed out; with it generate() refuses before any.
@@ -166,6 +172,73 @@ TEST(BatchFit, GenerateRefusesBeforeTheFirstResult) {
         << e.what();
   }
   EXPECT_EQ(results, 0);
+}
+
+// --continuous on a runner that rewinds runs one batch sized for every request; the static
+// batches it would fall back to (here one with a capacity of 300 + 500) are not what it needs.
+TEST(BatchFit, AContinuousRunIsCheckedAsTheBatchItRuns) {
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  const std::vector<GenerationRequest> reqs = requests({{10, 10}, {10, 10}, {10, 500}, {300, 1}});
+  OffloadOptions o;
+  o.policy = test::policy_of("100 0 100 0 100 0", 2, 1);
+  uint64_t lo = 1, hi = 256ull << 20;  // the continuous batch (2 slots, rows 300, room for 510)
+  auto fits = [&](uint64_t b) {
+    OffloadOptions t = o;
+    t.device_mem = b;
+    try {
+      OffloadEngine eng(model, dev, t);
+      eng.check_batch(std::vector<int64_t>{10, 10}, 300, 510);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? hi : lo) = mid;
+  }
+  o.device_mem = hi;
+  OffloadEngine eng(model, dev, o);
+  GenerateOptions go;
+  go.ignore_eos = true;
+  go.continuous = true;
+  GenerateStats st;
+  EXPECT_NO_THROW(generate(eng, reqs, go, &st));
+  EXPECT_TRUE(st.continuous);
+  go.continuous = false;  // as static batches the second needs more
+  EXPECT_THROW(check_batches(eng, reqs, go), Error);
+}
+
+// A KV budget that grows with the prompt (ratios) passes a sliding window in a later, longer
+// batch: refused before the first batch's results, as the prefill would refuse it.
+TEST(BatchFit, ABudgetPastTheSlidingWindowInALaterBatchIsFoundFirst) {
+  Model model = Model::load_dir(model_dir("arch/mistral"));  // window 20
+  CpuDevice dev(2);
+  KvPolicyConfig kc;
+  kc.kind = KvPolicyKind::kH2o;
+  kc.heavy_ratio = 0.4;
+  kc.recent_ratio = 0.4;
+  const std::unique_ptr<KvPolicy> kv = make_policy(kc);
+  OffloadOptions o;
+  o.policy = test::policy_of("100 0 100 0 100 0", 2, 1);
+  o.kv_policy = kv.get();
+  OffloadEngine eng(model, dev, o);
+  int results = 0;
+  GenerateOptions go;
+  go.ignore_eos = true;
+  go.on_result = [&](size_t, const GenerationResult&) { ++results; };
+  try {
+    generate(eng, requests({{10, 30}, {10, 30}, {60, 30}, {60, 30}}, 5), go);
+    FAIL() << "expected the second batch's budget to be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV budget of 48 tokens (sequence 0) is more than the 20-token sliding"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(results, 0);
+  EXPECT_NO_THROW(generate(eng, requests({{10, 30}, {10, 30}}, 5), go));  // the first batch alone runs
+  EXPECT_EQ(results, 2);
 }
 
 }  // namespace
