@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/signals.h"
+#include "cli/run_setup.h"
 #include "core/error.h"
 #include "core/input_guard.h"
 
@@ -122,6 +123,9 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
       std::cerr << "flexh2o: unknown command " << name << "\n";
       return 2;
     }
+  } catch (const PlacementStopped& e) {
+    std::cerr << "flexh2o: " << e.what() << "\n";
+    code = kInterrupted;
   } catch (const std::bad_alloc&) {
     std::cerr << "flexh2o: error: " << out_of_memory_message(app.get_subcommands().front()->get_name()) << "\n";
     code = 1;

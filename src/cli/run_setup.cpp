@@ -5,6 +5,7 @@
 #include "cli/progress.h"
 #include "core/error.h"
 #include "engine/kv_evict.h"
+#include "engine/memory_plan.h"
 #include "gpu/cuda_device.h"
 #include "kernels/cpu/isa.h"
 
@@ -39,9 +40,16 @@ OffloadOptions engine_options(const OffloadArgs& off, int64_t batch_size) {
 }
 
 std::unique_ptr<OffloadEngine> place_engine(const Model& model, Device& dev, OffloadOptions o,
-                                            const std::string& progress, bool stderr_is_tty) {
+                                            const std::string& progress, bool stderr_is_tty,
+                                            const std::atomic<bool>* stop) {
   Progress place = startup_progress("place weights", progress, stderr_is_tty);
-  o.on_place = [&](uint64_t done, uint64_t total) { place.update(int64_t(done), int64_t(total)); };
+  o.on_place = [&](uint64_t done, uint64_t total) {
+    place.update(int64_t(done), int64_t(total));
+    if (stop && stop->load(std::memory_order_relaxed) && done < total)
+      throw PlacementStopped(detail::concat("stopped while placing the weights (", human_bytes(done), " of ",
+                                            human_bytes(total), " placed); the store files written stay for the "
+                                            "next run"));
+  };
   auto eng = std::make_unique<OffloadEngine>(model, dev, o);
   place.finish();
   return eng;
@@ -91,7 +99,7 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
   }
   oo.kv_policy = rs.kv_policy.get();
   oo.kv_dtype = rs.kv_dtype;
-  auto eng = place_engine(model, *rs.device, oo, off.progress, env.stderr_is_tty);
+  auto eng = place_engine(model, *rs.device, oo, off.progress, env.stderr_is_tty, env.stop);
   rs.offload = eng.get();
   rs.kv_dtype = eng->options().kv_dtype;  // Q4 when the policy compresses the cache
   // Whole tensors are placed (FlexGen's midpoint rule), so the split is said as it came out.

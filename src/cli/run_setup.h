@@ -4,12 +4,15 @@
 // on CUDA without offloading flags, everything resident) — and the JSON run report.
 #pragma once
 
+#include <atomic>
+
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
 
 #include "cli/common.h"
+#include "core/error.h"
 #include "cli/kv_flags.h"
 #include "cli/offload_flags.h"
 #include "engine/compress.h"
@@ -59,8 +62,15 @@ struct StageRun {
 };
 // The offloading engine of `model` on `dev` under `o`, drawing a "[place weights]" progress line
 // (--progress `progress`; none when placing takes under a second) while the weights are placed.
+// Once `*stop` is set (a stop signal) it throws PlacementStopped at the next weight placed:
+// writing a large store to disk takes minutes, and the files already written stay for the next
+// run. Null: placing is not stopped.
+struct PlacementStopped : Error {
+  using Error::Error;
+};
 std::unique_ptr<OffloadEngine> place_engine(const Model& model, Device& dev, OffloadOptions o,
-                                            const std::string& progress, bool stderr_is_tty);
+                                            const std::string& progress, bool stderr_is_tty,
+                                            const std::atomic<bool>* stop = nullptr);
 
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,

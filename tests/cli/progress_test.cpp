@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/progress.h"
+#include "cli/run_setup.h"
+#include "engine/cpu_device.h"
 #include "cli_run.h"
 
 namespace flexh2o::cli {
@@ -130,6 +132,29 @@ TEST(Progress, GenerateLogsRatesPerLinkAndTheReportHasThem) {
   // Not a terminal and auto (the default): nothing but the summary.
   auto quiet = test::run_flexh2o("generate -m " + model + " -p hi -n 2");
   EXPECT_EQ(quiet.err.find("[generate]"), std::string::npos) << quiet.err;
+}
+
+// A stop signal while the weights are placed ends the placement at the next weight (writing a
+// large store takes minutes); the next placement completes over the files left.
+TEST(Progress, PlacingTheWeightsEndsOnAStopSignal) {
+  test::TempDir tmp;
+  const Model model = Model::load_dir(test::model_dir("tiny-opt"));
+  CpuDevice dev(1);
+  OffloadOptions o;
+  o.policy.w_gpu_percent = 0;
+  o.policy.w_cpu_percent = 0;  // every weight in the store on disk
+  o.offload_dir = tmp.path() / "off";
+  std::atomic<bool> stop{true};
+  try {
+    place_engine(model, dev, o, "never", false, &stop);
+    FAIL() << "expected the placement to stop";
+  } catch (const PlacementStopped& e) {
+    EXPECT_NE(std::string(e.what()).find("stopped while placing the weights"), std::string::npos) << e.what();
+  }
+  stop = false;
+  const std::unique_ptr<OffloadEngine> eng = place_engine(model, dev, o, "never", false, &stop);
+  const OffloadReport r = eng->report();
+  EXPECT_GT(r.weights_reused + r.weights_written, 0u);
 }
 
 }  // namespace
