@@ -322,10 +322,7 @@ size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop
 Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode,
                      const std::vector<std::string>& stop) {
   const std::span<const int32_t> body = eos && !tokens.empty() ? tokens.first(tokens.size() - 1) : tokens;
-  Choice c;
-  c.text = decode(body);
-  c.completion_tokens = int64_t(tokens.size());
-  c.stopped = eos;
+  Choice c{decode(body), int64_t(tokens.size()), eos, {}, {}, {}, {}, {}};
   auto first_stop = [&](const std::string& text) { return first_stop_at(text, stop); };
   if (stop.empty() || first_stop(c.text) == std::string::npos) return c;
   // Generation stops once a stop string is complete: the fewest tokens whose text holds one.
