@@ -86,6 +86,20 @@ Policy OffloadEngine::Impl::batch_policy(int64_t B) const {
   return q;
 }
 
+uint64_t OffloadEngine::Impl::kv_disk_file_bytes(const MemoryPlan& plan, int classes, int l, int64_t n_disk) const {
+  return uint64_t(n_disk) * plan.slots(classes > 1 && c.attention_window(l) > 0).disk_seq;
+}
+
+uint64_t OffloadEngine::Impl::kv_disk_space(const MemoryPlan& plan, int classes, int64_t B) const {
+  uint64_t space = 0;
+  for (int64_t first = 0; first < B; first += p.gpu_batch_size) {
+    const int64_t n_disk = split_kv(std::min(p.gpu_batch_size, B - first), p).n_disk;
+    for (int l = 0; l < c.n_layers && n_disk > 0; ++l)
+      space += DiskStore::entry_bytes(kv_disk_file_bytes(plan, classes, l, n_disk));
+  }
+  return space;
+}
+
 void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
   // Free the previous batch's buffers; the new ones are sized at the prefill.
   dev.synchronize();
@@ -147,7 +161,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
       mb.kv_device.push_back(alloc(MemKind::kDevice, Tier::kDevice, size_t(sp.n_device) * kc.device_seq, tag));
       mb.kv_host.push_back(alloc(MemKind::kPinned, Tier::kHost, size_t(sp.n_host) * kc.home_seq, tag));
       if (sp.n_disk > 0) {
-        const uint64_t bytes = uint64_t(sp.n_disk) * kc.disk_seq;
+        const uint64_t bytes = kv_disk_file_bytes(plan, n_classes, l, sp.n_disk);
         mb.kv_disk_charge.emplace_back();
         Status s = TierCharge::reserve(*e.budgets_[2], bytes, tag, &mb.kv_disk_charge.back());
         if (!s.ok()) FH_FAIL(s.message());

@@ -109,7 +109,7 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
     if (cap && need.bytes[size_t(t)] > cap)
       FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes(cap), " is too small for policy ", opts_.policy.str(),
               " on ", dev.name(), ": it needs at least ", human_bytes(need.bytes[size_t(t)]),
-              " before any KV cache:\n", need.breakdown());
+              " for a block of one-token prompts:\n", need.breakdown());
   }
   impl_ = std::make_unique<Impl>(*this);
   if (placement_.bytes[2] > 0 || opts_.policy.cache_disk_percent() > 1e-9) {
@@ -303,6 +303,12 @@ void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, 
               human_bytes(need.bytes[size_t(t)]), ":\n", need.breakdown(),
               "lower the batch size, use a KV policy or move data to a lower tier");
   }
+  // The filesystem under --offload-dir, too: its KV files are created at the batch's prefill.
+  const uint64_t kv = store_ ? impl_->kv_disk_space(need, impl_->sizing(capacity).classes, int64_t(lengths.size())) : 0;
+  if (const uint64_t free = kv ? store_->free_bytes() : 0; free && kv > free)
+    FH_FAIL("offload directory ", store_->dir().string(), " has ", human_bytes(free), " free; the KV cache of a batch "
+            "of this run (", lengths.size(), " sequences, capacity ", capacity, ") needs ", human_bytes(kv),
+            " there: free space, give another --offload-dir, or home less of the cache on disk (--percent)");
 }
 
 void OffloadEngine::set_groups(int n) {

@@ -145,6 +145,11 @@ struct OffloadEngine::Impl : BatchState {
   MemoryPlan plan_batch(std::span<const int64_t> lengths, int64_t rows, int64_t cap) const;
   // The policy whose block is a batch of B: what plans of that batch count.
   Policy batch_policy(int64_t B) const;
+  // The bytes of layer l's KV file on disk for a micro-batch with n_disk sequences there, under
+  // `plan` of a batch with `classes` classes of layers; and the store space all of a batch of B
+  // sequences' KV files take (an entry each, header and padding included).
+  uint64_t kv_disk_file_bytes(const MemoryPlan& plan, int classes, int l, int64_t n_disk) const;
+  uint64_t kv_disk_space(const MemoryPlan& plan, int classes, int64_t B) const;
 
   // ---- actions (offload_moves.cpp, offload_compute.cpp)
   void run(const Step& s);

@@ -220,6 +220,32 @@ TEST(CliOutput, AnOffloadDirTooSmallForTheWeightsIsRefusedWithTheTotal) {
   EXPECT_NE(e.find("weight files to write need 8.93 MiB"), std::string::npos) << e;
 }
 
+// Room for the weights but not for the KV cache homed on disk: refused before the first batch,
+// with --output (and the results it holds) untouched, not when the batch's KV files are made.
+TEST(CliOutput, AnOffloadDirTooSmallForTheKvCacheIsRefusedBeforeTheOutput) {
+  TempDir tmp;
+  const fs::path small = tmp.path() / "small", in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  fs::create_directories(small);
+  const std::string mount = "mount -t tmpfs -o size=10M none " + small.string();
+  if (std::system(("unshare -m sh -c '" + mount + "' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs in a private mount namespace here";
+  write_file(in, R"({"id": "a", "prompt": "In the beginning", "max_new_tokens": 300})" "\n"
+                 R"({"id": "b", "prompt": "Jesus wept.", "max_new_tokens": 300})" "\n");
+  const std::string old = R"({"id": "a", "text": "from an earlier run"})" "\n";
+  write_file(out, old);
+  const fs::path err = tmp.path() / "err";
+  const std::string run = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o generate -m " + kOpt + " -i " + in.string() +
+                          " -o " + out.string() + " --overwrite -q --greedy -b 2 --percent 0 0 0 0 100 0 " +
+                          "--offload-dir " + (small / "store").string();
+  const int st = std::system(("unshare -m sh -c '" + mount + " && exec " + run + "' 2>" + err.string()).c_str());
+  EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 1);
+  const std::string e = read_text(err);
+  EXPECT_NE(e.find("the KV cache of a batch of this run (2 sequences, capacity 306) needs 2.52 MiB there"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(read_text(out), old);
+}
+
 TEST(CliOutput, TokenizeKeepsGoingPastAnInvalidUtf8Line) {
   TempDir tmp;
   const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl", good = tmp.path() / "good.jsonl";
