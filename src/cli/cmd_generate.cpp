@@ -389,13 +389,14 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     shape.continuous = a.continuous;
     check_batches(*runner, run_reqs, shape);
   }
-  if (!a.output.empty()) out_file.emplace(NamedPath{"--output", a.output}, out_mode);
-  flush();  // the lines that failed before the run
-  // Batch lines with echo and logprobs: their prompts are scored before generation.
+  // Batch lines with echo and logprobs: their prompts are scored before generation, and before
+  // --output is opened, so that a failure there leaves it as it was too.
   std::vector<batch::Request*> echoed;
   for (size_t i = 0; i < items.size(); ++i)
     if (!done[i] && items[i].batch && items[i].batch->scores_prompts()) echoed.push_back(&*items[i].batch);
   batch::score_echoed_prompts(*runner, echoed);
+  if (!a.output.empty()) out_file.emplace(NamedPath{"--output", a.output}, out_mode);
+  flush();  // the lines that failed before the run
   GenerateOptions go;
   go.batch_size = runner->max_batch();
   go.ignore_eos = a.ignore_eos;

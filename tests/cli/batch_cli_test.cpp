@@ -366,6 +366,26 @@ TEST(BatchCli, LinesWithoutACustomIdResume) {
       << r.err;
 }
 
+// Echoed prompts are scored before the run, as one step of many logit rows: when that does not
+// fit (here the host budget for those rows), --output under --overwrite keeps what it held.
+TEST(BatchCli, EchoScoringThatDoesNotFitLeavesTheOutput) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  write_lines(in, {completion("r1", {{"prompt", "In the beginning God created the heaven and the earth. And the "
+                                                "earth was without form, and void."},
+                                     {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}})});
+  const std::string old = R"({"custom_id": "r0", "response": null, "error": null})" "\n";
+  std::ofstream(out) << old;
+  const std::string flags = " --overwrite --percent 100 0 100 0 100 0 --cpu-mem ";
+  RunResult r = flexh2o(gen(in, out, flags + "200KiB"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("host budget exceeded: logits needs"), std::string::npos) << r.err;
+  EXPECT_EQ(read_text(out), old);
+  r = flexh2o(gen(in, out, flags + "1MiB"));  // the rows of one sequence, not of the block of 4
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_jsonl(out).at(0)["custom_id"], "r1");
+}
+
 TEST(BatchCli, HelpTeachesBothFormats) {
   RunResult r = flexh2o("generate --help");
   EXPECT_EQ(r.code, 0);
