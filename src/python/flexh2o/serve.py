@@ -38,12 +38,12 @@ def error_body(message, type_="invalid_request_error", param=None):
 def _too_deep(value, limit=MAX_DEPTH):
     """Whether parsed JSON nests arrays/objects deeper than `limit`. Iterative: the recursion a
     deep value costs is what this guards (json.dumps and the engine's walks of it)."""
-    todo = [(value, 1)]
-    while todo:
-        v, depth = todo.pop()
+    pending = [(value, 1)]
+    while pending:
+        v, depth = pending.pop()
         if depth > limit:
             return True
-        todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (dict, list)))
+        pending.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (dict, list)))
     return False
 
 
