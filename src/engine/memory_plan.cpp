@@ -109,9 +109,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   add(Tier::kDevice, "KV staging", off ? 2 * off * m.kv_device_seq : 0);
   const uint64_t hidden_all = per_mb([&](uint64_t k, const KvSplit&) { return k * m.hidden / n; });
   add(Tier::kDevice, "hidden states", act_host ? 2 * m.hidden : hidden_all);
-  // One q/k/v + attention slot for a whole step; a second for the host-attention pipeline.
+  // One q/k/v + attention slot for a whole step; two more for the host-attention pipeline (one
+  // micro-batch's rows go to the host while the other's come back).
   add(Tier::kDevice, "q/k/v and attention rows",
-      n * rows * (m.qkv_rows + m.attn_rows) + (host_attention ? n * dec * (m.qkv_rows + m.attn_rows) : 0));
+      n * rows * (m.qkv_rows + m.attn_rows) + (host_attention ? 2 * n * dec * (m.qkv_rows + m.attn_rows) : 0));
   add(Tier::kDevice, "attention scores", 2 * m.scores);
   add(Tier::kDevice, "keep lists", 2 * m.keep);
   add(Tier::kDevice, "step inputs and logits", m.inputs + m.logits);

@@ -284,7 +284,8 @@ void OffloadEngine::reserve_rows(int64_t rows) {
   FH_CHECK(!impl_->allocated, "reserve_rows() after the batch's first step");
   FH_CHECK(rows >= 0 && rows <= model_.config().max_positions, "reserve of ", rows, " rows outside [0, ",
            model_.config().max_positions, "]");
-  impl_->rows_reserved = rows;
+  // Only a batch that can rewind takes refill steps: another would hold the rows for nothing.
+  impl_->rows_reserved = impl_->rewindable() ? rows : 0;
 }
 
 void OffloadEngine::budget_lengths(std::span<const int64_t> lengths) {
@@ -292,9 +293,10 @@ void OffloadEngine::budget_lengths(std::span<const int64_t> lengths) {
   impl_->budget_lengths.assign(lengths.begin(), lengths.end());
 }
 
-void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const {
+void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity,
+                                int64_t later_rows) const {
   FH_CHECK(!lengths.empty(), "a batch of no sequences");
-  const MemoryPlan need = impl_->plan_batch(lengths, rows, capacity);
+  const MemoryPlan need = impl_->plan_batch(lengths, rows, capacity, later_rows);
   for (int t = 0; t < 3; ++t) {
     const uint64_t cap = budgets_[size_t(t)]->capacity();
     if (cap && need.bytes[size_t(t)] > cap)
@@ -388,7 +390,13 @@ void OffloadEngine::run_step(const int32_t* ids, const int32_t* positions, int64
   sh.kv_policy = m.kv_policy != nullptr;
   sh.first_layer_loaded = first_layer_loaded_;
   sh.prefetch_next = more_steps_;
-  if (sh.host_attention()) m.ensure_pipeline(T);
+  if (sh.host_attention()) {
+    // The plan counts host attention's rows for one row a sequence, or for the refills that
+    // reserve_rows() announced (can_rewind()).
+    FH_CHECK(T <= std::max<int64_t>(m.rows_reserved, 1), "a step of ", T, " rows attended on the host; its rows are ",
+             "sized for ", std::max<int64_t>(m.rows_reserved, 1));
+    m.ensure_pipeline(std::max(T, m.rows_reserved));
+  }
   schedule_ = build_schedule(sh);
   if (opts_.edit_schedule) opts_.edit_schedule(schedule_);
   // Set once the schedule has run; a failed step leaves slot 1 in an unknown state.
@@ -415,9 +423,9 @@ void OffloadEngine::run_step(const int32_t* ids, const int32_t* positions, int64
 
 bool OffloadEngine::can_rewind() const {
   const Impl& m = *impl_;
-  // Host attention's rows are sized for one row a sequence (the decode steps').
+  // Host attention's rows are sized for one row a sequence unless reserve_rows() asked for more.
   const bool host_attention = opts_.policy.cpu_cache_compute && (shape_.kv_host || shape_.kv_disk);
-  return m.allocated && m.kv_policy == nullptr && !m.hidden_in && !m.hidden_out && !host_attention;
+  return m.allocated && m.rewindable() && (!host_attention || m.rows_reserved > 0);
 }
 
 void OffloadEngine::rewind(int64_t b, int64_t len) {

@@ -52,7 +52,10 @@ TEST(Cli, ContinuousKeepsTheOutputInFewerSteps) {
   const fs::path in = mixed_lines(tmp);
   const std::string offloaded =
       " --percent 0 100 50 50 100 0 --offload-dir " + (tmp.path() / "store").string();  // -b 3: blocks of 3
-  for (const std::string& place : {std::string(), offloaded}) {
+  // FlexGen's OPT-30B shape: KV on the host, attention there.
+  const std::string host_attention =
+      " --percent 20 80 0 100 100 0 --cpu-cache-compute --offload-dir " + (tmp.path() / "store").string();
+  for (const std::string& place : {std::string(), offloaded, host_attention}) {
     const Out base = run(tmp, in, place);
     const Out cont = run(tmp, in, "--continuous" + place);
     ASSERT_EQ(base.lines.size(), 12u);

@@ -37,7 +37,7 @@ std::vector<GenerationRequest> requests(std::initializer_list<std::pair<int64_t,
 class Unchecked final : public ForwardingRunner {
  public:
   using ForwardingRunner::ForwardingRunner;
-  void check_batch(std::span<const int64_t>, int64_t, int64_t) const override {}
+  void check_batch(std::span<const int64_t>, int64_t, int64_t, int64_t) const override {}
 };
 
 struct Case {
@@ -47,6 +47,7 @@ struct Case {
   const char* kv;  // "full" or "h2o" (ratios 0.25 + 0.25)
   int tier;        // the budget under test (the other tiers unbounded): 0 device, 1 host, 2 disk
   size_t batch = 5;  // sequences (at most the block)
+  bool continuous = false;  // one continuous batch: host attention's rows sized for its refills
 };
 
 std::unique_ptr<KvPolicy> kv_policy(const char* kv) {
@@ -85,7 +86,7 @@ TEST_P(BatchFit, TheCheckedBudgetIsTheOneTheBatchAllocates) {
   auto accepted = [&](uint64_t budget) {
     try {
       OffloadEngine eng(model, dev, options(budget));
-      eng.check_batch(lengths, rows, capacity);
+      eng.check_batch(lengths, rows, capacity, k.continuous ? rows : 1);
       return true;
     } catch (const Error&) {
       return false;
@@ -100,6 +101,7 @@ TEST_P(BatchFit, TheCheckedBudgetIsTheOneTheBatchAllocates) {
   }
   GenerateOptions go;
   go.ignore_eos = true;
+  go.continuous = k.continuous;
   {
     OffloadEngine eng(model, dev, options(hi));
     Unchecked run(eng);
@@ -127,7 +129,13 @@ INSTANTIATE_TEST_SUITE_P(Placements, BatchFit,
                                            // Floors put more on disk in the partial micro-batch: of
                                            // 4, 1 + 1 + 2; of 3, 0 + 0 + 3 (its host staging is larger).
                                            Case{"0 100 25 25 100 0", 4, 2, false, "full", 1, 7},
-                                           Case{"0 100 25 25 0 100", 4, 2, true, "h2o", 1, 7}));
+                                           Case{"0 100 25 25 0 100", 4, 2, true, "h2o", 1, 7},
+                                           // Continuous batches (prompts of 2..9, refills as wide).
+                                           Case{"20 80 0 100 100 0", 2, 3, true, "full", 0, 5, true},
+                                           Case{"20 80 0 100 100 0", 2, 3, true, "full", 1, 5, true},
+                                           Case{"0 100 0 50 0 100", 4, 2, true, "full", 1, 7, true},
+                                           Case{"0 100 0 100 0 100", 2, 3, true, "h2o", 1, 5, true},
+                                           Case{"100 0 100 0 100 0", 2, 2, false, "full", 0, 4, true}));
 
 // Two batches, the second longer: without the check its prefill fails after the first batch's
 // results were handed out; with it generate() refuses before any.
@@ -144,7 +152,7 @@ TEST(BatchFit, GenerateRefusesBeforeTheFirstResult) {
     t.device_mem = b;
     try {
       OffloadEngine eng(model, dev, t);
-      eng.check_batch(std::vector<int64_t>{3, 3}, 3, 4);
+      eng.check_batch(std::vector<int64_t>{3, 3}, 3, 4, 1);
       first = b;
       break;
     } catch (const Error&) {
@@ -182,7 +190,7 @@ TEST(BatchFit, AContinuousRunIsCheckedAsTheBatchItRuns) {
     t.device_mem = b;
     try {
       OffloadEngine eng(model, dev, t);
-      eng.check_batch(std::vector<int64_t>{10, 10}, 300, 510);
+      eng.check_batch(std::vector<int64_t>{10, 10}, 300, 510, 300);
       return true;
     } catch (const Error&) {
       return false;

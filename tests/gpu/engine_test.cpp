@@ -124,10 +124,13 @@ INSTANTIATE_TEST_SUITE_P(
 class GpuContinuous : public test::SkipWithoutGpu<> {};
 
 TEST_F(GpuContinuous, RefillStepsGiveEachRequestItsStaticResult) {
-  for (const char* percent : {"100 0 100 0 100 0", "0 100 0 100 100 0"}) {
+  // On the GPU, the KV sent to the GPU, and on the host with attention there (FlexGen's OPT-30B shape).
+  const std::pair<const char*, bool> placements[] = {
+      {"100 0 100 0 100 0", false}, {"0 100 0 100 100 0", false}, {"20 80 0 100 100 0", true}};
+  for (const auto& [percent, cpu_attention] : placements) {
     Model model = Model::load_dir(model_dir("tiny-opt"));
     OffloadOptions o;
-    o.policy = test::policy_of(percent, 2, 2);
+    o.policy = test::policy_of(percent, 2, 2, cpu_attention);
     test::TempDir dir;
     o.offload_dir = dir.path();
     auto dev = gpu::make_cuda_device({});
