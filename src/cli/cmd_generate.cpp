@@ -383,10 +383,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   for (size_t r : order) run_reqs.push_back(std::move(reqs[r]));
   reqs.clear();
   // A batch that does not fit the budgets is found before --output is opened (which empties it
-  // under --overwrite), not when the run reaches it. Ranks and stages form other batches.
-  if (!stages && !dp) {
+  // under --overwrite), not when the run reaches it. Data-parallel ranks run these requests' static
+  // batches under the same flags (each rank checks its own again); pipeline stages form others.
+  if (!stages) {
     GenerateOptions shape;
-    shape.continuous = a.continuous;
+    shape.continuous = a.continuous && !dp;
     check_batches(*runner, run_reqs, shape);
   }
   // Batch lines with echo and logprobs: their prompts are scored before generation, and before

@@ -209,6 +209,28 @@ TEST(DataParallel, Rank0sErrorEndsTheWorkers) {
   EXPECT_NE(d.err.find(") ended the job: it stopped with an error"), std::string::npos) << d.err;
 }
 
+// A device budget the first batches fit and the last (400 tokens a sequence) does not: rank 0
+// refuses the job before --overwrite empties the old results, not when a rank reaches that batch.
+TEST(DataParallel, ABatchThatDoesNotFitIsRefusedBeforeTheOutputIsOpened) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  std::vector<json> lines;
+  for (int i = 0; i < 6; ++i)
+    lines.push_back(json{{"id", named("r", i)}, {"prompt", "Jesus wept."}, {"max_new_tokens", i < 4 ? 2 : 400}});
+  write_lines(in, lines);
+  write_lines(out, {json{{"id", "old"}, {"token_ids", {1}}}});
+  const std::string old = read_text(out);
+  const RunResult d = mpirun(2, gen(kOpt, in, out, "--greedy --overwrite -b 2 --sort-window 1 --gpu-mem 10MiB"));
+  EXPECT_EQ(d.code, 1) << d.err;
+  EXPECT_NE(d.err.find("device budget 10 MiB is too small for a batch of this run (2 sequences"), std::string::npos)
+      << d.err;
+  EXPECT_EQ(read_text(out), old);
+  // The same job with room for it runs.
+  const RunResult ok = mpirun(2, gen(kOpt, in, out, "--greedy --overwrite -b 2 --sort-window 1 --gpu-mem 64MiB"));
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(read_jsonl(out).size(), 6u);
+}
+
 TEST(DataParallel, AFailedRankEndsTheJobWithItsError) {
   TempDir tmp;
   const fs::path in = write_input(tmp.path(), kOpt), out = tmp.path() / "out.jsonl", file = tmp.path() / "file";
