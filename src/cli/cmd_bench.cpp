@@ -67,6 +67,7 @@ int run_bench(const BenchArgs& a, const Env& env) {
   if (const int64_t n = resolve_config(env, a.model).max_positions; a.prompt_len + a.gen_len > n)  // before weights
     FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " exceeds the model's ", n, " positions");
   LoadedModel lm = load_model(env, a.model, "", 0, a.progress);
+  std::cerr << lm.warning;
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& c = lm.model->config();
   CpuDevice dev(a.threads);

@@ -100,6 +100,7 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   if (offload && a.offload.policy_file == "auto") FH_FAIL("eval-ppl: --policy auto is not supported; give --percent");
   check_device_early(a.device);
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
+  std::cerr << lm.warning;
   const auto t0 = std::chrono::steady_clock::now();  // the scoring (placement included), not the load
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   if (!lm.tokenizer) FH_FAIL("eval-ppl needs a tokenizer: pass --tokenizer DIR");
@@ -277,6 +278,7 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
     FH_FAIL("--num-fewshot ", a.num_fewshot, " needs more items than the ", items.size(), " in ", a.tasks);
   check_device_early(a.device);
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
+  std::cerr << lm.warning;
   const auto t0 = std::chrono::steady_clock::now();  // the scoring (placement included), not the load
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   if (!lm.tokenizer) FH_FAIL("eval-choice needs a tokenizer: pass --tokenizer DIR");

@@ -218,7 +218,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& cfg = lm.model->config();
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
-            << "M params, loaded in " << lm.load_seconds << " s\n";
+            << "M params, loaded in " << lm.load_seconds << " s\n" << lm.warning;
   apply_generation_config(a, lm.dir, std::cerr);
 
   std::vector<Item> items;

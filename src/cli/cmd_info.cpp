@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "engine/kv_evict.h"
 #include "loader/checkpoint.h"
+#include "model/weights.h"
 
 namespace flexh2o::cli {
 using nlohmann::json;
@@ -114,9 +115,24 @@ int run_info(const InfoArgs& a, const Env& env) {
   if (std::filesystem::is_directory(source))
     if (const auto f = detect_checkpoint(source)) checkpoint = std::string(checkpoint_format_name(*f));
   j["checkpoint"] = checkpoint;
+  // The checkpoint as a load reads it (mapped, nothing copied): a truncated or mismatched one is
+  // said here, and tensors the config does not read are named.
+  std::string load_error;
+  std::vector<std::string> unused;
+  if (checkpoint != "none") {
+    try {
+      unused = Model::load_dir(source).unused_tensors();
+      j["unused_tensors"] = unused;
+    } catch (const Error& e) {
+      load_error = e.what();
+      j["checkpoint_error"] = load_error;
+    }
+  }
+  const int code = load_error.empty() ? 0 : 1;
   if (a.json) {
     std::cout << j.dump(2) << "\n";
-    return 0;
+    if (!load_error.empty()) write_stderr("flexh2o: error: the checkpoint cannot be loaded: " + load_error + "\n");
+    return code;
   }
   std::cout << "model        " << c.name << " (" << c.model_type << ", " << source << ")\n"
             << "checkpoint   " << checkpoint << "\n"
@@ -146,7 +162,13 @@ int run_info(const InfoArgs& a, const Env& env) {
   for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(double(b)) << "\n";
   std::cout << "KV per token " << human_bytes(double(c.kv_bytes_per_token(DType::F16))) << " (f16), "
             << human_bytes(double(c.kv_bytes_per_token(DType::F32))) << " (f32)\n";
-  return 0;
+  if (!unused.empty()) {
+    std::cout << "not read     " << unused.size() << " tensor(s) of the checkpoint:";
+    for (const std::string& n : unused) std::cout << " " << n;
+    std::cout << "\n";
+  }
+  if (!load_error.empty()) write_stderr("flexh2o: error: the checkpoint cannot be loaded: " + load_error + "\n");
+  return code;
 }
 
 }  // namespace flexh2o::cli

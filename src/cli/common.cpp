@@ -82,7 +82,21 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
     lm.tokenizer.emplace(Tokenizer::load(*dir));
   }
   lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  lm.warning = unused_tensors_warning(*lm.model);
   return lm;
+}
+
+std::string unused_tensors_warning(const Model& m) {
+  const std::vector<std::string>& unused = m.unused_tensors();
+  if (unused.empty()) return {};
+  constexpr size_t kNamed = 4;
+  std::ostringstream os;
+  os << "flexh2o: warning: " << unused.size() << " tensor(s) of the checkpoint are not read by its config (model_type "
+     << m.config().model_type << "): ";
+  for (size_t i = 0; i < std::min(unused.size(), kNamed); ++i) os << (i ? ", " : "") << unused[i];
+  if (unused.size() > kNamed) os << " and " << unused.size() - kNamed << " more";
+  os << "; the checkpoint may be of a variant this config does not describe, and its outputs wrong\n";
+  return os.str();
 }
 
 std::string select_device(const std::string& requested, std::ostream& log) {

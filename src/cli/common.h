@@ -41,8 +41,15 @@ struct LoadedModel {
   std::string source;                  // directory or "preset NAME (dummy weights)"
   std::filesystem::path dir;           // the model directory; empty for a preset
   double load_seconds = 0;
+  // What a user should know about the checkpoint (unused_tensors_warning()), or empty; the
+  // commands print it once (rank 0 of an mpirun job).
+  std::string warning;
   const Tokenizer* tokenizer_or_null() const { return tokenizer ? &*tokenizer : nullptr; }
 };
+
+// "flexh2o: warning: ..." naming the checkpoint's tensors that no weight of the config reads
+// (Model::unused_tensors()), a few of them by name; empty when there are none.
+std::string unused_tensors_warning(const Model& m);
 
 // Writes `text` to stderr in one write(2), after what std::cerr holds: an mpirun job merges its
 // ranks' stderr, and a line written in pieces can be cut by another rank's line.

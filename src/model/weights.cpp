@@ -289,17 +289,33 @@ ModelWeights bind_weights(const ModelConfig& c, const WeightLookup& lookup, cons
   return w;
 }
 
+namespace {
+// Tensors a checkpoint may hold that no text model reads: old LLaMA checkpoints' rotary
+// frequency buffers, and a multimodal checkpoint's vision tower and projector (its text model
+// is what runs).
+bool expected_unread(std::string_view name) {
+  if (name.ends_with("rotary_emb.inv_freq")) return true;
+  for (std::string_view part : {"vision_tower.", "multi_modal_projector.", "vision_model."})
+    if (name.starts_with(part) || name.find(std::string(".") + std::string(part)) != std::string_view::npos)
+      return true;
+  return false;
+}
+}  // namespace
+
 Model Model::load_dir(const std::filesystem::path& dir) {
   Model m;
   m.config_ = ModelConfig::from_file(dir / "config.json");
   auto archive = std::make_shared<TensorArchive>(open_checkpoint_dir(dir));
   // Some OPT checkpoints drop the "model." prefix, and a multimodal Gemma 3's text model may be
   // saved as model.language_model.* (transformers' names in memory); accept either spelling.
+  std::set<const TensorEntry*> read;  // every tensor a weight (or the tie check) reads
   auto find = [&](const std::string& name) -> const TensorEntry* {
-    if (const TensorEntry* e = archive->find(name)) return e;
+    const TensorEntry* e = archive->find(name);
     static constexpr std::string_view kSaved = "language_model.model.";
-    if (name.starts_with(kSaved)) return archive->find("model.language_model." + name.substr(kSaved.size()));
-    return name.rfind("model.", 0) == 0 ? archive->find(name.substr(6)) : nullptr;
+    if (!e && name.starts_with(kSaved)) e = archive->find("model.language_model." + name.substr(kSaved.size()));
+    else if (!e && name.rfind("model.", 0) == 0) e = archive->find(name.substr(6));
+    if (e) read.insert(e);
+    return e;
   };
   auto lookup = [&](const WeightSpec& spec) -> TensorView {
     if (const TensorEntry* e = find(spec.name)) return e->view;
@@ -332,6 +348,8 @@ Model Model::load_dir(const std::filesystem::path& dir) {
   m.stage_ = {0, m.config_.n_layers, m.config_.n_layers};
   m.owner_ = archive;
   for (const MappedFile& f : archive->files()) m.signature_ += shard_fingerprint(f) + "\n";
+  for (const TensorEntry& t : archive->tensors())
+    if (!read.contains(&t) && !expected_unread(t.name)) m.unused_.push_back(t.name);
   return m;
 }
 
@@ -417,6 +435,7 @@ Model Model::stage(int64_t first, int64_t end) const {
   if (!config_.sliding_layers.empty())
     m.config_.sliding_layers.assign(config_.sliding_layers.begin() + first, config_.sliding_layers.begin() + end);
   m.owner_ = owner_;
+  m.unused_ = unused_;
   m.dummy_ = dummy_;
   m.stage_ = {base + first, base + end, total};
   m.signature_ = signature_ + "stage " + std::to_string(m.stage_.first) + "-" + std::to_string(m.stage_.end) + " of " +

@@ -178,6 +178,11 @@ class Model {
   // mtime, ctime, header hash; or the dummy seed), so an offload store written from another
   // checkpoint is never reused. Unbounded length: the store keeps only its digest.
   const std::string& signature() const { return signature_; }
+  // Names of the checkpoint's tensors that no weight of this config reads, in the checkpoint's
+  // order (load_dir; empty for dummy weights): a checkpoint made for a variant this config does
+  // not describe. Rotary frequency buffers and a multimodal checkpoint's vision tower are not
+  // listed. A stage keeps the whole checkpoint's list.
+  const std::vector<std::string>& unused_tensors() const { return unused_; }
   // Total bytes of the bound weights (tied lm_head counted once).
   size_t weight_bytes() const;
   int64_t parameter_count() const;
@@ -189,6 +194,7 @@ class Model {
   std::shared_ptr<void> owner_;
   bool dummy_ = false;
   std::string signature_;
+  std::vector<std::string> unused_;
   StageRange stage_;
 };
 

@@ -92,6 +92,7 @@ Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
   cli::make_kv_config(kv_);          // flag errors before loading anything, as the commands
   cli::make_offload_options(off_);
   lm_ = cli::load_model(opts_.env, opts_.model, opts_.tokenizer);
+  if (!lm_.warning.empty()) cli::write_stderr(lm_.warning);
   device_ = cli::select_device(opts_.device, *lm_.model, std::cerr);
   cli::run_kv_dtype(kv_, off_.compress_cache, *lm_.model);
   if (opts_.generation_config == "auto")

@@ -11,6 +11,7 @@
 
 #include "cli_run.h"
 #include "loader/safetensors.h"
+#include "loader/safetensors_writer.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -186,6 +187,43 @@ TEST(Convert, InfoNamesTheCheckpointFormat) {
   EXPECT_HAS(r.out, "checkpoint   pytorch (sharded)");
   r = flexh2o("info opt-125m --json");
   EXPECT_EQ(json::parse(r.out)["checkpoint"], "none");
+}
+
+// A checkpoint holding a tensor its config does not read (a variant the config does not
+// describe): generate warns with its name and info lists it; rotary frequency buffers, which
+// old checkpoints save, are not counted. A truncated checkpoint: info says it cannot be loaded.
+TEST(Checkpoint, TensorsTheConfigDoesNotReadAreNamedAndABrokenOneIsRefused) {
+  TempDir tmp;
+  const fs::path src = flexh2o::test::model_dir("tiny-llama"), dir = tmp.path() / "extra";
+  fs::create_directory(dir);
+  for (const auto& f : fs::directory_iterator(src))
+    if (f.path().filename() != "model.safetensors" && f.is_regular_file()) fs::copy_file(f.path(), dir / f.path().filename());
+  const SafetensorsArchive a = SafetensorsArchive::open_dir(src);
+  std::vector<std::pair<std::string, flexh2o::TensorView>> t;
+  for (const auto& e : a.tensors()) t.push_back({e.name, e.view});
+  const flexh2o::TensorView norm = a.get("model.layers.0.input_layernorm.weight").view;
+  t.push_back({"model.layers.0.self_attn.q_norm.weight", norm});
+  t.push_back({"model.layers.1.self_attn.rotary_emb.inv_freq", norm});
+  flexh2o::write_safetensors(dir / "model.safetensors", t);
+
+  const RunResult gen = flexh2o("generate -m " + dir.string() + " --prompt hi -n 1 --device cpu --progress never");
+  EXPECT_EQ(gen.code, 0) << gen.err;
+  EXPECT_HAS(gen.err, "warning: 1 tensor(s) of the checkpoint are not read by its config (model_type llama): "
+                      "model.layers.0.self_attn.q_norm.weight; ");
+  EXPECT_EQ(flexh2o("generate -m " + src.string() + " --prompt hi -n 1 --device cpu").err.find("warning"),
+            std::string::npos);
+  RunResult info = flexh2o("info " + dir.string() + " --json");
+  EXPECT_EQ(info.code, 0) << info.err;
+  EXPECT_EQ(json::parse(info.out)["unused_tensors"], json::array({"model.layers.0.self_attn.q_norm.weight"}));
+  info = flexh2o("info " + src.string());
+  EXPECT_EQ(info.code, 0) << info.err;
+  EXPECT_EQ(info.out.find("not read"), std::string::npos) << info.out;
+
+  fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") / 2);
+  info = flexh2o("info " + dir.string());
+  EXPECT_EQ(info.code, 1) << info.err;
+  EXPECT_HAS(info.out, "model ");  // what the config says is still shown
+  EXPECT_HAS(info.err, "flexh2o: error: the checkpoint cannot be loaded: ");
 }
 
 }  // namespace

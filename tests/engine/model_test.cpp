@@ -237,6 +237,25 @@ TEST(ModelLoad, AHeadOfItsOwnWinsOverATieInTheConfig) {
   }
 }
 
+// Tensors no weight reads are listed in the checkpoint's order (a stage keeps the list); a
+// rotary frequency buffer and a multimodal checkpoint's vision tower are not.
+TEST(ModelLoad, TensorsTheConfigDoesNotReadAreListed) {
+  TempDir tmp;
+  write_edited(tmp.path(), [](auto& t) {
+    const TensorView v = t[0].second;
+    t.push_back({"model.decoder.layers.0.self_attn.q_norm.weight", v});
+    t.push_back({"model.decoder.layers.0.self_attn.rotary_emb.inv_freq", v});
+    t.push_back({"vision_tower.blocks.0.weight", v});
+    t.push_back({"extra.weight", v});
+  });
+  const Model m = Model::load_dir(tmp.path());
+  const std::vector<std::string> want = {"extra.weight", "model.decoder.layers.0.self_attn.q_norm.weight"};
+  EXPECT_EQ(m.unused_tensors(), want);
+  EXPECT_EQ(m.stage(1, 2).unused_tensors(), want);
+  EXPECT_TRUE(Model::load_dir(model_dir("tiny-opt")).unused_tensors().empty());
+  EXPECT_TRUE(Model::load_dir(model_dir("arch/gemma3_text_mm")).unused_tensors().empty());
+}
+
 TEST(ModelLoad, IntegerWeightRejected) {
   TempDir tmp;
   std::vector<int32_t> ints(256, 1);
