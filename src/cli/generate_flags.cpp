@@ -54,7 +54,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
               "slot to the next request, in one step with the batch's other sequences once a quarter of the "
               "slots are free, instead of leaving it idle until the whole batch ends. Each result is the same as without "
               "it. Pays off when lengths vary (EOS, mixed max_tokens); needs a full cache (no --kv-policy or "
-              "window cap) and attention where the cache goes (not --cpu-cache-compute with offloaded KV), "
+              "window cap; every placement, --cpu-cache-compute included), "
               "else it runs static batches and says so, as it does under mpirun (pipeline stages, data-parallel "
               "ranks)");
   add_sampling_flags(*g, a);
