@@ -22,9 +22,8 @@ class ForwardingRunner : public StepRunner {
   void expect_more_steps(bool more) override { inner_.expect_more_steps(more); }
   void reserve_rows(int64_t rows) override { inner_.reserve_rows(rows); }
   void budget_lengths(std::span<const int64_t> lengths) override { inner_.budget_lengths(lengths); }
-  void check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity,
-                   int64_t later_rows) const override {
-    inner_.check_batch(lengths, rows, capacity, later_rows);
+  void check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const override {
+    inner_.check_batch(lengths, rows, capacity);
   }
   bool can_rewind() const override { return inner_.can_rewind(); }
   void rewind(int64_t b, int64_t len) override { inner_.rewind(b, len); }

@@ -56,8 +56,7 @@ void check_batches(const StepRunner& runner, const std::vector<GenerationRequest
   // One batch sized for every request. Where the runner cannot rewind (known after its first
   // step) the rest run as static batches, checked before they start (generate_continuous()).
   const auto [rows, cap] = continuous_extent(runner.config(), requests, 0, opts.min_rows, opts.min_capacity);
-  check_members(runner, requests, iota_from(0, std::min(requests.size(), size_t(runner.max_batch()))), rows, cap,
-                true);
+  check_members(runner, requests, iota_from(0, std::min(requests.size(), size_t(runner.max_batch()))), rows, cap);
 }
 
 std::vector<size_t> length_sorted_order(const std::vector<GenerationRequest>& requests, int64_t batch,

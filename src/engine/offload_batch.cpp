@@ -25,7 +25,7 @@ void OffloadEngine::Impl::fail_unless(const Status& s) {
 }
 
 BatchDims OffloadEngine::Impl::dims() const {
-  return dims_of({window, kv_policy, n_classes}, batch, s_max, rows_reserved, capacity, logit_rows, kvc[0].budgets);
+  return dims_of({window, kv_policy, n_classes}, batch, s_max, capacity, logit_rows, kvc[0].budgets);
 }
 
 OffloadEngine::Impl::Sizing OffloadEngine::Impl::sizing(int64_t cap) const {
@@ -45,12 +45,11 @@ std::vector<KvBudget> OffloadEngine::Impl::class_budgets(const Sizing& z, int cl
   return budgets;
 }
 
-BatchDims OffloadEngine::Impl::dims_of(const Sizing& z, int64_t B, int64_t rows, int64_t later_rows, int64_t cap,
-                                       int64_t logits, const std::vector<KvBudget>& first_class) const {
+BatchDims OffloadEngine::Impl::dims_of(const Sizing& z, int64_t B, int64_t rows, int64_t cap, int64_t logits,
+                                       const std::vector<KvBudget>& first_class) const {
   BatchDims d;
   d.batch = B;
   d.rows = std::max<int64_t>(rows, 1);
-  d.decode_rows = std::max<int64_t>(later_rows, 1);
   d.capacity = std::max<int64_t>(cap, 1);
   d.logit_rows = logits;
   d.kv_policy = z.policy != nullptr;
@@ -68,8 +67,7 @@ BatchDims OffloadEngine::Impl::dims_of(const Sizing& z, int64_t B, int64_t rows,
   return d;
 }
 
-MemoryPlan OffloadEngine::Impl::plan_batch(std::span<const int64_t> lengths, int64_t rows, int64_t cap,
-                                           int64_t later_rows) const {
+MemoryPlan OffloadEngine::Impl::plan_batch(std::span<const int64_t> lengths, int64_t rows, int64_t cap) const {
   const int64_t B = int64_t(lengths.size());
   const Sizing z = sizing(cap);
   auto length = [&](int64_t b) { return lengths[size_t(b)]; };
@@ -77,9 +75,8 @@ MemoryPlan OffloadEngine::Impl::plan_batch(std::span<const int64_t> lengths, int
   for (int i = 1; i < z.classes; ++i) check_window_budgets(c, class_budgets(z, i, B, length), cap);
   const std::vector<KvBudget> budgets = class_budgets(z, 0, B, length);
   check_window_budgets(c, budgets, cap);
-  // Refill steps (later_rows > 1) come only to a batch that can rewind (reserve_rows()).
-  return plan_memory(c, WeightBytes::of(e.placement_), batch_policy(B),
-                     dims_of(z, B, rows, rewindable(z) ? later_rows : 1, cap, 1, budgets), {dev.kind(), kvdt, adt});
+  return plan_memory(c, WeightBytes::of(e.placement_), batch_policy(B), dims_of(z, B, rows, cap, 1, budgets),
+                     {dev.kind(), kvdt, adt});
 }
 
 Policy OffloadEngine::Impl::batch_policy(int64_t B) const {

@@ -293,10 +293,9 @@ void OffloadEngine::budget_lengths(std::span<const int64_t> lengths) {
   impl_->budget_lengths.assign(lengths.begin(), lengths.end());
 }
 
-void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity,
-                                int64_t later_rows) const {
+void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const {
   FH_CHECK(!lengths.empty(), "a batch of no sequences");
-  const MemoryPlan need = impl_->plan_batch(lengths, rows, capacity, later_rows);
+  const MemoryPlan need = impl_->plan_batch(lengths, rows, capacity);
   for (int t = 0; t < 3; ++t) {
     const uint64_t cap = budgets_[size_t(t)]->capacity();
     if (cap && need.bytes[size_t(t)] > cap)
@@ -385,18 +384,15 @@ void OffloadEngine::run_step(const int32_t* ids, const int32_t* positions, int64
     sh.kv_host = sh.kv_host || mb.split.n_host > 0;
     sh.kv_disk = sh.kv_disk || mb.split.n_disk > 0;
   }
-  sh.cpu_attention = opts_.policy.cpu_cache_compute;
+  // --cpu-cache-compute is FlexGen's decode attention on the host, a row a sequence; a wider
+  // step (continuous batching's refill, a scoring chunk) attends on the device, as the prefill
+  // does, over the cache sent there (the host-attention rows are sized for one row a sequence).
+  sh.cpu_attention = opts_.policy.cpu_cache_compute && T == 1;
   sh.act_on_host = opts_.policy.act_cpu_percent == 100;
   sh.kv_policy = m.kv_policy != nullptr;
   sh.first_layer_loaded = first_layer_loaded_;
   sh.prefetch_next = more_steps_;
-  if (sh.host_attention()) {
-    // The plan counts host attention's rows for one row a sequence, or for the refills that
-    // reserve_rows() announced (can_rewind()).
-    FH_CHECK(T <= std::max<int64_t>(m.rows_reserved, 1), "a step of ", T, " rows attended on the host; its rows are ",
-             "sized for ", std::max<int64_t>(m.rows_reserved, 1));
-    m.ensure_pipeline(std::max(T, m.rows_reserved));
-  }
+  if (sh.host_attention()) m.ensure_pipeline(T);
   schedule_ = build_schedule(sh);
   if (opts_.edit_schedule) opts_.edit_schedule(schedule_);
   // Set once the schedule has run; a failed step leaves slot 1 in an unknown state.
@@ -421,12 +417,7 @@ void OffloadEngine::run_step(const int32_t* ids, const int32_t* positions, int64
   m.finish_step(logits, hidden_out);
 }
 
-bool OffloadEngine::can_rewind() const {
-  const Impl& m = *impl_;
-  // Host attention's rows are sized for one row a sequence unless reserve_rows() asked for more.
-  const bool host_attention = opts_.policy.cpu_cache_compute && (shape_.kv_host || shape_.kv_disk);
-  return m.allocated && m.rewindable() && (!host_attention || m.rows_reserved > 0);
-}
+bool OffloadEngine::can_rewind() const { return impl_->allocated && impl_->rewindable(); }
 
 void OffloadEngine::rewind(int64_t b, int64_t len) {
   Impl& m = *impl_;

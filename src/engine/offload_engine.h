@@ -113,13 +113,12 @@ class OffloadEngine final : public StepRunner {
   const ModelConfig& config() const override { return model_.config(); }
   int64_t max_batch() const override { return opts_.policy.block_size(); }
   void begin_batch(int64_t B, int64_t capacity) override;
-  // Buffers sized at the prefill take at least `rows` rows a sequence (and host attention's
-  // rows `rows` a sequence), in a batch that can rewind; other batches never refill.
+  // Buffers sized at the prefill take at least `rows` rows a sequence, in a batch that can
+  // rewind; other batches never refill.
   void reserve_rows(int64_t rows) override;
   void budget_lengths(std::span<const int64_t> lengths) override;
   // The batch's memory plan (the one its prefill allocates by) against the budgets.
-  void check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity,
-                   int64_t later_rows) const override;
+  void check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const override;
   // Blocking. The first step of a batch (the prefill) sizes its buffers and fails, naming
   // every item, when they do not fit.
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
@@ -127,8 +126,8 @@ class OffloadEngine final : public StepRunner {
   size_t kv_bytes() const override { return kv_bytes_; }
   // true (the default): each step also loads the next step's first layer when it streams.
   void expect_more_steps(bool more) override { more_steps_ = more; }
-  // A whole model's full cache (no policy or window cap); with --cpu-cache-compute over
-  // offloaded KV, only where reserve_rows() sized host attention's rows for the refills.
+  // A whole model's full cache (no policy or window cap). Under --cpu-cache-compute a step of
+  // more than one row (a refill, a scoring chunk) attends on the device, as the prefill does.
   bool can_rewind() const override;
   void rewind(int64_t b, int64_t len) override;
   // A whole model without a KV policy (a window cap is the full cache's).

@@ -139,15 +139,13 @@ struct OffloadEngine::Impl : BatchState {
   Sizing sizing(int64_t cap) const;
   std::vector<KvBudget> class_budgets(const Sizing& z, int cls, int64_t B,
                                       const std::function<int64_t(int64_t)>& length) const;
-  BatchDims dims_of(const Sizing& z, int64_t B, int64_t rows, int64_t later_rows, int64_t cap, int64_t logits,
+  BatchDims dims_of(const Sizing& z, int64_t B, int64_t rows, int64_t cap, int64_t logits,
                     const std::vector<KvBudget>& first_class) const;
   // The plan of a batch ahead of it (OffloadEngine::check_batch): `lengths` its prompts.
-  MemoryPlan plan_batch(std::span<const int64_t> lengths, int64_t rows, int64_t cap, int64_t later_rows) const;
-  // Whether a batch sized by `z` may rewind its sequences and so take refill steps
-  // (OffloadEngine::can_rewind(), which also needs host attention's rows reserved): a whole
-  // model's full cache. The current batch's is known from begin_batch() on.
-  bool rewindable(const Sizing& z) const { return z.policy == nullptr && !hidden_in && !hidden_out; }
-  bool rewindable() const { return rewindable({window, kv_policy, n_classes}); }
+  MemoryPlan plan_batch(std::span<const int64_t> lengths, int64_t rows, int64_t cap) const;
+  // Whether the current batch may rewind its sequences and so take refill steps
+  // (OffloadEngine::can_rewind()): a whole model's full cache. Known from begin_batch() on.
+  bool rewindable() const { return kv_policy == nullptr && !hidden_in && !hidden_out; }
   // The policy whose block is a batch of B: what plans of that batch count.
   Policy batch_policy(int64_t B) const;
   // The bytes of layer l's KV file on disk for a micro-batch with n_disk sequences there, under

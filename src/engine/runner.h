@@ -34,8 +34,8 @@ class StepRunner {
   virtual void expect_more_steps(bool more) { (void)more; }
   // Before a batch's first step: its later steps may be up to `rows` wide, wider than the first
   // (continuous batching's refill steps). An engine that sizes its buffers at the first step
-  // sizes them for the wider of the two (and, attending on the host, its later steps' rows for
-  // `rows`), unless the batch cannot rewind; without this no step may be wider than the first.
+  // sizes them for the wider of the two, unless the batch cannot rewind (and so never refills);
+  // without this no step may be wider than the first.
   virtual void reserve_rows(int64_t rows) { (void)rows; }
   // Before a batch's first step: the length each sequence's KV budget is a share of, when the
   // runner's policy gives ratios (KvPolicy::budget; default: the sequence's prefill rows).
@@ -44,18 +44,16 @@ class StepRunner {
   // token. lengths.size() is the batch; each at least 1. Every runner with a KV policy honours it.
   virtual void budget_lengths(std::span<const int64_t> lengths) = 0;
   // Throws, with what each tier would need, when a batch of lengths.size() sequences (sequence
-  // b's prompt, lengths[b] tokens, the base of its KV budget) whose first step is `rows` wide,
-  // whose later steps are up to `later_rows` wide (1; continuous batching's refills: `rows`,
-  // reserve_rows()) and whose sequences hold up to `capacity` tokens would not fit the runner's
-  // memory budgets; so a driver can refuse a run before its first result rather than at the
-  // batch that does not fit. Allocates nothing. A runner without budgets accepts every batch.
-  virtual void check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity,
-                           int64_t later_rows) const {
-    (void)lengths, (void)rows, (void)capacity, (void)later_rows;
+  // b's prompt, lengths[b] tokens, the base of its KV budget) whose widest step is `rows` wide
+  // (its first, or continuous batching's refills: reserve_rows()) and whose sequences hold up to
+  // `capacity` tokens would not fit the runner's memory budgets; so a driver can refuse a run
+  // before its first result rather than at the batch that does not fit. Allocates nothing. A
+  // runner without budgets accepts every batch.
+  virtual void check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const {
+    (void)lengths, (void)rows, (void)capacity;
   }
   // Continuous batching. Asked after the batch's first step: whether rewind() may be called (a
-  // full cache with no KV policy or window cap; offloaded with attention on the host, only in a
-  // batch that reserve_rows() sized for its refills).
+  // full cache with no KV policy or window cap).
   virtual bool can_rewind() const { return false; }
   // Keeps only sequence b's first `len` cached tokens: the next step's rows for b are written
   // from slot len on (len 0: a new sequence in b's slot; else rows recomputed so that b can

@@ -265,7 +265,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Placement{"tiny-opt", "30 30 34 33 100 0", 3, 2}, Placement{"tiny-opt", "100 0 0 0 100 0", 3, 2},
                       Placement{"tiny-opt", "0 50 0 100 0 100", 2, 2, false},
                       Placement{"tiny-llama", "50 0 34 33 100 0", 2, 3}, Placement{"tiny-llama", "0 0 0 100 0 100", 4, 1},
-                      // Host attention over offloaded KV: its rows sized for the refills.
+                      // Host attention over offloaded KV: decode steps there, refills on the device.
                       Placement{"tiny-opt", "100 0 0 100 100 0", 2, 2, true, true},
                       Placement{"tiny-opt", "30 30 34 33 100 0", 3, 2, true, true},
                       Placement{"tiny-opt", "0 50 0 0 0 100", 2, 2, false, true},

@@ -124,7 +124,8 @@ INSTANTIATE_TEST_SUITE_P(
 class GpuContinuous : public test::SkipWithoutGpu<> {};
 
 TEST_F(GpuContinuous, RefillStepsGiveEachRequestItsStaticResult) {
-  // On the GPU, the KV sent to the GPU, and on the host with attention there (FlexGen's OPT-30B shape).
+  // On the GPU, the KV sent to the GPU, and on the host with decode attention there (FlexGen's
+  // OPT-30B shape; refills attend on the GPU).
   const std::pair<const char*, bool> placements[] = {
       {"100 0 100 0 100 0", false}, {"0 100 0 100 100 0", false}, {"20 80 0 100 100 0", true}};
   for (const auto& [percent, cpu_attention] : placements) {
