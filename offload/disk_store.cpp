@@ -73,10 +73,10 @@ namespace {
 
 // Opens dir/name.fhs and checks its header: kNotFound (missing), kInvalid (another model identity
 // or name), kCorrupt (bad magic/version/header hash, incomplete, truncated), kIoError.
-Status load_entry(IoBackend& io, bool direct, const fs::path& path, std::string_view identity,
+Status load_entry(IoBackend& io, bool direct, bool writable, const fs::path& path, std::string_view identity,
                   std::string_view name, std::atomic<uint64_t>& bytes_read,
                   std::shared_ptr<DiskStore::Entry>* out) {
-  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0)));
+  Fd fd(::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | (direct ? O_DIRECT : 0)));
   if (fd.get() < 0) {
     int e = errno;
     return {e == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
@@ -133,6 +133,7 @@ std::unique_ptr<DiskStore> DiskStore::open(const fs::path& dir, std::string iden
   if (ec || !fs::is_directory(dir))
     FH_FAIL("offload directory '", dir.string(), "' cannot be created: ",
             ec ? ec.message() : std::string("a non-directory is in the way"));
+  if (::access(dir.c_str(), W_OK) != 0 && (errno == EROFS || errno == EACCES)) return open_read_only(dir, identity, io, opts);
   RunLease lease;
   {
     // The lease is created under the directory lock, so a cleaner never sees it unlocked.
@@ -169,6 +170,35 @@ std::unique_ptr<DiskStore> DiskStore::open(const fs::path& dir, std::string iden
       new DiskStore(dir, std::move(identity), io, direct, std::move(note), std::move(lease), opts.on_wait));
 }
 
+std::unique_ptr<DiskStore> DiskStore::open_read_only(const fs::path& dir, std::string identity, IoBackend& io,
+                                                     const DiskStoreOptions& opts) {
+  // O_DIRECT as a read of an existing store file takes it (no file: nothing will be read).
+  bool direct = false;
+  std::string note = "read-only directory: buffered I/O through the page cache";
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(dir, ec)) {
+    if (de.path().extension() != kSuffix || !opts.use_direct_io) continue;
+    Fd fd(::open(de.path().c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
+    AlignedBuffer page(kIoAlign);
+    if (fd.get() >= 0 && ::pread(fd.get(), page.data(), kIoAlign, 0) == ssize_t(kIoAlign)) {
+      direct = true;
+      note = "read-only directory: O_DIRECT (page cache bypassed)";
+    }
+    break;
+  }
+  auto s = std::unique_ptr<DiskStore>(new DiskStore(dir, std::move(identity), io, direct, std::move(note), RunLease(),
+                                                    opts.on_wait));
+  s->read_only_ = true;
+  return s;
+}
+
+Status DiskStore::read_only_error(std::string_view name) const {
+  return {StatusCode::kIoError,
+          detail::concat("offload directory '", dir_.string(), "' is read-only: cannot write '", name,
+                         "' there; build its weight files once from a run that can write there, or give a "
+                         "writable --offload-dir")};
+}
+
 DiskStore::DiskStore(fs::path dir, std::string identity, IoBackend& io, bool direct, std::string note, RunLease lease,
                      std::function<void()> on_wait)
     : dir_(std::move(dir)),
@@ -185,6 +215,9 @@ DiskStore::~DiskStore() {
 }
 
 std::string DiskStore::run_name(std::string_view base) const {
+  if (read_only_)
+    FH_FAIL("offload directory '", dir_.string(), "' is read-only: this run cannot keep '", base,
+            "' there (home the KV cache on the GPU or the host, or give a writable --offload-dir)");
   std::string n = detail::concat(base, ".", lease_.token());
   check_name(n);
   return n;
@@ -215,7 +248,7 @@ std::shared_ptr<DiskStore::Entry> DiskStore::entry(std::string_view name, Status
   std::lock_guard lk(mu_);
   if (auto it = entries_.find(name); it != entries_.end()) return it->second;
   std::shared_ptr<Entry> e;
-  *st = load_entry(io_, direct_, path, identity_, name, bytes_read_, &e);
+  *st = load_entry(io_, direct_, !read_only_, path, identity_, name, bytes_read_, &e);
   if (st->ok()) entries_.emplace(std::string(name), e);
   return e;
 }
@@ -349,10 +382,12 @@ Status DiskStore::rw_ranges(std::string_view name, IoOp op, std::span<const Stor
 
 Status DiskStore::put(std::string_view name, TensorView payload) {
   FH_CHECK(payload.data != nullptr || payload.nbytes() == 0, "put('", name, "') with null data");
+  if (read_only_) return read_only_error(name);
   return write_new(name, &payload, payload.nbytes());
 }
 
 Status DiskStore::create(std::string_view name, uint64_t payload_bytes) {
+  if (read_only_) return read_only_error(name);
   return write_new(name, nullptr, payload_bytes);
 }
 
@@ -457,7 +492,7 @@ Status DiskStore::write_new(std::string_view name, const TensorView* payload, ui
 Status DiskStore::reuse(std::string_view name, DType dtype, const Shape& shape, ReuseCheck check) {
   fs::path path = path_of(name);
   std::shared_ptr<Entry> e;
-  if (Status st = load_entry(io_, direct_, path, identity_, name, bytes_read_, &e); !st.ok()) return st;
+  if (Status st = load_entry(io_, direct_, !read_only_, path, identity_, name, bytes_read_, &e); !st.ok()) return st;
   const uint64_t expect = TensorView{nullptr, dtype, shape}.nbytes();
   if (e->dtype != dtype || e->shape != shape || e->payload_bytes != expect)
     return {StatusCode::kInvalid,
@@ -474,7 +509,7 @@ Status DiskStore::reuse(std::string_view name, DType dtype, const Shape& shape, 
 Status DiskStore::verify(std::string_view name) {
   fs::path path = path_of(name);
   std::shared_ptr<Entry> e;
-  if (Status st = load_entry(io_, direct_, path, identity_, name, bytes_read_, &e); !st.ok()) {
+  if (Status st = load_entry(io_, direct_, !read_only_, path, identity_, name, bytes_read_, &e); !st.ok()) {
     if (st.code() == StatusCode::kInvalid) return {StatusCode::kCorrupt, st.message()};
     return st;
   }
@@ -517,6 +552,7 @@ Status DiskStore::hash_payload(const Entry& e) {
 
 Status DiskStore::remove(std::string_view name) {
   fs::path path = path_of(name);
+  if (read_only_) return read_only_error(name);
   std::lock_guard lk(mu_);
   if (auto it = entries_.find(name); it != entries_.end()) entries_.erase(it);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT)

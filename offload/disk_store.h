@@ -57,7 +57,10 @@ class DiskStore {
   // buffered I/O, see io_note()). `identity` (1..kStoreMaxString bytes; the engine passes a
   // fixed-length digest, store_identity.h) is stamped into every header; files with another
   // identity are never reused. Under the directory lock it starts this store's run lease and
-  // removes the files of runs that died (store_dir.h). `io` must outlive the store.
+  // removes the files of runs that died (store_dir.h). A directory this process cannot write
+  // (EROFS, EACCES: a read-only mount of a store built elsewhere) opens read-only: its files are
+  // read as they are, nothing is cleaned or leased, and put/create/remove return kIoError
+  // naming the directory (run_name throws). `io` must outlive the store.
   static std::unique_ptr<DiskStore> open(const std::filesystem::path& dir, std::string identity,
                                          IoBackend& io, const DiskStoreOptions& opts = {});
   // Closes every entry and removes this run's per-run files (run_name()) and its lease.
@@ -143,6 +146,7 @@ class DiskStore {
   // Bytes the directory's filesystem has free for this process now (statvfs; 0 if unknown).
   uint64_t free_bytes() const;
   bool direct_io() const { return direct_; }
+  bool read_only() const { return read_only_; }
   const std::string& io_note() const { return io_note_; }  // "O_DIRECT" or why buffered
   // Bytes moved to/from the files (headers and page padding included), for the run report.
   uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
@@ -153,6 +157,9 @@ class DiskStore {
  private:
   DiskStore(std::filesystem::path dir, std::string identity, IoBackend& io, bool direct, std::string note,
             RunLease lease, std::function<void()> on_wait);
+  static std::unique_ptr<DiskStore> open_read_only(const std::filesystem::path& dir, std::string identity,
+                                                   IoBackend& io, const DiskStoreOptions& opts);
+  [[nodiscard]] Status read_only_error(std::string_view name) const;
   std::shared_ptr<Entry> entry(std::string_view name, Status* st);
   [[nodiscard]] Status io(std::vector<IoRequest>& reqs, const Entry& e);
   [[nodiscard]] Status rw(Entry& e, IoOp op, uint64_t off, size_t len, std::byte* mem);
@@ -164,6 +171,7 @@ class DiskStore {
   std::string identity_;
   IoBackend& io_;
   bool direct_;
+  bool read_only_ = false;
   std::string io_note_;
   std::function<void()> on_wait_;
   std::mutex mu_;  // guards entries_

@@ -81,6 +81,15 @@ StoreDirLock StoreDirLock::acquire(const fs::path& dir, const std::function<void
   const fs::path path = dir / kDirLockName;
   StoreDirLock l;
   l.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (l.fd_ < 0 && (errno == EROFS || errno == EACCES)) {
+    // A directory this process cannot write (a read-only mount of a store built elsewhere): flock
+    // works on a descriptor opened for reading. On a read-only filesystem without a lock file no
+    // run can change anything there: there is nothing to lock against.
+    const int first = errno;
+    l.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (l.fd_ < 0 && errno == ENOENT && first == EROFS) return l;
+    if (l.fd_ < 0) errno = first;
+  }
   if (l.fd_ < 0)
     FH_FAIL("offload directory '", dir.string(), "' is not usable: cannot open its lock file '", path.string(),
             "': ", std::strerror(errno));

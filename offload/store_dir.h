@@ -14,7 +14,9 @@
 namespace flexh2o {
 
 // flock on DIR/flexh2o.lock (created if absent, never removed: removing a lock file races with
-// its next locker): exclusive to build or clean, shared to only read and check weight files.
+// its next locker): exclusive to build or clean, shared to only read and check weight files. In a
+// directory this process cannot write, an existing lock file is locked through a read-only
+// descriptor, and on a read-only filesystem without one nothing is locked (held() false).
 // Move-only; released on destruction.
 class StoreDirLock {
  public:

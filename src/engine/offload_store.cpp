@@ -118,7 +118,12 @@ void OffloadEngine::Impl::place_disk_weights(const std::vector<std::pair<size_t,
       }
     }
   }
-  if (failed.empty() && previous == store_manifest) return;
+  if (failed.empty() && (previous == store_manifest || store.read_only())) return;
+  if (store.read_only())
+    FH_FAIL("offload directory ", store.dir().string(), " is read-only and ", failed.size(), " of its ", homes.size(),
+            " weight files for this run cannot be used (", failed.front().second.message(),
+            "): build them once from a run that can write there, with the same model and flags, or give a "
+            "writable --offload-dir");
   // Writing is exclusive; a file another run wrote while this one waited is reused, not rewritten.
   StoreDirLock exclusive = store.lock_dir(StoreDirLock::Mode::kExclusive);
   {  // Refused before the first file rather than at the one that does not fit, with the total. A

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "cli_run.h"
@@ -244,6 +245,49 @@ TEST(CliOutput, AnOffloadDirTooSmallForTheKvCacheIsRefusedBeforeTheOutput) {
             std::string::npos)
       << e;
   EXPECT_EQ(read_text(out), old);
+}
+
+// A store built once, then mounted read-only (a shared, prebuilt --offload-dir): its weight files
+// serve the same tokens; a run that would write there (KV files, weights of other flags) is
+// refused naming the directory, before --output is touched; nothing is written. A read-only bind
+// mount in a private mount namespace: skipped where this process may not make one.
+TEST(CliOutput, AReadOnlyOffloadDirServesItsWeightsAndRefusesWrites) {
+  TempDir tmp;
+  const fs::path store = tmp.path() / "store", out = tmp.path() / "out.jsonl", err = tmp.path() / "err";
+  const std::string bin = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o";
+  const std::string gen = bin + " generate -m " + kOpt + " --prompt \"In the beginning\" -n 6 --greedy -q " +
+                          "--offload-dir " + store.string() + " -o " + out.string() + " --overwrite ";
+  RunResult built = flexh2o(gen.substr(bin.size() + 1) + "--percent 0 0 100 0 100 0");
+  ASSERT_EQ(built.code, 0) << built.err;
+  const std::string want = read_text(out);
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(store)) files.insert(e.path().filename().string());
+  const std::string ro = "mount --bind " + store.string() + " " + store.string() + " && mount -o remount,ro,bind " +
+                         store.string();
+  if (std::system(("unshare -m sh -c '" + ro + "' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot make a read-only bind mount in a private mount namespace here";
+  auto run = [&](const std::string& flags) {
+    const std::string cmd = ro + " && exec " + gen + flags;
+    const int st = std::system(("unshare -m sh -c '" + cmd + "' 2>" + err.string()).c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  write_file(out, "old\n");
+  EXPECT_EQ(run("--percent 0 0 100 0 100 0"), 0) << read_text(err);
+  EXPECT_EQ(read_text(out), want);
+  write_file(out, "old\n");
+  EXPECT_EQ(run("--percent 0 0 0 0 100 0"), 1);  // the KV cache on disk
+  EXPECT_NE(read_text(err).find("offload directory " + store.string() + " is read-only; this run homes "),
+            std::string::npos)
+      << read_text(err);
+  EXPECT_EQ(read_text(out), "old\n");
+  EXPECT_EQ(run("--percent 0 0 100 0 100 0 --compress-weight"), 1);  // weight files of another identity
+  EXPECT_NE(read_text(err).find(" is read-only and 68 of its 68 weight files for this run cannot be used"),
+            std::string::npos)
+      << read_text(err);
+  EXPECT_EQ(read_text(out), "old\n");
+  std::set<std::string> after;
+  for (const auto& e : fs::directory_iterator(store)) after.insert(e.path().filename().string());
+  EXPECT_EQ(after, files);
 }
 
 TEST(CliOutput, TokenizeKeepsGoingPastAnInvalidUtf8Line) {
