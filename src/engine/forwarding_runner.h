@@ -26,6 +26,7 @@ class ForwardingRunner : public StepRunner {
     inner_.check_batch(lengths, rows, capacity);
   }
   bool can_rewind() const override { return inner_.can_rewind(); }
+  bool rewinds(int64_t capacity) const override { return inner_.rewinds(capacity); }
   void rewind(int64_t b, int64_t len) override { inner_.rewind(b, len); }
   bool can_step_rows() const override { return inner_.can_step_rows(); }
   void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t rows,

@@ -53,10 +53,13 @@ void check_batches(const StepRunner& runner, const std::vector<GenerationRequest
                    const GenerateOptions& opts) {
   if (!opts.continuous) return check_static_batches(runner, requests, 0);
   if (requests.empty()) return;
-  // One batch sized for every request. Where the runner cannot rewind (known after its first
-  // step) the rest run as static batches, checked before they start (generate_continuous()).
+  // One batch sized for every request; where the runner cannot rewind, it runs as a static batch
+  // (as wide as its own prompts) and the rest as static batches (generate_continuous()).
   const auto [rows, cap] = continuous_extent(runner.config(), requests, 0, opts.min_rows, opts.min_capacity);
-  check_members(runner, requests, iota_from(0, std::min(requests.size(), size_t(runner.max_batch()))), rows, cap);
+  const size_t first = std::min(requests.size(), size_t(runner.max_batch()));
+  check_members(runner, requests, iota_from(0, first), rows, cap);
+  const BatchExtent x = batch_extent(runner.config(), requests, iota_from(0, first), rows, cap);
+  if (!runner.rewinds(x.capacity)) check_static_batches(runner, requests, first);
 }
 
 std::vector<size_t> length_sorted_order(const std::vector<GenerationRequest>& requests, int64_t batch,

@@ -62,8 +62,8 @@ struct GenerateOptions {
   // Continuous batching (generate(StepRunner&) only): a slot whose sequence ends takes the next
   // request, in a refill step once a quarter of the batch's slots are free, instead of idling
   // until its batch ends. Results are a sequence's own as in static batches; where the runner
-  // cannot rewind (can_rewind(): a KV policy, a window cap, --cpu-cache-compute offloading),
-  // the first batch runs to its end and the rest in static batches.
+  // cannot rewind (StepRunner::rewinds(): a KV policy, a window cap, pipeline stages), the first
+  // batch runs to its end and the rest in static batches.
   bool continuous = false;
   // Continuous batching: called while slots are free, for requests that arrived after the call
   // began (a server's queue): at most `max_count`, each with a prompt of at most `max_prompt`
@@ -93,12 +93,12 @@ struct GenerateStats {
 void validate_request(const GenerationRequest& r, const ModelConfig& c);
 
 // Throws, before any work, when a batch that generate() would form of `requests` (in this
-// order, max_batch() at a time; under opts.continuous the one batch sized for them all) would
-// not fit the runner's memory budgets (StepRunner::check_batch): a run is refused whole rather
-// than at the batch that does not fit, after the results of those before it. generate() calls
-// it first; a caller with something to lose when a run starts (an output it replaces) calls it
-// before that. (Under opts.continuous, a runner that turns out not to rewind runs the rest as
-// static batches, checked when that is known.)
+// order, max_batch() at a time; under opts.continuous the one batch sized for them all, and
+// where the runner cannot rewind (StepRunner::rewinds()) the static batches after it) would not
+// fit the runner's memory budgets (StepRunner::check_batch): a run is refused whole rather than
+// at the batch that does not fit, after the results of those before it. generate() calls it
+// first; a caller with something to lose when a run starts (an output it replaces) calls it
+// before that.
 void check_batches(const StepRunner& runner, const std::vector<GenerationRequest>& requests,
                    const GenerateOptions& opts);
 

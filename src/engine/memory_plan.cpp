@@ -73,7 +73,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   const uint64_t n = uint64_t(p.gpu_batch_size);
   const uint64_t B = d.batch > 0 ? std::min(uint64_t(d.batch), n * uint64_t(p.num_gpu_batches))
                                  : n * uint64_t(p.num_gpu_batches);
-  const uint64_t rows = uint64_t(d.rows), dec = uint64_t(std::max<int64_t>(d.decode_rows, 1));
+  const uint64_t rows = uint64_t(d.rows);
   const uint64_t nh = uint64_t(m.split.n_host), nk = uint64_t(m.split.n_disk);
   const uint64_t off = nh + nk;
   // What each micro-batch holds adds up over the K = B / n whole ones and a partial last one of
@@ -110,9 +110,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   const uint64_t hidden_all = per_mb([&](uint64_t k, const KvSplit&) { return k * m.hidden / n; });
   add(Tier::kDevice, "hidden states", act_host ? 2 * m.hidden : hidden_all);
   // One q/k/v + attention slot for a whole step; two more for the host-attention pipeline (one
-  // micro-batch's rows go to the host while the other's come back).
+  // micro-batch's rows go to the host while the other's come back), a row a sequence: decode's.
   add(Tier::kDevice, "q/k/v and attention rows",
-      n * rows * (m.qkv_rows + m.attn_rows) + (host_attention ? 2 * n * dec * (m.qkv_rows + m.attn_rows) : 0));
+      n * rows * (m.qkv_rows + m.attn_rows) + (host_attention ? 2 * n * (m.qkv_rows + m.attn_rows) : 0));
   add(Tier::kDevice, "attention scores", 2 * m.scores);
   add(Tier::kDevice, "keep lists", 2 * m.keep);
   add(Tier::kDevice, "step inputs and logits", m.inputs + m.logits);
@@ -129,7 +129,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   const uint64_t nk_max = std::max<uint64_t>(nk, r ? uint64_t(last.n_disk) : 0);
   add(Tier::kHost, "KV disk staging", nk_max ? 2 * nk_max * m.kv_disk_seq : 0);
   add(Tier::kHost, "hidden states", act_host ? hidden_all : 0);
-  add(Tier::kHost, "host attention rows", host_attention ? 2 * off * dec * (m.qkv_rows + m.attn_rows) : 0);
+  add(Tier::kHost, "host attention rows", host_attention ? 2 * off * (m.qkv_rows + m.attn_rows) : 0);
   add(Tier::kHost, "attention scores", 2 * m.scores);
   // A policy's scores and positions per slot, in the layers that evict (all of them, or under a
   // window cap the sliding ones: the others never evict): what each keeps between steps, and one

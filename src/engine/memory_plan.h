@@ -30,7 +30,6 @@ struct BatchDims {
   int64_t budget_max = 0;    // largest bounded KV-policy budget of the batch; 0 = none
   bool kv_policy = false;    // a KV policy runs (decisions on the host)
   bool scores = false;       // ... and needs attention scores
-  int64_t decode_rows = 1;   // T of later steps (host-attention slots)
   int64_t logit_rows = 1;    // rows of logits a sequence a step returns (StepRunner::step_rows; host only)
   // A pipeline stage (Model::stage): after the first it reads hidden rows instead of token ids,
   // before the last it returns hidden rows instead of logits ([B * rows, hidden] in act).

@@ -70,6 +70,9 @@ BatchDims OffloadEngine::Impl::dims_of(const Sizing& z, int64_t B, int64_t rows,
 MemoryPlan OffloadEngine::Impl::plan_batch(std::span<const int64_t> lengths, int64_t rows, int64_t cap) const {
   const int64_t B = int64_t(lengths.size());
   const Sizing z = sizing(cap);
+  // A batch that cannot rewind never refills (reserve_rows() holds nothing for it): its widest
+  // step is its prefill, as wide as its longest prompt.
+  if (!rewindable(z)) rows = *std::max_element(lengths.begin(), lengths.end());
   auto length = [&](int64_t b) { return lengths[size_t(b)]; };
   // What the prefill would refuse first: a budget wider than a sliding window the sequences pass.
   for (int i = 1; i < z.classes; ++i) check_window_budgets(c, class_budgets(z, i, B, length), cap);

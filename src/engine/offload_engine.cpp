@@ -421,11 +421,11 @@ void OffloadEngine::run_step(const int32_t* ids, const int32_t* positions, int64
 }
 
 bool OffloadEngine::can_rewind() const { return impl_->allocated && impl_->rewindable(); }
+bool OffloadEngine::rewinds(int64_t capacity) const { return impl_->rewindable(impl_->sizing(capacity)); }
 
 void OffloadEngine::rewind(int64_t b, int64_t len) {
   Impl& m = *impl_;
-  FH_CHECK(can_rewind(), "rewind() needs a whole model's full cache without --cpu-cache-compute offloading, after "
-                         "the first step");
+  FH_CHECK(can_rewind(), "rewind() needs a whole model's full cache, after the first step");
   FH_CHECK(b >= 0 && b < m.batch, "sequence ", b, " outside the batch of ", m.batch);
   for (int i = 0; i < m.n_classes; ++i) {
     int32_t& n = m.kvc[size_t(i)].len_before[size_t(b)];

@@ -129,6 +129,7 @@ class OffloadEngine final : public StepRunner {
   // A whole model's full cache (no policy or window cap). Under --cpu-cache-compute a step of
   // more than one row (a refill, a scoring chunk) attends on the device, as the prefill does.
   bool can_rewind() const override;
+  bool rewinds(int64_t capacity) const override;
   void rewind(int64_t b, int64_t len) override;
   // A whole model without a KV policy (a window cap is the full cache's).
   bool can_step_rows() const override;

@@ -143,9 +143,11 @@ struct OffloadEngine::Impl : BatchState {
                     const std::vector<KvBudget>& first_class) const;
   // The plan of a batch ahead of it (OffloadEngine::check_batch): `lengths` its prompts.
   MemoryPlan plan_batch(std::span<const int64_t> lengths, int64_t rows, int64_t cap) const;
-  // Whether the current batch may rewind its sequences and so take refill steps
-  // (OffloadEngine::can_rewind()): a whole model's full cache. Known from begin_batch() on.
-  bool rewindable() const { return kv_policy == nullptr && !hidden_in && !hidden_out; }
+  // Whether a batch sized by `z` may rewind its sequences and so take refill steps, wider than
+  // its first (OffloadEngine::can_rewind()): a whole model's full cache. The current batch's is
+  // known from begin_batch() on.
+  bool rewindable(const Sizing& z) const { return z.policy == nullptr && !hidden_in && !hidden_out; }
+  bool rewindable() const { return rewindable({window, kv_policy, n_classes}); }
   // The policy whose block is a batch of B: what plans of that batch count.
   Policy batch_policy(int64_t B) const;
   // The bytes of layer l's KV file on disk for a micro-batch with n_disk sequences there, under

@@ -55,6 +55,13 @@ class StepRunner {
   // Continuous batching. Asked after the batch's first step: whether rewind() may be called (a
   // full cache with no KV policy or window cap).
   virtual bool can_rewind() const { return false; }
+  // Before a batch: whether one whose sequences hold up to `capacity` tokens will rewind
+  // (can_rewind() after its first step), so that a driver knows ahead of a run which batches a
+  // continuous run forms (check_batches()).
+  virtual bool rewinds(int64_t capacity) const {
+    (void)capacity;
+    return false;
+  }
   // Keeps only sequence b's first `len` cached tokens: the next step's rows for b are written
   // from slot len on (len 0: a new sequence in b's slot; else rows recomputed so that b can
   // take part in a step of T rows, each of its rows a token). Throws unless can_rewind().
@@ -96,7 +103,10 @@ class InMemoryRunner final : public StepRunner {
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
             std::vector<float>& logits) override;
   size_t kv_bytes() const override { return cache_ ? cache_->bytes() : 0; }
-  bool can_rewind() const override { return cache_ && policy_ == nullptr && window_ == 0; }
+  bool can_rewind() const override { return cache_ && rewinds(capacity_); }
+  bool rewinds(int64_t capacity) const override {
+    return policy_ == nullptr && (!window_cap_ || full_cache_window(config(), false, capacity) == 0);
+  }
   void rewind(int64_t b, int64_t len) override;
   bool can_step_rows() const override { return policy_ == nullptr; }
   void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t rows,

@@ -178,8 +178,8 @@ class Model {
   // mtime, ctime, header hash; or the dummy seed), so an offload store written from another
   // checkpoint is never reused. Unbounded length: the store keeps only its digest.
   const std::string& signature() const { return signature_; }
-  // Names of the checkpoint's tensors that no weight of this config reads, in the checkpoint's
-  // order (load_dir; empty for dummy weights): a checkpoint made for a variant this config does
+  // Names of the checkpoint's tensors that no weight of this config reads, sorted (load_dir;
+  // empty for dummy weights): a checkpoint made for a variant this config does
   // not describe. Rotary frequency buffers and a multimodal checkpoint's vision tower are not
   // listed. A stage keeps the whole checkpoint's list.
   const std::vector<std::string>& unused_tensors() const { return unused_; }

@@ -130,7 +130,8 @@ INSTANTIATE_TEST_SUITE_P(Placements, BatchFit,
                                            // 4, 1 + 1 + 2; of 3, 0 + 0 + 3 (its host staging is larger).
                                            Case{"0 100 25 25 100 0", 4, 2, false, "full", 1, 7},
                                            Case{"0 100 25 25 0 100", 4, 2, true, "h2o", 1, 7},
-                                           // Continuous batches (prompts of 2..9, refills as wide).
+                                           // One continuous batch of every request (no refill: the
+                                           // batch's own sizing, and host attention's two slots).
                                            Case{"20 80 0 100 100 0", 2, 3, true, "full", 0, 5, true},
                                            Case{"20 80 0 100 100 0", 2, 3, true, "full", 1, 5, true},
                                            Case{"0 100 0 50 0 100", 4, 2, true, "full", 1, 7, true},
@@ -210,6 +211,63 @@ TEST(BatchFit, AContinuousRunIsCheckedAsTheBatchItRuns) {
   EXPECT_TRUE(st.continuous);
   go.continuous = false;  // as static batches the second needs more
   EXPECT_THROW(check_batches(eng, reqs, go), Error);
+}
+
+// --continuous on a runner that cannot rewind (here a window cap: the full cache of a model with
+// a sliding layer) runs its first batch as wide as its own prompts and the rest as static
+// batches: checked as those, not as one batch as wide as the longest prompt (which refused runs
+// that fit), and a later batch that does not fit is found before the first result.
+TEST(BatchFit, AContinuousRunThatCannotRewindIsCheckedAsTheBatchesItRuns) {
+  Model model = Model::load_dir(model_dir("arch/qwen2_window"));  // window 20
+  CpuDevice dev(2);
+  const std::vector<GenerationRequest> reqs = requests({{3, 100}, {3, 100}, {100, 1}, {100, 1}}, 5);
+  OffloadOptions o;
+  o.policy = test::policy_of("0 100 100 0 100 0", 2, 1);
+  GenerateOptions go;
+  go.ignore_eos = true;
+  go.continuous = true;
+  auto smallest = [&](const std::function<void(OffloadEngine&)>& check) {
+    uint64_t lo = 1, hi = 256ull << 20;
+    while (hi - lo > 1) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      OffloadOptions t = o;
+      t.device_mem = mid;
+      OffloadEngine eng(model, dev, t);
+      bool fits = true;
+      try {
+        check(eng);
+      } catch (const Error&) {
+        fits = false;
+      }
+      (fits ? hi : lo) = mid;
+    }
+    return hi;
+  };
+  const uint64_t need = smallest([&](OffloadEngine& eng) { check_batches(eng, reqs, go); });
+  GenerateOptions plain = go;
+  plain.continuous = false;
+  EXPECT_EQ(need, smallest([&](OffloadEngine& eng) { check_batches(eng, reqs, plain); }));
+  o.device_mem = need;
+  {
+    OffloadEngine eng(model, dev, o);
+    EXPECT_FALSE(eng.rewinds(203));
+    Unchecked run(eng);
+    GenerateStats st;
+    EXPECT_NO_THROW(generate(run, reqs, go, &st)) << "refused at " << need << " bytes, which its batches fit";
+    EXPECT_FALSE(st.continuous);
+  }
+  // The first batch alone fits less: the second (prompts of 100) is what needs `need`.
+  const uint64_t first = smallest([&](OffloadEngine& eng) {
+    check_batches(eng, std::vector<GenerationRequest>(reqs.begin(), reqs.begin() + 2), go);
+  });
+  ASSERT_LT(first, need);
+  o.device_mem = first;
+  OffloadEngine eng(model, dev, o);
+  int results = 0;
+  go.on_result = [&](size_t, const GenerationResult&) { ++results; };
+  EXPECT_NE(test::error_of([&] { generate(eng, reqs, go); }).find("too small for a batch of this run"),
+            std::string::npos);
+  EXPECT_EQ(results, 0);
 }
 
 // A KV budget that grows with the prompt (ratios) passes a sliding window in a later, longer

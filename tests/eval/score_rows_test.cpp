@@ -24,7 +24,7 @@ namespace flexh2o {
 namespace {
 using test::model_dir;
 
-// Forwards to a runner, counting steps; `rewind` false hides can_rewind() (as host attention).
+// Forwards to a runner, counting steps; `rewind` false hides can_rewind() (as a KV policy does).
 class Counting final : public ForwardingRunner {
  public:
   explicit Counting(StepRunner& r, bool rewind = true) : ForwardingRunner(r), rewind_(rewind) {}
