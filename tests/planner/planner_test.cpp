@@ -444,11 +444,8 @@ TEST(PlannerSearch, AMeasuredProfileLeavesAFifthOfTheMemoryFree) {
   o.gemm_dim = 64;
   o.min_seconds = 0.001;
   const HardwareProfile measured = measure_profile(dev, o);
-  // Its memory rule on fixed speeds: measured speeds vary with the machine's load, and with them
-  // the best policy and how much memory it takes.
-  HardwareProfile h = big_profile();
-  h.usable_fraction = measured.usable_fraction;
-  h.shared_memory = measured.shared_memory;
+  HardwareProfile h = big_profile();  // fixed speeds: measured ones (and the policy) vary with load
+  h.usable_fraction = measured.usable_fraction, h.shared_memory = measured.shared_memory;
   h.device_memory = h.host_memory = 40e6;  // tiny-opt's scale: a search can fill it
   Model model = Model::load_dir(model_dir("tiny-opt"));
   Workload w;
