@@ -194,9 +194,9 @@ std::unique_ptr<DiskStore> DiskStore::open_read_only(const fs::path& dir, std::s
 
 Status DiskStore::read_only_error(std::string_view name) const {
   return {StatusCode::kIoError,
-          detail::concat("offload directory '", dir_.string(), "' is read-only: cannot write '", name,
-                         "' there; build its weight files once from a run that can write there, or give a "
-                         "writable --offload-dir")};
+          detail::concat("offload directory '", dir_.string(), "' is not writable by this process (a read-only "
+                         "mount, or another user's): cannot write '", name, "' there; build its weight files once "
+                         "from a run that can write there, or give a writable --offload-dir")};
 }
 
 DiskStore::DiskStore(fs::path dir, std::string identity, IoBackend& io, bool direct, std::string note, RunLease lease,
@@ -216,8 +216,9 @@ DiskStore::~DiskStore() {
 
 std::string DiskStore::run_name(std::string_view base) const {
   if (read_only_)
-    FH_FAIL("offload directory '", dir_.string(), "' is read-only: this run cannot keep '", base,
-            "' there (home the KV cache on the GPU or the host, or give a writable --offload-dir)");
+    FH_FAIL("offload directory '", dir_.string(), "' is not writable by this process (a read-only mount, or "
+            "another user's): this run cannot home its KV cache there (home it on the GPU or the host with "
+            "--percent, or give a writable --offload-dir)");
   std::string n = detail::concat(base, ".", lease_.token());
   check_name(n);
   return n;

@@ -477,8 +477,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
               << (stages ? "pipeline stages run static batches\n"
                          : "data-parallel ranks take one batch at a time, so their batches are static\n");
   else if (a.continuous && !st.continuous && run_reqs.size() > batch)
-    std::cerr << "flexh2o: --continuous: this run's placement runs static batches (continuous batching needs a "
-                 "full cache without --kv-policy or a window cap)\n";
+    std::cerr << "flexh2o: --continuous: this run runs static batches (continuous batching needs a full cache, "
+                 "without --kv-policy or a sliding-window cap)\n";
   if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
   if (st.interrupted) {
     std::cerr << "flexh2o: interrupted: " << finished << " of " << to_run << " requests finished this run"

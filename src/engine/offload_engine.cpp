@@ -307,8 +307,9 @@ void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, 
   // The filesystem under --offload-dir, too: its KV files are created at the batch's prefill.
   const uint64_t kv = store_ ? impl_->kv_disk_space(need, impl_->sizing(capacity).classes, int64_t(lengths.size())) : 0;
   if (kv && store_->read_only())
-    FH_FAIL("offload directory ", store_->dir().string(), " is read-only; this run homes ", human_bytes(kv),
-            " of KV cache there: home the cache on the GPU or the host (--percent), or give a writable --offload-dir");
+    FH_FAIL("offload directory ", store_->dir().string(), " is not writable by this process (a read-only mount, "
+            "or another user's); this run homes ", human_bytes(kv), " of KV cache there: home the cache on the GPU "
+            "or the host (--percent), or give a writable --offload-dir");
   if (const uint64_t free = kv ? store_->free_bytes() : 0; free && kv > free)
     FH_FAIL("offload directory ", store_->dir().string(), " has ", human_bytes(free), " free; the KV cache of a batch "
             "of this run (", lengths.size(), " sequences, capacity ", capacity, ") needs ", human_bytes(kv),

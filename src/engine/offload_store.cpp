@@ -119,11 +119,16 @@ void OffloadEngine::Impl::place_disk_weights(const std::vector<std::pair<size_t,
     }
   }
   if (failed.empty() && (previous == store_manifest || store.read_only())) return;
-  if (store.read_only())
-    FH_FAIL("offload directory ", store.dir().string(), " is read-only and ", failed.size(), " of its ", homes.size(),
-            " weight files for this run cannot be used (", failed.front().second.message(),
-            "): build them once from a run that can write there, with the same model and flags, or give a "
-            "writable --offload-dir");
+  if (store.read_only()) {  // why, as a rebuild would say it (a changed checkpoint, other flags)
+    std::vector<Status> why;
+    for (const auto& [i, st] : failed) why.push_back(st);
+    std::string reason = rebuild_reason(why, e.reused_, previous, store_manifest);
+    if (reason.empty()) reason = failed.front().second.message();
+    FH_FAIL("offload directory ", store.dir().string(), " is not writable by this process (a read-only mount, or "
+            "another user's) and ", failed.size(), " of the ", homes.size(), " weight files this run reads there "
+            "cannot be used: ", reason, ". Build them once from a run that can write there, with the same "
+            "checkpoint files, model and flags, or give a writable --offload-dir");
+  }
   // Writing is exclusive; a file another run wrote while this one waited is reused, not rewritten.
   StoreDirLock exclusive = store.lock_dir(StoreDirLock::Mode::kExclusive);
   {  // Refused before the first file rather than at the one that does not fit, with the total. A

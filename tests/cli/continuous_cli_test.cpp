@@ -103,7 +103,7 @@ TEST(Cli, ContinuousUnderAKvPolicyRunsStaticBatchesAndSaysSo) {
   EXPECT_EQ(cont.lines, base.lines);
   EXPECT_FALSE(cont.report["continuous"].get<bool>());
   EXPECT_EQ(cont.report["refills"], 0);
-  EXPECT_NE(cont.err.find("--continuous: this run's placement runs static batches"), std::string::npos) << cont.err;
+  EXPECT_NE(cont.err.find("--continuous: this run runs static batches"), std::string::npos) << cont.err;
 }
 
 }  // namespace
