@@ -133,7 +133,8 @@ std::unique_ptr<DiskStore> DiskStore::open(const fs::path& dir, std::string iden
   if (ec || !fs::is_directory(dir))
     FH_FAIL("offload directory '", dir.string(), "' cannot be created: ",
             ec ? ec.message() : std::string("a non-directory is in the way"));
-  if (::access(dir.c_str(), W_OK) != 0 && (errno == EROFS || errno == EACCES)) return open_read_only(dir, identity, io, opts);
+  if (::access(dir.c_str(), W_OK) != 0 && (errno == EROFS || errno == EACCES))
+    return open_read_only(dir, std::move(identity), io, opts);
   RunLease lease;
   {
     // The lease is created under the directory lock, so a cleaner never sees it unlocked.
@@ -177,7 +178,8 @@ std::unique_ptr<DiskStore> DiskStore::open_read_only(const fs::path& dir, std::s
   std::string note = "read-only directory: buffered I/O through the page cache";
   std::error_code ec;
   for (const auto& de : fs::directory_iterator(dir, ec)) {
-    if (de.path().extension() != kSuffix || !opts.use_direct_io) continue;
+    if (!opts.use_direct_io) break;
+    if (de.path().extension() != kSuffix) continue;
     Fd fd(::open(de.path().c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
     AlignedBuffer page(kIoAlign);
     if (fd.get() >= 0 && ::pread(fd.get(), page.data(), kIoAlign, 0) == ssize_t(kIoAlign)) {

@@ -179,9 +179,9 @@ class Model {
   // checkpoint is never reused. Unbounded length: the store keeps only its digest.
   const std::string& signature() const { return signature_; }
   // Names of the checkpoint's tensors that no weight of this config reads, sorted (load_dir;
-  // empty for dummy weights): a checkpoint made for a variant this config does
-  // not describe. Rotary frequency buffers and a multimodal checkpoint's vision tower are not
-  // listed. A stage keeps the whole checkpoint's list.
+  // empty for dummy weights): a checkpoint made for a variant this config does not describe.
+  // Rotary frequency buffers and a multimodal checkpoint's vision tower are not listed. A stage
+  // keeps the whole checkpoint's list.
   const std::vector<std::string>& unused_tensors() const { return unused_; }
   // Total bytes of the bound weights (tied lm_head counted once).
   size_t weight_bytes() const;
