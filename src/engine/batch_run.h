@@ -66,14 +66,15 @@ std::pair<int64_t, int64_t> continuous_extent(const ModelConfig& c, const Reqs& 
   return {rows, cap};
 }
 
-// StepRunner::check_batch of a batch of `members`, sized as BatchRun sizes it.
+// StepRunner::check_batch of a batch of `members`, sized as BatchRun sizes it; returns that size.
 template <class Reqs>
-void check_members(const StepRunner& runner, const Reqs& reqs, const std::vector<size_t>& members,
-                   int64_t min_rows = 0, int64_t min_capacity = 0) {
+BatchExtent check_members(const StepRunner& runner, const Reqs& reqs, const std::vector<size_t>& members,
+                          int64_t min_rows = 0, int64_t min_capacity = 0) {
   const BatchExtent x = batch_extent(runner.config(), reqs, members, min_rows, min_capacity);
   std::vector<int64_t> lengths;
   for (size_t r : members) lengths.push_back(std::max<int64_t>(int64_t(reqs[r].prompt_ids.size()), 1));
   runner.check_batch(lengths, x.rows, x.capacity);
+  return x;
 }
 
 inline std::vector<size_t> iota_from(size_t first, size_t count) {

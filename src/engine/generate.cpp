@@ -57,8 +57,7 @@ void check_batches(const StepRunner& runner, const std::vector<GenerationRequest
   // (as wide as its own prompts) and the rest as static batches (generate_continuous()).
   const auto [rows, cap] = continuous_extent(runner.config(), requests, 0, opts.min_rows, opts.min_capacity);
   const size_t first = std::min(requests.size(), size_t(runner.max_batch()));
-  check_members(runner, requests, iota_from(0, first), rows, cap);
-  const BatchExtent x = batch_extent(runner.config(), requests, iota_from(0, first), rows, cap);
+  const BatchExtent x = check_members(runner, requests, iota_from(0, first), rows, cap);
   if (!runner.rewinds(x.capacity)) check_static_batches(runner, requests, first);
 }
 

@@ -276,14 +276,15 @@ TEST(CliOutput, AReadOnlyOffloadDirServesItsWeightsAndRefusesWrites) {
   EXPECT_EQ(read_text(out), want);
   write_file(out, "old\n");
   EXPECT_EQ(run("--percent 0 0 0 0 100 0"), 1);  // the KV cache on disk
-  EXPECT_NE(read_text(err).find("offload directory " + store.string() + " is not writable by this process (a read-only mount, or "
-                                  "another user's); this run homes "),
+  EXPECT_NE(read_text(err).find("offload directory " + store.string() +
+                                " is not writable by this process (a read-only mount, or another user's); "
+                                "this run homes "),
             std::string::npos)
       << read_text(err);
   EXPECT_EQ(read_text(out), "old\n");
   EXPECT_EQ(run("--percent 0 0 100 0 100 0 --compress-weight"), 1);  // weight files of another identity
   EXPECT_NE(read_text(err).find(" and 68 of the 68 weight files this run reads there cannot be used: store "
-                                  "parameters changed (weights: compress_weight)"),
+                                "parameters changed (weights: compress_weight)"),
             std::string::npos)
       << read_text(err);
   EXPECT_EQ(read_text(out), "old\n");

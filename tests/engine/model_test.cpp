@@ -237,7 +237,7 @@ TEST(ModelLoad, AHeadOfItsOwnWinsOverATieInTheConfig) {
   }
 }
 
-// Tensors no weight reads are listed in the checkpoint's order (a stage keeps the list); a
+// Tensors no weight reads are listed, sorted by name (a stage keeps the list); a
 // rotary frequency buffer and a multimodal checkpoint's vision tower are not.
 TEST(ModelLoad, TensorsTheConfigDoesNotReadAreListed) {
   TempDir tmp;
