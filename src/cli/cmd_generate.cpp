@@ -330,7 +330,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       if (it.line) o["line"] = it.line;
     } else {
       const GenerationResult& r = *ready[it.first_req];
-      std::string text = decode(r.tokens);
+      // EOS ends the text without adding its own (`<|im_end|>`, `</s>`), as in Batch results.
+      std::string text = batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, {}).text;
       if (human) std::cout << "[" << it.id.dump() << "] " << text << "\n";
       if (single) {
         std::cout << text << "\n";

@@ -209,8 +209,8 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   if (st.interrupted) throw Interrupted();
   std::vector<Completion> out;
   for (const GenerationResult& r : res) {
-    std::string text = decode(r.tokens);
-    if (r.finish == FinishReason::kStopped) text.resize(cli::openai_batch::first_stop_at(text, p.stop));
+    // As vLLM's: the text leaves EOS out and ends before the first stop string.
+    std::string text = cli::openai_batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, p.stop).text;
     out.push_back({std::move(text), r.tokens, finish_reason_name(r.finish), r.logprobs, r.top_logprobs});
   }
   json report = cli::run_report(lm_, run.rs, st, *cpu_, device_);

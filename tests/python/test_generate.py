@@ -78,6 +78,18 @@ def test_logit_bias_matches_cli_bans_and_forces(llms, tmp_path):
         llm.generate(PROMPTS, logit_bias={llm.vocab_size: 1})
 
 
+@pytest.mark.parametrize("model", ["opt", "llama"])
+def test_eos_ends_the_text_without_its_own(llms, tmp_path, model):
+    # As vLLM's text: EOS ("</s>" here, "<|im_end|>" for SmolLM2) stays in token_ids only.
+    llm = llms[model]
+    eos = llm.eos_id
+    got = llm.generate(PROMPTS, max_new_tokens=4, temperature=0.0, logit_bias={eos: 100})
+    assert [(c.token_ids, c.text, c.finish_reason) for c in got] == [([eos], "", "eos")] * len(PROMPTS)
+    want = cli_generate(tmp_path, TINY[model], [{"prompt": p, "logit_bias": {str(eos): 100}} for p in PROMPTS],
+                        "-n", "4", "--greedy")
+    check_same(got, want)
+
+
 def test_logprobs_sum_to_the_loglikelihood_of_the_generated_tokens(llms):
     # Two paths of the engine: decode steps (generate) and one teacher-forced pass (loglikelihood).
     llm = llms["opt"]
