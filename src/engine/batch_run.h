@@ -21,15 +21,20 @@ using Clock = std::chrono::steady_clock;
 inline bool stop_requested(const GenerateOptions& o) { return o.stop && o.stop->load(std::memory_order_relaxed); }
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// The longest a sequence may grow: each token but the last is fed at its position, and the
+// positions are [0, max_positions), so the last token drawn is number max_positions + 1 (as in
+// transformers, whose OPT fails one token later).
+inline int64_t max_sequence_tokens(const ModelConfig& c) { return c.max_positions + 1; }
+
 // A request that ends before its first token (max_new_tokens 0, or no room left in the model's
 // positions): it takes no slot.
 inline bool ends_at_once(const GenerationRequest& r, const ModelConfig& c) {
-  return r.max_new_tokens == 0 || int64_t(r.prompt_ids.size()) >= c.max_positions;
+  return r.max_new_tokens == 0 || int64_t(r.prompt_ids.size()) >= max_sequence_tokens(c);
 }
 
 // The tokens a request may still add: its max_new_tokens within the model's positions.
 inline int64_t room_for(const GenerationRequest& r, const ModelConfig& c) {
-  return std::min(r.max_new_tokens, c.max_positions - int64_t(r.prompt_ids.size()));
+  return std::min(r.max_new_tokens, max_sequence_tokens(c) - int64_t(r.prompt_ids.size()));
 }
 
 // What sizes a batch of `members`: its first step's rows (the longest prompt, at least
@@ -190,7 +195,7 @@ class BatchRun {
       ++done_;
       const bool eos = !opts_.ignore_eos && opts_.eos_id && tok == *opts_.eos_id;
       const int64_t total_len = len_[bi] + int64_t(res.tokens.size());
-      const bool length = int64_t(res.tokens.size()) >= r.max_new_tokens || total_len >= c_.max_positions;
+      const bool length = int64_t(res.tokens.size()) >= r.max_new_tokens || total_len >= max_sequence_tokens(c_);
       const bool stopped = !eos && !length && opts_.ends_at && opts_.ends_at(idx_[bi], res);
       if (eos || length || stopped) {
         res.finish = eos ? FinishReason::kEos : stopped ? FinishReason::kStopped : FinishReason::kLength;
