@@ -3,6 +3,8 @@
 // progress and heartbeats, and watches every rank's silence against --rank-timeout.
 #include "cli/dp_generate.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -145,10 +147,17 @@ DataParallel::~DataParallel() {
   (void)comm_->flush(5);
 }
 
-int rank_threads(const dist::Comm& comm, int requested) {
+int rank_threads_of(int requested, int usable, int cores, int local_ranks) {
   if (requested > 0) return requested;
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, comm.local_size()));
+  if (usable > 0 && usable < cores) return usable;  // the launcher bound this rank to these
+  return std::max(1, cores / std::max(1, local_ranks));
+}
+
+int rank_threads(const dist::Comm& comm, int requested) {
+  cpu_set_t set;
+  const int usable = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  return rank_threads_of(requested, usable, int(std::max(1u, std::thread::hardware_concurrency())),
+                         comm.local_size());
 }
 
 int rank_cuda_index(const dist::Comm& comm, const std::string& device) {

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/dp_generate.h"
 #include "cli/mpi_run.h"
 
 namespace {
@@ -116,6 +117,32 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
     EXPECT_EQ(tokens, want_report["generated_tokens"]) << what;
     EXPECT_GT(j["tokens_per_s"].get<double>(), 0) << what;
   }
+}
+
+// A rank takes the CPUs mpirun bound it to, else its share of the host's cores.
+TEST(DataParallel, RankThreadsFollowTheLaunchersBinding) {
+  using flexh2o::cli::rank_threads_of;
+  EXPECT_EQ(rank_threads_of(3, 1, 8, 2), 3);  // --threads wins
+  EXPECT_EQ(rank_threads_of(0, 1, 2, 1), 1);  // bound to one core of two (mpirun -np 1)
+  EXPECT_EQ(rank_threads_of(0, 4, 16, 2), 4);
+  EXPECT_EQ(rank_threads_of(0, 16, 16, 2), 8);  // unbound (--oversubscribe, --bind-to none)
+  EXPECT_EQ(rank_threads_of(0, 2, 2, 3), 1);
+  EXPECT_EQ(rank_threads_of(0, 0, 8, 1), 8);  // affinity unknown
+}
+
+// mpirun's default binding (a core a rank): the rank asks TBB for no more threads than its core,
+// so TBB has nothing to warn about, and the report says one thread.
+TEST(DataParallel, ARankBoundToOneCoreRunsOneThreadWithoutWarnings) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), kOpt);
+  const fs::path out = tmp.path() / "out.jsonl", rep = tmp.path() / "rep.json", err = tmp.path() / "err";
+  const std::string cmd = std::string(FLEXH2O_MPIEXEC) + " --allow-run-as-root --bind-to core -np 1 " +
+                          FLEXH2O_BINARY_DIR + "/flexh2o " + gen(kOpt, in, out, "--report " + rep.string()) +
+                          " >/dev/null 2>" + err.string() + " </dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_text(err);
+  EXPECT_EQ(read_text(err).find("TBB"), std::string::npos) << read_text(err);
+  const json r = read_json(rep);
+  EXPECT_EQ(r["ranks"][0]["threads"], 1) << r.dump();
 }
 
 TEST(DataParallel, TinyOptFullCacheLikeOneProcess) { expect_like_one_process(kOpt, ""); }
