@@ -464,7 +464,7 @@ TEST(Requests, GenerationStopsAtMaxPositions) {
   GenerateOptions o;
   o.ignore_eos = true;
   auto out = generate(fwd, {r}, o);
-  EXPECT_EQ(out[0].tokens.size(), 4u);  // 1020 + 4 = 1024 positions
+  EXPECT_EQ(out[0].tokens.size(), 5u);  // 1020 + 4 fed at positions 0..1023, the 5th drawn from the last
   EXPECT_EQ(out[0].finish, FinishReason::kLength);
 }
 
