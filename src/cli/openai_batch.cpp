@@ -117,27 +117,31 @@ std::vector<int32_t> tokenize(const Hooks& h, const std::string& text, bool add_
   return ids;
 }
 
-// A completions prompt: a string, token ids, or an array of either (several prompts).
-std::vector<std::vector<int32_t>> completion_prompts(const json& body, const Hooks& h) {
+// A completions prompt: a string, token ids, or an array of either (several prompts), into
+// r.prompts and r.prompt_texts.
+void completion_prompts(const json& body, const Hooks& h, Request& r) {
   if (!given(body, "prompt")) bad("prompt", "missing \"prompt\"");
   const json& p = body["prompt"];
   auto one_string = [&](const json& s, const std::string& what) {
     if (s.get_ref<const std::string&>().empty()) bad("prompt", what, " is an empty string");
-    return tokenize(h, s.get<std::string>(), /*add_special=*/true, "prompt");
+    r.prompts.push_back(tokenize(h, s.get<std::string>(), /*add_special=*/true, "prompt"));
+    r.prompt_texts.push_back(s.get<std::string>());
   };
-  if (p.is_string()) return {one_string(p, "\"prompt\"")};
+  auto ids = [&](const json& v, const std::string& what) {
+    r.prompts.push_back(ids_param(v, what));
+    r.prompt_texts.push_back(std::nullopt);
+  };
+  if (p.is_string()) return one_string(p, "\"prompt\"");
   if (!p.is_array() || p.empty())
     bad("prompt", "\"prompt\" must be a string, an array of token ids, an array of strings or an array of "
                   "token-id arrays, got ", json_excerpt(p));
-  if (p[0].is_number()) return {ids_param(p, "\"prompt\"")};
-  std::vector<std::vector<int32_t>> out;
+  if (p[0].is_number()) return ids(p, "\"prompt\"");
   for (size_t i = 0; i < p.size(); ++i) {
     const std::string what = "\"prompt\"[" + std::to_string(i) + "]";
-    if (p[i].is_string()) out.push_back(one_string(p[i], what));
-    else if (p[i].is_array()) out.push_back(ids_param(p[i], what));
+    if (p[i].is_string()) one_string(p[i], what);
+    else if (p[i].is_array()) ids(p[i], what);
     else bad("prompt", what, " must be a string or an array of token ids, got ", json_excerpt(p[i]));
   }
-  return out;
 }
 
 std::vector<int32_t> chat_prompt(const json& body, const Hooks& h) {
@@ -255,7 +259,7 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h, bool stream) {
     if (r.echo && r.logprobs >= 0 && !h.score_prompts)
       bad("echo", "\"echo\" with \"logprobs\" (the prompt's log-probabilities) is not served with "
                   "--pipeline-stages, whose stages cannot score a prompt; drop one of them");
-    r.prompts = completion_prompts(body, h);
+    completion_prompts(body, h, r);
   } else {
     std::optional<int64_t> a, b;
     if (given(body, "max_completion_tokens")) a = int_param(body, "max_completion_tokens", 0, kMaxTokens);
@@ -311,103 +315,6 @@ Parsed parse_input_line(const json& line, const Hooks& hooks, bool stream) {
     out.error = RequestError{e.what(), std::nullopt};
   }
   return out;
-}
-
-size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop) {
-  size_t at = std::string::npos;
-  for (const std::string& s : stop) at = std::min(at, text.find(s));
-  return at;
-}
-
-Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode,
-                     const std::vector<std::string>& stop) {
-  const std::span<const int32_t> body = eos && !tokens.empty() ? tokens.first(tokens.size() - 1) : tokens;
-  Choice c{decode(body), int64_t(tokens.size()), eos, {}, {}, {}, {}, {}};
-  auto first_stop = [&](const std::string& text) { return first_stop_at(text, stop); };
-  if (stop.empty() || first_stop(c.text) == std::string::npos) return c;
-  // Generation stops once a stop string is complete: the fewest tokens whose text holds one.
-  size_t lo = 1, hi = body.size();
-  while (lo < hi) {
-    const size_t mid = lo + (hi - lo) / 2;
-    if (first_stop(decode(body.first(mid))) != std::string::npos) hi = mid;
-    else lo = mid + 1;
-  }
-  const std::string text = decode(body.first(lo));
-  c.text = text.substr(0, first_stop(text));
-  c.completion_tokens = int64_t(lo);
-  c.stopped = true;
-  return c;
-}
-
-void with_logprobs(Choice& c, const GenerationResult& r) {
-  if (r.logprobs.empty()) return;
-  size_t n = std::min(size_t(c.completion_tokens), r.tokens.size());
-  if (r.finish == FinishReason::kEos && n == r.tokens.size() && n > 0) --n;  // EOS has no text
-  n = std::min(n, r.logprobs.size());
-  c.tokens.assign(r.tokens.begin(), r.tokens.begin() + std::ptrdiff_t(n));
-  c.logprobs.assign(r.logprobs.begin(), r.logprobs.begin() + std::ptrdiff_t(n));
-  if (!r.top_logprobs.empty())
-    c.top_logprobs.assign(r.top_logprobs.begin(),
-                          r.top_logprobs.begin() + std::ptrdiff_t(std::min(n, r.top_logprobs.size())));
-}
-
-namespace {
-
-json bytes_json(const std::string& b) {
-  json a = json::array();
-  for (unsigned char ch : b) a.push_back(int(ch));
-  return a;
-}
-
-}  // namespace
-
-json logprobs_of(const Choice& c, bool chat, const TokenText& piece, int64_t* chars_before) {
-  auto of = [&](int32_t id) { return piece ? piece(id) : TokenPiece{}; };
-  if (chat) {
-    json content = json::array();
-    for (size_t i = 0; i < c.tokens.size(); ++i) {
-      const TokenPiece t = of(c.tokens[i]);
-      json alts = json::array();
-      if (i < c.top_logprobs.size())
-        for (const TokenLogprob& a : c.top_logprobs[i]) {
-          const TokenPiece at = of(a.id);
-          alts.push_back({{"token", at.text}, {"logprob", a.logprob}, {"bytes", bytes_json(at.bytes)}});
-        }
-      content.push_back(
-          {{"token", t.text}, {"logprob", c.logprobs[i]}, {"bytes", bytes_json(t.bytes)}, {"top_logprobs", alts}});
-    }
-    return {{"content", std::move(content)}, {"refusal", nullptr}};
-  }
-  // text_offset in characters (code points) of the completion text, as OpenAI and vLLM count:
-  // a token that starts inside a character (a byte-level piece of it) gets that character's.
-  // An echoed prompt's tokens come first; its first token has no log-probability (null).
-  json tokens = json::array(), logprobs = json::array(), top = json::array(), offsets = json::array();
-  int64_t local = 0;
-  int64_t& chars = chars_before ? *chars_before : local;  // characters begun before this token
-  auto add = [&](int32_t id, json logprob, const std::vector<TokenLogprob>* alts) {
-    const TokenPiece t = of(id);
-    tokens.push_back(t.text);
-    logprobs.push_back(logprob);
-    const bool inside = !t.bytes.empty() && (static_cast<unsigned char>(t.bytes[0]) & 0xC0) == 0x80;
-    offsets.push_back(std::max<int64_t>(chars - (inside ? 1 : 0), 0));
-    for (unsigned char ch : t.bytes) chars += (ch & 0xC0) != 0x80;
-    // The alternatives and, as OpenAI always returns it, the token itself (up to logprobs + 1).
-    json o = alts ? json::object() : json();
-    if (alts) {
-      for (const TokenLogprob& a : *alts) o[of(a.id).text] = a.logprob;
-      if (!o.contains(t.text)) o[t.text] = logprob;
-    }
-    top.push_back(std::move(o));
-  };
-  static const std::vector<TokenLogprob> none;
-  for (size_t i = 0; i < c.prompt.size(); ++i) {
-    const ScoredToken* s = i > 0 && i - 1 < c.prompt_scores.size() ? &c.prompt_scores[i - 1] : nullptr;
-    add(c.prompt[i], s ? json(s->logprob) : json(), s ? &s->top : nullptr);
-  }
-  for (size_t i = 0; i < c.tokens.size(); ++i)
-    add(c.tokens[i], c.logprobs[i], i < c.top_logprobs.size() ? &c.top_logprobs[i] : &none);
-  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(logprobs)}, {"top_logprobs", std::move(top)},
-          {"text_offset", std::move(offsets)}};
 }
 
 std::string IdMaker::next(std::string_view prefix) {
@@ -485,7 +392,7 @@ json result_line(const Request& r, std::span<const GenerationResult* const> resu
     with_logprobs(c, *res);
     if (!r.echo) continue;
     const size_t p = (choices.size() - 1) / size_t(std::max<int64_t>(r.n, 1));  // prompt-major, then n
-    c.text = decode(r.prompts[p]) + c.text;
+    c.text = echoed_prompt(r, p, decode) + c.text;
     if (r.logprobs < 0) continue;
     c.prompt = r.prompts[p];
     if (p < r.prompt_scores.size()) c.prompt_scores = r.prompt_scores[p];

@@ -29,6 +29,9 @@ struct Request {
   Endpoint endpoint = Endpoint::kCompletions;
   std::optional<std::string> model;         // body.model: echoed back, never used to pick a model
   std::vector<std::vector<int32_t>> prompts;  // several only for a completions array of prompts
+  // Completions: each prompt as the body gave it when it was a string (what "echo" returns, as
+  // OpenAI's API does: no BOS text); nullopt for token ids, which echo as their decoded text.
+  std::vector<std::optional<std::string>> prompt_texts;
   int64_t n = 1;                            // choices per prompt
   std::optional<int64_t> max_tokens;        // absent (chat only): up to the model's context
   float temperature = 1.0f, top_p = 1.0f;   // OpenAI's defaults
@@ -138,6 +141,8 @@ using Decode = std::function<std::string(std::span<const int32_t> ids)>;
 // occurrence of any stop string; then the tokens counted are those needed to produce that stop.
 Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode,
                      const std::vector<std::string>& stop);
+// The text "echo" puts before prompt p's completion (Request::prompt_texts).
+std::string echoed_prompt(const Request& r, size_t p, const Decode& decode);
 // Adds r's log-probabilities (when it has them) for the tokens `c` counts, EOS left out.
 void with_logprobs(Choice& c, const GenerationResult& r);
 // A token's text (valid UTF-8: a partial sequence's bytes become U+FFFD, as Tokenizer::decode

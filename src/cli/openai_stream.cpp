@@ -136,7 +136,7 @@ bool LiveAnswers::echo_prompt(Choice& ch, Line& l, size_t req) {
     if (p < r.prompt_scores.size()) part.prompt_scores = r.prompt_scores[p];
     logprobs = logprobs_of(part, false, piece_, &ch.chars_sent);
   }
-  return chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), decode_(r.prompts[p]),
+  return chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), openai_batch::echoed_prompt(r, p, decode_),
                                nullptr, false, std::move(logprobs)));
 }
 
