@@ -162,6 +162,7 @@ Item make_batch_item(const json& j, int64_t line, size_t index, const GenerateAr
 
 int run_generate(const GenerateArgs& args, const Env& env) {
   GenerateArgs a = args;  // the model's generation_config.json may set sampling defaults
+  if (names_standard_output(a.output)) a.output.clear();  // "-o -", "-o /dev/stdout": the results on stdout
   // Before the ranks part: under mpirun every rank (data-parallel worker, pipeline stage) places
   // its engine from these flags, so -b must be the block on each of them.
   apply_batch_size_flag(a.batch_size_given, a.batch_size, a.offload);

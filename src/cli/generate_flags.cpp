@@ -26,7 +26,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       "\"body\"}). Output lines follow the input's format");
   p->excludes(in);
   g->add_option("--output,-o", a.output,
-                "JSONL output (id, text, token_ids, finish_reason, logprobs when asked; Batch output lines for a Batch file; default stdout). Results are appended as they "
+                "JSONL output (id, text, token_ids, finish_reason, logprobs when asked; Batch output lines for a Batch file; default, - or /dev/stdout: standard output, without the printed texts). Results are appended as they "
                 "finish and fsync'd after each batch; a file that already holds results is refused unless "
                 "--resume or --overwrite is given");
   auto* resume = g->add_flag("--resume", a.resume,

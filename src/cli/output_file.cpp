@@ -52,6 +52,13 @@ std::optional<FileId> identify(fs::path p) {
 
 }  // namespace
 
+bool names_standard_output(const std::filesystem::path& path) {
+  if (path == "-") return true;
+  struct stat out{}, p{};
+  return !path.empty() && ::fstat(STDOUT_FILENO, &out) == 0 && ::stat(path.c_str(), &p) == 0 &&
+         out.st_dev == p.st_dev && out.st_ino == p.st_ino;
+}
+
 void check_can_write(const NamedPath& where) {
   if (where.path.empty()) return;
   const fs::path& p = where.path;

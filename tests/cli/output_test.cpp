@@ -3,6 +3,7 @@
 // accident (nor by a run refused before it starts), and one bad line in `tokenize` does not cost the others.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -41,6 +42,27 @@ void write_file(const fs::path& p, const std::string& bytes) { std::ofstream(p, 
 
 const std::string kPrompts = R"({"id": "a", "prompt": "In the beginning", "max_new_tokens": 2})" "\n"
                              R"({"id": "b", "prompt": "Jesus wept.", "max_new_tokens": 2})" "\n";
+
+// `-o -` and `-o /dev/stdout` are standard output: the JSONL lines alone, as without -o (the
+// printed texts went to the same file through another offset and overwrote lines), and no file
+// named "-".
+TEST(CliOutput, StandardOutputAsOutputGivesTheResultLinesAlone) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", plain = tmp.path() / "plain.jsonl";
+  write_file(in, kPrompts);
+  const std::string args = "generate -m " + kOpt + " -i " + in.string() + " --device cpu --greedy --ignore-eos";
+  ASSERT_EQ(flexh2o_to(args, plain.string()).code, 0);
+  const std::string want = read_text(plain);
+  ASSERT_EQ(std::count(want.begin(), want.end(), '\n'), 2) << want;
+  for (const char* o : {"-", "/dev/stdout"}) {
+    const fs::path got = tmp.path() / "got.jsonl";
+    const std::string cmd = "cd " + tmp.path().string() + " && " + FLEXH2O_BINARY_DIR + "/flexh2o " + args + " -o " +
+                            o + " >" + got.string() + " 2>/dev/null </dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << o;
+    EXPECT_EQ(read_text(got), want) << o;
+    EXPECT_FALSE(fs::exists(tmp.path() / "-")) << o;
+  }
+}
 
 TEST(CliOutput, FullDiskFailsNamingThePath) {
   TempDir tmp;
