@@ -9,6 +9,7 @@
 #include "cli/progress.h"
 #include "cli/run_setup.h"
 #include "core/error.h"
+#include "engine/generate.h"
 
 namespace flexh2o::cli {
 using nlohmann::json;
@@ -64,8 +65,9 @@ int run_bench(const BenchArgs& a, const Env& env) {
   check_can_write({"--report", a.report});
   OffloadArgs off = a.offload;
   apply_batch_size_flag(a.batch_size_given, a.batch_size, off);
-  if (const int64_t n = resolve_config(env, a.model).max_positions; a.prompt_len + a.gen_len > n)  // before weights
-    FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " exceeds the model's ", n, " positions");
+  if (const ModelConfig rc = resolve_config(env, a.model); a.prompt_len + a.gen_len > max_sequence_tokens(rc))
+    FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " is longer than a sequence of this model can "
+            "grow (", rc.max_positions, " positions: ", max_sequence_tokens(rc), " tokens)");  // before weights
   LoadedModel lm = load_model(env, a.model, "", 0, a.progress);
   std::cerr << lm.warning;
   const std::string device = select_device(a.device, *lm.model, std::cerr);

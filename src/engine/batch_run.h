@@ -21,11 +21,6 @@ using Clock = std::chrono::steady_clock;
 inline bool stop_requested(const GenerateOptions& o) { return o.stop && o.stop->load(std::memory_order_relaxed); }
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// The longest a sequence may grow: each token but the last is fed at its position, and the
-// positions are [0, max_positions), so the last token drawn is number max_positions + 1 (as in
-// transformers, whose OPT fails one token later).
-inline int64_t max_sequence_tokens(const ModelConfig& c) { return c.max_positions + 1; }
-
 // A request that ends before its first token (max_new_tokens 0, or no room left in the model's
 // positions): it takes no slot.
 inline bool ends_at_once(const GenerationRequest& r, const ModelConfig& c) {

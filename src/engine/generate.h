@@ -92,6 +92,12 @@ struct GenerateStats {
 // max_position_embeddings, sampling params); throws flexh2o::Error describing the problem.
 void validate_request(const GenerationRequest& r, const ModelConfig& c);
 
+// The most tokens a sequence (prompt and generated) reaches: each token but the last is fed at
+// its position, and the positions are [0, max_positions), so the last token drawn is number
+// max_positions + 1 (as in transformers, whose OPT fails one token later). Generation ends
+// there with finish kLength; plan and bench refuse workloads longer than this.
+inline int64_t max_sequence_tokens(const ModelConfig& c) { return c.max_positions + 1; }
+
 // Throws, before any work, when a batch that generate() would form of `requests` (in this
 // order, max_batch() at a time; under opts.continuous the one batch sized for them all, and
 // where the runner cannot rewind (StepRunner::rewinds()) the static batches after it) would not

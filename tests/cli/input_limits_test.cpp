@@ -332,7 +332,8 @@ TEST(InputLimits, PresetsLargerThanTheRamOrTheirPositionsAreRefusedBeforeTheWeig
   }
   ShellRun r = run_shell(kBin + " bench -m opt-175b --prompt-len 4096 --gen-len 1 --device cpu");
   EXPECT_EQ(r.code, 1) << r.err;
-  EXPECT_HAS(r.err, "--prompt-len 4096 + --gen-len 1 exceeds the model's 2048 positions");
+  EXPECT_HAS(r.err, "--prompt-len 4096 + --gen-len 1 is longer than a sequence of this model can grow (2048 "
+                    "positions: 2049 tokens)");
 }
 
 // Flags that would be ignored or meaningless are refused, naming what to do.
@@ -341,8 +342,9 @@ TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
     const char* cmd;
     const char* says;
   };
-  for (const Case& c : {Case{" plan -m opt-30b --hardware t4-paper --prompt-len 4096 --gen-len 32",
-                             "exceeds opt-30b's 2048 positions"},
+  for (const Case& c : {Case{" plan -m opt-30b --hardware t4-paper --prompt-len 2000 --gen-len 50",
+                             "--prompt-len 2000 + --gen-len 50 is longer than a sequence of opt-30b can grow (2048 "
+                             "positions: 2049 tokens"},
                         Case{" plan -m opt-30b --hardware t4-paper --gpu-batch-size 4", "given with --percent"},
                         Case{" generate -m TINY --prompt hi --gpu-batch-size 0",
                              "--gpu-batch-size: must be at least 1, got 0"},
@@ -354,6 +356,9 @@ TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
     EXPECT_NE(r.code, 0) << cmd;
     EXPECT_HAS(r.err, c.says);
   }
+  // The longest workload generate runs: 2049 tokens, the last drawn from position 2047.
+  ShellRun r = run_shell(kBin + " plan -m opt-30b --hardware t4-paper --prompt-len 2000 --gen-len 49");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 }  // namespace
