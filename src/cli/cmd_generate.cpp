@@ -99,9 +99,9 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
     } else if (j.contains("prompt")) {
       if (!j["prompt"].is_string()) FH_FAIL("field \"prompt\" must be a string");
       const std::string text = j["prompt"].get<std::string>();
-      if (text.empty()) FH_FAIL("empty prompt");
       if (!lm.tokenizer) FH_FAIL("this model has no tokenizer: give \"prompt_ids\" or pass --tokenizer DIR");
-      req.prompt_ids = lm.tokenizer->encode(text, /*add_special=*/true);
+      req.prompt_ids = lm.tokenizer->encode(text, /*add_special=*/true);  // "": BOS alone, as transformers
+      if (req.prompt_ids.empty()) FH_FAIL("empty prompt: this model adds no BOS, so it gives no tokens");
     } else if (j.contains("messages")) {  // a chat: rendered with the model's template
       batch::RequestError why;
       req.prompt_ids = batch::chat_prompt_ids(j, hooks_of(a, lm), &why);
@@ -178,7 +178,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     dp.emplace(env, a);
     if (!dp->is_root()) return dp->run_worker(a, env);
   }
-  if (a.prompt.empty() && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl (- for standard input)");
+  if (!a.prompt && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl (- for standard input)");
   const bool from_stdin = a.input == "-";
   if (!a.input.empty() && !from_stdin) check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
   if (a.resume && a.output.empty()) FH_FAIL("--resume needs --output FILE: the results of the run to finish");
@@ -223,8 +223,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   apply_generation_config(a, lm.dir, std::cerr);
 
   std::vector<Item> items;
-  if (!a.prompt.empty()) {
-    items.push_back(make_item(json{{"prompt", a.prompt}}, 0, 0, a, lm));
+  if (a.prompt) {
+    items.push_back(make_item(json{{"prompt", *a.prompt}}, 0, 0, a, lm));
   } else {
     for_each_jsonl(
         open_input(),
@@ -303,7 +303,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
               << "\n";
 
   const bool human = !a.output.empty() && !a.quiet;
-  const bool single = !a.prompt.empty() && a.output.empty();
+  const bool single = a.prompt && a.output.empty();
   std::vector<std::optional<GenerationResult>> ready(reqs.size());
   const batch::Decode decode = batch::decoder_of(lm.tokenizer_or_null());
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};

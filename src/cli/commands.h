@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <set>
+#include <optional>
 #include <string>
 
 #include "cli/common.h"
@@ -26,7 +27,8 @@ struct PipelineArgs {
 };
 
 struct GenerateArgs {
-  std::string model, tokenizer, prompt, input, output, report, device = "auto";
+  std::string model, tokenizer, input, output, report, device = "auto";
+  std::optional<std::string> prompt;  // --prompt, which may be "" (generation from BOS alone)
   int64_t max_new_tokens = 32, batch_size = 8;
   bool batch_size_given = false;  // -b on the command line (check_batch_size_flag)
   // --sort-window: requests sorted by prompt length within windows of this many batches

@@ -122,8 +122,7 @@ std::vector<int32_t> tokenize(const Hooks& h, const std::string& text, bool add_
 void completion_prompts(const json& body, const Hooks& h, Request& r) {
   if (!given(body, "prompt")) bad("prompt", "missing \"prompt\"");
   const json& p = body["prompt"];
-  auto one_string = [&](const json& s, const std::string& what) {
-    if (s.get_ref<const std::string&>().empty()) bad("prompt", what, " is an empty string");
+  auto one_string = [&](const json& s) {  // "": BOS alone, as transformers
     r.prompts.push_back(tokenize(h, s.get<std::string>(), /*add_special=*/true, "prompt"));
     r.prompt_texts.push_back(s.get<std::string>());
   };
@@ -131,14 +130,14 @@ void completion_prompts(const json& body, const Hooks& h, Request& r) {
     r.prompts.push_back(ids_param(v, what));
     r.prompt_texts.push_back(std::nullopt);
   };
-  if (p.is_string()) return one_string(p, "\"prompt\"");
+  if (p.is_string()) return one_string(p);
   if (!p.is_array() || p.empty())
     bad("prompt", "\"prompt\" must be a string, an array of token ids, an array of strings or an array of "
                   "token-id arrays, got ", json_excerpt(p));
   if (p[0].is_number()) return ids(p, "\"prompt\"");
   for (size_t i = 0; i < p.size(); ++i) {
     const std::string what = "\"prompt\"[" + std::to_string(i) + "]";
-    if (p[i].is_string()) one_string(p[i], what);
+    if (p[i].is_string()) one_string(p[i]);
     else if (p[i].is_array()) ids(p[i], what);
     else bad("prompt", what, " must be a string or an array of token ids, got ", json_excerpt(p[i]));
   }

@@ -170,8 +170,8 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
     GenerationRequest r;
     try {
       if (const auto* text = std::get_if<std::string>(&prompts[i])) {
-        if (text->empty()) FH_FAIL("empty prompt");
-        r.prompt_ids = tokenizer().encode(*text, /*add_special=*/true);
+        r.prompt_ids = tokenizer().encode(*text, /*add_special=*/true);  // "": BOS alone, as transformers
+        if (r.prompt_ids.empty()) FH_FAIL("empty prompt: this model adds no BOS, so it gives no tokens");
       } else {
         r.prompt_ids = std::get<std::vector<int32_t>>(prompts[i]);
       }

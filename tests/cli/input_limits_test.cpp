@@ -336,6 +336,19 @@ TEST(InputLimits, PresetsLargerThanTheRamOrTheirPositionsAreRefusedBeforeTheWeig
                     "positions: 2049 tokens)");
 }
 
+// An empty --prompt (or "prompt": "") is the BOS alone, as in transformers: given, not missing.
+TEST(InputLimits, AnEmptyPromptGeneratesFromTheBos) {
+  const std::string g = kBin + " generate -m " + kOpt + " --device cpu -n 3 --greedy --ignore-eos";
+  ShellRun empty = run_shell(g + " --prompt ''");
+  ShellRun bos = run_shell("echo '{\"prompt_ids\": [2]}' | " + g + " -i - -q");
+  EXPECT_EQ(empty.code, 0) << empty.err;
+  ASSERT_EQ(bos.code, 0) << bos.err;
+  const nlohmann::json line = nlohmann::json::parse(bos.out);
+  EXPECT_EQ(line["token_ids"].size(), 3u);
+  EXPECT_EQ(empty.out, line["text"].get<std::string>() + "\n");
+  EXPECT_EQ(empty.err.find("failed"), std::string::npos) << empty.err;
+}
+
 // Flags that would be ignored or meaningless are refused, naming what to do.
 TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
   struct Case {

@@ -154,12 +154,10 @@ TEST(OpenAiBatch, BadTypesAndRangesNameTheField) {
       {{{"stop", ""}}, "\"stop\" strings must not be empty", "stop"},
       {{{"model", 3}}, "\"model\" must be a string, got 3", "model"},
       {{{"prompt", nullptr}}, "missing \"prompt\"", "prompt"},
-      {{{"prompt", ""}}, "\"prompt\" is an empty string", "prompt"},
       {{{"prompt", {{"a", 1}}}}, "\"prompt\" must be a string, an array of token ids, an array of strings or", "prompt"},
       {{{"prompt", json::array()}}, "\"prompt\" must be a string, an array of token ids", "prompt"},
       {{{"prompt", {2, -1}}}, "\"prompt\"[1] must be an integer in [0, ", "prompt"},
       {{{"prompt", {"ok", 5}}}, "\"prompt\"[1] must be a string or an array of token ids, got 5", "prompt"},
-      {{{"prompt", {"ok", ""}}}, "\"prompt\"[1] is an empty string", "prompt"},
       {{{"logit_bias", {1, 2}}}, "\"logit_bias\" must be an object of token ids to biases", "logit_bias"},
       {{{"logit_bias", {{"x5", 1}}}}, "\"logit_bias\": the key \"x5\" is not a token id", "logit_bias"},
       {{{"logit_bias", {{"-3", 1}}}}, "the key \"-3\" is not a token id", "logit_bias"},
@@ -167,6 +165,15 @@ TEST(OpenAiBatch, BadTypesAndRangesNameTheField) {
       {{{"logit_bias", {{"5", 101}}}}, "the bias of token 5 must be in [-100, 100], got 101", "logit_bias"},
   };
   for (const Case& c : cases) expect_refused(completion(c.extra), c.needle, c.param);
+  // An empty prompt is the BOS alone (as transformers and OpenAI take it), refused only where the
+  // tokenizer adds nothing.
+  const Parsed empty = parse_input_line(completion({{"prompt", {"ok", ""}}}), opt_hooks());
+  ASSERT_TRUE(empty.request) << empty.error->message;
+  EXPECT_EQ(empty.request->prompts.at(1), opt_tokenizer().encode("", true));
+  EXPECT_EQ(empty.request->prompts.at(1).size(), 1u);
+  Hooks bare = opt_hooks();
+  bare.tokenize = [](const std::string& s, bool) { return opt_tokenizer().encode(s, false); };
+  expect_refused(completion({{"prompt", ""}}), "\"prompt\" gives no tokens", "prompt", bare);
   expect_refused(chat({{"messages", json::array()}}), "\"messages\" must be a non-empty array, got []", "messages");
   expect_refused(chat({{"messages", {"hi"}}}), "\"messages\"[0] must be an object with a string \"role\"",
                  "messages");
