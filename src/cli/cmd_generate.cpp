@@ -419,9 +419,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   go.on_progress = [&](int64_t done_tokens, int64_t total) { progress.update(done_tokens, total); };
   // A batch's results arrive together: make them durable then.
   size_t results = 0, finished = 0;  // engine requests; lines whose requests all finished
+  size_t capped = 0;  // requests the model's positions ended before their max_new_tokens
   const size_t batch = size_t(runner->max_batch());
   go.on_result = [&](size_t j, const GenerationResult& res) {
     const size_t r = order[j];
+    capped += res.finish == FinishReason::kLength && int64_t(res.tokens.size()) < run_reqs[j].max_new_tokens;
     ready[r] = res;
     finished += ++items[req_item[r]].results == items[req_item[r]].reqs.size();
     flush();
@@ -481,6 +483,9 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   else if (a.continuous && !st.continuous && run_reqs.size() > batch)
     std::cerr << "flexh2o: --continuous: this run runs static batches (continuous batching needs a full cache, "
                  "without --kv-policy or a sliding-window cap)\n";
+  if (capped)  // transformers warns here; OpenAI's server refuses the request
+    std::cerr << "flexh2o: " << capped << " request(s) reached the model's " << lm.model->config().max_positions
+              << " positions before their max_new_tokens (finish_reason \"length\")\n";
   if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
   if (st.interrupted) {
     std::cerr << "flexh2o: interrupted: " << finished << " of " << to_run << " requests finished this run"

@@ -349,6 +349,23 @@ TEST(InputLimits, AnEmptyPromptGeneratesFromTheBos) {
   EXPECT_EQ(empty.err.find("failed"), std::string::npos) << empty.err;
 }
 
+// A request the model's positions end before its max_new_tokens keeps finish_reason "length"
+// (as vLLM) and the run says so once (transformers warns); one that fits says nothing.
+TEST(InputLimits, RequestsCutByThePositionsAreCounted) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl";
+  std::ofstream(in) << json{{"prompt_ids", std::vector<int>(1020, 5)}, {"max_new_tokens", 10}} << "\n"
+                    << json{{"prompt_ids", std::vector<int>(1020, 5)}, {"max_new_tokens", 5}} << "\n"
+                    << json{{"prompt_ids", {2, 5}}, {"max_new_tokens", 3}} << "\n";
+  ShellRun r = run_shell(kBin + " generate -m " + kOpt + " --device cpu --greedy --ignore-eos -i " + in.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_HAS(r.err, "flexh2o: 1 request(s) reached the model's 1024 positions before their max_new_tokens");
+  std::istringstream lines(r.out);
+  std::vector<size_t> n;
+  for (std::string l; std::getline(lines, l);) n.push_back(json::parse(l)["token_ids"].size());
+  EXPECT_EQ(n, (std::vector<size_t>{5, 5, 3}));
+}
+
 // Flags that would be ignored or meaningless are refused, naming what to do.
 TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
   struct Case {
