@@ -135,10 +135,14 @@ struct Choice {
   // With echo and logprobs: the prompt's tokens and the scores of all but the first.
   std::vector<int32_t> prompt;
   std::vector<ScoredToken> prompt_scores;
+  // Cut at a stop string: the tokens whose text begins before the cut (those the logprobs list,
+  // as their texts then add up to `text`); -1: completion_tokens.
+  int64_t text_tokens = -1;
 };
 using Decode = std::function<std::string(std::span<const int32_t> ids)>;
 // `tokens` as generated (ending in EOS when `eos`): the text without EOS, cut before the first
-// occurrence of any stop string; then the tokens counted are those needed to produce that stop.
+// occurrence of any stop string; then the tokens counted are those needed to produce that stop,
+// and text_tokens those that begin before it.
 Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode,
                      const std::vector<std::string>& stop);
 // The text "echo" puts before prompt p's completion (Request::prompt_texts).

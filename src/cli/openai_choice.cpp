@@ -32,6 +32,14 @@ Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& de
   c.text = text.substr(0, first_stop(text));
   c.completion_tokens = int64_t(lo);
   c.stopped = true;
+  // The fewest tokens whose text reaches the cut: the others lie wholly in or after the stop.
+  size_t k = 0;
+  for (size_t hi2 = lo; k < hi2;) {
+    const size_t mid = k + (hi2 - k) / 2;
+    if (decode(body.first(mid)).size() >= c.text.size()) hi2 = mid;
+    else k = mid + 1;
+  }
+  c.text_tokens = int64_t(k);
   return c;
 }
 
@@ -41,7 +49,7 @@ std::string echoed_prompt(const Request& r, size_t p, const Decode& decode) {
 
 void with_logprobs(Choice& c, const GenerationResult& r) {
   if (r.logprobs.empty()) return;
-  size_t n = std::min(size_t(c.completion_tokens), r.tokens.size());
+  size_t n = std::min(size_t(c.text_tokens >= 0 ? c.text_tokens : c.completion_tokens), r.tokens.size());
   if (r.finish == FinishReason::kEos && n == r.tokens.size() && n > 0) --n;  // EOS has no text
   n = std::min(n, r.logprobs.size());
   c.tokens.assign(r.tokens.begin(), r.tokens.begin() + std::ptrdiff_t(n));

@@ -256,11 +256,16 @@ TEST(OpenAiBatch, StopStringsCutTextAndCountTheTokensNeeded) {
   Choice c = finish_choice(gen, false, decode, {" LORD"});
   EXPECT_EQ(c.text, ", and the");
   EXPECT_EQ(c.completion_tokens, 4);  // ", and the LORD": the stop is complete at the 4th token
+  EXPECT_EQ(c.text_tokens, 3);        // the logprobs list ", and the" only: their texts add up to the text
   EXPECT_TRUE(c.stopped);
   // The first stop to complete wins, though another starts earlier.
   c = finish_choice(gen, false, decode, {"the LORD, and", "LO"});
   EXPECT_EQ(c.text, ", and the ");
   EXPECT_EQ(c.completion_tokens, 4);
+  EXPECT_EQ(c.text_tokens, 4);  // " LORD" begins inside the text (its space) and is listed
+  c = finish_choice(gen, false, decode, {","});
+  EXPECT_EQ(c.text, "");
+  EXPECT_EQ(c.text_tokens, 0);
   c = finish_choice(gen, false, decode, {"Egypt"});
   EXPECT_EQ(c.text, ", and the LORD, and the LORD");
   EXPECT_EQ(c.completion_tokens, 8);
@@ -335,6 +340,11 @@ TEST(OpenAiBatch, LogprobsParseAndTakeEachEndpointsShape) {
   Choice cut{"a", 1, true};  // a stop string after the first token
   with_logprobs(cut, r);
   EXPECT_EQ(cut.tokens, (std::vector<int32_t>{5}));
+  Choice within{"a", 2, true};  // a stop string completed by the second token, which is all stop
+  within.text_tokens = 1;
+  with_logprobs(within, r);
+  EXPECT_EQ(within.tokens, (std::vector<int32_t>{5}));
+  EXPECT_EQ(within.logprobs, (std::vector<float>{-0.5f}));
 }
 
 // "echo": a boolean; with logprobs only where the caller scores prompts (not a pipeline); with
