@@ -357,6 +357,12 @@ std::vector<GenerationRequest> expand_request(const Request& r, const RunDefault
   if (d.max_tokens_cap > 0 && r.max_tokens && *r.max_tokens > d.max_tokens_cap)
     FH_FAIL("max_tokens ", *r.max_tokens, " is more than this server's limit of ", d.max_tokens_cap,
             " (--max-new-tokens)");
+  // As OpenAI and vLLM: a prompt and max_tokens longer than the context are refused, not cut.
+  for (const auto& prompt : r.prompts)
+    if (const int64_t p = int64_t(prompt.size()); r.max_tokens && p + *r.max_tokens > max_sequence_tokens(c))
+      FH_FAIL("this model's maximum context length is ", c.max_positions, " tokens; the prompt of ", p,
+              " tokens leaves room for at most ", std::max<int64_t>(0, max_sequence_tokens(c) - p),
+              " more, and max_tokens asks ", *r.max_tokens);
   const uint64_t base = r.seed ? uint64_t(*r.seed) : d.seed;
   std::vector<GenerationRequest> out;
   for (const auto& prompt : r.prompts)

@@ -132,6 +132,25 @@ TEST(OpenAiBatch, LogitBiasReachesEveryChoice) {
   EXPECT_THROW(expand_request(*p.request, RunDefaults{}, c), Error);
 }
 
+// A prompt and max_tokens past the context are refused (OpenAI's and vLLM's 400), up to the
+// token drawn from the last position; chat without max_tokens takes the rest of the context.
+TEST(OpenAiBatch, MaxTokensPastTheContextAreRefused) {
+  ModelConfig c;
+  c.vocab_size = 50272;
+  c.max_positions = 8;
+  auto expand = [&](const json& extra) {
+    const Parsed p = parse_input_line(completion(extra), opt_hooks());
+    EXPECT_TRUE(p.request) << p.error->message;
+    return expand_request(*p.request, RunDefaults{}, c);
+  };
+  const std::vector<int32_t> five{2, 10, 11, 12, 13};
+  EXPECT_EQ(expand({{"prompt", five}, {"max_tokens", 4}}).at(0).max_new_tokens, 4);  // 9 tokens: the 9th from position 7
+  EXPECT_EQ(test::error_of([&] { expand({{"prompt", five}, {"max_tokens", 5}}); }),
+            "this model's maximum context length is 8 tokens; the prompt of 5 tokens leaves room for at most 4 "
+            "more, and max_tokens asks 5");
+  EXPECT_NE(test::error_of([&] { expand({{"prompt", five}}); }).find("max_tokens asks 16"), std::string::npos);
+}
+
 TEST(OpenAiBatch, BadTypesAndRangesNameTheField) {
   struct Case {
     json extra;
