@@ -144,7 +144,8 @@ bool LiveAnswers::on_token(size_t req, const GenerationResult& res) {
   Choice& ch = choices_.at(req);
   Line& l = lines_[ch.line];
   const Request& r = *l.r;
-  if (l.gone || !echo_prompt(ch, l, req)) {
+  if (l.gone || !echo_prompt(ch, l, req) ||
+      (!r.stream && emit_ && !emit_(ch.line, Event::kAlive, {}) && (l.gone = true))) {
     ++cancelled_;
     return true;
   }

@@ -55,10 +55,11 @@ nlohmann::json usage_chunk(const Request& r, const std::string& id, int64_t crea
 // Not thread-safe: the generation thread calls it; `emit` runs on that thread.
 class LiveAnswers {
  public:
-  enum class Event { kChunk, kLine, kDefer };
-  // (line, kChunk, a chunk's JSON), (line, kLine, the line's output line) or (line, kDefer, "":
-  // the line does not run in this call). A false return for a chunk means its client has gone:
-  // the line's choices end at their next token.
+  enum class Event { kChunk, kLine, kDefer, kAlive };
+  // (line, kChunk, a chunk's JSON), (line, kLine, the line's output line), (line, kDefer, "":
+  // the line does not run in this call) or (line, kAlive, "": asked at each token of a line
+  // that is not streamed). A false return for a chunk or kAlive means its client has gone: the
+  // line's choices end at their next token.
   using Emit = std::function<bool(size_t line, Event kind, const std::string& payload)>;
   LiveAnswers(Emit emit, Decode decode, TokenText piece, std::string model_name, int64_t created, IdMaker& ids);
 

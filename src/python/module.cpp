@@ -179,8 +179,9 @@ PYBIND11_MODULE(_flexh2o, m) {
       .def("prepare", &python::Session::prepare, py::arg("prompt_len"), py::arg("gen_len"), py::arg("requests"),
            py::call_guard<py::gil_scoped_release>())
       // OpenAI Batch input lines -> output lines (Session::openai), with the GIL released.
-      // `render_chat(body_json_text) -> str`, `on_event(line, "chunk" | "line" | "defer", json_text)
-      // -> bool | None` (False: a chunk's client has gone) and `more_lines() -> [str]` (optional)
+      // `render_chat(body_json_text) -> str`, `on_event(line, "chunk" | "line" | "defer" | "alive",
+      // json_text) -> bool | None` (False to a chunk or "alive", asked each token of a line not
+      // streamed: its client has gone) and `more_lines() -> [str]` (optional)
       // are called with the GIL held.
       .def(
           "openai",
@@ -217,7 +218,10 @@ PYBIND11_MODULE(_flexh2o, m) {
               p.on_event = [ev](size_t line, Event kind, const std::string& payload) {
                 py::gil_scoped_acquire gil;
                 try {
-                  const char* name = kind == Event::kChunk ? "chunk" : kind == Event::kLine ? "line" : "defer";
+                  const char* name = kind == Event::kChunk  ? "chunk"
+                                     : kind == Event::kLine ? "line"
+                                     : kind == Event::kAlive ? "alive"
+                                                             : "defer";
                   const py::object keep = (*ev)(line, name, payload);
                   return keep.is_none() || keep.cast<bool>();
                 } catch (py::error_already_set& e) {

@@ -129,8 +129,13 @@ TEST(OpenAiStream, StreamParametersParseOnlyWhereStreamingIsServed) {
 struct Recorder {
   std::vector<std::tuple<size_t, LiveAnswers::Event, json>> events;
   std::set<size_t> gone;  // lines whose client has left
+  int alive_asked = 0;     // kAlive questions (lines not streamed)
   LiveAnswers::Emit emit() {
     return [this](size_t line, LiveAnswers::Event kind, const std::string& payload) {
+      if (kind == LiveAnswers::Event::kAlive) {
+        ++alive_asked;
+        return !gone.contains(line);
+      }
       events.emplace_back(line, kind, json::parse(payload));
       return !gone.contains(line);
     };
@@ -340,6 +345,25 @@ TEST(OpenAiStream, StopStringsNeverReachTheStreamAndAGoneClientEndsItsChoices) {
   EXPECT_EQ(res2[0].finish, FinishReason::kStopped);
   EXPECT_LE(res2[0].tokens.size(), 2u) << "the first chunk's failed send ends the choice at its next token";
   EXPECT_GE(live2.cancelled(), 1);
+
+  // Not streamed: asked at each token whether its client is still there, and ended once it is not.
+  Recorder waiting;
+  LiveAnswers live3(waiting.emit(), decode_fn(), {}, "tiny", 123, ids);
+  const Parsed quiet = parse_input_line(line("/v1/completions", {{"prompt", "x"}, {"max_tokens", 100}}), opt_hooks());
+  live3.add(0, *quiet.request, 0, 1);
+  std::vector<GenerationResult> res3;
+  drive(live3, 0, {a}, {int64_t(a.size())}, res3);
+  EXPECT_EQ(res3[0].tokens, a);
+  EXPECT_EQ(waiting.alive_asked, int(a.size()) - 1);  // not at the last, which ends by length
+  EXPECT_EQ(live3.cancelled(), 0);
+  waiting.gone.insert(0);
+  LiveAnswers live4(waiting.emit(), decode_fn(), {}, "tiny", 123, ids);
+  live4.add(0, *quiet.request, 0, 1);
+  std::vector<GenerationResult> res4;
+  drive(live4, 0, {a}, {int64_t(a.size())}, res4);
+  EXPECT_EQ(res4[0].finish, FinishReason::kStopped);
+  EXPECT_EQ(res4[0].tokens.size(), 1u) << "the first token's question ends it";
+  EXPECT_EQ(live4.cancelled(), 1);
 }
 
 }  // namespace

@@ -196,6 +196,27 @@ def test_a_client_that_leaves_ends_its_request():
     assert int(calls[0].split(", ")[1].split()[0]) < 500, calls
 
 
+def test_a_client_that_leaves_before_its_plain_answer_ends_its_request():
+    # As vLLM aborts it: not streamed, the server sees the connection close while it waits.
+    log = io.StringIO()
+    srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"), max_new_tokens=1000, log=log, ignore_eos=True)
+    try:
+        s = socket.create_connection((srv.host, srv.port), timeout=60)
+        body = json.dumps({"model": "m", "prompt": "In the beginning", "max_tokens": 1000,
+                           "temperature": 0}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.05)
+        s.close()
+        status, _ = srv.request("POST", "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 1})
+        assert status == 200
+    finally:
+        srv.stop()
+    calls = [line for line in log.getvalue().splitlines() if "request(s)" in line]
+    assert len(calls) == 2, calls
+    assert int(calls[0].split(", ")[1].split()[0]) < 900, calls
+
+
 def test_a_streamed_request_that_cannot_run_gets_a_plain_error():
     srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"))
     try:

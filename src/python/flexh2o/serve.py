@@ -6,8 +6,8 @@ OpenAI's shapes; GET /v1/models and /health. Requests that arrive together run t
 engine thread takes every request queued (after --batch-wait-ms from the first) as one call,
 which the engine cuts into its batches, so concurrent clients get the offloading engine's
 throughput. Each request is answered as soon as its own choices end, not when the call ends;
-"stream": true sends its text as server-sent events while the tokens are drawn, and a streaming
-client that disconnects ends its request at the next token. With --continuous, a request that
+"stream": true sends its text as server-sent events while the tokens are drawn; a client that
+disconnects, streaming or not, ends its request at the next token. With --continuous, a request that
 arrives while a call runs joins its batch when a slot frees. "echo" with "logprobs" (a completion
 that also scores its prompt, as lm-eval's local-completions asks) is scored before a call generates."""
 
@@ -16,7 +16,9 @@ import json
 import queue
 import re
 import secrets
+import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -29,6 +31,7 @@ MAX_BODY = 64 << 20  # bytes; the CLI's JSONL line limit
 MAX_DEPTH = 64  # array/object nesting a body may have; the CLI's JSONL lines' (core/input_guard.h)
 READ_TIMEOUT = 60.0  # seconds a client may take to send a request (headers and body)
 CLOSE_WAIT = 10.0  # seconds close() waits for answers to be written
+CLIENT_POLL_S = 0.05  # how often a handler waiting for a plain answer looks whether its client left
 
 
 def error_body(message, type_="invalid_request_error", param=None):
@@ -64,7 +67,7 @@ class _Pending:
         self.done = threading.Event()
         self.status = 500
         self.body = error_body("no answer", "server_error")
-        self.gone = False  # the streaming client disconnected
+        self.gone = False  # the client disconnected (the engine then ends the request)
 
     def chunk(self, text):
         """Queues a chunk; False once the client has gone (the engine then ends the request)."""
@@ -215,6 +218,8 @@ class Server:
                 nonlocal tokens
                 if kind == "chunk":
                     return taken[i].chunk(payload)
+                if kind == "alive":
+                    return not taken[i].gone
                 if kind == "defer":
                     deferred.append(taken[i])
                     return True
@@ -374,11 +379,26 @@ def _handler_for(server):
                 p = server.submit(path, body)
                 if p.stream:
                     self._stream(p)
-                else:
-                    p.done.wait()
+                elif self._wait_unless_gone(p):
                     self._send(p.status, p.body)
             finally:
                 server._handled(-1)
+
+        def _wait_unless_gone(self, p):
+            """Waits for p's answer; False once the client has closed its connection (as vLLM
+            aborts it, the engine then ends the request at its next token: a client that timed
+            out and retried would otherwise cost the batch a whole answer nobody reads)."""
+            while not p.done.wait(CLIENT_POLL_S):
+                try:
+                    readable, _, _ = select.select([self.connection], [], [], 0)
+                    closed = bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    closed = True
+                if closed:
+                    p.gone = True
+                    self.close_connection = True
+                    return False
+            return True
 
         def _stream(self, p):
             """Server-sent events: one "data: CHUNK" per chunk, then "data: [DONE]". A request that
