@@ -157,7 +157,15 @@ std::vector<int32_t> chat_prompt(const json& body, const Hooks& h) {
     if (!kRoles.contains(m[i]["role"].get<std::string>()))
       bad("messages", "\"messages\"[", i, "].role ", json_excerpt(m[i]["role"]),
           " is not one of system, developer, user, assistant, tool, function");
-    if (!m[i].contains("content") || !m[i]["content"].is_array()) continue;
+    // Null or absent (an assistant turn with tool_calls, as OpenAI allows): empty text.
+    if (!m[i].contains("content") || m[i]["content"].is_null()) {
+      chat["messages"][i]["content"] = "";
+      continue;
+    }
+    if (m[i]["content"].is_string()) continue;
+    if (!m[i]["content"].is_array())
+      bad("messages", "\"messages\"[", i, "].content must be a string, an array of text parts or null, got ",
+          json_excerpt(m[i]["content"]));
     std::string text;
     for (size_t k = 0; k < m[i]["content"].size(); ++k) {
       const json& part = m[i]["content"][k];
@@ -357,9 +365,11 @@ std::vector<GenerationRequest> expand_request(const Request& r, const RunDefault
   if (d.max_tokens_cap > 0 && r.max_tokens && *r.max_tokens > d.max_tokens_cap)
     FH_FAIL("max_tokens ", *r.max_tokens, " is more than this server's limit of ", d.max_tokens_cap,
             " (--max-new-tokens)");
-  // As OpenAI and vLLM: a prompt and max_tokens longer than the context are refused, not cut.
+  // As OpenAI and vLLM: a prompt and max_tokens longer than the context are refused, not cut (a
+  // prompt longer than the positions by itself gets validate_request's message).
   for (const auto& prompt : r.prompts)
-    if (const int64_t p = int64_t(prompt.size()); r.max_tokens && p + *r.max_tokens > max_sequence_tokens(c))
+    if (const int64_t p = int64_t(prompt.size());
+        r.max_tokens && p <= c.max_positions && p + *r.max_tokens > max_sequence_tokens(c))
       FH_FAIL("this model's maximum context length is ", c.max_positions, " tokens; the prompt of ", p,
               " tokens leaves room for at most ", std::max<int64_t>(0, max_sequence_tokens(c) - p),
               " more, and max_tokens asks ", *r.max_tokens);

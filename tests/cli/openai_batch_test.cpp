@@ -266,6 +266,27 @@ TEST(OpenAiBatch, ChatNeedsTheHookAndItsFailuresAreTheLinesError) {
   expect_refused(chat(), "the chat template rendered an empty prompt", "messages", h);
 }
 
+// What the template gets: text parts joined by newlines, null or absent content as "" (an
+// assistant turn with tool_calls), other content refused naming the message.
+TEST(OpenAiBatch, ChatContentReachesTheTemplateAsText) {
+  Hooks h = opt_hooks();
+  json seen;
+  h.render_chat = [&](const json& body) {
+    seen = body["messages"];
+    return std::string("hi");
+  };
+  const json messages = {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}},
+                         {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array()}},
+                         {{"role", "user"}}};
+  const Parsed p = parse_input_line(chat({{"messages", messages}}), h);
+  ASSERT_TRUE(p.request) << p.error->message;
+  EXPECT_EQ(seen[0]["content"], "a\nb");
+  EXPECT_EQ(seen[1]["content"], "");
+  EXPECT_EQ(seen[2]["content"], "");
+  expect_refused(chat({{"messages", {{{"role", "user"}, {"content", 5}}}}}),
+                 "\"messages\"[0].content must be a string, an array of text parts or null, got 5", "messages", h);
+}
+
 TEST(OpenAiBatch, StopStringsCutTextAndCountTheTokensNeeded) {
   const Tokenizer& t = opt_tokenizer();
   const Decode decode = [&](std::span<const int32_t> ids) { return t.decode(ids); };
