@@ -203,6 +203,34 @@ def test_bad_requests_get_their_status(opt_server):
     r = c.getresponse()
     assert r.status == 411
     c.close()
+    # A Content-Length that is not a number is a bad request.
+    c = http.client.HTTPConnection(opt_server.host, opt_server.port, timeout=30)
+    c.putrequest("POST", "/v1/completions")
+    c.putheader("Authorization", "Bearer sesame")
+    c.putheader("Content-Length", "-5")
+    c.endheaders()
+    r = c.getresponse()
+    assert r.status == 400 and "Content-Length" in json.loads(r.read())["error"]["message"]
+    c.close()
+    # A chunked body (what clients send for a body of unknown length) is read as HTTP/1.1 says;
+    # a malformed one is a 400.
+    body = json.dumps({"model": "m", "prompt": "In", "max_tokens": 2}).encode()
+    for chunks, want in (([body[:7], body[7:]], 200), ([b"zz"], 400)):
+        c = http.client.HTTPConnection(opt_server.host, opt_server.port, timeout=30)
+        if want == 200:
+            c.request("POST", "/v1/completions", body=iter(chunks), encode_chunked=True,
+                      headers={**AUTH, "Transfer-Encoding": "chunked"})
+        else:
+            c.putrequest("POST", "/v1/completions")
+            c.putheader("Authorization", "Bearer sesame")
+            c.putheader("Transfer-Encoding", "chunked")
+            c.endheaders(b"zz\r\nab\r\n0\r\n\r\n")
+        r = c.getresponse()
+        answer = json.loads(r.read())
+        assert r.status == want, answer
+        if want == 200:
+            assert answer["usage"]["completion_tokens"] == 2
+        c.close()
     # The server still answers.
     status, answer = opt_server.request("POST", "/v1/completions", {"model": "m", "prompt": "In", "max_tokens": 2},
                                         headers=AUTH)

@@ -345,18 +345,27 @@ def _handler_for(server):
             if not self._authorized():
                 self.close_connection = True
                 return
-            if length is None or not length.isdigit():
+            chunked = self.headers.get("Transfer-Encoding", "").strip().lower() == "chunked"
+            if length is None and not chunked:
                 self.close_connection = True
-                self._send(411, error_body("a request needs a Content-Length header"))
+                self._send(411, error_body("a request needs a Content-Length header or a chunked body"))
                 return
-            if int(length) > MAX_BODY:
+            if length is not None and not length.strip().isdigit():
+                self.close_connection = True
+                self._send(400, error_body(f"Content-Length must be a number of bytes, got {length[:40]!r}"))
+                return
+            if length is not None and int(length) > MAX_BODY:
                 self.close_connection = True
                 self._send(413, error_body(f"the body is {length} bytes, more than {MAX_BODY}"))
                 return
             try:
-                raw = self.rfile.read(int(length))
+                raw = self._read_chunked() if chunked else self.rfile.read(int(length))
             except TimeoutError:
                 self._timed_out()
+                return
+            except ValueError as e:  # a malformed or oversized chunked body
+                self.close_connection = True
+                self._send(413 if "more than" in str(e) else 400, error_body(str(e)))
                 return
             self.connection.settimeout(None)  # the request is in: answering it has no limit
             try:
@@ -383,6 +392,27 @@ def _handler_for(server):
                     self._send(p.status, p.body)
             finally:
                 server._handled(-1)
+
+        def _read_chunked(self):
+            """A Transfer-Encoding: chunked body (RFC 9112 7.1, which HTTP/1.1 servers must take:
+            clients send one for a body of unknown length). ValueError: malformed or too large."""
+            body = bytearray()
+            while True:
+                line = self.rfile.readline(1024)
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise ValueError(f"a chunked body has a bad chunk size line {line[:40]!r}") from None
+                if size < 0 or len(body) + size > MAX_BODY:
+                    raise ValueError(f"the chunked body is more than {MAX_BODY} bytes")
+                if size == 0:
+                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):  # trailer fields
+                        pass
+                    return bytes(body)
+                data = self.rfile.read(size)
+                if len(data) != size or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                    raise ValueError("a chunked body ends inside a chunk")
+                body += data
 
         def _wait_unless_gone(self, p):
             """Waits for p's answer; False once the client has closed its connection (as vLLM
