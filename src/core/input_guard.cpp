@@ -325,6 +325,11 @@ int64_t json_to_int(const nlohmann::json& v, int64_t lo, int64_t hi, std::string
       if (i >= lo && i <= hi) return i;
     }
   }
+  // An integer past int64 where any int64 is taken (a seed): say which integers.
+  const bool integral = v.is_number_unsigned() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                                                   v.get<double>() == std::floor(v.get<double>()));
+  if (integral && lo == INT64_MIN && hi == INT64_MAX)
+    FH_FAIL(what, " must be an integer that fits in 64 bits (", lo, " to ", hi, "), got ", json_excerpt(v), ".");
   int_range_error(what, lo, hi, json_excerpt(v));
 }
 

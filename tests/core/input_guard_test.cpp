@@ -274,6 +274,9 @@ TEST(JsonToInt, Int64BoundsAreNotPrintedAsARange) {
             "n must be an integer >= 0, got \"5\".");
   EXPECT_EQ(error_of([&] { json_to_int(json::parse("true"), INT64_MIN, INT64_MAX, "seed"); }),
             "seed must be an integer, got true.");
+  EXPECT_EQ(error_of([&] { json_to_int(json::parse("9223372036854775808"), INT64_MIN, INT64_MAX, "seed"); }),
+            "seed must be an integer that fits in 64 bits (-9223372036854775808 to 9223372036854775807), got "
+            "9223372036854775808.");
   EXPECT_EQ(error_of([&] { parse_int("x", -1, INT64_MAX, "k"); }), "k must be an integer >= -1, got \"x\".");
 }
 
