@@ -65,6 +65,7 @@ def test_bad_prompts_are_named(llms, prompts, words):
     (dict(stop=["ok", "\udfff"]), r"stop\[1\] is not valid Unicode text"),
     (dict(logit_bias={2**40: 1}), "logit_bias: token id 1099511627776 is outside the vocabulary"),
     (dict(logit_bias=[(5, 1)]), "logit_bias must be a dict"),
+    (dict(logit_bias={"5": 1}), r"logit_bias keys must be token ids \(ints\), got the key '5'"),
 ])
 def test_bad_generate_arguments_are_named(llms, kw, words):
     with pytest.raises(flexh2o.Error, match=words):

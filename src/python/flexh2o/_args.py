@@ -146,6 +146,9 @@ def logit_bias(v, vocab_size: int) -> list:
         return []
     if not hasattr(v, "items"):
         raise Error(f"logit_bias must be a dict {{token id: bias}}, got {_short(v)}")
+    for t in v:  # ids() would call the key "the item" of "a list"
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise Error(f"logit_bias keys must be token ids (ints), got the key {_short(t)}")
     return [(ids("logit_bias", [t], vocab_size)[0], number(f"logit_bias[{t!r}]", b)) for t, b in v.items()]
 
 
