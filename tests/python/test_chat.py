@@ -156,15 +156,15 @@ def test_chat_encodes_the_rendered_text_without_adding_bos(tmp_path, chat_tokeni
 
 
 def test_a_failing_template_is_one_line_naming_the_python_error(tmp_path, chat_tokenizer):
-    # The template's own code fails on "content": null: flexh2o.Error with the exception's type
+    # The template's own code fails (str + int): flexh2o.Error with the exception's type
     # and message, and a Batch line's error holds just that (no "At:" Python stack).
     d = tmp_path / "tok"
     shutil.copytree(chat_tokenizer, d)
     cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% endfor %}"
+    cfg["chat_template"] = "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + 1 }}{% endfor %}"
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    messages = [{"role": "user", "content": None}]
-    want = 'chat template: TypeError: can only concatenate str (not "NoneType") to str'
+    messages = [{"role": "user", "content": "hi"}]
+    want = 'chat template: TypeError: can only concatenate str (not "int") to str'
     with pytest.raises(flexh2o.Error, match=want.replace("(", r"\(").replace(")", r"\)")):
         flexh2o.LLM(str(TINY["llama"]), tokenizer=str(d), device="cpu").apply_chat_template(messages)
     line = {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
