@@ -162,7 +162,8 @@ Item make_batch_item(const json& j, int64_t line, size_t index, const GenerateAr
 
 int run_generate(const GenerateArgs& args, const Env& env) {
   GenerateArgs a = args;  // the model's generation_config.json may set sampling defaults
-  if (names_standard_output(a.output)) a.output.clear();  // "-o -", "-o /dev/stdout": the results on stdout
+  const bool to_stdout = names_standard_output(a.output, "--output");  // "-o -", "-o /dev/stdout"
+  if (to_stdout) a.output.clear();  // the result lines on standard output, as without -o
   // Before the ranks part: under mpirun every rank (data-parallel worker, pipeline stage) places
   // its engine from these flags, so -b must be the block on each of them.
   apply_batch_size_flag(a.batch_size_given, a.batch_size, a.offload);
@@ -303,7 +304,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
               << "\n";
 
   const bool human = !a.output.empty() && !a.quiet;
-  const bool single = a.prompt && a.output.empty();
+  const bool single = a.prompt && a.output.empty() && !to_stdout;  // --prompt alone: just the text
   std::vector<std::optional<GenerationResult>> ready(reqs.size());
   const batch::Decode decode = batch::decoder_of(lm.tokenizer_or_null());
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};

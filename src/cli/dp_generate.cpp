@@ -149,8 +149,10 @@ DataParallel::~DataParallel() {
 
 int rank_threads_of(int requested, int usable, int cores, int local_ranks) {
   if (requested > 0) return requested;
-  if (usable > 0 && usable < cores) return usable;  // the launcher bound this rank to these
-  return std::max(1, cores / std::max(1, local_ranks));
+  // A binding narrower than the share (a core a rank) bounds it; ranks bound to one socket each
+  // (mpirun beyond 2 ranks) may share it, so never more than the share either.
+  const int share = std::max(1, cores / std::max(1, local_ranks));
+  return usable > 0 ? std::max(1, std::min(usable, share)) : share;
 }
 
 int rank_threads(const dist::Comm& comm, int requested) {

@@ -21,9 +21,9 @@
 namespace flexh2o::cli {
 
 // What a rank of an mpirun job (data or pipeline parallel) takes of its host: CPU threads,
-// `requested` (--threads) when > 0, else the CPUs the launcher bound it to (mpirun binds a rank
-// to a core by default), else the host's cores shared by its ranks; and on --device cuda its
-// GPU, its local rank modulo the host's GPUs (0 otherwise).
+// `requested` (--threads) when > 0, else the host's cores shared by its ranks, or fewer: the
+// CPUs the launcher bound it to (mpirun binds a rank to a core up to 2 ranks); and on --device
+// cuda its GPU, its local rank modulo the host's GPUs (0 otherwise).
 int rank_threads(const dist::Comm& comm, int requested);
 // rank_threads() from its facts: `usable` CPUs in this process's affinity mask (0: unknown),
 // `cores` on the host, `local_ranks` ranks on the host.

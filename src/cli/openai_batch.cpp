@@ -370,16 +370,16 @@ std::vector<GenerationRequest> expand_request(const Request& r, const RunDefault
   for (const auto& prompt : r.prompts)
     if (const int64_t p = int64_t(prompt.size());
         r.max_tokens && p <= c.max_positions && p + *r.max_tokens > max_sequence_tokens(c))
-      FH_FAIL("this model's maximum context length is ", c.max_positions, " tokens; the prompt of ", p,
-              " tokens leaves room for at most ", std::max<int64_t>(0, max_sequence_tokens(c) - p),
-              " more, and max_tokens asks ", *r.max_tokens);
+      FH_FAIL("a sequence of this model reaches at most ", max_sequence_tokens(c), " tokens (", c.max_positions,
+              " positions, the last token drawn from the last one); the prompt of ", p, " tokens leaves room for ",
+              max_sequence_tokens(c) - p, " more, and max_tokens asks ", *r.max_tokens);
   const uint64_t base = r.seed ? uint64_t(*r.seed) : d.seed;
   std::vector<GenerationRequest> out;
   for (const auto& prompt : r.prompts)
     for (int64_t k = 0; k < r.n; ++k) {
       GenerationRequest g;
       g.prompt_ids = prompt;
-      int64_t rest = std::max<int64_t>(0, c.max_positions - int64_t(prompt.size()));
+      int64_t rest = std::max<int64_t>(0, max_sequence_tokens(c) - int64_t(prompt.size()));
       if (d.max_tokens_cap > 0) rest = std::min(rest, d.max_tokens_cap);
       g.max_new_tokens = r.max_tokens.value_or(rest);
       g.sampling.temperature = d.greedy ? 0.f : r.temperature;

@@ -144,8 +144,10 @@ bool LiveAnswers::on_token(size_t req, const GenerationResult& res) {
   Choice& ch = choices_.at(req);
   Line& l = lines_[ch.line];
   const Request& r = *l.r;
-  if (l.gone || !echo_prompt(ch, l, req) ||
-      (!r.stream && emit_ && !emit_(ch.line, Event::kAlive, {}) && (l.gone = true))) {
+  // A plain answer's client is asked after every kAliveEvery tokens of its first choice (each
+  // question is a call into the server with its lock).
+  const bool ask = !r.stream && emit_ && req == l.first && res.tokens.size() % kAliveEvery == 1;
+  if (l.gone || !echo_prompt(ch, l, req) || (ask && !emit_(ch.line, Event::kAlive, {}) && (l.gone = true))) {
     ++cancelled_;
     return true;
   }

@@ -57,10 +57,11 @@ class LiveAnswers {
  public:
   enum class Event { kChunk, kLine, kDefer, kAlive };
   // (line, kChunk, a chunk's JSON), (line, kLine, the line's output line), (line, kDefer, "":
-  // the line does not run in this call) or (line, kAlive, "": asked at each token of a line
-  // that is not streamed). A false return for a chunk or kAlive means its client has gone: the
-  // line's choices end at their next token.
+  // the line does not run in this call) or (line, kAlive, "": asked every kAliveEvery tokens of
+  // a line that is not streamed). A false return for a chunk or kAlive means its client has
+  // gone: the line's choices end at their next token.
   using Emit = std::function<bool(size_t line, Event kind, const std::string& payload)>;
+  static constexpr size_t kAliveEvery = 8;
   LiveAnswers(Emit emit, Decode decode, TokenText piece, std::string model_name, int64_t created, IdMaker& ids);
 
   // Line `line` runs as engine requests [first, first + count) (expand_request's order); for a

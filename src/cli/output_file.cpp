@@ -52,11 +52,16 @@ std::optional<FileId> identify(fs::path p) {
 
 }  // namespace
 
-bool names_standard_output(const std::filesystem::path& path) {
-  if (path == "-") return true;
+bool names_standard_output(const std::filesystem::path& path, const char* flag) {
+  if (path == "-" || path == "/dev/stdout") return true;
   struct stat out{}, p{};
-  return !path.empty() && ::fstat(STDOUT_FILENO, &out) == 0 && ::stat(path.c_str(), &p) == 0 &&
-         out.st_dev == p.st_dev && out.st_ino == p.st_ino;
+  if (path.empty() || ::fstat(STDOUT_FILENO, &out) != 0 || ::stat(path.c_str(), &p) != 0 ||
+      out.st_dev != p.st_dev || out.st_ino != p.st_ino)
+    return false;
+  if (S_ISREG(out.st_mode))
+    FH_FAIL(flag, " ", path.string(), " is the file standard output is redirected to: give ", flag,
+            " - to write the results there, or redirect standard output elsewhere");
+  return true;
 }
 
 void check_can_write(const NamedPath& where) {

@@ -28,10 +28,12 @@ void check_outputs_are_not_inputs(const std::vector<NamedPath>& outputs, const s
 // before long work, so that a typo in a path does not cost the run whose result it names.
 void check_can_write(const NamedPath& where);
 
-// Whether `path` names this process's standard output ("-", /dev/stdout, or the file or pipe
-// that fd 1 is: same st_dev/st_ino). Such an output is written through std::cout, so that no
-// second writer with its own offset overwrites what std::cout prints.
-bool names_standard_output(const std::filesystem::path& path);
+// Whether `path` names this process's standard output: "-", /dev/stdout, or the pipe, terminal
+// or device fd 1 is (same st_dev/st_ino). Such an output is written through std::cout, so that
+// no second writer with its own offset overwrites what std::cout prints. Throws when `path` is
+// the regular file stdout is redirected to under another name: appending results there would
+// skip the checks an output file gets (existing results, --resume, --overwrite).
+bool names_standard_output(const std::filesystem::path& path, const char* flag);
 
 // The regular files directly inside `dir` (a model or tokenizer directory), each named `flag`,
 // for check_outputs_are_not_inputs. Not a directory: nothing.

@@ -126,6 +126,7 @@ TEST(DataParallel, RankThreadsFollowTheLaunchersBinding) {
   EXPECT_EQ(rank_threads_of(0, 1, 2, 1), 1);  // bound to one core of two (mpirun -np 1)
   EXPECT_EQ(rank_threads_of(0, 4, 16, 2), 4);
   EXPECT_EQ(rank_threads_of(0, 16, 16, 2), 8);  // unbound (--oversubscribe, --bind-to none)
+  EXPECT_EQ(rank_threads_of(0, 16, 32, 4), 8);  // a socket for two ranks (mpirun -np 4's binding)
   EXPECT_EQ(rank_threads_of(0, 2, 2, 3), 1);
   EXPECT_EQ(rank_threads_of(0, 0, 8, 1), 8);  // affinity unknown
 }

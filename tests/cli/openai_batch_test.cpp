@@ -146,8 +146,8 @@ TEST(OpenAiBatch, MaxTokensPastTheContextAreRefused) {
   const std::vector<int32_t> five{2, 10, 11, 12, 13};
   EXPECT_EQ(expand({{"prompt", five}, {"max_tokens", 4}}).at(0).max_new_tokens, 4);  // 9 tokens: the 9th from position 7
   EXPECT_EQ(test::error_of([&] { expand({{"prompt", five}, {"max_tokens", 5}}); }),
-            "this model's maximum context length is 8 tokens; the prompt of 5 tokens leaves room for at most 4 "
-            "more, and max_tokens asks 5");
+            "a sequence of this model reaches at most 9 tokens (8 positions, the last token drawn from the last "
+            "one); the prompt of 5 tokens leaves room for 4 more, and max_tokens asks 5");
   EXPECT_NE(test::error_of([&] { expand({{"prompt", five}}); }).find("max_tokens asks 16"), std::string::npos);
 }
 

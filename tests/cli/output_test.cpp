@@ -62,6 +62,16 @@ TEST(CliOutput, StandardOutputAsOutputGivesTheResultLinesAlone) {
     EXPECT_EQ(read_text(got), want) << o;
     EXPECT_FALSE(fs::exists(tmp.path() / "-")) << o;
   }
+  // --prompt with -o -: its JSONL line, not the bare text --prompt alone prints.
+  const fs::path one = tmp.path() / "one.jsonl";
+  ASSERT_EQ(flexh2o_to("generate -m " + kOpt + " --prompt Hi -n 2 --device cpu --greedy -o -", one.string()).code, 0);
+  EXPECT_EQ(nlohmann::json::parse(read_text(one))["token_ids"].size(), 2u) << read_text(one);
+  // The file stdout is redirected to, named as a file: refused (its results would skip the
+  // checks an output file gets), not written through two offsets.
+  const fs::path same = tmp.path() / "same.jsonl";
+  const RunResult r = flexh2o_to(args + " -o " + same.string(), same.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("is the file standard output is redirected to"), std::string::npos) << r.err;
 }
 
 TEST(CliOutput, FullDiskFailsNamingThePath) {

@@ -212,6 +212,19 @@ def test_bad_requests_get_their_status(opt_server):
     r = c.getresponse()
     assert r.status == 400 and "Content-Length" in json.loads(r.read())["error"]["message"]
     c.close()
+    # Transfer-Encoding beside Content-Length (a smuggling pattern) is refused; a coding other
+    # than chunked is not served.
+    for headers, want in (({"Transfer-Encoding": "chunked", "Content-Length": "5"}, 400),
+                          ({"Transfer-Encoding": "gzip, chunked"}, 501)):
+        c = http.client.HTTPConnection(opt_server.host, opt_server.port, timeout=30)
+        c.putrequest("POST", "/v1/completions")
+        c.putheader("Authorization", "Bearer sesame")
+        for k, v in headers.items():
+            c.putheader(k, v)
+        c.endheaders()
+        r = c.getresponse()
+        assert r.status == want and "Transfer-Encoding" in json.loads(r.read())["error"]["message"], headers
+        c.close()
     # A chunked body (what clients send for a body of unknown length) is read as HTTP/1.1 says;
     # a malformed one is a 400.
     body = json.dumps({"model": "m", "prompt": "In", "max_tokens": 2}).encode()

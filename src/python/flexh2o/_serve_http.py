@@ -5,7 +5,7 @@ whose submit()/_handled() the handler calls."""
 
 import json
 import queue
-import select
+import re
 import socket
 from http.server import BaseHTTPRequestHandler
 
@@ -108,12 +108,21 @@ def _handler_for(server):
             if not self._authorized():
                 self.close_connection = True
                 return
-            chunked = self.headers.get("Transfer-Encoding", "").strip().lower() == "chunked"
+            coding = self.headers.get("Transfer-Encoding")
+            chunked = coding is not None
+            if chunked and coding.strip().lower() != "chunked":
+                self.close_connection = True
+                self._send(501, error_body(f"Transfer-Encoding {coding[:40]!r} is not served (only chunked)"))
+                return
+            if chunked and length is not None:  # RFC 9112 6.1: a request smuggling pattern
+                self.close_connection = True
+                self._send(400, error_body("a request has both Transfer-Encoding and Content-Length"))
+                return
             if length is None and not chunked:
                 self.close_connection = True
                 self._send(411, error_body("a request needs a Content-Length header or a chunked body"))
                 return
-            if length is not None and not length.strip().isdigit():
+            if length is not None and not re.fullmatch(r"[0-9]{1,20}", length.strip()):
                 self.close_connection = True
                 self._send(400, error_body(f"Content-Length must be a number of bytes, got {length[:40]!r}"))
                 return
@@ -162,11 +171,12 @@ def _handler_for(server):
             body = bytearray()
             while True:
                 line = self.rfile.readline(1024)
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    raise ValueError(f"a chunked body has a bad chunk size line {line[:40]!r}") from None
-                if size < 0 or len(body) + size > MAX_BODY:
+                digits = line.split(b";", 1)[0].strip()  # chunk extensions are ignored
+                if not re.fullmatch(rb"[0-9A-Fa-f]{1,16}", digits):
+                    raise ValueError("a chunked body ends before its last chunk" if not line else
+                                     f"a chunked body has a bad chunk size line {line[:40]!r}")
+                size = int(digits, 16)
+                if len(body) + size > MAX_BODY:
                     raise ValueError(f"the chunked body is more than {MAX_BODY} bytes")
                 if size == 0:
                     while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):  # trailer fields
@@ -182,9 +192,10 @@ def _handler_for(server):
             aborts it, the engine then ends the request at its next token: a client that timed
             out and retried would otherwise cost the batch a whole answer nobody reads)."""
             while not p.done.wait(CLIENT_POLL_S):
-                try:
-                    readable, _, _ = select.select([self.connection], [], [], 0)
-                    closed = bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+                try:  # b"": the client closed; data (a next request) or nothing yet: it is there
+                    closed = self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                except BlockingIOError:
+                    closed = False
                 except OSError:
                     closed = True
                 if closed:
