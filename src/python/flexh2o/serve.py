@@ -239,10 +239,9 @@ class Server:
             self.requests += ran
             self.batches += 1
             dt = time.monotonic() - t0
-            report = json.loads(self.llm._s.last_report() or "{}") if out is not None else {}
-            left = report.get("cancelled_requests", 0)  # engine requests whose client had gone
+            left = sum(p.gone for p in taken)  # requests whose client left before its answer
             print(f"flexh2o serve: {ran} request(s), {tokens} tokens in {dt:.2f} s "
-                  f"({tokens / dt if dt > 0 else 0:.1f} tok/s)" + (f"; {left} ended as their client left" if left else ""),
+                  f"({tokens / dt if dt > 0 else 0:.1f} tok/s)" + (f"; {left} of them lost their client" if left else ""),
                   file=self.log, flush=True)
         with self._cv:  # closing: whatever still waits
             for p in self._queue:
