@@ -136,17 +136,17 @@ bool LiveAnswers::echo_prompt(Choice& ch, Line& l, size_t req) {
     if (p < r.prompt_scores.size()) part.prompt_scores = r.prompt_scores[p];
     logprobs = logprobs_of(part, false, piece_, &ch.chars_sent);
   }
-  return chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), openai_batch::echoed_prompt(r, p, decode_),
-                               nullptr, false, std::move(logprobs)));
+  return chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first),
+                               openai_batch::echoed_prompt(r, p, decode_), nullptr, false, std::move(logprobs)));
 }
 
 bool LiveAnswers::on_token(size_t req, const GenerationResult& res) {
   Choice& ch = choices_.at(req);
   Line& l = lines_[ch.line];
   const Request& r = *l.r;
-  // A plain answer's client is asked after every kAliveEvery tokens of its first choice (each
-  // question is a call into the server with its lock).
-  const bool ask = !r.stream && emit_ && req == l.first && res.tokens.size() % kAliveEvery == 1;
+  // A plain answer's client is asked after every kAliveEvery tokens of each choice (a question is
+  // a call into the server, which takes its lock).
+  const bool ask = !r.stream && emit_ && res.tokens.size() % kAliveEvery == 1;
   if (l.gone || !echo_prompt(ch, l, req) || (ask && !emit_(ch.line, Event::kAlive, {}) && (l.gone = true))) {
     ++cancelled_;
     return true;
