@@ -68,10 +68,10 @@ void CpuDevice::release(MemKind, std::byte* p, size_t) noexcept {
 
 void CpuDevice::upload(void* dst, const TensorView& src) { std::memcpy(dst, src.data, src.nbytes()); }
 
-TierCharge CpuDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs, TierBudget& budget) {
+TierCharge CpuDevice::reserve(const ModelConfig& c, int64_t rows, int64_t /*seqs*/, TierBudget& budget) {
   // The scratch itself grows on first use (LayerCompute); the charge is what it will reach.
   TierCharge charge;
-  const uint64_t need = device_scratch_bytes(DeviceKind::kCpu, c, opts_.act_dtype, rows, seqs);
+  const uint64_t need = device_scratch_bytes(DeviceKind::kCpu, c, opts_.act_dtype, rows);
   TierCharge::reserve(budget, need, "compute scratch", &charge).throw_if_error();
   return charge;
 }
@@ -315,16 +315,17 @@ void CpuDevice::mlp(const ModelConfig& c, const LayerWeights& L, const StepRows&
 }
 
 void CpuDevice::head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden,
-                     int64_t row, float* logits) {
+                     int64_t first, int64_t rows, float* logits) {
   const int64_t M = r.n * r.T, es = int64_t(dtype_size(opts_.act_dtype));
-  FH_CHECK(row >= 0 && row < r.T, "head of row ", row, " of a step of ", r.T);
+  FH_CHECK(first >= 0 && rows >= 1 && first + rows <= r.T, "head of rows [", first, ", ", first + rows,
+           ") of a step of ", r.T);
   enter(0);
   touch_weights(w);
   touch(0, hidden, size_t(M * c.hidden * es), false);
-  touch(0, logits, size_t(r.n * c.vocab_size) * 4, true);
+  touch(0, logits, size_t(rows * r.n * c.vocab_size) * 4, true);
   run([&] {
     const float* h = f32_in(hidden, M * c.hidden, t_hidden_);
-    compute_.head_rows(c, w, shape(r), h, row, 1, logits);
+    compute_.head_rows(c, w, shape(r), h, first, rows, logits);
   });
 }
 

@@ -33,7 +33,7 @@ struct CpuDeviceOptions {
   uint64_t seed = 1;
 };
 
-class CpuDevice final : public Device {
+class CpuDevice : public Device {
  public:
   explicit CpuDevice(int threads = 0);
   explicit CpuDevice(const CpuDeviceOptions& o);
@@ -82,8 +82,8 @@ class CpuDevice final : public Device {
   void attention_out(const ModelConfig& c, const LayerWeights& L, const StepRows& r, const void* attn,
                      void* hidden) override;
   void mlp(const ModelConfig& c, const LayerWeights& L, const StepRows& r, void* hidden) override;
-  void head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden, int64_t row,
-            float* logits) override;
+  void head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden, int64_t first,
+            int64_t rows, float* logits) override;
   void kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, int64_t row_elems, const int32_t* keep,
                  int64_t keep_stride, const int32_t* count) override;
 

@@ -36,24 +36,23 @@ Buffer Device::make_buffer(std::byte* p, size_t bytes, MemKind kind, TierCharge 
   return b;
 }
 
-uint64_t device_scratch_bytes(DeviceKind kind, const ModelConfig& c, DType act, int64_t rows, int64_t seqs) {
+uint64_t device_scratch_bytes(DeviceKind kind, const ModelConfig& c, DType act, int64_t rows) {
   if (kind == DeviceKind::kCpu) {
-    uint64_t b = uint64_t(LayerCompute::unit_scratch_bytes(c, rows, seqs));
+    uint64_t b = uint64_t(LayerCompute::unit_scratch_bytes(c, rows));
     if (act != DType::F32) b += uint64_t(rows * (c.hidden + 2 * c.q_dim() + 2 * c.kv_dim())) * 4;
     return b;
   }
-  return cuda_scratch(c, act, rows, seqs).total();
+  return cuda_scratch(c, act, rows).total();
 }
 
 // The tile is counted whether or not the weights are compressed: nothing here says, and it is
 // at most 64 MiB.
-CudaScratch cuda_scratch(const ModelConfig& c, DType act, int64_t rows, int64_t seqs) {
+CudaScratch cuda_scratch(const ModelConfig& c, DType act, int64_t rows) {
   const uint64_t es = dtype_size(act), chunk = uint64_t(std::min(rows, kMlpChunkRows));
   auto al = [](uint64_t n) { return (n + 255) / 256 * 256; };
   CudaScratch s;
   s.normed = al(uint64_t(rows * c.hidden) * es);
   s.ffn_chunk = al(chunk * uint64_t(c.ffn_scratch_dim()) * es);
-  s.last = al(uint64_t(seqs * c.hidden) * es);
   s.dequant = al(q4_dequant_tile_bytes(c, act));
   s.cublas_workspace = kCublasWorkspaceBytes;
   if (c.moe()) {

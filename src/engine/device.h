@@ -170,10 +170,11 @@ class Device {
                              void* hidden) = 0;
   // hidden += mlp(norm(hidden))
   virtual void mlp(const ModelConfig& c, const LayerWeights& L, const StepRows& r, void* hidden) = 0;
-  // logits [n, V] fp32 (device memory) of row `row` (0 <= row < T; T - 1 in generation) of each
-  // sequence: final norm + lm_head.
+  // logits [rows, n, V] fp32 (device memory; row first + i of sequence b at (i * n + b) * V) of
+  // rows [first, first + rows) of each sequence (0 <= first, first + rows <= T; generation: T - 1
+  // and 1; rows * n <= the rows reserve() sized for): final norm + lm_head, one lm_head pass.
   virtual void head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden,
-                    int64_t row, float* logits) = 0;
+                    int64_t first, int64_t rows, float* logits) = 0;
   // In-place compaction of rows x capacity x row_elems elements of dt (row r: new slot i <-
   // old slot keep[r*keep_stride + i] for i < count[r], i <= keep[..+i] < capacity); keep/count
   // in device memory (the CUDA kernel reads them there; the engine copies its pinned keep slot
@@ -191,27 +192,27 @@ class Device {
   friend class Buffer;
 };
 
-// Bytes of scratch the unit ops of a `kind` device need for steps of `rows` rows and `seqs`
-// sequences with activations in `act` (what reserve() charges; the planner counts it too).
-uint64_t device_scratch_bytes(DeviceKind kind, const ModelConfig& c, DType act, int64_t rows, int64_t seqs);
-// The CUDA device's scratch piece by piece, in bytes, each piece 256-aligned: normed rows, one
-// of two FFN chunks, the last row per sequence and the Q4 dequantization tile share one
-// allocation (CudaDevice::reserve lays it out from this); cuBLAS's workspace is its handle's.
+// Bytes of scratch the unit ops of a `kind` device need for steps of `rows` rows (sequences x
+// rows a sequence) with activations in `act` (what reserve() charges; the planner counts it too).
+uint64_t device_scratch_bytes(DeviceKind kind, const ModelConfig& c, DType act, int64_t rows);
+// The CUDA device's scratch piece by piece, in bytes, each piece 256-aligned: normed rows (the
+// head's rows too), one of two FFN chunks and the Q4 dequantization tile share one allocation
+// (CudaDevice::reserve lays it out from this); cuBLAS's workspace is its handle's.
 // device_scratch_bytes(kCuda, ...) is total().
 struct CudaScratch {
-  uint64_t normed = 0, ffn_chunk = 0, last = 0, dequant = 0, cublas_workspace = 0;
+  uint64_t normed = 0, ffn_chunk = 0, dequant = 0, cublas_workspace = 0;
   // MoE, per chunk of rows: router logits and the shared expert's gate (fp32, n_experts + 1 a
   // row); four lists of the rows' choices (experts, weights, then grouped by expert: rows,
   // weights; 4-byte, experts_per_token a row); counts and work (int32, 3 n_experts); an expert's
   // gathered rows and output (act) and the sum over experts (fp32), a hidden row each.
   uint64_t moe_logits = 0, moe_list = 0, moe_counts = 0, moe_x = 0, moe_out = 0, moe_sum = 0;
   uint64_t allocation() const {
-    return normed + 2 * ffn_chunk + last + dequant + moe_logits + 4 * moe_list + moe_counts + moe_x + moe_out + moe_sum;
+    return normed + 2 * ffn_chunk + dequant + moe_logits + 4 * moe_list + moe_counts + moe_x + moe_out + moe_sum;
   }
   uint64_t total() const { return allocation() + cublas_workspace; }
 };
 inline constexpr uint64_t kCublasWorkspaceBytes = uint64_t(32) << 20;
-CudaScratch cuda_scratch(const ModelConfig& c, DType act, int64_t rows, int64_t seqs);
+CudaScratch cuda_scratch(const ModelConfig& c, DType act, int64_t rows);
 // The CUDA device's share of it for Q4 weights: the tile that linear layers above the fused
 // kernel's rows decode a Q4 weight into (in `act`) before cuBLAS; the largest 2-D weight a unit
 // multiplies by, capped at 64 MiB (larger weights go tile by tile).

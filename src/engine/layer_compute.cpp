@@ -28,9 +28,9 @@ void gate_mul(const ModelConfig& c, float* gate, const float* up, int64_t n) {
 
 }  // namespace
 
-int64_t LayerCompute::unit_scratch_bytes(const ModelConfig& c, int64_t M, int64_t B) {
+int64_t LayerCompute::unit_scratch_bytes(const ModelConfig& c, int64_t M) {
   const int64_t chunk = std::min(M, kMlpChunkRows);
-  int64_t floats = M * c.hidden + 2 * chunk * c.ffn_scratch_dim() + B * c.hidden;
+  int64_t floats = M * c.hidden + 2 * chunk * c.ffn_scratch_dim();
   // MoE: router logits and the shared expert's gate; the choices (int32), their weights, the
   // choices grouped by expert (int64 rows, weights); gathered rows, an expert's output, the sum;
   // the groups' starts and cursors (int64, n_experts + 1 each)
@@ -39,7 +39,7 @@ int64_t LayerCompute::unit_scratch_bytes(const ModelConfig& c, int64_t M, int64_
 }
 
 int64_t LayerCompute::scratch_bytes(const ModelConfig& c, int64_t M) {
-  return unit_scratch_bytes(c, M, M) + M * (2 * c.q_dim() + 2 * c.kv_dim()) * int64_t(sizeof(float));
+  return unit_scratch_bytes(c, M) + M * (2 * c.q_dim() + 2 * c.kv_dim()) * int64_t(sizeof(float));
 }
 
 void LayerCompute::embed(const ModelConfig& c, const ModelWeights& w, const int32_t* ids, const StepShape& s,
@@ -239,28 +239,28 @@ void LayerCompute::layer(const ModelConfig& c, const LayerWeights& L, const Step
 void LayerCompute::head_rows(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden,
                              int64_t first, int64_t rows, float* logits) {
   const int64_t H = c.hidden, R = rows * s.B;
-  grow(last_, R * H);
+  grow(normed_, R * H);
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t b = 0; b < s.B; ++b)
-      std::copy_n(hidden + (b * s.T + first + i) * H, H, last_.data() + (i * s.B + b) * H);
+      std::copy_n(hidden + (b * s.T + first + i) * H, H, normed_.data() + (i * s.B + b) * H);
   head_of_gathered(c, w, R, logits);
 }
 
 void LayerCompute::head_of_gathered(const ModelConfig& c, const ModelWeights& w, int64_t R, float* logits) {
   const int64_t H = c.hidden;
   if (c.arch == Arch::kOpt)
-    cpu::layernorm(last_.data(), R, H, w.final_norm_w, w.final_norm_b, c.norm_eps, last_.data());
+    cpu::layernorm(normed_.data(), R, H, w.final_norm_w, w.final_norm_b, c.norm_eps, normed_.data());
   else
-    rms(c, last_.data(), R, H, w.final_norm_w, last_.data());
-  cpu::linear(last_.data(), R, H, w.lm_head, nullptr, logits, cpu::Epilogue::kStore);
+    rms(c, normed_.data(), R, H, w.final_norm_w, normed_.data());
+  cpu::linear(normed_.data(), R, H, w.lm_head, nullptr, logits, cpu::Epilogue::kStore);
   if (c.final_softcap > 0) cpu::softcap(logits, R * c.vocab_size, c.final_softcap);
 }
 
 void LayerCompute::head(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden,
                         std::vector<float>& logits) {
   const int64_t H = c.hidden, R = s.B * s.T;
-  grow(last_, R * H);
-  std::copy_n(hidden, R * H, last_.data());
+  grow(normed_, R * H);
+  std::copy_n(hidden, R * H, normed_.data());
   logits.resize(size_t(R * c.vocab_size));
   head_of_gathered(c, w, R, logits.data());
 }

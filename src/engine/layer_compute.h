@@ -54,21 +54,21 @@ class LayerCompute {
   void head_rows(const ModelConfig& c, const ModelWeights& w, const StepShape& s, const float* hidden, int64_t first,
                  int64_t rows, float* logits);
 
-  // Bytes of scratch this object holds for steps of M = B*T rows and B sequences, using only
-  // the unit ops above (not layer()/head(), which also keep q/k/v/attention rows).
-  static int64_t unit_scratch_bytes(const ModelConfig& c, int64_t M, int64_t B);
+  // Bytes of scratch this object holds for steps of M = B*T rows using only the unit ops above
+  // (not layer()/head(), which also keep q/k/v/attention rows); head_rows() of up to M rows in all.
+  static int64_t unit_scratch_bytes(const ModelConfig& c, int64_t M);
   // Bytes layer() + head() hold on top (the in-memory Forward).
   static int64_t scratch_bytes(const ModelConfig& c, int64_t M);
 
  private:
-  // Final norm + lm_head of the first R rows of last_ (in place) into logits [R, V].
+  // Final norm + lm_head of the first R rows of normed_ (in place) into logits [R, V].
   void head_of_gathered(const ModelConfig& c, const ModelWeights& w, int64_t R, float* logits);
   // out[n, H] = an expert's SwiGLU of width F over x[n, H] (through ffn_a_ / ffn_b_).
   void expert_ffn(const ExpertWeights& w, const float* x, int64_t n, int64_t H, int64_t F, float* out);
   // A MoE MLP over m rows of normed_, added into h.
   void moe(const ModelConfig& c, const LayerWeights& L, int64_t m, float* h);
 
-  std::vector<float> normed_, q_, k_, v_, attn_, ffn_a_, ffn_b_, last_;
+  std::vector<float> normed_, q_, k_, v_, attn_, ffn_a_, ffn_b_;
   std::vector<float> router_, route_w_, gathered_, expert_out_, moe_sum_, expert_w_, shared_gate_;  // MoE
   std::vector<int32_t> route_e_;
   std::vector<int64_t> expert_rows_, expert_start_, expert_at_;

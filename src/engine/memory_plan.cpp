@@ -27,6 +27,11 @@ int64_t align_kv_capacity(const ModelConfig& c, DType kv, int64_t slots) {
   return (std::max<int64_t>(slots, 1) + a - 1) / a * a;
 }
 
+int64_t head_rows_per_call(int64_t vocab, int64_t n, int64_t logit_rows, uint64_t slot_bytes) {
+  const uint64_t per_row = uint64_t(std::max<int64_t>(n, 1)) * uint64_t(std::max<int64_t>(vocab, 1)) * 4;
+  return std::clamp<int64_t>(int64_t(slot_bytes / per_row), 1, std::max<int64_t>(logit_rows, 1));
+}
+
 std::string human_bytes(uint64_t b) {
   std::ostringstream os;
   os.precision(3);
@@ -91,8 +96,11 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   // Keep lists of the device-homed sequences, and at a prefill of the offloaded ones too.
   m.keep = d.kv_policy ? n * uint64_t(c.n_kv_heads * (m.cap_w + 1)) * 4 : 0;
   m.inputs = (4 * B * rows + B * (LW && LF ? 2 : 1)) * 4;  // one seq_keys row per class of layers
-  m.logits = d.hidden_out ? 0 : B * uint64_t(c.vocab_size) * 4;
-  m.logits_host = m.logits * uint64_t(std::max<int64_t>(d.logit_rows, 1));
+  // A row a sequence (generation); a scoring step's head rows of a micro-batch if more.
+  const uint64_t V = uint64_t(c.vocab_size), slot = B * V * 4, nb = std::min(n, B);
+  m.head_rows = head_rows_per_call(c.vocab_size, int64_t(nb), d.logit_rows, std::max(slot, d.head_logits_bytes));
+  m.logits = d.hidden_out ? 0 : std::max(slot, uint64_t(m.head_rows) * nb * V * 4);
+  m.logits_host = d.hidden_out ? 0 : slot * uint64_t(std::max<int64_t>(d.logit_rows, 1));
   m.hidden_in = d.hidden_in ? B * rows * uint64_t(c.hidden) * es_a : 0;
   m.hidden_out = d.hidden_out ? B * rows * uint64_t(c.hidden) * es_a : 0;
   auto add = [&](Tier tier, std::string what, uint64_t bytes) {
@@ -117,7 +125,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   add(Tier::kDevice, "keep lists", 2 * m.keep);
   add(Tier::kDevice, "step inputs and logits", m.inputs + m.logits);
   add(Tier::kDevice, "stage hidden rows in and out", m.hidden_in + m.hidden_out);
-  add(Tier::kDevice, "compute scratch", device_scratch_bytes(t.device, c, t.act, int64_t(n * rows), int64_t(n)));
+  add(Tier::kDevice, "compute scratch", device_scratch_bytes(t.device, c, t.act, int64_t(n * rows)));
   // Host
   add(Tier::kHost, "weights homed", w.homed[1]);
   add(Tier::kHost, "weight disk staging", w.max_disk ? 2 * w.max_disk : 0);

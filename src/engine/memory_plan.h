@@ -23,6 +23,16 @@ struct WeightBytes {
   static WeightBytes of(const WeightPlacement& wp);
 };
 
+// Scoring steps (many rows of logits a sequence) run the head over many rows a call: each call
+// reads the whole lm_head, so one a row made the head most of an offloaded scoring step. Their
+// device logits slot may grow to this many bytes for it (planned; an engine whose device budget
+// lacks them falls back to the generation slot).
+inline constexpr uint64_t kHeadLogitsBytes = uint64_t(16) << 20;
+
+// Rows of each of n sequences one head call computes in a step that returns logit_rows rows a
+// sequence, with `slot_bytes` of fp32 logits on the device: as many as fit, 1 to logit_rows.
+int64_t head_rows_per_call(int64_t vocab, int64_t n, int64_t logit_rows, uint64_t slot_bytes);
+
 // What sizes a batch.
 struct BatchDims {
   int64_t rows = 1;          // T of the longest step per sequence (the prefill's padded prompt)
@@ -30,7 +40,10 @@ struct BatchDims {
   int64_t budget_max = 0;    // largest bounded KV-policy budget of the batch; 0 = none
   bool kv_policy = false;    // a KV policy runs (decisions on the host)
   bool scores = false;       // ... and needs attention scores
-  int64_t logit_rows = 1;    // rows of logits a sequence a step returns (StepRunner::step_rows; host only)
+  int64_t logit_rows = 1;    // rows of logits a sequence a step returns (StepRunner::step_rows)
+  // Device logits a step of logit_rows > 1 may use so that one head call computes many rows
+  // (head_rows_per_call); 0: the generation slot's (a row a sequence of the block) only.
+  uint64_t head_logits_bytes = kHeadLogitsBytes;
   // A pipeline stage (Model::stage): after the first it reads hidden rows instead of token ids,
   // before the last it returns hidden rows instead of logits ([B * rows, hidden] in act).
   bool hidden_in = false, hidden_out = false;
@@ -79,8 +92,10 @@ struct MemoryPlan {
   uint64_t qkv_rows = 0, attn_rows = 0;                // per row: q|k|v and attention output
   uint64_t scores = 0;                                 // one score slot (micro-batch, fp32)
   uint64_t keep = 0;                                   // one keep-list slot (int32, a micro-batch)
-  uint64_t inputs = 0, logits = 0;                     // a block's step inputs / fp32 logits (a row a sequence)
-  uint64_t logits_host = 0;                            // ... on the host: BatchDims::logit_rows a sequence
+  uint64_t inputs = 0;                                 // a block's step inputs
+  uint64_t logits = 0;       // device fp32 logits: a row a sequence, or head_rows rows of a micro-batch if more
+  uint64_t logits_host = 0;  // ... on the host: BatchDims::logit_rows a sequence
+  int64_t head_rows = 1;     // rows of each sequence a head call computes (head_rows_per_call)
   uint64_t hidden_in = 0, hidden_out = 0;              // a stage's hidden rows in / out (a block)
   std::vector<MemoryItem> items;
   std::array<uint64_t, 3> bytes{};

@@ -52,6 +52,7 @@ BatchDims OffloadEngine::Impl::dims_of(const Sizing& z, int64_t B, int64_t rows,
   d.rows = std::max<int64_t>(rows, 1);
   d.capacity = std::max<int64_t>(cap, 1);
   d.logit_rows = logits;
+  d.head_logits_bytes = head_logits_bytes;
   d.kv_policy = z.policy != nullptr;
   d.hidden_in = hidden_in;
   d.hidden_out = hidden_out;
@@ -115,6 +116,7 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
     *b = Buffer();
   pipe_rows = 0;
   logit_rows = 1;
+  head_logits_bytes = e.opts_.head_logits_bytes;
   batch = B;
   capacity = cap;
   allocated = false;
@@ -221,7 +223,6 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   const size_t inputs = size_t(4 * batch * s_max + n_classes * batch) * 4;
   inputs_device = alloc(MemKind::kDevice, Tier::kDevice, inputs, "step inputs");
   inputs_host = alloc(MemKind::kPinned, Tier::kHost, inputs, "step inputs");
-  logits_device = alloc(MemKind::kDevice, Tier::kDevice, size_t(plan.logits), "logits");
   logits_host = alloc(MemKind::kPinned, Tier::kHost, size_t(plan.logits_host), "logits");
   const size_t stage_rows = size_t(batch * s_max * c.hidden) * es_a;
   if (hidden_in) {
@@ -234,6 +235,16 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   }
   scratch = TierCharge();
   scratch = dev.reserve(c, n_max * s_max, n_max, *e.budgets_[0]);
+  // Last: a scoring step's larger slot (more head rows a call) is worth its bytes only where the
+  // device budget has them after everything the batch needs; else the generation slot.
+  Status s = plan.logits ? dev.allocate(MemKind::kDevice, size_t(plan.logits), *e.budgets_[0], "logits", &logits_device)
+                         : Status::Ok();
+  if (!s.ok() && plan.head_rows > 1) {
+    head_logits_bytes = 0;
+    plan = plan_memory(c, WeightBytes::of(e.placement_), batch_policy(batch), dims(), {dev.kind(), kvdt, adt});
+    s = dev.allocate(MemKind::kDevice, size_t(plan.logits), *e.budgets_[0], "logits", &logits_device);
+  }
+  fail_unless(s);
   dirty_lo.assign(size_t(L), std::vector<int32_t>(size_t(batch * c.n_kv_heads), 0));
   dirty_hi.assign(size_t(L), std::vector<int32_t>(size_t(batch * c.n_kv_heads), 0));
   allocated = true;

@@ -32,13 +32,17 @@ void OffloadEngine::Impl::compute(int u, int k) {
   }
   if (kind == UnitKind::kHead) {
     const int64_t R = step_logit_rows, V = c.vocab_size;
-    float* out = logits_device.as<float>() + mb.first * V;
-    if (R == 1) return dev.head(c, weights(u), r, hidden, T - 1, out);
-    // Many rows (scoring): one row of each sequence at a time through the generation-sized
-    // device slot, each copied out to its block of the host logits [R, batch, V].
-    for (int64_t i = 0; i < R; ++i) {
-      dev.head(c, weights(u), r, hidden, T - R + i, out);
-      dev.copy(Queue::kCompute, logits_host.as<float>() + (i * batch + mb.first) * V, out, size_t(mb.n * V) * 4);
+    if (R == 1) return dev.head(c, weights(u), r, hidden, T - 1, 1, logits_device.as<float>() + mb.first * V);
+    // Many rows (scoring): plan.head_rows rows of each sequence a call through the device slot
+    // ([rows, n, V]), copied out to their blocks of the host logits [R, batch, V]. The compute
+    // queue orders the copy before the next call writes the slot.
+    const float* out = logits_device.as<float>();
+    const size_t row = size_t(mb.n * V) * 4;
+    for (int64_t i = 0; i < R; i += plan.head_rows) {
+      const int64_t g = std::min(plan.head_rows, R - i);
+      dev.head(c, weights(u), r, hidden, T - R + i, g, logits_device.as<float>());
+      dev.copy_2d(Queue::kCompute, logits_host.as<float>() + (i * batch + mb.first) * V, size_t(batch * V) * 4, out,
+                  row, row, size_t(g));
     }
     return;
   }

@@ -51,6 +51,9 @@ struct OffloadOptions {
   // Of the KV cache in every tier: F16, BF16, F32 or Q4 (policy.compress_cache: the engine
   // makes the two agree, either one turning on both).
   DType kv_dtype = DType::F16;
+  // Device bytes a scoring step's logits slot may grow to so that one head call computes many
+  // rows (BatchDims::head_logits_bytes); 0: the generation slot only (bench_scoring's baseline).
+  uint64_t head_logits_bytes = kHeadLogitsBytes;
   // Record when every schedule step ran (write_trace()); a few dozen bytes per step.
   bool trace = false;
   // Called by the constructor on its thread as it places the weights: (bytes placed, bytes to

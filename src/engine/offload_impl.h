@@ -74,6 +74,9 @@ struct BatchState {
   int64_t rows_reserved = 0;  // reserve_rows(): the widest step the prefill sizes buffers for
   std::vector<int64_t> budget_lengths;  // budget_lengths() of this batch; empty: prefill rows
   int64_t logit_rows = 1;  // rows of logits a sequence the buffers hold (the first step's ask)
+  // BatchDims::head_logits_bytes of this batch (OffloadOptions'): 0 once the device budget
+  // refused the larger slot.
+  uint64_t head_logits_bytes = kHeadLogitsBytes;
   bool allocated = false;
   MemoryPlan plan;
   // This batch's KV policy: the caller's, or under a window cap `local` at the window (the

@@ -26,7 +26,7 @@ void rms(const ModelConfig& c, DType dt, const void* x, int64_t M, int64_t D, co
 
 TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs, TierBudget& budget) {
   TierCharge charge;
-  TierCharge::reserve(budget, device_scratch_bytes(DeviceKind::kCuda, c, dt_, rows, seqs), "compute scratch", &charge)
+  TierCharge::reserve(budget, device_scratch_bytes(DeviceKind::kCuda, c, dt_, rows), "compute scratch", &charge)
       .throw_if_error();
   // One scratch serves every batch state on this device (pipeline groups swap theirs in without
   // a new reserve), so it only grows: sized for the largest rows and seqs asked so far, never
@@ -38,7 +38,7 @@ TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs,
   if (scratch_) FH_CUDA_CHECK(cudaFree(scratch_));
   scratch_ = nullptr;
   rows_ = seqs_ = 0;
-  const CudaScratch sz = cuda_scratch(c, dt_, rows, seqs);
+  const CudaScratch sz = cuda_scratch(c, dt_, rows);
   const cudaError_t e = cudaMalloc(&scratch_, sz.allocation());
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
@@ -50,8 +50,7 @@ TierCharge CudaDevice::reserve(const ModelConfig& c, int64_t rows, int64_t seqs,
   normed_ = p;
   ffn_a_ = p += sz.normed;
   ffn_b_ = p += sz.ffn_chunk;
-  last_ = p += sz.ffn_chunk;
-  dq_ = p += sz.last;
+  dq_ = p += sz.ffn_chunk;
   moe_logits_ = reinterpret_cast<float*>(p += sz.dequant);
   moe_experts_ = reinterpret_cast<int32_t*>(p += sz.moe_logits);
   moe_weights_ = reinterpret_cast<float*>(p += sz.moe_list);
@@ -252,21 +251,26 @@ void CudaDevice::moe(const ModelConfig& c, const LayerWeights& L, int64_t m, voi
 }
 
 void CudaDevice::head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden,
-                      int64_t row, float* logits) {
-  const int64_t H = c.hidden;
+                      int64_t first, int64_t rows, float* logits) {
+  const int64_t H = c.hidden, m = rows * r.n;
   FH_CHECK(r.n <= seqs_, "CUDA device: reserve() covers ", seqs_, " sequences, the step has ", r.n);
-  FH_CHECK(row >= 0 && row < r.T, "head of row ", row, " of a step of ", r.T);
+  FH_CHECK(first >= 0 && rows >= 1 && first + rows <= r.T, "head of rows [", first, ", ", first + rows,
+           ") of a step of ", r.T);
+  FH_CHECK(m <= rows_, "CUDA device: reserve() covers ", rows_, " rows, the head has ", m);
   cudaStream_t st = stream(Queue::kCompute);
   const size_t bytes = size_t(H) * dtype_size(dt_);
-  // Row `row` of each sequence: rows row, row + T, ... of hidden.
-  FH_CUDA_CHECK(cudaMemcpy2DAsync(last_, bytes, static_cast<const std::byte*>(hidden) + size_t(row) * bytes,
-                                  size_t(r.T) * bytes, bytes, size_t(r.n), cudaMemcpyDeviceToDevice, st));
+  // Row first + i of each sequence (rows first + i, first + i + T, ... of hidden) to rows
+  // i * n .. i * n + n - 1 of normed_, the logits' order.
+  for (int64_t i = 0; i < rows; ++i)
+    FH_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<std::byte*>(normed_) + size_t(i * r.n) * bytes, bytes,
+                                    static_cast<const std::byte*>(hidden) + size_t(first + i) * bytes,
+                                    size_t(r.T) * bytes, bytes, size_t(r.n), cudaMemcpyDeviceToDevice, st));
   if (c.arch == Arch::kOpt)
-    layernorm(dt_, last_, r.n, H, w.final_norm_w.data, ptr(w.final_norm_b), c.norm_eps, last_, st);
+    layernorm(dt_, normed_, m, H, w.final_norm_w.data, ptr(w.final_norm_b), c.norm_eps, normed_, st);
   else
-    rms(c, dt_, last_, r.n, H, w.final_norm_w, last_, st);
-  linear_f32out_w(w.lm_head, last_, r.n, H, c.vocab_size, logits);
-  if (c.final_softcap > 0) softcap_f32(logits, r.n * c.vocab_size, c.final_softcap, st);
+    rms(c, dt_, normed_, m, H, w.final_norm_w, normed_, st);
+  linear_f32out_w(w.lm_head, normed_, m, H, c.vocab_size, logits);
+  if (c.final_softcap > 0) softcap_f32(logits, m * c.vocab_size, c.final_softcap, st);
 }
 
 void CudaDevice::kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, int64_t row_elems,

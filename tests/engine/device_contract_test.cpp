@@ -69,7 +69,8 @@ class MisalignedDevice final : public Device {
     FH_FAIL("unused");
   }
   void mlp(const ModelConfig&, const LayerWeights&, const StepRows&, void*) override { FH_FAIL("unused"); }
-  void head(const ModelConfig&, const ModelWeights&, const StepRows&, const void*, int64_t, float*) override {
+  void head(const ModelConfig&, const ModelWeights&, const StepRows&, const void*, int64_t, int64_t,
+            float*) override {
     FH_FAIL("unused");
   }
   void kv_gather(void*, DType, int64_t, int64_t, int64_t, const int32_t*, int64_t, const int32_t*) override {

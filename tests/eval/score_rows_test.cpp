@@ -6,6 +6,7 @@
 // and scoring a whole sequence under its ratios keeps their share of the sequence.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -300,12 +301,28 @@ TEST_P(ScoreRows, RatioBudgetsAreSharesOfTheWholeSequence) {
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, ScoreRows, ::testing::Values("tiny-opt", "tiny-llama"));
 
-// The rows of a scoring step cost host memory only: the device holds what generation holds (its
-// logits pass through the generation-sized slot a row at a time), so a device budget the size of
-// the generation plan scores 40 rows a step.
-TEST(ScoreRowsMemory, ManyRowsCostHostMemoryOnly) {
+// A CPU device that counts the head's calls and the rows they compute.
+class CountingHeads final : public CpuDevice {
+ public:
+  using CpuDevice::CpuDevice;
+  void head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden, int64_t first,
+            int64_t rows, float* logits) override {
+    ++calls;
+    max_rows = std::max(max_rows, rows);
+    CpuDevice::head(c, w, r, hidden, first, rows, logits);
+  }
+  int64_t calls = 0, max_rows = 0;
+};
+
+// The rows of a scoring step cost host memory, and on the device a logits slot of up to
+// kHeadLogitsBytes so that one head call (one pass over the lm_head) computes many rows. A device
+// budget with room for it scores 40 rows a step in one call a micro-batch; one the size of the
+// generation plan still scores them, through the generation slot (2 rows a call here: the block's
+// 4 rows / micro-batches of 2). Both give the one-token-a-step scores.
+TEST(ScoreRowsMemory, ManyRowsAHeadCallWhereTheDeviceHasRoom) {
   Model model = Model::load_dir(model_dir("tiny-opt"));
   const ModelConfig& c = model.config();
+  const uint64_t V = uint64_t(c.vocab_size);
   CpuDevice dev(2);
   OffloadOptions o;
   o.policy = test::policy_of("20 80 50 50 100 0", 2, 2);
@@ -314,25 +331,42 @@ TEST(ScoreRowsMemory, ManyRowsCostHostMemoryOnly) {
   const MemoryPlan gen = offload_memory_plan(model, dev, o, d);
   d.logit_rows = 40;
   const MemoryPlan score = offload_memory_plan(model, dev, o, d);
-  EXPECT_EQ(score.bytes[0], gen.bytes[0]);
-  EXPECT_EQ(score.bytes[1], gen.bytes[1] + 39 * 4 * uint64_t(c.vocab_size) * 4);
-  o.device_mem = gen.bytes[0];
-  o.host_mem = score.bytes[1];
-  OffloadEngine eng(model, dev, o);
+  d.head_logits_bytes = 0;
+  const MemoryPlan narrow = offload_memory_plan(model, dev, o, d);
+  ASSERT_EQ(gen.head_rows, 1);
+  ASSERT_EQ(score.head_rows, 40);  // 40 x 2 x 4096 x 4 bytes: within kHeadLogitsBytes
+  EXPECT_EQ(narrow.head_rows, 2);
+  EXPECT_EQ(score.bytes[0], gen.bytes[0] + (40 * 2 - 4) * V * 4);
+  EXPECT_EQ(narrow.bytes[0], gen.bytes[0]);
+  for (const MemoryPlan* p : {&score, &narrow}) EXPECT_EQ(p->bytes[1], gen.bytes[1] + 39 * 4 * V * 4);
+  EXPECT_EQ(head_rows_per_call(4096, 2, 40, uint64_t(5) * 2 * 4096 * 4 + 7), 5);
+  EXPECT_EQ(head_rows_per_call(4096, 2, 3, kHeadLogitsBytes), 3);
+  EXPECT_EQ(head_rows_per_call(50272, 8, 512, 100), 1);
   const std::vector<int32_t>& ids = text("tiny-opt");
   std::vector<LoglikRequest> reqs;
   for (size_t i = 0; i < 4; ++i)
     reqs.push_back({{ids.begin() + std::ptrdiff_t(i * 61), ids.begin() + std::ptrdiff_t(i * 61 + 21)},
                     {ids.begin() + std::ptrdiff_t(i * 61 + 21), ids.begin() + std::ptrdiff_t(i * 61 + 61)}});
-  Counting ec(eng);
-  const auto got = loglikelihoods(ec, reqs);
-  EXPECT_EQ(ec.steps, 1);
-  EXPECT_EQ(ec.max_rows, 40);
   Forward fwd(model, dev);
   const auto full = full_policy();
   InMemoryRunner one(fwd, 4, full.get());
-  expect_same(got, loglikelihoods(one, reqs), "40 rows under the generation plan's device budget");
-  EXPECT_LE(eng.report().peak[0], gen.bytes[0]);
+  const auto want = loglikelihoods(one, reqs);
+  for (const MemoryPlan* p : {&score, &narrow}) {
+    const bool roomy = p == &score;
+    SCOPED_TRACE(roomy ? "device budget with room for 40 rows" : "the generation plan's device budget");
+    o.device_mem = p->bytes[0];
+    o.host_mem = p->bytes[1];
+    CountingHeads heads(2);
+    OffloadEngine eng(model, heads, o);
+    Counting ec(eng);
+    const auto got = loglikelihoods(ec, reqs);
+    EXPECT_EQ(ec.steps, 1);
+    EXPECT_EQ(ec.max_rows, 40);
+    EXPECT_EQ(heads.max_rows, roomy ? 40 : 2);
+    EXPECT_EQ(heads.calls, roomy ? 2 : 40);  // two micro-batches
+    expect_same(got, want, roomy ? "40 rows a head call" : "2 rows a head call");
+    EXPECT_LE(eng.report().peak[0], p->bytes[0]);
+  }
 }
 
 // Every architecture's own features in a scoring step of many rows (sliding windows and the

@@ -222,8 +222,8 @@ TEST_F(CudaDeviceTest, UnitOpsMatchTheCpuDeviceWithinF16Tolerance) {
     Buffer g_hidden, g_q, g_k, g_v, g_attn, g_kc, g_vc, g_logits;
     both(M * H, h_hidden, g_hidden), both(M * Q, h_q, g_q), both(M * KV, h_k, g_k), both(M * KV, h_v, g_v);
     both(M * Q, h_attn, g_attn), both(n * KV * cap, h_kc, g_kc), both(n * KV * cap, h_vc, g_vc);
-    ASSERT_TRUE(dev->allocate(MemKind::kDevice, size_t(n * c.vocab_size) * 4, device_budget, "logits", &g_logits).ok());
-    std::vector<float> c_logits(size_t(n * c.vocab_size)), g_logits_h(c_logits.size());
+    ASSERT_TRUE(dev->allocate(MemKind::kDevice, size_t(M * c.vocab_size) * 4, device_budget, "logits", &g_logits).ok());
+    std::vector<float> c_logits(size_t(M * c.vocab_size)), g_logits_h(c_logits.size());
     auto compare = [&](const std::vector<uint16_t>& host, const Buffer& gpu, const char* what, double tol) {
       std::vector<uint16_t> back(host.size());
       dev->copy(Queue::kCompute, back.data(), gpu.data(), back.size() * 2);
@@ -251,14 +251,18 @@ TEST_F(CudaDeviceTest, UnitOpsMatchTheCpuDeviceWithinF16Tolerance) {
     cpu.mlp(c, L, rc, h_hidden.data());
     dev->mlp(c, Ld, rg, g_hidden.data());
     compare(h_hidden, g_hidden, "mlp", 5e-2);
-    for (const int64_t row : {T - 1, int64_t(2), T - 2}) {  // the last row (generation), rows a scoring step reads
-      cpu.head(c, w, rc, h_hidden.data(), row, c_logits.data());
-      dev->head(c, wd, rg, g_hidden.data(), row, g_logits.as<float>());
-      dev->copy(Queue::kCompute, g_logits_h.data(), g_logits.data(), g_logits_h.size() * 4);
+    // The last row (generation), then rows a scoring step reads: one, some, all of them.
+    for (const auto& [first, count] : {std::pair{T - 1, int64_t(1)}, {int64_t(2), int64_t(1)}, {int64_t(1), T - 2},
+                                       {int64_t(0), T}}) {
+      const size_t elems = size_t(count * n * c.vocab_size);
+      std::fill(g_logits_h.begin(), g_logits_h.end(), std::nanf(""));
+      cpu.head(c, w, rc, h_hidden.data(), first, count, c_logits.data());
+      dev->head(c, wd, rg, g_hidden.data(), first, count, g_logits.as<float>());
+      dev->copy(Queue::kCompute, g_logits_h.data(), g_logits.data(), elems * 4);
       dev->synchronize();
-      for (size_t i = 0; i < c_logits.size(); ++i)
+      for (size_t i = 0; i < elems; ++i)
         ASSERT_LE(std::abs(g_logits_h[i] - c_logits[i]), 0.1 + 0.03 * std::abs(c_logits[i]))
-            << name << " row " << row << " logit " << i;
+            << name << " rows " << first << "+" << count << " logit " << i;
     }
   }
 }
@@ -382,8 +386,8 @@ TEST_F(CudaDeviceTest, Q4WeightsMatchTheirDecodedF16Weights) {
       compare(cq.q, cf.q, M * Q, "q", 1e-2);
       compare(cq.attn, cf.attn, M * Q, "attention", 2e-2);
       compare(cq.hidden, cf.hidden, M * H, "hidden after the layer", 3e-2);
-      dev->head(c, wq, r, cq.hidden.data(), T - 1, cq.logits.as<float>());
-      dev->head(c, wf, r, cq.hidden.data(), T - 1, cf.logits.as<float>());  // the same hidden: the head alone
+      dev->head(c, wq, r, cq.hidden.data(), T - 1, 1, cq.logits.as<float>());
+      dev->head(c, wf, r, cq.hidden.data(), T - 1, 1, cf.logits.as<float>());  // the same hidden: the head alone
       std::vector<float> lq(size_t(n * c.vocab_size)), lf(lq.size());
       dev->copy(Queue::kCompute, lq.data(), cq.logits.data(), lq.size() * 4);
       dev->copy(Queue::kCompute, lf.data(), cf.logits.data(), lf.size() * 4);

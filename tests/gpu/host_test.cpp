@@ -75,9 +75,9 @@ TEST(CudaDevice, DequantTileIsTheLargestUnitWeightCappedAt64MiB) {
   EXPECT_EQ(q4_dequant_tile_bytes(c, DType::F16), uint64_t(64) << 20);
   // The CUDA scratch grows by the tile; the CPU device decodes in its kernels and has none.
   ModelConfig t = Model::load_dir(model_dir("tiny-llama")).config();
-  const uint64_t cuda = device_scratch_bytes(DeviceKind::kCuda, t, DType::F16, 64, 8);
+  const uint64_t cuda = device_scratch_bytes(DeviceKind::kCuda, t, DType::F16, 64);
   t.vocab_size = 1;  // shrinks only the tile: 688 x 256 (gate/up/down) instead of 4096 x 256
-  EXPECT_EQ(cuda - device_scratch_bytes(DeviceKind::kCuda, t, DType::F16, 64, 8), uint64_t((4096 - 688) * 256 * 2));
+  EXPECT_EQ(cuda - device_scratch_bytes(DeviceKind::kCuda, t, DType::F16, 64), uint64_t((4096 - 688) * 256 * 2));
 }
 
 // The charge and the allocation come from one layout: pieces rounded up to 256 bytes (each
@@ -85,16 +85,15 @@ TEST(CudaDevice, DequantTileIsTheLargestUnitWeightCappedAt64MiB) {
 TEST(CudaDevice, ScratchLayoutIsAlignedAndSumsToTheCharge) {
   ModelConfig c = Model::load_dir(model_dir("tiny-opt")).config();
   c.hidden = 100, c.ffn_dim = 300;  // rows of 200 / 600 bytes: not multiples of 256
-  for (const auto& [rows, seqs] : {std::pair<int64_t, int64_t>{3, 3}, {7, 2}, {5000, 9}}) {
-    const CudaScratch s = cuda_scratch(c, DType::F16, rows, seqs);
+  for (const int64_t rows : {3, 7, 5000}) {
+    const CudaScratch s = cuda_scratch(c, DType::F16, rows);
     const auto up = [](uint64_t n) { return (n + 255) / 256 * 256; };
     EXPECT_EQ(s.normed, up(uint64_t(rows) * 200)) << rows;
     EXPECT_EQ(s.ffn_chunk, up(uint64_t(std::min<int64_t>(rows, kMlpChunkRows)) * 600)) << rows;
-    EXPECT_EQ(s.last, up(uint64_t(seqs) * 200)) << seqs;
     EXPECT_EQ(s.dequant, up(q4_dequant_tile_bytes(c, DType::F16)));
-    for (uint64_t piece : {s.normed, s.ffn_chunk, s.last, s.dequant}) EXPECT_EQ(piece % 256, 0u);
-    EXPECT_EQ(s.allocation(), s.normed + 2 * s.ffn_chunk + s.last + s.dequant);
-    EXPECT_EQ(device_scratch_bytes(DeviceKind::kCuda, c, DType::F16, rows, seqs),
+    for (uint64_t piece : {s.normed, s.ffn_chunk, s.dequant}) EXPECT_EQ(piece % 256, 0u);
+    EXPECT_EQ(s.allocation(), s.normed + 2 * s.ffn_chunk + s.dequant);
+    EXPECT_EQ(device_scratch_bytes(DeviceKind::kCuda, c, DType::F16, rows),
               s.allocation() + kCublasWorkspaceBytes);
   }
 }

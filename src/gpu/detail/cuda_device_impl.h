@@ -59,8 +59,8 @@ class CudaDevice final : public Device {
   void attention_out(const ModelConfig& c, const LayerWeights& L, const StepRows& r, const void* attn,
                      void* hidden) override;
   void mlp(const ModelConfig& c, const LayerWeights& L, const StepRows& r, void* hidden) override;
-  void head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden, int64_t row,
-            float* logits) override;
+  void head(const ModelConfig& c, const ModelWeights& w, const StepRows& r, const void* hidden, int64_t first,
+            int64_t rows, float* logits) override;
   void kv_gather(void* buf, DType dt, int64_t rows, int64_t capacity, int64_t row_elems, const int32_t* keep,
                  int64_t keep_stride, const int32_t* count) override;
 
@@ -105,7 +105,7 @@ class CudaDevice final : public Device {
   tbb::task_arena arena_;
   // Scratch of the unit ops (reserve()): normed rows, two FFN chunks, last rows, and the tile
   // Q4 weights are decoded into for cuBLAS (dq_bytes_ of it), and a MoE's (CudaScratch).
-  void *scratch_ = nullptr, *normed_ = nullptr, *ffn_a_ = nullptr, *ffn_b_ = nullptr, *last_ = nullptr;
+  void *scratch_ = nullptr, *normed_ = nullptr, *ffn_a_ = nullptr, *ffn_b_ = nullptr;
   void* dq_ = nullptr;
   float *moe_logits_ = nullptr, *moe_weights_ = nullptr, *moe_row_w_ = nullptr, *moe_sum_ = nullptr;
   int32_t *moe_experts_ = nullptr, *moe_rows_ = nullptr, *moe_counts_ = nullptr;
