@@ -283,7 +283,12 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   if (!lm.tokenizer) FH_FAIL("eval-choice needs a tokenizer: pass --tokenizer DIR");
   const Tokenizer& tok = *lm.tokenizer;
+  // Contexts start with BOS where the tokenizer adds it to text (lm-eval's HFLM by default; not
+  // SmolLM2's); an empty one is BOS (else EOS) alone, HFLM's prefix token.
   const auto bos = bos_of(lm);
+  const std::vector<int32_t> added = tok.encode("", true);
+  const bool adds_bos = bos && !added.empty() && added[0] == *bos;
+  const std::optional<int32_t> prefix = bos ? bos : tok.eos_id();
   std::unique_ptr<KvPolicy> policy = kv.kind == KvPolicyKind::kFull ? nullptr : make_policy(kv);
   size_t max_choices = 0;
   for (const auto& t : items) max_choices = std::max(max_choices, t.choices.size());
@@ -328,10 +333,10 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
     std::string ctx = keep == std::string::npos ? std::string() : context.substr(0, keep + 1);
     const std::string moved = context.substr(ctx.size());
     std::vector<int32_t> ctx_ids;
-    if (bos) ctx_ids.push_back(*bos);
     const std::vector<int32_t> ctx_enc = tok.encode(ctx, false);
+    if (adds_bos || (ctx_enc.empty() && prefix)) ctx_ids.push_back(adds_bos ? *bos : *prefix);
     ctx_ids.insert(ctx_ids.end(), ctx_enc.begin(), ctx_enc.end());
-    if (ctx_ids.empty()) FH_FAIL(a.tasks, ":", t.line, ": empty context and no BOS token");
+    if (ctx_ids.empty()) FH_FAIL(a.tasks, ":", t.line, ": empty context and no BOS or EOS token");
     std::vector<std::vector<int32_t>> conts;
     for (const auto& ch : t.choices) {
       std::vector<int32_t> whole = tok.encode(ctx + moved + ch, false);

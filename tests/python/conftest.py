@@ -57,3 +57,15 @@ def chat_tokenizer(tmp_path_factory):
         shutil.copy(TINY["llama"] / f, d / f)
     shutil.copy(Path(__file__).parent / "data" / "chat_tokenizer_config.json", d / "tokenizer_config.json")
     return d
+
+
+@pytest.fixture(scope="session")
+def no_bos_tokenizer(tmp_path_factory):
+    """tiny-llama's tokenizer that does not add its BOS to text (as SmolLM2's)."""
+    d = tmp_path_factory.mktemp("no-bos-tokenizer")
+    for f in ("vocab.json", "merges.txt", "special_tokens_map.json"):
+        shutil.copy(TINY["llama"] / f, d / f)
+    cfg = json.loads((TINY["llama"] / "tokenizer_config.json").read_text())
+    cfg["add_bos_token"] = False
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d

@@ -16,11 +16,12 @@ class Completion:
 
 
 class FakeLLM:
-    def __init__(self, max_length=16, bos=True, eos=True, script=(), report=None):
+    def __init__(self, max_length=16, bos=True, eos=True, script=(), report=None, adds_bos=True):
         self.pieces = ["<s>", "</s>"]
         self.index = {"<s>": 0, "</s>": 1}
         self.max_length = max_length
         self.bos_id = 0 if bos else None
+        self.adds_bos = adds_bos  # encode(text) puts BOS first (SmolLM2's tokenizer does not)
         self.eos_id = 1 if eos else None
         self.name = "fake"
         self.script = list(script)  # generated pieces, the same for every prompt
@@ -37,7 +38,7 @@ class FakeLLM:
 
     def encode(self, text, add_special=True):
         ids = [self.id_of(p) for p in PIECE.findall(text)]
-        if add_special and self.bos_id is not None:
+        if add_special and self.adds_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
         return ids
 

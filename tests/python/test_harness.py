@@ -247,7 +247,7 @@ def test_parse_model_args_as_lm_eval_passes_them():
     assert a.model == "x"
     assert a.llm_kwargs == {"device": "auto", "batch_size": 1, "percent": [0, 100, 100, 0, 100, 0],
                             "heavy_ratio": 0.1, "cpu_cache_compute": True, "gpu_mem": "16GiB", "kv_policy": "h2o"}
-    assert (a.max_length, a.max_gen_toks, a.add_bos_token, a.prefix_token_id, a.seed) == (None, 256, True, None, 0)
+    assert (a.max_length, a.max_gen_toks, a.add_bos_token, a.prefix_token_id, a.seed) == (None, 256, None, None, 0)
 
 
 def test_parse_model_args_strings_and_adapter_options():
@@ -342,6 +342,18 @@ def test_adapter_options():
     with pytest.raises(RequestError, match=r"max_length 17 must be in \[1, the model's 16\]"):
         HarnessAdapter(llm, max_length=17)
     assert HarnessAdapter(FakeLLM(bos=False)).vocab.prefix_id == 1  # EOS stands in for BOS
+
+
+def test_adapter_adds_bos_as_the_tokenizer_does():
+    # HFLM's default: BOS before contexts only where the tokenizer adds it to text (SmolLM2's has
+    # a BOS token it does not add); add_bos_token forces it either way. The rolling prefix stays BOS.
+    for adds, forced, want in [(True, None, True), (False, None, False), (False, True, True), (True, False, False)]:
+        llm = FakeLLM(adds_bos=adds)
+        ad = HarnessAdapter(llm, add_bos_token=forced)
+        assert (ad.vocab.bos_id == 0) == want, (adds, forced)
+        assert ad.vocab.prefix_id == 0
+        ctx, _ = ad.encode_requests([("a b", " c")])[0]
+        assert ctx == ([0] if want else []) + llm.encode("a b", add_special=False), (adds, forced)
 
 
 def test_adapter_rolling_windows_reach_the_right_calls():

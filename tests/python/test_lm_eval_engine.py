@@ -26,11 +26,19 @@ def argmax(xs):
 
 
 @pytest.mark.parametrize("policy", ["full", "h2o"])
-@pytest.mark.parametrize("model", ["opt", "llama"])
-def test_adapter_accuracy_equals_eval_choice(model, policy):
+@pytest.mark.parametrize("model", ["opt", "llama", "llama-no-bos"])
+def test_adapter_accuracy_equals_eval_choice(model, policy, request):
+    # llama-no-bos: a tokenizer with a BOS token it does not add to text (SmolLM2's): no context
+    # starts with it, in the adapter (HFLM's default) and in eval-choice.
     extra = H2O if policy == "h2o" else {}
-    ad = HarnessAdapter(llm_from_model_args({"pretrained": str(TINY[model]), "device": "cpu", **extra}))
+    tok = ["--tokenizer", request.getfixturevalue("no_bos_tokenizer")] if model == "llama-no-bos" else []
+    path = TINY[model.removesuffix("-no-bos")]
+    llm = llm_from_model_args({"pretrained": str(path), "device": "cpu", **extra,
+                               **({"tokenizer": str(tok[1])} if tok else {})})
+    ad = HarnessAdapter(llm)
     pairs = [(it["context"], ch) for it in ITEMS for ch in it["choices"]]
+    starts = {ctx[0] == llm.bos_id for ctx, _ in ad.encode_requests(pairs)}
+    assert starts == {not tok}
     lls = [ll for ll, _ in ad.loglikelihood(pairs)]
     toks = [len(cont) for _, cont in ad.encode_requests(pairs)]
     acc = norm = 0
@@ -41,11 +49,15 @@ def test_adapter_accuracy_equals_eval_choice(model, policy):
         norm += argmax([ll / t for ll, t in zip(lls[k:k + n], toks[k:k + n])]) == it["label"]
         k += n
     flags = [f for key, v in extra.items() for f in ("--" + key.replace("_", "-"), str(v))]
-    r = run_binary(["eval-choice", "-m", TINY[model], "--tasks", TASKS, "--limit", len(ITEMS), "--json",
-                    "--device", "cpu", "--progress", "never", *flags])
+    r = run_binary(["eval-choice", "-m", path, "--tasks", TASKS, "--limit", len(ITEMS), "--json",
+                    "--device", "cpu", "--progress", "never", *tok, *flags])
     assert r.returncode == 0, r.stderr
     want = json.loads(r.stdout)
     assert (acc, norm) == (want["correct"], want["correct_norm"])
+    if tok:  # eval-choice's contexts: one token (the BOS) fewer than with the tokenizer that adds it
+        base = run_binary(["eval-choice", "-m", path, "--tasks", TASKS, "--limit", len(ITEMS), "--json",
+                           "--device", "cpu", "--progress", "never", *flags])
+        assert json.loads(base.stdout)["mean_context_tokens"] == want["mean_context_tokens"] + 1
     assert ad.engine["kv_policy"] == ("h2o heavy=0.1*prompt recent=0.1*prompt" if extra else "full")
 
 

@@ -5,10 +5,11 @@
 # lm_eval_model.py is the lm_eval.api.model.LM subclass over that.
 """Request conventions, and where lm-eval's HFLM (0.4.x) and ``flexh2o eval-choice`` differ.
 
-* BOS: every non-empty context gets the model's BOS id in front (``LLM.bos_id``; nothing when it
-  has none), exactly as ``eval-choice`` does and as HFLM does with a tokenizer that adds BOS
-  (OPT's and LLaMA's do). A context whose text already starts with the BOS token gets no second
-  one (HFLM's ``has_bos_prefix``). ``add_bos_token=false`` in --model_args turns BOS off.
+* BOS: every non-empty context gets the model's BOS id in front when its tokenizer adds BOS to
+  text (``LLM.encode(text)``: OPT's and LLaMA's do, SmolLM2's does not), as HFLM does by default
+  and as ``eval-choice`` does. A context whose text already starts with the BOS token gets no
+  second one (HFLM's ``has_bos_prefix``). ``add_bos_token=true`` / ``false`` in --model_args
+  forces BOS on / off, as HFLM's does.
 * Trailing whitespace of a context moves to the continuation. HFLM moves all of it
   (``str.rstrip``: spaces, newlines, tabs, Unicode spaces); eval-choice moves only spaces. We
   follow HFLM; the two agree on every context that does not end in a newline or tab.
@@ -335,7 +336,7 @@ class ModelArgs:
     llm_kwargs: dict[str, Any]      # for flexh2o.LLM(model, **llm_kwargs)
     max_length: int | None = None   # None: the model's
     max_gen_toks: int = 256         # HFLM's default
-    add_bos_token: bool = True
+    add_bos_token: bool | None = None  # None: as the tokenizer adds it
     prefix_token_id: int | None = None
     seed: int = 0
     chunk_size: int = 1024          # requests per LLM call (the LLM batches inside a call)

@@ -24,7 +24,7 @@ class HarnessAdapter:
     size; between calls the progress bar moves)."""
 
     def __init__(self, llm: Any, *, max_length: int | None = None, max_gen_toks: int = 256,
-                 add_bos_token: bool = True, prefix_token_id: int | None = None, seed: int = 0,
+                 add_bos_token: bool | None = None, prefix_token_id: int | None = None, seed: int = 0,
                  chunk_size: int = 1024):
         self.llm = llm
         model_max = int(llm.max_length)
@@ -40,6 +40,8 @@ class HarnessAdapter:
         self.chunk_size = chunk_size
         bos, eos = llm.bos_id, llm.eos_id
         prefix = prefix_token_id if prefix_token_id is not None else bos if bos is not None else eos
+        if add_bos_token is None:  # HFLM's default: what the tokenizer adds to text
+            add_bos_token = bos is not None and list(llm.encode("", add_special=True))[:1] == [bos]
         self.vocab = h.Vocab(encode=lambda text: list(llm.encode(text, add_special=False)),
                              bos_id=bos if add_bos_token else None, prefix_id=prefix)
         self.eos_text = llm.decode([eos]) if eos is not None else ""
