@@ -102,6 +102,10 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
   try {
     CLI::App* sub = app.get_subcommands().front();
     const std::string name = sub->get_name();
+    // Every rank of an mpirun job runs the command line: only generate shares the work out.
+    if (env.mpi && name != "generate")
+      FH_FAIL(name, " runs as one process: under mpirun each rank would run all of it (only generate shares its "
+                    "requests or layers among the ranks); run flexh2o ", name, " without mpirun");
     // Commands that stop at a clean point on SIGINT/SIGTERM; the others keep the default (die).
     if (opts.handle_signals &&
         (name == "generate" || name == "bench" || name == "tokenize" || name == "detokenize")) {

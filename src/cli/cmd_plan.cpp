@@ -153,7 +153,7 @@ int run_pipeline_plan(const PlanArgs& a, const Env& env, const ModelConfig& c, c
             << "hardware   " << hw.name << " (every stage)\n"
             << "workload   prompt " << w.prompt_len << " + gen " << w.gen_len << ", KV "
             << (w.kv ? describe(*w.kv) : std::string("full")) << ", " << device_kind_name(hw.device) << " device\n"
-            << "pipeline   " << p.stages.size() << " stages, " << p.groups << " groups in flight of " << p.block
+            << "pipeline   " << p.stages.size() << " stages, " << p.groups << (p.groups == 1 ? " group" : " groups") << " in flight of " << p.block
             << " sequences (" << p.groups_to_hide << " hide the transfers and the fill"
             << (p.groups_capped ? "; memory holds fewer" : "") << ")\n"
             << "link       " << link.name << " (" << stage_link_kind_name(link.kind) << ", " << link.bandwidth / 1e9

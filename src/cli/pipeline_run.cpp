@@ -217,7 +217,8 @@ PipelineDriverSetup PipelineJob::start(const GenerateArgs& a, const Env& env, co
   d.fwd = std::make_unique<Forward>(*d.stage, cpu);
   log << "flexh2o: pipeline of " << l.stages << " stages (layers";
   for (int i = 0; i < l.stages; ++i) log << " " << l.bounds[size_t(i)] << "-" << l.bounds[size_t(i) + 1] - 1;
-  log << ", split " << l.split << "), " << l.groups << " groups in flight; rank 0 runs stage " << s;
+  log << ", split " << l.split << "), " << l.groups << (l.groups == 1 ? " group" : " groups")
+      << " in flight; rank 0 runs stage " << s;
   if (l.predicted_tokens_per_s > 0)
     log << "; predicted " << l.predicted_tokens_per_s << " tok/s, bubble " << l.predicted_bubble;
   log << "\n";

@@ -131,6 +131,24 @@ TEST(DataParallel, RankThreadsFollowTheLaunchersBinding) {
   EXPECT_EQ(rank_threads_of(0, 0, 8, 1), 8);  // affinity unknown
 }
 
+// Under mpirun every rank runs the command line; commands other than generate would each run the
+// whole job (and print the same results), so each rank refuses before it loads anything.
+TEST(DataParallel, CommandsOtherThanGenerateRefuseToRunUnderMpirun) {
+  TempDir dir;
+  const fs::path text = dir.path() / "t.txt";
+  write_lines(text, {"In the beginning God created the heaven and the earth."});
+  const std::vector<std::string> cmds = {"eval-ppl --json " + text.string(), "eval-choice --tasks " + text.string(),
+                                         "bench --prompt-len 8 --gen-len 2"};
+  for (const std::string& cmd : cmds) {
+    const RunResult r = mpirun(2, cmd + " -m " + kOpt + " --device cpu");
+    EXPECT_NE(r.code, 0) << cmd;
+    const std::string name = cmd.substr(0, cmd.find(' '));
+    const std::string want = name + " runs as one process: under mpirun each rank would run all of it";
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "") << cmd;
+  }
+}
+
 // mpirun's default binding (a core a rank): the rank asks TBB for no more threads than its core,
 // so TBB has nothing to warn about, and the report says one thread.
 TEST(DataParallel, ARankBoundToOneCoreRunsOneThreadWithoutWarnings) {
@@ -396,8 +414,16 @@ TEST(DataParallel, ASigtermOnAnyRankEndsTheJobInOrder) {
 
 TEST(DataParallel, AStoppedRankEndsTheJobWithinTheTimeout) {
   TempDir tmp;
-  const Faulted f = run_and_signal(tmp.path(), 2, SIGSTOP, "--rank-timeout 3");
+  const fs::path rep = tmp.path() / "rep.json";
+  const Faulted f = run_and_signal(tmp.path(), 2, SIGSTOP, "--rank-timeout 3 --report " + rep.string());
   EXPECT_EQ(f.code, 1) << f.err;
+  // The lost rank's tokens count as far as they are known (its beats, the results it sent), so
+  // the job generated at least the tokens its written results hold; rank 0's entry is its own.
+  const json r = read_json(rep);
+  EXPECT_GE(r["generated_tokens"].get<int64_t>(), r["kept_tokens"].get<int64_t>()) << r.dump();
+  EXPECT_EQ(r["ranks"][2]["finished"], false) << r.dump();
+  EXPECT_TRUE(r["ranks"][2].contains("generated_tokens")) << r.dump();
+  EXPECT_FALSE(r["ranks"][0].contains("kept_tokens")) << r.dump();
   EXPECT_LT(f.seconds_after_signal, 15) << f.err;
   EXPECT_NE(f.err.find("rank 2 of 3 ("), std::string::npos) << f.err;
   EXPECT_NE(f.err.find("sent nothing for 3"), std::string::npos) << f.err;
