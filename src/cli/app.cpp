@@ -94,6 +94,7 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
   env.configs_dir = configs.empty() ? opts.default_configs_dir : std::filesystem::path(configs);
   env.stderr_is_tty = opts.stderr_is_tty;
   env.mpi = opts.mpi;
+  env.mpi_ranks = opts.mpi_ranks;
   if (opts.render_chat)
     gen.render_chat = [&](const nlohmann::json& body) { return opts.render_chat(template_dir(gen, env), body); };
 
@@ -102,8 +103,9 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
   try {
     CLI::App* sub = app.get_subcommands().front();
     const std::string name = sub->get_name();
-    // Every rank of an mpirun job runs the command line: only generate shares the work out.
-    if (env.mpi && name != "generate")
+    // Every rank of an mpirun job runs the command line: only generate shares the work out. (A
+    // job of one rank, or a shell whose launcher variables say nothing of its size, runs it.)
+    if (env.mpi_ranks > 1 && name != "generate")
       FH_FAIL(name, " runs as one process: under mpirun each rank would run all of it (only generate shares its "
                     "requests or layers among the ranks); run flexh2o ", name, " without mpirun");
     // Commands that stop at a clean point on SIGINT/SIGTERM; the others keep the default (die).

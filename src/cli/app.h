@@ -21,8 +21,10 @@ struct MainOptions {
   // the signals are taken over for the rest of the process). False: those signals keep
   // whatever disposition the process has.
   bool handle_signals = true;
-  // Started by mpirun (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_SIZE is set): Env::mpi.
+  // Started by mpirun (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_SIZE is set): Env::mpi; the
+  // job's ranks where OMPI_COMM_WORLD_SIZE or PMI_SIZE says, else 0: Env::mpi_ranks.
   bool mpi = false;
+  int mpi_ranks = 0;
   // Renders an OpenAI chat body with the chat template found in `template_dir` (the
   // --tokenizer directory, else the model directory; empty for a preset) into prompt text.
   // Installed as GenerateArgs::render_chat; null in the flexh2o binary. Called on the thread

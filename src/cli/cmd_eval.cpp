@@ -286,8 +286,10 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   // Contexts start with BOS where the tokenizer adds it to text (lm-eval's HFLM by default; not
   // SmolLM2's); an empty one is BOS (else EOS) alone, HFLM's prefix token.
   const auto bos = bos_of(lm);
-  const std::vector<int32_t> added = tok.encode("", true);
-  const bool adds_bos = bos && !added.empty() && added[0] == *bos;
+  // (The text's own ids follow that BOS: a tokenizer that adds only EOS, BOS's id too, does not.)
+  const std::vector<int32_t> with = tok.encode("a", true), plain = tok.encode("a", false);
+  const bool adds_bos = bos && with.size() > plain.size() && with[0] == *bos &&
+                        std::equal(plain.begin(), plain.end(), with.begin() + 1);
   const std::optional<int32_t> prefix = bos ? bos : tok.eos_id();
   std::unique_ptr<KvPolicy> policy = kv.kind == KvPolicyKind::kFull ? nullptr : make_policy(kv);
   size_t max_choices = 0;

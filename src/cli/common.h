@@ -33,6 +33,7 @@ struct Env {
   // The process is a rank of an mpirun job (main() saw mpirun's variables): generate runs data
   // parallel (dp_generate.h). False: MPI is never started.
   bool mpi = false;
+  int mpi_ranks = 0;  // the job's ranks where the launcher says (OMPI_COMM_WORLD_SIZE, PMI_SIZE); 0: unknown
 };
 
 struct LoadedModel {

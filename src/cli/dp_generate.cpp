@@ -145,9 +145,18 @@ DataParallel::DataParallel(const Env& env, const GenerateArgs& a)
 
 DataParallel::~DataParallel() {
   if (!is_root() || ended_) return;
-  // Rank 0 leaves by an error: the workers would otherwise wait for it until their timeout.
-  for (int r = 1; r < size(); ++r)
-    comm_->send(r, kQuit, dist::Writer().put_string("it stopped with an error (see its message)").take());
+  // Rank 0 leaves before the job's end: the workers would otherwise wait for it until their
+  // timeout. A signal (Ctrl-C while the weights are placed) stops them as a stop does, so every
+  // rank exits 128 + the signal; anything else is an error.
+  const int signal = own_signal();
+  for (int r = 1; r < size(); ++r) {
+    if (signal > 0) {
+      comm_->send(r, kStop, dist::Writer().put<int32_t>(signal).take());
+      comm_->send(r, kBye, {});
+    } else {
+      comm_->send(r, kQuit, dist::Writer().put_string("it stopped with an error (see its message)").take());
+    }
+  }
   (void)comm_->flush(5);
 }
 

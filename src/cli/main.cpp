@@ -43,5 +43,7 @@ int main(int argc, char** argv) {
   o.default_configs_dir = default_configs_dir();
   o.stderr_is_tty = isatty(STDERR_FILENO) != 0;
   o.mpi = env_path("OMPI_COMM_WORLD_SIZE") || env_path("PMIX_RANK") || env_path("PMI_SIZE");
+  for (const char* size : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* v = std::getenv(size); v && o.mpi_ranks == 0) o.mpi_ranks = std::atoi(v);
   return flexh2o::cli::run_main(argc, argv, o);
 }

@@ -239,7 +239,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   // device budget has them after everything the batch needs; else the generation slot.
   Status s = plan.logits ? dev.allocate(MemKind::kDevice, size_t(plan.logits), *e.budgets_[0], "logits", &logits_device)
                          : Status::Ok();
-  if (!s.ok() && plan.head_rows > 1) {
+  if (!s.ok() && plan.logits > uint64_t(batch * c.vocab_size) * 4) {
     head_logits_bytes = 0;
     plan = plan_memory(c, WeightBytes::of(e.placement_), batch_policy(batch), dims(), {dev.kind(), kvdt, adt});
     s = dev.allocate(MemKind::kDevice, size_t(plan.logits), *e.budgets_[0], "logits", &logits_device);

@@ -77,7 +77,9 @@ DType offload_kv_dtype(const OffloadOptions& o) { return o.policy.compress_cache
 MemoryPlan offload_memory_plan(const Model& model, const Device& dev, const OffloadOptions& opts,
                                const BatchDims& dims) {
   const WeightPlacement wp = place_weights(model, opts.policy, placement_dtype(dev));
-  return plan_memory(model.config(), WeightBytes::of(wp), opts.policy, dims,
+  BatchDims d = dims;
+  d.head_logits_bytes = opts.head_logits_bytes;  // as the engine plans its batches
+  return plan_memory(model.config(), WeightBytes::of(wp), opts.policy, d,
                      {dev.kind(), offload_kv_dtype(opts), dev.act_dtype()});
 }
 

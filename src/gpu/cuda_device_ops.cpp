@@ -260,11 +260,15 @@ void CudaDevice::head(const ModelConfig& c, const ModelWeights& w, const StepRow
   cudaStream_t st = stream(Queue::kCompute);
   const size_t bytes = size_t(H) * dtype_size(dt_);
   // Row first + i of each sequence (rows first + i, first + i + T, ... of hidden) to rows
-  // i * n .. i * n + n - 1 of normed_, the logits' order.
-  for (int64_t i = 0; i < rows; ++i)
-    FH_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<std::byte*>(normed_) + size_t(i * r.n) * bytes, bytes,
-                                    static_cast<const std::byte*>(hidden) + size_t(first + i) * bytes,
-                                    size_t(r.T) * bytes, bytes, size_t(r.n), cudaMemcpyDeviceToDevice, st));
+  // i * n .. i * n + n - 1 of normed_, the logits' order; one sequence's rows are one run.
+  const auto* from = static_cast<const std::byte*>(hidden) + size_t(first) * bytes;
+  if (r.n == 1)
+    FH_CUDA_CHECK(cudaMemcpyAsync(normed_, from, size_t(rows) * bytes, cudaMemcpyDeviceToDevice, st));
+  else
+    for (int64_t i = 0; i < rows; ++i)
+      FH_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<std::byte*>(normed_) + size_t(i * r.n) * bytes, bytes,
+                                      from + size_t(i) * bytes, size_t(r.T) * bytes, bytes, size_t(r.n),
+                                      cudaMemcpyDeviceToDevice, st));
   if (c.arch == Arch::kOpt)
     layernorm(dt_, normed_, m, H, w.final_norm_w.data, ptr(w.final_norm_b), c.norm_eps, normed_, st);
   else

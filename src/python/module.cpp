@@ -278,9 +278,10 @@ PYBIND11_MODULE(_flexh2o, m) {
       "run_cli",
       [](const std::vector<std::string>& args, const std::string& configs_dir, const std::optional<std::string>& hf_hub_cache,
          const std::optional<std::string>& hf_home, const std::optional<std::string>& home, bool stderr_is_tty,
-         bool handle_signals, py::object render_chat, bool mpi) {
+         bool handle_signals, py::object render_chat, bool mpi, int mpi_ranks) {
         cli::MainOptions o;
         o.mpi = mpi;
+        o.mpi_ranks = mpi_ranks;
         o.hub = hub_env(hf_hub_cache, hf_home, home);
         o.default_configs_dir = configs_dir;
         o.stderr_is_tty = stderr_is_tty;
@@ -308,5 +309,6 @@ PYBIND11_MODULE(_flexh2o, m) {
         return code;
       },
       py::arg("args"), py::arg("configs_dir"), py::arg("hf_hub_cache"), py::arg("hf_home"), py::arg("home"),
-      py::arg("stderr_is_tty"), py::arg("handle_signals"), py::arg("render_chat"), py::arg("mpi") = false);
+      py::arg("stderr_is_tty"), py::arg("handle_signals"), py::arg("render_chat"), py::arg("mpi") = false,
+      py::arg("mpi_ranks") = 0);
 }

@@ -132,7 +132,8 @@ TEST(DataParallel, RankThreadsFollowTheLaunchersBinding) {
 }
 
 // Under mpirun every rank runs the command line; commands other than generate would each run the
-// whole job (and print the same results), so each rank refuses before it loads anything.
+// whole job (and print the same results), so each rank refuses before it loads anything. A job of
+// one rank runs them.
 TEST(DataParallel, CommandsOtherThanGenerateRefuseToRunUnderMpirun) {
   TempDir dir;
   const fs::path text = dir.path() / "t.txt";
@@ -147,6 +148,9 @@ TEST(DataParallel, CommandsOtherThanGenerateRefuseToRunUnderMpirun) {
     EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
     EXPECT_EQ(r.out, "") << cmd;
   }
+  const RunResult one = mpirun(1, cmds[0] + " -m " + kOpt + " --device cpu");
+  EXPECT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("\"perplexity\""), std::string::npos) << one.out;
 }
 
 // mpirun's default binding (a core a rank): the rank asks TBB for no more threads than its core,

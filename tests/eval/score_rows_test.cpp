@@ -318,7 +318,8 @@ class CountingHeads final : public CpuDevice {
 // kHeadLogitsBytes so that one head call (one pass over the lm_head) computes many rows. A device
 // budget with room for it scores 40 rows a step in one call a micro-batch; one the size of the
 // generation plan still scores them, through the generation slot (2 rows a call here: the block's
-// 4 rows / micro-batches of 2). Both give the one-token-a-step scores.
+// 4 rows / micro-batches of 2). A slot of 3 rows a call leaves a last call of 1, and 3 requests a
+// last micro-batch of 1 sequence. Each gives the one-token-a-step scores.
 TEST(ScoreRowsMemory, ManyRowsAHeadCallWhereTheDeviceHasRoom) {
   Model model = Model::load_dir(model_dir("tiny-opt"));
   const ModelConfig& c = model.config();
@@ -331,8 +332,9 @@ TEST(ScoreRowsMemory, ManyRowsAHeadCallWhereTheDeviceHasRoom) {
   const MemoryPlan gen = offload_memory_plan(model, dev, o, d);
   d.logit_rows = 40;
   const MemoryPlan score = offload_memory_plan(model, dev, o, d);
-  d.head_logits_bytes = 0;
+  o.head_logits_bytes = 0;
   const MemoryPlan narrow = offload_memory_plan(model, dev, o, d);
+  o.head_logits_bytes = kHeadLogitsBytes;
   ASSERT_EQ(gen.head_rows, 1);
   ASSERT_EQ(score.head_rows, 40);  // 40 x 2 x 4096 x 4 bytes: within kHeadLogitsBytes
   EXPECT_EQ(narrow.head_rows, 2);
@@ -367,6 +369,14 @@ TEST(ScoreRowsMemory, ManyRowsAHeadCallWhereTheDeviceHasRoom) {
     expect_same(got, want, roomy ? "40 rows a head call" : "2 rows a head call");
     EXPECT_LE(eng.report().peak[0], p->bytes[0]);
   }
+  o.device_mem = o.host_mem = 0;
+  o.head_logits_bytes = 3 * 2 * V * 4;
+  const std::vector<LoglikRequest> three(reqs.begin(), reqs.begin() + 3);
+  CountingHeads heads(2);
+  OffloadEngine eng(model, heads, o);
+  expect_same(loglikelihoods(eng, three), loglikelihoods(one, three), "3 rows a head call, micro-batches of 2 and 1");
+  EXPECT_EQ(heads.max_rows, 3);
+  EXPECT_EQ(heads.calls, 2 * 14);
 }
 
 // Every architecture's own features in a scoring step of many rows (sliding windows and the

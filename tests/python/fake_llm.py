@@ -16,12 +16,13 @@ class Completion:
 
 
 class FakeLLM:
-    def __init__(self, max_length=16, bos=True, eos=True, script=(), report=None, adds_bos=True):
+    def __init__(self, max_length=16, bos=True, eos=True, script=(), report=None, adds_bos=True, suffix=()):
         self.pieces = ["<s>", "</s>"]
         self.index = {"<s>": 0, "</s>": 1}
         self.max_length = max_length
         self.bos_id = 0 if bos else None
         self.adds_bos = adds_bos  # encode(text) puts BOS first (SmolLM2's tokenizer does not)
+        self.suffix = list(suffix)  # ... and these ids last (add_eos_token)
         self.eos_id = 1 if eos else None
         self.name = "fake"
         self.script = list(script)  # generated pieces, the same for every prompt
@@ -40,6 +41,8 @@ class FakeLLM:
         ids = [self.id_of(p) for p in PIECE.findall(text)]
         if add_special and self.adds_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
+        if add_special:
+            ids = ids + self.suffix
         return ids
 
     def decode(self, ids):

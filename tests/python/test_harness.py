@@ -354,6 +354,8 @@ def test_adapter_adds_bos_as_the_tokenizer_does():
         assert ad.vocab.prefix_id == 0
         ctx, _ = ad.encode_requests([("a b", " c")])[0]
         assert ctx == ([0] if want else []) + llm.encode("a b", add_special=False), (adds, forced)
+    # A tokenizer that adds only EOS, whose id is BOS's (encode("") is [BOS]): no BOS in front.
+    assert HarnessAdapter(FakeLLM(adds_bos=False, suffix=[0])).vocab.bos_id is None
 
 
 def test_adapter_rolling_windows_reach_the_right_calls():

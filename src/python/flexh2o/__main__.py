@@ -34,7 +34,8 @@ def main(argv=None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return run_cli(["flexh2o"] + args, _env.configs_dir(), stderr_is_tty=_env.stderr_is_tty(),
-                   handle_signals=True, render_chat=render_chat, mpi=_env.under_mpirun(), **_env.hub_env())
+                   handle_signals=True, render_chat=render_chat, mpi=_env.under_mpirun(),
+                   mpi_ranks=_env.mpi_ranks(), **_env.hub_env())
 
 
 if __name__ == "__main__":

@@ -24,6 +24,15 @@ def under_mpirun() -> bool:
     return any(os.environ.get(k) for k in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"))
 
 
+def mpi_ranks() -> int:
+    """The job's ranks where OMPI_COMM_WORLD_SIZE or PMI_SIZE says; 0: unknown."""
+    for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        v = os.environ.get(k, "")
+        if v.strip().isdigit():
+            return int(v)
+    return 0
+
+
 def stderr_is_tty() -> bool:
     try:
         return os.isatty(sys.stderr.fileno())

@@ -40,8 +40,9 @@ class HarnessAdapter:
         self.chunk_size = chunk_size
         bos, eos = llm.bos_id, llm.eos_id
         prefix = prefix_token_id if prefix_token_id is not None else bos if bos is not None else eos
-        if add_bos_token is None:  # HFLM's default: what the tokenizer adds to text
-            add_bos_token = bos is not None and list(llm.encode("", add_special=True))[:1] == [bos]
+        if add_bos_token is None:  # HFLM's default (lm-eval 0.4.13): what the tokenizer adds to text
+            with_, plain = list(llm.encode("a", add_special=True)), list(llm.encode("a", add_special=False))
+            add_bos_token = bos is not None and with_[:1 + len(plain)] == [bos] + plain
         self.vocab = h.Vocab(encode=lambda text: list(llm.encode(text, add_special=False)),
                              bos_id=bos if add_bos_token else None, prefix_id=prefix)
         self.eos_text = llm.decode([eos]) if eos is not None else ""
