@@ -216,12 +216,14 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const OutputFile::Mode out_mode = a.output.empty() ? OutputFile::Mode::kAppend : check_results(a, format, prior);
   check_can_write({"--report", a.report});
   check_device_early(a.device);
+  check_sampling_defaults(a);  // the flags, before the model loads
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& cfg = lm.model->config();
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
             << "M params, loaded in " << lm.load_seconds << " s\n" << lm.warning;
   apply_generation_config(a, lm.dir, std::cerr);
+  check_sampling_defaults(a);
 
   std::vector<Item> items;
   if (a.prompt) {

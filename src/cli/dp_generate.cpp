@@ -98,6 +98,7 @@ void add(GenerateStats& into, const GenerateStats& s) {
   into.generated_tokens += s.generated_tokens;
   into.batches += s.batches;
   into.decode_steps += s.decode_steps;
+  into.decode_tokens += s.decode_tokens;
   into.peak_kv_bytes = std::max(into.peak_kv_bytes, s.peak_kv_bytes);
   into.interrupted = into.interrupted || s.interrupted;
 }
@@ -510,6 +511,7 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
       continue;
     }
     job.generated_tokens += j.value("generated_tokens", int64_t(0));
+    job.decode_tokens += j.value("decode_tokens", int64_t(0));
     job.prompt_tokens += j.value("prompt_tokens", int64_t(0));
     job.padded_prompt_tokens += j.value("padded_prompt_tokens", int64_t(0));
     job.batches += j.value("batches", int64_t(0));
@@ -549,7 +551,8 @@ void DataParallel::add_to_report(json& report) const {
   const double own_s = R.own.prefill_seconds + R.own.decode_seconds;
   own["total_seconds"] = own_s;
   own["prefill_tokens_per_s"] = R.own.prefill_seconds > 0 ? R.own.prompt_tokens / R.own.prefill_seconds : 0.0;
-  own["decode_tokens_per_s"] = R.own.decode_seconds > 0 ? R.own.generated_tokens / R.own.decode_seconds : 0.0;
+  own["decode_tokens"] = R.own.decode_tokens;
+  own["decode_tokens_per_s"] = R.own.decode_seconds > 0 ? R.own.decode_tokens / R.own.decode_seconds : 0.0;
   own["tokens_per_s"] = own_s > 0 ? R.own.generated_tokens / own_s : 0.0;
   for (const char* k : {"failed_requests", "finished_requests", "resumed_requests", "interrupted", "kept_tokens"})
     own.erase(k);

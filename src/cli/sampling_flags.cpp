@@ -2,7 +2,9 @@
 // log-probabilities of its output lines.
 #include "cli/sampling_flags.h"
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "core/error.h"
@@ -93,6 +95,29 @@ void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model
   if (used.tellp() > 0)
     log << "flexh2o: sampling defaults from " << g.file.string() << ": " << used.str()
         << " (flags and line fields override them; --generation-config none ignores the file)\n";
+}
+
+void check_sampling_defaults(const GenerateArgs& a) {
+  SamplingParams s;
+  s.temperature = a.greedy ? 0.f : a.temperature;
+  s.top_k = a.top_k;
+  s.top_p = a.top_p;
+  s.min_p = a.min_p;
+  s.repetition_penalty = a.repetition_penalty;
+  s.presence_penalty = a.presence_penalty;
+  s.frequency_penalty = a.frequency_penalty;
+  try {
+    validate(s);
+  } catch (const Error& e) {
+    const std::string msg = e.what(), key = msg.substr(0, msg.find(' '));
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    const bool from_file = a.sampling_given.count(key) == 0 && a.generation_config == "auto" &&
+                           std::find(std::begin(kGenerationConfigKeys), std::end(kGenerationConfigKeys), key) !=
+                               std::end(kGenerationConfigKeys);
+    FH_FAIL(msg, from_file ? " (the model's generation_config.json; --generation-config none ignores it)"
+                           : " (" + flag + ")");
+  }
 }
 
 void add_logprobs(const GenerationResult& r, nlohmann::json& line) {

@@ -41,6 +41,11 @@ GenerationConfig read_generation_config(const std::filesystem::path& model_dir, 
 // where its flags were not given, and `log` says which.
 void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model_dir, std::ostream& log);
 
+// The sampling values every line starts from (the flags; after apply_generation_config, with the
+// file's): throws naming the flag, or the file, for one out of range (SamplingParams' validate),
+// so that a bad flag stops the run before any line, not in every line's "error".
+void check_sampling_defaults(const GenerateArgs& a);
+
 // When `r` has them: "logprobs" [per token] and "top_logprobs" [[{"id", "logprob"}, ...] per token].
 void add_logprobs(const GenerationResult& r, nlohmann::json& line);
 

@@ -156,6 +156,7 @@ class BatchRun {
   // Samples the logits of the step just run; true when another step is needed (its inputs are
   // then ids() / positions()).
   bool consume(const std::vector<float>& logits) {
+    const bool decode_step = !prefill();  // as the drivers time it
     if (step_no_++ > 0) ++st_.decode_steps;
     T_ = 1;
     wide_ = false;
@@ -187,6 +188,7 @@ class BatchRun {
       const int32_t tok = toks_[bi];
       res.tokens.push_back(tok);
       ++st_.generated_tokens;
+      if (decode_step) ++st_.decode_tokens;
       ++done_;
       const bool eos = !opts_.ignore_eos && opts_.eos_id && tok == *opts_.eos_id;
       const int64_t total_len = len_[bi] + int64_t(res.tokens.size());

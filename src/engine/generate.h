@@ -81,6 +81,10 @@ struct GenerateStats {
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t prompt_tokens = 0, padded_prompt_tokens = 0, generated_tokens = 0;
   int64_t batches = 0, decode_steps = 0;
+  // Of generated_tokens, those drawn from the logits of steps timed as decode (not a batch's
+  // first step nor a refill's, whose logits give each new sequence its first token): what
+  // decode_seconds produced, FlexGen's decode throughput's numerator.
+  int64_t decode_tokens = 0;
   size_t peak_kv_bytes = 0;
   // Continuous batching: whether it ran (the runner could rewind), refill steps, requests they started.
   bool continuous = false;

@@ -59,6 +59,8 @@ TEST(Cli, GenerateJsonlKeepsOrderAndMatchesReference) {
   for (const char* k : {"prefill_seconds", "decode_seconds", "tokens_per_s", "peak_rss_bytes", "generated_tokens"})
     EXPECT_TRUE(report.contains(k)) << k;
   EXPECT_EQ(report["generated_tokens"], 3 * 32 + 5);
+  EXPECT_EQ(report["decode_tokens"], 3 * 31 + 4);  // each request's first token is the prefill's
+  EXPECT_EQ(report["decode_tokens_per_s"], report["decode_tokens"].get<double>() / report["decode_seconds"].get<double>());
   EXPECT_NE(r.out.find("[\"p0\"]"), std::string::npos);  // human-readable results on stdout
 }
 

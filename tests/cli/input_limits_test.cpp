@@ -391,4 +391,37 @@ TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+// A sampling flag out of range stops the run before the model loads and before --output exists
+// (it was every line's "error", which --resume then took as done); one from the model's
+// generation_config.json is refused naming the file.
+TEST(InputLimits, BadSamplingDefaultsStopTheRunBeforeAnyLine) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl", model = tmp.path() / "m";
+  std::ofstream(in) << "{\"prompt\": \"a\"}\n{\"prompt\": \"b\"}\n";
+  const std::string run = "generate -i " + in.string() + " -o " + out.string() + " -n 2 --device cpu ";
+  const std::pair<std::string, std::string> flags[] = {{"--top-p 1.5", "top_p must be in (0, 1], got 1.5 (--top-p)"},
+                                                       {"--temperature -1", "temperature must be >= 0, got -1"},
+                                                       {"--top-k -3", "top_k must be >= 0, got -3 (--top-k)"},
+                                                       {"--min-p 1.5", "(--min-p)"},
+                                                       {"--repetition-penalty 0", "(--repetition-penalty)"},
+                                                       {"--presence-penalty 5", "(--presence-penalty)"}};
+  for (const auto& [flag, want] : flags) {
+    const RunResult r = flexh2o(run + "-m " + kOpt + " " + flag);
+    EXPECT_EQ(r.code, 1) << flag;
+    EXPECT_NE(r.err.find(want), std::string::npos) << flag << ": " << r.err;
+    EXPECT_EQ(r.err.find("loaded in"), std::string::npos) << flag << ": " << r.err;
+    EXPECT_FALSE(fs::exists(out)) << flag;
+  }
+  fs::copy(model_dir("tiny-llama"), model, fs::copy_options::recursive);
+  std::ofstream(model / "generation_config.json") << R"({"top_p": 2})";
+  const RunResult r = flexh2o(run + "-m " + model.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("top_p must be in (0, 1], got 2 (the model's generation_config.json; --generation-config "
+                       "none ignores it)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(flexh2o(run + "-m " + model.string() + " --generation-config none").code, 0);
+}
+
 }  // namespace

@@ -236,6 +236,23 @@ TEST(CliOutput, OverwriteKeepsTheOldResultsUntilTheRunStarts) {
 // the total needed (it failed at the file that did not fit, naming that file's size, with the
 // files before it written). A 3 MiB tmpfs in a private mount namespace (unshare -m): skipped
 // where this process may not make one.
+// The decode rate counts the tokens decode steps drew (FlexGen's (gen - 1) x batch): each
+// sequence's first token comes from the prefill's logits, in the prefill's seconds.
+TEST(CliOutput, TheDecodeRateCountsTheTokensOfDecodeSteps) {
+  TempDir tmp;
+  const std::string rep = (tmp.path() / "r.json").string();
+  for (const int gen : {1, 3}) {
+    const RunResult r = flexh2o("bench -m " + kOpt + " --prompt-len 8 --num-prompts 2 --device cpu --gen-len " +
+                                std::to_string(gen) + " --report " + rep);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = json::parse(read_text(rep));
+    EXPECT_EQ(j["generated_tokens"], 2 * gen);
+    EXPECT_EQ(j["decode_tokens"], 2 * (gen - 1));
+    const double s = j["decode_seconds"];
+    EXPECT_EQ(j["decode_tokens_per_s"].get<double>(), gen > 1 && s > 0 ? 2 * (gen - 1) / s : 0.0) << j.dump();
+  }
+}
+
 TEST(CliOutput, AnOffloadDirTooSmallForTheWeightsIsRefusedWithTheTotal) {
   TempDir tmp;
   const fs::path small = tmp.path() / "small";
