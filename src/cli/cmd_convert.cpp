@@ -19,6 +19,7 @@
 #include "loader/hub.h"
 #include "loader/safetensors_writer.h"
 #include "model/config.h"
+#include "model/weights.h"
 
 namespace flexh2o::cli {
 namespace fs = std::filesystem;
@@ -150,6 +151,13 @@ int run_convert(const ConvertArgs& a, const Env& env) {
     ++copied;
   }
   fsync_dir(staging.path());
+  // What convert wrote must be a model flexh2o loads (config.json beside it, every tensor the
+  // config names, in its shape); else nothing reaches --output (the staging goes with it).
+  try {
+    (void)Model::load_dir(staging.path());
+  } catch (const Error& e) {
+    FH_FAIL("the converted checkpoint does not load as a model, so --output was not written: ", e.what());
+  }
 
   // An empty OUTDIR is replaced; anything else is refused by the kernel (RENAME_NOREPLACE).
   if (fs::is_directory(target, ec) && ::rmdir(target.c_str()) != 0)

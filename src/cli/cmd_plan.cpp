@@ -24,8 +24,8 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_option("-m,--model", a.model, "Model directory or preset name (opt-6.7b, opt-30b, ...)")->required();
   s->add_option("--hardware", a.hardware, "Hardware profile file or name in configs/hardware (t4-paper, h200)")
       ->required();
-  s->add_option("--prompt-len", a.prompt_len, "Prompt tokens per sequence")->capture_default_str();
-  s->add_option("--gen-len", a.gen_len, "Generated tokens per sequence")->capture_default_str();
+  s->add_option("--prompt-len", a.prompt_len, "Prompt tokens per sequence")->capture_default_str()->check(at_least(1));
+  s->add_option("--gen-len", a.gen_len, "Generated tokens per sequence")->capture_default_str()->check(at_least(1));
   s->add_option("--kv-policy", a.kv_policy,
                 "KV policy: full (default), local, sinks, h2o or random, each priced at its budget");
   s->add_option("--heavy-ratio", a.kv.heavy_ratio, "Heavy hitters (h2o) or random picks, fraction of the prompt");
@@ -52,8 +52,11 @@ void register_plan(CLI::App& app, PlanArgs& a) {
               "--policy auto takes the same flag)");
   s->add_flag("--no-compress", a.no_compress, "Search without compression (the default)");
   s->add_option("--pipeline-stages", a.pipeline_stages,
-                 "Plan a pipeline of this many stages (one rank and device each; layers split by the cost model)");
-  s->add_option("--groups", a.groups, "With --pipeline-stages: groups in flight (default: the fewest that hide the transfers)");
+                 "Plan a pipeline of this many stages (one rank and device each; layers split by the cost model)")
+      ->check(at_least(1));
+  s->add_option("--groups,--pipeline-groups", a.groups,
+                "With --pipeline-stages: groups in flight (default: the fewest that hide the transfers)")
+      ->check(at_least(1));
   s->add_option("--stage-link", a.stage_link,
                 "With --pipeline-stages: link between stages, a name in configs/hardware/links or a file "
                 "(default: the profile's stage_link)");

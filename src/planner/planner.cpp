@@ -125,13 +125,14 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     tiny.compress_cache = ccs.back();
     const auto m = cm.memory(tiny, o.groups);
     const double need = double(m[0] + m[1] + m[2]);
-    const double have = (hw.shared_memory ? 0 : hw.usable(0)) + hw.usable(1) + hw.usable(2);
+    const double have = (hw.shared_memory ? 0 : hw.usable(0)) + hw.usable(1) + (o.allow_disk ? hw.usable(2) : 0);
     if (need > have)
       FH_FAIL("infeasible: ", cm.shape().config.name, " needs at least ", gb(need), " (weights ",
               gb(double(cm.shape().total_bytes(tiny))), tiny.compress_weight ? " at 4 bits" : "", " + one sequence's KV and buffers) but the tiers of ", hw.name,
               " hold ", gb(have), " usable together (device ", gb(hw.usable(0)), ", host ", gb(hw.usable(1)),
-              hw.shared_memory ? " shared with the device" : "", ", disk ", gb(hw.usable(2)), "): short by ",
-              gb(need - have));
+              hw.shared_memory ? " shared with the device" : "",
+              o.allow_disk ? ", disk " + gb(hw.usable(2)) : std::string(", no disk: homing data on disk needs an offload directory (--offload-dir)"),
+              "): short by ", gb(need - have));
   }
   PlanResult r;
   bool found = false;
@@ -151,7 +152,9 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
   if (!found) {
     Policy p;
     p.gpu_batch_size = p.num_gpu_batches = 1;
-    p.w_gpu_percent = p.w_cpu_percent = p.cache_gpu_percent = p.cache_cpu_percent = 0;
+    // Everything offloaded: to disk, or without one (no offload directory) to the host.
+    p.w_gpu_percent = p.cache_gpu_percent = 0;
+    p.w_cpu_percent = p.cache_cpu_percent = o.allow_disk ? 0 : 100;
     p.compress_weight = cws.back();
     p.compress_cache = ccs.back();
     const auto m = cm.memory(p, o.groups);
@@ -162,7 +165,9 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
            << gb(hw.charged(t, m)) << ", usable " << gb(hw.usable(t)) << " (short by "
            << gb(hw.charged(t, m) - hw.usable(t)) << ");";
     FH_FAIL("infeasible: no policy of the search space fits ", cm.shape().config.name, " on ", hw.name,
-            ": the smallest (batch 1, everything offloaded)", os.str(), "\n", cm.memory_breakdown(p));
+            ": the smallest (batch 1, everything offloaded", o.allow_disk ? "" : " to the host: no disk is allowed", ")",
+            os.str(), o.allow_disk ? "" : " homing data on disk needs an offload directory (--offload-dir);", "\n",
+            cm.memory_breakdown(p));
   }
   r.best = cm.estimate(r.best.policy);
   return r;

@@ -155,6 +155,22 @@ TEST(Convert, RefusedCheckpointLeavesNothing) {
   EXPECT_FALSE(fs::exists(marker));
 }
 
+// A checkpoint that does not load as a model (weights of another architecture than config.json
+// says; no config.json at all) is refused before --output is written (info and generate refuse it).
+TEST(Convert, ACheckpointThatIsNoModelIsRefusedAndLeavesNothing) {
+  for (const bool with_config : {true, false}) {
+    TempDir tmp;
+    const fs::path model = tmp.path() / "model";
+    fs::create_directory(model);
+    if (with_config) fs::copy_file(kTorch / "opt-f16" / "config.json", model / "config.json");
+    fs::copy_file(kTorch / "llama-f32" / "pytorch_model.bin", model / "pytorch_model.bin");
+    const RunResult r = flexh2o("convert -m " + model.string() + " -o " + (tmp.path() / "out").string());
+    EXPECT_EQ(r.code, 1) << with_config;
+    EXPECT_HAS(r.err, "the converted checkpoint does not load as a model, so --output was not written");
+    for (const auto& e : fs::directory_iterator(tmp.path())) EXPECT_EQ(e.path().filename(), "model");
+  }
+}
+
 // A convert killed by a signal leaves its staging directory (no destructor runs): the next
 // convert to the same output removes those whose process is gone, and only those.
 TEST(Convert, StagingLeftByAKilledConvertIsRemoved) {

@@ -84,4 +84,22 @@ TEST(PipelineCli, MisusedFlagsFailClearly) {
               "stage link \"token-ring\" is neither a file nor a name in");
 }
 
+// Lengths, stages and groups below 1 are refused as usage errors naming the flag (a zero length
+// ended in an internal check's source location; zero stages silently planned one process);
+// generate's name for the groups, --pipeline-groups, is taken too.
+TEST(PlanCli, ValuesBelowOneAreRefusedNamingTheFlag) {
+  const std::string plan = "plan -m opt-1.3b --hardware h200 ";
+  for (const std::string bad : {"--prompt-len 0", "--gen-len 0", "--prompt-len -5", "--pipeline-stages 0",
+                                "--pipeline-stages -1", "--pipeline-stages 2 --groups 0"}) {
+    const auto r = run_flexh2o(plan + bad);
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.err;
+    EXPECT_NE(r.err.find(bad.substr(bad.rfind("--"), bad.rfind(' ') - bad.rfind("--"))), std::string::npos)
+        << bad << "\n" << r.err;
+    EXPECT_EQ(r.err.find(".cpp:"), std::string::npos) << bad << "\n" << r.err;
+  }
+  const auto r = run_flexh2o(plan + "--pipeline-stages 2 --pipeline-groups 5");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("pipeline   2 stages, 5 groups in flight"), std::string::npos) << r.out;
+}
+
 }  // namespace

@@ -485,6 +485,26 @@ TEST(PlannerSearch, InfeasibleStatesTheShortfall) {
     EXPECT_NE(m.find("short by"), std::string::npos) << m;
     EXPECT_NE(m.find("opt-175b"), std::string::npos) << m;
   }
+  // Without a disk (no offload directory) the disk counts for nothing and the smallest run homes
+  // everything on the host: the message names the shortfall and the way to a disk, whether the
+  // tiers are short together (OPT-175B here) or no policy fits them (tiny-opt: 2 MB of host).
+  SearchOptions no_disk;
+  no_disk.allow_disk = false;
+  no_disk.compress_weight = no_disk.compress_cache = false;
+  CostModel tiny(ModelShape::from_config(Model::load_dir(model_dir("tiny-opt")).config()), small_profile(2.6, 13.4, 10e3),
+                 Workload{64, 16, {}});
+  for (CostModel* m_ : {&cm, &tiny}) {
+    try {
+      search_policy(*m_, no_disk);
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("short by"), std::string::npos) << m;
+      EXPECT_NE(m.find("needs an offload directory (--offload-dir)"), std::string::npos) << m;
+      if (m_ == &tiny) EXPECT_NE(m.find("everything offloaded to the host: no disk is allowed)"), std::string::npos) << m;
+    }
+  }
+  EXPECT_NO_THROW(search_policy(tiny));  // with the disk
 }
 
 TEST(PlannerAnchors, FlexGenReferenceOnT4Paper) {
