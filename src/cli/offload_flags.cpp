@@ -37,7 +37,8 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
                   "Host-homed weights in page-locked memory on a GPU (the checkpoint's pages locked in place "
                   "when possible)")->capture_default_str()->check(flag_bool_check())->group(g);
   app->add_option("--policy", a.policy_file,
-                  "JSON policy file (fields of the flags above; flags override it), or \"auto\": the planner picks")
+                  "JSON policy file (fields of the flags above, or `flexh2o plan --json` output; flags override "
+                  "it), or \"auto\": the planner picks")
       ->group(g);
   app->add_option("--hardware", a.hardware,
                   "Hardware profile for --policy auto: a name in configs/hardware or a file (default: measure this machine)")
@@ -168,7 +169,10 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   if (!a.policy_file.empty() && a.policy_file != "auto") {
     if (const Status st = check_regular_file(a.policy_file, "--policy file"); !st.ok())
       FH_FAIL(st.message(), " --policy takes a JSON policy file or \"auto\".");
-    o.policy = policy_from_json(read_json_file(a.policy_file, "--policy file"), a.policy_file);
+    const nlohmann::json j = read_json_file(a.policy_file, "--policy file");
+    // `flexh2o plan --json` output: its chosen policy (the rest is the plan's prediction).
+    const bool plan = j.is_object() && j.contains("policy") && j["policy"].is_object() && j.contains("policy_flags");
+    o.policy = policy_from_json(plan ? j["policy"] : j, plan ? a.policy_file + " (plan's \"policy\")" : a.policy_file);
   }
   Policy& p = o.policy;
   if (!a.percent.empty()) {
@@ -188,6 +192,8 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   if (!a.cpu_mem.empty()) o.host_mem = parse_bytes(a.cpu_mem, "--cpu-mem");
   if (!a.disk_mem.empty()) o.disk_mem = parse_bytes(a.disk_mem, "--disk-mem");
   o.offload_dir = a.offload_dir;
+  if (!a.disk_mem.empty() && a.offload_dir.empty())  // it would bound nothing, and turn the engine on
+    FH_FAIL("--disk-mem bounds what --offload-dir holds: give --offload-dir DIR too, or drop --disk-mem");
   if (a.io == "auto") o.io = IoBackendChoice::kAuto;
   else if (a.io == "uring") o.io = IoBackendChoice::kUring;
   else if (a.io == "pread") o.io = IoBackendChoice::kPread;
@@ -254,10 +260,13 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
   w.gen_len = gen_len;
   w.kv = kv;
   w.kv_dtype = kv_dtype;
-  Policy p = plan_policy(m, hw, w, so, dev.kind() == DeviceKind::kCuda ? std::optional<DType>(dev.weight_dtype(DType::F32))
-                                                                      : std::nullopt);
+  const Estimate e = plan_policy(m, hw, w, so, dev.kind() == DeviceKind::kCuda
+                                                   ? std::optional<DType>(dev.weight_dtype(DType::F32))
+                                                   : std::nullopt);
+  Policy p = e.policy;
   p.overlap = parse_flag_bool(a.overlap, "--overlap");
-  log << "flexh2o: --policy auto on " << hw.name << ": " << p.str() << "\n";
+  log << "flexh2o: --policy auto on " << hw.name << ": " << p.str() << " (predicted " << e.throughput
+      << " tok/s on the profile, bottleneck " << e.bottleneck << ")\n";
   return p;
 }
 

@@ -178,10 +178,10 @@ Policy plan_policy(const ModelConfig& c, const HardwareProfile& hw, const Worklo
   return search_policy(cm, opts).best.policy;
 }
 
-Policy plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts,
-                   std::optional<DType> as) {
+Estimate plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts,
+                     std::optional<DType> as) {
   CostModel cm(ModelShape::from_model(m, as), hw, w);
-  return search_policy(cm, opts).best.policy;
+  return search_policy(cm, opts).best;
 }
 
 double flexgen_reference_throughput(const ModelConfig& c, const HardwareProfile& hw, const Workload& w,

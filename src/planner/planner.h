@@ -50,9 +50,10 @@ std::optional<Estimate> best_placement(CostModel& cm, const SearchOptions& opts,
 // `weights_from` (optional) supplies the checkpoint's dtypes; presets use c.dtype.
 Policy plan_policy(const ModelConfig& c, const HardwareProfile& hw, const Workload& w,
                    const SearchOptions& opts = {});
-// `as`: the dtype the device holds every weight in (a CUDA device), else the checkpoint's.
-Policy plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts = {},
-                   std::optional<DType> as = std::nullopt);
+// `as`: the dtype the device holds every weight in (a CUDA device), else the checkpoint's. The
+// chosen policy with its predicted throughput and bottleneck (what `--policy auto` reports).
+Estimate plan_policy(const Model& m, const HardwareProfile& hw, const Workload& w, const SearchOptions& opts = {},
+                     std::optional<DType> as = std::nullopt);
 
 // FlexGen's own published cost model (PAPERS.md §4, experimental/cost_model.py) evaluated for
 // a policy: fp16 weights and KV (weight bytes / 4 with compress_weight, FlexGen's rough factor;

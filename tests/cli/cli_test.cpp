@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "cli_run.h"
@@ -362,7 +363,9 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
     EXPECT_EQ(tokens_of("--policy auto --hardware " + t4 + " --gpu-mem 8MiB" + dir), want);
     EXPECT_EQ(tokens_of("--policy auto --no-compress --hardware " + t4 + " --gpu-mem 8MiB" + dir), want);
     const std::string auto_run = "generate -m " + kOpt + " --prompt hi -n 1 --policy auto --gpu-mem 8MiB --hardware " + t4;
-    EXPECT_EQ(flexh2o(auto_run).err.find("--compress"), std::string::npos);
+    const RunResult chosen = flexh2o(auto_run);  // says what it chose and what the profile predicts
+    EXPECT_EQ(chosen.err.find("--compress"), std::string::npos);
+    EXPECT_TRUE(std::regex_search(chosen.err, std::regex("tok/s on the profile, bottleneck [a-z]"))) << chosen.err;
     EXPECT_NE(flexh2o(auto_run + " --allow-compress").err.find("--compress-weight"), std::string::npos);  // it would
     RunResult allow_no = flexh2o(auto_run + " --allow-compress --no-compress");
     EXPECT_EQ(allow_no.code, 1);

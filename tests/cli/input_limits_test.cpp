@@ -238,6 +238,9 @@ TEST(InputLimits, FlagErrorsSaySomethingUseful) {
   RunResult exa = flexh2o(gen + "--disk-mem 2000000TiB");
   EXPECT_EQ(exa.code, 1);
   EXPECT_HAS(exa.err, "more than 1 EiB");
+  RunResult no_dir = flexh2o(gen + "--disk-mem 1GiB");  // it bounded nothing and ran offloaded
+  EXPECT_EQ(no_dir.code, 1);
+  EXPECT_HAS(no_dir.err, "--disk-mem bounds what --offload-dir holds: give --offload-dir DIR too");
   // Huge KV budgets used to overflow their sum and end in "internal: zero KV budget".
   RunResult kv = flexh2o(gen + "--kv-policy h2o --heavy-budget 9223372036854775807 --recent-budget 4");
   EXPECT_EQ(kv.code, 1);
@@ -422,6 +425,20 @@ TEST(InputLimits, BadSamplingDefaultsStopTheRunBeforeAnyLine) {
       << r.err;
   EXPECT_FALSE(fs::exists(out));
   EXPECT_EQ(flexh2o(run + "-m " + model.string() + " --generation-config none").code, 0);
+}
+
+// What `plan --json` writes is a --policy file: its "policy" runs, the prediction beside it is
+// not read as policy keys (it was "unknown policy key").
+TEST(InputLimits, APlanJsonIsAPolicyFile) {
+  TempDir tmp;
+  const fs::path plan = tmp.path() / "plan.json";
+  const ShellRun p = run_shell(kBin + " plan -m " + kOpt + " --hardware t4-paper --prompt-len 8 --gen-len 4 " +
+                               "--gpu-mem 60MiB --json > " + plan.string());
+  ASSERT_EQ(p.code, 0) << p.err;
+  const std::string flags = json::parse(read_text(plan))["policy_flags"];
+  const RunResult r = flexh2o("generate -m " + kOpt + " --prompt hi -n 2 --device cpu --policy " + plan.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find(flags.substr(0, flags.find(" --num-gpu-batches"))), std::string::npos) << flags << "\n" << r.err;
 }
 
 }  // namespace
