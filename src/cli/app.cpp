@@ -2,11 +2,14 @@
 // mapping of failures to exit codes) shared by the binary and the Python front end.
 #include "cli/app.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/signals.h"
@@ -35,6 +38,22 @@ std::filesystem::path template_dir(const GenerateArgs& a, const Env& env) {
   if (!a.tokenizer.empty()) return a.tokenizer;
   if (!std::filesystem::is_directory(a.model) && preset_path(env, a.model)) return {};
   return resolve_model_dir(a.model, env.hub);
+}
+
+// Levenshtein distance, for a mistyped command's suggestion.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
 }
 
 }  // namespace
@@ -85,6 +104,22 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
   register_plan(app, plan);
   register_profile(app, profile);
 
+  // A first word that names no command: CLI11 would only say "A subcommand is required".
+  const CLI::App& commands = app;
+  const std::vector<const CLI::App*> all = commands.get_subcommands([](const CLI::App*) { return true; });
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::none_of(all.begin(), all.end(), [&](const CLI::App* s) { return s->check_name(argv[1]); })) {
+    std::string names, nearest;
+    size_t best = 3;  // suggest a command at most 2 edits away
+    for (const CLI::App* s : all) {
+      names += (names.empty() ? "" : ", ") + s->get_name();
+      if (const size_t d = edit_distance(argv[1], s->get_name()); d < best) best = d, nearest = s->get_name();
+    }
+    std::cerr << "flexh2o: unknown command \"" << argv[1] << "\""
+              << (nearest.empty() ? "" : " (did you mean " + nearest + "?)") << "; the commands are " << names
+              << " (flexh2o --help)\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

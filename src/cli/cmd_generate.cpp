@@ -216,6 +216,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const OutputFile::Mode out_mode = a.output.empty() ? OutputFile::Mode::kAppend : check_results(a, format, prior);
   check_can_write({"--report", a.report});
   check_device_early(a.device);
+  check_hardware_flag(a.offload, a.pipeline.stages > 1);
   check_sampling_defaults(a);  // the flags, before the model loads
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   const std::string device = select_device(a.device, *lm.model, std::cerr);

@@ -87,6 +87,12 @@ void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArg
   a.gpu_batch_size = batch_size;
 }
 
+void check_hardware_flag(const OffloadArgs& a, bool balances_stages) {
+  if (!a.hardware.empty() && a.policy_file != "auto" && !balances_stages)
+    FH_FAIL("--hardware ", a.hardware, " is the profile --policy auto plans for (and --pipeline-stages balances by); "
+            "add --policy auto, or drop --hardware");
+}
+
 bool offload_requested(const OffloadArgs& a) {
   return !a.percent.empty() || a.gpu_batch_size || a.num_gpu_batches || a.cpu_cache_compute ||
          !a.policy_file.empty() || !a.offload_dir.empty() || !a.gpu_mem.empty() || !a.cpu_mem.empty() ||

@@ -46,6 +46,9 @@ CLI::Validator at_least(int64_t min);
 // True when any flag asks for the offloading engine (otherwise the in-memory path runs);
 // --compress-weight / --compress-cache do not.
 bool offload_requested(const OffloadArgs& a);
+// Throws when --hardware is given where nothing reads it: without --policy auto, unless
+// `balances_stages` (--pipeline-stages balances the layers by the profile).
+void check_hardware_flag(const OffloadArgs& a, bool balances_stages);
 // -b with offloading flags: the block is then -b sequences (--gpu-batch-size B, one micro-batch),
 // unless --gpu-batch-size, --num-gpu-batches or --policy set it: then a conflict, refused where
 // `refuse` (the CLI) and the flags' block otherwise (the Python LLM, whose batch_size lm-eval

@@ -241,6 +241,19 @@ TEST(InputLimits, FlagErrorsSaySomethingUseful) {
   RunResult no_dir = flexh2o(gen + "--disk-mem 1GiB");  // it bounded nothing and ran offloaded
   EXPECT_EQ(no_dir.code, 1);
   EXPECT_HAS(no_dir.err, "--disk-mem bounds what --offload-dir holds: give --offload-dir DIR too");
+  for (const std::string& cmd : {gen, "bench -m " + kOpt + " --device cpu --prompt-len 4 --gen-len 1 "}) {
+    RunResult hw = flexh2o(cmd + "--hardware t4-paper");  // read by nothing without --policy auto
+    EXPECT_EQ(hw.code, 1) << cmd;
+    EXPECT_HAS(hw.err, "--hardware t4-paper is the profile --policy auto plans for");
+  }
+  // A mistyped command is named, with the nearest one (CLI11 said "A subcommand is required").
+  RunResult typo = flexh2o("genrate -m " + kOpt);
+  EXPECT_EQ(typo.code, 2);
+  EXPECT_HAS(typo.err, "unknown command \"genrate\" (did you mean generate?); the commands are generate, bench");
+  RunResult far = flexh2o("translate");
+  EXPECT_EQ(far.code, 2);
+  EXPECT_EQ(far.err.find("did you mean"), std::string::npos) << far.err;
+  EXPECT_HAS(far.err, "unknown command \"translate\"; the commands are");
   // Huge KV budgets used to overflow their sum and end in "internal: zero KV budget".
   RunResult kv = flexh2o(gen + "--kv-policy h2o --heavy-budget 9223372036854775807 --recent-budget 4");
   EXPECT_EQ(kv.code, 1);
