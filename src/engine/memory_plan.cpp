@@ -2,7 +2,6 @@
 #include "engine/memory_plan.h"
 
 #include <algorithm>
-#include <numeric>
 #include <sstream>
 
 #include "engine/kv_evict.h"
@@ -17,14 +16,8 @@ WeightBytes WeightBytes::of(const WeightPlacement& wp) {
   return w;
 }
 
-int64_t kv_capacity_align(const ModelConfig& c, DType kv) {
-  const int64_t row = int64_t(row_nbytes(kv, c.head_dim));
-  return 4096 / std::gcd<int64_t>(4096, row);
-}
-
-int64_t align_kv_capacity(const ModelConfig& c, DType kv, int64_t slots) {
-  const int64_t a = kv_capacity_align(c, kv);
-  return (std::max<int64_t>(slots, 1) + a - 1) / a * a;
+uint64_t kv_disk_stage_bytes(int64_t n, uint64_t seq_bytes) {
+  return (uint64_t(std::max<int64_t>(n, 0)) * seq_bytes + 4095) / 4096 * 4096;
 }
 
 int64_t head_rows_per_call(int64_t vocab, int64_t n, int64_t logit_rows, uint64_t slot_bytes) {
@@ -58,10 +51,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
     KvSlots s;
     s.cap_w = std::max<int64_t>(1, budget > 0 ? std::min(d.capacity, std::max(d.rows, budget)) : d.capacity);
     s.cap_h = std::max<int64_t>(1, budget > 0 ? std::min(d.capacity, budget) : d.capacity);
-    s.cap_d = align_kv_capacity(c, t.kv, s.cap_h);
     s.device_seq = 2 * region * uint64_t(s.cap_w);
     s.home_seq = 2 * region * uint64_t(s.cap_h);
-    s.disk_seq = 2 * region * uint64_t(s.cap_d);
     return s;
   };
   const uint64_t L = uint64_t(c.n_layers);
@@ -71,8 +62,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   const KvSlots full = slots(bounded ? d.budget_max : 0);
   m.window = LW ? slots(d.window) : full;
   const KvSlots& first = LF ? full : m.window;
-  m.cap_w = first.cap_w, m.cap_h = first.cap_h, m.cap_d = first.cap_d;
-  m.kv_device_seq = first.device_seq, m.kv_home_seq = first.home_seq, m.kv_disk_seq = first.disk_seq;
+  m.cap_w = first.cap_w, m.cap_h = first.cap_h;
+  m.kv_device_seq = first.device_seq, m.kv_home_seq = first.home_seq;
   m.split = split_kv(p.gpu_batch_size, p);
   const uint64_t es_a = dtype_size(t.act);
   const uint64_t n = uint64_t(p.gpu_batch_size);
@@ -135,7 +126,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   // The staging holds the micro-batch with the most sequences on disk: the percentages' floors
   // can give a partial one more (split_kv(3) of 25/25/50 puts 3 on disk, split_kv(4) 2).
   const uint64_t nk_max = std::max<uint64_t>(nk, r ? uint64_t(last.n_disk) : 0);
-  add(Tier::kHost, "KV disk staging", nk_max ? 2 * nk_max * m.kv_disk_seq : 0);
+  add(Tier::kHost, "KV disk staging", 2 * kv_disk_stage_bytes(int64_t(nk_max), m.kv_home_seq));
   add(Tier::kHost, "hidden states", act_host ? hidden_all : 0);
   add(Tier::kHost, "host attention rows", host_attention ? 2 * off * (m.qkv_rows + m.attn_rows) : 0);
   add(Tier::kHost, "attention scores", 2 * m.scores);
@@ -155,7 +146,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
   // Disk
   add(Tier::kDisk, "weights homed", w.homed[2]);
   add(Tier::kDisk, "KV homed", per_mb([&](uint64_t, const KvSplit& s) {
-        return uint64_t(s.n_disk) * (LF * m.kv_disk_seq + LW * m.window.disk_seq);
+        return uint64_t(s.n_disk) * (LF * m.kv_home_seq + LW * m.window.home_seq);
       }));
   return m;
 }

@@ -68,25 +68,24 @@ struct MemoryItem {
 };
 
 // KV slots per (sequence, head) of a class of layers: device-side buffers (the prefill attends
-// the whole prompt), host homes (a bounded policy's budget), and disk homes and their host
-// staging (the same, aligned by kv_capacity_align so every row block is a run of whole
-// 4096-byte pages); and the K+V bytes of one sequence at each.
+// the whole prompt) and homes on the host or disk (a bounded policy's budget); and the K+V bytes
+// of one sequence at each. A disk home has the host home's layout, packed (kv_disk_stage_bytes).
 struct KvSlots {
-  int64_t cap_w = 0, cap_h = 0, cap_d = 0;
-  uint64_t device_seq = 0, home_seq = 0, disk_seq = 0;
+  int64_t cap_w = 0, cap_h = 0;
+  uint64_t device_seq = 0, home_seq = 0;
 };
 
 struct MemoryPlan {
   // Every layer's KV slots, or under a window cap the full-attention layers' (the widest: the
   // staging slots, scores and keep lists are sized by them).
-  int64_t cap_w = 0, cap_h = 0, cap_d = 0;
+  int64_t cap_w = 0, cap_h = 0;
   KvSplit split;  // of one full micro-batch
   // Bytes of one buffer of each kind (the engine allocates exactly these; 0 = not allocated).
-  uint64_t kv_device_seq = 0, kv_home_seq = 0, kv_disk_seq = 0;  // K+V of one sequence: cap_w / cap_h / cap_d
+  uint64_t kv_device_seq = 0, kv_home_seq = 0;  // K+V of one sequence: cap_w / cap_h slots
   // Under a window cap (BatchDims::window), the sliding layers' slots; else the same as above.
   KvSlots window;
   KvSlots slots(bool windowed) const {
-    return windowed ? window : KvSlots{cap_w, cap_h, cap_d, kv_device_seq, kv_home_seq, kv_disk_seq};
+    return windowed ? window : KvSlots{cap_w, cap_h, kv_device_seq, kv_home_seq};
   }
   uint64_t hidden = 0;                                 // one micro-batch's hidden states
   uint64_t qkv_rows = 0, attn_rows = 0;                // per row: q|k|v and attention output
@@ -102,9 +101,10 @@ struct MemoryPlan {
   std::string breakdown() const;  // "  device: weights homed 1.2 GiB\n  ..."
 };
 
-// Slots per (sequence, head) such that every row block of K or V starts on 4096 bytes.
-int64_t kv_capacity_align(const ModelConfig& c, DType kv);
-int64_t align_kv_capacity(const ModelConfig& c, DType kv, int64_t slots);
+// Bytes of the host staging of n disk-homed sequences of seq_bytes (KvSlots::home_seq) each:
+// their file's layout, rounded up to whole 4096-byte pages, as disk rows move in whole pages
+// that may span heads and sequences.
+uint64_t kv_disk_stage_bytes(int64_t n, uint64_t seq_bytes);
 
 MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy& p, const BatchDims& d,
                        const PlanDtypes& t);

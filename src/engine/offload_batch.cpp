@@ -91,7 +91,7 @@ Policy OffloadEngine::Impl::batch_policy(int64_t B) const {
 }
 
 uint64_t OffloadEngine::Impl::kv_disk_file_bytes(const MemoryPlan& plan, int classes, int l, int64_t n_disk) const {
-  return uint64_t(n_disk) * plan.slots(classes > 1 && c.attention_window(l) > 0).disk_seq;
+  return uint64_t(n_disk) * plan.slots(classes > 1 && c.attention_window(l) > 0).home_seq;
 }
 
 uint64_t OffloadEngine::Impl::kv_disk_space(const MemoryPlan& plan, int classes, int64_t B) const {
@@ -203,7 +203,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   for (int s = 0; s < 2; ++s) {
     const size_t i = size_t(s);
     kv_stage_device[i] = alloc(MemKind::kDevice, Tier::kDevice, size_t(off_max) * plan.kv_device_seq, "KV staging");
-    kv_stage_host[i] = alloc(MemKind::kPinned, Tier::kHost, size_t(nk_max) * plan.kv_disk_seq, "KV disk staging");
+    kv_stage_host[i] = alloc(MemKind::kPinned, Tier::kHost, kv_disk_stage_bytes(nk_max, plan.kv_home_seq), "KV disk staging");
     // Scores and keep lists hold any layer's rows: the widest class's (MemoryPlan::cap_w).
     if (plan.scores) {
       const size_t sb = size_t(n_max * c.n_heads * plan.cap_w) * 4;

@@ -130,7 +130,7 @@ void OffloadEngine::Impl::host_attention(int u, int k) {
   const KvSplit& sp = mb.split;
   const int l = layer(u);
   const KvClass& kc = kv_class(l);
-  const int64_t cap_h = kc.cap_h, cap_d = kc.cap_d;
+  const int64_t cap_h = kc.cap_h;
   const std::vector<int32_t>&len_before = kc.len_before, &len_after = kc.len_after, &len_final = kc.len_final;
   const size_t slot = size_t(pair(u, k) % 2);
   const int64_t nd = sp.n_device, off = sp.n_host + sp.n_disk, rows = off * T, Q = c.q_dim(), KV = c.kv_dim();
@@ -141,7 +141,7 @@ void OffloadEngine::Impl::host_attention(int u, int k) {
   const int agent = int(Queue::kHost);
   dev.host_access(agent, qh, size_t(rows * (Q + 2 * KV)) * es_a, false);
   dev.host_access(agent, home.data(), home.size(), true);
-  if (sp.n_disk) dev.host_access(agent, stage.data(), size_t(sp.n_disk) * kc.disk_seq, true);
+  if (sp.n_disk) dev.host_access(agent, stage.data(), size_t(sp.n_disk) * kc.home_seq, true);
   dev.host_access(agent, attn_host[slot].data(), size_t(rows * Q) * es_a, true);
   dev.host_run([&] {
     std::vector<float> q32, k32, v32, a32(size_t(rows * Q));
@@ -158,7 +158,7 @@ void OffloadEngine::Impl::host_attention(int u, int k) {
     const bool scores = kv_policy && kv_policy->needs_scores();
     KvSegment segs[2] = {
         {kv_at(home, sp.n_host, cap_h, 0, 0), kv_at(home, sp.n_host, cap_h, 1, 0), kvdt, 0, sp.n_host, cap_h, nullptr},
-        {kv_at(stage, sp.n_disk, cap_d, 0, 0), kv_at(stage, sp.n_disk, cap_d, 1, 0), kvdt, sp.n_host, sp.n_disk, cap_d,
+        {kv_at(stage, sp.n_disk, cap_h, 0, 0), kv_at(stage, sp.n_disk, cap_h, 1, 0), kvdt, sp.n_host, sp.n_disk, cap_h,
          nullptr}};
     std::vector<float> sc[2];
     LayerCompute lc;
@@ -250,8 +250,8 @@ void OffloadEngine::Impl::update_cache(int u, int k) {
       if (n_seg == 0) continue;
       const Buffer& home = disk ? kv_stage_host[slot] : mb.kv_host[size_t(l)];
       const int64_t mb_seq = sp.n_device + (disk ? sp.n_host : 0), gs = mb.first + mb_seq;
-      const int64_t cap = disk ? kc.cap_d : kc.cap_h;
-      dev.host_access(agent, home.data(), size_t(n_seg) * (disk ? kc.disk_seq : kc.home_seq), true);
+      const int64_t cap = kc.cap_h;
+      dev.host_access(agent, home.data(), size_t(n_seg) * kc.home_seq, true);
       const KvSegment seg{kv_at(home, n_seg, cap, 0, 0), kv_at(home, n_seg, cap, 1, 0), kvdt, mb_seq, n_seg, cap,
                           scores ? scores + mb_seq * srow : nullptr};
       apply_kv_policy(evict_args(l, k, seg, mb_seq, cap_w, after, dlo, dhi));

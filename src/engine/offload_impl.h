@@ -61,8 +61,8 @@ struct BatchState {
   // KV lengths and slots shared by a class of layers: every layer, or under a window cap
   // (full_cache_window()) of a model whose other layers attend to everything, class 0 those and
   // class 1 the sliding ones. Slots (KvSlots): cap_w per row of device-side buffers (the whole
-  // prompt during prefill), cap_h of host homes (the policy's budget when one is set), cap_d of
-  // disk homes and their host staging (cap_h in whole pages).
+  // prompt during prefill), cap_h of host and disk homes and the disk rows' host staging (the
+  // policy's budget when one is set).
   struct KvClass : KvSlots {
     std::vector<KvBudget> budgets;                          // [B] with a policy
     std::vector<int32_t> len_before, len_after, len_final;  // [B] cached tokens before / after / kept

@@ -108,28 +108,35 @@ uint64_t OffloadEngine::Impl::copy_kv_rows(Queue q, const Buffer& dst, int64_t d
 void OffloadEngine::Impl::disk_kv(int l, int k, const Buffer& stage, bool write, const std::vector<int32_t>& lo,
                                   const std::vector<int32_t>& hi, int64_t seq0) {
   const MicroBatch& mb = mbs[size_t(k)];
-  const int64_t nk = mb.split.n_disk, kvh = c.n_kv_heads, cap_d = kv_class(l).cap_d;
-  const size_t row = kv_row, block = size_t(cap_d) * row;
+  const KvClass& kc = kv_class(l);
+  const int64_t nk = mb.split.n_disk, kvh = c.n_kv_heads, cap = kc.cap_h;
+  const size_t row = kv_row, block = size_t(cap) * row;
   const std::string& name = mb.kv_disk[size_t(l)];
-  // Whole 4096-byte pages of each row block holding the rows: the staging slot has the same
-  // layout as the file and holds every such page's current contents (loaded by the read of
-  // this step, or written in full), so a write needs no read-modify-write.
+  // Whole 4096-byte pages holding the rows, merged where they touch. The staging slot has the
+  // file's layout, and every page of it that holds a cached row of any sequence or head was read
+  // by this step's load (or is written whole at the prefill), so a page's other rows are current
+  // or unused, and a write needs no read-modify-write. Offsets rise with (part, sequence, head).
   std::vector<StoreRange> ranges;
   uint64_t moved = 0;
   for (int part = 0; part < 2; ++part) {
     for (int64_t i = 0; i < nk; ++i) {
+      const size_t seq = size_t(kv_at(stage, nk, cap, part, i) - stage.data());
       for (int64_t h = 0; h < kvh; ++h) {
         const int64_t a = lo[size_t((seq0 + i) * kvh + h)], z = hi[size_t((seq0 + i) * kvh + h)];
         if (z <= a) continue;
-        const size_t p0 = size_t(a) * row / 4096 * 4096, p1 = std::min(block, (size_t(z) * row + 4095) / 4096 * 4096);
-        const size_t off = size_t(kv_at(stage, nk, cap_d, part, i) - stage.data()) + size_t(h) * block + p0;
-        ranges.push_back({off, p1 - p0, stage.data() + off});
+        const size_t at = seq + size_t(h) * block, p0 = (at + size_t(a) * row) / 4096 * 4096,
+                     p1 = (at + size_t(z) * row + 4095) / 4096 * 4096;
+        if (!ranges.empty() && p0 <= ranges.back().offset + ranges.back().length)
+          ranges.back().length = std::max(p1, size_t(ranges.back().offset) + ranges.back().length) - ranges.back().offset;
+        else
+          ranges.push_back({p0, p1 - p0, stage.data() + p0});
         moved += size_t(z - a) * row;
       }
     }
   }
   if (ranges.empty()) return;
-  dev.host_access(int(write ? Queue::kDiskWrite : Queue::kDiskRead), stage.data(), size_t(2 * nk * kvh) * block, !write);
+  dev.host_access(int(write ? Queue::kDiskWrite : Queue::kDiskRead), stage.data(), kv_disk_stage_bytes(nk, kc.home_seq),
+                  !write);
   Status s = write ? e.store_->write_ranges(name, ranges) : e.store_->read_ranges(name, ranges);
   s.throw_if_error();
   e.counters_.add(write ? Link::kHostToDisk : Link::kDiskToHost, moved);
@@ -158,14 +165,14 @@ void OffloadEngine::Impl::move_offloaded(int u, int k, Queue q, const int32_t* l
   const Buffer& home = mb.kv_host[size_t(layer(u))];
   const Buffer& disk = kv_stage_host[slot];
   const KvClass& kc = kv_class(layer(u));
-  const int64_t cap_w = kc.cap_w, cap_h = kc.cap_h, cap_d = kc.cap_d;
+  const int64_t cap_w = kc.cap_w, cap_h = kc.cap_h;
   const bool load = q == Queue::kHostToDevice;
   uint64_t moved = load ? copy_kv_rows(q, stage, off, cap_w, 0, home, sp.n_host, cap_h, 0, sp.n_host, lo, hi)
                         : copy_kv_rows(q, home, sp.n_host, cap_h, 0, stage, off, cap_w, 0, sp.n_host, lo, hi);
   if (sp.n_disk)
-    moved += load ? copy_kv_rows(q, stage, off, cap_w, sp.n_host, disk, sp.n_disk, cap_d, 0, sp.n_disk, lo + sp.n_host,
+    moved += load ? copy_kv_rows(q, stage, off, cap_w, sp.n_host, disk, sp.n_disk, cap_h, 0, sp.n_disk, lo + sp.n_host,
                                  hi + sp.n_host)
-                  : copy_kv_rows(q, disk, sp.n_disk, cap_d, 0, stage, off, cap_w, sp.n_host, sp.n_disk, lo + sp.n_host,
+                  : copy_kv_rows(q, disk, sp.n_disk, cap_h, 0, stage, off, cap_w, sp.n_host, sp.n_disk, lo + sp.n_host,
                                  hi + sp.n_host);
   e.counters_.add(load ? Link::kHostToDevice : Link::kDeviceToHost, moved);
   e.counters_.add_kv(moved);

@@ -225,11 +225,12 @@ struct Placement {
   int gbs, ngb;
   bool overlap = true, cpu_attention = false;
   bool refills = true;  // whether the engine can refill under this placement
+  bool kv4 = false;     // 4-bit KV: disk pages then split rows, heads and sequences
 };
 
 std::ostream& operator<<(std::ostream& os, const Placement& p) {
   return os << p.model << " [" << p.percent << "] " << p.gbs << "x" << p.ngb << (p.overlap ? "" : " no-overlap")
-            << (p.cpu_attention ? " cpu-attn" : "");
+            << (p.cpu_attention ? " cpu-attn" : "") << (p.kv4 ? " kv4" : "");
 }
 
 class ContinuousOffload : public ::testing::TestWithParam<Placement> {};
@@ -244,10 +245,11 @@ TEST_P(ContinuousOffload, LogitsBitIdenticalToInMemoryAndResultsToStatic) {
   OffloadOptions o;
   o.policy = test::policy_of(c.percent, c.gbs, c.ngb, c.cpu_attention);
   o.policy.overlap = c.overlap;
+  o.policy.compress_cache = c.kv4;
   o.offload_dir = dir.path() / "store";
   OffloadEngine eng(model, dev, o);
   Forward fwd(model, dev);
-  InMemoryRunner ref(fwd, eng.max_batch());
+  InMemoryRunner ref(fwd, eng.max_batch(), nullptr, c.kv4 ? DType::Q4 : DType::F16);
   const auto reqs = mixed_requests(model.config());
   test::Recorder got_rec(eng), ref_rec(ref);
   GenerateStats st;
@@ -270,7 +272,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Placement{"tiny-opt", "30 30 34 33 100 0", 3, 2, true, true},
                       Placement{"tiny-opt", "0 50 0 0 0 100", 2, 2, false, true},
                       Placement{"tiny-llama", "50 0 0 50 100 0", 2, 3, true, true},
-                      Placement{"tiny-opt", "100 0 100 0 100 0", 2, 2, true, true}));
+                      Placement{"tiny-opt", "100 0 100 0 100 0", 2, 2, true, true},
+                      Placement{"tiny-opt", "100 0 0 0 100 0", 3, 2, true, false, true, true},
+                      Placement{"tiny-opt", "30 30 34 33 100 0", 3, 2, true, true, true, true},
+                      Placement{"tiny-llama", "50 0 0 50 100 0", 2, 3, false, false, true, true}));
 
 }  // namespace
 }  // namespace flexh2o

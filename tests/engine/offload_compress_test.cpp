@@ -104,9 +104,23 @@ TEST(CompressMemoryPlan, KvRowsAreQ4Records) {
   EXPECT_EQ(q.kv_home_seq, 2 * uint64_t(c.n_kv_heads) * row * uint64_t(q.cap_h));
   EXPECT_EQ(q.kv_device_seq, 2 * uint64_t(c.n_kv_heads) * row * uint64_t(q.cap_w));
   EXPECT_LT(q.kv_home_seq * 3, f16.kv_home_seq);
-  // Disk rows: every row block of K or V is whole 4096-byte pages.
-  EXPECT_EQ(uint64_t(q.cap_d) * row % 4096, 0u);
-  EXPECT_EQ(kv_capacity_align(c, DType::Q4) * int64_t(row) % 4096, 0);
+  // Disk homes are packed like host homes, so 4-bit KV shrinks them as much; only the host
+  // staging of one micro-batch's disk rows rounds up to whole 4096-byte pages.
+  auto item = [](const MemoryPlan& m, Tier t, const std::string& what) {
+    for (const MemoryItem& i : m.items)
+      if (i.tier == t && i.what == what) return i.bytes;
+    return uint64_t(0);
+  };
+  const int64_t nk = q.split.n_disk;
+  ASSERT_GT(nk, 0);
+  for (const MemoryPlan* m : {&f16, &q}) {
+    EXPECT_EQ(item(*m, Tier::kDisk, "KV homed"), uint64_t(p.num_gpu_batches * nk * c.n_layers) * m->kv_home_seq);
+    EXPECT_EQ(item(*m, Tier::kHost, "KV disk staging"), 2 * kv_disk_stage_bytes(nk, m->kv_home_seq));
+  }
+  EXPECT_LT(item(q, Tier::kDisk, "KV homed") * 3, item(f16, Tier::kDisk, "KV homed"));
+  EXPECT_EQ(kv_disk_stage_bytes(3, 4096 + 36), 3u * 4096 + 4096);
+  EXPECT_EQ(kv_disk_stage_bytes(2, 2048), 4096u);
+  EXPECT_EQ(kv_disk_stage_bytes(0, 2048), 0u);
 }
 
 // Every weight on disk, half the KV on disk.
