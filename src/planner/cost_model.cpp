@@ -402,9 +402,19 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   const uint64_t em_rows = uint64_t(p.block_size()) * uint64_t(T);
   const auto em = embed_moved(m_, p, em_rows);
   const double em_disk_requests = em[2] < pe[2] ? double(em_rows) : 0.0;
-  // KV disk I/O: one submission per (layer, micro-batch) of one request per (sequence, KV
-  // head, K|V) with rows to move.
-  const double disk_req = nd * double(c.n_kv_heads) * 2;
+  // KV disk I/O (OffloadEngine's disk_kv): one submission per (layer, micro-batch) of whole
+  // 4096-byte pages of a packed file, runs closer than a page merged into one request (split at
+  // 1 MiB). Where a head's K (or V) slots span a page, a decode step's new rows are a page per
+  // (sequence, KV head, K|V), and a load is a run per one of those while the unused slots after
+  // the cached rows span a page; else the runs merge.
+  const double runs = nd * double(c.n_kv_heads) * 2, head_row = row / (2 * double(c.n_kv_heads));
+  const double head_slots = double(cap_h_) * head_row;
+  const double new_pages = head_slots >= 4096 ? runs : std::ceil(runs * head_slots / 4096);
+  auto requests = [&](double bytes, bool apart) { return bytes <= 0 ? 0.0 : apart ? runs : std::ceil(bytes / (1 << 20)); };
+  const double load_bytes = nd * before * row;
+  const double load_req = requests(load_bytes, (double(cap_h_) - before) * head_row >= 4096);
+  const double store_bytes = prefill ? nd * kept * row : new_pages * 4096;
+  const double store_req = requests(store_bytes, prefill ? (double(cap_h_) - kept) * head_row >= 4096 : head_slots >= 4096);
 
   std::vector<double> fin(sched.steps.size());
   std::array<double, kNumQueues> qfree{};
@@ -421,7 +431,7 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
         break;
       case StepKind::kLoadWeight: d = double(emb ? em[1] + em[2] : pu[1] + pu[2]) / hw_.host_to_device; break;
       case StepKind::kLoadCacheDisk:
-        d = nd * before * row / hw_.disk_to_host_cache + (before > 0 ? disk_req * hw_.disk_read_request : 0);
+        d = load_bytes / hw_.disk_to_host_cache + (before > 0 ? load_req * hw_.disk_read_request : 0);
         break;
       case StepKind::kLoadCache: d = off * before * row / hw_.host_to_device; break;
       case StepKind::kLoadHidden: d = rows_bytes / hw_.host_to_device; break;
@@ -449,11 +459,7 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
       case StepKind::kStoreKept: d = off * kept * row / hw_.device_to_host_cache; break;
       case StepKind::kUpdateCache: d = 0; break;
       case StepKind::kGatherCache: d = hw_.compute_step_overhead; break;
-      case StepKind::kStoreCacheDisk: {
-        const double stored = prefill ? kept : 1.0;
-        d = nd * stored * row / hw_.host_to_disk_cache + disk_req * hw_.disk_write_request;
-        break;
-      }
+      case StepKind::kStoreCacheDisk: d = store_bytes / hw_.host_to_disk_cache + store_req * hw_.disk_write_request; break;
     }
     if (st.kind != StepKind::kCompute && st.kind != StepKind::kComputeRest && st.kind != StepKind::kGatherCache)
       d += hw_.schedule_step_overhead;

@@ -108,7 +108,7 @@ class CostModel {
   int64_t kv_keep() const { return keep_; }
   // Under a window cap (full_cache_window()): the window, and the rows each sliding layer keeps.
   int64_t window_cap() const { return window_; }
-  // KV slots per sequence of the host/disk homes, aligned like the engine (prompt+gen without
+  // KV slots per sequence of the host/disk homes, as the engine sizes them (prompt+gen without
   // a bounded KV policy, else the budget); device-side buffers: device_capacity().
   int64_t capacity() const;
   int64_t device_capacity() const { return cap_w_; }
