@@ -41,7 +41,7 @@ void register_bench(CLI::App& app, BenchArgs& a) {
                 "cpu, cuda (the offloading engine on the GPU: everything resident, or placed by the offloading "
                 "flags) or auto (cuda when a GPU is usable)")
       ->capture_default_str();
-  b->add_option("--threads", a.threads, "CPU threads (default: all)");
+  add_threads_flag(b, a.threads);
   add_progress_flag(*b, a.progress);
   add_offload_flags(b, a.offload);
   add_kv_flags(b, a.kv);

@@ -79,7 +79,7 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
   e->add_option("--max-tokens", a.max_tokens, "Score the first N tokens of the file (at most the model's positions)")->capture_default_str()
       ->check(at_least(1));
   e->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
-  e->add_option("--threads", a.threads, "CPU threads (default: all)");
+  add_threads_flag(e, a.threads);
   e->add_flag("--json", a.json, "Print one JSON object");
   e->add_flag("--streaming", a.streaming, "Feed one token per step even with --kv-policy full");
   add_progress_flag(*e, a.progress);
@@ -258,7 +258,7 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
   e->add_option("--batch-size", a.batch_size, "Choices scored together (default: all choices of an item)")
       ->check(at_least(1));
   e->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
-  e->add_option("--threads", a.threads, "CPU threads (default: all)");
+  add_threads_flag(e, a.threads);
   e->add_flag("--json", a.json, "Print one JSON object");
   add_progress_flag(*e, a.progress);
   add_kv_flags(e, a.kv);

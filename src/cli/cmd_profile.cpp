@@ -13,7 +13,7 @@ void register_profile(CLI::App& app, ProfileArgs& a) {
   CLI::App* s = app.add_subcommand("profile", "Measure this machine into a hardware profile JSON");
   s->add_option("--offload-dir", a.offload_dir, "Directory on the disk tier to probe (default: temp dir)");
   s->add_option("-o,--output", a.output, "Write the profile here (default: stdout)");
-  s->add_option("--threads", a.threads, "CPU device threads (0 = all)");
+  add_threads_flag(s, a.threads);
   s->add_option("--name", a.name, "Profile name");
 }
 

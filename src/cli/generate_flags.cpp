@@ -63,7 +63,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
                 "cpu, cuda (the offloading engine on the GPU: everything resident, or placed by the offloading "
                 "flags) or auto (cuda when a GPU is usable)")
       ->capture_default_str();
-  g->add_option("--threads", a.threads, "CPU threads (default: all)");
+  add_threads_flag(g, a.threads);
   g->add_flag("--quiet,-q", a.quiet, "Do not print results to stdout when --output is a file");
   add_progress_flag(*g, a.progress);
   add_offload_flags(g, a.offload);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "cli/output_file.h"
 #include "core/error.h"
@@ -168,6 +169,22 @@ CLI::Validator at_least(int64_t min) {
         return v < min ? "must be at least " + std::to_string(min) + ", got " + s : std::string();
       },
       ">=" + std::to_string(min));
+}
+
+CLI::Option* add_threads_flag(CLI::App* app, int& threads) {
+  const int most = int(std::max(1u, std::thread::hardware_concurrency()));
+  return app
+      ->add_option("--threads", threads,
+                   "CPU threads (default or 0: all " + std::to_string(most) + " hardware threads here)")
+      ->check(at_least(0))
+      ->check(CLI::Validator(
+          [most](std::string& s) {
+            int64_t v = 0;
+            return CLI::detail::lexical_cast(s, v) && v > most
+                       ? "must be at most " + std::to_string(most) + ", the hardware threads here; got " + s
+                       : std::string();
+          },
+          "<=" + std::to_string(most)));
 }
 
 OffloadOptions make_offload_options(const OffloadArgs& a) {

@@ -43,6 +43,9 @@ CLI::Validator flag_bool_check();
 // An integer option's check: refuses values below `min` with "must be at least MIN, got V"
 // (CLI11's PositiveNumber prints a floating-point range instead).
 CLI::Validator at_least(int64_t min);
+// --threads of the CPU device: 0 (the default) for every hardware thread; more than the machine
+// has, or a negative count, is refused at parse time.
+CLI::Option* add_threads_flag(CLI::App* app, int& threads);
 // True when any flag asks for the offloading engine (otherwise the in-memory path runs);
 // --compress-weight / --compress-cache do not.
 bool offload_requested(const OffloadArgs& a);

@@ -395,7 +395,10 @@ TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
                         Case{" generate -m TINY --prompt hi --gpu-batch-size 0",
                              "--gpu-batch-size: must be at least 1, got 0"},
                         Case{" eval-choice -m TINY --tasks x --batch-size 0",
-                             "--batch-size: must be at least 1, got 0"}}) {
+                             "--batch-size: must be at least 1, got 0"},
+                        Case{" generate -m TINY --prompt hi --threads -2", "--threads: must be at least 0, got -2"},
+                        Case{" bench -m TINY --threads 100000", "--threads: must be at most "},
+                        Case{" profile --threads 100000", "the hardware threads here; got 100000"}}) {
     std::string cmd = c.cmd;
     if (const size_t at = cmd.find("TINY"); at != std::string::npos) cmd.replace(at, 4, kOpt);
     ShellRun r = run_shell(kBin + cmd);
