@@ -16,7 +16,7 @@ using nlohmann::json;
 void register_info(CLI::App& app, InfoArgs& a) {
   auto* i = app.add_subcommand("info", "Describe a model: config, parameters, bytes per tensor group, KV bytes/token; with a "
                                "checkpoint, whether it loads (exit 1 if not) and the tensors its config does not read");
-  i->add_option("model", a.model, "Model directory, hub id (ORG/NAME) or preset name")->required();
+  i->add_option("model,-m,--model", a.model, "Model directory, hub id (ORG/NAME) or preset name (as a positional or -m, like the other commands)")->required();
   i->add_flag("--json", a.json, "Print one JSON object");
 }
 

@@ -286,6 +286,7 @@ TEST(Cli, TokenizeAndDetokenizeRoundTrip) {
 TEST(Cli, InfoDescribesPresetsAndDirectories) {
   RunResult r = flexh2o("info opt-30b --json");
   ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(flexh2o("info -m opt-30b --json").out, r.out);  // -m as every other command takes it
   auto j = json::parse(r.out);
   EXPECT_NEAR(j["parameters"].get<double>(), 29.97e9, 0.05e9);
   EXPECT_EQ(j["kv_bytes_per_token_f16"], 2 * 48 * 7168 * 2);
