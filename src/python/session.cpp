@@ -8,6 +8,7 @@
 #include <deque>
 #include <iostream>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
 #include "engine/evaluate.h"
@@ -86,7 +87,10 @@ Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
   if (!batch_given) opts_.batch_size = 8;
   if (opts_.batch_size < 1) FH_FAIL("batch_size must be >= 1, got ", opts_.batch_size);
   cli::apply_batch_size_flag(batch_given, opts_.batch_size, off_, /*refuse=*/false);
-  if (opts_.threads < 0) FH_FAIL("threads must be >= 1 (or None: all cores), got ", opts_.threads);
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (opts_.threads < 0 || opts_.threads > cores)
+    FH_FAIL("threads must be in [0, ", cores, "] (0 or None: all ", cores, " hardware threads here), got ", opts_.threads);
+  cli::check_hardware_flag(off_, false);
   if (opts_.generation_config != "auto" && opts_.generation_config != "none")
     FH_FAIL("generation_config must be \"auto\" or \"none\", got \"", opts_.generation_config, "\"");
   cli::make_kv_config(kv_);          // flag errors before loading anything, as the commands

@@ -89,7 +89,12 @@ def test_bad_requests(llms):
     assert llm.generate([], max_new_tokens=2) == []
     with pytest.raises(flexh2o.Error, match="batch_size must be >= 1, got 0"):
         flexh2o.LLM(str(TINY["opt"]), device="cpu", batch_size=0)
-    with pytest.raises(flexh2o.Error, match="threads must be >= 1 .*got -2"):
+    with pytest.raises(flexh2o.Error, match=r"threads must be in \[0, \d+\] .*got -2"):
         flexh2o.LLM(str(TINY["opt"]), device="cpu", threads=-2)
+    with pytest.raises(flexh2o.Error, match=r"threads must be in .*hardware threads here\), got 100000"):
+        flexh2o.LLM(str(TINY["opt"]), device="cpu", threads=100000)
+    # A profile only --policy auto reads is refused, not ignored.
+    with pytest.raises(flexh2o.Error, match="--hardware h200 is the profile --policy auto plans for"):
+        flexh2o.LLM(str(TINY["opt"]), device="cpu", hardware="h200")
     with pytest.raises(flexh2o.Error, match="this model has no tokenizer"):
         flexh2o.LLM("opt-125m", device="cpu").generate("hi")  # a preset: dummy weights, no tokenizer
