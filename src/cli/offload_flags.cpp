@@ -47,7 +47,9 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
   app->add_option("--offload-dir", a.offload_dir, "Directory for disk-homed weights and KV (NVMe)")->group(g);
   app->add_option("--gpu-mem", a.gpu_mem,
                   "Compute-device memory budget, e.g. 16GiB, 512MB, 1.5G (K/M/G/T and KiB..TiB: powers of 1024; "
-                  "KB..TB: powers of 1000; no unit: bytes) (default: unlimited)")->group(g);
+                  "KB..TB: powers of 1000; no unit: bytes) (default: unlimited). --policy auto plans within the "
+                  "profile's usable_fraction of each budget (0.8 for a measured profile), as of the profile's own "
+                  "memory")->group(g);
   app->add_option("--cpu-mem", a.cpu_mem, "Host memory budget (default: unlimited)")->group(g);
   app->add_option("--disk-mem", a.disk_mem, "Disk budget in the offload dir (default: unlimited)")->group(g);
   app->add_option("--io", a.io, "Disk I/O backend: auto (io_uring if it works), uring, pread")->capture_default_str()
