@@ -131,7 +131,7 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
   env.mpi = opts.mpi;
   env.mpi_ranks = opts.mpi_ranks;
   if (opts.render_chat)
-    gen.render_chat = [&](const nlohmann::json& body) { return opts.render_chat(template_dir(gen, env), body); };
+    gen.render_chat = [&](const nlohmann::ordered_json& body) { return opts.render_chat(template_dir(gen, env), body); };
 
   int code = 1;
   const StopSignals* signals = nullptr;

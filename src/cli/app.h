@@ -29,7 +29,7 @@ struct MainOptions {
   // --tokenizer directory, else the model directory; empty for a preset) into prompt text.
   // Installed as GenerateArgs::render_chat; null in the flexh2o binary. Called on the thread
   // that runs run_main.
-  std::function<std::string(const std::filesystem::path& template_dir, const nlohmann::json& body)> render_chat;
+  std::function<std::string(const std::filesystem::path& template_dir, const nlohmann::ordered_json& body)> render_chat;
 };
 
 // Parses argv (argv[0] is the program name) and runs the subcommand. Returns the process exit

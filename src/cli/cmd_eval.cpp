@@ -196,7 +196,8 @@ std::vector<TaskItem> read_tasks(const std::string& path) {
   };
   for_each_jsonl(
       in,
-      [&](int64_t line, const json& j) {
+      [&](int64_t line, const nlohmann::ordered_json& oj) {
+        const json j(oj);
         TaskItem t;
         t.line = line;
         if (!j.contains("context") || !j["context"].is_string()) return bad(line, "\"context\" must be a string");

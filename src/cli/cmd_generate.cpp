@@ -76,7 +76,9 @@ batch::Hooks hooks_of(const GenerateArgs& a, const LoadedModel& lm) {
   return h;
 }
 
-Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a, const LoadedModel& lm) {
+Item make_item(const nlohmann::ordered_json& line_json, int64_t line, size_t index, const GenerateArgs& a,
+               const LoadedModel& lm) {
+  const json j(line_json);
   Item it;
   it.line = line;
   it.id = j.contains("id") ? j["id"] : json(index);
@@ -104,7 +106,7 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
       if (req.prompt_ids.empty()) FH_FAIL("empty prompt: this model adds no BOS, so it gives no tokens");
     } else if (j.contains("messages")) {  // a chat: rendered with the model's template
       batch::RequestError why;
-      req.prompt_ids = batch::chat_prompt_ids(j, hooks_of(a, lm), &why);
+      req.prompt_ids = batch::chat_prompt_ids(line_json, hooks_of(a, lm), &why);
       if (req.prompt_ids.empty()) FH_FAIL(why.message);
     } else {
       FH_FAIL("line has none of \"prompt\", \"prompt_ids\" and \"messages\"");
@@ -133,7 +135,7 @@ Item make_item(const json& j, int64_t line, size_t index, const GenerateArgs& a,
 // A Batch line: its prompts x n choices. Bodies carry OpenAI's defaults (max_tokens 16 for
 // completions, up to the context for chat; temperature 1, top_p 1); --greedy, --top-k and --seed
 // (base seed + line index, when the body has no seed) still apply.
-Item make_batch_item(const json& j, int64_t line, size_t index, const GenerateArgs& a, const LoadedModel& lm) {
+Item make_batch_item(const nlohmann::ordered_json& j, int64_t line, size_t index, const GenerateArgs& a, const LoadedModel& lm) {
   batch::Parsed p = batch::parse_input_line(j, hooks_of(a, lm));
   Item it;
   it.line = line;
@@ -228,11 +230,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
 
   std::vector<Item> items;
   if (a.prompt) {
-    items.push_back(make_item(json{{"prompt", *a.prompt}}, 0, 0, a, lm));
+    items.push_back(make_item(nlohmann::ordered_json{{"prompt", *a.prompt}}, 0, 0, a, lm));
   } else {
     for_each_jsonl(
         open_input(),
-        [&](int64_t line, const json& j) {
+        [&](int64_t line, const nlohmann::ordered_json& j) {
           items.push_back(is_batch ? make_batch_item(j, line, items.size(), a, lm)
                                    : make_item(j, line, items.size(), a, lm));
         },

@@ -62,7 +62,8 @@ int run_tokenize(const TokenizeArgs& a, bool detokenize, const Env& env) {
   try {
     for_each_jsonl(
         in,
-        [&](int64_t line, const json& j) {
+        [&](int64_t line, const nlohmann::ordered_json& oj) {
+          const json j(oj);
           if (env.stop && env.stop->load()) throw Stopped{};
           try {
             if (detokenize) {

@@ -55,7 +55,7 @@ struct GenerateArgs {
   // Renders an OpenAI chat body ("messages", ...) with the model's chat template into the
   // prompt text (special tokens as text; tokenized without adding BOS/EOS). Null in the
   // flexh2o binary: chat lines then fail with a message naming the Python front end.
-  std::function<std::string(const nlohmann::json& body)> render_chat;
+  std::function<std::string(const nlohmann::ordered_json& body)> render_chat;
 };
 void register_generate(CLI::App& app, GenerateArgs& a);
 int run_generate(const GenerateArgs& a, const Env& env);

@@ -133,7 +133,7 @@ std::string select_device(const std::string& requested, const Model& m, std::ost
   return "cpu";
 }
 
-int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const nlohmann::json&)>& fn,
+int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const nlohmann::ordered_json&)>& fn,
                        const std::function<void(int64_t, const std::string&)>& on_error, size_t max_line_bytes) {
   // std::cin synced with stdio hands out one byte per call; its descriptor is read directly.
   LineReader reader = &in == &std::cin ? LineReader(STDIN_FILENO, max_line_bytes, "standard input")
@@ -156,9 +156,9 @@ int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const
       on_error(lineno, "invalid JSON: " + st.message());
       continue;
     }
-    nlohmann::json j;
+    nlohmann::ordered_json j;
     try {
-      j = nlohmann::json::parse(line);
+      j = nlohmann::ordered_json::parse(line);
     } catch (const nlohmann::json::exception& e) {
       ++bad;
       on_error(lineno, std::string("invalid JSON: ") + e.what());

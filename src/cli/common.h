@@ -86,8 +86,9 @@ std::string select_device(const std::string& requested, const Model& m, std::ost
 // Calls fn(line_number, parsed_object) for each non-blank line; a line longer than
 // max_line_bytes (skipped without being buffered), nested deeper than kMaxJsonDepth, not valid
 // JSON or not an object calls on_error(line_number, message) instead, and the lines after it
-// are still read. Returns the number of bad lines.
-int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const nlohmann::json&)>& fn,
+// are still read. Returns the number of bad lines. Objects keep the line's key order (a chat's
+// messages reach a template's tojson as given).
+int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const nlohmann::ordered_json&)>& fn,
                        const std::function<void(int64_t, const std::string&)>& on_error,
                        size_t max_line_bytes = kMaxLineBytes);
 

@@ -143,13 +143,14 @@ void completion_prompts(const json& body, const Hooks& h, Request& r) {
   }
 }
 
-std::vector<int32_t> chat_prompt(const json& body, const Hooks& h) {
+std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& body, const Hooks& h) {
   if (!given(body, "messages")) bad("messages", "missing \"messages\"");
-  const json& m = body["messages"];
+  const nlohmann::ordered_json& m = body["messages"];
   if (!m.is_array() || m.empty()) bad("messages", "\"messages\" must be a non-empty array, got ", json_excerpt(m));
   // What the template renders: each message with a known role, its content a string (text parts
-  // of an array joined by newlines, as vLLM does; other part types are refused).
-  json chat = body;
+  // of an array joined by newlines, as vLLM does; other part types are refused); objects keep
+  // their key order.
+  nlohmann::ordered_json chat = body;
   for (size_t i = 0; i < m.size(); ++i) {
     if (!m[i].is_object() || !m[i].contains("role") || !m[i]["role"].is_string())
       bad("messages", "\"messages\"[", i, "] must be an object with a string \"role\", got ", json_excerpt(m[i]));
@@ -168,7 +169,7 @@ std::vector<int32_t> chat_prompt(const json& body, const Hooks& h) {
           json_excerpt(m[i]["content"]));
     std::string text;
     for (size_t k = 0; k < m[i]["content"].size(); ++k) {
-      const json& part = m[i]["content"][k];
+      const nlohmann::ordered_json& part = m[i]["content"][k];
       const std::string at = "\"messages\"[" + std::to_string(i) + "].content[" + std::to_string(k) + "]";
       if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
         bad("messages", at, " must be an object with a string \"type\", got ", json_excerpt(part));
@@ -228,7 +229,8 @@ void stream_params(const json& body, Request& r) {
   }
 }
 
-Request parse_body(const json& body, Endpoint ep, const Hooks& h, bool stream) {
+Request parse_body(const nlohmann::ordered_json& obody, Endpoint ep, const Hooks& h, bool stream) {
+  const json body(obody);
   check_params(body, ep, stream);
   Request r;
   if (stream) stream_params(body, r);
@@ -284,7 +286,7 @@ Request parse_body(const json& body, Endpoint ep, const Hooks& h, bool stream) {
       if (r.logprobs < 0) bad("top_logprobs", "\"top_logprobs\" needs \"logprobs\": true");
       r.logprobs = n;
     }
-    r.prompts = {chat_prompt(body, h)};
+    r.prompts = {chat_prompt(obody, h)};
   }
   return r;
 }
@@ -296,9 +298,9 @@ bool is_input_line(const json& line) {
          (line.contains("custom_id") || line.contains("method") || line.contains("url") || line.contains("body"));
 }
 
-Parsed parse_input_line(const json& line, const Hooks& hooks, bool stream) {
+Parsed parse_input_line(const nlohmann::ordered_json& line, const Hooks& hooks, bool stream) {
   Parsed out;
-  out.custom_id = line.is_object() && line.contains("custom_id") ? line["custom_id"] : json();
+  out.custom_id = line.is_object() && line.contains("custom_id") ? json(line["custom_id"]) : json();
   try {
     if (!line.is_object()) bad(std::nullopt, "a Batch input line must be a JSON object");
     if (!line.contains("custom_id") || line["custom_id"].is_null()) bad("custom_id", "missing \"custom_id\"");
@@ -479,7 +481,7 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v) {
   return out;
 }
 
-Hooks make_hooks(const Tokenizer* tokenizer, std::function<std::string(const json& body)> render_chat) {
+Hooks make_hooks(const Tokenizer* tokenizer, std::function<std::string(const nlohmann::ordered_json& body)> render_chat) {
   Hooks h;
   if (tokenizer)
     h.tokenize = [tokenizer](const std::string& text, bool add_special) { return tokenizer->encode(text, add_special); };
@@ -487,7 +489,7 @@ Hooks make_hooks(const Tokenizer* tokenizer, std::function<std::string(const jso
   return h;
 }
 
-std::vector<int32_t> chat_prompt_ids(const json& body, const Hooks& hooks, RequestError* error) {
+std::vector<int32_t> chat_prompt_ids(const nlohmann::ordered_json& body, const Hooks& hooks, RequestError* error) {
   try {
     return chat_prompt(body, hooks);
   } catch (const BadRequest& b) {

@@ -68,8 +68,9 @@ struct Parsed {
 struct Hooks {
   // Text -> token ids (add_special: BOS/EOS per the tokenizer's convention).
   std::function<std::vector<int32_t>(const std::string& text, bool add_special)> tokenize;
-  // A chat body -> prompt text (GenerateArgs::render_chat); may throw.
-  std::function<std::string(const nlohmann::json& body)> render_chat;
+  // A chat body -> prompt text (GenerateArgs::render_chat); may throw. Its objects keep the
+  // line's key order, as a template's tojson shows it.
+  std::function<std::string(const nlohmann::ordered_json& body)> render_chat;
   // Whether the caller scores echoed prompts (score_echoed_prompts), so that "echo" may come with
   // "logprobs"; else that pair is refused (a pipeline's stages).
   bool score_prompts = false;
@@ -81,7 +82,7 @@ struct Hooks {
 std::vector<std::pair<int32_t, float>> parse_logit_bias(const nlohmann::json& v);
 
 // Hooks over a tokenizer (null: none, a preset without one) and a chat renderer (may be null).
-Hooks make_hooks(const Tokenizer* tokenizer, std::function<std::string(const nlohmann::json& body)> render_chat);
+Hooks make_hooks(const Tokenizer* tokenizer, std::function<std::string(const nlohmann::ordered_json& body)> render_chat);
 
 // True for a line in the Batch input format: an object with "custom_id", "method", "url" or
 // "body" (flexh2o's own request lines use none of them).
@@ -92,7 +93,7 @@ bool is_input_line(const nlohmann::json& line);
 // (method, url, body, types, ranges, parameters flexh2o cannot honour, unknown body keys, a chat
 // line without render_chat or whose hook throws) becomes the error, naming the field.
 // `stream`: "stream" and "stream_options" are honoured (a server); else only their defaults pass.
-Parsed parse_input_line(const nlohmann::json& line, const Hooks& hooks, bool stream = false);
+Parsed parse_input_line(const nlohmann::ordered_json& line, const Hooks& hooks, bool stream = false);
 
 // What a request runs with besides its body: the CLI's sampling flags that are not OpenAI
 // parameters, the base seed of a body without "seed", and an optional cap on max_tokens.
@@ -118,7 +119,7 @@ void score_echoed_prompts(StepRunner& runner, std::span<Request* const> requests
 
 // The prompt of a chat request: its "messages" checked, rendered by hooks.render_chat and
 // tokenized without adding BOS/EOS; empty, with *error set (param "messages"), when it cannot be.
-std::vector<int32_t> chat_prompt_ids(const nlohmann::json& body, const Hooks& hooks, RequestError* error);
+std::vector<int32_t> chat_prompt_ids(const nlohmann::ordered_json& body, const Hooks& hooks, RequestError* error);
 
 // Where the first of the stop strings starts in `text`; npos when none occurs.
 size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop);

@@ -26,7 +26,8 @@ Format input_format(std::istream& in, const std::string& path) {
   int64_t first_batch = 0, first_ours = 0;
   for_each_jsonl(
       in,
-      [&](int64_t line, const json& j) {
+      [&](int64_t line, const nlohmann::ordered_json& oj) {
+        const json j(oj);
         int64_t& first = batch::is_input_line(j) ? first_batch : first_ours;
         if (!first) first = line;
         if (first_batch && first_ours)

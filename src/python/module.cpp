@@ -229,7 +229,7 @@ PYBIND11_MODULE(_flexh2o, m) {
                 }
               };
             if (!render_chat.is_none())
-              p.render_chat = [fn](const nlohmann::json& body) -> std::string {
+              p.render_chat = [fn](const nlohmann::ordered_json& body) -> std::string {
                 py::gil_scoped_acquire gil;
                 try {
                   return (*fn)(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)).cast<std::string>();
@@ -289,7 +289,7 @@ PYBIND11_MODULE(_flexh2o, m) {
         // Owned by a shared_ptr whose last copy is dropped with the GIL held (below).
         auto fn = std::make_shared<py::object>(render_chat);
         if (!render_chat.is_none())
-          o.render_chat = [fn](const std::filesystem::path& dir, const nlohmann::json& body) -> std::string {
+          o.render_chat = [fn](const std::filesystem::path& dir, const nlohmann::ordered_json& body) -> std::string {
             py::gil_scoped_acquire gil;
             try {
               return (*fn)(dir.string(), body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))

@@ -246,9 +246,9 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
   // line (and no requests).
   auto expand = [&](size_t i, const std::string& text) {
     requests.emplace_back();
-    json line;
+    nlohmann::ordered_json line;  // key order kept for a chat template's tojson
     try {
-      line = json::parse(text);
+      line = nlohmann::ordered_json::parse(text);
     } catch (const json::exception& e) {
       live.fail(i, batch::error_line(json(), {std::string("the request is not JSON: ") + e.what(), std::nullopt}, ids));
       return std::vector<GenerationRequest>();

@@ -78,7 +78,7 @@ struct OpenAiParams {
   // the config's name.
   std::string model_name;
   // A chat body -> prompt text (the model's template); null: chat lines get a 400 error.
-  std::function<std::string(const nlohmann::json& body)> render_chat;
+  std::function<std::string(const nlohmann::ordered_json& body)> render_chat;
   // Once true, generation ends at the next token step and openai() throws Interrupted.
   const std::atomic<bool>* interrupt = nullptr;
   // "stream": true is honoured (a server); else refused as in Batch files.

@@ -68,6 +68,28 @@ def test_strftime_now_and_list_form(tmp_path, chat_tokenizer):
         flexh2o.LLM(str(TINY["llama"]), tokenizer=str(d), device="cpu").apply_chat_template([])
 
 
+def test_messages_are_normalised_as_transformers_5_does(tmp_path, chat_tokenizer):
+    # Keys whose value is None dropped (only at the message's top level), reasoning aliased; the
+    # expected text is transformers 5.25's apply_chat_template of the same messages and template.
+    d = tmp_path / "tok"
+    shutil.copytree(chat_tokenizer, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m | tojson }}|{% endfor %}"
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    llm = flexh2o.LLM(str(TINY["llama"]), tokenizer=str(d), device="cpu")
+    m = [{"role": "user", "content": "a", "name": None},
+         {"role": "assistant", "content": None, "reasoning": "why",
+          "tool_calls": [{"function": {"name": "f", "arguments": {"b": 1, "a": None}}}]}]
+    assert llm.apply_chat_template(m) == (
+        '{"role": "user", "content": "a"}|{"thinking": "why", "role": "assistant", "reasoning": "why", "tool_calls": '
+        '[{"function": {"name": "f", "arguments": {"b": 1, "a": null}}}], "reasoning_content": "why"}|')
+    assert m[1]["content"] is None  # the caller's messages are left as they were
+    with pytest.raises(flexh2o.Error, match="message 1 must be a dict"):
+        llm.apply_chat_template([{"role": "user", "content": "a"}, "b"])
+    with pytest.raises(flexh2o.Error, match="conversation 1 must be a non-empty list"):
+        llm.chat([[{"role": "user", "content": "a"}], []])
+
+
 def test_no_template_says_so(llms):
     with pytest.raises(flexh2o.Error, match='no chat template: .*tokenizer_config.json has no "chat_template"'):
         llms["llama"].apply_chat_template([{"role": "user", "content": "hi"}])

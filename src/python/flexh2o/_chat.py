@@ -3,7 +3,8 @@
 string, or a list of {name, template} of which "default" is used; else chat_template.jinja),
 compiled in a jinja2 ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the
 loopcontrols extension, the `tojson` filter, `raise_exception` and `strftime_now`, and rendered
-with the special-token strings (bos_token, eos_token, ...) and add_generation_prompt."""
+with the special-token strings (bos_token, eos_token, ...) and add_generation_prompt, after
+transformers' normalisation of the messages (keys whose value is None dropped, reasoning aliased)."""
 
 import json
 from datetime import datetime
@@ -12,6 +13,26 @@ from pathlib import Path
 from ._flexh2o import Error
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# The names a message's reasoning goes by; transformers gives a template all of them.
+_REASONING = ("reasoning_content", "thinking", "reasoning")
+
+
+def _as_transformers_sees(messages) -> list:
+    """The messages as transformers 5 hands them to a template: each a dict, its keys whose value
+    is None dropped (content=None of an assistant turn with tool calls), and its reasoning, under
+    any of _REASONING, also as "thinking" and "reasoning_content"."""
+    if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__iter__"):
+        raise Error(f"messages must be a list of {{\"role\", \"content\"}} dicts, got {messages!r:.60}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise Error(f"message {i} must be a dict, got {m!r:.60}")
+        m = {k: v for k, v in m.items() if v is not None}
+        reasoning = next((m[k] for k in _REASONING if m.get(k) is not None), None)
+        if reasoning is not None:
+            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        out.append(m)
+    return out
 
 
 def _token_text(tok):
@@ -115,7 +136,7 @@ class ChatTemplate:
         try:
             if self._compiled is None:
                 self._compiled = _compile(self.source)
-            return self._compiled.render(messages=messages, tools=None, documents=None,
+            return self._compiled.render(messages=_as_transformers_sees(messages), tools=None, documents=None,
                                          add_generation_prompt=add_generation_prompt, **self.special)
         except jinja2.exceptions.TemplateError as e:
             raise Error(f"{self.origin}: chat template: {e}") from None

@@ -182,6 +182,9 @@ class LLM:
             raise Error("messages must be a conversation (a non-empty list of {\"role\", \"content\"} dicts) "
                         f"or a list of conversations, got {messages!r:.60}")
         convs = [messages] if isinstance(messages[0], dict) else messages
+        for i, c in enumerate(convs):
+            if not isinstance(c, (list, tuple)) or not c:
+                raise Error(f"conversation {i} must be a non-empty list of {{\"role\", \"content\"}} dicts, got {c!r:.60}")
         ids = [self.encode(self.apply_chat_template(c), add_special=False) for c in convs]
         return self.generate(ids, **generate_kwargs)
 
