@@ -71,6 +71,8 @@ int run_info(const InfoArgs& a, const Env& env) {
     params += s.shape.numel();
     group_bytes[group_of(s.name)] += s.shape.numel() * int64_t(esize);
   }
+  // 4-bit KV: a record of row_nbytes(Q4, head_dim) per (layer, K|V, KV head).
+  const int64_t kv_q4 = 2 * c.n_layers * c.n_kv_heads * int64_t(row_nbytes(DType::Q4, c.head_dim));
   json j{{"name", c.name},
          {"source", source},
          {"model_type", c.model_type},
@@ -89,7 +91,8 @@ int run_info(const InfoArgs& a, const Env& env) {
          {"weight_bytes", params * int64_t(esize)},
          {"bytes_per_group", group_bytes},
          {"kv_bytes_per_token_f16", c.kv_bytes_per_token(DType::F16)},
-         {"kv_bytes_per_token_f32", c.kv_bytes_per_token(DType::F32)}};
+         {"kv_bytes_per_token_f32", c.kv_bytes_per_token(DType::F32)},
+         {"kv_bytes_per_token_q4", kv_q4}};
   if (c.arch == Arch::kLlama)
     j["rope"] = {{"type", c.rope.type},
                  {"theta", c.rope.theta},
@@ -161,8 +164,9 @@ int run_info(const InfoArgs& a, const Env& env) {
   std::cout << rope_line(c) << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
             << "weights      " << human_bytes(double(params) * double(esize)) << " in " << dtype_name(c.dtype) << "\n";
   for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(double(b)) << "\n";
-  std::cout << "KV per token " << human_bytes(double(c.kv_bytes_per_token(DType::F16))) << " (f16), "
-            << human_bytes(double(c.kv_bytes_per_token(DType::F32))) << " (f32)\n";
+  std::cout << "KV per token " << human_bytes(double(c.kv_bytes_per_token(DType::F16))) << " (f16, bf16), "
+            << human_bytes(double(c.kv_bytes_per_token(DType::F32))) << " (f32), " << human_bytes(double(kv_q4))
+            << " (q4)\n";
   if (!unused.empty()) {
     std::cout << "not read     " << unused.size() << " tensor(s) of the checkpoint:";
     for (const std::string& n : unused) std::cout << " " << n;

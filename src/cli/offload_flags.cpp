@@ -49,9 +49,13 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
                   "Compute-device memory budget, e.g. 16GiB, 512MB, 1.5G (K/M/G/T and KiB..TiB: powers of 1024; "
                   "KB..TB: powers of 1000; no unit: bytes) (default: unlimited). --policy auto plans within the "
                   "profile's usable_fraction of each budget (0.8 for a measured profile), as of the profile's own "
-                  "memory")->group(g);
-  app->add_option("--cpu-mem", a.cpu_mem, "Host memory budget (default: unlimited)")->group(g);
-  app->add_option("--disk-mem", a.disk_mem, "Disk budget in the offload dir (default: unlimited)")->group(g);
+                  "memory")->check(size_check("--gpu-mem"))->group(g);
+  app->add_option("--cpu-mem", a.cpu_mem, "Host memory budget (default: unlimited)")->check(size_check("--cpu-mem"))
+      ->group(g);
+  app->add_option("--disk-mem", a.disk_mem,
+                  "Disk budget in the offload dir, for the bytes of the weights and KV homed there (each file adds a "
+                  "4 KiB header and its last page's padding) (default: unlimited)")
+      ->check(size_check("--disk-mem"))->group(g);
   app->add_option("--io", a.io, "Disk I/O backend: auto (io_uring if it works), uring, pread")->capture_default_str()
       ->group(g);
   app->add_flag("--verify-store,!--trust-store", a.verify_store,
@@ -171,6 +175,20 @@ CLI::Validator at_least(int64_t min) {
         return v < min ? "must be at least " + std::to_string(min) + ", got " + s : std::string();
       },
       ">=" + std::to_string(min));
+}
+
+CLI::Validator size_check(const std::string& flag) {
+  return CLI::Validator(
+      [flag](std::string& s) {
+        try {
+          (void)parse_bytes(s, flag);
+          return std::string();
+        } catch (const Error& e) {  // CLI11 names the flag itself
+          const std::string m = e.what(), prefix = flag + ": ";
+          return m.rfind(prefix, 0) == 0 ? m.substr(prefix.size()) : m;
+        }
+      },
+      "SIZE");
 }
 
 CLI::Option* add_threads_flag(CLI::App* app, int& threads) {

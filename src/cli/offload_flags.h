@@ -43,6 +43,8 @@ CLI::Validator flag_bool_check();
 // An integer option's check: refuses values below `min` with "must be at least MIN, got V"
 // (CLI11's PositiveNumber prints a floating-point range instead).
 CLI::Validator at_least(int64_t min);
+// A size flag's check at parse time (parse_bytes' rules; "" is refused, not taken as unset).
+CLI::Validator size_check(const std::string& flag);
 // --threads of the CPU device: 0 (the default) for every hardware thread; more than the machine
 // has, or a negative count, is refused at parse time.
 CLI::Option* add_threads_flag(CLI::App* app, int& threads);

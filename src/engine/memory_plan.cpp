@@ -35,6 +35,11 @@ std::string human_bytes(uint64_t b) {
   return os.str();
 }
 
+std::string human_bytes_beside(uint64_t b, uint64_t other) {
+  const std::string h = human_bytes(b);
+  return b != other && h == human_bytes(other) ? h + " (" + std::to_string(b) + " bytes)" : h;
+}
+
 std::string MemoryPlan::breakdown() const {
   std::ostringstream os;
   for (const MemoryItem& it : items)

@@ -111,5 +111,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
 
 // 1536 -> "1.5 KiB" (binary units).
 std::string human_bytes(uint64_t b);
+// human_bytes(b), with the exact count added where it would read the same as human_bytes(other):
+// a budget one byte short of a need should not read "10 MiB is too small ... needs 10 MiB".
+std::string human_bytes_beside(uint64_t b, uint64_t other);
 
 }  // namespace flexh2o

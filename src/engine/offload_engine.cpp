@@ -109,8 +109,9 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
   for (int t = 0; t < 3; ++t) {
     const uint64_t cap = budgets_[size_t(t)]->capacity();
     if (cap && need.bytes[size_t(t)] > cap)
-      FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes(cap), " is too small for policy ", opts_.policy.str(),
-              " on ", dev.name(), ": it needs at least ", human_bytes(need.bytes[size_t(t)]),
+      FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes_beside(cap, need.bytes[size_t(t)]), " is too small for policy ",
+              opts_.policy.str(), " on ", dev.name(), ": it needs at least ",
+              human_bytes_beside(need.bytes[size_t(t)], cap),
               " for a block of one-token prompts:\n", need.breakdown());
   }
   impl_ = std::make_unique<Impl>(*this);
@@ -301,9 +302,9 @@ void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, 
   for (int t = 0; t < 3; ++t) {
     const uint64_t cap = budgets_[size_t(t)]->capacity();
     if (cap && need.bytes[size_t(t)] > cap)
-      FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes(cap), " is too small for a batch of this run (",
-              lengths.size(), " sequences, prompt ", rows, ", capacity ", capacity, "): it needs ",
-              human_bytes(need.bytes[size_t(t)]), ":\n", need.breakdown(),
+      FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes_beside(cap, need.bytes[size_t(t)]),
+              " is too small for a batch of this run (", lengths.size(), " sequences, prompt ", rows, ", capacity ",
+              capacity, "): it needs ", human_bytes_beside(need.bytes[size_t(t)], cap), ":\n", need.breakdown(),
               "lower the batch size, use a KV policy or move data to a lower tier");
   }
   // The filesystem under --offload-dir, too: its KV files are created at the batch's prefill.

@@ -290,6 +290,7 @@ TEST(Cli, InfoDescribesPresetsAndDirectories) {
   auto j = json::parse(r.out);
   EXPECT_NEAR(j["parameters"].get<double>(), 29.97e9, 0.05e9);
   EXPECT_EQ(j["kv_bytes_per_token_f16"], 2 * 48 * 7168 * 2);
+  EXPECT_EQ(j["kv_bytes_per_token_q4"], 2 * 48 * 56 * 72);  // 56 KV heads, a 72-byte record of 128
   // The model cards' counts: Qwen2.5-7B 7.62 B (its q/k/v biases included), Mistral-7B-v0.3 7.25 B, v0.1 7.24 B,
   // Llama 3.1 8.03 B and 70.55 B, Phi-4 14.66 B, Qwen3 8.19 B and 32.76 B.
   for (auto [preset, params] :

@@ -398,7 +398,10 @@ TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
                              "--batch-size: must be at least 1, got 0"},
                         Case{" generate -m TINY --prompt hi --threads -2", "--threads: must be at least 0, got -2"},
                         Case{" bench -m TINY --threads 100000", "--threads: must be at most "},
-                        Case{" profile --threads 100000", "the hardware threads here; got 100000"}}) {
+                        Case{" profile --threads 100000", "the hardware threads here; got 100000"},
+                        Case{" generate -m TINY --prompt hi --disk-mem ''", "--disk-mem: \"\" is not a size"},
+                        Case{" plan -m opt-30b --hardware t4-paper --cpu-mem 3XB",
+                             "--cpu-mem: \"3XB\" has an unknown unit \"XB\""}}) {
     std::string cmd = c.cmd;
     if (const size_t at = cmd.find("TINY"); at != std::string::npos) cmd.replace(at, 4, kOpt);
     ShellRun r = run_shell(kBin + cmd);
@@ -408,6 +411,19 @@ TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
   // The longest workload generate runs: 2049 tokens, the last drawn from position 2047.
   ShellRun r = run_shell(kBin + " plan -m opt-30b --hardware t4-paper --prompt-len 2000 --gen-len 49");
   EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// A budget one byte short of the need: the message gives both in bytes where the rounded sizes
+// read the same.
+TEST(InputLimits, ABudgetJustShortSaysByHowMuch) {
+  TempDir tmp;
+  const std::string run = kBin + " bench -m " + model_dir("tiny-llama").string() + " --prompt-len 64 --gen-len 17 " +
+                          "--percent 0 0 0 50 100 0 --gpu-batch-size 5 --offload-dir " + (tmp.path() / "s").string();
+  ShellRun r = run_shell(run + " --disk-mem 10496511");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_HAS(r.err, "disk budget 10 MiB (10496511 bytes) is too small for a batch of this run");
+  EXPECT_HAS(r.err, "it needs 10 MiB (10496512 bytes)");
+  EXPECT_EQ(run_shell(run + " --disk-mem 10496512").code, 0);
 }
 
 // A sampling flag out of range stops the run before the model loads and before --output exists
