@@ -228,15 +228,15 @@ TEST(InputLimits, OverLongStdinLineIsSkippedWithBoundedMemory) {
 TEST(InputLimits, FlagErrorsSaySomethingUseful) {
   const std::string gen = "generate -m " + kOpt + " --device cpu --prompt hi -n 1 ";
   RunResult half = flexh2o(gen + "--gpu-mem 0.5");  // used to become 0 bytes = unlimited
-  EXPECT_EQ(half.code, 1);
+  EXPECT_EQ(half.code, 2);  // sizes are checked as the flags are parsed
   EXPECT_HAS(half.err, "--gpu-mem: \"0.5\" is a fraction of a byte");
   EXPECT_HAS(half.err, "KiB");
   EXPECT_EQ(flexh2o(gen + "--gpu-mem 0.5GiB --percent 100 0 100 0 100 0").code, 0);
   RunResult huge = flexh2o(gen + "--cpu-mem 1e30GiB");
-  EXPECT_EQ(huge.code, 1);
+  EXPECT_EQ(huge.code, 2);
   EXPECT_HAS(huge.err, "--cpu-mem: \"1e30GiB\" has an unknown unit");
   RunResult exa = flexh2o(gen + "--disk-mem 2000000TiB");
-  EXPECT_EQ(exa.code, 1);
+  EXPECT_EQ(exa.code, 2);
   EXPECT_HAS(exa.err, "more than 1 EiB");
   RunResult no_dir = flexh2o(gen + "--disk-mem 1GiB");  // it bounded nothing and ran offloaded
   EXPECT_EQ(no_dir.code, 1);

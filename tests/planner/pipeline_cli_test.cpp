@@ -65,7 +65,7 @@ TEST(PlanCli, MemoryCapsReplaceTheProfilesCapacities) {
   EXPECT_LE(c["memory_bytes"]["device"].get<double>(), gpu);
   EXPECT_LE(c["memory_bytes"]["host"].get<double>(), cpu);
   const auto bad = run_flexh2o(plan + " --gpu-mem lots");
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);  // refused as the flags are parsed
   EXPECT_NE(bad.err.find("--gpu-mem"), std::string::npos) << bad.err;
 }
 

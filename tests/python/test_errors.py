@@ -22,8 +22,6 @@ def test_unknown_flag_is_a_type_error():
 
 
 @pytest.mark.parametrize("kw, flags", [
-    (dict(gpu_mem="lots"), ["--gpu-mem", "lots"]),
-    (dict(gpu_mem="0.5"), ["--gpu-mem", "0.5"]),
     (dict(kv_policy="h2o", heavy_ratio=2.0, recent_ratio=0.1), ["--kv-policy", "h2o", "--heavy-ratio", "2.0",
                                                                  "--recent-ratio", "0.1"]),
     (dict(kv_policy="lru"), ["--kv-policy", "lru"]),
@@ -44,6 +42,11 @@ def test_parse_error_has_cli11_message():
     assert str(e.value) and str(e.value) in cli_error("--percent", "0", "100", "100", "0", "100")
     with pytest.raises(flexh2o.Error, match="--heavy-ratio"):
         flexh2o.LLM(str(TINY["opt"]), device="cpu", kv_policy="h2o", heavy_ratio="lots")
+    # A size is checked as the flags are parsed, with parse_bytes' message.
+    for value, says in (("lots", '"lots" is not a size'), ("0.5", '"0.5" is a fraction of a byte')):
+        with pytest.raises(flexh2o.Error) as e:
+            flexh2o.LLM(str(TINY["opt"]), device="cpu", gpu_mem=value)
+        assert f"--gpu-mem: {says}" in str(e.value) and str(e.value) in cli_error("--gpu-mem", value)
     # A true/false flag with another word is refused at parse time, in memory as when offloading.
     for flag in ("overlap", "sep_layer", "pin_weight"):
         with pytest.raises(flexh2o.Error) as e:
