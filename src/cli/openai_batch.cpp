@@ -147,9 +147,9 @@ std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& body, const Hooks
   if (!given(body, "messages")) bad("messages", "missing \"messages\"");
   const nlohmann::ordered_json& m = body["messages"];
   if (!m.is_array() || m.empty()) bad("messages", "\"messages\" must be a non-empty array, got ", json_excerpt(m));
-  // What the template renders: each message with a known role, its content a string (text parts
-  // of an array joined by newlines, as vLLM does; other part types are refused); objects keep
-  // their key order.
+  // What the template renders: each message with a known role, its content a string or an array
+  // of text parts (other part types are refused; the renderer joins the texts by newlines unless
+  // the template loops over content itself, as vLLM does); objects keep their key order.
   nlohmann::ordered_json chat = body;
   for (size_t i = 0; i < m.size(); ++i) {
     if (!m[i].is_object() || !m[i].contains("role") || !m[i]["role"].is_string())
@@ -167,7 +167,6 @@ std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& body, const Hooks
     if (!m[i]["content"].is_array())
       bad("messages", "\"messages\"[", i, "].content must be a string, an array of text parts or null, got ",
           json_excerpt(m[i]["content"]));
-    std::string text;
     for (size_t k = 0; k < m[i]["content"].size(); ++k) {
       const nlohmann::ordered_json& part = m[i]["content"][k];
       const std::string at = "\"messages\"[" + std::to_string(i) + "].content[" + std::to_string(k) + "]";
@@ -177,9 +176,7 @@ std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& body, const Hooks
         bad("messages", at, " is of type ", part["type"].dump(), "; flexh2o serves text models (\"text\" parts only)");
       if (!part.contains("text") || !part["text"].is_string())
         bad("messages", at, " must have a string \"text\", got ", json_excerpt(part));
-      text += (k ? "\n" : "") + part["text"].get<std::string>();
     }
-    chat["messages"][i]["content"] = text;
   }
   if (!h.render_chat)
     bad("messages", "the flexh2o binary cannot render chat templates (they are Jinja); run the same command as "

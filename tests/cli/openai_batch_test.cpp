@@ -266,8 +266,9 @@ TEST(OpenAiBatch, ChatNeedsTheHookAndItsFailuresAreTheLinesError) {
   expect_refused(chat(), "the chat template rendered an empty prompt", "messages", h);
 }
 
-// What the template gets: text parts joined by newlines, null or absent content as "" (an
-// assistant turn with tool_calls), other content refused naming the message.
+// What the renderer gets: text parts as sent (it joins them unless the template loops over
+// content), null or absent content as "" (an assistant turn with tool_calls), other content
+// refused naming the message.
 TEST(OpenAiBatch, ChatContentReachesTheTemplateAsText) {
   Hooks h = opt_hooks();
   json seen;
@@ -280,7 +281,7 @@ TEST(OpenAiBatch, ChatContentReachesTheTemplateAsText) {
                          {{"role", "user"}}};
   const Parsed p = parse_input_line(chat({{"messages", messages}}), h);
   ASSERT_TRUE(p.request) << p.error->message;
-  EXPECT_EQ(seen[0]["content"], "a\nb");
+  EXPECT_EQ(seen[0]["content"], messages[0]["content"]);
   EXPECT_EQ(seen[1]["content"], "");
   EXPECT_EQ(seen[2]["content"], "");
   expect_refused(chat({{"messages", {{{"role", "user"}, {"content", 5}}}}}),

@@ -19,12 +19,13 @@ const char* kMessages =
     R"( "function": {"name": "get_weather", "arguments": {"unit": "C", "city": "Paris"}}}]},)"
     R"( {"role": "tool", "content": [{"type": "text", "text": "21"}], "tool_call_id": "c1"}])";
 
-// What the line's messages become for the template: null content "", text parts joined; every
-// object's keys as written.
+// What the line's messages become for the template: null content "", text parts as sent (the
+// renderer joins them where the template does not loop over content); every object's keys as
+// written.
 const char* kRendered =
     R"([{"role":"user","content":"Weather?"},{"role":"assistant","content":"","tool_calls":[{"type":"function",)"
     R"("id":"c1","function":{"name":"get_weather","arguments":{"unit":"C","city":"Paris"}}}]},)"
-    R"({"role":"tool","content":"21","tool_call_id":"c1"}])";
+    R"({"role":"tool","content":[{"type":"text","text":"21"}],"tool_call_id":"c1"}])";
 
 openai_batch::Hooks recording(std::string* seen) {
   openai_batch::Hooks h;

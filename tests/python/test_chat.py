@@ -90,6 +90,26 @@ def test_messages_are_normalised_as_transformers_5_does(tmp_path, chat_tokenizer
         llm.chat([[{"role": "user", "content": "a"}], []])
 
 
+@pytest.mark.parametrize("template, want", [
+    # Loops over content (Gemma 3's form, and through a variable): the parts reach it as a list.
+    ("{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+     "{% for p in m['content'] %}[{{ p['text'] | trim }}]{% endfor %}{% endif %}|{% endfor %}", "[a][b]|"),
+    ("{% for m in messages %}{% set c = m.content %}{% for p in c %}<{{ p.text }}>{% endfor %}{% endfor %}",
+     "<a><b>"),
+    # Reads content as text: the parts' texts joined by newlines, as vLLM gives such a template.
+    ("{% for m in messages %}{{ m['content'] }}|{% endfor %}", "a\nb|"),
+])
+def test_request_parts_are_a_list_only_for_templates_that_loop_over_content(tmp_path, chat_tokenizer, template,
+                                                                           want):
+    d = tmp_path / "tok"
+    shutil.copytree(chat_tokenizer, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    assert render_chat(str(d), json.dumps(body)) == want
+
+
 def test_no_template_says_so(llms):
     with pytest.raises(flexh2o.Error, match='no chat template: .*tokenizer_config.json has no "chat_template"'):
         llms["llama"].apply_chat_template([{"role": "user", "content": "hi"}])

@@ -16,14 +16,14 @@ _templates = {}
 
 def render_chat(template_dir: str, body_text: str) -> str:
     """The chat hook of `generate`: the body's messages rendered with the template of
-    `template_dir`, with the generation prompt."""
+    `template_dir`, with the generation prompt (ChatTemplate.render_request)."""
     body = json.loads(body_text)
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list):
         raise Error("a chat request needs a \"messages\" array")
     if template_dir not in _templates:
         _templates[template_dir] = ChatTemplate.from_dir(template_dir)
-    return _templates[template_dir].render(messages, add_generation_prompt=True)
+    return _templates[template_dir].render_request(messages)
 
 
 def main(argv=None) -> int:

@@ -42,7 +42,7 @@ def _token_text(tok):
     return tok
 
 
-def _compile(source: str):
+def _environment():
     import jinja2
     from jinja2 import nodes
     from jinja2.ext import Extension
@@ -75,7 +75,41 @@ def _compile(source: str):
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
-    return env.from_string(source)
+    return env
+
+
+def _loops_over_content(source: str) -> bool:
+    """Whether the template loops over a message's content itself ({% for part in
+    message['content'] %}, directly or through a variable set from it), as multimodal-aware
+    templates (Gemma 3, Llama 3.2 Vision, Qwen2-VL) do: such a template is given a request's text
+    parts as a list; another is given them joined (the distinction vLLM's chat content format
+    draws)."""
+    from jinja2 import nodes
+
+    def content_of(n) -> bool:
+        while isinstance(n, (nodes.Filter, nodes.Test)) or (isinstance(n, nodes.Getitem) and
+                                                             isinstance(n.arg, nodes.Slice)):
+            if n.node is None:
+                return False
+            n = n.node
+        if isinstance(n, nodes.Getattr):
+            return n.attr == "content"
+        return isinstance(n, nodes.Getitem) and isinstance(n.arg, nodes.Const) and n.arg.value == "content"
+
+    ast = _environment().parse(source)
+    aliases = {a.target.name for a in ast.find_all(nodes.Assign)
+               if isinstance(a.target, nodes.Name) and content_of(a.node)}
+    for loop in ast.find_all(nodes.For):
+        it = loop.iter
+        while isinstance(it, (nodes.Filter, nodes.Test)) and it.node is not None:
+            it = it.node
+        if content_of(it) or (isinstance(it, nodes.Name) and it.name in aliases):
+            return True
+    return False
+
+
+def _compile(source: str):
+    return _environment().from_string(source)
 
 
 class ChatTemplate:
@@ -86,6 +120,7 @@ class ChatTemplate:
         self.special = special
         self.origin = origin
         self._compiled = None
+        self._loops = None  # _loops_over_content(source), once asked
 
     @classmethod
     def from_dir(cls, directory) -> "ChatTemplate":
@@ -130,6 +165,21 @@ class ChatTemplate:
             raise Error(f"{origin}: \"chat_template\" must be a string or a list of {{name, template}}, "
                         f"got {type(tmpl).__name__}")
         return cls(tmpl, special, origin)
+
+    def render_request(self, messages) -> str:
+        """An OpenAI request's messages (a Batch line, a server request; checked by the engine,
+        text parts left as lists): each list of parts joined by newlines unless the template loops
+        over content itself (_loops_over_content), then render()ed with the generation prompt."""
+        import jinja2
+        if self._loops is None:
+            try:
+                self._loops = _loops_over_content(self.source)
+            except jinja2.exceptions.TemplateError as e:
+                raise Error(f"{self.origin}: chat template: {e}") from None
+        if not self._loops:
+            messages = [dict(m, content="\n".join(p["text"] for p in m["content"]))
+                        if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]
+        return self.render(messages, add_generation_prompt=True)
 
     def render(self, messages, add_generation_prompt: bool = True) -> str:
         import jinja2

@@ -188,6 +188,12 @@ class LLM:
         ids = [self.encode(self.apply_chat_template(c), add_special=False) for c in convs]
         return self.generate(ids, **generate_kwargs)
 
+    def _render_request(self, messages: List[dict]) -> str:
+        """An OpenAI request's messages as the server renders them (ChatTemplate.render_request)."""
+        if self._chat is None:
+            self._chat = ChatTemplate.from_dir(self._s.tokenizer_dir)
+        return self._chat.render_request(messages)
+
     def apply_chat_template(self, messages: List[dict], add_generation_prompt: bool = True) -> str:
         """The conversation as the model's chat template renders it (transformers' rules), the
         special tokens as text: a template that writes {{ bos_token }} starts with BOS's text, so

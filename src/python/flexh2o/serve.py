@@ -169,7 +169,7 @@ class Server:
 
     def _render_chat(self, body_text):
         body = json.loads(body_text)
-        return self.llm.apply_chat_template(body["messages"], add_generation_prompt=True)
+        return self.llm._render_request(body["messages"])
 
     def _more_lines(self, taken):
         """With --continuous, called inside an engine call while its batch has free slots: the
