@@ -68,14 +68,20 @@ def test_strftime_now_and_list_form(tmp_path, chat_tokenizer):
         flexh2o.LLM(str(TINY["llama"]), tokenizer=str(d), device="cpu").apply_chat_template([])
 
 
-def test_messages_are_normalised_as_transformers_5_does(tmp_path, chat_tokenizer):
-    # Keys whose value is None dropped (only at the message's top level), reasoning aliased; the
-    # expected text is transformers 5.25's apply_chat_template of the same messages and template.
+def _with_template(tmp_path, chat_tokenizer, template):
+    """A copy of the chat tokenizer's directory whose tokenizer_config.json has `template`."""
     d = tmp_path / "tok"
     shutil.copytree(chat_tokenizer, d)
     cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{% for m in messages %}{{ m | tojson }}|{% endfor %}"
+    cfg["chat_template"] = template
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_messages_are_normalised_as_transformers_5_does(tmp_path, chat_tokenizer):
+    # Keys whose value is None dropped (only at the message's top level), reasoning aliased; the
+    # expected text is transformers 5.25's apply_chat_template of the same messages and template.
+    d = _with_template(tmp_path, chat_tokenizer, "{% for m in messages %}{{ m | tojson }}|{% endfor %}")
     llm = flexh2o.LLM(str(TINY["llama"]), tokenizer=str(d), device="cpu")
     m = [{"role": "user", "content": "a", "name": None},
          {"role": "assistant", "content": None, "reasoning": "why",
@@ -101,11 +107,7 @@ def test_messages_are_normalised_as_transformers_5_does(tmp_path, chat_tokenizer
 ])
 def test_request_parts_are_a_list_only_for_templates_that_loop_over_content(tmp_path, chat_tokenizer, template,
                                                                            want):
-    d = tmp_path / "tok"
-    shutil.copytree(chat_tokenizer, d)
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = template
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    d = _with_template(tmp_path, chat_tokenizer, template)
     body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
     assert render_chat(str(d), json.dumps(body)) == want
 
@@ -200,11 +202,8 @@ def test_chat_encodes_the_rendered_text_without_adding_bos(tmp_path, chat_tokeni
 def test_a_failing_template_is_one_line_naming_the_python_error(tmp_path, chat_tokenizer):
     # The template's own code fails (str + int): flexh2o.Error with the exception's type
     # and message, and a Batch line's error holds just that (no "At:" Python stack).
-    d = tmp_path / "tok"
-    shutil.copytree(chat_tokenizer, d)
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + 1 }}{% endfor %}"
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    d = _with_template(tmp_path, chat_tokenizer,
+                       "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + 1 }}{% endfor %}")
     messages = [{"role": "user", "content": "hi"}]
     want = 'chat template: TypeError: can only concatenate str (not "int") to str'
     with pytest.raises(flexh2o.Error, match=want.replace("(", r"\(").replace(")", r"\)")):
