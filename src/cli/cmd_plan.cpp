@@ -61,7 +61,7 @@ void register_plan(CLI::App& app, PlanArgs& a) {
                 "With --pipeline-stages: link between stages, a name in configs/hardware/links or a file "
                 "(default: the profile's stage_link)");
   s->add_option("--gpu-mem", a.gpu_mem, "Device memory instead of the profile's (e.g. 16GiB), as --policy auto takes it; the search keeps to "
-                "the profile's usable_fraction of it (t4-paper 0.8, h200 0.9), as of the profile's own")
+                "the profile's usable_fraction of it, as of the profile's own")
       ->check(size_check("--gpu-mem"));
   s->add_option("--cpu-mem", a.cpu_mem, "Host memory instead of the profile's (its usable_fraction planned, too)")
       ->check(size_check("--cpu-mem"));

@@ -48,7 +48,7 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
   app->add_option("--gpu-mem", a.gpu_mem,
                   "Compute-device memory budget, e.g. 16GiB, 512MB, 1.5G (K/M/G/T and KiB..TiB: powers of 1024; "
                   "KB..TB: powers of 1000; no unit: bytes) (default: unlimited). --policy auto plans within the "
-                  "profile's usable_fraction of each budget (0.8 for a measured profile), as of the profile's own "
+                  "profile's usable_fraction of each budget (FlexGen's 0.8 for a measured one), as of the profile's own "
                   "memory")->check(size_check("--gpu-mem"))->group(g);
   app->add_option("--cpu-mem", a.cpu_mem, "Host memory budget (default: unlimited)")->check(size_check("--cpu-mem"))
       ->group(g);
@@ -192,19 +192,23 @@ CLI::Validator size_check(const std::string& flag) {
 }
 
 CLI::Option* add_threads_flag(CLI::App* app, int& threads) {
-  const int most = int(std::max(1u, std::thread::hardware_concurrency()));
-  return app
-      ->add_option("--threads", threads,
-                   "CPU threads (default or 0: all " + std::to_string(most) + " hardware threads here)")
-      ->check(at_least(0))
-      ->check(CLI::Validator(
-          [most](std::string& s) {
-            int64_t v = 0;
-            return CLI::detail::lexical_cast(s, v) && v > most
-                       ? "must be at most " + std::to_string(most) + ", the hardware threads here; got " + s
-                       : std::string();
-          },
-          "<=" + std::to_string(most)));
+  // The device's task arena gets no more workers than the machine has threads (oneTBB's limit):
+  // a larger count would be reported but not run. 0: the machine does not say, so no bound.
+  const int most = int(std::thread::hardware_concurrency());
+  CLI::Option* o = app->add_option("--threads", threads,
+                                   "CPU threads (default or 0: all " +
+                                       (most ? std::to_string(most) + " hardware threads here)" : std::string("cores)")))
+                       ->check(at_least(0));
+  if (most)
+    o->check(CLI::Validator(
+        [most](std::string& s) {
+          int64_t v = 0;
+          return CLI::detail::lexical_cast(s, v) && v > most
+                     ? "must be at most " + std::to_string(most) + ", the hardware threads here; got " + s
+                     : std::string();
+        },
+        "<=" + std::to_string(most)));
+  return o;
 }
 
 OffloadOptions make_offload_options(const OffloadArgs& a) {
@@ -348,6 +352,7 @@ nlohmann::json offload_report_json(const OffloadEngine& e, const OffloadReport* 
           {"peak_bytes", peak},
           {"budget_bytes", budgets},
           {"io", r.io_note},
+          {"disk_io_bytes", {{"read", r.disk_read}, {"written", r.disk_written}}},  // whole pages
           {"weights_reused", r.weights_reused},
           {"weights_written", r.weights_written}};
 }

@@ -314,8 +314,9 @@ void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, 
             "or another user's); this run homes ", human_bytes(kv), " of KV cache there: home the cache on the GPU "
             "or the host (--percent), or give a writable --offload-dir");
   if (const uint64_t free = kv ? store_->free_bytes() : 0; free && kv > free)
-    FH_FAIL("offload directory ", store_->dir().string(), " has ", human_bytes(free), " free; the KV cache of a batch "
-            "of this run (", lengths.size(), " sequences, capacity ", capacity, ") needs ", human_bytes(kv),
+    FH_FAIL("offload directory ", store_->dir().string(), " has ", human_bytes_beside(free, kv),
+            " free; the KV cache of a batch of this run (", lengths.size(), " sequences, capacity ", capacity,
+            ") needs ", human_bytes_beside(kv, free),
             " there: free space, give another --offload-dir, or home less of the cache on disk (--percent)");
 }
 
@@ -481,6 +482,8 @@ OffloadReport report_interval(const OffloadReport& now, const OffloadReport& bas
     r.wait[size_t(q)] -= base.wait[size_t(q)];
   }
   r.kv_bytes -= base.kv_bytes;
+  r.disk_read -= base.disk_read;
+  r.disk_written -= base.disk_written;
   r.wall -= base.wall;
   r.step_bound -= base.step_bound;
   r.token_steps -= base.token_steps;
@@ -509,6 +512,7 @@ OffloadReport OffloadEngine::report() const {
   for (int t = 0; t < 3; ++t) r.peak[size_t(t)] = budgets_[size_t(t)]->peak();
   r.weights_pinned_in_place = impl_->pinned_in_place;
   r.io_note = impl_->io_note;
+  if (store_) r.disk_read = store_->bytes_read(), r.disk_written = store_->bytes_written();
   r.weights_reused = reused_;
   r.weights_written = written_;
   return r;

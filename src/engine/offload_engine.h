@@ -94,6 +94,9 @@ struct OffloadReport {
   std::array<uint64_t, 3> peak{};  // per tier
   uint64_t weights_pinned_in_place = 0;  // host-homed weight bytes used where the model holds them
   std::string io_note;           // which I/O backend / O_DIRECT
+  // Bytes the offload directory's files read and wrote (weights and KV): whole 4096-byte pages,
+  // so a KV row written alone costs its page, where `bytes` counts the rows.
+  uint64_t disk_read = 0, disk_written = 0;
   size_t weights_reused = 0, weights_written = 0;
 };
 

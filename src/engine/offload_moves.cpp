@@ -111,7 +111,6 @@ void OffloadEngine::Impl::disk_kv(int l, int k, const Buffer& stage, bool write,
   const KvClass& kc = kv_class(l);
   const int64_t nk = mb.split.n_disk, kvh = c.n_kv_heads, cap = kc.cap_h;
   const size_t row = kv_row, block = size_t(cap) * row;
-  const std::string& name = mb.kv_disk[size_t(l)];
   // Whole 4096-byte pages holding the rows, merged where they touch. The staging slot has the
   // file's layout, and every page of it that holds a cached row of any sequence or head was read
   // by this step's load (or is written whole at the prefill), so a page's other rows are current
@@ -134,7 +133,8 @@ void OffloadEngine::Impl::disk_kv(int l, int k, const Buffer& stage, bool write,
       }
     }
   }
-  if (ranges.empty()) return;
+  if (ranges.empty()) return;  // also a micro-batch with no disk sequences (and no KV files)
+  const std::string& name = mb.kv_disk[size_t(l)];
   dev.host_access(int(write ? Queue::kDiskWrite : Queue::kDiskRead), stage.data(), kv_disk_stage_bytes(nk, kc.home_seq),
                   !write);
   Status s = write ? e.store_->write_ranges(name, ranges) : e.store_->read_ranges(name, ranges);

@@ -403,18 +403,30 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   const auto em = embed_moved(m_, p, em_rows);
   const double em_disk_requests = em[2] < pe[2] ? double(em_rows) : 0.0;
   // KV disk I/O (OffloadEngine's disk_kv): one submission per (layer, micro-batch) of whole
-  // 4096-byte pages of a packed file, runs closer than a page merged into one request (split at
-  // 1 MiB). Where a head's K (or V) slots span a page, a decode step's new rows are a page per
-  // (sequence, KV head, K|V), and a load is a run per one of those while the unused slots after
-  // the cached rows span a page; else the runs merge.
+  // 4096-byte pages of a packed file, page-rounded runs that touch merged into one request (split
+  // at 1 MiB). A run per (sequence, KV head, K|V) stays apart where the slots between two runs'
+  // rows span two pages; runs that merge move the whole file's pages. A decode step's new rows are
+  // a page each (two where a row straddles one) once a head's slots span a page, else every page.
+  // Windowed layers are priced at the full cache's slots, as the simulated layers are alike.
   const double runs = nd * double(c.n_kv_heads) * 2, head_row = row / (2 * double(c.n_kv_heads));
-  const double head_slots = double(cap_h_) * head_row;
-  const double new_pages = head_slots >= 4096 ? runs : std::ceil(runs * head_slots / 4096);
+  const double head_slots = double(cap_h_) * head_row, file = nd * double(cap_h_) * row;
   auto requests = [&](double bytes, bool apart) { return bytes <= 0 ? 0.0 : apart ? runs : std::ceil(bytes / (1 << 20)); };
-  const double load_bytes = nd * before * row;
-  const double load_req = requests(load_bytes, (double(cap_h_) - before) * head_row >= 4096);
-  const double store_bytes = prefill ? nd * kept * row : new_pages * 4096;
-  const double store_req = requests(store_bytes, prefill ? (double(cap_h_) - kept) * head_row >= 4096 : head_slots >= 4096);
+  // Rows [0, rows) of every head: a run each (and on average one page more than its bytes), or the file.
+  auto prefix_pages = [&](double rows, double* req) {
+    const bool apart = (double(cap_h_) - rows) * head_row >= 8192;
+    const double bytes = rows <= 0 ? 0 : apart ? runs * (rows * head_row + 4096) : file;
+    *req = requests(bytes, apart);
+    return bytes;
+  };
+  double load_req = 0, store_req = 0;
+  const double load_bytes = prefix_pages(before, &load_req);
+  double store_bytes = 0;
+  if (prefill) {
+    store_bytes = prefix_pages(kept, &store_req);
+  } else {
+    store_bytes = head_slots >= 4096 ? runs * (4096 + head_row) : file;
+    store_req = requests(store_bytes, head_slots >= 8192);
+  }
 
   std::vector<double> fin(sched.steps.size());
   std::array<double, kNumQueues> qfree{};

@@ -87,8 +87,8 @@ Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
   if (!batch_given) opts_.batch_size = 8;
   if (opts_.batch_size < 1) FH_FAIL("batch_size must be >= 1, got ", opts_.batch_size);
   cli::apply_batch_size_flag(batch_given, opts_.batch_size, off_, /*refuse=*/false);
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  if (opts_.threads < 0 || opts_.threads > cores)
+  const int cores = int(std::thread::hardware_concurrency());  // 0: unknown, no upper bound
+  if (opts_.threads < 0 || (cores && opts_.threads > cores))
     FH_FAIL("threads must be in [0, ", cores, "] (0 or None: all ", cores, " hardware threads here), got ", opts_.threads);
   cli::check_hardware_flag(off_, false);
   if (opts_.generation_config != "auto" && opts_.generation_config != "none")

@@ -408,6 +408,7 @@ TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
     EXPECT_NE(r.code, 0) << cmd;
     EXPECT_HAS(r.err, c.says);
   }
+  EXPECT_EQ(run_shell(kBin + " generate -m " + kOpt + " --prompt hi -n 1 --threads 0").code, 0);  // 0: all
   // The longest workload generate runs: 2049 tokens, the last drawn from position 2047.
   ShellRun r = run_shell(kBin + " plan -m opt-30b --hardware t4-paper --prompt-len 2000 --gen-len 49");
   EXPECT_EQ(r.code, 0) << r.err;

@@ -102,6 +102,7 @@ def test_messages_are_normalised_as_transformers_5_does(tmp_path, chat_tokenizer
      "{% for p in m['content'] %}[{{ p['text'] | trim }}]{% endfor %}{% endif %}|{% endfor %}", "[a][b]|"),
     ("{% for m in messages %}{% set c = m.content %}{% for p in c %}<{{ p.text }}>{% endfor %}{% endfor %}",
      "<a><b>"),
+    ("{% for m in messages %}{% for p in m.content | list %}({{ p.text }}){% endfor %}{% endfor %}", "(a)(b)"),
     # Reads content as text: the parts' texts joined by newlines, as vLLM gives such a template.
     ("{% for m in messages %}{{ m['content'] }}|{% endfor %}", "a\nb|"),
 ])
@@ -110,6 +111,15 @@ def test_request_parts_are_a_list_only_for_templates_that_loop_over_content(tmp_
     d = _with_template(tmp_path, chat_tokenizer, template)
     body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
     assert render_chat(str(d), json.dumps(body)) == want
+
+
+def test_a_template_that_loops_over_content_gets_a_string_as_one_part(tmp_path, chat_tokenizer):
+    d = _with_template(tmp_path, chat_tokenizer,
+                       "{% for m in messages %}{% for p in m['content'] %}<{{ p['text'] }}>{% endfor %}{% endfor %}")
+    assert render_chat(str(d), json.dumps({"messages": [{"role": "user", "content": "ab"}]})) == "<ab>"
+    bad = _with_template(tmp_path / "bad", chat_tokenizer, "{% for m in messages %}")
+    with pytest.raises(flexh2o.Error, match="chat template: .*endfor"):
+        render_chat(str(bad), json.dumps({"messages": [{"role": "user", "content": "ab"}]}))
 
 
 def test_no_template_says_so(llms):

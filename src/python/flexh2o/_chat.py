@@ -168,25 +168,34 @@ class ChatTemplate:
 
     def render_request(self, messages) -> str:
         """An OpenAI request's messages (a Batch line, a server request; checked by the engine,
-        text parts left as lists): each list of parts joined by newlines unless the template loops
-        over content itself (_loops_over_content), then render()ed with the generation prompt."""
+        text parts left as lists), as vLLM gives them to a template: for one that loops over
+        content itself (_loops_over_content) every content a list of parts (a string one text
+        part); for another every content a string (parts' texts joined by newlines). Then
+        render()ed with the generation prompt."""
         import jinja2
         if self._loops is None:
             try:
                 self._loops = _loops_over_content(self.source)
             except jinja2.exceptions.TemplateError as e:
                 raise Error(f"{self.origin}: chat template: {e}") from None
-        if not self._loops:
-            messages = [dict(m, content="\n".join(p["text"] for p in m["content"]))
-                        if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]
-        return self.render(messages, add_generation_prompt=True)
+        def as_format(m):
+            if not isinstance(m, dict):
+                return m
+            content = m.get("content")
+            if self._loops and isinstance(content, str):
+                return dict(m, content=[{"type": "text", "text": content}])
+            if not self._loops and isinstance(content, list):
+                return dict(m, content="\n".join(p["text"] for p in content))
+            return m
+        return self.render([as_format(m) for m in messages], add_generation_prompt=True)
 
     def render(self, messages, add_generation_prompt: bool = True) -> str:
         import jinja2
+        messages = _as_transformers_sees(messages)  # a bad message is the caller's error, not the template's
         try:
             if self._compiled is None:
                 self._compiled = _compile(self.source)
-            return self._compiled.render(messages=_as_transformers_sees(messages), tools=None, documents=None,
+            return self._compiled.render(messages=messages, tools=None, documents=None,
                                          add_generation_prompt=add_generation_prompt, **self.special)
         except jinja2.exceptions.TemplateError as e:
             raise Error(f"{self.origin}: chat template: {e}") from None
