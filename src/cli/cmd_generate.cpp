@@ -452,24 +452,66 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       const Item& it = items[req_item[order[j]]];
       return it.batch ? it.batch->stop : std::vector<std::string>();
     }, prompt, gen, &st);
-  } else {
-    generate(*runner, run_reqs, go, &st);
   }
-  progress.finish();
-  flush();
-  if (st.interrupted)  // keep every finished result, even those after an unfinished one
+  // Every finished result, even those after an unfinished one, so that --resume skips them all.
+  auto keep_finished = [&] {
+    flush();
     for (size_t i = next; i < items.size(); ++i)
       if (!done[i] && (!items[i].error.empty() || items[i].ready())) emit(i);
-  if (out_file) out_file->commit();
+    if (out_file) out_file->commit();
+  };
+  auto report_of = [&] {
+    json report = run_report(lm, rs, st, dev, device);
+    report["requests"] = items.size();
+    report["failed_requests"] = bad;
+    report["finished_requests"] = finished;
+    report["kept_tokens"] = kept_tokens;
+    report["resumed_requests"] = skipped;  // already in --output (--resume)
+    report["interrupted"] = st.interrupted;
+    report["sort_window"] = a.sort_window;
+    return report;
+  };
+  if (!stages && !dp) {
+    try {
+      generate(*runner, run_reqs, go, &st);
+    } catch (const std::exception& ex) {
+      // A failure mid-run (a full disk, an I/O error): what finished is kept and said, and the
+      // report records how far the run got and why it stopped; then the error ends the command
+      // (exit 1). A second failure while keeping them (the output's own disk is full) is dropped:
+      // the first one is the cause.
+      progress.finish();
+      bool kept = false;
+      try {
+        keep_finished();
+        kept = true;
+      } catch (const std::exception&) {
+      }
+      try {
+        if (!a.report.empty()) {
+          json report = report_of();
+          report["error"] = printable_utf8(ex.what());
+          write_json_file(a.report, report, "--report");
+        }
+      } catch (const std::exception&) {
+      }
+      if (kept && finished > 0)
+        std::cerr << "flexh2o: " << finished << " of " << to_run << " requests finished before the error below"
+                  << (a.output.empty() ? std::string()
+                                       : "; their results are in " + a.output +
+                                             ", and the same command with --resume finishes the run once the "
+                                             "cause is fixed")
+                  << "\n";
+      throw;
+    }
+  }
+  progress.finish();
+  if (st.interrupted) keep_finished();
+  else {
+    flush();
+    if (out_file) out_file->commit();
+  }
 
-  json report = run_report(lm, rs, st, dev, device);
-  report["requests"] = items.size();
-  report["failed_requests"] = bad;
-  report["finished_requests"] = finished;
-  report["kept_tokens"] = kept_tokens;
-  report["resumed_requests"] = skipped;  // already in --output (--resume)
-  report["interrupted"] = st.interrupted;
-  report["sort_window"] = a.sort_window;
+  json report = report_of();
   if (dp) dp->add_to_report(report);
   if (pipe_report) report["pipeline"] = pipeline_report_json(stages->layout, *pipe_report);
   if (!a.report.empty()) write_json_file(a.report, report, "--report");

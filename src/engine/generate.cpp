@@ -93,11 +93,15 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
   std::vector<GenerationResult> out = start(runner.config(), batch, requests, total);
   check_batches(runner, requests, opts);
   GenerateStats st;
-  if (opts.continuous) {
-    out = generate_continuous(runner, requests, opts, st, total);
-    if (stats) *stats = st;
-    return out;
-  }
+  // The stats say how far the run got even when a step throws (a full disk mid-run).
+  struct Publish {
+    const GenerateStats& from;
+    GenerateStats* to;
+    ~Publish() {
+      if (to) *to = from;
+    }
+  } publish{st, stats};
+  if (opts.continuous) return generate_continuous(runner, requests, opts, st, total);
   for (size_t first = 0; first < requests.size() && !st.interrupted; first += size_t(batch)) {
     if (stop_requested(opts)) {
       st.interrupted = true;
@@ -109,7 +113,6 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
     run_batch(runner, b, st, opts, first + count >= requests.size());
     ++st.batches;  // an interrupted batch ran too (its prefill at least)
   }
-  if (stats) *stats = st;
   return out;
 }
 

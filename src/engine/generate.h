@@ -123,7 +123,8 @@ std::vector<size_t> length_sorted_order(const std::vector<GenerationRequest>& re
 // The window the front ends use unless told otherwise (`generate --sort-window`).
 constexpr int64_t kDefaultSortWindow = 8;
 
-// Cuts requests into batches of runner.max_batch(); results in request order.
+// Cuts requests into batches of runner.max_batch(); results in request order. *stats is set
+// also when a step throws: the steps and tokens before the failure.
 std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<GenerationRequest>& requests,
                                        const GenerateOptions& opts, GenerateStats* stats = nullptr);
 // generate() running request order[j] as its j-th (a permutation, e.g. length_sorted_order's);

@@ -1,6 +1,7 @@
 // Resumable batch jobs: a generate run stopped by SIGINT (clean stop: exit 130, report marked
 // interrupted) or killed by SIGKILL, then finished with --resume, gives exactly the results of
-// an uninterrupted run: the same ids, texts and tokens, no duplicate, no partial line.
+// an uninterrupted run: the same ids, texts and tokens, no duplicate, no partial line. So does a
+// run that failed midway (a disk that filled).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -284,6 +285,54 @@ TEST(ResumeBatch, SigkillThenResumeCompletesABatchFile) {
     EXPECT_EQ(g["choices"], w["choices"]) << id;
     EXPECT_EQ(g["usage"], w["usage"]) << id;
     EXPECT_NE(got.at(id)["id"], line["id"]) << id;
+  }
+}
+
+// A disk that fills mid-run (here: a file-size limit, so that the long prompts' KV files fail
+// after the short ones' batches finished): the finished results stay, the error says how far
+// the run got and that --resume finishes it, the report records the error, and --resume gives
+// the results of an uninterrupted run.
+TEST(ResumeAfterFailure, ADiskThatFillsMidRunKeepsTheResultsAndResumeFinishes) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", ref = tmp.path() / "ref.jsonl", out = tmp.path() / "out.jsonl",
+                 rep = tmp.path() / "run.json", kv = tmp.path() / "kv";
+  fs::create_directory(kv);
+  {
+    std::ofstream f(in);
+    for (int i = 0; i < 12; ++i)  // KV files of 2 x 2 x 4 heads x 12 slots x 128 B: 24 KiB
+      f << json{{"id", "s" + std::to_string(i)}, {"prompt", "The LORD is my shepherd;"}, {"max_new_tokens", 4}} << "\n";
+    std::string long_prompt;  // ~900 tokens: KV files of 1.8 MB
+    for (int i = 0; i < 100; ++i) long_prompt += "And God said, Let there be light. ";
+    for (int i = 0; i < 4; ++i)
+      f << json{{"id", "l" + std::to_string(i)}, {"prompt", long_prompt}, {"max_new_tokens", 4}} << "\n";
+  }
+  const std::string args = "generate -m " + kOpt + " -q -i " + in.string() + " --percent 100 0 0 0 100 0 " +
+                           "--gpu-batch-size 2 --ignore-eos --offload-dir " + kv.string() + " -o ";
+  RunResult r = flexh2o::test::run_flexh2o(args + ref.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto want = results_of(ref);
+  ASSERT_EQ(want.size(), 16u);
+  // 1000 blocks: 512 000 bytes (sh) or 1 024 000 (bash); EFBIG instead of SIGXFSZ.
+  r = flexh2o::test::run_flexh2o(args + out.string() + " --report " + rep.string(), "trap '' XFSZ; ulimit -f 1000;");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("12 of 16 requests finished before the error below; their results are in " + out.string() +
+                       ", and the same command with --resume finishes the run"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+  EXPECT_EQ(results_of(out).size(), 12u);
+  const json report = json::parse(read_text(rep));
+  EXPECT_NE(report["error"].get<std::string>().find("File too large"), std::string::npos) << report.dump();
+  EXPECT_EQ(report["finished_requests"].get<int>(), 12);
+  EXPECT_EQ(report["generated_tokens"].get<int>(), 12 * 4);  // the steps before the failure are counted
+  EXPECT_FALSE(report["interrupted"].get<bool>());
+  r = flexh2o::test::run_flexh2o(args + out.string() + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("12 of 16 requests already in"), std::string::npos) << r.err;
+  const auto got = results_of(out);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [id, line] : want) {
+    ASSERT_TRUE(got.count(id)) << id;
+    EXPECT_EQ(got.at(id)["token_ids"], line["token_ids"]) << id;
   }
 }
 
