@@ -87,12 +87,18 @@ Item make_item(const nlohmann::ordered_json& line_json, int64_t line, size_t ind
     static const std::set<std::string> kFields = {
         "id",          "prompt",     "prompt_ids", "messages",           "max_new_tokens",   "temperature",
         "top_k",       "top_p",      "min_p",      "repetition_penalty", "presence_penalty", "frequency_penalty",
-        "seed",        "logit_bias", "logprobs"};
-    for (const auto& [key, value] : j.items())
+        "seed",        "logit_bias", "logprobs",   "add_generation_prompt", "continue_final_message",
+        "chat_template_kwargs"};
+    for (const auto& [key, value] : j.items()) {
       if (!kFields.contains(key))
         FH_FAIL("unknown field \"", key, "\"; a line takes id, one of prompt / prompt_ids / messages, "
                 "max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, "
-                "frequency_penalty, seed, logit_bias and logprobs");
+                "frequency_penalty, seed, logit_bias and logprobs (and with messages add_generation_prompt, "
+                "continue_final_message and chat_template_kwargs)");
+      if (!j.contains("messages") &&
+          (key == "add_generation_prompt" || key == "continue_final_message" || key == "chat_template_kwargs"))
+        FH_FAIL("field \"", key, "\" applies to a chat template: it needs \"messages\"");
+    }
     if (int(j.contains("prompt")) + int(j.contains("prompt_ids")) + int(j.contains("messages")) > 1)
       FH_FAIL("give one of \"prompt\", \"prompt_ids\" and \"messages\", not several");
     GenerationRequest req;

@@ -25,8 +25,10 @@ template <typename... Args>
   throw BadRequest{RequestError{detail::concat(args...), std::move(param)}};
 }
 
-// A body parameter in one of the states OpenAI documents. `dflt` are the values that ask for
-// nothing flexh2o lacks (null always does).
+// A body parameter in one of the states OpenAI documents, or one of vLLM's extra parameters
+// (top_k, min_p, repetition_penalty; for chat add_generation_prompt, continue_final_message and
+// chat_template_kwargs), which OpenAI clients send as `extra_body`. `dflt` are the values that
+// ask for nothing flexh2o lacks (null always does).
 struct Param {
   const char* key;
   enum Kind { kSupported, kIgnored, kDefaultOnly } kind;
@@ -42,7 +44,8 @@ const std::vector<Param>& params(Endpoint ep) {
       {"echo", K::kSupported}, {"frequency_penalty", K::kSupported},
       {"presence_penalty", K::kSupported}, {"logit_bias", K::kSupported},
       {"logprobs", K::kSupported}, {"stream", K::kDefaultOnly, {false}}, {"stream_options", K::kDefaultOnly},
-      {"suffix", K::kDefaultOnly}};
+      {"suffix", K::kDefaultOnly}, {"top_k", K::kSupported}, {"min_p", K::kSupported},
+      {"repetition_penalty", K::kSupported}};
   static const std::vector<Param> chat = {
       {"model", K::kSupported}, {"messages", K::kSupported}, {"max_tokens", K::kSupported},
       {"max_completion_tokens", K::kSupported}, {"temperature", K::kSupported}, {"top_p", K::kSupported},
@@ -58,7 +61,9 @@ const std::vector<Param>& params(Endpoint ep) {
       {"response_format", K::kDefaultOnly, {json{{"type", "text"}}}}, {"audio", K::kDefaultOnly},
       {"modalities", K::kDefaultOnly, {json::array({"text"})}}, {"prediction", K::kDefaultOnly},
       {"reasoning_effort", K::kDefaultOnly}, {"verbosity", K::kDefaultOnly},
-      {"web_search_options", K::kDefaultOnly}};
+      {"web_search_options", K::kDefaultOnly}, {"top_k", K::kSupported}, {"min_p", K::kSupported},
+      {"repetition_penalty", K::kSupported}, {"add_generation_prompt", K::kSupported},
+      {"continue_final_message", K::kSupported}, {"chat_template_kwargs", K::kSupported}};
   return ep == Endpoint::kCompletions ? completions : chat;
 }
 
@@ -143,6 +148,33 @@ void completion_prompts(const json& body, const Hooks& h, Request& r) {
   }
 }
 
+// vLLM's template parameters, checked here and applied by the renderer (the hook gets the body):
+// add_generation_prompt (default true) and continue_final_message (default false; the text ends
+// inside the last message, as transformers cuts it) are booleans, not both true; the names in
+// chat_template_kwargs become template variables, except those the renderer sets itself.
+void chat_template_params(const nlohmann::ordered_json& body) {
+  auto boolean = [&](const char* key, bool dflt) {
+    if (!given(body, key)) return dflt;
+    if (!body[key].is_boolean()) bad(key, "\"", key, "\" must be a boolean, got ", json_excerpt(json(body[key])));
+    return body[key].get<bool>();
+  };
+  if (boolean("add_generation_prompt", true) && boolean("continue_final_message", false))
+    bad("continue_final_message", "\"continue_final_message\" and \"add_generation_prompt\" cannot both be true "
+                                  "(the first continues the last message, the second starts a new one)");
+  if (!given(body, "chat_template_kwargs")) return;
+  const nlohmann::ordered_json& kw = body["chat_template_kwargs"];
+  if (!kw.is_object())
+    bad("chat_template_kwargs", "\"chat_template_kwargs\" must be an object, got ", json_excerpt(json(kw)));
+  for (const auto& item : kw.items()) {
+    if (item.key() == "add_generation_prompt" || item.key() == "continue_final_message")
+      bad("chat_template_kwargs", "\"chat_template_kwargs\" cannot set \"", item.key(),
+          "\": give it as a body parameter");
+    if (item.key() == "messages" || item.key() == "tools" || item.key() == "documents")
+      bad("chat_template_kwargs", "\"chat_template_kwargs\" cannot set \"", item.key(),
+          "\": the template gets the request's own");
+  }
+}
+
 std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& body, const Hooks& h) {
   if (!given(body, "messages")) bad("messages", "missing \"messages\"");
   const nlohmann::ordered_json& m = body["messages"];
@@ -178,6 +210,7 @@ std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& body, const Hooks
         bad("messages", at, " must have a string \"text\", got ", json_excerpt(part));
     }
   }
+  chat_template_params(body);
   if (!h.render_chat)
     bad("messages", "the flexh2o binary cannot render chat templates (they are Jinja); run the same command as "
                     "`python -m flexh2o generate ...`, whose Python front end renders them");
@@ -249,6 +282,14 @@ Request parse_body(const nlohmann::ordered_json& obody, Endpoint ep, const Hooks
       bad("logit_bias", e.what());
     }
   }
+  // vLLM's: top_k -1 (or 0) is off; the engine checks the others' ranges as for flexh2o lines.
+  if (given(body, "top_k")) {
+    const int64_t k = int_param(body, "top_k", -1, std::numeric_limits<int32_t>::max());
+    r.top_k = int32_t(std::max<int64_t>(k, 0));
+  }
+  if (given(body, "min_p")) r.min_p = number_param(body, "min_p", 0, 1, false);
+  if (given(body, "repetition_penalty"))
+    r.repetition_penalty = number_param(body, "repetition_penalty", 0, std::numeric_limits<float>::max(), true);
   if (given(body, "seed"))
     r.seed = int_param(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   r.stop = stop_param(body);
@@ -382,10 +423,10 @@ std::vector<GenerationRequest> expand_request(const Request& r, const RunDefault
       if (d.max_tokens_cap > 0) rest = std::min(rest, d.max_tokens_cap);
       g.max_new_tokens = r.max_tokens.value_or(rest);
       g.sampling.temperature = d.greedy ? 0.f : r.temperature;
-      g.sampling.top_k = d.top_k;
+      g.sampling.top_k = r.top_k.value_or(d.top_k);
       g.sampling.top_p = r.top_p;
-      g.sampling.min_p = d.min_p;
-      g.sampling.repetition_penalty = d.repetition_penalty;
+      g.sampling.min_p = r.min_p.value_or(d.min_p);
+      g.sampling.repetition_penalty = r.repetition_penalty.value_or(d.repetition_penalty);
       g.sampling.presence_penalty = r.presence_penalty;
       g.sampling.logit_bias = r.logit_bias;
       g.sampling.frequency_penalty = r.frequency_penalty;

@@ -37,6 +37,9 @@ struct Request {
   float temperature = 1.0f, top_p = 1.0f;   // OpenAI's defaults
   float presence_penalty = 0.f, frequency_penalty = 0.f;  // in [-2, 2], over the generated tokens
   std::vector<std::pair<int32_t, float>> logit_bias;      // SamplingParams::logit_bias
+  // vLLM's extra sampling parameters; absent: RunDefaults' (the CLI's flags).
+  std::optional<int32_t> top_k;                             // 0: off (vLLM's -1 too)
+  std::optional<float> min_p, repetition_penalty;
   // -1: none; else per-token log-probabilities with this many alternatives (completions:
   // "logprobs" 0..5; chat: "logprobs": true and "top_logprobs" 0..20).
   int logprobs = -1;
@@ -69,7 +72,8 @@ struct Hooks {
   // Text -> token ids (add_special: BOS/EOS per the tokenizer's convention).
   std::function<std::vector<int32_t>(const std::string& text, bool add_special)> tokenize;
   // A chat body -> prompt text (GenerateArgs::render_chat); may throw. Its objects keep the
-  // line's key order, as a template's tojson shows it.
+  // line's key order, as a template's tojson shows it. It applies the body's (checked)
+  // add_generation_prompt, continue_final_message and chat_template_kwargs.
   std::function<std::string(const nlohmann::ordered_json& body)> render_chat;
   // Whether the caller scores echoed prompts (score_echoed_prompts), so that "echo" may come with
   // "logprobs"; else that pair is refused (a pipeline's stages).
@@ -96,7 +100,8 @@ bool is_input_line(const nlohmann::json& line);
 Parsed parse_input_line(const nlohmann::ordered_json& line, const Hooks& hooks, bool stream = false);
 
 // What a request runs with besides its body: the CLI's sampling flags that are not OpenAI
-// parameters, the base seed of a body without "seed", and an optional cap on max_tokens.
+// parameters (top_k, min_p and repetition_penalty are the defaults of vLLM's body parameters),
+// the base seed of a body without "seed", and an optional cap on max_tokens.
 struct RunDefaults {
   bool greedy = false;  // temperature 0 whatever the body says
   int top_k = 0;

@@ -106,7 +106,12 @@ def test_chat_equals_the_python_front_ends_batch_file(tmp_path, chat_tokenizer):
                "temperature": 0},
               {"model": "tiny", "messages": [{"role": "system", "content": "Be brief."},
                                              {"role": "user", "content": "Hi"}], "temperature": 0, "logprobs": True,
-               "top_logprobs": 1}]
+               "top_logprobs": 1},
+              # vLLM's extra parameters: a continued assistant message, template variables, top_k.
+              {"model": "tiny", "messages": [{"role": "user", "content": "Hello"},
+                                             {"role": "assistant", "content": "In the beginning"}],
+               "add_generation_prompt": False, "continue_final_message": True, "max_tokens": 4,
+               "chat_template_kwargs": {"enable_thinking": False}, "top_k": 3, "min_p": 0.1, "seed": 11}]
     # Content as a list of text parts (what many clients send) is the parts' text joined by newlines.
     parts = {**bodies[0], "messages": [{"role": "user", "content": [{"type": "text", "text": "Who made"},
                                                                      {"type": "text", "text": "the light?"}]}]}
@@ -129,6 +134,9 @@ def test_chat_equals_the_python_front_ends_batch_file(tmp_path, chat_tokenizer):
     # Without max_tokens a chat request gets up to the server's --max-new-tokens, not the context.
     assert got[1][0] == 200 and got[1][1]["usage"]["completion_tokens"] <= 9
     assert got[1][1]["choices"][0]["logprobs"]["content"]
+    assert got[2][0] == 200 and comparable(got[2][1]) == comparable(want[2])
+    continued = llm.encode("<s>\n[INST] Hello [/INST]\n In the beginning", add_special=False)
+    assert got[2][1]["usage"]["prompt_tokens"] == len(continued)
 
 
 @pytest.fixture(scope="module")

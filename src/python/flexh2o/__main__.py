@@ -15,15 +15,15 @@ _templates = {}
 
 
 def render_chat(template_dir: str, body_text: str) -> str:
-    """The chat hook of `generate`: the body's messages rendered with the template of
-    `template_dir`, with the generation prompt (ChatTemplate.render_request)."""
+    """The chat hook of `generate`: the body rendered with the template of `template_dir`
+    (ChatTemplate.render_body: its messages, add_generation_prompt, continue_final_message and
+    chat_template_kwargs)."""
     body = json.loads(body_text)
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list):
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         raise Error("a chat request needs a \"messages\" array")
     if template_dir not in _templates:
         _templates[template_dir] = ChatTemplate.from_dir(template_dir)
-    return _templates[template_dir].render_request(messages)
+    return _templates[template_dir].render_body(body)
 
 
 def main(argv=None) -> int:

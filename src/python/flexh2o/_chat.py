@@ -3,8 +3,9 @@
 string, or a list of {name, template} of which "default" is used; else chat_template.jinja),
 compiled in a jinja2 ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the
 loopcontrols extension, the `tojson` filter, `raise_exception` and `strftime_now`, and rendered
-with the special-token strings (bos_token, eos_token, ...) and add_generation_prompt, after
-transformers' normalisation of the messages (keys whose value is None dropped, reasoning aliased)."""
+with the special-token strings (bos_token, eos_token, ...), add_generation_prompt and the caller's
+variables, after transformers' normalisation of the messages (keys whose value is None dropped,
+reasoning aliased); continue_final_message cuts the text where the last message ends, as there."""
 
 import json
 from datetime import datetime
@@ -12,6 +13,9 @@ from pathlib import Path
 
 from ._flexh2o import Error
 
+# Appended to the text to continue (continue_final_message), found again in the rendered text
+# and cut there, as transformers does: whatever the template writes after the message goes.
+_CONTINUE_TAG = "FLEXH2O_CONTINUE_FINAL_MESSAGE "
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # The names a message's reasoning goes by; transformers gives a template all of them.
 _REASONING = ("reasoning_content", "thinking", "reasoning")
@@ -33,6 +37,44 @@ def _as_transformers_sees(messages) -> list:
             m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
         out.append(m)
     return out
+
+
+def _tag_final_message(messages, source: str):
+    """(messages with _CONTINUE_TAG after the text of the last message, that text): the last
+    text part of a content list, else the content string (transformers' rule)."""
+    if not messages:
+        raise Error("continue_final_message needs a conversation to continue")
+    if "content" not in source:
+        raise Error("continue_final_message: this chat template never reads a message's content")
+    last = dict(messages[-1])
+    content = last.get("content")
+    if isinstance(content, str):
+        final = content
+        last["content"] = content + _CONTINUE_TAG
+    elif isinstance(content, list):
+        parts = [dict(p) if isinstance(p, dict) else p for p in content]
+        for p in reversed(parts):
+            if isinstance(p, dict) and isinstance(p.get("text"), str):
+                final = p["text"]
+                p["text"] = final + _CONTINUE_TAG
+                break
+        else:
+            raise Error("continue_final_message: the last message has no text to continue")
+        last["content"] = parts
+    else:
+        raise Error("continue_final_message: the last message has no \"content\" to continue")
+    return messages[:-1] + [last], final
+
+
+def _cut_after_final(text: str, final: str) -> str:
+    """The rendered text up to the end of the tagged message (its trailing space kept when the
+    template kept the tag's; else cut where the template trimmed)."""
+    tag = _CONTINUE_TAG.strip()
+    if final.strip() not in text or tag not in text:
+        raise Error("continue_final_message: the chat template does not write the last message's text as "
+                    "given, so there is no place to continue it")
+    at = text.rindex(tag)
+    return text[:at] if text[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()
 
 
 def _token_text(tok):
@@ -166,12 +208,27 @@ class ChatTemplate:
                         f"got {type(tmpl).__name__}")
         return cls(tmpl, special, origin)
 
-    def render_request(self, messages) -> str:
+    def render_body(self, body: dict) -> str:
+        """A chat request's body (a Batch line, a server request, a flexh2o line; checked by the
+        engine) rendered as vLLM renders it: its messages (render_request) with its
+        add_generation_prompt (default true), continue_final_message (default false) and
+        chat_template_kwargs (null: absent)."""
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(messages, list):
+            raise Error("a chat request needs a \"messages\" array")
+        def given(key, default):
+            return default if body.get(key) is None else body[key]
+        return self.render_request(messages, add_generation_prompt=given("add_generation_prompt", True),
+                                   continue_final_message=given("continue_final_message", False),
+                                   template_kwargs=given("chat_template_kwargs", {}))
+
+    def render_request(self, messages, add_generation_prompt: bool = True, continue_final_message: bool = False,
+                       template_kwargs=None) -> str:
         """An OpenAI request's messages (a Batch line, a server request; checked by the engine,
         text parts left as lists), as vLLM gives them to a template: for one that loops over
         content itself (_loops_over_content) every content a list of parts (a string one text
         part); for another every content a string (parts' texts joined by newlines). Then
-        render()ed with the generation prompt."""
+        render()ed."""
         import jinja2
         if self._loops is None:
             try:
@@ -187,17 +244,33 @@ class ChatTemplate:
             if not self._loops and isinstance(content, list):
                 return dict(m, content="\n".join(p["text"] for p in content))
             return m
-        return self.render([as_format(m) for m in messages], add_generation_prompt=True)
+        return self.render([as_format(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                           continue_final_message=continue_final_message, **(template_kwargs or {}))
 
-    def render(self, messages, add_generation_prompt: bool = True) -> str:
+    def render(self, messages, add_generation_prompt: bool = True, continue_final_message: bool = False,
+               **template_kwargs) -> str:
+        """transformers' apply_chat_template(tokenize=False): template_kwargs are variables for the
+        template (they override the special-token strings, as there); continue_final_message ends
+        the text inside the last message, for the model to continue it."""
         import jinja2
         messages = _as_transformers_sees(messages)  # a bad message is the caller's error, not the template's
+        if continue_final_message and add_generation_prompt:
+            raise Error("continue_final_message and add_generation_prompt cannot both be true (the first continues "
+                        "the last message, the second starts a new one)")
+        for own in ("tools", "documents"):
+            if own in template_kwargs:
+                raise Error(f"chat template variables cannot set {own!r}")
+        final = None
+        if continue_final_message:
+            messages, final = _tag_final_message(messages, self.source)
         try:
             if self._compiled is None:
                 self._compiled = _compile(self.source)
-            return self._compiled.render(messages=messages, tools=None, documents=None,
-                                         add_generation_prompt=add_generation_prompt, **self.special)
+            text = self._compiled.render(messages=messages, tools=None, documents=None,
+                                         add_generation_prompt=add_generation_prompt,
+                                         **{**self.special, **template_kwargs})
         except jinja2.exceptions.TemplateError as e:
             raise Error(f"{self.origin}: chat template: {e}") from None
         except Exception as e:  # the template's own code failed: 'x' + None, a missing key, ...
             raise Error(f"{self.origin}: chat template: {type(e).__name__}: {e}") from None
+        return text if final is None else _cut_after_final(text, final)

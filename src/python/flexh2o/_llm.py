@@ -173,11 +173,15 @@ class LLM:
         self._set_report()
         return [[(float(lp), [(int(i), float(x)) for i, x in alts]) for lp, alts in s] for s in out]
 
-    def chat(self, messages: Union[List[dict], List[List[dict]]], **generate_kwargs) -> List[Completion]:
+    def chat(self, messages: Union[List[dict], List[List[dict]]], *, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: Optional[dict] = None,
+             **generate_kwargs) -> List[Completion]:
         """generate() on chat conversations: `messages` is one conversation ([{"role", "content"},
-        ...]) or a list of them, each rendered with the chat template (with the generation prompt)
-        and encoded without adding special tokens, as Batch chat lines are (a template writes its
-        own BOS); one Completion per conversation. generate_kwargs are generate()'s."""
+        ...]) or a list of them, each rendered with the chat template (apply_chat_template, with
+        the generation prompt unless told otherwise; continue_final_message and
+        chat_template_kwargs as vLLM's LLM.chat takes them) and encoded without adding special
+        tokens, as Batch chat lines are (a template writes its own BOS); one Completion per
+        conversation. generate_kwargs are generate()'s."""
         if not isinstance(messages, (list, tuple)) or not messages:
             raise Error("messages must be a conversation (a non-empty list of {\"role\", \"content\"} dicts) "
                         f"or a list of conversations, got {messages!r:.60}")
@@ -185,22 +189,35 @@ class LLM:
         for i, c in enumerate(convs):
             if not isinstance(c, (list, tuple)) or not c:
                 raise Error(f"conversation {i} must be a non-empty list of {{\"role\", \"content\"}} dicts, got {c!r:.60}")
-        ids = [self.encode(self.apply_chat_template(c), add_special=False) for c in convs]
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise Error(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r:.60}")
+        for own in ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents"):
+            if own in (chat_template_kwargs or {}):
+                raise Error(f"chat_template_kwargs cannot set {own!r}")
+        ids = [self.encode(self.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
+                                                    continue_final_message=continue_final_message,
+                                                    **(chat_template_kwargs or {})), add_special=False)
+               for c in convs]
         return self.generate(ids, **generate_kwargs)
 
-    def _render_request(self, messages: List[dict]) -> str:
-        """An OpenAI request's messages as the server renders them (ChatTemplate.render_request)."""
+    def _render_body(self, body: dict) -> str:
+        """An OpenAI chat request's body as the server renders it (ChatTemplate.render_body)."""
         if self._chat is None:
             self._chat = ChatTemplate.from_dir(self._s.tokenizer_dir)
-        return self._chat.render_request(messages)
+        return self._chat.render_body(body)
 
-    def apply_chat_template(self, messages: List[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: List[dict], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False, **template_kwargs) -> str:
         """The conversation as the model's chat template renders it (transformers' rules), the
         special tokens as text: a template that writes {{ bos_token }} starts with BOS's text, so
-        encode it with add_special=False (encode(text) would add a second BOS); chat() does."""
+        encode it with add_special=False (encode(text) would add a second BOS); chat() does.
+        continue_final_message (with add_generation_prompt=False): the text ends where the last
+        message's does, for the model to continue it. template_kwargs: variables for the template
+        (enable_thinking=False, ...)."""
         if self._chat is None:
             self._chat = ChatTemplate.from_dir(self._s.tokenizer_dir)
-        return self._chat.render(messages, add_generation_prompt=add_generation_prompt)
+        return self._chat.render(messages, add_generation_prompt=add_generation_prompt,
+                                 continue_final_message=continue_final_message, **template_kwargs)
 
     def _set_report(self):
         text = self._s.last_report()

@@ -169,7 +169,7 @@ class Server:
 
     def _render_chat(self, body_text):
         body = json.loads(body_text)
-        return self.llm._render_request(body["messages"])
+        return self.llm._render_body(body)
 
     def _more_lines(self, taken):
         """With --continuous, called inside an engine call while its batch has free slots: the

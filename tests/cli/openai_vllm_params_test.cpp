@@ -1,0 +1,149 @@
+// vLLM's extra body parameters in OpenAI lines (Batch files, the server): top_k, min_p and
+// repetition_penalty override the CLI's defaults per request; add_generation_prompt,
+// continue_final_message and chat_template_kwargs are checked here and reach the chat hook.
+#include <gtest/gtest.h>
+
+#include "cli/openai_batch.h"
+#include "openai_batch_fixtures.h"
+
+namespace flexh2o::cli {
+namespace {
+using nlohmann::json;
+using namespace openai_batch;
+using namespace test_batch;
+
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.vocab_size = 4096;
+  c.max_positions = 1024;
+  return c;
+}
+
+Hooks hooks(json* seen = nullptr) {
+  Hooks h;
+  h.tokenize = [](const std::string& s, bool add) { return opt_tokenizer().encode(s, add); };
+  h.render_chat = [seen](const nlohmann::ordered_json& body) {
+    if (seen) *seen = json(body);
+    return std::string("user: hi\nassistant:");
+  };
+  return h;
+}
+
+json completion(json extra) {
+  json body{{"model", "m"}, {"prompt", "In the beginning"}, {"max_tokens", 4}};
+  body.update(extra);
+  return line("/v1/completions", body);
+}
+json chat(json extra) {
+  json body{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 4}};
+  body.update(extra);
+  return line("/v1/chat/completions", body);
+}
+
+SamplingParams sampling_of(const json& l, const RunDefaults& d) {
+  const Parsed p = parse_input_line(l, hooks());
+  EXPECT_TRUE(p.request) << l.dump() << ": " << (p.error ? p.error->message : "");
+  if (!p.request) return {};
+  const std::vector<GenerationRequest> g = expand_request(*p.request, d, tiny_config());
+  EXPECT_EQ(g.size(), 1u);
+  return g.at(0).sampling;
+}
+
+TEST(VllmParams, SamplingParametersOverrideTheFlagsDefaults) {
+  RunDefaults d;
+  d.top_k = 7;
+  d.min_p = 0.2f;
+  d.repetition_penalty = 1.1f;
+  for (const json& l : {completion(json::object()), chat(json::object())}) {
+    SamplingParams s = sampling_of(l, d);  // absent: the flags'
+    EXPECT_EQ(s.top_k, 7);
+    EXPECT_EQ(s.min_p, 0.2f);
+    EXPECT_EQ(s.repetition_penalty, 1.1f);
+    json with = l;
+    with["body"].update(json{{"top_k", 40}, {"min_p", 0.05}, {"repetition_penalty", 1.3}});
+    s = sampling_of(with, d);
+    EXPECT_EQ(s.top_k, 40);
+    EXPECT_EQ(s.min_p, 0.05f);
+    EXPECT_EQ(s.repetition_penalty, 1.3f);
+    for (int off : {-1, 0}) {  // vLLM's "all tokens"
+      with["body"]["top_k"] = off;
+      EXPECT_EQ(sampling_of(with, d).top_k, 0);
+    }
+    with["body"].update(json{{"top_k", nullptr}, {"min_p", nullptr}, {"repetition_penalty", nullptr}});
+    s = sampling_of(with, d);  // null: absent
+    EXPECT_EQ(s.top_k, 7);
+    EXPECT_EQ(s.min_p, 0.2f);
+    EXPECT_EQ(s.repetition_penalty, 1.1f);
+  }
+}
+
+TEST(VllmParams, BadSamplingValuesNameTheField) {
+  const std::pair<json, std::string> bad[] = {
+      {{{"top_k", -2}}, "top_k"},          {{{"top_k", 1.5}}, "top_k"},
+      {{{"top_k", "5"}}, "top_k"},         {{{"top_k", 4294967296LL}}, "top_k"},
+      {{{"min_p", 1.5}}, "min_p"},         {{{"min_p", -0.1}}, "min_p"},
+      {{{"min_p", "0.1"}}, "min_p"},       {{{"repetition_penalty", 0}}, "repetition_penalty"},
+      {{{"repetition_penalty", -1}}, "repetition_penalty"}, {{{"repetition_penalty", true}}, "repetition_penalty"}};
+  for (const auto& [extra, key] : bad)
+    for (const json& l : {completion(extra), chat(extra)}) {
+      const Parsed p = parse_input_line(l, hooks());
+      ASSERT_TRUE(p.error) << l.dump();
+      EXPECT_EQ(p.error->param, key) << l.dump();
+      EXPECT_NE(p.error->message.find("\"" + key + "\""), std::string::npos) << p.error->message;
+    }
+}
+
+TEST(VllmParams, ChatTemplateParametersReachTheHook) {
+  json seen;
+  const json extra{{"add_generation_prompt", false},
+                   {"continue_final_message", true},
+                   {"chat_template_kwargs", {{"enable_thinking", false}, {"bos_token", "<B>"}}}};
+  const Parsed p = parse_input_line(chat(extra), hooks(&seen));
+  ASSERT_TRUE(p.request) << p.error->message;
+  EXPECT_EQ(seen["add_generation_prompt"], false);
+  EXPECT_EQ(seen["continue_final_message"], true);
+  EXPECT_EQ(seen["chat_template_kwargs"], extra["chat_template_kwargs"]);
+  EXPECT_EQ(p.request->prompts.at(0), opt_tokenizer().encode("user: hi\nassistant:", false));
+  // Their defaults and null pass too.
+  for (const json& ok : {json{{"add_generation_prompt", true}, {"continue_final_message", false}},
+                         json{{"add_generation_prompt", nullptr}, {"continue_final_message", nullptr},
+                              {"chat_template_kwargs", nullptr}},
+                         json{{"continue_final_message", true}, {"add_generation_prompt", false}},
+                         json{{"chat_template_kwargs", json::object()}}}) {
+    const Parsed q = parse_input_line(chat(ok), hooks());
+    EXPECT_TRUE(q.request) << ok.dump() << ": " << (q.error ? q.error->message : "");
+  }
+}
+
+TEST(VllmParams, ChatTemplateParametersAreChecked) {
+  const std::tuple<json, std::string, std::string> bad[] = {
+      {{{"add_generation_prompt", "yes"}}, "add_generation_prompt", "\"add_generation_prompt\" must be a boolean"},
+      {{{"continue_final_message", 1}}, "continue_final_message", "\"continue_final_message\" must be a boolean"},
+      // add_generation_prompt's default is true
+      {{{"continue_final_message", true}}, "continue_final_message", "cannot both be true"},
+      {{{"continue_final_message", true}, {"add_generation_prompt", true}}, "continue_final_message",
+       "cannot both be true"},
+      {{{"chat_template_kwargs", json::array()}}, "chat_template_kwargs", "must be an object"},
+      {{{"chat_template_kwargs", {{"messages", json::array()}}}}, "chat_template_kwargs",
+       "cannot set \"messages\": the template gets the request's own"},
+      {{{"chat_template_kwargs", {{"tools", json::array()}}}}, "chat_template_kwargs", "cannot set \"tools\""},
+      {{{"chat_template_kwargs", {{"add_generation_prompt", false}}}}, "chat_template_kwargs",
+       "cannot set \"add_generation_prompt\": give it as a body parameter"}};
+  for (const auto& [extra, key, needle] : bad) {
+    json seen;
+    const Parsed p = parse_input_line(chat(extra), hooks(&seen));
+    ASSERT_TRUE(p.error) << extra.dump();
+    EXPECT_EQ(p.error->param, key) << extra.dump();
+    EXPECT_NE(p.error->message.find(needle), std::string::npos) << p.error->message;
+    EXPECT_TRUE(seen.is_null()) << "the hook ran for a bad line: " << extra.dump();
+  }
+  // They are chat parameters: /v1/completions refuses them as OpenAI refuses unknown keys.
+  for (const char* key : {"add_generation_prompt", "continue_final_message", "chat_template_kwargs"}) {
+    const Parsed p = parse_input_line(completion(json{{key, false}}), hooks());
+    ASSERT_TRUE(p.error) << key;
+    EXPECT_EQ(p.error->message, std::string("Unrecognized request argument supplied: ") + key);
+  }
+}
+
+}  // namespace
+}  // namespace flexh2o::cli
