@@ -14,29 +14,18 @@
 #include <utility>
 
 #include "core/error.h"
+#include "offload/detail/fd.h"
 
 namespace flexh2o {
 
-namespace {
-
-// Closes a descriptor on scope exit; the mapping outlives it.
-struct FdGuard {
-  int fd = -1;
-  ~FdGuard() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-}  // namespace
-
 MappedFile MappedFile::open(const std::filesystem::path& path) {
-  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (fd.fd < 0) {
+  const detail::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));  // the mapping outlives it
+  if (fd.get() < 0) {
     int e = errno;
     FH_FAIL("cannot open ", path.string(), ": ", std::strerror(e), ".");
   }
   struct stat st {};
-  if (::fstat(fd.fd, &st) != 0) {
+  if (::fstat(fd.get(), &st) != 0) {
     int e = errno;
     FH_FAIL("cannot stat ", path.string(), ": ", std::strerror(e), ".");
   }
@@ -52,7 +41,7 @@ MappedFile MappedFile::open(const std::filesystem::path& path) {
                        int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
   if (f.size_ == 0) return f;  // mmap rejects length 0; an empty file maps to nullptr
 
-  void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+  void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
   if (p == MAP_FAILED) {
     int e = errno;
     FH_FAIL("cannot map ", path.string(), " (", f.size_, " bytes): ", std::strerror(e), ".");

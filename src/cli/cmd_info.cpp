@@ -71,8 +71,7 @@ int run_info(const InfoArgs& a, const Env& env) {
     params += s.shape.numel();
     group_bytes[group_of(s.name)] += s.shape.numel() * int64_t(esize);
   }
-  // 4-bit KV: a record of row_nbytes(Q4, head_dim) per (layer, K|V, KV head).
-  const int64_t kv_q4 = 2 * c.n_layers * c.n_kv_heads * int64_t(row_nbytes(DType::Q4, c.head_dim));
+  const int64_t kv_q4 = c.kv_bytes_per_token(DType::Q4);
   json j{{"name", c.name},
          {"source", source},
          {"model_type", c.model_type},

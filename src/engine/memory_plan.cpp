@@ -51,13 +51,13 @@ MemoryPlan plan_memory(const ModelConfig& c, const WeightBytes& w, const Policy&
                        const PlanDtypes& t) {
   MemoryPlan m;
   const bool bounded = d.budget_max > 0;
-  const uint64_t region = uint64_t(c.n_kv_heads) * row_nbytes(t.kv, c.head_dim);  // one slot of K (or V), all heads
+  const uint64_t slot_kv = uint64_t(c.kv_layer_bytes_per_token(t.kv));  // one slot of K and V, all heads
   auto slots = [&](int64_t budget) {
     KvSlots s;
     s.cap_w = std::max<int64_t>(1, budget > 0 ? std::min(d.capacity, std::max(d.rows, budget)) : d.capacity);
     s.cap_h = std::max<int64_t>(1, budget > 0 ? std::min(d.capacity, budget) : d.capacity);
-    s.device_seq = 2 * region * uint64_t(s.cap_w);
-    s.home_seq = 2 * region * uint64_t(s.cap_h);
+    s.device_seq = slot_kv * uint64_t(s.cap_w);
+    s.home_seq = slot_kv * uint64_t(s.cap_h);
     return s;
   };
   const uint64_t L = uint64_t(c.n_layers);

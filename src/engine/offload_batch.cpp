@@ -168,8 +168,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
       if (sp.n_disk > 0) {
         const uint64_t bytes = kv_disk_file_bytes(plan, n_classes, l, sp.n_disk);
         mb.kv_disk_charge.emplace_back();
-        Status s = TierCharge::reserve(*e.budgets_[2], bytes, tag, &mb.kv_disk_charge.back());
-        if (!s.ok()) FH_FAIL(s.message());
+        fail_unless(TierCharge::reserve(*e.budgets_[2], bytes, tag, &mb.kv_disk_charge.back()));
         // A per-run name: concurrent runs on one directory never share a KV file, and it is
         // removed when the store closes (after a failure too).
         const std::string g = group ? "kv.g" + std::to_string(group) + ".L" : "kv.L";
@@ -205,34 +204,21 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
     kv_stage_device[i] = alloc(MemKind::kDevice, Tier::kDevice, size_t(off_max) * plan.kv_device_seq, "KV staging");
     kv_stage_host[i] = alloc(MemKind::kPinned, Tier::kHost, kv_disk_stage_bytes(nk_max, plan.kv_home_seq), "KV disk staging");
     // Scores and keep lists hold any layer's rows: the widest class's (MemoryPlan::cap_w).
-    if (plan.scores) {
-      const size_t sb = size_t(n_max * c.n_heads * plan.cap_w) * 4;
-      scores_device[i] = alloc(MemKind::kDevice, Tier::kDevice, sb, "attention scores");
-      scores_host[i] = alloc(MemKind::kPinned, Tier::kHost, sb, "attention scores");
-    }
-    if (plan.keep) {
-      const size_t kb = size_t(n_max * c.n_kv_heads * (plan.cap_w + 1)) * 4;
-      keep_host[i] = alloc(MemKind::kPinned, Tier::kHost, kb, "keep lists");
-      keep_device[i] = alloc(MemKind::kDevice, Tier::kDevice, kb, "keep lists");
-    }
-    if (p.act_cpu_percent == 100)
-      hidden_slot[i] = alloc(MemKind::kDevice, Tier::kDevice, size_t(n_max * s_max * c.hidden) * es_a, "hidden slots");
+    scores_device[i] = alloc(MemKind::kDevice, Tier::kDevice, plan.scores, "attention scores");
+    scores_host[i] = alloc(MemKind::kPinned, Tier::kHost, plan.scores, "attention scores");
+    keep_host[i] = alloc(MemKind::kPinned, Tier::kHost, plan.keep, "keep lists");
+    keep_device[i] = alloc(MemKind::kDevice, Tier::kDevice, plan.keep, "keep lists");
+    if (p.act_cpu_percent == 100) hidden_slot[i] = alloc(MemKind::kDevice, Tier::kDevice, plan.hidden, "hidden slots");
   }
   qkv_step = alloc(MemKind::kDevice, Tier::kDevice, size_t(n_max * s_max) * plan.qkv_rows, "q/k/v rows");
   attn_step = alloc(MemKind::kDevice, Tier::kDevice, size_t(n_max * s_max) * plan.attn_rows, "attention rows");
-  const size_t inputs = size_t(4 * batch * s_max + n_classes * batch) * 4;
-  inputs_device = alloc(MemKind::kDevice, Tier::kDevice, inputs, "step inputs");
-  inputs_host = alloc(MemKind::kPinned, Tier::kHost, inputs, "step inputs");
+  inputs_device = alloc(MemKind::kDevice, Tier::kDevice, plan.inputs, "step inputs");
+  inputs_host = alloc(MemKind::kPinned, Tier::kHost, plan.inputs, "step inputs");
   logits_host = alloc(MemKind::kPinned, Tier::kHost, size_t(plan.logits_host), "logits");
-  const size_t stage_rows = size_t(batch * s_max * c.hidden) * es_a;
-  if (hidden_in) {
-    hidden_in_device = alloc(MemKind::kDevice, Tier::kDevice, stage_rows, "stage hidden rows in");
-    hidden_in_host = alloc(MemKind::kPinned, Tier::kHost, stage_rows, "stage hidden rows in");
-  }
-  if (hidden_out) {
-    hidden_out_device = alloc(MemKind::kDevice, Tier::kDevice, stage_rows, "stage hidden rows out");
-    hidden_out_host = alloc(MemKind::kPinned, Tier::kHost, stage_rows, "stage hidden rows out");
-  }
+  hidden_in_device = alloc(MemKind::kDevice, Tier::kDevice, plan.hidden_in, "stage hidden rows in");
+  hidden_in_host = alloc(MemKind::kPinned, Tier::kHost, plan.hidden_in, "stage hidden rows in");
+  hidden_out_device = alloc(MemKind::kDevice, Tier::kDevice, plan.hidden_out, "stage hidden rows out");
+  hidden_out_host = alloc(MemKind::kPinned, Tier::kHost, plan.hidden_out, "stage hidden rows out");
   scratch = TierCharge();
   scratch = dev.reserve(c, n_max * s_max, n_max, *e.budgets_[0]);
   // Last: a scoring step's larger slot (more head rows a call) is worth its bytes only where the

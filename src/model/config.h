@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 #include "model/rope.h"
 
 namespace flexh2o {
@@ -126,10 +127,12 @@ struct ModelConfig {
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
-  // Bytes of K and V for one token across all layers, at `dtype`.
-  int64_t kv_bytes_per_token(DType kv_dtype) const {
-    return 2 * n_layers * kv_dim() * int64_t(dtype_size(kv_dtype));
+  // Bytes of one token's K and V rows in one layer, all KV heads, at `kv_dtype` (a Q4 row is a
+  // record of row_nbytes: codes and group scales); times n_layers in kv_bytes_per_token.
+  int64_t kv_layer_bytes_per_token(DType kv_dtype) const {
+    return 2 * n_kv_heads * int64_t(row_nbytes(kv_dtype, head_dim));
   }
+  int64_t kv_bytes_per_token(DType kv_dtype) const { return n_layers * kv_layer_bytes_per_token(kv_dtype); }
   // OPT learned positions are stored with an offset of 2.
   int64_t position_offset() const { return arch == Arch::kOpt ? 2 : 0; }
 };

@@ -27,9 +27,6 @@ size_t stored_bytes(const TensorView& v, bool compress, std::optional<DType> as 
   return held_bytes(v, held_dtype(v, compress, as));
 }
 
-// Bytes of one token's K and V rows, all KV heads: row_nbytes (core/tensor.h), as plan_memory.
-uint64_t kv_row_bytes(const ModelConfig& c, DType kv) { return 2 * uint64_t(c.n_kv_heads) * row_nbytes(kv, c.head_dim); }
-
 }  // namespace
 
 // ---- model shape and placement ---------------------------------------------------------
@@ -130,7 +127,7 @@ std::array<uint64_t, 3> embed_moved(const ModelShape& m, const Policy& p, uint64
 CostModel::CostModel(ModelShape m, HardwareProfile hw, Workload w) : m_(std::move(m)), hw_(std::move(hw)), w_(std::move(w)) {
   FH_CHECK(w_.prompt_len >= 1 && w_.gen_len >= 1, "workload needs prompt_len >= 1 and gen_len >= 1, got ",
            w_.prompt_len, " and ", w_.gen_len);
-  act_ = hw_.device == DeviceKind::kCuda ? DType::F16 : DType::F32;
+  act_ = act_dtype_of(hw_.device);
   if (const int64_t max_len = w_.prompt_len + w_.gen_len; window_caps_full_cache(m_.config, max_len))
     w_.kv = window_kv_policy(m_.config, w_.kv.value_or(KvPolicyConfig{}), max_len);
   // The engine (offload_batch.cpp, kv_evict.cpp) with a bounded budget B per sequence: after
@@ -193,7 +190,7 @@ MemoryPlan CostModel::plan(const Policy& p) const {
 }
 
 uint64_t CostModel::kv_token_bytes(const Policy& p) const {
-  return uint64_t(m_.config.n_layers) * kv_row_bytes(m_.config, kv_dtype_of(w_, p));
+  return uint64_t(m_.config.kv_bytes_per_token(kv_dtype_of(w_, p)));
 }
 
 std::array<uint64_t, 3> CostModel::memory(const Policy& p) const { return plan(p).bytes; }
@@ -248,7 +245,7 @@ std::array<uint64_t, kNumLinks> CostModel::bytes(const Policy& p) const {
   }
   const KvSplit sp = split_kv(p.gpu_batch_size, p);
   const uint64_t nd = uint64_t(sp.n_device), off = uint64_t(sp.n_host + sp.n_disk), nk = uint64_t(sp.n_disk);
-  const uint64_t row = kv_row_bytes(c, kv_dtype_of(w_, p));
+  const uint64_t row = uint64_t(c.kv_layer_bytes_per_token(kv_dtype_of(w_, p)));
   const bool scores = w_.kv && w_.kv->kind != KvPolicyKind::kFull && make_policy(*w_.kv)->needs_scores();
   const uint64_t score_row = uint64_t(c.n_heads) * 4;  // per sequence and slot
   const bool host_attention = p.cpu_cache_compute && off > 0;
@@ -336,7 +333,7 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
 
   const double es_a = double(dtype_size(act_));
   const double n = double(p.gpu_batch_size), T = prefill ? double(w_.prompt_len) : 1.0;
-  const double row = double(kv_row_bytes(c, kv_dtype_of(w_, p))), hid = double(c.hidden) * es_a;
+  const double row = double(c.kv_layer_bytes_per_token(kv_dtype_of(w_, p))), hid = double(c.hidden) * es_a;
   const double off = double(sp.n_host + sp.n_disk), nd = double(sp.n_disk), ndev = double(sp.n_device);
   const double before = double(len_before);
   const double kept = double(kv_len(w_.prompt_len));

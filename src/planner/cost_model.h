@@ -30,6 +30,8 @@ struct Workload {
 // The KV cache's dtype under a policy, as the engine decides it (offload_kv_dtype): Q4
 // records when p.compress_cache, else w.kv_dtype.
 DType kv_dtype_of(const Workload& w, const Policy& p);
+// The activations' dtype on a device kind, as its Device gives it (CUDA: F16, the CPU: F32).
+inline DType act_dtype_of(DeviceKind d) { return d == DeviceKind::kCuda ? DType::F16 : DType::F32; }
 
 // Bytes of each weight tensor of the kinds of unit (all layers are alike), in the order
 // place_weights() walks them; a layer is its attention tensors then its MLP tensors (`layer`

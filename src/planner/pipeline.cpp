@@ -222,7 +222,7 @@ struct Planner {
   }
 
   uint64_t hop_bytes(int64_t block, bool prefill) const {
-    const uint64_t act = hw_of(0).device == DeviceKind::kCuda ? 2 : 4;  // CostModel::act_dtype()
+    const uint64_t act = dtype_size(act_dtype_of(hw_of(0).device));
     return uint64_t(block) * uint64_t(prefill ? w.prompt_len : 1) * uint64_t(m.config.hidden) * act;
   }
 
