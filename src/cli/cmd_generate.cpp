@@ -119,7 +119,7 @@ Item make_item(const nlohmann::ordered_json& line_json, int64_t line, size_t ind
     }
     req.max_new_tokens = int_field(j, "max_new_tokens", 0, INT64_MAX).value_or(a.max_new_tokens);
     req.sampling.temperature = a.greedy ? 0.f : field<float>(j, "temperature", a.temperature);
-    req.sampling.top_k = int(int_field(j, "top_k", 0, INT32_MAX).value_or(a.top_k));
+    req.sampling.top_k = int(int_field(j, "top_k", -1, INT32_MAX).value_or(a.top_k));
     req.sampling.top_p = field<float>(j, "top_p", a.top_p);
     req.sampling.min_p = field<float>(j, "min_p", a.min_p);
     req.sampling.repetition_penalty = field<float>(j, "repetition_penalty", a.repetition_penalty);

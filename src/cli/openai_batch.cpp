@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <set>
@@ -151,27 +152,37 @@ void completion_prompts(const json& body, const Hooks& h, Request& r) {
 // vLLM's template parameters, checked here and applied by the renderer (the hook gets the body):
 // add_generation_prompt (default true) and continue_final_message (default false; the text ends
 // inside the last message, as transformers cuts it) are booleans, not both true; the names in
-// chat_template_kwargs become template variables, except those the renderer sets itself.
+// chat_template_kwargs become template variables (there the two flags override the body's, as
+// vLLM merges them), except those the request itself gives.
 void chat_template_params(const nlohmann::ordered_json& body) {
-  auto boolean = [&](const char* key, bool dflt) {
-    if (!given(body, key)) return dflt;
-    if (!body[key].is_boolean()) bad(key, "\"", key, "\" must be a boolean, got ", json_excerpt(json(body[key])));
-    return body[key].get<bool>();
+  const nlohmann::ordered_json none = nlohmann::ordered_json::object();
+  const bool has_kw = body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null();
+  if (has_kw && !body["chat_template_kwargs"].is_object())
+    bad("chat_template_kwargs", "\"chat_template_kwargs\" must be an object, got ",
+        json_excerpt(json(body["chat_template_kwargs"])));
+  const nlohmann::ordered_json& kw = has_kw ? body["chat_template_kwargs"] : none;
+  auto flag = [&](const char* key, bool value) {
+    for (const nlohmann::ordered_json* from : {&body, &kw}) {
+      if (!from->contains(key) || (*from)[key].is_null()) continue;
+      const bool in_kw = from == &kw;
+      if (!(*from)[key].is_boolean())
+        bad(in_kw ? "chat_template_kwargs" : key, in_kw ? "\"chat_template_kwargs\"." : "\"", key,
+            in_kw ? "" : "\"", " must be a boolean, got ", json_excerpt(json((*from)[key])));
+      value = (*from)[key].get<bool>();
+    }
+    return value;
   };
-  if (boolean("add_generation_prompt", true) && boolean("continue_final_message", false))
-    bad("continue_final_message", "\"continue_final_message\" and \"add_generation_prompt\" cannot both be true "
-                                  "(the first continues the last message, the second starts a new one)");
-  if (!given(body, "chat_template_kwargs")) return;
-  const nlohmann::ordered_json& kw = body["chat_template_kwargs"];
-  if (!kw.is_object())
-    bad("chat_template_kwargs", "\"chat_template_kwargs\" must be an object, got ", json_excerpt(json(kw)));
+  const bool generation_prompt = flag("add_generation_prompt", true), cont = flag("continue_final_message", false);
+  if (generation_prompt && cont)
+    bad("continue_final_message", "\"continue_final_message\": true continues the last message, so it needs "
+                                  "\"add_generation_prompt\": false (whose default, true, starts a new assistant turn)");
   for (const auto& item : kw.items()) {
-    if (item.key() == "add_generation_prompt" || item.key() == "continue_final_message")
-      bad("chat_template_kwargs", "\"chat_template_kwargs\" cannot set \"", item.key(),
-          "\": give it as a body parameter");
     if (item.key() == "messages" || item.key() == "tools" || item.key() == "documents")
       bad("chat_template_kwargs", "\"chat_template_kwargs\" cannot set \"", item.key(),
           "\": the template gets the request's own");
+    if (item.key() == "chat_template")
+      bad("chat_template_kwargs", "\"chat_template_kwargs\" cannot set \"chat_template\": flexh2o renders the "
+                                  "model's own template (its tokenizer_config.json or chat_template.jinja)");
   }
 }
 
@@ -282,14 +293,18 @@ Request parse_body(const nlohmann::ordered_json& obody, Endpoint ep, const Hooks
       bad("logit_bias", e.what());
     }
   }
-  // vLLM's: top_k -1 (or 0) is off; the engine checks the others' ranges as for flexh2o lines.
+  // vLLM's: top_k -1 (or 0) is off, and one past the vocabulary keeps every token.
   if (given(body, "top_k")) {
-    const int64_t k = int_param(body, "top_k", -1, std::numeric_limits<int32_t>::max());
-    r.top_k = int32_t(std::max<int64_t>(k, 0));
+    const int64_t k = int_param(body, "top_k", -1, std::numeric_limits<int64_t>::max());
+    r.top_k = int32_t(std::clamp<int64_t>(k, 0, std::numeric_limits<int32_t>::max()));
   }
   if (given(body, "min_p")) r.min_p = number_param(body, "min_p", 0, 1, false);
-  if (given(body, "repetition_penalty"))
-    r.repetition_penalty = number_param(body, "repetition_penalty", 0, std::numeric_limits<float>::max(), true);
+  if (given(body, "repetition_penalty")) {
+    const json& v = body["repetition_penalty"];
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<float>()))
+      bad("repetition_penalty", "\"repetition_penalty\" must be a number > 0 (1 = off), got ", json_excerpt(v));
+    r.repetition_penalty = v.get<float>();
+  }
   if (given(body, "seed"))
     r.seed = int_param(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   r.stop = stop_param(body);

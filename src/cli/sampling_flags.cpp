@@ -18,14 +18,14 @@ void add_sampling_flags(CLI::App& g, GenerateArgs& a) {
   g.add_option("--temperature", a.temperature, "Sampling temperature (0 = greedy)")
       ->capture_default_str()
       ->each(given("temperature"));
-  g.add_option("--top-k", a.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str()->each(given("top_k"));
+  g.add_option("--top-k", a.top_k, "Keep the k most likely tokens (0 or -1 = off)")->capture_default_str()->each(given("top_k"));
   g.add_option("--top-p", a.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str()->each(given("top_p"));
   g.add_option("--min-p", a.min_p, "Keep tokens at least this fraction as likely as the most likely (0 = off)")
       ->capture_default_str()
       ->each(given("min_p"));
   g.add_option("--repetition-penalty", a.repetition_penalty,
-               "transformers' repetition penalty over the prompt and generated tokens: logits / p when "
-               "positive, x p when negative (1 = off; greedy too)")
+               "transformers' repetition penalty: the logit of each token already in the prompt or the "
+               "output is divided by it when positive, multiplied when negative (> 0; 1 = off; greedy too)")
       ->capture_default_str()
       ->each(given("repetition_penalty"));
   g.add_option("--presence-penalty", a.presence_penalty,

@@ -14,7 +14,7 @@ namespace flexh2o {
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy
-  int top_k = 0;             // 0 = off
+  int top_k = 0;             // 0 = off (-1 too, as vLLM's)
   float top_p = 1.0f;        // 1 = off
   uint64_t seed = 0;
   // After top-k and top-p: keep the tokens at least min_p times as likely as the most likely one

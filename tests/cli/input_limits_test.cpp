@@ -181,7 +181,7 @@ TEST(InputLimits, IntegerFieldsNameTheirOwnRange) {
   EXPECT_EQ(lines[0].value("error", ""), "field \"max_new_tokens\" must be an integer >= 0, got \"5\".");
   EXPECT_EQ(lines[1].value("error", ""), "field \"logprobs\" must be an integer in [0, 20], got true.");
   EXPECT_EQ(lines[2].value("error", ""), "field \"logprobs\" must be an integer in [0, 20], got 21.");
-  EXPECT_EQ(lines[3].value("error", ""), "field \"top_k\" must be an integer in [0, 2147483647], got -3.");
+  EXPECT_EQ(lines[3].value("error", ""), "field \"top_k\" must be an integer in [-1, 2147483647], got -3.");
   EXPECT_EQ(lines[4].value("error", ""), "field \"seed\" must be an integer >= 0, got 2.5.");
   EXPECT_EQ(lines[5]["token_ids"].size(), 1u) << lines[5];
 }
@@ -437,7 +437,7 @@ TEST(InputLimits, BadSamplingDefaultsStopTheRunBeforeAnyLine) {
   const std::string run = "generate -i " + in.string() + " -o " + out.string() + " -n 2 --device cpu ";
   const std::pair<std::string, std::string> flags[] = {{"--top-p 1.5", "top_p must be in (0, 1], got 1.5 (--top-p)"},
                                                        {"--temperature -1", "temperature must be >= 0, got -1"},
-                                                       {"--top-k -3", "top_k must be >= 0, got -3 (--top-k)"},
+                                                       {"--top-k -3", "top_k must be >= 0 (0 or -1: off), got -3 (--top-k)"},
                                                        {"--min-p 1.5", "(--min-p)"},
                                                        {"--repetition-penalty 0", "(--repetition-penalty)"},
                                                        {"--presence-penalty 5", "(--presence-penalty)"}};

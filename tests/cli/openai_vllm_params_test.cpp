@@ -3,6 +3,8 @@
 // continue_final_message and chat_template_kwargs are checked here and reach the chat hook.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "cli/openai_batch.h"
 #include "openai_batch_fixtures.h"
 
@@ -69,6 +71,8 @@ TEST(VllmParams, SamplingParametersOverrideTheFlagsDefaults) {
       with["body"]["top_k"] = off;
       EXPECT_EQ(sampling_of(with, d).top_k, 0);
     }
+    with["body"]["top_k"] = 1000000000000LL;  // past the vocabulary: every token, as vLLM caps it
+    EXPECT_EQ(sampling_of(with, d).top_k, std::numeric_limits<int32_t>::max());
     with["body"].update(json{{"top_k", nullptr}, {"min_p", nullptr}, {"repetition_penalty", nullptr}});
     s = sampling_of(with, d);  // null: absent
     EXPECT_EQ(s.top_k, 7);
@@ -80,7 +84,7 @@ TEST(VllmParams, SamplingParametersOverrideTheFlagsDefaults) {
 TEST(VllmParams, BadSamplingValuesNameTheField) {
   const std::pair<json, std::string> bad[] = {
       {{{"top_k", -2}}, "top_k"},          {{{"top_k", 1.5}}, "top_k"},
-      {{{"top_k", "5"}}, "top_k"},         {{{"top_k", 4294967296LL}}, "top_k"},
+      {{{"top_k", "5"}}, "top_k"},         {{{"repetition_penalty", 1e39}}, "repetition_penalty"},
       {{{"min_p", 1.5}}, "min_p"},         {{{"min_p", -0.1}}, "min_p"},
       {{{"min_p", "0.1"}}, "min_p"},       {{{"repetition_penalty", 0}}, "repetition_penalty"},
       {{{"repetition_penalty", -1}}, "repetition_penalty"}, {{{"repetition_penalty", true}}, "repetition_penalty"}};
@@ -109,6 +113,8 @@ TEST(VllmParams, ChatTemplateParametersReachTheHook) {
                          json{{"add_generation_prompt", nullptr}, {"continue_final_message", nullptr},
                               {"chat_template_kwargs", nullptr}},
                          json{{"continue_final_message", true}, {"add_generation_prompt", false}},
+                         json{{"chat_template_kwargs", {{"add_generation_prompt", false},
+                                                        {"continue_final_message", true}}}},
                          json{{"chat_template_kwargs", json::object()}}}) {
     const Parsed q = parse_input_line(chat(ok), hooks());
     EXPECT_TRUE(q.request) << ok.dump() << ": " << (q.error ? q.error->message : "");
@@ -119,16 +125,26 @@ TEST(VllmParams, ChatTemplateParametersAreChecked) {
   const std::tuple<json, std::string, std::string> bad[] = {
       {{{"add_generation_prompt", "yes"}}, "add_generation_prompt", "\"add_generation_prompt\" must be a boolean"},
       {{{"continue_final_message", 1}}, "continue_final_message", "\"continue_final_message\" must be a boolean"},
+      // Checked whatever the other flag says.
+      {{{"continue_final_message", "false"}, {"add_generation_prompt", false}}, "continue_final_message",
+       "\"continue_final_message\" must be a boolean"},
       // add_generation_prompt's default is true
-      {{{"continue_final_message", true}}, "continue_final_message", "cannot both be true"},
+      {{{"continue_final_message", true}}, "continue_final_message",
+       "\"continue_final_message\": true continues the last message, so it needs \"add_generation_prompt\": false"},
       {{{"continue_final_message", true}, {"add_generation_prompt", true}}, "continue_final_message",
-       "cannot both be true"},
+       "needs \"add_generation_prompt\": false"},
+      // chat_template_kwargs' flags override the body's (vLLM's merge), and are checked too.
+      {{{"continue_final_message", true}, {"add_generation_prompt", false},
+        {"chat_template_kwargs", {{"add_generation_prompt", true}}}},
+       "continue_final_message", "needs \"add_generation_prompt\": false"},
+      {{{"chat_template_kwargs", {{"continue_final_message", 1}}}}, "chat_template_kwargs",
+       "\"chat_template_kwargs\".continue_final_message must be a boolean"},
+      {{{"chat_template_kwargs", {{"chat_template", "{{ x }}"}}}}, "chat_template_kwargs",
+       "cannot set \"chat_template\": flexh2o renders the model's own template"},
       {{{"chat_template_kwargs", json::array()}}, "chat_template_kwargs", "must be an object"},
       {{{"chat_template_kwargs", {{"messages", json::array()}}}}, "chat_template_kwargs",
        "cannot set \"messages\": the template gets the request's own"},
-      {{{"chat_template_kwargs", {{"tools", json::array()}}}}, "chat_template_kwargs", "cannot set \"tools\""},
-      {{{"chat_template_kwargs", {{"add_generation_prompt", false}}}}, "chat_template_kwargs",
-       "cannot set \"add_generation_prompt\": give it as a body parameter"}};
+      {{{"chat_template_kwargs", {{"tools", json::array()}}}}, "chat_template_kwargs", "cannot set \"tools\""}};
   for (const auto& [extra, key, needle] : bad) {
     json seen;
     const Parsed p = parse_input_line(chat(extra), hooks(&seen));

@@ -99,7 +99,7 @@ def test_a_continued_batch_line_generates_from_the_cut_text(tmp_path, chat_token
     assert r.returncode == 0, r.stderr
     body = json.loads(out.read_text())["response"]["body"]
     assert body["choices"][0]["message"]["content"] == want.text and body["usage"]["prompt_tokens"] == len(ids)
-    flex = [{"id": "a", "messages": conv, "max_new_tokens": 6, **extra},
+    flex = [{"id": "a", "messages": conv, "max_new_tokens": 6, "top_k": -1, **extra},
             {"id": "b", "prompt": "Hello", "continue_final_message": True}]
     inp.write_text("".join(json.dumps(l) + "\n" for l in flex))
     out.unlink()
@@ -108,3 +108,31 @@ def test_a_continued_batch_line_generates_from_the_cut_text(tmp_path, chat_token
     got = [json.loads(l) for l in out.read_text().splitlines()]
     assert got[0]["token_ids"] == want.token_ids
     assert got[1]["error"] == 'field "continue_final_message" applies to a chat template: it needs "messages"'
+
+
+def test_flags_in_chat_template_kwargs_override_the_bodys(tmp_path, chat_tokenizer):
+    # vLLM merges chat_template_kwargs over the request's own template parameters.
+    conv = [HELLO, {"role": "assistant", "content": "Grace be "}]
+    body = {"messages": conv, "chat_template_kwargs": {"add_generation_prompt": False, "continue_final_message": True}}
+    assert render_chat(str(chat_tokenizer), json.dumps(body)) == CONTINUE_CASES[0][4]
+
+
+def test_chat_renders_as_batch_lines_and_top_k_minus_one_is_off(chat_tokenizer):
+    # LLM.chat joins a content list's text parts as a Batch line does (vLLM's LLM.chat too);
+    # apply_chat_template passes them through, as transformers does.
+    llm = flexh2o.LLM(str(TINY["llama"]), tokenizer=str(chat_tokenizer), device="cpu")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Who made"}, {"type": "text", "text": "light?"}]}]
+    joined = [{"role": "user", "content": "Who made\nlight?"}]
+    assert llm.chat(parts, max_new_tokens=4) == llm.chat(joined, max_new_tokens=4)
+    assert '"type": "text"' in llm.apply_chat_template(parts)
+    # top_k -1 is off, as vLLM's (and a Batch body's): the same draws as 0.
+    sampled = dict(max_new_tokens=6, temperature=1.0, seed=3)
+    assert llm.generate(["In the"], top_k=-1, **sampled) == llm.generate(["In the"], top_k=0, **sampled)
+    with pytest.raises(flexh2o.Error, match="top_k"):
+        llm.generate(["In the"], top_k=-2)
+    with pytest.raises(flexh2o.Error, match="returns the text: encode it"):
+        llm.apply_chat_template(joined, tokenize=True)
+    with pytest.raises(flexh2o.Error, match="continue_final_message must be True or False"):
+        llm.apply_chat_template(joined, add_generation_prompt=False, continue_final_message="reasoning_content")
+    with pytest.raises(flexh2o.Error, match="cannot set 'chat_template'"):
+        llm.chat(joined, chat_template_kwargs={"chat_template": "x"})

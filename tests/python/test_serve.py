@@ -274,6 +274,12 @@ def test_engine_flags_and_unknown_ones():
         "heavy_ratio": "0.1"}
     r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--no-such-flag", "1"])
     assert r.returncode == 2 and "unknown flag --no-such-flag" in r.stderr, r.stderr
+    # A sampling default that no request could run with is serve's error, before the model loads.
+    for flag, value, words in (("--top-k", "-2", "top_k (--top-k) must be >= 0 (0 or -1: off), got -2"),
+                               ("--min-p", "7", "min_p (--min-p) must be in [0, 1], got 7.0"),
+                               ("--repetition-penalty", "0", "repetition_penalty (--repetition-penalty) must be > 0")):
+        r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", flag, value])
+        assert r.returncode == 2 and words in r.stderr and "on http://" not in r.stderr, r.stderr
     r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--kv-policy", "bogus"])
     assert r.returncode == 1 and "bogus" in r.stderr, r.stderr
     # The weights are placed before the server listens: a budget too small ends it at once.

@@ -212,15 +212,16 @@ class ChatTemplate:
         """A chat request's body (a Batch line, a server request, a flexh2o line; checked by the
         engine) rendered as vLLM renders it: its messages (render_request) with its
         add_generation_prompt (default true), continue_final_message (default false) and
-        chat_template_kwargs (null: absent)."""
+        chat_template_kwargs, which may set those two too (vLLM merges them over the body's);
+        null is absent."""
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(messages, list):
             raise Error("a chat request needs a \"messages\" array")
-        def given(key, default):
-            return default if body.get(key) is None else body[key]
-        return self.render_request(messages, add_generation_prompt=given("add_generation_prompt", True),
-                                   continue_final_message=given("continue_final_message", False),
-                                   template_kwargs=given("chat_template_kwargs", {}))
+        kwargs = {k: v for k, v in (body.get("chat_template_kwargs") or {}).items() if v is not None}
+        flags = {k: kwargs.pop(k, body.get(k)) for k in ("add_generation_prompt", "continue_final_message")}
+        return self.render_request(messages, add_generation_prompt=flags["add_generation_prompt"] is not False,
+                                   continue_final_message=flags["continue_final_message"] is True,
+                                   template_kwargs=kwargs)
 
     def render_request(self, messages, add_generation_prompt: bool = True, continue_final_message: bool = False,
                        template_kwargs=None) -> str:
@@ -254,12 +255,16 @@ class ChatTemplate:
         the text inside the last message, for the model to continue it."""
         import jinja2
         messages = _as_transformers_sees(messages)  # a bad message is the caller's error, not the template's
+        if not isinstance(continue_final_message, bool):
+            raise Error(f"continue_final_message must be True or False (the last message's content is "
+                        f"continued), got {continue_final_message!r:.40}")
         if continue_final_message and add_generation_prompt:
             raise Error("continue_final_message and add_generation_prompt cannot both be true (the first continues "
                         "the last message, the second starts a new one)")
-        for own in ("tools", "documents"):
+        for own in ("tools", "documents", "chat_template"):
             if own in template_kwargs:
-                raise Error(f"chat template variables cannot set {own!r}")
+                raise Error(f"chat template variables cannot set {own!r}" +
+                            (": the model's own template renders" if own == "chat_template" else ""))
         final = None
         if continue_final_message:
             messages, final = _tag_final_message(messages, self.source)

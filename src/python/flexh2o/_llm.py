@@ -127,7 +127,7 @@ class LLM:
         self.last_report = None
         out = self._s.generate(items, _args.integer("max_new_tokens", max_new_tokens, 0, _args.INT64_MAX),
                                num("temperature", sp["temperature"]),
-                               _args.integer("top_k", sp["top_k"], 0, _args.INT32_MAX),
+                               _args.integer("top_k", sp["top_k"], -1, _args.INT32_MAX),
                                num("top_p", sp["top_p"]), _args.seed(seed), bool(ignore_eos), _args.stops(stop),
                                min_p=num("min_p", sp["min_p"]),
                                repetition_penalty=num("repetition_penalty", sp["repetition_penalty"]),
@@ -177,11 +177,12 @@ class LLM:
              continue_final_message: bool = False, chat_template_kwargs: Optional[dict] = None,
              **generate_kwargs) -> List[Completion]:
         """generate() on chat conversations: `messages` is one conversation ([{"role", "content"},
-        ...]) or a list of them, each rendered with the chat template (apply_chat_template, with
-        the generation prompt unless told otherwise; continue_final_message and
-        chat_template_kwargs as vLLM's LLM.chat takes them) and encoded without adding special
-        tokens, as Batch chat lines are (a template writes its own BOS); one Completion per
-        conversation. generate_kwargs are generate()'s."""
+        ...]) or a list of them, each rendered with the chat template as vLLM's LLM.chat renders
+        it and a Batch chat line is (text parts of a content list joined by newlines unless the
+        template loops over content; the generation prompt unless told otherwise;
+        continue_final_message; chat_template_kwargs) and encoded without adding special tokens
+        (a template writes its own BOS); one Completion per conversation. generate_kwargs are
+        generate()'s."""
         if not isinstance(messages, (list, tuple)) or not messages:
             raise Error("messages must be a conversation (a non-empty list of {\"role\", \"content\"} dicts) "
                         f"or a list of conversations, got {messages!r:.60}")
@@ -194,9 +195,11 @@ class LLM:
         for own in ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents"):
             if own in (chat_template_kwargs or {}):
                 raise Error(f"chat_template_kwargs cannot set {own!r}")
-        ids = [self.encode(self.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
-                                                    continue_final_message=continue_final_message,
-                                                    **(chat_template_kwargs or {})), add_special=False)
+        if self._chat is None:
+            self._chat = ChatTemplate.from_dir(self._s.tokenizer_dir)
+        ids = [self.encode(self._chat.render_request(c, add_generation_prompt=add_generation_prompt,
+                                                     continue_final_message=continue_final_message,
+                                                     template_kwargs=chat_template_kwargs), add_special=False)
                for c in convs]
         return self.generate(ids, **generate_kwargs)
 
@@ -214,6 +217,8 @@ class LLM:
         continue_final_message (with add_generation_prompt=False): the text ends where the last
         message's does, for the model to continue it. template_kwargs: variables for the template
         (enable_thinking=False, ...)."""
+        if "tokenize" in template_kwargs:
+            raise Error("apply_chat_template returns the text: encode it with encode(text, add_special=False)")
         if self._chat is None:
             self._chat = ChatTemplate.from_dir(self._s.tokenizer_dir)
         return self._chat.render(messages, add_generation_prompt=add_generation_prompt,

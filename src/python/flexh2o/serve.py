@@ -13,6 +13,7 @@ that also scores its prompt, as lm-eval's local-completions asks) is scored befo
 
 import argparse
 import json
+import math
 import queue
 import re
 import secrets
@@ -75,6 +76,9 @@ class Server:
                              "batch_wait_ms >= 0")
         if not read_timeout > 0:
             raise ValueError(f"read_timeout must be > 0 seconds, got {read_timeout}")
+        why = _sampling_error(top_k, min_p, repetition_penalty)
+        if why:
+            raise ValueError(why)
         self.llm = llm
         self.model_name = served_model_name or llm.name
         self.max_new_tokens, self.max_prompt_len = int(max_new_tokens), int(max_prompt_len)
@@ -249,6 +253,18 @@ class Server:
             self._queue.clear()
 
 
+def _sampling_error(top_k, min_p, repetition_penalty):
+    """Why serve's sampling defaults cannot run (a request that leaves them to the server would
+    get the server's mistake as its own 400), or None."""
+    if top_k < -1:
+        return f"top_k (--top-k) must be >= 0 (0 or -1: off), got {top_k}"
+    if not 0 <= min_p <= 1:
+        return f"min_p (--min-p) must be in [0, 1], got {min_p}"
+    if not (repetition_penalty > 0 and math.isfinite(repetition_penalty)):
+        return f"repetition_penalty (--repetition-penalty) must be > 0 (1 = off), got {repetition_penalty}"
+    return None
+
+
 def _engine_flags(rest):
     """The CLI's engine flags left over by argparse (`--percent 20 80 0 100 0 100`,
     `--cpu-cache-compute`, `--kv-policy=h2o`) as flexh2o.LLM keyword arguments."""
@@ -326,10 +342,11 @@ def main(argv=None):
     ap.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every /v1 request")
     ap.add_argument("--seed", type=int, help="base seed of requests without a \"seed\" (default: random)")
     ap.add_argument("--greedy", action="store_true", help="temperature 0 whatever a request says")
-    ap.add_argument("--top-k", type=int, default=0, help="top-k for every request (not an OpenAI parameter)")
-    ap.add_argument("--min-p", type=float, default=0.0, help="min-p for every request")
-    ap.add_argument("--repetition-penalty", type=float, default=1.0, help="transformers' repetition penalty "
-                    "for every request")
+    ap.add_argument("--top-k", type=int, default=0, help="top-k of requests without \"top_k\" (vLLM's extra "
+                    "parameter; 0 or -1: off)")
+    ap.add_argument("--min-p", type=float, default=0.0, help="min-p of requests without \"min_p\" (0: off)")
+    ap.add_argument("--repetition-penalty", type=float, default=1.0, help="transformers' repetition penalty of "
+                    "requests without \"repetition_penalty\" (1: off)")
     ap.add_argument("--ignore-eos", action="store_true", help="every request generates exactly its max_tokens (EOS "
                     "does not end it; stop strings still do), as `generate --ignore-eos` runs a Batch file: for "
                     "benchmarks. One request alone: \"logit_bias\" -100 on the EOS token")
@@ -343,7 +360,7 @@ def main(argv=None):
     ap.add_argument("--log-requests", action="store_true", help="log every HTTP request to stderr")
     args, rest = ap.parse_known_args(argv)
     flags = _engine_flags(rest)
-    why = _not_engine_flag(rest)
+    why = _not_engine_flag(rest) or _sampling_error(args.top_k, args.min_p, args.repetition_penalty)
     if why:
         print(f"flexh2o serve: {why}", file=sys.stderr)
         return 2
