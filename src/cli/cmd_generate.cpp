@@ -344,7 +344,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     } else {
       const GenerationResult& r = *ready[it.first_req];
       // EOS ends the text without adding its own (`<|im_end|>`, `</s>`), as in Batch results.
-      std::string text = batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, {}).text;
+      std::string text = batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, {}, false).text;
       if (human) std::cout << "[" << it.id.dump() << "] " << text << "\n";
       if (single) {
         std::cout << text << "\n";
@@ -425,7 +425,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   go.ends_at = [&](size_t j, const GenerationResult& res) {
     const Item& it = items[req_item[order[j]]];
     return it.batch && !it.batch->stop.empty() &&
-           batch::first_stop_at(decode(res.tokens), it.batch->stop) != std::string::npos;
+           batch::first_stop_at(decode(res.tokens, it.batch->skip_special_tokens), it.batch->stop) !=
+               std::string::npos;
   };
   Progress progress("generate", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, rs.offload);
   go.on_progress = [&](int64_t done_tokens, int64_t total) { progress.update(done_tokens, total); };

@@ -27,8 +27,8 @@ template <typename... Args>
 }
 
 // A body parameter in one of the states OpenAI documents, or one of vLLM's extra parameters
-// (top_k, min_p, repetition_penalty; for chat add_generation_prompt, continue_final_message and
-// chat_template_kwargs), which OpenAI clients send as `extra_body`. `dflt` are the values that
+// (top_k, min_p, repetition_penalty, skip_special_tokens; for chat add_generation_prompt,
+// continue_final_message and chat_template_kwargs), which OpenAI clients send as `extra_body`. `dflt` are the values that
 // ask for nothing flexh2o lacks (null always does).
 struct Param {
   const char* key;
@@ -46,7 +46,7 @@ const std::vector<Param>& params(Endpoint ep) {
       {"presence_penalty", K::kSupported}, {"logit_bias", K::kSupported},
       {"logprobs", K::kSupported}, {"stream", K::kDefaultOnly, {false}}, {"stream_options", K::kDefaultOnly},
       {"suffix", K::kDefaultOnly}, {"top_k", K::kSupported}, {"min_p", K::kSupported},
-      {"repetition_penalty", K::kSupported}};
+      {"repetition_penalty", K::kSupported}, {"skip_special_tokens", K::kSupported}};
   static const std::vector<Param> chat = {
       {"model", K::kSupported}, {"messages", K::kSupported}, {"max_tokens", K::kSupported},
       {"max_completion_tokens", K::kSupported}, {"temperature", K::kSupported}, {"top_p", K::kSupported},
@@ -63,7 +63,8 @@ const std::vector<Param>& params(Endpoint ep) {
       {"modalities", K::kDefaultOnly, {json::array({"text"})}}, {"prediction", K::kDefaultOnly},
       {"reasoning_effort", K::kDefaultOnly}, {"verbosity", K::kDefaultOnly},
       {"web_search_options", K::kDefaultOnly}, {"top_k", K::kSupported}, {"min_p", K::kSupported},
-      {"repetition_penalty", K::kSupported}, {"add_generation_prompt", K::kSupported},
+      {"repetition_penalty", K::kSupported}, {"skip_special_tokens", K::kSupported},
+      {"add_generation_prompt", K::kSupported},
       {"continue_final_message", K::kSupported}, {"chat_template_kwargs", K::kSupported}};
   return ep == Endpoint::kCompletions ? completions : chat;
 }
@@ -305,6 +306,12 @@ Request parse_body(const nlohmann::ordered_json& obody, Endpoint ep, const Hooks
       bad("repetition_penalty", "\"repetition_penalty\" must be a number > 0 (1 = off), got ", json_excerpt(v));
     r.repetition_penalty = v.get<float>();
   }
+  if (given(body, "skip_special_tokens")) {
+    if (!body["skip_special_tokens"].is_boolean())
+      bad("skip_special_tokens", "\"skip_special_tokens\" must be a boolean, got ",
+          json_excerpt(body["skip_special_tokens"]));
+    r.skip_special_tokens = body["skip_special_tokens"].get<bool>();
+  }
   if (given(body, "seed"))
     r.seed = int_param(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   r.stop = stop_param(body);
@@ -457,7 +464,8 @@ json result_line(const Request& r, std::span<const GenerationResult* const> resu
                  const TokenText& piece, const std::string& model_name, int64_t created, IdMaker& ids) {
   std::vector<Choice> choices;
   for (const GenerationResult* res : results) {
-    choices.push_back(finish_choice(res->tokens, res->finish == FinishReason::kEos, decode, r.stop));
+    choices.push_back(finish_choice(res->tokens, res->finish == FinishReason::kEos, decode, r.stop,
+                                    r.skip_special_tokens));
     Choice& c = choices.back();
     with_logprobs(c, *res);
     if (!r.echo) continue;
@@ -498,7 +506,9 @@ void score_echoed_prompts(StepRunner& runner, std::span<Request* const> requests
 }
 
 Decode decoder_of(const Tokenizer* t) {
-  return [t](std::span<const int32_t> ids) { return t ? t->decode(ids) : std::string(); };
+  return [t](std::span<const int32_t> ids, bool skip_special) {
+    return t ? t->decode(ids, skip_special) : std::string();
+  };
 }
 
 TokenText token_text_of(const Tokenizer* t) {

@@ -49,6 +49,9 @@ struct Request {
   bool stream = false, include_usage = false;
   // Completions "echo": each choice's text (and with logprobs its tokens) begins with its prompt.
   bool echo = false;
+  // vLLM's skip_special_tokens (default true, as there): choices' text leaves special tokens'
+  // text out (stop strings are found in that text); their logprobs still name every token.
+  bool skip_special_tokens = true;
   // With echo and logprobs: per prompt, the scores of its tokens after the first (the first has
   // none), which score_echoed_prompts() fills before the output line is built.
   std::vector<std::vector<ScoredToken>> prompt_scores;
@@ -145,13 +148,16 @@ struct Choice {
   // as their texts then add up to `text`); -1: completion_tokens.
   int64_t text_tokens = -1;
 };
-using Decode = std::function<std::string(std::span<const int32_t> ids)>;
-// `tokens` as generated (ending in EOS when `eos`): the text without EOS, cut before the first
-// occurrence of any stop string; then the tokens counted are those needed to produce that stop,
-// and text_tokens those that begin before it.
+// Token ids -> text; skip_special leaves special tokens' text out (Tokenizer::decode).
+using Decode = std::function<std::string(std::span<const int32_t> ids, bool skip_special)>;
+// `tokens` as generated (ending in EOS when `eos`): the text without EOS (and without every
+// special token's text when skip_special), cut before the first occurrence of any stop string;
+// then the tokens counted are those needed to produce that stop, and text_tokens those that
+// begin before it.
 Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode,
-                     const std::vector<std::string>& stop);
-// The text "echo" puts before prompt p's completion (Request::prompt_texts).
+                     const std::vector<std::string>& stop, bool skip_special);
+// The text "echo" puts before prompt p's completion (Request::prompt_texts; token ids decoded
+// with their special tokens, BOS included).
 std::string echoed_prompt(const Request& r, size_t p, const Decode& decode);
 // Adds r's log-probabilities (when it has them) for the tokens `c` counts, EOS left out.
 void with_logprobs(Choice& c, const GenerationResult& r);

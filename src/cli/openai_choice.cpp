@@ -15,9 +15,10 @@ size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop
   return at;
 }
 
-Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode,
-                     const std::vector<std::string>& stop) {
+Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode_with,
+                     const std::vector<std::string>& stop, bool skip_special) {
   const std::span<const int32_t> body = eos && !tokens.empty() ? tokens.first(tokens.size() - 1) : tokens;
+  auto decode = [&](std::span<const int32_t> ids) { return decode_with(ids, skip_special); };
   Choice c{decode(body), int64_t(tokens.size()), eos, {}, {}, {}, {}, {}};
   auto first_stop = [&](const std::string& text) { return first_stop_at(text, stop); };
   if (stop.empty() || first_stop(c.text) == std::string::npos) return c;
@@ -44,7 +45,8 @@ Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& de
 }
 
 std::string echoed_prompt(const Request& r, size_t p, const Decode& decode) {
-  return p < r.prompt_texts.size() && r.prompt_texts[p] ? *r.prompt_texts[p] : decode(r.prompts[p]);
+  // Token ids as the model reads them, special ones too: the text the prompt's logprobs offset.
+  return p < r.prompt_texts.size() && r.prompt_texts[p] ? *r.prompt_texts[p] : decode(r.prompts[p], false);
 }
 
 void with_logprobs(Choice& c, const GenerationResult& r) {

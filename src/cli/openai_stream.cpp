@@ -152,7 +152,7 @@ bool LiveAnswers::on_token(size_t req, const GenerationResult& res) {
     return true;
   }
   if (r.stop.empty() && !r.stream) return false;
-  const std::string text = decode_(res.tokens);
+  const std::string text = decode_(res.tokens, r.skip_special_tokens);
   if (!r.stop.empty() && first_stop_at(text, r.stop) != std::string::npos) return true;
   if (!r.stream) return false;
   const std::string delta = ch.text.next(text, stop_holdback(r.stop));
@@ -161,7 +161,7 @@ bool LiveAnswers::on_token(size_t req, const GenerationResult& res) {
   size_t done = ch.tokens_sent;
   if (r.logprobs >= 0)
     while (done < res.tokens.size() &&
-           decode_(std::span(res.tokens).first(done + 1)).size() <= ch.text.sent().size())
+           decode_(std::span(res.tokens).first(done + 1), r.skip_special_tokens).size() <= ch.text.sent().size())
       ++done;
   if (!chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), delta, nullptr, false,
                              logprobs_upto(ch, r, res, done)))) {
@@ -178,7 +178,8 @@ void LiveAnswers::on_result(size_t req, const GenerationResult& res) {
   ch.res = &res;
   if (r.stream) {
     echo_prompt(ch, l, req);
-    openai_batch::Choice c = finish_choice(res.tokens, res.finish == FinishReason::kEos, decode_, r.stop);
+    openai_batch::Choice c =
+        finish_choice(res.tokens, res.finish == FinishReason::kEos, decode_, r.stop, r.skip_special_tokens);
     with_logprobs(c, res);  // the tokens the plain answer lists (EOS left out)
     chunk(l, stream_chunk(r, l.stream_id, created_, model_name_, int64_t(req - l.first), ch.text.rest(c.text),
                           c.stopped ? "stop" : "length", false, logprobs_upto(ch, r, res, c.tokens.size())));

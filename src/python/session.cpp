@@ -204,7 +204,7 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
     if (s.empty()) FH_FAIL("stop: an empty string would stop every sequence at once");
   if (!p.stop.empty())
     go.ends_at = [&](size_t, const GenerationResult& res) {
-      return cli::openai_batch::first_stop_at(decode(res.tokens), p.stop) != std::string::npos;
+      return cli::openai_batch::first_stop_at(decode(res.tokens, false), p.stop) != std::string::npos;
     };
   go.stop = p.interrupt;
   GenerateStats st;
@@ -214,7 +214,8 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   std::vector<Completion> out;
   for (const GenerationResult& r : res) {
     // As vLLM's: the text leaves EOS out and ends before the first stop string.
-    std::string text = cli::openai_batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, p.stop).text;
+    std::string text =
+        cli::openai_batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, p.stop, false).text;
     out.push_back({std::move(text), r.tokens, finish_reason_name(r.finish), r.logprobs, r.top_logprobs});
   }
   json report = cli::run_report(lm_, run.rs, st, *cpu_, device_);

@@ -284,34 +284,34 @@ TEST(OpenAiBatch, ChatContentReachesTheTemplateAsText) {
 
 TEST(OpenAiBatch, StopStringsCutTextAndCountTheTokensNeeded) {
   const Tokenizer& t = opt_tokenizer();
-  const Decode decode = [&](std::span<const int32_t> ids) { return t.decode(ids); };
+  const Decode decode = [&](std::span<const int32_t> ids, bool skip) { return t.decode(ids, skip); };
   // tiny-opt's greedy continuation of "In the beginning God created" (reference/greedy.json).
   const std::vector<int32_t> gen{15, 271, 262, 341, 15, 271, 262, 341};
   ASSERT_EQ(t.decode(gen), ", and the LORD, and the LORD");
-  Choice c = finish_choice(gen, false, decode, {" LORD"});
+  Choice c = finish_choice(gen, false, decode, {" LORD"}, true);
   EXPECT_EQ(c.text, ", and the");
   EXPECT_EQ(c.completion_tokens, 4);  // ", and the LORD": the stop is complete at the 4th token
   EXPECT_EQ(c.text_tokens, 3);        // the logprobs list ", and the" only: their texts add up to the text
   EXPECT_TRUE(c.stopped);
   // The first stop to complete wins, though another starts earlier.
-  c = finish_choice(gen, false, decode, {"the LORD, and", "LO"});
+  c = finish_choice(gen, false, decode, {"the LORD, and", "LO"}, true);
   EXPECT_EQ(c.text, ", and the ");
   EXPECT_EQ(c.completion_tokens, 4);
   EXPECT_EQ(c.text_tokens, 4);  // " LORD" begins inside the text (its space) and is listed
-  c = finish_choice(gen, false, decode, {","});
+  c = finish_choice(gen, false, decode, {","}, true);
   EXPECT_EQ(c.text, "");
   EXPECT_EQ(c.text_tokens, 0);
-  c = finish_choice(gen, false, decode, {"Egypt"});
+  c = finish_choice(gen, false, decode, {"Egypt"}, true);
   EXPECT_EQ(c.text, ", and the LORD, and the LORD");
   EXPECT_EQ(c.completion_tokens, 8);
   EXPECT_FALSE(c.stopped);
   // EOS: counted, not shown, finish "stop".
   std::vector<int32_t> eos{15, 271, 2};
-  c = finish_choice(eos, true, decode, {});
+  c = finish_choice(eos, true, decode, {}, true);
   EXPECT_EQ(c.text, ", and");
   EXPECT_EQ(c.completion_tokens, 3);
   EXPECT_TRUE(c.stopped);
-  c = finish_choice(std::vector<int32_t>{}, false, decode, {"x"});
+  c = finish_choice(std::vector<int32_t>{}, false, decode, {"x"}, true);
   EXPECT_EQ(c.text, "");
   EXPECT_EQ(c.completion_tokens, 0);
 }
@@ -401,7 +401,7 @@ TEST(OpenAiBatch, EchoPrependsThePromptAndItsScores) {
   Request r = *p.request;
   EXPECT_TRUE(r.scores_prompts());
   r.prompt_scores = {{ScoredToken{-2.5f, {{9, -0.5f}, {6, -2.5f}}}}, {}};
-  const Decode decode = [](std::span<const int32_t> ids) {
+  const Decode decode = [](std::span<const int32_t> ids, bool) {
     std::string s;
     for (int32_t id : ids) s += char('a' + id - 5);
     return s;

@@ -1,5 +1,5 @@
 // vLLM's extra body parameters in OpenAI lines (Batch files, the server): top_k, min_p and
-// repetition_penalty override the CLI's defaults per request; add_generation_prompt,
+// repetition_penalty override the CLI's defaults per request; skip_special_tokens; add_generation_prompt,
 // continue_final_message and chat_template_kwargs are checked here and reach the chat hook.
 #include <gtest/gtest.h>
 
@@ -159,6 +159,34 @@ TEST(VllmParams, ChatTemplateParametersAreChecked) {
     ASSERT_TRUE(p.error) << key;
     EXPECT_EQ(p.error->message, std::string("Unrecognized request argument supplied: ") + key);
   }
+}
+
+// skip_special_tokens (vLLM's, default true there and here): a special token generated mid-text
+// (EOS under --ignore-eos, a chat marker) leaves its text out of the choice; stop strings are
+// found in that text.
+TEST(VllmParams, SkipSpecialTokensLeavesTheirTextOut) {
+  const std::vector<int32_t> tokens{15, 2, 271, 262};  // ",", "</s>" (special), " and", " the"
+  ASSERT_TRUE(opt_tokenizer().is_special(2));
+  GenerationResult res;
+  res.tokens = tokens;
+  res.finish = FinishReason::kLength;
+  const GenerationResult* one[] = {&res};
+  IdMaker ids(1);
+  auto text_of = [&](const json& extra) {
+    const Parsed p = parse_input_line(completion(extra), hooks());
+    EXPECT_TRUE(p.request) << (p.error ? p.error->message : "");
+    const json out = result_line(*p.request, one, decoder_of(&opt_tokenizer()), token_text_of(&opt_tokenizer()),
+                                 "m", 0, ids);
+    return out["response"]["body"]["choices"][0]["text"].get<std::string>();
+  };
+  EXPECT_EQ(text_of(json::object()), ", and the");
+  EXPECT_EQ(text_of({{"skip_special_tokens", true}}), ", and the");
+  EXPECT_EQ(text_of({{"skip_special_tokens", false}}), ",</s> and the");
+  EXPECT_EQ(text_of({{"stop", ", and"}}), "");  // found across the skipped token
+  EXPECT_EQ(text_of({{"stop", ", and"}, {"skip_special_tokens", false}}), ",</s> and the");
+  const Parsed bad = parse_input_line(chat({{"skip_special_tokens", "no"}}), hooks());
+  ASSERT_TRUE(bad.error);
+  EXPECT_EQ(bad.error->param, "skip_special_tokens");
 }
 
 }  // namespace
