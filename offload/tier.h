@@ -1,7 +1,7 @@
 // Memory tiers and their byte budgets. Every buffer the offloading runtime allocates is
 // charged to a TierBudget, which refuses to exceed its capacity and records the peak.
-// TierBudget is thread-safe; TierBuffer is a move-only RAII owner of host memory charged
-// to a budget (the CPU device's "device memory" is host memory charged to the device tier).
+// TierBudget is thread-safe; TierCharge is a move-only RAII hold on a budget's bytes (the CPU
+// device's "device memory" is host memory charged to the device tier).
 #pragma once
 
 #include <atomic>
@@ -93,61 +93,6 @@ class TierCharge {
  private:
   TierBudget* budget_ = nullptr;
   uint64_t bytes_ = 0;
-};
-
-// Zero-initialised, 4096-aligned host memory charged to a budget for its lifetime.
-class TierBuffer {
- public:
-  TierBuffer() = default;
-  [[nodiscard]] static Status allocate(TierBudget& budget, size_t bytes, const std::string& what, TierBuffer* out) {
-    if (bytes == 0) {
-      *out = TierBuffer();
-      return Status::Ok();
-    }
-    Status s = budget.reserve(bytes, what);
-    if (!s.ok()) return s;
-    const size_t rounded = (bytes + 4095) / 4096 * 4096;
-    void* p = std::aligned_alloc(4096, rounded);
-    if (!p) {
-      budget.release(bytes);
-      return Status(StatusCode::kOutOfBudget, "out of memory allocating " + what);
-    }
-    std::memset(p, 0, rounded);
-    out->reset();
-    out->data_ = static_cast<std::byte*>(p);
-    out->bytes_ = bytes;
-    out->budget_ = &budget;
-    return Status::Ok();
-  }
-  TierBuffer(TierBuffer&& o) noexcept { *this = std::move(o); }
-  TierBuffer& operator=(TierBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      data_ = o.data_, bytes_ = o.bytes_, budget_ = o.budget_;
-      o.data_ = nullptr, o.bytes_ = 0, o.budget_ = nullptr;
-    }
-    return *this;
-  }
-  TierBuffer(const TierBuffer&) = delete;
-  TierBuffer& operator=(const TierBuffer&) = delete;
-  ~TierBuffer() { reset(); }
-
-  std::byte* data() const { return data_; }
-  float* floats() const { return reinterpret_cast<float*>(data_); }
-  size_t size() const { return bytes_; }
-
- private:
-  void reset() {
-    if (data_) {
-      std::free(data_);
-      budget_->release(bytes_);
-    }
-    data_ = nullptr;
-    bytes_ = 0;
-  }
-  std::byte* data_ = nullptr;
-  size_t bytes_ = 0;
-  TierBudget* budget_ = nullptr;
 };
 
 }  // namespace flexh2o

@@ -5,6 +5,7 @@
 // policies/README.md.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -51,6 +52,9 @@ struct KvBudget {
   bool unbounded = false;  // full cache: never evicts
   // Max tokens attention may see, the incoming one included; kUnbounded when unbounded.
   int64_t total() const { return unbounded ? kUnbounded : sinks + heavy + recent; }
+  // KV rows a sequence of n rows keeps after a step: all when unbounded, else at most total() - 1,
+  // which leaves room for the next token (the engine's compaction and the cost model both).
+  int64_t kept(int64_t n) const { return unbounded ? n : std::min<int64_t>(n, std::max<int64_t>(total() - 1, 0)); }
   bool operator==(const KvBudget&) const = default;
 };
 

@@ -457,7 +457,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   } else if (dp) {
     dp->generate(*runner, run_reqs, go, [&](size_t j) {
       const Item& it = items[req_item[order[j]]];
-      return it.batch ? it.batch->stop : std::vector<std::string>();
+      return it.batch ? StopRule{it.batch->stop, it.batch->skip_special_tokens} : StopRule{};
     }, prompt, gen, &st);
   }
   // Every finished result, even those after an unfinished one, so that --resume skips them all.
@@ -484,13 +484,16 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     } catch (const std::exception& ex) {
       // A failure mid-run (a full disk, an I/O error): what finished is kept and said, and the
       // report records how far the run got and why it stopped; then the error ends the command
-      // (exit 1). A second failure while keeping them (the output's own disk is full) is dropped:
-      // the first one is the cause.
+      // (exit 1). An output that failed itself is left as it is (a line retried there would be
+      // written twice); a second failure while keeping them is dropped: the first is the cause.
+      // Under mpirun the ranks' own paths keep what finished.
       progress.finish();
       bool kept = false;
       try {
-        keep_finished();
-        kept = true;
+        if (!out_file || !out_file->failed()) {
+          keep_finished();
+          kept = true;
+        }
       } catch (const std::exception&) {
       }
       try {
@@ -504,9 +507,9 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       if (kept && finished > 0)
         std::cerr << "flexh2o: " << finished << " of " << to_run << " requests finished before the error below"
                   << (a.output.empty() ? std::string()
-                                       : "; their results are in " + a.output +
-                                             ", and the same command with --resume finishes the run once the "
-                                             "cause is fixed")
+                                       : "; their results are in " + a.output + ", and the same command with " +
+                                             (a.overwrite ? "--resume in place of --overwrite" : "--resume") +
+                                             " finishes the run once the cause is fixed")
                   << "\n";
       throw;
     }

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "engine/kv_evict.h"
+#include "engine/memory_plan.h"
 #include "loader/checkpoint.h"
 #include "model/weights.h"
 
@@ -27,14 +28,6 @@ std::string group_of(const std::string& name) {
   if (name.find("norm") != std::string::npos) return "norms";
   if (name.find("self_attn.") != std::string::npos) return "attention";
   return "mlp";
-}
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(u ? 2 : 0) << b << " " << units[u];
-  return os.str();
 }
 
 // A cap as the config wrote it: 50, or 30.5 (not truncated to an integer).
@@ -161,10 +154,10 @@ int run_info(const InfoArgs& a, const Env& env) {
               << (c.attn_softcap > 0 ? ", scores capped at " + short_number(c.attn_softcap) : "")
               << (c.final_softcap > 0 ? ", logits capped at " + short_number(c.final_softcap) : "") << "\n";
   std::cout << rope_line(c) << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
-            << "weights      " << human_bytes(double(params) * double(esize)) << " in " << dtype_name(c.dtype) << "\n";
-  for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(double(b)) << "\n";
-  std::cout << "KV per token " << human_bytes(double(c.kv_bytes_per_token(DType::F16))) << " (f16, bf16), "
-            << human_bytes(double(c.kv_bytes_per_token(DType::F32))) << " (f32), " << human_bytes(double(kv_q4))
+            << "weights      " << human_bytes(uint64_t(params) * esize) << " in " << dtype_name(c.dtype) << "\n";
+  for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(uint64_t(b)) << "\n";
+  std::cout << "KV per token " << human_bytes(uint64_t(c.kv_bytes_per_token(DType::F16))) << " (f16, bf16), "
+            << human_bytes(uint64_t(c.kv_bytes_per_token(DType::F32))) << " (f32), " << human_bytes(uint64_t(kv_q4))
             << " (q4)\n";
   if (!unused.empty()) {
     std::cout << "not read     " << unused.size() << " tensor(s) of the checkpoint:";

@@ -48,7 +48,7 @@ std::string seconds(double s) {
   return os.str();
 }
 
-void put_request(dist::Writer& w, const GenerationRequest& r, const std::vector<std::string>& stop) {
+void put_request(dist::Writer& w, const GenerationRequest& r, const StopRule& stop) {
   w.put_array(std::span<const int32_t>(r.prompt_ids));
   w.put<int64_t>(r.max_new_tokens)
       .put<float>(r.sampling.temperature)
@@ -62,11 +62,12 @@ void put_request(dist::Writer& w, const GenerationRequest& r, const std::vector<
       .put<int32_t>(r.top_logprobs)
       .put<uint32_t>(uint32_t(r.sampling.logit_bias.size()));
   for (const auto& [id, bias] : r.sampling.logit_bias) w.put<int32_t>(id).put<float>(bias);
-  w.put<uint32_t>(uint32_t(stop.size()));
-  for (const std::string& s : stop) w.put_string(s);
+  w.put<uint32_t>(uint32_t(stop.strings.size()));
+  for (const std::string& s : stop.strings) w.put_string(s);
+  w.put<uint8_t>(stop.skip_special);
 }
 
-GenerationRequest get_request(dist::Reader& rd, std::vector<std::string>* stop) {
+GenerationRequest get_request(dist::Reader& rd, StopRule* stop) {
   GenerationRequest r;
   r.prompt_ids = rd.get_array<int32_t>();
   r.max_new_tokens = rd.get<int64_t>();
@@ -85,8 +86,9 @@ GenerationRequest get_request(dist::Reader& rd, std::vector<std::string>* stop) 
     const int32_t id = rd.get<int32_t>();
     r.sampling.logit_bias.emplace_back(id, rd.get<float>());
   }
-  stop->resize(rd.get<uint32_t>());
-  for (std::string& s : *stop) s = rd.get_string();
+  stop->strings.resize(rd.get<uint32_t>());
+  for (std::string& s : stop->strings) s = rd.get_string();
+  stop->skip_special = rd.get<uint8_t>() != 0;
   return r;
 }
 
@@ -267,10 +269,12 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       go.pad_id = cfg.pad_id.value_or(0);
       go.stop = &stop;
       uint64_t first = 0;
-      std::vector<std::vector<std::string>> stops;
+      std::vector<StopRule> stops;
       go.ends_at = [&](size_t r, const GenerationResult& res) {
-        return !stops[r].empty() && lm.tokenizer &&
-               openai_batch::first_stop_at(lm.tokenizer->decode(res.tokens), stops[r]) != std::string::npos;
+        const StopRule& s = stops[r];
+        return !s.strings.empty() && lm.tokenizer &&
+               openai_batch::first_stop_at(lm.tokenizer->decode(res.tokens, s.skip_special), s.strings) !=
+                   std::string::npos;
       };
       go.on_result = [&](size_t r, const GenerationResult& res) {
         dist::Writer w;
@@ -341,7 +345,7 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
 }
 
 void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequest>& reqs, const GenerateOptions& go,
-                            const std::function<std::vector<std::string>(size_t)>& stops, int64_t prompt_len,
+                            const std::function<StopRule(size_t)>& stops, int64_t prompt_len,
                             int64_t gen_len, GenerateStats* st) {
   dist::Comm& c = *comm_;
   Root& R = *root_;

@@ -33,6 +33,13 @@ int rank_cuda_index(const dist::Comm& comm, const std::string& device);
 // --rank-timeout SECONDS on `generate`.
 void add_data_parallel_flags(CLI::App& generate, double& rank_timeout_s);
 
+// A request's stop strings, found in its text with or without special tokens (a Batch body's
+// skip_special_tokens), as rank 0 finds them.
+struct StopRule {
+  std::vector<std::string> strings;
+  bool skip_special = false;
+};
+
 // One rank's part of the job. Made by run_generate when main() found mpirun (Env::mpi), on the
 // thread that runs the command; MPI lives as long as this object. Not thread-safe.
 class DataParallel {
@@ -65,15 +72,15 @@ class DataParallel {
 
   // Rank 0, in place of generate(): runs the batches of rank 0 here and the others on the
   // workers. Every callback of `go` sees request indices into `reqs` and runs on this thread;
-  // on_progress counts every rank's tokens. `stops(r)`: request r's stop strings (ends_at on
-  // the workers); `prompt_len` / `gen_len` as given to make_run_setup. `st` gets the job's
+  // on_progress counts every rank's tokens. `stops(r)`: request r's stop rule (ends_at on the
+  // workers, as rank 0's); `prompt_len` / `gen_len` as given to make_run_setup. `st` gets the job's
   // sums (tokens, batches; prefill/decode seconds summed over ranks); interrupted when a
   // signal, a failed rank or a silent one ended the job early (finished results were delivered).
   // A signal on any rank (env.stop here, a worker's stopped report) stops every rank at its
   // next token step; rank 0 then waits for the workers' last results and reports for
   // max(0.5 s, twice the longest step seen), so the job ends in order.
   void generate(StepRunner& runner, const std::vector<GenerationRequest>& reqs, const GenerateOptions& go,
-                const std::function<std::vector<std::string>(size_t)>& stops, int64_t prompt_len, int64_t gen_len,
+                const std::function<StopRule(size_t)>& stops, int64_t prompt_len, int64_t gen_len,
                 GenerateStats* st);
   // Rank 0: the job's totals, wall time and tokens/s at the top of `report` (rank 0's run
   // report) and a "ranks" array of every rank's figures.

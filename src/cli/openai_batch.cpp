@@ -302,7 +302,7 @@ Request parse_body(const nlohmann::ordered_json& obody, Endpoint ep, const Hooks
   if (given(body, "min_p")) r.min_p = number_param(body, "min_p", 0, 1, false);
   if (given(body, "repetition_penalty")) {
     const json& v = body["repetition_penalty"];
-    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<float>()))
+    if (!v.is_number() || !(v.get<float>() > 0) || !std::isfinite(v.get<float>()))
       bad("repetition_penalty", "\"repetition_penalty\" must be a number > 0 (1 = off), got ", json_excerpt(v));
     r.repetition_penalty = v.get<float>();
   }
@@ -514,7 +514,7 @@ Decode decoder_of(const Tokenizer* t) {
 TokenText token_text_of(const Tokenizer* t) {
   return [t](int32_t id) {
     if (!t) return TokenPiece{};
-    return TokenPiece{t->decode(std::vector<int32_t>{id}), t->token_bytes(id)};
+    return TokenPiece{t->decode(std::vector<int32_t>{id}), t->token_bytes(id), t->is_special(id)};
   };
 }
 

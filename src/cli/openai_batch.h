@@ -147,6 +147,8 @@ struct Choice {
   // Cut at a stop string: the tokens whose text begins before the cut (those the logprobs list,
   // as their texts then add up to `text`); -1: completion_tokens.
   int64_t text_tokens = -1;
+  // `text` leaves special tokens' text out (skip_special_tokens): their text_offset takes no room.
+  bool skip_special = false;
 };
 // Token ids -> text; skip_special leaves special tokens' text out (Tokenizer::decode).
 using Decode = std::function<std::string(std::span<const int32_t> ids, bool skip_special)>;
@@ -165,6 +167,7 @@ void with_logprobs(Choice& c, const GenerationResult& r);
 // gives them) and its bytes (Tokenizer::token_bytes).
 struct TokenPiece {
   std::string text, bytes;
+  bool special = false;  // Tokenizer::is_special
 };
 using TokenText = std::function<TokenPiece(int32_t id)>;
 

@@ -113,6 +113,7 @@ void LiveAnswers::defer(size_t line) {
 json LiveAnswers::logprobs_upto(Choice& ch, const Request& r, const GenerationResult& res, size_t end) {
   if (r.logprobs < 0) return nullptr;
   openai_batch::Choice part;
+  part.skip_special = r.skip_special_tokens;
   end = std::min({end, res.tokens.size(), res.logprobs.size()});
   const size_t from = std::min(ch.tokens_sent, end);
   part.tokens.assign(res.tokens.begin() + std::ptrdiff_t(from), res.tokens.begin() + std::ptrdiff_t(end));

@@ -155,6 +155,7 @@ OutputFile::~OutputFile() {
 }
 
 void OutputFile::fail(const char* what, int err) const {
+  failed_ = true;
   FH_FAIL("cannot ", what, " ", describe(where_), ": ", std::strerror(err));
 }
 

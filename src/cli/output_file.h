@@ -68,6 +68,9 @@ class OutputFile {
   void commit();
 
   const std::filesystem::path& path() const { return where_.path; }
+  // A write, fsync, close or rename failed: what is buffered may be in the file in part, so the
+  // caller writes nothing more (a retried line would be there twice).
+  bool failed() const { return failed_; }
 
  private:
   [[noreturn]] void fail(const char* what, int err) const;
@@ -77,6 +80,7 @@ class OutputFile {
   int fd_ = -1;
   bool regular_ = false;
   std::string buf_;
+  mutable bool failed_ = false;
 };
 
 // Writes `text` to `where` as one kReplace OutputFile.

@@ -110,8 +110,8 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
     const size_t count = std::min(requests.size() - first, size_t(batch));
     BatchRun<std::vector<GenerationRequest>, std::vector<GenerationResult>> b(
         runner.config(), requests, iota_from(first, count), opts, out, st, done, total);
+    ++st.batches;  // started: an interrupted or failed batch ran too (in part)
     run_batch(runner, b, st, opts, first + count >= requests.size());
-    ++st.batches;  // an interrupted batch ran too (its prefill at least)
   }
   return out;
 }

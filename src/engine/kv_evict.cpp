@@ -113,8 +113,7 @@ void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
   WindowScratch scratch;
   for (int64_t b = 0; b < a.seg.n_seq; ++b) {
     const int64_t before = a.len_before[b], n = a.len_after[b];
-    const int64_t budget = a.budgets[b].total();
-    const int64_t keep_n = a.budgets[b].unbounded ? n : std::min<int64_t>(n, std::max<int64_t>(budget - 1, 0));
+    const int64_t keep_n = a.budgets[b].kept(n);
     FH_CHECK(n <= scap, "policy state holds ", scap, " slots, sequence has ", n);
     for (int64_t h = 0; h < kvh; ++h) {
       const int64_t row = ((a.state_first + b) * kvh + h) * scap;

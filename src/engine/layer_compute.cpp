@@ -38,10 +38,6 @@ int64_t LayerCompute::unit_scratch_bytes(const ModelConfig& c, int64_t M) {
   return floats * int64_t(sizeof(float));
 }
 
-int64_t LayerCompute::scratch_bytes(const ModelConfig& c, int64_t M) {
-  return unit_scratch_bytes(c, M) + M * (2 * c.q_dim() + 2 * c.kv_dim()) * int64_t(sizeof(float));
-}
-
 void LayerCompute::embed(const ModelConfig& c, const ModelWeights& w, const int32_t* ids, const StepShape& s,
                          float* hidden) {
   const int64_t M = s.B * s.T;

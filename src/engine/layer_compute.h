@@ -57,8 +57,6 @@ class LayerCompute {
   // Bytes of scratch this object holds for steps of M = B*T rows using only the unit ops above
   // (not layer()/head(), which also keep q/k/v/attention rows); head_rows() of up to M rows in all.
   static int64_t unit_scratch_bytes(const ModelConfig& c, int64_t M);
-  // Bytes layer() + head() hold on top (the in-memory Forward).
-  static int64_t scratch_bytes(const ModelConfig& c, int64_t M);
 
  private:
   // Final norm + lm_head of the first R rows of normed_ (in place) into logits [R, V].

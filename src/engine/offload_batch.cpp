@@ -276,8 +276,7 @@ void OffloadEngine::Impl::prepare_step(const int32_t* step_ids, const int32_t* s
       FH_CHECK(k.len_after[size_t(b)] <= k.cap_w, "KV cache full: sequence ", b, " needs ", k.len_after[size_t(b)],
                " slots, capacity ", k.cap_w);
       int64_t keep = k.len_after[size_t(b)];
-      if (!k.budgets.empty() && !k.budgets[size_t(b)].unbounded)
-        keep = std::min<int64_t>(keep, std::max<int64_t>(k.budgets[size_t(b)].total() - 1, 0));
+      if (!k.budgets.empty()) keep = k.budgets[size_t(b)].kept(keep);
       FH_CHECK(keep <= k.cap_h, "KV home holds ", k.cap_h, " slots, sequence keeps ", keep);
       k.len_final[size_t(b)] = int32_t(keep);
     }

@@ -27,7 +27,7 @@ bool before(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>&
 void validate(const SamplingParams& p, int64_t vocab) {
   if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature))
     FH_FAIL("temperature must be >= 0, got ", p.temperature);
-  if (p.top_k < -1) FH_FAIL("top_k must be >= 0 (0 or -1: off), got ", p.top_k);
+  if (p.top_k < -1) FH_FAIL("top_k must be a count of tokens, or 0 or -1 (off), got ", p.top_k);
   if (!(p.top_p > 0.f && p.top_p <= 1.f)) FH_FAIL("top_p must be in (0, 1], got ", p.top_p);
   if (!(p.min_p >= 0.f && p.min_p <= 1.f)) FH_FAIL("min_p must be in [0, 1], got ", p.min_p);
   if (!(p.repetition_penalty > 0.f) || !std::isfinite(p.repetition_penalty))

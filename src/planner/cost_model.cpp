@@ -137,7 +137,7 @@ CostModel::CostModel(ModelShape m, HardwareProfile hw, Workload w) : m_(std::mov
   if (w_.kv && w_.kv->kind != KvPolicyKind::kFull) {
     const KvBudget b = make_policy(*w_.kv)->budget(w_.prompt_len);
     if (!b.unbounded) {
-      keep_ = std::min(full, std::max<int64_t>(b.total() - 1, 0));
+      keep_ = b.kept(full);
       budget_max_ = b.total();
     }
   }

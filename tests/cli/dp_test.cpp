@@ -222,6 +222,31 @@ TEST(DataParallel, BatchStopStringsEndSequencesOnEveryRank) {
   EXPECT_EQ(read_json(rep)["generated_tokens"], 3 * 4 + 3 * 2);
 }
 
+// A stop string that is a special token's text ("</s>", made likely by logit_bias, past EOS under
+// --ignore-eos) ends a sequence only with skip_special_tokens false, on every rank as in one process.
+TEST(DataParallel, SkipSpecialTokensDecidesStopsOnEveryRankAsInOneProcess) {
+  TempDir tmp;
+  std::vector<json> lines;
+  for (int i = 0; i < 6; ++i)
+    lines.push_back({{"custom_id", named("c", i)}, {"method", "POST"}, {"url", "/v1/completions"},
+                     {"body", {{"prompt", "In the beginning"}, {"max_tokens", 6}, {"temperature", 0},
+                               {"logit_bias", {{"2", 12}}}, {"stop", {"</s>"}}, {"skip_special_tokens", i % 2 == 0}}}});
+  const fs::path in = tmp.path() / "in.jsonl", one = tmp.path() / "one.jsonl", out = tmp.path() / "out.jsonl";
+  write_lines(in, lines);
+  ASSERT_EQ(flexh2o::test::run_flexh2o(gen(kOpt, in, one, "-b 2 --ignore-eos")).code, 0);
+  const RunResult d = mpirun(3, gen(kOpt, in, out, "-b 2 --ignore-eos"));
+  ASSERT_EQ(d.code, 0) << d.err;
+  const std::vector<json> want = read_jsonl(one), got = read_jsonl(out);
+  ASSERT_EQ(got.size(), 6u);
+  ASSERT_EQ(want.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    const json &w = want[size_t(i)]["response"]["body"], &g = got[size_t(i)]["response"]["body"];
+    EXPECT_EQ(g["choices"], w["choices"]) << i;
+    EXPECT_EQ(g["usage"], w["usage"]) << i;
+    EXPECT_EQ(w["choices"][0]["finish_reason"], i % 2 ? "stop" : "length") << w.dump();
+  }
+}
+
 TEST(DataParallel, ResumeFinishesAPartialOutput) {
   TempDir tmp;
   const fs::path in = write_input(tmp.path(), kOpt);

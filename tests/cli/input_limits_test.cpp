@@ -437,7 +437,7 @@ TEST(InputLimits, BadSamplingDefaultsStopTheRunBeforeAnyLine) {
   const std::string run = "generate -i " + in.string() + " -o " + out.string() + " -n 2 --device cpu ";
   const std::pair<std::string, std::string> flags[] = {{"--top-p 1.5", "top_p must be in (0, 1], got 1.5 (--top-p)"},
                                                        {"--temperature -1", "temperature must be >= 0, got -1"},
-                                                       {"--top-k -3", "top_k must be >= 0 (0 or -1: off), got -3 (--top-k)"},
+                                                       {"--top-k -3", "top_k must be a count of tokens, or 0 or -1 (off), got -3 (--top-k)"},
                                                        {"--min-p 1.5", "(--min-p)"},
                                                        {"--repetition-penalty 0", "(--repetition-penalty)"},
                                                        {"--presence-penalty 5", "(--presence-penalty)"}};

@@ -184,6 +184,17 @@ TEST(VllmParams, SkipSpecialTokensLeavesTheirTextOut) {
   EXPECT_EQ(text_of({{"skip_special_tokens", false}}), ",</s> and the");
   EXPECT_EQ(text_of({{"stop", ", and"}}), "");  // found across the skipped token
   EXPECT_EQ(text_of({{"stop", ", and"}, {"skip_special_tokens", false}}), ",</s> and the");
+  // Its log-probabilities still name every token; text_offset points into the text shown.
+  res.logprobs = {-1.f, -2.f, -3.f, -4.f};
+  for (const bool skip : {true, false}) {
+    const Parsed p = parse_input_line(completion({{"logprobs", 0}, {"skip_special_tokens", skip}}), hooks());
+    ASSERT_TRUE(p.request);
+    const json body = result_line(*p.request, one, decoder_of(&opt_tokenizer()), token_text_of(&opt_tokenizer()),
+                                  "m", 0, ids)["response"]["body"];
+    const json& lp = body["choices"][0]["logprobs"];
+    EXPECT_EQ(lp["tokens"], json({",", "</s>", " and", " the"})) << skip;
+    EXPECT_EQ(lp["text_offset"], skip ? json({0, 1, 1, 5}) : json({0, 1, 5, 9})) << skip;
+  }
   const Parsed bad = parse_input_line(chat({{"skip_special_tokens", "no"}}), hooks());
   ASSERT_TRUE(bad.error);
   EXPECT_EQ(bad.error->param, "skip_special_tokens");

@@ -136,3 +136,18 @@ def test_chat_renders_as_batch_lines_and_top_k_minus_one_is_off(chat_tokenizer):
         llm.apply_chat_template(joined, add_generation_prompt=False, continue_final_message="reasoning_content")
     with pytest.raises(flexh2o.Error, match="cannot set 'chat_template'"):
         llm.chat(joined, chat_template_kwargs={"chat_template": "x"})
+
+
+def test_chat_takes_the_flags_in_chat_template_kwargs_and_checks_parts(chat_tokenizer):
+    # As vLLM's LLM.chat: the two flags in chat_template_kwargs override the arguments; a content
+    # part that is not text is flexh2o.Error (a Batch line's error names it too); null content is "".
+    llm = flexh2o.LLM(str(TINY["llama"]), tokenizer=str(chat_tokenizer), device="cpu")
+    conv = [HELLO, {"role": "assistant", "content": "In the beginning"}]
+    flags = {"add_generation_prompt": False, "continue_final_message": True}
+    assert llm.chat(conv, max_new_tokens=4, chat_template_kwargs=flags) == llm.chat(conv, max_new_tokens=4, **flags)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]}]
+    with pytest.raises(flexh2o.Error, match=r"message 0: content\[1\] must be a text part"):
+        llm.chat(parts)
+    with_none = [HELLO, {"role": "assistant", "content": None}, {"role": "user", "content": "And?"}]
+    with_empty = [HELLO, {"role": "assistant", "content": ""}, {"role": "user", "content": "And?"}]
+    assert llm.chat(with_none, max_new_tokens=3) == llm.chat(with_empty, max_new_tokens=3)

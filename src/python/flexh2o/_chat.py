@@ -228,25 +228,34 @@ class ChatTemplate:
         """An OpenAI request's messages (a Batch line, a server request; checked by the engine,
         text parts left as lists), as vLLM gives them to a template: for one that loops over
         content itself (_loops_over_content) every content a list of parts (a string one text
-        part); for another every content a string (parts' texts joined by newlines). Then
-        render()ed."""
+        part); for another every content a string (parts' texts joined by newlines); null
+        content is empty text, and a part that is not a text part is an error, as the engine
+        checks Batch lines. Then render()ed."""
         import jinja2
         if self._loops is None:
             try:
                 self._loops = _loops_over_content(self.source)
             except jinja2.exceptions.TemplateError as e:
                 raise Error(f"{self.origin}: chat template: {e}") from None
-        def as_format(m):
+        def as_format(i, m):
             if not isinstance(m, dict):
                 return m
             content = m.get("content")
+            if content is None:
+                content = m = dict(m, content="")
+            if isinstance(content, list):
+                for k, p in enumerate(content):
+                    if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                        raise Error(f"message {i}: content[{k}] must be a text part "
+                                    f"({{\"type\": \"text\", \"text\": ...}}), got {p!r:.60}")
             if self._loops and isinstance(content, str):
                 return dict(m, content=[{"type": "text", "text": content}])
             if not self._loops and isinstance(content, list):
                 return dict(m, content="\n".join(p["text"] for p in content))
             return m
-        return self.render([as_format(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                           continue_final_message=continue_final_message, **(template_kwargs or {}))
+        return self.render([as_format(i, m) for i, m in enumerate(messages)],
+                           add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                           **(template_kwargs or {}))
 
     def render(self, messages, add_generation_prompt: bool = True, continue_final_message: bool = False,
                **template_kwargs) -> str:

@@ -192,14 +192,18 @@ class LLM:
                 raise Error(f"conversation {i} must be a non-empty list of {{\"role\", \"content\"}} dicts, got {c!r:.60}")
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
             raise Error(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r:.60}")
-        for own in ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents"):
-            if own in (chat_template_kwargs or {}):
+        kwargs = dict(chat_template_kwargs or {})
+        for own in ("messages", "tools", "documents"):
+            if own in kwargs:
                 raise Error(f"chat_template_kwargs cannot set {own!r}")
+        # As vLLM merges them: the two flags given there override the arguments.
+        add_generation_prompt = kwargs.pop("add_generation_prompt", add_generation_prompt)
+        continue_final_message = kwargs.pop("continue_final_message", continue_final_message)
         if self._chat is None:
             self._chat = ChatTemplate.from_dir(self._s.tokenizer_dir)
         ids = [self.encode(self._chat.render_request(c, add_generation_prompt=add_generation_prompt,
                                                      continue_final_message=continue_final_message,
-                                                     template_kwargs=chat_template_kwargs), add_special=False)
+                                                     template_kwargs=kwargs), add_special=False)
                for c in convs]
         return self.generate(ids, **generate_kwargs)
 
