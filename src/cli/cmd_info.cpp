@@ -155,7 +155,8 @@ int run_info(const InfoArgs& a, const Env& env) {
               << (c.final_softcap > 0 ? ", logits capped at " + short_number(c.final_softcap) : "") << "\n";
   std::cout << rope_line(c) << "parameters   " << params << " (" << std::setprecision(4) << params / 1e9 << " B)\n"
             << "weights      " << human_bytes(uint64_t(params) * esize) << " in " << dtype_name(c.dtype) << "\n";
-  for (const auto& [g, b] : group_bytes) std::cout << "  " << std::left << std::setw(11) << g << human_bytes(uint64_t(b)) << "\n";
+  for (const auto& [g, b] : group_bytes)
+    std::cout << "  " << std::left << std::setw(11) << g << human_bytes(uint64_t(b)) << "\n";
   std::cout << "KV per token " << human_bytes(uint64_t(c.kv_bytes_per_token(DType::F16))) << " (f16, bf16), "
             << human_bytes(uint64_t(c.kv_bytes_per_token(DType::F32))) << " (f32), " << human_bytes(uint64_t(kv_q4))
             << " (q4)\n";

@@ -28,8 +28,8 @@ template <typename... Args>
 
 // A body parameter in one of the states OpenAI documents, or one of vLLM's extra parameters
 // (top_k, min_p, repetition_penalty, skip_special_tokens; for chat add_generation_prompt,
-// continue_final_message and chat_template_kwargs), which OpenAI clients send as `extra_body`. `dflt` are the values that
-// ask for nothing flexh2o lacks (null always does).
+// continue_final_message and chat_template_kwargs), which OpenAI clients send as `extra_body`.
+// `dflt` are the values that ask for nothing flexh2o lacks (null always does).
 struct Param {
   const char* key;
   enum Kind { kSupported, kIgnored, kDefaultOnly } kind;
@@ -175,8 +175,9 @@ void chat_template_params(const nlohmann::ordered_json& body) {
   };
   const bool generation_prompt = flag("add_generation_prompt", true), cont = flag("continue_final_message", false);
   if (generation_prompt && cont)
-    bad("continue_final_message", "\"continue_final_message\": true continues the last message, so it needs "
-                                  "\"add_generation_prompt\": false (whose default, true, starts a new assistant turn)");
+    bad("continue_final_message",
+        "\"continue_final_message\": true continues the last message, so it needs \"add_generation_prompt\": "
+        "false (whose default, true, starts a new assistant turn)");
   for (const auto& item : kw.items()) {
     if (item.key() == "messages" || item.key() == "tools" || item.key() == "documents")
       bad("chat_template_kwargs", "\"chat_template_kwargs\" cannot set \"", item.key(),

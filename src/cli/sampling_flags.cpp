@@ -18,7 +18,9 @@ void add_sampling_flags(CLI::App& g, GenerateArgs& a) {
   g.add_option("--temperature", a.temperature, "Sampling temperature (0 = greedy)")
       ->capture_default_str()
       ->each(given("temperature"));
-  g.add_option("--top-k", a.top_k, "Keep the k most likely tokens (0 or -1 = off)")->capture_default_str()->each(given("top_k"));
+  g.add_option("--top-k", a.top_k, "Keep the k most likely tokens (0 or -1 = off)")
+      ->capture_default_str()
+      ->each(given("top_k"));
   g.add_option("--top-p", a.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str()->each(given("top_p"));
   g.add_option("--min-p", a.min_p, "Keep tokens at least this fraction as likely as the most likely (0 = off)")
       ->capture_default_str()
