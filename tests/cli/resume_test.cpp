@@ -177,6 +177,20 @@ TEST_F(Resume, ASignalDeliveredTwiceAtOnceStopsInOrder) {
   resume_and_compare(out);
 }
 
+// The output's own disk fills mid-run (a file-size limit of 2 or 4 KiB, sh's or bash's blocks, of
+// the ~7.4 KB the results take): the write's error ends the run, nothing is written after it (a
+// retried line could land twice), no "finished" claim is made, and --resume (cutting the torn
+// last line) completes the run.
+TEST_F(Resume, AnOutputThatFillsMidRunFailsAndResumeFinishes) {
+  const fs::path out = tmp_.path() / "out.jsonl";
+  RunResult r = flexh2o::test::run_flexh2o(gen_args(in_, out), "trap '' XFSZ; ulimit -f 4;");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot write --output"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("finished before the error below"), std::string::npos) << r.err;
+  resume_and_compare(out);
+}
+
 TEST_F(Resume, SigkillThenResumeCompletesTheRun) {
   const fs::path out = tmp_.path() / "out.jsonl", err = tmp_.path() / "err";
   const int st = interrupt_after_first_result(spawn(gen_args(in_, out), err), out, SIGKILL);
@@ -325,6 +339,13 @@ TEST(ResumeAfterFailure, ADiskThatFillsMidRunKeepsTheResultsAndResumeFinishes) {
   EXPECT_EQ(report["finished_requests"].get<int>(), 12);
   EXPECT_EQ(report["generated_tokens"].get<int>(), 12 * 4);  // the steps before the failure are counted
   EXPECT_FALSE(report["interrupted"].get<bool>());
+  EXPECT_EQ(report["batches"].get<int>(), 7);  // six of two short requests, and the one that failed
+  // Run with --overwrite, the hint names what replaces it.
+  r = flexh2o::test::run_flexh2o(args + out.string() + " --overwrite", "trap '' XFSZ; ulimit -f 1000;");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("the same command with --resume in place of --overwrite finishes the run"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(results_of(out).size(), 12u);
   r = flexh2o::test::run_flexh2o(args + out.string() + " --resume");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("12 of 16 requests already in"), std::string::npos) << r.err;
