@@ -100,6 +100,12 @@ int64_t int_param(const json& body, const char* key, int64_t lo, int64_t hi) {
   }
 }
 
+bool bool_param(const json& body, const char* key) {
+  const json& v = body[key];
+  if (!v.is_boolean()) bad(key, "\"", key, "\" must be a boolean, got ", json_excerpt(v));
+  return v.get<bool>();
+}
+
 float number_param(const json& body, const char* key, double lo, double hi, bool lo_open) {
   const json& v = body[key];
   if (!v.is_number()) bad(key, "\"", key, "\" must be a number, got ", json_excerpt(v));
@@ -254,10 +260,7 @@ std::vector<std::string> stop_param(const json& body) {
 
 // "stream" (a boolean) and "stream_options" ({"include_usage": bool}, only with "stream": true).
 void stream_params(const json& body, Request& r) {
-  if (given(body, "stream")) {
-    if (!body["stream"].is_boolean()) bad("stream", "\"stream\" must be a boolean, got ", json_excerpt(body["stream"]));
-    r.stream = body["stream"].get<bool>();
-  }
+  if (given(body, "stream")) r.stream = bool_param(body, "stream");
   if (!given(body, "stream_options")) return;
   const json& o = body["stream_options"];
   if (!r.stream) bad("stream_options", "\"stream_options\" is only allowed with \"stream\": true");
@@ -307,12 +310,7 @@ Request parse_body(const nlohmann::ordered_json& obody, Endpoint ep, const Hooks
       bad("repetition_penalty", "\"repetition_penalty\" must be a number > 0 (1 = off), got ", json_excerpt(v));
     r.repetition_penalty = v.get<float>();
   }
-  if (given(body, "skip_special_tokens")) {
-    if (!body["skip_special_tokens"].is_boolean())
-      bad("skip_special_tokens", "\"skip_special_tokens\" must be a boolean, got ",
-          json_excerpt(body["skip_special_tokens"]));
-    r.skip_special_tokens = body["skip_special_tokens"].get<bool>();
-  }
+  if (given(body, "skip_special_tokens")) r.skip_special_tokens = bool_param(body, "skip_special_tokens");
   if (given(body, "seed"))
     r.seed = int_param(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   r.stop = stop_param(body);
@@ -322,10 +320,7 @@ Request parse_body(const nlohmann::ordered_json& obody, Endpoint ep, const Hooks
     if (given(body, "best_of") && int_param(body, "best_of", 1, 128) != r.n)
       bad("best_of", "\"best_of\" other than \"n\" is not supported by flexh2o (it returns every choice it "
                      "generates); remove it");
-    if (given(body, "echo")) {
-      if (!body["echo"].is_boolean()) bad("echo", "\"echo\" must be a boolean, got ", json_excerpt(body["echo"]));
-      r.echo = body["echo"].get<bool>();
-    }
+    if (given(body, "echo")) r.echo = bool_param(body, "echo");
     if (r.echo && r.logprobs >= 0 && !h.score_prompts)
       bad("echo", "\"echo\" with \"logprobs\" (the prompt's log-probabilities) is not served with "
                   "--pipeline-stages, whose stages cannot score a prompt; drop one of them");
@@ -337,11 +332,7 @@ Request parse_body(const nlohmann::ordered_json& obody, Endpoint ep, const Hooks
     if (a && b && *a != *b)
       bad("max_tokens", "\"max_tokens\" (", *b, ") and \"max_completion_tokens\" (", *a, ") disagree; give one");
     r.max_tokens = a ? a : b;
-    if (given(body, "logprobs")) {
-      if (!body["logprobs"].is_boolean())
-        bad("logprobs", "\"logprobs\" must be a boolean, got ", json_excerpt(body["logprobs"]));
-      if (body["logprobs"].get<bool>()) r.logprobs = 0;
-    }
+    if (given(body, "logprobs") && bool_param(body, "logprobs")) r.logprobs = 0;
     if (given(body, "top_logprobs")) {
       const int n = int(int_param(body, "top_logprobs", 0, kMaxTopLogprobs));
       if (r.logprobs < 0) bad("top_logprobs", "\"top_logprobs\" needs \"logprobs\": true");
