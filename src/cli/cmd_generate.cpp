@@ -48,9 +48,29 @@ struct Item {
   std::string error;
   std::optional<std::string> error_param;  // Batch lines: the field at fault
   std::optional<batch::Request> batch;
+  std::vector<std::string> stop;  // a flexh2o line's (or --stop's) stop strings; Batch lines: batch->stop
   size_t first_req = 0, results = 0;  // where its requests sit in the run; how many finished
   bool ready() const { return !reqs.empty() && results == reqs.size(); }
+  // The strings that end its requests, and whether they are looked for in the text without the
+  // special tokens' (a Batch body's skip_special_tokens; flexh2o lines keep them, as their text does).
+  StopRule stop_rule() const { return batch ? StopRule{batch->stop, batch->skip_special_tokens} : StopRule{stop, false}; }
 };
+
+// A flexh2o line's "stop": a string or an array of them, none empty; absent or null: --stop's.
+// Stop strings are found in the decoded text, so they need the tokenizer.
+std::vector<std::string> stop_field(const json& j, const std::vector<std::string>& dflt, bool has_tokenizer) {
+  if (!j.contains("stop") || j["stop"].is_null()) return dflt;
+  if (!has_tokenizer) FH_FAIL("field \"stop\" needs the text: this model has no tokenizer (pass --tokenizer DIR)");
+  const json& s = j["stop"];
+  std::vector<std::string> out;
+  if (s.is_string()) out.push_back(s.get<std::string>());
+  else if (s.is_array() && std::all_of(s.begin(), s.end(), [](const json& x) { return x.is_string(); }))
+    for (const json& x : s) out.push_back(x.get<std::string>());
+  else FH_FAIL("field \"stop\" must be a string or an array of strings, got ", json_excerpt(s));
+  for (const std::string& x : out)
+    if (x.empty()) FH_FAIL("field \"stop\": an empty string would stop every sequence at once");
+  return out;
+}
 
 // An integer field, checked against the range the field takes (4294967298 must not wrap to 2,
 // and the message names that range, not the C++ type's); nullopt when absent or null.
@@ -87,13 +107,13 @@ Item make_item(const nlohmann::ordered_json& line_json, int64_t line, size_t ind
     static const std::set<std::string> kFields = {
         "id",          "prompt",     "prompt_ids", "messages",           "max_new_tokens",   "temperature",
         "top_k",       "top_p",      "min_p",      "repetition_penalty", "presence_penalty", "frequency_penalty",
-        "seed",        "logit_bias", "logprobs",   "add_generation_prompt", "continue_final_message",
-        "chat_template_kwargs"};
+        "seed",        "logit_bias", "logprobs",   "stop",               "add_generation_prompt",
+        "continue_final_message", "chat_template_kwargs"};
     for (const auto& [key, value] : j.items()) {
       if (!kFields.contains(key))
         FH_FAIL("unknown field \"", key, "\"; a line takes id, one of prompt / prompt_ids / messages, "
                 "max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, "
-                "frequency_penalty, seed, logit_bias and logprobs (and with messages add_generation_prompt, "
+                "frequency_penalty, seed, logit_bias, logprobs and stop (and with messages add_generation_prompt, "
                 "continue_final_message and chat_template_kwargs)");
       if (!j.contains("messages") &&
           (key == "add_generation_prompt" || key == "continue_final_message" || key == "chat_template_kwargs"))
@@ -130,6 +150,7 @@ Item make_item(const nlohmann::ordered_json& line_json, int64_t line, size_t ind
     if (j.contains("logit_bias") && !j["logit_bias"].is_null())
       req.sampling.logit_bias = batch::parse_logit_bias(j["logit_bias"]);
     req.top_logprobs = int(int_field(j, "logprobs", 0, kMaxTopLogprobs).value_or(a.logprobs));
+    it.stop = stop_field(j, a.stop, lm.tokenizer.has_value());
     validate_request(req, lm.model->config());
     it.reqs.push_back(std::move(req));
   } catch (const Error& e) {
@@ -227,6 +248,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   check_hardware_flag(a.offload, a.pipeline.stages > 1);
   check_sampling_defaults(a);  // the flags, before the model loads
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
+  if (!a.stop.empty() && !lm.tokenizer)
+    FH_FAIL("--stop needs the text: this model has no tokenizer (pass --tokenizer DIR)");
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& cfg = lm.model->config();
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
@@ -344,7 +367,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     } else {
       const GenerationResult& r = *ready[it.first_req];
       // EOS ends the text without adding its own (`<|im_end|>`, `</s>`), as in Batch results.
-      std::string text = batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, {}, false).text;
+      std::string text = batch::finish_choice(r.tokens, r.finish == FinishReason::kEos, decode, it.stop, false).text;
       if (human) std::cout << "[" << it.id.dump() << "] " << text << "\n";
       if (single) {
         std::cout << text << "\n";
@@ -420,13 +443,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   go.pad_id = cfg.pad_id.value_or(0);
   // A pipeline stops when any of its ranks is asked to (the driver hears of the stages').
   go.stop = stages ? &stages->driver->stop() : env.stop;
-  // A Batch request with stop strings ends once its text holds one (finish_choice then cuts the
-  // same text), instead of generating the rest of max_tokens.
+  // A request with stop strings ends once its text holds one (finish_choice then cuts the same
+  // text), instead of generating the rest of max_tokens.
   go.ends_at = [&](size_t j, const GenerationResult& res) {
-    const Item& it = items[req_item[order[j]]];
-    return it.batch && !it.batch->stop.empty() &&
-           batch::first_stop_at(decode(res.tokens, it.batch->skip_special_tokens), it.batch->stop) !=
-               std::string::npos;
+    const StopRule s = items[req_item[order[j]]].stop_rule();
+    return !s.strings.empty() && batch::first_stop_at(decode(res.tokens, s.skip_special), s.strings) != std::string::npos;
   };
   Progress progress("generate", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, rs.offload);
   go.on_progress = [&](int64_t done_tokens, int64_t total) { progress.update(done_tokens, total); };
@@ -455,10 +476,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       throw;
     }
   } else if (dp) {
-    dp->generate(*runner, run_reqs, go, [&](size_t j) {
-      const Item& it = items[req_item[order[j]]];
-      return it.batch ? StopRule{it.batch->stop, it.batch->skip_special_tokens} : StopRule{};
-    }, prompt, gen, &st);
+    dp->generate(*runner, run_reqs, go, [&](size_t j) { return items[req_item[order[j]]].stop_rule(); }, prompt, gen,
+                 &st);
   }
   // Every finished result, even those after an unfinished one, so that --resume skips them all.
   auto keep_finished = [&] {

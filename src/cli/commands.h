@@ -39,6 +39,7 @@ struct GenerateArgs {
   int top_k = 0;
   float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;
   int logprobs = -1;  // --logprobs N: per-token log-probabilities (and N alternatives); -1 = none
+  std::vector<std::string> stop;  // --stop: the stop strings of --prompt and of flexh2o lines without "stop"
   // --generation-config auto|none: the model's generation_config.json sampling values as the
   // defaults of the sampling flags not given (their names in sampling_given), or not.
   std::string generation_config = "auto";

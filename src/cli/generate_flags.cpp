@@ -21,7 +21,7 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       "JSONL input (- : standard input), one request a line, in one of two formats (see below): flexh2o's {\"prompt\": ...}, "
       "{\"prompt_ids\": [...]} or {\"messages\": [...]} (a chat: `python -m flexh2o generate` renders the "
       "model's template) with optional id, max_new_tokens, temperature, top_k, top_p, min_p, "
-      "repetition_penalty, presence_penalty, frequency_penalty, seed, logprobs, logit_bias (chats also "
+      "repetition_penalty, presence_penalty, frequency_penalty, seed, logprobs, logit_bias, stop (chats also "
       "add_generation_prompt, continue_final_message, chat_template_kwargs, as in Batch bodies); or an OpenAI "
       "Batch file ({\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/completions\" or \"/v1/chat/completions\", "
       "\"body\"}). Output lines follow the input's format");
@@ -61,6 +61,15 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
               "else it runs static batches and says so, as it does under mpirun (pipeline stages, data-parallel "
               "ranks)");
   add_sampling_flags(*g, a);
+  g->add_option("--stop", a.stop,
+                "A stop string (repeat for several): a sequence ends once its text holds one, the text is cut "
+                "before it (token_ids keep every generated token), finish_reason \"stop\". For --prompt and the "
+                "flexh2o lines without their own \"stop\" (a string or an array of strings); Batch lines take "
+                "their body's. A newline from a shell: --stop $'\\n\\n'")
+      ->allow_extra_args(false)
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? "an empty stop string would stop every sequence at once" : ""; },
+          "TEXT"));
   g->add_flag("--ignore-eos", a.ignore_eos, "Generate exactly max_new_tokens (benchmarks need fixed lengths)");
   g->add_option("--device", a.device,
                 "cpu, cuda (the offloading engine on the GPU: everything resident, or placed by the offloading "

@@ -222,6 +222,33 @@ TEST(DataParallel, BatchStopStringsEndSequencesOnEveryRank) {
   EXPECT_EQ(read_json(rep)["generated_tokens"], 3 * 4 + 3 * 2);
 }
 
+// flexh2o lines' "stop" and --stop, as in one process.
+TEST(DataParallel, LineStopStringsEndSequencesOnEveryRank) {
+  TempDir tmp;
+  std::vector<json> lines;
+  for (int i = 0; i < 6; ++i) {
+    json l = {{"id", named("s", i)}, {"prompt", "In the beginning God created"}, {"max_new_tokens", 20}};
+    if (i % 3 == 1) l["stop"] = json({"xyz", ", and"});
+    if (i % 3 == 2) l["stop"] = "zzz";
+    lines.push_back(l);
+  }
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl", rep = tmp.path() / "rep.json";
+  write_lines(in, lines);
+  const RunResult d = mpirun(3, gen(kOpt, in, out, "-b 2 --greedy --ignore-eos --stop ' LORD' --report " + rep.string()));
+  ASSERT_EQ(d.code, 0) << d.err;
+  const std::vector<json> got = read_jsonl(out);
+  ASSERT_EQ(got.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(got[size_t(i)]["id"], named("s", i));
+    const json& g = got[size_t(i)];
+    EXPECT_EQ(g["text"].get<std::string>().substr(0, 14), i % 3 == 0 ? ", and the" : i % 3 == 1 ? "" : ", and the LORD")
+        << g.dump();
+    EXPECT_EQ(g["token_ids"].size(), i % 3 == 0 ? 4u : i % 3 == 1 ? 2u : 20u) << g.dump();
+    EXPECT_EQ(g["finish_reason"], i % 3 == 2 ? "length" : "stop") << g.dump();
+  }
+  EXPECT_EQ(read_json(rep)["generated_tokens"], 2 * 4 + 2 * 2 + 2 * 20);  // ", and the LORD", ", and", all 20
+}
+
 // A stop string that is a special token's text ("</s>", made likely by logit_bias, past EOS under
 // --ignore-eos) ends a sequence only with skip_special_tokens false, on every rank as in one process.
 TEST(DataParallel, SkipSpecialTokensDecidesStopsOnEveryRankAsInOneProcess) {
