@@ -193,7 +193,9 @@ class BatchRun {
       const bool eos = !opts_.ignore_eos && opts_.eos_id && tok == *opts_.eos_id;
       const int64_t total_len = len_[bi] + int64_t(res.tokens.size());
       const bool length = int64_t(res.tokens.size()) >= r.max_new_tokens || total_len >= max_sequence_tokens(c_);
-      const bool stopped = !eos && !length && opts_.ends_at && opts_.ends_at(idx_[bi], res);
+      // A stop string that the last allowed token completes is a stop, as vLLM checks stops first:
+      // the text is cut there, and finish_reason must say why.
+      const bool stopped = !eos && opts_.ends_at && opts_.ends_at(idx_[bi], res);
       if (eos || length || stopped) {
         res.finish = eos ? FinishReason::kEos : stopped ? FinishReason::kStopped : FinishReason::kLength;
         end_now(b);

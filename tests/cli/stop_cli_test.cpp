@@ -47,6 +47,7 @@ TEST(CliStop, LineStopStringsEndSequencesAndCutTheText) {
       {{"id", "null"}, {"prompt", kPrompt}, {"stop", nullptr}},           // also --stop's
       {{"id", "never"}, {"prompt", kPrompt}, {"stop", {"xyz"}}},          // overrides --stop: runs to the end
       {{"id", "span"}, {"prompt", kPrompt}, {"stop", "D, a"}},            // across tokens " LORD" and ","
+      {{"id", "last"}, {"prompt", kPrompt}, {"stop", " LORD"}, {"max_new_tokens", 4}},  // a stop, not length
   };
   for (const std::string& flags : {std::string(), std::string("--continuous"),
                                    "--percent 0 100 0 100 0 100 --offload-dir " + (tmp.path() / "s").string()}) {
@@ -65,6 +66,7 @@ TEST(CliStop, LineStopStringsEndSequencesAndCutTheText) {
     expect(3, ", and ", 4, "stop");
     expect(4, ", and the LORD, and the LORD, and the LORD", 12, "length");
     expect(5, ", and the LOR", 6, "stop");
+    expect(6, ", and the", 4, "stop");
   }
 }
 
