@@ -95,11 +95,14 @@ def check_engine(extra, results):
     return {"engine kv_policy": e["kv_policy"], "offload bytes moved": moved}, ok
 
 
-def check_ppl(binary, model, extra, samples, tmp):
+def check_ppl(binary, model, extra, samples, tmp, bos_text):
+    """eval-ppl scores BOS + the text; lm-eval's models score the prefix token + tok_encode(text),
+    which starts with the BOS the tokenizer adds (bos_text: its text, "" for none): so eval-ppl is
+    given that BOS's text in front, which its tokenizer reads as the BOS token."""
     worst = 0.0
     for s in samples:
         f = Path(tmp) / "doc.txt"
-        f.write_text(s["doc"]["text"])
+        f.write_text(bos_text + s["doc"]["text"])
         p = json.loads(run([binary, "eval-ppl", "-m", model, "--max-tokens", "100000", "--streaming", "--device",
                             "cpu", "--progress", "never", "--json", *cli_flags(extra), f]))
         ours = float(s["filtered_resps"][0] if not isinstance(s["filtered_resps"][0], list)
@@ -139,12 +142,13 @@ def main():
     for model in a.models:
         llm = flexh2o.LLM(model, device="cpu")
         adapter = HarnessAdapter(llm)
+        bos_text = llm.decode([adapter.vocab.bos_id]) if adapter.vocab.bos_id is not None else ""
         for name, extra in CONFIGS:
             with tempfile.TemporaryDirectory() as tmp:
                 results, samples = lm_eval(model, extra, out_root / Path(model).name / slug(name))
                 row, oks = {"model": Path(model).name, "config": name}, []
                 for part, ok in (check_choice(llm, adapter, a.binary, model, extra, results, samples[CHOICE], tmp),
-                                 check_ppl(a.binary, model, extra, samples[PPL], tmp),
+                                 check_ppl(a.binary, model, extra, samples[PPL], tmp, bos_text),
                                  ({"lm-eval word_perplexity": results["results"][PPL]["word_perplexity,none"]}, True),
                                  check_gen(a.binary, model, extra, samples[GEN], tmp),
                                  check_engine(extra, results)):

@@ -359,8 +359,9 @@ def test_adapter_adds_bos_as_the_tokenizer_does():
 
 
 def test_adapter_rolling_windows_reach_the_right_calls():
+    # Without BOS (add_bos_token=False, or a tokenizer that adds none): the text's own tokens.
     llm = FakeLLM(max_length=4)
-    ad = HarnessAdapter(llm, chunk_size=100)
+    ad = HarnessAdapter(llm, chunk_size=100, add_bos_token=False)
     text = "a b c d e f g h i j"  # 10 pieces: windows as in the documented example
     t = llm.encode(text, add_special=False)
     got = ad.loglikelihood_rolling([text, "a b", ""])
@@ -370,6 +371,19 @@ def test_adapter_rolling_windows_reach_the_right_calls():
     assert got[2] == 0.0
     assert llm.calls == [("loglikelihood_rolling", [[0] + t[0:4], [t[3]] + t[4:8], [0] + t[0:2]]),
                          ("loglikelihood", [windows[2]])]
+
+
+def test_adapter_rolling_scores_the_bos_the_tokenizer_adds_as_lm_eval_does():
+    # lm-eval 0.4.13's models window tok_encode(text), which starts with the BOS the tokenizer adds,
+    # after the prefix token: the first window predicts that BOS too (its hf model's sums).
+    for adds, want_bos in [(True, True), (False, False)]:
+        llm = FakeLLM(max_length=4, adds_bos=adds)
+        ad = HarnessAdapter(llm, chunk_size=100)
+        t = ([0] if want_bos else []) + llm.encode("a b c", add_special=False)
+        got = ad.loglikelihood_rolling(["a b c", "<s>a b c" if want_bos else "a b c", ""])
+        assert got[0] == pytest.approx(llm.score([0], t)[0], abs=1e-12), adds
+        assert got[1] == got[0]  # a text that starts with BOS's own text gets no second one
+        assert got[2] == (pytest.approx(llm.score([0], [0])[0], abs=1e-12) if want_bos else 0.0), adds
 
 
 def test_adapter_sums_the_engine_reports():

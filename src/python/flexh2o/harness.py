@@ -225,15 +225,22 @@ def cut_at_stops(text: str, stops: Iterable[str]) -> str:
     return text[:end]
 
 
+def encode_text(text: str, vocab: Vocab) -> Ids:
+    """A text's ids as lm-eval's tok_encode gives them: BOS first where vocab.bos_id says (unless
+    the text's own first token is BOS), then the text's tokens."""
+    ids = list(vocab.encode(text))
+    if vocab.bos_id is not None and ids[:1] != [vocab.bos_id]:
+        ids = [vocab.bos_id] + ids
+    return ids
+
+
 def generation_prompt(context: str, vocab: Vocab, max_length: int, max_gen_toks: int) -> Ids:
     """Prompt ids for generation: BOS + context (the same BOS rule as encode_pair), cut from the
     left to max_length - max_gen_toks ids so that the generated tokens fit."""
     room = max_length - max_gen_toks
     if room < 1:
         raise RequestError(f"max_gen_toks {max_gen_toks} leaves no room for a prompt in max_length {max_length}")
-    ids = list(vocab.encode(context))
-    if vocab.bos_id is not None and ids[:1] != [vocab.bos_id]:
-        ids = [vocab.bos_id] + ids
+    ids = encode_text(context, vocab)
     if not ids:
         if vocab.prefix_id is None:
             raise RequestError("empty generation context and the model has no BOS/EOS token")

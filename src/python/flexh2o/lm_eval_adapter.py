@@ -84,7 +84,10 @@ class HarnessAdapter:
     # -- loglikelihood_rolling -------------------------------------------------------------------
 
     def loglikelihood_rolling(self, texts: Sequence[str], progress: Progress = _noop) -> list[float]:
-        """Sum of log p over every token of each text (see harness.rolling_requests). Windows with
+        """Sum of log p over every token of each text (see harness.rolling_requests), the text
+        encoded as lm-eval 0.4.13's models encode it (tok_encode: BOS first where the tokenizer adds
+        it, so that the first window, after the prefix token, also scores that BOS; the sums equal
+        lm-eval's hf model's; add_bos_token=False scores the text's own tokens only). Windows with
         a one-token context go to LLM.loglikelihood_rolling (eval-ppl's semantics: a KV policy
         streams a token a step, its ratios fractions of the tokens scored); a last window with a longer
         context goes to LLM.loglikelihood (context prefilled). Same numbers with the full cache."""
@@ -94,7 +97,8 @@ class HarnessAdapter:
         streams: list[tuple[int, h.Ids]] = []
         prefills: list[tuple[int, tuple[h.Ids, h.Ids]]] = []
         for t, text in enumerate(texts):
-            for ctx, cont in h.rolling_requests(self.vocab.encode(text), self.vocab.prefix_id, self.max_length):
+            for ctx, cont in h.rolling_requests(h.encode_text(text, self.vocab), self.vocab.prefix_id,
+                                                self.max_length):
                 if len(ctx) == 1:
                     streams.append((t, ctx + cont))
                 else:
