@@ -63,6 +63,7 @@ int run_bench(const BenchArgs& a, const Env& env) {
   validate(sampling(a, 0));  // before a preset's weights
   check_device_early(a.device);
   check_hardware_flag(a.offload, false);
+  check_engine_flags(a.offload, a.kv);
   check_can_write({"--report", a.report});
   OffloadArgs off = a.offload;
   apply_batch_size_flag(a.batch_size_given, a.batch_size, off);

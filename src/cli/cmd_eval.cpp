@@ -93,7 +93,8 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
 }
 
 int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
-  KvPolicyConfig kv = make_kv_config(a.kv);  // flag errors before loading anything
+  check_engine_flags(a.offload, a.kv);  // flag errors before loading anything
+  KvPolicyConfig kv = make_kv_config(a.kv);
   const bool offload = offload_requested(a.offload);
   std::optional<OffloadOptions> oo;
   if (offload) oo = make_offload_options(a.offload);
@@ -270,6 +271,7 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
 }
 
 int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
+  check_engine_flags(a.offload, a.kv);  // flag errors before loading anything
   const KvPolicyConfig kv = make_kv_config(a.kv);
   if (a.num_fewshot < 0) FH_FAIL("--num-fewshot must be >= 0, got ", a.num_fewshot);
   if (a.limit < 0) FH_FAIL("--limit must be >= 0, got ", a.limit);

@@ -145,7 +145,8 @@ Item make_item(const nlohmann::ordered_json& line_json, int64_t line, size_t ind
     req.sampling.repetition_penalty = field<float>(j, "repetition_penalty", a.repetition_penalty);
     req.sampling.presence_penalty = field<float>(j, "presence_penalty", a.presence_penalty);
     req.sampling.frequency_penalty = field<float>(j, "frequency_penalty", a.frequency_penalty);
-    const std::optional<int64_t> seed = int_field(j, "seed", 0, INT64_MAX);
+    // Any int64, taken modulo 2**64 (-1 is 2**64 - 1) as Batch bodies and LLM.generate take it.
+    const std::optional<int64_t> seed = int_field(j, "seed", INT64_MIN, INT64_MAX);
     req.sampling.seed = seed ? uint64_t(*seed) : a.seed + index;
     if (j.contains("logit_bias") && !j["logit_bias"].is_null())
       req.sampling.logit_bias = batch::parse_logit_bias(j["logit_bias"]);
@@ -246,6 +247,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   check_can_write({"--report", a.report});
   check_device_early(a.device);
   check_hardware_flag(a.offload, a.pipeline.stages > 1);
+  check_engine_flags(a.offload, a.kv);
   check_sampling_defaults(a);  // the flags, before the model loads
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   if (!a.stop.empty() && !lm.tokenizer)
@@ -376,7 +378,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       o["text"] = std::move(text);
       o["token_ids"] = r.tokens;
       o["finish_reason"] = finish_reason_name(r.finish);
-      add_logprobs(r, o);
+      add_logprobs(it.reqs[0], r, o);
     }
     if (out_file) out_file->write(jsonl_line(o));
     else std::cout << jsonl_line(o);
@@ -392,6 +394,18 @@ int run_generate(const GenerateArgs& args, const Env& env) {
 
   CpuDevice dev(dp ? dp->threads(a.threads) : pipe ? pipe->threads(a.threads) : a.threads);
   Forward fwd(*lm.model, dev);
+  // The run report: the engine's (run_report) and the requests' counts.
+  auto report_with = [&](const RunSetup& rs, const GenerateStats& st, size_t finished, bool interrupted) {
+    json report = run_report(lm, rs, st, dev, device);
+    report["requests"] = items.size();
+    report["failed_requests"] = bad;
+    report["finished_requests"] = finished;
+    report["kept_tokens"] = kept_tokens;
+    report["resumed_requests"] = skipped;  // already in --output (--resume)
+    report["interrupted"] = interrupted;
+    report["sort_window"] = a.sort_window;
+    return report;
+  };
   int64_t prompt = 1, gen = 1;
   for (const auto& r : reqs) {
     prompt = std::max<int64_t>(prompt, int64_t(r.prompt_ids.size()));
@@ -404,11 +418,28 @@ int run_generate(const GenerateArgs& args, const Env& env) {
                                choose_layout(a, env, *lm.model, dev, device, pipe->comm().size(), prompt, gen,
                                              int64_t(reqs.size()), std::cerr),
                                device, std::cerr));
+  } else if (reqs.empty() && !dp) {
+    // Nothing to run (--resume found every request done, every line failed): the weights are not
+    // placed, which offloaded is minutes of I/O for nothing. The report says what was asked.
+    own.kv_config = make_kv_config(a.kv);
+    own.kv_dtype = run_kv_dtype(a.kv, a.offload.compress_cache, *lm.model);
+    own.runner = std::make_unique<InMemoryRunner>(fwd, a.batch_size);
+    std::cerr << "flexh2o: no request left to run; the weights are not placed\n";
   } else {
     a.offload.progress = a.progress;  // this rank draws the lines (under mpirun, rank 0)
-    own = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,
-                         dp ? dp->plan_requests(reqs.size()) : int64_t(reqs.size()), device, std::cerr,
-                         dp ? dp->cuda_index(device) : 0);
+    try {
+      own = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,
+                           dp ? dp->plan_requests(reqs.size()) : int64_t(reqs.size()), device, std::cerr,
+                           dp ? dp->cuda_index(device) : 0);
+    } catch (const PlacementStopped& e) {  // a harness that always reads --report learns that nothing ran
+      if (!a.report.empty()) {
+        own.kv_config = make_kv_config(a.kv);
+        json report = report_with(own, GenerateStats{}, 0, true);
+        report["interrupted_while"] = e.what();
+        write_json_file(a.report, report, "--report");
+      }
+      throw;
+    }
   }
   RunSetup& rs = stages ? stages->rs : own;
   StepRunner* runner = rs.runner.get();
@@ -479,6 +510,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     dp->generate(*runner, run_reqs, go, [&](size_t j) { return items[req_item[order[j]]].stop_rule(); }, prompt, gen,
                  &st);
   }
+  // Whether --resume can finish this run from --output: a file (not standard output, /dev/null).
+  auto resumable = [&] {
+    std::error_code ec;
+    return !a.output.empty() && std::filesystem::is_regular_file(a.output, ec);
+  };
   // Every finished result, even those after an unfinished one, so that --resume skips them all.
   auto keep_finished = [&] {
     flush();
@@ -486,17 +522,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       if (!done[i] && (!items[i].error.empty() || items[i].ready())) emit(i);
     if (out_file) out_file->commit();
   };
-  auto report_of = [&] {
-    json report = run_report(lm, rs, st, dev, device);
-    report["requests"] = items.size();
-    report["failed_requests"] = bad;
-    report["finished_requests"] = finished;
-    report["kept_tokens"] = kept_tokens;
-    report["resumed_requests"] = skipped;  // already in --output (--resume)
-    report["interrupted"] = st.interrupted;
-    report["sort_window"] = a.sort_window;
-    return report;
-  };
+  auto report_of = [&] { return report_with(rs, st, finished, st.interrupted); };
   if (!stages && !dp) {
     try {
       generate(*runner, run_reqs, go, &st);
@@ -525,7 +551,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       }
       if (kept && finished > 0)
         std::cerr << "flexh2o: " << finished << " of " << to_run << " requests finished before the error below"
-                  << (a.output.empty() ? std::string()
+                  << (!resumable() ? std::string()
                                        : "; their results are in " + a.output + ", and the same command with " +
                                              (a.overwrite ? "--resume in place of --overwrite" : "--resume") +
                                              " finishes the run once the cause is fixed")
@@ -566,7 +592,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
   if (st.interrupted) {
     std::cerr << "flexh2o: interrupted: " << finished << " of " << to_run << " requests finished this run"
-              << (a.output.empty() ? std::string() : "; rerun with --resume to finish " + a.output) << "\n";
+              << (!resumable() ? std::string() : "; rerun with --resume to finish " + a.output) << "\n";
     if (stages && stages->driver->stop_signal() > 0) return 128 + stages->driver->stop_signal();
     return dp ? dp->finish(kInterrupted) : kInterrupted;
   }

@@ -24,18 +24,21 @@ void register_tokenize(CLI::App& app, TokenizeArgs& a, bool detokenize) {
                        : app.add_subcommand("tokenize", "JSONL {\"text\": ...} -> {\"ids\": [...]}");
   t->add_option("--tokenizer,-t", a.tokenizer,
                 "Directory with tokenizer.json, vocab.json + merges.txt, or tokenizer.model (no model needed)")->required();
-  t->add_option("--input,-i", a.input, "JSONL input (default stdin)");
+  t->add_option("--input,-i", a.input, "JSONL input (default or -: standard input)");
   t->add_option("--output,-o", a.output,
-                "JSONL output (default stdout), one line per non-blank input line, in order (blank lines are "
-                "skipped, as everywhere JSONL is read); replaced when the run ends, never the "
-                "same file as --input");
+                "JSONL output (default, - or /dev/stdout: standard output), one line per non-blank input line, "
+                "in order (blank lines are skipped, as everywhere JSONL is read); replaced when the run ends, "
+                "never the same file as --input");
   t->add_flag("--no-special", a.no_special,
               detokenize ? "Drop special tokens from the text" : "Do not add BOS/EOS");
   t->footer("A bad input line gets {\"line\": N, \"error\": ...} in its place and the others still run; the exit "
             "code is then 1. SIGINT/SIGTERM stop between lines and leave --output as it was.");
 }
 
-int run_tokenize(const TokenizeArgs& a, bool detokenize, const Env& env) {
+int run_tokenize(const TokenizeArgs& args, bool detokenize, const Env& env) {
+  TokenizeArgs a = args;  // "-" names standard input / output, as generate's --input and --output
+  if (a.input == "-") a.input.clear();
+  if (names_standard_output(a.output, "--output")) a.output.clear();
   const NamedPath input = a.input.empty() ? NamedPath{"standard input", "/dev/stdin"} : NamedPath{"--input", a.input};
   check_outputs_are_not_inputs({{"--output", a.output}}, {input});
   Tokenizer tok = Tokenizer::load(a.tokenizer);

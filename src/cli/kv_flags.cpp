@@ -27,12 +27,17 @@ void add_kv_flags(CLI::App* app, KvArgs& a, const char* ratio_base) {
       ->capture_default_str()->group(g);
 }
 
-DType kv_cache_dtype(const KvArgs& a, const Model& m) {
+std::optional<DType> kv_dtype_flag(const KvArgs& a) {
   if (a.dtype == "f16") return DType::F16;
   if (a.dtype == "bf16") return DType::BF16;
   if (a.dtype == "f32") return DType::F32;
   if (a.dtype == "q4") return DType::Q4;
   if (a.dtype != "auto") FH_FAIL("--kv-dtype must be auto, f16, bf16, f32 or q4, got \"", a.dtype, "\"");
+  return std::nullopt;
+}
+
+DType kv_cache_dtype(const KvArgs& a, const Model& m) {
+  if (const std::optional<DType> d = kv_dtype_flag(a)) return *d;
   for (const BoundTensor& t : m.tensors())
     if (t.view.dtype == DType::BF16) return DType::BF16;
   return DType::F16;

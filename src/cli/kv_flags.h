@@ -34,6 +34,9 @@ void add_kv_flags(CLI::App* app, KvArgs& a, const char* ratio_base = "the prompt
 // the policy does not read, out-of-range values, ratio and budget for the same part, zero total.
 KvPolicyConfig make_kv_config(const KvArgs& a);
 
+// --kv-dtype as given: F16, BF16, F32 or Q4, nullopt for auto. Throws naming the flag on anything
+// else (needs no model, so commands check it before loading one).
+std::optional<DType> kv_dtype_flag(const KvArgs& a);
 // --kv-dtype: F16, BF16, F32 or Q4; auto is F16, or BF16 for a bf16 checkpoint (whose
 // activations may exceed f16's range). Throws naming the flag on anything else.
 DType kv_cache_dtype(const KvArgs& a, const Model& m);

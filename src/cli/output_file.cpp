@@ -67,6 +67,7 @@ bool names_standard_output(const std::filesystem::path& path, const char* flag) 
 void check_can_write(const NamedPath& where) {
   if (where.path.empty()) return;
   const fs::path& p = where.path;
+  if (p == "-") FH_FAIL(describe(where), " takes a file name: - (standard output) is not one here");
   struct stat st {};
   if (::stat(p.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) FH_FAIL("cannot write ", describe(where), ": it is a directory");

@@ -12,6 +12,12 @@
 namespace flexh2o::cli {
 using nlohmann::json;
 
+void check_engine_flags(const OffloadArgs& off, const KvArgs& kv) {
+  (void)make_kv_config(kv);
+  (void)kv_dtype_flag(kv);
+  (void)make_offload_options(off);
+}
+
 Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, std::unique_ptr<Device>& owned,
                     int cuda_index) {
   if (device != "cuda") return cpu;
@@ -105,7 +111,7 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
   // Whole tensors are placed (FlexGen's midpoint rule), so the split is said as it came out.
   const auto& homed = eng->placement().bytes;
   log << "flexh2o: on " << rs.device->name() << ": " << eng->options().policy.str() << " (block of "
-      << eng->max_batch() << " sequences), KV cache " << dtype_name(oo.kv_dtype) << "; weights homed: "
+      << eng->max_batch() << " sequences), KV cache " << dtype_name(rs.kv_dtype) << "; weights homed: "
       << human_bytes(homed[0]) << " device, " << human_bytes(homed[1]) << " host, " << human_bytes(homed[2])
       << " disk\n";
   rs.runner = std::move(eng);
@@ -118,7 +124,7 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
   json report{{"model", lm.model->config().name},
               {"model_source", lm.source},
               {"device", device},
-              {"device_name", rs.device->name()},
+              {"device_name", rs.device ? rs.device->name() : ""},  // none: nothing ran
               {"threads", cpu.threads()},
               {"cpu_isa", cpu::cpu_isa_name()},
               {"kv_policy", describe(rs.kv_config)},
@@ -126,7 +132,7 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
               {"kv_dtype", dtype_name(rs.kv_dtype)},
               {"compress_weight", rs.compressed != nullptr || (rs.offload && rs.offload->options().policy.compress_weight)},
               {"compress_cache", rs.kv_dtype == DType::Q4},  // --compress-cache is --kv-dtype q4
-              {"batch_size", rs.runner->max_batch()},
+              {"batch_size", rs.runner ? rs.runner->max_batch() : 0},
               {"batches", st.batches},
               {"continuous", st.continuous},
               {"refills", st.refills},

@@ -27,7 +27,7 @@ struct RunSetup {
   DType kv_dtype = DType::F16;
   std::unique_ptr<CompressedWeights> compressed;  // in memory with --compress-weight (Forward reads it)
   std::unique_ptr<Device> owned;        // the CUDA device, on --device cuda
-  Device* device = nullptr;             // what the runner computes on
+  Device* device = nullptr;             // what the runner computes on (null: no device opened, nothing ran)
   std::unique_ptr<StepRunner> runner;
   OffloadEngine* offload = nullptr;     // the runner, when it is the offloading engine
   // A runner reused by another call (the Python API): the engine's report as that call began,
@@ -37,6 +37,12 @@ struct RunSetup {
     if (offload) offload_since = offload->report();
   }
 };
+
+// The engine flags that need no model, checked before one loads (a preset's dummy weights take
+// minutes to build): the KV policy and its budgets (make_kv_config), --kv-dtype, and the
+// offloading flags (make_offload_options: percentages, sizes, a --policy file). Throws naming
+// the flag.
+void check_engine_flags(const OffloadArgs& off, const KvArgs& kv);
 
 // "cpu": `cpu` itself; "cuda": a CUDA device for `m` (F16, or BF16 for bf16 checkpoints), kept in `owned`;
 // `cuda_index`: which GPU of the host.

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/input_guard.h"
 
 namespace flexh2o::cli {
 
@@ -74,6 +75,14 @@ GenerationConfig read_generation_config(const std::filesystem::path& model_dir, 
     if (!j.contains(key) || j[key].is_null()) continue;
     if (!j[key].is_number())
       FH_FAIL(file.string(), ": \"", key, "\" must be a number, got ", j[key].dump(), "; fix it or pass ", turn_off);
+    if (std::string_view(key) == "top_k") {  // a count: 1.5 is no top_k (and 1e12 no int)
+      try {
+        g.values.emplace_back(key, double(json_to_int(j[key], -1, INT32_MAX, "\"top_k\"")));
+      } catch (const Error& e) {
+        FH_FAIL(file.string(), ": ", e.what(), " Fix it or pass ", turn_off);
+      }
+      continue;
+    }
     g.values.emplace_back(key, j[key].get<double>());
   }
   return g;
@@ -122,9 +131,10 @@ void check_sampling_defaults(const GenerateArgs& a) {
   }
 }
 
-void add_logprobs(const GenerationResult& r, nlohmann::json& line) {
-  if (!r.logprobs.empty()) line["logprobs"] = r.logprobs;
-  if (r.top_logprobs.empty()) return;
+void add_logprobs(const GenerationRequest& q, const GenerationResult& r, nlohmann::json& line) {
+  if (q.top_logprobs < 0) return;
+  line["logprobs"] = r.logprobs;  // [] for a request that generated nothing
+  if (q.top_logprobs == 0) return;
   nlohmann::json out = nlohmann::json::array();
   for (const auto& step : r.top_logprobs) {
     nlohmann::json alts = nlohmann::json::array();

@@ -46,7 +46,8 @@ void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model
 // so that a bad flag stops the run before any line, not in every line's "error".
 void check_sampling_defaults(const GenerateArgs& a);
 
-// When `r` has them: "logprobs" [per token] and "top_logprobs" [[{"id", "logprob"}, ...] per token].
-void add_logprobs(const GenerationResult& r, nlohmann::json& line);
+// When `q` asked for them (top_logprobs >= 0): "logprobs" [per token], and for top_logprobs > 0
+// "top_logprobs" [[{"id", "logprob"}, ...] per token]; empty arrays for no token.
+void add_logprobs(const GenerationRequest& q, const GenerationResult& r, nlohmann::json& line);
 
 }  // namespace flexh2o::cli

@@ -72,7 +72,8 @@ PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_
   const int64_t n = int64_t(ids.size()) - 1;
   if (n < 1) FH_FAIL("perplexity needs at least 2 tokens (BOS + 1), got ", ids.size());
   if (n > c.max_positions)
-    FH_FAIL("text is ", n, " tokens, more than the model's ", c.max_positions, " positions");
+    FH_FAIL("the text is ", ids.size(), " tokens; scoring it reads ", n, " of them, more than the model's ",
+            c.max_positions, " positions");
   check_ids(ids, c, "text");
   if (token_nll) token_nll->assign(size_t(n), 0.0);
   double nll = 0;

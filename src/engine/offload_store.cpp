@@ -88,7 +88,10 @@ std::string rebuild_reason(const std::vector<Status>& rebuilt, size_t reused, co
   if (failed > 0) {
     if (changed && invalid) why = explain_manifest_change(*previous, now);
     else why = (corrupt ? corrupt : other)->message();
-    if (failed > 1) why += detail::concat(" (", failed, " files could not be reused)");
+    // Both counts, so that they add up to the files the caller says were not usable.
+    if (failed > 1 || missing > 0)
+      why += detail::concat(" (", failed, failed == 1 ? " file" : " files", " there could not be reused",
+                            missing ? detail::concat(", ", missing, " were missing") : std::string(), ")");
   } else if (missing > 0 && (reused > 0 || (previous && !changed))) {
     why = detail::concat(missing, " weight files were missing");
   }

@@ -14,7 +14,8 @@ PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t 
   const int64_t n = int64_t(ids.size()) - 1;  // positions fed
   if (n < 1) FH_FAIL("perplexity needs at least 2 tokens, got ", ids.size());
   if (n > c.max_positions)
-    FH_FAIL("text is ", n, " tokens, more than the model's ", c.max_positions, " positions");
+    FH_FAIL("the text is ", ids.size(), " tokens; scoring it reads ", n, " of them, more than the model's ",
+            c.max_positions, " positions");
   FH_CHECK(chunk > 0, "chunk must be positive");
   KvCache cache(c, 1, n, kv_dtype);
   std::vector<float> logits;

@@ -93,8 +93,7 @@ Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
   cli::check_hardware_flag(off_, false);
   if (opts_.generation_config != "auto" && opts_.generation_config != "none")
     FH_FAIL("generation_config must be \"auto\" or \"none\", got \"", opts_.generation_config, "\"");
-  cli::make_kv_config(kv_);          // flag errors before loading anything, as the commands
-  cli::make_offload_options(off_);
+  cli::check_engine_flags(off_, kv_);  // flag errors before loading anything, as the commands
   lm_ = cli::load_model(opts_.env, opts_.model, opts_.tokenizer);
   if (!lm_.warning.empty()) cli::write_stderr(lm_.warning);
   device_ = cli::select_device(opts_.device, *lm_.model, std::cerr);
@@ -211,6 +210,7 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   std::vector<GenerationResult> res = flexh2o::generate(
       *run.rs.runner, reqs, length_sorted_order(reqs, go.batch_size, kDefaultSortWindow), go, &st);
   if (st.interrupted) throw Interrupted();
+  note_static_batches(p.continuous, st);
   std::vector<Completion> out;
   for (const GenerationResult& r : res) {
     // As vLLM's: the text leaves EOS out and ends before the first stop string.
@@ -224,6 +224,13 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   report["interrupted"] = st.interrupted;
   report_ = report.dump(2, ' ', false, json::error_handler_t::replace);
   return out;
+}
+
+void Session::note_static_batches(bool continuous, const GenerateStats& st) {
+  if (!continuous || st.continuous || static_noted_) return;
+  static_noted_ = true;  // the results are the same; only the speed differs
+  cli::write_stderr("flexh2o: continuous batching needs a full cache (no kv_policy, no sliding-window cap): "
+                    "this LLM runs static batches\n");
 }
 
 void Session::prepare(int64_t prompt_len, int64_t gen_len, int64_t requests) {
@@ -334,6 +341,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
     const std::vector<GenerationResult> res =
         flexh2o::generate(*run.rs.runner, reqs, length_sorted_order(reqs, go.batch_size, kDefaultSortWindow), go, &st);
     if (st.interrupted) throw Interrupted();
+    note_static_batches(p.continuous, st);
     json report = cli::run_report(lm_, run.rs, st, *cpu_, device_);
     report["requests"] = n_lines;
     report["finished_requests"] = res.size();
@@ -377,8 +385,12 @@ std::vector<Session::TokenScores> Session::score(const std::vector<std::vector<i
   std::vector<size_t> of;  // the sequence of each request (those of one token have nothing to score)
   Workload w{1, 1, 0};
   int64_t scored = 0;
+  const int64_t positions = lm_.model->config().max_positions;
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (seqs[i].size() < 2) continue;
+    if (int64_t(seqs[i].size()) - 1 > positions)  // said of the sequence, not of the request it becomes
+      FH_FAIL("sequence ", i, " is ", seqs[i].size(), " tokens; scoring it reads ", seqs[i].size() - 1,
+              " of them, more than the model's ", positions, " positions");
     reqs.push_back({{seqs[i].front()}, {seqs[i].begin() + 1, seqs[i].end()}});
     of.push_back(i);
     w.gen_len = std::max<int64_t>(w.gen_len, int64_t(seqs[i].size()) - 1);

@@ -171,6 +171,8 @@ class Session {
   Runner& runner_for(const Workload& w);
   std::unique_ptr<Runner> make_runner(const cli::KvArgs& kv, const Workload& w);
   const Tokenizer& tokenizer() const;
+  // continuous=True that ran static batches (a KV policy, a window cap): said once per session.
+  void note_static_batches(bool continuous, const GenerateStats& st);
 
   mutable std::mutex mu_;
   SessionOptions opts_;
@@ -184,6 +186,7 @@ class Session {
   std::unique_ptr<Runner> runner_;
   Workload runner_workload_;
   std::string report_;
+  bool static_noted_ = false;
 };
 
 }  // namespace flexh2o::python

@@ -489,11 +489,13 @@ TEST(Cli, TrueFalseFlagsAreCheckedAndReadAlikeEverywhere) {
 TEST(Cli, CompressionFlagsAndPolicyFilesGiveTheInMemoryCompressedTokens) {
   TempDir tmp;
   const std::string in = (fs::path(FLEXH2O_TEST_DATA) / "../../configs/prompts/bible.jsonl").string();
+  std::string err;  // the last run's
   auto run = [&](const std::string& extra, json* report = nullptr) {
     const fs::path out = tmp.path() / "o.jsonl", rep = tmp.path() / "r.json";
     RunResult r = flexh2o("generate -m " + kOpt + " -i " + in + " -o " + out.string() +
                           " --overwrite --greedy -n 12 -q --report " + rep.string() + " " + extra);
     EXPECT_EQ(r.code, 0) << extra << "\n" << r.err;
+    err = r.err;
     if (report) *report = read_json(rep);
     std::vector<json> ids;
     for (auto& l : read_jsonl(out)) ids.push_back(l["token_ids"]);
@@ -518,6 +520,7 @@ TEST(Cli, CompressionFlagsAndPolicyFilesGiveTheInMemoryCompressedTokens) {
   EXPECT_EQ(file_rep["kv_dtype"], "Q4");
   EXPECT_EQ(file_rep["compress_cache"], true);
   EXPECT_EQ(file_rep["offload"]["weight_dtype"], "Q4");
+  EXPECT_NE(err.find("sequences), KV cache Q4; weights homed"), std::string::npos) << err;  // as the report
   json plain;
   run("", &plain);
   EXPECT_EQ(plain["compress_cache"], false);

@@ -182,8 +182,45 @@ TEST(InputLimits, IntegerFieldsNameTheirOwnRange) {
   EXPECT_EQ(lines[1].value("error", ""), "field \"logprobs\" must be an integer in [0, 20], got true.");
   EXPECT_EQ(lines[2].value("error", ""), "field \"logprobs\" must be an integer in [0, 20], got 21.");
   EXPECT_EQ(lines[3].value("error", ""), "field \"top_k\" must be an integer in [-1, 2147483647], got -3.");
-  EXPECT_EQ(lines[4].value("error", ""), "field \"seed\" must be an integer >= 0, got 2.5.");
+  EXPECT_EQ(lines[4].value("error", ""), "field \"seed\" must be an integer, got 2.5.");
   EXPECT_EQ(lines[5]["token_ids"].size(), 1u) << lines[5];
+}
+
+// A line that asked for logprobs and generated no token still has its (empty) arrays, so that
+// readers need no special case; one that did not ask has neither.
+TEST(InputLimits, ZeroTokenLinesKeepTheirLogprobsArrays) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  std::ofstream(in) << R"({"prompt_ids": [2, 100], "max_new_tokens": 0, "logprobs": 2})" "\n"
+                    << R"({"prompt_ids": [2, 100], "max_new_tokens": 0, "logprobs": 0})" "\n"
+                    << R"({"prompt_ids": [2, 100], "max_new_tokens": 0})" "\n";
+  ASSERT_EQ(flexh2o("generate -m " + kOpt + " --device cpu -o " + out.string() + " -i " + in.string()).code, 0);
+  const auto lines = read_jsonl(out);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["logprobs"], json::array()) << lines[0];
+  EXPECT_EQ(lines[0]["top_logprobs"], json::array()) << lines[0];
+  EXPECT_EQ(lines[1]["logprobs"], json::array()) << lines[1];
+  EXPECT_FALSE(lines[1].contains("top_logprobs")) << lines[1];
+  EXPECT_FALSE(lines[2].contains("logprobs")) << lines[2];
+}
+
+// A line's "seed" is any int64, taken modulo 2**64 as Batch bodies and LLM.generate take it: -1 is
+// the --seed 18446744073709551615 that the first line (seed = --seed + its index) gets by default.
+TEST(InputLimits, NegativeSeedsAreTakenModulo2To64) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", def = tmp.path() / "def.jsonl", neg = tmp.path() / "neg.jsonl";
+  std::ofstream(in) << R"({"prompt_ids": [2, 100], "seed": -1})" "\n";
+  const std::string run = "generate -m " + kOpt + " --device cpu --temperature 1.5 -n 12 --ignore-eos --output ";
+  ASSERT_EQ(flexh2o(run + neg.string() + " --input " + in.string()).code, 0);
+  std::ofstream(in) << R"({"prompt_ids": [2, 100]})" "\n";
+  ASSERT_EQ(flexh2o(run + def.string() + " --seed 18446744073709551615 --input " + in.string()).code, 0);
+  const auto a = read_jsonl(neg), b = read_jsonl(def);
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(a[0]["token_ids"], b[0]["token_ids"]);
+  std::ofstream(in) << R"({"prompt_ids": [2, 100]})" "\n";
+  ASSERT_EQ(flexh2o(run + def.string() + " --overwrite --seed 0 --input " + in.string()).code, 0);
+  EXPECT_NE(read_jsonl(def)[0]["token_ids"], a[0]["token_ids"]);  // the seed decides
 }
 
 // A FIFO given as an input used to block forever in open(); now it is refused at once. `timeout`
@@ -299,6 +336,29 @@ TEST(InputLimits, DeviceCudaWithoutAGpuIsRefusedBeforeTheWeights) {
     EXPECT_HAS(r.err, "--device cuda: ");
     EXPECT_EQ(r.err.find("out of memory"), std::string::npos) << cmd << ": " << r.err;
   }
+}
+
+// Engine flags that need no model (the KV policy and its budgets, --kv-dtype, the offloading
+// percentages) are refused before a preset's dummy weights are made (opt-175b: 350 GB, which under
+// a 2 GB address space would end in "out of memory"; opt-1.3b took 6-8 s before the refusal).
+TEST(InputLimits, EngineFlagErrorsComeBeforeTheWeights) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ulimit -v breaks sanitizer runtimes";
+#endif
+  const std::pair<const char*, const char*> cases[] = {
+      {"--kv-policy h20", "unknown --kv-policy"},
+      {"--kv-dtype fp8", "--kv-dtype must be auto, f16, bf16, f32 or q4"},
+      {"--percent 50 60 0 100 0 100", "110"},
+      {"--kv-policy h2o --heavy-ratio 1.5", "--heavy-ratio"}};
+  for (const char* cmd : {" bench -m opt-175b --prompt-len 8 --gen-len 1 ", " generate -m opt-175b --prompt hi ",
+                          " eval-ppl -m opt-175b /etc/hostname ", " eval-choice -m opt-175b --tasks /etc/hostname "})
+    for (const auto& [flags, says] : cases) {
+      ShellRun r = run_shell("ulimit -v 2000000; " + kBin + cmd + flags);
+      EXPECT_EQ(r.code, 1) << cmd << flags << ": " << r.err;
+      EXPECT_HAS(r.err, says);
+      EXPECT_EQ(r.err.find("out of memory"), std::string::npos) << cmd << flags << ": " << r.err;
+      EXPECT_EQ(r.err.find("loaded in"), std::string::npos) << cmd << flags << ": " << r.err;
+    }
 }
 
 // `--input -` reads the requests from standard input (a pipe: FIFOs given by name are refused

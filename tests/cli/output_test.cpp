@@ -333,13 +333,32 @@ TEST(CliOutput, AReadOnlyOffloadDirServesItsWeightsAndRefusesWrites) {
   EXPECT_EQ(read_text(out), "old\n");
   EXPECT_EQ(run("--percent 0 0 100 0 100 0 --compress-weight"), 1);  // weight files of another identity
   EXPECT_NE(read_text(err).find(" and 68 of the 68 weight files this run reads there cannot be used: store "
-                                "parameters changed (weights: compress_weight)"),
+                                "parameters changed (weights: compress_weight) (42 files there could not be "
+                                "reused, 26 were missing)"),
             std::string::npos)
       << read_text(err);
   EXPECT_EQ(read_text(out), "old\n");
   std::set<std::string> after;
   for (const auto& e : fs::directory_iterator(store)) after.insert(e.path().filename().string());
   EXPECT_EQ(after, files);
+}
+
+// "-" is standard input for --input and standard output for --output, as in generate; a --report
+// of "-" is refused rather than written to a file named "-".
+TEST(CliOutput, TokenizeTakesDashForTheStandardStreams) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", want = tmp.path() / "want.jsonl", got = tmp.path() / "got.jsonl";
+  write_file(in, "{\"text\": \"In the beginning\"}\n{\"text\": \"Jesus wept.\"}\n");
+  ASSERT_EQ(flexh2o("tokenize -t " + kOpt + " -i " + in.string() + " -o " + want.string()).code, 0);
+  const std::string bin = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o";
+  const std::string cmd = "cd " + tmp.path().string() + " && " + bin + " tokenize -t " + kOpt + " -i - -o - < " +
+                          in.string() + " > " + got.string() + " 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(read_text(got), read_text(want));
+  EXPECT_FALSE(fs::exists(tmp.path() / "-"));
+  RunResult r = flexh2o("generate -m " + kOpt + " -p hi -n 1 --report -");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--report - takes a file name"), std::string::npos) << r.err;
 }
 
 TEST(CliOutput, TokenizeKeepsGoingPastAnInvalidUtf8Line) {

@@ -191,6 +191,53 @@ TEST_F(Resume, AnOutputThatFillsMidRunFailsAndResumeFinishes) {
   resume_and_compare(out);
 }
 
+// --resume of a finished run has nothing to run: it places no weight (the offload directory stays
+// empty), keeps the output as it was and still writes the report.
+TEST_F(Resume, AFinishedRunIsNotPlacedAgain) {
+  const fs::path out = tmp_.path() / "out.jsonl", rep = tmp_.path() / "run.json", store = tmp_.path() / "store";
+  fs::copy_file(suite_tmp_->path() / "ref.jsonl", out);
+  const std::string before = read_text(out);
+  fs::create_directory(store);
+  RunResult r = flexh2o::test::run_flexh2o(gen_args(in_, out) + " --resume --report " + rep.string() +
+                                           " --percent 0 0 100 0 100 0 --offload-dir " + store.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("no request left to run; the weights are not placed"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::is_empty(store));
+  EXPECT_EQ(read_text(out), before);
+  const json report = json::parse(read_text(rep));
+  EXPECT_EQ(report["resumed_requests"], kRequests);
+  EXPECT_EQ(report["finished_requests"], 0);
+  EXPECT_EQ(report["generated_tokens"], 0);
+}
+
+// A stop signal while the weights are placed (a large store takes minutes to write): exit 130,
+// and --report says that nothing ran and why, for a harness that always reads it.
+TEST(ResumePlacement, AStopWhilePlacingTheWeightsStillWritesTheReport) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl", rep = tmp.path() / "run.json",
+                 err = tmp.path() / "err";
+  std::ofstream(in) << "{\"prompt_ids\": [2, 100, 200]}\n{\"prompt_ids\": [2, 300]}\n";  // a preset: no tokenizer
+  // opt-125m's dummy weights, all on disk: some 250 MB to write after the "loaded" line.
+  const pid_t pid = spawn("generate -m opt-125m -q -i " + in.string() + " -o " + out.string() + " --report " +
+                              rep.string() + " --percent 0 0 100 0 100 0 --offload-dir " + (tmp.path() / "s").string(),
+                          err);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (read_text(err).find(" s\n") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // "flexh2o: model opt-125m (...), loaded in T s"
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st)) << read_text(err);
+  if (WEXITSTATUS(st) != 130 || read_text(err).find("stopped while placing") == std::string::npos)
+    GTEST_SKIP() << "the signal did not land during the placement: " << read_text(err);
+  const json report = json::parse(read_text(rep));
+  EXPECT_TRUE(report["interrupted"].get<bool>());
+  EXPECT_EQ(report["finished_requests"], 0);
+  EXPECT_EQ(report["requests"], 2);
+  EXPECT_NE(report["interrupted_while"].get<std::string>().find("stopped while placing the weights"), std::string::npos)
+      << report.dump();
+}
+
 TEST_F(Resume, SigkillThenResumeCompletesTheRun) {
   const fs::path out = tmp_.path() / "out.jsonl", err = tmp_.path() / "err";
   const int st = interrupt_after_first_result(spawn(gen_args(in_, out), err), out, SIGKILL);

@@ -87,6 +87,13 @@ def test_bad_requests(llms):
         llm.loglikelihood([([2, 5], [])])
     with pytest.raises(flexh2o.Error, match="sequence 1 is empty"):
         llm.loglikelihood_rolling([[2, 5], []])
+    # Too long: said of the sequence as given (score() makes it a request of context + continuation).
+    n = llm.max_length + 2
+    with pytest.raises(flexh2o.Error, match=f"sequence 1 is {n} tokens; scoring it reads {n - 1} of them, more "
+                                            f"than the model's {llm.max_length} positions"):
+        llm.score([[2, 5], [2] * n])
+    with pytest.raises(flexh2o.Error, match=f"sequence 1: the text is {n} tokens; scoring it reads {n - 1}"):
+        llm.loglikelihood_rolling([[2, 5], [2] * n])
     with pytest.raises(flexh2o.Error, match="device"):
         flexh2o.LLM(str(TINY["opt"]), device="tpu")
     assert llm.generate([], max_new_tokens=2) == []

@@ -224,8 +224,25 @@ def test_stop_strings_end_sequences_early(llms):
         assert not any(s in llm.decode(g.token_ids[:n - 1]) for s in stop)  # ended at the first token it could
         assert any(s in llm.decode(g.token_ids) for s in stop)
     assert llm.generate(PROMPTS[0], max_new_tokens=20, ignore_eos=True, stop=" LORD") == got[:1]
+    # A stop string completed by the last token allowed is a stop (vLLM's order), not "length".
+    for g in got:
+        if g.finish_reason == "stop":
+            p = PROMPTS[got.index(g)]
+            assert llm.generate(p, max_new_tokens=len(g.token_ids), ignore_eos=True, stop=stop) == [g]
     with pytest.raises(flexh2o.Error, match="empty string"):
         llm.generate(PROMPTS[0], stop=[""])
+
+
+def test_continuous_under_a_kv_policy_says_once_that_it_runs_static_batches(capfd):
+    llm = flexh2o.LLM(str(TINY["opt"]), device="cpu", batch_size=1, kv_policy="h2o", heavy_ratio=0.2,
+                      recent_ratio=0.2)
+    capfd.readouterr()
+    got = llm.generate(PROMPTS[:2], max_new_tokens=4, continuous=True)
+    assert "continuous batching needs a full cache" in capfd.readouterr().err
+    assert llm.last_report["continuous"] is False
+    assert got == llm.generate(PROMPTS[:2], max_new_tokens=4)
+    llm.generate(PROMPTS[:2], max_new_tokens=4, continuous=True)
+    assert "continuous batching" not in capfd.readouterr().err  # once per LLM
 
 
 def test_continuous_batching_gives_the_same_completions_in_fewer_steps():

@@ -117,7 +117,8 @@ class LLM:
         {token id: bias in [-100, 100]} is added to those logits after the penalties, greedy too
         (OpenAI's; -100 bans a token). continuous=True: continuous batching (`generate
         --continuous`): a prompt whose answer ends hands its batch slot to the next; the same
-        results, in fewer steps when lengths vary."""
+        results, in fewer steps when lengths vary. It needs a full cache: under a kv_policy (or a
+        sliding-window cap) the calls run static batches, which stderr says once."""
         n_top = _args.logprobs(logprobs)
         given = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                      repetition_penalty=repetition_penalty)
