@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cli/app.h"
+#include "cli/sampling_flags.h"
 #include "core/error.h"
 #include "core/input_guard.h"
 #include "python/session.h"
@@ -271,6 +272,20 @@ PYBIND11_MODULE(_flexh2o, m) {
       .def(py::init<>())
       .def("set", [](StopFlag& f) { f.set = true; })
       .def("is_set", [](const StopFlag& f) { return f.set.load(); });
+
+  // serve's sampling defaults, checked as generate checks its flags (check_sampling_defaults):
+  // raises Error naming the flag, so that no request gets the server's mistake as its own 400.
+  m.def(
+      "check_sampling_defaults",
+      [](int top_k, float min_p, float repetition_penalty) {
+        cli::GenerateArgs a;
+        a.generation_config = "none";  // the server reads no generation_config.json
+        a.top_k = top_k;
+        a.min_p = min_p;
+        a.repetition_penalty = repetition_penalty;
+        cli::check_sampling_defaults(a);
+      },
+      py::arg("top_k"), py::arg("min_p"), py::arg("repetition_penalty"));
 
   // The command line. `render_chat(template_dir, body_json_text) -> str` (optional) is called
   // on this thread with the GIL held; its exceptions become the chat line's error.

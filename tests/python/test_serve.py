@@ -275,9 +275,11 @@ def test_engine_flags_and_unknown_ones():
     r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--no-such-flag", "1"])
     assert r.returncode == 2 and "unknown flag --no-such-flag" in r.stderr, r.stderr
     # A sampling default that no request could run with is serve's error, before the model loads.
-    for flag, value, words in (("--top-k", "-2", "top_k (--top-k) must be >= 0 (0 or -1: off), got -2"),
-                               ("--min-p", "7", "min_p (--min-p) must be in [0, 1], got 7.0"),
-                               ("--repetition-penalty", "0", "repetition_penalty (--repetition-penalty) must be > 0")):
+    # The messages are generate's for the same flags.
+    for flag, value, words in (("--top-k", "-2", "top_k must be a count of tokens, or 0 or -1 (off), got -2 (--top-k)"),
+                               ("--min-p", "7", "min_p must be in [0, 1], got 7 (--min-p)"),
+                               ("--repetition-penalty", "0", "repetition_penalty must be > 0 (1 = off), got 0 "
+                                                             "(--repetition-penalty)")):
         r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", flag, value])
         assert r.returncode == 2 and words in r.stderr and "on http://" not in r.stderr, r.stderr
     r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--kv-policy", "bogus"])

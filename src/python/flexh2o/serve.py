@@ -13,7 +13,6 @@ that also scores its prompt, as lm-eval's local-completions asks) is scored befo
 
 import argparse
 import json
-import math
 import queue
 import re
 import secrets
@@ -23,7 +22,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
-from ._flexh2o import Error, StopFlag
+from ._flexh2o import Error, StopFlag, check_sampling_defaults
 from ._serve_http import READ_TIMEOUT, _handler_for, error_body
 
 CLOSE_WAIT = 10.0  # seconds close() waits for answers to be written
@@ -255,13 +254,11 @@ class Server:
 
 def _sampling_error(top_k, min_p, repetition_penalty):
     """Why serve's sampling defaults cannot run (a request that leaves them to the server would
-    get the server's mistake as its own 400), or None."""
-    if top_k < -1:
-        return f"top_k (--top-k) must be >= 0 (0 or -1: off), got {top_k}"
-    if not 0 <= min_p <= 1:
-        return f"min_p (--min-p) must be in [0, 1], got {min_p}"
-    if not (repetition_penalty > 0 and math.isfinite(repetition_penalty)):
-        return f"repetition_penalty (--repetition-penalty) must be > 0 (1 = off), got {repetition_penalty}"
+    get the server's mistake as its own 400), or None: the engine's own check of generate's flags."""
+    try:
+        check_sampling_defaults(int(top_k), float(min_p), float(repetition_penalty))
+    except Error as e:
+        return str(e)
     return None
 
 
