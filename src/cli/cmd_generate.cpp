@@ -22,6 +22,7 @@
 
 #include "cli/commands.h"
 #include "cli/dp_generate.h"
+#include "cli/generate_items.h"
 #include "cli/pipeline_run.h"
 #include "cli/openai_batch.h"
 #include "cli/progress.h"
@@ -35,160 +36,8 @@
 #include "engine/offload_engine.h"
 
 namespace flexh2o::cli {
-namespace {
 using nlohmann::json;
-
 namespace batch = openai_batch;
-
-// One input line (or the --prompt) turned into requests, or the reason it cannot be.
-struct Item {
-  json id;  // flexh2o's "id" (default: the line's index), or the Batch "custom_id"
-  int64_t line = 0;
-  std::vector<GenerationRequest> reqs;  // one; a Batch line: one per prompt and choice
-  std::string error;
-  std::optional<std::string> error_param;  // Batch lines: the field at fault
-  std::optional<batch::Request> batch;
-  std::vector<std::string> stop;  // a flexh2o line's (or --stop's) stop strings; Batch lines: batch->stop
-  size_t first_req = 0, results = 0;  // where its requests sit in the run; how many finished
-  bool ready() const { return !reqs.empty() && results == reqs.size(); }
-  // The strings that end its requests, and whether they are looked for in the text without the
-  // special tokens' (a Batch body's skip_special_tokens; flexh2o lines keep them, as their text does).
-  StopRule stop_rule() const { return batch ? StopRule{batch->stop, batch->skip_special_tokens} : StopRule{stop, false}; }
-};
-
-// A flexh2o line's "stop": a string or an array of them, none empty; absent or null: --stop's.
-// Stop strings are found in the decoded text, so they need the tokenizer.
-std::vector<std::string> stop_field(const json& j, const std::vector<std::string>& dflt, bool has_tokenizer) {
-  if (!j.contains("stop") || j["stop"].is_null()) return dflt;
-  if (!has_tokenizer) FH_FAIL("field \"stop\" needs the text: this model has no tokenizer (pass --tokenizer DIR)");
-  const json& s = j["stop"];
-  std::vector<std::string> out;
-  if (s.is_string()) out.push_back(s.get<std::string>());
-  else if (s.is_array() && std::all_of(s.begin(), s.end(), [](const json& x) { return x.is_string(); }))
-    for (const json& x : s) out.push_back(x.get<std::string>());
-  else FH_FAIL("field \"stop\" must be a string or an array of strings, got ", json_excerpt(s));
-  for (const std::string& x : out)
-    if (x.empty()) FH_FAIL("field \"stop\": an empty string would stop every sequence at once");
-  return out;
-}
-
-// An integer field, checked against the range the field takes (4294967298 must not wrap to 2,
-// and the message names that range, not the C++ type's); nullopt when absent or null.
-std::optional<int64_t> int_field(const json& j, const char* key, int64_t lo, int64_t hi) {
-  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-  return json_to_int(j[key], lo, hi, "field \"" + std::string(key) + "\"");
-}
-
-template <typename T>
-T field(const json& j, const char* key, T dflt) {
-  static_assert(!std::is_integral_v<T>, "integer fields go through int_field (get<int>() would wrap)");
-  if (!j.contains(key) || j[key].is_null()) return dflt;
-  try {
-    return j[key].get<T>();
-  } catch (const json::exception&) {
-    FH_FAIL("field \"", key, "\" has the wrong type: ", json_excerpt(j[key]));
-  }
-}
-
-batch::Hooks hooks_of(const GenerateArgs& a, const LoadedModel& lm) {
-  batch::Hooks h = batch::make_hooks(lm.tokenizer_or_null(), a.render_chat);
-  h.score_prompts = a.pipeline.stages <= 1;  // echoed prompts are scored on the driver's runner
-  return h;
-}
-
-Item make_item(const nlohmann::ordered_json& line_json, int64_t line, size_t index, const GenerateArgs& a,
-               const LoadedModel& lm) {
-  const json j(line_json);
-  Item it;
-  it.line = line;
-  it.id = j.contains("id") ? j["id"] : json(index);
-  try {
-    // A misspelt field ("temprature") would otherwise run with the flag's value unnoticed.
-    static const std::set<std::string> kFields = {
-        "id",          "prompt",     "prompt_ids", "messages",           "max_new_tokens",   "temperature",
-        "top_k",       "top_p",      "min_p",      "repetition_penalty", "presence_penalty", "frequency_penalty",
-        "seed",        "logit_bias", "logprobs",   "stop",               "add_generation_prompt",
-        "continue_final_message", "chat_template_kwargs"};
-    for (const auto& [key, value] : j.items()) {
-      if (!kFields.contains(key))
-        FH_FAIL("unknown field \"", key, "\"; a line takes id, one of prompt / prompt_ids / messages, "
-                "max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, "
-                "frequency_penalty, seed, logit_bias, logprobs and stop (and with messages add_generation_prompt, "
-                "continue_final_message and chat_template_kwargs)");
-      if (!j.contains("messages") &&
-          (key == "add_generation_prompt" || key == "continue_final_message" || key == "chat_template_kwargs"))
-        FH_FAIL("field \"", key, "\" applies to a chat template: it needs \"messages\"");
-    }
-    if (int(j.contains("prompt")) + int(j.contains("prompt_ids")) + int(j.contains("messages")) > 1)
-      FH_FAIL("give one of \"prompt\", \"prompt_ids\" and \"messages\", not several");
-    GenerationRequest req;
-    if (j.contains("prompt_ids")) {
-      req.prompt_ids = json_to_ids(j["prompt_ids"], "field \"prompt_ids\"");
-    } else if (j.contains("prompt")) {
-      if (!j["prompt"].is_string()) FH_FAIL("field \"prompt\" must be a string");
-      const std::string text = j["prompt"].get<std::string>();
-      if (!lm.tokenizer) FH_FAIL("this model has no tokenizer: give \"prompt_ids\" or pass --tokenizer DIR");
-      req.prompt_ids = lm.tokenizer->encode(text, /*add_special=*/true);  // "": BOS alone, as transformers
-      if (req.prompt_ids.empty()) FH_FAIL("empty prompt: this model adds no BOS, so it gives no tokens");
-    } else if (j.contains("messages")) {  // a chat: rendered with the model's template
-      batch::RequestError why;
-      req.prompt_ids = batch::chat_prompt_ids(line_json, hooks_of(a, lm), &why);
-      if (req.prompt_ids.empty()) FH_FAIL(why.message);
-    } else {
-      FH_FAIL("line has none of \"prompt\", \"prompt_ids\" and \"messages\"");
-    }
-    req.max_new_tokens = int_field(j, "max_new_tokens", 0, INT64_MAX).value_or(a.max_new_tokens);
-    req.sampling.temperature = a.greedy ? 0.f : field<float>(j, "temperature", a.temperature);
-    req.sampling.top_k = int(int_field(j, "top_k", -1, INT32_MAX).value_or(a.top_k));
-    req.sampling.top_p = field<float>(j, "top_p", a.top_p);
-    req.sampling.min_p = field<float>(j, "min_p", a.min_p);
-    req.sampling.repetition_penalty = field<float>(j, "repetition_penalty", a.repetition_penalty);
-    req.sampling.presence_penalty = field<float>(j, "presence_penalty", a.presence_penalty);
-    req.sampling.frequency_penalty = field<float>(j, "frequency_penalty", a.frequency_penalty);
-    // Any int64, taken modulo 2**64 (-1 is 2**64 - 1) as Batch bodies and LLM.generate take it.
-    const std::optional<int64_t> seed = int_field(j, "seed", INT64_MIN, INT64_MAX);
-    req.sampling.seed = seed ? uint64_t(*seed) : a.seed + index;
-    if (j.contains("logit_bias") && !j["logit_bias"].is_null())
-      req.sampling.logit_bias = batch::parse_logit_bias(j["logit_bias"]);
-    req.top_logprobs = int(int_field(j, "logprobs", 0, kMaxTopLogprobs).value_or(a.logprobs));
-    it.stop = stop_field(j, a.stop, lm.tokenizer.has_value());
-    validate_request(req, lm.model->config());
-    it.reqs.push_back(std::move(req));
-  } catch (const Error& e) {
-    it.error = e.what();
-  }
-  return it;
-}
-
-// A Batch line: its prompts x n choices. Bodies carry OpenAI's defaults (max_tokens 16 for
-// completions, up to the context for chat; temperature 1, top_p 1); --greedy, --top-k and --seed
-// (base seed + line index, when the body has no seed) still apply.
-Item make_batch_item(const nlohmann::ordered_json& j, int64_t line, size_t index, const GenerateArgs& a, const LoadedModel& lm) {
-  batch::Parsed p = batch::parse_input_line(j, hooks_of(a, lm));
-  Item it;
-  it.line = line;
-  it.id = p.custom_id;
-  if (p.error) {
-    it.error = p.error->message;
-    it.error_param = p.error->param;
-    return it;
-  }
-  batch::RunDefaults d;
-  d.greedy = a.greedy;
-  d.top_k = a.top_k;
-  d.min_p = a.min_p;
-  d.repetition_penalty = a.repetition_penalty;
-  d.seed = a.seed + index;
-  try {
-    it.reqs = batch::expand_request(*p.request, d, lm.model->config());
-    it.batch = std::move(p.request);
-  } catch (const Error& e) {
-    it.error = e.what();
-  }
-  return it;
-}
-
-}  // namespace
 
 int run_generate(const GenerateArgs& args, const Env& env) {
   GenerateArgs a = args;  // the model's generation_config.json may set sampling defaults
@@ -259,7 +108,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   apply_generation_config(a, lm.dir, std::cerr);
   check_sampling_defaults(a);
 
-  std::vector<Item> items;
+  std::vector<GenerateItem> items;
   if (a.prompt) {
     items.push_back(make_item(nlohmann::ordered_json{{"prompt", *a.prompt}}, 0, 0, a, lm));
   } else {
@@ -270,7 +119,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
                                    : make_item(j, line, items.size(), a, lm));
         },
         [&](int64_t line, const std::string& msg) {
-          Item it;
+          GenerateItem it;
           it.line = line;
           it.id = is_batch ? json() : json(items.size());  // a Batch line's custom_id is unknown
           it.error = msg;
@@ -283,7 +132,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   // Ids must identify requests, as --resume finds results by id: an input whose ids repeat is
   // refused before any work, rather than once a long run needs resuming (OpenAI's Batch API
   // refuses such a file too). With --resume, the requests whose id has a result are done.
-  auto key_of = [&](const Item& it) { return is_batch ? batch::custom_id_key(it.id) : resume_key(it.id); };
+  auto key_of = [&](const GenerateItem& it) { return is_batch ? batch::custom_id_key(it.id) : resume_key(it.id); };
   std::vector<bool> done(items.size(), false);
   std::map<std::string, int64_t> line_of_id;
   int64_t unkeyed_left = prior.unkeyed;
@@ -345,7 +194,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const batch::Decode decode = batch::decoder_of(lm.tokenizer_or_null());
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
   // A Batch line's result: its choices (cut at stop strings) and usage.
-  auto batch_line = [&](const Item& it) {
+  auto batch_line = [&](const GenerateItem& it) {
     if (!it.error.empty()) return batch::error_line(it.id, {it.error, it.error_param}, ids);
     std::vector<const GenerationResult*> results;
     for (size_t k = 0; k < it.reqs.size(); ++k) results.push_back(&*ready[it.first_req + k]);
@@ -357,7 +206,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   // One result line for item i; the --prompt-only mode prints just the text.
   int64_t kept_tokens = 0;  // generated tokens in the result lines written (an interrupt drops others)
   auto emit = [&](size_t i) {
-    const Item& it = items[i];
+    const GenerateItem& it = items[i];
     if (it.error.empty())
       for (size_t k = 0; k < it.reqs.size(); ++k) kept_tokens += int64_t(ready[it.first_req + k]->tokens.size());
     json o{{"id", it.id}};
