@@ -97,6 +97,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   check_device_early(a.device);
   check_hardware_flag(a.offload, a.pipeline.stages > 1);
   check_engine_flags(a.offload, a.kv);
+  batch::check_stop_strings(a.stop, "--stop");
   check_sampling_defaults(a);  // the flags, before the model loads
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   if (!a.stop.empty() && !lm.tokenizer)
@@ -127,6 +128,9 @@ int run_generate(const GenerateArgs& args, const Env& env) {
         });
   }
   const std::string where = a.input.empty() ? "prompt" : from_stdin ? "standard input" : a.input;
+  if (is_batch && !a.stop.empty())
+    std::cerr << "flexh2o: --stop is for flexh2o lines and --prompt; a Batch file's requests take their body's "
+                 "\"stop\"\n";
   if (items.empty()) std::cerr << "flexh2o: " << where << " holds no requests (blank lines are skipped)\n";
   const char* id_name = is_batch ? "custom_id" : "id";
   // Ids must identify requests, as --resume finds results by id: an input whose ids repeat is
@@ -255,6 +259,20 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     report["sort_window"] = a.sort_window;
     return report;
   };
+  if (reqs.empty() && !pipe && !dp) {
+    // Nothing to run (--resume found every request done, every line failed, an empty input): the
+    // weights are not placed, which offloaded is minutes of I/O for nothing. (Under mpirun the
+    // other ranks wait for rank 0's batches and end through the run below.)
+    if (!items.empty()) std::cerr << "flexh2o: no request to run; the weights are not placed\n";
+    if (!a.output.empty()) out_file.emplace(NamedPath{"--output", a.output}, out_mode);
+    flush();  // the lines that failed
+    if (out_file) out_file->commit();
+    if (!a.report.empty())
+      write_json_file(a.report, report_with(unplaced_run_setup(a.offload, a.kv, *lm.model), GenerateStats{}, 0, false),
+                      "--report");
+    if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
+    return bad ? 1 : 0;
+  }
   int64_t prompt = 1, gen = 1;
   for (const auto& r : reqs) {
     prompt = std::max<int64_t>(prompt, int64_t(r.prompt_ids.size()));
@@ -267,13 +285,6 @@ int run_generate(const GenerateArgs& args, const Env& env) {
                                choose_layout(a, env, *lm.model, dev, device, pipe->comm().size(), prompt, gen,
                                              int64_t(reqs.size()), std::cerr),
                                device, std::cerr));
-  } else if (reqs.empty() && !dp) {
-    // Nothing to run (--resume found every request done, every line failed): the weights are not
-    // placed, which offloaded is minutes of I/O for nothing. The report says what was asked.
-    own.kv_config = make_kv_config(a.kv);
-    own.kv_dtype = run_kv_dtype(a.kv, a.offload.compress_cache, *lm.model);
-    own.runner = std::make_unique<InMemoryRunner>(fwd, a.batch_size);
-    std::cerr << "flexh2o: no request left to run; the weights are not placed\n";
   } else {
     a.offload.progress = a.progress;  // this rank draws the lines (under mpirun, rank 0)
     try {
@@ -281,11 +292,13 @@ int run_generate(const GenerateArgs& args, const Env& env) {
                            dp ? dp->plan_requests(reqs.size()) : int64_t(reqs.size()), device, std::cerr,
                            dp ? dp->cuda_index(device) : 0);
     } catch (const PlacementStopped& e) {  // a harness that always reads --report learns that nothing ran
-      if (!a.report.empty()) {
-        own.kv_config = make_kv_config(a.kv);
-        json report = report_with(own, GenerateStats{}, 0, true);
-        report["interrupted_while"] = e.what();
-        write_json_file(a.report, report, "--report");
+      try {
+        if (!a.report.empty()) {
+          json report = report_with(unplaced_run_setup(a.offload, a.kv, *lm.model), GenerateStats{}, 0, true);
+          report["interrupted_while"] = e.what();
+          write_json_file(a.report, report, "--report");
+        }
+      } catch (const std::exception&) {  // the stop is the cause (exit 130), not the report
       }
       throw;
     }
@@ -326,8 +339,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   // A request with stop strings ends once its text holds one (finish_choice then cuts the same
   // text), instead of generating the rest of max_tokens.
   go.ends_at = [&](size_t j, const GenerationResult& res) {
-    const StopRule s = items[req_item[order[j]]].stop_rule();
-    return !s.strings.empty() && batch::first_stop_at(decode(res.tokens, s.skip_special), s.strings) != std::string::npos;
+    const GenerateItem& it = items[req_item[order[j]]];
+    return batch::text_holds_stop(decode, res.tokens, it.stop_strings(), it.stop_skips_special());
   };
   Progress progress("generate", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, rs.offload);
   go.on_progress = [&](int64_t done_tokens, int64_t total) { progress.update(done_tokens, total); };

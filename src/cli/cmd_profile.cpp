@@ -12,12 +12,14 @@ namespace flexh2o::cli {
 void register_profile(CLI::App& app, ProfileArgs& a) {
   CLI::App* s = app.add_subcommand("profile", "Measure this machine into a hardware profile JSON");
   s->add_option("--offload-dir", a.offload_dir, "Directory on the disk tier to probe (default: temp dir)");
-  s->add_option("-o,--output", a.output, "Write the profile here (default: stdout)");
+  s->add_option("-o,--output", a.output, "Write the profile here (default, - or /dev/stdout: standard output)");
   add_threads_flag(s, a.threads);
   s->add_option("--name", a.name, "Profile name");
 }
 
-int run_profile(const ProfileArgs& a, const Env&) {
+int run_profile(const ProfileArgs& args, const Env&) {
+  ProfileArgs a = args;
+  if (names_standard_output(a.output, "--output")) a.output.clear();
   check_can_write({"--output", a.output});
   CpuDevice dev(a.threads);
   ProfileOptions o;

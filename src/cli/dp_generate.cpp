@@ -270,11 +270,9 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       go.stop = &stop;
       uint64_t first = 0;
       std::vector<StopRule> stops;
+      const openai_batch::Decode decode = openai_batch::decoder_of(lm.tokenizer_or_null());
       go.ends_at = [&](size_t r, const GenerationResult& res) {
-        const StopRule& s = stops[r];
-        return !s.strings.empty() && lm.tokenizer &&
-               openai_batch::first_stop_at(lm.tokenizer->decode(res.tokens, s.skip_special), s.strings) !=
-                   std::string::npos;
+        return openai_batch::text_holds_stop(decode, res.tokens, stops[r].strings, stops[r].skip_special);
       };
       go.on_result = [&](size_t r, const GenerationResult& res) {
         dist::Writer w;

@@ -64,12 +64,9 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   g->add_option("--stop", a.stop,
                 "A stop string (repeat for several): a sequence ends once its text holds one, the text is cut "
                 "before it (token_ids keep every generated token), finish_reason \"stop\". For --prompt and the "
-                "flexh2o lines without their own \"stop\" (a string or an array of strings); Batch lines take "
-                "their body's. A newline from a shell: --stop $'\\n\\n'")
-      ->allow_extra_args(false)
-      ->check(CLI::Validator(
-          [](std::string& s) { return s.empty() ? "an empty stop string would stop every sequence at once" : ""; },
-          "TEXT"));
+                "flexh2o lines without their own \"stop\" (a string or an array of strings; [] for none); Batch "
+                "lines take their body's. A newline from a shell: --stop $'\\n\\n'")
+      ->allow_extra_args(false);
   g->add_flag("--ignore-eos", a.ignore_eos, "Generate exactly max_new_tokens (benchmarks need fixed lengths)");
   g->add_option("--device", a.device,
                 "cpu, cuda (the offloading engine on the GPU: everything resident, or placed by the offloading "

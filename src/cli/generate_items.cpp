@@ -15,20 +15,12 @@ namespace {
 using nlohmann::json;
 namespace batch = openai_batch;
 
-// A flexh2o line's "stop": a string or an array of them, none empty; absent or null: --stop's.
-// Stop strings are found in the decoded text, so they need the tokenizer.
+// A flexh2o line's "stop": a string or an array of them, none empty ([]: none, not --stop's);
+// absent or null: --stop's. Stop strings are found in the decoded text, so they need the tokenizer.
 std::vector<std::string> stop_field(const json& j, const std::vector<std::string>& dflt, bool has_tokenizer) {
   if (!j.contains("stop") || j["stop"].is_null()) return dflt;
   if (!has_tokenizer) FH_FAIL("field \"stop\" needs the text: this model has no tokenizer (pass --tokenizer DIR)");
-  const json& s = j["stop"];
-  std::vector<std::string> out;
-  if (s.is_string()) out.push_back(s.get<std::string>());
-  else if (s.is_array() && std::all_of(s.begin(), s.end(), [](const json& x) { return x.is_string(); }))
-    for (const json& x : s) out.push_back(x.get<std::string>());
-  else FH_FAIL("field \"stop\" must be a string or an array of strings, got ", json_excerpt(s));
-  for (const std::string& x : out)
-    if (x.empty()) FH_FAIL("field \"stop\": an empty string would stop every sequence at once");
-  return out;
+  return batch::parse_stop_strings(j["stop"], 0, "field \"stop\"");
 }
 
 // An integer field, checked against the range the field takes (4294967298 must not wrap to 2,

@@ -31,9 +31,9 @@ struct GenerateItem {
   bool ready() const { return !reqs.empty() && results == reqs.size(); }
   // The strings that end its requests, and whether they are looked for in the text without the
   // special tokens' (a Batch body's skip_special_tokens; flexh2o lines keep them, as their text does).
-  StopRule stop_rule() const {
-    return batch ? StopRule{batch->stop, batch->skip_special_tokens} : StopRule{stop, false};
-  }
+  const std::vector<std::string>& stop_strings() const { return batch ? batch->stop : stop; }
+  bool stop_skips_special() const { return batch && batch->skip_special_tokens; }
+  StopRule stop_rule() const { return {stop_strings(), stop_skips_special()}; }
 };
 
 // A flexh2o line (or --prompt, as {"prompt": ...}): its request, or the line's error in `error`.

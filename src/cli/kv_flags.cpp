@@ -43,11 +43,14 @@ DType kv_cache_dtype(const KvArgs& a, const Model& m) {
   return DType::F16;
 }
 
-DType run_kv_dtype(const KvArgs& a, bool compress_cache, const Model& m) {
-  if (!compress_cache) return kv_cache_dtype(a, m);
+DType compressed_kv_dtype(const KvArgs& a) {
   if (a.dtype != "auto" && a.dtype != "q4")
     FH_FAIL("--compress-cache stores the KV cache as q4, but --kv-dtype ", a.dtype, " was given; drop one");
   return DType::Q4;
+}
+
+DType run_kv_dtype(const KvArgs& a, bool compress_cache, const Model& m) {
+  return compress_cache ? compressed_kv_dtype(a) : kv_cache_dtype(a, m);
 }
 
 KvPolicyConfig make_kv_config(const KvArgs& a) {

@@ -247,8 +247,7 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   else FH_FAIL("--io must be auto, uring or pread, got \"", a.io, "\"");
   o.verify_store = a.verify_store;
   o.trace = !a.trace.empty();
-  if (o.trace && !std::ofstream(a.trace))  // fail before the run, not after it
-    FH_FAIL("--trace: cannot write ", a.trace);
+  check_can_write({"--trace", a.trace});  // fail before the run, not after it (and truncate nothing)
   return o;
 }
 

@@ -247,15 +247,11 @@ std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& body, const Hooks
 
 std::vector<std::string> stop_param(const json& body) {
   if (!given(body, "stop")) return {};
-  const json& s = body["stop"];
-  std::vector<std::string> out;
-  if (s.is_string()) out.push_back(s.get<std::string>());
-  else if (s.is_array() && s.size() <= 4 && std::all_of(s.begin(), s.end(), [](const json& x) { return x.is_string(); }))
-    for (const json& x : s) out.push_back(x.get<std::string>());
-  else bad("stop", "\"stop\" must be a string or an array of up to 4 strings, got ", json_excerpt(s));
-  for (const std::string& x : out)
-    if (x.empty()) bad("stop", "\"stop\" strings must not be empty");
-  return out;
+  try {
+    return parse_stop_strings(body["stop"], 4, "\"stop\"");  // OpenAI takes up to 4
+  } catch (const Error& e) {
+    bad("stop", e.what());
+  }
 }
 
 // "stream" (a boolean) and "stream_options" ({"include_usage": bool}, only with "stream": true).
@@ -495,6 +491,11 @@ void score_echoed_prompts(StepRunner& runner, std::span<Request* const> requests
     for (ScoredToken& t : got[i]) t.top.resize(std::min(t.top.size(), size_t(r->logprobs)));
     r->prompt_scores[p] = std::move(got[i]);
   }
+}
+
+bool text_holds_stop(const Decode& decode, std::span<const int32_t> tokens, const std::vector<std::string>& stop,
+                     bool skip_special) {
+  return !stop.empty() && first_stop_at(decode(tokens, skip_special), stop) != std::string::npos;
 }
 
 Decode decoder_of(const Tokenizer* t) {

@@ -132,6 +132,13 @@ std::vector<int32_t> chat_prompt_ids(const nlohmann::ordered_json& body, const H
 // Where the first of the stop strings starts in `text`; npos when none occurs.
 size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop);
 
+// Stop strings as a request gives them (a Batch body's "stop", a flexh2o line's): a string or an
+// array of strings, at most max_count of them (0: any number), none empty. Throws Error naming
+// `what` ("\"stop\"", "field \"stop\"").
+std::vector<std::string> parse_stop_strings(const nlohmann::json& s, size_t max_count, std::string_view what);
+// Throws Error naming `what` if a stop string is empty (it would stop every sequence at once).
+void check_stop_strings(const std::vector<std::string>& stop, std::string_view what);
+
 // One generated choice, cut at the first stop string.
 struct Choice {
   std::string text;  // with echo, the prompt's text first
@@ -179,6 +186,10 @@ nlohmann::json logprobs_of(const Choice& c, bool chat, const TokenText& piece, i
 
 // Decode and TokenText of a tokenizer; both give empty text when `t` is null (a preset without one).
 Decode decoder_of(const Tokenizer* t);
+// Whether the text of `tokens` (skip_special: without special tokens' text) holds one of `stop`:
+// the one test that ends a request at a stop string (GenerateOptions::ends_at) wherever it runs.
+bool text_holds_stop(const Decode& decode, std::span<const int32_t> tokens, const std::vector<std::string>& stop,
+                     bool skip_special);
 TokenText token_text_of(const Tokenizer* t);
 // The text of a result line's first choice (completions: "text"; chat: message.content).
 std::string first_choice_text(const nlohmann::json& line);

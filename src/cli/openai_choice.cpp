@@ -4,10 +4,33 @@
 #include <algorithm>
 
 #include "cli/openai_batch.h"
+#include "core/error.h"
+#include "core/input_guard.h"
 
 namespace flexh2o::cli::openai_batch {
 
 using nlohmann::json;
+
+std::vector<std::string> parse_stop_strings(const nlohmann::json& s, size_t max_count, std::string_view what) {
+  std::vector<std::string> out;
+  const bool strings = s.is_array() && std::all_of(s.begin(), s.end(), [](const nlohmann::json& x) {
+    return x.is_string();
+  });
+  if (s.is_string()) out.push_back(s.get<std::string>());
+  else if (strings && (max_count == 0 || s.size() <= max_count))
+    for (const nlohmann::json& x : s) out.push_back(x.get<std::string>());
+  else
+    FH_FAIL(what, " must be a string or an array of ",
+            max_count ? detail::concat("up to ", max_count, " strings") : std::string("strings"), ", got ",
+            json_excerpt(s));
+  check_stop_strings(out, what);
+  return out;
+}
+
+void check_stop_strings(const std::vector<std::string>& stop, std::string_view what) {
+  for (const std::string& x : stop)
+    if (x.empty()) FH_FAIL(what, ": an empty string would stop every sequence at once");
+}
 
 size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop) {
   size_t at = std::string::npos;

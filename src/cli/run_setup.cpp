@@ -15,7 +15,16 @@ using nlohmann::json;
 void check_engine_flags(const OffloadArgs& off, const KvArgs& kv) {
   (void)make_kv_config(kv);
   (void)kv_dtype_flag(kv);
-  (void)make_offload_options(off);
+  if (make_offload_options(off).policy.compress_cache) (void)compressed_kv_dtype(kv);
+}
+
+RunSetup unplaced_run_setup(const OffloadArgs& off, const KvArgs& kv, const Model& m) {
+  RunSetup rs;
+  rs.kv_config = make_kv_config(kv);
+  const Policy asked = make_offload_options(off).policy;  // the flags and a --policy file's
+  rs.kv_dtype = run_kv_dtype(kv, asked.compress_cache, m);
+  rs.compress_weight = asked.compress_weight;
+  return rs;
 }
 
 Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, std::unique_ptr<Device>& owned,
@@ -130,7 +139,8 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
               {"kv_policy", describe(rs.kv_config)},
               {"kv_policy_note", rs.kv_config_note},
               {"kv_dtype", dtype_name(rs.kv_dtype)},
-              {"compress_weight", rs.compressed != nullptr || (rs.offload && rs.offload->options().policy.compress_weight)},
+              {"compress_weight", rs.compress_weight || rs.compressed != nullptr ||
+                                      (rs.offload && rs.offload->options().policy.compress_weight)},
               {"compress_cache", rs.kv_dtype == DType::Q4},  // --compress-cache is --kv-dtype q4
               {"batch_size", rs.runner ? rs.runner->max_batch() : 0},
               {"batches", st.batches},

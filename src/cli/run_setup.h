@@ -30,6 +30,7 @@ struct RunSetup {
   Device* device = nullptr;             // what the runner computes on (null: no device opened, nothing ran)
   std::unique_ptr<StepRunner> runner;
   OffloadEngine* offload = nullptr;     // the runner, when it is the offloading engine
+  bool compress_weight = false;         // unplaced_run_setup(): the flags ask for 4-bit weights
   // A runner reused by another call (the Python API): the engine's report as that call began,
   // so run_report counts that call only (see offload_report_json). Unset: since construction.
   std::optional<OffloadReport> offload_since;
@@ -39,10 +40,15 @@ struct RunSetup {
 };
 
 // The engine flags that need no model, checked before one loads (a preset's dummy weights take
-// minutes to build): the KV policy and its budgets (make_kv_config), --kv-dtype, and the
-// offloading flags (make_offload_options: percentages, sizes, a --policy file). Throws naming
-// the flag.
+// minutes to build): the KV policy and its budgets (make_kv_config), --kv-dtype (and its
+// agreement with --compress-cache), and the offloading flags (make_offload_options:
+// percentages, sizes, a --policy file). Throws naming the flag.
 void check_engine_flags(const OffloadArgs& off, const KvArgs& kv);
+
+// What the flags ask for with no engine placed (a run with nothing to run, or one stopped while
+// placing its weights), for run_report: the KV policy and dtype, whether weights are compressed;
+// device, runner and offload stay null.
+RunSetup unplaced_run_setup(const OffloadArgs& off, const KvArgs& kv, const Model& m);
 
 // "cpu": `cpu` itself; "cuda": a CUDA device for `m` (F16, or BF16 for bf16 checkpoints), kept in `owned`;
 // `cuda_index`: which GPU of the host.

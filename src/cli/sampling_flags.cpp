@@ -79,7 +79,9 @@ GenerationConfig read_generation_config(const std::filesystem::path& model_dir, 
       try {
         g.values.emplace_back(key, double(json_to_int(j[key], -1, INT32_MAX, "\"top_k\"")));
       } catch (const Error& e) {
-        FH_FAIL(file.string(), ": ", e.what(), " Fix it or pass ", turn_off);
+        std::string why = e.what();
+        if (!why.empty() && why.back() == '.') why.pop_back();
+        FH_FAIL(file.string(), ": ", why, "; fix it or pass ", turn_off);
       }
       continue;
     }

@@ -48,9 +48,10 @@ struct GenerateOptions {
   int32_t pad_id = 0;                  // id placed in left padding (never attended)
   // Called after each decode step: (tokens generated so far, total to generate at most).
   std::function<void(int64_t, int64_t)> on_progress;
-  // Called after every token a sequence samples that neither is EOS nor reaches its length, with
-  // the request index and its result so far (the tokens generated, and with top_logprobs >= 0
-  // their log-probabilities); true ends the sequence there (FinishReason::kStopped), so stop
+  // Called after every token a sequence samples that is not EOS (the one that reaches its length
+  // too), with the request index and its result so far (the tokens generated, and with
+  // top_logprobs >= 0 their log-probabilities); true ends the sequence there
+  // (FinishReason::kStopped, ahead of kLength, as vLLM checks stop strings first), so stop
   // strings cost no steps past them. Null: never.
   std::function<bool(size_t, const GenerationResult&)> ends_at;
   // Called once per finished request index with its result (streaming output).

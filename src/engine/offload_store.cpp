@@ -91,7 +91,9 @@ std::string rebuild_reason(const std::vector<Status>& rebuilt, size_t reused, co
     // Both counts, so that they add up to the files the caller says were not usable.
     if (failed > 1 || missing > 0)
       why += detail::concat(" (", failed, failed == 1 ? " file" : " files", " there could not be reused",
-                            missing ? detail::concat(", ", missing, " were missing") : std::string(), ")");
+                            missing ? detail::concat(", ", missing, missing == 1 ? " was" : " were", " missing")
+                                    : std::string(),
+                            ")");
   } else if (missing > 0 && (reused > 0 || (previous && !changed))) {
     why = detail::concat(missing, " weight files were missing");
   }

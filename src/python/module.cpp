@@ -277,10 +277,12 @@ PYBIND11_MODULE(_flexh2o, m) {
   // raises Error naming the flag, so that no request gets the server's mistake as its own 400.
   m.def(
       "check_sampling_defaults",
-      [](int top_k, float min_p, float repetition_penalty) {
+      [](int64_t top_k, float min_p, float repetition_penalty) {
+        if (top_k > INT32_MAX || top_k < INT32_MIN)
+          FH_FAIL("top_k must be at most ", INT32_MAX, ", got ", top_k, " (--top-k)");
         cli::GenerateArgs a;
         a.generation_config = "none";  // the server reads no generation_config.json
-        a.top_k = top_k;
+        a.top_k = int(top_k);
         a.min_p = min_p;
         a.repetition_penalty = repetition_penalty;
         cli::check_sampling_defaults(a);

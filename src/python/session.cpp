@@ -199,11 +199,10 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   go.eos_id = eos_id();
   go.pad_id = cfg.pad_id.value_or(0);
   const cli::openai_batch::Decode decode = cli::openai_batch::decoder_of(lm_.tokenizer_or_null());
-  for (const std::string& s : p.stop)
-    if (s.empty()) FH_FAIL("stop: an empty string would stop every sequence at once");
+  cli::openai_batch::check_stop_strings(p.stop, "stop");
   if (!p.stop.empty())
     go.ends_at = [&](size_t, const GenerationResult& res) {
-      return cli::openai_batch::first_stop_at(decode(res.tokens, false), p.stop) != std::string::npos;
+      return cli::openai_batch::text_holds_stop(decode, res.tokens, p.stop, false);
     };
   go.stop = p.interrupt;
   GenerateStats st;
@@ -227,7 +226,7 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
 }
 
 void Session::note_static_batches(bool continuous, const GenerateStats& st) {
-  if (!continuous || st.continuous || static_noted_) return;
+  if (!continuous || st.continuous || st.batches == 0 || static_noted_) return;
   static_noted_ = true;  // the results are the same; only the speed differs
   cli::write_stderr("flexh2o: continuous batching needs a full cache (no kv_policy, no sliding-window cap): "
                     "this LLM runs static batches\n");

@@ -340,7 +340,7 @@ TEST(InputLimits, DeviceCudaWithoutAGpuIsRefusedBeforeTheWeights) {
 
 // Engine flags that need no model (the KV policy and its budgets, --kv-dtype, the offloading
 // percentages) are refused before a preset's dummy weights are made (opt-175b: 350 GB, which under
-// a 2 GB address space would end in "out of memory"; opt-1.3b took 6-8 s before the refusal).
+// a 2 GB address space would end in "out of memory").
 TEST(InputLimits, EngineFlagErrorsComeBeforeTheWeights) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "ulimit -v breaks sanitizer runtimes";
@@ -349,7 +349,8 @@ TEST(InputLimits, EngineFlagErrorsComeBeforeTheWeights) {
       {"--kv-policy h20", "unknown --kv-policy"},
       {"--kv-dtype fp8", "--kv-dtype must be auto, f16, bf16, f32 or q4"},
       {"--percent 50 60 0 100 0 100", "110"},
-      {"--kv-policy h2o --heavy-ratio 1.5", "--heavy-ratio"}};
+      {"--kv-policy h2o --heavy-ratio 1.5", "--heavy-ratio"},
+      {"--compress-cache --kv-dtype f16", "--compress-cache stores the KV cache as q4, but --kv-dtype f16"}};
   for (const char* cmd : {" bench -m opt-175b --prompt-len 8 --gen-len 1 ", " generate -m opt-175b --prompt hi ",
                           " eval-ppl -m opt-175b /etc/hostname ", " eval-choice -m opt-175b --tasks /etc/hostname "})
     for (const auto& [flags, says] : cases) {

@@ -164,7 +164,7 @@ TEST(OpenAiBatch, BadTypesAndRangesNameTheField) {
       {{{"stop", 5}}, "\"stop\" must be a string or an array of up to 4 strings, got 5", "stop"},
       {{{"stop", {"a", "b", "c", "d", "e"}}}, "\"stop\" must be a string or an array of up to 4", "stop"},
       {{{"stop", {"a", 1}}}, "\"stop\" must be a string or an array of up to 4", "stop"},
-      {{{"stop", ""}}, "\"stop\" strings must not be empty", "stop"},
+      {{{"stop", ""}}, "\"stop\": an empty string would stop every sequence at once", "stop"},
       {{{"model", 3}}, "\"model\" must be a string, got 3", "model"},
       {{{"prompt", nullptr}}, "missing \"prompt\"", "prompt"},
       {{{"prompt", {{"a", 1}}}}, "\"prompt\" must be a string, an array of token ids, an array of strings or", "prompt"},

@@ -361,6 +361,19 @@ TEST(CliOutput, TokenizeTakesDashForTheStandardStreams) {
   EXPECT_NE(r.err.find("--report - takes a file name"), std::string::npos) << r.err;
 }
 
+// --trace is checked before the run without being emptied: a run that fails before it (or writes no
+// trace) leaves an earlier trace as it was.
+TEST(CliOutput, ATraceFileIsNotEmptiedBeforeTheRun) {
+  TempDir tmp;
+  const fs::path trace = tmp.path() / "t.json";
+  write_file(trace, "{\"keep\": 1}\n");
+  for (const std::string& extra : {std::string(" --tokenizer ") + (tmp.path() / "none").string(), std::string()}) {
+    RunResult r = flexh2o("generate -m " + kOpt + " -p hi -n 2 --trace " + trace.string() + extra);
+    EXPECT_EQ(r.code, extra.empty() ? 0 : 1) << r.err;
+    EXPECT_EQ(read_text(trace), "{\"keep\": 1}\n") << extra;
+  }
+}
+
 TEST(CliOutput, TokenizeKeepsGoingPastAnInvalidUtf8Line) {
   TempDir tmp;
   const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl", good = tmp.path() / "good.jsonl";

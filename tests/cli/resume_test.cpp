@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cli_run.h"
+#include "jsonl.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -192,22 +193,36 @@ TEST_F(Resume, AnOutputThatFillsMidRunFailsAndResumeFinishes) {
 }
 
 // --resume of a finished run has nothing to run: it places no weight (the offload directory stays
-// empty), keeps the output as it was and still writes the report.
-TEST_F(Resume, AFinishedRunIsNotPlacedAgain) {
+// empty), keeps the output as it was and still writes the report; so does an input whose every
+// line fails (their error lines written, exit 1).
+TEST_F(Resume, NothingToRunPlacesNoWeights) {
   const fs::path out = tmp_.path() / "out.jsonl", rep = tmp_.path() / "run.json", store = tmp_.path() / "store";
   fs::copy_file(suite_tmp_->path() / "ref.jsonl", out);
   const std::string before = read_text(out);
   fs::create_directory(store);
-  RunResult r = flexh2o::test::run_flexh2o(gen_args(in_, out) + " --resume --report " + rep.string() +
-                                           " --percent 0 0 100 0 100 0 --offload-dir " + store.string());
+  const std::string offload = " --percent 0 0 100 0 100 0 --compress-weight --offload-dir " + store.string();
+  RunResult r =
+      flexh2o::test::run_flexh2o(gen_args(in_, out) + " --resume --report " + rep.string() + offload);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("no request left to run; the weights are not placed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no request to run; the weights are not placed"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::is_empty(store));
   EXPECT_EQ(read_text(out), before);
-  const json report = json::parse(read_text(rep));
+  json report = json::parse(read_text(rep));
   EXPECT_EQ(report["resumed_requests"], kRequests);
   EXPECT_EQ(report["finished_requests"], 0);
   EXPECT_EQ(report["generated_tokens"], 0);
+  EXPECT_EQ(report["compress_weight"], true);  // what was asked, though nothing ran
+  const fs::path bad = tmp_.path() / "bad.jsonl", bad_out = tmp_.path() / "bad_out.jsonl";
+  std::ofstream(bad) << R"({"prompt_ids": [2, 999999]})" "\n" R"({"prompt": 5})" "\n";
+  r = flexh2o::test::run_flexh2o(gen_args(bad, bad_out) + " --report " + rep.string() + offload);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("no request to run; the weights are not placed"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::is_empty(store));
+  const auto lines = flexh2o::test::read_jsonl(bad_out);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_TRUE(lines[0].contains("error") && lines[1].contains("error"));
+  report = json::parse(read_text(rep));
+  EXPECT_EQ(report["failed_requests"], 2);
 }
 
 // A stop signal while the weights are placed (a large store takes minutes to write): exit 130,
@@ -219,7 +234,8 @@ TEST(ResumePlacement, AStopWhilePlacingTheWeightsStillWritesTheReport) {
   std::ofstream(in) << "{\"prompt_ids\": [2, 100, 200]}\n{\"prompt_ids\": [2, 300]}\n";  // a preset: no tokenizer
   // opt-125m's dummy weights, all on disk: some 250 MB to write after the "loaded" line.
   const pid_t pid = spawn("generate -m opt-125m -q -i " + in.string() + " -o " + out.string() + " --report " +
-                              rep.string() + " --percent 0 0 100 0 100 0 --offload-dir " + (tmp.path() / "s").string(),
+                              rep.string() + " --kv-dtype f32 --percent 0 0 100 0 100 0 --offload-dir " +
+                              (tmp.path() / "s").string(),
                           err);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (read_text(err).find(" s\n") == std::string::npos && std::chrono::steady_clock::now() < deadline)
@@ -228,10 +244,13 @@ TEST(ResumePlacement, AStopWhilePlacingTheWeightsStillWritesTheReport) {
   int st = 0;
   waitpid(pid, &st, 0);
   ASSERT_TRUE(WIFEXITED(st)) << read_text(err);
-  if (WEXITSTATUS(st) != 130 || read_text(err).find("stopped while placing") == std::string::npos)
-    GTEST_SKIP() << "the signal did not land during the placement: " << read_text(err);
+  if (read_text(err).find("weights homed") != std::string::npos)  // printed once the placement is done
+    GTEST_SKIP() << "the placement ended before the signal: " << read_text(err);
+  ASSERT_EQ(WEXITSTATUS(st), 130) << read_text(err);
+  ASSERT_NE(read_text(err).find("stopped while placing the weights"), std::string::npos) << read_text(err);
   const json report = json::parse(read_text(rep));
   EXPECT_TRUE(report["interrupted"].get<bool>());
+  EXPECT_EQ(report["kv_dtype"], "F32");  // the flags', though no engine was made
   EXPECT_EQ(report["finished_requests"], 0);
   EXPECT_EQ(report["requests"], 2);
   EXPECT_NE(report["interrupted_while"].get<std::string>().find("stopped while placing the weights"), std::string::npos)

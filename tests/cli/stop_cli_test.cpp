@@ -42,12 +42,13 @@ TEST(CliStop, LineStopStringsEndSequencesAndCutTheText) {
   TempDir tmp;
   const std::vector<json> lines = {
       {{"id", "lord"}, {"prompt", kPrompt}, {"stop", " LORD"}},
-      {{"id", "list"}, {"prompt", kPrompt}, {"stop", {"xyz", ", and"}}},  // the first token completes it
+      {{"id", "list"}, {"prompt", kPrompt}, {"stop", {"xyz", ", and"}}},  // the second token completes it
       {{"id", "flag"}, {"prompt", kPrompt}},                              // --stop's
       {{"id", "null"}, {"prompt", kPrompt}, {"stop", nullptr}},           // also --stop's
       {{"id", "never"}, {"prompt", kPrompt}, {"stop", {"xyz"}}},          // overrides --stop: runs to the end
       {{"id", "span"}, {"prompt", kPrompt}, {"stop", "D, a"}},            // across tokens " LORD" and ","
       {{"id", "last"}, {"prompt", kPrompt}, {"stop", " LORD"}, {"max_new_tokens", 4}},  // a stop, not length
+      {{"id", "none"}, {"prompt", kPrompt}, {"stop", json::array()}},     // no stop strings, not --stop's
   };
   for (const std::string& flags : {std::string(), std::string("--continuous"),
                                    "--percent 0 100 0 100 0 100 --offload-dir " + (tmp.path() / "s").string()}) {
@@ -67,6 +68,7 @@ TEST(CliStop, LineStopStringsEndSequencesAndCutTheText) {
     expect(4, ", and the LORD, and the LORD, and the LORD", 12, "length");
     expect(5, ", and the LOR", 6, "stop");
     expect(6, ", and the", 4, "stop");
+    expect(7, ", and the LORD, and the LORD, and the LORD", 12, "length");
   }
 }
 
@@ -93,7 +95,7 @@ TEST(CliStop, BadStopValuesAreRefused) {
   EXPECT_EQ(got[3]["text"], ", and th");  // the others still run
   const RunResult r = flexh2o::test::run_flexh2o("generate -m " + kOpt + " -p x --stop ''");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("--stop: an empty stop string would stop every sequence at once"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--stop: an empty string would stop every sequence at once"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ def test_a_bad_file_or_setting_is_an_error(tmp_path):
     assert flexh2o.LLM(str(d), device="cpu", generation_config="none").generation_defaults == {}
     (d / "generation_config.json").write_text('{"top_k": 1.5}')  # a count: not cut to 1 unsaid
     with pytest.raises(flexh2o.Error, match=r'generation_config.json: "top_k" must be an integer in '
-                                            r'\[-1, 2147483647\], got 1.5. Fix it or pass generation_config="none"'):
+                                            r'\[-1, 2147483647\], got 1.5; fix it or pass generation_config="none"'):
         flexh2o.LLM(str(d), device="cpu")
     (d / "generation_config.json").write_text('{"top_k": 40.0}')  # integral: taken
     assert flexh2o.LLM(str(d), device="cpu").generation_defaults["top_k"] == 40

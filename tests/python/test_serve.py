@@ -279,7 +279,8 @@ def test_engine_flags_and_unknown_ones():
     for flag, value, words in (("--top-k", "-2", "top_k must be a count of tokens, or 0 or -1 (off), got -2 (--top-k)"),
                                ("--min-p", "7", "min_p must be in [0, 1], got 7 (--min-p)"),
                                ("--repetition-penalty", "0", "repetition_penalty must be > 0 (1 = off), got 0 "
-                                                             "(--repetition-penalty)")):
+                                                             "(--repetition-penalty)"),
+                               ("--top-k", "3000000000", "top_k must be at most 2147483647, got 3000000000")):
         r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", flag, value])
         assert r.returncode == 2 and words in r.stderr and "on http://" not in r.stderr, r.stderr
     r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--kv-policy", "bogus"])
