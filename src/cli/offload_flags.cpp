@@ -251,6 +251,18 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   return o;
 }
 
+void check_planned_kv_policy(const OffloadArgs& a, const KvPolicyConfig& running) {
+  if (a.policy_file.empty() || a.policy_file == "auto") return;
+  const nlohmann::json j = read_json_file(a.policy_file, "--policy file");
+  const bool plan = j.is_object() && j.contains("policy") && j["policy"].is_object() && j.contains("policy_flags");
+  if (!plan || !j.contains("kv_policy") || !j["kv_policy"].is_string()) return;
+  const std::string planned = j["kv_policy"].get<std::string>(), now = describe(running);
+  if (planned != now)
+    FH_FAIL("--policy ", a.policy_file, " was planned (flexh2o plan --json) for KV policy \"", planned,
+            "\", but this run's is \"", now, "\": its block and placement were sized for that cache. Give the "
+            "KV flags it was planned with, or plan again with this run's");
+}
+
 HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& configs_dir, CpuDevice& cpu,
                              DeviceKind kind, const std::string& device_name, std::ostream& log) {
   HardwareProfile hw;

@@ -68,6 +68,11 @@ OffloadOptions make_offload_options(const OffloadArgs& a);
 // --disk-mem overriding the profile's capacities. Prints the choice and its prediction.
 // The profile: --hardware, else this machine measured (CPU device), else on a GPU the shipped
 // profile of that GPU (configs/hardware/h200.json on an H200).
+// A --policy file that `flexh2o plan --json` wrote was sized for its "kv_policy": throws, naming
+// both, when the run's KV policy (`running`, after window_kv_policy) is another. Other files
+// (a bare policy) carry no KV policy and pass.
+void check_planned_kv_policy(const OffloadArgs& a, const KvPolicyConfig& running);
+
 Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
                         int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
                         int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log);

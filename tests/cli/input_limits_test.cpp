@@ -535,4 +535,23 @@ TEST(InputLimits, APlanJsonIsAPolicyFile) {
   EXPECT_NE(r.err.find(flags.substr(0, flags.find(" --num-gpu-batches"))), std::string::npos) << flags << "\n" << r.err;
 }
 
+// A plan made for a KV policy runs only under that policy: its block and placement were sized for
+// that cache (a run under another used to take the file silently with the full cache).
+TEST(InputLimits, APlanJsonRunsUnderTheKvPolicyItWasPlannedFor) {
+  TempDir tmp;
+  const fs::path plan = tmp.path() / "plan.json";
+  const std::string h2o = " --kv-policy h2o --heavy-ratio 0.2 --recent-ratio 0.2";
+  const ShellRun p = run_shell(kBin + " plan -m " + kOpt + " --hardware t4-paper --prompt-len 8 --gen-len 4 " +
+                               "--gpu-mem 60MiB --json" + h2o + " > " + plan.string());
+  ASSERT_EQ(p.code, 0) << p.err;
+  const std::string run = "generate -m " + kOpt + " --prompt hi -n 2 --device cpu --policy " + plan.string();
+  const RunResult full = flexh2o(run);
+  EXPECT_EQ(full.code, 1);
+  EXPECT_NE(full.err.find("was planned (flexh2o plan --json) for KV policy \"h2o heavy=0.2*prompt "
+                          "recent=0.2*prompt\", but this run's is \"full\""),
+            std::string::npos)
+      << full.err;
+  EXPECT_EQ(flexh2o(run + h2o).code, 0);
+}
+
 }  // namespace
