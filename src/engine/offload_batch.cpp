@@ -21,7 +21,7 @@ void OffloadEngine::Impl::fail_unless(const Status& s) {
   const MemoryPlan need =
       plan_memory(c, WeightBytes::of(e.placement_), batch_policy(batch), dims(), {dev.kind(), kvdt, adt});
   FH_FAIL(s.message(), "\nthis batch (", batch, " sequences, prompt ", s_max, ", capacity ", capacity,
-          ") needs per tier:\n", need.breakdown(), "lower the batch size, use a KV policy or move data to a lower tier");
+          ") needs per tier:\n", need.breakdown(), batch_fit_remedy(user_policy != nullptr));
 }
 
 BatchDims OffloadEngine::Impl::dims() const {

@@ -305,7 +305,7 @@ void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, 
       FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes_beside(cap, need.bytes[size_t(t)]),
               " is too small for a batch of this run (", lengths.size(), " sequences, prompt ", rows, ", capacity ",
               capacity, "): it needs ", human_bytes_beside(need.bytes[size_t(t)], cap), ":\n", need.breakdown(),
-              "lower the batch size, use a KV policy or move data to a lower tier");
+              batch_fit_remedy(opts_.kv_policy != nullptr));
   }
   // The filesystem under --offload-dir, too: its KV files are created at the batch's prefill.
   const uint64_t kv = store_ ? impl_->kv_disk_space(need, impl_->sizing(capacity).classes, int64_t(lengths.size())) : 0;

@@ -18,6 +18,14 @@
 
 namespace flexh2o {
 
+// The end of a refusal of a batch that does not fit: what to change (a KV policy only when the
+// run has none; under one, a smaller budget).
+inline const char* batch_fit_remedy(bool kv_policy) {
+  return kv_policy ? "lower the batch size, the KV budget (--heavy-ratio/--recent-ratio, ...) or move data to a "
+                     "lower tier"
+                   : "lower the batch size, use a KV policy (--kv-policy h2o) or move data to a lower tier";
+}
+
 // The text whose digest is the store identity (store_identity.h): store format, model config,
 // the dtype each checkpoint dtype is stored in on `dev` (and Q4 for 2-D weights when
 // compress_weight), and the checkpoint's shard fingerprints.
