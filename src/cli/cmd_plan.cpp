@@ -263,7 +263,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
   std::cout << std::setprecision(4) << "model      " << c.name << " (" << source << ")\n"
             << "hardware   " << hw.name << "\n"
             << "workload   prompt " << w.prompt_len << " + gen " << w.gen_len << ", KV "
-            << (w.kv ? describe(*w.kv) : std::string("full")) << " (" << e.kv_tokens << " slots/sequence"
+            << (w.kv ? describe(*w.kv) : std::string("full")) << " (" << e.kv_tokens << " tokens kept/sequence"
             << (cm.window_cap() ? "; " + std::to_string(count_sliding_layers(c)) + " sliding layers keep " +
                                       std::to_string(cm.window_cap())
                                 : std::string()) << ", "

@@ -76,7 +76,7 @@ struct Estimate {
   std::array<uint64_t, 3> memory{};          // bytes per tier (home + working set), plan_memory()
   bool fits = true;                          // memory within every tier's usable capacity
   std::string memory_note;                   // which tier overflows and by how much, when !fits
-  int64_t kv_tokens = 0;                     // KV slots per sequence (H2O budget or prompt+gen)
+  int64_t kv_tokens = 0;                     // KV rows a sequence keeps between steps (prompt+gen; a budget B: B - 1)
 };
 
 // Not thread-safe (caches schedules). Cheap to construct.
