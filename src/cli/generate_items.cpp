@@ -50,7 +50,7 @@ batch::Hooks hooks_of(const GenerateArgs& a, const LoadedModel& lm) {
 }  // namespace
 
 GenerateItem make_item(const nlohmann::ordered_json& line_json, int64_t line, size_t index, const GenerateArgs& a,
-               const LoadedModel& lm) {
+                       const LoadedModel& lm) {
   const json j(line_json);
   GenerateItem it;
   it.line = line;
@@ -113,7 +113,8 @@ GenerateItem make_item(const nlohmann::ordered_json& line_json, int64_t line, si
   return it;
 }
 
-GenerateItem make_batch_item(const nlohmann::ordered_json& j, int64_t line, size_t index, const GenerateArgs& a, const LoadedModel& lm) {
+GenerateItem make_batch_item(const nlohmann::ordered_json& j, int64_t line, size_t index, const GenerateArgs& a,
+                             const LoadedModel& lm) {
   batch::Parsed p = batch::parse_input_line(j, hooks_of(a, lm));
   GenerateItem it;
   it.line = line;
