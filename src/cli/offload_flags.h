@@ -63,16 +63,15 @@ void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArg
 // kv_dtype is left to the caller (run_kv_dtype); policy.compress_* are set by the flags or the file.
 // With --policy auto the policy fields are left at their defaults (see plan_auto_policy).
 OffloadOptions make_offload_options(const OffloadArgs& a);
+// A --policy file that `flexh2o plan --json` wrote was sized for its "kv_policy": throws, naming
+// both, when the run's KV policy (`running`, after window_kv_policy) is another. Other files
+// (a bare policy) carry no KV policy and pass.
+void check_planned_kv_policy(const OffloadArgs& a, const KvPolicyConfig& running);
 // --policy auto: the planner's best policy for this model and workload on the --hardware
 // profile (this machine, measured, when none is given), with --gpu-mem / --cpu-mem /
 // --disk-mem overriding the profile's capacities. Prints the choice and its prediction.
 // The profile: --hardware, else this machine measured (CPU device), else on a GPU the shipped
 // profile of that GPU (configs/hardware/h200.json on an H200).
-// A --policy file that `flexh2o plan --json` wrote was sized for its "kv_policy": throws, naming
-// both, when the run's KV policy (`running`, after window_kv_policy) is another. Other files
-// (a bare policy) carry no KV policy and pass.
-void check_planned_kv_policy(const OffloadArgs& a, const KvPolicyConfig& running);
-
 Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
                         int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
                         int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log);

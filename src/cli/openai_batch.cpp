@@ -493,11 +493,6 @@ void score_echoed_prompts(StepRunner& runner, std::span<Request* const> requests
   }
 }
 
-bool text_holds_stop(const Decode& decode, std::span<const int32_t> tokens, const std::vector<std::string>& stop,
-                     bool skip_special) {
-  return !stop.empty() && first_stop_at(decode(tokens, skip_special), stop) != std::string::npos;
-}
-
 Decode decoder_of(const Tokenizer* t) {
   return [t](std::span<const int32_t> ids, bool skip_special) {
     return t ? t->decode(ids, skip_special) : std::string();

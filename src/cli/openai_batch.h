@@ -186,11 +186,11 @@ nlohmann::json logprobs_of(const Choice& c, bool chat, const TokenText& piece, i
 
 // Decode and TokenText of a tokenizer; both give empty text when `t` is null (a preset without one).
 Decode decoder_of(const Tokenizer* t);
+TokenText token_text_of(const Tokenizer* t);
 // Whether the text of `tokens` (skip_special: without special tokens' text) holds one of `stop`:
 // the one test that ends a request at a stop string (GenerateOptions::ends_at) wherever it runs.
 bool text_holds_stop(const Decode& decode, std::span<const int32_t> tokens, const std::vector<std::string>& stop,
                      bool skip_special);
-TokenText token_text_of(const Tokenizer* t);
 // The text of a result line's first choice (completions: "text"; chat: message.content).
 std::string first_choice_text(const nlohmann::json& line);
 

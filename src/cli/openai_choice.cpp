@@ -38,6 +38,11 @@ size_t first_stop_at(std::string_view text, const std::vector<std::string>& stop
   return at;
 }
 
+bool text_holds_stop(const Decode& decode, std::span<const int32_t> tokens, const std::vector<std::string>& stop,
+                     bool skip_special) {
+  return !stop.empty() && first_stop_at(decode(tokens, skip_special), stop) != std::string::npos;
+}
+
 Choice finish_choice(std::span<const int32_t> tokens, bool eos, const Decode& decode_with,
                      const std::vector<std::string>& stop, bool skip_special) {
   const std::span<const int32_t> body = eos && !tokens.empty() ? tokens.first(tokens.size() - 1) : tokens;
