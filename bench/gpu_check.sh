@@ -229,53 +229,8 @@ fi
 
 # ---- 3. end-to-end on GPU, correctness: tiny-opt tokens against the CPU ----------------
 FH="$BUILD/flexh2o"
-tok() { grep -o '"token_ids":\[[^]]*\]' "$1"; }
-# e2e_tokens name tag [flags...]: greedy tokens of tiny-opt on the CPU and on CUDA with the same
-# KV flags; the CUDA run adds the offloading flags after "--".
-e2e_tokens() {
-  local name=$1 tag=$2
-  shift 2
-  local kv=() off=()
-  while [ $# -gt 0 ] && [ "$1" != "--" ]; do kv+=("$1"); shift; done
-  [ $# -gt 0 ] && shift
-  off=("$@")
-  step "$name"
-  if [ ! -x "$FH" ]; then
-    record "$name" FAIL "$FH not built"
-    return
-  fi
-  local ok=1 dev
-  for dev in cpu cuda; do
-    local extra=()
-    [ "$dev" = cuda ] && extra=("${off[@]}")
-    timeout -k 10 "$(tmo 60)" "$FH" generate -m "$ROOT/tests/data/tiny-opt" -i "$E2E_IN" -o "$OUTDIR/${tag}_$dev.jsonl" --overwrite \
-        --greedy --ignore-eos -n 24 --batch-size 4 --device "$dev" --report "$OUTDIR/${tag}_$dev.json" \
-        "${kv[@]}" "${extra[@]}" >>"$LOG" 2>&1 || ok=0
-  done
-  if [ $ok -eq 0 ]; then
-    record "$name" FAIL "a generate run failed (see $LOG)"
-  elif diff <(tok "$OUTDIR/${tag}_cpu.jsonl") <(tok "$OUTDIR/${tag}_cuda.jsonl") >>"$LOG" 2>&1; then
-    record "$name" ok "$(tok "$OUTDIR/${tag}_cuda.jsonl" | wc -l) prompts, tokens equal"
-  else
-    record "$name" FAIL "greedy tokens differ in $(diff <(tok "$OUTDIR/${tag}_cpu.jsonl") <(tok "$OUTDIR/${tag}_cuda.jsonl") | grep -c '^>') of $(tok "$OUTDIR/${tag}_cuda.jsonl" | wc -l) prompts (diff in $LOG)"
-  fi
-}
-E2E_IN="$ROOT/configs/prompts/bible.jsonl"
-OFFDIR="${TMPDIR:-/tmp}/flexh2o_gpu_check_store"
-e2e_tokens "e2e tiny-opt GPU vs CPU" e2e_tiny_opt
-e2e_tokens "e2e tiny-opt host cache" e2e_tiny_opt_hostkv -- --percent 20 80 0 100 0 100 --cpu-cache-compute \
-  --gpu-batch-size 2 --num-gpu-batches 2
-e2e_tokens "e2e tiny-opt host H2O" e2e_tiny_opt_h2o --kv-policy h2o --heavy-budget 8 --recent-budget 8 -- \
-  --percent 20 80 0 100 0 100 --cpu-cache-compute --gpu-batch-size 2 --num-gpu-batches 2
-e2e_tokens "e2e tiny-opt disk tier" e2e_tiny_opt_disk -- --percent 20 30 0 50 0 100 --gpu-batch-size 2 \
-  --num-gpu-batches 2 --offload-dir "$OFFDIR/tiny"
-# 4-bit compression (issue #12): the same greedy tokens with weights and cache compressed on
-# both devices (weights streamed from the host, cache on the GPU; then H2O over a host cache).
-e2e_tokens "e2e tiny-opt W4+KV4" e2e_tiny_opt_q4 --compress-weight --compress-cache -- --percent 0 100 100 0 100 0 \
-  --gpu-batch-size 2 --num-gpu-batches 2
-e2e_tokens "e2e tiny-opt W4+KV4 host H2O" e2e_tiny_opt_q4_h2o --compress-weight --compress-cache --kv-policy h2o \
-  --heavy-budget 8 --recent-budget 8 -- --percent 20 80 0 100 0 100 --cpu-cache-compute --gpu-batch-size 2 \
-  --num-gpu-batches 2
+# shellcheck source=gpu_e2e.sh
+. "$ROOT/bench/gpu_e2e.sh"
 
 if [ $QUICK -eq 1 ]; then
   rm -rf "$OFFDIR"
