@@ -358,6 +358,8 @@ nlohmann::json offload_report_json(const OffloadEngine& e, const OffloadReport* 
           {"queue_busy_seconds", busy},
           {"queue_wait_seconds", wait},
           {"schedule_wall_seconds", r.wall},
+          {"batch_setup_seconds", r.batch_setup_seconds},
+          {"batch_buffers_reused_bytes", r.batch_buffers_reused_bytes},
           {"overlap_efficiency", r.overlap_efficiency},
           {"step_overlap_efficiency", r.step_overlap_efficiency},
           {"peak_bytes", peak},

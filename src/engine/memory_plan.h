@@ -53,6 +53,8 @@ struct BatchDims {
   // Sequences of this batch when fewer than the policy's block: micro-batches of gpu_batch_size,
   // the last one the rest (what the engine allocates); 0: the whole block.
   int64_t batch = 0;
+
+  bool operator==(const BatchDims&) const = default;
 };
 
 // Run-wide constants of a plan.

@@ -1,6 +1,7 @@
 // OffloadEngine batches: buffers sized by the memory plan at the prefill (when the prompt
 // lengths, and so the KV budgets, are known), the per-step lengths and inputs, and the logits.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "core/error.h"
@@ -11,8 +12,36 @@ namespace flexh2o {
 Buffer OffloadEngine::Impl::alloc(MemKind kind, Tier t, size_t bytes, const std::string& what) {
   Buffer b;
   if (!bytes) return b;
-  fail_unless(dev.allocate(kind, bytes, *e.budgets_[size_t(t)], what, &b));
+  if (kind == MemKind::kPinned && t == Tier::kHost)
+    for (Buffer& s : spare_host)
+      if (s.size() == bytes) {
+        std::swap(s, spare_host.back());
+        b = std::move(spare_host.back());
+        spare_host.pop_back();
+        reused_bytes += bytes;
+        return b;
+      }
+  Status s = dev.allocate(kind, bytes, *e.budgets_[size_t(t)], what, &b);
+  if (!s.ok() && !spare_host.empty()) {  // the spares' bytes may be what the budget lacks
+    spare_host.clear();
+    s = dev.allocate(kind, bytes, *e.budgets_[size_t(t)], what, &b);
+  }
+  fail_unless(s);
   return b;
+}
+
+Status OffloadEngine::Impl::charge_host(uint64_t bytes, const std::string& what, TierCharge* out) {
+  Status s = TierCharge::reserve(*e.budgets_[1], bytes, what, out);
+  if (!s.ok() && !spare_host.empty()) {
+    spare_host.clear();
+    s = TierCharge::reserve(*e.budgets_[1], bytes, what, out);
+  }
+  return s;
+}
+
+void OffloadEngine::Impl::retire(Buffer& b) {
+  if (b && b.kind() == MemKind::kPinned) spare_host.push_back(std::move(b));
+  b = Buffer();
 }
 
 void OffloadEngine::Impl::fail_unless(const Status& s) {
@@ -105,15 +134,21 @@ uint64_t OffloadEngine::Impl::kv_disk_space(const MemoryPlan& plan, int classes,
 }
 
 void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
-  // Free the previous batch's buffers; the new ones are sized at the prefill.
+  // Free the previous batch's buffers, keeping the pinned ones for the prefill to reuse; the new
+  // ones are sized at the prefill.
   dev.synchronize();
+  if (allocated) spare_dims = dims();
+  for (MicroBatch& mb : mbs) {
+    for (Buffer& b : mb.kv_host) retire(b);
+    retire(mb.hidden_host);
+  }
   mbs.clear();
   for (auto* slots : {&kv_stage_device, &kv_stage_host, &scores_device, &scores_host, &keep_host,
                       &keep_device, &hidden_slot, &qkv_pipe, &attn_pipe, &qkv_host, &attn_host})
-    for (auto& b : *slots) b = Buffer();
+    for (auto& b : *slots) retire(b);
   for (Buffer* b : {&qkv_step, &attn_step, &inputs_device, &inputs_host, &logits_device, &logits_host,
                     &hidden_in_device, &hidden_in_host, &hidden_out_device, &hidden_out_host})
-    *b = Buffer();
+    retire(*b);
   pipe_rows = 0;
   logit_rows = 1;
   head_logits_bytes = e.opts_.head_logits_bytes;
@@ -137,6 +172,7 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
 }
 
 void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
+  const auto t0 = std::chrono::steady_clock::now();
   s_max = std::max(T, rows_reserved);
   auto length = [&](int64_t b) -> int64_t {
     return !budget_lengths.empty() ? budget_lengths[size_t(b)] : real_rows ? real_rows[b] : T;
@@ -146,6 +182,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
     check_window_budgets(c, kvc[size_t(i)].budgets, capacity);
   }
   plan = plan_memory(c, WeightBytes::of(e.placement_), batch_policy(batch), dims(), {dev.kind(), kvdt, adt});
+  if (!(dims() == spare_dims)) spare_host.clear();  // other sizes: free them before allocating
   static_cast<KvSlots&>(kvc[0]) = plan.slots(false);
   static_cast<KvSlots&>(kvc[1]) = plan.slots(true);
   const int64_t L = c.n_layers;
@@ -182,8 +219,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
       }
     }
     if (state_bytes)
-      fail_unless(TierCharge::reserve(*e.budgets_[1], state_bytes, "KV policy state micro-batch " + std::to_string(k),
-                                      &mb.policy_charge));
+      fail_unless(charge_host(state_bytes, "KV policy state micro-batch " + std::to_string(k), &mb.policy_charge));
     const size_t hidden = size_t(mb.n * s_max * c.hidden) * es_a;
     if (p.act_cpu_percent == 100) mb.hidden_host = alloc(MemKind::kPinned, Tier::kHost, hidden, "hidden states");
     else mb.hidden_device = alloc(MemKind::kDevice, Tier::kDevice, hidden, "hidden states");
@@ -196,8 +232,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   prefill_state_charge = TierCharge();
   if (decide_cap) {
     prefill_state.reset(n_max, c.n_kv_heads, decide_cap);
-    fail_unless(TierCharge::reserve(*e.budgets_[1], prefill_state.bytes(), "KV policy state (prefill)",
-                                    &prefill_state_charge));
+    fail_unless(charge_host(prefill_state.bytes(), "KV policy state (prefill)", &prefill_state_charge));
   }
   for (int s = 0; s < 2; ++s) {
     const size_t i = size_t(s);
@@ -233,7 +268,9 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   fail_unless(s);
   dirty_lo.assign(size_t(L), std::vector<int32_t>(size_t(batch * c.n_kv_heads), 0));
   dirty_hi.assign(size_t(L), std::vector<int32_t>(size_t(batch * c.n_kv_heads), 0));
+  spare_host.clear();
   allocated = true;
+  setup_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void OffloadEngine::Impl::ensure_pipeline(int64_t rows_per_seq) {

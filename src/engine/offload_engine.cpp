@@ -485,6 +485,8 @@ OffloadReport report_interval(const OffloadReport& now, const OffloadReport& bas
   r.disk_read -= base.disk_read;
   r.disk_written -= base.disk_written;
   r.wall -= base.wall;
+  r.batch_setup_seconds -= base.batch_setup_seconds;
+  r.batch_buffers_reused_bytes -= base.batch_buffers_reused_bytes;
   r.step_bound -= base.step_bound;
   r.token_steps -= base.token_steps;
   set_efficiencies(r);
@@ -511,6 +513,8 @@ OffloadReport OffloadEngine::report() const {
   set_efficiencies(r);
   for (int t = 0; t < 3; ++t) r.peak[size_t(t)] = budgets_[size_t(t)]->peak();
   r.weights_pinned_in_place = impl_->pinned_in_place;
+  r.batch_setup_seconds = impl_->setup_seconds;
+  r.batch_buffers_reused_bytes = impl_->reused_bytes;
   r.io_note = impl_->io_note;
   if (store_) r.disk_read = store_->bytes_read(), r.disk_written = store_->bytes_written();
   r.weights_reused = reused_;

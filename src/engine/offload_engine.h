@@ -93,6 +93,10 @@ struct OffloadReport {
   double step_bound = 0;  // seconds: the sum over token steps of that step's busiest queue
   std::array<uint64_t, 3> peak{};  // per tier
   uint64_t weights_pinned_in_place = 0;  // host-homed weight bytes used where the model holds them
+  // Seconds the batches' prefills spent allocating their buffers (inside the prefill step's
+  // time, outside the schedules' wall), and the pinned bytes they took from the previous batch.
+  double batch_setup_seconds = 0;
+  uint64_t batch_buffers_reused_bytes = 0;
   std::string io_note;           // which I/O backend / O_DIRECT
   // Bytes the offload directory's files read and wrote (weights and KV): whole 4096-byte pages,
   // so a KV row written alone costs its page, where `bytes` counts the rows.

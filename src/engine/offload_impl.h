@@ -135,7 +135,13 @@ struct OffloadEngine::Impl : BatchState {
   void ensure_pipeline(int64_t rows);  // host-attention slots for steps of `rows` rows per micro-batch
   void prepare_step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows);
   void finish_step(std::vector<float>& logits, std::vector<std::byte>* hidden_out_rows);
+  // A buffer of `bytes` on tier t's budget: one of spare_host of exactly that size when kind is
+  // kPinned, else a new one (the spares are freed first when the budget refuses it).
   Buffer alloc(MemKind kind, Tier t, size_t bytes, const std::string& what);
+  // A charge on the host budget, the spares freed first when it is refused.
+  [[nodiscard]] Status charge_host(uint64_t bytes, const std::string& what, TierCharge* out);
+  // b, emptied: a pinned host buffer goes to spare_host for the next prefill, any other is freed.
+  void retire(Buffer& b);
   // Throws when an allocation or charge failed: the message and this batch's needs per tier.
   void fail_unless(const Status& s);
   BatchDims dims() const;
@@ -232,6 +238,14 @@ struct OffloadEngine::Impl : BatchState {
   std::array<std::vector<ModelWeights>, 2> views;  // [slot parity][unit]
   int slot_phase = 0;  // unit u's weights use slot (u + slot_phase) % 2 (schedule.h)
   uint64_t pinned_in_place = 0;
+  // The previous batch's pinned host buffers (KV homes, staging), kept by begin_batch() for the
+  // next prefill: pinning costs seconds per GiB (17 s for OPT-30B's 34 GB host cache on an H100
+  // machine), so a job of equal batches pins once. A prefill of other dims (spare_dims) frees
+  // them first, so no batch holds more than its plan; spares stay charged to the host budget.
+  std::vector<Buffer> spare_host;
+  BatchDims spare_dims;
+  double setup_seconds = 0;    // inside allocate_batch(): sizing, allocating, pinning, freeing spares
+  uint64_t reused_bytes = 0;   // pinned bytes served from spare_host
   uint64_t to_place = 0, placed_bytes = 0;  // weight bytes to place / placed (OffloadOptions::on_place)
   void placed(uint64_t bytes) {
     placed_bytes += bytes;
