@@ -62,7 +62,8 @@ void apply_kv_policy(const EvictArgs& a);
 
 // Receives one (sequence b of the segment, KV head h) row's compaction: new slot i gets old
 // slot keep[i] for i < keep.size(); keep[i] >= i (apply in ascending i, or in any order for
-// move-last). Called only for rows that evict; the span is valid during the call only.
+// move-last). Called only for rows that evict; the span is valid during the call only. Called
+// concurrently for different sequences b (never for one b at once).
 using KvKeepFn = std::function<void(int64_t b, int64_t h, std::span<const int32_t> keep)>;
 
 // The policy's decision without touching K/V (a.seg.k / a.seg.v are not read, may be null):
