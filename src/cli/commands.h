@@ -65,6 +65,7 @@ struct BenchArgs {
   std::string model, report, device = "auto", progress = "auto";
   int64_t prompt_len = 512, gen_len = 32, num_prompts = 0, batch_size = 8;
   bool batch_size_given = false;  // -b on the command line (check_batch_size_flag)
+  bool warmup = false;            // a first block's prefill before the timed run (FlexGen's)
   uint64_t seed = 0;
   float temperature = 0.f, top_p = 1.f;  // greedy by default, as FlexGen's benchmark
   int top_k = 0;

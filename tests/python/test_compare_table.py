@@ -76,6 +76,32 @@ def test_flexh2o_report_of_a_real_bench_run(tmp_path):
     tok_s, projected, batch, tier = ct.flexh2o_row(rep)
     assert tok_s == pytest.approx(j["generated_tokens"] / (j["prefill_seconds"] + j["decode_seconds"]), rel=1e-12)
     assert tok_s > 0 and projected == "no" and batch == 4 and tier == "cpu"
+    setup = ct.flexh2o_setup_seconds(rep)
+    assert setup == j["offload"]["batch_setup_seconds"] and 0 < setup < j["prefill_seconds"]
+
+
+def test_a_warmup_pins_the_buffers_the_timed_run_reuses(tmp_path):
+    # gpu_compare.sh runs our rows with --warmup, as FlexGen's benchmark warms up: the timed run
+    # takes the warmup's pinned host buffers (the KV home here), and the offload section counts it
+    # alone (its token steps are the timed run's).
+    rep = tmp_path / "r.json"
+    r = run_binary(["bench", "-m", TINY["opt"], "--prompt-len", "16", "--gen-len", "4", "--device", "cpu",
+                    "--percent", "20", "80", "0", "100", "0", "100", "--cpu-cache-compute", "--gpu-batch-size", "2",
+                    "--num-gpu-batches", "2", "--warmup", "--report", rep])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(rep.read_text())
+    off = j["offload"]
+    assert j["warmup_seconds"] > 0 and j["generated_tokens"] == 4 * 4
+    assert off["token_steps"] == 4
+    assert off["batch_buffers_reused_bytes"] > 0
+    cold = tmp_path / "cold.json"
+    r = run_binary(["bench", "-m", TINY["opt"], "--prompt-len", "16", "--gen-len", "4", "--device", "cpu",
+                    "--percent", "20", "80", "0", "100", "0", "100", "--cpu-cache-compute", "--gpu-batch-size", "2",
+                    "--num-gpu-batches", "2", "--report", cold])
+    assert r.returncode == 0, r.stderr
+    c = json.loads(cold.read_text())
+    assert c["warmup_seconds"] == 0 and c["offload"]["batch_buffers_reused_bytes"] == 0
+    assert c["offload"]["token_steps"] == 4
 
 
 def test_a_bench_cut_at_its_cap_reports_the_part_that_ran(tmp_path):
