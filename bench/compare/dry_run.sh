@@ -27,13 +27,14 @@ peer() {  # peer NAME PYTHONPATH ARGS...
   local name=$1 pp=$2; shift 2
   if PYTHONPATH="$pp" timeout 300 "$PY" "$ROOT/bench/compare/peer_dryrun.py" flexgen.flex_opt --model facebook/opt-125m \
       --path _DUMMY_ --prompt-len 64 --gen-len 4 --offload-dir "$W/off" --log-file "$W/$name.log" "$@" >"$W/$name.out" 2>&1 &&
-      grep -q "total throughput" "$W/$name.log"; then
+      grep -q "total throughput" "$W/$name.log" && grep -q "projected: True" "$W/$name.log"; then
     echo "dry_run: $name ran through ($*)"
   else
     tail -20 "$W/$name.out"; echo "dry_run: $name FAILED ($*)"; fail=1
   fi
 }
-POL=(--percent 20 80 0 100 0 100 --cpu-cache-compute --gpu-batch-size 4 --num-gpu-batches 2)
+# --cut-gen-len as the OPT-30B rows use it (FlexGen projects the decode steps it skips).
+POL=(--percent 20 80 0 100 0 100 --cpu-cache-compute --gpu-batch-size 4 --num-gpu-batches 2 --cut-gen-len 2)
 peer flexgen "$W/deps" "${POL[@]}"
 peer h2o-flexgen "$CP/h2o_flexgen:$W/noflexgen" "${POL[@]}" --hh-ratio 0.1 --hh-all
 if PYTHONPATH="$ROOT/bench/compare" timeout 300 "$PY" -c '
@@ -51,7 +52,8 @@ cat >"$W/bin/nvidia-smi" <<'SH'
 case "$*" in *-L*) echo "GPU 0: stand-in (dry run)";; *noheader*) echo "stand-in GPU";; *) echo "name"; echo "stand-in GPU";; esac
 SH
 chmod +x "$W/bin/nvidia-smi"
-PATH="$W/bin:$PATH" OUT="$W/out" PY="$PY" FLEXH2O_SESSION_BUDGET=60 timeout 200 bash "$ROOT/bench/gpu_session.sh" >"$W/session.out" 2>&1
+PATH="$W/bin:$PATH" OUT="$W/out" PY="$PY" FLEXH2O_SESSION_BUDGET=60 COMPARE_ROWS="$W/rows.csv" timeout 200 \
+  bash "$ROOT/bench/gpu_session.sh" all >"$W/session.out" 2>&1
 files=$(find "$W/out" -type f | wc -l)
 rows=$(($(wc -l <"$W/out/compare/gpu_compare.csv" 2>/dev/null || echo 1) - 1))
 if grep -q "gpu_check summary" "$W/session.out" && grep -q "gpu_session: .* s in all" "$W/session.out" &&
@@ -60,5 +62,18 @@ if grep -q "gpu_check summary" "$W/session.out" && grep -q "gpu_session: .* s in
 else
   tail -30 "$W/session.out"; echo "dry_run: gpu_session.sh FAILED ($files files, $rows rows)"; fail=1
 fi
+# A window's two calls: part A, then part B on the same machine, whose table holds both calls' rows.
+for part in A B; do
+  rm -rf "$W/out"; mkdir -p "$W/out"
+  PATH="$W/bin:$PATH" OUT="$W/out" PY="$PY" FLEXH2O_SESSION_BUDGET=40 COMPARE_ROWS="$W/rows_ab.csv" timeout 200 \
+    bash "$ROOT/bench/gpu_session.sh" "$part" >"$W/session_$part.out" 2>&1
+  rows=$(($(wc -l <"$W/out/compare/gpu_compare.csv" 2>/dev/null || echo 1) - 1))
+  want=3; [ "$part" = B ] && want=5
+  if [ "$rows" -eq "$want" ] && grep -q "part $part;" "$W/out/compare/gpu_compare.md"; then
+    echo "dry_run: part $part ran ($rows rows so far)"
+  else
+    tail -20 "$W/session_$part.out"; echo "dry_run: part $part FAILED ($rows rows, want $want)"; fail=1
+  fi
+done
 [ $fail -eq 0 ] && echo "dry_run: all parts ran" || echo "dry_run: a part failed (above)"
 exit $fail
