@@ -7,7 +7,7 @@
 #      the full cache, H2O's FlexGen fork with H2O, each capped so the table always prints.
 #   part B (a second call at once, while the machine is warm: the first leaves about 240 s of the
 #   window, under the 4 minutes a fresh machine needs, so only a warm one takes it): the
-#   comparison's part B alone (flexh2o's H2O row, --policy auto), timeout_s 190. Part C: the rest
+#   comparison's part B alone (flexh2o's H2O row), timeout_s 190. Part C: the rest
 #   (accelerate, OPT-6.7B), in a later window. See gpu_compare.sh for the parts.
 # The comparison runs even when a check fails: the peers' numbers stand on their own.
 # Before the window, here: bash bench/gpu_pack.sh. Then, with the device tool:
@@ -19,6 +19,7 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PART="${1:-A}"
+case "$PART" in A | B | C | all) ;; *) echo "gpu_session: the part is A, B, C or all, not '$PART'"; exit 2 ;; esac
 TOTAL="${FLEXH2O_SESSION_BUDGET:-575}"
 [ "$PART" = B ] && TOTAL="${FLEXH2O_SESSION_BUDGET:-175}"
 T0=$SECONDS

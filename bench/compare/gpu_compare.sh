@@ -11,8 +11,10 @@
 # One 600 s call does not hold them all (the H100 window of 2026-12-06: flexh2o's OPT-30B row took
 # 85 s, FlexGen's passed 150 s before its timed run ended), so PART picks a call's share:
 #   A (default)  rows 1 and 2's peers: flexh2o full, FlexGen full, H2O's fork (the unknown durations)
-#   B            a second call on the still-warm machine (under 200 s): flexh2o H2O, flexh2o-auto full
-#   C            a later window: rows 3 and 4, flexh2o-auto H2O
+#   B            a second call on the still-warm machine (under 200 s): flexh2o H2O (the measured
+#                run: about 100 s; its warmup adds a prefill)
+#   C            a later window: rows 3 and 4, flexh2o-auto
+# Run B once after A (a second B pairs its row twice).
 #   all          every row in order (a window of its own)
 # The peers' OPT-30B runs use their own cut-short mode, --cut-gen-len 8 (FlexGen projects the other
 # decode steps from the measured ones; "projected yes" in the table).
@@ -64,6 +66,8 @@ TAB="$ROOT/bench/compare/compare_table.py"
 # outlives $OUT): the table pairs rows across the calls. Part A and "all" start it afresh.
 ACC="${COMPARE_ROWS:-/tmp/flexh2o_gpu_compare_rows.csv}"
 if [ "$PART" = B ] || [ "$PART" = C ]; then cp "$ACC" "$CSV" 2>/dev/null || : >"$CSV"; else : >"$CSV"; fi
+# One row into the CSV, kept on the machine at once (a call cut by the device tool keeps its rows).
+add_row() { $PY "$TAB" add "$CSV" "$@" 2>>"$LOG"; cp "$CSV" "$ACC"; }
 fh() {  # fh [--as SYSTEM] MODEL KV CAP ARGS...: flexh2o bench on the GPU, 16 GiB cap
   local sys=flexh2o
   [ "$1" = --as ] && { sys=$2; shift 2; }
@@ -75,7 +79,7 @@ fh() {  # fh [--as SYSTEM] MODEL KV CAP ARGS...: flexh2o bench on the GPU, 16 Gi
       --gpu-mem ${GPU_MEM_GIB}GiB --offload-dir /tmp/fh-store --warmup --report "$rep" "$@" >>"$LOG" 2>&1
     rm -rf /tmp/fh-store
   fi
-  $PY "$TAB" add "$CSV" --system "$sys" --model "$m" --kv "$kv" --workload 512+32 --report "$rep" -- "$@" 2>>"$LOG"
+  add_row --system "$sys" --model "$m" --kv "$kv" --workload 512+32 --report "$rep" -- "$@"
 }
 fg() {  # fg PYTHONPATH NAME MODEL KV CAP ARGS...: FlexGen (or H2O's fork) with dummy weights
   local pp=$1 name=$2 m=$3 kv=$4 cap=$5; shift 5
@@ -86,36 +90,35 @@ fg() {  # fg PYTHONPATH NAME MODEL KV CAP ARGS...: FlexGen (or H2O's fork) with 
       --prompt-len 512 --gen-len 32 --offload-dir /tmp/fg-store --log-file "$lf" "$@" >>"$LOG" 2>&1
     rm -rf /tmp/fg-store
   fi
-  $PY "$TAB" add "$CSV" --system "$name" --model "$m" --kv "$kv" --workload 512+32 --flexgen-log "$lf" -- "$@" 2>>"$LOG"
+  add_row --system "$name" --model "$m" --kv "$kv" --workload 512+32 --flexgen-log "$lf" -- "$@"
 }
 P30="--percent 20 80 0 100 0 100 --gpu-batch-size 48 --num-gpu-batches 1 --cpu-cache-compute"
 P30H="--percent 20 80 0 100 0 100 --gpu-batch-size 48 --num-gpu-batches 3 --cpu-cache-compute"
 P67="--percent 100 0 100 0 100 0 --gpu-batch-size 8 --num-gpu-batches 1"
-# A row of another part is still a table row (from a CSV of that part's call, or tok/s 0).
+# A row of another part is in the table when that part ran first on this machine (its kept rows).
 # 1. OPT-30B full cache (the largest block the 128 GiB host holds: 48, as gpu_check.sh)
 in_part A && fh opt-30b full 110 $P30
 in_part A && fg "$FG_PATH" flexgen opt-30b full 230 $P30 --cut-gen-len 8
 # 2. OPT-30B H2O 20%, the paper's 48 x 3 block. H2O's fork keeps 2 x int(prompt x hh-ratio) rows
 #    (heavy + recent): its own "20%" at 512+32 is 0.1.
 in_part A && fg "$H2O_PATH" h2o-flexgen opt-30b h2o20 210 $P30H --hh-ratio 0.1 --hh-all --cut-gen-len 8
-in_part B && fh opt-30b h2o20 130 $P30H --kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1  # 20% of the prompt in all
+in_part B && fh opt-30b h2o20 150 $P30H --kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1  # 20% of the prompt in all
 # 3. Accelerate (device_map offloading to the host), OPT-6.7B
 if in_part C && have_time "accelerate opt-6.7b full"; then
   echo "== [$((SECONDS - T0))s] accelerate opt-6.7b full (cap $(tmo 150) s)" | tee -a "$LOG"
   PYTHONPATH="$CP/cap" timeout -k 10 "$(tmo 150)" $PY "$ROOT/bench/compare/hf_accelerate_gpu.py" \
     --model opt-6.7b --seqs 8 --result "$OUTDIR/accelerate-opt-6.7b.json" >>"$LOG" 2>&1
 fi
-in_part C && $PY "$TAB" add "$CSV" --system accelerate --model opt-6.7b --kv full --workload 512+32 \
-  --result "$OUTDIR/accelerate-opt-6.7b.json" -- device_map gpu 12GiB, rest cpu 2>>"$LOG"
+in_part C && add_row --system accelerate --model opt-6.7b --kv full --workload 512+32 \
+  --result "$OUTDIR/accelerate-opt-6.7b.json" -- device_map gpu 12GiB, rest cpu
 in_part C && fh opt-6.7b full 60 $P67
 # 4. OPT-6.7B: flexh2o vs FlexGen, weights on the GPU
 in_part C && fg "$FG_PATH" flexgen opt-6.7b full 120 $P67
 # 5. OPT-30B at our own best policy under the same caps (--policy auto on the h200 profile,
 #    its device memory cut to 16 GiB; it may spill to disk, which the peers' paper policies avoid)
-in_part B && fh --as flexh2o-auto opt-30b full 150 --policy auto --hardware h200
+in_part C && fh --as flexh2o-auto opt-30b full 150 --policy auto --hardware h200
 in_part C && fh --as flexh2o-auto opt-30b h2o20 150 --policy auto --hardware h200 --kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1
 
-cp "$CSV" "$ACC"
 # The table: ratio flexh2o / peer per row, as markdown and SVG; then one tarball of the rest.
 $PY "$TAB" table "$CSV" --md "$OUTDIR/gpu_compare.md" --svg "$OUTDIR/gpu_compare.svg" \
   --title "Generation throughput, 512+32, one $(timeout -k 5 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) capped at ${GPU_MEM_GIB} GiB" | tee -a "$LOG"

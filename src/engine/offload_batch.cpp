@@ -149,6 +149,7 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
   for (Buffer* b : {&qkv_step, &attn_step, &inputs_device, &inputs_host, &logits_device, &logits_host,
                     &hidden_in_device, &hidden_in_host, &hidden_out_device, &hidden_out_host})
     retire(*b);
+  if (!allocated) spare_host.clear();  // a prefill that failed midway: its buffers fit no plan
   pipe_rows = 0;
   logit_rows = 1;
   head_logits_bytes = e.opts_.head_logits_bytes;
@@ -173,6 +174,10 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
 
 void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   const auto t0 = std::chrono::steady_clock::now();
+  struct FreeSpares {  // on every way out: a refused batch must not keep the last one's pages
+    std::vector<Buffer>& spares;
+    ~FreeSpares() { spares.clear(); }
+  } free_spares{spare_host};
   s_max = std::max(T, rows_reserved);
   auto length = [&](int64_t b) -> int64_t {
     return !budget_lengths.empty() ? budget_lengths[size_t(b)] : real_rows ? real_rows[b] : T;

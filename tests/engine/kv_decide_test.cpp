@@ -98,6 +98,80 @@ TEST(DecideKvPolicy, KeepListsReproduceApplyAtPrefillAndDecode) {
 // A sliding-window layer (window 6) under H2O (2 heavy + 3 recent): the old tokens with the
 // highest scores, which the same rows without a window keep as heavy hitters, go because the
 // next query cannot see them; every step keeps the full count, all inside the window.
+// A segment large enough for decide_kv_policy's parallel path (sequences x heads x slots past its
+// threshold) gives what deciding each sequence alone gives: K/V rows, state, lengths, dirty ranges.
+TEST(DecideKvPolicy, ParallelSequencesEqualEachSequenceAlone) {
+  ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
+  const int64_t B = 128, cap = 160, kvh = c.n_kv_heads, hd = c.head_dim;
+  ASSERT_GE(B * kvh * cap, int64_t(1) << 15) << "below the parallel threshold: the test checks nothing";
+  for (KvPolicyKind kind : {KvPolicyKind::kH2o, KvPolicyKind::kRandom}) {
+    for (bool prefill : {true, false}) {
+      KvPolicyConfig pc;
+      pc.kind = kind;
+      pc.heavy_budget = 40;
+      pc.recent_budget = 30;
+      auto policy = make_policy(pc);
+      std::mt19937 g(11);
+      std::uniform_real_distribution<float> u(0.f, 1.f);
+      std::vector<float> k(size_t(B * kvh * cap * hd)), v(k.size()), scores(size_t(B * c.n_heads * cap));
+      for (auto& x : k) x = u(g);
+      for (auto& x : v) x = u(g);
+      for (auto& x : scores) x = u(g);
+      std::vector<int32_t> before(static_cast<size_t>(B)), after(static_cast<size_t>(B)), seen(static_cast<size_t>(B));
+      for (int64_t b = 0; b < B; ++b) {
+        before[size_t(b)] = prefill ? 0 : 70;
+        after[size_t(b)] = prefill ? int32_t(80 + b % 70) : 71;
+        seen[size_t(b)] = prefill ? 0 : int32_t(100 + b);
+      }
+      std::vector<KvBudget> budgets(size_t(B), policy->budget(100));
+      KvPolicyState all;
+      all.reset(B, kvh, cap);
+      for (size_t i = 0; i < all.acc.size(); ++i) all.acc[i] = u(g), all.pos[i] = int32_t(i % size_t(cap));
+      KvPolicyState one = all;
+      std::vector<float> k1 = k, v1 = v;
+      std::vector<int32_t> after1 = after, lo, hi, lo1, hi1;
+      EvictArgs a;
+      a.policy = policy.get();
+      a.config = &c;
+      a.seg = KvSegment{k.data(), v.data(), DType::F32, 0, B, cap, scores.data()};
+      a.state = &all;
+      a.len_before = before.data();
+      a.len_after = after.data();
+      a.seen_before = seen.data();
+      a.budgets = budgets.data();
+      a.prefill = prefill;
+      a.salt = 5;
+      a.dirty_lo = &lo;
+      a.dirty_hi = &hi;
+      apply_kv_policy(a);
+      for (int64_t b = 0; b < B; ++b) {  // one sequence a call: the serial path
+        EvictArgs s = a;
+        s.seg = KvSegment{k1.data() + b * kvh * cap * hd, v1.data() + b * kvh * cap * hd, DType::F32, 0, 1, cap,
+                          scores.data() + b * c.n_heads * cap};
+        s.state = &one;
+        s.state_first = b;
+        s.len_before = before.data() + b;
+        s.len_after = after1.data() + b;
+        s.seen_before = seen.data() + b;
+        s.budgets = budgets.data() + b;
+        std::vector<int32_t> l, h;
+        s.dirty_lo = &l, s.dirty_hi = &h;
+        apply_kv_policy(s);
+        lo1.insert(lo1.end(), l.begin(), l.end());
+        hi1.insert(hi1.end(), h.begin(), h.end());
+      }
+      const std::string what = std::string(kv_policy_name(kind)) + (prefill ? " prefill" : " decode");
+      EXPECT_EQ(after, after1) << what;
+      EXPECT_LT(after[0], 80) << what << ": nothing was evicted";
+      EXPECT_EQ(lo, lo1) << what;
+      EXPECT_EQ(hi, hi1) << what;
+      EXPECT_EQ(all.acc, one.acc) << what;
+      EXPECT_EQ(all.pos, one.pos) << what;
+      EXPECT_TRUE(k == k1 && v == v1) << what << ": K/V rows differ";
+    }
+  }
+}
+
 TEST(DecideKvPolicy, SlidingWindowLayerKeepsOnlyItsWindow) {
   ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
   const int64_t cap = 16, kvh = c.n_kv_heads, W = 6;
