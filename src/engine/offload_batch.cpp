@@ -273,7 +273,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   fail_unless(s);
   dirty_lo.assign(size_t(L), std::vector<int32_t>(size_t(batch * c.n_kv_heads), 0));
   dirty_hi.assign(size_t(L), std::vector<int32_t>(size_t(batch * c.n_kv_heads), 0));
-  spare_host.clear();
+  spare_host.clear();  // here, not only in free_spares: freeing pinned pages is setup time too
   allocated = true;
   setup_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
