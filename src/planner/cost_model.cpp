@@ -394,6 +394,17 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
     host_attn_t = 4 * off * Q * (before + 1) / (hw_.host_attention * eff) + off * (before + 1) * row * kv_dq_host;
   }
   const double score_bytes = (sh.kv_policy && scores) ? attn_seqs_device * double(c.n_heads) * after * 4 : 0;
+  // The KV policy's decisions on the host queue (HardwareProfile::host_kv_policy): a row per
+  // (sequence, KV head) of each deciding layer, `after` slots each; the offloaded sequences' inside
+  // host attention, the others' in UpdateCache. Without a bounded policy only the sliding-window
+  // layers decide.
+  const double deciding = policy ? 1.0 : window_ > 0 ? double(window_layers_) / double(std::max<int64_t>(c.n_layers, 1)) : 0.0;
+  auto decide = [&](double seqs) {
+    if (hw_.host_kv_policy <= 0) return 0.0;
+    return seqs * double(c.n_kv_heads) * deciding * (after / hw_.host_kv_policy + hw_.host_kv_policy_row);
+  };
+  if (host_attn) host_attn_t += decide(off);
+  const double update_t = decide(host_attn ? ndev : n);
   // The embedding unit moves only the block's rows of a streamed token table; from disk each
   // row is its own read request.
   const uint64_t em_rows = uint64_t(p.block_size()) * uint64_t(T);
@@ -466,7 +477,7 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
             score_bytes / hw_.device_to_host;
         break;
       case StepKind::kStoreKept: d = off * kept * row / hw_.device_to_host_cache; break;
-      case StepKind::kUpdateCache: d = 0; break;
+      case StepKind::kUpdateCache: d = update_t; break;
       case StepKind::kGatherCache: d = hw_.compute_step_overhead; break;
       case StepKind::kStoreCacheDisk: d = store_bytes / hw_.host_to_disk_cache + store_req * hw_.disk_write_request; break;
     }

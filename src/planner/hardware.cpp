@@ -185,6 +185,8 @@ HardwareProfile HardwareProfile::from_json(const json& j, const std::string& ori
   h.device_elementwise = field(j, origin, "device_gbps", "elementwise", false, false) * kG;
   h.device_dequant = field(j, origin, "dequant_gbps", "device", false, false) * kG;
   h.host_dequant = field(j, origin, "dequant_gbps", "host", false, false) * kG;
+  h.host_kv_policy = field(j, origin, "host_kv_policy", "mslots", false, false) * 1e6;
+  h.host_kv_policy_row = field(j, origin, "host_kv_policy", "row_us", false, false) * 1e-6;
   if (j.contains("stage_link")) {
     h.stage_link = StageLink::from_json(j["stage_link"], origin);
     h.stage_link_given = true;
@@ -231,6 +233,7 @@ json HardwareProfile::to_json() const {
   j["host_tflops"] = {{"attention", host_attention / kT}, {"gemm", host_gemm / kT}};
   j["host_attention_efficiency"] = {{"c1", host_eff_c1}, {"c2", host_eff_c2}, {"c3", host_eff_c3}};
   j["dequant_gbps"] = {{"device", device_dequant / kG}, {"host", host_dequant / kG}};
+  j["host_kv_policy"] = {{"mslots", host_kv_policy / 1e6}, {"row_us", host_kv_policy_row * 1e6}};
   if (stage_link_given) j["stage_link"] = stage_link.to_json();
   return j;
 }

@@ -88,6 +88,11 @@ struct HardwareProfile {
   // compression only when the device rate is known (what it costs cannot be guessed).
   double device_dequant = 0, host_dequant = 0;
   bool prices_compression() const { return device_dequant > 0; }
+  // KV-policy decisions on the host (JSON "host_kv_policy": {"mslots", "row_us"}; 0 or absent =
+  // free): a bounded policy's step over a (sequence, KV head) row of n slots (scores summed,
+  // victims chosen, the row compacted) costs n / host_kv_policy + host_kv_policy_row seconds of
+  // the host queue, with all the host's cores deciding sequences at once as the engine does.
+  double host_kv_policy = 0, host_kv_policy_row = 0;
   // Between pipeline stages on this machine kind (JSON "stage_link", see StageLink);
   // stage_link_given says whether the profile has one.
   StageLink stage_link;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "core/host_memory.h"
 #include "core/quant4.h"
 #include "engine/executor.h"
+#include "engine/kv_evict.h"
 #include "engine/layer_compute.h"
 #include "engine/schedule.h"
 #include "kernels/cpu/ops.h"
@@ -22,6 +24,7 @@
 #include "offload/aligned_buffer.h"
 #include "offload/disk_store.h"
 #include "offload/io_backend.h"
+#include "policies/kv_policy.h"
 
 namespace flexh2o {
 namespace {
@@ -66,6 +69,72 @@ double time_per_call(double min_seconds, F&& f) {
   return best;
 }
 
+
+// Seconds per (sequence, KV head) row of KV-policy decisions, and the row's slots: H2O (10% heavy
+// + 10% recent of `prompt`) decode steps over 8 layers of 32 sequences x 16 KV heads, each row
+// holding the budget's slots plus the new one, through the engine's own apply_kv_policy (scores
+// summed, one victim chosen per row, the newest row moved into its slot) on the device's threads.
+// Each layer has its own state and scores, as in the engine, so a step's decisions do not find
+// the last layer's in cache; the layers share one K/V buffer (54 MB at 2048), whose moved rows
+// are scattered anyway.
+std::pair<double, int64_t> kv_policy_row(CpuDevice& dev, double min_seconds, int64_t prompt) {
+  const int64_t B = 32, kvh = 16, layers = 8;
+  const ModelConfig pc = ModelConfig::from_json_text(
+      "{\"model_type\": \"opt\", \"vocab_size\": 256, \"hidden_size\": " + std::to_string(kvh * 128) +
+          ", \"num_hidden_layers\": 1, \"num_attention_heads\": " + std::to_string(kvh) +
+          ", \"ffn_dim\": 256, \"max_position_embeddings\": 8192, \"word_embed_proj_dim\": " +
+          std::to_string(kvh * 128) + ", \"torch_dtype\": \"float16\"}",
+      "profile probe model");
+  KvPolicyConfig kc;
+  kc.kind = KvPolicyKind::kH2o;
+  kc.heavy_ratio = 0.1;
+  kc.recent_ratio = 0.1;
+  const auto policy = make_policy(kc);
+  const KvBudget budget = policy->budget(prompt);
+  const int64_t kept = budget.kept(prompt), cap = kept + 1;
+  const size_t nb = static_cast<size_t>(B);
+  const std::vector<KvBudget> budgets(nb, budget);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<uint16_t> k(size_t(B * kvh * cap * pc.head_dim), f32_to_f16(0.01f)), v(k);
+  struct Layer {
+    std::vector<float> scores;
+    KvPolicyState state;
+  };
+  std::vector<Layer> ls(static_cast<size_t>(layers));
+  for (Layer& l : ls) {
+    l.scores.resize(size_t(B * pc.n_heads * cap));
+    for (float& x : l.scores) x = u(rng);
+    l.state.reset(B, kvh, cap);
+    for (int64_t r = 0; r < B * kvh; ++r)
+      for (int64_t s = 0; s < kept; ++s) {
+        l.state.acc[size_t(r * cap + s)] = u(rng);
+        l.state.pos[size_t(r * cap + s)] = int32_t(s);
+      }
+  }
+  std::vector<int32_t> before(nb, int32_t(kept)), after(nb), seen(nb, int32_t(prompt)), dlo, dhi;
+  EvictArgs ea;
+  ea.policy = policy.get();
+  ea.config = &pc;
+  ea.len_before = before.data();
+  ea.len_after = after.data();
+  ea.seen_before = seen.data();
+  ea.budgets = budgets.data();
+  ea.dirty_lo = &dlo;
+  ea.dirty_hi = &dhi;
+  const double t = time_per_call(min_seconds, [&] {
+    dev.run([&] {
+      for (Layer& l : ls) {
+        ea.seg = KvSegment{k.data(), v.data(), DType::F16, 0, B, cap, l.scores.data()};
+        ea.state = &l.state;
+        std::fill(after.begin(), after.end(), int32_t(kept + 1));
+        apply_kv_policy(ea);
+      }
+    });
+    for (int32_t& x : seen) ++x;
+  });
+  return {t / double(layers * B * kvh), cap};
+}
 }  // namespace
 
 HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
@@ -283,6 +352,14 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     h.device_attention_prefill = 4.0 * 2 * double(H * hd) * 256 * 257 / 2 / tp;
     const double td = run(16, 1, 512);
     h.device_attention_decode = h.host_attention = 4.0 * 16 * double(H * hd) * 512 / td;
+  }
+  // KV-policy decisions: a row's time at two sizes gives its time per slot and its fixed part.
+  {
+    const auto [t1, n1] = kv_policy_row(dev, o.min_seconds, 512);
+    const auto [t2, n2] = kv_policy_row(dev, o.min_seconds, 2048);
+    const double slot = std::max(t2 - t1, 1e-3 * t2) / double(n2 - n1);
+    h.host_kv_policy = 1 / slot;
+    h.host_kv_policy_row = std::max(0.0, t1 - double(n1) * slot);
   }
   return h;
 }
