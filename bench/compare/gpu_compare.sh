@@ -20,7 +20,7 @@
 # decode steps from the measured ones; "projected yes" in the table).
 # GPU memory capped at 16 GiB everywhere: --gpu-mem for us; for the Python systems a
 # sitecustomize.py calls torch.cuda.set_per_process_memory_fraction. Dummy weights everywhere
-# (FlexGen --path _DUMMY_; flexh2o presets; accelerate from a config with random init).
+# (FlexGen --path _DUMMY_; flexh2o presets; accelerate: a model built from its config, every weight 0.01).
 # Timing: tokens generated / (prefill + decode) for everyone, after a warmup as FlexGen's benchmark
 # does (ours: bench --warmup, the first block's prefill; its buffers, pinned there, are reused by
 # the timed run, as by a job's later blocks); FlexGen's own number is marked "projected" when its

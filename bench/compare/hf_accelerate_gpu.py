@@ -28,7 +28,13 @@ def dummy_model(name):
     return model
 
 
+def phase(t0, what):
+    """A line per phase, so a run cut at its cap still says where its time went."""
+    print(f"accelerate: {what} at {time.perf_counter() - t0:.1f} s", flush=True)
+
+
 def main():
+    t0 = time.perf_counter()
     from accelerate import infer_auto_device_map, dispatch_model
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="opt-6.7b")
@@ -36,14 +42,18 @@ def main():
     p.add_argument("--gpu-gib", type=int, default=16)
     p.add_argument("--result", required=True)
     a = p.parse_args()
+    phase(t0, "imported")
     model = dummy_model(a.model)
+    phase(t0, f"{a.model} built on the host")
     dmap = infer_auto_device_map(model, max_memory={0: f"{a.gpu_gib - 4}GiB", "cpu": "120GiB"},
                                  no_split_module_classes=["OPTDecoderLayer"])
     model = dispatch_model(model, device_map=dmap)
+    phase(t0, f"dispatched ({sum(v == 'cpu' for v in dmap.values())} of {len(dmap)} modules on the host)")
     ids = torch.randint(4, 50000, (a.seqs, 512), generator=torch.Generator().manual_seed(0)).cuda()
     with torch.inference_mode():
         model.generate(ids[:, :32], max_new_tokens=1)  # warm-up
         torch.cuda.synchronize()
+        phase(t0, "warmed up")
         t = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=32, min_new_tokens=32)

@@ -111,6 +111,10 @@ void CpuDevice::wait(Queue q, const Event& e) {
   }
 }
 
+void CpuDevice::host_run(const std::function<void()>& f) {
+  run([&] { tbb::this_task_arena::isolate(f); });
+}
+
 void CpuDevice::host_wait(const Event& e) {
   const CpuEvent& ev = cpu_event(e);
   if (hazards_) hazards_->merge(kMainAgent, ev.vc);

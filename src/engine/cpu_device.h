@@ -65,7 +65,10 @@ class CpuDevice : public Device {
   void host_access(int agent, const void* p, size_t bytes, bool write) override;
   bool checking() const override { return hazards_ != nullptr; }
   void annotate(int agent, std::string label) override;
-  void host_run(const std::function<void()>& f) override { run(f); }
+  // In the device's arena, isolated: while the host queue's parallel work (host attention, KV
+  // decisions) waits, its thread takes none of the compute queue's tasks, which would hold it
+  // long after its own work is done.
+  void host_run(const std::function<void()>& f) override;
 
   void copy(Queue q, void* dst, const void* src, size_t bytes) override;
   void copy_2d(Queue q, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
