@@ -254,6 +254,10 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
       dev.run([&] { cpu::linear(x1.data(), 1, K, wbv, nullptr, y1.data(), cpu::Epilogue::kStore); });
     });
     h.device_weight_read = double(NB * K) * 2 / t1;
+    // The CPU's cores both stream the weights and do the arithmetic, so a decode GEMM takes the
+    // sum of the two (at 4 rows a micro-batch: 14 GB/s of f16 weights measured against 19 for
+    // one row and 130 GFLOP/s; their max would say 19).
+    h.gemm_time_sum = true;
     // 4-bit compression: the same GEMV over the matrix in Q4 records. The cost model charges a
     // Q4 GEMV its bytes at weight_read plus q4_bytes / dequant, so the rate is what remains of
     // the measured time after streaming the Q4 bytes (floored: a decode that hides entirely
