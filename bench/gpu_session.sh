@@ -6,8 +6,9 @@
 #   2. bench/compare/gpu_compare.sh part A in the time left: flexh2o and FlexGen at OPT-30B with
 #      the full cache, H2O's FlexGen fork with H2O, each capped so the table always prints.
 #   part B (a second call at once, while the machine is warm: the first leaves about 240 s of the
-#   window, under the 4 minutes a fresh machine needs, so only a warm one takes it): the
-#   comparison's part B alone (flexh2o's H2O row), timeout_s 190. Part C: the rest
+#   window, under the 4 minutes a fresh machine needs, so only a warm one takes it): the host's
+#   profile (`flexh2o profile`, its KV-decision rate) and the comparison's part B (flexh2o's H2O
+#   row), timeout_s 190. Part C: the rest
 #   (accelerate, OPT-6.7B), in a later window. See gpu_compare.sh for the parts.
 # The comparison runs even when a check fails: the peers' numbers stand on their own.
 # Before the window, here: bash bench/gpu_pack.sh. Then, with the device tool:
@@ -34,6 +35,16 @@ check_rc=0
 if [ "$PART" = A ] || [ "$PART" = all ]; then
   OUT="$BASE/check" FLEXH2O_GPU_CHECK_BUDGET="${FLEXH2O_CHECK_BUDGET:-210}" bash "$ROOT/bench/gpu_check.sh" --quick
   check_rc=$?
+fi
+# Parts B and C: the host's own rates first (under 30 s), above all its KV-policy decisions on all
+# its cores, which configs/hardware/h200.json assumes (300 M slots/s); the profile goes back inside
+# gpu_compare_files.tar.gz and its KV-decision rate into the call's output.
+if [ "$PART" != A ] && [ -x "$P/build/flexh2o" ]; then
+  LD_LIBRARY_PATH="$P/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout -k 5 30 \
+    "$P/build/flexh2o" profile --name gpu-host --output "$BASE/compare/host_profile.json" >/dev/null 2>&1 &&
+    python3 -c 'import json, sys; j = json.load(open(sys.argv[1]))
+print("== gpu_session: host profile on", sys.argv[2], "threads: KV decisions", j["host_kv_policy"])' \
+      "$BASE/compare/host_profile.json" "$(nproc)"
 fi
 left=$((TOTAL - (SECONDS - T0)))
 echo ""
