@@ -174,13 +174,17 @@ void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
     WindowScratch scratch;
     for (int64_t b = b0; b < b1; ++b) decide(b, victims, keep, scratch);
   };
-  if (a.seg.n_seq < 2 || a.seg.n_seq * kvh * scap < (int64_t(1) << 15)) return range(0, a.seg.n_seq);
+  if (kv_decision_parallelism(a.seg.n_seq, kvh, scap) < 2) return range(0, a.seg.n_seq);
   // Isolated: while it waits, the calling queue thread takes none of another queue's tasks (the
   // CPU device's matrix products), which would hold it long after its own work is done.
   tbb::this_task_arena::isolate([&] {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, a.seg.n_seq, 1),
                       [&](const tbb::blocked_range<int64_t>& r) { range(r.begin(), r.end()); });
   });
+}
+
+int64_t kv_decision_parallelism(int64_t n_seq, int64_t kv_heads, int64_t slots) {
+  return n_seq < 2 || n_seq * kv_heads * slots < (int64_t(1) << 15) ? 1 : n_seq;
 }
 
 void apply_kv_policy(const EvictArgs& a) {

@@ -72,6 +72,11 @@ using KvKeepFn = std::function<void(int64_t b, int64_t h, std::span<const int32_
 // evicting row's keep list to `move`. The offloading engine hands the lists to Device::kv_gather.
 void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move);
 
+// How many of a segment's n_seq sequences decide_kv_policy decides at once (given enough threads),
+// with `slots` policy-state slots per (sequence, KV head) row: 1 below the size that pays for
+// TBB's tasks, else n_seq. The cost model prices the decisions with the same rule.
+int64_t kv_decision_parallelism(int64_t n_seq, int64_t kv_heads, int64_t slots);
+
 // Throws (naming the flags to change) if a sequence that may reach max_len tokens has a bounded
 // budget above the model's sliding window: its sliding-window layers could not keep that many
 // tokens while its other layers do. Called by the engines at each batch's prefill.

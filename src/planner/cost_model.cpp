@@ -394,17 +394,22 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
     host_attn_t = 4 * off * Q * (before + 1) / (hw_.host_attention * eff) + off * (before + 1) * row * kv_dq_host;
   }
   const double score_bytes = (sh.kv_policy && scores) ? attn_seqs_device * double(c.n_heads) * after * 4 : 0;
-  // The KV policy's decisions on the host queue (HardwareProfile::host_kv_policy): a row per
-  // (sequence, KV head) of each deciding layer, `after` slots each; the offloaded sequences' inside
-  // host attention, the others' in UpdateCache. Without a bounded policy only the sliding-window
-  // layers decide.
-  const double deciding = policy ? 1.0 : window_ > 0 ? double(window_layers_) / double(std::max<int64_t>(c.n_layers, 1)) : 0.0;
+  // The KV policy's decisions on the host queue (HardwareProfile::host_kv_policy), a call per
+  // segment as the engine makes them: at a prefill one for every sequence (UpdateCache); at decode
+  // the device's in UpdateCache, the host's and the disk's each in host attention or UpdateCache.
+  // A row per (sequence, KV head) of each deciding layer: with a bounded policy every layer, its
+  // rows `after` slots; else only the sliding-window layers, over their window.
+  const double deciding = policy ? 1.0 : double(window_layers_) / double(std::max<int64_t>(c.n_layers, 1));
+  const double slots = policy || prefill ? after : std::min(before, double(keep_window_)) + 1;
   auto decide = [&](double seqs) {
-    if (hw_.host_kv_policy <= 0) return 0.0;
-    return seqs * double(c.n_kv_heads) * deciding * (after / hw_.host_kv_policy + hw_.host_kv_policy_row);
+    if (seqs <= 0 || deciding <= 0 || hw_.host_kv_policy <= 0) return 0.0;
+    const double par = std::min(hw_.host_kv_threads,
+                                double(kv_decision_parallelism(int64_t(seqs), c.n_kv_heads, int64_t(slots))));
+    return seqs * double(c.n_kv_heads) * deciding * (slots / hw_.host_kv_policy + hw_.host_kv_policy_row) / par;
   };
-  if (host_attn) host_attn_t += decide(off);
-  const double update_t = decide(host_attn ? ndev : n);
+  const double nh = double(sp.n_host);
+  if (host_attn) host_attn_t += decide(nh) + decide(nd);
+  const double update_t = prefill ? decide(n) : decide(ndev) + (host_attn ? 0.0 : decide(nh) + decide(nd));
   // The embedding unit moves only the block's rows of a streamed token table; from disk each
   // row is its own read request.
   const uint64_t em_rows = uint64_t(p.block_size()) * uint64_t(T);

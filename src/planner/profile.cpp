@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include <tbb/task_arena.h>
+
 #include "core/error.h"
 #include "core/host_memory.h"
 #include "core/quant4.h"
@@ -69,15 +71,14 @@ double time_per_call(double min_seconds, F&& f) {
   return best;
 }
 
-
-// Seconds per (sequence, KV head) row of KV-policy decisions, and the row's slots: H2O (10% heavy
-// + 10% recent of `prompt`) decode steps over 8 layers of 32 sequences x 16 KV heads, each row
-// holding the budget's slots plus the new one, through the engine's own apply_kv_policy (scores
-// summed, one victim chosen per row, the newest row moved into its slot) on the device's threads.
-// Each layer has its own state and scores, as in the engine, so a step's decisions do not find
-// the last layer's in cache; the layers share one K/V buffer (54 MB at 2048), whose moved rows
-// are scattered anyway.
-std::pair<double, int64_t> kv_policy_row(CpuDevice& dev, double min_seconds, int64_t prompt) {
+// Seconds per (sequence, KV head) row of KV-policy decisions on one thread, and the row's slots:
+// H2O (10% heavy + 10% recent of `prompt`) decode steps over 8 layers of 32 sequences x 16 KV
+// heads, each row holding the budget's slots plus the new one, through the engine's own
+// apply_kv_policy (scores summed, one victim chosen per row, the newest row moved into its slot).
+// Each layer has its own state and scores (5 MB in all at 512, 20 MB at 2048), and the layers
+// share two K/V buffers; a working set of 1 GB changed the time by under 15% here, as the choice
+// is arithmetic, not memory traffic.
+std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt) {
   const int64_t B = 32, kvh = 16, layers = 8;
   const ModelConfig pc = ModelConfig::from_json_text(
       "{\"model_type\": \"opt\", \"vocab_size\": 256, \"hidden_size\": " + std::to_string(kvh * 128) +
@@ -122,8 +123,9 @@ std::pair<double, int64_t> kv_policy_row(CpuDevice& dev, double min_seconds, int
   ea.budgets = budgets.data();
   ea.dirty_lo = &dlo;
   ea.dirty_hi = &dhi;
+  tbb::task_arena one(1);
   const double t = time_per_call(min_seconds, [&] {
-    dev.run([&] {
+    one.execute([&] {
       for (Layer& l : ls) {
         ea.seg = KvSegment{k.data(), v.data(), DType::F16, 0, B, cap, l.scores.data()};
         ea.state = &l.state;
@@ -135,6 +137,7 @@ std::pair<double, int64_t> kv_policy_row(CpuDevice& dev, double min_seconds, int
   });
   return {t / double(layers * B * kvh), cap};
 }
+
 }  // namespace
 
 HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
@@ -243,33 +246,51 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     const double tp = rate(512), td = rate(16);
     h.device_gemm_prefill = h.host_gemm = 2.0 * 512 * double(N * K) / tp;
     h.device_gemm_decode = 2.0 * 16 * double(N * K) / td;
-    // GEMV streaming rate with a matrix the size of a real lm_head (the engine streams the
-    // whole model every token step; a cache-resident probe overstates it several times).
-    const int64_t NB = o.weight_read_rows;
+    // GEMV streaming rate with a matrix the size of a real lm_head, and at least twice the
+    // last-level cache (the engine streams the whole model every token step; a cache-resident
+    // probe overstates it several times: 19 to 55 GB/s from run to run for 96 MB on a VM that
+    // reports a 260 MiB L3). Rows past the first block repeat it (the values do not matter).
+    const long llc = o.past_last_cache ? ::sysconf(_SC_LEVEL3_CACHE_SIZE) : 0;
+    auto rows_for = [&](int64_t row_bytes) {
+      const int64_t past = llc > 0 ? std::min(2 * int64_t(llc), int64_t(1) << 30) / row_bytes + 1 : 0;
+      return std::max(o.weight_read_rows, past);
+    };
+    auto tile = [](auto& v, int64_t block) {  // v[block, end) repeats v[0, block)
+      for (size_t i = size_t(block); i < v.size(); i += size_t(block))
+        std::memcpy(v.data() + i, v.data(), std::min(size_t(block), v.size() - i) * sizeof(v[0]));
+    };
+    const int64_t NB = rows_for(2 * K), B0 = std::min(NB, o.weight_read_rows);
     std::vector<uint16_t> wb(size_t(NB * K));
-    for (auto& x : wb) x = f32_to_f16(u(rng));
-    const TensorView wbv{wb.data(), DType::F16, Shape{NB, K}};
-    std::vector<float> x1(static_cast<size_t>(K), 0.01f), y1(static_cast<size_t>(NB));
-    const double t1 = time_per_call(o.min_seconds, [&] {
-      dev.run([&] { cpu::linear(x1.data(), 1, K, wbv, nullptr, y1.data(), cpu::Epilogue::kStore); });
-    });
-    h.device_weight_read = double(NB * K) * 2 / t1;
+    for (int64_t i = 0; i < B0 * K; ++i) wb[size_t(i)] = f32_to_f16(u(rng));
+    tile(wb, B0 * K);
+    std::vector<float> x1(static_cast<size_t>(K), 0.01f), y1;
+    auto gemv = [&](const TensorView& w) {
+      y1.resize(size_t(w.shape[0]));
+      return time_per_call(o.min_seconds, [&] {
+        dev.run([&] { cpu::linear(x1.data(), 1, K, w, nullptr, y1.data(), cpu::Epilogue::kStore); });
+      });
+    };
+    const double t1 = gemv(TensorView{wb.data(), DType::F16, Shape{NB, K}});
     // The CPU's cores both stream the weights and do the arithmetic, so a decode GEMM takes the
-    // sum of the two (at 4 rows a micro-batch: 14 GB/s of f16 weights measured against 19 for
-    // one row and 130 GFLOP/s; their max would say 19).
+    // sum of the two (a GEMV's rate falls with each row it multiplies); the probe's own row of
+    // arithmetic is taken out of the streaming rate.
     h.gemm_time_sum = true;
-    // 4-bit compression: the same GEMV over the matrix in Q4 records. The cost model charges a
-    // Q4 GEMV its bytes at weight_read plus q4_bytes / dequant, so the rate is what remains of
-    // the measured time after streaming the Q4 bytes (floored: a decode that hides entirely
-    // behind the stream still gets a finite, large rate). The host is the same CPU.
-    std::vector<uint8_t> wq(size_t(q4::tensor_bytes(NB, K)));
-    q4::encode_rows_f16(wb.data(), K, NB, K, wq.data(), "profile probe");
-    const TensorView wqv{wq.data(), DType::Q4, Shape{NB, K}};
-    const double tq = time_per_call(o.min_seconds, [&] {
-      dev.run([&] { cpu::linear(x1.data(), 1, K, wqv, nullptr, y1.data(), cpu::Epilogue::kStore); });
-    });
+    h.device_weight_read = double(NB * K) * 2 / std::max(t1 - 2.0 * double(NB * K) / h.device_gemm_decode, 0.5 * t1);
+    // 4-bit compression: the same GEMV over the block in Q4 records, repeated past the cache in
+    // turn. The cost model charges a Q4 GEMV its bytes at weight_read, its arithmetic and
+    // q4_bytes / dequant, so the rate is what remains of the measured time after those two
+    // (floored: a decode that hides entirely behind the stream still gets a finite, large rate).
+    // The host is the same CPU.
+    const int64_t qrow = int64_t(q4::tensor_bytes(1, K)), NQ = rows_for(qrow);
+    std::vector<uint8_t> q0(size_t(B0 * qrow));
+    q4::encode_rows_f16(wb.data(), K, B0, K, q0.data(), "profile probe");
+    std::vector<uint16_t>().swap(wb);  // freed before the Q4 matrix exists
+    std::vector<uint8_t> wq(size_t(NQ * qrow));
+    std::memcpy(wq.data(), q0.data(), q0.size());
+    tile(wq, B0 * qrow);
+    const double tq = gemv(TensorView{wq.data(), DType::Q4, Shape{NQ, K}});
     const double qbytes = double(wq.size());
-    const double extra = std::max(tq - qbytes / h.device_weight_read, 0.01 * tq);
+    const double extra = std::max(tq - qbytes / h.device_weight_read - 2.0 * double(NQ * K) / h.device_gemm_decode, 0.01 * tq);
     h.device_dequant = h.host_dequant = qbytes / extra;
   }
   // Non-GEMM ops: a layernorm over many rows (read + write), bytes/s.
@@ -357,13 +378,15 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     const double td = run(16, 1, 512);
     h.device_attention_decode = h.host_attention = 4.0 * 16 * double(H * hd) * 512 / td;
   }
-  // KV-policy decisions: a row's time at two sizes gives its time per slot and its fixed part.
+  // KV-policy decisions: a row's time at two sizes gives its time per slot and its fixed part, on
+  // one thread; the engine spreads a segment's sequences over the device's threads.
   {
-    const auto [t1, n1] = kv_policy_row(dev, o.min_seconds, 512);
-    const auto [t2, n2] = kv_policy_row(dev, o.min_seconds, 2048);
+    const auto [t1, n1] = kv_policy_row(o.min_seconds, 512);
+    const auto [t2, n2] = kv_policy_row(o.min_seconds, 2048);
     const double slot = std::max(t2 - t1, 1e-3 * t2) / double(n2 - n1);
     h.host_kv_policy = 1 / slot;
     h.host_kv_policy_row = std::max(0.0, t1 - double(n1) * slot);
+    h.host_kv_threads = dev.threads();
   }
   return h;
 }

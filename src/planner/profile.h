@@ -2,8 +2,10 @@
 // free space at the offload directory), host<->device copies (on the CPU device: memcpy
 // between buffers), NVMe reads/writes through DiskStore + IoBackend (large sequential, and
 // KV-sized chunks), GEMM / attention rates of kernels/cpu at prefill and decode shapes, and
-// the extra cost of a GEMV over Q4 weights (dequant_gbps, device and host alike).
-// Blocking; takes a few seconds; writes and removes a scratch store under offload_dir.
+// the extra cost of a GEMV over Q4 weights (dequant_gbps, device and host alike), and the KV
+// policy's decisions on one thread (host_kv_policy).
+// Blocking; takes a few seconds; writes and removes a scratch store under offload_dir; its GEMV
+// probe holds twice the last-level cache (at most 1 GiB) of memory while it runs.
 #pragma once
 
 #include <filesystem>
@@ -19,6 +21,7 @@ struct ProfileOptions {
   size_t disk_bytes = size_t(128) << 20; // per sequential disk pass
   size_t kv_chunk_bytes = 16 << 10;     // KV-style disk ranges (one row block of one head), 4 KiB multiple
   int64_t weight_read_rows = 49152;     // GEMV probe matrix rows (x gemm_dim f16: 96 MB, like an lm_head)
+  bool past_last_cache = true;          // more rows where the last-level cache would hold them (2x it, at most 1 GiB)
   int64_t gemm_dim = 1024;              // K = N of the GEMM probe (f16 weights)
   double min_seconds = 0.15;            // repeat each probe at least this long
 };

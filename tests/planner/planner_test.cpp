@@ -436,6 +436,7 @@ TEST(PlannerSearch, AMeasuredProfileLeavesAFifthOfTheMemoryFree) {
   o.copy_bytes = 1 << 20;
   o.disk_bytes = 4 << 20;
   o.weight_read_rows = 1024;
+  o.past_last_cache = false;
   o.gemm_dim = 64;
   o.min_seconds = 0.001;
   const HardwareProfile measured = measure_profile(dev, o);
