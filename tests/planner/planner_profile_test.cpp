@@ -18,6 +18,7 @@
 #include "engine/test_util.h"
 #include "planner/cost_model.h"
 #include "planner/profile.h"
+#include "quick_profile.h"
 #include "policies/kv_policy.h"
 
 namespace flexh2o {
@@ -88,13 +89,7 @@ TEST(PlannerProfile, KvPolicyRateRoundTripsAndDefaultsToFree) {
 // The profiler times the engine's own decisions on one thread and records the device's threads.
 TEST(PlannerProfile, MeasuresTheKvPolicyRate) {
   CpuDevice dev(CpuDeviceOptions{});
-  ProfileOptions o;
-  o.copy_bytes = 1 << 20;
-  o.disk_bytes = 4 << 20;
-  o.weight_read_rows = 1024;
-  o.past_last_cache = false;
-  o.gemm_dim = 64;
-  o.min_seconds = 0.001;
+  const ProfileOptions o = test::quick_profile_options();
   const HardwareProfile m = measure_profile(dev, o);
   EXPECT_GT(m.host_kv_policy, 1e6) << "under a million slots a second";
   EXPECT_LT(m.host_kv_policy_row, 1e-3);

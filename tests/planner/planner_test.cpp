@@ -18,6 +18,7 @@
 #include "engine/policy_of.h"
 #include "planner/planner.h"
 #include "planner/profile.h"
+#include "quick_profile.h"
 #include "policies/kv_policy.h"
 
 namespace flexh2o {
@@ -432,13 +433,7 @@ TEST(PlannerSearch, ASharedPoolBoundsDeviceAndHostTogether) {
 // that let it fill everything would take more.
 TEST(PlannerSearch, AMeasuredProfileLeavesAFifthOfTheMemoryFree) {
   CpuDevice dev(1);
-  ProfileOptions o;
-  o.copy_bytes = 1 << 20;
-  o.disk_bytes = 4 << 20;
-  o.weight_read_rows = 1024;
-  o.past_last_cache = false;
-  o.gemm_dim = 64;
-  o.min_seconds = 0.001;
+  const ProfileOptions o = test::quick_profile_options();
   const HardwareProfile measured = measure_profile(dev, o);
   HardwareProfile h = big_profile();  // fixed speeds: measured ones (and the policy) vary with load
   h.usable_fraction = measured.usable_fraction, h.shared_memory = measured.shared_memory;
