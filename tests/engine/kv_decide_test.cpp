@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <random>
 
 #include "engine/cpu_device.h"
@@ -19,22 +20,38 @@ namespace flexh2o {
 namespace {
 using test::model_dir;
 
+// A policy of `kind` with absolute budgets, and a segment of B sequences x the model's KV heads x
+// cap slots: K/V rows and H2O scores drawn from g (in that order).
+struct RandomSegment {
+  std::unique_ptr<KvPolicy> policy;
+  std::vector<float> k, v, scores;
+};
+RandomSegment random_segment(const ModelConfig& c, int64_t B, int64_t cap, KvPolicyKind kind, int64_t heavy,
+                             int64_t recent, std::mt19937& g) {
+  KvPolicyConfig pc;
+  pc.kind = kind;
+  pc.heavy_budget = heavy;
+  pc.recent_budget = recent;
+  RandomSegment r{make_policy(pc), std::vector<float>(size_t(B * c.n_kv_heads * cap * c.head_dim)), {},
+                  std::vector<float>(size_t(B * c.n_heads * cap))};
+  r.v.resize(r.k.size());
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (auto& x : r.k) x = u(g);
+  for (auto& x : r.v) x = u(g);
+  for (auto& x : r.scores) x = u(g);
+  return r;
+}
+
 // A policy run over a random segment, once through apply_kv_policy (moves K/V itself) and once
 // through decide_kv_policy with the keep lists applied by the host reference compaction.
 void check_decide_equals_apply(bool prefill, KvPolicyKind kind) {
   ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();  // GQA: 4 heads, 2 KV heads
   const int64_t B = 3, cap = 24, kvh = c.n_kv_heads, hd = c.head_dim;
-  KvPolicyConfig pc;
-  pc.kind = kind;
-  pc.heavy_budget = 4;
-  pc.recent_budget = 4;
-  auto policy = make_policy(pc);
   std::mt19937 g(7);
   std::uniform_real_distribution<float> u(0.f, 1.f);
-  std::vector<float> k(size_t(B * kvh * cap * hd)), v(k.size()), scores(size_t(B * c.n_heads * cap));
-  for (auto& x : k) x = u(g);
-  for (auto& x : v) x = u(g);
-  for (auto& x : scores) x = u(g);
+  RandomSegment seg = random_segment(c, B, cap, kind, 4, 4, g);
+  const auto& policy = seg.policy;
+  std::vector<float>&k = seg.k, &v = seg.v, &scores = seg.scores;
   std::vector<int32_t> before = prefill ? std::vector<int32_t>{0, 0, 0} : std::vector<int32_t>{8, 8, 8};
   std::vector<int32_t> after = prefill ? std::vector<int32_t>{20, 5, 13} : std::vector<int32_t>{9, 9, 9};
   std::vector<int32_t> seen = prefill ? std::vector<int32_t>{0, 0, 0} : std::vector<int32_t>{30, 12, 9};
@@ -103,20 +120,14 @@ TEST(DecideKvPolicy, KeepListsReproduceApplyAtPrefillAndDecode) {
 TEST(DecideKvPolicy, ParallelSequencesEqualEachSequenceAlone) {
   ModelConfig c = Model::load_dir(model_dir("tiny-llama")).config();
   const int64_t B = 128, cap = 160, kvh = c.n_kv_heads, hd = c.head_dim;
-  ASSERT_GE(B * kvh * cap, int64_t(1) << 15) << "below the parallel threshold: the test checks nothing";
+  ASSERT_GT(kv_decision_parallelism(B, kvh, cap), 1) << "below the parallel threshold: the test checks nothing";
   for (KvPolicyKind kind : {KvPolicyKind::kH2o, KvPolicyKind::kRandom}) {
     for (bool prefill : {true, false}) {
-      KvPolicyConfig pc;
-      pc.kind = kind;
-      pc.heavy_budget = 40;
-      pc.recent_budget = 30;
-      auto policy = make_policy(pc);
       std::mt19937 g(11);
       std::uniform_real_distribution<float> u(0.f, 1.f);
-      std::vector<float> k(size_t(B * kvh * cap * hd)), v(k.size()), scores(size_t(B * c.n_heads * cap));
-      for (auto& x : k) x = u(g);
-      for (auto& x : v) x = u(g);
-      for (auto& x : scores) x = u(g);
+      RandomSegment seg = random_segment(c, B, cap, kind, 40, 30, g);
+      const auto& policy = seg.policy;
+      std::vector<float>&k = seg.k, &v = seg.v, &scores = seg.scores;
       std::vector<int32_t> before(static_cast<size_t>(B)), after(static_cast<size_t>(B)), seen(static_cast<size_t>(B));
       for (int64_t b = 0; b < B; ++b) {
         before[size_t(b)] = prefill ? 0 : 70;
