@@ -1,5 +1,5 @@
 // Tests of the score-free policies: full, local (recent window), sinks (StreamingLLM) and
-// random (ablation), over awkward sizes.
+// random (ablation, its draws consistent however many victims a call asks), over awkward sizes.
 #include <gtest/gtest.h>
 
 #include "sim.h"
@@ -142,6 +142,36 @@ TEST_P(WindowSizes, RandomIsDeterministicAndNeverEvictsRecentTokens) {
     std::set<int32_t> gone2;
     for (int32_t s : v2) gone2.insert(shuffled.pos[s]);
     EXPECT_EQ(gone, gone2);
+  }
+}
+
+TEST_P(WindowSizes, RandomVictimsNestAsFewerAreKept) {
+  // Keeping fewer than heavy leaves no recent quota, so every slot is a candidate and the victims
+  // are the lowest draws: each keep's victims hold the next larger keep's. The policy finds up to
+  // 8 victims in one pass, and more by partitioning a candidate list, so this ties the two.
+  const int64_t n = GetParam();
+  auto c = cfg(KvPolicyKind::kRandom);
+  c.heavy_budget = n;
+  c.recent_budget = 1;
+  c.seed = 99;
+  const auto p = make_policy(c);
+  const KvBudget b = p->budget(n);
+  std::mt19937 rng(static_cast<uint32_t>(5 + n));
+  std::vector<int32_t> v;
+  for (int trial = 0; trial < 5; ++trial) {
+    Row row = random_row(n, rng);
+    row.salt = static_cast<uint64_t>(trial);
+    std::set<int32_t> larger;  // victims of keep + 1
+    for (int64_t keep = n - 1; keep >= 0; --keep) {
+      p->select_victims(row.view(), b, keep, v);
+      ASSERT_EQ(static_cast<int64_t>(v.size()), n - keep);
+      ASSERT_TRUE(std::is_sorted(v.begin(), v.end()));
+      std::set<int32_t> gone;
+      for (int32_t s : v) gone.insert(row.pos[s]);
+      ASSERT_EQ(gone.size(), v.size());
+      ASSERT_TRUE(std::includes(gone.begin(), gone.end(), larger.begin(), larger.end())) << "keep " << keep;
+      larger = gone;
+    }
   }
 }
 
