@@ -150,13 +150,21 @@ void decide_kv_policy(const EvictArgs& a, const KvKeepFn& move) {
         lo = int32_t(keep_n);
         hi = 0;
         move(b, h, {keep.data(), size_t(keep_n)});
-        for (int64_t i = 0; i < keep_n; ++i) {
+        auto moved = [&](int64_t i) {
           const int64_t src = keep[size_t(i)];
-          if (src == i) continue;
+          if (src == i) return;
           acc[i] = acc[src];
           pos[i] = pos[src];
           lo = std::min(lo, int32_t(i));
           hi = std::max(hi, int32_t(i + 1));
+        };
+        if (a.prefill) {
+          for (int64_t i = 0; i < keep_n; ++i) moved(i);
+        } else {  // move-last changes only the victims' slots below keep_n (victims ascend)
+          for (const int32_t i : victims) {
+            if (i >= keep_n) break;
+            moved(i);
+          }
         }
         // New rows that stayed where they were written.
         if (before < keep_n) {
