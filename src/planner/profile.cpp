@@ -75,6 +75,8 @@ double time_per_call(double min_seconds, F&& f) {
 // H2O (10% heavy + 10% recent of `prompt`) decode steps over 8 layers of 32 sequences x 16 KV
 // heads, each row holding the budget's slots plus the new one, through the engine's own
 // apply_kv_policy (scores summed, one victim chosen per row, the newest row moved into its slot).
+// The rows' positions are a prefill's (the recent window whole), which the policy's one-pass
+// decode choice relies on.
 // Each layer has its own state and scores (5 MB in all at 512, 20 MB at 2048), and the layers
 // share two K/V buffers; a working set of 1 GB changed the time by under 15% here, as the choice
 // is arithmetic, not memory traffic.
@@ -107,10 +109,13 @@ std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt) {
     l.scores.resize(size_t(B * pc.n_heads * cap));
     for (float& x : l.scores) x = u(rng);
     l.state.reset(B, kvh, cap);
+    // As a prefill leaves a row: heavy hitters spread over the older prompt, then the recent
+    // window's positions up to the prompt's last, without a gap.
+    const int64_t stride = std::max<int64_t>(1, (prompt - kept) / std::max<int64_t>(budget.heavy, 1));
     for (int64_t r = 0; r < B * kvh; ++r)
       for (int64_t s = 0; s < kept; ++s) {
         l.state.acc[size_t(r * cap + s)] = u(rng);
-        l.state.pos[size_t(r * cap + s)] = int32_t(s);
+        l.state.pos[size_t(r * cap + s)] = int32_t(s < budget.heavy ? s * stride : prompt - (kept - s));
       }
   }
   std::vector<int32_t> before(nb, int32_t(kept)), after(nb), seen(nb, int32_t(prompt)), dlo, dhi;
