@@ -1,10 +1,8 @@
-// KV-policy decisions at a big model's shapes: the engine's decide_kv_policy (scores summed into
-// the policy state, victims chosen, state compacted) and apply_kv_policy (the same, moving the
-// f16 K/V rows too), for an H2O prefill and then its decode steps, on one thread and on all.
-// Prints ns per decided slot against the floor of reading each slot's state once (scores, acc,
-// pos) at the streaming rate measured in the same run, and the host seconds an OPT-30B run of
-// 48 layers would spend. Usage: bench_kv_policy [--seqs 48] [--heads 56] [--kv-heads 56]
-// [--prompt 512] [--gen 32] [--layers 4] [--ratio 0.1] [--policy h2o|random] [--json FILE]
+// KV-policy decisions at a big model's shapes: decide_kv_policy and apply_kv_policy (which moves
+// the f16 K/V rows too) for an H2O prefill and its decode steps, on one thread and on all; ns per
+// decided slot against reading each slot's scores, acc and pos once at the streaming rate measured
+// in the same run. Usage: bench_kv_policy [--seqs 48] [--heads 56] [--kv-heads 56] [--prompt 512]
+// [--gen 32] [--layers 4] [--ratio 0.1] [--policy h2o|random] [--json FILE]
 #include <chrono>
 #include <cstdio>
 #include <cstring>

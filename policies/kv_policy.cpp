@@ -4,8 +4,8 @@
 #include "policies/kv_policy.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <type_traits>
 
@@ -57,8 +57,7 @@ float score_key(float s) { return std::isnan(s) ? -INFINITY : s; }
 // equal, as float == has them), NaN as -inf. Every score maps within +-0x7f800000, below
 // kProtected. Masks rather than branches here and below: GCC vectorizes these loops only so.
 int32_t ordered(float s) {
-  int32_t u;
-  std::memcpy(&u, &s, sizeof u);
+  const auto u = std::bit_cast<int32_t>(s);
   const int32_t mag = u & 0x7fffffff, sign = u >> 31;  // sign: 0 or -1
   const int32_t key = (mag ^ sign) - sign, nan = -int32_t(mag > 0x7f800000);
   return (key & ~nan) | (-0x7f800000 & nan);
@@ -112,9 +111,12 @@ Ranges protected_ranges(std::span<const int32_t> pos, const Quotas& q) {
   return {int64_t(hi) - q.recent + 1, int64_t(lo) + q.sinks, hi};
 }
 
-// Decode's case: few victims (a step adds a row) in a row of ranges, found in one or two passes
-// with no index array. (key, position) orders the candidates totally, so the victims are the
-// general selection's. Returns false, victims cleared, where the row is not of that kind.
+// A row of ranges decided with no index array: after protected_ranges' min/max pass, a decode
+// step's one H2O victim in worst_scored's passes; up to kFewVictims victims (a step of a few rows:
+// a scoring chunk, a refill) in one pass with a short sorted list; with no heavy quota (local,
+// sinks) every candidate, whatever their count. (key, position) orders the candidates totally, so
+// the victims are the general selection's. Returns false, victims cleared, for more victims with
+// a heavy quota, or where the row is not of ranges.
 constexpr int64_t kFewVictims = 8;
 
 template <Rank R>
@@ -190,7 +192,7 @@ void select(const SlotView& v, const KvBudget& b, int64_t keep, Rank rank, uint6
   if (rank == Rank::kScore ? select_few<Rank::kScore>(v, q, nv, seed, victims)
                             : select_few<Rank::kRandom>(v, q, nv, seed, victims))
     return;
-  // The candidates. A row of ranges (see select_few) has them in one pass, in slot order; others
+  // The candidates. A row of ranges (see Ranges) has them in one pass, in slot order; others
   // put the protected to the ends by position.
   victims.resize(static_cast<size_t>(n));
   const auto pos = v.positions;

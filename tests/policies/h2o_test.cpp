@@ -239,49 +239,32 @@ TEST_P(H2oSizes, DecodeLoopIsIndependentOfCompactionOrder) {
   }
 }
 
-// Rows as the engine keeps them: the `recent` newest positions without a gap, the rest scattered
-// below, in shuffled slot order. The policy decides these in one or two passes (few victims) or
-// from one pass's candidate list (many); the brute force sorts everything. Scores mix ties, both
-// zeros, both infinities and NaN.
-Row row_of_ranges(int64_t n, int64_t recent, std::mt19937& rng) {
-  recent = std::min(recent, n);
-  const auto newest = static_cast<int32_t>(4 * n + 10);
-  std::vector<int32_t> older(static_cast<size_t>(newest - recent));
-  std::iota(older.begin(), older.end(), 0);
-  std::shuffle(older.begin(), older.end(), rng);
-  Row row;
-  row.pos.assign(older.begin(), older.begin() + (n - recent));
-  for (int64_t i = 0; i < recent; ++i) row.pos.push_back(static_cast<int32_t>(newest - i));
-  std::shuffle(row.pos.begin(), row.pos.end(), rng);
-  const float special[] = {NAN, -INFINITY, INFINITY, -0.f, 0.f, -0.5f};
-  std::uniform_int_distribution<int> q(0, 11);
-  for (int64_t i = 0; i < n; ++i) {
-    const int k = q(rng);
-    row.score.push_back(k < 6 ? special[k] : 0.25f * static_cast<float>(k - 6));
-  }
-  return row;
-}
-
+// Rows as the engine keeps them (row_of_ranges), which the policy decides in one or two passes
+// (few victims) or from one pass's candidate list (many); the brute force sorts everything. Sinks
+// come only through the budget here (h2o's own has none), as window_victims' sub-rows may.
 TEST_P(H2oSizes, RowsOfRangesMatchBruteForceForEveryKeep) {
   const int64_t n = GetParam();
   std::mt19937 rng(static_cast<uint32_t>(77 + n));
   std::vector<int32_t> v;
+  const auto p = make_policy(h2o_abs(1, 1));
   for (int trial = 0; trial < 6; ++trial) {
-    for (int64_t recent : {int64_t{1}, int64_t{2}, n / 4 + 1, n / 2 + 1}) {
-      const Row row = row_of_ranges(n, recent, rng);
-      for (int64_t heavy : {int64_t{1}, int64_t{3}, n / 8 + 1, n / 2, n}) {
-        if (heavy == 0) continue;
-        const auto p = make_policy(h2o_abs(heavy, recent));
-        const KvBudget b = p->budget(n);
-        for (int64_t keep = 0; keep <= std::min(n, b.total()); ++keep) {
-          p->select_victims(row.view(), b, keep, v);
-          SCOPED_TRACE(::testing::Message() << "heavy " << heavy << " recent " << recent << " keep " << keep);
-          ASSERT_EQ(static_cast<int64_t>(v.size()), std::max<int64_t>(0, n - keep));
-          ASSERT_TRUE(std::is_sorted(v.begin(), v.end()));
-          ASSERT_TRUE(std::adjacent_find(v.begin(), v.end()) == v.end());
-          std::set<int32_t> got;
-          for (int32_t s : v) got.insert(row.pos[s]);
-          ASSERT_EQ(got, reference_victims(row, b, keep));
+    for (int64_t sinks : {int64_t{0}, int64_t{2}}) {
+      for (int64_t recent : {int64_t{1}, int64_t{2}, n / 4 + 1, n / 2 + 1}) {
+        if (sinks + recent > n) continue;
+        const Row row = row_of_ranges(n, recent, sinks, rng);
+        for (int64_t heavy : {int64_t{1}, int64_t{3}, n / 8 + 1, n / 2, n}) {
+          const KvBudget b{.sinks = sinks, .heavy = heavy, .recent = recent};
+          for (int64_t keep = 0; keep <= std::min(n, b.total()); ++keep) {
+            p->select_victims(row.view(), b, keep, v);
+            SCOPED_TRACE(::testing::Message() << "sinks " << sinks << " heavy " << heavy << " recent " << recent
+                                              << " keep " << keep);
+            ASSERT_EQ(static_cast<int64_t>(v.size()), std::max<int64_t>(0, n - keep));
+            ASSERT_TRUE(std::is_sorted(v.begin(), v.end()));
+            ASSERT_TRUE(std::adjacent_find(v.begin(), v.end()) == v.end());
+            std::set<int32_t> got;
+            for (int32_t s : v) got.insert(row.pos[s]);
+            ASSERT_EQ(got, reference_victims(row, b, keep));
+          }
         }
       }
     }

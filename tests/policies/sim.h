@@ -88,6 +88,28 @@ inline Row random_row(int64_t n, std::mt19937& rng) {
   return row;
 }
 
+// A row as the engine keeps it: positions 0..sinks-1, the `recent` newest positions without a
+// gap, the rest scattered between, in shuffled slot order. Scores mix ties, both zeros, both
+// infinities and NaN.
+inline Row row_of_ranges(int64_t n, int64_t recent, int64_t sinks, std::mt19937& rng) {
+  const auto newest = static_cast<int32_t>(4 * n + 10);
+  std::vector<int32_t> middle(static_cast<size_t>(newest - recent + 1 - sinks));
+  std::iota(middle.begin(), middle.end(), static_cast<int32_t>(sinks));
+  std::shuffle(middle.begin(), middle.end(), rng);
+  Row row;
+  for (int64_t i = 0; i < sinks; ++i) row.pos.push_back(static_cast<int32_t>(i));
+  row.pos.insert(row.pos.end(), middle.begin(), middle.begin() + (n - recent - sinks));
+  for (int64_t i = 0; i < recent; ++i) row.pos.push_back(static_cast<int32_t>(newest - i));
+  std::shuffle(row.pos.begin(), row.pos.end(), rng);
+  const float special[] = {NAN, -INFINITY, INFINITY, -0.f, 0.f, -0.5f};
+  std::uniform_int_distribution<int> q(0, 11);
+  for (int64_t i = 0; i < n; ++i) {
+    const int k = q(rng);
+    row.score.push_back(k < 6 ? special[k] : 0.25f * static_cast<float>(k - 6));
+  }
+  return row;
+}
+
 inline std::set<int32_t> range_set(int32_t lo, int32_t hi) {  // [lo, hi)
   std::set<int32_t> s;
   for (int32_t i = lo; i < hi; ++i) s.insert(i);

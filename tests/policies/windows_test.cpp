@@ -175,6 +175,55 @@ TEST_P(WindowSizes, RandomVictimsNestAsFewerAreKept) {
   }
 }
 
+TEST_P(WindowSizes, RandomProtectsTheRecentAndDrawsInOneOrder) {
+  // A row's draws do not depend on the budget, so a budget with no recent quota (heavy n) yields
+  // their whole order: the victims of keep k - 1 are those of k plus the next draw. A budget with
+  // a recent quota must then evict the first draws outside the recent positions, for every keep,
+  // on rows of ranges (one pass, or a candidate list) and on rows with gaps (the general path).
+  const int64_t n = GetParam();
+  auto c = cfg(KvPolicyKind::kRandom);
+  c.seed = 7;
+  c.heavy_budget = n;
+  c.recent_budget = 1;
+  const auto all = make_policy(c);
+  c.heavy_budget = n / 2 + 1;
+  c.recent_budget = n / 3 + 1;
+  const auto some = make_policy(c);
+  const KvBudget ba = all->budget(n), bs = some->budget(n);
+  std::mt19937 rng(static_cast<uint32_t>(31 + n));
+  std::vector<int32_t> v;
+  for (int trial = 0; trial < 8; ++trial) {
+    Row row = trial % 2 ? random_row(n, rng) : row_of_ranges(n, bs.recent, 0, rng);
+    row.score.clear();
+    row.salt = static_cast<uint64_t>(trial);
+    std::vector<int32_t> order;  // positions, lowest draw first
+    std::set<int32_t> larger;
+    for (int64_t keep = n - 1; keep >= 0; --keep) {
+      all->select_victims(row.view(), ba, keep, v);
+      std::set<int32_t> gone;
+      for (int32_t s : v) gone.insert(row.pos[s]);
+      ASSERT_EQ(static_cast<int64_t>(gone.size()), n - keep);
+      for (int32_t p : gone)
+        if (!larger.count(p)) order.push_back(p);
+      ASSERT_EQ(static_cast<int64_t>(order.size()), n - keep);
+      larger = gone;
+    }
+    std::vector<int32_t> sorted = row.pos;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t keep = 0; keep <= std::min(n, bs.total()); ++keep) {
+      const int64_t recent = std::max<int64_t>(0, keep - bs.heavy);  // the quota split: recent shrinks first
+      const int32_t floor = recent > 0 ? sorted[size_t(n - recent)] : std::numeric_limits<int32_t>::max();
+      std::set<int32_t> want;
+      for (int32_t p : order)
+        if (p < floor && int64_t(want.size()) < n - keep) want.insert(p);
+      some->select_victims(row.view(), bs, keep, v);
+      std::set<int32_t> got;
+      for (int32_t s : v) got.insert(row.pos[s]);
+      ASSERT_EQ(got, want) << "trial " << trial << " keep " << keep;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AwkwardSizes, WindowSizes, ::testing::ValuesIn(kSizes));
 
 TEST(Random, SeedAndSaltChangeTheDrawAndStepsDrawAfresh) {
