@@ -71,6 +71,23 @@ double time_per_call(double min_seconds, F&& f) {
   return best;
 }
 
+// The KV-decision probes' model: 16 heads of 128, a query head per KV head.
+ModelConfig kv_probe_model() {
+  return ModelConfig::from_json_text(
+      "{\"model_type\": \"opt\", \"vocab_size\": 256, \"hidden_size\": 2048, \"num_hidden_layers\": 1, "
+      "\"num_attention_heads\": 16, \"ffn_dim\": 256, \"max_position_embeddings\": 8192, "
+      "\"word_embed_proj_dim\": 2048, \"torch_dtype\": \"float16\"}",
+      "profile probe model");
+}
+
+std::unique_ptr<KvPolicy> kv_probe_policy() {
+  KvPolicyConfig kc;
+  kc.kind = KvPolicyKind::kH2o;
+  kc.heavy_ratio = 0.1;
+  kc.recent_ratio = 0.1;
+  return make_policy(kc);
+}
+
 // Seconds per (sequence, KV head) row of KV-policy decisions on one thread, and the row's slots:
 // H2O (10% heavy + 10% recent of `prompt`) decode steps over 8 layers of 32 sequences x 16 KV
 // heads, each row holding the budget's slots plus the new one, through the engine's own
@@ -78,21 +95,11 @@ double time_per_call(double min_seconds, F&& f) {
 // The rows' positions are a prefill's (the recent window whole), which the policy's one-pass
 // decode choice relies on.
 // Each layer has its own state and scores (5 MB in all at 512, 20 MB at 2048), and the layers
-// share two K/V buffers; a working set of 1 GB changed the time by under 15% here, as the choice
-// is arithmetic, not memory traffic.
+// share two K/V buffers.
 std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt) {
-  const int64_t B = 32, kvh = 16, layers = 8;
-  const ModelConfig pc = ModelConfig::from_json_text(
-      "{\"model_type\": \"opt\", \"vocab_size\": 256, \"hidden_size\": " + std::to_string(kvh * 128) +
-          ", \"num_hidden_layers\": 1, \"num_attention_heads\": " + std::to_string(kvh) +
-          ", \"ffn_dim\": 256, \"max_position_embeddings\": 8192, \"word_embed_proj_dim\": " +
-          std::to_string(kvh * 128) + ", \"torch_dtype\": \"float16\"}",
-      "profile probe model");
-  KvPolicyConfig kc;
-  kc.kind = KvPolicyKind::kH2o;
-  kc.heavy_ratio = 0.1;
-  kc.recent_ratio = 0.1;
-  const auto policy = make_policy(kc);
+  const ModelConfig pc = kv_probe_model();
+  const int64_t B = 32, kvh = pc.n_kv_heads, layers = 8;
+  const auto policy = kv_probe_policy();
   const KvBudget budget = policy->budget(prompt);
   const int64_t kept = budget.kept(prompt), cap = kept + 1;
   const size_t nb = static_cast<size_t>(B);
@@ -141,6 +148,57 @@ std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt) {
     for (int32_t& x : seen) ++x;
   });
   return {t / double(layers * B * kvh), cap};
+}
+
+
+// Seconds per (sequence, KV head) row of a prefill's decisions on one thread: rows of `prompt`
+// slots cut to H2O's budget (10% + 10%) by the engine's decide_kv_policy, each row's keep list
+// copied out as the engine copies it for the device's gather; 8 sequences x 16 KV heads over 4
+// layers, each with its own scores and state.
+double kv_prefill_row(double min_seconds, int64_t prompt) {
+  const ModelConfig pc = kv_probe_model();
+  const int64_t B = 8, kvh = pc.n_kv_heads, layers = 4;
+  const auto policy = kv_probe_policy();
+  const size_t nb = static_cast<size_t>(B);
+  const std::vector<KvBudget> budgets(nb, policy->budget(prompt));
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<int32_t> lists(size_t(B * kvh * prompt));
+  struct Layer {
+    std::vector<float> scores;
+    KvPolicyState state;
+  };
+  std::vector<Layer> ls(static_cast<size_t>(layers));
+  for (Layer& l : ls) {
+    l.scores.resize(size_t(B * pc.n_heads * prompt));
+    for (float& x : l.scores) x = u(rng);
+    l.state.reset(B, kvh, prompt);
+  }
+  std::vector<int32_t> before(nb, 0), after(nb), seen(nb, 0), dlo, dhi;
+  EvictArgs ea;
+  ea.policy = policy.get();
+  ea.config = &pc;
+  ea.len_before = before.data();
+  ea.len_after = after.data();
+  ea.seen_before = seen.data();
+  ea.budgets = budgets.data();
+  ea.prefill = true;
+  ea.dirty_lo = &dlo;
+  ea.dirty_hi = &dhi;
+  tbb::task_arena one(1);
+  const double t = time_per_call(min_seconds, [&] {
+    one.execute([&] {
+      for (Layer& l : ls) {
+        ea.seg = KvSegment{nullptr, nullptr, DType::F16, 0, B, prompt, l.scores.data()};
+        ea.state = &l.state;
+        std::fill(after.begin(), after.end(), int32_t(prompt));
+        decide_kv_policy(ea, [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
+          std::copy(keep.begin(), keep.end(), lists.begin() + (b * kvh + h) * prompt);
+        });
+      }
+    });
+  });
+  return t / double(layers * B * kvh);
 }
 
 }  // namespace
@@ -383,14 +441,17 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     const double td = run(16, 1, 512);
     h.device_attention_decode = h.host_attention = 4.0 * 16 * double(H * hd) * 512 / td;
   }
-  // KV-policy decisions: a row's time at two sizes gives its time per slot and its fixed part, on
-  // one thread; the engine spreads a segment's sequences over the device's threads.
+  // KV-policy decisions: a decode row's time at two sizes gives its time per slot and its fixed
+  // part, a prefill row's its own time per slot; on one thread, as the engine spreads a segment's
+  // sequences over the device's threads.
   {
     const auto [t1, n1] = kv_policy_row(o.min_seconds, 512);
     const auto [t2, n2] = kv_policy_row(o.min_seconds, 2048);
     const double slot = std::max(t2 - t1, 1e-3 * t2) / double(n2 - n1);
     h.host_kv_policy = 1 / slot;
     h.host_kv_policy_row = std::max(0.0, t1 - double(n1) * slot);
+    const double tp = kv_prefill_row(o.min_seconds, 512);
+    h.host_kv_prefill = 512 / std::max(tp - h.host_kv_policy_row, 1e-3 * tp);
     h.host_kv_threads = dev.threads();
   }
   return h;

@@ -65,23 +65,36 @@ TEST(PlannerProfile, MissingOrNegativeFieldsAreNamed) {
   j = good;
   j["host_kv_policy"]["mslots"] = -1;
   expect_error(j, "host_kv_policy.mslots");
+  j = good;
+  j["host_kv_policy"]["prefill_mslots"] = -1;
+  expect_error(j, "host_kv_policy.prefill_mslots");
 }
 
-// The KV-policy rate survives a file, and a profile without it leaves decisions free (0), as
-// profiles written before it was measured mean.
+// The KV-policy rates survive a file; a profile without them leaves decisions free (0), and one
+// without the prefill's prices a prefill at the decode rate, as profiles written before each was
+// measured mean.
 TEST(PlannerProfile, KvPolicyRateRoundTripsAndDefaultsToFree) {
   HardwareProfile h = big_profile();
   EXPECT_GT(h.host_kv_policy, 0);
+  h.host_kv_prefill = 3.3e7;
   h.host_kv_policy_row = 0.4e-6;
   h.host_kv_threads = 12;
   const HardwareProfile back = HardwareProfile::from_json(h.to_json(), "back.json");
   EXPECT_DOUBLE_EQ(back.host_kv_policy, h.host_kv_policy);
+  EXPECT_DOUBLE_EQ(back.host_kv_prefill, 3.3e7);
+  EXPECT_DOUBLE_EQ(back.kv_policy_rate(true), 3.3e7);
+  EXPECT_DOUBLE_EQ(back.kv_policy_rate(false), h.host_kv_policy);
   EXPECT_DOUBLE_EQ(back.host_kv_policy_row, h.host_kv_policy_row);
   EXPECT_EQ(back.host_kv_threads, 12);
   nlohmann::json old = h.to_json();
+  old["host_kv_policy"].erase("prefill_mslots");
+  const HardwareProfile decode_only = HardwareProfile::from_json(old, "decode_only.json");
+  EXPECT_EQ(decode_only.host_kv_prefill, 0);
+  EXPECT_DOUBLE_EQ(decode_only.kv_policy_rate(true), h.host_kv_policy);
   old.erase("host_kv_policy");
   const HardwareProfile free = HardwareProfile::from_json(old, "old.json");
   EXPECT_EQ(free.host_kv_policy, 0);
+  EXPECT_EQ(free.host_kv_prefill, 0);
   EXPECT_EQ(free.host_kv_policy_row, 0);
   EXPECT_EQ(free.host_kv_threads, 1);
 }
@@ -92,6 +105,7 @@ TEST(PlannerProfile, MeasuresTheKvPolicyRate) {
   const ProfileOptions o = test::quick_profile_options();
   const HardwareProfile m = measure_profile(dev, o);
   EXPECT_GT(m.host_kv_policy, 1e6) << "under a million slots a second";
+  EXPECT_GT(m.host_kv_prefill, 1e6) << "under a million slots a second at a prefill";
   EXPECT_LT(m.host_kv_policy_row, 1e-3);
   EXPECT_EQ(m.host_kv_threads, dev.threads());
 }
@@ -99,13 +113,15 @@ TEST(PlannerProfile, MeasuresTheKvPolicyRate) {
 // Every (sequence, KV head, layer) row a bounded policy decides costs the host queue
 // after / rate + row seconds, wherever the sequence's KV lives: the device's rows in UpdateCache,
 // the host's inside host attention (decode) or UpdateCache (prefill, after the device compacts
-// them). The full cache decides nothing. tiny-opt's segments are under the parallel threshold.
+// them); a prefill's rows at the prefill rate. The full cache decides nothing. tiny-opt's
+// segments are under the parallel threshold.
 TEST(PlannerKvPolicyTime, EveryDecidedRowCostsTheHostQueue) {
   const ModelConfig c = Model::load_dir(model_dir("tiny-opt")).config();
   HardwareProfile free = big_profile(), priced = big_profile();
   free.device = priced.device = DeviceKind::kCpu;
   free.host_kv_policy = 0;
   priced.host_kv_policy = 5e7;
+  priced.host_kv_prefill = 1.5e7;
   priced.host_kv_policy_row = 2e-6;
   KvPolicyConfig h2o;
   h2o.kind = KvPolicyKind::kH2o;
@@ -125,7 +141,7 @@ TEST(PlannerKvPolicyTime, EveryDecidedRowCostsTheHostQueue) {
     CostModel cf(ModelShape::from_config(c), free, w), cp(ModelShape::from_config(c), priced, w);
     const double host = cp.estimate(p).busy[size_t(Queue::kHost)] - cf.estimate(p).busy[size_t(Queue::kHost)];
     const double rows = double(p.block_size() * c.n_kv_heads * c.n_layers);
-    const double want = rows * (double(prompt) / priced.host_kv_policy + priced.host_kv_policy_row) +
+    const double want = rows * (double(prompt) / priced.host_kv_prefill + priced.host_kv_policy_row) +
                         double(gen - 1) * rows * ((kept + 1) / priced.host_kv_policy + priced.host_kv_policy_row);
     EXPECT_NEAR(host, want, 1e-9 * want);
     const Workload full{prompt, gen, {}};
@@ -164,6 +180,7 @@ TEST(PlannerKvPolicyTime, SlidingLayersDecideOverTheirWindow) {
   HardwareProfile free = big_profile(), priced = big_profile();
   free.host_kv_policy = 0;
   priced.host_kv_policy = 5e7;
+  priced.host_kv_prefill = 1.5e7;
   priced.host_kv_policy_row = 2e-6;
   priced.host_kv_threads = 1;
   const int64_t prompt = 6000, gen = 5;
@@ -176,7 +193,7 @@ TEST(PlannerKvPolicyTime, SlidingLayersDecideOverTheirWindow) {
   ASSERT_GT(sliding, 0);
   ASSERT_LT(sliding, c.n_layers);
   const double rows = double(2 * c.n_kv_heads * sliding);
-  const double want = rows * (double(prompt) / priced.host_kv_policy + priced.host_kv_policy_row) +
+  const double want = rows * (double(prompt) / priced.host_kv_prefill + priced.host_kv_policy_row) +
                       double(gen - 1) * rows * (double(c.sliding_window) / priced.host_kv_policy + priced.host_kv_policy_row);
   const double host = cp.estimate(p).busy[size_t(Queue::kHost)] - cf.estimate(p).busy[size_t(Queue::kHost)];
   EXPECT_NEAR(host, want, 1e-6 * want);
