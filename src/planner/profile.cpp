@@ -89,116 +89,114 @@ std::unique_ptr<KvPolicy> kv_probe_policy() {
 }
 
 // Seconds per (sequence, KV head) row of KV-policy decisions on one thread, and the row's slots:
-// H2O (10% heavy + 10% recent of `prompt`) decode steps over 8 layers of 32 sequences x 16 KV
-// heads, each row holding the budget's slots plus the new one, through the engine's own
-// apply_kv_policy (scores summed, one victim chosen per row, the newest row moved into its slot).
-// The rows' positions are a prefill's (the recent window whole), which the policy's one-pass
-// decode choice relies on.
-// Each layer has its own state and scores (5 MB in all at 512, 20 MB at 2048), and the layers
-// share two K/V buffers.
-std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt) {
-  const ModelConfig pc = kv_probe_model();
-  const int64_t B = 32, kvh = pc.n_kv_heads, layers = 8;
-  const auto policy = kv_probe_policy();
-  const KvBudget budget = policy->budget(prompt);
-  const int64_t kept = budget.kept(prompt), cap = kept + 1;
-  const size_t nb = static_cast<size_t>(B);
-  const std::vector<KvBudget> budgets(nb, budget);
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  std::vector<uint16_t> k(size_t(B * kvh * cap * pc.head_dim), f32_to_f16(0.01f)), v(k);
+// What both KV-decision probes share: H2O (10% heavy + 10% recent of `prompt`) over `layers`
+// layers of B sequences x 16 KV heads, each layer with its own scores ([B, heads, cap], uniform)
+// and policy state (capacity cap), and the EvictArgs pointing at them. Not copyable: ea points in.
+struct KvProbe {
   struct Layer {
     std::vector<float> scores;
     KvPolicyState state;
   };
-  std::vector<Layer> ls(static_cast<size_t>(layers));
-  for (Layer& l : ls) {
-    l.scores.resize(size_t(B * pc.n_heads * cap));
-    for (float& x : l.scores) x = u(rng);
-    l.state.reset(B, kvh, cap);
-    // As a prefill leaves a row: heavy hitters spread over the older prompt, then the recent
-    // window's positions up to the prompt's last, without a gap.
-    const int64_t stride = std::max<int64_t>(1, (prompt - kept) / std::max<int64_t>(budget.heavy, 1));
-    for (int64_t r = 0; r < B * kvh; ++r)
-      for (int64_t s = 0; s < kept; ++s) {
-        l.state.acc[size_t(r * cap + s)] = u(rng);
-        l.state.pos[size_t(r * cap + s)] = int32_t(s < budget.heavy ? s * stride : prompt - (kept - s));
-      }
-  }
-  std::vector<int32_t> before(nb, int32_t(kept)), after(nb), seen(nb, int32_t(prompt)), dlo, dhi;
+  const ModelConfig pc = kv_probe_model();
+  const std::unique_ptr<KvPolicy> policy = kv_probe_policy();
+  const int64_t B, kvh = pc.n_kv_heads, cap;
+  const KvBudget budget;
+  const std::vector<KvBudget> budgets;
+  std::vector<Layer> ls;
+  std::vector<int32_t> before, after, seen, dlo, dhi;
+  std::mt19937 rng;
+  std::uniform_real_distribution<float> u{0.f, 1.f};
   EvictArgs ea;
-  ea.policy = policy.get();
-  ea.config = &pc;
-  ea.len_before = before.data();
-  ea.len_after = after.data();
-  ea.seen_before = seen.data();
-  ea.budgets = budgets.data();
-  ea.dirty_lo = &dlo;
-  ea.dirty_hi = &dhi;
-  tbb::task_arena one(1);
-  const double t = time_per_call(min_seconds, [&] {
-    one.execute([&] {
-      for (Layer& l : ls) {
-        ea.seg = KvSegment{k.data(), v.data(), DType::F16, 0, B, cap, l.scores.data()};
-        ea.state = &l.state;
-        std::fill(after.begin(), after.end(), int32_t(kept + 1));
-        apply_kv_policy(ea);
-      }
+
+  KvProbe(int64_t b, int64_t layers, int64_t prompt, int64_t capacity, uint32_t seed)
+      : B(b), cap(capacity), budget(policy->budget(prompt)), budgets(size_t(b), budget), ls(size_t(layers)),
+        before(size_t(b)), after(size_t(b)), seen(size_t(b)), rng(seed) {
+    for (Layer& l : ls) {
+      l.scores.resize(size_t(B * pc.n_heads * cap));
+      for (float& x : l.scores) x = u(rng);
+      l.state.reset(B, kvh, cap);
+    }
+    ea.policy = policy.get();
+    ea.config = &pc;
+    ea.len_before = before.data();
+    ea.len_after = after.data();
+    ea.seen_before = seen.data();
+    ea.budgets = budgets.data();
+    ea.dirty_lo = &dlo;
+    ea.dirty_hi = &dhi;
+  }
+  KvProbe(const KvProbe&) = delete;
+  KvProbe& operator=(const KvProbe&) = delete;
+
+  // Best seconds per (sequence, KV head) row of `decide(layer)` over every layer on one thread,
+  // each call's rows growing to `n`; `next()` runs between calls, untimed as a step's other work.
+  template <typename Decide, typename Next>
+  double row_seconds(double min_seconds, int64_t n, Decide&& decide, Next&& next) {
+    tbb::task_arena one(1);
+    const double t = time_per_call(min_seconds, [&] {
+      one.execute([&] {
+        for (Layer& l : ls) {
+          ea.state = &l.state;
+          std::fill(after.begin(), after.end(), int32_t(n));
+          decide(l);
+        }
+      });
+      next();
     });
-    for (int32_t& x : seen) ++x;
-  });
-  return {t / double(layers * B * kvh), cap};
+    return t / double(std::ssize(ls) * B * kvh);
+  }
+};
+
+// Seconds per (sequence, KV head) row of decode decisions on one thread, and the row's slots:
+// 32 sequences over 8 layers, each row holding the budget's slots plus the new one, through the
+// engine's own apply_kv_policy (scores summed, one victim chosen per row, the newest row moved
+// into its slot). The rows' positions are a prefill's (the recent window whole), which the
+// policy's one-pass decode choice relies on. The state and scores are 5 MB in all at 512, 20 MB
+// at 2048; the layers share two K/V buffers.
+std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt) {
+  const int64_t kept = kv_probe_policy()->budget(prompt).kept(prompt);
+  KvProbe p(32, 8, prompt, kept + 1, 7);
+  const int64_t heavy = p.budget.heavy, cap = p.cap;
+  std::vector<uint16_t> k(size_t(p.B * p.kvh * cap * p.pc.head_dim), f32_to_f16(0.01f)), v(k);
+  // As a prefill leaves a row: heavy hitters spread over the older prompt, then the recent
+  // window's positions up to the prompt's last, without a gap.
+  const int64_t stride = std::max<int64_t>(1, (prompt - kept) / std::max<int64_t>(heavy, 1));
+  for (KvProbe::Layer& l : p.ls)
+    for (int64_t r = 0; r < p.B * p.kvh; ++r)
+      for (int64_t s = 0; s < kept; ++s) {
+        l.state.acc[size_t(r * cap + s)] = p.u(p.rng);
+        l.state.pos[size_t(r * cap + s)] = int32_t(s < heavy ? s * stride : prompt - (kept - s));
+      }
+  std::fill(p.before.begin(), p.before.end(), int32_t(kept));
+  std::fill(p.seen.begin(), p.seen.end(), int32_t(prompt));
+  const double t = p.row_seconds(
+      min_seconds, kept + 1,
+      [&](KvProbe::Layer& l) {
+        p.ea.seg = KvSegment{k.data(), v.data(), DType::F16, 0, p.B, cap, l.scores.data()};
+        apply_kv_policy(p.ea);
+      },
+      [&] {
+        for (int32_t& x : p.seen) ++x;
+      });
+  return {t, cap};
 }
 
-
-// Seconds per (sequence, KV head) row of a prefill's decisions on one thread: rows of `prompt`
-// slots cut to H2O's budget (10% + 10%) by the engine's decide_kv_policy, each row's keep list
-// copied out as the engine copies it for the device's gather; 8 sequences x 16 KV heads over 4
-// layers, each with its own scores and state.
+// Seconds per (sequence, KV head) row of a prefill's decisions on one thread: 8 sequences over 4
+// layers, rows of `prompt` slots cut to the budget by the engine's decide_kv_policy, each row's
+// keep list copied out as the engine copies it for the device's gather.
 double kv_prefill_row(double min_seconds, int64_t prompt) {
-  const ModelConfig pc = kv_probe_model();
-  const int64_t B = 8, kvh = pc.n_kv_heads, layers = 4;
-  const auto policy = kv_probe_policy();
-  const size_t nb = static_cast<size_t>(B);
-  const std::vector<KvBudget> budgets(nb, policy->budget(prompt));
-  std::mt19937 rng(9);
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  std::vector<int32_t> lists(size_t(B * kvh * prompt));
-  struct Layer {
-    std::vector<float> scores;
-    KvPolicyState state;
-  };
-  std::vector<Layer> ls(static_cast<size_t>(layers));
-  for (Layer& l : ls) {
-    l.scores.resize(size_t(B * pc.n_heads * prompt));
-    for (float& x : l.scores) x = u(rng);
-    l.state.reset(B, kvh, prompt);
-  }
-  std::vector<int32_t> before(nb, 0), after(nb), seen(nb, 0), dlo, dhi;
-  EvictArgs ea;
-  ea.policy = policy.get();
-  ea.config = &pc;
-  ea.len_before = before.data();
-  ea.len_after = after.data();
-  ea.seen_before = seen.data();
-  ea.budgets = budgets.data();
-  ea.prefill = true;
-  ea.dirty_lo = &dlo;
-  ea.dirty_hi = &dhi;
-  tbb::task_arena one(1);
-  const double t = time_per_call(min_seconds, [&] {
-    one.execute([&] {
-      for (Layer& l : ls) {
-        ea.seg = KvSegment{nullptr, nullptr, DType::F16, 0, B, prompt, l.scores.data()};
-        ea.state = &l.state;
-        std::fill(after.begin(), after.end(), int32_t(prompt));
-        decide_kv_policy(ea, [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
-          std::copy(keep.begin(), keep.end(), lists.begin() + (b * kvh + h) * prompt);
+  KvProbe p(8, 4, prompt, prompt, 9);
+  std::vector<int32_t> lists(size_t(p.B * p.kvh * prompt));
+  p.ea.prefill = true;  // before and seen stay 0: each call decides the whole prompt afresh
+  return p.row_seconds(
+      min_seconds, prompt,
+      [&](KvProbe::Layer& l) {
+        p.ea.seg = KvSegment{nullptr, nullptr, DType::F16, 0, p.B, prompt, l.scores.data()};
+        decide_kv_policy(p.ea, [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
+          std::copy(keep.begin(), keep.end(), lists.begin() + (b * p.kvh + h) * prompt);
         });
-      }
-    });
-  });
-  return t / double(layers * B * kvh);
+      },
+      [] {});
 }
 
 }  // namespace
