@@ -239,7 +239,7 @@ json HardwareProfile::to_json() const {
   j["host_kv_policy"] = {{"mslots", host_kv_policy / 1e6},
                          {"prefill_mslots", host_kv_prefill / 1e6},
                          {"row_us", host_kv_policy_row * 1e6},
-                         {"threads", int64_t(host_kv_threads)}};
+                         {"threads", host_kv_threads}};
   if (stage_link_given) j["stage_link"] = stage_link.to_json();
   return j;
 }

@@ -91,9 +91,10 @@ struct HardwareProfile {
   // KV-policy decisions on the host (JSON "host_kv_policy": {"mslots", "prefill_mslots", "row_us",
   // "threads"}; mslots 0 or absent = free, the rest then ignored): a bounded policy's step over a
   // (sequence, KV head) row of n slots (scores summed, victims chosen, the row compacted) costs one
-  // thread n / kv_policy_rate(prefill) + host_kv_policy_row seconds; a segment's sequences share
-  // min(sequences, host_kv_threads) threads where the engine decides them in parallel
-  // (kv_decision_parallelism). A decode step evicts one slot of a row, a prefill most of the
+  // thread n / kv_policy_rate(prefill) + host_kv_policy_row seconds; where the engine decides a
+  // segment's sequences in parallel (kv_decision_parallelism) they go min(sequences,
+  // host_kv_threads) times as fast (a measured profile's threads: what all of them gained over
+  // one, so not always whole). A decode step evicts one slot of a row, a prefill most of the
   // prompt, a different selection at a different rate (prefill_mslots 0 or absent: mslots, as
   // profiles from before it was measured mean). Measured on H2O with a query head per KV head;
   // grouped heads add a sum per slot.

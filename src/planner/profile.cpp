@@ -128,11 +128,11 @@ struct KvProbe {
   KvProbe(const KvProbe&) = delete;
   KvProbe& operator=(const KvProbe&) = delete;
 
-  // Best seconds per (sequence, KV head) row of `decide(layer)` over every layer on one thread,
-  // each call's rows growing to `n`; `next()` runs between calls, untimed as a step's other work.
+  // Best seconds per (sequence, KV head) row of `decide(layer)` over every layer in an arena of
+  // `threads`, each call's rows growing to `n`; `next()` runs between calls.
   template <typename Decide, typename Next>
-  double row_seconds(double min_seconds, int64_t n, Decide&& decide, Next&& next) {
-    tbb::task_arena one(1);
+  double row_seconds(double min_seconds, int threads, int64_t n, Decide&& decide, Next&& next) {
+    tbb::task_arena one(threads);
     const double t = time_per_call(min_seconds, [&] {
       one.execute([&] {
         for (Layer& l : ls) {
@@ -147,13 +147,13 @@ struct KvProbe {
   }
 };
 
-// Seconds per (sequence, KV head) row of decode decisions on one thread, and the row's slots:
-// 32 sequences over 8 layers, each row holding the budget's slots plus the new one, through the
+// Seconds per (sequence, KV head) row of decode decisions in an arena of `threads`, and the row's
+// slots: 32 sequences over 8 layers, each row holding the budget's slots plus the new one, through the
 // engine's own apply_kv_policy (scores summed, one victim chosen per row, the newest row moved
 // into its slot). The rows' positions are a prefill's (the recent window whole), which the
 // policy's one-pass decode choice relies on. The state and scores are 5 MB in all at 512, 20 MB
 // at 2048; the layers share two K/V buffers.
-std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt) {
+std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt, int threads) {
   const int64_t kept = kv_probe_policy()->budget(prompt).kept(prompt);
   KvProbe p(32, 8, prompt, kept + 1, 7);
   const int64_t heavy = p.budget.heavy, cap = p.cap;
@@ -170,7 +170,7 @@ std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt) {
   std::fill(p.before.begin(), p.before.end(), int32_t(kept));
   std::fill(p.seen.begin(), p.seen.end(), int32_t(prompt));
   const double t = p.row_seconds(
-      min_seconds, kept + 1,
+      min_seconds, threads, kept + 1,
       [&](KvProbe::Layer& l) {
         p.ea.seg = KvSegment{k.data(), v.data(), DType::F16, 0, p.B, cap, l.scores.data()};
         apply_kv_policy(p.ea);
@@ -189,7 +189,7 @@ double kv_prefill_row(double min_seconds, int64_t prompt) {
   std::vector<int32_t> lists(size_t(p.B * p.kvh * prompt));
   p.ea.prefill = true;  // before and seen stay 0: each call decides the whole prompt afresh
   return p.row_seconds(
-      min_seconds, prompt,
+      min_seconds, 1, prompt,
       [&](KvProbe::Layer& l) {
         p.ea.seg = KvSegment{nullptr, nullptr, DType::F16, 0, p.B, prompt, l.scores.data()};
         decide_kv_policy(p.ea, [&](int64_t b, int64_t h, std::span<const int32_t> keep) {
@@ -440,17 +440,20 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     h.device_attention_decode = h.host_attention = 4.0 * 16 * double(H * hd) * 512 / td;
   }
   // KV-policy decisions: a decode row's time at two sizes gives its time per slot and its fixed
-  // part, a prefill row's its own time per slot; on one thread, as the engine spreads a segment's
-  // sequences over the device's threads.
+  // part, a prefill row's its own time per slot, on one thread. The engine spreads a segment's
+  // sequences over the device's threads; what that gains (memory bandwidth and the spread of
+  // sequences bound it) is measured as the one-thread time over the all-thread time.
   {
-    const auto [t1, n1] = kv_policy_row(o.min_seconds, 512);
-    const auto [t2, n2] = kv_policy_row(o.min_seconds, 2048);
+    const auto [t1, n1] = kv_policy_row(o.min_seconds, 512, 1);
+    const auto [t2, n2] = kv_policy_row(o.min_seconds, 2048, 1);
     const double slot = std::max(t2 - t1, 1e-3 * t2) / double(n2 - n1);
     h.host_kv_policy = 1 / slot;
     h.host_kv_policy_row = std::max(0.0, t1 - double(n1) * slot);
     const double tp = kv_prefill_row(o.min_seconds, 512);
     h.host_kv_prefill = 512 / std::max(tp - h.host_kv_policy_row, 1e-3 * tp);
-    h.host_kv_threads = dev.threads();
+    const int threads = int(dev.threads());
+    const double tn = threads > 1 ? kv_policy_row(o.min_seconds, 512, threads).first : t1;
+    h.host_kv_threads = std::clamp(t1 / tn, 1.0, double(threads));
   }
   return h;
 }

@@ -78,14 +78,14 @@ TEST(PlannerProfile, KvPolicyRateRoundTripsAndDefaultsToFree) {
   EXPECT_GT(h.host_kv_policy, 0);
   h.host_kv_prefill = 3.3e7;
   h.host_kv_policy_row = 0.4e-6;
-  h.host_kv_threads = 12;
+  h.host_kv_threads = 12.5;
   const HardwareProfile back = HardwareProfile::from_json(h.to_json(), "back.json");
   EXPECT_DOUBLE_EQ(back.host_kv_policy, h.host_kv_policy);
   EXPECT_DOUBLE_EQ(back.host_kv_prefill, 3.3e7);
   EXPECT_DOUBLE_EQ(back.kv_policy_rate(true), 3.3e7);
   EXPECT_DOUBLE_EQ(back.kv_policy_rate(false), h.host_kv_policy);
   EXPECT_DOUBLE_EQ(back.host_kv_policy_row, h.host_kv_policy_row);
-  EXPECT_EQ(back.host_kv_threads, 12);
+  EXPECT_DOUBLE_EQ(back.host_kv_threads, 12.5);  // a measured gain, not a count
   nlohmann::json old = h.to_json();
   old["host_kv_policy"].erase("prefill_mslots");
   const HardwareProfile decode_only = HardwareProfile::from_json(old, "decode_only.json");
@@ -99,7 +99,7 @@ TEST(PlannerProfile, KvPolicyRateRoundTripsAndDefaultsToFree) {
   EXPECT_EQ(free.host_kv_threads, 1);
 }
 
-// The profiler times the engine's own decisions on one thread and records the device's threads.
+// The profiler times the engine's own decisions on one thread.
 TEST(PlannerProfile, MeasuresTheKvPolicyRate) {
   CpuDevice dev(CpuDeviceOptions{});
   const ProfileOptions o = test::quick_profile_options();
@@ -107,7 +107,6 @@ TEST(PlannerProfile, MeasuresTheKvPolicyRate) {
   EXPECT_GT(m.host_kv_policy, 1e6) << "under a million slots a second";
   EXPECT_GT(m.host_kv_prefill, 1e6) << "under a million slots a second at a prefill";
   EXPECT_LT(m.host_kv_policy_row, 1e-3);
-  EXPECT_EQ(m.host_kv_threads, dev.threads());
 }
 
 // Every (sequence, KV head, layer) row a bounded policy decides costs the host queue
