@@ -88,7 +88,6 @@ std::unique_ptr<KvPolicy> kv_probe_policy() {
   return make_policy(kc);
 }
 
-// Seconds per (sequence, KV head) row of KV-policy decisions on one thread, and the row's slots:
 // What both KV-decision probes share: H2O (10% heavy + 10% recent of `prompt`) over `layers`
 // layers of B sequences x 16 KV heads, each layer with its own scores ([B, heads, cap], uniform)
 // and policy state (capacity cap), and the EvictArgs pointing at them. Not copyable: ea points in.
