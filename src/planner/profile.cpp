@@ -131,9 +131,9 @@ struct KvProbe {
   // `threads`, each call's rows growing to `n`; `next()` runs between calls.
   template <typename Decide, typename Next>
   double row_seconds(double min_seconds, int threads, int64_t n, Decide&& decide, Next&& next) {
-    tbb::task_arena one(threads);
+    tbb::task_arena arena(threads);
     const double t = time_per_call(min_seconds, [&] {
-      one.execute([&] {
+      arena.execute([&] {
         for (Layer& l : ls) {
           ea.state = &l.state;
           std::fill(after.begin(), after.end(), int32_t(n));
