@@ -405,7 +405,8 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
     if (seqs <= 0 || deciding <= 0 || hw_.host_kv_policy <= 0) return 0.0;
     const double par = std::min(hw_.host_kv_threads,
                                 double(kv_decision_parallelism(int64_t(seqs), c.n_kv_heads, int64_t(slots))));
-    return seqs * double(c.n_kv_heads) * deciding * (slots / hw_.kv_policy_rate(prefill) + hw_.host_kv_policy_row) / par;
+    const double slot = hw_.kv_slot_seconds(prefill, c.n_heads / c.n_kv_heads);
+    return seqs * double(c.n_kv_heads) * deciding * (slots * slot + hw_.host_kv_policy_row) / par;
   };
   const double nh = double(sp.n_host);
   if (host_attn) host_attn_t += decide(nh) + decide(nd);

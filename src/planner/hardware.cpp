@@ -188,6 +188,7 @@ HardwareProfile HardwareProfile::from_json(const json& j, const std::string& ori
   h.host_dequant = field(j, origin, "dequant_gbps", "host", false, false) * kG;
   h.host_kv_policy = field(j, origin, "host_kv_policy", "mslots", false, false) * 1e6;
   h.host_kv_prefill = field(j, origin, "host_kv_policy", "prefill_mslots", false, false) * 1e6;
+  h.host_kv_group = field(j, origin, "host_kv_policy", "group_mslots", false, false) * 1e6;
   h.host_kv_policy_row = field(j, origin, "host_kv_policy", "row_us", false, false) * 1e-6;
   h.host_kv_threads = std::max(1.0, field(j, origin, "host_kv_policy", "threads", false, false, 1));
   if (j.contains("stage_link")) {
@@ -238,6 +239,7 @@ json HardwareProfile::to_json() const {
   j["dequant_gbps"] = {{"device", device_dequant / kG}, {"host", host_dequant / kG}};
   j["host_kv_policy"] = {{"mslots", host_kv_policy / 1e6},
                          {"prefill_mslots", host_kv_prefill / 1e6},
+                         {"group_mslots", host_kv_group / 1e6},
                          {"row_us", host_kv_policy_row * 1e6},
                          {"threads", host_kv_threads}};
   if (stage_link_given) j["stage_link"] = stage_link.to_json();

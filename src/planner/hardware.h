@@ -88,18 +88,23 @@ struct HardwareProfile {
   // compression only when the device rate is known (what it costs cannot be guessed).
   double device_dequant = 0, host_dequant = 0;
   bool prices_compression() const { return device_dequant > 0; }
-  // KV-policy decisions on the host (JSON "host_kv_policy": {"mslots", "prefill_mslots", "row_us",
-  // "threads"}; mslots 0 or absent = free, the rest then ignored): a bounded policy's step over a
-  // (sequence, KV head) row of n slots (scores summed, victims chosen, the row compacted) costs one
-  // thread n / kv_policy_rate(prefill) + host_kv_policy_row seconds; where the engine decides a
-  // segment's sequences in parallel (kv_decision_parallelism) they go min(sequences,
-  // host_kv_threads) times as fast (a measured profile's threads: what all of them gained over
-  // one, so not always whole). A decode step evicts one slot of a row, a prefill most of the
-  // prompt, a different selection at a different rate (prefill_mslots 0 or absent: mslots, as
-  // profiles from before it was measured mean). Measured on H2O with a query head per KV head;
-  // grouped heads add a sum per slot.
-  double host_kv_policy = 0, host_kv_prefill = 0, host_kv_policy_row = 0, host_kv_threads = 1;
+  // KV-policy decisions on the host (JSON "host_kv_policy": {"mslots", "prefill_mslots",
+  // "group_mslots", "row_us", "threads"}; mslots 0 or absent = free, the rest then ignored): a
+  // bounded policy's step over a (sequence, KV head) row of n slots (scores summed, victims chosen,
+  // the row compacted) costs one thread n * kv_slot_seconds(prefill, group) + host_kv_policy_row
+  // seconds; where the engine decides a segment's sequences in parallel (kv_decision_parallelism)
+  // they go min(sequences, host_kv_threads) times as fast (a measured profile's threads: what all
+  // of them gained over one, so not always whole). A decode step evicts one slot of a row, a
+  // prefill most of the prompt, a different selection at a different rate (prefill_mslots 0 or
+  // absent: mslots, as profiles from before it was measured mean). The rates are of a query head
+  // per KV head; each further query head of a group adds its scores' sum to every slot, at
+  // group_mslots (0 or absent: free).
+  double host_kv_policy = 0, host_kv_prefill = 0, host_kv_group = 0, host_kv_policy_row = 0, host_kv_threads = 1;
   double kv_policy_rate(bool prefill) const { return prefill && host_kv_prefill > 0 ? host_kv_prefill : host_kv_policy; }
+  // Seconds a slot of a row costs one thread, `group` query heads per KV head (host_kv_policy > 0).
+  double kv_slot_seconds(bool prefill, int64_t group) const {
+    return 1 / kv_policy_rate(prefill) + (host_kv_group > 0 ? double(group - 1) / host_kv_group : 0.0);
+  }
   // Between pipeline stages on this machine kind (JSON "stage_link", see StageLink);
   // stage_link_given says whether the profile has one.
   StageLink stage_link;

@@ -71,12 +71,13 @@ double time_per_call(double min_seconds, F&& f) {
   return best;
 }
 
-// The KV-decision probes' model: 16 heads of 128, a query head per KV head.
-ModelConfig kv_probe_model() {
+// The KV-decision probes' model: 16 KV heads of 128, `group` query heads per KV head.
+ModelConfig kv_probe_model(int64_t group) {
   return ModelConfig::from_json_text(
-      "{\"model_type\": \"opt\", \"vocab_size\": 256, \"hidden_size\": 2048, \"num_hidden_layers\": 1, "
-      "\"num_attention_heads\": 16, \"ffn_dim\": 256, \"max_position_embeddings\": 8192, "
-      "\"word_embed_proj_dim\": 2048, \"torch_dtype\": \"float16\"}",
+      "{\"model_type\": \"llama\", \"vocab_size\": 256, \"hidden_size\": 2048, \"num_hidden_layers\": 1, "
+      "\"num_attention_heads\": " + std::to_string(16 * group) + ", \"num_key_value_heads\": 16, "
+      "\"head_dim\": 128, \"intermediate_size\": 256, \"max_position_embeddings\": 8192, "
+      "\"torch_dtype\": \"float16\"}",
       "profile probe model");
 }
 
@@ -89,14 +90,15 @@ std::unique_ptr<KvPolicy> kv_probe_policy() {
 }
 
 // What both KV-decision probes share: H2O (10% heavy + 10% recent of `prompt`) over `layers`
-// layers of B sequences x 16 KV heads, each layer with its own scores ([B, heads, cap], uniform)
+// layers of B sequences x 16 KV heads (`group` query heads each), each layer with its own scores
+// ([B, heads, cap], uniform)
 // and policy state (capacity cap), and the EvictArgs pointing at them. Not copyable: ea points in.
 struct KvProbe {
   struct Layer {
     std::vector<float> scores;
     KvPolicyState state;
   };
-  const ModelConfig pc = kv_probe_model();
+  const ModelConfig pc;
   const std::unique_ptr<KvPolicy> policy = kv_probe_policy();
   const int64_t B, kvh = pc.n_kv_heads, cap;
   const KvBudget budget;
@@ -107,8 +109,8 @@ struct KvProbe {
   std::uniform_real_distribution<float> u{0.f, 1.f};
   EvictArgs ea;
 
-  KvProbe(int64_t b, int64_t layers, int64_t prompt, int64_t capacity, uint32_t seed)
-      : B(b), cap(capacity), budget(policy->budget(prompt)), budgets(size_t(b), budget), ls(size_t(layers)),
+  KvProbe(int64_t b, int64_t layers, int64_t prompt, int64_t capacity, uint32_t seed, int64_t group = 1)
+      : pc(kv_probe_model(group)), B(b), cap(capacity), budget(policy->budget(prompt)), budgets(size_t(b), budget), ls(size_t(layers)),
         before(size_t(b)), after(size_t(b)), seen(size_t(b)), rng(seed) {
     for (Layer& l : ls) {
       l.scores.resize(size_t(B * pc.n_heads * cap));
@@ -146,15 +148,15 @@ struct KvProbe {
   }
 };
 
-// Seconds per (sequence, KV head) row of decode decisions in an arena of `threads`, and the row's
-// slots: 32 sequences over 8 layers, each row holding the budget's slots plus the new one, through the
+// Seconds per (sequence, KV head) row of decode decisions in an arena of `threads`, `group` query
+// heads per KV head, and the row's slots: 32 sequences over 8 layers, each row holding the budget's slots plus the new one, through the
 // engine's own apply_kv_policy (scores summed, one victim chosen per row, the newest row moved
 // into its slot). The rows' positions are a prefill's (the recent window whole), which the
 // policy's one-pass decode choice relies on. The state and scores are 5 MB in all at 512, 20 MB
 // at 2048; the layers share two K/V buffers.
-std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt, int threads) {
+std::pair<double, int64_t> kv_policy_row(double min_seconds, int64_t prompt, int threads, int64_t group = 1) {
   const int64_t kept = kv_probe_policy()->budget(prompt).kept(prompt);
-  KvProbe p(32, 8, prompt, kept + 1, 7);
+  KvProbe p(32, 8, prompt, kept + 1, 7, group);
   const int64_t heavy = p.budget.heavy, cap = p.cap;
   std::vector<uint16_t> k(size_t(p.B * p.kvh * cap * p.pc.head_dim), f32_to_f16(0.01f)), v(k);
   // As a prefill leaves a row: heavy hitters spread over the older prompt, then the recent
@@ -439,7 +441,8 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     h.device_attention_decode = h.host_attention = 4.0 * 16 * double(H * hd) * 512 / td;
   }
   // KV-policy decisions: a decode row's time at two sizes gives its time per slot and its fixed
-  // part, a prefill row's its own time per slot, on one thread. The engine spreads a segment's
+  // part, a prefill row's its own time per slot, on one thread; a row of 8 query heads per KV head
+  // what each further head's sum adds to a slot. The engine spreads a segment's
   // sequences over the device's threads; what that gains (memory bandwidth and the spread of
   // sequences bound it) is measured as the one-thread time over the all-thread time.
   {
@@ -450,6 +453,9 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     h.host_kv_policy_row = std::max(0.0, t1 - double(n1) * slot);
     const double tp = kv_prefill_row(o.min_seconds, 512);
     h.host_kv_prefill = 512 / std::max(tp - h.host_kv_policy_row, 1e-3 * tp);
+    const int64_t group = 8;
+    const double tg = kv_policy_row(o.min_seconds, 512, 1, group).first;
+    h.host_kv_group = double((group - 1) * n1) / std::max(tg - t1, 1e-3 * tg);
     const int threads = int(dev.threads());
     const double tn = threads > 1 ? kv_policy_row(o.min_seconds, 512, threads).first : t1;
     h.host_kv_threads = std::clamp(t1 / tn, 1.0, double(threads));

@@ -3,8 +3,8 @@
 // between buffers), NVMe reads/writes through DiskStore + IoBackend (large sequential, and
 // KV-sized chunks), GEMM / attention rates of kernels/cpu at prefill and decode shapes, and
 // the extra cost of a GEMV over Q4 weights (dequant_gbps, device and host alike), and the KV
-// policy's decisions (host_kv_policy: decode and prefill rates on one thread, and what all the
-// device's threads gain over one).
+// policy's decisions (host_kv_policy: decode and prefill rates on one thread, what a grouped
+// query head adds, and what all the device's threads gain over one).
 // Blocking; takes a few seconds; writes and removes a scratch store under offload_dir; its GEMV
 // probe holds twice the last-level cache (at most 1 GiB) of memory while it runs.
 #pragma once

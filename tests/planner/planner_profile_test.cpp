@@ -68,6 +68,9 @@ TEST(PlannerProfile, MissingOrNegativeFieldsAreNamed) {
   j = good;
   j["host_kv_policy"]["prefill_mslots"] = -1;
   expect_error(j, "host_kv_policy.prefill_mslots");
+  j = good;
+  j["host_kv_policy"]["group_mslots"] = "many";
+  expect_error(j, "host_kv_policy.group_mslots");
 }
 
 // The KV-policy rates survive a file; a profile without them leaves decisions free (0), and one
@@ -77,6 +80,7 @@ TEST(PlannerProfile, KvPolicyRateRoundTripsAndDefaultsToFree) {
   HardwareProfile h = big_profile();
   EXPECT_GT(h.host_kv_policy, 0);
   h.host_kv_prefill = 3.3e7;
+  h.host_kv_group = 2.2e9;
   h.host_kv_policy_row = 0.4e-6;
   h.host_kv_threads = 12.5;
   const HardwareProfile back = HardwareProfile::from_json(h.to_json(), "back.json");
@@ -84,6 +88,7 @@ TEST(PlannerProfile, KvPolicyRateRoundTripsAndDefaultsToFree) {
   EXPECT_DOUBLE_EQ(back.host_kv_prefill, 3.3e7);
   EXPECT_DOUBLE_EQ(back.kv_policy_rate(true), 3.3e7);
   EXPECT_DOUBLE_EQ(back.kv_policy_rate(false), h.host_kv_policy);
+  EXPECT_DOUBLE_EQ(back.host_kv_group, 2.2e9);
   EXPECT_DOUBLE_EQ(back.host_kv_policy_row, h.host_kv_policy_row);
   EXPECT_DOUBLE_EQ(back.host_kv_threads, 12.5);  // a measured gain, not a count
   nlohmann::json old = h.to_json();
@@ -95,6 +100,7 @@ TEST(PlannerProfile, KvPolicyRateRoundTripsAndDefaultsToFree) {
   const HardwareProfile free = HardwareProfile::from_json(old, "old.json");
   EXPECT_EQ(free.host_kv_policy, 0);
   EXPECT_EQ(free.host_kv_prefill, 0);
+  EXPECT_EQ(free.host_kv_group, 0);
   EXPECT_EQ(free.host_kv_policy_row, 0);
   EXPECT_EQ(free.host_kv_threads, 1);
 }
@@ -106,21 +112,27 @@ TEST(PlannerProfile, MeasuresTheKvPolicyRate) {
   const HardwareProfile m = measure_profile(dev, o);
   EXPECT_GT(m.host_kv_policy, 1e6) << "under a million slots a second";
   EXPECT_GT(m.host_kv_prefill, 1e6) << "under a million slots a second at a prefill";
+  EXPECT_GT(m.host_kv_group, 1e6) << "a grouped query head's sum under a million slots a second";
   EXPECT_LT(m.host_kv_policy_row, 1e-3);
 }
 
 // Every (sequence, KV head, layer) row a bounded policy decides costs the host queue
 // after / rate + row seconds, wherever the sequence's KV lives: the device's rows in UpdateCache,
 // the host's inside host attention (decode) or UpdateCache (prefill, after the device compacts
-// them); a prefill's rows at the prefill rate. The full cache decides nothing. tiny-opt's
-// segments are under the parallel threshold.
-TEST(PlannerKvPolicyTime, EveryDecidedRowCostsTheHostQueue) {
-  const ModelConfig c = Model::load_dir(model_dir("tiny-opt")).config();
+// them); a prefill's rows at the prefill rate, and each slot (group - 1) / group rate more where
+// query heads share a KV head (tiny-llama: 2 a head; tiny-opt: 1, which adds nothing). The full
+// cache decides nothing. The tiny models' segments are under the parallel threshold.
+class PlannerKvPolicyTimeOf : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PlannerKvPolicyTimeOf, EveryDecidedRowCostsTheHostQueue) {
+  const ModelConfig c = Model::load_dir(model_dir(GetParam())).config();
+  const int64_t group = c.n_heads / c.n_kv_heads;
   HardwareProfile free = big_profile(), priced = big_profile();
   free.device = priced.device = DeviceKind::kCpu;
   free.host_kv_policy = 0;
   priced.host_kv_policy = 5e7;
   priced.host_kv_prefill = 1.5e7;
+  priced.host_kv_group = 4e8;
   priced.host_kv_policy_row = 2e-6;
   KvPolicyConfig h2o;
   h2o.kind = KvPolicyKind::kH2o;
@@ -140,14 +152,16 @@ TEST(PlannerKvPolicyTime, EveryDecidedRowCostsTheHostQueue) {
     CostModel cf(ModelShape::from_config(c), free, w), cp(ModelShape::from_config(c), priced, w);
     const double host = cp.estimate(p).busy[size_t(Queue::kHost)] - cf.estimate(p).busy[size_t(Queue::kHost)];
     const double rows = double(p.block_size() * c.n_kv_heads * c.n_layers);
-    const double want = rows * (double(prompt) / priced.host_kv_prefill + priced.host_kv_policy_row) +
-                        double(gen - 1) * rows * ((kept + 1) / priced.host_kv_policy + priced.host_kv_policy_row);
+    const double sum = double(group - 1) / priced.host_kv_group;  // a slot's further heads
+    const double want = rows * (double(prompt) * (1 / priced.host_kv_prefill + sum) + priced.host_kv_policy_row) +
+                        double(gen - 1) * rows * ((kept + 1) * (1 / priced.host_kv_policy + sum) + priced.host_kv_policy_row);
     EXPECT_NEAR(host, want, 1e-9 * want);
     const Workload full{prompt, gen, {}};
     CostModel ff(ModelShape::from_config(c), free, full), fp(ModelShape::from_config(c), priced, full);
     EXPECT_EQ(fp.estimate(p).busy[size_t(Queue::kHost)], ff.estimate(p).busy[size_t(Queue::kHost)]);
   }
 }
+INSTANTIATE_TEST_SUITE_P(TinyModels, PlannerKvPolicyTimeOf, ::testing::Values("tiny-opt", "tiny-llama"));
 
 // Segments past the engine's parallel threshold share the host's threads (OPT-30B, 48 sequences a
 // micro-batch: 16 threads cost a sixteenth); one sequence a micro-batch stays on one thread.
