@@ -115,6 +115,7 @@ int run_pipeline_plan(const PlanArgs& a, const Env& env, const ModelConfig& c, c
   o.stages = a.pipeline_stages;
   o.groups = a.groups;
   o.search.overlap = parse_flag_bool(a.overlap, "--overlap");
+  o.search.sep_layer = parse_flag_bool(a.sep_layer, "--sep-layer");
   search_compression(a.compress_weight, a.compress_cache, a.allow_compress, a.no_compress, o.search);
   if (!a.stage_link.empty()) o.link = resolve_stage_link(a.stage_link, env.configs_dir);
   const PipelinePlan p = plan_pipeline(c, {hw}, w, o);
@@ -236,6 +237,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
   } else {
     SearchOptions so;
     so.overlap = parse_flag_bool(a.overlap, "--overlap");
+    so.sep_layer = parse_flag_bool(a.sep_layer, "--sep-layer");
     search_compression(a.compress_weight, a.compress_cache, a.allow_compress, a.no_compress, so);
     PlanResult r = search_policy(cm, so);
     e = r.best;

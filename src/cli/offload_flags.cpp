@@ -29,17 +29,19 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
       ->check(at_least(1))->group(g);
   app->add_flag("--cpu-cache-compute,--cpu", a.cpu_cache_compute,
                 "Decode attention on the host where the KV cache lives")->group(g);
+  // Not given: a --policy file's value, else true (so a file's false is not overridden by a default).
   app->add_option("--overlap", a.overlap, "Overlap transfers with compute (true/false)")
-      ->capture_default_str()->check(flag_bool_check())->group(g);
+      ->default_str("true")->check(flag_bool_check())->group(g);
   app->add_option("--sep-layer", a.sep_layer,
                   "Attention and MLP are separate placement and streaming units, as FlexGen (false: whole layers)")
-      ->capture_default_str()->check(flag_bool_check())->group(g);
+      ->default_str("true")->check(flag_bool_check())->group(g);
   app->add_option("--pin-weight", a.pin_weight,
                   "Host-homed weights in page-locked memory on a GPU (the checkpoint's pages locked in place "
-                  "when possible)")->capture_default_str()->check(flag_bool_check())->group(g);
+                  "when possible)")->default_str("true")->check(flag_bool_check())->group(g);
   app->add_option("--policy", a.policy_file,
-                  "JSON policy file (fields of the flags above, or `flexh2o plan --json` output; flags override "
-                  "it), or \"auto\": the planner picks")
+                  "JSON policy file (fields of the flags above, or `flexh2o plan --json` output; flags given "
+                  "override it), or \"auto\": the planner picks (--overlap and --sep-layer given are searched "
+                  "under, --pin-weight applied)")
       ->group(g);
   app->add_option("--hardware", a.hardware,
                   "Hardware profile for --policy auto: a name in configs/hardware or a file (default: measure this machine)")
@@ -154,12 +156,18 @@ std::optional<bool> bool_word(const std::string& s) {
   if (s == "false" || s == "0" || s == "off" || s == "no") return false;
   return std::nullopt;
 }
-std::string bool_word_error(const std::string& s) { return "must be true or false, got \"" + s + "\""; }
+std::string bool_word_error(const std::string& s) {
+  return "must be true or false (or 1/0, on/off, yes/no), got \"" + s + "\"";
+}
 }  // namespace
 
 bool parse_flag_bool(const std::string& s, const char* flag) {
   if (const std::optional<bool> b = bool_word(s)) return *b;
   FH_FAIL(flag, " ", bool_word_error(s));
+}
+
+bool flag_bool_or(const std::string& s, bool otherwise, const char* flag) {
+  return s.empty() ? otherwise : parse_flag_bool(s, flag);
 }
 
 CLI::Validator flag_bool_check() {
@@ -231,9 +239,9 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   if (a.cpu_cache_compute) p.cpu_cache_compute = true;
   if (a.compress_weight) p.compress_weight = true;
   if (a.compress_cache) p.compress_cache = true;
-  p.overlap = parse_flag_bool(a.overlap, "--overlap");
-  p.sep_layer = parse_flag_bool(a.sep_layer, "--sep-layer");
-  p.pin_weight = parse_flag_bool(a.pin_weight, "--pin-weight");
+  p.overlap = flag_bool_or(a.overlap, p.overlap, "--overlap");
+  p.sep_layer = flag_bool_or(a.sep_layer, p.sep_layer, "--sep-layer");
+  p.pin_weight = flag_bool_or(a.pin_weight, p.pin_weight, "--pin-weight");
   p.validate();
   if (!a.gpu_mem.empty()) o.device_mem = parse_bytes(a.gpu_mem, "--gpu-mem");
   if (!a.cpu_mem.empty()) o.host_mem = parse_bytes(a.cpu_mem, "--cpu-mem");
@@ -291,9 +299,12 @@ void cap_profile_memory(const std::string& gpu_mem, const std::string& cpu_mem, 
 }
 
 SearchOptions auto_search(const OffloadArgs& a, int64_t requests) {
-  if (!a.percent.empty() || a.gpu_batch_size || a.num_gpu_batches)
-    FH_FAIL("--policy auto chooses --percent / --gpu-batch-size / --num-gpu-batches itself; drop them");
+  if (!a.percent.empty() || a.gpu_batch_size || a.num_gpu_batches || a.cpu_cache_compute)
+    FH_FAIL("--policy auto chooses --percent / --gpu-batch-size / --num-gpu-batches / --cpu-cache-compute itself; "
+            "drop them");
   SearchOptions so;
+  so.overlap = flag_bool_or(a.overlap, true, "--overlap");
+  so.sep_layer = flag_bool_or(a.sep_layer, true, "--sep-layer");
   so.max_block = requests;
   so.allow_disk = !a.offload_dir.empty();
   search_compression(a.compress_weight, a.compress_cache, a.allow_compress, a.no_compress, so);
@@ -322,7 +333,7 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
                                                    ? std::optional<DType>(dev.weight_dtype(DType::F32))
                                                    : std::nullopt);
   Policy p = e.policy;
-  p.overlap = parse_flag_bool(a.overlap, "--overlap");
+  p.pin_weight = flag_bool_or(a.pin_weight, true, "--pin-weight");
   log << "flexh2o: --policy auto on " << hw.name << ": " << p.str() << " (predicted " << e.throughput
       << " tok/s on the profile, bottleneck " << e.bottleneck << ")\n";
   return p;

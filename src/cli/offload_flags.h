@@ -20,7 +20,9 @@ struct OffloadArgs {
   std::vector<double> percent;  // 6 numbers
   int64_t gpu_batch_size = 0, num_gpu_batches = 0;
   bool cpu_cache_compute = false, verify_store = true;
-  std::string overlap = "true", sep_layer = "true", pin_weight = "true";
+  // --overlap / --sep-layer / --pin-weight as given; empty when not given: a --policy file's
+  // value then stands, else true (flag_bool_or).
+  std::string overlap, sep_layer, pin_weight;
   std::string policy_file, offload_dir, gpu_mem, cpu_mem, disk_mem, io = "auto";
   std::string hardware;  // profile for --policy auto (name in configs/hardware or a path)
   std::string trace;     // --trace FILE: the schedule's steps as Chrome trace-event JSON
@@ -39,6 +41,8 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a);
 // false|0|off|no; throws naming `flag` on anything else. add_offload_flags checks these words
 // at parse time too (CLI11: flag_bool_check()), so a bad value fails in memory as well.
 bool parse_flag_bool(const std::string& s, const char* flag);
+// parse_flag_bool(s) where the flag was given (s not empty), else `otherwise`.
+bool flag_bool_or(const std::string& s, bool otherwise, const char* flag);
 CLI::Validator flag_bool_check();
 // An integer option's check: refuses values below `min` with "must be at least MIN, got V"
 // (CLI11's PositiveNumber prints a floating-point range instead).

@@ -111,7 +111,7 @@ PipelineLayout choose_layout(const GenerateArgs& a, const Env& env, const Model&
   l.groups = int(pp.groups);
   for (const StagePlan& s : pp.stages) {
     Policy p = s.estimate.policy;
-    p.overlap = parse_flag_bool(a.offload.overlap, "--overlap");
+    p.pin_weight = flag_bool_or(a.offload.pin_weight, true, "--pin-weight");
     l.policies.push_back(policy_to_json(p).dump());
   }
   l.split = "planned on " + hw.name;

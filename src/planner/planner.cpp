@@ -86,6 +86,7 @@ std::optional<Estimate> best_placement(CostModel& cm, const SearchOptions& o, in
           p.act_cpu_percent = act ? 100 : 0;
           p.cpu_cache_compute = cpu;
           p.overlap = o.overlap;
+          p.sep_layer = o.sep_layer;
           for (bool cw : cws) {
             for (bool ckv : ccs) {
               p.compress_weight = cw;
@@ -110,29 +111,40 @@ std::optional<Estimate> best_placement(CostModel& cm, const SearchOptions& o, in
 PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
   const HardwareProfile& hw = cm.hardware();
   const auto [cws, ccs] = compression_choices(cm, o);
-  // Infeasible outright: the weights plus one sequence's KV exceed all tiers together.
+  // Infeasible outright: the weights plus one sequence's KV exceed all tiers together, however
+  // the weights are placed. Batch 1, the cache on disk, the weights either resident on the device
+  // (no streaming buffers: the least in all) or streamed from the host (a tied head sharing the
+  // embedding's home), whichever needs less.
   {
-    Policy tiny;
-    tiny.gpu_batch_size = tiny.num_gpu_batches = 1;
-    // Weights streamed from the host (where a tied head shares the embedding's home), the cache
-    // on disk.
-    tiny.w_gpu_percent = 0;
-    tiny.w_cpu_percent = 100;
-    tiny.cache_gpu_percent = tiny.cache_cpu_percent = 0;
-    tiny.act_gpu_percent = 100;
-    tiny.act_cpu_percent = 0;
-    tiny.compress_weight = cws.back();  // the smallest the search may make it
-    tiny.compress_cache = ccs.back();
-    const auto m = cm.memory(tiny, o.groups);
-    const double need = double(m[0] + m[1] + m[2]);
+    auto tiny = [&](bool resident, bool q4) {
+      Policy t;
+      t.gpu_batch_size = t.num_gpu_batches = 1;
+      t.w_gpu_percent = resident ? 100 : 0;
+      t.w_cpu_percent = resident ? 0 : 100;
+      t.cache_gpu_percent = t.cache_cpu_percent = 0;
+      t.act_gpu_percent = 100;
+      t.act_cpu_percent = 0;
+      t.compress_weight = q4 || cws.back();  // the smallest the search may make it
+      t.compress_cache = q4 || ccs.back();
+      const auto m = cm.memory(t, o.groups);
+      return std::pair{t, double(m[0] + m[1] + m[2])};
+    };
+    const auto [resident, on_device] = tiny(true, false);
+    const double need = std::min(on_device, tiny(false, false).second);
     const double have = (hw.shared_memory ? 0 : hw.usable(0)) + hw.usable(1) + (o.allow_disk ? hw.usable(2) : 0);
+    // Where the search keeps full precision, whether 4 bits would fit (lossy: the user's call).
+    const double q4 = std::min(tiny(true, true).second, tiny(false, true).second);
+    const bool q4_fits = !(resident.compress_weight && resident.compress_cache) && q4 <= have;
     if (need > have)
       FH_FAIL("infeasible: ", cm.shape().config.name, " needs at least ", gb(need), " (weights ",
-              gb(double(cm.shape().total_bytes(tiny))), tiny.compress_weight ? " at 4 bits" : "", " + one sequence's KV and buffers) but the tiers of ", hw.name,
+              gb(double(cm.shape().weight_bytes(resident))), resident.compress_weight ? " at 4 bits" : "",
+              " + one sequence's KV and buffers) but the tiers of ", hw.name,
               " hold ", gb(have), " usable together (device ", gb(hw.usable(0)), ", host ", gb(hw.usable(1)),
               hw.shared_memory ? " shared with the device" : "",
               o.allow_disk ? ", disk " + gb(hw.usable(2)) : std::string(", no disk: homing data on disk needs an offload directory (--offload-dir)"),
-              "): short by ", gb(need - have));
+              "): short by ", gb(need - have),
+              q4_fits ? "; 4-bit weights and KV cache (lossy: --compress-weight --compress-cache, or --allow-compress "
+                        "with --policy auto) would need " + gb(q4) : std::string());
   }
   PlanResult r;
   bool found = false;

@@ -20,7 +20,7 @@ struct SearchOptions {
   bool allow_cpu_cache_compute = true;
   bool allow_act_on_host = true;
   bool allow_disk = true;         // weights / KV may be homed on disk
-  bool overlap = true;
+  bool overlap = true, sep_layer = true;  // fixed, not searched
   // 4-bit compression (Policy::compress_weight / compress_cache): a value fixes it; unset
   // searches both settings when the profile prices dequantization (prices_compression()),
   // else leaves it off.

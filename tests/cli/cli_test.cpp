@@ -359,7 +359,9 @@ TEST(Cli, TrueFalseFlagsAreCheckedAndReadAlikeEverywhere) {
   for (const char* flag : {"--overlap", "--sep-layer", "--pin-weight"}) {
     RunResult r = flexh2o("generate -m " + kOpt + " --prompt hi -n 1 " + flag + " maybe");
     EXPECT_EQ(r.code, 2) << flag;
-    EXPECT_NE(r.err.find(std::string(flag) + ": must be true or false, got \"maybe\""), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(std::string(flag) + ": must be true or false (or 1/0, on/off, yes/no), got \"maybe\""),
+              std::string::npos)
+        << r.err;
   }
   const std::string t4 = (fs::path(FLEXH2O_TEST_DATA) / "../../configs/hardware/t4-paper.json").string();
   const std::string run = "generate -m " + kOpt + " --prompt hi -n 1 --policy auto --no-compress --gpu-mem 8MiB --hardware " + t4;
@@ -373,6 +375,45 @@ TEST(Cli, TrueFalseFlagsAreCheckedAndReadAlikeEverywhere) {
   EXPECT_EQ(on.err.find("--overlap false"), std::string::npos) << on.err;
   RunResult plan = flexh2o("plan -m " + kOpt + " --hardware " + t4 + " --prompt-len 8 --gen-len 2 --overlap 0");
   EXPECT_EQ(plan.code, 0) << plan.err;
+}
+
+// A policy file's overlap / sep_layer / pin_weight stand unless the flag is given (the flags'
+// default used to override the file's false). --policy auto searches under --overlap and
+// --sep-layer and applies --pin-weight; it refuses --cpu-cache-compute, which it chooses;
+// plan searches under --sep-layer.
+TEST(Cli, PolicyFileFalseStandsAndAutoHonoursTheSwitches) {
+  TempDir tmp;
+  const fs::path file = tmp.path() / "p.json", rep = tmp.path() / "r.json";
+  std::ofstream(file) << R"({"percent": [10, 90, 40, 60, 100, 0], "gpu_batch_size": 2, "num_gpu_batches": 1,
+                            "overlap": false, "sep_layer": false, "pin_weight": false})";
+  auto policy_of = [&](const std::string& flags) {
+    RunResult r = flexh2o("generate -m " + kOpt + " --prompt hi -n 2 --device cpu --report " + rep.string() + " " + flags);
+    EXPECT_EQ(r.code, 0) << flags << "\n" << r.err;
+    return r.code == 0 ? read_json(rep)["offload"]["policy"] : json();
+  };
+  json p = policy_of("--policy " + file.string());
+  EXPECT_EQ(p["overlap"], false);
+  EXPECT_EQ(p["sep_layer"], false);
+  EXPECT_EQ(p["pin_weight"], false);
+  p = policy_of("--policy " + file.string() + " --overlap true --sep-layer 1");
+  EXPECT_EQ(p["overlap"], true);
+  EXPECT_EQ(p["sep_layer"], true);
+  EXPECT_EQ(p["pin_weight"], false);
+  const std::string t4 = (fs::path(FLEXH2O_TEST_DATA) / "../../configs/hardware/t4-paper.json").string();
+  const std::string autop = "--policy auto --no-compress --gpu-mem 8MiB --hardware " + t4;
+  p = policy_of(autop);
+  EXPECT_EQ(p["sep_layer"], true);
+  EXPECT_EQ(p["pin_weight"], true);
+  p = policy_of(autop + " --sep-layer false --pin-weight off --overlap no");
+  EXPECT_EQ(p["sep_layer"], false);
+  EXPECT_EQ(p["pin_weight"], false);
+  EXPECT_EQ(p["overlap"], false);
+  RunResult cpu = flexh2o("generate -m " + kOpt + " --prompt hi -n 1 --device cpu --cpu-cache-compute " + autop);
+  EXPECT_NE(cpu.code, 0);
+  EXPECT_NE(cpu.err.find("--cpu-cache-compute itself"), std::string::npos) << cpu.err;
+  RunResult plan = flexh2o("plan -m " + kOpt + " --hardware " + t4 + " --prompt-len 8 --gen-len 2 --sep-layer false --json");
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  EXPECT_EQ(json::parse(plan.out)["policy"]["sep_layer"], false) << plan.out;
 }
 
 // --compress-weight / --compress-cache on generate: in memory and offloaded (by the flags, or by

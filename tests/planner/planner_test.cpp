@@ -467,6 +467,39 @@ TEST(PlannerSearch, AllOnDeviceWhenEverythingFits) {
   EXPECT_EQ(p.cache_gpu_percent, 100);
 }
 
+// The outright-infeasible check takes the least any placement needs: weights resident on the
+// device need no streaming buffers, so a shared-memory machine (the CPU device) whose RAM holds
+// them once, but not with the buffers of streaming them from the host, runs them resident
+// (opt-125m: the check used to refuse it). Short of even that, the message says what 4 bits need.
+TEST(PlannerSearch, TheLeastAPlacementNeedsDecidesFeasibility) {
+  ModelConfig c = ModelConfig::from_file(std::filesystem::path(FLEXH2O_SOURCE_CONFIGS) / "models" / "opt-125m.json");
+  c.name = "opt-125m";
+  const Workload w{16, 4, {}};
+  auto need = [&](const HardwareProfile& h, int w_gpu, bool q4) {
+    Policy p = test::policy_of(w_gpu ? "100 0 0 0 100 0" : "0 100 0 0 100 0", 1, 1, false);
+    p.compress_weight = p.compress_cache = q4;
+    const auto m = CostModel(ModelShape::from_config(c), h, w).memory(p);
+    return double(m[0] + m[1] + m[2]);
+  };
+  HardwareProfile h = small_profile(0, 0, 1);
+  h.shared_memory = true;
+  const double resident = need(h, 100, false), streamed = need(h, 0, false);
+  ASSERT_LT(resident, streamed - 1e6);
+  h.device_memory = h.host_memory = (resident + streamed) / 2;
+  SearchOptions full;
+  full.compress_weight = full.compress_cache = false;
+  CostModel cm(ModelShape::from_config(c), h, w);
+  EXPECT_EQ(search_policy(cm, full).best.policy.w_gpu_percent, 100);
+  h.device_memory = h.host_memory = (need(h, 100, true) + resident) / 2;
+  CostModel small(ModelShape::from_config(c), h, w);
+  try {
+    search_policy(small, full);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4-bit weights and KV cache"), std::string::npos) << e.what();
+  }
+}
+
 TEST(PlannerSearch, InfeasibleStatesTheShortfall) {
   ModelConfig c = ModelConfig::from_file(std::filesystem::path(FLEXH2O_SOURCE_CONFIGS) / "models" / "opt-175b.json");
   c.name = "opt-175b";

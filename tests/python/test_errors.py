@@ -52,7 +52,7 @@ def test_parse_error_has_cli11_message():
         with pytest.raises(flexh2o.Error) as e:
             flexh2o.LLM(str(TINY["opt"]), device="cpu", **{flag: "maybe"})
         dashed = "--" + flag.replace("_", "-")
-        assert f'{dashed}: must be true or false, got "maybe"' in str(e.value)
+        assert f'{dashed}: must be true or false (or 1/0, on/off, yes/no), got "maybe"' in str(e.value)
         assert str(e.value) in cli_error(dashed, "maybe")
 
 
