@@ -139,6 +139,9 @@ void OffloadEngine::Impl::begin_batch(int64_t B, int64_t cap) {
   dev.synchronize();
   if (allocated) spare_dims = dims();
   for (MicroBatch& mb : mbs) {
+    // Its KV files go before this batch's are created: check_batch weighs a batch's files against
+    // the disk's free space alone, and a file renamed over holds its blocks until then.
+    for (const std::string& name : mb.kv_disk) e.store_->remove(name).throw_if_error();
     for (Buffer& b : mb.kv_host) retire(b);
     retire(mb.hidden_host);
   }

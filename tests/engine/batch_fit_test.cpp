@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "engine/cpu_device.h"
 #include "engine/forwarding_runner.h"
@@ -140,6 +141,34 @@ INSTANTIATE_TEST_SUITE_P(Placements, BatchFit,
 
 // Two batches, the second longer: without the check its prefill fails after the first batch's
 // results were handed out; with it generate() refuses before any.
+// check_batch weighs each batch's KV files against the disk's free space alone, so a batch's
+// files must be gone before the next batch creates its own (a full disk at the second batch,
+// found by a user on a small tmpfs, where the check had passed).
+TEST(BatchFit, ANewBatchRemovesTheLastBatchsKvFilesFirst) {
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  test::TempDir dir;
+  OffloadOptions o;
+  o.policy = test::policy_of("100 0 0 0 100 0", 2, 2, false);
+  o.offload_dir = dir.path();
+  OffloadEngine eng(model, dev, o);
+  auto kv_files = [&] {
+    int n = 0;
+    for (const auto& f : std::filesystem::directory_iterator(dir.path()))
+      n += f.path().filename().string().rfind("kv.", 0) == 0;
+    return n;
+  };
+  std::vector<float> logits;
+  const std::vector<int32_t> ids(12, 262), pos = {0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2};
+  eng.begin_batch(4, 8);
+  eng.step(ids.data(), pos.data(), 3, nullptr, logits);
+  EXPECT_EQ(kv_files(), 2 * model.config().n_layers);  // a file a layer and micro-batch
+  eng.begin_batch(3, 20);
+  EXPECT_EQ(kv_files(), 0);
+  eng.step(ids.data(), pos.data(), 3, nullptr, logits);
+  EXPECT_EQ(kv_files(), 2 * model.config().n_layers);
+}
+
 TEST(BatchFit, GenerateRefusesBeforeTheFirstResult) {
   Model model = Model::load_dir(model_dir("tiny-opt"));
   CpuDevice dev(2);
