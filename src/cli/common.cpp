@@ -83,6 +83,13 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
   }
   lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   lm.warning = unused_tensors_warning(*lm.model);
+  // A table padded past the tokenizer is common (OPT: 50272 rows, 50265 tokens; Qwen2.5: 99.8%);
+  // far fewer tokens than rows is another model's tokenizer, whose text would be wrong.
+  const int64_t rows = lm.model->config().vocab_size;
+  if (lm.tokenizer && int64_t(lm.tokenizer->vocab_size()) * 100 < rows * 99)
+    lm.warning += detail::concat("flexh2o: warning: the tokenizer has ", lm.tokenizer->vocab_size(),
+                                 " tokens and the model's vocabulary ", rows, " (the ids past the tokenizer's decode "
+                                 "to no text); is it this model's tokenizer (--tokenizer)?\n");
   return lm;
 }
 

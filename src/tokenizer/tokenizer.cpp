@@ -81,7 +81,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
   std::string raw;
   bool first = true;
   for (int32_t id : ids) {
-    if (skip_special && is_special(id)) continue;
+    if (!known(id) || (skip_special && is_special(id))) continue;
     if (im.decode.join_with_space && !first) raw.push_back(' ');
     raw.append(token_bytes(id));
     first = false;
@@ -99,20 +99,19 @@ std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos; }
 std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos; }
 std::optional<int32_t> Tokenizer::pad_id() const { return impl_->pad; }
 
-bool Tokenizer::is_special(int32_t id) const {
-  FH_CHECK(id >= 0 && id < vocab_size(), "token id ", id, " is out of range [0, ", vocab_size(), ")");
-  return impl_->special[id] != 0;
+bool Tokenizer::known(int32_t id) const {
+  FH_CHECK(id >= 0, "token id ", id, " is negative");
+  return id < vocab_size();
 }
+
+bool Tokenizer::is_special(int32_t id) const { return known(id) && impl_->special[id] != 0; }
 
 const std::string& Tokenizer::token_string(int32_t id) const {
   FH_CHECK(id >= 0 && id < vocab_size(), "token id ", id, " is out of range [0, ", vocab_size(), ")");
   return impl_->token_strings[id];
 }
 
-std::string Tokenizer::token_bytes(int32_t id) const {
-  FH_CHECK(id >= 0 && id < vocab_size(), "token id ", id, " is out of range [0, ", vocab_size(), ")");
-  return impl_->token_bytes[id];
-}
+std::string Tokenizer::token_bytes(int32_t id) const { return known(id) ? impl_->token_bytes[id] : std::string(); }
 
 // ---------------------------------------------------------------------------------------------
 // StreamingDecoder
@@ -122,7 +121,7 @@ StreamingDecoder::StreamingDecoder(const Tokenizer& tok, bool skip_special)
     : tok_(&tok), skip_special_(skip_special) {}
 
 std::string StreamingDecoder::push(int32_t id) {
-  if (tok_->is_special(id) && skip_special_) return {};  // is_special also range-checks id
+  if (!tok_->known(id) || (tok_->is_special(id) && skip_special_)) return {};
   const auto& plan = tok_->impl_->decode;
   if (plan.join_with_space && !first_token_) pending_.push_back(' ');
   first_token_ = false;

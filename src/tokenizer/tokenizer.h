@@ -38,17 +38,20 @@ class Tokenizer {
   // (OPT: </s>=2 first; LLaMA: <s> first). Special-token text in `text` is always matched.
   std::vector<int32_t> encode(std::string_view text, bool add_special) const;
   // Concatenated text; special tokens are rendered as their strings unless skip_special.
-  // Invalid UTF-8 byte sequences become U+FFFD.
+  // Invalid UTF-8 byte sequences become U+FFFD. Ids past the vocabulary (a model's table padded
+  // past its tokenizer's, as OPT's 50272 rows over 50265 tokens) add no text, as in Hugging Face
+  // tokenizers; a negative id throws.
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
   int32_t vocab_size() const;  // largest id + 1, added tokens included
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;
   std::optional<int32_t> pad_id() const;
-  bool is_special(int32_t id) const;
+  bool is_special(int32_t id) const;  // false past the vocabulary
   // Raw vocabulary string of a token (e.g. "Ġworld"); throws for out-of-range ids.
   const std::string& token_string(int32_t id) const;
-  // The bytes a token decodes to (e.g. " world"); may be a partial UTF-8 sequence.
+  // The bytes a token decodes to (e.g. " world"); may be a partial UTF-8 sequence; none past the
+  // vocabulary.
   std::string token_bytes(int32_t id) const;
 
   struct Impl;
@@ -56,6 +59,7 @@ class Tokenizer {
  private:
   friend class StreamingDecoder;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  bool known(int32_t id) const;  // id < vocab_size(); throws for a negative id
   std::unique_ptr<Impl> impl_;
 };
 

@@ -150,6 +150,17 @@ TEST(Cli, HubIdResolvesFromLocalCache) {
   EXPECT_NE(absent.err.find("huggingface-cli download facebook/opt-1.3b"), std::string::npos) << absent.err;
 }
 
+// Another model's tokenizer with far fewer tokens than the model's rows: the run says so up
+// front and its ids past the tokenizer decode to no text (they used to end the run after the
+// first batch with an internal error).
+TEST(Cli, ATokenizerShortOfTheModelsVocabularyIsNamedAndItsIdsAddNoText) {
+  RunResult r = flexh2o("generate -m opt-125m --tokenizer " + kOpt + " --prompt hi -n 6 --device cpu --seed 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("the tokenizer has 4096 tokens and the model's vocabulary 50272"), std::string::npos) << r.err;
+  RunResult own = flexh2o("generate -m " + kOpt + " --prompt hi -n 2 --device cpu");
+  EXPECT_EQ(own.err.find("warning"), std::string::npos) << own.err;
+}
+
 TEST(Cli, TokenizeAndDetokenizeRoundTrip) {
   TempDir tmp;
   auto cases = read_json(model_dir("tiny-opt") / "reference/tokenizer_cases.json");

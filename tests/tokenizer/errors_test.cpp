@@ -143,12 +143,31 @@ TEST(TokenizerJsonErrors, StructuralProblems) {
   expect_load_error(dir.path(), {"tokenizer.json", "not valid JSON"});
 }
 
-TEST(Decode, OutOfRangeIdThrows) {
-  const auto tok = Tokenizer::load(data_dir() / "tiny-opt");
-  const std::vector<int32_t> bad{5, 999999};
-  EXPECT_THROW((void)tok.decode(bad), Error);
-  StreamingDecoder dec(tok);
-  EXPECT_THROW((void)dec.push(-3), Error);
+// Ids past the vocabulary (a model's table padded past its tokenizer's, which sampling can draw)
+// add no text anywhere in a sequence, as Hugging Face tokenizers drop them, and stream so; a
+// negative id is a bug and throws.
+TEST(Decode, IdsPastTheVocabularyAddNoTextNegativeIdsThrow) {
+  for (const char* name : {"tiny-opt", "tiny-llama"}) {
+    SCOPED_TRACE(name);
+    const auto tok = Tokenizer::load(data_dir() / name);
+    const int32_t past = tok.vocab_size(), far = 999999;
+    const std::vector<int32_t> ids = tok.encode("In the beginning God created", true);
+    std::vector<int32_t> with = {past};
+    for (int32_t id : ids) with.insert(with.end(), {id, far});
+    for (bool skip : {false, true}) {
+      EXPECT_EQ(tok.decode(with, skip), tok.decode(ids, skip));
+      StreamingDecoder a(tok, skip), b(tok, skip);
+      std::string sa, sb;
+      for (int32_t id : with) sa += a.push(id);
+      for (int32_t id : ids) sb += b.push(id);
+      EXPECT_EQ(sa + a.flush(), sb + b.flush());
+    }
+    EXPECT_FALSE(tok.is_special(past));
+    EXPECT_EQ(tok.token_bytes(far), "");
+    EXPECT_THROW((void)tok.decode(std::vector<int32_t>{5, -1}), Error);
+    StreamingDecoder dec(tok);
+    EXPECT_THROW((void)dec.push(-3), Error);
+  }
 }
 
 }  // namespace
