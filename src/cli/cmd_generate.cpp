@@ -208,11 +208,13 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     return line;
   };
   // One result line for item i; the --prompt-only mode prints just the text.
-  int64_t kept_tokens = 0;  // generated tokens in the result lines written (an interrupt drops others)
+  std::vector<int64_t> emitted;  // each line emitted, in order: its results' generated tokens, -1 an error's
   auto emit = [&](size_t i) {
     const GenerateItem& it = items[i];
+    int64_t tokens = it.error.empty() ? 0 : -1;
     if (it.error.empty())
-      for (size_t k = 0; k < it.reqs.size(); ++k) kept_tokens += int64_t(ready[it.first_req + k]->tokens.size());
+      for (size_t k = 0; k < it.reqs.size(); ++k) tokens += int64_t(ready[it.first_req + k]->tokens.size());
+    emitted.push_back(tokens);
     json o{{"id", it.id}};
     if (is_batch) {
       o = batch_line(it);
@@ -236,6 +238,15 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     if (out_file) out_file->write(jsonl_line(o));
     else std::cout << jsonl_line(o);
   };
+  // The results the output holds (a failed write's torn line and later lines not among them; all
+  // emitted where it is standard output): their count and generated tokens.
+  auto kept = [&] {
+    const size_t n = out_file ? std::min(out_file->lines_written(), emitted.size()) : emitted.size();
+    std::pair<size_t, int64_t> k{0, 0};
+    for (size_t i = 0; i < n; ++i)
+      if (emitted[i] >= 0) ++k.first, k.second += emitted[i];
+    return k;
+  };
   // Results are written in input order as soon as all earlier ones are done.
   size_t next = 0;
   auto flush = [&] {
@@ -248,12 +259,12 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   CpuDevice dev(dp ? dp->threads(a.threads) : pipe ? pipe->threads(a.threads) : a.threads);
   Forward fwd(*lm.model, dev);
   // The run report: the engine's (run_report) and the requests' counts.
-  auto report_with = [&](const RunSetup& rs, const GenerateStats& st, size_t finished, bool interrupted) {
+  auto report_with = [&](const RunSetup& rs, const GenerateStats& st, bool interrupted) {
     json report = run_report(lm, rs, st, dev, device);
     report["requests"] = items.size();
     report["failed_requests"] = bad;
-    report["finished_requests"] = finished;
-    report["kept_tokens"] = kept_tokens;
+    report["finished_requests"] = kept().first;  // in the output: what --resume skips
+    report["kept_tokens"] = kept().second;
     report["resumed_requests"] = skipped;  // already in --output (--resume)
     report["interrupted"] = interrupted;
     report["sort_window"] = a.sort_window;
@@ -268,7 +279,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     flush();  // the lines that failed
     if (out_file) out_file->commit();
     if (!a.report.empty())
-      write_json_file(a.report, report_with(unplaced_run_setup(a.offload, a.kv, *lm.model), GenerateStats{}, 0, false),
+      write_json_file(a.report, report_with(unplaced_run_setup(a.offload, a.kv, *lm.model), GenerateStats{}, false),
                       "--report");
     if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
     return bad ? 1 : 0;
@@ -294,7 +305,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     } catch (const PlacementStopped& e) {  // a harness that always reads --report learns that nothing ran
       try {
         if (!a.report.empty()) {
-          json report = report_with(unplaced_run_setup(a.offload, a.kv, *lm.model), GenerateStats{}, 0, true);
+          json report = report_with(unplaced_run_setup(a.offload, a.kv, *lm.model), GenerateStats{}, true);
           report["interrupted_while"] = e.what();
           write_json_file(a.report, report, "--report");
         }
@@ -384,7 +395,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       if (!done[i] && (!items[i].error.empty() || items[i].ready())) emit(i);
     if (out_file) out_file->commit();
   };
-  auto report_of = [&] { return report_with(rs, st, finished, st.interrupted); };
+  auto report_of = [&] { return report_with(rs, st, st.interrupted); };
   if (!stages && !dp) {
     try {
       generate(*runner, run_reqs, go, &st);
@@ -395,11 +406,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       // written twice); a second failure while keeping them is dropped: the first is the cause.
       // Under mpirun the ranks' own paths keep what finished.
       progress.finish();
-      bool kept = false;
+      bool all_kept = false;
       try {
         if (!out_file || !out_file->failed()) {
           keep_finished();
-          kept = true;
+          all_kept = true;
         }
       } catch (const std::exception&) {
       }
@@ -411,7 +422,12 @@ int run_generate(const GenerateArgs& args, const Env& env) {
         }
       } catch (const std::exception&) {
       }
-      if (kept && finished > 0)
+      if (out_file && out_file->failed() && resumable())
+        std::cerr << "flexh2o: " << a.output << " holds " << kept().first << " of the " << to_run
+                  << " requests' results (a torn last line, which --resume drops, aside); the same command with "
+                  << (a.overwrite ? "--resume in place of --overwrite" : "--resume")
+                  << " finishes the run once the cause below is fixed\n";
+      else if (all_kept && finished > 0)
         std::cerr << "flexh2o: " << finished << " of " << to_run << " requests finished before the error below"
                   << (!resumable() ? std::string()
                                        : "; their results are in " + a.output + ", and the same command with " +
@@ -438,8 +454,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
             << report["total_seconds"].get<double>() << " s (" << report["tokens_per_s"].get<double>()
             << " tok/s; prefill " << st.prefill_seconds << " s, decode " << st.decode_seconds << " s"
             << (dp ? ", summed over the ranks" : "") << ")\n";
-  if (st.interrupted && kept_tokens != st.generated_tokens)  // unfinished requests' tokens: work, not results
-    std::cerr << "flexh2o: " << kept_tokens << " of those tokens are in the " << finished
+  if (st.interrupted && kept().second != st.generated_tokens)  // unfinished requests' tokens: work, not results
+    std::cerr << "flexh2o: " << kept().second << " of those tokens are in the " << kept().first
               << " results written; the unfinished requests' are dropped\n";
   if (a.continuous && (stages || dp))
     std::cerr << "flexh2o: --continuous: "

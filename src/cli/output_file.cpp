@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -177,6 +178,7 @@ void OutputFile::flush() {
       buf_.erase(0, done);
       fail("write", err);
     }
+    lines_ += size_t(std::count(buf_.begin() + std::ptrdiff_t(done), buf_.begin() + std::ptrdiff_t(done + size_t(n)), '\n'));
     done += size_t(n);
   }
   buf_.clear();

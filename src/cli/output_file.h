@@ -71,6 +71,9 @@ class OutputFile {
   // A write, fsync, close or rename failed: what is buffered may be in the file in part, so the
   // caller writes nothing more (a retried line would be there twice).
   bool failed() const { return failed_; }
+  // Complete lines of this object's that the file at path() holds: those written (a failed
+  // write's torn line not among them); for kReplace, none until commit() has renamed the file.
+  size_t lines_written() const { return tmp_.empty() ? lines_ : 0; }
 
  private:
   [[noreturn]] void fail(const char* what, int err) const;
@@ -80,6 +83,7 @@ class OutputFile {
   int fd_ = -1;
   bool regular_ = false;
   std::string buf_;
+  size_t lines_ = 0;
   mutable bool failed_ = false;
 };
 

@@ -180,15 +180,27 @@ TEST_F(Resume, ASignalDeliveredTwiceAtOnceStopsInOrder) {
 
 // The output's own disk fills mid-run (a file-size limit of 2 or 4 KiB, sh's or bash's blocks, of
 // the ~7.4 KB the results take): the write's error ends the run, nothing is written after it (a
-// retried line could land twice), no "finished" claim is made, and --resume (cutting the torn
-// last line) completes the run.
+// retried line could land twice), the run says how many results the file holds and that --resume
+// finishes it, the report counts those (not the results the engine finished, nor the torn one),
+// and --resume (cutting the torn last line) completes the run.
 TEST_F(Resume, AnOutputThatFillsMidRunFailsAndResumeFinishes) {
-  const fs::path out = tmp_.path() / "out.jsonl";
-  RunResult r = flexh2o::test::run_flexh2o(gen_args(in_, out), "trap '' XFSZ; ulimit -f 4;");
+  const fs::path out = tmp_.path() / "out.jsonl", rep = tmp_.path() / "run.json";
+  RunResult r = flexh2o::test::run_flexh2o(gen_args(in_, out) + " --report " + rep.string(), "trap '' XFSZ; ulimit -f 4;");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("cannot write --output"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("finished before the error below"), std::string::npos) << r.err;
+  const std::string left = read_text(out);
+  const size_t lines = size_t(std::count(left.begin(), left.end(), '\n'));
+  EXPECT_NE(r.err.find("holds " + std::to_string(lines) + " of the " + std::to_string(kRequests) +
+                       " requests' results"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("with --resume finishes the run"), std::string::npos) << r.err;
+  const json report = json::parse(read_text(rep));
+  EXPECT_EQ(report["finished_requests"].get<size_t>(), lines);
+  int64_t kept = 0;
+  for (size_t at = 0, nl; (nl = left.find('\n', at)) != std::string::npos; at = nl + 1)
+    kept += int64_t(json::parse(left.substr(at, nl - at))["token_ids"].size());
+  EXPECT_EQ(report["kept_tokens"].get<int64_t>(), kept);
   resume_and_compare(out);
 }
 
