@@ -138,7 +138,7 @@ std::unique_ptr<DiskStore> DiskStore::open(const fs::path& dir, std::string iden
   RunLease lease;
   {
     // The lease is created under the directory lock, so a cleaner never sees it unlocked.
-    StoreDirLock lock = StoreDirLock::acquire(dir, opts.on_wait);
+    StoreDirLock lock = StoreDirLock::acquire(dir, opts.on_wait, StoreDirLock::Mode::kExclusive, opts.still_waiting);
     remove_stale_run_files(dir, {});
     lease = RunLease::start(dir);
   }
@@ -165,10 +165,12 @@ std::unique_ptr<DiskStore> DiskStore::open(const fs::path& dir, std::string iden
   }
   fd.reset();
   ::unlink(probe.c_str());
-  if (w != ssize_t(kIoAlign))
-    FH_FAIL("offload directory '", dir.string(), "' is not writable: ", std::strerror(werr));
+  if (w < 0) FH_FAIL("offload directory '", dir.string(), "' is not writable: ", std::strerror(werr));
+  if (w != ssize_t(kIoAlign))  // a file-size limit (ulimit -f) or a disk with less than a page free
+    FH_FAIL("offload directory '", dir.string(), "' took ", w, " of a ", kIoAlign,
+            "-byte test write: is its disk full, or a file-size limit (ulimit -f) set?");
   return std::unique_ptr<DiskStore>(
-      new DiskStore(dir, std::move(identity), io, direct, std::move(note), std::move(lease), opts.on_wait));
+      new DiskStore(dir, std::move(identity), io, direct, std::move(note), std::move(lease), opts));
 }
 
 std::unique_ptr<DiskStore> DiskStore::open_read_only(const fs::path& dir, std::string identity, IoBackend& io,
@@ -189,7 +191,7 @@ std::unique_ptr<DiskStore> DiskStore::open_read_only(const fs::path& dir, std::s
     break;
   }
   auto s = std::unique_ptr<DiskStore>(new DiskStore(dir, std::move(identity), io, direct, std::move(note), RunLease(),
-                                                    opts.on_wait));
+                                                    opts));
   s->read_only_ = true;
   return s;
 }
@@ -202,13 +204,14 @@ Status DiskStore::read_only_error(std::string_view name) const {
 }
 
 DiskStore::DiskStore(fs::path dir, std::string identity, IoBackend& io, bool direct, std::string note, RunLease lease,
-                     std::function<void()> on_wait)
+                     const DiskStoreOptions& opts)
     : dir_(std::move(dir)),
       identity_(std::move(identity)),
       io_(io),
       direct_(direct),
       io_note_(std::move(note)),
-      on_wait_(std::move(on_wait)),
+      on_wait_(opts.on_wait),
+      still_waiting_(opts.still_waiting),
       lease_(std::move(lease)) {}
 
 DiskStore::~DiskStore() {
@@ -227,7 +230,7 @@ std::string DiskStore::run_name(std::string_view base) const {
 }
 
 StoreDirLock DiskStore::lock_dir(StoreDirLock::Mode mode) const {
-  return StoreDirLock::acquire(dir_, on_wait_, mode);
+  return StoreDirLock::acquire(dir_, on_wait_, mode, still_waiting_);
 }
 
 fs::path DiskStore::path_of(std::string_view name) const {

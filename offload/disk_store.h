@@ -42,6 +42,9 @@ struct DiskStoreOptions {
   // Called once (may be empty) when open() or lock_dir() has to wait for another run that holds
   // the directory lock, before blocking: a caller can say why nothing seems to happen.
   std::function<void()> on_wait;
+  // Called about every 50 ms while waiting (empty: the wait blocks in flock); it may throw to
+  // give up waiting (a stop signal), and the exception leaves open() or lock_dir().
+  std::function<void()> still_waiting;
 };
 
 // How much of a reused entry to check before trusting it.
@@ -156,7 +159,7 @@ class DiskStore {
 
  private:
   DiskStore(std::filesystem::path dir, std::string identity, IoBackend& io, bool direct, std::string note,
-            RunLease lease, std::function<void()> on_wait);
+            RunLease lease, const DiskStoreOptions& opts);
   static std::unique_ptr<DiskStore> open_read_only(const std::filesystem::path& dir, std::string identity,
                                                    IoBackend& io, const DiskStoreOptions& opts);
   [[nodiscard]] Status read_only_error(std::string_view name) const;
@@ -173,7 +176,7 @@ class DiskStore {
   bool direct_;
   bool read_only_ = false;
   std::string io_note_;
-  std::function<void()> on_wait_;
+  std::function<void()> on_wait_, still_waiting_;
   std::mutex mu_;  // guards entries_
   std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_;
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0};

@@ -76,7 +76,8 @@ std::string_view run_token_of(std::string_view name) {
 
 // ---- StoreDirLock ----------------------------------------------------------------------------
 
-StoreDirLock StoreDirLock::acquire(const fs::path& dir, const std::function<void()>& on_wait, Mode mode) {
+StoreDirLock StoreDirLock::acquire(const fs::path& dir, const std::function<void()>& on_wait, Mode mode,
+                                   const std::function<void()>& still_waiting) {
   const int op = mode == Mode::kShared ? LOCK_SH : LOCK_EX;
   const fs::path path = dir / kDirLockName;
   StoreDirLock l;
@@ -97,7 +98,14 @@ StoreDirLock StoreDirLock::acquire(const fs::path& dir, const std::function<void
   if (errno == EWOULDBLOCK) {
     if (on_wait) on_wait();
     int rc;
-    while ((rc = ::flock(l.fd_, op)) != 0 && errno == EINTR) {
+    if (still_waiting) {
+      do {
+        ::usleep(50000);
+        still_waiting();  // may throw: l closes its descriptor, holding nothing
+      } while ((rc = ::flock(l.fd_, op | LOCK_NB)) != 0 && (errno == EWOULDBLOCK || errno == EINTR));
+    } else {
+      while ((rc = ::flock(l.fd_, op)) != 0 && errno == EINTR) {
+      }
     }
     if (rc == 0) return l;
   }

@@ -23,9 +23,11 @@ class StoreDirLock {
   enum class Mode { kShared, kExclusive };
   StoreDirLock() = default;
   // Blocks until held. When another holder makes it wait, calls on_wait() (may be empty) once
-  // before blocking. Throws flexh2o::Error naming the lock file when it cannot be opened/locked.
+  // before waiting, then still_waiting() (when given) about every 50 ms until held: what it
+  // throws ends the wait. Throws flexh2o::Error naming the lock file when it cannot be
+  // opened/locked.
   static StoreDirLock acquire(const std::filesystem::path& dir, const std::function<void()>& on_wait = {},
-                              Mode mode = Mode::kExclusive);
+                              Mode mode = Mode::kExclusive, const std::function<void()>& still_waiting = {});
   StoreDirLock(StoreDirLock&& o) noexcept;
   StoreDirLock& operator=(StoreDirLock&& o) noexcept;
   StoreDirLock(const StoreDirLock&) = delete;

@@ -65,6 +65,10 @@ std::unique_ptr<OffloadEngine> place_engine(const Model& model, Device& dev, Off
                                             human_bytes(total), " placed); the store files written stay for the "
                                             "next run"));
   };
+  o.while_waiting = [stop] {
+    if (stop && stop->load(std::memory_order_relaxed))
+      throw PlacementStopped("stopped while waiting for another run's lock on the offload directory");
+  };
   auto eng = std::make_unique<OffloadEngine>(model, dev, o);
   place.finish();
   return eng;

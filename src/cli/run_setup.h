@@ -74,9 +74,10 @@ struct StageRun {
 };
 // The offloading engine of `model` on `dev` under `o`, drawing a "[place weights]" progress line
 // (--progress `progress`; none when placing takes under a second) while the weights are placed.
-// Once `*stop` is set (a stop signal) it throws PlacementStopped at the next weight placed:
-// writing a large store to disk takes minutes, and the files already written stay for the next
-// run. Null: placing is not stopped.
+// Once `*stop` is set (a stop signal) it throws PlacementStopped at the next weight placed, or
+// while it waits for another run's lock on the offload directory: writing a large store to disk
+// takes minutes, and the files already written stay for the next run. Null: placing is not
+// stopped.
 struct PlacementStopped : Error {
   using Error::Error;
 };

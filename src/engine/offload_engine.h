@@ -60,6 +60,9 @@ struct OffloadOptions {
   // place), device and host homes as they are uploaded or copied, disk homes as their store
   // files are checked or written. Null: none. The engine drops it once constructed.
   std::function<void(uint64_t done, uint64_t total)> on_place;
+  // Called by the constructor about every 50 ms while another run holds the offload directory's
+  // lock (DiskStoreOptions::still_waiting); what it throws ends the construction. Null: it waits.
+  std::function<void()> while_waiting;
   // Tests only: edits each token step's schedule before it runs (e.g. drops a dependency).
   std::function<void(Schedule&)> edit_schedule;
 };

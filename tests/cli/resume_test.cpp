@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -235,6 +236,47 @@ TEST_F(Resume, NothingToRunPlacesNoWeights) {
   EXPECT_TRUE(lines[0].contains("error") && lines[1].contains("error"));
   report = json::parse(read_text(rep));
   EXPECT_EQ(report["failed_requests"], 2);
+}
+
+// A file-size limit below a page (sh's ulimit -f 1: 512 bytes) makes the offload directory's test
+// write short: the error says so, instead of "not writable" with a stale errno.
+TEST(ResumePlacement, AShortTestWriteInTheOffloadDirectoryIsNamed) {
+  TempDir tmp;
+  RunResult r = flexh2o::test::run_flexh2o("generate -m " + kOpt + " --prompt hi -n 1 --percent 0 0 0 0 100 0 --offload-dir " +
+                                               (tmp.path() / "s").string(),
+                                           "trap '' XFSZ; ulimit -f 1;");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("-byte test write: is its disk full, or a file-size limit (ulimit -f) set?"), std::string::npos)
+      << r.err;
+}
+
+// A stop signal while another run holds the offload directory's lock (building a large store
+// takes minutes): the wait ends at once, exit 130, the output untouched.
+TEST(ResumePlacement, AStopWhileWaitingForAnotherRunsLockEndsTheWait) {
+  TempDir tmp;
+  const fs::path store = tmp.path() / "s", out = tmp.path() / "out.jsonl", err = tmp.path() / "err";
+  fs::create_directories(store);
+  const int lock = open((store / "flexh2o.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_EQ(flock(lock, LOCK_EX), 0);  // another run's lock, held until the end of the test
+  const pid_t pid = spawn("generate -m " + kOpt + " --prompt hi -n 2 -o " + out.string() +
+                              " --percent 0 0 0 0 100 0 --offload-dir " + store.string(),
+                          err);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_text(err).find("waiting for another run") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto sent = std::chrono::steady_clock::now();
+  kill(pid, SIGINT);
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0 && std::chrono::steady_clock::now() - sent < std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  close(lock);  // a run that still waits gets the lock now, and ends
+  if (waited >= 20) waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st)) << read_text(err);
+  EXPECT_EQ(WEXITSTATUS(st), 130) << read_text(err);
+  EXPECT_NE(read_text(err).find("stopped while waiting for another run's lock"), std::string::npos) << read_text(err);
+  EXPECT_LT(waited, 20.0) << "the stop waited for the lock";
+  EXPECT_FALSE(fs::exists(out));
 }
 
 // A stop signal while the weights are placed (a large store takes minutes to write): exit 130,

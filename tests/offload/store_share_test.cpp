@@ -121,6 +121,29 @@ TEST_F(DirFixture, SharedLocksCoexistAnExclusiveOneWaits) {
   EXPECT_TRUE(held.load());
 }
 
+// A wait for another run's lock polls still_waiting, whose exception ends it (a stop signal while
+// another run builds the store: the wait used to block in flock until that run let go); with it
+// the lock is still taken once released.
+TEST_F(DirFixture, AWaitEndsWhenStillWaitingThrows) {
+  StoreDirLock other = StoreDirLock::acquire(dir);
+  int waits = 0, ticks = 0;
+  EXPECT_THROW(StoreDirLock::acquire(dir, [&] { ++waits; }, StoreDirLock::Mode::kShared,
+                                     [&] {
+                                       if (++ticks == 3) throw Error("stop");
+                                     }),
+               Error);
+  EXPECT_EQ(waits, 1);
+  EXPECT_EQ(ticks, 3);
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    other.release();
+  });
+  StoreDirLock mine = StoreDirLock::acquire(dir, {}, StoreDirLock::Mode::kExclusive, [&] { ++ticks; });
+  release.join();
+  EXPECT_TRUE(mine.held());
+  EXPECT_GT(ticks, 3);
+}
+
 TEST(RunToken, IsFoundInAnyComponent) {
   EXPECT_EQ(run_token_of("kv.L0.mb0.run-1f2e-0123456789abcdef.fhs"), "run-1f2e-0123456789abcdef");
   EXPECT_EQ(run_token_of("w.a.fhs.run-1-0123456789abcdef.7.tmp"), "run-1-0123456789abcdef");
