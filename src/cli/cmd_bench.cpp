@@ -23,7 +23,7 @@ void register_bench(CLI::App& app, BenchArgs& a) {
       ->check(at_least(1));
   b->add_option("--gen-len", a.gen_len, "Generated tokens per sequence (EOS ignored)")->capture_default_str()
       ->check(at_least(1));
-  b->add_option("--num-prompts", a.num_prompts, "Sequences (default: one block, or --batch-size)")
+  b->add_option("--num-prompts", a.num_prompts, "Sequences (default: one block, or --batch-size; with --policy auto, the block it plans)")
       ->check(at_least(1));
   b->add_option("--batch-size,-b", a.batch_size,
                 "Sequences in a batch. With offloading flags the batch is the policy's block "
@@ -81,7 +81,8 @@ int run_bench(const BenchArgs& a, const Env& env) {
   const ModelConfig& c = lm.model->config();
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
-  const int64_t guess = a.num_prompts ? a.num_prompts : a.batch_size;
+  // --policy auto without a count plans the block freely and runs one (FlexGen's benchmark).
+  const int64_t guess = a.num_prompts ? a.num_prompts : off.policy_file == "auto" && !a.batch_size_given ? 0 : a.batch_size;
   off.progress = a.progress;
   RunSetup rs = make_run_setup(off, a.kv, a.batch_size, *lm.model, fwd, dev, env, a.prompt_len, a.gen_len,
                                guess, device, std::cerr);

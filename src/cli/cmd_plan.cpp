@@ -202,6 +202,8 @@ int run_plan(const PlanArgs& a, const Env& env) {
   w.prompt_len = a.prompt_len;
   w.gen_len = a.gen_len;
   w.kv_dtype = a.kv_dtype == "f32" ? DType::F32 : a.kv_dtype == "bf16" ? DType::BF16 : a.kv_dtype == "q4" ? DType::Q4 : DType::F16;
+  if (a.compress_cache && (a.kv_dtype == "bf16" || a.kv_dtype == "f32"))  // as generate and bench refuse it
+    FH_FAIL("--compress-cache stores the KV cache as q4, but --kv-dtype ", a.kv_dtype, " was given; drop one");
   {  // validated for the full cache too: --heavy-ratio without --kv-policy h2o is a mistake, not a no-op
     KvPolicyConfig kv = a.kv;
     kv.kind = a.kv_policy.empty() ? KvPolicyKind::kFull : parse_kv_policy_kind(a.kv_policy);

@@ -296,6 +296,9 @@ void cap_profile_memory(const std::string& gpu_mem, const std::string& cpu_mem, 
   if (!gpu_mem.empty()) hw.device_memory = double(parse_bytes(gpu_mem, "--gpu-mem"));
   if (!cpu_mem.empty()) hw.host_memory = double(parse_bytes(cpu_mem, "--cpu-mem"));
   if (!disk_mem.empty()) hw.disk_memory = double(parse_bytes(disk_mem, "--disk-mem"));
+  // Both budgets on a machine whose device and host share RAM (the CPU device) split that RAM: the
+  // engine bounds each tier by its own, and so does the plan.
+  if (hw.shared_memory && !gpu_mem.empty() && !cpu_mem.empty()) hw.shared_memory = false;
 }
 
 SearchOptions auto_search(const OffloadArgs& a, int64_t requests) {

@@ -85,7 +85,8 @@ HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& 
                              DeviceKind kind, const std::string& device_name, std::ostream& log);
 SearchOptions auto_search(const OffloadArgs& a, int64_t requests);
 // --gpu-mem / --cpu-mem / --disk-mem (empty: not given) as the profile's tier capacities, as
-// --policy auto and plan take them.
+// --policy auto and plan take them; on a shared-memory profile both --gpu-mem and --cpu-mem
+// bound their own tiers, as the engine does.
 void cap_profile_memory(const std::string& gpu_mem, const std::string& cpu_mem, const std::string& disk_mem,
                         HardwareProfile& hw);
 // What a search (--policy auto, plan) may choose for compression, into `so`: on where asked

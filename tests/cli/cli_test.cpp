@@ -499,6 +499,16 @@ TEST(Cli, BenchRunsFixedLengthWorkloadsWithPoliciesAndPresets) {
   RunResult bad = flexh2o("bench -m " + kOpt + " --prompt-len 8 --gen-len 5 --top-p 0");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("top_p must be in (0, 1], got 0"), std::string::npos) << bad.err;
+  // --policy auto without a count runs one block of the planner's own choosing (it was capped at
+  // -b's default of 8 sequences).
+  const std::string t4 = (fs::path(FLEXH2O_TEST_DATA) / "../../configs/hardware/t4-paper.json").string();
+  RunResult planned = flexh2o("bench -m " + kOpt + " --prompt-len 8 --gen-len 2 --device cpu --policy auto --no-compress "
+                              "--gpu-mem 8MiB --hardware " + t4 + " --report " + rep.string());
+  ASSERT_EQ(planned.code, 0) << planned.err;
+  j = read_json(rep);
+  const json& pol = j["offload"]["policy"];
+  EXPECT_EQ(j["workload"]["prompts"], pol["gpu_batch_size"].get<int64_t>() * pol["num_gpu_batches"].get<int64_t>());
+  EXPECT_GT(j["workload"]["prompts"].get<int64_t>(), 8) << pol;
 }
 
 TEST(Cli, EvalPplMatchesReference) {

@@ -3,6 +3,8 @@
 // messages; memory caps replace the profile's capacities.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
@@ -67,6 +69,28 @@ TEST(PlanCli, MemoryCapsReplaceTheProfilesCapacities) {
   const auto bad = run_flexh2o(plan + " --gpu-mem lots");
   EXPECT_EQ(bad.code, 2);  // refused as the flags are parsed
   EXPECT_NE(bad.err.find("--gpu-mem"), std::string::npos) << bad.err;
+}
+
+// On a profile whose device and host share RAM (the CPU device's), --gpu-mem and --cpu-mem given
+// together split it: each bounds its own tier, as the engine bounds them; one alone still bounds
+// both tiers together. --compress-cache beside another --kv-dtype is refused, as generate does.
+TEST(PlanCli, BothBudgetsOnASharedMachineBoundTheirOwnTiers) {
+  flexh2o::test::TempDir tmp;
+  json h = json::parse(std::ifstream(std::filesystem::path(FLEXH2O_SOURCE_CONFIGS) / "hardware" / "h200.json"));
+  h["shared_memory"] = true;
+  const std::filesystem::path prof = tmp.path() / "shared.json";
+  std::ofstream(prof) << h.dump();
+  const std::string plan = "plan -m opt-1.3b --hardware " + prof.string() +
+                           " --prompt-len 8 --gen-len 2 --percent 60 40 100 0 100 0 --gpu-batch-size 2 "
+                           "--num-gpu-batches 1 --cpu-mem 2GiB --json";
+  const auto both = run_flexh2o(plan + " --gpu-mem 2GiB"), host_only = run_flexh2o(plan);
+  ASSERT_EQ(both.code, 0) << both.err;
+  ASSERT_EQ(host_only.code, 0) << host_only.err;
+  EXPECT_TRUE(json::parse(both.out)["fits"].get<bool>()) << both.out;
+  EXPECT_FALSE(json::parse(host_only.out)["fits"].get<bool>()) << host_only.out;  // 2.6 GB of weights in 2 GiB
+  const auto q4 = run_flexh2o("plan -m opt-125m --hardware h200 --kv-dtype bf16 --compress-cache");
+  EXPECT_EQ(q4.code, 1);
+  EXPECT_NE(q4.err.find("--kv-dtype bf16 was given; drop one"), std::string::npos) << q4.err;
 }
 
 TEST(PipelineCli, MisusedFlagsFailClearly) {
