@@ -66,6 +66,10 @@ PriorResults read_prior_results(const std::string& path) {
         : j.is_object() && j.contains("id") && (j.contains("error") || j.contains("token_ids")) ? resume_key(j["id"])
                                                                                                 : std::nullopt;
     const bool unkeyed = is_batch && !key && batch::output_line_failed(j);
+    if (!key && !unkeyed && j.is_discarded() && prior.format)  // after result lines: a damaged one
+      FH_FAIL("--resume: ", path, ":", lineno, " is not valid JSON, after result lines: a damaged line. Delete it "
+              "(its request then runs again) and rerun with --resume, which keeps the other results; --overwrite "
+              "would start over");
     if (!key && !unkeyed)
       FH_FAIL("--resume: ", path, ":", lineno, " is not a result line with a string or number \"id\" (nor a Batch "
               "output line with a \"custom_id\"); refusing to append to a file flexh2o did not write (move it "

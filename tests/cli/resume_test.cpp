@@ -339,6 +339,17 @@ TEST_F(Resume, PartialLastLineIsCutAndForeignFilesAreRefused) {
   r = flexh2o::test::run_flexh2o(gen_args(in_, other) + " --resume");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("has id \"x9\", which is not in"), std::string::npos) << r.err;
+  // A line damaged between results (a disk error, an editor) is named as such, not as a file
+  // flexh2o did not write; deleting it lets --resume finish.
+  const fs::path damaged = tmp_.path() / "damaged.jsonl";
+  std::ofstream(damaged) << want_.at("r0").dump() << "\n" << want_.at("r1").dump().substr(0, 20) << "\n"
+                         << want_.at("r2").dump() << "\n";
+  r = flexh2o::test::run_flexh2o(gen_args(in_, damaged) + " --resume");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("damaged.jsonl:2 is not valid JSON, after result lines: a damaged line"), std::string::npos)
+      << r.err;
+  std::ofstream(damaged) << want_.at("r0").dump() << "\n" << want_.at("r2").dump() << "\n";
+  resume_and_compare(damaged);
 }
 
 // Ids key --resume, so a file whose ids repeat (explicitly, or an explicit id equal to another
