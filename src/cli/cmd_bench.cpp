@@ -81,8 +81,8 @@ int run_bench(const BenchArgs& a, const Env& env) {
   const ModelConfig& c = lm.model->config();
   CpuDevice dev(a.threads);
   Forward fwd(*lm.model, dev);
-  // --policy auto without a count plans the block freely and runs one (FlexGen's benchmark).
-  const int64_t guess = a.num_prompts ? a.num_prompts : off.policy_file == "auto" && !a.batch_size_given ? 0 : a.batch_size;
+  // --policy auto without a count plans the block uncapped and runs one (FlexGen's benchmark).
+  const int64_t guess = a.num_prompts ? a.num_prompts : off.policy_file == "auto" ? kUncappedBlock : a.batch_size;
   off.progress = a.progress;
   RunSetup rs = make_run_setup(off, a.kv, a.batch_size, *lm.model, fwd, dev, env, a.prompt_len, a.gen_len,
                                guess, device, std::cerr);

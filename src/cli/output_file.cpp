@@ -146,7 +146,7 @@ OutputFile::OutputFile(NamedPath where, Mode mode) : where_(std::move(where)) {
 
 OutputFile::OutputFile(OutputFile&& o) noexcept
     : where_(std::move(o.where_)), target_(std::move(o.target_)), tmp_(std::move(o.tmp_)), fd_(o.fd_),
-      regular_(o.regular_), buf_(std::move(o.buf_)) {
+      regular_(o.regular_), buf_(std::move(o.buf_)), lines_(o.lines_), failed_(o.failed_) {
   o.fd_ = -1;
   o.tmp_.clear();
 }

@@ -86,7 +86,8 @@ std::unique_ptr<OffloadEngine> place_engine(const Model& model, Device& dev, Off
                                             const std::atomic<bool>* stop = nullptr);
 
 // The run's device, KV policy and runner from the flags. `requests`: how many sequences the run
-// has, which caps the block --policy auto chooses (0: no cap, a run of one planned block).
+// has, which caps the block --policy auto chooses (at least 1; kUncappedBlock: no cap).
+constexpr int64_t kUncappedBlock = int64_t(1) << 40;
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
                         int64_t requests, const std::string& device, std::ostream& log, int cuda_index = 0,

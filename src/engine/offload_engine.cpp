@@ -132,7 +132,8 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
   }
   impl_->place_weights();
   impl_->build_views();
-  opts_.on_place = nullptr;  // the caller's progress need not outlive construction
+  opts_.on_place = nullptr;  // the caller's progress and stop need not outlive construction
+  opts_.while_waiting = nullptr;
 }
 
 OffloadEngine::~OffloadEngine() {

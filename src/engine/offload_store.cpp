@@ -48,7 +48,9 @@ void OffloadEngine::open_store(IoBackend& io) {
     say(opts_, detail::concat("offload store ", dir.string(), ": waiting for another run that holds ",
                               (dir / "flexh2o.lock").string(), " (it is cleaning up or building weight files)"));
   };
-  so.still_waiting = opts_.while_waiting;
+  so.still_waiting = [this] {  // through opts_, which drops it once the engine is built
+    if (opts_.while_waiting) opts_.while_waiting();
+  };
   store_ = DiskStore::open(dir, manifest_digest(impl_->store_manifest), io, so);
 }
 

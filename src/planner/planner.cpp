@@ -143,8 +143,10 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
               hw.shared_memory ? " shared with the device" : "",
               o.allow_disk ? ", disk " + gb(hw.usable(2)) : std::string(", no disk: homing data on disk needs an offload directory (--offload-dir)"),
               "): short by ", gb(need - have),
-              q4_fits ? "; 4-bit weights and KV cache (lossy: --compress-weight --compress-cache, or --allow-compress "
-                        "with --policy auto) would need " + gb(q4) : std::string());
+              !q4_fits ? std::string()
+                       : "; 4-bit weights and KV cache (lossy: --compress-weight --compress-cache" +
+                             std::string(hw.prices_compression() ? ", or --allow-compress with --policy auto" : "") +
+                             ") would need " + gb(q4));
   }
   PlanResult r;
   bool found = false;

@@ -453,16 +453,16 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     h.host_kv_policy_row = std::max(0.0, t1 - double(n1) * slot);
     const double tp = kv_prefill_row(o.min_seconds, 512);
     h.host_kv_prefill = 512 / std::max(tp - h.host_kv_policy_row, 1e-3 * tp);
-    // Grouped rows beside plain ones, interleaved, the best of each kept: their difference is
+    // Grouped rows beside plain ones, interleaved, the best of three each: their difference is
     // small, and one noisy moment would otherwise make it near zero. A further head costs at
     // least a hundredth of a slot (it reads that head's scores).
     const int64_t group = 8;
-    double p1 = t1, pg = 1e300;
+    double p1 = 1e300, pg = 1e300;
     for (int i = 0; i < 3; ++i) {
       p1 = std::min(p1, kv_policy_row(o.min_seconds / 3, 512, 1).first);
       pg = std::min(pg, kv_policy_row(o.min_seconds / 3, 512, 1, group).first);
     }
-    h.host_kv_group = double(group - 1) / std::max((pg - p1) / double(n1), 0.01 * slot);
+    h.host_kv_group = double(group - 1) / std::max((pg - p1) / double(n1), double(group - 1) * 0.01 * slot);
     const int threads = int(dev.threads());
     const double tn = threads > 1 ? kv_policy_row(o.min_seconds, 512, threads).first : t1;
     h.host_kv_threads = std::clamp(t1 / tn, 1.0, double(threads));

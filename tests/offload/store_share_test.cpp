@@ -134,14 +134,11 @@ TEST_F(DirFixture, AWaitEndsWhenStillWaitingThrows) {
                Error);
   EXPECT_EQ(waits, 1);
   EXPECT_EQ(ticks, 3);
-  std::thread release([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(120));
-    other.release();
+  StoreDirLock mine = StoreDirLock::acquire(dir, {}, StoreDirLock::Mode::kExclusive, [&] {
+    if (++ticks == 5) other.release();  // the other run lets go while this one waits
   });
-  StoreDirLock mine = StoreDirLock::acquire(dir, {}, StoreDirLock::Mode::kExclusive, [&] { ++ticks; });
-  release.join();
   EXPECT_TRUE(mine.held());
-  EXPECT_GT(ticks, 3);
+  EXPECT_EQ(ticks, 5);
 }
 
 TEST(RunToken, IsFoundInAnyComponent) {

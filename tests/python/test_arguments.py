@@ -110,6 +110,17 @@ def test_encode_and_decode_arguments(llms):
     assert llm.decode(llm.encode("hi", add_special=False)) == "hi"
 
 
+def test_ids_past_the_tokenizer_decode_to_no_text():
+    # A model's table padded past its tokenizer (here opt-125m's 50272 rows over tiny-opt's 4096
+    # tokens): sampling can draw such ids, and decoding them must not end an lm-eval run.
+    llm = flexh2o.LLM("opt-125m", tokenizer=str(TINY["opt"]), device="cpu")
+    ids = llm.encode("In the beginning", add_special=False)
+    assert llm.decode([4096]) == ""
+    assert llm.decode(ids[:1] + [4096, 50271] + ids[1:]) == llm.decode(ids)
+    with pytest.raises(flexh2o.Error, match=r"token id 50272 is outside the model's vocabulary \[0, 50272\)"):
+        llm.decode([50272])
+
+
 @pytest.mark.parametrize("kw, words", [
     (dict(batch_size=2**70), "batch_size must be in"),
     (dict(batch_size="x"), "batch_size must be an integer, got 'x'"),
