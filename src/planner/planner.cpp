@@ -110,7 +110,8 @@ std::optional<Estimate> best_placement(CostModel& cm, const SearchOptions& o, in
 
 PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
   const HardwareProfile& hw = cm.hardware();
-  const auto [cws, ccs] = compression_choices(cm, o);
+  const auto choices = compression_choices(cm, o);  // not a structured binding: a lambda below uses it
+  const std::vector<bool>&cws = choices.first, &ccs = choices.second;
   // Infeasible outright: the weights plus one sequence's KV exceed all tiers together, however
   // the weights are placed. Batch 1, the cache on disk, the weights either resident on the device
   // (no streaming buffers: the least in all) or streamed from the host (a tied head sharing the
