@@ -133,10 +133,10 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     const auto [resident, on_device] = tiny(true, false);
     const double need = std::min(on_device, tiny(false, false).second);
     const double have = (hw.shared_memory ? 0 : hw.usable(0)) + hw.usable(1) + (o.allow_disk ? hw.usable(2) : 0);
-    // Where the search keeps full precision, whether 4 bits would fit (lossy: the user's call).
-    const double q4 = std::min(tiny(true, true).second, tiny(false, true).second);
-    const bool q4_fits = !(resident.compress_weight && resident.compress_cache) && q4 <= have;
-    if (need > have)
+    if (need > have) {
+      // Where the search keeps full precision, whether 4 bits would fit (lossy: the user's call).
+      const double q4 = std::min(tiny(true, true).second, tiny(false, true).second);
+      const bool q4_fits = !(resident.compress_weight && resident.compress_cache) && q4 <= have;
       FH_FAIL("infeasible: ", cm.shape().config.name, " needs at least ", gb(need), " (weights ",
               gb(double(cm.shape().weight_bytes(resident))), resident.compress_weight ? " at 4 bits" : "",
               " + one sequence's KV and buffers) but the tiers of ", hw.name,
@@ -148,6 +148,7 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
                        : "; 4-bit weights and KV cache (lossy: --compress-weight --compress-cache" +
                              std::string(hw.prices_compression() ? ", or --allow-compress with --policy auto" : "") +
                              ") would need " + gb(q4));
+    }
   }
   PlanResult r;
   bool found = false;

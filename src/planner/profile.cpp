@@ -91,8 +91,8 @@ std::unique_ptr<KvPolicy> kv_probe_policy() {
 
 // What both KV-decision probes share: H2O (10% heavy + 10% recent of `prompt`) over `layers`
 // layers of B sequences x 16 KV heads (`group` query heads each), each layer with its own scores
-// ([B, heads, cap], uniform)
-// and policy state (capacity cap), and the EvictArgs pointing at them. Not copyable: ea points in.
+// ([B, heads, cap], uniform) and policy state (capacity cap), and the EvictArgs pointing at them.
+// Not copyable: ea points in.
 struct KvProbe {
   struct Layer {
     std::vector<float> scores;
@@ -110,8 +110,8 @@ struct KvProbe {
   EvictArgs ea;
 
   KvProbe(int64_t b, int64_t layers, int64_t prompt, int64_t capacity, uint32_t seed, int64_t group = 1)
-      : pc(kv_probe_model(group)), B(b), cap(capacity), budget(policy->budget(prompt)), budgets(size_t(b), budget), ls(size_t(layers)),
-        before(size_t(b)), after(size_t(b)), seen(size_t(b)), rng(seed) {
+      : pc(kv_probe_model(group)), B(b), cap(capacity), budget(policy->budget(prompt)), budgets(size_t(b), budget),
+        ls(size_t(layers)), before(size_t(b)), after(size_t(b)), seen(size_t(b)), rng(seed) {
     for (Layer& l : ls) {
       l.scores.resize(size_t(B * pc.n_heads * cap));
       for (float& x : l.scores) x = u(rng);
@@ -149,8 +149,8 @@ struct KvProbe {
 };
 
 // Seconds per (sequence, KV head) row of decode decisions in an arena of `threads`, `group` query
-// heads per KV head, and the row's slots: 32 sequences over 8 layers, each row holding the budget's slots plus the new one, through the
-// engine's own apply_kv_policy (scores summed, one victim chosen per row, the newest row moved
+// heads per KV head, and the row's slots: 32 sequences over 8 layers, each row holding the
+// budget's slots plus the new one, through the engine's own apply_kv_policy (scores summed, one victim chosen per row, the newest row moved
 // into its slot). The rows' positions are a prefill's (the recent window whole), which the
 // policy's one-pass decode choice relies on. The state and scores are 5 MB in all at 512, 20 MB
 // at 2048; the layers share two K/V buffers.
@@ -442,8 +442,8 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
   }
   // KV-policy decisions: a decode row's time at two sizes gives its time per slot and its fixed
   // part, a prefill row's its own time per slot, on one thread; a row of 8 query heads per KV head
-  // what each further head's sum adds to a slot. The engine spreads a segment's
-  // sequences over the device's threads; what that gains (memory bandwidth and the spread of
+  // what each further head's sum adds to a slot. The engine spreads a segment's sequences over
+  // the device's threads; what that gains (memory bandwidth and the spread of
   // sequences bound it) is measured as the one-thread time over the all-thread time.
   {
     const auto [t1, n1] = kv_policy_row(o.min_seconds, 512, 1);
