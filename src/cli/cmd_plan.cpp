@@ -123,6 +123,7 @@ int run_pipeline_plan(const PlanArgs& a, const Env& env, const ModelConfig& c, c
   if (a.json) {
     nlohmann::json j;
     j["model"] = c.name;
+    j["model_shape"] = plan_model_shape(c);
     j["hardware"] = hw.name;
     j["prompt_len"] = w.prompt_len;
     j["gen_len"] = w.gen_len;
@@ -251,6 +252,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
   if (a.json) {
     nlohmann::json j = estimate_json(e, cm);
     j["model"] = c.name;
+    j["model_shape"] = plan_model_shape(c);
     j["hardware"] = hw.name;
     j["prompt_len"] = w.prompt_len;
     j["gen_len"] = w.gen_len;

@@ -259,16 +259,49 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   return o;
 }
 
-void check_planned_kv_policy(const OffloadArgs& a, const KvPolicyConfig& running) {
+nlohmann::json plan_model_shape(const ModelConfig& c) {
+  return {{"model_type", c.model_type}, {"layers", c.n_layers},        {"hidden", c.hidden},
+          {"heads", c.n_heads},         {"kv_heads", c.n_kv_heads},    {"head_dim", c.head_dim},
+          {"ffn_dim", c.ffn_dim},       {"experts", c.n_experts},      {"vocab", c.vocab_size}};
+}
+
+void check_plan_file(const OffloadArgs& a, const KvPolicyConfig& running, const ModelConfig& c, int64_t prompt_len,
+                     int64_t gen_len, std::ostream& log) {
   if (a.policy_file.empty() || a.policy_file == "auto") return;
   const nlohmann::json j = read_json_file(a.policy_file, "--policy file");
   const bool plan = j.is_object() && j.contains("policy") && j["policy"].is_object() && j.contains("policy_flags");
-  if (!plan || !j.contains("kv_policy") || !j["kv_policy"].is_string()) return;
-  const std::string planned = j["kv_policy"].get<std::string>(), now = describe(running);
-  if (planned != now)
-    FH_FAIL("--policy ", a.policy_file, " was planned (flexh2o plan --json) for KV policy \"", planned,
-            "\", but this run's is \"", now, "\": its block and placement were sized for that cache. Give the "
-            "KV flags it was planned with, or plan again with this run's");
+  if (!plan) return;
+  if (j.contains("kv_policy") && j["kv_policy"].is_string()) {
+    const std::string planned = j["kv_policy"].get<std::string>(), now = describe(running);
+    if (planned != now)
+      FH_FAIL("--policy ", a.policy_file, " was planned (flexh2o plan --json) for KV policy \"", planned,
+              "\", but this run's is \"", now, "\": its block and placement were sized for that cache. Give the "
+              "KV flags it was planned with, or plan again with this run's");
+  }
+  const nlohmann::json shape = plan_model_shape(c);
+  if (j.contains("model_shape") && j["model_shape"] != shape) {
+    // The keys that differ, planned -> this run's: the whole shapes bury them.
+    std::string diff;
+    for (const auto& item : shape.items()) {
+      const nlohmann::json was = j["model_shape"].is_object() ? j["model_shape"].value(item.key(), nlohmann::json())
+                                                              : nlohmann::json();
+      if (was != item.value())
+        diff += (diff.empty() ? "" : ", ") + item.key() + " " + was.dump() + " -> " + item.value().dump();
+    }
+    const std::string planned_model = j.value("model", std::string("another model"));
+    log << "flexh2o: warning: --policy " << a.policy_file << " was planned for " << planned_model
+        << ", another shape than " << c.name << " (" << diff
+        << "): its block and placement were sized for that model; plan again with this one\n";
+  }
+  const auto planned_len = [&j](const char* key) {
+    return j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : int64_t(0);
+  };
+  const int64_t pp = planned_len("prompt_len"), pg = planned_len("gen_len");
+  if (pp > 0 && pg > 0 && prompt_len + gen_len > pp + pg)
+    log << "flexh2o: warning: --policy " << a.policy_file << " was planned for sequences of " << pp << " + " << pg
+        << " tokens; this run's reach " << prompt_len << " + " << gen_len
+        << ": its block's KV cache and activations grow with them and may not fit the budgets; plan again with "
+           "--prompt-len " << prompt_len << " --gen-len " << gen_len << "\n";
 }
 
 HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& configs_dir, CpuDevice& cpu,

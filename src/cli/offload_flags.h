@@ -67,10 +67,16 @@ void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArg
 // kv_dtype is left to the caller (run_kv_dtype); policy.compress_* are set by the flags or the file.
 // With --policy auto the policy fields are left at their defaults (see plan_auto_policy).
 OffloadOptions make_offload_options(const OffloadArgs& a);
-// A --policy file that `flexh2o plan --json` wrote was sized for its "kv_policy": throws, naming
-// both, when the run's KV policy (`running`, after window_kv_policy) is another. Other files
-// (a bare policy) carry no KV policy and pass.
-void check_planned_kv_policy(const OffloadArgs& a, const KvPolicyConfig& running);
+// What `flexh2o plan --json` records of the model it planned for ("model_shape"): the sizes that
+// set its block and placement, not the name (a preset and a checkpoint directory differ in name).
+nlohmann::json plan_model_shape(const ModelConfig& c);
+// A --policy file that `flexh2o plan --json` wrote was sized for its "kv_policy", "model_shape"
+// and sequence length. Throws, naming both, when the run's KV policy (`running`, after
+// window_kv_policy) is another; warns on `log` when the model's shape is another or the run's
+// sequences (prompt_len + gen_len) are longer than planned (the engine's budgets still decide
+// what fits). Other files (a bare policy) carry none of these and pass.
+void check_plan_file(const OffloadArgs& a, const KvPolicyConfig& running, const ModelConfig& c, int64_t prompt_len,
+                     int64_t gen_len, std::ostream& log);
 // --policy auto: the planner's best policy for this model and workload on the --hardware
 // profile (this machine, measured, when none is given), with --gpu-mem / --cpu-mem /
 // --disk-mem overriding the profile's capacities. Prints the choice and its prediction.

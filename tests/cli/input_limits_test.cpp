@@ -554,4 +554,29 @@ TEST(InputLimits, APlanJsonRunsUnderTheKvPolicyItWasPlannedFor) {
   EXPECT_EQ(flexh2o(run + h2o).code, 0);
 }
 
+// A plan made for another model, or for shorter sequences, still runs (the budgets decide what
+// fits) but says so, naming what differs; the model and lengths it was made for run quietly.
+TEST(InputLimits, APlanJsonForAnotherModelOrLongerSequencesWarns) {
+  TempDir tmp;
+  const fs::path plan = tmp.path() / "plan.json";
+  const ShellRun p = run_shell(kBin + " plan -m " + kOpt + " --hardware t4-paper --prompt-len 8 --gen-len 4 " +
+                               "--gpu-mem 60MiB --json > " + plan.string());
+  ASSERT_EQ(p.code, 0) << p.err;
+  const std::string tail = " --device cpu --policy " + plan.string();
+  const RunResult same = flexh2o("generate -m " + kOpt + " --prompt hi -n 4" + tail);
+  ASSERT_EQ(same.code, 0) << same.err;
+  EXPECT_EQ(same.err.find("warning"), std::string::npos) << same.err;
+  const RunResult other = flexh2o("generate -m " + model_dir("tiny-llama").string() + " --prompt hi -n 2" + tail);
+  ASSERT_EQ(other.code, 0) << other.err;
+  EXPECT_NE(other.err.find("was planned for tiny-opt, another shape than tiny-llama (ffn_dim 1024 -> 688, "
+                           "kv_heads 4 -> 2, model_type \"opt\" -> \"llama\")"),
+            std::string::npos)
+      << other.err;
+  const RunResult longer = flexh2o("generate -m " + kOpt + " --prompt hi -n 20" + tail);
+  ASSERT_EQ(longer.code, 0) << longer.err;
+  EXPECT_NE(longer.err.find("was planned for sequences of 8 + 4 tokens; this run's reach "), std::string::npos)
+      << longer.err;
+  EXPECT_EQ(longer.err.find("another shape"), std::string::npos) << longer.err;
+}
+
 }  // namespace
