@@ -215,7 +215,9 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
   const std::filesystem::path dir =
       o.offload_dir.empty() ? std::filesystem::temp_directory_path() / ("flexh2o-profile-" + std::to_string(::getpid()))
                             : o.offload_dir / "flexh2o-profile";
-  std::filesystem::create_directories(dir);
+  if (std::error_code ec; !std::filesystem::create_directories(dir, ec) && ec)
+    FH_FAIL("cannot create the disk probe's directory ", dir.string(), ": ", ec.message(),
+            o.offload_dir.empty() ? "" : "; give --offload-dir a writable directory on the disk to measure");
   struct statvfs vfs {};
   if (statvfs(dir.c_str(), &vfs) == 0) h.disk_memory = double(vfs.f_bavail) * double(vfs.f_frsize);
 

@@ -460,6 +460,9 @@ TEST(InputLimits, PlanAndBatchFlagsOutsideTheirUseAreRefused) {
                         Case{" generate -m TINY --prompt hi --threads -2", "--threads: must be at least 0, got -2"},
                         Case{" bench -m TINY --threads 100000", "--threads: must be at most "},
                         Case{" profile --threads 100000", "the hardware threads here; got 100000"},
+                        Case{" profile --offload-dir /proc -o -",
+                             "cannot create the disk probe's directory /proc/flexh2o-profile: No such file or "
+                             "directory; give --offload-dir a writable directory"},
                         Case{" generate -m TINY --prompt hi --disk-mem ''", "--disk-mem: \"\" is not a size"},
                         Case{" plan -m opt-30b --hardware t4-paper --cpu-mem 3XB",
                              "--cpu-mem: \"3XB\" has an unknown unit \"XB\""}}) {
