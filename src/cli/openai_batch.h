@@ -145,12 +145,12 @@ struct Choice {
   int64_t completion_tokens = 0;  // tokens generated up to the stop (EOS counted)
   bool stopped = false;           // EOS or a stop string: "stop"; else "length"
   // With Request::logprobs >= 0 (with_logprobs): the tokens of `text` and their log-probabilities.
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<std::vector<TokenLogprob>> top_logprobs;
+  std::vector<int32_t> tokens{};
+  std::vector<float> logprobs{};
+  std::vector<std::vector<TokenLogprob>> top_logprobs{};
   // With echo and logprobs: the prompt's tokens and the scores of all but the first.
-  std::vector<int32_t> prompt;
-  std::vector<ScoredToken> prompt_scores;
+  std::vector<int32_t> prompt{};
+  std::vector<ScoredToken> prompt_scores{};
   // Cut at a stop string: the tokens whose text begins before the cut (those the logprobs list,
   // as their texts then add up to `text`); -1: completion_tokens.
   int64_t text_tokens = -1;

@@ -342,7 +342,11 @@ TEST(OpenAiBatch, LogprobsParseAndTakeEachEndpointsShape) {
   EXPECT_NE(error(chat({{"logprobs", false}, {"top_logprobs", 2}})).find("needs \"logprobs\": true"), std::string::npos);
   EXPECT_NE(error(chat({{"logprobs", true}, {"top_logprobs", 21}})).find("in [0, 20]"), std::string::npos);
 
-  Choice c{"ab", 2, false, {5, 6}, {-0.5f, -1.5f}, {{{5, -0.5f}, {7, -0.75f}}, {{8, -1.25f}, {6, -1.5f}}}};
+  Choice c{.text = "ab",
+           .completion_tokens = 2,
+           .tokens = {5, 6},
+           .logprobs = {-0.5f, -1.5f},
+           .top_logprobs = {{{5, -0.5f}, {7, -0.75f}}, {{8, -1.25f}, {6, -1.5f}}}};
   const TokenText bytes = [](int32_t id) {
     if (id == 6) return TokenPiece{"\xef\xbf\xbd", "\xc3"};  // a partial UTF-8 sequence: U+FFFD, its byte
     return TokenPiece{std::string(1, char('a' + id - 5)), std::string(1, char('a' + id - 5))};
@@ -368,14 +372,14 @@ TEST(OpenAiBatch, LogprobsParseAndTakeEachEndpointsShape) {
   r.tokens = {5, 6, 2};
   r.logprobs = {-0.5f, -1.5f, -0.1f};
   r.finish = FinishReason::kEos;
-  Choice e{"ab", 3, true};
+  Choice e{.text = "ab", .completion_tokens = 3, .stopped = true};
   with_logprobs(e, r);
   EXPECT_EQ(e.tokens, (std::vector<int32_t>{5, 6}));
   EXPECT_EQ(e.logprobs, (std::vector<float>{-0.5f, -1.5f}));
-  Choice cut{"a", 1, true};  // a stop string after the first token
+  Choice cut{.text = "a", .completion_tokens = 1, .stopped = true};  // a stop string after the first token
   with_logprobs(cut, r);
   EXPECT_EQ(cut.tokens, (std::vector<int32_t>{5}));
-  Choice within{"a", 2, true};  // a stop string completed by the second token, which is all stop
+  Choice within{.text = "a", .completion_tokens = 2, .stopped = true};  // a stop string completed by the second token, which is all stop
   within.text_tokens = 1;
   with_logprobs(within, r);
   EXPECT_EQ(within.tokens, (std::vector<int32_t>{5}));
@@ -440,7 +444,8 @@ TEST(OpenAiBatch, EchoPrependsThePromptAndItsScores) {
 TEST(OpenAiBatch, TextOffsetsCountCharacters) {
   const std::map<int32_t, std::string> bytes = {{1, "\xc3\xa9"}, {2, "b"}, {3, "\xe2\x82"}, {4, "\xac"}, {5, "x"}};
   const TokenText piece = [&](int32_t id) { return TokenPiece{bytes.at(id), bytes.at(id)}; };
-  Choice c{"\xc3\xa9" "b\xe2\x82\xacx", 5, false, {1, 2, 3, 4, 5}, {-1, -1, -1, -1, -1}, {}};
+  Choice c{.text = "\xc3\xa9" "b\xe2\x82\xacx", .completion_tokens = 5, .tokens = {1, 2, 3, 4, 5},
+           .logprobs = {-1, -1, -1, -1, -1}};
   const Parsed p = parse_input_line(completion({{"logprobs", 0}}), opt_hooks());
   ASSERT_TRUE(p.request) << (p.error ? p.error->message : "");
   IdMaker ids(1);
