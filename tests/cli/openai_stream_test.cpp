@@ -53,7 +53,9 @@ TEST(OpenAiStream, DeltasAreWholeCharactersAndAddUpToTheText) {
       got += d;
       EXPECT_EQ(got, st.sent());
       EXPECT_TRUE(text.starts_with(got)) << n;
-      if (!text.ends_with("\xEF\xBF\xBD")) EXPECT_GE(got.size() + holdback + 3, text.size()) << n;
+      if (!text.ends_with("\xEF\xBF\xBD")) {
+        EXPECT_GE(got.size() + holdback + 3, text.size()) << n;
+      }
     }
     EXPECT_GT(split, 0) << "the text must split a character somewhere, or this checks nothing";
     got += st.rest(decode(ids));
@@ -246,8 +248,9 @@ TEST(OpenAiStream, StreamedLogprobsAddUpToThePlainAnswers) {
             for (int byte : t["bytes"]) token_bytes.push_back(char(byte));
           // A token goes out with (or after) the last of its text, never before (the last chunk
           // also has the token that completed a stop string, whose text is cut, as the answer has).
-          if (c["finish_reason"].is_null())
+          if (c["finish_reason"].is_null()) {
             EXPECT_TRUE(text.starts_with(token_bytes)) << "choice " << k << ": " << token_bytes << " | " << text;
+          }
         }
       }
       const std::string what =
@@ -308,7 +311,9 @@ TEST(OpenAiStream, LiveAnswersStreamChoicesAndAnswerEachLineWhenItsChoicesEnd) {
       if (kind == LiveAnswers::Event::kChunk && j["choices"].empty()) usage_at = i;
       if (kind == LiveAnswers::Event::kLine && l == 0) line0_at = i;
       if (kind == LiveAnswers::Event::kLine && l == 2) line2_at = i;
-      if (l == 2) EXPECT_EQ(kind, LiveAnswers::Event::kLine);
+      if (l == 2) {
+        EXPECT_EQ(kind, LiveAnswers::Event::kLine);
+      }
     }
     EXPECT_EQ(usage_at + 1, line0_at);
     EXPECT_EQ(std::get<2>(rec.events[usage_at])["usage"], out["response"]["body"]["usage"]);
@@ -332,8 +337,9 @@ TEST(OpenAiStream, StopStringsNeverReachTheStreamAndAGoneClientEndsItsChoices) {
   EXPECT_EQ(got.at(0).first, " one two three");
   EXPECT_EQ(got.at(0).second, "stop");
   for (const auto& [l, kind, j] : rec.events)
-    if (kind == LiveAnswers::Event::kChunk)
+    if (kind == LiveAnswers::Event::kChunk) {
       EXPECT_EQ(j["choices"][0]["text"].get<std::string>().find('f'), std::string::npos);
+    }
 
   Recorder left;
   left.gone.insert(0);
