@@ -19,6 +19,7 @@
 
 #include "offload/aligned_buffer.h"
 #include "offload/detail/fd.h"
+#include "offload/detail/reserve_file.h"
 
 namespace flexh2o {
 
@@ -103,7 +104,8 @@ Status load_entry(IoBackend& io, bool direct, bool writable, const fs::path& pat
   if (h.name != name)
     return {StatusCode::kInvalid,
             detail::concat("store file '", path.string(), "' holds entry '", h.name, "', not '", name, "'")};
-  uint64_t need = kStoreHeaderBytes + h.payload_bytes;
+  // The writer sizes every file to the page-padded payload, which the direct reads cover.
+  const uint64_t need = kStoreHeaderBytes + align_up(h.payload_bytes);
   if (uint64_t(sb.st_size) < need)
     return corrupt("is truncated: ", sb.st_size, " bytes, expected at least ", need);
   auto e = std::make_shared<DiskStore::Entry>();
@@ -179,10 +181,9 @@ std::unique_ptr<DiskStore> DiskStore::open_read_only(const fs::path& dir, std::s
   bool direct = false;
   std::string note = "read-only directory: buffered I/O through the page cache";
   std::error_code ec;
-  for (const auto& de : fs::directory_iterator(dir, ec)) {
-    if (!opts.use_direct_io) break;
-    if (de.path().extension() != kSuffix) continue;
-    Fd fd(::open(de.path().c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end && opts.use_direct_io; it.increment(ec)) {
+    if (it->path().extension() != kSuffix) continue;
+    Fd fd(::open(it->path().c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
     AlignedBuffer page(kIoAlign);
     if (fd.get() >= 0 && ::pread(fd.get(), page.data(), kIoAlign, 0) == ssize_t(kIoAlign)) {
       direct = true;
@@ -241,8 +242,8 @@ fs::path DiskStore::path_of(std::string_view name) const {
 std::vector<std::string> DiskStore::list() const {
   std::vector<std::string> names;
   std::error_code ec;
-  for (const auto& de : fs::directory_iterator(dir_, ec)) {
-    std::string f = de.path().filename().string();
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string f = it->path().filename().string();
     if (f.size() > 4 && f.ends_with(kSuffix)) names.push_back(f.substr(0, f.size() - 4));
   }
   std::sort(names.begin(), names.end());
@@ -428,7 +429,7 @@ Status DiskStore::write_new(std::string_view name, const TensorView* payload, ui
                                  "' needs ", total, " bytes, ", avail, " bytes free (", st.message(), ")"));
   };
 
-  if (int rc = ::posix_fallocate(e->fd.get(), 0, off_t(total)); rc != 0) {
+  if (int rc = detail::reserve_file(e->fd.get(), total); rc != 0) {
     Status st(rc == ENOSPC || rc == EDQUOT ? StatusCode::kNoSpace : StatusCode::kIoError,
               detail::concat("fallocate of '", tmp.string(), "': ", std::strerror(rc)));
     return fail(st);
@@ -498,7 +499,9 @@ Status DiskStore::write_new(std::string_view name, const TensorView* payload, ui
 Status DiskStore::reuse(std::string_view name, DType dtype, const Shape& shape, ReuseCheck check) {
   fs::path path = path_of(name);
   std::shared_ptr<Entry> e;
-  if (Status st = load_entry(io_, direct_, !read_only_, path, identity_, name, bytes_read_, &e); !st.ok()) return st;
+  // Read only: a reused entry is never written, and another user's file in a shared directory
+  // may be readable but not writable.
+  if (Status st = load_entry(io_, direct_, false, path, identity_, name, bytes_read_, &e); !st.ok()) return st;
   const uint64_t expect = TensorView{nullptr, dtype, shape}.nbytes();
   if (e->dtype != dtype || e->shape != shape || e->payload_bytes != expect)
     return {StatusCode::kInvalid,
@@ -515,7 +518,7 @@ Status DiskStore::reuse(std::string_view name, DType dtype, const Shape& shape, 
 Status DiskStore::verify(std::string_view name) {
   fs::path path = path_of(name);
   std::shared_ptr<Entry> e;
-  if (Status st = load_entry(io_, direct_, !read_only_, path, identity_, name, bytes_read_, &e); !st.ok()) {
+  if (Status st = load_entry(io_, direct_, false, path, identity_, name, bytes_read_, &e); !st.ok()) {
     if (st.code() == StatusCode::kInvalid) return {StatusCode::kCorrupt, st.message()};
     return st;
   }

@@ -164,10 +164,10 @@ RunLease& RunLease::operator=(RunLease&& o) noexcept {
 RunLease::~RunLease() {
   if (fd_ < 0) return;
   const std::string lock_name = token_ + kLeaseSuffix;
-  std::error_code ec;
-  for (const auto& de : fs::directory_iterator(dir_, ec)) {
-    const std::string f = de.path().filename().string();
-    if (f != lock_name && run_token_of(f) == token_) unlink_logged(de.path());
+  std::error_code ec;  // a destructor: a failed listing leaves files to the next run's cleanup
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string f = it->path().filename().string();
+    if (f != lock_name && run_token_of(f) == token_) unlink_logged(it->path());
   }
   unlink_logged(dir_ / lock_name);  // last: until now the lease keeps cleaners off our files
   ::close(fd_);
@@ -180,26 +180,30 @@ size_t remove_stale_run_files(const fs::path& dir, std::string_view keep) {
   std::set<std::string, std::less<>> leased;  // tokens with a lease file
   size_t removed = 0;
   std::error_code ec;
-  for (const auto& de : fs::directory_iterator(dir, ec)) {
-    const std::string f = de.path().filename().string();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string f = it->path().filename().string();
     const std::string_view t = run_token_of(f);
     if (t.empty()) {
       if (f.ends_with(".fhs.tmp")) {  // the fixed tmp name of store files before run tokens
-        unlink_logged(de.path());
+        unlink_logged(it->path());
         ++removed;
       }
       continue;
     }
     if (t == keep) continue;
     if (f == std::string(t) + kLeaseSuffix) leased.emplace(t);
-    else by_token[std::string(t)].push_back(de.path());
+    else by_token[std::string(t)].push_back(it->path());
   }
   for (const std::string& t : leased) by_token.try_emplace(t);
   for (auto& [token, files] : by_token) {
     int fd = -1;
     const fs::path lease = dir / (token + kLeaseSuffix);
     if (leased.count(token)) {
-      fd = ::open(lease.c_str(), O_RDWR | O_CLOEXEC);
+      // Read only: flock needs no more, and another user's lease (0644) opens so. A lease that
+      // cannot be opened at all (out of descriptors) is taken as alive; one gone since the
+      // listing was its run's last act, after removing its files.
+      fd = ::open(lease.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0 && errno != ENOENT) continue;
       if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {  // held: the run is alive
         ::close(fd);
         continue;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "offload/aligned_buffer.h"
+#include "offload/detail/reserve_file.h"
 #include "offload/disk_store.h"
 #include "offload/faulty_io.h"
 #include "offload/io_backend.h"
@@ -269,6 +270,12 @@ TEST_P(StoreTest, TruncatedFileDetected) {
   st = store_->verify("w");
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
   EXPECT_NE(st.message().find("w.fhs"), std::string::npos) << st.message();
+  // Header and payload but not the page padding the direct reads cover: --trust-store took it and
+  // the run failed at its first read.
+  fs::resize_file(store_->path_of("w"), kStoreHeaderBytes + src.size());
+  st = store_->reuse("w", DType::U8, Shape{20000}, ReuseCheck::kHeaderOnly);
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
   fs::resize_file(store_->path_of("w"), 100);  // shorter than the header
   st = store_->reuse("w", DType::U8, Shape{20000});
   EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
@@ -419,6 +426,42 @@ TEST_P(StoreTest, BadNamesThrow) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, StoreTest, ::testing::ValuesIn(store_params()), store_param_name);
+
+// Where the filesystem has no fallocate (ext2, some network and FUSE ones) the file is sized
+// instead, and direct writes land in it: glibc's one-byte emulation failed every store write
+// there (O_DIRECT refuses it). Other errors pass through; an interrupted call is retried.
+TEST(ReserveFile, WithoutFallocateTheFileIsSizedAndWritable) {
+  const fs::path base = unique_dir(fs::path(FLEXH2O_BINARY_DIR) / "offload_test_tmp");
+  fs::create_directories(base);
+  const uint64_t bytes = 3 * kIoAlign + kStoreHeaderBytes;
+  const auto size_after = [&](const char* name, detail::FallocateFn fn, int* rc) {
+    const fs::path f = base / name;
+    int fd = ::open(f.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | O_DIRECT, 0644);
+    if (fd < 0) fd = ::open(f.c_str(), O_RDWR | O_CLOEXEC);  // a filesystem without O_DIRECT
+    EXPECT_GE(fd, 0) << f;
+    *rc = detail::reserve_file(fd, bytes, fn);
+    if (*rc == 0) {  // an aligned write to the last page, as the store's first payload write
+      AlignedBuffer page(kIoAlign);
+      std::memset(page.data(), 5, kIoAlign);
+      EXPECT_EQ(::pwrite(fd, page.data(), kIoAlign, off_t(bytes - kIoAlign)), ssize_t(kIoAlign)) << std::strerror(errno);
+    }
+    ::close(fd);
+    return fs::file_size(f);
+  };
+  int rc = -1;
+  EXPECT_EQ(size_after("unsupported", +[](int, int, off_t, off_t) { errno = EOPNOTSUPP; return -1; }, &rc), bytes);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(size_after("full", +[](int, int, off_t, off_t) { errno = ENOSPC; return -1; }, &rc), 0u);
+  EXPECT_EQ(rc, ENOSPC);
+  static int calls = 0;
+  EXPECT_EQ(size_after("interrupted", +[](int fd, int mode, off_t off, off_t len) {
+              if (calls++ == 0) return errno = EINTR, -1;
+              return ::fallocate(fd, mode, off, len);
+            }, &rc), bytes);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(calls, 2);
+  fs::remove_all(base);
+}
 
 // We run as root, so chmod 0500 does not stop writes: use paths that cannot be directories.
 TEST(DiskStoreOpen, UnwritableDirectoryIsNamed) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "offload/store_fixture.h"
@@ -102,6 +103,20 @@ TEST_F(DirFixture, DeadRunsFilesAreRemovedByTheNextOpenLiveRunsKept) {
   EXPECT_TRUE(live->read(live_kv, 0, 4096, buf.data()).ok());
 }
 
+// A lease the cleaner cannot open (here a symlink loop; in a shared directory, out of
+// descriptors) is taken as alive, its run's files kept: they used to be removed under the live run.
+TEST_F(DirFixture, ALeaseThatCannotBeOpenedKeepsItsRunsFiles) {
+  const std::string other = "run-3c-00112233445566ff";
+  fs::create_symlink(other + ".lock", dir / (other + ".lock"));
+  std::ofstream(dir / ("kv.L0.mb0." + other + ".fhs")) << "a live run's";
+  EXPECT_EQ(remove_stale_run_files(dir, ""), 0u);
+  EXPECT_EQ(names_in(dir), (std::vector<std::string>{"kv.L0.mb0." + other + ".fhs", other + ".lock"}));
+  fs::remove(dir / (other + ".lock"));  // gone: its run ended, and what it left is garbage
+  std::ofstream(dir / (other + ".lock")) << "";
+  EXPECT_EQ(remove_stale_run_files(dir, ""), 2u);
+  EXPECT_EQ(names_in(dir), std::vector<std::string>{});
+}
+
 TEST_F(DirFixture, SharedLocksCoexistAnExclusiveOneWaits) {
   auto store = DiskStore::open(dir, "m", *io);
   StoreDirLock s1 = store->lock_dir(StoreDirLock::Mode::kShared);
@@ -186,6 +201,11 @@ TEST(StoreHeaderParse, RoundTripsAndRefusesEveryInconsistency) {
   h.shape = Shape{int64_t(1) << 62, 8};  // byte size overflows
   EXPECT_EQ(code(encoded(h)), StatusCode::kCorrupt);
   h.shape = Shape{-2, -15};  // negative dims whose product is right
+  EXPECT_EQ(code(encoded(h)), StatusCode::kCorrupt);
+  // A consistent size whose page padding wraps 64 bits (a check over it then looped forever).
+  h.dtype = DType::U8;
+  h.shape = Shape{std::numeric_limits<int64_t>::max(), 2};
+  h.payload_bytes = UINT64_MAX - 1;
   EXPECT_EQ(code(encoded(h)), StatusCode::kCorrupt);
   std::vector<std::byte> b = encoded(sample());
   b[100] ^= std::byte{1};  // any flipped byte: header hash mismatch
