@@ -162,6 +162,9 @@ void OffloadEngine::Impl::place_disk_weights(const std::vector<std::pair<size_t,
       placed(h.bytes);
       continue;
     }
+    // The stale file goes first: the new one is written whole before its rename, so both would
+    // need room at once, which the check above did not count on.
+    store.remove(h.store_name).throw_if_error();
     write_weight(store, h);
     ++e.written_;
     placed(h.bytes);

@@ -112,6 +112,26 @@ TEST_F(Fixture, TruncatedOrCorruptedStoreFilesAreRebuilt) {
   EXPECT_EQ(tokens(e), want());
 }
 
+// A stale file is removed before its replacement is written: the replacement is written whole
+// before its rename, so on a nearly full disk the two did not fit together, the run failed at the
+// first such file, and the stale file stayed to fail every later run the same way.
+TEST_F(Fixture, AStaleFileGoesBeforeItsReplacementIsWritten) {
+  OffloadOptions o = disk_options(tmp.path());
+  { OffloadEngine first(model, dev, o); }
+  const fs::path victim = tmp.path() / "w.model.decoder.layers.1.fc2.weight.F16.fhs";
+  ASSERT_TRUE(fs::exists(victim));
+  fs::resize_file(victim, fs::file_size(victim) - 4096);
+  testing::FaultyIo faulty(*real);
+  faulty.fail_nth_write(1, ENOSPC);  // the replacement's first write: the disk is full
+  o.io_backend = &faulty;
+  EXPECT_THROW(OffloadEngine(model, dev, o), Error);
+  EXPECT_FALSE(fs::exists(victim));
+  o.io_backend = real.get();
+  OffloadEngine e(model, dev, o);
+  EXPECT_EQ(e.report().weights_written, 1u);
+  EXPECT_EQ(tokens(e), want());
+}
+
 TEST_F(Fixture, ShortReadsAreResubmitted) {
   testing::FaultyIo faulty(*real);
   faulty.set_short_reads(4096);
