@@ -1,6 +1,7 @@
 // flexh2o command-line entry point: reads the environment once and runs the command line
 // (cli/app.h: every subcommand, exit codes 0 ok, 1 error or bad input, 2 usage error,
 // 128 + signal after SIGINT/SIGTERM stopped a command that stops cleanly).
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -36,6 +37,9 @@ fs::path default_configs_dir() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past a file-size limit (ulimit -f) a write then fails with EFBIG, which the run reports and
+  // recovers from like a full disk; the default action would kill it without a report.
+  ::signal(SIGXFSZ, SIG_IGN);
   flexh2o::cli::MainOptions o;
   o.hub.hf_hub_cache = env_path("HF_HUB_CACHE");
   o.hub.hf_home = env_path("HF_HOME");

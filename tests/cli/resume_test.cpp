@@ -186,7 +186,7 @@ TEST_F(Resume, ASignalDeliveredTwiceAtOnceStopsInOrder) {
 // and --resume (cutting the torn last line) completes the run.
 TEST_F(Resume, AnOutputThatFillsMidRunFailsAndResumeFinishes) {
   const fs::path out = tmp_.path() / "out.jsonl", rep = tmp_.path() / "run.json";
-  RunResult r = flexh2o::test::run_flexh2o(gen_args(in_, out) + " --report " + rep.string(), "trap '' XFSZ; ulimit -f 4;");
+  RunResult r = flexh2o::test::run_flexh2o(gen_args(in_, out) + " --report " + rep.string(), "ulimit -f 4;");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("cannot write --output"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
@@ -244,7 +244,7 @@ TEST(ResumePlacement, AShortTestWriteInTheOffloadDirectoryIsNamed) {
   TempDir tmp;
   RunResult r = flexh2o::test::run_flexh2o("generate -m " + kOpt + " --prompt hi -n 1 --percent 0 0 0 0 100 0 --offload-dir " +
                                                (tmp.path() / "s").string(),
-                                           "trap '' XFSZ; ulimit -f 1;");
+                                           "ulimit -f 1;");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("-byte test write: is its disk full, or a file-size limit (ulimit -f) set?"), std::string::npos)
       << r.err;
@@ -457,8 +457,8 @@ TEST(ResumeAfterFailure, ADiskThatFillsMidRunKeepsTheResultsAndResumeFinishes) {
   ASSERT_EQ(r.code, 0) << r.err;
   const auto want = results_of(ref);
   ASSERT_EQ(want.size(), 16u);
-  // 1000 blocks: 512 000 bytes (sh) or 1 024 000 (bash); EFBIG instead of SIGXFSZ.
-  r = flexh2o::test::run_flexh2o(args + out.string() + " --report " + rep.string(), "trap '' XFSZ; ulimit -f 1000;");
+  // 1000 blocks: 512 000 bytes (sh) or 1 024 000 (bash); flexh2o ignores SIGXFSZ, so EFBIG.
+  r = flexh2o::test::run_flexh2o(args + out.string() + " --report " + rep.string(), "ulimit -f 1000;");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("12 of 16 requests finished before the error below; their results are in " + out.string() +
                        ", and the same command with --resume finishes the run"),
@@ -472,7 +472,7 @@ TEST(ResumeAfterFailure, ADiskThatFillsMidRunKeepsTheResultsAndResumeFinishes) {
   EXPECT_FALSE(report["interrupted"].get<bool>());
   EXPECT_EQ(report["batches"].get<int>(), 7);  // six of two short requests, and the one that failed
   // Run with --overwrite, the hint names what replaces it.
-  r = flexh2o::test::run_flexh2o(args + out.string() + " --overwrite", "trap '' XFSZ; ulimit -f 1000;");
+  r = flexh2o::test::run_flexh2o(args + out.string() + " --overwrite", "ulimit -f 1000;");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("the same command with --resume in place of --overwrite finishes the run"), std::string::npos)
       << r.err;
