@@ -181,6 +181,19 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
     std::vector<Buffer>& spares;
     ~FreeSpares() { spares.clear(); }
   } free_spares{spare_host};
+  FH_CHECK(mbs.empty(), "allocate_batch() after a batch was allocated");
+  // A batch refused midway (a budget, a full disk) leaves no micro-batches and no KV files behind
+  // for the next one to need room beside: micro-batches join mbs as they are built, and unless the
+  // batch is whole they and their files go on the way out.
+  struct DropPartial {
+    Impl& im;
+    ~DropPartial() {
+      if (im.allocated) return;
+      for (MicroBatch& mb : im.mbs)
+        for (const std::string& name : mb.kv_disk) (void)im.e.store_->remove(name);
+      im.mbs.clear();
+    }
+  } drop_partial{*this};
   s_max = std::max(T, rows_reserved);
   auto length = [&](int64_t b) -> int64_t {
     return !budget_lengths.empty() ? budget_lengths[size_t(b)] : real_rows ? real_rows[b] : T;
@@ -196,7 +209,7 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   const int64_t L = c.n_layers;
   int64_t n_max = 0, off_max = 0, nk_max = 0;
   for (int64_t first = 0, k = 0; first < batch; first += p.gpu_batch_size, ++k) {
-    MicroBatch mb;
+    MicroBatch& mb = mbs.emplace_back();
     mb.first = first;
     mb.n = std::min(p.gpu_batch_size, batch - first);
     mb.split = split_kv(mb.n, p);
@@ -231,7 +244,6 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
     const size_t hidden = size_t(mb.n * s_max * c.hidden) * es_a;
     if (p.act_cpu_percent == 100) mb.hidden_host = alloc(MemKind::kPinned, Tier::kHost, hidden, "hidden states");
     else mb.hidden_device = alloc(MemKind::kDevice, Tier::kDevice, hidden, "hidden states");
-    mbs.push_back(std::move(mb));
   }
   int64_t decide_cap = 0;  // the widest prefill row of a class that evicts
   for (int i = 0; i < n_classes; ++i)

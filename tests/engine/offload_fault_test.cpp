@@ -132,6 +132,21 @@ TEST_F(Fixture, AStaleFileGoesBeforeItsReplacementIsWritten) {
   EXPECT_EQ(tokens(e), want());
 }
 
+// A batch whose KV files do not all fit leaves none behind, and the engine runs the next batch:
+// the files made before the failing one used to stay until the store closed, so a long-lived
+// engine's retry needed room for them beside its own.
+TEST_F(Fixture, ABatchRefusedMidwayLeavesNoKvFiles) {
+  testing::FaultyIo faulty(*real);
+  OffloadOptions o = disk_options(tmp.path());
+  o.io_backend = &faulty;
+  OffloadEngine e(model, dev, o);
+  faulty.fail_nth_write(2, ENOSPC);  // the second KV file's header: layer 0's is made
+  EXPECT_THROW(tokens(e), Error);
+  for (const auto& f : fs::directory_iterator(tmp.path()))
+    EXPECT_FALSE(f.path().filename().string().starts_with("kv.")) << f.path();
+  EXPECT_EQ(tokens(e), want());
+}
+
 TEST_F(Fixture, ShortReadsAreResubmitted) {
   testing::FaultyIo faulty(*real);
   faulty.set_short_reads(4096);
