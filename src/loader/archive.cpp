@@ -29,11 +29,11 @@ void TensorArchive::open_single(const std::filesystem::path& file, const std::fu
 
 void TensorArchive::open_in_dir(const std::filesystem::path& dir, const std::string& file_name,
                                 const std::string& index_name, const std::function<void(size_t)>& add_file) {
-  std::error_code ec;
-  if (std::filesystem::exists(dir / index_name, ec)) return open_sharded(dir / index_name, add_file);
-  if (!std::filesystem::exists(dir / file_name, ec))
+  std::error_code ec;  // the whole file first, as detect_checkpoint
+  if (std::filesystem::exists(dir / file_name, ec)) return open_single(dir / file_name, add_file);
+  if (!std::filesystem::exists(dir / index_name, ec))
     FH_FAIL("no checkpoint in ", dir.string(), ": neither ", file_name, " nor ", index_name, " exists.");
-  open_single(dir / file_name, add_file);
+  open_sharded(dir / index_name, add_file);
 }
 
 MappedFile TensorArchive::map_checkpoint_file(const std::filesystem::path& p) {

@@ -48,8 +48,9 @@ class TensorArchive {
   void open_sharded(const std::filesystem::path& index, const std::function<void(size_t)>& add_shard);
   // One checkpoint file: maps it, calls add_file(0), then sorts and checks the names.
   void open_single(const std::filesystem::path& file, const std::function<void(size_t)>& add_file);
-  // A model directory's checkpoint: `index_name` through open_sharded when it exists, else the
-  // single `file_name` through open_single. Throws naming the directory when neither exists.
+  // A model directory's checkpoint, in transformers' order: the single `file_name` through
+  // open_single when it exists (an index beside it is not read), else `index_name` through
+  // open_sharded. Throws naming the directory when neither exists.
   void open_in_dir(const std::filesystem::path& dir, const std::string& file_name, const std::string& index_name,
                    const std::function<void(size_t)>& add_file);
   // Maps `p` after refusing anything but a regular file (opening a FIFO blocks).

@@ -8,11 +8,13 @@
 namespace flexh2o {
 
 std::optional<CheckpointFormat> detect_checkpoint(const std::filesystem::path& dir) {
+  // transformers' order: a whole file before an index beside it (a folder re-downloaded in
+  // another layout holds both, and transformers reads the whole file).
   const std::pair<const char*, CheckpointFormat> order[] = {
-      {"model.safetensors.index.json", CheckpointFormat::kSafetensorsSharded},
       {"model.safetensors", CheckpointFormat::kSafetensors},
-      {"pytorch_model.bin.index.json", CheckpointFormat::kTorchSharded},
+      {"model.safetensors.index.json", CheckpointFormat::kSafetensorsSharded},
       {"pytorch_model.bin", CheckpointFormat::kTorch},
+      {"pytorch_model.bin.index.json", CheckpointFormat::kTorchSharded},
   };
   std::error_code ec;
   for (const auto& [name, format] : order)

@@ -1,6 +1,7 @@
 // SafetensorsArchive on the real tiny models (names, shapes, dtypes and values checked against
 // numpy reading the same files) and on sharded fixtures built with write_safetensors.
 // Malformed inputs are in safetensors_bad_test.cpp.
+#include "loader/checkpoint.h"
 #include "loader/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -141,7 +142,6 @@ class Sharded : public ::testing::Test {
 
 TEST_F(Sharded, OpensEveryShardOnceAndFindsAllTensors) {
   write_index();
-  test::write_raw_safetensors(dir_ / "model.safetensors", "{}", 0);  // ignored: the index wins
   auto a = SafetensorsArchive::open_dir(dir_.path());
   EXPECT_EQ(a.source(), dir_ / "model.safetensors.index.json");
   ASSERT_EQ(a.files().size(), 3u);
@@ -157,6 +157,19 @@ TEST_F(Sharded, OpensEveryShardOnceAndFindsAllTensors) {
     bytes += values_[i].size() * 4;
   }
   EXPECT_EQ(a.total_bytes(), bytes);
+}
+
+// A whole file beside an index (a folder re-downloaded in the other layout) is what transformers
+// reads, so it is what runs here too: the index used to win, and the two runs differed silently.
+TEST_F(Sharded, AWholeFileBesideTheIndexIsRead) {
+  write_index();
+  float x = 7;
+  write_safetensors(dir_ / "model.safetensors", {{"solo", TensorView{&x, DType::F32, Shape{1}}}});
+  const auto a = SafetensorsArchive::open_dir(dir_.path());
+  EXPECT_EQ(a.source(), dir_ / "model.safetensors");
+  ASSERT_EQ(a.tensors().size(), 1u);
+  EXPECT_EQ(a.get("solo").view.as<float>()[0], 7.f);
+  EXPECT_EQ(detect_checkpoint(dir_.path()), CheckpointFormat::kSafetensors);
 }
 
 TEST_F(Sharded, MissingShardIsNamed) {
