@@ -10,6 +10,7 @@ import pytest
 import flexh2o
 from conftest import TINY, run_binary, run_module
 from flexh2o.__main__ import render_chat
+from flexh2o._chat import ChatTemplate
 
 # (name, messages, add_generation_prompt, what transformers renders)
 CASES = [
@@ -120,6 +121,20 @@ def test_a_template_that_loops_over_content_gets_a_string_as_one_part(tmp_path, 
     bad = _with_template(tmp_path / "bad", chat_tokenizer, "{% for m in messages %}")
     with pytest.raises(flexh2o.Error, match="chat template: .*endfor"):
         render_chat(str(bad), json.dumps({"messages": [{"role": "user", "content": "ab"}]}))
+
+
+def test_template_files_take_priority_over_the_config_as_in_transformers(tmp_path, chat_tokenizer):
+    # transformers 5 (tokenization_utils_base: "independent chat template file(s) ... take priority"):
+    # the config's template was used here while transformers used the file.
+    body = {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False}
+    d = _with_template(tmp_path, chat_tokenizer, "CONFIG{{ messages[0].content }}")
+    assert ChatTemplate.from_dir(d).render_body(body) == "CONFIGhi"
+    (d / "additional_chat_templates").mkdir()
+    (d / "additional_chat_templates" / "tool_use.jinja").write_text("TOOLS")
+    with pytest.raises(flexh2o.Error, match="chat templates tool_use and no .*chat_template.jinja"):
+        ChatTemplate.from_dir(d)
+    (d / "chat_template.jinja").write_text("FILE{{ messages[0].content }}")
+    assert ChatTemplate.from_dir(d).render_body(body) == "FILEhi"
 
 
 def test_no_template_says_so(llms):

@@ -1,9 +1,9 @@
 """Chat templates rendered the way Hugging Face transformers renders them
-(`PreTrainedTokenizerBase.apply_chat_template`): the template of tokenizer_config.json (a
-string, or a list of {name, template} of which "default" is used; else chat_template.jinja),
-compiled in a jinja2 ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the
-loopcontrols extension, the `tojson` filter, `raise_exception` and `strftime_now`, and rendered
-with the special-token strings (bos_token, eos_token, ...), add_generation_prompt and the caller's
+(`PreTrainedTokenizerBase.apply_chat_template`): chat_template.jinja when it exists (template
+files take priority, as there), else tokenizer_config.json's (a string, or a list of {name,
+template} of which "default" is used), compiled in a jinja2 ImmutableSandboxedEnvironment with
+trim_blocks and lstrip_blocks, the loopcontrols extension, the `tojson` filter, `raise_exception`
+and `strftime_now`, and rendered with the special-token strings (bos_token, eos_token, ...), add_generation_prompt and the caller's
 variables, after transformers' normalisation of the messages (keys whose value is None dropped,
 reasoning aliased); continue_final_message cuts the text where the last message ends, as there."""
 
@@ -189,11 +189,26 @@ class ChatTemplate:
                 special[k] = _token_text(cfg[k])
         if cfg.get("additional_special_tokens") is not None:
             special["additional_special_tokens"] = [_token_text(t) for t in cfg["additional_special_tokens"]]
-        tmpl = cfg.get("chat_template")
-        origin = str(cfg_path)
-        if tmpl is None and (d / "chat_template.jinja").is_file():
-            origin = str(d / "chat_template.jinja")
-            tmpl = (d / "chat_template.jinja").read_text(encoding="utf-8")
+        # Template files take priority over tokenizer_config.json's entry, as in transformers:
+        # chat_template.jinja is the default, additional_chat_templates/NAME.jinja the named ones.
+        files = {}
+        if (d / "chat_template.jinja").is_file():
+            files["default"] = d / "chat_template.jinja"
+        if (d / "additional_chat_templates").is_dir():
+            for f in sorted((d / "additional_chat_templates").glob("*.jinja")):
+                files.setdefault(f.name[:-len(".jinja")], f)
+        if files:
+            if "default" not in files:
+                raise Error(f"{d / 'additional_chat_templates'}: chat templates {', '.join(files)} and no "
+                            f"{d / 'chat_template.jinja'}: none of them is the default")
+            origin = str(files["default"])
+            try:
+                tmpl = files["default"].read_text(encoding="utf-8")
+            except (OSError, ValueError) as e:
+                raise Error(f"{origin}: cannot read the chat template: {e}") from None
+        else:
+            tmpl = cfg.get("chat_template")
+            origin = str(cfg_path)
         if tmpl is None:
             raise Error(f"no chat template: {cfg_path} has no \"chat_template\" (and there is no "
                         f"{d / 'chat_template.jinja'}); this model is not a chat model")
