@@ -104,10 +104,12 @@ void apply_configs(Tokenizer::Impl& impl, const fs::path& dir) {
     if (pad) impl.pad = mark_special(impl, *pad);
     if (unk) mark_special(impl, *unk);
 
-    // Which ids encode(text, true) adds. Explicit config keys override the post-processor
-    // (transformers' LLaMA/NeoX fast tokenizers rebuild it from them).
-    bool has_bos_key = cfg.contains("add_bos_token") && cfg.at("add_bos_token").is_boolean();
-    bool has_eos_key = cfg.contains("add_eos_token") && cfg.at("add_eos_token").is_boolean();
+    // Which ids encode(text, true) adds. transformers 5 drops the config's add_bos_token /
+    // add_eos_token when a tokenizer.json is there (its post-processor, or none, decides); from
+    // vocab.json + merges.txt or tokenizer.model the keys decide.
+    const bool keys = !impl.from_tokenizer_json;
+    bool has_bos_key = keys && cfg.contains("add_bos_token") && cfg.at("add_bos_token").is_boolean();
+    bool has_eos_key = keys && cfg.contains("add_eos_token") && cfg.at("add_eos_token").is_boolean();
     if (has_bos_key || has_eos_key || !impl.has_post_processor) {
       bool add_bos = has_bos_key ? cfg.at("add_bos_token").get<bool>() : !impl.prefix.empty();
       bool add_eos = has_eos_key ? cfg.at("add_eos_token").get<bool>() : !impl.suffix.empty();
@@ -185,6 +187,7 @@ Tokenizer Tokenizer::load(const fs::path& dir) {
   // transformers' order: a tokenizer.json wins over the files it was converted from.
   if (fs::exists(dir / "tokenizer.json")) {
     impl = tok::load_tokenizer_json(dir / "tokenizer.json");
+    impl->from_tokenizer_json = true;
   } else if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
     impl = tok::load_vocab_merges(dir / "vocab.json", dir / "merges.txt");
   } else if (fs::exists(dir / "tokenizer.model")) {

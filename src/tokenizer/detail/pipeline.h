@@ -108,7 +108,10 @@ struct Tokenizer::Impl {
   std::array<std::vector<uint32_t>, 256> added_by_first_byte;  // indices into `added`
   // Added by encode(text, true): from the post-processor, or from add_bos/add_eos_token.
   std::vector<int32_t> prefix, suffix;
-  bool has_post_processor = false;  // tokenizer.json carried one (config keys still override)
+  bool has_post_processor = false;  // tokenizer.json carried one
+  // Loaded from a tokenizer.json: then, as in transformers 5, tokenizer_config.json's
+  // add_bos_token / add_eos_token are not read, and the post-processor alone says what is added.
+  bool from_tokenizer_json = false;
   std::optional<int32_t> bos, eos, pad;
   // Filled by finalize(): indexed by id.
   std::vector<std::string> token_strings, token_bytes;
