@@ -4,6 +4,7 @@
 #include "loader/archive.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include <nlohmann/json.hpp>
 
@@ -36,9 +37,30 @@ void TensorArchive::open_in_dir(const std::filesystem::path& dir, const std::str
   open_sharded(dir / index_name, add_file);
 }
 
+void TensorArchive::refuse_download_leftovers(const MappedFile& f) {
+  std::string head(reinterpret_cast<const char*>(f.data()), std::min<size_t>(f.size(), 512));
+  const size_t start = std::min(head.find_first_not_of(" \t\r\n"), head.size());
+  std::string lower = head.substr(start);
+  for (char& ch : lower) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string file = f.path().string();
+  if (lower.starts_with("version https://git-lfs"))
+    FH_FAIL(file, " is a Git LFS pointer (", f.size(), " bytes of text), not the weights: the repository was cloned "
+            "without its LFS files. Fetch them (git lfs install && git lfs pull in that clone) or download the "
+            "model with huggingface-cli / huggingface_hub.");
+  if (lower.starts_with("<!doctype html") || lower.starts_with("<html"))
+    FH_FAIL(file, " is an HTML page (", f.size(), " bytes), not the weights: the download got a web page (a login, "
+            "a gated model's licence page, or an error) instead of the file. Download it again with "
+            "huggingface-cli / huggingface_hub, logged in if the model is gated.");
+  if (lower.starts_with("{\"error\"") || lower.starts_with("{ \"error\""))
+    FH_FAIL(file, " is a JSON error response (", f.size(), " bytes: ", head.substr(start, 160),
+            "), not the weights: download it again.");
+}
+
 MappedFile TensorArchive::map_checkpoint_file(const std::filesystem::path& p) {
   check_regular_file(p, "checkpoint file").throw_if_error();
-  return MappedFile::open(p);
+  MappedFile f = MappedFile::open(p);
+  refuse_download_leftovers(f);
+  return f;
 }
 
 void TensorArchive::open_sharded(const std::filesystem::path& index_path,

@@ -55,6 +55,10 @@ class TensorArchive {
                    const std::function<void(size_t)>& add_file);
   // Maps `p` after refusing anything but a regular file (opening a FIFO blocks).
   static MappedFile map_checkpoint_file(const std::filesystem::path& p);
+  // Throws naming `f` when it is one of the text files a failed download leaves in a checkpoint's
+  // place (a Git LFS pointer, a web page, a JSON error), which would otherwise read as a damaged
+  // checkpoint of absurd sizes. map_checkpoint_file calls it.
+  static void refuse_download_leftovers(const MappedFile& f);
 
   std::filesystem::path source_;
   std::vector<MappedFile> files_;

@@ -109,5 +109,31 @@ TEST(HostileTorch, FifoCheckpointFilesAreRefusedWithoutBlocking) {
   EXPECT_HAS(error_within_2s(shard, [&] { open_checkpoint_dir(sharded.path()); }), "is a FIFO");
 }
 
+// What a failed download leaves in a checkpoint's place is named as what it is, in both formats
+// and in a shard; it read as a damaged file with "a header length ... absurdly large".
+TEST(HostileCheckpoints, DownloadLeftoversAreNamedAsSuch) {
+  struct Case {
+    const char* text;
+    const char* says;
+  };
+  for (const Case& c : {Case{"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 2400000\n",
+                             "is a Git LFS pointer (72 bytes of text), not the weights"},
+                        Case{"\n<!DOCTYPE html>\n<html><head><title>Login</title></head></html>\n",
+                             "is an HTML page (64 bytes), not the weights"},
+                        Case{"{\"error\":\"Access to model x/y is restricted.\"}",
+                             "is a JSON error response (46 bytes: {\"error\":\"Access to model x/y is restricted.\"})"}}) {
+    for (const char* name : {"model.safetensors", "pytorch_model.bin"}) {
+      TempDir dir;
+      test::write_bytes(dir / name, c.text);
+      EXPECT_HAS(test::error_of([&] { open_checkpoint_dir(dir.path()); }), (dir / name).string() + " " + c.says);
+    }
+    TempDir sharded;
+    test::write_bytes(sharded / "model-00001-of-00001.safetensors", c.text);
+    test::write_bytes(sharded / "model.safetensors.index.json",
+                      R"({"weight_map": {"a": "model-00001-of-00001.safetensors"}})");
+    EXPECT_HAS(test::error_of([&] { open_checkpoint_dir(sharded.path()); }), c.says);
+  }
+}
+
 }  // namespace
 }  // namespace flexh2o
