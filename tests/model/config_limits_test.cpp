@@ -122,5 +122,19 @@ TEST(ConfigLimits, TokenIdsAndSizesAreRangeChecked) {
              "l.json: \"rope_theta\" must be a finite number, got 1e+300");
 }
 
+// A quantized checkpoint (GPTQ, AWQ, bitsandbytes, FP8) is named as one: its packed tensors used
+// to surface as "config.json says N layers but tensor ... is missing", or to run as plain weights.
+TEST(ConfigLimits, AQuantizedCheckpointIsNamedAsOne) {
+  json j = json::parse(std::ifstream(fs::path(FLEXH2O_TEST_DATA) / "tiny-llama" / "config.json"));
+  j["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128}};
+  EXPECT_HAS(error_of([&] { ModelConfig::from_json_text(j.dump(), "q/config.json"); }),
+             "q/config.json: a quantized checkpoint (quantization_config.quant_method \"gptq\"): flexh2o reads "
+             "f16, bf16 and f32 weights");
+  j["quantization_config"] = json::object();
+  EXPECT_HAS(error_of([&] { ModelConfig::from_json_text(j.dump(), "q/config.json"); }), "quant_method \"unnamed\"");
+  j["quantization_config"] = nullptr;  // written as null by some tools: not quantized
+  EXPECT_NO_THROW(ModelConfig::from_json_text(j.dump(), "q/config.json"));
+}
+
 }  // namespace
 }  // namespace flexh2o
