@@ -353,7 +353,17 @@ ModelConfig parse_object(const json& j, const std::string& source) {
 
 ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
   ModelConfig c = from_json_text(read_input_file(path, "model config"), path.string());
-  if (c.name.empty()) c.name = path.parent_path().filename().string();
+  if (!c.name.empty()) return c;
+  // A Hugging Face cache snapshot (.../models--ORG--NAME/snapshots/REVISION) is named by its
+  // repository, not by the revision's hash.
+  const std::filesystem::path dir = path.parent_path();
+  const std::string repo = dir.parent_path().parent_path().filename().string();
+  if (dir.parent_path().filename() == "snapshots" && repo.starts_with("models--") && repo.size() > 8) {
+    c.name = repo.substr(8);
+    if (const size_t at = c.name.find("--"); at != std::string::npos) c.name.replace(at, 2, "/");
+  } else {
+    c.name = dir.filename().string();
+  }
   return c;
 }
 

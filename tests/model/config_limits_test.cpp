@@ -122,6 +122,21 @@ TEST(ConfigLimits, TokenIdsAndSizesAreRangeChecked) {
              "l.json: \"rope_theta\" must be a finite number, got 1e+300");
 }
 
+// A model in the Hugging Face cache is named by its repository: it was named by the snapshot's
+// hash in logs, eval JSON and the server's /v1/models. A name in config.json still wins.
+TEST(ConfigLimits, AHubSnapshotIsNamedByItsRepository) {
+  EditedModel m([](json& j) { j.erase("_name_or_path"); });
+  const fs::path snap = m.dir() / "models--facebook--opt-125m" / "snapshots" / "0123456789abcdef";
+  fs::create_directories(snap);
+  fs::copy_file(m.dir() / "config.json", snap / "config.json");
+  EXPECT_EQ(ModelConfig::from_file(snap / "config.json").name, "facebook/opt-125m");
+  EXPECT_EQ(ModelConfig::from_file(m.dir() / "config.json").name, m.dir().filename().string());
+  json j = json::parse(std::ifstream(snap / "config.json"));
+  j["_name_or_path"] = "my/name";
+  std::ofstream(snap / "config.json") << j.dump();
+  EXPECT_EQ(ModelConfig::from_file(snap / "config.json").name, "my/name");
+}
+
 // A quantized checkpoint (GPTQ, AWQ, bitsandbytes, FP8) is named as one: its packed tensors used
 // to surface as "config.json says N layers but tensor ... is missing", or to run as plain weights.
 TEST(ConfigLimits, AQuantizedCheckpointIsNamedAsOne) {
