@@ -13,8 +13,9 @@ namespace flexh2o {
 
 enum class CheckpointFormat { kSafetensors, kSafetensorsSharded, kTorch, kTorchSharded };
 
-// The first of model.safetensors.index.json, model.safetensors, pytorch_model.bin.index.json,
-// pytorch_model.bin that exists in `dir`; nullopt when none does.
+// The first of model.safetensors, model.safetensors.index.json, pytorch_model.bin,
+// pytorch_model.bin.index.json that exists in `dir` (transformers' order); nullopt when none
+// does. Throws naming it when one is a symbolic link that does not resolve.
 std::optional<CheckpointFormat> detect_checkpoint(const std::filesystem::path& dir);
 // detect_checkpoint(), throwing flexh2o::Error naming `dir` and all four names when none exists.
 CheckpointFormat find_checkpoint(const std::filesystem::path& dir);

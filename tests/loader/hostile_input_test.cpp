@@ -135,5 +135,19 @@ TEST(HostileCheckpoints, DownloadLeftoversAreNamedAsSuch) {
   }
 }
 
+// A checkpoint name that is a symbolic link going nowhere (a Hugging Face cache whose blob was
+// removed) or in a loop is named; it read as "none of model.safetensors, ... exists".
+TEST(HostileCheckpoints, LinksThatDoNotResolveAreNamed) {
+  TempDir dangling;
+  std::filesystem::create_symlink("../../blobs/4d7a", dangling / "model.safetensors");
+  EXPECT_HAS(test::error_of([&] { open_checkpoint_dir(dangling.path()); }),
+             (dangling / "model.safetensors").string() + " is a symbolic link to ../../blobs/4d7a, which cannot be "
+             "opened (it does not exist)");
+  TempDir loop;
+  std::filesystem::create_symlink("pytorch_model.bin", loop / "pytorch_model.bin");
+  EXPECT_HAS(test::error_of([&] { (void)detect_checkpoint(loop.path()); }),
+             "pytorch_model.bin is a symbolic link to pytorch_model.bin, which cannot be opened (");
+}
+
 }  // namespace
 }  // namespace flexh2o
