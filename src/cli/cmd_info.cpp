@@ -10,6 +10,7 @@
 #include "engine/memory_plan.h"
 #include "loader/checkpoint.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace flexh2o::cli {
 using nlohmann::json;
@@ -124,14 +125,32 @@ int run_info(const InfoArgs& a, const Env& env) {
       j["checkpoint_error"] = load_error;
     }
   }
-  const int code = load_error.empty() ? 0 : 1;
+  // The tokenizer as a run loads it: a damaged one fails every run of this directory.
+  std::string tokenizer = "none", tokenizer_error;
+  if (std::filesystem::is_directory(source) && Tokenizer::present_in(source)) {
+    try {
+      tokenizer = std::to_string(Tokenizer::load(source).vocab_size()) + " tokens";
+    } catch (const Error& e) {
+      tokenizer = "cannot be loaded";
+      tokenizer_error = e.what();
+      j["tokenizer_error"] = tokenizer_error;
+    }
+  }
+  j["tokenizer"] = tokenizer;
+  const int code = load_error.empty() && tokenizer_error.empty() ? 0 : 1;
+  const auto say_errors = [&] {
+    if (!load_error.empty()) write_stderr("flexh2o: error: the checkpoint cannot be loaded: " + load_error + "\n");
+    if (!tokenizer_error.empty())
+      write_stderr("flexh2o: error: the tokenizer cannot be loaded: " + tokenizer_error + "\n");
+  };
   if (a.json) {
     std::cout << j.dump(2) << "\n";
-    if (!load_error.empty()) write_stderr("flexh2o: error: the checkpoint cannot be loaded: " + load_error + "\n");
+    say_errors();
     return code;
   }
   std::cout << "model        " << c.name << " (" << c.model_type << ", " << source << ")\n"
             << "checkpoint   " << checkpoint << "\n"
+            << "tokenizer    " << tokenizer << "\n"
             << "shape        " << c.n_layers << " layers, hidden " << c.hidden << ", " << c.n_heads << " heads ("
             << c.n_kv_heads << " kv) x " << c.head_dim << ", ffn " << c.ffn_dim << ", vocab " << c.vocab_size << ", "
             << c.max_positions << " positions\n";
@@ -165,7 +184,7 @@ int run_info(const InfoArgs& a, const Env& env) {
     for (const std::string& n : unused) std::cout << " " << n;
     std::cout << "\n";
   }
-  if (!load_error.empty()) write_stderr("flexh2o: error: the checkpoint cannot be loaded: " + load_error + "\n");
+  say_errors();
   return code;
 }
 

@@ -242,4 +242,22 @@ TEST(Checkpoint, TensorsTheConfigDoesNotReadAreNamedAndABrokenOneIsRefused) {
   EXPECT_HAS(info.err, "flexh2o: error: the checkpoint cannot be loaded: ");
 }
 
+// info loads the tokenizer as a run does: a damaged one fails every run of the directory, and
+// info said nothing of it (exit 0).
+TEST(Checkpoint, InfoLoadsTheTokenizer) {
+  TempDir tmp;
+  const fs::path src = flexh2o::test::model_dir("tiny-llama"), dir = tmp.path() / "m";
+  fs::create_directory(dir);
+  for (const auto& f : fs::directory_iterator(src))
+    if (f.is_regular_file()) fs::create_symlink(f.path(), dir / f.path().filename());
+  RunResult info = flexh2o("info " + dir.string() + " --json");
+  EXPECT_EQ(info.code, 0) << info.err;
+  EXPECT_EQ(json::parse(info.out)["tokenizer"], "4096 tokens");
+  fs::remove(dir / "merges.txt");
+  info = flexh2o("info " + dir.string());
+  EXPECT_EQ(info.code, 1) << info.err;
+  EXPECT_HAS(info.out, "tokenizer    cannot be loaded");
+  EXPECT_HAS(info.err, "flexh2o: error: the tokenizer cannot be loaded: no tokenizer found in ");
+}
+
 }  // namespace
