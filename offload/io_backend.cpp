@@ -123,16 +123,14 @@ Status transfer_one(IoRequest& r) {
 class PreadBackend final : public IoBackend {
  public:
   explicit PreadBackend(unsigned threads) : threads_(std::max(1u, threads)) {
-    for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back([this] { worker(); });
-  }
-  ~PreadBackend() override {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
+    try {
+      for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back([this] { worker(); });
+    } catch (...) {  // a thread the system refused: the started ones must be joined, not destroyed
+      stop_workers();
+      throw;
     }
-    work_cv_.notify_all();
-    for (auto& t : workers_) t.join();
   }
+  ~PreadBackend() override { stop_workers(); }
 
   Status submit_pass(std::span<IoRequest> reqs) override {
     if (workers_.empty() || reqs.size() == 1) {
@@ -186,6 +184,15 @@ class PreadBackend final : public IoBackend {
       std::lock_guard lk(mu_);
       if (--busy_ == 0) done_cv_.notify_one();
     }
+  }
+
+  void stop_workers() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : workers_) t.join();
   }
 
   const unsigned threads_;
