@@ -103,9 +103,20 @@ QueueTimes run_schedule(Device& dev, const Schedule& s, bool overlap, const std:
     std::array<bool, kNumQueues> used{};
     for (const Step& st : s.steps) used[size_t(st.queue)] = true;
     std::vector<std::thread> threads;
-    for (int q = 0; q < kNumQueues; ++q)
-      if (used[size_t(q)]) threads.emplace_back(worker, Queue(q));
-    while (idle) {
+    bool started = true;
+    try {
+      for (int q = 0; q < kNumQueues; ++q)
+        if (used[size_t(q)]) threads.emplace_back(worker, Queue(q));
+    } catch (...) {  // a thread the system refused: the started ones stop and are joined, not destroyed
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!failed) error = std::current_exception();
+        failed = true;
+        cv.notify_all();
+      }
+      started = false;
+    }
+    while (idle && started) {
       {
         std::unique_lock<std::mutex> lock(mu);
         if (cv.wait_for(lock, std::chrono::milliseconds(1), [&] { return exited == threads.size(); })) break;
