@@ -62,6 +62,7 @@ Status wrap(const Status& st, std::string_view what, const fs::path& path) {
 
 struct DiskStore::Entry {
   Fd fd;
+  bool writable = true;  // false: opened read only (reuse, verify, a read-only store)
   fs::path path;
   uint64_t payload_bytes = 0;
   bool hashed = false;
@@ -110,6 +111,7 @@ Status load_entry(IoBackend& io, bool direct, bool writable, const fs::path& pat
     return corrupt("is truncated: ", sb.st_size, " bytes, expected at least ", need);
   auto e = std::make_shared<DiskStore::Entry>();
   e->fd = std::move(fd);
+  e->writable = writable;
   e->path = path;
   e->payload_bytes = h.payload_bytes;
   e->hashed = h.hashed;
@@ -327,6 +329,7 @@ Status DiskStore::write(std::string_view name, uint64_t byte_offset, size_t leng
   auto e = entry(name, &st);
   if (!e) return st;
   FH_CHECK(!e->hashed, "write() to '", name, "': entries made by put() are immutable");
+  FH_CHECK(e->writable, "write() to '", name, "': the entry was opened read only (reuse())");
   FH_CHECK(byte_offset <= e->payload_bytes && length <= e->payload_bytes - byte_offset, "write of [",
            byte_offset, ", +", length, ") is outside entry '", name, "' of ", e->payload_bytes, " bytes");
   FH_CHECK(src != nullptr || length == 0, "write from a null buffer");
@@ -358,6 +361,7 @@ Status DiskStore::rw_ranges(std::string_view name, IoOp op, std::span<const Stor
   auto e = entry(name, &st);
   if (!e) return st;
   FH_CHECK(op == IoOp::kRead || !e->hashed, "write_ranges() to '", name, "': entries made by put() are immutable");
+  FH_CHECK(op == IoOp::kRead || e->writable, "write_ranges() to '", name, "': the entry was opened read only");
   const uint64_t padded = align_up(e->payload_bytes);
   for (size_t i = 0; i < ranges.size(); ++i) {
     const StoreRange& r = ranges[i];

@@ -109,15 +109,18 @@ class DiskStore {
   // hash (their content changes) and only get the header and size checks.
   [[nodiscard]] Status verify(std::string_view name);
 
-  // Creates (or replaces) a zero-filled, preallocated entry of `payload_bytes` for data written in
-  // place (KV cache files). Not hashed. Errors: kNoSpace (nothing left behind), kIoError.
+  // Creates (or replaces) a zero-filled entry of `payload_bytes` for data written in place (KV
+  // cache files), its blocks allocated now where the filesystem has fallocate; elsewhere (ext2,
+  // some network and FUSE filesystems) it is sparse and a full disk shows at a later write, as
+  // kNoSpace. Not hashed. Errors: kNoSpace (nothing left behind), kIoError.
   [[nodiscard]] Status create(std::string_view name, uint64_t payload_bytes);
 
   // Byte-range I/O on an entry's payload; blocks until done. Any offset/length/address works:
   // ranges that are 4096-aligned (offset, length and buffer) go straight to the device, others
   // bounce through an aligned buffer (writes then read-modify-write the edge pages, so concurrent
   // unaligned writes must not share a 4096-byte page). Out-of-range is misuse (throws); so is
-  // write() to an entry made by put(). Opens entries written by an earlier run on first use.
+  // write() to an entry made by put() or opened by reuse() (read only). Opens entries written by
+  // an earlier run on first use.
   // Thread-safe: concurrent reads and writes of disjoint ranges/entries; put/create/remove of a
   // name must not race with I/O on that name.
   [[nodiscard]] Status read(std::string_view name, uint64_t byte_offset, size_t length, void* dst);

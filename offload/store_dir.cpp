@@ -199,12 +199,14 @@ size_t remove_stale_run_files(const fs::path& dir, std::string_view keep) {
     int fd = -1;
     const fs::path lease = dir / (token + kLeaseSuffix);
     if (leased.count(token)) {
-      // Read only: flock needs no more, and another user's lease (0644) opens so. A lease that
-      // cannot be opened at all (out of descriptors) is taken as alive; one gone since the
-      // listing was its run's last act, after removing its files.
-      fd = ::open(lease.c_str(), O_RDONLY | O_CLOEXEC);
+      // Read-write where it may (NFS emulates flock with fcntl locks, which need it), else read
+      // only (another user's 0644 lease). A lease that cannot be opened (out of descriptors) or
+      // locked is taken as alive: only a lock this cleaner holds proves its run gone. One gone
+      // since the listing was its run's last act, after removing its files.
+      fd = ::open(lease.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) fd = ::open(lease.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0 && errno != ENOENT) continue;
-      if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {  // held: the run is alive
+      if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {  // held (or unknowable): the run is alive
         ::close(fd);
         continue;
       }

@@ -68,7 +68,8 @@ Status parse_store_header(std::span<const std::byte> bytes, StoreHeader* out) {
   }
   if (n != h.payload_bytes)
     return corrupt(detail::concat("has a shape of ", n, " bytes but a payload of ", h.payload_bytes, " bytes"));
-  // A file holds the header and the payload padded to pages: sizes past 2^62 bytes wrap that sum.
+  // A file holds the header and the payload padded to pages, a sum that wraps 64 bits near 2^64;
+  // no file holds 2^62 bytes, so that is the bound.
   if (h.payload_bytes > (uint64_t(1) << 62))
     return corrupt(detail::concat("has a payload of ", h.payload_bytes, " bytes, more than any file holds"));
   if (out) {

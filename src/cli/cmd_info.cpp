@@ -109,14 +109,20 @@ int run_info(const InfoArgs& a, const Env& env) {
                   {"sliding_layers", std::count(c.sliding_layers.begin(), c.sliding_layers.end(), 1)}};
   // Which weights a load would read (presets have none; a directory may hold config.json only).
   std::string checkpoint = "none";
-  if (std::filesystem::is_directory(source))
-    if (const auto f = detect_checkpoint(source)) checkpoint = std::string(checkpoint_format_name(*f));
-  j["checkpoint"] = checkpoint;
   // The checkpoint as a load reads it (mapped, nothing copied): a truncated or mismatched one is
   // said here, and tensors the config does not read are named.
   std::string load_error;
   std::vector<std::string> unused;
-  if (checkpoint != "none") {
+  try {
+    if (std::filesystem::is_directory(source))
+      if (const auto f = detect_checkpoint(source)) checkpoint = std::string(checkpoint_format_name(*f));
+  } catch (const Error& e) {  // a name there that does not resolve
+    checkpoint = "cannot be opened";
+    load_error = e.what();
+    j["checkpoint_error"] = load_error;
+  }
+  j["checkpoint"] = checkpoint;
+  if (checkpoint != "none" && load_error.empty()) {
     try {
       unused = Model::load_dir(source).unused_tensors();
       j["unused_tensors"] = unused;
@@ -125,11 +131,13 @@ int run_info(const InfoArgs& a, const Env& env) {
       j["checkpoint_error"] = load_error;
     }
   }
-  // The tokenizer as a run loads it: a damaged one fails every run of this directory.
+  // The directory's tokenizer as a run loads it: a damaged one fails every run that does not
+  // give another with --tokenizer.
   std::string tokenizer = "none", tokenizer_error;
-  if (std::filesystem::is_directory(source) && Tokenizer::present_in(source)) {
+  if (std::filesystem::is_directory(source)) {
     try {
-      tokenizer = std::to_string(Tokenizer::load(source).vocab_size()) + " tokens";
+      if (const std::optional<Tokenizer> t = Tokenizer::load_if_present(source))
+        tokenizer = std::to_string(t->vocab_size()) + " tokens";
     } catch (const Error& e) {
       tokenizer = "cannot be loaded";
       tokenizer_error = e.what();

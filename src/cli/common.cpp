@@ -78,8 +78,8 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
   }
   if (!tokenizer_dir.empty()) {
     lm.tokenizer.emplace(Tokenizer::load(tokenizer_dir));
-  } else if (dir && Tokenizer::present_in(*dir)) {
-    lm.tokenizer.emplace(Tokenizer::load(*dir));
+  } else if (dir) {
+    lm.tokenizer = Tokenizer::load_if_present(*dir);
   }
   lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   lm.warning = unused_tensors_warning(*lm.model);

@@ -159,6 +159,11 @@ std::optional<bool> bool_word(const std::string& s) {
 std::string bool_word_error(const std::string& s) {
   return "must be true or false (or 1/0, on/off, yes/no), got \"" + s + "\"";
 }
+// What `flexh2o plan --json` wrote: its "policy" beside the prediction (a bare policy file has
+// its keys at the top).
+bool is_plan_json(const nlohmann::json& j) {
+  return j.is_object() && j.contains("policy") && j["policy"].is_object() && j.contains("policy_flags");
+}
 }  // namespace
 
 bool parse_flag_bool(const std::string& s, const char* flag) {
@@ -225,8 +230,7 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
     if (const Status st = check_regular_file(a.policy_file, "--policy file"); !st.ok())
       FH_FAIL(st.message(), " --policy takes a JSON policy file or \"auto\".");
     const nlohmann::json j = read_json_file(a.policy_file, "--policy file");
-    // `flexh2o plan --json` output: its chosen policy (the rest is the plan's prediction).
-    const bool plan = j.is_object() && j.contains("policy") && j["policy"].is_object() && j.contains("policy_flags");
+    const bool plan = is_plan_json(j);
     o.policy = policy_from_json(plan ? j["policy"] : j, plan ? a.policy_file + " (plan's \"policy\")" : a.policy_file);
   }
   Policy& p = o.policy;
@@ -265,12 +269,11 @@ nlohmann::json plan_model_shape(const ModelConfig& c) {
           {"ffn_dim", c.ffn_dim},       {"experts", c.n_experts},      {"vocab", c.vocab_size}};
 }
 
-void check_plan_file(const OffloadArgs& a, const KvPolicyConfig& running, const ModelConfig& c, int64_t prompt_len,
+void check_plan_file(const OffloadArgs& a, const KvPolicyConfig& running, const Model& m, int64_t prompt_len,
                      int64_t gen_len, std::ostream& log) {
   if (a.policy_file.empty() || a.policy_file == "auto") return;
   const nlohmann::json j = read_json_file(a.policy_file, "--policy file");
-  const bool plan = j.is_object() && j.contains("policy") && j["policy"].is_object() && j.contains("policy_flags");
-  if (!plan) return;
+  if (!is_plan_json(j)) return;
   if (j.contains("kv_policy") && j["kv_policy"].is_string()) {
     const std::string planned = j["kv_policy"].get<std::string>(), now = describe(running);
     if (planned != now)
@@ -278,6 +281,8 @@ void check_plan_file(const OffloadArgs& a, const KvPolicyConfig& running, const 
               "\", but this run's is \"", now, "\": its block and placement were sized for that cache. Give the "
               "KV flags it was planned with, or plan again with this run's");
   }
+  ModelConfig c = m.config();  // a pipeline stage's holds its own layers; the plan was the whole model's
+  if (m.stage_range().total > 0) c.n_layers = m.stage_range().total;
   const nlohmann::json shape = plan_model_shape(c);
   if (j.contains("model_shape") && j["model_shape"] != shape) {
     // The keys that differ, planned -> this run's: the whole shapes bury them.
@@ -297,10 +302,11 @@ void check_plan_file(const OffloadArgs& a, const KvPolicyConfig& running, const 
     return j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : int64_t(0);
   };
   const int64_t pp = planned_len("prompt_len"), pg = planned_len("gen_len");
-  if (pp > 0 && pg > 0 && prompt_len + gen_len > pp + pg)
+  if (pp > 0 && pg > 0 && (prompt_len > pp || prompt_len + gen_len > pp + pg))
     log << "flexh2o: warning: --policy " << a.policy_file << " was planned for sequences of " << pp << " + " << pg
         << " tokens; this run's reach " << prompt_len << " + " << gen_len
-        << ": its block's KV cache and activations grow with them and may not fit the budgets; plan again with "
+        << ": its block's activations grow with the prompt and its KV cache with both, and may not fit the "
+           "budgets; plan again with "
            "--prompt-len " << prompt_len << " --gen-len " << gen_len << "\n";
 }
 

@@ -72,10 +72,10 @@ OffloadOptions make_offload_options(const OffloadArgs& a);
 nlohmann::json plan_model_shape(const ModelConfig& c);
 // A --policy file that `flexh2o plan --json` wrote was sized for its "kv_policy", "model_shape"
 // and sequence length. Throws, naming both, when the run's KV policy (`running`, after
-// window_kv_policy) is another; warns on `log` when the model's shape is another or the run's
-// sequences (prompt_len + gen_len) are longer than planned (the engine's budgets still decide
-// what fits). Other files (a bare policy) carry none of these and pass.
-void check_plan_file(const OffloadArgs& a, const KvPolicyConfig& running, const ModelConfig& c, int64_t prompt_len,
+// window_kv_policy) is another; warns on `log` when the model's shape is another (a pipeline
+// stage compared as the whole model) or the run's prompts or sequences are longer than planned
+// (the engine's budgets still decide what fits). A bare policy file carries none of these.
+void check_plan_file(const OffloadArgs& a, const KvPolicyConfig& running, const Model& m, int64_t prompt_len,
                      int64_t gen_len, std::ostream& log);
 // --policy auto: the planner's best policy for this model and workload on the --hardware
 // profile (this machine, measured, when none is given), with --gpu-mem / --cpu-mem /

@@ -87,7 +87,7 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
     log << "flexh2o: " << c.name << ": " << rs.kv_config_note << "\n";
   }
   rs.kv_config = window_kv_policy(model.config(), rs.kv_config, max_len);
-  check_plan_file(off, rs.kv_config, model.config(), std::max<int64_t>(1, prompt_len), std::max<int64_t>(1, gen_len),
+  check_plan_file(off, rs.kv_config, model, std::max<int64_t>(1, prompt_len), std::max<int64_t>(1, gen_len),
                   log);
   if (rs.kv_config.kind != KvPolicyKind::kFull) rs.kv_policy = make_policy(rs.kv_config);
   // Both runners cap the full cache of a model whose other layers attend to everything.

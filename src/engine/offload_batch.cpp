@@ -2,6 +2,7 @@
 // lengths, and so the KV budgets, are known), the per-step lengths and inputs, and the logits.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
@@ -190,7 +191,16 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
     ~DropPartial() {
       if (im.allocated) return;
       for (MicroBatch& mb : im.mbs)
-        for (const std::string& name : mb.kv_disk) (void)im.e.store_->remove(name);
+        for (const std::string& name : mb.kv_disk) {
+          // A destructor during unwinding: a file that stays is logged (the store's close
+          // removes it), nothing is thrown.
+          try {
+            if (const Status st = im.e.store_->remove(name); !st.ok())
+              std::fprintf(stderr, "flexh2o: %s\n", st.message().c_str());
+          } catch (const std::exception& x) {
+            std::fprintf(stderr, "flexh2o: cannot remove KV file %s: %s\n", name.c_str(), x.what());
+          }
+        }
       im.mbs.clear();
     }
   } drop_partial{*this};

@@ -16,19 +16,19 @@ std::optional<CheckpointFormat> detect_checkpoint(const std::filesystem::path& d
       {"pytorch_model.bin", CheckpointFormat::kTorch},
       {"pytorch_model.bin.index.json", CheckpointFormat::kTorchSharded},
   };
+  std::string broken;  // the first name there but not resolvable, said when no later one exists
   for (const auto& [name, format] : order) {
     const std::filesystem::path p = dir / name;
     std::error_code ec;
     if (std::filesystem::exists(p, ec)) return format;
-    // There but not resolvable: a Hugging Face cache whose blob is gone, a moved directory, a loop.
-    if (std::error_code lec; std::filesystem::is_symlink(std::filesystem::symlink_status(p, lec))) {
-      const std::filesystem::path target = std::filesystem::read_symlink(p, lec);
-      FH_FAIL(p.string(), " is a symbolic link to ", target.string(), ", which cannot be opened (",
-              ec ? ec.message() : std::string("it does not exist"),
-              "): the file it stood for is gone (a Hugging Face cache whose blob was removed, or a moved "
-              "directory); download the model again");
-    }
+    // A Hugging Face cache whose blob is gone, a moved directory, a loop.
+    if (std::error_code lec; broken.empty() && std::filesystem::is_symlink(std::filesystem::symlink_status(p, lec)))
+      broken = detail::concat(p.string(), " is a symbolic link to ", std::filesystem::read_symlink(p, lec).string(),
+                              ", which cannot be opened (", ec ? ec.message() : std::string("it does not exist"),
+                              "): the file it stood for is gone (a Hugging Face cache whose blob was removed, or "
+                              "a moved directory); download the model again");
   }
+  if (!broken.empty()) FH_FAIL(broken);
   return std::nullopt;
 }
 

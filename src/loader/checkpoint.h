@@ -15,7 +15,7 @@ enum class CheckpointFormat { kSafetensors, kSafetensorsSharded, kTorch, kTorchS
 
 // The first of model.safetensors, model.safetensors.index.json, pytorch_model.bin,
 // pytorch_model.bin.index.json that exists in `dir` (transformers' order); nullopt when none
-// does. Throws naming it when one is a symbolic link that does not resolve.
+// does. Throws naming it when none exists and one is a symbolic link that does not resolve.
 std::optional<CheckpointFormat> detect_checkpoint(const std::filesystem::path& dir);
 // detect_checkpoint(), throwing flexh2o::Error naming `dir` and all four names when none exists.
 CheckpointFormat find_checkpoint(const std::filesystem::path& dir);

@@ -13,7 +13,7 @@ namespace flexh2o {
 
 class SafetensorsArchive : public TensorArchive {
  public:
-  // dir/model.safetensors.index.json if present (sharded), else dir/model.safetensors.
+  // dir/model.safetensors if present, else dir/model.safetensors.index.json (sharded).
   static SafetensorsArchive open_dir(const std::filesystem::path& dir);
   // One .safetensors file. Tensor data must be aligned to its element size in the file (true
   // of every file written by the safetensors library or write_safetensors); else it throws.

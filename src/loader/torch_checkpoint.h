@@ -14,7 +14,7 @@ namespace flexh2o {
 
 class TorchArchive : public TensorArchive {
  public:
-  // dir/pytorch_model.bin.index.json if present (sharded), else dir/pytorch_model.bin.
+  // dir/pytorch_model.bin if present, else dir/pytorch_model.bin.index.json (sharded).
   static TorchArchive open_dir(const std::filesystem::path& dir);
   // One file written by torch.save(state_dict, f) with the zip format. Throws flexh2o::Error
   // naming the file for: the legacy (pre-1.6) format, a compressed or encrypted entry, a

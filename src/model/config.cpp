@@ -281,6 +281,15 @@ ModelConfig parse_gemma3_multimodal(const json& j, const std::string& source) {
 ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& source) {
   const json j = parse_json(text, source);
   if (!j.is_object()) FH_FAIL(source, ": expected a JSON object");
+  // A quantized checkpoint's tensors are packed (GPTQ/AWQ qweight and scales, bitsandbytes, FP8)
+  // for its quantizer to unpack; read as plain weights they would be missing or wrong.
+  if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
+    const json& q = j["quantization_config"];
+    const json method = q.contains("quant_method") ? q["quant_method"] : json("unnamed");
+    FH_FAIL(source, ": a quantized checkpoint (quantization_config.quant_method ", json_excerpt(method),
+            "): flexh2o reads f16, bf16 and f32 weights and quantizes them itself (--compress-weight: 4-bit "
+            "groups, as FlexGen). Use the model's unquantized checkpoint");
+  }
   if (j.contains("model_type") && j["model_type"] == "gemma3") return parse_gemma3_multimodal(j, source);
   if (j.contains("model_type") && j["model_type"] == "gemma3_text")
     return parse_object(with_gemma3_defaults(j), source);
@@ -294,15 +303,6 @@ ModelConfig parse_object(const json& j, const std::string& source) {
   ModelConfig c;
   c.model_type = r.string_or("model_type", "");
   if (c.model_type.empty()) FH_FAIL(source, ": required key \"model_type\" is missing");
-  // A quantized checkpoint's tensors are packed (GPTQ/AWQ qweight and scales, bitsandbytes, FP8)
-  // for its quantizer to unpack; read as plain weights they would be missing or wrong.
-  if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
-    const json& q = j["quantization_config"];
-    const json method = q.contains("quant_method") ? q["quant_method"] : json("unnamed");
-    FH_FAIL(source, ": a quantized checkpoint (quantization_config.quant_method ", json_excerpt(method),
-            "): flexh2o reads f16, bf16 and f32 weights and quantizes them itself (--compress-weight: 4-bit "
-            "groups, as FlexGen). Use the model's unquantized checkpoint");
-  }
   c.name = r.string_or("_name_or_path", "");
   c.vocab_size = r.positive_int("vocab_size", kMaxIndex);
   c.hidden = r.positive_int("hidden_size", kMaxDim);

@@ -113,8 +113,9 @@ void apply_configs(Tokenizer::Impl& impl, const fs::path& dir) {
     if (has_bos_key || has_eos_key || !impl.has_post_processor) {
       bool add_bos = has_bos_key ? cfg.at("add_bos_token").get<bool>() : !impl.prefix.empty();
       bool add_eos = has_eos_key ? cfg.at("add_eos_token").get<bool>() : !impl.suffix.empty();
-      if (!has_bos_key && !impl.has_post_processor) {
-        // GPT2Tokenizer defaults to no BOS, except OPT checkpoints, which prepend </s>.
+      if (!has_bos_key && !impl.has_post_processor && !impl.from_tokenizer_json) {
+        // GPT2Tokenizer (vocab.json + merges.txt) defaults to no BOS, except OPT checkpoints,
+        // which prepend </s>.
         json model_cfg = read_optional_json(dir / "config.json");
         add_bos = model_cfg.is_object() && model_cfg.value("model_type", "") == "opt";
       }
@@ -179,6 +180,11 @@ void Tokenizer::Impl::finalize() {
 
 bool Tokenizer::present_in(const fs::path& dir) {
   return fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json") || fs::exists(dir / "tokenizer.model");
+}
+
+std::optional<Tokenizer> Tokenizer::load_if_present(const fs::path& dir) {
+  if (!present_in(dir)) return std::nullopt;
+  return load(dir);
 }
 
 Tokenizer Tokenizer::load(const fs::path& dir) {

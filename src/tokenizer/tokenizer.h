@@ -29,6 +29,8 @@ class Tokenizer {
   static Tokenizer load(const std::filesystem::path& dir);
   // Whether `dir` holds any of the files load() looks for (it may still find them malformed).
   static bool present_in(const std::filesystem::path& dir);
+  // A model directory's own tokenizer: load(dir) when present_in(dir), else none.
+  static std::optional<Tokenizer> load_if_present(const std::filesystem::path& dir);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

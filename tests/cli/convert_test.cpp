@@ -258,6 +258,14 @@ TEST(Checkpoint, InfoLoadsTheTokenizer) {
   EXPECT_EQ(info.code, 1) << info.err;
   EXPECT_HAS(info.out, "tokenizer    cannot be loaded");
   EXPECT_HAS(info.err, "flexh2o: error: the tokenizer cannot be loaded: no tokenizer found in ");
+  // A checkpoint link going nowhere: still the config's description, and the error in the JSON.
+  fs::remove(dir / "model.safetensors");
+  fs::create_symlink("../blobs/gone", dir / "model.safetensors");
+  info = flexh2o("info " + dir.string() + " --json");
+  EXPECT_EQ(info.code, 1) << info.err;
+  const json j = json::parse(info.out);
+  EXPECT_EQ(j["checkpoint"], "cannot be opened");
+  EXPECT_HAS(j["checkpoint_error"].get<std::string>(), "is a symbolic link to ../blobs/gone");
 }
 
 }  // namespace

@@ -580,6 +580,12 @@ TEST(InputLimits, APlanJsonForAnotherModelOrLongerSequencesWarns) {
   EXPECT_NE(longer.err.find("was planned for sequences of 8 + 4 tokens; this run's reach "), std::string::npos)
       << longer.err;
   EXPECT_EQ(longer.err.find("another shape"), std::string::npos) << longer.err;
+  // A longer prompt alone, with a shorter generation: the prefill's activations grow with it.
+  const RunResult prompt = flexh2o("generate -m " + kOpt + " --prompt 'one two three four five six seven eight nine "
+                                   "ten eleven' -n 1" + tail);
+  ASSERT_EQ(prompt.code, 0) << prompt.err;
+  EXPECT_NE(prompt.err.find("was planned for sequences of 8 + 4 tokens; this run's reach "), std::string::npos)
+      << prompt.err;
 }
 
 }  // namespace

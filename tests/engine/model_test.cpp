@@ -429,7 +429,9 @@ TEST(DummyWeights, ReportProgressUpToTheModelsBytes) {
     ASSERT_EQ(calls.size(), m.tensors().size()) << name;
     for (size_t i = 0; i < calls.size(); ++i) {
       EXPECT_EQ(calls[i].second, m.weight_bytes()) << name;
-      if (i) EXPECT_GT(calls[i].first, calls[i - 1].first) << name;
+      if (i) {
+        EXPECT_GT(calls[i].first, calls[i - 1].first) << name;
+      }
     }
     EXPECT_EQ(calls.back().first, m.weight_bytes()) << name;
     Model same = Model::dummy(c, 1);  // the callback changes nothing

@@ -82,8 +82,9 @@ TEST(MoeConfig, EachFamilysKeysAndDefaults) {
   EXPECT_EQ(c.ffn_dim, 32);
   EXPECT_FALSE(c.norm_topk_prob);
   for (const WeightSpec& s : weight_specs(c))
-    if (s.name.ends_with("self_attn.q_norm.weight") || s.name.ends_with("self_attn.k_norm.weight"))
+    if (s.name.ends_with("self_attn.q_norm.weight") || s.name.ends_with("self_attn.k_norm.weight")) {
       EXPECT_EQ(s.shape, (Shape{128})) << s.name;  // 2 heads (and 2 KV heads) of 64
+    }
   j.erase("num_experts"), j.erase("num_experts_per_tok");
   c = parse(j);  // OlmoeConfig's defaults
   EXPECT_EQ(c.n_experts, 64);

@@ -147,6 +147,9 @@ TEST(HostileCheckpoints, LinksThatDoNotResolveAreNamed) {
   std::filesystem::create_symlink("pytorch_model.bin", loop / "pytorch_model.bin");
   EXPECT_HAS(test::error_of([&] { (void)detect_checkpoint(loop.path()); }),
              "pytorch_model.bin is a symbolic link to pytorch_model.bin, which cannot be opened (");
+  // A later name that exists is read, as transformers skips what is not a file.
+  test::write_bytes(dangling / "model.safetensors.index.json", "{}");
+  EXPECT_EQ(detect_checkpoint(dangling.path()), CheckpointFormat::kSafetensorsSharded);
 }
 
 }  // namespace

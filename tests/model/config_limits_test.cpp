@@ -149,6 +149,11 @@ TEST(ConfigLimits, AQuantizedCheckpointIsNamedAsOne) {
   EXPECT_HAS(error_of([&] { ModelConfig::from_json_text(j.dump(), "q/config.json"); }), "quant_method \"unnamed\"");
   j["quantization_config"] = nullptr;  // written as null by some tools: not quantized
   EXPECT_NO_THROW(ModelConfig::from_json_text(j.dump(), "q/config.json"));
+  // Gemma 3's multimodal config: its text part is read from text_config, the key stays at the top.
+  json mm = json::parse(std::ifstream(fs::path(FLEXH2O_TEST_DATA) / "arch" / "gemma3_text_mm" / "config.json"));
+  mm["quantization_config"] = {{"quant_method", "awq"}};
+  EXPECT_HAS(error_of([&] { ModelConfig::from_json_text(mm.dump(), "g/config.json"); }),
+             "quantization_config.quant_method \"awq\"");
 }
 
 }  // namespace

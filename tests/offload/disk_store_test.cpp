@@ -453,7 +453,8 @@ TEST(ReserveFile, WithoutFallocateTheFileIsSizedAndWritable) {
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(size_after("full", +[](int, int, off_t, off_t) { errno = ENOSPC; return -1; }, &rc), 0u);
   EXPECT_EQ(rc, ENOSPC);
-  static int calls = 0;
+  static int calls;  // a captureless function reads it; reset for --gtest_repeat
+  calls = 0;
   EXPECT_EQ(size_after("interrupted", +[](int fd, int mode, off_t off, off_t len) {
               if (calls++ == 0) return errno = EINTR, -1;
               return ::fallocate(fd, mode, off, len);

@@ -157,6 +157,9 @@ TEST(TokenizerJsonSpecifics, ConfigBosEosKeysDoNotOverrideTheTokenizerJson) {
   cfg["add_eos_token"] = false;
   test::write_file(dir.path() / "tokenizer_config.json", cfg.dump());
   EXPECT_EQ(Tokenizer::load(dir.path()).encode("hi", true), (std::vector<int32_t>{329, 304}));
+  // Nor does an OPT config add its </s> (GPT2Tokenizer's rule from vocab.json + merges.txt).
+  test::write_file(dir.path() / "config.json", R"({"model_type": "opt"})");
+  EXPECT_EQ(Tokenizer::load(dir.path()).encode("hi", true), (std::vector<int32_t>{329, 304}));
 }
 
 // Merges as [a, b] arrays (llama2 file) and "a b" strings (bytelevel file) both load; check
