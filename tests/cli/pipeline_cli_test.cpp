@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include "cli/mpi_run.h"
 
@@ -105,6 +106,21 @@ TEST(PipelineGenerate, TinyOptH2OWithOffloadingLikeOneProcess) {
 TEST(PipelineGenerate, TinyLlamaFullAndH2OLikeOneProcess) {
   expect_like_one_process(kLlama, "");
   expect_like_one_process(kLlama, "--kv-policy h2o --heavy-budget 4 --recent-budget 4 --pipeline-groups 1");
+}
+
+// A plan made for the whole model runs on its stages without a warning: each stage compared its
+// own layers with the plan's and warned "another shape", which planning again could not silence.
+TEST(PipelineGenerate, APlanFileIsComparedAsTheWholeModel) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), kOpt, 3), out = tmp.path() / "out.jsonl", plan = tmp.path() / "p.json";
+  const RunResult p = flexh2o::test::run_flexh2o("plan -m " + kOpt + " --hardware t4-paper --prompt-len 64 "
+                                                 "--gen-len 16 --gpu-mem 60MiB --json");
+  ASSERT_EQ(p.code, 0) << p.err;
+  std::ofstream(plan) << p.out;
+  const RunResult d = mpirun(2, gen(kOpt, in, out, "--pipeline-stages 2 --policy " + plan.string()));
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_EQ(d.err.find("another shape"), std::string::npos) << d.err;
+  EXPECT_EQ(read_jsonl(out).size(), 3u);
 }
 
 TEST(PipelineGenerate, ResumeFinishesAPartialOutput) {
