@@ -142,7 +142,8 @@ DataParallel::DataParallel(const Env& env, const GenerateArgs& a)
     : comm_(std::make_unique<dist::Comm>()),
       timeout_s_(a.rank_timeout),
       stop_signal_(env.stop_signal),
-      has_output_(!a.output.empty()) {
+      has_output_(!a.output.empty()),
+      args_(a) {
   if (is_root()) root_ = std::make_unique<Root>();
 }
 
@@ -182,6 +183,31 @@ int rank_cuda_index(const dist::Comm& comm, const std::string& device) {
   if (device != "cuda") return 0;
   const int n = probe_cuda().device_count;
   return n > 0 ? comm.local_rank() % n : 0;
+}
+
+std::string job_terms(const ModelConfig& c, const GenerateArgs& a) {
+  json j = plan_model_shape(c);
+  j["dtype"] = dtype_name(c.dtype);
+  j["kv_policy"] = describe(make_kv_config(a.kv));
+  j["kv_dtype"] = a.kv.dtype;
+  j["compress_weight"] = a.offload.compress_weight;
+  j["compress_cache"] = a.offload.compress_cache;
+  return j.dump();
+}
+
+void check_job_terms(const std::string& root, const std::string& mine, const std::string& rank) {
+  if (root == mine) return;
+  const json r = json::parse(root, nullptr, false), m = json::parse(mine, nullptr, false);
+  std::string diff;
+  if (r.is_object() && m.is_object())
+    for (const auto& item : m.items()) {
+      const json was = r.value(item.key(), json());
+      if (was != item.value())
+        diff += (diff.empty() ? "" : ", ") + item.key() + " " + was.dump() + " on rank 0, " + item.value().dump() + " here";
+    }
+  FH_FAIL(rank, " runs another job than rank 0 (", diff.empty() ? root + " against " + mine : diff,
+          "): its tokens would not be the job's. Give every rank the same model (the same checkpoint at the same "
+          "path on each machine) and the same KV and compression flags");
 }
 
 int DataParallel::threads(int requested) const { return rank_threads(*comm_, requested); }
@@ -235,6 +261,11 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       }
       if (m.tag == kQuit)
         FH_FAIL(c.describe(0), " ended the job: ", dist::Reader(m.bytes, "a quit message").get_string());
+      if (m.tag == kPipelineLayoutTag) {  // rank 0 runs a pipeline and waits for this rank as a stage
+        say("flexh2o: error: ", me, " was not given --pipeline-stages and rank 0 was; give every rank the same "
+            "flags; ending the job");
+        c.abort(1);
+      }
       if (m.tag != tag) FH_FAIL(me, ": a message with tag ", m.tag, " from ", c.describe(0), " where ", tag, " was due");
       return std::optional<dist::Message>(std::move(m));
     }
@@ -254,6 +285,7 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       gen_len = sr.get<int64_t>();
       plan = sr.get<int64_t>();
       batches = sr.get<int64_t>();
+      check_job_terms(sr.get_string(), job_terms(lm.model->config(), a), me);
     }
     if (batches > 0) {
       const std::string device = select_device(a.device, *lm.model, std::cerr);
@@ -367,6 +399,7 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
                .put<int64_t>(gen_len)
                .put<int64_t>(plan_requests(reqs.size()))
                .put<int64_t>(mine)
+               .put_string(job_terms(runner.config(), args_))
                .take());
   }
   for (size_t b = 0; b < batches; ++b) {

@@ -33,6 +33,19 @@ int rank_cuda_index(const dist::Comm& comm, const std::string& device);
 // --rank-timeout SECONDS on `generate`.
 void add_data_parallel_flags(CLI::App& generate, double& rank_timeout_s);
 
+// The tag of rank 0's pipeline layout (pipeline_run.cpp; dist/pipeline.cpp's protocol uses 20).
+// A data-parallel worker that receives it, or a stage that receives anything else first, was
+// started with other --pipeline-stages than rank 0.
+inline constexpr int kPipelineLayoutTag = 21;
+
+// What every rank of an mpirun job must share for its tokens to be the job's (JSON text): the
+// model's shape and dtype, the KV policy, the cache dtype and the compression flags. Placements
+// may differ (--policy auto plans each rank's machine). Rank 0 sends its own with the job.
+std::string job_terms(const ModelConfig& c, const GenerateArgs& a);
+// Throws naming `rank` and each term that differs when `mine` is not rank 0's `root` (two boxes
+// with another checkpoint at the same path, or other flags on one rank).
+void check_job_terms(const std::string& root, const std::string& mine, const std::string& rank);
+
 // A request's stop strings, found in its text with or without special tokens (a Batch body's
 // skip_special_tokens), as rank 0 finds them.
 struct StopRule {
@@ -45,7 +58,8 @@ struct StopRule {
 class DataParallel {
  public:
   // Joins the job (MPI starts here); throws Error when MPI cannot start. Keeps env.stop_signal
-  // (which must outlive this object) and of `a` the --rank-timeout and whether --output is set.
+  // (which must outlive this object) and a copy of `a` (its --rank-timeout, whether --output is
+  // set, the flags of job_terms).
   DataParallel(const Env& env, const GenerateArgs& a);
   // On rank 0, when the job did not end normally (an error), tells every worker to stop.
   ~DataParallel();
@@ -97,6 +111,7 @@ class DataParallel {
   double timeout_s_;
   const std::atomic<int>* stop_signal_;  // Env::stop_signal: the signal that set Env::stop
   bool has_output_;                      // --output is set (the stop message points to it)
+  GenerateArgs args_;                    // rank 0: the flags of job_terms, sent with the setup
   std::unique_ptr<Root> root_;  // rank 0's bookkeeping
   bool ended_ = false;          // rank 0 said goodbye (or a failure was handled)
 };

@@ -17,8 +17,6 @@ namespace flexh2o::cli {
 
 namespace {
 
-constexpr int kLayoutTag = 21;  // dist/pipeline.cpp's protocol uses 20
-
 // A stage's own offloading: its own subdirectory of --offload-dir (ranks on one host may share
 // the directory; every stage's store holds other layers).
 OffloadArgs stage_offload(const OffloadArgs& off, int stage, int stages) {
@@ -137,7 +135,7 @@ PipelineJob::~PipelineJob() {
   dist::Writer w;
   w.put<int32_t>(0);  // no layout: rank 0 failed before the job started (its message says why)
   const std::vector<std::byte> msg = w.take();
-  for (int r = 1; r < comm_->size(); ++r) comm_->send(r, kLayoutTag, msg);
+  for (int r = 1; r < comm_->size(); ++r) comm_->send(r, kPipelineLayoutTag, msg);
   (void)comm_->flush(5);
 }
 
@@ -148,10 +146,16 @@ int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
   dist::Comm& comm = *comm_;
   const int rank = comm.rank();
   PipelineLayout l;
+  std::string terms;  // rank 0's job_terms
   {
     dist::Message m;
-    if (Status st = comm.recv(0, kLayoutTag, timeout_s_, &m); !st.ok()) {
+    if (Status st = comm.recv(0, dist::kAnyTag, timeout_s_, &m); !st.ok()) {
       say("flexh2o: error: rank ", rank, " got no pipeline layout from rank 0: ", st.message(), "; ending the job");
+      comm.abort(1);
+    }
+    if (m.tag != kPipelineLayoutTag) {  // rank 0 runs data parallel: it waits for this rank as a worker
+      say("flexh2o: error: rank ", rank, " was given --pipeline-stages and rank 0 was not (it runs data parallel); "
+          "give every rank the same flags; ending the job");
       comm.abort(1);
     }
     dist::Reader r(m.bytes, "the pipeline layout");
@@ -166,12 +170,14 @@ int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
     l.gen_len = r.get<int64_t>();
     l.requests = r.get<int64_t>();
     for (uint32_t i = 0, n = r.get<uint32_t>(); i < n; ++i) l.policies.push_back(r.get_string());
+    terms = r.get_string();
   }
   const int s = dist::rank_stage(rank, l.stages);
   dist::CommChannel ch(comm);
   dist::ServeResult res;
   try {
     LoadedModel lm = load_model(env, a.model, a.tokenizer);
+    check_job_terms(terms, job_terms(lm.model->config(), a), comm.describe(rank));
     const std::string device = select_device(a.device, *lm.model, std::cerr);
     const Model stage = lm.model->stage(l.bounds[size_t(s)], l.bounds[size_t(s) + 1]);
     CpuDevice cpu(threads(a.threads));
@@ -207,8 +213,9 @@ PipelineDriverSetup PipelineJob::start(const GenerateArgs& a, const Env& env, co
   w.put<int32_t>(l.stages).put<int32_t>(l.groups).put_array(std::span<const int64_t>(l.bounds));
   w.put(l.prompt_len).put(l.gen_len).put(l.requests).put<uint32_t>(uint32_t(l.policies.size()));
   for (const std::string& p : l.policies) w.put_string(p);
+  w.put_string(job_terms(model.config(), a));
   const std::vector<std::byte> msg = w.take();
-  for (int r = 1; r < comm_->size(); ++r) comm_->send(r, kLayoutTag, msg);
+  for (int r = 1; r < comm_->size(); ++r) comm_->send(r, kPipelineLayoutTag, msg);
   layout_sent_ = true;
   PipelineDriverSetup d;
   d.layout = l;

@@ -123,6 +123,32 @@ TEST(PipelineGenerate, APlanFileIsComparedAsTheWholeModel) {
   EXPECT_EQ(read_jsonl(out).size(), 3u);
 }
 
+// Ranks started with another model or other KV flags ran silently (the job's lines then mixed two
+// models' tokens), and --pipeline-stages on some ranks only waited for --rank-timeout: each now
+// ends the job at once, saying what differs.
+TEST(PipelineGenerate, RanksThatDisagreeEndTheJobSayingHow) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), kOpt, 4), out = tmp.path() / "out.jsonl";
+  const std::string h2o = " --kv-policy h2o --heavy-budget 4 --recent-budget 4";
+  struct Case {
+    std::string rank0, rank1, says;
+  };
+  for (const Case& c : {Case{gen(kOpt, in, out, "-b 2"), gen(kLlama, in, out, "-b 2"),
+                             "runs another job than rank 0 (ffn_dim 1024 on rank 0, 688 here, kv_heads 4 on rank 0, 2 "
+                             "here, model_type \"opt\" on rank 0, \"llama\" here)"},
+                        Case{gen(kOpt, in, out, "-b 2 --pipeline-stages 2"),
+                             gen(kOpt, in, out, "-b 2 --pipeline-stages 2" + h2o), "kv_policy \"full\" on rank 0, "},
+                        Case{gen(kOpt, in, out, "-b 2 --pipeline-stages 2"), gen(kOpt, in, out, "-b 2"),
+                             "was not given --pipeline-stages and rank 0 was"},
+                        Case{gen(kOpt, in, out, "-b 2"), gen(kOpt, in, out, "-b 2 --pipeline-stages 2"),
+                             "was given --pipeline-stages and rank 0 was not"}}) {
+    const RunResult r = mpirun(1, c.rank0 + " --overwrite --rank-timeout 60 : -np 1 " + FLEXH2O_BINARY_DIR +
+                                      "/flexh2o " + c.rank1 + " --overwrite --rank-timeout 60");
+    EXPECT_NE(r.code, 0) << c.rank1;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << c.says << "\n" << r.err;
+  }
+}
+
 TEST(PipelineGenerate, ResumeFinishesAPartialOutput) {
   TempDir tmp;
   const fs::path in = write_input(tmp.path(), kLlama), one = tmp.path() / "one.jsonl";
