@@ -526,12 +526,18 @@ TEST(InputLimits, BadSamplingDefaultsStopTheRunBeforeAnyLine) {
 
 // What `plan --json` writes is a --policy file: its "policy" runs, the prediction beside it is
 // not read as policy keys (it was "unknown policy key").
+// `flexh2o plan --json` for tiny-opt, 8 + 4 tokens, into dir/plan.json (with `extra` flags).
+fs::path tiny_opt_plan(const TempDir& dir, const std::string& extra = "") {
+  const fs::path plan = dir.path() / "plan.json";
+  const ShellRun p = run_shell(kBin + " plan -m " + kOpt + " --hardware t4-paper --prompt-len 8 --gen-len 4 " +
+                               "--gpu-mem 60MiB --json" + extra + " > " + plan.string());
+  EXPECT_EQ(p.code, 0) << p.err;
+  return plan;
+}
+
 TEST(InputLimits, APlanJsonIsAPolicyFile) {
   TempDir tmp;
-  const fs::path plan = tmp.path() / "plan.json";
-  const ShellRun p = run_shell(kBin + " plan -m " + kOpt + " --hardware t4-paper --prompt-len 8 --gen-len 4 " +
-                               "--gpu-mem 60MiB --json > " + plan.string());
-  ASSERT_EQ(p.code, 0) << p.err;
+  const fs::path plan = tiny_opt_plan(tmp);
   const std::string flags = json::parse(read_text(plan))["policy_flags"];
   const RunResult r = flexh2o("generate -m " + kOpt + " --prompt hi -n 2 --device cpu --policy " + plan.string());
   ASSERT_EQ(r.code, 0) << r.err;
@@ -542,11 +548,8 @@ TEST(InputLimits, APlanJsonIsAPolicyFile) {
 // that cache (a run under another used to take the file silently with the full cache).
 TEST(InputLimits, APlanJsonRunsUnderTheKvPolicyItWasPlannedFor) {
   TempDir tmp;
-  const fs::path plan = tmp.path() / "plan.json";
   const std::string h2o = " --kv-policy h2o --heavy-ratio 0.2 --recent-ratio 0.2";
-  const ShellRun p = run_shell(kBin + " plan -m " + kOpt + " --hardware t4-paper --prompt-len 8 --gen-len 4 " +
-                               "--gpu-mem 60MiB --json" + h2o + " > " + plan.string());
-  ASSERT_EQ(p.code, 0) << p.err;
+  const fs::path plan = tiny_opt_plan(tmp, h2o);
   const std::string run = "generate -m " + kOpt + " --prompt hi -n 2 --device cpu --policy " + plan.string();
   const RunResult full = flexh2o(run);
   EXPECT_EQ(full.code, 1);
@@ -561,10 +564,7 @@ TEST(InputLimits, APlanJsonRunsUnderTheKvPolicyItWasPlannedFor) {
 // fits) but says so, naming what differs; the model and lengths it was made for run quietly.
 TEST(InputLimits, APlanJsonForAnotherModelOrLongerSequencesWarns) {
   TempDir tmp;
-  const fs::path plan = tmp.path() / "plan.json";
-  const ShellRun p = run_shell(kBin + " plan -m " + kOpt + " --hardware t4-paper --prompt-len 8 --gen-len 4 " +
-                               "--gpu-mem 60MiB --json > " + plan.string());
-  ASSERT_EQ(p.code, 0) << p.err;
+  const fs::path plan = tiny_opt_plan(tmp);
   const std::string tail = " --device cpu --policy " + plan.string();
   const RunResult same = flexh2o("generate -m " + kOpt + " --prompt hi -n 4" + tail);
   ASSERT_EQ(same.code, 0) << same.err;
