@@ -3,17 +3,13 @@
 // progress and heartbeats, and watches every rank's silence against --rank-timeout.
 #include "cli/dp_generate.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 #include <iostream>
-#include <thread>
 
 #include "cli/openai_batch.h"
 #include "core/error.h"
 #include "dist/channel.h"
-#include "kernels/cuda/cuda_probe.h"
 
 namespace flexh2o::cli {
 namespace {
@@ -162,52 +158,6 @@ DataParallel::~DataParallel() {
     }
   }
   (void)comm_->flush(5);
-}
-
-int rank_threads_of(int requested, int usable, int cores, int local_ranks) {
-  if (requested > 0) return requested;
-  // A binding narrower than the share (a core a rank) bounds it; ranks bound to one socket each
-  // (mpirun beyond 2 ranks) may share it, so never more than the share either.
-  const int share = std::max(1, cores / std::max(1, local_ranks));
-  return usable > 0 ? std::max(1, std::min(usable, share)) : share;
-}
-
-int rank_threads(const dist::Comm& comm, int requested) {
-  cpu_set_t set;
-  const int usable = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-  return rank_threads_of(requested, usable, int(std::max(1u, std::thread::hardware_concurrency())),
-                         comm.local_size());
-}
-
-int rank_cuda_index(const dist::Comm& comm, const std::string& device) {
-  if (device != "cuda") return 0;
-  const int n = probe_cuda().device_count;
-  return n > 0 ? comm.local_rank() % n : 0;
-}
-
-std::string job_terms(const ModelConfig& c, const GenerateArgs& a) {
-  json j = plan_model_shape(c);
-  j["dtype"] = dtype_name(c.dtype);
-  j["kv_policy"] = describe(make_kv_config(a.kv));
-  j["kv_dtype"] = a.kv.dtype;
-  j["compress_weight"] = a.offload.compress_weight;
-  j["compress_cache"] = a.offload.compress_cache;
-  return j.dump();
-}
-
-void check_job_terms(const std::string& root, const std::string& mine, const std::string& rank) {
-  if (root == mine) return;
-  const json r = json::parse(root, nullptr, false), m = json::parse(mine, nullptr, false);
-  std::string diff;
-  if (r.is_object() && m.is_object())
-    for (const auto& item : m.items()) {
-      const json was = r.value(item.key(), json());
-      if (was != item.value())
-        diff += (diff.empty() ? "" : ", ") + item.key() + " " + was.dump() + " on rank 0, " + item.value().dump() + " here";
-    }
-  FH_FAIL(rank, " runs another job than rank 0 (", diff.empty() ? root + " against " + mine : diff,
-          "): its tokens would not be the job's. Give every rank the same model (the same checkpoint at the same "
-          "path on each machine) and the same KV and compression flags");
 }
 
 int DataParallel::threads(int requested) const { return rank_threads(*comm_, requested); }
