@@ -370,19 +370,6 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   };
   GenerateStats st;
   std::optional<dist::PipelineReport> pipe_report;
-  if (stages) {
-    try {
-      generate(*stages->driver, run_reqs, go, &st);
-      pipe_report = stages->driver->finish(false, st.interrupted ? stages->driver->stop_signal() : 0);
-    } catch (const std::exception& e) {
-      if (out_file) out_file->sync();  // every finished result stays
-      pipe->fail(*stages->driver, e, out_file.has_value());
-      throw;
-    }
-  } else if (dp) {
-    dp->generate(*runner, run_reqs, go, [&](size_t j) { return items[req_item[order[j]]].stop_rule(); }, prompt, gen,
-                 &st);
-  }
   // Whether --resume can finish this run from --output: a file (not standard output, /dev/null).
   auto resumable = [&] {
     std::error_code ec;
@@ -396,46 +383,62 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     if (out_file) out_file->commit();
   };
   auto report_of = [&] { return report_with(rs, st, st.interrupted); };
-  if (!stages && !dp) {
+  // A failure mid-run (a full disk, an I/O error, a rank or stage that failed): what finished is
+  // kept and said, and the report records how far the run got and why it stopped; then the error
+  // ends the command (exit 1). An output that failed itself is left as it is (a line retried
+  // there would be written twice); a second failure while keeping them is dropped: the first is
+  // the cause.
+  auto after_failure = [&](const std::exception& ex) {
+    progress.finish();
+    bool all_kept = false;
     try {
-      generate(*runner, run_reqs, go, &st);
-    } catch (const std::exception& ex) {
-      // A failure mid-run (a full disk, an I/O error): what finished is kept and said, and the
-      // report records how far the run got and why it stopped; then the error ends the command
-      // (exit 1). An output that failed itself is left as it is (a line retried there would be
-      // written twice); a second failure while keeping them is dropped: the first is the cause.
-      // Under mpirun the ranks' own paths keep what finished.
-      progress.finish();
-      bool all_kept = false;
-      try {
-        if (!out_file || !out_file->failed()) {
-          keep_finished();
-          all_kept = true;
-        }
-      } catch (const std::exception&) {
+      if (!out_file || !out_file->failed()) {
+        keep_finished();
+        all_kept = true;
       }
-      try {
-        if (!a.report.empty()) {
-          json report = report_of();
-          report["error"] = printable_utf8(ex.what());
-          write_json_file(a.report, report, "--report");
-        }
-      } catch (const std::exception&) {
-      }
-      if (out_file && out_file->failed() && resumable())
-        std::cerr << "flexh2o: " << a.output << " holds " << kept().first << " of the " << to_run
-                  << " requests' results (a torn last line, which --resume drops, aside); the same command with "
-                  << (a.overwrite ? "--resume in place of --overwrite" : "--resume")
-                  << " finishes the run once the cause below is fixed\n";
-      else if (all_kept && finished > 0)
-        std::cerr << "flexh2o: " << finished << " of " << to_run << " requests finished before the error below"
-                  << (!resumable() ? std::string()
-                                       : "; their results are in " + a.output + ", and the same command with " +
-                                             (a.overwrite ? "--resume in place of --overwrite" : "--resume") +
-                                             " finishes the run once the cause is fixed")
-                  << "\n";
-      throw;
+    } catch (const std::exception&) {
     }
+    try {
+      if (!a.report.empty()) {
+        json report = report_of();
+        if (dp) dp->add_to_report(report);
+        report["error"] = printable_utf8(ex.what());
+        write_json_file(a.report, report, "--report");
+      }
+    } catch (const std::exception&) {
+    }
+    if (out_file && out_file->failed() && resumable())
+      std::cerr << "flexh2o: " << a.output << " holds " << kept().first << " of the " << to_run
+                << " requests' results (a torn last line, which --resume drops, aside); the same command with "
+                << (a.overwrite ? "--resume in place of --overwrite" : "--resume")
+                << " finishes the run once the cause below is fixed\n";
+    else if (all_kept && finished > 0)
+      std::cerr << "flexh2o: " << finished << " of " << to_run << " requests finished before the error below"
+                << (!resumable() ? std::string()
+                                     : "; their results are in " + a.output + ", and the same command with " +
+                                           (a.overwrite ? "--resume in place of --overwrite" : "--resume") +
+                                           " finishes the run once the cause is fixed")
+                << "\n";
+  };
+  try {
+    if (stages) {
+      try {
+        generate(*stages->driver, run_reqs, go, &st);
+        pipe_report = stages->driver->finish(false, st.interrupted ? stages->driver->stop_signal() : 0);
+      } catch (const std::exception& e) {
+        if (out_file) out_file->sync();  // every finished result stays
+        pipe->fail(*stages->driver, e, out_file.has_value());
+        throw;
+      }
+    } else if (dp) {
+      dp->generate(*runner, run_reqs, go, [&](size_t j) { return items[req_item[order[j]]].stop_rule(); }, prompt,
+                   gen, &st);
+    } else {
+      generate(*runner, run_reqs, go, &st);
+    }
+  } catch (const std::exception& ex) {
+    after_failure(ex);
+    throw;
   }
   progress.finish();
   if (st.interrupted) keep_finished();

@@ -149,6 +149,21 @@ TEST(PipelineGenerate, RanksThatDisagreeEndTheJobSayingHow) {
   }
 }
 
+// An output that fails mid-job (here /dev/full) still leaves the report, with the error, in both
+// modes; only a single process wrote one.
+TEST(PipelineGenerate, AFailedOutputStillWritesTheReport) {
+  TempDir tmp;
+  const fs::path in = write_input(tmp.path(), kOpt, 4), rep = tmp.path() / "rep.json";
+  for (const std::string mode : {"", " --pipeline-stages 2"}) {
+    const RunResult r = mpirun(2, gen(kOpt, in, "/dev/full", "-b 1 --report " + rep.string() + mode));
+    EXPECT_NE(r.code, 0) << mode;
+    ASSERT_TRUE(fs::exists(rep)) << mode << "\n" << r.err;
+    EXPECT_NE(read_json(rep)["error"].get<std::string>().find("cannot write --output /dev/full"), std::string::npos)
+        << mode;
+    fs::remove(rep);
+  }
+}
+
 TEST(PipelineGenerate, ResumeFinishesAPartialOutput) {
   TempDir tmp;
   const fs::path in = write_input(tmp.path(), kLlama), one = tmp.path() / "one.jsonl";
