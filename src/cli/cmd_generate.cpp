@@ -420,6 +420,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
                                            " finishes the run once the cause is fixed")
                 << "\n";
   };
+  bool failure_said = false;
   try {
     if (stages) {
       try {
@@ -427,6 +428,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
         pipe_report = stages->driver->finish(false, st.interrupted ? stages->driver->stop_signal() : 0);
       } catch (const std::exception& e) {
         if (out_file) out_file->sync();  // every finished result stays
+        after_failure(e);  // first: a broken pipeline ends every rank in fail()
+        failure_said = true;
         pipe->fail(*stages->driver, e, out_file.has_value());
         throw;
       }
@@ -437,7 +440,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       generate(*runner, run_reqs, go, &st);
     }
   } catch (const std::exception& ex) {
-    after_failure(ex);
+    if (!failure_said) after_failure(ex);
     throw;
   }
   progress.finish();
