@@ -105,9 +105,9 @@ void add(GenerateStats& into, const GenerateStats& s) {
 
 void add_data_parallel_flags(CLI::App& g, double& rank_timeout_s) {
   g.add_option("--rank-timeout", rank_timeout_s,
-               "Under mpirun (data parallel): a rank that sends nothing for this many seconds is taken as hung and "
-               "the job ends (finished results are kept; --resume finishes it). Ranks send a heartbeat after every "
-               "token step, so this must exceed the longest step (a batch's prefill) and a model's load")
+               "Under mpirun (data or pipeline parallel): a rank that sends nothing for this many seconds is taken "
+               "as hung and the job ends (finished results are kept; --resume finishes it). Ranks send a heartbeat "
+               "after every token step, so this must exceed the longest step (a batch's prefill) and a model's load")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);  // seconds, not an integer
 }

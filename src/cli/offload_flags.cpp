@@ -210,7 +210,8 @@ CLI::Option* add_threads_flag(CLI::App* app, int& threads) {
   const int most = int(std::thread::hardware_concurrency());
   CLI::Option* o = app->add_option("--threads", threads,
                                    "CPU threads (default or 0: all " +
-                                       (most ? std::to_string(most) + " hardware threads here)" : std::string("cores)")))
+                                       (most ? std::to_string(most) + " hardware threads here" : std::string("cores")) +
+                                       "; under mpirun, the host's shared by its ranks)")
                        ->check(at_least(0));
   if (most)
     o->check(CLI::Validator(
