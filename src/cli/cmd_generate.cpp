@@ -427,8 +427,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
         generate(*stages->driver, run_reqs, go, &st);
         pipe_report = stages->driver->finish(false, st.interrupted ? stages->driver->stop_signal() : 0);
       } catch (const std::exception& e) {
-        if (out_file) out_file->sync();  // every finished result stays
-        after_failure(e);  // first: a broken pipeline ends every rank in fail()
+        after_failure(e);  // first (it keeps every finished result): a broken pipeline ends every rank in fail()
         failure_said = true;
         pipe->fail(*stages->driver, e, out_file.has_value());
         throw;
@@ -452,6 +451,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
 
   json report = report_of();
   if (dp) dp->add_to_report(report);
+  if (dp && !dp->failure().empty()) report["error"] = printable_utf8(dp->failure());  // a worker's
   if (pipe_report) report["pipeline"] = pipeline_report_json(stages->layout, *pipe_report);
   if (!a.report.empty()) write_json_file(a.report, report, "--report");
   if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);

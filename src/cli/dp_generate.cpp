@@ -17,7 +17,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // Rank 0 -> worker.
-constexpr int kSetup = 1;  // batch size, workload for the plan, number of batches
+constexpr int kSetup = 1;  // batch size, workload for the plan, number of batches, job terms, EOS rule
 constexpr int kWork = 2;   // one batch of requests
 constexpr int kQuit = 3;   // rank 0 ends the job early: the reason
 constexpr int kBye = 4;    // every result arrived (or the job stopped): finish
@@ -228,6 +228,8 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
     GenerateStats total;
     int64_t requests = 0;
     int64_t batch_size = 0, prompt_len = 0, gen_len = 0, plan = 0, batches = 0;
+    bool ignore_eos = false;  // rank 0's, with its end-of-sequence id: it decides, as for sampling
+    std::optional<int32_t> eos_id;
     if (std::optional<dist::Message> setup = from_root(kSetup)) {
       dist::Reader sr(setup->bytes, "the setup from " + c.describe(0));
       batch_size = sr.get<int64_t>();
@@ -236,6 +238,8 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       plan = sr.get<int64_t>();
       batches = sr.get<int64_t>();
       check_job_terms(sr.get_string(), job_terms(lm.model->config(), a), me);
+      ignore_eos = sr.get<uint8_t>() != 0;
+      if (const int32_t e = sr.get<int32_t>(); e >= 0) eos_id = e;
     }
     if (batches > 0) {
       const std::string device = select_device(a.device, *lm.model, std::cerr);
@@ -246,8 +250,8 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       const ModelConfig& cfg = lm.model->config();
       GenerateOptions go;
       go.batch_size = rs.runner->max_batch();
-      go.ignore_eos = a.ignore_eos;
-      go.eos_id = lm.tokenizer && lm.tokenizer->eos_id() ? lm.tokenizer->eos_id() : cfg.eos_id;
+      go.ignore_eos = ignore_eos;
+      go.eos_id = eos_id;
       go.pad_id = cfg.pad_id.value_or(0);
       go.stop = &stop;
       uint64_t first = 0;
@@ -350,6 +354,8 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
                .put<int64_t>(plan_requests(reqs.size()))
                .put<int64_t>(mine)
                .put_string(job_terms(runner.config(), args_))
+               .put<uint8_t>(go.ignore_eos)
+               .put<int32_t>(go.eos_id.value_or(-1))
                .take());
   }
   for (size_t b = 0; b < batches; ++b) {
@@ -451,60 +457,76 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
     service();
     report_progress();
   };
+  // The job's stats: rank 0's and every worker's report, or what a lost worker is known to have
+  // generated (its last progress beat or the results it sent, whichever is more).
+  auto job_stats = [&] {
+    GenerateStats job = R.own;
+    for (int w = 1; w < n; ++w) {
+      const json& j = R.reports[size_t(w)];
+      if (j.is_null()) {
+        job.generated_tokens += R.lost_tokens(w);
+        continue;
+      }
+      job.generated_tokens += j.value("generated_tokens", int64_t(0));
+      job.decode_tokens += j.value("decode_tokens", int64_t(0));
+      job.prompt_tokens += j.value("prompt_tokens", int64_t(0));
+      job.padded_prompt_tokens += j.value("padded_prompt_tokens", int64_t(0));
+      job.batches += j.value("batches", int64_t(0));
+      job.prefill_seconds += j.value("prefill_seconds", 0.0);
+      job.decode_seconds += j.value("decode_seconds", 0.0);
+      job.peak_kv_bytes = std::max(job.peak_kv_bytes, j.value("peak_kv_bytes", size_t(0)));
+    }
+    job.interrupted = stop.load();
+    return job;
+  };
   size_t first = 0;
   if (go.on_result) mine.on_result = [&](size_t r, const GenerationResult& res) { go.on_result(first + r, res); };
   if (go.ends_at) mine.ends_at = [&](size_t r, const GenerationResult& res) { return go.ends_at(first + r, res); };
-  for (size_t b = 0; b < batches && !stop; b += size_t(n)) {
-    first = b * batch;
-    const size_t count = std::min(batch, reqs.size() - first);
-    const std::vector<GenerationRequest> part(reqs.begin() + ptrdiff_t(first), reqs.begin() + ptrdiff_t(first + count));
-    GenerateStats bs;
-    flexh2o::generate(runner, part, mine, &bs);
-    add(R.own, bs);
-    own_before = own_now = R.own.generated_tokens;
-    service();
-  }
-  R.own_requests = R.requests[0];
-  // Every worker's report, or after a stop those that come within the grace.
-  std::optional<Clock::time_point> stopped_at;
-  for (;;) {
-    service();
-    if (!R.failure.empty()) break;
-    if (std::all_of(R.done.begin() + 1, R.done.end(), [](bool d) { return d; })) break;
-    if (R.stopping) {
-      if (!stopped_at) stopped_at = Clock::now();
-      const double grace = dist::stop_grace_s(R.longest_step_s, timeout_s_);
-      if (since(*stopped_at) > grace) {
-        for (int w = 1; w < n; ++w)
-          if (!R.done[size_t(w)])
-            say("flexh2o: ", c.describe(w), " did not end its step within ", seconds(grace), " of the stop (signal ",
-                R.signal, "): it is gone or hangs");
-        R.silent = true;
-        break;
-      }
+  GenerateStats bs;  // rank 0's batch running (generate() fills it when a step throws too)
+  try {
+    for (size_t b = 0; b < batches && !stop; b += size_t(n)) {
+      first = b * batch;
+      const size_t count = std::min(batch, reqs.size() - first);
+      const std::vector<GenerationRequest> part(reqs.begin() + ptrdiff_t(first),
+                                                reqs.begin() + ptrdiff_t(first + count));
+      bs = GenerateStats{};
+      flexh2o::generate(runner, part, mine, &bs);
+      add(R.own, bs);
+      bs = GenerateStats{};
+      own_before = own_now = R.own.generated_tokens;
+      service();
     }
-    dist::Message m;
-    if (c.recv(dist::kAnySource, dist::kAnyTag, 0.02, &m).ok()) handle(m);
+    R.own_requests = R.requests[0];
+    // Every worker's report, or after a stop those that come within the grace.
+    std::optional<Clock::time_point> stopped_at;
+    for (;;) {
+      service();
+      if (!R.failure.empty()) break;
+      if (std::all_of(R.done.begin() + 1, R.done.end(), [](bool d) { return d; })) break;
+      if (R.stopping) {
+        if (!stopped_at) stopped_at = Clock::now();
+        const double grace = dist::stop_grace_s(R.longest_step_s, timeout_s_);
+        if (since(*stopped_at) > grace) {
+          for (int w = 1; w < n; ++w)
+            if (!R.done[size_t(w)])
+              say("flexh2o: ", c.describe(w), " did not end its step within ", seconds(grace), " of the stop (signal ",
+                  R.signal, "): it is gone or hangs");
+          R.silent = true;
+          break;
+        }
+      }
+      dist::Message m;
+      if (c.recv(dist::kAnySource, dist::kAnyTag, 0.02, &m).ok()) handle(m);
+    }
+  } catch (...) {  // a failure here (the output's disk filled): the report says how far the job got
+    add(R.own, bs);
+    R.own_requests = R.requests[0];
+    R.wall_s = since(start);
+    *st = job_stats();
+    throw;
   }
   R.wall_s = since(start);
-
-  GenerateStats job = R.own;
-  for (int w = 1; w < n; ++w) {
-    const json& j = R.reports[size_t(w)];
-    if (j.is_null()) {  // lost: at least what it said it generated, and what it sent
-      job.generated_tokens += R.lost_tokens(w);
-      continue;
-    }
-    job.generated_tokens += j.value("generated_tokens", int64_t(0));
-    job.decode_tokens += j.value("decode_tokens", int64_t(0));
-    job.prompt_tokens += j.value("prompt_tokens", int64_t(0));
-    job.padded_prompt_tokens += j.value("padded_prompt_tokens", int64_t(0));
-    job.batches += j.value("batches", int64_t(0));
-    job.prefill_seconds += j.value("prefill_seconds", 0.0);
-    job.decode_seconds += j.value("decode_seconds", 0.0);
-    job.peak_kv_bytes = std::max(job.peak_kv_bytes, j.value("peak_kv_bytes", size_t(0)));
-  }
-  job.interrupted = stop.load();
+  const GenerateStats job = job_stats();
   *st = job;
   if (!R.failure.empty()) {
     for (int w = 1; w < n; ++w) c.send(w, kQuit, dist::Writer().put_string(R.failure).take());
@@ -563,6 +585,8 @@ void DataParallel::add_to_report(json& report) const {
   report["tokens_per_s"] = R.wall_s > 0 ? double(report["generated_tokens"].get<int64_t>()) / R.wall_s : 0.0;
   report["ranks"] = std::move(ranks);
 }
+
+const std::string& DataParallel::failure() const { return root_->failure; }
 
 int DataParallel::finish(int code) {
   const Root& R = *root_;

@@ -99,6 +99,8 @@ class DataParallel {
   // Rank 0: the job's totals, wall time and tokens/s at the top of `report` (rank 0's run
   // report) and a "ranks" array of every rank's figures.
   void add_to_report(nlohmann::json& report) const;
+  // Rank 0: the error a worker failed with (the job then stopped), empty if none did.
+  const std::string& failure() const;
   // Rank 0 at the end: 1 after a rank failed, 128 + the signal after a stop, else `code`. A
   // silent rank (or one that did not end its step after a stop) cannot finish MPI, so then
   // every rank is ended here (Comm::abort) once the results are written.

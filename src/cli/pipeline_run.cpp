@@ -142,9 +142,20 @@ PipelineJob::~PipelineJob() {
 int PipelineJob::threads(int requested) const { return rank_threads(*comm_, requested); }
 
 int PipelineJob::serve(const GenerateArgs& a, const Env& env) {
-  if (misfit_) return 1;
   dist::Comm& comm = *comm_;
   const int rank = comm.rank();
+  if (misfit_) {
+    // Rank 0 misfits too when every rank has these flags, and says so. If it sends a layout
+    // instead, this rank alone was given another count: the job would wait out --rank-timeout.
+    dist::Message m;
+    if (comm.recv(0, kPipelineLayoutTag, 2.0, &m).ok()) {
+      const int32_t stages = dist::Reader(m.bytes, "the pipeline layout").get<int32_t>();
+      say("flexh2o: error: rank ", rank, " was given --pipeline-stages ", stages_, " and rank 0 runs ", stages,
+          " stages; give every rank the same flags; ending the job");
+      comm.abort(1);
+    }
+    return 1;
+  }
   PipelineLayout l;
   std::string terms;  // rank 0's job_terms
   {

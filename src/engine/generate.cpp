@@ -47,6 +47,16 @@ std::vector<GenerationResult> start(const ModelConfig& c, int64_t batch, const s
   return std::vector<GenerationResult>(requests.size());
 }
 
+// The stats say how far the run got even when a step throws (a full disk mid-run): set on the
+// way out, however it goes.
+struct PublishStats {
+  const GenerateStats& from;
+  GenerateStats* to;
+  ~PublishStats() {
+    if (to) *to = from;
+  }
+};
+
 }  // namespace
 
 void check_batches(const StepRunner& runner, const std::vector<GenerationRequest>& requests,
@@ -93,14 +103,7 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
   std::vector<GenerationResult> out = start(runner.config(), batch, requests, total);
   check_batches(runner, requests, opts);
   GenerateStats st;
-  // The stats say how far the run got even when a step throws (a full disk mid-run).
-  struct Publish {
-    const GenerateStats& from;
-    GenerateStats* to;
-    ~Publish() {
-      if (to) *to = from;
-    }
-  } publish{st, stats};
+  PublishStats publish{st, stats};
   if (opts.continuous) return generate_continuous(runner, requests, opts, st, total);
   for (size_t first = 0; first < requests.size() && !st.interrupted; first += size_t(batch)) {
     if (stop_requested(opts)) {
@@ -146,6 +149,7 @@ std::vector<GenerationResult> generate(GroupRunner& runner, const std::vector<Ge
   std::vector<GenerationResult> out = start(runner.config(), batch, requests, total);
   FH_CHECK(runner.groups() >= 1, "a group runner needs at least one group");
   GenerateStats st;
+  PublishStats publish{st, stats};
   using Run = BatchRun<std::vector<GenerationRequest>, std::vector<GenerationResult>>;
   std::vector<std::unique_ptr<Run>> slot(size_t(runner.groups()));
   size_t next = 0;
@@ -189,7 +193,6 @@ std::vector<GenerationResult> generate(GroupRunner& runner, const std::vector<Ge
     st.decode_seconds += seconds_since(t0);
   }
   if (stop_requested(opts) && next < requests.size()) st.interrupted = true;
-  if (stats) *stats = st;
   return out;
 }
 

@@ -154,7 +154,8 @@ class GroupRunner {
 
 // As generate() above, with up to runner.groups() batches in flight: each group takes the next
 // batch of requests when its batch ends. Every batch holds the same requests as generate()'s
-// batches (request order, runner.max_batch() at a time), so results are the same.
+// batches (request order, runner.max_batch() at a time), so results are the same. *stats is set
+// also when a step throws.
 std::vector<GenerationResult> generate(GroupRunner& runner, const std::vector<GenerationRequest>& requests,
                                        const GenerateOptions& opts, GenerateStats* stats = nullptr);
 // In-memory convenience: batches of opts.batch_size on `fwd`.

@@ -21,6 +21,17 @@ using model_detail::kMaxDim;
 using model_detail::kMaxIndex;
 using model_detail::Reader;
 
+// A quantized checkpoint's tensors are packed (GPTQ/AWQ qweight and scales, bitsandbytes, FP8)
+// for its quantizer to unpack; read as plain weights they would be missing or wrong.
+void refuse_quantized(const json& j, const std::string& source) {
+  if (!j.contains("quantization_config") || !j["quantization_config"].is_object()) return;
+  const json& q = j["quantization_config"];
+  const json method = q.contains("quant_method") ? q["quant_method"] : json("unnamed");
+  FH_FAIL(source, ": a quantized checkpoint (quantization_config.quant_method ", json_excerpt(method),
+          "): flexh2o reads f16, bf16 and f32 weights and quantizes them itself (--compress-weight: 4-bit "
+          "groups, as FlexGen). Use the model's unquantized checkpoint");
+}
+
 // The model types the LLaMA path runs: dense ones, and mixtures of experts (parse_moe).
 constexpr std::array<std::string_view, 5> kDenseLlamaTypes = {"llama", "mistral", "qwen2", "qwen3", "phi3"};
 constexpr std::array<std::string_view, 4> kMoeTypes = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
@@ -281,15 +292,7 @@ ModelConfig parse_gemma3_multimodal(const json& j, const std::string& source) {
 ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& source) {
   const json j = parse_json(text, source);
   if (!j.is_object()) FH_FAIL(source, ": expected a JSON object");
-  // A quantized checkpoint's tensors are packed (GPTQ/AWQ qweight and scales, bitsandbytes, FP8)
-  // for its quantizer to unpack; read as plain weights they would be missing or wrong.
-  if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
-    const json& q = j["quantization_config"];
-    const json method = q.contains("quant_method") ? q["quant_method"] : json("unnamed");
-    FH_FAIL(source, ": a quantized checkpoint (quantization_config.quant_method ", json_excerpt(method),
-            "): flexh2o reads f16, bf16 and f32 weights and quantizes them itself (--compress-weight: 4-bit "
-            "groups, as FlexGen). Use the model's unquantized checkpoint");
-  }
+  refuse_quantized(j, source);  // at the top of a multimodal config, whose text part is read below
   if (j.contains("model_type") && j["model_type"] == "gemma3") return parse_gemma3_multimodal(j, source);
   if (j.contains("model_type") && j["model_type"] == "gemma3_text")
     return parse_object(with_gemma3_defaults(j), source);
@@ -299,6 +302,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
 namespace {
 
 ModelConfig parse_object(const json& j, const std::string& source) {
+  refuse_quantized(j, source);
   Reader r(j, source);
   ModelConfig c;
   c.model_type = r.string_or("model_type", "");

@@ -141,12 +141,22 @@ TEST(PipelineGenerate, RanksThatDisagreeEndTheJobSayingHow) {
                         Case{gen(kOpt, in, out, "-b 2 --pipeline-stages 2"), gen(kOpt, in, out, "-b 2"),
                              "was not given --pipeline-stages and rank 0 was"},
                         Case{gen(kOpt, in, out, "-b 2"), gen(kOpt, in, out, "-b 2 --pipeline-stages 2"),
-                             "was given --pipeline-stages and rank 0 was not"}}) {
+                             "was given --pipeline-stages and rank 0 was not"},
+                        Case{gen(kOpt, in, out, "-b 2 --pipeline-stages 2"),
+                             gen(kOpt, in, out, "-b 2 --pipeline-stages 3"),
+                             "rank 1 was given --pipeline-stages 3 and rank 0 runs 2 stages"}}) {
     const RunResult r = mpirun(1, c.rank0 + " --overwrite --rank-timeout 60 : -np 1 " + FLEXH2O_BINARY_DIR +
                                       "/flexh2o " + c.rank1 + " --overwrite --rank-timeout 60");
     EXPECT_NE(r.code, 0) << c.rank1;
     EXPECT_NE(r.err.find(c.says), std::string::npos) << c.says << "\n" << r.err;
   }
+  // A worker's failure is the job's error in rank 0's report (it read "interrupted").
+  const fs::path rep = tmp.path() / "rep.json";
+  const RunResult r = mpirun(1, gen(kOpt, in, out, "-b 2 --overwrite --report " + rep.string()) + " : -np 1 " +
+                                    FLEXH2O_BINARY_DIR + "/flexh2o " + gen(kLlama, in, out, "-b 2 --overwrite"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(read_json(rep).value("error", std::string()).find("runs another job than rank 0"), std::string::npos)
+      << read_json(rep).dump();
 }
 
 // An output that fails mid-job (here /dev/full) still leaves the report, with the error, in both
@@ -158,10 +168,26 @@ TEST(PipelineGenerate, AFailedOutputStillWritesTheReport) {
     const RunResult r = mpirun(2, gen(kOpt, in, "/dev/full", "-b 1 --report " + rep.string() + mode));
     EXPECT_NE(r.code, 0) << mode;
     ASSERT_TRUE(fs::exists(rep)) << mode << "\n" << r.err;
-    EXPECT_NE(read_json(rep)["error"].get<std::string>().find("cannot write --output /dev/full"), std::string::npos)
-        << mode;
+    const json j = read_json(rep);
+    EXPECT_NE(j["error"].get<std::string>().find("cannot write --output /dev/full"), std::string::npos) << mode;
+    EXPECT_GT(j["generated_tokens"].get<int64_t>(), 0) << mode;  // the batch that failed ran: not zeros
     fs::remove(rep);
   }
+}
+
+// Rank 0 decides the end-of-sequence rule, as it does sampling: a worker without --ignore-eos
+// stopped its requests at EOS while rank 0's ran on.
+TEST(PipelineGenerate, DataParallelWorkersEndSequencesAsRankZeroDoes) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  std::vector<json> lines;
+  for (int i = 0; i < 4; ++i)
+    lines.push_back({{"id", i}, {"prompt", "a"}, {"max_new_tokens", 5}, {"logit_bias", {{"2", 100}}}});
+  write_lines(in, lines);
+  const RunResult r = mpirun(1, gen(kOpt, in, out, "-b 1 --ignore-eos") + " : -np 1 " + FLEXH2O_BINARY_DIR +
+                                    "/flexh2o " + gen(kOpt, in, out, "-b 1"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const json& l : read_jsonl(out)) EXPECT_EQ(l["token_ids"].size(), 5u) << l.dump();
 }
 
 TEST(PipelineGenerate, ResumeFinishesAPartialOutput) {

@@ -154,6 +154,10 @@ TEST(ConfigLimits, AQuantizedCheckpointIsNamedAsOne) {
   mm["quantization_config"] = {{"quant_method", "awq"}};
   EXPECT_HAS(error_of([&] { ModelConfig::from_json_text(mm.dump(), "g/config.json"); }),
              "quantization_config.quant_method \"awq\"");
+  mm.erase("quantization_config");  // or inside its text part only
+  mm["text_config"]["quantization_config"] = {{"quant_method", "bitsandbytes"}};
+  EXPECT_HAS(error_of([&] { ModelConfig::from_json_text(mm.dump(), "g/config.json"); }),
+             "quantization_config.quant_method \"bitsandbytes\"");
 }
 
 }  // namespace
