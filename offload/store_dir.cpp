@@ -204,7 +204,8 @@ size_t remove_stale_run_files(const fs::path& dir, std::string_view keep) {
       // locked is taken as alive: only a lock this cleaner holds proves its run gone. One gone
       // since the listing was its run's last act, after removing its files.
       fd = ::open(lease.c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) fd = ::open(lease.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS))
+        fd = ::open(lease.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0 && errno != ENOENT) continue;
       if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {  // held (or unknowable): the run is alive
         ::close(fd);
