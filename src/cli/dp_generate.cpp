@@ -103,15 +103,6 @@ void add(GenerateStats& into, const GenerateStats& s) {
 
 }  // namespace
 
-void add_data_parallel_flags(CLI::App& g, double& rank_timeout_s) {
-  g.add_option("--rank-timeout", rank_timeout_s,
-               "Under mpirun (data or pipeline parallel): a rank that sends nothing for this many seconds is taken "
-               "as hung and the job ends (finished results are kept; --resume finishes it). Ranks send a heartbeat "
-               "after every token step, so this must exceed the longest step (a batch's prefill) and a model's load")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);  // seconds, not an integer
-}
-
 struct DataParallel::Root {
   GenerateStats own;                       // rank 0's share
   int64_t own_requests = 0;
@@ -479,6 +470,12 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
     job.interrupted = stop.load();
     return job;
   };
+  // How far the job got, when it ends or fails.
+  auto settle = [&] {
+    R.own_requests = R.requests[0];
+    R.wall_s = since(start);
+    *st = job_stats();
+  };
   size_t first = 0;
   if (go.on_result) mine.on_result = [&](size_t r, const GenerationResult& res) { go.on_result(first + r, res); };
   if (go.ends_at) mine.ends_at = [&](size_t r, const GenerationResult& res) { return go.ends_at(first + r, res); };
@@ -496,7 +493,6 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
       own_before = own_now = R.own.generated_tokens;
       service();
     }
-    R.own_requests = R.requests[0];
     // Every worker's report, or after a stop those that come within the grace.
     std::optional<Clock::time_point> stopped_at;
     for (;;) {
@@ -520,14 +516,11 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
     }
   } catch (...) {  // a failure here (the output's disk filled): the report says how far the job got
     add(R.own, bs);
-    R.own_requests = R.requests[0];
-    R.wall_s = since(start);
-    *st = job_stats();
+    settle();
     throw;
   }
-  R.wall_s = since(start);
-  const GenerateStats job = job_stats();
-  *st = job;
+  settle();
+  const GenerateStats& job = *st;
   if (!R.failure.empty()) {
     for (int w = 1; w < n; ++w) c.send(w, kQuit, dist::Writer().put_string(R.failure).take());
   } else {

@@ -1,5 +1,5 @@
-// What the ranks of an mpirun job share or split, in both modes (dp_generate.h): a rank's CPU
-// threads and GPU, and the terms of the job every rank must agree on.
+// What the ranks of an mpirun job share or split, in both modes (dp_generate.h): --rank-timeout,
+// a rank's CPU threads and GPU, and the terms of the job every rank must agree on.
 #include <sched.h>
 
 #include <algorithm>
@@ -13,6 +13,15 @@
 namespace flexh2o::cli {
 
 using nlohmann::json;
+
+void add_data_parallel_flags(CLI::App& g, double& rank_timeout_s) {
+  g.add_option("--rank-timeout", rank_timeout_s,
+               "Under mpirun (data or pipeline parallel): a rank that sends nothing for this many seconds is taken "
+               "as hung and the job ends (finished results are kept; --resume finishes it). Ranks send a heartbeat "
+               "after every token step, so this must exceed the longest step (a batch's prefill) and a model's load")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);  // seconds, not an integer
+}
 
 int rank_threads_of(int requested, int usable, int cores, int local_ranks) {
   if (requested > 0) return requested;
