@@ -452,7 +452,10 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   json report = report_of();
   if (dp) dp->add_to_report(report);
   if (dp && !dp->failure().empty()) report["error"] = printable_utf8(dp->failure());  // a worker's
-  if (pipe_report) report["pipeline"] = pipeline_report_json(stages->layout, *pipe_report);
+  if (pipe_report) {  // the driver's stats hold no stage's KV
+    report["pipeline"] = pipeline_report_json(stages->layout, *pipe_report);
+    report["peak_kv_bytes"] = pipe_report->peak_kv_bytes();
+  }
   if (!a.report.empty()) write_json_file(a.report, report, "--report");
   if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);
   // Under mpirun the time is the job's wall time; the ranks' prefill and decode seconds add up.

@@ -279,7 +279,8 @@ nlohmann::json pipeline_report_json(const PipelineLayout& l, const dist::Pipelin
                       {"busy_seconds", s.busy_s},
                       {"wall_seconds", s.wall_s},
                       {"bytes_in", s.bytes_in},
-                      {"bytes_out", s.bytes_out}});
+                      {"bytes_out", s.bytes_out},
+                      {"peak_kv_bytes", s.peak_kv_bytes}});
   nlohmann::json j{{"stages", l.stages},
           {"groups", l.groups},
           {"bounds", l.bounds},

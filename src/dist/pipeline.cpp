@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <optional>
 #include <sstream>
 
@@ -24,7 +25,7 @@ double now_s() {
 
 void put_stats(Writer& w, const StageStats& s) {
   w.put<int32_t>(s.stage).put<int32_t>(s.rank).put_string(s.host).put(s.first_layer).put(s.end_layer).put(s.steps);
-  w.put(s.busy_s).put(s.wall_s).put(s.bytes_in).put(s.bytes_out);
+  w.put(s.busy_s).put(s.wall_s).put(s.bytes_in).put(s.bytes_out).put(s.peak_kv_bytes);
 }
 
 StageStats get_stats(Reader& r) {
@@ -39,6 +40,7 @@ StageStats get_stats(Reader& r) {
   s.wall_s = r.get<double>();
   s.bytes_in = r.get<uint64_t>();
   s.bytes_out = r.get<uint64_t>();
+  s.peak_kv_bytes = r.get<uint64_t>();
   return s;
 }
 
@@ -109,6 +111,18 @@ double PipelineReport::bubble() const {
   double busy = 0, wall = 0;
   for (const StageStats& s : stages) busy += s.busy_s, wall += s.wall_s;
   return wall > 0 ? 1 - busy / wall : 0;
+}
+
+uint64_t PipelineReport::peak_kv_bytes() const {
+  uint64_t n = 0;
+  for (const StageStats& s : stages) n += s.peak_kv_bytes;
+  return n;
+}
+
+void StageStats::note_kv(int group, uint64_t bytes) {
+  if (group_kv.size() <= size_t(group)) group_kv.resize(size_t(group) + 1);
+  group_kv[size_t(group)] = bytes;
+  peak_kv_bytes = std::max(peak_kv_bytes, std::accumulate(group_kv.begin(), group_kv.end(), uint64_t(0)));
 }
 
 uint64_t PipelineReport::bytes_between_stages() const {
@@ -248,6 +262,7 @@ int PipelineDriver::collect(std::vector<float>& logits) {
                    nullptr, logits);
   own_.busy_s += now_s() - t;
   ++own_.steps;
+  own_.note_kv(p.g, last_.kv_bytes());
   return p.g;
 }
 
@@ -355,6 +370,7 @@ ServeResult serve_stage(Channel& ch, OffloadEngine& engine, int stages, int64_t 
                           logits);
         st.busy_s += now_s() - t;
         ++st.steps;
+        st.note_kv(x.g, engine.kv_bytes());
         std::vector<std::byte> fwd = step_message(x.g, x.T, x.B, x.ids, x.pos, x.has_rows ? x.real_rows.data() : nullptr, out);
         st.bytes_out += fwd.size();
         ch.send(next, kTag, std::move(fwd));

@@ -46,6 +46,9 @@ struct StageStats {
   double busy_s = 0;  // inside its engine's steps
   double wall_s = 0;  // from its first message to the end of the job
   uint64_t bytes_in = 0, bytes_out = 0;  // stage-to-stage messages (hidden rows and step inputs)
+  uint64_t peak_kv_bytes = 0;  // its layers' KV held at once, every group's batch as of its last step
+  std::vector<uint64_t> group_kv;  // [group] its KV after its last step (not sent)
+  void note_kv(int group, uint64_t bytes);  // after a step of that group
 };
 
 struct PipelineReport {
@@ -53,6 +56,8 @@ struct PipelineReport {
   // Measured bubble: the fraction of the stages' time not inside a step, 1 - sum(busy) / sum(wall).
   double bubble() const;
   uint64_t bytes_between_stages() const;  // sum of bytes_out
+  // The job's KV: the stages' peaks added (each stage holds its own layers' cache at once).
+  uint64_t peak_kv_bytes() const;
 };
 
 // Rank 0: the last stage, and a GroupRunner the generation driver runs. `last` must be the

@@ -87,6 +87,18 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
         EXPECT_EQ(st["bytes_out"], p["per_stage"][size_t(s) + 1]["bytes_in"]) << what;
       }
     }
+    // The job's KV is every stage's; the stages hold the same sequences, so the same KV a layer
+    // (the tiny models' layers are alike).
+    int64_t kv = 0;
+    const json& first = p["per_stage"][0];
+    const int64_t per_layer = first["peak_kv_bytes"].get<int64_t>() / (bounds[1] - bounds[0]);
+    EXPECT_GT(per_layer, 0) << what;
+    for (const json& st : p["per_stage"]) {
+      const int64_t layers = st["layers"][1].get<int64_t>() - st["layers"][0].get<int64_t>();
+      EXPECT_EQ(st["peak_kv_bytes"].get<int64_t>(), per_layer * layers) << what << "\n" << p.dump();
+      kv += st["peak_kv_bytes"].get<int64_t>();
+    }
+    EXPECT_EQ(j["peak_kv_bytes"], kv) << what;
     const double bubble = p["bubble_fraction"];
     EXPECT_GE(bubble, 0) << what;
     EXPECT_LT(bubble, 1) << what;
