@@ -99,15 +99,18 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   check_engine_flags(a.offload, a.kv);
   batch::check_stop_strings(a.stop, "--stop");
   check_sampling_defaults(a);  // the flags, before the model loads
+  std::ostringstream defaults_note;  // said after the model's line
+  if (const std::optional<std::filesystem::path> dir = model_dir(env, a.model)) {  // and its generation_config.json
+    apply_generation_config(a, *dir, defaults_note);
+    check_sampling_defaults(a);
+  }
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   if (!a.stop.empty() && !lm.tokenizer)
     FH_FAIL("--stop needs the text: this model has no tokenizer (pass --tokenizer DIR)");
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& cfg = lm.model->config();
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
-            << "M params, loaded in " << lm.load_seconds << " s\n" << lm.warning;
-  apply_generation_config(a, lm.dir, std::cerr);
-  check_sampling_defaults(a);
+            << "M params, loaded in " << lm.load_seconds << " s\n" << lm.warning << defaults_note.str();
 
   std::vector<GenerateItem> items;
   if (a.prompt) {

@@ -53,12 +53,17 @@ ModelConfig resolve_config(const Env& env, const std::string& spec, std::string*
   return ModelConfig::from_file(dir / "config.json");
 }
 
+std::optional<fs::path> model_dir(const Env& env, const std::string& spec) {
+  if (!fs::is_directory(spec) && preset_path(env, spec)) return std::nullopt;
+  return resolve_model_dir(spec, env.hub);
+}
+
 LoadedModel load_model(const Env& env, const std::string& spec, const std::string& tokenizer_dir,
                        uint64_t dummy_seed, const std::string& progress) {
   auto t0 = std::chrono::steady_clock::now();
   LoadedModel lm;
-  std::optional<fs::path> dir;
-  if (!fs::is_directory(spec) && preset_path(env, spec)) {
+  const std::optional<fs::path> dir = model_dir(env, spec);
+  if (!dir) {
     ModelConfig c = resolve_config(env, spec);
     // Made in RAM whatever the placement: more than there is would end in the OOM killer.
     const uint64_t need = Model::dummy_bytes(c);
@@ -71,7 +76,6 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
         Model::dummy(c, dummy_seed, [&](uint64_t done, uint64_t total) { made.update(int64_t(done), int64_t(total)); }));
     lm.source = "preset " + spec + " (dummy weights: timings are real, text is meaningless)";
   } else {
-    dir = resolve_model_dir(spec, env.hub);
     lm.model = std::make_unique<Model>(Model::load_dir(*dir));
     lm.source = dir->string();
     lm.dir = *dir;

@@ -65,6 +65,9 @@ void say(const A&... parts) {
 
 // Path of the preset config for `name` (e.g. "opt-1.3b"), if configs/models/NAME.json exists.
 std::optional<std::filesystem::path> preset_path(const Env& env, const std::string& name);
+// The checkpoint directory `spec` names (a directory or a hub id in the local cache); none for a
+// preset. Throws Error naming what is missing.
+std::optional<std::filesystem::path> model_dir(const Env& env, const std::string& spec);
 // Config only (no weights): for `info` and planning.
 ModelConfig resolve_config(const Env& env, const std::string& spec, std::string* source = nullptr);
 // Loads weights (mmap or dummy) and, when present, the tokenizer (`tokenizer_dir` overrides).

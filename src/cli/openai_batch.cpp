@@ -79,8 +79,8 @@ void check_params(const json& body, Endpoint ep, bool stream) {
     const auto& ps = params(ep);
     auto p = std::find_if(ps.begin(), ps.end(), [&](const Param& q) { return key == q.key; });
     if (p == ps.end() && key == "max_completion_tokens")  // chat's alternative to max_tokens
-      bad(key, "\"max_completion_tokens\" and \"max_tokens\" are alternatives (only one may be given), and "
-               "/v1/completions takes \"max_tokens\": give that one");
+      bad(key, "\"max_completion_tokens\" is chat's name (/v1/chat/completions); /v1/completions takes "
+               "\"max_tokens\": give that one");
     if (p == ps.end()) bad(key, "Unrecognized request argument supplied: ", key);
     if (stream && (key == "stream" || key == "stream_options")) continue;
     if (p->kind != Param::kDefaultOnly || value.is_null()) continue;

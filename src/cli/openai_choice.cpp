@@ -123,13 +123,15 @@ json logprobs_of(const Choice& c, bool chat, const TokenText& piece, int64_t* ch
   json tokens = json::array(), logprobs = json::array(), top = json::array(), offsets = json::array();
   int64_t local = 0;
   int64_t& chars = chars_before ? *chars_before : local;  // characters begun before this token
-  auto add = [&](int32_t id, json logprob, const std::vector<TokenLogprob>* alts, bool generated) {
+  auto add = [&](int32_t id, json logprob, const std::vector<TokenLogprob>* alts, bool generated, bool first) {
     const TokenPiece t = of(id);
     tokens.push_back(t.text);
     logprobs.push_back(logprob);
     const bool inside = !t.bytes.empty() && (static_cast<unsigned char>(t.bytes[0]) & 0xC0) == 0x80;
     offsets.push_back(std::max<int64_t>(chars - (inside ? 1 : 0), 0));
-    if (!(generated && c.skip_special && t.special))  // a skipped token's text is not in `text`
+    // Not in `text`: a skipped token's text, and the BOS the tokenizer put before a text prompt.
+    const bool absent = t.special && ((generated && c.skip_special) || (first && !c.text.starts_with(t.bytes)));
+    if (!absent)
       for (unsigned char ch : t.bytes) chars += (ch & 0xC0) != 0x80;
     // The alternatives and, as OpenAI always returns it, the token itself (up to logprobs + 1).
     json o = alts ? json::object() : json();
@@ -142,10 +144,10 @@ json logprobs_of(const Choice& c, bool chat, const TokenText& piece, int64_t* ch
   static const std::vector<TokenLogprob> none;
   for (size_t i = 0; i < c.prompt.size(); ++i) {
     const ScoredToken* s = i > 0 && i - 1 < c.prompt_scores.size() ? &c.prompt_scores[i - 1] : nullptr;
-    add(c.prompt[i], s ? json(s->logprob) : json(), s ? &s->top : nullptr, false);
+    add(c.prompt[i], s ? json(s->logprob) : json(), s ? &s->top : nullptr, false, i == 0);
   }
   for (size_t i = 0; i < c.tokens.size(); ++i)
-    add(c.tokens[i], c.logprobs[i], i < c.top_logprobs.size() ? &c.top_logprobs[i] : &none, true);
+    add(c.tokens[i], c.logprobs[i], i < c.top_logprobs.size() ? &c.top_logprobs[i] : &none, true, false);
   return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(logprobs)}, {"top_logprobs", std::move(top)},
           {"text_offset", std::move(offsets)}};
 }

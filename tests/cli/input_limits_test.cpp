@@ -493,7 +493,7 @@ TEST(InputLimits, ABudgetJustShortSaysByHowMuch) {
 
 // A sampling flag out of range stops the run before the model loads and before --output exists
 // (it was every line's "error", which --resume then took as done); one from the model's
-// generation_config.json is refused naming the file.
+// generation_config.json is refused naming the file, before the model loads too.
 TEST(InputLimits, BadSamplingDefaultsStopTheRunBeforeAnyLine) {
   TempDir tmp;
   const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl", model = tmp.path() / "m";
@@ -520,6 +520,7 @@ TEST(InputLimits, BadSamplingDefaultsStopTheRunBeforeAnyLine) {
                        "none ignores it)"),
             std::string::npos)
       << r.err;
+  EXPECT_EQ(r.err.find("loaded in"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out));
   EXPECT_EQ(flexh2o(run + "-m " + model.string() + " --generation-config none").code, 0);
 }

@@ -106,8 +106,8 @@ TEST(OpenAiBatch, UnsupportedParametersAreRefusedUnlessDefault) {
                  "messages");
   // Chat's name for max_tokens: its message says which one /v1/completions takes.
   for (const json& extra : {json{{"max_completion_tokens", 4}}, json{{"max_tokens", 4}, {"max_completion_tokens", 4}}})
-    expect_refused(completion(extra), "\"max_completion_tokens\" and \"max_tokens\" are alternatives (only one may "
-                   "be given), and /v1/completions takes \"max_tokens\": give that one", "max_completion_tokens");
+    expect_refused(completion(extra), "\"max_completion_tokens\" is chat's name (/v1/chat/completions); "
+                   "/v1/completions takes \"max_tokens\": give that one", "max_completion_tokens");
 }
 
 // logit_bias as OpenAI writes it (ids as decimal strings) reaches every choice's sampling.
@@ -453,6 +453,23 @@ TEST(OpenAiBatch, TextOffsetsCountCharacters) {
   // "éb€x": é 0, b 1, € 2 (both of its pieces), x 3.
   EXPECT_EQ(line["response"]["body"]["choices"][0]["logprobs"]["text_offset"], json::array({0, 1, 2, 2, 3}))
       << line.dump();
+}
+
+// An echoed text prompt's text has no BOS, so its tokens' offsets do not count the BOS's "</s>";
+// a prompt of ids whose text (decoded) holds it counts it.
+TEST(OpenAiBatch, TextOffsetsOfAnEchoedPromptPointIntoItsText) {
+  const std::map<int32_t, std::string> bytes = {{2, "</s>"}, {5, "a"}, {6, "b"}, {8, "d"}};
+  const TokenText piece = [&](int32_t id) { return TokenPiece{bytes.at(id), bytes.at(id), id == 2}; };
+  for (const std::string& text : {std::string("abd"), std::string("</s>abd")}) {
+    Choice c{.text = text, .completion_tokens = 1, .tokens = {8}, .logprobs = {-1}, .prompt = {2, 5, 6},
+             .prompt_scores = {ScoredToken{-1.f, {}}, ScoredToken{-1.f, {}}}};
+    const json lp = logprobs_of(c, false, piece);
+    const std::vector<int64_t> offsets = lp["text_offset"];
+    ASSERT_EQ(offsets.size(), 4u) << lp.dump();
+    for (size_t i = 1; i < 4; ++i)  // each token's text begins at its offset
+      EXPECT_EQ(text.substr(size_t(offsets[i]), 1), bytes.at(i < 3 ? c.prompt[i] : 8)) << text << " " << lp.dump();
+    EXPECT_EQ(offsets[0], 0) << lp.dump();
+  }
 }
 
 TEST(OpenAiBatch, OutputLinesHaveOpenAisShape) {

@@ -10,7 +10,6 @@ from conftest import DATA, TINY, run_binary, run_module
 
 
 @pytest.mark.parametrize("args", [
-    ["--help"],
     ["generate", "--help"],
     ["generate"],                      # a usage error: --model is required
     ["no-such-command"],
@@ -28,6 +27,13 @@ def test_same_as_the_binary(args):
     assert untimed(got.stdout) == untimed(want.stdout)
     assert timeless(got.stderr) == timeless(want.stderr)
     assert want.stdout or want.stderr
+
+
+def test_help_is_the_binarys_and_names_serve():
+    want, got = run_binary(["--help"]), run_module(["--help"])
+    assert got.returncode == want.returncode == 0
+    assert got.stdout.startswith(want.stdout)
+    assert "serve" not in want.stdout and re.search(r"^  serve .*python -m flexh2o serve --help", got.stdout, re.M)
 
 
 def untimed(out):

@@ -33,9 +33,12 @@ def main(argv=None) -> int:
         return serve_main(args[1:])
     sys.stdout.flush()
     sys.stderr.flush()
-    return run_cli(["flexh2o"] + args, _env.configs_dir(), stderr_is_tty=_env.stderr_is_tty(),
+    code = run_cli(["flexh2o"] + args, _env.configs_dir(), stderr_is_tty=_env.stderr_is_tty(),
                    handle_signals=True, render_chat=render_chat, mpi=_env.under_mpirun(),
                    mpi_ranks=_env.mpi_ranks(), **_env.hub_env())
+    if args[:1] in (["-h"], ["--help"]):  # the binary's list, and the subcommand only Python has
+        print("  serve                       OpenAI-compatible HTTP server (python -m flexh2o serve --help)")
+    return code
 
 
 if __name__ == "__main__":
