@@ -141,7 +141,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   // refuses such a file too). With --resume, the requests whose id has a result are done.
   auto key_of = [&](const GenerateItem& it) { return is_batch ? batch::custom_id_key(it.id) : resume_key(it.id); };
   std::vector<bool> done(items.size(), false);
-  std::map<std::string, int64_t> line_of_id;
+  std::map<std::string, size_t> item_of_id;
   int64_t unkeyed_left = prior.unkeyed;
   for (size_t i = 0; i < items.size(); ++i) {
     const std::optional<std::string> key = key_of(items[i]);
@@ -155,18 +155,25 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       if (unkeyed_left > 0) --unkeyed_left, done[i] = true;
       continue;
     }
-    auto [at, fresh] = line_of_id.emplace(*key, items[i].line);
-    if (!fresh)
-      FH_FAIL(where, ":", items[i].line, " repeats ", id_name, " ", *key, " of line ", at->second, "; ", id_name,
+    auto [at, fresh] = item_of_id.emplace(*key, i);
+    if (!fresh) {
+      const GenerateItem& first = items[at->second];
+      // A line that could not be read has its index as its id, whatever id it holds.
+      const GenerateItem* unread = !first.error.empty() ? &first : !items[i].error.empty() ? &items[i] : nullptr;
+      FH_FAIL(where, ":", items[i].line, " repeats ", id_name, " ", *key, " of line ", first.line, "; ", id_name,
               "s must be unique, as --resume finds results by them",
-              is_batch ? "" : " (a line without \"id\" has its 0-based index as its id)");
+              is_batch ? "" : " (a line without \"id\" has its 0-based index as its id)",
+              unread ? detail::concat(". Line ", unread->line, " could not be read (", unread->error,
+                                      "), so its id is its index; fix or remove that line")
+                     : std::string());
+    }
     done[i] = prior.line_of.count(*key) > 0;
   }
   if (unkeyed_left > 0)
     FH_FAIL("--resume: --output ", a.output, " holds ", prior.unkeyed, " error lines of requests without a usable "
             "custom_id, more than ", where, " has; is it the output of another input?");
   for (const auto& [key, line] : prior.line_of)
-    if (!line_of_id.count(key))
+    if (!item_of_id.count(key))
       FH_FAIL("--resume: --output ", a.output, ":", line, " has ", id_name, " ", key, ", which is not in ", where,
               "; is it the output of another input?");
   int64_t bad = prior.failed;

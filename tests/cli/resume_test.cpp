@@ -365,6 +365,10 @@ TEST(ResumeIds, RepeatedIdsAreRefusedBeforeTheRun) {
                              ":2 repeats id \"a\" of line 1"},
                         Case{R"({"prompt": "x"})" "\n\n" R"({"id": 0, "prompt": "y"})" "\n",
                              ":3 repeats id 0 of line 1"},
+                        // A line that cannot be read has its index as its id: the message says so.
+                        Case{R"({"id": "big", "prompt": "x")" "\n" R"({"id": 0, "prompt": "y"})" "\n",
+                             ":2 repeats id 0 of line 1; ids must be unique, as --resume finds results by them (a line "
+                             "without \"id\" has its 0-based index as its id). Line 1 could not be read (invalid JSON"},
                         // Ids --resume could not find again: refused before the run too.
                         Case{R"({"id": {"x": 1}, "prompt": "x"})" "\n", ":1: \"id\" must be a string or a number"},
                         Case{R"({"id": 1, "prompt": "x"})" "\n" R"({"id": null, "prompt": "y"})" "\n",
