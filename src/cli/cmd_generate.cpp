@@ -87,7 +87,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     if (!file) FH_FAIL("cannot read --input ", a.input);
     return file;
   };
-  if (from_stdin) piped.str(std::string(std::istreambuf_iterator<char>(std::cin), {}));
+  if (from_stdin) piped.str(read_standard_input());
   const Format format = a.input.empty() ? Format::kFlexh2o : input_format(open_input(), a.input);
   const bool is_batch = format == Format::kBatch;
   PriorResults prior;

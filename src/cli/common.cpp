@@ -144,6 +144,18 @@ std::string select_device(const std::string& requested, const Model& m, std::ost
   return "cpu";
 }
 
+std::string read_standard_input(size_t max_line_bytes) {
+  LineReader reader(STDIN_FILENO, max_line_bytes, "standard input");
+  std::string all, line;
+  for (;;) {
+    const LineReader::Result r = reader.next(line);
+    if (r == LineReader::Result::kEnd) return all;
+    if (r == LineReader::Result::kTooLong) all.append(max_line_bytes + 1, ' ');
+    else all += line;
+    all += '\n';
+  }
+}
+
 int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const nlohmann::ordered_json&)>& fn,
                        const std::function<void(int64_t, const std::string&)>& on_error, size_t max_line_bytes) {
   // std::cin synced with stdio hands out one byte per call; its descriptor is read directly.

@@ -95,6 +95,12 @@ int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const
                        const std::function<void(int64_t, const std::string&)>& on_error,
                        size_t max_line_bytes = kMaxLineBytes);
 
+// Standard input, whole, for a caller that reads it twice: its descriptor read in blocks
+// (std::cin hands out a byte a call), each line as it came with a '\n' after it, but a line
+// longer than max_line_bytes kept as only its first max_line_bytes + 1 bytes: a reader with the
+// same cap still refuses that line, and no more of it is held. Throws Error on a read error.
+std::string read_standard_input(size_t max_line_bytes = kMaxLineBytes);
+
 // Peak resident set size of this process in bytes.
 size_t peak_rss_bytes();
 
