@@ -43,6 +43,9 @@ TEST(Progress, LineShowsRateEtaAndBusyLinksOnly) {
   EXPECT_EQ(format_progress(s), "[eval-choice] 10/10 items  0.1 items/s  done in 2:05");
   s = ProgressSnapshot{"bench", "tokens", 0, 64, 0.0};  // nothing done yet: no rate, no ETA
   EXPECT_EQ(format_progress(s), "[bench] 0/64 tokens  0.0 tok/s  ETA ?");
+  // A first batch done in 0.08 s (its warm-up in it) gave "ETA 11:16:24" for a 39-minute run.
+  s = ProgressSnapshot{"generate", "tokens", 8, 4'000'000, 0.08};
+  EXPECT_EQ(format_progress(s), "[generate] 8/4000000 tokens  100.0 tok/s  ETA ?");
 }
 
 TEST(Progress, BytesReadInGigabytesOrMegabytes) {
