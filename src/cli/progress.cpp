@@ -55,7 +55,8 @@ std::string format_progress(const ProgressSnapshot& s) {
   std::string line = buf;
   if (s.done >= s.total) line += "  done in " + format_duration(s.seconds);
   else  // under a second of work (a first batch's warm-up) says little of the rate to come
-    line += "  ETA " + (rate > 0 && s.seconds >= 1 ? format_duration(double(s.total - s.done) / rate) : std::string("?"));
+    line += "  ETA " +
+            (rate > 0 && s.seconds >= 1 ? format_duration(double(s.total - s.done) / rate) : std::string("?"));
   if (s.links)
     for (int l = 0; l < kNumLinks; ++l)
       if (s.link_bytes_per_s[size_t(l)] > 0)

@@ -28,7 +28,8 @@ struct ProgressSnapshot {
 
 // "[generate] 96/256 tokens  41.3 tok/s  ETA 0:04  disk->host 1.21 GB/s  host->device 310 MB/s":
 // the rate is done/seconds; the ETA assumes it holds (an upper bound when sequences stop early at
-// EOS), "?" before a second of work; links with no traffic are left out. Unit "bytes": "[place weights] 12.3/40.1 GB  2.10 GB/s".
+// EOS), "?" before a second of work; links with no traffic are left out. Unit "bytes":
+// "[place weights] 12.3/40.1 GB  2.10 GB/s".
 std::string format_progress(const ProgressSnapshot& s);
 // 0:07, 3:25, 1:02:03.
 std::string format_duration(double seconds);
