@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -112,15 +114,25 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
             << "M params, loaded in " << lm.load_seconds << " s\n" << lm.warning << defaults_note.str();
 
+  // Every request is read and tokenized before the first batch: a million lines take seconds.
+  const auto input_start = std::chrono::steady_clock::now();
   std::vector<GenerateItem> items;
   if (a.prompt) {
     items.push_back(make_item(nlohmann::ordered_json{{"prompt", *a.prompt}}, 0, 0, a, lm));
   } else {
+    std::istream& in = open_input();
+    const int64_t input_bytes = from_stdin ? int64_t(piped.str().size()) : int64_t(std::filesystem::file_size(a.input));
+    Progress reading = startup_progress("read input", a.progress, env.stderr_is_tty);
+    auto read_so_far = [&] {  // where the line reader is (it reads ahead in blocks); done after the loop
+      const std::streamoff at = in.tellg();
+      reading.update(std::min<int64_t>(at < 0 ? input_bytes : at, input_bytes - 1), input_bytes);
+    };
     for_each_jsonl(
-        open_input(),
+        in,
         [&](int64_t line, const nlohmann::ordered_json& j) {
           items.push_back(is_batch ? make_batch_item(j, line, items.size(), a, lm)
                                    : make_item(j, line, items.size(), a, lm));
+          read_so_far();
         },
         [&](int64_t line, const std::string& msg) {
           GenerateItem it;
@@ -128,8 +140,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
           it.id = is_batch ? json() : json(items.size());  // a Batch line's custom_id is unknown
           it.error = msg;
           items.push_back(std::move(it));
+          read_so_far();
         });
+    reading.update(input_bytes, input_bytes);
   }
+  const double input_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - input_start).count();
   const std::string where = a.input.empty() ? "prompt" : from_stdin ? "standard input" : a.input;
   if (is_batch && !a.stop.empty())
     std::cerr << "flexh2o: --stop is for flexh2o lines and --prompt; a Batch file's requests take their body's "
@@ -278,6 +293,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     report["resumed_requests"] = skipped;  // already in --output (--resume)
     report["interrupted"] = interrupted;
     report["sort_window"] = a.sort_window;
+    report["input_seconds"] = input_seconds;  // reading and tokenizing the requests
     return report;
   };
   if (reqs.empty() && !pipe && !dp) {
