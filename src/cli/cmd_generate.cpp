@@ -208,9 +208,9 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     }
     ++to_run;
     items[i].first_req = reqs.size();
-    for (const GenerationRequest& r : items[i].reqs) {
+    for (GenerationRequest& r : items[i].reqs) {  // the item keeps the count and the other fields, not the prompt
       req_item.push_back(i);
-      reqs.push_back(r);
+      reqs.push_back(std::move(r));
     }
   }
   if (a.resume)

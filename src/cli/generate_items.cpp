@@ -132,7 +132,7 @@ GenerateItem make_batch_item(const nlohmann::ordered_json& j, int64_t line, size
   d.seed = a.seed + index;
   try {
     it.reqs = batch::expand_request(*p.request, d, lm.model->config());
-    it.batch = std::move(p.request);
+    it.batch = std::make_unique<batch::Request>(std::move(*p.request));
   } catch (const Error& e) {
     it.error = e.what();
   }

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,7 +26,7 @@ struct GenerateItem {
   std::vector<GenerationRequest> reqs;  // one; a Batch line: one per prompt and choice
   std::string error;
   std::optional<std::string> error_param;  // Batch lines: the field at fault
-  std::optional<openai_batch::Request> batch;
+  std::unique_ptr<openai_batch::Request> batch;  // a pointer: most runs hold only flexh2o lines, millions
   std::vector<std::string> stop;  // a flexh2o line's (or --stop's) stop strings; Batch lines: batch->stop
   size_t first_req = 0, results = 0;  // where its requests sit in the run; how many finished
   bool ready() const { return !reqs.empty() && results == reqs.size(); }
