@@ -33,7 +33,8 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
   app->add_option("--overlap", a.overlap, "Overlap transfers with compute (true/false)")
       ->default_str("true")->check(flag_bool_check())->group(g);
   app->add_option("--sep-layer", a.sep_layer,
-                  "Attention and MLP are separate placement and streaming units, as FlexGen (false: whole layers)")
+                  "Attention and MLP stream as separate units (false: a whole layer at once); either way each "
+                  "is placed by the midpoint rule over its own bytes, as FlexGen places them")
       ->default_str("true")->check(flag_bool_check())->group(g);
   app->add_option("--pin-weight", a.pin_weight,
                   "Host-homed weights in page-locked memory on a GPU (the checkpoint's pages locked in place "

@@ -39,26 +39,32 @@ WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DTy
     const DType dt = held_dtype(v, p.compress_weight, as);
     return PlacedTensor{std::move(name), v, Tier::kDevice, dt, held_bytes(v, dt)};
   };
+  // [unit] whether each tensor is of an MLP: a whole layer's two parts are placed apart.
+  std::vector<std::vector<bool>> mlp(wp.units.size());
   for (const BoundTensor& t : m.tensors()) {
     const std::string& n = t.spec.name;
+    const bool is_mlp = t.spec.layer >= 0 && t.spec.part == LayerPart::kMlp;
     size_t unit;
     if (t.spec.layer >= 0)
-      unit = p.sep_layer ? size_t(1 + 2 * t.spec.layer + (t.spec.part == LayerPart::kMlp ? 1 : 0))
-                         : size_t(t.spec.layer) + 1;
+      unit = p.sep_layer ? size_t(1 + 2 * t.spec.layer + (is_mlp ? 1 : 0)) : size_t(t.spec.layer) + 1;
     else if (n.find("embed_") != std::string::npos) unit = 0;
     else unit = wp.units.size() - 1;  // final norm, untied lm_head
     wp.units[unit].tensors.push_back(held(n, t.view));
+    mlp[unit].push_back(is_mlp);
   }
   if (c.tie_embeddings && m.stage_range().head()) {
     const TensorView& e = m.weights().embed;
     wp.units.back().tensors.push_back(held("lm_head.weight (tied)", e));
+    mlp.back().push_back(false);
   }
-  for (UnitPlacement& u : wp.units) {
-    std::vector<size_t> sizes;
-    for (const PlacedTensor& t : u.tensors) sizes.push_back(t.bytes);
-    const UnitBytes ub = unit_bytes(sizes, p);
-    const std::vector<Tier> tiers = unit_tiers(sizes, p);
-    for (size_t i = 0; i < u.tensors.size(); ++i) u.tensors[i].tier = tiers[i];
+  for (size_t k = 0; k < wp.units.size(); ++k) {
+    UnitPlacement& u = wp.units[k];
+    std::array<std::vector<size_t>, 2> sizes;  // [not MLP, MLP]
+    for (size_t i = 0; i < u.tensors.size(); ++i) sizes[mlp[k][i]].push_back(u.tensors[i].bytes);
+    const UnitBytes ub = whole_layer_bytes(sizes[0], sizes[1], p);  // one part but in a whole layer
+    const std::array<std::vector<Tier>, 2> tiers = {unit_tiers(sizes[0], p), unit_tiers(sizes[1], p)};
+    std::array<size_t, 2> next{};
+    for (size_t i = 0; i < u.tensors.size(); ++i) u.tensors[i].tier = tiers[mlp[k][i]][next[mlp[k][i]]++];
     for (int i = 0; i < 3; ++i) u.bytes[size_t(i)] = size_t(ub.tier[size_t(i)]);
     u.slot_bytes = size_t(ub.slot);
     u.stage_bytes = size_t(ub.stage);
@@ -100,6 +106,16 @@ UnitBytes unit_bytes(const std::vector<size_t>& tensor_bytes, const Policy& p) {
     if (t != Tier::kDevice) out.slot += (b + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
     if (t == Tier::kDisk) out.stage += (b + kStageAlign - 1) / kStageAlign * kStageAlign;
   }
+  return out;
+}
+
+UnitBytes whole_layer_bytes(const std::vector<size_t>& attn_bytes, const std::vector<size_t>& mlp_bytes,
+                            const Policy& p) {
+  UnitBytes out = unit_bytes(attn_bytes, p);
+  const UnitBytes m = unit_bytes(mlp_bytes, p);
+  for (size_t i = 0; i < 3; ++i) out.tier[i] += m.tier[i];
+  out.slot += m.slot;
+  out.stage += m.stage;
   return out;
 }
 

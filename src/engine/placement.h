@@ -48,6 +48,11 @@ struct UnitBytes {
 // Tensors given by their bytes in place_weights' order (the planner's path to the same numbers).
 std::vector<Tier> unit_tiers(const std::vector<size_t>& tensor_bytes, const Policy& p);
 UnitBytes unit_bytes(const std::vector<size_t>& tensor_bytes, const Policy& p);
+// A whole layer's unit (sep_layer false) as FlexGen places it: its attention and its MLP each by
+// the midpoint rule over their own bytes (TransformerLayer.init_weight places the two modules
+// apart), so a policy places the same bytes with either sep_layer; they stream together.
+UnitBytes whole_layer_bytes(const std::vector<size_t>& attn_bytes, const std::vector<size_t>& mlp_bytes,
+                            const Policy& p);
 
 struct UnitPlacement {
   UnitKind kind = UnitKind::kLayer;

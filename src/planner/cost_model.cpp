@@ -160,20 +160,19 @@ MemoryPlan CostModel::plan(const Policy& p) const {
   const ModelConfig& c = m_.config;
   const UnitSizes& us = m_.units(p);
   WeightBytes wb;
-  auto add = [&](const std::vector<size_t>& t, uint64_t times) {
-    const UnitBytes u = unit_bytes(t, p);
+  auto add = [&](const UnitBytes& u, uint64_t times) {
     for (int i = 0; i < 3; ++i) wb.homed[size_t(i)] += times * u.tier[size_t(i)];
     wb.max_streamed = std::max(wb.max_streamed, u.slot);
     wb.max_disk = std::max(wb.max_disk, u.stage);
   };
-  add(us.embed, 1);
+  add(unit_bytes(us.embed, p), 1);
   if (p.sep_layer) {
-    add(us.attn, uint64_t(c.n_layers));
-    add(us.mlp, uint64_t(c.n_layers));
+    add(unit_bytes(us.attn, p), uint64_t(c.n_layers));
+    add(unit_bytes(us.mlp, p), uint64_t(c.n_layers));
   } else {
-    add(us.layer, uint64_t(c.n_layers));
+    add(whole_layer_bytes(us.attn, us.mlp, p), uint64_t(c.n_layers));
   }
-  add(us.head, 1);
+  add(unit_bytes(us.head, p), 1);
   if (c.tie_embeddings && !us.embed.empty() && !us.head.empty()) {  // the head shares the token table's home
     const Tier e = unit_tiers(us.embed, p)[m_.token_index], h = unit_tiers(us.head, p).back();
     wb.homed[size_t(h)] -= us.head.back() - tied_head_home_bytes(e, h, us.head.back());
@@ -219,12 +218,7 @@ std::array<uint64_t, kNumLinks> CostModel::bytes(const Policy& p) const {
   auto add = [&](Link l, uint64_t n) { b[size_t(l)] += n; };
   const UnitSizes& us = m_.units(p);
   const auto h = place_unit(us.head, p);
-  std::array<uint64_t, 3> lay{};
-  for (const auto* t : p.sep_layer ? std::vector<const std::vector<size_t>*>{&us.attn, &us.mlp}
-                                   : std::vector<const std::vector<size_t>*>{&us.layer}) {
-    const auto u = place_unit(*t, p);
-    for (int i = 0; i < 3; ++i) lay[size_t(i)] += u[size_t(i)];
-  }
+  const std::array<uint64_t, 3> lay = whole_layer_bytes(us.attn, us.mlp, p).tier;  // either unit split
   const uint64_t L = uint64_t(c.n_layers), K = uint64_t(p.num_gpu_batches), B = uint64_t(p.block_size());
   const uint64_t n = uint64_t(p.gpu_batch_size);
   const uint64_t steps = uint64_t(w_.gen_len), s = uint64_t(w_.prompt_len);
@@ -288,7 +282,7 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   const ModelConfig& c = m_.config;
   const UnitSizes& us = m_.units(p);
   const auto pe = place_unit(us.embed, p), ph = place_unit(us.head, p);
-  const auto pa = place_unit(us.attn, p), pm = place_unit(us.mlp, p), pl = place_unit(us.layer, p);
+  const auto pa = place_unit(us.attn, p), pm = place_unit(us.mlp, p), pl = whole_layer_bytes(us.attn, us.mlp, p).tier;
   const KvSplit sp = split_kv(p.gpu_batch_size, p);
   const int K = int(p.num_gpu_batches);
   ScheduleShape sh;

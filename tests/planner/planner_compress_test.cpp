@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 
 #include <nlohmann/json.hpp>
@@ -65,6 +66,31 @@ TEST(PlannerCompressSizes, TwoDimensionalWeightsAreQ4RecordsOthersStayPlain) {
   }
 }
 
+// --sep-layer changes what streams together, not where a weight lives: FlexGen places a
+// TransformerLayer's attention and MLP each by the midpoint rule over its own bytes
+// (TransformerLayer.init_weight), as with separate units. A whole layer's rule moved OPT-125M at
+// 50/50 from 158/155 MiB to 185/128 MiB on device/host.
+TEST(PlannerCompressSizes, SepLayerFalsePlacesEveryWeightWhereSeparateUnitsDo) {
+  for (const char* name : {"tiny-opt", "tiny-llama"}) {
+    Model model = Model::load_dir(model_dir(name));
+    for (const char* pct : {"50 50 100 0 100 0", "20 80 0 100 0 100", "30 30 100 0 100 0", "10 40 0 100 100 0"}) {
+      for (bool cw : {false, true}) {
+        Policy sep = make(pct, 2, 1, false, cw, false), whole = sep;
+        whole.sep_layer = false;
+        const WeightPlacement a = place_weights(model, sep), b = place_weights(model, whole);
+        EXPECT_EQ(a.bytes, b.bytes) << name << " " << pct << " " << cw;
+        std::map<std::string, Tier> tier_of;
+        for (const UnitPlacement& u : a.units)
+          for (const PlacedTensor& t : u.tensors) tier_of[t.name] = t.tier;
+        for (const UnitPlacement& u : b.units)
+          for (const PlacedTensor& t : u.tensors) EXPECT_EQ(t.tier, tier_of.at(t.name)) << name << " " << pct << " " << t.name;
+        // The halves stream together: a whole layer's slot holds both.
+        EXPECT_EQ(b.units[1].slot_bytes, a.units[1].slot_bytes + a.units[2].slot_bytes) << name << " " << pct;
+      }
+    }
+  }
+}
+
 // The planner's units and memory with compression are what place_weights and the engine's
 // memory plan give for the same policy.
 TEST(PlannerCompressSizes, UnitsAndMemoryEqualTheEngine) {
@@ -85,7 +111,8 @@ TEST(PlannerCompressSizes, UnitsAndMemoryEqualTheEngine) {
           const UnitSizes& u = shape.units(p);
           auto tiers = [](const UnitPlacement& x) { return std::array<uint64_t, 3>{x.bytes[0], x.bytes[1], x.bytes[2]}; };
           EXPECT_EQ(place_unit(u.embed, p), tiers(wp.units[0]));
-          EXPECT_EQ(place_unit(sep ? u.attn : u.layer, p), tiers(wp.units[1])) << name << " " << p.str();
+          EXPECT_EQ(sep ? place_unit(u.attn, p) : whole_layer_bytes(u.attn, u.mlp, p).tier, tiers(wp.units[1]))
+              << name << " " << p.str();
           EXPECT_EQ(place_unit(u.head, p), tiers(wp.units.back())) << name << " " << p.str();
           OffloadOptions o;
           o.policy = p;
