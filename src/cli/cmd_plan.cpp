@@ -39,7 +39,8 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_flag("--cpu-cache-compute", a.cpu_cache_compute, "With --percent: decode attention on the host");
   s->add_option("--overlap", a.overlap, "Overlap transfers with compute (true|false)")
       ->capture_default_str()->check(flag_bool_check());
-  s->add_option("--sep-layer", a.sep_layer, "Attention and MLP stream as separate units (true|false; placed alike either way)")
+  s->add_option("--sep-layer", a.sep_layer,
+                "Attention and MLP stream as separate units (true|false; placed alike either way)")
       ->capture_default_str()->check(flag_bool_check());
   s->add_option("--kv-dtype", a.kv_dtype, "KV cache element type: f16, bf16, f32 or q4 (= --compress-cache)")
       ->capture_default_str()->check(CLI::IsMember({"f16", "bf16", "f32", "q4"}));

@@ -83,7 +83,8 @@ TEST(PlannerCompressSizes, SepLayerFalsePlacesEveryWeightWhereSeparateUnitsDo) {
         for (const UnitPlacement& u : a.units)
           for (const PlacedTensor& t : u.tensors) tier_of[t.name] = t.tier;
         for (const UnitPlacement& u : b.units)
-          for (const PlacedTensor& t : u.tensors) EXPECT_EQ(t.tier, tier_of.at(t.name)) << name << " " << pct << " " << t.name;
+          for (const PlacedTensor& t : u.tensors)
+            EXPECT_EQ(t.tier, tier_of.at(t.name)) << name << " " << pct << " " << t.name;
         // The halves stream together: a whole layer's slot holds both.
         EXPECT_EQ(b.units[1].slot_bytes, a.units[1].slot_bytes + a.units[2].slot_bytes) << name << " " << pct;
       }
