@@ -25,6 +25,13 @@ import sys
 # (offload.batch_setup_seconds; inside tok_s). FlexGen allocates its cache before its timer starts
 # and does not pin it; a job of several equal batches pays ours once.
 FIELDS = ["model", "workload", "kv", "system", "tok_s", "projected", "batch", "tier", "policy", "setup_s"]
+# What each system runs before its timed run (each system's own code), said under the table.
+WARMUPS = [("flexh2o", "flexh2o, `bench --warmup`: its first block's prefill, whose pinned buffers the timed run "
+                       "reuses"),
+           ("flexgen", "FlexGen, a 32-token prompt, 1 token (flex_opt.py)"),
+           ("h2o-flexgen", "H2O's fork, none (its warm-up is commented out in its flex_opt.py): its prefill runs "
+                           "cold"),
+           ("accelerate", "accelerate, a 32-token prompt, 1 token (hf_accelerate_gpu.py)")]
 COLORS = ["#e15759", "#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2"]
 
 
@@ -139,6 +146,10 @@ def markdown(rows):
         lines.append(f"| {r['model']} | {r['workload']} | {r['kv']} | {r['system']} | {float(r['tok_s']):.2f} | "
                      f"{r['batch']} | {r['tier']} | {of[0]} | {of[1]} | {of[2]} | {of[3]} | {of[4]} | "
                      f"{'—' if math.isnan(ratio) else f'{ratio:.2f}'} | {r['projected']} |")
+    systems = {r["system"] for r in rows}
+    lines.append("")
+    lines.append("Warm-up before each timed run: " + "; ".join(
+        text for name, text in WARMUPS if name in systems or any(s.startswith(name + "-") for s in systems)) + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -21,10 +21,11 @@
 # GPU memory capped at 16 GiB everywhere: --gpu-mem for us; for the Python systems a
 # sitecustomize.py calls torch.cuda.set_per_process_memory_fraction. Dummy weights everywhere
 # (FlexGen --path _DUMMY_; flexh2o presets; accelerate: a model built from its config, every weight 0.01).
-# Timing: tokens generated / (prefill + decode) for everyone, after a warmup as FlexGen's benchmark
-# does (ours: bench --warmup, the first block's prefill; its buffers, pinned there, are reused by
-# the timed run, as by a job's later blocks); FlexGen's own number is marked "projected" when its
-# --cut-gen-len is used. Outputs: gpu_compare.{csv,md,svg,log} and, under
+# Timing: tokens generated / (prefill + decode) for everyone, after each system's own warm-up
+# (ours: bench --warmup, the first block's prefill; its buffers, pinned there, are reused by the
+# timed run, as by a job's later blocks; FlexGen's and accelerate's: a 32-token prompt; H2O's
+# fork has none, its warm-up is commented out; the table says so under it); FlexGen's own number
+# is marked "projected" when its --cut-gen-len is used. Outputs: gpu_compare.{csv,md,svg,log} and, under
 # the device tool, gpu_compare_files.tar.gz (each system's own log and report). DeepSpeed ZeRO-Inference: not carried (not on the image,
 # its wheel builds CUDA ops at install; no time in a 600 s call).
 set -uo pipefail

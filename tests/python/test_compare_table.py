@@ -142,8 +142,11 @@ def test_ratios_pair_each_peer_with_our_row(tmp_path):
     assert got[2][:2] == ("h2o-flexgen", "flexh2o") and math.isnan(got[2][2])   # the peer failed
     assert got[3][:2] == ("accelerate", None) and math.isnan(got[3][2])          # we have no row
     md = ct.markdown(rows).splitlines()
-    assert len(md) == 2 + 4
+    assert len(md) == 2 + 4 + 2
     assert "| 1.50 |" in md[2] and "| 2.50 |" in md[3] and "| — |" in md[4] and "| — |" in md[5]
+    # Under the table, each system's warm-up: H2O's fork runs its prefill cold.
+    assert md[6] == "" and md[7].startswith("Warm-up before each timed run: flexh2o, `bench --warmup`")
+    assert "H2O's fork, none" in md[7] and "FlexGen, a 32-token prompt" in md[7] and "accelerate" in md[7]
 
 
 def test_a_missing_result_is_a_zero_row(tmp_path):
