@@ -147,9 +147,9 @@ def markdown(rows):
                      f"{r['batch']} | {r['tier']} | {of[0]} | {of[1]} | {of[2]} | {of[3]} | {of[4]} | "
                      f"{'—' if math.isnan(ratio) else f'{ratio:.2f}'} | {r['projected']} |")
     systems = {r["system"] for r in rows}
-    lines.append("")
-    lines.append("Warm-up before each timed run: " + "; ".join(
-        text for name, text in WARMUPS if name in systems or any(s.startswith(name + "-") for s in systems)) + ".")
+    said = [text for name, text in WARMUPS if name in systems or any(s.startswith(name + "-") for s in systems)]
+    if said:
+        lines += ["", "Warm-up before each timed run: " + "; ".join(said) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -89,7 +89,9 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     if (!file) FH_FAIL("cannot read --input ", a.input);
     return file;
   };
+  const auto stdin_start = std::chrono::steady_clock::now();
   if (from_stdin) piped.str(read_standard_input());
+  const std::chrono::steady_clock::duration stdin_read = std::chrono::steady_clock::now() - stdin_start;
   const Format format = a.input.empty() ? Format::kFlexh2o : input_format(open_input(), a.input);
   const bool is_batch = format == Format::kBatch;
   PriorResults prior;
@@ -121,9 +123,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     items.push_back(make_item(nlohmann::ordered_json{{"prompt", *a.prompt}}, 0, 0, a, lm));
   } else {
     std::istream& in = open_input();
-    const int64_t input_bytes = from_stdin ? int64_t(piped.str().size()) : int64_t(std::filesystem::file_size(a.input));
+    const int64_t input_bytes =
+        from_stdin ? int64_t(piped.view().size()) : int64_t(std::filesystem::file_size(a.input));
     Progress reading = startup_progress("read input", a.progress, env.stderr_is_tty);
     auto read_so_far = [&] {  // where the line reader is (it reads ahead in blocks); done after the loop
+      if (!reading.enabled()) return;  // tellg() is a system call a line
       const std::streamoff at = in.tellg();
       reading.update(std::min<int64_t>(at < 0 ? input_bytes : at, input_bytes - 1), input_bytes);
     };
@@ -139,12 +143,14 @@ int run_generate(const GenerateArgs& args, const Env& env) {
           it.line = line;
           it.id = is_batch ? json() : json(items.size());  // a Batch line's custom_id is unknown
           it.error = msg;
+          it.unread = true;
           items.push_back(std::move(it));
           read_so_far();
         });
     reading.update(input_bytes, input_bytes);
   }
-  const double input_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - input_start).count();
+  const double input_seconds =  // standard input, read before the model loads, too
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - input_start + stdin_read).count();
   const std::string where = a.input.empty() ? "prompt" : from_stdin ? "standard input" : a.input;
   if (is_batch && !a.stop.empty())
     std::cerr << "flexh2o: --stop is for flexh2o lines and --prompt; a Batch file's requests take their body's "
@@ -173,12 +179,12 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     auto [at, fresh] = item_of_id.emplace(*key, i);
     if (!fresh) {
       const GenerateItem& first = items[at->second];
-      // A line that could not be read has its index as its id, whatever id it holds.
-      const GenerateItem* unread = !first.error.empty() ? &first : !items[i].error.empty() ? &items[i] : nullptr;
+      // A flexh2o line that could not be read has its index as its id, whatever id it holds.
+      const GenerateItem* unread = first.unread ? &first : items[i].unread ? &items[i] : nullptr;
       FH_FAIL(where, ":", items[i].line, " repeats ", id_name, " ", *key, " of line ", first.line, "; ", id_name,
               "s must be unique, as --resume finds results by them",
               is_batch ? "" : " (a line without \"id\" has its 0-based index as its id)",
-              unread ? detail::concat(". Line ", unread->line, " could not be read (", unread->error,
+              unread && !is_batch ? detail::concat(". Line ", unread->line, " could not be read (", unread->error,
                                       "), so its id is its index; fix or remove that line")
                      : std::string());
     }

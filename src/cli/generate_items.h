@@ -25,6 +25,7 @@ struct GenerateItem {
   int64_t line = 0;
   std::vector<GenerationRequest> reqs;  // one; a Batch line: one per prompt and choice
   std::string error;
+  bool unread = false;  // the line could not be read (not JSON, too long): its id is its index
   std::optional<std::string> error_param;  // Batch lines: the field at fault
   std::unique_ptr<openai_batch::Request> batch;  // a pointer: most runs hold only flexh2o lines, millions
   std::vector<std::string> stop;  // a flexh2o line's (or --stop's) stop strings; Batch lines: batch->stop

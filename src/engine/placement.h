@@ -3,8 +3,9 @@
 // Weights are grouped in units (schedule.h unit_kinds: embeddings, then per layer one unit or,
 // with sep_layer as FlexGen, an attention unit and an MLP unit, then the head) and each unit's
 // tensors are placed whole by FlexGen's midpoint rule (PAPERS.md §3.3): a tensor goes to the
-// tier where the midpoint of its bytes falls on the unit's cumulative axis, ordered [disk,
-// host, device]. The KV cache of a micro-batch is split by whole sequences.
+// tier where the midpoint of its bytes falls on the cumulative axis of its attention or MLP
+// block (a whole layer's unit holds two axes), ordered [disk, host, device]. The KV cache of a
+// micro-batch is split by whole sequences.
 #pragma once
 
 #include <array>

@@ -18,7 +18,7 @@ struct Policy {
   double cache_gpu_percent = 100, cache_cpu_percent = 0;  // KV cache, split by whole sequences
   double act_gpu_percent = 100, act_cpu_percent = 0;      // hidden states: one tier only
   bool overlap = true;            // pipeline transfers with compute (false: one queue, in order)
-  bool sep_layer = true;          // attention and MLP are separate placement/streaming units (FlexGen)
+  bool sep_layer = true;          // attention and MLP stream as separate units (each placed alike either way)
   bool pin_weight = true;         // host-homed weights in pinned memory (CUDA device)
   bool cpu_cache_compute = false; // decode attention runs on the host where the KV lives
   // FlexGen's compression (core/quant4.h: 4 bits, groups of 64): weights (2-D tensors) stored

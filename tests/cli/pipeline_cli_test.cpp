@@ -122,6 +122,25 @@ TEST(PipelineGenerate, TinyLlamaFullAndH2OLikeOneProcess) {
 
 // A plan made for the whole model runs on its stages without a warning: each stage compared its
 // own layers with the plan's and warned "another shape", which planning again could not silence.
+// A stage holds every group's batch at once: two groups of equal batches hold twice one's KV.
+TEST(PipelineGenerate, AStagesPeakKvHoldsEveryGroupsBatch) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl";
+  std::vector<json> lines;
+  for (int i = 0; i < 8; ++i) lines.push_back({{"prompt", "In the beginning"}, {"max_new_tokens", 6}});
+  write_lines(in, lines);
+  std::vector<int64_t> peak;
+  for (int groups : {1, 2}) {
+    const fs::path out = tmp.path() / "out.jsonl", rep = tmp.path() / "r.json";
+    const RunResult d = mpirun(2, gen(kOpt, in, out, "-b 2 --overwrite --pipeline-stages 2 --pipeline-groups " +
+                                                         std::to_string(groups) + " --report " + rep.string()));
+    ASSERT_EQ(d.code, 0) << d.err;
+    peak.push_back(read_json(rep)["pipeline"]["per_stage"][0]["peak_kv_bytes"].get<int64_t>());
+  }
+  EXPECT_GT(peak[0], 0);
+  EXPECT_EQ(peak[1], 2 * peak[0]);
+}
+
 TEST(PipelineGenerate, APlanFileIsComparedAsTheWholeModel) {
   TempDir tmp;
   const fs::path in = write_input(tmp.path(), kOpt, 3), out = tmp.path() / "out.jsonl", plan = tmp.path() / "p.json";

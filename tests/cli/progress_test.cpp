@@ -123,9 +123,8 @@ TEST(Progress, GenerateLogsRatesPerLinkAndTheReportHasThem) {
                                                      "  disk->host [0-9.]+ [kMG]B/s  host->device [0-9.]+ [kMG]B/s")))
       << r.err;
   const auto j = nlohmann::json::parse(test::read_text(report));
-  // Reading and tokenizing the requests is timed apart from the run.
-  EXPECT_GE(j.at("input_seconds").get<double>(), 0) << j.dump();
-  EXPECT_LT(j.at("input_seconds").get<double>(), j.at("total_seconds").get<double>()) << j.dump();
+  // Reading and tokenizing the requests is timed (apart from the run's tokens/s).
+  EXPECT_GT(j.at("input_seconds").get<double>(), 0) << j.dump();
   const auto& rates = j.at("offload").at("bytes_per_second");
   for (const char* link : {"disk_to_host", "host_to_device"}) {
     const double bytes = j["offload"]["bytes_moved"][link].get<double>(), wall = j["offload"]["schedule_wall_seconds"];

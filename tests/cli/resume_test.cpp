@@ -366,6 +366,15 @@ TEST(ResumeIds, RepeatedIdsAreRefusedBeforeTheRun) {
                         Case{R"({"prompt": "x"})" "\n\n" R"({"id": 0, "prompt": "y"})" "\n",
                              ":3 repeats id 0 of line 1"},
                         // A line that cannot be read has its index as its id: the message says so.
+                        // A Batch line refused for a field keeps its custom_id.
+                        Case{R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": )"
+                             R"({"prompt": "x", "stream": true}})" "\n"
+                             R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": )"
+                             R"({"prompt": "y"}})" "\n",
+                             ":2 repeats custom_id \"a\" of line 1"},
+                        // A line read whole but wrong (a misspelt field) keeps the id it gives.
+                        Case{R"({"id": 0, "prompt": "x", "temprature": 1})" "\n" R"({"id": 0, "prompt": "y"})" "\n",
+                             ":2 repeats id 0 of line 1"},
                         Case{R"({"id": "big", "prompt": "x")" "\n" R"({"id": 0, "prompt": "y"})" "\n",
                              ":2 repeats id 0 of line 1; ids must be unique, as --resume finds results by them (a line "
                              "without \"id\" has its 0-based index as its id). Line 1 could not be read (invalid JSON"},
@@ -381,6 +390,9 @@ TEST(ResumeIds, RepeatedIdsAreRefusedBeforeTheRun) {
     EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
     if (c.says.find("repeats") != std::string::npos) {
       EXPECT_NE(r.err.find("ids must be unique"), std::string::npos) << r.err;
+      // Only a line that could not be read is said to have its index as its id.
+      const bool unread = c.says.find("could not be read") != std::string::npos;
+      EXPECT_EQ(r.err.find("could not be read") != std::string::npos, unread) << r.err;
     }
     EXPECT_FALSE(fs::exists(out) && fs::file_size(out) > 0);
   }

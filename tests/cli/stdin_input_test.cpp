@@ -51,8 +51,8 @@ TEST(StandardInput, AnOverLongLineIsKeptOnlyToTheCapAndRefusedAsThatLine) {
   const std::string longest = R"({"id": "big", "prompt": ")" + std::string(5000, 'x') + "\"}";
   const std::string at_cap = R"({"id": "c", "prompt": ")" + std::string(kCap - 25, 'y') + "\"}";
   ASSERT_EQ(at_cap.size(), kCap);
-  for (const std::string& text : {R"({"id": "a"})" "\n" + longest + "\n\n" + at_cap + "\n" + longest + "\r\n{\"id\": 7}",
-                                  longest, std::string(), std::string("\n\n"), at_cap + "\n"}) {
+  const std::string mixed = R"({"id": "a"})" "\n" + longest + "\n\n" + at_cap + "\n" + longest + "\r\n{\"id\": 7}";
+  for (const std::string& text : {mixed, longest, std::string(), std::string("\n\n"), at_cap + "\n"}) {
     std::ofstream(in, std::ios::binary) << text;
     const std::string kept = read_as_stdin(in, kCap);
     std::ifstream file(in, std::ios::binary);

@@ -37,7 +37,8 @@ def main(argv=None) -> int:
                    handle_signals=True, render_chat=render_chat, mpi=_env.under_mpirun(),
                    mpi_ranks=_env.mpi_ranks(), **_env.hub_env())
     if args[:1] in (["-h"], ["--help"]):  # the binary's list, and the subcommand only Python has
-        print("  serve                       OpenAI-compatible HTTP server (python -m flexh2o serve --help)")
+        print("Subcommand of python -m flexh2o only:\n"
+              "  serve                       OpenAI-compatible HTTP server (python -m flexh2o serve --help)")
     return code
 
 
