@@ -61,7 +61,7 @@ WeightPlacement place_weights(const Model& m, const Policy& p, std::optional<DTy
     UnitPlacement& u = wp.units[k];
     std::array<std::vector<size_t>, 2> sizes;  // [not MLP, MLP]
     for (size_t i = 0; i < u.tensors.size(); ++i) sizes[mlp[k][i]].push_back(u.tensors[i].bytes);
-    const UnitBytes ub = whole_layer_bytes(sizes[0], sizes[1], p);  // one part but in a whole layer
+    const UnitBytes ub = whole_layer_bytes(sizes[0], sizes[1], p);  // a unit of one part: that part alone
     const std::array<std::vector<Tier>, 2> tiers = {unit_tiers(sizes[0], p), unit_tiers(sizes[1], p)};
     std::array<size_t, 2> next{};
     for (size_t i = 0; i < u.tensors.size(); ++i) u.tensors[i].tier = tiers[mlp[k][i]][next[mlp[k][i]]++];
