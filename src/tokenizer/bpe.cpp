@@ -4,6 +4,7 @@
 #include "tokenizer/detail/bpe.h"
 
 #include <cstdio>
+#include <mutex>
 #include <queue>
 
 #include "core/error.h"
@@ -47,6 +48,22 @@ std::optional<int32_t> BpeModel::find(std::string_view token) const {
 
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
+  {
+    std::shared_lock lock(cache_->mu);
+    if (auto it = cache_->ids.find(word); it != cache_->ids.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t start = out.size();
+  merge_word(word, out);
+  if (word.size() > kCachedWordBytes) return;
+  std::unique_lock lock(cache_->mu);
+  if (cache_->ids.size() < kCachedWords)
+    cache_->ids.try_emplace(std::string(word), out.begin() + std::ptrdiff_t(start), out.end());
+}
+
+void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) const {
   if (opts_.ignore_merges) {
     if (auto id = find(word)) {
       out.push_back(*id);

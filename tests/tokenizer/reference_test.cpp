@@ -74,16 +74,51 @@ TEST_P(ReferenceCases, EvalTextIsFastAndRoundTrips) {
   EXPECT_EQ(tok.decode(ids), text);
 }
 
+// Threads share one tokenizer from cold: they fill its word cache together, then read from it.
 TEST_P(ReferenceCases, SharedConstAcrossThreads) {
   const auto dir = data_dir() / GetParam();
   const auto tok = Tokenizer::load(dir);
   const std::string text = test::slurp(dir / "reference/eval.txt");
-  const auto want = tok.encode(text, true);
-  std::vector<std::vector<int32_t>> got(4);
+  const auto want = Tokenizer::load(dir).encode(text, true);
+  std::vector<std::vector<int32_t>> got(4), again(4);
   std::vector<std::thread> threads;
-  for (auto& g : got) threads.emplace_back([&] { g = tok.encode(text, true); });
+  for (size_t i = 0; i < got.size(); ++i)
+    threads.emplace_back([&, i] {
+      got[i] = tok.encode(text, true);
+      again[i] = tok.encode(text, true);
+    });
   for (auto& t : threads) t.join();
-  for (const auto& g : got) EXPECT_EQ(g, want);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], want);
+    EXPECT_EQ(again[i], want);
+  }
+}
+
+// More distinct words than the word cache holds, some longer than it keeps: the ids a word gets
+// are the same merged, cached, or past the cache's bounds.
+TEST_P(ReferenceCases, WordsPastTheCachesBoundsEncodeAlike) {
+  const auto dir = data_dir() / GetParam();
+  std::string text;
+  uint64_t x = 88172645463325252ull;
+  for (int w = 0; w < 12000; ++w) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    const int len = w % 97 == 0 ? 300 : int(3 + x % 9);
+    text += ' ';
+    for (int k = 0; k < len; ++k) text += char('a' + (x >> (k % 50)) % 26);
+  }
+  const auto tok = Tokenizer::load(dir);
+  const auto first = tok.encode(text, false), second = tok.encode(text, false);
+  EXPECT_EQ(first, second);
+  // Each word alone, on a fresh tokenizer, as the whole text has it.
+  const auto fresh = Tokenizer::load(dir);
+  std::vector<int32_t> words;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find(' ', at + 1), text.size());
+    const auto ids = fresh.encode(text.substr(at, end - at), false);
+    words.insert(words.end(), ids.begin(), ids.end());
+    at = end;
+  }
+  EXPECT_EQ(words, first);
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, ReferenceCases, ::testing::Values("tiny-opt", "tiny-llama"),

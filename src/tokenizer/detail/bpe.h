@@ -1,11 +1,13 @@
 // The BPE model proper: vocabulary, merge ranks and word -> ids by rank-ordered merging.
-// Knows nothing about files, pre-tokenisation or special tokens. Immutable after build;
-// encode_word is const and keeps no cache, so sharing across threads is safe.
+// Knows nothing about files, pre-tokenisation or special tokens. Immutable after build but for
+// a bounded cache of encoded words behind a reader-writer lock: sharing across threads is safe.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -34,6 +36,8 @@ class BpeModel {
 
   // Appends the ids of one pre-tokenised word (already byte-level mapped or normalised).
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  // Words the cache holds at most, and the longest it holds (as Hugging Face tokenizers' BPE).
+  static constexpr size_t kCachedWords = 10000, kCachedWordBytes = 256;
 
   const VocabMap& vocab() const { return vocab_; }
   std::optional<int32_t> find(std::string_view token) const;
@@ -47,6 +51,15 @@ class BpeModel {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
 
+  void merge_word(std::string_view word, std::vector<int32_t>& out) const;  // encode_word without the cache
+
+  // Natural text repeats its words and merging is most of encoding, so a word's ids (a function
+  // of the word) are kept; copies of the model share them.
+  struct WordCache {
+    std::shared_mutex mu;
+    std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> ids;
+  };
+  std::shared_ptr<WordCache> cache_ = std::make_shared<WordCache>();
   VocabMap vocab_;
   std::unordered_map<uint64_t, Merge> merges_;
   Options opts_;
