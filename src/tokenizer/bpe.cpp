@@ -57,10 +57,11 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   }
   const size_t start = out.size();
   merge_word(word, out);
-  if (word.size() > kCachedWordBytes) return;
+  if (word.size() > kCachedWordBytes || cache_->full.load(std::memory_order_relaxed)) return;
   std::unique_lock lock(cache_->mu);
   if (cache_->ids.size() < kCachedWords)
     cache_->ids.try_emplace(std::string(word), out.begin() + std::ptrdiff_t(start), out.end());
+  else cache_->full.store(true, std::memory_order_relaxed);
 }
 
 void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) const {

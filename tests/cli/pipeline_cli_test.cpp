@@ -120,8 +120,6 @@ TEST(PipelineGenerate, TinyLlamaFullAndH2OLikeOneProcess) {
   expect_like_one_process(kLlama, "--kv-policy h2o --heavy-budget 4 --recent-budget 4 --pipeline-groups 1");
 }
 
-// A plan made for the whole model runs on its stages without a warning: each stage compared its
-// own layers with the plan's and warned "another shape", which planning again could not silence.
 // A stage holds every group's batch at once: two groups of equal batches hold twice one's KV.
 TEST(PipelineGenerate, AStagesPeakKvHoldsEveryGroupsBatch) {
   TempDir tmp;
@@ -141,6 +139,8 @@ TEST(PipelineGenerate, AStagesPeakKvHoldsEveryGroupsBatch) {
   EXPECT_EQ(peak[1], 2 * peak[0]);
 }
 
+// A plan made for the whole model runs on its stages without a warning: each stage compared its
+// own layers with the plan's and warned "another shape", which planning again could not silence.
 TEST(PipelineGenerate, APlanFileIsComparedAsTheWholeModel) {
   TempDir tmp;
   const fs::path in = write_input(tmp.path(), kOpt, 3), out = tmp.path() / "out.jsonl", plan = tmp.path() / "p.json";

@@ -365,7 +365,6 @@ TEST(ResumeIds, RepeatedIdsAreRefusedBeforeTheRun) {
                              ":2 repeats id \"a\" of line 1"},
                         Case{R"({"prompt": "x"})" "\n\n" R"({"id": 0, "prompt": "y"})" "\n",
                              ":3 repeats id 0 of line 1"},
-                        // A line that cannot be read has its index as its id: the message says so.
                         // A Batch line refused for a field keeps its custom_id.
                         Case{R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": )"
                              R"({"prompt": "x", "stream": true}})" "\n"
@@ -375,6 +374,7 @@ TEST(ResumeIds, RepeatedIdsAreRefusedBeforeTheRun) {
                         // A line read whole but wrong (a misspelt field) keeps the id it gives.
                         Case{R"({"id": 0, "prompt": "x", "temprature": 1})" "\n" R"({"id": 0, "prompt": "y"})" "\n",
                              ":2 repeats id 0 of line 1"},
+                        // A line that cannot be read has its index as its id: the message says so.
                         Case{R"({"id": "big", "prompt": "x")" "\n" R"({"id": 0, "prompt": "y"})" "\n",
                              ":2 repeats id 0 of line 1; ids must be unique, as --resume finds results by them (a line "
                              "without \"id\" has its 0-based index as its id). Line 1 could not be read (invalid JSON"},

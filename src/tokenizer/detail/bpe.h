@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -58,6 +59,7 @@ class BpeModel {
   struct WordCache {
     std::shared_mutex mu;
     std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> ids;
+    std::atomic<bool> full{false};  // then a miss takes no exclusive lock
   };
   std::shared_ptr<WordCache> cache_ = std::make_shared<WordCache>();
   VocabMap vocab_;
