@@ -458,15 +458,7 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
         job.generated_tokens += R.lost_tokens(w);
         continue;
       }
-      job.generated_tokens += j.value("generated_tokens", int64_t(0));
-      job.decode_tokens += j.value("decode_tokens", int64_t(0));
-      job.prompt_tokens += j.value("prompt_tokens", int64_t(0));
-      job.padded_prompt_tokens += j.value("padded_prompt_tokens", int64_t(0));
-      job.batches += j.value("batches", int64_t(0));
-      job.decode_steps += j.value("decode_steps", int64_t(0));
-      job.prefill_seconds += j.value("prefill_seconds", 0.0);
-      job.decode_seconds += j.value("decode_seconds", 0.0);
-      job.peak_kv_bytes = std::max(job.peak_kv_bytes, j.value("peak_kv_bytes", size_t(0)));
+      add(job, stats_of_report(j));
     }
     job.interrupted = stop.load();
     return job;

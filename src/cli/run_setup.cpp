@@ -172,4 +172,18 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
   return report;
 }
 
+GenerateStats stats_of_report(const json& j) {
+  GenerateStats s;
+  s.generated_tokens = j.value("generated_tokens", int64_t(0));
+  s.decode_tokens = j.value("decode_tokens", int64_t(0));
+  s.prompt_tokens = j.value("prompt_tokens", int64_t(0));
+  s.padded_prompt_tokens = j.value("padded_prompt_tokens", int64_t(0));
+  s.batches = j.value("batches", int64_t(0));
+  s.decode_steps = j.value("decode_steps", int64_t(0));
+  s.prefill_seconds = j.value("prefill_seconds", 0.0);
+  s.decode_seconds = j.value("decode_seconds", 0.0);
+  s.peak_kv_bytes = j.value("peak_kv_bytes", size_t(0));
+  return s;
+}
+
 }  // namespace flexh2o::cli
