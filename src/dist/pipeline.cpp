@@ -354,6 +354,11 @@ ServeResult serve_stage(Channel& ch, OffloadEngine& engine, int stages, int64_t 
       if (next != 0) ch.send(next, kTag, std::move(m.bytes));
       if (failed) continue;
       try {
+        // The block is each rank's own -b/--gpu-batch-size/--num-gpu-batches; rank 0's sets B.
+        if (B > engine.max_batch())
+          FH_FAIL("rank 0 runs batches of ", B, " sequences and this stage's block holds ", engine.max_batch(),
+                  " (its -b, --gpu-batch-size or --num-gpu-batches differ from rank 0's); give every rank the "
+                  "same flags");
         engine.select_group(g);
         engine.begin_batch(B, cap);
       } catch (const std::exception& e) {

@@ -263,6 +263,36 @@ TEST(PipelineFailure, StageErrorReachesTheDriverAndEveryStageEnds) {
   for (int rank = 1; rank < c.stages; ++rank) EXPECT_TRUE(served[size_t(rank)].job_failed) << "rank " << rank;
 }
 
+// A stage given a smaller block than rank 0's (another -b) refuses rank 0's first batch by the
+// flags that differ, not by the engine's internal bound; the job still ends in order.
+TEST(PipelineFailure, AStageWithASmallerBlockNamesTheFlags) {
+  const Case c{"tiny-opt", 2, 1, false, -1, 2, 1, 4};
+  Case small = c;
+  small.gbs = 1;
+  const Model whole = Model::load_dir(model_dir(c.model));
+  const auto bounds = even_bounds(whole.config().n_layers, c.stages);
+  std::vector<StageRun> stages;
+  for (int s = 0; s < c.stages; ++s) stages.push_back(make_stage(whole, s == 0 ? small : c, bounds, s));
+  LocalChannels net(c.stages);
+  dist::PipelineOptions po;
+  po.timeout_s = 30;
+  StageThreads servers(net, c.stages, bounds, po, [&](int s) -> OffloadEngine& { return *stages[size_t(s)].engine; });
+  std::string error;
+  {
+    dist::PipelineDriver driver(net.channel(0), *stages.back().engine, c.stages, bounds[size_t(c.stages) - 1], po);
+    try {
+      (void)generate(driver, requests_for(c), GenerateOptions{});
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  const std::vector<dist::ServeResult>& served = servers.join();
+  const std::string& mine = served[size_t(dist::stage_rank(0, c.stages))].error;
+  EXPECT_NE(mine.find("batches of 2 sequences and this stage's block holds 1"), std::string::npos) << mine;
+  EXPECT_NE(mine.find("--gpu-batch-size"), std::string::npos) << mine;
+  EXPECT_NE(error.find("block holds 1"), std::string::npos) << error;
+}
+
 // A stage that never answers (a hung rank) ends the driver's wait within the timeout, naming
 // the rank it waited for; the driver is then broken (no orderly end is possible).
 TEST(PipelineFailure, SilentStageTimesOut) {
