@@ -91,6 +91,7 @@ GenerationRequest get_request(dist::Reader& rd, StopRule* stop) {
 void add(GenerateStats& into, const GenerateStats& s) {
   into.prefill_seconds += s.prefill_seconds;
   into.decode_seconds += s.decode_seconds;
+  into.output_seconds += s.output_seconds;
   into.prompt_tokens += s.prompt_tokens;
   into.padded_prompt_tokens += s.padded_prompt_tokens;
   into.generated_tokens += s.generated_tokens;

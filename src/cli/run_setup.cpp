@@ -161,6 +161,7 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
               {"prefill_seconds", st.prefill_seconds},
               {"decode_seconds", st.decode_seconds},
               {"total_seconds", total_s},
+              {"output_seconds", st.output_seconds},
               {"prefill_tokens_per_s", st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0.0},
               {"decode_tokens", st.decode_tokens},
               {"decode_tokens_per_s", st.decode_seconds > 0 ? st.decode_tokens / st.decode_seconds : 0.0},
@@ -182,6 +183,7 @@ GenerateStats stats_of_report(const json& j) {
   s.decode_steps = j.value("decode_steps", int64_t(0));
   s.prefill_seconds = j.value("prefill_seconds", 0.0);
   s.decode_seconds = j.value("decode_seconds", 0.0);
+  s.output_seconds = j.value("output_seconds", 0.0);
   s.peak_kv_bytes = j.value("peak_kv_bytes", size_t(0));
   return s;
 }

@@ -91,11 +91,35 @@ void check_static_batches(const StepRunner& runner, const Reqs& reqs, size_t fir
     check_members(runner, reqs, iota_from(first, std::min(reqs.size() - first, batch)));
 }
 
-template <class Outs>
-void finish(size_t r, Outs& out, const GenerateOptions& opts) {
-  out[r].finished = true;
-  if (opts.on_result) opts.on_result(r, out[r]);
+// Runs a caller's callback (on_result, on_progress), counting its time in st.output_seconds.
+template <class F>
+void call_out(GenerateStats& st, F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  st.output_seconds += seconds_since(t0);
 }
+
+template <class Outs>
+void finish(size_t r, Outs& out, const GenerateOptions& opts, GenerateStats& st) {
+  out[r].finished = true;
+  if (opts.on_result) call_out(st, [&] { opts.on_result(r, out[r]); });
+}
+
+// The seconds since start() less the time the caller's callbacks took meanwhile (call_out()).
+class StepTimer {
+ public:
+  explicit StepTimer(const GenerateStats& st) : st_(st) { start(); }
+  void start() {
+    t0_ = Clock::now();
+    output0_ = st_.output_seconds;
+  }
+  double seconds() const { return seconds_since(t0_) - (st_.output_seconds - output0_); }
+
+ private:
+  const GenerateStats& st_;
+  Clock::time_point t0_;
+  double output0_ = 0;
+};
 
 // One batch from its padded prompt to its last token: the step inputs it needs next and what
 // each step's logits mean (sampling, stopping, results). Slot b holds request members[b]; under
@@ -157,7 +181,7 @@ class BatchRun {
   // then ids() / positions()).
   bool consume(const std::vector<float>& logits) {
     const bool decode_step = !prefill();  // as the drivers time it
-    if (step_no_++ > 0) ++st_.decode_steps;
+    if (step_no_++ > 0 && decode_step) ++st_.decode_steps;  // refill steps are timed as prefill
     T_ = 1;
     wide_ = false;
     ids_.assign(size_t(B_), opts_.pad_id);
@@ -206,7 +230,7 @@ class BatchRun {
       ids_[bi] = tok;
       pos_[bi] = int32_t(total_len - 1);
     }
-    if (opts_.on_progress) opts_.on_progress(done_, total_);
+    if (opts_.on_progress) call_out(st_, [&] { opts_.on_progress(done_, total_); });
     return any;
   }
 
@@ -283,7 +307,7 @@ class BatchRun {
   void end_now(int64_t b) {
     finished_[size_t(b)] = true;
     ended_.push_back(b);
-    finish(idx_[size_t(b)], out_, opts_);
+    finish(idx_[size_t(b)], out_, opts_, st_);
   }
 
   const ModelConfig& c_;
@@ -307,16 +331,16 @@ template <class B>
 void run_batch(StepRunner& run, B& b, GenerateStats& st, const GenerateOptions& opts, bool last_batch) {
   run.begin_batch(b.batch(), b.capacity());
   std::vector<float> logits;
-  auto t0 = Clock::now();
+  StepTimer t(st);
   bool more = true;
   while (more) {
     const bool prefill = b.prefill();
     run.expect_more_steps(b.more_after_next() || !last_batch);
     run.step(b.ids(), b.positions(), b.T(), b.real_rows(), logits);
     if (prefill) {
-      st.prefill_seconds += seconds_since(t0);
+      st.prefill_seconds += t.seconds();
       st.peak_kv_bytes = std::max(st.peak_kv_bytes, run.kv_bytes());
-      t0 = Clock::now();
+      t.start();
     }
     more = b.consume(logits);
     if (more && stop_requested(opts)) {  // every token sampled so far is kept; unfinished ones are dropped
@@ -324,7 +348,7 @@ void run_batch(StepRunner& run, B& b, GenerateStats& st, const GenerateOptions& 
       break;
     }
   }
-  st.decode_seconds += seconds_since(t0);
+  st.decode_seconds += t.seconds();
 }
 
 // Continuous batching (generate_continuous.cpp): `requests` (validated; `total` their

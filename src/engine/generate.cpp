@@ -175,13 +175,13 @@ std::vector<GenerationResult> generate(GroupRunner& runner, const std::vector<Ge
     if (!take(g)) break;
   std::vector<float> logits;
   while (in_flight > 0) {
-    auto t0 = Clock::now();
+    detail::StepTimer t(st);
     const int g = runner.collect(logits);
     --in_flight;
     Run& b = *slot[size_t(g)];
     const bool prefill = b.prefill();
-    (prefill ? st.prefill_seconds : st.decode_seconds) += seconds_since(t0);
-    t0 = Clock::now();
+    (prefill ? st.prefill_seconds : st.decode_seconds) += t.seconds();
+    t.start();
     const bool more = b.consume(logits);
     if (stop_requested(opts)) {  // in-flight steps are still collected (their tokens kept)
       st.interrupted = st.interrupted || more || next < requests.size();
@@ -190,7 +190,7 @@ std::vector<GenerationResult> generate(GroupRunner& runner, const std::vector<Ge
     } else {
       take(g);
     }
-    st.decode_seconds += seconds_since(t0);
+    st.decode_seconds += t.seconds();
   }
   if (stop_requested(opts) && next < requests.size()) st.interrupted = true;
   return out;

@@ -80,6 +80,9 @@ struct GenerateOptions {
 
 struct GenerateStats {
   double prefill_seconds = 0, decode_seconds = 0;
+  // Spent in GenerateOptions::on_result and on_progress (writing and syncing an output file,
+  // drawing progress): outside both of the above, as FlexGen times only the model's steps.
+  double output_seconds = 0;
   int64_t prompt_tokens = 0, padded_prompt_tokens = 0, generated_tokens = 0;
   int64_t batches = 0, decode_steps = 0;
   // Of generated_tokens, those drawn from the logits of steps timed as decode (not a batch's

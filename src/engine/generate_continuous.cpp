@@ -56,12 +56,12 @@ size_t run_continuous(StepRunner& run, Reqs& reqs, size_t next, const GenerateOp
   std::vector<float> logits;
   bool more = true, can = false;
   for (bool first = true; more; first = false) {
-    auto t0 = Clock::now();
+    StepTimer t(st);
     const bool prompts = b.prefill();
     run.expect_more_steps(b.more_after_next() || (can && next < reqs.size()));
     run.step(b.ids(), b.positions(), b.T(), b.real_rows(), logits);
-    (prompts ? st.prefill_seconds : st.decode_seconds) += seconds_since(t0);
-    t0 = Clock::now();
+    (prompts ? st.prefill_seconds : st.decode_seconds) += t.seconds();
+    t.start();
     if (first) {
       can = st.continuous = run.can_rewind();
       st.peak_kv_bytes = std::max(st.peak_kv_bytes, run.kv_bytes());
@@ -74,7 +74,7 @@ size_t run_continuous(StepRunner& run, Reqs& reqs, size_t next, const GenerateOp
       if (next < reqs.size() && (kRefillWhenFree * int64_t(free.size()) >= b.batch() || !more)) {
         std::vector<std::pair<int64_t, size_t>> joins;
         for (size_t i = 0; i < free.size() && next < reqs.size(); ++next) {
-          if (ends_at_once(reqs[next], c)) finish(next, out, opts);
+          if (ends_at_once(reqs[next], c)) finish(next, out, opts, st);
           else joins.emplace_back(free[i++], next);
         }
         if (!joins.empty()) {
@@ -85,7 +85,7 @@ size_t run_continuous(StepRunner& run, Reqs& reqs, size_t next, const GenerateOp
         }
       }
     }
-    st.decode_seconds += seconds_since(t0);
+    st.decode_seconds += t.seconds();
     if (more && stop_requested(opts)) {  // every token sampled so far is kept; unfinished ones are dropped
       st.interrupted = true;
       break;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "bible_requests.h"
 #include "engine/cpu_device.h"
@@ -37,6 +38,16 @@ std::vector<GenerationRequest> mixed_requests(const ModelConfig& c) {
   return reqs;
 }
 size_t stop_at(size_t r) { return r % 3 == 2 ? 1 + r % 4 : 1000; }
+
+class CountingRunner final : public ForwardingRunner {
+ public:
+  using ForwardingRunner::ForwardingRunner;
+  void step(const int32_t* ids, const int32_t* pos, int64_t T, const int32_t* rr, std::vector<float>& lg) override {
+    ++steps;
+    ForwardingRunner::step(ids, pos, T, rr, lg);
+  }
+  int64_t steps = 0;
+};
 
 GenerateOptions options(bool continuous, std::vector<size_t>* reported = nullptr) {
   GenerateOptions o;
@@ -69,12 +80,17 @@ TEST(ContinuousBatching, InMemoryResultsEqualStaticBatchesInFewerSteps) {
     Model m = Model::load_dir(model_dir(name));
     CpuDevice dev(2);
     Forward fwd(m, dev);
-    InMemoryRunner runner(fwd, 4);
+    InMemoryRunner in_memory(fwd, 4);
+    CountingRunner runner(in_memory);
     const auto reqs = mixed_requests(m.config());
     GenerateStats st_static, st_cont;
     std::vector<size_t> reported;
     const auto want = generate(runner, reqs, options(false), &st_static);
+    const int64_t static_steps = std::exchange(runner.steps, 0);
     const auto got = generate(runner, reqs, options(true, &reported), &st_cont);
+    // Every step is a batch's prefill, a refill (both timed as prefill) or a decode step.
+    EXPECT_EQ(static_steps, st_static.batches + st_static.decode_steps) << name;
+    EXPECT_EQ(runner.steps, st_cont.batches + st_cont.refills + st_cont.decode_steps) << name;
     expect_same_results(got, want, name);
     EXPECT_EQ(reported.size(), reqs.size()) << name;
     EXPECT_EQ(std::set<size_t>(reported.begin(), reported.end()).size(), reqs.size()) << name;
