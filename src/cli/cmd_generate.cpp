@@ -66,7 +66,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   if (a.resume && a.output.empty()) FH_FAIL("--resume needs --output FILE: the results of the run to finish");
   {  // before anything is opened for writing
     std::vector<NamedPath> inputs;
-    if (!from_stdin) inputs.push_back({"--input", a.input});
+    inputs.push_back({"--input", a.input});  // "-": the file standard input is redirected from
     if (a.offload.policy_file != "auto") inputs.push_back({"--policy", a.offload.policy_file});
     for (auto& f : files_in("--model", a.model)) inputs.push_back(std::move(f));
     for (auto& f : files_in("--tokenizer", a.tokenizer)) inputs.push_back(std::move(f));

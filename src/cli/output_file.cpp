@@ -18,7 +18,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string describe(const NamedPath& p) { return (p.flag.empty() ? "" : p.flag + " ") + p.path.string(); }
+std::string describe(const NamedPath& p) {
+  return (p.flag.empty() ? "" : p.flag + " ") + p.path.string() + (p.path == "-" ? " (standard input)" : "");
+}
 
 // What a path names: an existing file (dev, ino; name empty) or, for a path that does not exist
 // yet, the directory it would be created in plus its name. Symlinks are followed, dangling ones
@@ -30,6 +32,13 @@ struct FileId {
   bool regular = false;  // only regular (or not yet created) files can clobber each other
   bool operator==(const FileId& o) const { return dev == o.dev && ino == o.ino && name == o.name; }
 };
+
+// An input "-" (standard input): the file it is redirected from, if any.
+std::optional<FileId> identify_standard_input() {
+  struct stat st {};
+  if (::fstat(STDIN_FILENO, &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return FileId{st.st_dev, st.st_ino, "", true};
+}
 
 std::optional<FileId> identify(fs::path p) {
   for (int hops = 0; hops < 40; ++hops) {  // 40: the kernel's own symlink limit
@@ -87,7 +96,8 @@ void check_outputs_are_not_inputs(const std::vector<NamedPath>& outputs, const s
   std::vector<std::pair<const NamedPath*, FileId>> seen;
   for (const NamedPath& in : inputs) {
     if (in.path.empty()) continue;
-    if (auto id = identify(in.path); id && id->name.empty()) seen.emplace_back(&in, *id);
+    if (auto id = in.path == "-" ? identify_standard_input() : identify(in.path); id && id->name.empty())
+      seen.emplace_back(&in, *id);
   }
   const size_t n_inputs = seen.size();
   for (const NamedPath& out : outputs) {

@@ -21,6 +21,7 @@ struct NamedPath {
 // or as another output: same st_dev/st_ino, so a symlink, a hard link or a different spelling
 // is caught; an output that does not exist yet is compared by its directory's identity and its
 // name. Empty paths are skipped; inputs that do not exist are skipped (reading them fails later).
+// An input "-" is standard input: the file it is redirected from, if it is one.
 void check_outputs_are_not_inputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
 
 // Throws unless `where` looks writable now: an existing file that is not a directory and that

@@ -3,6 +3,9 @@
 // appends, and the same-file check sees through links.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "cli/output_file.h"
 #include "core/error.h"
 #include "engine/test_util.h"
@@ -103,6 +106,35 @@ TEST(OutputFile, SameFileCheckSeesThroughLinksAndAbsentFiles) {
   EXPECT_FALSE(refused({{"--output", tmp.path() / "a"}, {"--report", tmp.path() / "b"}}));
   EXPECT_FALSE(refused({{"--output", "/dev/null"}, {"--report", "/dev/null"}}));
   EXPECT_FALSE(refused({{"--output", ""}, {"--report", ""}}));
+}
+
+// `-i - < results.jsonl -o results.jsonl`: standard input redirected from the output is an input.
+TEST(OutputFile, SameFileCheckSeesStandardInputsFile) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl";
+  write_text_file({"", in}, "x\n");
+  const int saved = ::dup(STDIN_FILENO);
+  ASSERT_GE(saved, 0);
+  const int fd = ::open(in.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::dup2(fd, STDIN_FILENO), STDIN_FILENO);
+  ::close(fd);
+  std::string error;
+  try {
+    check_outputs_are_not_inputs({{"--output", tmp.path() / "." / "in.jsonl"}}, {{"--input", "-"}});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  bool other_refused = false;
+  try {
+    check_outputs_are_not_inputs({{"--output", tmp.path() / "out.jsonl"}}, {{"--input", "-"}});
+  } catch (const Error&) {
+    other_refused = true;
+  }
+  ASSERT_EQ(::dup2(saved, STDIN_FILENO), STDIN_FILENO);
+  ::close(saved);
+  EXPECT_NE(error.find("is the same file as --input - (standard input)"), std::string::npos) << error;
+  EXPECT_FALSE(other_refused);
 }
 
 }  // namespace
