@@ -84,19 +84,25 @@ int run_bench(const BenchArgs& a, const Env& env) {
   // --policy auto without a count plans the block uncapped and runs one (FlexGen's benchmark).
   const int64_t guess = a.num_prompts ? a.num_prompts : off.policy_file == "auto" ? kUncappedBlock : a.batch_size;
   off.progress = a.progress;
+  int64_t n = 0;
+  std::vector<GenerationRequest> reqs;
+  auto make_requests = [&](const StepRunner& runner) {  // once the block is known
+    n = a.num_prompts ? a.num_prompts : runner.max_batch();
+    std::mt19937_64 rng(a.seed);
+    reqs.resize(size_t(n));
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      GenerationRequest& r = reqs[i];
+      r.prompt_ids.resize(size_t(a.prompt_len));
+      for (auto& id : r.prompt_ids) id = int32_t(rng() % uint64_t(c.vocab_size));
+      if (c.bos_id) r.prompt_ids[0] = *c.bos_id;
+      r.max_new_tokens = a.gen_len;
+      r.sampling = sampling(a, uint64_t(i));
+    }
+    check_batches(runner, reqs, GenerateOptions{});  // a batch that does not fit, before the weights are placed
+  };
   RunSetup rs = make_run_setup(off, a.kv, a.batch_size, *lm.model, fwd, dev, env, a.prompt_len, a.gen_len,
-                               guess, device, std::cerr);
-  const int64_t n = a.num_prompts ? a.num_prompts : rs.runner->max_batch();
-  std::mt19937_64 rng(a.seed);
-  std::vector<GenerationRequest> reqs(static_cast<size_t>(n));
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    GenerationRequest& r = reqs[i];
-    r.prompt_ids.resize(size_t(a.prompt_len));
-    for (auto& id : r.prompt_ids) id = int32_t(rng() % uint64_t(c.vocab_size));
-    if (c.bos_id) r.prompt_ids[0] = *c.bos_id;
-    r.max_new_tokens = a.gen_len;
-    r.sampling = sampling(a, uint64_t(i));
-  }
+                               guess, device, std::cerr, 0, nullptr, make_requests);
+  if (reqs.empty()) make_requests(*rs.runner);
   GenerateOptions go;
   go.ignore_eos = true;
   go.pad_id = c.pad_id.value_or(0);

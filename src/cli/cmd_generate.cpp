@@ -323,6 +323,25 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   }
   std::optional<PipelineDriverSetup> stages;  // rank 0 of a pipeline: its stage and the driver
   RunSetup own;
+  // The engine runs request order[j] as its j-th (length-sorted batches); the callbacks below
+  // get j and map it back, so everything else stays in request order. A batch that does not fit
+  // the budgets is found before the weights are placed (minutes of I/O offloaded) and before
+  // --output is opened (which empties it under --overwrite), not when the run reaches it.
+  // Data-parallel ranks run these requests' static batches under the same flags (each rank
+  // checks its own again); pipeline stages form others.
+  std::vector<size_t> order;
+  std::vector<GenerationRequest> run_reqs;
+  bool arranged = false;
+  GenerateOptions shape;
+  shape.continuous = a.continuous && !dp;
+  auto arrange = [&](const StepRunner& runner) {  // once the block is known
+    order = length_sorted_order(reqs, runner.max_batch(), a.sort_window);
+    run_reqs.reserve(reqs.size());
+    for (size_t r : order) run_reqs.push_back(std::move(reqs[r]));
+    reqs.clear();
+    arranged = true;
+    if (!pipe) check_batches(runner, run_reqs, shape);
+  };
   if (pipe) {
     stages.emplace(pipe->start(a, env, *lm.model, dev,
                                choose_layout(a, env, *lm.model, dev, device, pipe->comm().size(), prompt, gen,
@@ -333,7 +352,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     try {
       own = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,
                            dp ? dp->plan_requests(reqs.size()) : int64_t(reqs.size()), device, std::cerr,
-                           dp ? dp->cuda_index(device) : 0);
+                           dp ? dp->cuda_index(device) : 0, nullptr, arrange);
     } catch (const PlacementStopped& e) {  // a harness that always reads --report learns that nothing ran
       try {
         if (!a.report.empty()) {
@@ -348,21 +367,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   }
   RunSetup& rs = stages ? stages->rs : own;
   StepRunner* runner = rs.runner.get();
-  // The engine runs request order[j] as its j-th (length-sorted batches); the callbacks below
-  // get j and map it back, so everything else stays in request order.
-  const std::vector<size_t> order = length_sorted_order(reqs, runner->max_batch(), a.sort_window);
-  std::vector<GenerationRequest> run_reqs;
-  run_reqs.reserve(reqs.size());
-  for (size_t r : order) run_reqs.push_back(std::move(reqs[r]));
-  reqs.clear();
-  // A batch that does not fit the budgets is found before --output is opened (which empties it
-  // under --overwrite), not when the run reaches it. Data-parallel ranks run these requests' static
-  // batches under the same flags (each rank checks its own again); pipeline stages form others.
-  if (!stages) {
-    GenerateOptions shape;
-    shape.continuous = a.continuous && !dp;
-    check_batches(*runner, run_reqs, shape);
-  }
+  if (!arranged) arrange(*runner);  // in memory, or a pipeline: not through before_placing
+  else check_batches(*runner, run_reqs, shape);  // again: the free space for disk-homed KV, weights written
   // Batch lines with echo and logprobs: their prompts are scored before generation, and before
   // --output is opened, so that a failure there leaves it as it was too.
   std::vector<batch::Request*> echoed;

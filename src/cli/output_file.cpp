@@ -18,9 +18,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string describe(const NamedPath& p) {
-  return (p.flag.empty() ? "" : p.flag + " ") + p.path.string() + (p.path == "-" ? " (standard input)" : "");
-}
+std::string describe(const NamedPath& p) { return (p.flag.empty() ? "" : p.flag + " ") + p.path.string(); }
+std::string describe_input(const NamedPath& p) { return describe(p) + (p.path == "-" ? " (standard input)" : ""); }
 
 // What a path names: an existing file (dev, ino; name empty) or, for a path that does not exist
 // yet, the directory it would be created in plus its name. Symlinks are followed, dangling ones
@@ -107,7 +106,7 @@ void check_outputs_are_not_inputs(const std::vector<NamedPath>& outputs, const s
     for (size_t i = 0; i < seen.size(); ++i) {
       if (!(seen[i].second == *id)) continue;
       if (i < n_inputs)
-        FH_FAIL(describe(out), " is the same file as ", describe(*seen[i].first),
+        FH_FAIL(describe(out), " is the same file as ", describe_input(*seen[i].first),
                 "; refusing to write over an input (choose another output path)");
       FH_FAIL(describe(out), " is the same file as ", describe(*seen[i].first),
               "; give each output its own path");

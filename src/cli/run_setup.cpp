@@ -76,7 +76,8 @@ std::unique_ptr<OffloadEngine> place_engine(const Model& model, Device& dev, Off
 
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
-                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index, const StageRun* stage) {
+                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index, const StageRun* stage,
+                        std::function<void(const OffloadEngine&)> before_placing) {
   RunSetup rs;
   rs.kv_config = make_kv_config(kv);
   const int64_t max_len = std::max<int64_t>(1, prompt_len) + std::max<int64_t>(1, gen_len);
@@ -120,6 +121,7 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
   }
   oo.kv_policy = rs.kv_policy.get();
   oo.kv_dtype = rs.kv_dtype;
+  oo.before_placing = std::move(before_placing);
   auto eng = place_engine(model, *rs.device, oo, off.progress, env.stderr_is_tty, env.stop);
   rs.offload = eng.get();
   rs.kv_dtype = eng->options().kv_dtype;  // Q4 when the policy compresses the cache

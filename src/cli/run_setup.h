@@ -87,11 +87,14 @@ std::unique_ptr<OffloadEngine> place_engine(const Model& model, Device& dev, Off
 
 // The run's device, KV policy and runner from the flags. `requests`: how many sequences the run
 // has, which caps the block --policy auto chooses (at least 1; kUncappedBlock: no cap).
+// `before_placing`: OffloadOptions::before_placing, given the offloading engine before its weights
+// are placed (not called for the in-memory runner, which places nothing).
 constexpr int64_t kUncappedBlock = int64_t(1) << 40;
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
                         int64_t requests, const std::string& device, std::ostream& log, int cuda_index = 0,
-                        const StageRun* stage = nullptr);
+                        const StageRun* stage = nullptr,
+                        std::function<void(const OffloadEngine&)> before_placing = {});
 
 // The run report (timings, tokens/s, memory; the device; the offload section when offloading).
 nlohmann::json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& st, const CpuDevice& cpu,

@@ -130,10 +130,12 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
     open_store(*io);
     impl_->io_note = why + "; " + store_->io_note();
   }
+  if (opts_.before_placing) opts_.before_placing(*this);
   impl_->place_weights();
   impl_->build_views();
-  opts_.on_place = nullptr;  // the caller's progress and stop need not outlive construction
+  opts_.on_place = nullptr;  // the caller's callbacks need not outlive construction
   opts_.while_waiting = nullptr;
+  opts_.before_placing = nullptr;
 }
 
 OffloadEngine::~OffloadEngine() {

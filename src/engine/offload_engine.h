@@ -28,6 +28,8 @@
 
 namespace flexh2o {
 
+class OffloadEngine;
+
 struct OffloadOptions {
   Policy policy;
   uint64_t device_mem = 0, host_mem = 0, disk_mem = 0;  // bytes; 0 = unlimited (device: the device's memory)
@@ -63,6 +65,12 @@ struct OffloadOptions {
   // Called by the constructor about every 50 ms while another run holds the offload directory's
   // lock (DiskStoreOptions::still_waiting); what it throws ends the construction. Null: it waits.
   std::function<void()> while_waiting;
+  // Called by the constructor once the engine is planned (its block, budgets, placement, the
+  // offload directory opened) and before any weight is uploaded, copied or written: a caller
+  // checks the batches it will run (check_batch) there, so that one refused costs no placing
+  // (writing a large model's store takes minutes). What it throws ends the construction. Null:
+  // none. The engine drops it once constructed.
+  std::function<void(const OffloadEngine&)> before_placing;
   // Tests only: edits each token step's schedule before it runs (e.g. drops a dependency).
   std::function<void(Schedule&)> edit_schedule;
 };

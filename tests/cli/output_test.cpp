@@ -232,10 +232,30 @@ TEST(CliOutput, OverwriteKeepsTheOldResultsUntilTheRunStarts) {
   EXPECT_EQ((r.out + r.err).find("tok/s"), std::string::npos) << "the benchmark ran before the refusal: " << r.out;
 }
 
-// An --offload-dir too small for the weights homed there is refused before the first file, with
-// the total needed (it failed at the file that did not fit, naming that file's size, with the
-// files before it written). A 3 MiB tmpfs in a private mount namespace (unshare -m): skipped
-// where this process may not make one.
+// A batch the budgets cannot hold is refused before any weight is placed: writing a large
+// model's store to --offload-dir takes minutes, which a refusal after it wasted.
+TEST(CliOutput, ABatchThatDoesNotFitIsRefusedBeforeTheWeightsArePlaced) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", dir = tmp.path() / "store";
+  std::string lines;
+  for (int i = 0; i < 8; ++i) lines += R"({"prompt": "In the beginning God created the heaven and the earth."})" "\n";
+  write_file(in, lines);
+  const std::string place = " --threads 1 --percent 0 0 0 100 100 0 --gpu-batch-size 8 --gpu-mem 7MiB --offload-dir " +
+                            dir.string();
+  for (const std::string& cmd : {"generate -m " + kOpt + " -q -n 200 -i " + in.string() + " -o " +
+                                     (tmp.path() / "o.jsonl").string() + place,
+                                 "bench -m " + kOpt + " --prompt-len 200 --gen-len 8" + place}) {
+    fs::remove_all(dir);
+    const RunResult r = flexh2o(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.err;
+    EXPECT_NE(r.err.find("device budget 7 MiB is too small for a batch of this run (8 sequences"), std::string::npos)
+        << r.err;
+    size_t weight_files = 0;
+    for (const auto& f : fs::directory_iterator(dir)) weight_files += f.path().extension() == ".fhs";
+    EXPECT_EQ(weight_files, 0u) << cmd;
+  }
+}
+
 // The decode rate counts the tokens decode steps drew (FlexGen's (gen - 1) x batch): each
 // sequence's first token comes from the prefill's logits, in the prefill's seconds.
 TEST(CliOutput, TheDecodeRateCountsTheTokensOfDecodeSteps) {
@@ -253,6 +273,10 @@ TEST(CliOutput, TheDecodeRateCountsTheTokensOfDecodeSteps) {
   }
 }
 
+// An --offload-dir too small for the weights homed there is refused before the first file, with
+// the total needed (it failed at the file that did not fit, naming that file's size, with the
+// files before it written). A 3 MiB tmpfs in a private mount namespace (unshare -m): skipped
+// where this process may not make one.
 TEST(CliOutput, AnOffloadDirTooSmallForTheWeightsIsRefusedWithTheTotal) {
   TempDir tmp;
   const fs::path small = tmp.path() / "small";
