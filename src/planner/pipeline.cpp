@@ -16,8 +16,9 @@
 namespace flexh2o {
 
 std::vector<int64_t> even_bounds(int64_t n_layers, int64_t stages) {
-  FH_CHECK(stages >= 1 && stages <= n_layers, "pipeline stages must be in [1, ", n_layers, "] (one layer or more each), got ",
-           stages);
+  if (stages < 1 || stages > n_layers)
+    FH_FAIL("--pipeline-stages must be in [1, ", n_layers, "] (one layer or more each: the model has ", n_layers,
+            " layers), got ", stages);
   std::vector<int64_t> b{0};
   for (int64_t s = 0; s < stages; ++s) b.push_back(b.back() + n_layers / stages + (s < n_layers % stages ? 1 : 0));
   return b;
@@ -287,8 +288,9 @@ PipelinePlan plan_pipeline(const ModelConfig& c, const std::vector<HardwareProfi
 PipelinePlan plan_pipeline(const ModelShape& m, const std::vector<HardwareProfile>& hw, const Workload& w,
                            const PipelineOptions& o) {
   const int64_t L = m.config.n_layers, S = o.stages;
-  FH_CHECK(S >= 1 && S <= L, "--pipeline-stages must be in [1, ", L, "] (", m.config.name, " has ", L,
-           " layers, one or more per stage), got ", S);
+  if (S < 1 || S > L)
+    FH_FAIL("--pipeline-stages must be in [1, ", L, "] (", m.config.name, " has ", L, " layers, one or more per stage), got ",
+            S);
   FH_CHECK(hw.size() == 1 || int64_t(hw.size()) == S, "a pipeline of ", S, " stages needs 1 or ", S,
            " hardware profiles, got ", hw.size());
   FH_CHECK(o.groups >= 0, "--groups must be >= 0 (0 = choose), got ", o.groups);

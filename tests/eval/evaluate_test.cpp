@@ -116,6 +116,22 @@ TEST_P(Eval, CompressedPerplexityWithinBoundOfF16) {
   }
 }
 
+// A text token past the model's table (another model's --tokenizer) is named, not an embedding
+// kernel's bound check.
+TEST_P(Eval, ATokenOutsideTheVocabularyIsNamed) {
+  Forward fwd(m().model, dev());
+  std::vector<int32_t> ids = m().ids;
+  const int32_t vocab = int32_t(m().model.config().vocab_size);
+  ids[3] = vocab;
+  try {
+    (void)perplexity(fwd, ids);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "text token id " + std::to_string(vocab) + " is outside the vocabulary [0, " +
+                                         std::to_string(vocab) + ")");
+  }
+}
+
 TEST_P(Eval, StreamingFullEqualsPrefillAndReference) {
   Forward fwd(m().model, dev());
   const PerplexityResult pre = perplexity(fwd, m().ids);

@@ -96,6 +96,12 @@ TEST(PipelineBalance, RefusesBadInput) {
   EXPECT_THROW(balance_layers({1, 1}, {0, 0}, {1}), Error);
   EXPECT_THROW(even_bounds(3, 0), Error);
   EXPECT_THROW(even_bounds(3, 4), Error);
+  try {  // a user's --pipeline-stages: said as the flag, without a source location
+    (void)even_bounds(3, 5);
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--pipeline-stages must be in [1, 3] (one layer or more each: the model has 3 "
+                                     "layers), got 5");
+  }
 }
 
 PipelineTiming equal_stages(int64_t S, double c, int64_t G, int64_t T, double hop = 0, double ret = 0) {
