@@ -133,3 +133,33 @@ def test_ignore_eos_makes_every_request_generate_its_max_tokens():
         assert status == 200, body
         got[ignore] = (body["usage"]["completion_tokens"], body["choices"][0]["finish_reason"])
     assert got == {False: (1, "stop"), True: (5, "length")}
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--port", "99999"], "--port must be in [0, 65535] (0: any free one), got 99999"),
+    (["--port", "-1"], "--port must be in [0, 65535] (0: any free one), got -1"),
+    (["-n", "0"], "--max-new-tokens must be at least 1, got 0"),
+    (["--max-batch-requests", "0"], "--max-batch-requests must be at least 1, got 0"),
+    (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["--batch-wait-ms", "nan"], "--batch-wait-ms must be a finite number of milliseconds >= 0, got nan"),
+    (["--read-timeout", "0"], "--read-timeout must be a finite number of seconds > 0, got 0"),
+])
+def test_serves_own_flags_out_of_range_are_a_wrong_command_line(flags, says):
+    r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", *flags])
+    assert r.returncode == 2 and r.stderr == f"flexh2o serve: {says}\n", r.stderr
+
+
+def test_an_address_that_cannot_be_listened_on_is_refused_before_the_model_loads(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:  # the model does not exist: the address is what is said, so it was checked first
+        r = run_module(["serve", "-m", str(tmp_path / "no-model"), "--port", str(port)])
+    finally:
+        taken.close()
+    assert r.returncode == 1 and r.stderr == (
+        f"flexh2o serve: cannot listen on 127.0.0.1:{port}: Address already in use\n"), r.stderr
+    r = run_module(["serve", "-m", str(tmp_path / "no-model"), "--host", "no.such.host.invalid"])
+    assert r.returncode == 1 and r.stderr.startswith("flexh2o serve: cannot listen on no.such.host.invalid:8000: "), \
+        r.stderr

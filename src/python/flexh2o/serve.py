@@ -16,7 +16,9 @@ import json
 import queue
 import re
 import secrets
+import math
 import signal
+import socket
 import sys
 import threading
 import time
@@ -262,6 +264,36 @@ def _sampling_error(top_k, min_p, repetition_penalty):
     return None
 
 
+def _flag_error(args):
+    """What is wrong with serve's own flags (a wrong command line: exit 2), or None."""
+    if not 0 <= args.port <= 65535:
+        return f"--port must be in [0, 65535] (0: any free one), got {args.port}"
+    for flag, v in (("--max-new-tokens", args.max_new_tokens), ("--max-prompt-len", args.max_prompt_len),
+                    ("--max-batch-requests", args.max_batch_requests), ("--batch-size", args.batch_size),
+                    ("--threads", args.threads)):
+        if v is not None and v < 1:
+            return f"{flag} must be at least 1, got {v}"
+    if not (args.batch_wait_ms >= 0 and math.isfinite(args.batch_wait_ms)):
+        return f"--batch-wait-ms must be a finite number of milliseconds >= 0, got {args.batch_wait_ms:g}"
+    if not (args.read_timeout > 0 and math.isfinite(args.read_timeout)):
+        return f"--read-timeout must be a finite number of seconds > 0, got {args.read_timeout:g}"
+    return None
+
+
+def _listen_error(host, port):
+    """Why the server could not listen on (host, port) (a port in use, an unknown host), found
+    before the model loads, which for a large one takes minutes; or None."""
+    s = socket.socket(_HTTPServer.address_family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        s.bind((host, port))
+    except (OSError, UnicodeError) as e:
+        return f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e}"
+    finally:
+        s.close()
+    return None
+
+
 def _engine_flags(rest):
     """The CLI's engine flags left over by argparse (`--percent 20 80 0 100 0 100`,
     `--cpu-cache-compute`, `--kv-policy=h2o`) as flexh2o.LLM keyword arguments."""
@@ -357,10 +389,15 @@ def main(argv=None):
     ap.add_argument("--log-requests", action="store_true", help="log every HTTP request to stderr")
     args, rest = ap.parse_known_args(argv)
     flags = _engine_flags(rest)
-    why = _not_engine_flag(rest) or _sampling_error(args.top_k, args.min_p, args.repetition_penalty)
+    why = _flag_error(args) or _not_engine_flag(rest) or _sampling_error(args.top_k, args.min_p,
+                                                                         args.repetition_penalty)
     if why:
         print(f"flexh2o serve: {why}", file=sys.stderr)
         return 2
+    why = _listen_error(args.host, args.port)
+    if why:
+        print(f"flexh2o serve: {why}", file=sys.stderr)
+        return 1
     spelled = {tok[2:].partition("=")[0].replace("-", "_"): tok.partition("=")[0] for tok in rest
                if tok.startswith("--")}
 
@@ -368,12 +405,6 @@ def main(argv=None):
     try:
         llm = flexh2o.LLM(args.model, tokenizer=args.tokenizer, device=args.device, batch_size=args.batch_size,
                           threads=args.threads, generation_config="none", **flags)
-        server = Server(llm, args.host, args.port, served_model_name=args.served_model_name,
-                        max_new_tokens=args.max_new_tokens, max_prompt_len=args.max_prompt_len,
-                        batch_wait_ms=args.batch_wait_ms, max_batch_requests=args.max_batch_requests,
-                        api_key=args.api_key, seed=args.seed, greedy=args.greedy, top_k=args.top_k,
-                        min_p=args.min_p, repetition_penalty=args.repetition_penalty, ignore_eos=args.ignore_eos,
-                        continuous=args.continuous, read_timeout=args.read_timeout, log_requests=args.log_requests)
     except TypeError as e:  # an engine flag that is none of the CLI's
         m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
         what = f"unknown flag {spelled.get(m[1], m[1])}" if m else str(e)
@@ -381,6 +412,19 @@ def main(argv=None):
               file=sys.stderr)
         return 2
     except (Error, ValueError, OSError) as e:
+        print(f"flexh2o serve: {e}", file=sys.stderr)
+        return 1
+    try:
+        server = Server(llm, args.host, args.port, served_model_name=args.served_model_name,
+                        max_new_tokens=args.max_new_tokens, max_prompt_len=args.max_prompt_len,
+                        batch_wait_ms=args.batch_wait_ms, max_batch_requests=args.max_batch_requests,
+                        api_key=args.api_key, seed=args.seed, greedy=args.greedy, top_k=args.top_k,
+                        min_p=args.min_p, repetition_penalty=args.repetition_penalty, ignore_eos=args.ignore_eos,
+                        continuous=args.continuous, read_timeout=args.read_timeout, log_requests=args.log_requests)
+    except OSError as e:  # the address taken since _listen_error
+        print(f"flexh2o serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except (Error, ValueError) as e:
         print(f"flexh2o serve: {e}", file=sys.stderr)
         return 1
     host, port = server.address
