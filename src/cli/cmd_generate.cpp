@@ -497,7 +497,10 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   if (!a.report.empty()) write_json_file(a.report, report, "--report");
   if (rs.offload) write_trace_file(a.offload, *rs.offload, std::cerr);
   // Under mpirun the time is the job's wall time; the ranks' prefill and decode seconds add up.
-  std::cerr << "flexh2o: " << st.generated_tokens << " tokens for " << finished << " prompts in "
+  // An interrupted run's tokens include the unfinished requests' (the line after says which are kept).
+  std::cerr << "flexh2o: " << st.generated_tokens
+            << (st.interrupted ? " tokens (" + std::to_string(finished) + " prompts finished) in "
+                               : " tokens for " + std::to_string(finished) + " prompts in ")
             << report["total_seconds"].get<double>() << " s (" << report["tokens_per_s"].get<double>()
             << " tok/s; prefill " << st.prefill_seconds << " s, decode " << st.decode_seconds << " s"
             << (dp ? ", summed over the ranks" : "") << ")\n";

@@ -97,6 +97,9 @@ void add(GenerateStats& into, const GenerateStats& s) {
   into.generated_tokens += s.generated_tokens;
   into.batches += s.batches;
   into.decode_steps += s.decode_steps;
+  into.refills += s.refills;
+  into.refilled_sequences += s.refilled_sequences;
+  into.continuous = into.continuous || s.continuous;
   into.decode_tokens += s.decode_tokens;
   into.peak_kv_bytes = std::max(into.peak_kv_bytes, s.peak_kv_bytes);
   into.interrupted = into.interrupted || s.interrupted;
@@ -536,18 +539,7 @@ void DataParallel::add_to_report(json& report) const {
   own["rank"] = 0;
   own["host"] = comm_->host();
   own["requests"] = R.own_requests;
-  own["generated_tokens"] = R.own.generated_tokens;
-  own["prompt_tokens"] = R.own.prompt_tokens;
-  own["padded_prompt_tokens"] = R.own.padded_prompt_tokens;
-  own["batches"] = R.own.batches;
-  own["prefill_seconds"] = R.own.prefill_seconds;
-  own["decode_seconds"] = R.own.decode_seconds;
-  const double own_s = R.own.prefill_seconds + R.own.decode_seconds;
-  own["total_seconds"] = own_s;
-  own["prefill_tokens_per_s"] = R.own.prefill_seconds > 0 ? R.own.prompt_tokens / R.own.prefill_seconds : 0.0;
-  own["decode_tokens"] = R.own.decode_tokens;
-  own["decode_tokens_per_s"] = R.own.decode_seconds > 0 ? R.own.decode_tokens / R.own.decode_seconds : 0.0;
-  own["tokens_per_s"] = own_s > 0 ? R.own.generated_tokens / own_s : 0.0;
+  own.update(stats_json(R.own));  // rank 0's share, not the job's
   for (const char* k : {"failed_requests", "finished_requests", "resumed_requests", "interrupted", "kept_tokens"})
     own.erase(k);
   ranks.push_back(std::move(own));

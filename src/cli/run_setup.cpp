@@ -2,6 +2,8 @@
 // that run a model.
 #include "cli/run_setup.h"
 
+#include <set>
+
 #include "cli/progress.h"
 #include "core/error.h"
 #include "engine/kv_evict.h"
@@ -135,9 +137,49 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
   return rs;
 }
 
+namespace {
+
+// The weights' bytes as the run holds them: 4-bit where compressed, an offloading engine's
+// placement dtype (a tied lm_head once).
+size_t held_weight_bytes(const Model& m, const RunSetup& rs) {
+  size_t n = 0;
+  if (rs.offload) {
+    std::set<const void*> seen;
+    for (const UnitPlacement& u : rs.offload->placement().units)
+      for (const PlacedTensor& t : u.tensors)
+        if (seen.insert(t.source.data).second) n += t.bytes;
+    return n;
+  }
+  const bool q4 = rs.compress_weight || rs.compressed;
+  for (const BoundTensor& t : m.tensors()) n += held_bytes(t.view, held_dtype(t.view, q4, std::nullopt));
+  return n;
+}
+
+}  // namespace
+
+json stats_json(const GenerateStats& st) {
+  const double total_s = st.prefill_seconds + st.decode_seconds;
+  return {{"batches", st.batches},
+          {"continuous", st.continuous},
+          {"refills", st.refills},
+          {"refilled_sequences", st.refilled_sequences},
+          {"decode_steps", st.decode_steps},
+          {"prompt_tokens", st.prompt_tokens},
+          {"padded_prompt_tokens", st.padded_prompt_tokens},
+          {"generated_tokens", st.generated_tokens},
+          {"prefill_seconds", st.prefill_seconds},
+          {"decode_seconds", st.decode_seconds},
+          {"total_seconds", total_s},
+          {"output_seconds", st.output_seconds},
+          {"prefill_tokens_per_s", st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0.0},
+          {"decode_tokens", st.decode_tokens},
+          {"decode_tokens_per_s", st.decode_seconds > 0 ? st.decode_tokens / st.decode_seconds : 0.0},
+          {"tokens_per_s", total_s > 0 ? st.generated_tokens / total_s : 0.0},
+          {"peak_kv_bytes", st.peak_kv_bytes}};
+}
+
 json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& st, const CpuDevice& cpu,
                 const std::string& device) {
-  const double total_s = st.prefill_seconds + st.decode_seconds;
   json report{{"model", lm.model->config().name},
               {"model_source", lm.source},
               {"device", device},
@@ -151,26 +193,11 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
                                       (rs.offload && rs.offload->options().policy.compress_weight)},
               {"compress_cache", rs.kv_dtype == DType::Q4},  // --compress-cache is --kv-dtype q4
               {"batch_size", rs.runner ? rs.runner->max_batch() : 0},
-              {"batches", st.batches},
-              {"continuous", st.continuous},
-              {"refills", st.refills},
-              {"refilled_sequences", st.refilled_sequences},
-              {"decode_steps", st.decode_steps},
-              {"prompt_tokens", st.prompt_tokens},
-              {"padded_prompt_tokens", st.padded_prompt_tokens},
-              {"generated_tokens", st.generated_tokens},
               {"load_seconds", lm.load_seconds},
-              {"prefill_seconds", st.prefill_seconds},
-              {"decode_seconds", st.decode_seconds},
-              {"total_seconds", total_s},
-              {"output_seconds", st.output_seconds},
-              {"prefill_tokens_per_s", st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0.0},
-              {"decode_tokens", st.decode_tokens},
-              {"decode_tokens_per_s", st.decode_seconds > 0 ? st.decode_tokens / st.decode_seconds : 0.0},
-              {"tokens_per_s", total_s > 0 ? st.generated_tokens / total_s : 0.0},
-              {"weight_bytes", lm.model->weight_bytes()},
-              {"peak_kv_bytes", st.peak_kv_bytes},
+              {"weight_bytes", held_weight_bytes(*lm.model, rs)},
+              {"checkpoint_weight_bytes", lm.model->weight_bytes()},
               {"peak_rss_bytes", peak_rss_bytes()}};
+  report.update(stats_json(st));
   if (rs.offload) report["offload"] = offload_report_json(*rs.offload, rs.offload_since ? &*rs.offload_since : nullptr);
   return report;
 }

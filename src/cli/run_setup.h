@@ -99,6 +99,8 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
 // The run report (timings, tokens/s, memory; the device; the offload section when offloading).
 nlohmann::json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& st, const CpuDevice& cpu,
                           const std::string& device);
+// The keys of GenerateStats in a run report (run_report()'s, and each rank's under mpirun).
+nlohmann::json stats_json(const GenerateStats& st);
 // The stats a run_report() holds (what an mpirun worker's report tells rank 0).
 GenerateStats stats_of_report(const nlohmann::json& report);
 

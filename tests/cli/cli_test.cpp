@@ -467,6 +467,12 @@ TEST(Cli, CompressionFlagsAndPolicyFilesGiveTheInMemoryCompressedTokens) {
   json plain;
   run("", &plain);
   EXPECT_EQ(plain["compress_cache"], false);
+  // weight_bytes are the weights as the run holds them, checkpoint_weight_bytes the files'.
+  EXPECT_EQ(plain["weight_bytes"], 8941568);
+  for (const json* r : {&plain, &mem_rep, &off_rep, &file_rep}) EXPECT_EQ((*r)["checkpoint_weight_bytes"], 8941568);
+  EXPECT_LT(mem_rep["weight_bytes"].get<int64_t>(), 8941568 / 3);
+  EXPECT_EQ(off_rep["weight_bytes"], mem_rep["weight_bytes"]);
+  EXPECT_EQ(file_rep["weight_bytes"], mem_rep["weight_bytes"]);
 }
 
 TEST(Cli, BenchRunsFixedLengthWorkloadsWithPoliciesAndPresets) {

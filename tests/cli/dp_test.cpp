@@ -109,7 +109,7 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
     ASSERT_EQ(j["ranks"].size(), size_t(ranks)) << what;
     // 7 batches of 2: batch b on rank b % ranks.
     const std::vector<int64_t> requests = ranks == 2 ? std::vector<int64_t>{7, 6} : std::vector<int64_t>{5, 4, 4};
-    int64_t tokens = 0;
+    int64_t tokens = 0, steps = 0, batches = 0;  // each rank's own share: they add up to the job's
     for (int k = 0; k < ranks; ++k) {
       const json& rk = j["ranks"][size_t(k)];
       EXPECT_EQ(rk["rank"], k) << what;
@@ -119,8 +119,12 @@ void expect_like_one_process(const std::string& model, const std::string& flags)
           << rk.dump();
       EXPECT_EQ(rk.contains("offload"), flags.find("--percent") != std::string::npos) << rk.dump();
       tokens += rk["generated_tokens"].get<int64_t>();
+      steps += rk["decode_steps"].get<int64_t>();
+      batches += rk["batches"].get<int64_t>();
     }
     EXPECT_EQ(tokens, want_report["generated_tokens"]) << what;
+    EXPECT_EQ(steps, j["decode_steps"]) << what;
+    EXPECT_EQ(batches, j["batches"]) << what;
     EXPECT_GT(j["tokens_per_s"].get<double>(), 0) << what;
   }
 }
