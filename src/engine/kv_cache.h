@@ -73,10 +73,11 @@ class KvCache {
     return KvSegment{k_[size_t(layer)].data(), v_[size_t(layer)].data(), dtype_, 0, batch_,
                      capacity(layer_class(layer))};
   }
+  // Bytes of the K and V slots (a KV policy's score state is not counted: the offloading engine's
+  // StepRunner::kv_bytes counts its slots alike).
   size_t bytes() const {
     size_t n = 0;
     for (size_t l = 0; l < k_.size(); ++l) n += k_[l].size() + v_[l].size();
-    for (const auto& s : state_) n += s.bytes();
     return n;
   }
 

@@ -27,7 +27,7 @@ class StepRunner {
   // tokens (null: all T). logits <- [B, vocab] of each sequence's last row.
   virtual void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                     std::vector<float>& logits) = 0;
-  // Bytes of KV cache the current batch holds (all tiers).
+  // Bytes of the K/V slots the current batch allocated (all tiers; not a KV policy's score state).
   virtual size_t kv_bytes() const = 0;
   // A hint before each step: whether another step (of this batch or the next) is expected after
   // it, so an engine may prefetch for it. A wrong hint costs time, never correctness.

@@ -7,6 +7,7 @@
 #include "engine/offload_engine.h"
 #include "policies/kv_policy.h"
 #include "bible_requests.h"
+#include "policy_of.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -125,6 +126,35 @@ TEST_P(KvPolicyEngine, OffloadedRunsWithAPolicyEqualInMemory) {
       for (auto& g : generate(e, reqs, go)) got.push_back(g.tokens);
       EXPECT_EQ(got, want) << kv_policy_name(kind) << " with --percent " << pct << (cpu[0] == '1' ? " --cpu" : "");
     }
+  }
+}
+
+// peak_kv_bytes counts K/V slots alike in memory and offloaded with the cache on the device
+// (the prompt's slots, at the prefill), not H2O's score state; homed on the host, the budget's.
+TEST_P(KvPolicyEngine, PeakKvBytesCountTheSameSlotsInMemoryAndOffloaded) {
+  Model m = Model::load_dir(model_dir(GetParam()));
+  const ModelConfig& c = m.config();
+  auto reqs = requests(GetParam(), 6);
+  auto p = policy(KvPolicyKind::kH2o, 4, 3);
+  GenerateOptions go;
+  go.ignore_eos = true;
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  InMemoryRunner mem(fwd, 6, p.get());
+  GenerateStats want;
+  (void)generate(mem, reqs, go, &want);
+  int64_t longest = 0;
+  for (const auto& r : reqs) longest = std::max<int64_t>(longest, int64_t(r.prompt_ids.size()));
+  const uint64_t slot = uint64_t(c.kv_bytes_per_token(DType::F16));
+  EXPECT_EQ(want.peak_kv_bytes, slot * uint64_t(longest) * reqs.size());
+  for (const char* pct : {"100 0 100 0 100 0", "0 100 0 100 100 0"}) {
+    OffloadOptions o;
+    o.policy = test::policy_of(pct, 6, 1);
+    o.kv_policy = p.get();
+    OffloadEngine e(m, dev, o);
+    GenerateStats got;
+    (void)generate(e, reqs, go, &got);
+    EXPECT_EQ(got.peak_kv_bytes, pct[0] == '1' ? want.peak_kv_bytes : slot * 7 * reqs.size()) << pct;
   }
 }
 
