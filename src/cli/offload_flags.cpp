@@ -421,6 +421,7 @@ nlohmann::json offload_report_json(const OffloadEngine& e, const OffloadReport* 
           {"budget_bytes", budgets},
           {"io", r.io_note},
           {"disk_io_bytes", {{"read", r.disk_read}, {"written", r.disk_written}}},  // whole pages
+          {"placement_disk_io_bytes", {{"read", r.placement_disk_read}, {"written", r.placement_disk_written}}},
           {"weights_reused", r.weights_reused},
           {"weights_written", r.weights_written}};
 }

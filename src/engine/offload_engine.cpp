@@ -133,6 +133,7 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
   if (opts_.before_placing) opts_.before_placing(*this);
   impl_->place_weights();
   impl_->build_views();
+  if (store_) placed_read_ = store_->bytes_read(), placed_written_ = store_->bytes_written();
   opts_.on_place = nullptr;  // the caller's callbacks need not outlive construction
   opts_.while_waiting = nullptr;
   opts_.before_placing = nullptr;
@@ -519,7 +520,10 @@ OffloadReport OffloadEngine::report() const {
   r.batch_setup_seconds = impl_->setup_seconds;
   r.batch_buffers_reused_bytes = impl_->reused_bytes;
   r.io_note = impl_->io_note;
-  if (store_) r.disk_read = store_->bytes_read(), r.disk_written = store_->bytes_written();
+  if (store_) {
+    r.disk_read = store_->bytes_read() - placed_read_, r.disk_written = store_->bytes_written() - placed_written_;
+    r.placement_disk_read = placed_read_, r.placement_disk_written = placed_written_;
+  }
   r.weights_reused = reused_;
   r.weights_written = written_;
   return r;

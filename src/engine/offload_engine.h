@@ -109,9 +109,11 @@ struct OffloadReport {
   double batch_setup_seconds = 0;
   uint64_t batch_buffers_reused_bytes = 0;
   std::string io_note;           // which I/O backend / O_DIRECT
-  // Bytes the offload directory's files read and wrote (weights and KV): whole 4096-byte pages,
-  // so a KV row written alone costs its page, where `bytes` counts the rows.
+  // Bytes the offload directory's files read and wrote in the token steps (weights and KV): whole
+  // 4096-byte pages, so a KV row written alone costs its page, where `bytes` counts the rows.
   uint64_t disk_read = 0, disk_written = 0;
+  // ... and while the weights were placed (the store written or hash-checked), before any step.
+  uint64_t placement_disk_read = 0, placement_disk_written = 0;
   size_t weights_reused = 0, weights_written = 0;
 };
 
@@ -227,6 +229,7 @@ class OffloadEngine final : public StepRunner {
   size_t kv_bytes_ = 0;
   bool more_steps_ = true, first_layer_loaded_ = false;
   size_t reused_ = 0, written_ = 0;
+  uint64_t placed_read_ = 0, placed_written_ = 0;  // the store's I/O at the end of construction
 };
 
 // The KV dtype a run with `o` holds: Q4 when o.policy.compress_cache, else o.kv_dtype.

@@ -298,6 +298,10 @@ TEST(OffloadStore, PlacingReportsBytesUpToTheTotal) {
   EXPECT_EQ(last, total);
   EXPECT_EQ(d.placement().bytes[2], model.weight_bytes());
   EXPECT_EQ(d.report().weights_written, model.tensors().size());
+  // The store written is placement I/O, not the token steps' (none ran yet).
+  EXPECT_EQ(d.report().disk_written, 0u);
+  EXPECT_EQ(d.report().disk_read, 0u);
+  EXPECT_GE(d.report().placement_disk_written, model.weight_bytes());
   size_t files = 0;
   for (const auto& f : fs::recursive_directory_iterator(tmp.path() / "all_disk"))
     files += f.is_regular_file() && f.path().filename().string().rfind("w.", 0) == 0;
