@@ -167,6 +167,9 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
   } catch (const PlacementStopped& e) {
     std::cerr << "flexh2o: " << e.what() << "\n";
     code = kInterrupted;
+  } catch (const UsageError& e) {
+    std::cerr << "flexh2o: error: " << printable_utf8(e.what()) << "\n";
+    code = 2;
   } catch (const std::bad_alloc&) {
     std::cerr << "flexh2o: error: " << out_of_memory_message(app.get_subcommands().front()->get_name()) << "\n";
     code = 1;

@@ -65,13 +65,16 @@ SamplingParams sampling(const BenchArgs& a, uint64_t i) {
 }  // namespace
 
 int run_bench(const BenchArgs& a, const Env& env) {
-  validate(sampling(a, 0));  // before a preset's weights
-  check_device_early(a.device);
-  check_hardware_flag(a.offload, false);
-  check_engine_flags(a.offload, a.kv);
   check_can_write({"--report", a.report});
+  check_can_write({"--trace", a.offload.trace});  // output paths: exit 1, not a flag's mistake
   OffloadArgs off = a.offload;
-  apply_batch_size_flag(a.batch_size_given, a.batch_size, off);
+  check_flags([&] {
+    validate(sampling(a, 0));  // before a preset's weights
+    check_hardware_flag(a.offload, false);
+    check_engine_flags(a.offload, a.kv);
+    apply_batch_size_flag(a.batch_size_given, a.batch_size, off);
+  });
+  check_device_early(a.device);  // --device cuda without a GPU: not the command line's fault
   if (const ModelConfig rc = resolve_config(env, a.model); a.prompt_len + a.gen_len > max_sequence_tokens(rc))
     FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " is longer than a sequence of this model can "
             "grow (", rc.max_positions, " positions: ", max_sequence_tokens(rc), " tokens)");  // before weights

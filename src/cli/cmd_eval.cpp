@@ -26,6 +26,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/output_file.h"
 #include "cli/progress.h"
 #include "cli/run_setup.h"
 #include "core/error.h"
@@ -93,7 +94,8 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
 }
 
 int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
-  check_engine_flags(a.offload, a.kv);  // flag errors before loading anything
+  check_can_write({"--trace", a.offload.trace});  // an output path: exit 1, not a flag's mistake
+  check_flags([&] { check_engine_flags(a.offload, a.kv); });  // flag errors before loading anything
   KvPolicyConfig kv = make_kv_config(a.kv);
   const bool offload = offload_requested(a.offload);
   std::optional<OffloadOptions> oo;
@@ -271,11 +273,14 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
 }
 
 int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
-  check_engine_flags(a.offload, a.kv);  // flag errors before loading anything
+  check_can_write({"--trace", a.offload.trace});  // an output path: exit 1, not a flag's mistake
+  check_flags([&] {  // flag errors before loading anything
+    check_engine_flags(a.offload, a.kv);
+    if (a.num_fewshot < 0) FH_FAIL("--num-fewshot must be >= 0, got ", a.num_fewshot);
+    if (a.limit < 0) FH_FAIL("--limit must be >= 0, got ", a.limit);
+    if (a.batch_size < 0) FH_FAIL("--batch-size must be >= 0, got ", a.batch_size);
+  });
   const KvPolicyConfig kv = make_kv_config(a.kv);
-  if (a.num_fewshot < 0) FH_FAIL("--num-fewshot must be >= 0, got ", a.num_fewshot);
-  if (a.limit < 0) FH_FAIL("--limit must be >= 0, got ", a.limit);
-  if (a.batch_size < 0) FH_FAIL("--batch-size must be >= 0, got ", a.batch_size);
   std::vector<TaskItem> items = read_tasks(a.tasks);
   if (a.num_fewshot >= int64_t(items.size()))
     FH_FAIL("--num-fewshot ", a.num_fewshot, " needs more items than the ", items.size(), " in ", a.tasks);

@@ -47,7 +47,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   if (to_stdout) a.output.clear();  // the result lines on standard output, as without -o
   // Before the ranks part: under mpirun every rank (data-parallel worker, pipeline stage) places
   // its engine from these flags, so -b must be the block on each of them.
-  apply_batch_size_flag(a.batch_size_given, a.batch_size, a.offload);
+  check_flags([&] { apply_batch_size_flag(a.batch_size_given, a.batch_size, a.offload); });
   std::optional<DataParallel> dp;  // under mpirun: rank 0 goes on below, the others serve it
   std::optional<PipelineJob> pipe;  // ... or with --pipeline-stages, the others run their stages
   if (a.pipeline.stages > 1) {
@@ -60,10 +60,11 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     dp.emplace(env, a);
     if (!dp->is_root()) return dp->run_worker(a, env);
   }
-  if (!a.prompt && a.input.empty()) FH_FAIL("give --prompt TEXT or --input FILE.jsonl (- for standard input)");
+  if (!a.prompt && a.input.empty())
+    throw UsageError("give --prompt TEXT or --input FILE.jsonl (- for standard input)");
   const bool from_stdin = a.input == "-";
   if (!a.input.empty() && !from_stdin) check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
-  if (a.resume && a.output.empty()) FH_FAIL("--resume needs --output FILE: the results of the run to finish");
+  if (a.resume && a.output.empty()) throw UsageError("--resume needs --output FILE: the results of the run to finish");
   {  // before anything is opened for writing
     std::vector<NamedPath> inputs;
     inputs.push_back({"--input", a.input});  // "-": the file standard input is redirected from
@@ -98,11 +99,14 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   std::optional<OutputFile> out_file;
   const OutputFile::Mode out_mode = a.output.empty() ? OutputFile::Mode::kAppend : check_results(a, format, prior);
   check_can_write({"--report", a.report});
-  check_device_early(a.device);
-  check_hardware_flag(a.offload, a.pipeline.stages > 1);
-  check_engine_flags(a.offload, a.kv);
-  batch::check_stop_strings(a.stop, "--stop");
-  check_sampling_defaults(a);  // the flags, before the model loads
+  check_can_write({"--trace", a.offload.trace});  // an output path: exit 1, not a flag's mistake
+  check_device_early(a.device);  // --device cuda without a GPU: not the command line's fault
+  check_flags([&] {
+    check_hardware_flag(a.offload, a.pipeline.stages > 1);
+    check_engine_flags(a.offload, a.kv);
+    batch::check_stop_strings(a.stop, "--stop");
+    check_sampling_defaults(a);  // the flags, before the model loads
+  });
   std::ostringstream defaults_note;  // said after the model's line
   if (const std::optional<std::filesystem::path> dir = model_dir(env, a.model)) {  // and its generation_config.json
     apply_generation_config(a, *dir, defaults_note);

@@ -113,7 +113,7 @@ std::string unused_tensors_warning(const Model& m) {
 std::string select_device(const std::string& requested, std::ostream& log) {
   if (requested == "cpu") return "cpu";
   if (requested != "cuda" && requested != "auto")
-    FH_FAIL("--device must be cpu, cuda or auto, got \"", requested, "\"");
+    throw UsageError(detail::concat("--device must be cpu, cuda or auto, got \"", requested, "\""));
   CudaProbe p = probe_cuda();
   const std::string why = p.available ? "" : p.reason;
   if (why.empty()) {

@@ -22,6 +22,24 @@
 
 namespace flexh2o::cli {
 
+// A wrong command line found after parsing (a value out of range, flags that contradict, a
+// --policy file that is no policy): main() exits 2 for it, as for what the parser refuses.
+struct UsageError : Error {
+  using Error::Error;
+};
+
+// Runs checks of the command line's flags: the Error one throws is rethrown as a UsageError.
+template <class F>
+void check_flags(F&& f) {
+  try {
+    f();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
 struct Env {
   HubEnv hub;
   std::filesystem::path configs_dir;  // holds models/*.json presets

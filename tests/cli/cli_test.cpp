@@ -306,7 +306,7 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
     for (const std::string extra : {"--percent 0 100 0 100 100 0 --gpu-batch-size 2",
                                     "--percent 0 100 0 100 100 0 --num-gpu-batches 2", "--cpu-mem 1GiB --policy auto"}) {
       RunResult r = flexh2o("generate -m " + kOpt + " --prompt hi -b 3 " + extra);
-      EXPECT_EQ(r.code, 1) << extra;
+      EXPECT_EQ(r.code, 2) << extra;  // flags that contradict: a wrong command line
       EXPECT_NE(r.err.find("-b/--batch-size 3 contradicts"), std::string::npos) << r.err;
     }
   }
@@ -324,7 +324,7 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
     EXPECT_NE(no.err.find("trace"), std::string::npos) << no.err;
   }
   RunResult bad = flexh2o("generate -m " + kOpt + " --prompt hi --percent 50 60 100 0 100 0");
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("sum to 110"), std::string::npos) << bad.err;
   RunResult mem = flexh2o("generate -m " + kOpt + " --prompt hi --gpu-mem lots");
   EXPECT_EQ(mem.code, 2);  // a flag's value: refused at parse time
@@ -333,7 +333,7 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
   EXPECT_EQ(small.code, 1);
   EXPECT_NE(small.err.find("needs at least"), std::string::npos) << small.err;
   RunResult kv = flexh2o("generate -m " + kOpt + " --prompt hi --kv-policy h2o --heavy-ratio 1.5");
-  EXPECT_EQ(kv.code, 1);
+  EXPECT_EQ(kv.code, 2);
   EXPECT_NE(kv.err.find("--heavy-ratio"), std::string::npos) << kv.err;
 }
 
@@ -503,7 +503,7 @@ TEST(Cli, BenchRunsFixedLengthWorkloadsWithPoliciesAndPresets) {
   EXPECT_NEAR(j["workload"]["temperature"].get<double>(), 0.8, 1e-6);
   EXPECT_NEAR(j["workload"]["top_p"].get<double>(), 0.9, 1e-6);
   RunResult bad = flexh2o("bench -m " + kOpt + " --prompt-len 8 --gen-len 5 --top-p 0");
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("top_p must be in (0, 1], got 0"), std::string::npos) << bad.err;
   // --policy auto without a count runs one block of the planner's own choosing (it was capped at
   // -b's default of 8 sequences).

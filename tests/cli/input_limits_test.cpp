@@ -276,11 +276,11 @@ TEST(InputLimits, FlagErrorsSaySomethingUseful) {
   EXPECT_EQ(exa.code, 2);
   EXPECT_HAS(exa.err, "more than 1 EiB");
   RunResult no_dir = flexh2o(gen + "--disk-mem 1GiB");  // it bounded nothing and ran offloaded
-  EXPECT_EQ(no_dir.code, 1);
+  EXPECT_EQ(no_dir.code, 2);  // flags that contradict: a wrong command line
   EXPECT_HAS(no_dir.err, "--disk-mem bounds what --offload-dir holds: give --offload-dir DIR too");
   for (const std::string& cmd : {gen, "bench -m " + kOpt + " --device cpu --prompt-len 4 --gen-len 1 "}) {
     RunResult hw = flexh2o(cmd + "--hardware t4-paper");  // read by nothing without --policy auto
-    EXPECT_EQ(hw.code, 1) << cmd;
+    EXPECT_EQ(hw.code, 2) << cmd;
     EXPECT_HAS(hw.err, "--hardware t4-paper is the profile --policy auto plans for");
   }
   // A mistyped command is named, with the nearest one (CLI11 said "A subcommand is required").
@@ -293,16 +293,16 @@ TEST(InputLimits, FlagErrorsSaySomethingUseful) {
   EXPECT_HAS(far.err, "unknown command \"translate\"; the commands are");
   // Huge KV budgets used to overflow their sum and end in "internal: zero KV budget".
   RunResult kv = flexh2o(gen + "--kv-policy h2o --heavy-budget 9223372036854775807 --recent-budget 4");
-  EXPECT_EQ(kv.code, 1);
+  EXPECT_EQ(kv.code, 2);
   EXPECT_HAS(kv.err, "--heavy-budget must be at most 2147483647 tokens");
   EXPECT_EQ(kv.err.find("internal"), std::string::npos) << kv.err;
   TempDir tmp;
   RunResult pol = flexh2o(gen + "--policy " + tmp.path().string());  // used to be "basic_filebuf::underflow"
-  EXPECT_EQ(pol.code, 1);
+  EXPECT_EQ(pol.code, 2);
   EXPECT_HAS(pol.err, "--policy file " + tmp.path().string() + " is a directory, not a regular file");
   std::ofstream(tmp.path() / "p.json") << R"({"gpu_batch_size": 2.5})";
   RunResult frac = flexh2o(gen + "--policy " + (tmp.path() / "p.json").string());
-  EXPECT_EQ(frac.code, 1);
+  EXPECT_EQ(frac.code, 2);
   EXPECT_HAS(frac.err, "\"gpu_batch_size\" must be an integer in [1, 1048576], got 2.5");
 }
 
@@ -355,7 +355,7 @@ TEST(InputLimits, EngineFlagErrorsComeBeforeTheWeights) {
                           " eval-ppl -m opt-175b /etc/hostname ", " eval-choice -m opt-175b --tasks /etc/hostname "})
     for (const auto& [flags, says] : cases) {
       ShellRun r = run_shell("ulimit -v 2000000; " + kBin + cmd + flags);
-      EXPECT_EQ(r.code, 1) << cmd << flags << ": " << r.err;
+      EXPECT_EQ(r.code, 2) << cmd << flags << ": " << r.err;  // a wrong command line
       EXPECT_HAS(r.err, says);
       EXPECT_EQ(r.err.find("out of memory"), std::string::npos) << cmd << flags << ": " << r.err;
       EXPECT_EQ(r.err.find("loaded in"), std::string::npos) << cmd << flags << ": " << r.err;
@@ -507,7 +507,7 @@ TEST(InputLimits, BadSamplingDefaultsStopTheRunBeforeAnyLine) {
                                                        {"--presence-penalty 5", "(--presence-penalty)"}};
   for (const auto& [flag, want] : flags) {
     const RunResult r = flexh2o(run + "-m " + kOpt + " " + flag);
-    EXPECT_EQ(r.code, 1) << flag;
+    EXPECT_EQ(r.code, 2) << flag;  // a wrong command line
     EXPECT_NE(r.err.find(want), std::string::npos) << flag << ": " << r.err;
     EXPECT_EQ(r.err.find("loaded in"), std::string::npos) << flag << ": " << r.err;
     EXPECT_FALSE(fs::exists(out)) << flag;

@@ -199,15 +199,16 @@ TEST(CliOutput, OverwriteKeepsTheOldResultsUntilTheRunStarts) {
   const std::string nodir = (tmp.path() / "no" / "r.json").string();
   struct Case {
     std::string extra, says;
+    int code;  // 2: a wrong command line; 1: a path that cannot be written
   } cases[] = {
-      {"--kv-policy h2o --heavy-ratio 2", "--heavy-ratio"},
-      {"--percent 100 0 100 0 0 0", "activations cannot be homed on disk"},
-      {"--report " + nodir, "cannot write --report " + nodir + ": its directory"},
+      {"--kv-policy h2o --heavy-ratio 2", "--heavy-ratio", 2},
+      {"--percent 100 0 100 0 0 0", "activations cannot be homed on disk", 2},
+      {"--report " + nodir, "cannot write --report " + nodir + ": its directory", 1},
   };
   for (const Case& c : cases) {
     write_file(out, old);
     RunResult r = flexh2o(gen + c.extra);
-    EXPECT_EQ(r.code, 1) << c.extra << "\n" << r.err;
+    EXPECT_EQ(r.code, c.code) << c.extra << "\n" << r.err;
     EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
     EXPECT_EQ(read_text(out), old) << c.extra;
   }

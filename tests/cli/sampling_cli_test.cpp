@@ -28,7 +28,7 @@ TEST(Cli, PenaltiesChangeGreedyTextAndBadValuesAreNamed) {
   EXPECT_NE(r.out, ", and the LORD, and the LORD\n");
   EXPECT_EQ(r.out.find(", and the LORD, and the LORD"), std::string::npos) << r.out;
   RunResult bad = flexh2o(run + " --presence-penalty 3");
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("presence_penalty must be in [-2, 2], got 3"), std::string::npos) << bad.err;
   TempDir tmp;
   const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
