@@ -41,6 +41,16 @@ Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, s
 }
 
 std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, const Model& m, Forward& fwd) {
+  const std::pair<bool, const char*> engine_only[] = {
+      {!off.trace.empty(), "--trace"},          {!off.overlap.empty(), "--overlap"},
+      {!off.sep_layer.empty(), "--sep-layer"},  {!off.pin_weight.empty(), "--pin-weight"},
+      {off.io != "auto", "--io"},               {!off.verify_store, "--trust-store"},
+      {off.allow_compress, "--allow-compress"}, {off.no_compress, "--no-compress"}};
+  for (const auto& [given, flag] : engine_only)
+    if (given)
+      throw UsageError(detail::concat(flag, " is the offloading engine's, and this run is in memory (no offloading flag, "
+                                      "the CPU device): drop it, or run the engine with offloading flags (e.g. "
+                                      "--percent 100 0 100 0 100 0)"));
   if (!off.compress_weight) return nullptr;
   auto cw = std::make_unique<CompressedWeights>(m);
   fwd.use_weights(&cw->weights());

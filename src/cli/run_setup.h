@@ -55,8 +55,10 @@ RunSetup unplaced_run_setup(const OffloadArgs& off, const KvArgs& kv, const Mode
 Device& open_device(const std::string& device, const Model& m, CpuDevice& cpu, std::unique_ptr<Device>& owned,
                     int cuda_index = 0);
 
-// In memory with --compress-weight: the Q4 copy of the model's weights, which `fwd` now reads
-// (null, and fwd unchanged, without the flag). The result must outlive fwd's steps.
+// The in-memory runner's weights from the flags: with --compress-weight the Q4 copy of the
+// model's weights, which `fwd` now reads (null, and fwd unchanged, without the flag). The result
+// must outlive fwd's steps. Throws UsageError for a flag only the offloading engine reads
+// (--trace, --overlap, --io, ...): given without offloading flags it would do nothing.
 std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, const Model& m, Forward& fwd);
 
 // The offloading engine's options from the flags (make_offload_options), everything resident

@@ -392,10 +392,20 @@ TEST(CliOutput, ATraceFileIsNotEmptiedBeforeTheRun) {
   TempDir tmp;
   const fs::path trace = tmp.path() / "t.json";
   write_file(trace, "{\"keep\": 1}\n");
-  for (const std::string& extra : {std::string(" --tokenizer ") + (tmp.path() / "none").string(), std::string()}) {
+  // A run that fails (its tokenizer), and one in memory (no offloading flag), where the engine
+  // that writes traces does not run: refused naming the flag, not silently ignored.
+  for (const std::string& extra : {" --percent 100 0 100 0 100 0 --tokenizer " + (tmp.path() / "none").string(),
+                                   std::string()}) {
     RunResult r = flexh2o("generate -m " + kOpt + " -p hi -n 2 --trace " + trace.string() + extra);
-    EXPECT_EQ(r.code, extra.empty() ? 0 : 1) << r.err;
+    EXPECT_EQ(r.code, extra.empty() ? 2 : 1) << r.err;
+    if (extra.empty()) EXPECT_NE(r.err.find("--trace is the offloading engine's"), std::string::npos) << r.err;
     EXPECT_EQ(read_text(trace), "{\"keep\": 1}\n") << extra;
+  }
+  for (const char* flag : {"--overlap false", "--sep-layer false", "--io pread", "--trust-store"}) {
+    RunResult r = flexh2o(std::string("eval-ppl -m ") + kOpt + " " + flag + " " + trace.string());
+    EXPECT_EQ(r.code, 2) << flag << "\n" << r.err;
+    EXPECT_NE(r.err.find(std::string(flag).substr(0, std::string(flag).find(' ')) + " is the offloading engine's"),
+              std::string::npos) << r.err;
   }
 }
 
