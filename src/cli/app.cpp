@@ -126,6 +126,11 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   env.hub = opts.hub;
+  if (std::error_code ec; !configs.empty() && !std::filesystem::is_directory(configs, ec)) {
+    std::cerr << "flexh2o: error: --configs " << configs << " is not a directory (it holds the models/*.json presets "
+              << "and hardware/*.json profiles)\n";
+    return 2;
+  }
   env.configs_dir = configs.empty() ? opts.default_configs_dir : std::filesystem::path(configs);
   env.stderr_is_tty = opts.stderr_is_tty;
   env.mpi = opts.mpi;

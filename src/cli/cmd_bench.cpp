@@ -9,6 +9,7 @@
 #include "cli/output_file.h"
 #include "cli/progress.h"
 #include "cli/run_setup.h"
+#include "cli/sampling_flags.h"
 #include "core/error.h"
 #include "engine/generate.h"
 
@@ -31,7 +32,8 @@ void register_bench(CLI::App& app, BenchArgs& a) {
                 "--gpu-batch-size B and contradicts --gpu-batch-size, --num-gpu-batches and --policy")
       ->capture_default_str()->check(at_least(1))->each([&a](const std::string&) { a.batch_size_given = true; });
   b->add_option("--seed", a.seed, "Seed of the synthetic prompt ids (and of sequence i's draws: seed + i)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(seed_check());
   b->add_option("--temperature", a.temperature,
                 "Sampling temperature: 0 is greedy (FlexGen's benchmark); > 0 times sampled decoding too")
       ->capture_default_str();

@@ -379,7 +379,10 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
   Policy p = e.policy;
   p.pin_weight = flag_bool_or(a.pin_weight, true, "--pin-weight");
   log << "flexh2o: --policy auto on " << hw.name << ": " << p.str() << " (predicted " << e.throughput
-      << " tok/s on the profile, bottleneck " << e.bottleneck << ")\n";
+      << " tok/s on the profile, bottleneck " << e.bottleneck;
+  if (hw.usable_fraction < 1)  // a stated --gpu-mem is not all planned: say so where the choice is read
+    log << "; planned within " << hw.usable_fraction * 100 << "% of each tier's memory, the profile's usable_fraction";
+  log << ")\n";
   return p;
 }
 

@@ -3,6 +3,7 @@
 #include "cli/sampling_flags.h"
 
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -48,7 +49,22 @@ void add_sampling_flags(CLI::App& g, GenerateArgs& a) {
                "temperature) and the N most likely alternatives (0..20; 0 = the token's only) into "
                "flexh2o lines: \"logprobs\" and \"top_logprobs\"")
       ->check(CLI::Range(0, kMaxTopLogprobs));
-  g.add_option("--seed", a.seed, "Base seed; line i uses seed+i unless it sets its own")->capture_default_str();
+  g.add_option("--seed", a.seed, "Base seed; line i uses seed+i unless it sets its own")
+      ->capture_default_str()
+      ->check(seed_check());
+}
+
+CLI::Validator seed_check() {
+  return CLI::Validator(
+      [](std::string& s) {
+        const char* end = s.data() + s.size();
+        uint64_t u = 0;
+        int64_t i = 0;
+        if (const auto r = std::from_chars(s.data(), end, u); r.ec == std::errc() && r.ptr == end) return std::string();
+        if (const auto r = std::from_chars(s.data(), end, i); r.ec == std::errc() && r.ptr == end) return std::string();
+        return "must be an integer in [-9223372036854775808, 18446744073709551615] (taken modulo 2**64), got " + s;
+      },
+      "INT");
 }
 
 std::optional<double> GenerationConfig::value(const std::string& key) const {

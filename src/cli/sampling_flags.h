@@ -21,6 +21,9 @@ namespace flexh2o::cli {
 
 // Binds the flags to `a`'s fields; `a` must outlive parsing.
 void add_sampling_flags(CLI::App& g, GenerateArgs& a);
+// --seed's check at parse time: an integer of int64 or uint64 (taken modulo 2**64, -1 is
+// 2**64 - 1); larger ones are refused, not clamped to 2**64 - 1.
+CLI::Validator seed_check();
 
 // The sampling values a model's generation_config.json sets: those of kGenerationConfigKeys it
 // has (not null), in that order, as the file writes them (top_k too is a double here).

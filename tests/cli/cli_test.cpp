@@ -557,4 +557,20 @@ TEST(Cli, ACheckpointWithOnlyTokenizerModelIsTokenized) {
   EXPECT_NE(own["perplexity"], llama_tok["perplexity"]);
 }
 
+// Global flags that point at nothing are said as such: --configs used to be taken silently, and
+// the preset it should have held then "no such model directory"; a seed past 2**64 - 1 was
+// clamped to it.
+TEST(Cli, AConfigsDirThatIsNotOneAndASeedPastUint64AreWrongCommandLines) {
+  RunResult r = flexh2o("--configs /nonexistent info opt-30b");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--configs /nonexistent is not a directory"), std::string::npos) << r.err;
+  for (const std::string cmd : {"generate -m " + kOpt + " -p hi -n 1", "bench -m " + kOpt + " --prompt-len 4 --gen-len 1"}) {
+    r = flexh2o(cmd + " --seed 18446744073709551616");
+    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;
+    EXPECT_NE(r.err.find("taken modulo 2**64), got 18446744073709551616"), std::string::npos) << r.err;
+    EXPECT_EQ(flexh2o(cmd + " --seed -1").code, 0) << cmd;
+    EXPECT_EQ(flexh2o(cmd + " --seed 18446744073709551615").code, 0) << cmd;
+  }
+}
+
 }  // namespace
