@@ -1,10 +1,13 @@
 // Parsing of the offloading flags, byte sizes and the offload section of the run report.
 #include "cli/offload_flags.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -312,6 +315,28 @@ void check_plan_file(const OffloadArgs& a, const KvPolicyConfig& running, const 
            "--prompt-len " << prompt_len << " --gen-len " << gen_len << "\n";
 }
 
+namespace {
+
+// What --offload-dir can hold: its filesystem's free space and the files already there (a store
+// this run may rewrite or reuse); the nearest existing directory above it where it is not made
+// yet. nullopt where that cannot be read.
+std::optional<uint64_t> offload_dir_room(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;  // a path that does not exist yet sets it: not an error here
+  fs::path at = fs::absolute(dir, ec);
+  if (ec) return std::nullopt;
+  while (!fs::is_directory(at, ec) && at != at.parent_path()) at = at.parent_path();
+  struct statvfs vfs {};
+  if (::statvfs(at.c_str(), &vfs) != 0) return std::nullopt;
+  uint64_t room = uint64_t(vfs.f_bavail) * uint64_t(vfs.f_frsize);
+  if (fs::is_directory(dir, ec))
+    for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (std::error_code e; it->is_regular_file(e)) room += it->file_size(e);
+  return room;
+}
+
+}  // namespace
+
 HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& configs_dir, CpuDevice& cpu,
                              DeviceKind kind, const std::string& device_name, std::ostream& log) {
   HardwareProfile hw;
@@ -329,6 +354,15 @@ HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& 
   }
   hw.device = kind;
   cap_profile_memory(a.gpu_mem, a.cpu_mem, a.disk_mem, hw);
+  // A profile's disk is its machine's; this run's is what --offload-dir has room for.
+  if (const std::optional<uint64_t> room = a.offload_dir.empty() || !a.disk_mem.empty()
+                                               ? std::nullopt
+                                               : offload_dir_room(a.offload_dir);
+      room && double(*room) < hw.disk_memory) {
+    log << "flexh2o: --policy auto: the disk tier is the " << human_bytes(*room) << " --offload-dir " << a.offload_dir
+        << " has room for (free space and its files), less than the profile's\n";
+    hw.disk_memory = double(*room);
+  }
   return hw;
 }
 

@@ -295,6 +295,28 @@ TEST(CliOutput, AnOffloadDirTooSmallForTheWeightsIsRefusedWithTheTotal) {
   EXPECT_NE(e.find("weight files to write need 8.93 MiB"), std::string::npos) << e;
 }
 
+// --policy auto plans the disk tier as what --offload-dir has room for, not the profile's disk:
+// it used to home 2.5 MiB of weights on a 3 MiB tmpfs's neighbour budget and fail placing them.
+TEST(CliOutput, PolicyAutoPlansTheRoomUnderTheOffloadDir) {
+  TempDir tmp;
+  const fs::path small = tmp.path() / "small";
+  fs::create_directories(small);
+  const std::string mount = "mount -t tmpfs -o size=3M none " + small.string();
+  if (std::system(("unshare -m sh -c '" + mount + "' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs in a private mount namespace here";
+  const fs::path err = tmp.path() / "err";
+  const std::string run = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o generate -m " + kOpt +
+                          " --prompt hi -n 2 --policy auto --hardware t4-paper --gpu-mem 3MiB --cpu-mem 4MiB "
+                          "--offload-dir " + (small / "store").string();
+  const int st = std::system(("unshare -m sh -c '" + mount + " && exec " + run + "' 2>" + err.string()).c_str());
+  EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 1);
+  const std::string e = read_text(err);
+  EXPECT_NE(e.find("the disk tier is the 3 MiB --offload-dir " + (small / "store").string() + " has room for"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("infeasible: tiny-opt needs at least"), std::string::npos) << e;
+  EXPECT_NE(e.find("disk 0.002517 GB"), std::string::npos) << e;
+}
+
 // Room for the weights but not for the KV cache homed on disk: refused before the first batch,
 // with --output (and the results it holds) untouched, not when the batch's KV files are made.
 TEST(CliOutput, AnOffloadDirTooSmallForTheKvCacheIsRefusedBeforeTheOutput) {
