@@ -124,7 +124,10 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const auto input_start = std::chrono::steady_clock::now();
   std::vector<GenerateItem> items;
   if (a.prompt) {
+    if (!lm.tokenizer) FH_FAIL("--prompt needs the text read: this model has no tokenizer (pass --tokenizer DIR)");
     items.push_back(make_item(nlohmann::ordered_json{{"prompt", *a.prompt}}, 0, 0, a, lm));
+    // --prompt alone prints just the text: its request's error is the run's, on stderr.
+    if (a.output.empty() && !to_stdout && !items.back().error.empty()) FH_FAIL("--prompt: ", items.back().error);
   } else {
     std::istream& in = open_input();
     const int64_t input_bytes =

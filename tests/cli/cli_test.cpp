@@ -573,4 +573,16 @@ TEST(Cli, AConfigsDirThatIsNotOneAndASeedPastUint64AreWrongCommandLines) {
   }
 }
 
+// --prompt alone prints just the text; its request's error is the run's, said on stderr (it was
+// a JSON error line on stdout, in the middle of the text a script reads).
+TEST(Cli, APromptThatCannotRunIsAnErrorOnStderr) {
+  std::string long_prompt;
+  for (int i = 0; i < 1100; ++i) long_prompt += "hello ";
+  const RunResult r = flexh2o("generate -m " + kOpt + " -n 2 -p '" + long_prompt + "'");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("flexh2o: error: --prompt: prompt is"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("longer than the model's max_position_embeddings"), std::string::npos) << r.err;
+}
+
 }  // namespace
