@@ -526,8 +526,13 @@ int run_generate(const GenerateArgs& args, const Env& env) {
               << " positions before their max_new_tokens (finish_reason \"length\")\n";
   if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
   if (st.interrupted) {
-    std::cerr << "flexh2o: interrupted: " << finished << " of " << to_run << " requests finished this run"
-              << (!resumable() ? std::string() : "; rerun with --resume to finish " + a.output) << "\n";
+    const bool failed = dp && !dp->failure().empty();  // a rank's failure stopped the job: said below
+    std::cerr << "flexh2o: " << (failed ? "the job failed on a rank (below): " : "interrupted: ") << finished << " of "
+              << to_run << " requests finished this run"
+              << (!resumable() ? std::string()
+                               : (failed ? "; once that is fixed, --resume finishes " : "; rerun with --resume to finish ") +
+                                     a.output)
+              << "\n";
     if (stages && stages->driver->stop_signal() > 0) return 128 + stages->driver->stop_signal();
     return dp ? dp->finish(kInterrupted) : kInterrupted;
   }

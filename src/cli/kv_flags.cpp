@@ -1,6 +1,8 @@
 // Parsing of the KV-cache policy flags (kv_flags.h) into a validated KvPolicyConfig.
 #include "cli/kv_flags.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "policies/kv_policy.h"
 
@@ -36,11 +38,14 @@ std::optional<DType> kv_dtype_flag(const KvArgs& a) {
   return std::nullopt;
 }
 
-DType kv_cache_dtype(const KvArgs& a, const Model& m) {
+DType kv_cache_dtype(const KvArgs& a, bool bf16_checkpoint) {
   if (const std::optional<DType> d = kv_dtype_flag(a)) return *d;
-  for (const BoundTensor& t : m.tensors())
-    if (t.view.dtype == DType::BF16) return DType::BF16;
-  return DType::F16;
+  return bf16_checkpoint ? DType::BF16 : DType::F16;
+}
+
+DType kv_cache_dtype(const KvArgs& a, const Model& m) {
+  const auto& ts = m.tensors();
+  return kv_cache_dtype(a, std::any_of(ts.begin(), ts.end(), [](const BoundTensor& t) { return t.view.dtype == DType::BF16; }));
 }
 
 DType compressed_kv_dtype(const KvArgs& a) {

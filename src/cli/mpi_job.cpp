@@ -48,9 +48,11 @@ std::string job_terms(const ModelConfig& c, const GenerateArgs& a) {
   json j = plan_model_shape(c);
   j["dtype"] = dtype_name(c.dtype);
   j["kv_policy"] = describe(make_kv_config(a.kv));
-  j["kv_dtype"] = a.kv.dtype;
+  // Resolved, so that flags meaning the same (--kv-dtype auto and f16 on an f16 checkpoint;
+  // --compress-cache and --kv-dtype q4) agree.
+  j["kv_dtype"] = dtype_name(a.offload.compress_cache ? compressed_kv_dtype(a.kv)
+                                                      : kv_cache_dtype(a.kv, c.dtype == DType::BF16));
   j["compress_weight"] = a.offload.compress_weight;
-  j["compress_cache"] = a.offload.compress_cache;
   return j.dump();
 }
 

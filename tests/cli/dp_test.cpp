@@ -494,7 +494,8 @@ TEST(DataParallel, AStoppedRankEndsTheJobWithinTheTimeout) {
   EXPECT_NE(f.err.find("rank 2 of 3 ("), std::string::npos) << f.err;
   EXPECT_NE(f.err.find("sent nothing for 3"), std::string::npos) << f.err;
   EXPECT_NE(f.err.find("(--rank-timeout 3 s): it hangs or was stopped; ending the job"), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("rerun with --resume to finish"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("the job failed on a rank (below): "), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("once that is fixed, --resume finishes"), std::string::npos) << f.err;
   expect_finished_lines_kept(f, reference_of_big(tmp.path()));
 }
 

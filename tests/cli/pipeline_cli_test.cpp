@@ -188,6 +188,17 @@ TEST(PipelineGenerate, RanksThatDisagreeEndTheJobSayingHow) {
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(read_json(rep).value("error", std::string()).find("runs another job than rank 0"), std::string::npos)
       << read_json(rep).dump();
+  EXPECT_NE(r.err.find("the job failed on a rank (below): "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" of 4 requests finished this run; once that is fixed, --resume finishes"), std::string::npos)
+      << r.err;
+  // Flags that mean the same job are one job: --kv-dtype auto is f16 on this f16 checkpoint, and
+  // --compress-cache is --kv-dtype q4.
+  for (const auto& [a, b] : {std::pair<std::string, std::string>{"", " --kv-dtype f16"},
+                             {" --compress-cache", " --kv-dtype q4"}}) {
+    const RunResult same = mpirun(1, gen(kOpt, in, out, "-b 2 --overwrite" + a) + " : -np 1 " + FLEXH2O_BINARY_DIR +
+                                         "/flexh2o " + gen(kOpt, in, out, "-b 2 --overwrite" + b));
+    EXPECT_EQ(same.code, 0) << a << " vs" << b << "\n" << same.err;
+  }
 }
 
 // An output that fails mid-job (here /dev/full) still leaves the report, with the error, in both
