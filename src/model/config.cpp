@@ -203,7 +203,10 @@ void parse_llama(const Reader& r, ModelConfig& c) {
   if (c.n_heads % c.n_kv_heads != 0)
     FH_FAIL(r.source(), ": num_attention_heads (", c.n_heads, ") is not a multiple of num_key_value_heads (",
             c.n_kv_heads, ")");
-  c.norm_eps = float(r.number_or("rms_norm_eps", 1e-6));
+  const double eps = r.number_or("rms_norm_eps", 1e-6);
+  if (!(eps > 0 && eps <= 1))  // every norm divides by sqrt(var + eps): NaN below 0
+    FH_FAIL(r.source(), ": \"rms_norm_eps\" must be a positive number up to 1, got ", eps);
+  c.norm_eps = float(eps);
   c.tie_embeddings = r.bool_or("tie_word_embeddings", false);
   if (c.model_type == "qwen2") {  // Qwen2Attention: q/k/v with bias, o_proj without
     c.attention_bias = true;

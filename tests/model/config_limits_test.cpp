@@ -120,6 +120,12 @@ TEST(ConfigLimits, TokenIdsAndSizesAreRangeChecked) {
   llama["rope_theta"] = 1e300;  // float(1e300) is undefined behaviour
   EXPECT_HAS(error_of([&] { ModelConfig::from_json_text(llama.dump(), "l.json"); }),
              "l.json: \"rope_theta\" must be a finite number, got 1e+300");
+  llama["rope_theta"] = 10000;
+  for (const double eps : {-1.0, 0.0, 2.0}) {  // -1 ran, every logit NaN
+    llama["rms_norm_eps"] = eps;
+    EXPECT_HAS(error_of([&] { ModelConfig::from_json_text(llama.dump(), "l.json"); }),
+               "l.json: \"rms_norm_eps\" must be a positive number up to 1, got ");
+  }
 }
 
 // A model in the Hugging Face cache is named by its repository: it was named by the snapshot's
