@@ -62,8 +62,8 @@ std::string out_of_memory_message(const std::string& command) {
   // Inputs are validated against what the files hold before allocating; what remains is a
   // run that genuinely needs more memory than this machine gives it.
   return "out of memory while running `" + command +
-         "`: this run needs more host memory than is available (lower --gpu-batch-size or "
-         "--num-gpu-batches, offload more with --percent, or use a smaller model).";
+         "`: this run needs more host memory than is available (lower the batch: -b, --gpu-batch-size or "
+         "--num-gpu-batches; offload more with --percent, or use a smaller model).";
 }
 
 int run_main(int argc, const char* const* argv, const MainOptions& opts) {

@@ -2,6 +2,7 @@
 #include "engine/memory_plan.h"
 
 #include <algorithm>
+#include <iomanip>
 #include <sstream>
 
 #include "engine/kv_evict.h"
@@ -27,10 +28,14 @@ int64_t head_rows_per_call(int64_t vocab, int64_t n, int64_t logit_rows, uint64_
 
 std::string human_bytes(uint64_t b) {
   std::ostringstream os;
-  os.precision(3);
-  if (b >= (1ull << 30)) os << double(b) / double(1ull << 30) << " GiB";
-  else if (b >= (1ull << 20)) os << double(b) / double(1ull << 20) << " MiB";
-  else if (b >= (1ull << 10)) os << double(b) / double(1ull << 10) << " KiB";
+  auto put = [&](double v, const char* unit) {  // 3 significant digits, never 1.01e+03
+    if (v >= 1000) os << std::fixed << std::setprecision(0);
+    else os << std::setprecision(3);
+    os << v << unit;
+  };
+  if (b >= (1ull << 30)) put(double(b) / double(1ull << 30), " GiB");
+  else if (b >= (1ull << 20)) put(double(b) / double(1ull << 20), " MiB");
+  else if (b >= (1ull << 10)) put(double(b) / double(1ull << 10), " KiB");
   else os << b << " B";
   return os.str();
 }

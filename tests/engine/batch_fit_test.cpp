@@ -326,5 +326,15 @@ TEST(BatchFit, ABudgetPastTheSlidingWindowInALaterBatchIsFoundFirst) {
   EXPECT_EQ(results, 2);
 }
 
+// The sizes refusals print: 3 significant digits, and never a float's exponent ("1.01e+03 MiB").
+TEST(BatchFit, SizesAreSaidInWholeUnits) {
+  EXPECT_EQ(human_bytes(1010ull << 20), "1010 MiB");
+  EXPECT_EQ(human_bytes(1023ull << 30), "1023 GiB");
+  EXPECT_EQ(human_bytes(8944640), "8.53 MiB");
+  EXPECT_EQ(human_bytes(6ull << 20), "6 MiB");
+  EXPECT_EQ(human_bytes(999), "999 B");
+  EXPECT_EQ(human_bytes(92364ull << 10), "90.2 MiB");
+}
+
 }  // namespace
 }  // namespace flexh2o
