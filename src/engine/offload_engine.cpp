@@ -112,7 +112,9 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
       FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes_beside(cap, need.bytes[size_t(t)]), " is too small for policy ",
               opts_.policy.str(), " on ", dev.name(), ": it needs at least ",
               human_bytes_beside(need.bytes[size_t(t)], cap),
-              " for a block of one-token prompts:\n", need.breakdown());
+              " for a block of one-token prompts:\n", need.breakdown(),
+              "home less on this tier (--percent; without it everything is on the device), a smaller block, "
+              "or let --policy auto choose");
   }
   impl_ = std::make_unique<Impl>(*this);
   if (placement_.bytes[2] > 0 || opts_.policy.cache_disk_percent() > 1e-9) {
