@@ -527,12 +527,9 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   if (bad) std::cerr << "flexh2o: " << bad << " input line(s) failed; see the \"error\" fields\n";
   if (st.interrupted) {
     const bool failed = dp && !dp->failure().empty();  // a rank's failure stopped the job: said below
+    const std::string resume = failed ? "; once that is fixed, --resume finishes " : "; rerun with --resume to finish ";
     std::cerr << "flexh2o: " << (failed ? "the job failed on a rank (below): " : "interrupted: ") << finished << " of "
-              << to_run << " requests finished this run"
-              << (!resumable() ? std::string()
-                               : (failed ? "; once that is fixed, --resume finishes " : "; rerun with --resume to finish ") +
-                                     a.output)
-              << "\n";
+              << to_run << " requests finished this run" << (resumable() ? resume + a.output : std::string()) << "\n";
     if (stages && stages->driver->stop_signal() > 0) return 128 + stages->driver->stop_signal();
     return dp ? dp->finish(kInterrupted) : kInterrupted;
   }

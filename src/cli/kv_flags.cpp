@@ -45,7 +45,8 @@ DType kv_cache_dtype(const KvArgs& a, bool bf16_checkpoint) {
 
 DType kv_cache_dtype(const KvArgs& a, const Model& m) {
   const auto& ts = m.tensors();
-  return kv_cache_dtype(a, std::any_of(ts.begin(), ts.end(), [](const BoundTensor& t) { return t.view.dtype == DType::BF16; }));
+  const bool bf16 = std::any_of(ts.begin(), ts.end(), [](const BoundTensor& t) { return t.view.dtype == DType::BF16; });
+  return kv_cache_dtype(a, bf16);
 }
 
 DType compressed_kv_dtype(const KvArgs& a) {

@@ -40,7 +40,7 @@ std::optional<DType> kv_dtype_flag(const KvArgs& a);
 // --kv-dtype: F16, BF16, F32 or Q4; auto is F16, or BF16 for a bf16 checkpoint (whose
 // activations may exceed f16's range). Throws naming the flag on anything else.
 DType kv_cache_dtype(const KvArgs& a, const Model& m);
-DType kv_cache_dtype(const KvArgs& a, bool bf16_checkpoint);
+DType kv_cache_dtype(const KvArgs& a, bool bf16_checkpoint);  // ... of a checkpoint known by its dtype
 // Q4, the KV dtype of a run that compresses its cache; throws unless --kv-dtype is auto or q4.
 DType compressed_kv_dtype(const KvArgs& a);
 // The KV dtype of a run: Q4 when `compress_cache` (--compress-cache or a policy file's

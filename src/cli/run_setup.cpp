@@ -48,9 +48,9 @@ std::unique_ptr<CompressedWeights> compress_in_memory(const OffloadArgs& off, co
       {off.allow_compress, "--allow-compress"}, {off.no_compress, "--no-compress"}};
   for (const auto& [given, flag] : engine_only)
     if (given)
-      throw UsageError(detail::concat(flag, " is the offloading engine's, and this run is in memory (no offloading flag, "
-                                      "the CPU device): drop it, or run the engine with offloading flags (e.g. "
-                                      "--percent 100 0 100 0 100 0)"));
+      throw UsageError(detail::concat(flag, " is the offloading engine's, and this run is in memory (no offloading "
+                                      "flag, the CPU device): drop it, or run the engine with offloading flags "
+                                      "(e.g. --percent 100 0 100 0 100 0)"));
   if (!off.compress_weight) return nullptr;
   auto cw = std::make_unique<CompressedWeights>(m);
   fwd.use_weights(&cw->weights());
@@ -88,8 +88,8 @@ std::unique_ptr<OffloadEngine> place_engine(const Model& model, Device& dev, Off
 
 RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_size, const Model& model,
                         Forward& fwd, CpuDevice& cpu, const Env& env, int64_t prompt_len, int64_t gen_len,
-                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index, const StageRun* stage,
-                        std::function<void(const OffloadEngine&)> before_placing) {
+                        int64_t requests, const std::string& device, std::ostream& log, int cuda_index,
+                        const StageRun* stage, std::function<void(const OffloadEngine&)> before_placing) {
   RunSetup rs;
   rs.kv_config = make_kv_config(kv);
   const int64_t max_len = std::max<int64_t>(1, prompt_len) + std::max<int64_t>(1, gen_len);

@@ -289,8 +289,8 @@ PipelinePlan plan_pipeline(const ModelShape& m, const std::vector<HardwareProfil
                            const PipelineOptions& o) {
   const int64_t L = m.config.n_layers, S = o.stages;
   if (S < 1 || S > L)
-    FH_FAIL("--pipeline-stages must be in [1, ", L, "] (", m.config.name, " has ", L, " layers, one or more per stage), got ",
-            S);
+    FH_FAIL("--pipeline-stages must be in [1, ", L, "] (", m.config.name, " has ", L,
+            " layers, one or more per stage), got ", S);
   FH_CHECK(hw.size() == 1 || int64_t(hw.size()) == S, "a pipeline of ", S, " stages needs 1 or ", S,
            " hardware profiles, got ", hw.size());
   FH_CHECK(o.groups >= 0, "--groups must be >= 0 (0 = choose), got ", o.groups);

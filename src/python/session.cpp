@@ -68,7 +68,8 @@ json scoring_report(const cli::LoadedModel& lm, const cli::RunSetup& rs, const C
                     size_t requests, int64_t context_tokens, int64_t scored_tokens, double seconds) {
   json r = cli::run_report(lm, rs, GenerateStats{}, cpu, device);
   for (const char* k : {"batches", "prompt_tokens", "padded_prompt_tokens", "generated_tokens", "prefill_seconds",
-                        "decode_seconds", "output_seconds", "decode_tokens", "prefill_tokens_per_s", "decode_tokens_per_s", "peak_kv_bytes"})
+                        "decode_seconds", "output_seconds", "decode_tokens", "prefill_tokens_per_s",
+                        "decode_tokens_per_s", "peak_kv_bytes"})
     r.erase(k);
   r["requests"] = requests;
   r["context_tokens"] = context_tokens;

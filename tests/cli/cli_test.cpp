@@ -564,7 +564,8 @@ TEST(Cli, AConfigsDirThatIsNotOneAndASeedPastUint64AreWrongCommandLines) {
   RunResult r = flexh2o("--configs /nonexistent info opt-30b");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--configs /nonexistent is not a directory"), std::string::npos) << r.err;
-  for (const std::string cmd : {"generate -m " + kOpt + " -p hi -n 1", "bench -m " + kOpt + " --prompt-len 4 --gen-len 1"}) {
+  for (const std::string cmd :
+       {"generate -m " + kOpt + " -p hi -n 1", "bench -m " + kOpt + " --prompt-len 4 --gen-len 1"}) {
     r = flexh2o(cmd + " --seed 18446744073709551616");
     EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;
     EXPECT_NE(r.err.find("taken modulo 2**64), got 18446744073709551616"), std::string::npos) << r.err;

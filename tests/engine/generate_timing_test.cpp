@@ -38,7 +38,8 @@ TEST(GenerateTiming, CallbacksAreOutsideTheStepSeconds) {
       (void)generate(runner, reqs, o, &st);
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double slept = calls * std::chrono::duration<double>(kSlow).count();
-      const std::string what = std::string(continuous ? "continuous" : "static") + (in_progress ? " progress" : " result");
+      const std::string what =
+          std::string(continuous ? "continuous" : "static") + (in_progress ? " progress" : " result");
       ASSERT_GE(calls, 4) << what;
       EXPECT_GE(st.output_seconds, slept) << what;
       EXPECT_LE(st.output_seconds, wall) << what;
