@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -274,47 +275,51 @@ TEST(CliOutput, TheDecodeRateCountsTheTokensOfDecodeSteps) {
   }
 }
 
+// `flexh2o ARGS` with `small` a tmpfs of `size` (e.g. "3M") in a private mount namespace
+// (unshare -m): its exit code and stderr; nullopt where this process may not make one.
+struct Run {
+  int code = -1;
+  std::string err;
+};
+std::optional<Run> run_on_tmpfs(const fs::path& small, const std::string& size, const std::string& args) {
+  fs::create_directories(small);
+  const std::string mount = "mount -t tmpfs -o size=" + size + " none " + small.string();
+  if (std::system(("unshare -m sh -c '" + mount + "' 2>/dev/null").c_str()) != 0) return std::nullopt;
+  const fs::path err = small.parent_path() / "tmpfs_run.err";
+  const std::string run = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o " + args;
+  const int st = std::system(("unshare -m sh -c '" + mount + " && exec " + run + "' 2>" + err.string()).c_str());
+  return Run{WIFEXITED(st) ? WEXITSTATUS(st) : -1, read_text(err)};
+}
+
 // An --offload-dir too small for the weights homed there is refused before the first file, with
 // the total needed (it failed at the file that did not fit, naming that file's size, with the
-// files before it written). A 3 MiB tmpfs in a private mount namespace (unshare -m): skipped
-// where this process may not make one.
+// files before it written).
 TEST(CliOutput, AnOffloadDirTooSmallForTheWeightsIsRefusedWithTheTotal) {
   TempDir tmp;
   const fs::path small = tmp.path() / "small";
-  fs::create_directories(small);
-  const std::string mount = "mount -t tmpfs -o size=3M none " + small.string();
-  if (std::system(("unshare -m sh -c '" + mount + "' 2>/dev/null").c_str()) != 0)
-    GTEST_SKIP() << "cannot mount a tmpfs in a private mount namespace here";
-  const fs::path err = tmp.path() / "err";
-  const std::string run = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o generate -m " + kOpt +
-                          " --prompt hi -n 2 --percent 0 0 100 0 100 0 --offload-dir " + (small / "store").string();
-  const int st = std::system(("unshare -m sh -c '" + mount + " && exec " + run + "' 2>" + err.string()).c_str());
-  EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 1);
-  const std::string e = read_text(err);
-  EXPECT_NE(e.find("offload directory " + (small / "store").string() + " has 3 MiB free; the "), std::string::npos) << e;
-  EXPECT_NE(e.find("weight files to write need 8.93 MiB"), std::string::npos) << e;
+  const auto r = run_on_tmpfs(small, "3M", "generate -m " + kOpt + " --prompt hi -n 2 --percent 0 0 100 0 100 0 "
+                                           "--offload-dir " + (small / "store").string());
+  if (!r) GTEST_SKIP() << "cannot mount a tmpfs in a private mount namespace here";
+  EXPECT_EQ(r->code, 1);
+  EXPECT_NE(r->err.find("offload directory " + (small / "store").string() + " has 3 MiB free; the "), std::string::npos)
+      << r->err;
+  EXPECT_NE(r->err.find("weight files to write need 8.93 MiB"), std::string::npos) << r->err;
 }
 
 // --policy auto plans the disk tier as what --offload-dir has room for, not the profile's disk:
-// it used to home 2.5 MiB of weights on a 3 MiB tmpfs's neighbour budget and fail placing them.
+// it homed weights a 3 MiB tmpfs could not hold, then failed placing them (change --percent, it said).
 TEST(CliOutput, PolicyAutoPlansTheRoomUnderTheOffloadDir) {
   TempDir tmp;
   const fs::path small = tmp.path() / "small";
-  fs::create_directories(small);
-  const std::string mount = "mount -t tmpfs -o size=3M none " + small.string();
-  if (std::system(("unshare -m sh -c '" + mount + "' 2>/dev/null").c_str()) != 0)
-    GTEST_SKIP() << "cannot mount a tmpfs in a private mount namespace here";
-  const fs::path err = tmp.path() / "err";
-  const std::string run = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o generate -m " + kOpt +
-                          " --prompt hi -n 2 --policy auto --hardware t4-paper --gpu-mem 3MiB --cpu-mem 4MiB "
-                          "--offload-dir " + (small / "store").string();
-  const int st = std::system(("unshare -m sh -c '" + mount + " && exec " + run + "' 2>" + err.string()).c_str());
-  EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 1);
-  const std::string e = read_text(err);
-  EXPECT_NE(e.find("the disk tier is the 3 MiB --offload-dir " + (small / "store").string() + " has room for"),
-            std::string::npos) << e;
-  EXPECT_NE(e.find("infeasible: tiny-opt needs at least"), std::string::npos) << e;
-  EXPECT_NE(e.find("disk 0.002517 GB"), std::string::npos) << e;
+  const auto r = run_on_tmpfs(small, "3M", "generate -m " + kOpt + " --prompt hi -n 2 --policy auto --hardware "
+                                           "t4-paper --gpu-mem 3MiB --cpu-mem 4MiB --offload-dir " +
+                                               (small / "store").string());
+  if (!r) GTEST_SKIP() << "cannot mount a tmpfs in a private mount namespace here";
+  EXPECT_EQ(r->code, 1);
+  EXPECT_NE(r->err.find("the disk tier is the 3 MiB --offload-dir " + (small / "store").string() + " has room for"),
+            std::string::npos) << r->err;
+  EXPECT_NE(r->err.find("infeasible: tiny-opt needs at least"), std::string::npos) << r->err;
+  EXPECT_NE(r->err.find("disk 0.002517 GB"), std::string::npos) << r->err;
 }
 
 // Room for the weights but not for the KV cache homed on disk: refused before the first batch,
@@ -322,24 +327,18 @@ TEST(CliOutput, PolicyAutoPlansTheRoomUnderTheOffloadDir) {
 TEST(CliOutput, AnOffloadDirTooSmallForTheKvCacheIsRefusedBeforeTheOutput) {
   TempDir tmp;
   const fs::path small = tmp.path() / "small", in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
-  fs::create_directories(small);
-  const std::string mount = "mount -t tmpfs -o size=10M none " + small.string();
-  if (std::system(("unshare -m sh -c '" + mount + "' 2>/dev/null").c_str()) != 0)
-    GTEST_SKIP() << "cannot mount a tmpfs in a private mount namespace here";
   write_file(in, R"({"id": "a", "prompt": "In the beginning", "max_new_tokens": 300})" "\n"
                  R"({"id": "b", "prompt": "Jesus wept.", "max_new_tokens": 300})" "\n");
   const std::string old = R"({"id": "a", "text": "from an earlier run"})" "\n";
   write_file(out, old);
-  const fs::path err = tmp.path() / "err";
-  const std::string run = std::string(FLEXH2O_BINARY_DIR) + "/flexh2o generate -m " + kOpt + " -i " + in.string() +
-                          " -o " + out.string() + " --overwrite -q --greedy -b 2 --percent 0 0 0 0 100 0 " +
-                          "--offload-dir " + (small / "store").string();
-  const int st = std::system(("unshare -m sh -c '" + mount + " && exec " + run + "' 2>" + err.string()).c_str());
-  EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 1);
-  const std::string e = read_text(err);
-  EXPECT_NE(e.find("the KV cache of a batch of this run (2 sequences, capacity 306) needs 2.41 MiB there"),
+  const auto r = run_on_tmpfs(small, "10M", "generate -m " + kOpt + " -i " + in.string() + " -o " + out.string() +
+                                            " --overwrite -q --greedy -b 2 --percent 0 0 0 0 100 0 --offload-dir " +
+                                            (small / "store").string());
+  if (!r) GTEST_SKIP() << "cannot mount a tmpfs in a private mount namespace here";
+  EXPECT_EQ(r->code, 1);
+  EXPECT_NE(r->err.find("the KV cache of a batch of this run (2 sequences, capacity 306) needs 2.41 MiB there"),
             std::string::npos)
-      << e;
+      << r->err;
   EXPECT_EQ(read_text(out), old);
 }
 

@@ -223,6 +223,32 @@ std::vector<Case> cases() {
 INSTANTIATE_TEST_SUITE_P(Stages, PipelineCase, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name(); });
 
+// A job expected to fail: the driver's error (its collect throws) and each rank's serve result;
+// the driver must end in order (not broken), ending every stage.
+struct FailedJob {
+  std::string error;
+  std::vector<dist::ServeResult> served;
+};
+
+FailedJob run_failing_job(const Case& c, const std::vector<int64_t>& bounds, std::vector<StageRun>& stages) {
+  LocalChannels net(c.stages);
+  dist::PipelineOptions po;
+  po.timeout_s = 30;
+  StageThreads servers(net, c.stages, bounds, po, [&](int s) -> OffloadEngine& { return *stages[size_t(s)].engine; });
+  FailedJob job;
+  {
+    dist::PipelineDriver driver(net.channel(0), *stages.back().engine, c.stages, bounds[size_t(c.stages) - 1], po);
+    try {
+      (void)generate(driver, requests_for(c), GenerateOptions{});
+    } catch (const Error& e) {
+      job.error = e.what();
+    }
+    EXPECT_FALSE(driver.broken());
+  }  // the destructor ends the stages
+  job.served = servers.join();
+  return job;
+}
+
 // A stage whose memory budget cannot hold its batch fails at the prefill: the driver's collect
 // throws naming that stage and its message, and every stage still ends in order.
 TEST(PipelineFailure, StageErrorReachesTheDriverAndEveryStageEnds) {
@@ -241,21 +267,9 @@ TEST(PipelineFailure, StageErrorReachesTheDriverAndEveryStageEnds) {
     }
     stages.push_back(make_stage(whole, c, bounds, s, mem));
   }
-  LocalChannels net(c.stages);
-  dist::PipelineOptions po;
-  po.timeout_s = 30;
-  StageThreads servers(net, c.stages, bounds, po, [&](int s) -> OffloadEngine& { return *stages[size_t(s)].engine; });
-  std::string error;
-  {
-    dist::PipelineDriver driver(net.channel(0), *stages.back().engine, c.stages, bounds[size_t(c.stages) - 1], po);
-    try {
-      (void)generate(driver, requests_for(c), GenerateOptions{});
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    EXPECT_FALSE(driver.broken());
-  }  // the destructor ends the stages
-  const std::vector<dist::ServeResult>& served = servers.join();
+  const FailedJob job = run_failing_job(c, bounds, stages);
+  const std::string& error = job.error;
+  const std::vector<dist::ServeResult>& served = job.served;
   EXPECT_NE(error.find("pipeline stage 1 (rank 2 of 3"), std::string::npos) << error;
   EXPECT_NE(error.find("budget"), std::string::npos) << error;
   const int failing = dist::stage_rank(1, c.stages);
@@ -273,24 +287,11 @@ TEST(PipelineFailure, AStageWithASmallerBlockNamesTheFlags) {
   const auto bounds = even_bounds(whole.config().n_layers, c.stages);
   std::vector<StageRun> stages;
   for (int s = 0; s < c.stages; ++s) stages.push_back(make_stage(whole, s == 0 ? small : c, bounds, s));
-  LocalChannels net(c.stages);
-  dist::PipelineOptions po;
-  po.timeout_s = 30;
-  StageThreads servers(net, c.stages, bounds, po, [&](int s) -> OffloadEngine& { return *stages[size_t(s)].engine; });
-  std::string error;
-  {
-    dist::PipelineDriver driver(net.channel(0), *stages.back().engine, c.stages, bounds[size_t(c.stages) - 1], po);
-    try {
-      (void)generate(driver, requests_for(c), GenerateOptions{});
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
-  const std::vector<dist::ServeResult>& served = servers.join();
-  const std::string& mine = served[size_t(dist::stage_rank(0, c.stages))].error;
+  const FailedJob job = run_failing_job(c, bounds, stages);
+  const std::string& mine = job.served[size_t(dist::stage_rank(0, c.stages))].error;
   EXPECT_NE(mine.find("batches of 2 sequences and this stage's block holds 1"), std::string::npos) << mine;
   EXPECT_NE(mine.find("--gpu-batch-size"), std::string::npos) << mine;
-  EXPECT_NE(error.find("block holds 1"), std::string::npos) << error;
+  EXPECT_NE(job.error.find("block holds 1"), std::string::npos) << job.error;
 }
 
 // A stage that never answers (a hung rank) ends the driver's wait within the timeout, naming
