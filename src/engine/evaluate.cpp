@@ -25,12 +25,6 @@ TokenScore score_token(const float* row, int64_t vocab, int32_t target) {
   return {std::log(sum) + mx - row[target], mx_it - row == target};
 }
 
-void check_ids(std::span<const int32_t> ids, const ModelConfig& c, const char* what) {
-  for (int32_t id : ids)
-    if (id < 0 || id >= c.vocab_size)
-      FH_FAIL(what, " token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
-}
-
 // Scores one sequence: logits of the rows of `fed` from `from` on, handed to on_row(j, row) for
 // each such row j (it predicts fed[j + 1], or the next token for the last row). With
 // can_step_rows(), the first step reads fed[0..from] and on as many rows as the logits budget
@@ -74,7 +68,7 @@ PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_
   if (n > c.max_positions)
     FH_FAIL("the text is ", ids.size(), " tokens; scoring it reads ", n, " of them, more than the model's ",
             c.max_positions, " positions");
-  check_ids(ids, c, "text");
+  check_token_ids(ids, c, "text");
   if (token_nll) token_nll->assign(size_t(n), 0.0);
   double nll = 0;
   score_sequence(
@@ -184,8 +178,8 @@ void check_requests(const ModelConfig& c, const std::vector<LoglikRequest>& requ
     if (fed > c.max_positions)
       FH_FAIL("request ", i, ": context + continuation is ", fed + 1, " tokens; the model reads at most ",
               c.max_positions, " positions");
-    check_ids(r.context, c, "context");
-    check_ids(r.continuation, c, "continuation");
+    check_token_ids(r.context, c, "context");
+    check_token_ids(r.continuation, c, "continuation");
   }
 }
 

@@ -25,8 +25,7 @@ const char* finish_reason_name(FinishReason r) {
 
 void validate_request(const GenerationRequest& r, const ModelConfig& c) {
   if (r.prompt_ids.empty()) FH_FAIL("empty prompt: give at least one token");
-  for (int32_t id : r.prompt_ids)
-    if (id < 0 || id >= c.vocab_size) FH_FAIL("prompt token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
+  check_token_ids(r.prompt_ids, c, "prompt");
   if (int64_t(r.prompt_ids.size()) > c.max_positions)
     FH_FAIL("prompt is ", r.prompt_ids.size(), " tokens, longer than the model's max_position_embeddings (",
             c.max_positions, ")");

@@ -17,9 +17,7 @@ PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t 
     FH_FAIL("the text is ", ids.size(), " tokens; scoring it reads ", n, " of them, more than the model's ",
             c.max_positions, " positions");
   FH_CHECK(chunk > 0, "chunk must be positive");
-  for (const int32_t id : ids)  // a tokenizer larger than the model's table (--tokenizer of another model)
-    if (id < 0 || id >= c.vocab_size)
-      FH_FAIL("text token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
+  check_token_ids(ids, c, "text");  // a tokenizer larger than the model's table (another model's)
   KvCache cache(c, 1, n, kv_dtype);
   std::vector<float> logits;
   std::vector<int32_t> pos;

@@ -374,4 +374,10 @@ ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
   return c;
 }
 
+void check_token_ids(std::span<const int32_t> ids, const ModelConfig& c, const char* what) {
+  for (const int32_t id : ids)
+    if (id < 0 || id >= c.vocab_size)
+      FH_FAIL(what, " token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
+}
+
 }  // namespace flexh2o

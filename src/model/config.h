@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -136,5 +137,9 @@ struct ModelConfig {
   // OPT learned positions are stored with an offset of 2.
   int64_t position_offset() const { return arch == Arch::kOpt ? 2 : 0; }
 };
+
+// Throws flexh2o::Error "<what> token id N is outside the vocabulary [0, V)" for the first id of
+// `ids` outside c's table (a tokenizer of another model, a request's own ids).
+void check_token_ids(std::span<const int32_t> ids, const ModelConfig& c, const char* what);
 
 }  // namespace flexh2o
