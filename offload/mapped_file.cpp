@@ -52,6 +52,18 @@ MappedFile MappedFile::open(const std::filesystem::path& path) {
   return f;
 }
 
+bool MappedFile::release(const void* p, size_t bytes) const noexcept {
+  const auto* b = static_cast<const std::byte*>(p);
+  if (data_ == nullptr || b < data_ || bytes > size_ || size_t(b - data_) > size_ - bytes) return false;
+  const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (uintptr_t(b) + page - 1) / page * page, hi = (uintptr_t(b) + bytes) / page * page;
+  // MADV_DONTNEED drops the page table entries; on a read-only private file mapping (never
+  // written, so never copied on write) the next touch maps the file's page again. A failure
+  // leaves the pages resident, which costs memory, never correctness.
+  if (hi > lo) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  return true;
+}
+
 MappedFile::MappedFile(MappedFile&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)),
       size_(std::exchange(o.size_, 0)),

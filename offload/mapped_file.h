@@ -34,6 +34,14 @@ class MappedFile {
   const std::filesystem::path& path() const { return path_; }
   const FileStamp& stamp() const { return stamp_; }
 
+  // Drops this process's page-table entries for the whole pages inside [p, p + bytes) (the
+  // partial pages at either end stay), so they leave its resident set: for bytes that were copied
+  // elsewhere and will not be read here soon. The next read faults them in from the file again;
+  // the page cache is the kernel's to keep or reclaim. Content-safe, as the mapping is read-only:
+  // no page ever differs from the file. Returns false, doing nothing, when the range is not inside
+  // this mapping. Thread-safe; a concurrent reader of the range only faults again.
+  bool release(const void* p, size_t bytes) const noexcept;
+
  private:
   const std::byte* data_ = nullptr;
   size_t size_ = 0;

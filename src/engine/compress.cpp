@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/placement.h"
@@ -49,10 +51,16 @@ CompressedWeights::CompressedWeights(const Model& model) : weights_(model.weight
     v.dtype = DType::Q4;
   };
   ModelWeights& w = weights_;
-  for (TensorView* v : {&w.embed, &w.pos_embed, &w.final_norm_w, &w.final_norm_b, &w.lm_head}) compress(*v);
+  std::vector<TensorView*> all{&w.embed, &w.pos_embed, &w.final_norm_w, &w.final_norm_b, &w.lm_head};
   for (LayerWeights& L : w.layers)
-    for (TensorView* v : L.all())
-      compress(*v);
+    for (TensorView* v : L.all()) all.push_back(v);
+  for (TensorView* v : all) compress(*v);
+  // The checkpoint pages of what is now held compressed, unless a plain view still reads them
+  // (a tied token table beside its compressed head), may leave the resident set.
+  std::set<const void*> plain;
+  for (const TensorView* v : all) plain.insert(v->data);
+  for (const BoundTensor& t : model.tensors())
+    if (held_.contains(t.view.data) && !plain.contains(t.view.data)) model.release_pages(t.view.data, t.view.nbytes());
 }
 
 size_t CompressedWeights::bytes() const {

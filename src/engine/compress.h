@@ -18,7 +18,8 @@ namespace flexh2o {
 void convert_tensor(const TensorView& src, DType dt, void* dst, const std::string& what);
 
 // A model's weights with every 2-D tensor compressed to Q4 (held_dtype with compress on); 1-D
-// tensors are the model's own views. A tied lm_head stays the (compressed) embedding.
+// tensors are the model's own views. A tied lm_head stays the (compressed) embedding. The
+// checkpoint pages of what it compressed leave the resident set (Model::release_pages).
 // The model must outlive this object. Move-only.
 class CompressedWeights {
  public:

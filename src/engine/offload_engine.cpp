@@ -160,8 +160,10 @@ void OffloadEngine::Impl::place_weights() {
   {  // a tied lm_head homed with the embedding shares its home: one copy to place
     std::set<std::pair<const void*, Tier>> seen;
     for (const UnitPlacement& up : wp.units)
-      for (const PlacedTensor& t : up.tensors)
+      for (const PlacedTensor& t : up.tensors) {
         if (seen.emplace(t.source.data, t.tier).second) to_place += t.bytes;
+        if (t.tier == Tier::kHost) host_sourced.insert(t.source.data);
+      }
   }
   for (size_t u = 0; u < wp.units.size(); ++u) {
     size_t slot_off = 0, stage_off = 0;
@@ -190,6 +192,7 @@ void OffloadEngine::Impl::place_weights() {
           } else {
             dev.upload(h.device.data(), t.source);
           }
+          let_go(h);
           h.device_ptr = h.device.data();
           device_home[t.source.data] = h.device_ptr;
         }
@@ -209,6 +212,7 @@ void OffloadEngine::Impl::place_weights() {
             h.host_copy = alloc(p.pin_weight ? MemKind::kPinned : MemKind::kPageable, Tier::kHost, h.bytes, what);
             convert_tensor(t.source, h.dtype, h.host_copy.data(), what);
             h.host = h.host_copy.data();
+            e.model_.release_pages(t.source.data, t.source.nbytes());  // every host home of it is this copy
           }
           host_home[t.source.data] = h.host;
         }

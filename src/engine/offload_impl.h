@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <span>
 #include <memory>
+#include <set>
 #include <utility>
 #include <string>
 #include <vector>
@@ -251,6 +252,12 @@ struct OffloadEngine::Impl : BatchState {
     placed_bytes += bytes;
     if (e.opts_.on_place) e.opts_.on_place(placed_bytes, to_place);
   }
+  // Lets the checkpoint pages of a weight just copied (device, converted host copy, store file)
+  // leave the resident set, unless a host home may read them in place (host_sourced).
+  void let_go(const WeightHome& h) const {
+    if (!host_sourced.contains(h.source.data)) e.model_.release_pages(h.source.data, h.source.nbytes());
+  }
+  std::set<const void*> host_sourced;  // sources of host-tier tensors (the homes read in place)
   bool token_streamed = false;  // the token table is host- or disk-homed
   bool hidden_in = false, hidden_out = false;  // a pipeline stage: !stage_range().embed() / head()
   // The other groups' batches while one steps (select_group); [current] is empty.

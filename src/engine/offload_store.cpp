@@ -166,6 +166,7 @@ void OffloadEngine::Impl::place_disk_weights(const std::vector<std::pair<size_t,
     // need room at once, which the check above did not count on.
     store.remove(h.store_name).throw_if_error();
     write_weight(store, h);
+    let_go(h);
     ++e.written_;
     placed(h.bytes);
     rebuilt.push_back(std::move(why));

@@ -347,6 +347,7 @@ Model Model::load_dir(const std::filesystem::path& dir) {
   m.weights_ = bind_weights(m.config_, lookup, dir.string(), &m.tensors_);
   m.stage_ = {0, m.config_.n_layers, m.config_.n_layers};
   m.owner_ = archive;
+  m.archive_ = archive;
   for (const MappedFile& f : archive->files()) m.signature_ += shard_fingerprint(f) + "\n";
   for (const TensorEntry& t : archive->tensors())
     if (!read.contains(&t) && !expected_unread(t.name)) m.unused_.push_back(t.name);
@@ -435,6 +436,7 @@ Model Model::stage(int64_t first, int64_t end) const {
   if (!config_.sliding_layers.empty())
     m.config_.sliding_layers.assign(config_.sliding_layers.begin() + first, config_.sliding_layers.begin() + end);
   m.owner_ = owner_;
+  m.archive_ = archive_;
   m.unused_ = unused_;
   m.dummy_ = dummy_;
   m.stage_ = {base + first, base + end, total};
@@ -458,6 +460,12 @@ Model Model::stage(int64_t first, int64_t end) const {
     if (layer) m.tensors_.back().spec.layer -= int(first);
   }
   return m;
+}
+
+void Model::release_pages(const void* p, size_t bytes) const noexcept {
+  if (!archive_) return;
+  for (const MappedFile& f : archive_->files())
+    if (f.release(p, bytes)) return;
 }
 
 size_t Model::weight_bytes() const {

@@ -16,6 +16,8 @@
 
 namespace flexh2o {
 
+class TensorArchive;
+
 // Which half of a transformer layer a tensor belongs to (FlexGen streams them separately).
 enum class LayerPart : uint8_t { kNone, kAttention, kMlp };
 
@@ -183,6 +185,11 @@ class Model {
   // Rotary frequency buffers and a multimodal checkpoint's vision tower are not listed. A stage
   // keeps the whole checkpoint's list.
   const std::vector<std::string>& unused_tensors() const { return unused_; }
+  // Lets the resident pages of a weight go (MappedFile::release): for a caller that copied the
+  // `bytes` at `p` elsewhere (the device, a converted copy, the offload store) and will not read
+  // them here soon. A later read is still correct, only slower. Views outside the checkpoint's
+  // mappings, and dummy weights, are left alone. Thread-safe.
+  void release_pages(const void* p, size_t bytes) const noexcept;
   // Total bytes of the bound weights (tied lm_head counted once).
   size_t weight_bytes() const;
   int64_t parameter_count() const;
@@ -192,6 +199,7 @@ class Model {
   ModelWeights weights_;
   std::vector<BoundTensor> tensors_;
   std::shared_ptr<void> owner_;
+  std::shared_ptr<const TensorArchive> archive_;  // the mapped checkpoint (null for dummy weights)
   bool dummy_ = false;
   std::string signature_;
   std::vector<std::string> unused_;

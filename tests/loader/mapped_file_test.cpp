@@ -1,13 +1,15 @@
-// MappedFile: mapping contents, empty files, move semantics and error messages (path + strerror).
+// MappedFile: mapping contents, empty files, move semantics, letting pages go and error messages (path + strerror).
 // Lives with the loader tests because the loader is MappedFile's only user so far.
 #include "offload/mapped_file.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <utility>
 
 #include "loader/loader_test_util.h"
+#include "resident.h"
 
 namespace flexh2o {
 namespace {
@@ -59,6 +61,33 @@ TEST(MappedFile, MissingFileNamesPathAndReason) {
   const std::string msg = error_of([&] { MappedFile::open(dir / "nope.safetensors"); });
   EXPECT_NE(msg.find((dir / "nope.safetensors").string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
+}
+
+TEST(MappedFile, ReleaseLetsWholePagesGoAndRereadsTheFile) {
+  TempDir dir;
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE)), n = 64 * page;
+  std::string bytes(n, '\0');
+  for (size_t i = 0; i < n; ++i) bytes[i] = char(i * 131 % 251);
+  test::write_bytes(dir / "w.bin", bytes);
+  MappedFile f = MappedFile::open(dir / "w.bin");
+  ASSERT_EQ(f.size(), n);
+  EXPECT_EQ(std::memcmp(f.data(), bytes.data(), n), 0);  // every page touched
+  const int64_t touched = test::mapping_rss_bytes(f.data());
+  ASSERT_EQ(touched, int64_t(n));
+
+  // From the middle of page 3 to the middle of page 40: whole pages 4..39 go, 3 and 40 stay.
+  EXPECT_TRUE(f.release(f.data() + 3 * page + 100, 37 * page));
+  EXPECT_EQ(test::mapping_rss_bytes(f.data()), touched - int64_t(36 * page));
+  EXPECT_EQ(std::memcmp(f.data(), bytes.data(), n), 0);  // read back from the file
+  EXPECT_EQ(test::mapping_rss_bytes(f.data()), touched);
+
+  // Outside the mapping, or running past its end: nothing is done.
+  EXPECT_FALSE(f.release(f.data() + page, n));
+  EXPECT_FALSE(f.release(bytes.data(), page));
+  EXPECT_FALSE(MappedFile().release(bytes.data(), 0));
+  EXPECT_EQ(test::mapping_rss_bytes(f.data()), touched);
+  EXPECT_TRUE(f.release(f.data(), n));
+  EXPECT_EQ(test::mapping_rss_bytes(f.data()), 0);
 }
 
 TEST(MappedFile, DirectoryIsRejected) {
