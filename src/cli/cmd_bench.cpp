@@ -72,6 +72,9 @@ int run_bench(const BenchArgs& a, const Env& env) {
   OffloadArgs off = a.offload;
   check_flags([&] {
     validate(sampling(a, 0));  // before a preset's weights
+    if (a.temperature == 0 && (a.top_k != 0 || a.top_p != 1))
+      FH_FAIL(a.top_k != 0 ? "--top-k" : "--top-p", " shapes sampled decoding and --temperature is 0 (greedy, the "
+              "default): give --temperature > 0 with it, or leave it out");
     check_hardware_flag(a.offload, false);
     check_engine_flags(a.offload, a.kv);
     apply_batch_size_flag(a.batch_size_given, a.batch_size, off);

@@ -127,6 +127,8 @@ void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model
 }
 
 void check_sampling_defaults(const GenerateArgs& a) {
+  if (a.greedy && a.sampling_given.count("temperature") && a.temperature != 0)
+    FH_FAIL("--greedy is temperature 0 and --temperature is ", a.temperature, ": give one of them");
   SamplingParams s;
   s.temperature = a.greedy ? 0.f : a.temperature;
   s.top_k = a.top_k;

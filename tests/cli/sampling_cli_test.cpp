@@ -122,4 +122,21 @@ TEST(Cli, GenerationConfigSetsSamplingDefaultsFlagsWin) {
   EXPECT_NE(bad.err.find("--generation-config none"), std::string::npos) << bad.err;
 }
 
+// Flags that ask for two decodings at once are a wrong command line: --greedy with a sampling
+// temperature ran greedy, and bench's --top-p without --temperature timed greedy decoding.
+TEST(Cli, GreedyWithATemperatureAndBenchTopPWithoutOneAreRefused) {
+  const std::string gen = "generate -m " + kOpt + " --prompt 'Jesus wept.' -n 2 --device cpu";
+  RunResult r = flexh2o(gen + " --greedy --temperature 0.7");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--greedy is temperature 0 and --temperature is 0.7: give one of them"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(flexh2o(gen + " --greedy --temperature 0").code, 0);
+  const std::string bench = "bench -m " + kOpt + " --prompt-len 4 --gen-len 1 --device cpu";
+  for (const char* flag : {"--top-p 0.9", "--top-k 5"}) {
+    r = flexh2o(bench + " " + flag);
+    EXPECT_EQ(r.code, 2) << flag << "\n" << r.err;
+    EXPECT_NE(r.err.find("shapes sampled decoding and --temperature is 0"), std::string::npos) << r.err;
+    EXPECT_EQ(flexh2o(bench + " " + flag + " --temperature 0.8").code, 0) << flag;
+  }
+}
 }  // namespace
