@@ -80,9 +80,7 @@ int run_bench(const BenchArgs& a, const Env& env) {
     apply_batch_size_flag(a.batch_size_given, a.batch_size, off);
   });
   check_device_early(a.device);  // --device cuda without a GPU: not the command line's fault
-  if (const ModelConfig rc = resolve_config(env, a.model); a.prompt_len + a.gen_len > max_sequence_tokens(rc))
-    FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " is longer than a sequence of this model can "
-            "grow (", rc.max_positions, " positions: ", max_sequence_tokens(rc), " tokens)");  // before weights
+  check_workload_length(resolve_config(env, a.model), a.model, a.prompt_len, a.gen_len);  // before weights
   LoadedModel lm = load_model(env, a.model, "", 0, a.progress);
   std::cerr << lm.warning;
   const std::string device = select_device(a.device, *lm.model, std::cerr);

@@ -193,10 +193,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
   if (c.name.empty()) c.name = a.model;
   HardwareProfile hw = resolve_profile(a.hardware, env.configs_dir);
   cap_profile_memory(a.gpu_mem, a.cpu_mem, a.disk_mem, hw);
-  if (a.prompt_len + a.gen_len > max_sequence_tokens(c))
-    FH_FAIL("--prompt-len ", a.prompt_len, " + --gen-len ", a.gen_len, " is longer than a sequence of ", c.name,
-            " can grow (", c.max_positions, " positions: ", max_sequence_tokens(c),
-            " tokens, the last drawn from the last position); generate would stop each sequence there");
+  check_workload_length(c, a.model, a.prompt_len, a.gen_len);
   if (a.percent.empty() && (a.gpu_batch_size != 0 || a.num_gpu_batches != 0 || a.cpu_cache_compute))
     FH_FAIL("--gpu-batch-size, --num-gpu-batches and --cpu-cache-compute evaluate a placement given with --percent; "
             "without it the planner searches them");

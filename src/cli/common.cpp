@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/host_memory.h"
 #include "core/input_guard.h"
+#include "engine/generate.h"
 #include "engine/memory_plan.h"
 #include "gpu/cuda_device.h"
 #include "kernels/cuda/cuda_probe.h"
@@ -37,6 +38,13 @@ std::optional<fs::path> preset_path(const Env& env, const std::string& name) {
   fs::path p = env.configs_dir / "models" / (name + ".json");
   if (fs::is_regular_file(p)) return p;
   return std::nullopt;
+}
+
+void check_workload_length(const ModelConfig& c, const std::string& model, int64_t prompt_len, int64_t gen_len) {
+  if (prompt_len + gen_len > max_sequence_tokens(c))
+    FH_FAIL("--prompt-len ", prompt_len, " + --gen-len ", gen_len, " is longer than a sequence of ", model,
+            " can grow (", c.max_positions, " positions: ", max_sequence_tokens(c),
+            " tokens, the last drawn from the last position); generate would stop each sequence there");
 }
 
 ModelConfig resolve_config(const Env& env, const std::string& spec, std::string* source) {

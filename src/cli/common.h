@@ -88,6 +88,9 @@ std::optional<std::filesystem::path> preset_path(const Env& env, const std::stri
 std::optional<std::filesystem::path> model_dir(const Env& env, const std::string& spec);
 // Config only (no weights): for `info` and planning.
 ModelConfig resolve_config(const Env& env, const std::string& spec, std::string* source = nullptr);
+// Throws Error when a workload of --prompt-len + --gen-len tokens is longer than a sequence of
+// `c` (named `model`, as given) can grow: bench and plan, before any weights.
+void check_workload_length(const ModelConfig& c, const std::string& model, int64_t prompt_len, int64_t gen_len);
 // Loads weights (mmap or dummy) and, when present, the tokenizer (`tokenizer_dir` overrides).
 // Making a preset's dummy weights draws a progress line (--progress `progress`) once it takes a
 // second.

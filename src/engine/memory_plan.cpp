@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine/kv_evict.h"
+#include "offload/aligned_buffer.h"
 
 namespace flexh2o {
 
@@ -18,7 +19,7 @@ WeightBytes WeightBytes::of(const WeightPlacement& wp) {
 }
 
 uint64_t kv_disk_stage_bytes(int64_t n, uint64_t seq_bytes) {
-  return (uint64_t(std::max<int64_t>(n, 0)) * seq_bytes + 4095) / 4096 * 4096;
+  return align_up(uint64_t(std::max<int64_t>(n, 0)) * seq_bytes);  // whole O_DIRECT pages
 }
 
 int64_t head_rows_per_call(int64_t vocab, int64_t n, int64_t logit_rows, uint64_t slot_bytes) {

@@ -2,7 +2,6 @@
 // lengths, and so the KV budgets, are known), the per-step lengths and inputs, and the logits.
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
@@ -194,11 +193,15 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
         for (const std::string& name : mb.kv_disk) {
           // A destructor during unwinding: a file that stays is logged (the store's close
           // removes it), nothing is thrown.
+          std::string note;
           try {
-            if (const Status st = im.e.store_->remove(name); !st.ok())
-              std::fprintf(stderr, "flexh2o: %s\n", st.message().c_str());
+            if (const Status st = im.e.store_->remove(name); !st.ok()) note = st.message();
           } catch (const std::exception& x) {
-            std::fprintf(stderr, "flexh2o: cannot remove KV file %s: %s\n", name.c_str(), x.what());
+            note = detail::concat("cannot remove KV file ", name, ": ", x.what());
+          }
+          try {
+            if (!note.empty()) im.say(note);
+          } catch (...) {  // a caller's notice that throws: nothing more to say
           }
         }
       im.mbs.clear();

@@ -38,6 +38,19 @@ std::string store_name(const std::string& tensor, DType dt) {
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+// Throws for the first tier whose budget `need` exceeds: "<tier> budget X is too small for
+// <what>: it needs <at_least>Y<needed_for>:\n<breakdown><remedy>".
+void check_budgets(const std::array<std::unique_ptr<TierBudget>, 3>& budgets, const MemoryPlan& need,
+                   const std::string& what, const char* at_least, const std::string& needed_for,
+                   const std::string& remedy) {
+  for (int t = 0; t < 3; ++t) {
+    const uint64_t cap = budgets[size_t(t)]->capacity(), bytes = need.bytes[size_t(t)];
+    if (cap && bytes > cap)
+      FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes_beside(cap, bytes), " is too small for ", what, ": it needs ",
+              at_least, human_bytes_beside(bytes, cap), needed_for, ":\n", need.breakdown(), remedy);
+  }
+}
+
 // The dtype every weight has on `dev` (nullopt: each keeps its checkpoint dtype).
 std::optional<DType> placement_dtype(const Device& dev) {
   if (dev.weight_dtype(DType::F32) == DType::F32) return std::nullopt;
@@ -106,16 +119,10 @@ OffloadEngine::OffloadEngine(const Model& model, Device& dev, const OffloadOptio
   small.hidden_out = !model.stage_range().head();
   const MemoryPlan need = plan_memory(c, WeightBytes::of(placement_), opts_.policy, small,
                                       {dev.kind(), opts_.kv_dtype, dev.act_dtype()});
-  for (int t = 0; t < 3; ++t) {
-    const uint64_t cap = budgets_[size_t(t)]->capacity();
-    if (cap && need.bytes[size_t(t)] > cap)
-      FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes_beside(cap, need.bytes[size_t(t)]), " is too small for policy ",
-              opts_.policy.str(), " on ", dev.name(), ": it needs at least ",
-              human_bytes_beside(need.bytes[size_t(t)], cap),
-              " for a block of one-token prompts:\n", need.breakdown(),
-              "home less on this tier (--percent; without it everything is on the device), a smaller block, "
-              "or let --policy auto choose");
-  }
+  check_budgets(budgets_, need, "policy " + opts_.policy.str() + " on " + dev.name(), "at least ",
+                " for a block of one-token prompts",
+                "home less on this tier (--percent; without it everything is on the device), a smaller block, "
+                "or let --policy auto choose");
   impl_ = std::make_unique<Impl>(*this);
   if (placement_.bytes[2] > 0 || opts_.policy.cache_disk_percent() > 1e-9) {
     if (opts_.offload_dir.empty())
@@ -309,14 +316,10 @@ void OffloadEngine::budget_lengths(std::span<const int64_t> lengths) {
 void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const {
   FH_CHECK(!lengths.empty(), "a batch of no sequences");
   const MemoryPlan need = impl_->plan_batch(lengths, rows, capacity);
-  for (int t = 0; t < 3; ++t) {
-    const uint64_t cap = budgets_[size_t(t)]->capacity();
-    if (cap && need.bytes[size_t(t)] > cap)
-      FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes_beside(cap, need.bytes[size_t(t)]),
-              " is too small for a batch of this run (", lengths.size(), " sequences, prompt ", rows, ", capacity ",
-              capacity, "): it needs ", human_bytes_beside(need.bytes[size_t(t)], cap), ":\n", need.breakdown(),
-              batch_fit_remedy(opts_.kv_policy != nullptr));
-  }
+  check_budgets(budgets_, need,
+                detail::concat("a batch of this run (", lengths.size(), " sequences, prompt ", rows, ", capacity ",
+                               capacity, ")"),
+                "", "", batch_fit_remedy(opts_.kv_policy != nullptr));
   // The filesystem under --offload-dir, too: its KV files are created at the batch's prefill.
   const uint64_t kv = store_ ? impl_->kv_disk_space(need, impl_->sizing(capacity).classes, int64_t(lengths.size())) : 0;
   if (kv && store_->read_only())

@@ -130,6 +130,8 @@ struct OffloadEngine::Impl : BatchState {
   // Every disk-homed weight (units[u][i] for each (u, i)): reused when its file checks out (under
   // the directory's shared lock), else written (under its exclusive lock); says why on a rebuild.
   void place_disk_weights(const std::vector<std::pair<size_t, size_t>>& homes);
+  // A note about the store: to OffloadOptions::notice, else "flexh2o: <line>" on stderr.
+  void say(const std::string& line) const;
   void build_views();
   void begin_batch(int64_t B, int64_t capacity);
   void allocate_batch(const int32_t* real_rows);

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "engine/offload_impl.h"
+#include "offload/aligned_buffer.h"
 
 namespace flexh2o {
 
@@ -123,8 +124,8 @@ void OffloadEngine::Impl::disk_kv(int l, int k, const Buffer& stage, bool write,
       for (int64_t h = 0; h < kvh; ++h) {
         const int64_t a = lo[size_t((seq0 + i) * kvh + h)], z = hi[size_t((seq0 + i) * kvh + h)];
         if (z <= a) continue;
-        const size_t at = seq + size_t(h) * block, p0 = (at + size_t(a) * row) / 4096 * 4096,
-                     p1 = (at + size_t(z) * row + 4095) / 4096 * 4096;
+        const size_t at = seq + size_t(h) * block, p0 = align_down(at + size_t(a) * row),
+                     p1 = align_up(at + size_t(z) * row);
         if (!ranges.empty() && p0 <= ranges.back().offset + ranges.back().length)
           ranges.back().length = std::max(p1, size_t(ranges.back().offset) + ranges.back().length) - ranges.back().offset;
         else

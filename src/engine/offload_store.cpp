@@ -13,15 +13,10 @@
 
 namespace flexh2o {
 
-namespace {
-
-// "flexh2o: <line>" on stderr unless the caller takes the notes.
-void say(const OffloadOptions& o, const std::string& line) {
-  if (o.notice) o.notice(line);
+void OffloadEngine::Impl::say(const std::string& line) const {
+  if (e.opts_.notice) e.opts_.notice(line);
   else std::fprintf(stderr, "flexh2o: %s\n", line.c_str());
 }
-
-}  // namespace
 
 std::string offload_store_manifest(const Model& model, const Device& dev, bool compress_weight) {
   const ModelConfig& c = model.config();
@@ -45,7 +40,7 @@ void OffloadEngine::open_store(IoBackend& io) {
   DiskStoreOptions so;
   const std::filesystem::path dir = opts_.offload_dir;
   so.on_wait = [this, dir] {
-    say(opts_, detail::concat("offload store ", dir.string(), ": waiting for another run that holds ",
+    impl_->say(detail::concat("offload store ", dir.string(), ": waiting for another run that holds ",
                               (dir / "flexh2o.lock").string(), " (it is cleaning up or building weight files)"));
   };
   so.still_waiting = [this] {  // through opts_, which drops it once the engine is built
@@ -173,7 +168,7 @@ void OffloadEngine::Impl::place_disk_weights(const std::vector<std::pair<size_t,
   }
   const std::string why = rebuild_reason(rebuilt, e.reused_, previous, store_manifest);
   if (!why.empty())
-    say(e.opts_, detail::concat("offload store ", store.dir().string(), ": ", why, "; rebuilding ", rebuilt.size(),
+    say(detail::concat("offload store ", store.dir().string(), ": ", why, "; rebuilding ", rebuilt.size(),
                                 " of ", homes.size(), " weight files"));
   write_store_manifest(store.dir(), store_manifest).throw_if_error();
 }

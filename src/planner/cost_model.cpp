@@ -12,6 +12,7 @@
 #include "engine/kv_evict.h"
 #include "engine/placement.h"
 #include "model/weights.h"
+#include "offload/aligned_buffer.h"
 #include "policies/kv_policy.h"
 
 namespace flexh2o {
@@ -416,13 +417,13 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   // rows span two pages; runs that merge move the whole file's pages. A decode step's new rows are
   // a page each (two where a row straddles one) once a head's slots span a page, else every page.
   // Windowed layers are priced at the full cache's slots, as the simulated layers are alike.
-  const double runs = nd * double(c.n_kv_heads) * 2, head_row = row / (2 * double(c.n_kv_heads));
+  const double runs = nd * double(c.n_kv_heads) * 2, head_row = row / (2 * double(c.n_kv_heads)), page = kIoAlign;
   const double head_slots = double(cap_h_) * head_row, file = nd * double(cap_h_) * row;
   auto requests = [&](double bytes, bool apart) { return bytes <= 0 ? 0.0 : apart ? runs : std::ceil(bytes / (1 << 20)); };
   // Rows [0, rows) of every head: a run each (and on average one page more than its bytes), or the file.
   auto prefix_pages = [&](double rows, double* req) {
-    const bool apart = (double(cap_h_) - rows) * head_row >= 8192;
-    const double bytes = rows <= 0 ? 0 : apart ? runs * (rows * head_row + 4096) : file;
+    const bool apart = (double(cap_h_) - rows) * head_row >= 2 * page;
+    const double bytes = rows <= 0 ? 0 : apart ? runs * (rows * head_row + page) : file;
     *req = requests(bytes, apart);
     return bytes;
   };
@@ -432,8 +433,8 @@ CostModel::Sim CostModel::simulate(const Policy& p, bool prefill, int64_t len_be
   if (prefill) {
     store_bytes = prefix_pages(kept, &store_req);
   } else {
-    store_bytes = head_slots >= 4096 ? runs * (4096 + head_row) : file;
-    store_req = requests(store_bytes, head_slots >= 8192);
+    store_bytes = head_slots >= page ? runs * (page + head_row) : file;
+    store_req = requests(store_bytes, head_slots >= 2 * page);
   }
 
   std::vector<double> fin(sched.steps.size());

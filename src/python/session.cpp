@@ -135,9 +135,7 @@ std::string Session::decode(const std::vector<int32_t>& ids) const {
   const Tokenizer& t = tokenizer();
   // The model's ids: those past the tokenizer's (a padded table, which sampling can draw) decode
   // to no text, as in Tokenizer::decode.
-  const int64_t rows = lm_.model->config().vocab_size;
-  for (int32_t id : ids)
-    if (id < 0 || id >= rows) FH_FAIL("token id ", id, " is outside the model's vocabulary [0, ", rows, ")");
+  check_token_ids(ids, lm_.model->config(), "decode:");
   return t.decode(ids);
 }
 

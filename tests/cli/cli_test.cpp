@@ -493,7 +493,7 @@ TEST(Cli, BenchRunsFixedLengthWorkloadsWithPoliciesAndPresets) {
   EXPECT_EQ(preset.code, 0) << preset.err;
   RunResult too_long = flexh2o("bench -m " + kOpt + " --prompt-len 1000 --gen-len 100");
   EXPECT_EQ(too_long.code, 1);
-  EXPECT_NE(too_long.err.find("is longer than a sequence of this model can grow"), std::string::npos) << too_long.err;
+  EXPECT_NE(too_long.err.find("is longer than a sequence of " + kOpt + " can grow"), std::string::npos) << too_long.err;
   // Sampled decoding is timed too, and its settings are in the report.
   RunResult sampled = flexh2o("bench -m " + kOpt + " --prompt-len 8 --gen-len 5 --num-prompts 3 --device cpu "
                               "--temperature 0.8 --top-p 0.9 --report " + rep.string());

@@ -409,8 +409,8 @@ TEST(InputLimits, PresetsLargerThanTheRamOrTheirPositionsAreRefusedBeforeTheWeig
   }
   ShellRun r = run_shell(kBin + " bench -m opt-175b --prompt-len 4096 --gen-len 1 --device cpu");
   EXPECT_EQ(r.code, 1) << r.err;
-  EXPECT_HAS(r.err, "--prompt-len 4096 + --gen-len 1 is longer than a sequence of this model can grow (2048 "
-                    "positions: 2049 tokens)");
+  EXPECT_HAS(r.err, "--prompt-len 4096 + --gen-len 1 is longer than a sequence of opt-175b can grow (2048 "
+                    "positions: 2049 tokens, the last drawn");
 }
 
 // An empty --prompt (or "prompt": "") is the BOS alone, as in transformers: given, not missing.

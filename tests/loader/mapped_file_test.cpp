@@ -1,5 +1,5 @@
 // MappedFile: mapping contents, empty files, move semantics, letting pages go and error messages (path + strerror).
-// Lives with the loader tests because the loader is MappedFile's only user so far.
+// Lives with the loader tests: the loader maps checkpoints with it.
 #include "offload/mapped_file.h"
 
 #include <gtest/gtest.h>

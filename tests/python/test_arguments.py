@@ -117,7 +117,7 @@ def test_ids_past_the_tokenizer_decode_to_no_text():
     ids = llm.encode("In the beginning", add_special=False)
     assert llm.decode([4096]) == ""
     assert llm.decode(ids[:1] + [4096, 50271] + ids[1:]) == llm.decode(ids)
-    with pytest.raises(flexh2o.Error, match=r"token id 50272 is outside the model's vocabulary \[0, 50272\)"):
+    with pytest.raises(flexh2o.Error, match=r"decode: token id 50272 is outside the vocabulary \[0, 50272\)"):
         llm.decode([50272])
 
 
