@@ -72,8 +72,7 @@ PipelinePlan fixed_policy(const ModelShape& m, const HardwareProfile& hw, const 
 
 bool fits(const PipelinePlan& p, const HardwareProfile& hw) {
   for (const StagePlan& s : p.stages)
-    for (int t = 0; t < 3; ++t)
-      if (double(s.memory[size_t(t)]) > hw.usable(t)) return false;
+    if (!hw.fits(s.memory)) return false;
   return true;
 }
 

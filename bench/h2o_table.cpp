@@ -76,12 +76,7 @@ Policy make(double wg, double wc, double cg, double cc, double ag, double ac, in
   return p;
 }
 
-bool fits(const CostModel& cm, const Policy& p) {
-  const auto m = cm.memory(p);
-  for (int t = 0; t < 3; ++t)
-    if (double(m[size_t(t)]) > cm.hardware().usable(t)) return false;
-  return true;
-}
+bool fits(const CostModel& cm, const Policy& p) { return cm.hardware().fits(cm.memory(p)); }
 
 // Weights: the largest device share that fits, the rest on the host, spilling to disk.
 bool place_weights(const CostModel& cm, Policy& p, bool device_allowed) {

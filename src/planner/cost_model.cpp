@@ -528,15 +528,8 @@ Estimate CostModel::finish(const Policy& p, double prefill, const std::array<dou
   e.bottleneck = queue_name(Queue(top));
   e.memory = memory(p);
   e.kv_tokens = keep_;
-  std::ostringstream os;
-  for (int t = 0; t < 3; ++t) {
-    if (hw_.charged(t, e.memory) > hw_.usable(t)) {
-      e.fits = false;
-      os << (os.tellp() > 0 ? "; " : "") << tier_name(Tier(t)) << (t == 1 && hw_.shared_memory ? " with the device" : "")
-         << " needs " << hw_.charged(t, e.memory) / 1e9 << " GB, usable " << hw_.usable(t) / 1e9 << " GB";
-    }
-  }
-  e.memory_note = os.str();
+  e.fits = hw_.fits(e.memory);
+  e.memory_note = hw_.overflow_note(e.memory);
   return e;
 }
 

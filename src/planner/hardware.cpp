@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/input_guard.h"
+#include "offload/tier.h"
 
 namespace flexh2o {
 namespace {
@@ -118,6 +120,24 @@ double HardwareProfile::usable(int tier) const {
 double HardwareProfile::charged(int tier, const std::array<uint64_t, 3>& memory) const {
   const double own = double(memory[size_t(tier)]);
   return tier == 1 && shared_memory ? own + double(memory[0]) : own;
+}
+
+bool HardwareProfile::fits(const std::array<uint64_t, 3>& memory) const {
+  for (int t = 0; t < 3; ++t)
+    if (charged(t, memory) > usable(t)) return false;
+  return true;
+}
+
+std::string HardwareProfile::overflow_note(const std::array<uint64_t, 3>& memory) const {
+  std::ostringstream os;
+  os.precision(4);
+  for (int t = 0; t < 3; ++t) {
+    const double need = charged(t, memory), have = usable(t);
+    if (need <= have) continue;
+    os << (os.tellp() > 0 ? "; " : "") << tier_name(Tier(t)) << (t == 1 && shared_memory ? " with the device" : "")
+       << " needs " << need / 1e9 << " GB, usable " << have / 1e9 << " GB (short by " << (need - have) / 1e9 << " GB)";
+  }
+  return os.str();
 }
 
 HardwareProfile HardwareProfile::from_json(const json& j, const std::string& origin) {

@@ -122,6 +122,11 @@ struct HardwareProfile {
   // The bytes of a placement's per-tier `memory` that count against `tier`'s usable bytes: the
   // tier's own, and for the host of a shared pool the device's too.
   double charged(int tier, const std::array<uint64_t, 3>& memory) const;
+  // Whether a placement's per-tier `memory` fits: every tier's charged() within its usable().
+  bool fits(const std::array<uint64_t, 3>& memory) const;
+  // The tiers `memory` overflows, "<tier> needs X GB, usable Y GB (short by Z GB)" joined by
+  // "; " (a shared pool's host says "host with the device"); empty when it fits.
+  std::string overflow_note(const std::array<uint64_t, 3>& memory) const;
   // Throws flexh2o::Error naming the field when one is missing from `j`, negative, or (for
   // the rates and capacities the model divides by) zero. `origin` names the file.
   static HardwareProfile from_json(const nlohmann::json& j, const std::string& origin);

@@ -258,25 +258,13 @@ struct Planner {
 
   [[noreturn]] void infeasible(const std::vector<int64_t>& b, int64_t s, int64_t G) {
     // The smallest run of that stage, everything offloaded, for the numbers in the message.
-    CostModel& cm = model_of(b, s);
-    Policy p;
-    p.gpu_batch_size = p.num_gpu_batches = 1;
-    p.w_gpu_percent = p.w_cpu_percent = p.cache_gpu_percent = p.cache_cpu_percent = 0;
-    const auto mem = cm.memory(p, G);
-    const HardwareProfile& h = hw_of(s);
-    std::ostringstream os;
-    os.precision(4);
-    os << "pipeline infeasible: no policy fits " << stage_name(b, s) << " with " << G << " group" << (G > 1 ? "s" : "")
-       << " in flight; its smallest run (batch 1, everything offloaded) needs device " << double(mem[0]) / 1e9
-       << " GB, host " << double(mem[1]) / 1e9 << " GB, disk " << double(mem[2]) / 1e9 << " GB; usable device "
-       << h.usable(0) / 1e9 << " GB, host " << h.usable(1) / 1e9 << " GB, disk " << h.usable(2) / 1e9 << " GB";
-    FH_FAIL(os.str());
+    const bool disk = o.search.allow_disk;
+    const std::string note = hw_of(s).overflow_note(model_of(b, s).memory(smallest_policy(disk), G));
+    FH_FAIL("pipeline infeasible: no policy fits ", stage_name(b, s), " with ", G, " group", G > 1 ? "s" : "",
+            " in flight; its smallest run (batch 1, everything offloaded", disk ? "" : " to the host: no disk is allowed",
+            ")", note.empty() ? " fits, but no block shape of the search does" : " does not: " + note);
   }
 };
-
-std::vector<int64_t> default_batches() {
-  return {1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 48, 52, 56, 64, 80, 96, 128, 160, 192, 256, 384, 512};
-}
 
 }  // namespace
 
@@ -316,24 +304,17 @@ PipelinePlan plan_pipeline(const ModelShape& m, const std::vector<HardwareProfil
   int64_t G = o.groups > 0 ? o.groups : S;
   std::optional<std::vector<Estimate>> best;
   int64_t failed = 0;
-  const std::vector<int64_t> batches = o.search.gpu_batch_sizes.empty() ? default_batches() : o.search.gpu_batch_sizes;
   for (;;) {
     double best_tp = 0;
-    for (int64_t gbs : batches) {
-      double best_gbs = 0;
-      int stale = 0;
-      for (int64_t ngb = 1; ngb <= o.search.max_num_gpu_batches; ++ngb) {
-        if (o.search.max_block > 0 && gbs * ngb > o.search.max_block) break;
-        const auto es = pl.place_all(bounds, gbs, ngb, G, &failed);
-        if (!es) break;  // larger blocks fit less
-        const double tp = pl.throughput(*es, G);
-        if (!best || tp > best_tp) best = es, best_tp = tp;
-        // Larger blocks stop paying once they add under 1% for 3 steps (the pipeline's fixed
-        // fill and link latencies would otherwise reward every larger block a little).
-        if (tp > best_gbs * 1.01) best_gbs = tp, stale = 0;
-        else if (++stale >= 3) break;
-      }
-    }
+    // Larger blocks stop paying once they add under 1% for 3 steps (the pipeline's fixed fill
+    // and link latencies would otherwise reward every larger block a little).
+    for_each_block_shape(o.search, 0.01, [&](int64_t gbs, int64_t ngb) -> std::optional<double> {
+      const auto es = pl.place_all(bounds, gbs, ngb, G, &failed);
+      if (!es) return std::nullopt;
+      const double tp = pl.throughput(*es, G);
+      if (!best || tp > best_tp) best = es, best_tp = tp;
+      return tp;
+    });
     if (best || o.groups > 0 || G == 1) break;
     G = 1;
   }

@@ -25,12 +25,8 @@
 namespace flexh2o {
 namespace {
 
-std::vector<int64_t> default_batches() {
-  return {1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 48, 52, 56, 64, 80, 96, 128, 160, 192, 256, 384, 512};
-}
-
 bool fits(const CostModel& cm, const Policy& p, int tier, int64_t groups) {
-  return cm.hardware().charged(tier, cm.memory(p, groups)) <= cm.hardware().usable(tier);
+  return cm.hardware().charged(tier, cm.memory(p, groups)) <= cm.hardware().usable(tier);  // one tier of fits()
 }
 
 // Highest-tier weight split that fits (device share, then host share); false if none.
@@ -67,6 +63,31 @@ std::string gb(double b) {
 }
 
 }  // namespace
+
+void for_each_block_shape(const SearchOptions& o, double min_gain,
+                          const std::function<std::optional<double>(int64_t gbs, int64_t ngb)>& eval) {
+  static const std::vector<int64_t> kBatches = {1,  2,  4,  8,  12,  16,  20,  24,  32,  40,  48,
+                                                52, 56, 64, 80, 96, 128, 160, 192, 256, 384, 512};
+  for (int64_t gbs : o.gpu_batch_sizes.empty() ? kBatches : o.gpu_batch_sizes) {
+    double best = 0;
+    int stale = 0;
+    for (int64_t ngb = 1; ngb <= o.max_num_gpu_batches; ++ngb) {
+      if (o.max_block > 0 && gbs * ngb > o.max_block) break;
+      const std::optional<double> tp = eval(gbs, ngb);
+      if (!tp) break;
+      if (*tp > best * (1 + min_gain)) best = *tp, stale = 0;
+      else if (++stale >= 3) break;
+    }
+  }
+}
+
+Policy smallest_policy(bool allow_disk) {
+  Policy p;
+  p.gpu_batch_size = p.num_gpu_batches = 1;
+  p.w_gpu_percent = p.cache_gpu_percent = 0;
+  p.w_cpu_percent = p.cache_cpu_percent = allow_disk ? 0 : 100;
+  return p;
+}
 
 std::optional<Estimate> best_placement(CostModel& cm, const SearchOptions& o, int64_t gbs, int64_t ngb,
                                        PlanResult* stats) {
@@ -152,37 +173,22 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
   }
   PlanResult r;
   bool found = false;
-  const std::vector<int64_t> batches = o.gpu_batch_sizes.empty() ? default_batches() : o.gpu_batch_sizes;
-  for (int64_t gbs : batches) {
-    double best_gbs = 0;
-    int stale = 0;
-    for (int64_t ngb = 1; ngb <= o.max_num_gpu_batches; ++ngb) {
-      if (o.max_block > 0 && gbs * ngb > o.max_block) break;
-      const std::optional<Estimate> e = best_placement(cm, o, gbs, ngb, &r);
-      if (!e) break;  // nothing fits at this block size: larger ones fit less
-      if (!found || e->throughput > r.best.throughput) r.best = *e, found = true;
-      if (e->throughput > best_gbs * (1 + 1e-9)) best_gbs = e->throughput, stale = 0;
-      else if (++stale >= 3) break;
-    }
-  }
+  // Ties keep the smaller block (1e-9: only a larger throughput counts as a gain).
+  for_each_block_shape(o, 1e-9, [&](int64_t gbs, int64_t ngb) -> std::optional<double> {
+    const std::optional<Estimate> e = best_placement(cm, o, gbs, ngb, &r);
+    if (!e) return std::nullopt;
+    if (!found || e->throughput > r.best.throughput) r.best = *e, found = true;
+    return e->throughput;
+  });
   if (!found) {
-    Policy p;
-    p.gpu_batch_size = p.num_gpu_batches = 1;
-    // Everything offloaded: to disk, or without one (no offload directory) to the host.
-    p.w_gpu_percent = p.cache_gpu_percent = 0;
-    p.w_cpu_percent = p.cache_cpu_percent = o.allow_disk ? 0 : 100;
+    Policy p = smallest_policy(o.allow_disk);
     p.compress_weight = cws.back();
     p.compress_cache = ccs.back();
-    const auto m = cm.memory(p, o.groups);
-    std::ostringstream os;
-    for (int t = 0; t < 3; ++t)
-      if (hw.charged(t, m) > hw.usable(t))
-        os << " " << tier_name(Tier(t)) << (t == 1 && hw.shared_memory ? " (with the device)" : "") << " needs "
-           << gb(hw.charged(t, m)) << ", usable " << gb(hw.usable(t)) << " (short by "
-           << gb(hw.charged(t, m) - hw.usable(t)) << ");";
+    const std::string note = hw.overflow_note(cm.memory(p, o.groups));
     FH_FAIL("infeasible: no policy of the search space fits ", cm.shape().config.name, " on ", hw.name,
-            ": the smallest (batch 1, everything offloaded", o.allow_disk ? "" : " to the host: no disk is allowed", ")",
-            os.str(), o.allow_disk ? "" : " homing data on disk needs an offload directory (--offload-dir);", "\n",
+            ": the smallest (batch 1, everything offloaded", o.allow_disk ? "" : " to the host: no disk is allowed",
+            ")", note.empty() ? " fits, but no block shape of the search does" : " does not: " + note,
+            o.allow_disk ? "" : "; homing data on disk needs an offload directory (--offload-dir)", "\n",
             cm.memory_breakdown(p));
   }
   r.best = cm.estimate(r.best.policy);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -35,6 +36,17 @@ struct PlanResult {
   int64_t evaluated = 0;      // policies whose time was predicted
   int64_t rejected_memory = 0;
 };
+
+// The block shapes a search tries: for each gpu batch size of o.gpu_batch_sizes (empty: 1, 2, 4,
+// 8, 12, ..., 512), num_gpu_batches from 1 up to o.max_num_gpu_batches (gbs x ngb within
+// o.max_block), until `eval(gbs, ngb)` returns nullopt (nothing fits: larger blocks fit less) or
+// its throughput has not grown by more than the factor `min_gain` for 3 steps in a row.
+void for_each_block_shape(const SearchOptions& o, double min_gain,
+                          const std::function<std::optional<double>(int64_t gbs, int64_t ngb)>& eval);
+
+// The smallest run a search can offer: batch 1, weights and KV offloaded (to disk, or to the
+// host when `allow_disk` is false), for the numbers of an "infeasible" message.
+Policy smallest_policy(bool allow_disk);
 
 // Searches. Throws flexh2o::Error when nothing fits, stating the shortfall (bytes the smallest
 // run needs vs the usable capacity of all tiers together, or of the tier that overflows).
