@@ -97,6 +97,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const bool is_batch = format == Format::kBatch;
   PriorResults prior;
   std::optional<OutputFile> out_file;
+  std::optional<OutputLock> out_lock;  // held to the end: no second run writes --output meanwhile
+  if (!a.output.empty()) out_lock.emplace(NamedPath{"--output", a.output});
   const OutputFile::Mode out_mode = a.output.empty() ? OutputFile::Mode::kAppend : check_results(a, format, prior);
   check_can_write({"--report", a.report});
   check_can_write({"--trace", a.offload.trace});  // an output path: exit 1, not a flag's mistake
@@ -314,7 +316,10 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     // weights are not placed, which offloaded is minutes of I/O for nothing. (Under mpirun the
     // other ranks wait for rank 0's batches and end through the run below.)
     if (!items.empty()) std::cerr << "flexh2o: no request to run; the weights are not placed\n";
-    if (!a.output.empty()) out_file.emplace(NamedPath{"--output", a.output}, out_mode);
+    if (!a.output.empty()) {
+      out_file.emplace(NamedPath{"--output", a.output}, out_mode);
+      out_lock->keep();
+    }
     flush();  // the lines that failed
     if (out_file) out_file->commit();
     if (!a.report.empty())
@@ -382,7 +387,10 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   for (size_t i = 0; i < items.size(); ++i)
     if (!done[i] && items[i].batch && items[i].batch->scores_prompts()) echoed.push_back(&*items[i].batch);
   batch::score_echoed_prompts(*runner, echoed);
-  if (!a.output.empty()) out_file.emplace(NamedPath{"--output", a.output}, out_mode);
+  if (!a.output.empty()) {
+    out_file.emplace(NamedPath{"--output", a.output}, out_mode);
+    out_lock->keep();
+  }
   flush();  // the lines that failed before the run
   GenerateOptions go;
   go.batch_size = runner->max_batch();

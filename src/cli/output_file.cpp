@@ -3,13 +3,18 @@
 #include "cli/output_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <sstream>
+#include <utility>
 
 #include "core/error.h"
 
@@ -219,6 +224,63 @@ void write_text_file(const NamedPath& where, std::string_view text) {
   OutputFile f(where, OutputFile::Mode::kReplace);
   f.write(text);
   f.commit();
+}
+
+namespace {
+
+// The pid /proc/locks gives for a FLOCK on the file (dev, ino) other than `self`, or 0.
+long lock_holder(const struct stat& st, long self) {
+  std::ifstream locks("/proc/locks");
+  char want[64];
+  std::snprintf(want, sizeof want, "%02x:%02x:%lu", major(st.st_dev), minor(st.st_dev), (unsigned long)st.st_ino);
+  for (std::string line; std::getline(locks, line);) {
+    std::istringstream is(line);
+    std::string id, kind, advisory, mode, file;
+    long pid = 0;
+    if (is >> id >> kind >> advisory >> mode >> pid >> file && kind == "FLOCK" && file == want && pid != self)
+      return pid;
+  }
+  return 0;
+}
+
+}  // namespace
+
+OutputLock::OutputLock(const NamedPath& where) : path_(where.path) {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return;  // a FIFO, /dev/null: no lock
+  check_can_write(where);  // a missing directory, no permission: said as for any output
+  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) {
+    fd = ::open(path_.c_str(), O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    created_ = fd >= 0;
+    if (fd < 0 && errno == EEXIST) fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);  // another run made it
+  }
+  if (fd < 0) {
+    const int e = errno;
+    FH_FAIL("cannot open ", describe(where), ": ", std::strerror(e));
+  }
+  fd_ = fd;
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  const int e = errno;
+  struct stat held {};
+  const long pid = ::fstat(fd_, &held) == 0 ? lock_holder(held, long(::getpid())) : 0;
+  ::close(std::exchange(fd_, -1));
+  if (created_) ::unlink(path_.c_str());
+  if (e != EWOULDBLOCK) FH_FAIL("cannot lock ", describe(where), ": ", std::strerror(e));
+  FH_FAIL("another run is writing ", describe(where), pid ? detail::concat(" (pid ", pid, ")") : std::string(),
+          ": two runs appending to one file would interleave or repeat results. Wait for it to end (then --resume "
+          "finishes what is left), or give another --output");
+}
+
+OutputLock::OutputLock(OutputLock&& o) noexcept
+    : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)), created_(std::exchange(o.created_, false)) {}
+
+OutputLock::~OutputLock() {
+  if (fd_ < 0) return;
+  struct stat st {};
+  // Still empty, of this run's making and never opened as its output (the run failed before): absent, as it was.
+  if (created_ && ::fstat(fd_, &st) == 0 && st.st_size == 0) ::unlink(path_.c_str());
+  ::close(fd_);  // drops the lock
 }
 
 }  // namespace flexh2o::cli

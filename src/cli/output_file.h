@@ -88,6 +88,31 @@ class OutputFile {
   mutable bool failed_ = false;
 };
 
+// An exclusive flock(2) on a results file, held for a whole run and taken before the file's
+// prior results are read: a second run writing the same file (a requeued job, --overwrite beside
+// a live run) is refused instead of interleaving lines with this one. The kernel drops the lock
+// when the process ends, however it ends. An absent file is created to be locked, and removed
+// again on destruction while it is still empty, unless keep() was called (the run opened it as
+// its output); a path that is not a regular file (a FIFO, /dev/null) is not locked. Move-only;
+// the destructor never throws.
+class OutputLock {
+ public:
+  // Throws Error naming the flag, the path and (from /proc/locks, when it says) the holder's pid
+  // when another process holds the lock, or when the file cannot be opened.
+  explicit OutputLock(const NamedPath& where);
+  OutputLock(OutputLock&& o) noexcept;
+  OutputLock& operator=(OutputLock&&) = delete;
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+  ~OutputLock();
+  void keep() { created_ = false; }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+  bool created_ = false;
+};
+
 // Writes `text` to `where` as one kReplace OutputFile.
 void write_text_file(const NamedPath& where, std::string_view text);
 

@@ -1,7 +1,10 @@
 // Outputs as a user relies on them: a failed write (full disk) never exits 0, an output that is
 // an input is refused before a byte is written, existing results are not overwritten by
 // accident (nor by a run refused before it starts), and one bad line in `tokenize` does not cost the others.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -11,6 +14,7 @@
 #include <sstream>
 
 #include "cli_run.h"
+#include "jsonl.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -462,4 +466,44 @@ TEST(CliOutput, TokenizeKeepsGoingPastAnInvalidUtf8Line) {
   EXPECT_EQ(errors[1]["error"], "line has no \"text\" field");
 }
 
+}  // namespace
+
+namespace {
+// A second run writing the same --output (a requeued job, --overwrite beside a live run) is
+// refused while the first holds the file: both used to append, every result twice. The holder
+// here is this test, with the same flock(2) a run takes; a run that fails before writing
+// leaves no empty output behind.
+TEST(CliOutput, ASecondRunWritingTheSameOutputIsRefused) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
+  write_file(in, kPrompts);
+  const std::string run = "generate -m " + kOpt + " -i " + in.string() + " --device cpu --greedy -o " + out.string();
+  {
+    const int fd = ::open(out.c_str(), O_RDONLY | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+    for (const char* extra : {"", " --resume", " --overwrite"}) {
+      const RunResult r = flexh2o(run + extra);
+      EXPECT_EQ(r.code, 1) << extra << "\n" << r.err;
+      EXPECT_NE(r.err.find("another run is writing --output " + out.string() + " (pid " +
+                           std::to_string(::getpid()) + ")"),
+                std::string::npos)
+          << r.err;
+      EXPECT_EQ(read_text(out), "") << extra;
+    }
+    ::close(fd);
+  }
+  const RunResult r = flexh2o(run + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(flexh2o::test::read_jsonl(out).size(), 2u);
+
+  // A model directory whose config.json is no JSON: the run fails after taking its lock.
+  const fs::path fresh = tmp.path() / "fresh.jsonl", bad = tmp.path() / "bad-model";
+  fs::create_directories(bad);
+  write_file(bad / "config.json", "{");
+  const RunResult failed = flexh2o("generate -m " + bad.string() + " -i " + in.string() + " -o " + fresh.string());
+  EXPECT_EQ(failed.code, 1) << failed.err;
+  EXPECT_NE(failed.err.find("config.json"), std::string::npos) << failed.err;
+  EXPECT_FALSE(fs::exists(fresh));
+}
 }  // namespace
