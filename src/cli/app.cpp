@@ -2,6 +2,8 @@
 // mapping of failures to exit codes) shared by the binary and the Python front end.
 #include "cli/app.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -148,12 +150,17 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
     if (env.mpi_ranks > 1 && name != "generate")
       FH_FAIL(name, " runs as one process: under mpirun each rank would run all of it (only generate shares its "
                     "requests or layers among the ranks); run flexh2o ", name, " without mpirun");
-    // Commands that stop at a clean point on SIGINT/SIGTERM; the others keep the default (die).
+    // Commands that stop at a clean point on SIGINT/SIGTERM/SIGHUP; the others keep the default (die).
     if (opts.handle_signals &&
         (name == "generate" || name == "bench" || name == "tokenize" || name == "detokenize")) {
       signals = &StopSignals::install();
       env.stop = &signals->stop();
       env.stop_signal = &signals->signal_flag();
+      // A reader that closes generate's pipe (`| head`) makes a write fail with EPIPE, which it
+      // turns into a clean stop (results on standard output) or quieter texts (results in
+      // --output); the default action would end the run at once, without its report. Other
+      // commands keep it, as `| head` users expect.
+      if (name == "generate") ::signal(SIGPIPE, SIG_IGN);
     }
     if (name == "generate") code = run_generate(gen, env);
     else if (name == "bench") code = run_bench(bench, env);

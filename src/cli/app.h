@@ -17,7 +17,7 @@ struct MainOptions {
   HubEnv hub;                                 // $HF_HUB_CACHE, $HF_HOME, $HOME, read by the caller
   std::filesystem::path default_configs_dir;  // presets when --configs is not given
   bool stderr_is_tty = false;
-  // generate / tokenize / detokenize stop cleanly on SIGINT/SIGTERM (StopSignals, signals.h:
+  // generate / tokenize / detokenize stop cleanly on SIGINT/SIGTERM/SIGHUP (StopSignals, signals.h:
   // the signals are taken over for the rest of the process). False: those signals keep
   // whatever disposition the process has.
   bool handle_signals = true;
@@ -33,7 +33,7 @@ struct MainOptions {
 };
 
 // Parses argv (argv[0] is the program name) and runs the subcommand. Returns the process exit
-// code: 0 ok, 1 error or bad input lines, 2 usage error, 128 + signal after SIGINT/SIGTERM
+// code: 0 ok, 1 error or bad input lines, 2 usage error, 128 + signal after SIGINT/SIGTERM/SIGHUP
 // stopped a command that stops cleanly. Messages go to std::cout / std::cerr as the binary's.
 int run_main(int argc, const char* const* argv, const MainOptions& opts);
 

@@ -1,7 +1,7 @@
 // `flexh2o generate`: one --prompt or a JSONL file of prompts (flexh2o's lines, or an OpenAI Batch
 // file: openai_batch.h) -> JSONL results (in the same format) + run report.
 // Results are appended to --output as they finish and fsync'd after each batch, so a run that
-// is interrupted (SIGINT/SIGTERM: it stops at a token step and keeps what finished) or killed
+// is interrupted (SIGINT/SIGTERM/SIGHUP: it stops at a token step and keeps what finished) or killed
 // is finished by `--resume`, which skips every request whose id already has a complete line.
 #include <sys/stat.h>
 #include <unistd.h>
@@ -289,11 +289,12 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   };
   // Results are written in input order as soon as all earlier ones are done.
   size_t next = 0;
+  bool stdout_failed = false;  // texts beside an --output stop at a closed standard output
   auto flush = [&] {
     for (; next < items.size() && (done[next] || !items[next].error.empty() || items[next].ready()); ++next)
       if (!done[next]) emit(next);
     if (out_file) out_file->flush();
-    else std::cout.flush();
+    if (!stdout_failed) stdout_failed = standard_output_failed(out_file.has_value());
   };
 
   CpuDevice dev(dp ? dp->threads(a.threads) : pipe ? pipe->threads(a.threads) : a.threads);

@@ -32,7 +32,7 @@ void register_tokenize(CLI::App& app, TokenizeArgs& a, bool detokenize) {
   t->add_flag("--no-special", a.no_special,
               detokenize ? "Drop special tokens from the text" : "Do not add BOS/EOS");
   t->footer("A bad input line gets {\"line\": N, \"error\": ...} in its place and the others still run; the exit "
-            "code is then 1. SIGINT/SIGTERM stop between lines and leave --output as it was.");
+            "code is then 1. SIGINT/SIGTERM/SIGHUP stop between lines and leave --output as it was.");
 }
 
 int run_tokenize(const TokenizeArgs& args, bool detokenize, const Env& env) {

@@ -1,10 +1,13 @@
 // Model/tokenizer resolution, device selection, JSONL iteration and small helpers.
 #include "cli/common.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <chrono>
 #include <iostream>
 #include <istream>
@@ -203,6 +206,25 @@ int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const
     fn(lineno, j);
   }
   return bad;
+}
+
+bool standard_output_failed(bool results_in_file) {
+  errno = 0;
+  std::cout.flush();
+  if (std::cout.good() && !std::ferror(stdout)) return false;
+  const int err = errno ? errno : EIO;
+  if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) {  // said once, here
+    ::dup2(null, STDOUT_FILENO);
+    ::close(null);
+  }
+  std::clearerr(stdout);
+  std::cout.clear();
+  if (!results_in_file)
+    FH_FAIL("cannot write standard output (", std::strerror(err), "): the results printed there stop here; give "
+            "--output FILE to keep them whatever reads standard output");
+  std::cerr << "flexh2o: standard output failed (" << std::strerror(err)
+            << "): the texts are no longer printed there; the results still go to --output\n";
+  return true;
 }
 
 size_t peak_rss_bytes() {

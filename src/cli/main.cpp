@@ -1,6 +1,6 @@
 // flexh2o command-line entry point: reads the environment once and runs the command line
 // (cli/app.h: every subcommand, exit codes 0 ok, 1 error or bad input, 2 usage error,
-// 128 + signal after SIGINT/SIGTERM stopped a command that stops cleanly).
+// 128 + signal after SIGINT/SIGTERM/SIGHUP stopped a command that stops cleanly).
 #include <signal.h>
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-// The process-wide SIGINT/SIGTERM taker (signals.h).
+// The process-wide SIGINT/SIGTERM/SIGHUP taker (signals.h).
 #include "cli/signals.h"
 
 #include <pthread.h>
@@ -26,8 +26,9 @@ StopSignals& StopSignals::install() {
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);  // a closed terminal (ssh without nohup): stop as for SIGTERM, report written
     if (int rc = pthread_sigmask(SIG_BLOCK, &set, nullptr); rc != 0)
-      FH_FAIL("cannot block SIGINT/SIGTERM: ", std::strerror(rc));
+      FH_FAIL("cannot block SIGINT/SIGTERM/SIGHUP: ", std::strerror(rc));
     std::thread([set, s = self] {
       int sig = 0;
       if (sigwait(&set, &sig) != 0) return;

@@ -1,5 +1,5 @@
-// SIGINT/SIGTERM for the commands that poll Env::stop. Signal dispositions belong to the
-// process, so this is one process-wide object: install() blocks both signals in the calling
+// SIGINT/SIGTERM/SIGHUP for the commands that poll Env::stop. Signal dispositions belong to the
+// process, so this is one process-wide object: install() blocks the three in the calling
 // thread (call it before any thread starts, so the engine's threads inherit the mask and never
 // see EINTR) and starts one detached thread that takes them with sigwait(). The first sets the
 // stop flag; a second, 100 ms or more after it, ends the process at once by the signal's default

@@ -507,3 +507,43 @@ TEST(CliOutput, ASecondRunWritingTheSameOutputIsRefused) {
   EXPECT_FALSE(fs::exists(fresh));
 }
 }  // namespace
+
+namespace {
+// A reader that closes its pipe (`| head`): with --output the run goes on, says once that the
+// texts stop and exits 0 with every result in the file; with the results on standard output it
+// stops with an error and still writes its report. Both used to die by SIGPIPE, silently.
+TEST(CliOutput, AClosedStandardOutputIsSaidAndTheRunEndsInOrder) {
+  TempDir tmp;
+  const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl", rep = tmp.path() / "rep.json";
+  {
+    std::ofstream f(in);
+    for (int i = 0; i < 200; ++i) f << json{{"id", i}, {"prompt", "In the beginning"}, {"max_new_tokens", 4}} << "\n";
+  }
+  for (const bool to_file : {true, false}) {
+    SCOPED_TRACE(to_file ? "--output" : "standard output");
+    fs::remove(rep);
+    const fs::path err = tmp.path() / "err", rc = tmp.path() / "rc";
+    const std::string cmd = "(" + std::string(FLEXH2O_BINARY_DIR) + "/flexh2o generate -m " + kOpt +
+                            " --device cpu --greedy -b 4 -i " + in.string() + " --report " + rep.string() +
+                            (to_file ? " -o " + out.string() : std::string()) + " 2>" + err.string() +
+                            "; echo $? >" + rc.string() + ") | head -c 1 >/dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    const std::string said = read_text(err);
+    const json report = json::parse(read_text(rep));
+    if (to_file) {
+      EXPECT_EQ(read_text(rc), "0\n") << said;
+      EXPECT_NE(said.find("standard output failed (Broken pipe): the texts are no longer printed"), std::string::npos)
+          << said;
+      EXPECT_EQ(flexh2o::test::read_jsonl(out).size(), 200u);
+      EXPECT_FALSE(report.contains("error")) << report.dump();
+    } else {
+      EXPECT_EQ(read_text(rc), "1\n") << said;
+      EXPECT_NE(said.find("error: cannot write standard output (Broken pipe): the results printed there stop"),
+                std::string::npos)
+          << said;
+      EXPECT_EQ(said.find("error: cannot write standard output\n"), std::string::npos) << "said twice: " << said;
+      EXPECT_TRUE(report.contains("error")) << report.dump();
+    }
+  }
+}
+}  // namespace

@@ -1,4 +1,4 @@
-// Resumable batch jobs: a generate run stopped by SIGINT (clean stop: exit 130, report marked
+// Resumable batch jobs: a generate run stopped by SIGINT or SIGHUP (clean stop: exit 128 + it, report marked
 // interrupted) or killed by SIGKILL, then finished with --resume, gives exactly the results of
 // an uninterrupted run: the same ids, texts and tokens, no duplicate, no partial line. So does a
 // run that failed midway (a disk that filled).
@@ -148,21 +148,26 @@ class Resume : public ::testing::Test {
   fs::path in_;
 };
 
-TEST_F(Resume, SigintKeepsFinishedResultsAndResumeCompletesTheRun) {
-  const fs::path out = tmp_.path() / "out.jsonl", rep = tmp_.path() / "run.json", err = tmp_.path() / "err";
-  const pid_t pid = spawn(gen_args(in_, out) + " --report " + rep.string(), err);
-  const int st = interrupt_after_first_result(pid, out, SIGINT);
-  ASSERT_TRUE(WIFEXITED(st)) << read_text(err);
-  EXPECT_EQ(WEXITSTATUS(st), 130) << read_text(err);
-  EXPECT_NE(read_text(err).find("rerun with --resume"), std::string::npos) << read_text(err);
-  const json report = json::parse(read_text(rep));
-  EXPECT_TRUE(report["interrupted"].get<bool>());
-  EXPECT_EQ(report["finished_requests"].get<size_t>(), results_of(out).size());
-  int64_t kept = 0;  // the tokens of the results written, not those of the requests dropped
-  for (const auto& [id, line] : results_of(out)) kept += int64_t(line["token_ids"].size());
-  EXPECT_EQ(report["kept_tokens"].get<int64_t>(), kept);
-  EXPECT_GE(report["generated_tokens"].get<int64_t>(), kept);
-  resume_and_compare(out);
+// SIGINT (Ctrl-C) and SIGHUP (the terminal closed: an ssh session without nohup) stop alike.
+TEST_F(Resume, SigintOrSighupKeepsFinishedResultsAndResumeCompletesTheRun) {
+  for (const int sig : {SIGINT, SIGHUP}) {
+    SCOPED_TRACE(sig == SIGINT ? "SIGINT" : "SIGHUP");
+    const fs::path out = tmp_.path() / ("out" + std::to_string(sig) + ".jsonl"), rep = tmp_.path() / "run.json",
+                   err = tmp_.path() / "err";
+    const pid_t pid = spawn(gen_args(in_, out) + " --report " + rep.string(), err);
+    const int st = interrupt_after_first_result(pid, out, sig);
+    ASSERT_TRUE(WIFEXITED(st)) << read_text(err);
+    EXPECT_EQ(WEXITSTATUS(st), 128 + sig) << read_text(err);
+    EXPECT_NE(read_text(err).find("rerun with --resume"), std::string::npos) << read_text(err);
+    const json report = json::parse(read_text(rep));
+    EXPECT_TRUE(report["interrupted"].get<bool>());
+    EXPECT_EQ(report["finished_requests"].get<size_t>(), results_of(out).size());
+    int64_t kept = 0;  // the tokens of the results written, not those of the requests dropped
+    for (const auto& [id, line] : results_of(out)) kept += int64_t(line["token_ids"].size());
+    EXPECT_EQ(report["kept_tokens"].get<int64_t>(), kept);
+    EXPECT_GE(report["generated_tokens"].get<int64_t>(), kept);
+    resume_and_compare(out);
+  }
 }
 
 // One signal delivered twice at once (timeout(1) signals the process and then its group) is one
