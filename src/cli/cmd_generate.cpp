@@ -366,14 +366,17 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       own = make_run_setup(a.offload, a.kv, a.batch_size, *lm.model, fwd, dev, env, prompt, gen,
                            dp ? dp->plan_requests(reqs.size()) : int64_t(reqs.size()), device, std::cerr,
                            dp ? dp->cuda_index(device) : 0, nullptr, arrange);
-    } catch (const PlacementStopped& e) {  // a harness that always reads --report learns that nothing ran
+    } catch (const std::exception& e) {
+      // Stopped, or failed (a disk that fills while the store is written, a batch the budgets
+      // refuse): a harness that always reads --report learns that nothing ran, and why.
+      const bool stopped = dynamic_cast<const PlacementStopped*>(&e) != nullptr;
       try {
         if (!a.report.empty()) {
-          json report = report_with(unplaced_run_setup(a.offload, a.kv, *lm.model), GenerateStats{}, true);
-          report["interrupted_while"] = e.what();
+          json report = report_with(unplaced_run_setup(a.offload, a.kv, *lm.model), GenerateStats{}, stopped);
+          report[stopped ? "interrupted_while" : "error"] = printable_utf8(e.what());
           write_json_file(a.report, report, "--report");
         }
-      } catch (const std::exception&) {  // the stop is the cause (exit 130), not the report
+      } catch (const std::exception&) {  // the stop or the failure is the cause, not the report
       }
       throw;
     }

@@ -38,7 +38,8 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
   g->add_flag("--overwrite", a.overwrite, "Replace the results an existing --output holds")->excludes(resume);
   g->add_option("--report", a.report,
                 "Write a JSON run report (timings, tokens/s, memory) to this file; a single-process run that fails "
-                "midway (a full disk) writes it too, with \"error\" and the steps and results done before");
+                "midway (a full disk), or while placing the weights, writes it too, with \"error\" and the steps and "
+                "results done before");
   g->add_option("--max-new-tokens,-n", a.max_new_tokens, "Tokens to generate per prompt (default for lines)")
       ->capture_default_str()->check(at_least(0));
   g->add_option("--batch-size,-b", a.batch_size,

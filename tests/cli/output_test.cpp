@@ -223,12 +223,19 @@ TEST(CliOutput, OverwriteKeepsTheOldResultsUntilTheRunStarts) {
   write_file(longer, kPrompts + R"({"id": "c", "prompt": "In the beginning", "max_new_tokens": 400})" "\n"
                                 R"({"id": "d", "prompt": "Jesus wept.", "max_new_tokens": 400})" "\n");
   write_file(out, old);
+  // Its --report says so (an earlier run's report there would otherwise read as this run's).
+  const fs::path rep = tmp.path() / "rep.json";
+  write_file(rep, R"({"from": "an earlier run"})");
   RunResult r = flexh2o("generate -m " + kOpt + " -q --greedy -i " + longer.string() + " -o " + out.string() +
-                        " --overwrite -b 2 --sort-window 1 --gpu-mem 10MiB");
+                        " --overwrite -b 2 --sort-window 1 --gpu-mem 10MiB --report " + rep.string());
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("device budget 10 MiB is too small for a batch of this run (2 sequences"), std::string::npos)
       << r.err;
   EXPECT_EQ(read_text(out), old);
+  const json report = json::parse(read_text(rep));
+  EXPECT_NE(report.value("error", "").find("device budget 10 MiB is too small"), std::string::npos) << report.dump();
+  EXPECT_EQ(report["finished_requests"], 0);
+  EXPECT_FALSE(report["interrupted"].get<bool>());
   r = flexh2o("generate -m " + kOpt + " -q --greedy -i " + in.string() + " -o " + (tmp.path() / "no" / "o.jsonl").string());
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("its directory"), std::string::npos) << r.err;
