@@ -200,7 +200,19 @@ void OutputFile::flush() {
 
 void OutputFile::sync() {
   flush();
-  if (regular_ && ::fsync(fd_) != 0) fail("fsync", errno);
+  if (!regular_) return;
+  if (::fsync(fd_) != 0) fail("fsync", errno);
+  if (!tmp_.empty()) return;
+  // Written in place: the path must still name this file. Removed or replaced (rm, mv), every
+  // later result would go where nobody looks for it.
+  struct stat mine {}, named {};
+  if (::fstat(fd_, &mine) != 0) fail("stat", errno);
+  if (::stat(where_.path.c_str(), &named) == 0 && named.st_dev == mine.st_dev && named.st_ino == mine.st_ino) return;
+  failed_ = true;
+  FH_FAIL(describe(where_), " no longer names the file this run writes: it was ",
+          mine.st_nlink == 0 ? "removed, with the results written to it" : "moved or replaced (the results written so far "
+                                                                            "are in the file it was moved to)",
+          "; stopping so that no more results go there");
 }
 
 void OutputFile::commit() {

@@ -46,7 +46,8 @@ std::vector<NamedPath> files_in(const std::string& flag, const std::filesystem::
 //    readers see the old file or the whole new one, never a part. Destroyed without commit():
 //    the temporary is removed and PATH is as it was.
 //  * kAppend / kTruncate: PATH is opened for appending (kTruncate empties it first); sync()
-//    writes what is buffered and fsyncs, so every line written before it survives a crash.
+//    writes what is buffered and fsyncs, so every line written before it survives a crash, and
+//    throws when PATH no longer names the file (removed or replaced while the run wrote it).
 // Outputs that are not regular files (/dev/null, /dev/full, a FIFO, a terminal) are written in
 // place in every mode, and fsync is skipped for them (it means nothing there).
 class OutputFile {

@@ -65,6 +65,33 @@ TEST(OutputFile, AppendAppendsAndTruncateEmpties) {
   EXPECT_EQ(read_text(p), "");
 }
 
+// An output removed or moved away while a run appends to it: the next sync() says so (and marks
+// the file failed, so no line is retried) instead of writing on into a file nobody will find.
+TEST(OutputFile, AnAppendedFileRemovedOrMovedIsSaidAtTheNextSync) {
+  TempDir tmp;
+  const fs::path p = tmp.path() / "o.jsonl", moved = tmp.path() / "moved.jsonl";
+  for (const bool remove : {true, false}) {
+    OutputFile f({"--output", p}, OutputFile::Mode::kAppend);
+    f.write("one\n");
+    f.sync();
+    if (remove) fs::remove(p);
+    else fs::rename(p, moved);
+    f.write("two\n");
+    try {
+      f.sync();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--output " + p.string() + " no longer names the file this run writes: it "
+                                           "was " + (remove ? "removed" : "moved or replaced")),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_TRUE(f.failed());
+  }
+  EXPECT_EQ(read_text(moved), "one\ntwo\n");  // the moved file has what was written
+  EXPECT_FALSE(fs::exists(p));
+}
+
 TEST(OutputFile, ErrorsNameTheFlagAndPath) {
   TempDir tmp;
   try {
