@@ -48,7 +48,7 @@ struct Args {
   // seqs x kv_heads x head_dim x cap x len: OPT-6.7B-like rows of 256 B; OPT-1.3B-like rows of
   // 128 B; many 4 KiB blocks (32 seqs, 32 tokens).
   std::vector<std::string> kv_shapes = {"8x32x128x2048x1024", "8x32x64x512x256", "32x32x64x256x32"};
-  std::vector<unsigned> kv_qds = {16, 64, 128, 256};  // 16: the old default; 128: the new one
+  std::vector<unsigned> kv_qds = {16, 64, 128, 256};  // 128: the engine's default (IoOptions)
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {

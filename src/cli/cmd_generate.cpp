@@ -119,6 +119,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     FH_FAIL("--stop needs the text: this model has no tokenizer (pass --tokenizer DIR)");
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& cfg = lm.model->config();
+  const json identity = run_identity(a, *lm.model, run_kv_dtype(a.kv, a.offload.compress_cache, *lm.model));
+  if (a.resume) check_resume_identity(a.output, identity);  // before the requests are read
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
             << "M params, loaded in " << lm.load_seconds << " s\n" << lm.warning << defaults_note.str();
 
@@ -320,6 +322,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     if (!a.output.empty()) {
       out_file.emplace(NamedPath{"--output", a.output}, out_mode);
       out_lock->keep();
+      record_run_identity(a.output, identity);
     }
     flush();  // the lines that failed
     if (out_file) out_file->commit();
@@ -394,6 +397,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   if (!a.output.empty()) {
     out_file.emplace(NamedPath{"--output", a.output}, out_mode);
     out_lock->keep();
+    record_run_identity(a.output, identity);
   }
   flush();  // the lines that failed before the run
   GenerateOptions go;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/kv_flags.h"
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/kv_evict.h"
@@ -26,13 +27,7 @@ void register_plan(CLI::App& app, PlanArgs& a) {
       ->required();
   s->add_option("--prompt-len", a.prompt_len, "Prompt tokens per sequence")->capture_default_str()->check(at_least(1));
   s->add_option("--gen-len", a.gen_len, "Generated tokens per sequence")->capture_default_str()->check(at_least(1));
-  s->add_option("--kv-policy", a.kv_policy,
-                "KV policy: full (default), local, sinks, h2o or random, each priced at its budget");
-  s->add_option("--heavy-ratio", a.kv.heavy_ratio, "Heavy hitters (h2o) or random picks, fraction of the prompt");
-  s->add_option("--recent-ratio", a.kv.recent_ratio, "Recent window, fraction of the prompt");
-  s->add_option("--heavy-budget", a.kv.heavy_budget, "Heavy hitters (h2o) or random picks, tokens");
-  s->add_option("--recent-budget", a.kv.recent_budget, "Recent window, tokens");
-  s->add_option("--sink-tokens", a.kv.sink_tokens, "Attention-sink tokens of --kv-policy sinks (default 4)");
+  add_kv_flags(s, a.kv);  // as generate takes them; each policy is priced at its budget
   s->add_option("--percent", a.percent, "Evaluate this placement: w_g w_c c_g c_c a_g a_c")->expected(6);
   s->add_option("--gpu-batch-size", a.gpu_batch_size, "With --percent")->check(at_least(1));
   s->add_option("--num-gpu-batches", a.num_gpu_batches, "With --percent")->check(at_least(1));
@@ -42,8 +37,6 @@ void register_plan(CLI::App& app, PlanArgs& a) {
   s->add_option("--sep-layer", a.sep_layer,
                 "Attention and MLP stream as separate units (true|false; placed alike either way)")
       ->capture_default_str()->check(flag_bool_check());
-  s->add_option("--kv-dtype", a.kv_dtype, "KV cache element type: f16, bf16, f32 or q4 (= --compress-cache)")
-      ->capture_default_str()->check(CLI::IsMember({"f16", "bf16", "f32", "q4"}));
   s->add_flag("--compress-weight", a.compress_weight,
               "4-bit weights (FlexGen's flag): with --percent, evaluate it; without, fix it in the search");
   s->add_flag("--compress-cache", a.compress_cache,
@@ -200,13 +193,10 @@ int run_plan(const PlanArgs& a, const Env& env) {
   Workload w;
   w.prompt_len = a.prompt_len;
   w.gen_len = a.gen_len;
-  w.kv_dtype = a.kv_dtype == "f32" ? DType::F32 : a.kv_dtype == "bf16" ? DType::BF16 : a.kv_dtype == "q4" ? DType::Q4 : DType::F16;
-  if (a.compress_cache && (a.kv_dtype == "bf16" || a.kv_dtype == "f32"))  // as generate and bench refuse it
-    FH_FAIL("--compress-cache stores the KV cache as q4, but --kv-dtype ", a.kv_dtype, " was given; drop one");
+  // As generate decides them: the checkpoint's dtype is the config's here (a preset has no other).
+  w.kv_dtype = a.compress_cache ? compressed_kv_dtype(a.kv) : kv_cache_dtype(a.kv, c.dtype == DType::BF16);
   {  // validated for the full cache too: --heavy-ratio without --kv-policy h2o is a mistake, not a no-op
-    KvPolicyConfig kv = a.kv;
-    kv.kind = a.kv_policy.empty() ? KvPolicyKind::kFull : parse_kv_policy_kind(a.kv_policy);
-    validate(kv);
+    const KvPolicyConfig kv = make_kv_config(a.kv);
     if (kv.kind != KvPolicyKind::kFull) w.kv = kv;
   }
   // As the run would (window_kv_policy): what the lines below print is what the planner prices.
@@ -221,12 +211,8 @@ int run_plan(const PlanArgs& a, const Env& env) {
   const bool given = !a.percent.empty();
   if (given) {
     Policy p;
-    p.w_gpu_percent = a.percent[0];
-    p.w_cpu_percent = a.percent[1];
-    p.cache_gpu_percent = a.percent[2];
-    p.cache_cpu_percent = a.percent[3];
-    p.act_gpu_percent = a.percent[4];
-    p.act_cpu_percent = a.percent[5];
+    FH_CHECK(a.percent.size() == 6, "--percent takes 6 numbers, got ", a.percent.size());
+    p.set_percent(std::span<const double, 6>(a.percent.data(), 6));
     if (a.gpu_batch_size > 0) p.gpu_batch_size = a.gpu_batch_size;
     if (a.num_gpu_batches > 0) p.num_gpu_batches = a.num_gpu_batches;
     p.cpu_cache_compute = a.cpu_cache_compute;
@@ -256,7 +242,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
     j["gen_len"] = w.gen_len;
     j["kv_policy"] = w.kv ? describe(*w.kv) : "full";
     j["kv_window_slots"] = cm.window_cap();  // the sliding layers' slots under a window cap, 0: none
-    j["kv_dtype"] = e.policy.compress_cache ? "q4" : a.kv_dtype;
+    j["kv_dtype"] = dtype_name(kv_dtype_of(w, e.policy));
     j["device"] = device_kind_name(hw.device);
     j["searched"] = !given;
     j["policies_evaluated"] = evaluated;
@@ -271,7 +257,7 @@ int run_plan(const PlanArgs& a, const Env& env) {
             << (cm.window_cap() ? "; " + std::to_string(count_sliding_layers(c)) + " sliding layers keep " +
                                       std::to_string(cm.window_cap())
                                 : std::string()) << ", "
-            << (e.policy.compress_cache ? "q4" : a.kv_dtype) << "), " << device_kind_name(hw.device) << " device\n"
+            << dtype_name(kv_dtype_of(w, e.policy)) << "), " << device_kind_name(hw.device) << " device\n"
             << "policy     " << e.policy.str() << (given ? "  (given)" : "  (searched, " + std::to_string(evaluated) + " policies timed)") << "\n"
             << "throughput " << e.throughput << " tokens/s (effective batch " << e.block << "; prefill " << e.prefill_s
             << " s, decode " << e.decode_s << " s)\n"

@@ -120,9 +120,9 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a);
 int run_eval_choice(const EvalChoiceArgs& a, const Env& env);
 
 struct PlanArgs {
-  std::string model, hardware, kv_policy, overlap = "true", sep_layer = "true", kv_dtype = "f16";
+  std::string model, hardware, overlap = "true", sep_layer = "true";
   int64_t prompt_len = 512, gen_len = 32, gpu_batch_size = 0, num_gpu_batches = 0;
-  KvPolicyConfig kv;
+  KvArgs kv;  // generate's KV flags: what the run would be given
   std::vector<double> percent;
   bool cpu_cache_compute = false, json = false;
   bool compress_weight = false, compress_cache = false, allow_compress = false, no_compress = false;

@@ -240,8 +240,8 @@ OffloadOptions make_offload_options(const OffloadArgs& a) {
   }
   Policy& p = o.policy;
   if (!a.percent.empty()) {
-    p.w_gpu_percent = a.percent[0], p.w_cpu_percent = a.percent[1], p.cache_gpu_percent = a.percent[2];
-    p.cache_cpu_percent = a.percent[3], p.act_gpu_percent = a.percent[4], p.act_cpu_percent = a.percent[5];
+    FH_CHECK(a.percent.size() == 6, "--percent takes 6 numbers, got ", a.percent.size());
+    p.set_percent(std::span<const double, 6>(a.percent.data(), 6));
   }
   if (a.gpu_batch_size) p.gpu_batch_size = a.gpu_batch_size;
   if (a.num_gpu_batches) p.num_gpu_batches = a.num_gpu_batches;

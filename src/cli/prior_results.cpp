@@ -2,6 +2,7 @@
 #include "cli/prior_results.h"
 
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "cli/kv_flags.h"
 #include "cli/openai_batch.h"
 #include "core/error.h"
 #include "core/input_guard.h"
@@ -115,6 +117,62 @@ OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResult
   }
   check_can_write({"--output", a.output});
   return a.resume ? OutputFile::Mode::kAppend : OutputFile::Mode::kTruncate;
+}
+
+namespace {
+constexpr const char* kIdentityAttr = "user.flexh2o.run";
+}  // namespace
+
+json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype) {
+  const ModelConfig& c = m.config();
+  std::string stop;
+  for (const std::string& s : a.stop) stop += (stop.empty() ? "" : ", ") + json(s).dump();
+  auto g = [](float v) {  // as given: 0.7, not the float's 0.699999988
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", double(v));
+    return std::string(b);
+  };
+  return json{{"model", c.name + " (" + c.model_type + ", " + std::to_string(m.parameter_count()) + " parameters)"},
+              {"temperature", g(a.greedy ? 0.f : a.temperature)},
+              {"top_k", a.top_k},
+              {"top_p", g(a.top_p)},
+              {"min_p", g(a.min_p)},
+              {"repetition_penalty", g(a.repetition_penalty)},
+              {"presence_penalty", g(a.presence_penalty)},
+              {"frequency_penalty", g(a.frequency_penalty)},
+              {"seed", a.seed},
+              {"max_new_tokens", a.max_new_tokens},
+              {"stop", stop},
+              {"ignore_eos", a.ignore_eos},
+              {"logprobs", a.logprobs},
+              {"kv_policy", describe(make_kv_config(a.kv))},
+              {"kv_dtype", dtype_name(kv_dtype)},
+              {"compress_weight", a.offload.compress_weight}};
+}
+
+void check_resume_identity(const std::string& output, const json& identity) {
+  std::string bytes(65536, '\0');
+  const ssize_t n = ::getxattr(output.c_str(), kIdentityAttr, bytes.data(), bytes.size());
+  if (n <= 0) return;  // none recorded, no extended attributes here, or one too large to be ours
+  bytes.resize(size_t(n));
+  const json before = json::parse(bytes, nullptr, false);
+  if (!before.is_object()) return;
+  std::string diff;
+  for (const auto& [key, now] : identity.items()) {
+    const auto it = before.find(key);
+    if (it == before.end() || *it == now) continue;
+    diff += detail::concat(diff.empty() ? "" : "; ", key, " ", it->is_string() ? it->get<std::string>() : it->dump(),
+                           " there, ", now.is_string() ? now.get<std::string>() : now.dump(), " in this run");
+  }
+  if (!diff.empty())
+    FH_FAIL("--resume: ", output, " holds the results of a run with other settings (", diff,
+            "); finishing it so would mix two runs' results. Resume with that run's model and flags, or give another "
+            "--output (--overwrite starts this one afresh)");
+}
+
+void record_run_identity(const std::string& output, const json& identity) {
+  const std::string bytes = identity.dump();
+  (void)::setxattr(output.c_str(), kIdentityAttr, bytes.data(), bytes.size(), 0);
 }
 
 }  // namespace flexh2o::cli

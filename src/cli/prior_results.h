@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/output_file.h"
+#include "model/weights.h"
 
 namespace flexh2o::cli {
 
@@ -50,5 +51,21 @@ PriorResults read_prior_results(const std::string& path);
 // a run refused before then (a bad flag, a placement that does not fit) leaves an --overwrite'd
 // file as it was.
 OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResults& prior);
+
+// What decides a result besides its request line: the model, the sampling defaults lines get,
+// the stop and EOS rules, the KV policy and dtype, 4-bit weights (a flat object of strings and
+// numbers). Placement, batch shape, threads and device are not in it: they change how fast a
+// result comes, not what it is. `kv_dtype`: the run's (run_kv_dtype).
+nlohmann::json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype);
+
+// --resume of a --output that records another run's identity (the extended attribute
+// user.flexh2o.run, which record_run_identity sets): throws Error naming each difference, as the
+// results would mix two runs'. A file that records none (a filesystem without user extended
+// attributes, a copy) is not checked.
+void check_resume_identity(const std::string& output, const nlohmann::json& identity);
+
+// Records `identity` on `output`; best effort (a filesystem without user extended attributes
+// keeps none, silently).
+void record_run_identity(const std::string& output, const nlohmann::json& identity);
 
 }  // namespace flexh2o::cli

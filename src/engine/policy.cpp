@@ -22,6 +22,11 @@ void check_pair(const char* what, double gpu, double cpu) {
 
 }  // namespace
 
+void Policy::set_percent(std::span<const double, 6> v) {
+  w_gpu_percent = v[0], w_cpu_percent = v[1], cache_gpu_percent = v[2];
+  cache_cpu_percent = v[3], act_gpu_percent = v[4], act_cpu_percent = v[5];
+}
+
 void Policy::validate() const {
   if (gpu_batch_size < 1 || gpu_batch_size > kMaxBatch)
     FH_FAIL("gpu_batch_size must be in [1, ", kMaxBatch, "], got ", gpu_batch_size);
@@ -79,8 +84,7 @@ Policy policy_from_json(const nlohmann::json& j, const std::string& source) {
       else if (key == "percent") {
         auto a = v.get<std::vector<double>>();
         if (a.size() != 6) FH_FAIL(source, ": \"percent\" needs 6 numbers, got ", a.size());
-        p.w_gpu_percent = a[0], p.w_cpu_percent = a[1], p.cache_gpu_percent = a[2];
-        p.cache_cpu_percent = a[3], p.act_gpu_percent = a[4], p.act_cpu_percent = a[5];
+        p.set_percent(std::span<const double, 6>(a.data(), 6));
       } else {
         FH_FAIL(source, ": unknown policy key \"", key, "\"");
       }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -30,6 +31,8 @@ struct Policy {
   double w_disk_percent() const { return 100 - w_gpu_percent - w_cpu_percent; }
   double cache_disk_percent() const { return 100 - cache_gpu_percent - cache_cpu_percent; }
   double act_disk_percent() const { return 100 - act_gpu_percent - act_cpu_percent; }
+  // FlexGen's --percent order: w_gpu w_cpu cache_gpu cache_cpu act_gpu act_cpu (6 numbers).
+  void set_percent(std::span<const double, 6> percent);
 
   // Throws flexh2o::Error with the reason when the policy cannot work (a percentage outside
   // [0, 100], a pair summing over 100, a split activation placement, batch sizes < 1).

@@ -64,8 +64,8 @@ ShellRun run_shell(const std::string& script) {
   return r;
 }
 
-// A request line nested 100000 levels deep used to overflow the stack when its value was
-// quoted in the error; now that line is an error naming it and the lines around it still run.
+// A request line nested 100000 levels deep must not overflow the stack when its value is quoted
+// in the error: that line is an error naming it, and the lines around it still run.
 TEST(InputLimits, DeeplyNestedRequestLineIsAnErrorAndTheRestRuns) {
   TempDir tmp;
   const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
@@ -132,7 +132,7 @@ TEST(InputLimits, RequestReaderCapIsConfigurable) {
   EXPECT_HAS(errors[1], "5: invalid JSON: the line nests arrays/objects more than 64 levels deep");
 }
 
-// Token ids and integer fields are range-checked: 4294967298 used to wrap to id 2 silently.
+// Token ids and integer fields are range-checked: 4294967298 must not wrap to id 2 silently.
 TEST(InputLimits, TokenIdsAboveInt32AreErrorsNotWrapped) {
   TempDir tmp;
   const fs::path in = tmp.path() / "in.jsonl", out = tmp.path() / "out.jsonl";
@@ -223,8 +223,8 @@ TEST(InputLimits, NegativeSeedsAreTakenModulo2To64) {
   EXPECT_NE(read_jsonl(def)[0]["token_ids"], a[0]["token_ids"]);  // the seed decides
 }
 
-// A FIFO given as an input used to block forever in open(); now it is refused at once. `timeout`
-// turns a hang into exit code 124 instead of a stuck suite.
+// A FIFO given as an input would block forever in open(): it is refused at once. `timeout` turns
+// a hang into exit code 124 instead of a stuck suite.
 TEST(InputLimits, FifoInputsAreRefusedWithoutBlocking) {
   TempDir tmp;
   const fs::path fifo = tmp.path() / "in.jsonl";
@@ -250,9 +250,9 @@ TEST(InputLimits, FifoInputsAreRefusedWithoutBlocking) {
   EXPECT_HAS(dir.err, "is a directory, not a regular file");
 }
 
-// A 400 MB "line" without a newline on standard input used to be buffered whole (and without
-// limit from /dev/zero); now the line is reported as too long after 64 MiB, skipped without being
-// stored, and the next line is still tokenized.
+// A 400 MB "line" without a newline on standard input is not buffered whole (nor without limit
+// from /dev/zero): it is reported as too long after 64 MiB, skipped without being stored, and
+// the next line is still tokenized.
 TEST(InputLimits, OverLongStdinLineIsSkippedWithBoundedMemory) {
   ShellRun r = run_shell("{ head -c 400000000 /dev/zero; printf '\\n{\"text\": \"hello\"}\\n'; } | " + kBin +
                          " tokenize -t " + kOpt);
@@ -264,7 +264,7 @@ TEST(InputLimits, OverLongStdinLineIsSkippedWithBoundedMemory) {
 
 TEST(InputLimits, FlagErrorsSaySomethingUseful) {
   const std::string gen = "generate -m " + kOpt + " --device cpu --prompt hi -n 1 ";
-  RunResult half = flexh2o(gen + "--gpu-mem 0.5");  // used to become 0 bytes = unlimited
+  RunResult half = flexh2o(gen + "--gpu-mem 0.5");  // not 0 bytes, which is unlimited
   EXPECT_EQ(half.code, 2);  // sizes are checked as the flags are parsed
   EXPECT_HAS(half.err, "--gpu-mem: \"0.5\" is a fraction of a byte");
   EXPECT_HAS(half.err, "KiB");
@@ -291,13 +291,13 @@ TEST(InputLimits, FlagErrorsSaySomethingUseful) {
   EXPECT_EQ(far.code, 2);
   EXPECT_EQ(far.err.find("did you mean"), std::string::npos) << far.err;
   EXPECT_HAS(far.err, "unknown command \"translate\"; the commands are");
-  // Huge KV budgets used to overflow their sum and end in "internal: zero KV budget".
+  // Huge KV budgets must not overflow their sum (an "internal: zero KV budget").
   RunResult kv = flexh2o(gen + "--kv-policy h2o --heavy-budget 9223372036854775807 --recent-budget 4");
   EXPECT_EQ(kv.code, 2);
   EXPECT_HAS(kv.err, "--heavy-budget must be at most 2147483647 tokens");
   EXPECT_EQ(kv.err.find("internal"), std::string::npos) << kv.err;
   TempDir tmp;
-  RunResult pol = flexh2o(gen + "--policy " + tmp.path().string());  // used to be "basic_filebuf::underflow"
+  RunResult pol = flexh2o(gen + "--policy " + tmp.path().string());  // not "basic_filebuf::underflow"
   EXPECT_EQ(pol.code, 2);
   EXPECT_HAS(pol.err, "--policy file " + tmp.path().string() + " is a directory, not a regular file");
   std::ofstream(tmp.path() / "p.json") << R"({"gpu_batch_size": 2.5})";
@@ -546,7 +546,7 @@ TEST(InputLimits, APlanJsonIsAPolicyFile) {
 }
 
 // A plan made for a KV policy runs only under that policy: its block and placement were sized for
-// that cache (a run under another used to take the file silently with the full cache).
+// that cache, so a run under another must not take the file silently with the full cache.
 TEST(InputLimits, APlanJsonRunsUnderTheKvPolicyItWasPlannedFor) {
   TempDir tmp;
   const std::string h2o = " --kv-policy h2o --heavy-ratio 0.2 --recent-ratio 0.2";

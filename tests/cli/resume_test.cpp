@@ -7,10 +7,13 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -355,6 +358,37 @@ TEST_F(Resume, PartialLastLineIsCutAndForeignFilesAreRefused) {
       << r.err;
   std::ofstream(damaged) << want_.at("r0").dump() << "\n" << want_.at("r2").dump() << "\n";
   resume_and_compare(damaged);
+}
+
+// --resume with another model or other flags than the run that wrote --output is refused, naming
+// each difference: it finished the run with the new settings, and the file mixed both runs'
+// results. The identity lives in an extended attribute of the file (user.flexh2o.run).
+TEST_F(Resume, AnotherModelOrOtherSettingsAreRefused) {
+  const fs::path out = tmp_.path() / "out.jsonl", first = tmp_.path() / "first.jsonl";
+  {
+    std::ifstream in(in_);
+    std::ofstream f(first);
+    std::string line;
+    for (int i = 0; i < 5 && std::getline(in, line); ++i) f << line << "\n";
+  }
+  const std::string tail = " -q -o " + out.string() + " --batch-size 2 --ignore-eos";
+  ASSERT_EQ(flexh2o::test::run_flexh2o("generate -m " + kOpt + " -i " + first.string() + tail).code, 0);
+  if (::getxattr(out.c_str(), "user.flexh2o.run", nullptr, 0) < 0)
+    GTEST_SKIP() << "no user extended attributes on this filesystem: " << std::strerror(errno);
+  struct Case {
+    std::string flags, says;
+  };
+  const std::string llama = model_dir("tiny-llama").string();
+  for (const Case& c : {Case{"-m " + kOpt + " --temperature 0.5", "temperature 1 there, 0.5 in this run"},
+                        Case{"-m " + llama, "model tiny-opt (opt, "},
+                        Case{"-m " + kOpt + " --kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1", "kv_policy full"}}) {
+    const RunResult r = flexh2o::test::run_flexh2o("generate " + c.flags + " -i " + in_.string() + tail + " --resume");
+    EXPECT_EQ(r.code, 1) << c.flags << "\n" << r.err;
+    EXPECT_NE(r.err.find("holds the results of a run with other settings (" ), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    EXPECT_EQ(results_of(out).size(), 5u) << c.flags;
+  }
+  resume_and_compare(out);  // the same model and flags finish it
 }
 
 // Ids key --resume, so a file whose ids repeat (explicitly, or an explicit id equal to another

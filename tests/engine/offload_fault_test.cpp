@@ -133,8 +133,8 @@ TEST_F(Fixture, AStaleFileGoesBeforeItsReplacementIsWritten) {
 }
 
 // A batch whose KV files do not all fit leaves none behind, and the engine runs the next batch:
-// the files made before the failing one used to stay until the store closed, so a long-lived
-// engine's retry needed room for them beside its own.
+// files made before the failing one, kept until the store closed, would make a long-lived
+// engine's retry need room for them beside its own.
 TEST_F(Fixture, ABatchRefusedMidwayLeavesNoKvFiles) {
   testing::FaultyIo faulty(*real);
   OffloadOptions o = disk_options(tmp.path());

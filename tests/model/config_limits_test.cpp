@@ -69,7 +69,7 @@ long peak_rss_kib() {
 }
 
 TEST(ConfigLimits, DeeplyNestedValueIsAnErrorNotAStackOverflow) {
-  // Used to crash: the "must be a positive integer, got <dump()>" message recursed per level.
+  // The "must be a positive integer, got <dump()>" message must not recurse per level.
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   std::string text = json::parse(std::ifstream(kTinyOpt / "config.json")).dump();
   text.insert(text.size() - 1, ", \"num_hidden_layers\": " + deep);
@@ -92,8 +92,8 @@ TEST(ConfigLimits, FifoConfigIsRefusedWithoutBlocking) {
   EXPECT_HAS(msg, "model config " + cfg.string() + " is a FIFO");
 }
 
-// A million layers over tiny files used to build ~16 million specs and a million layer slots
-// (gigabytes) before the first missing tensor was noticed.
+// A million layers over tiny files must be refused before ~16 million specs and a million layer
+// slots (gigabytes) are built for them.
 TEST(ConfigLimits, LayerCountBeyondTheCheckpointFailsBeforeAllocating) {
   const long before = peak_rss_kib();
   EditedModel huge([](json& j) { j["num_hidden_layers"] = 1000000; });

@@ -215,8 +215,8 @@ TEST(PlannerKvPolicyTime, SlidingLayersDecideOverTheirWindow) {
   EXPECT_NEAR(host, want, 1e-6 * want);
 }
 
-// A profile file that is a FIFO used to block in open(); a "name" that is not a string used to
-// escape as a bare nlohmann type_error that named no file.
+// A profile file that is a FIFO must not block in open(), and a "name" that is not a string must
+// not escape as a bare nlohmann type_error that names no file.
 TEST(PlannerProfile, HostileProfileFilesGiveErrorsNamingThem) {
   test::TempDir tmp;
   const std::filesystem::path fifo = tmp.path() / "fifo.json", odd = tmp.path() / "odd.json";
