@@ -40,8 +40,9 @@ struct DiskStoreOptions {
   // page cache (debugging, tests of the fallback; tmpfs accepts O_DIRECT since Linux 6.6).
   bool use_direct_io = true;
   // Called once (may be empty) when open() or lock_dir() has to wait for another run that holds
-  // the directory lock, before blocking: a caller can say why nothing seems to happen.
-  std::function<void()> on_wait;
+  // the directory lock, before blocking, with that run's pid (0: unknown): a caller can say why
+  // nothing seems to happen.
+  std::function<void(long holder)> on_wait;
   // Called about every 50 ms while waiting (empty: the wait blocks in flock); it may throw to
   // give up waiting (a stop signal), and the exception leaves open() or lock_dir().
   std::function<void()> still_waiting;
@@ -179,7 +180,8 @@ class DiskStore {
   bool direct_;
   bool read_only_ = false;
   std::string io_note_;
-  std::function<void()> on_wait_, still_waiting_;
+  std::function<void(long holder)> on_wait_;
+  std::function<void()> still_waiting_;
   std::mutex mu_;  // guards entries_
   std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_;
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0};

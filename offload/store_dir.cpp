@@ -4,6 +4,8 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,9 +13,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -76,7 +81,24 @@ std::string_view run_token_of(std::string_view name) {
 
 // ---- StoreDirLock ----------------------------------------------------------------------------
 
-StoreDirLock StoreDirLock::acquire(const fs::path& dir, const std::function<void()>& on_wait, Mode mode,
+long flock_holder(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return 0;
+  char want[64];
+  std::snprintf(want, sizeof want, "%02x:%02x:%lu", major(st.st_dev), minor(st.st_dev), (unsigned long)st.st_ino);
+  std::ifstream locks("/proc/locks");
+  const long self = long(::getpid());
+  for (std::string line; std::getline(locks, line);) {  // "1: FLOCK  ADVISORY  WRITE 1234 fd:00:5678 0 EOF"
+    std::istringstream is(line);
+    std::string id, kind, advisory, mode, file;
+    long pid = 0;
+    if (is >> id >> kind >> advisory >> mode >> pid >> file && kind == "FLOCK" && file == want && pid != self)
+      return pid;
+  }
+  return 0;
+}
+
+StoreDirLock StoreDirLock::acquire(const fs::path& dir, const std::function<void(long holder)>& on_wait, Mode mode,
                                    const std::function<void()>& still_waiting) {
   const int op = mode == Mode::kShared ? LOCK_SH : LOCK_EX;
   const fs::path path = dir / kDirLockName;
@@ -96,7 +118,7 @@ StoreDirLock StoreDirLock::acquire(const fs::path& dir, const std::function<void
             "': ", std::strerror(errno));
   if (::flock(l.fd_, op | LOCK_NB) == 0) return l;
   if (errno == EWOULDBLOCK) {
-    if (on_wait) on_wait();
+    if (on_wait) on_wait(flock_holder(l.fd_));
     int rc;
     if (still_waiting) {
       do {

@@ -5,18 +5,16 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <utility>
 
 #include "core/error.h"
+#include "offload/store_dir.h"
 
 namespace flexh2o::cli {
 namespace fs = std::filesystem;
@@ -238,24 +236,6 @@ void write_text_file(const NamedPath& where, std::string_view text) {
   f.commit();
 }
 
-namespace {
-
-// The pid /proc/locks gives for a FLOCK on the file (dev, ino) other than `self`, or 0.
-long lock_holder(const struct stat& st, long self) {
-  std::ifstream locks("/proc/locks");
-  char want[64];
-  std::snprintf(want, sizeof want, "%02x:%02x:%lu", major(st.st_dev), minor(st.st_dev), (unsigned long)st.st_ino);
-  for (std::string line; std::getline(locks, line);) {
-    std::istringstream is(line);
-    std::string id, kind, advisory, mode, file;
-    long pid = 0;
-    if (is >> id >> kind >> advisory >> mode >> pid >> file && kind == "FLOCK" && file == want && pid != self)
-      return pid;
-  }
-  return 0;
-}
-
-}  // namespace
 
 OutputLock::OutputLock(const NamedPath& where) : path_(where.path) {
   struct stat st {};
@@ -274,8 +254,7 @@ OutputLock::OutputLock(const NamedPath& where) : path_(where.path) {
   fd_ = fd;
   if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
   const int e = errno;
-  struct stat held {};
-  const long pid = ::fstat(fd_, &held) == 0 ? lock_holder(held, long(::getpid())) : 0;
+  const long pid = flock_holder(fd_);
   ::close(std::exchange(fd_, -1));
   if (created_) ::unlink(path_.c_str());
   if (e != EWOULDBLOCK) FH_FAIL("cannot lock ", describe(where), ": ", std::strerror(e));

@@ -39,8 +39,9 @@ void OffloadEngine::open_store(IoBackend& io) {
   impl_->store_manifest = offload_store_manifest(model_, dev_, opts_.policy.compress_weight);
   DiskStoreOptions so;
   const std::filesystem::path dir = opts_.offload_dir;
-  so.on_wait = [this, dir] {
-    impl_->say(detail::concat("offload store ", dir.string(), ": waiting for another run that holds ",
+  so.on_wait = [this, dir](long holder) {
+    impl_->say(detail::concat("offload store ", dir.string(), ": waiting for another run",
+                              holder ? detail::concat(" (pid ", holder, ")") : std::string(), " that holds ",
                               (dir / "flexh2o.lock").string(), " (it is cleaning up or building weight files)"));
   };
   so.still_waiting = [this] {  // through opts_, which drops it once the engine is built

@@ -283,6 +283,10 @@ TEST(ResumePlacement, AStopWhileWaitingForAnotherRunsLockEndsTheWait) {
   ASSERT_TRUE(WIFEXITED(st)) << read_text(err);
   EXPECT_EQ(WEXITSTATUS(st), 130) << read_text(err);
   EXPECT_NE(read_text(err).find("stopped while waiting for another run's lock"), std::string::npos) << read_text(err);
+  // The wait names whose lock it is (this test's, taken above).
+  EXPECT_NE(read_text(err).find("waiting for another run (pid " + std::to_string(getpid()) + ") that holds"),
+            std::string::npos)
+      << read_text(err);
   EXPECT_LT(waited, 20.0) << "the stop waited for the lock";
   EXPECT_FALSE(fs::exists(out));
 }

@@ -120,11 +120,11 @@ TEST_F(DirFixture, ALeaseThatCannotBeOpenedKeepsItsRunsFiles) {
 TEST_F(DirFixture, SharedLocksCoexistAnExclusiveOneWaits) {
   auto store = DiskStore::open(dir, "m", *io);
   StoreDirLock s1 = store->lock_dir(StoreDirLock::Mode::kShared);
-  StoreDirLock s2 = StoreDirLock::acquire(dir, [] { ADD_FAILURE() << "a shared lock waited for a shared one"; },
+  StoreDirLock s2 = StoreDirLock::acquire(dir, [](long) { ADD_FAILURE() << "a shared lock waited for a shared one"; },
                                           StoreDirLock::Mode::kShared);
   std::atomic<bool> waited{false}, held{false};
   std::thread writer([&] {
-    StoreDirLock x = StoreDirLock::acquire(dir, [&] { waited = true; }, StoreDirLock::Mode::kExclusive);
+    StoreDirLock x = StoreDirLock::acquire(dir, [&](long) { waited = true; }, StoreDirLock::Mode::kExclusive);
     held = true;
   });
   while (!waited) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -142,7 +142,7 @@ TEST_F(DirFixture, SharedLocksCoexistAnExclusiveOneWaits) {
 TEST_F(DirFixture, AWaitEndsWhenStillWaitingThrows) {
   StoreDirLock other = StoreDirLock::acquire(dir);
   int waits = 0, ticks = 0;
-  EXPECT_THROW(StoreDirLock::acquire(dir, [&] { ++waits; }, StoreDirLock::Mode::kShared,
+  EXPECT_THROW(StoreDirLock::acquire(dir, [&](long) { ++waits; }, StoreDirLock::Mode::kShared,
                                      [&] {
                                        if (++ticks == 3) throw Error("stop");
                                      }),
