@@ -62,7 +62,6 @@ TEST_P(KvPolicyEngine, SmallBudgetsChangeResultsButNotAcrossBatching) {
     auto alone = run(m, p.get(), reqs, 1);
     EXPECT_EQ(batched, alone) << kv_policy_name(kind);  // padding and batch mates do not matter
     EXPECT_NE(batched, full) << kv_policy_name(kind);   // a 6-token budget must change something
-    EXPECT_EQ(batched[1], alone[1]);
   }
 }
 

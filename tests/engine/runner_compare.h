@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/generate.h"
+#include "tolerance.h"
 #include "engine/forwarding_runner.h"
 #include "engine/runner.h"
 
@@ -113,16 +114,17 @@ inline void expect_same_logits(const Run& got, const Run& want, const std::strin
   EXPECT_EQ(got.tokens, want.tokens) << what;
 }
 
-// |got - want| <= atol + rtol * |want| for every logit of every step, no NaN; returns the
-// largest absolute difference.
+// within_tolerance(got, want, atol, rtol) for every logit of every step (no NaN or infinity on
+// either side); returns the largest absolute difference. Runs without logits fail.
 inline double expect_close_logits(const Run& got, const Run& want, double atol, double rtol, const std::string& what) {
   double worst = 0;
+  EXPECT_FALSE(want.logits.empty()) << what << ": no logits to compare";
   EXPECT_EQ(got.logits.size(), want.logits.size()) << what;
   for (size_t s = 0; s < std::min(got.logits.size(), want.logits.size()); ++s) {
     EXPECT_EQ(got.logits[s].size(), want.logits[s].size()) << what;
     for (size_t i = 0; i < std::min(got.logits[s].size(), want.logits[s].size()); ++i) {
       const double g = got.logits[s][i], w = want.logits[s][i];
-      if (std::isnan(g) || std::abs(g - w) > atol + rtol * std::abs(w)) {
+      if (!within_tolerance(g, w, atol, rtol) || !std::isfinite(w)) {
         ADD_FAILURE() << what << ": step " << s << " logit " << i << " is " << g << ", expected " << w;
         return std::abs(g - w);
       }

@@ -31,6 +31,7 @@ struct AttnData {
   AttnCase c;
   int64_t d, cap;
   std::vector<float> q, k, v, out, ks;
+  std::vector<float> ks0;  // the key scores before the call: earlier steps' sums, which it adds to
   AttentionArgs args() {
     AttentionArgs a;
     a.q = q.data();
@@ -68,16 +69,24 @@ AttnData make(const AttnCase& c, int64_t d, bool scores, uint32_t seed) {
             t.v[((b * c.KV + g) * t.cap + s) * d + i] = nan;
           }
   t.out.assign(size_t(c.B * c.tq * c.H * d), nan);
-  if (scores) t.ks.assign(size_t(c.B * c.H * t.cap), 0.f);
+  if (scores) {  // earlier steps' sums on the valid slots, a function of (head, slot) only
+    t.ks.assign(size_t(c.B * c.H * t.cap), 0.f);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t s = 0; s < c.seq_keys[b]; ++s)
+          t.ks[size_t((b * c.H + h) * t.cap + s)] = 0.125f * float((h * 7 + s) % 9);
+    t.ks0 = t.ks;
+  }
   return t;
 }
 
-// Double-precision reference: out and key-score increments.
+// Double-precision reference: out, and the key scores (t.ks0 plus this call's probabilities).
 void reference(const AttnData& t, std::vector<double>& out, std::vector<double>& ks) {
   const AttnCase& c = t.c;
   const int64_t d = t.d;
   out.assign(t.out.size(), 0.0);
   ks.assign(size_t(c.B * c.H * t.cap), 0.0);
+  for (size_t i = 0; i < t.ks0.size(); ++i) ks[i] = t.ks0[i];
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.H; ++h) {
       const int64_t g = h / (c.H / c.KV);
@@ -150,11 +159,12 @@ TEST_P(AttentionCases, MatchesReference) {
     for (int64_t h = 0; h < c.H; ++h) {
       double total = 0;
       for (int64_t s = 0; s < t.cap; ++s) {
-        const float v = t.ks[size_t((b * c.H + h) * t.cap + s)];
+        const size_t at = size_t((b * c.H + h) * t.cap + s);
+        const float v = t.ks[at];
         if (s >= c.seq_keys[b]) {
           EXPECT_EQ(v, 0.f) << "padding slot " << s;  // exactly 0
         }
-        total += v;
+        total += double(v) - t.ks0[at];
       }
       int64_t valid = 0;  // each valid query's probabilities sum to 1
       for (int64_t tt = 0; tt < c.tq; ++tt) valid += (c.seq_keys[b] - c.tq + tt >= 0);
@@ -211,7 +221,7 @@ TEST_P(AttentionDeterminism, SequenceAloneEqualsInBatch) {
             << "key scores, head " << h;
       AttnData again = batch;
       std::fill(again.out.begin(), again.out.end(), -1.f);
-      std::fill(again.ks.begin(), again.ks.end(), 0.f);
+      again.ks = again.ks0;
       tbb::task_arena one(1);
       one.execute([&] { detail::attention_isa(isa, again.args()); });
       EXPECT_TRUE(bit_equal(again.out.data(), batch.out.data(), batch.out.size())) << "threads, L=" << L;

@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kernels/cpu/detail/isa.h"
+#include "tolerance.h"
 
 namespace flexh2o::cpu::test {
 
@@ -64,12 +65,12 @@ inline Weights make_weights(DType dt, std::vector<int64_t> shape, uint32_t seed,
   return w;
 }
 
-// Every element: no NaN and |x - ref| <= atol + rtol*|ref|. Reports the first few failures.
+// Every element within_tolerance (tolerance.h). Reports the first few failures.
 inline void expect_close(const float* x, const double* ref, size_t n, double atol, double rtol,
                          const std::string& what) {
   int bad = 0;
   for (size_t i = 0; i < n; ++i) {
-    const bool ok = !std::isnan(x[i]) && std::fabs(double(x[i]) - ref[i]) <= atol + rtol * std::fabs(ref[i]);
+    const bool ok = flexh2o::test::within_tolerance(x[i], ref[i], atol, rtol);
     if (!ok && bad++ < 5)
       ADD_FAILURE() << what << ": element " << i << " = " << x[i] << ", reference " << ref[i];
   }

@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_probe.h"
 #include "kernels/cuda/resources.h"
+#include "tolerance.h"
 
 namespace flexh2o::gpu::test {
 
@@ -69,7 +70,8 @@ inline const char* dt_str(DType dt) {
   return dt == DType::F16 ? "f16" : dt == DType::BF16 ? "bf16" : dt == DType::F32 ? "f32" : "other";
 }
 
-// Tolerances for outputs stored in dt (one rounding of the output plus fp32 accumulation).
+// Tolerances for outputs stored in dt (one rounding of the output plus fp32 accumulation): f16's,
+// else bf16's, which an f32 output also gets (a bound, not its own rounding: give f32 its own).
 struct Tol {
   float atol, rtol;
 };
@@ -77,14 +79,14 @@ inline Tol tol_for(DType dt, float scale = 1.f) {
   return dt == DType::F16 ? Tol{2e-3f * scale, 4e-3f} : Tol{1.6e-2f * scale, 1.6e-2f};
 }
 
-// Counts elements failing |x-ref| <= atol + rtol*|ref| (NaN in either fails); reports a few.
+// Counts elements failing within_tolerance (tolerance.h); reports a few.
 inline void expect_close(const std::vector<float>& got, const std::vector<float>& ref, Tol t,
                          const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   size_t bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const float x = got[i], r = ref[i];
-    const bool ok = !std::isnan(x) && !std::isnan(r) && std::fabs(x - r) <= t.atol + t.rtol * std::fabs(r);
+    const bool ok = flexh2o::test::within_tolerance(x, r, t.atol, t.rtol);
     if (!ok && ++bad <= 5) ADD_FAILURE() << what << ": element " << i << " got " << x << " want " << r;
   }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements out of tolerance";
