@@ -6,7 +6,6 @@ import json
 import math
 import signal
 import subprocess
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -108,11 +107,16 @@ def test_a_bench_cut_at_its_cap_reports_the_part_that_ran(tmp_path):
     # timeout(1)'s SIGTERM stops bench at a token step; its report is the part that ran.
     rep = tmp_path / "r.json"
     proc = subprocess.Popen([str(BINARY), "bench", "-m", str(TINY["opt"]), "--prompt-len", "8", "--gen-len", "1000",
-                             "--num-prompts", "256", "--device", "cpu", "--report", str(rep)],
+                             "--num-prompts", "256", "--device", "cpu", "--report", str(rep), "--progress", "always"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    time.sleep(1.5)
+    seen = ""
+    while "[bench]" not in seen:  # the first progress line: tokens are being drawn (a slow load is no cut)
+        line = proc.stderr.readline()
+        assert line, "bench ended before its first step"
+        seen += line
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
+    err = seen + err
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "interrupted: the part that ran" in out
     j = json.loads(rep.read_text())
