@@ -119,6 +119,8 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
               << " tokens: the model has " << c.max_positions << " positions\n";
   ids.insert(ids.end(), toks.begin(), toks.begin() + n);
   const int64_t scored = int64_t(ids.size()) - 1;
+  // A plan file (flexh2o plan --json) runs under the KV policy it was planned for, as in generate.
+  check_plan_file(a.offload, kv, *lm.model, int64_t(ids.size()), 1, std::cerr);
   if (kv.kind != KvPolicyKind::kFull) kv = ratios_to_budgets(kv, scored);
   std::unique_ptr<KvPolicy> policy = kv.kind == KvPolicyKind::kFull ? nullptr : make_policy(kv);
 
@@ -312,6 +314,7 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   const int64_t batch = a.batch_size > 0 ? a.batch_size : int64_t(max_choices);
   if (offload_requested(a.offload) || device == "cuda") {
     if (a.offload.policy_file == "auto") FH_FAIL("eval-choice: --policy auto is not supported; give --percent");
+    check_plan_file(a.offload, kv, *lm.model, 1, 1, std::cerr);  // its KV policy and model, as in generate
     OffloadOptions o = make_offload_options(a.offload);
     if (!offload_requested(a.offload)) o.policy.gpu_batch_size = batch;  // everything resident on the GPU
     o.kv_policy = policy.get();

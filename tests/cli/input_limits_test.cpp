@@ -18,6 +18,7 @@
 namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
+using flexh2o::test::data_dir;
 using flexh2o::test::model_dir;
 using flexh2o::test::read_text;
 using flexh2o::test::RunResult;
@@ -551,14 +552,19 @@ TEST(InputLimits, APlanJsonRunsUnderTheKvPolicyItWasPlannedFor) {
   TempDir tmp;
   const std::string h2o = " --kv-policy h2o --heavy-ratio 0.2 --recent-ratio 0.2";
   const fs::path plan = tiny_opt_plan(tmp, h2o);
-  const std::string run = "generate -m " + kOpt + " --prompt hi -n 2 --device cpu --policy " + plan.string();
-  const RunResult full = flexh2o(run);
-  EXPECT_EQ(full.code, 1);
-  EXPECT_NE(full.err.find("was planned (flexh2o plan --json) for KV policy \"h2o heavy=0.2*prompt "
-                          "recent=0.2*prompt\", but this run's is \"full\""),
-            std::string::npos)
-      << full.err;
-  EXPECT_EQ(flexh2o(run + h2o).code, 0);
+  const fs::path text = tmp.path() / "t.txt", tasks = data_dir() / "tasks" / "bible_cloze.jsonl";
+  std::ofstream(text) << "In the beginning God created the heaven and the earth.\n";
+  for (const std::string cmd : {"generate -m " + kOpt + " --prompt hi -n 2", "eval-ppl -m " + kOpt + " " + text.string(),
+                                "eval-choice -m " + kOpt + " --limit 2 --tasks " + tasks.string()}) {
+    const std::string run = cmd + " --device cpu --policy " + plan.string();
+    const RunResult full = flexh2o(run);
+    EXPECT_EQ(full.code, 1) << cmd;
+    EXPECT_NE(full.err.find("was planned (flexh2o plan --json) for KV policy \"h2o heavy=0.2*prompt "
+                            "recent=0.2*prompt\", but this run's is \"full\""),
+              std::string::npos)
+        << full.err;
+    EXPECT_EQ(flexh2o(run + h2o).code, 0) << cmd;
+  }
 }
 
 // A plan made for another model, or for shorter sequences, still runs (the budgets decide what
