@@ -65,6 +65,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   const bool from_stdin = a.input == "-";
   if (!a.input.empty() && !from_stdin) check_regular_file(a.input, "--input").throw_if_error();  // before a blocking open
   if (a.resume && a.output.empty()) throw UsageError("--resume needs --output FILE: the results of the run to finish");
+  if (a.overwrite && args.output.empty())
+    throw UsageError("--overwrite replaces the results an --output FILE holds, and no --output is given");
   {  // before anything is opened for writing
     std::vector<NamedPath> inputs;
     inputs.push_back({"--input", a.input});  // "-": the file standard input is redirected from

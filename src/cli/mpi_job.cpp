@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -20,7 +21,14 @@ void add_data_parallel_flags(CLI::App& g, double& rank_timeout_s) {
                "as hung and the job ends (finished results are kept; --resume finishes it). Ranks send a heartbeat "
                "after every token step, so this must exceed the longest step (a batch's prefill) and a model's load")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);  // seconds, not an integer
+      ->check(CLI::Validator(
+          [](std::string& s) {  // seconds, not an integer; inf waits for ever, nan is no time
+            char* end = nullptr;
+            const double v = std::strtod(s.c_str(), &end);
+            if (end == s.c_str() || *end != '\0' || !(v > 0)) return "must be a positive number of seconds, got " + s;
+            return std::string();
+          },
+          "SECONDS"));
 }
 
 int rank_threads_of(int requested, int usable, int cores, int local_ranks) {

@@ -363,10 +363,16 @@ TEST(DataParallel, AFailedRankEndsTheJobWithItsError) {
       << err;
 }
 
+// A number of seconds above 0 (inf: wait for ever); nan was taken, and no wait ever timed out.
 TEST(DataParallel, RankTimeoutMustBePositive) {
-  const RunResult r = flexh2o::test::run_flexh2o("generate -m " + kOpt + " --prompt hi --rank-timeout 0");
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find("--rank-timeout"), std::string::npos) << r.err;
+  for (const char* bad : {"0", "-3", "nan", "5s"}) {
+    const RunResult r = flexh2o::test::run_flexh2o("generate -m " + kOpt + " --prompt hi --rank-timeout " + bad);
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.err;
+    EXPECT_NE(r.err.find(std::string("--rank-timeout: must be a positive number of seconds, got ") + bad),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_EQ(flexh2o::test::run_flexh2o("generate -m " + kOpt + " --prompt hi -n 1 --rank-timeout inf").code, 0);
 }
 
 struct Faulted {

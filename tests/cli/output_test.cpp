@@ -503,6 +503,12 @@ TEST(CliOutput, ASecondRunWritingTheSameOutputIsRefused) {
   const RunResult r = flexh2o(run + " --resume");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(flexh2o::test::read_jsonl(out).size(), 2u);
+  // --overwrite names the output it replaces: without one it did nothing, silently.
+  const RunResult lone = flexh2o("generate -m " + kOpt + " -i " + in.string() + " --device cpu --overwrite");
+  EXPECT_EQ(lone.code, 2) << lone.err;
+  EXPECT_NE(lone.err.find("--overwrite replaces the results an --output FILE holds, and no --output is given"),
+            std::string::npos)
+      << lone.err;
 
   // A model directory whose config.json is no JSON: the run fails after taking its lock.
   const fs::path fresh = tmp.path() / "fresh.jsonl", bad = tmp.path() / "bad-model";
