@@ -83,7 +83,7 @@ GenerationConfig read_generation_config(const std::filesystem::path& model_dir, 
   try {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    FH_FAIL(file.string(), ": not valid JSON (", e.what(), "); fix it or pass ", turn_off);
+    FH_FAIL(file.string(), ": not valid JSON (", json_error_text(e), "); fix it or pass ", turn_off);
   }
   if (!j.is_object()) FH_FAIL(file.string(), ": not a JSON object; fix it or pass ", turn_off);
   g.file = file;

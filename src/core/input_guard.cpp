@@ -217,8 +217,16 @@ nlohmann::json parse_json(std::string_view text, std::string_view what, int max_
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
-    FH_FAIL(what, " is not valid JSON: ", e.what());
+    FH_FAIL(what, " is not valid JSON: ", json_error_text(e));
   }
+}
+
+std::string json_error_text(const nlohmann::json::exception& e) {
+  const std::string_view w = e.what();
+  if (w.starts_with("[json.exception.")) {
+    if (const size_t end = w.find("] "); end != std::string_view::npos) return std::string(w.substr(end + 2));
+  }
+  return std::string(w);
 }
 
 nlohmann::json read_json_file(const std::filesystem::path& path, std::string_view what) {

@@ -101,6 +101,9 @@ std::string quote_prefix(std::string_view text, size_t max_chars = 80);
 // \xNN. For whole
 // error messages that may quote untrusted bytes (a JSON parser's "last read" excerpt).
 std::string printable_utf8(std::string_view text);
+// A JSON library error as a sentence for users: its text without nlohmann's
+// "[json.exception.parse_error.101] " tag ("parse error at line 1, column 2: ...").
+std::string json_error_text(const nlohmann::json::exception& e);
 // A JSON value printed for an error message: compact, invalid UTF-8 replaced, at most `max_chars`
 // bytes (then "..."). Only for values from parse_json() (their depth is bounded).
 std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 80);

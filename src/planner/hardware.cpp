@@ -224,7 +224,7 @@ HardwareProfile HardwareProfile::load(const std::filesystem::path& file) {
   try {
     h = from_json(j, file.string());
   } catch (const json::exception& e) {  // e.g. "name" that is not a string
-    FH_FAIL(file.string(), ": unexpected hardware profile structure: ", e.what());
+    FH_FAIL(file.string(), ": unexpected hardware profile structure: ", json_error_text(e));
   }
   if (h.name.empty()) h.name = file.stem().string();
   return h;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/input_guard.h"
 #include "engine/evaluate.h"
 #include "cli/openai_batch.h"
 #include "engine/generate.h"
@@ -259,7 +260,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
     try {
       line = nlohmann::ordered_json::parse(text);
     } catch (const json::exception& e) {
-      live.fail(i, batch::error_line(json(), {std::string("the request is not JSON: ") + e.what(), std::nullopt}, ids));
+      live.fail(i, batch::error_line(json(), {"the request is not JSON: " + json_error_text(e), std::nullopt}, ids));
       return std::vector<GenerationRequest>();
     }
     batch::Parsed parsed = batch::parse_input_line(line, hooks, p.stream);

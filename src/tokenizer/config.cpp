@@ -134,7 +134,7 @@ void apply_configs(Tokenizer::Impl& impl, const fs::path& dir) {
         if (pt.kind == PreTokenizer::Kind::kByteLevel) pt.add_prefix_space = cfg.at("add_prefix_space").get<bool>();
     }
   } catch (const json::exception& e) {
-    FH_FAIL(cfg_name, ": unexpected JSON structure: ", e.what());
+    FH_FAIL(cfg_name, ": unexpected JSON structure: ", json_error_text(e));
   }
 }
 

@@ -420,7 +420,7 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_doc(const json& j, const std::st
       }
     }
   } catch (const json::exception& e) {
-    FH_FAIL(ctx.file, ": unexpected JSON structure: ", e.what());
+    FH_FAIL(ctx.file, ": unexpected JSON structure: ", json_error_text(e));
   }
   return impl;
 }

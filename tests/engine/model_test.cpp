@@ -151,7 +151,10 @@ TEST(ModelConfig, BadValuesAndUnsupportedVariants) {
   j = tiny_config();
   j["do_layer_norm_before"] = false;
   EXPECT_NE(error_of([&] { ModelConfig::from_json_text(j.dump(), "c"); }).find("post-LN"), std::string::npos);
-  EXPECT_NE(error_of([&] { ModelConfig::from_json_text("{nope", "c"); }).find("not valid JSON"), std::string::npos);
+  const std::string bad_json = error_of([&] { ModelConfig::from_json_text("{nope", "c"); });
+  EXPECT_NE(bad_json.find("c is not valid JSON: parse error at line 1, column 3: syntax error"), std::string::npos)
+      << bad_json;
+  EXPECT_EQ(bad_json.find("[json.exception"), std::string::npos) << bad_json;
   EXPECT_NE(error_of([&] { ModelConfig::from_file("/nonexistent/config.json"); }).find("/nonexistent/config.json"),
             std::string::npos);
 }
