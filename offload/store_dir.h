@@ -13,24 +13,24 @@
 
 namespace flexh2o {
 
-// flock on DIR/flexh2o.lock (created if absent, never removed: removing a lock file races with
-// its next locker): exclusive to build or clean, shared to only read and check weight files. In a
-// directory this process cannot write, an existing lock file is locked through a read-only
-// descriptor, and on a read-only filesystem without one nothing is locked (held() false).
 // The pid /proc/locks names as holding an flock on the file open at `fd`, other than this
 // process; 0 when it names none (no /proc, a holder in another pid namespace, a lock since
 // released). For messages: a run waiting on a lock says whose.
 long flock_holder(int fd);
 
+// flock on DIR/flexh2o.lock (created if absent, never removed: removing a lock file races with
+// its next locker): exclusive to build or clean, shared to only read and check weight files. In a
+// directory this process cannot write, an existing lock file is locked through a read-only
+// descriptor, and on a read-only filesystem without one nothing is locked (held() false).
 // Move-only; released on destruction.
 class StoreDirLock {
  public:
   enum class Mode { kShared, kExclusive };
   StoreDirLock() = default;
-  // Blocks until held. When another holder makes it wait, calls on_wait(its pid, flock_holder())
-  // (may be empty) once before waiting, then still_waiting() (when given) about every 50 ms until
-  // held: what it throws ends the wait. Throws flexh2o::Error naming the lock file when it cannot
-  // be opened/locked.
+  // Blocks until held. When another holder makes it wait, calls on_wait (may be empty) with that
+  // holder's pid (flock_holder(): 0 when unknown) once before waiting, then still_waiting() (when
+  // given) about every 50 ms until held: what it throws ends the wait. Throws flexh2o::Error
+  // naming the lock file when it cannot be opened/locked.
   static StoreDirLock acquire(const std::filesystem::path& dir, const std::function<void(long holder)>& on_wait = {},
                               Mode mode = Mode::kExclusive, const std::function<void()>& still_waiting = {});
   StoreDirLock(StoreDirLock&& o) noexcept;

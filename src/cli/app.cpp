@@ -135,6 +135,7 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
   }
   env.configs_dir = configs.empty() ? opts.default_configs_dir : std::filesystem::path(configs);
   env.stderr_is_tty = opts.stderr_is_tty;
+  env.owns_process = opts.handle_signals;
   env.mpi = opts.mpi;
   env.mpi_ranks = opts.mpi_ranks;
   if (opts.render_chat)

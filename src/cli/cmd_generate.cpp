@@ -121,7 +121,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     FH_FAIL("--stop needs the text: this model has no tokenizer (pass --tokenizer DIR)");
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& cfg = lm.model->config();
-  const json identity = run_identity(a, *lm.model, run_kv_dtype(a.kv, a.offload.compress_cache, *lm.model));
+  const json identity = run_identity(a, *lm.model, run_kv_dtype(a.kv, a.offload.compress_cache, *lm.model), format);
   if (a.resume) check_resume_identity(a.output, identity);  // before the requests are read
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
             << "M params, loaded in " << lm.load_seconds << " s\n" << lm.warning << defaults_note.str();
@@ -298,7 +298,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     for (; next < items.size() && (done[next] || !items[next].error.empty() || items[next].ready()); ++next)
       if (!done[next]) emit(next);
     if (out_file) out_file->flush();
-    if (!stdout_failed) stdout_failed = standard_output_failed(out_file.has_value());
+    if (!stdout_failed) stdout_failed = standard_output_failed(out_file.has_value(), env.owns_process);
   };
 
   CpuDevice dev(dp ? dp->threads(a.threads) : pipe ? pipe->threads(a.threads) : a.threads);

@@ -195,7 +195,7 @@ int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const
       j = nlohmann::ordered_json::parse(line);
     } catch (const nlohmann::json::exception& e) {
       ++bad;
-      on_error(lineno, std::string("invalid JSON: ") + e.what());
+      on_error(lineno, "invalid JSON: " + json_error_text(e));
       continue;
     }
     if (!j.is_object()) {
@@ -208,17 +208,19 @@ int64_t for_each_jsonl(std::istream& in, const std::function<void(int64_t, const
   return bad;
 }
 
-bool standard_output_failed(bool results_in_file) {
+bool standard_output_failed(bool results_in_file, bool owns_process) {
   errno = 0;
   std::cout.flush();
   if (std::cout.good() && !std::ferror(stdout)) return false;
   const int err = errno ? errno : EIO;
-  if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) {  // said once, here
-    ::dup2(null, STDOUT_FILENO);
-    ::close(null);
+  if (owns_process) {  // said once, here; an embedding process's standard output is its own
+    if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) {
+      ::dup2(null, STDOUT_FILENO);
+      ::close(null);
+    }
+    std::clearerr(stdout);
+    std::cout.clear();
   }
-  std::clearerr(stdout);
-  std::cout.clear();
   if (!results_in_file)
     FH_FAIL("cannot write standard output (", std::strerror(err), "): the results printed there stop here; give "
             "--output FILE to keep them whatever reads standard output");

@@ -44,6 +44,9 @@ struct Env {
   HubEnv hub;
   std::filesystem::path configs_dir;  // holds models/*.json presets
   bool stderr_is_tty = false;
+  // The command is the whole process (MainOptions::handle_signals): it may change process-wide
+  // state such as where standard output goes. False when a host program runs it in-process.
+  bool owns_process = false;
   // Set by main() when SIGINT/SIGTERM/SIGHUP arrives (commands that stop cleanly poll it); null when
   // no handler is installed for this command.
   const std::atomic<bool>* stop = nullptr;
@@ -126,12 +129,12 @@ std::string read_standard_input(size_t max_line_bytes = kMaxLineBytes);
 size_t peak_rss_bytes();
 
 // Flushes std::cout and returns whether it has failed (a reader that closed its pipe: EPIPE, as
-// main() ignores SIGPIPE; a full disk). On the first failure, when the results go to a file
-// (`results_in_file`), says on stderr that the texts are no longer printed and sends the rest of
-// standard output to /dev/null, so the run finishes and its exit code speaks of its results;
-// otherwise sends it there too (the failure is said once) and throws Error: the results
-// themselves cannot be written.
-bool standard_output_failed(bool results_in_file);
+// run_main ignores SIGPIPE for generate; a full disk). On the first failure, when the results go
+// to a file (`results_in_file`), says on stderr that the texts are no longer printed and, when
+// the command is the process (`owns_process`: Env::owns_process), sends the rest of standard
+// output to /dev/null, so the run finishes and its exit code speaks of its results; otherwise
+// (after the same redirection) throws Error: the results themselves cannot be written.
+bool standard_output_failed(bool results_in_file, bool owns_process);
 
 // `j` as one JSONL line, newline included. Invalid UTF-8 in a string (an error message quoting
 // a bad input line, a partial token's text) becomes U+FFFD instead of throwing.

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 #include <optional>
 #include <utility>
 
@@ -205,11 +206,15 @@ void OutputFile::sync() {
   // later result would go where nobody looks for it.
   struct stat mine {}, named {};
   if (::fstat(fd_, &mine) != 0) fail("stat", errno);
-  if (::stat(where_.path.c_str(), &named) == 0 && named.st_dev == mine.st_dev && named.st_ino == mine.st_ino) return;
+  if (::stat(where_.path.c_str(), &named) != 0) {
+    if (errno != ENOENT) fail("stat", errno);  // unreachable, not gone: say why
+  } else if (named.st_dev == mine.st_dev && named.st_ino == mine.st_ino) {
+    return;
+  }
   failed_ = true;
   FH_FAIL(describe(where_), " no longer names the file this run writes: it was ",
-          mine.st_nlink == 0 ? "removed, with the results written to it" : "moved or replaced (the results written so far "
-                                                                            "are in the file it was moved to)",
+          mine.st_nlink == 0 ? "removed, with the results written to it"
+                             : "moved or replaced (the results written so far are in the file it was moved to)",
           "; stopping so that no more results go there");
 }
 
@@ -241,26 +246,44 @@ OutputLock::OutputLock(const NamedPath& where) : path_(where.path) {
   struct stat st {};
   if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return;  // a FIFO, /dev/null: no lock
   check_can_write(where);  // a missing directory, no permission: said as for any output
-  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT) {
-    fd = ::open(path_.c_str(), O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    created_ = fd >= 0;
-    if (fd < 0 && errno == EEXIST) fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);  // another run made it
+  for (int attempt = 0;; ++attempt) {
+    struct stat before {};
+    const bool existed = ::stat(path_.c_str(), &before) == 0;
+    // Read-write where it may (NFS emulates flock with fcntl locks, and an exclusive one needs a
+    // writable descriptor); created as OutputFile creates it (0666 less the umask, through a
+    // symlink to a file that does not exist yet).
+    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0 && (errno == EACCES || errno == EROFS)) fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const int e = errno;
+      FH_FAIL("cannot open ", describe(where), ": ", std::strerror(e));
+    }
+    fd_ = fd;
+    created_ = !existed;
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      const long pid = e == EWOULDBLOCK ? flock_holder(fd_) : 0;
+      ::close(std::exchange(fd_, -1));  // never removed here: the file is the holder's
+      created_ = false;
+      if (e == EWOULDBLOCK)
+        FH_FAIL("another run is writing ", describe(where), pid ? detail::concat(" (pid ", pid, ")") : std::string(),
+                ": two runs appending to one file would interleave or repeat results. Wait for it to end (then "
+                "--resume finishes what is left), or give another --output");
+      // A filesystem without flock (NFS mounted nolock, some FUSE and cluster filesystems).
+      std::cerr << "flexh2o: note: " << describe(where) << " cannot be locked (" << std::strerror(e)
+                << "): nothing keeps a second run from writing it at the same time\n";
+      return;
+    }
+    // Locked, and the path must still name the locked file: a run that removed its empty output
+    // between this open and this lock leaves the lock on a file no longer there.
+    struct stat mine {}, named {};
+    if (::fstat(fd_, &mine) == 0 && ::stat(path_.c_str(), &named) == 0 && mine.st_dev == named.st_dev &&
+        mine.st_ino == named.st_ino)
+      return;
+    ::close(std::exchange(fd_, -1));
+    created_ = false;
+    if (attempt == 8) FH_FAIL("cannot lock ", describe(where), ": it is replaced as often as it is opened");
   }
-  if (fd < 0) {
-    const int e = errno;
-    FH_FAIL("cannot open ", describe(where), ": ", std::strerror(e));
-  }
-  fd_ = fd;
-  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
-  const int e = errno;
-  const long pid = flock_holder(fd_);
-  ::close(std::exchange(fd_, -1));
-  if (created_) ::unlink(path_.c_str());
-  if (e != EWOULDBLOCK) FH_FAIL("cannot lock ", describe(where), ": ", std::strerror(e));
-  FH_FAIL("another run is writing ", describe(where), pid ? detail::concat(" (pid ", pid, ")") : std::string(),
-          ": two runs appending to one file would interleave or repeat results. Wait for it to end (then --resume "
-          "finishes what is left), or give another --output");
 }
 
 OutputLock::OutputLock(OutputLock&& o) noexcept

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -123,31 +124,36 @@ namespace {
 constexpr const char* kIdentityAttr = "user.flexh2o.run";
 }  // namespace
 
-json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype) {
+json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype, Format format) {
   const ModelConfig& c = m.config();
-  std::string stop;
-  for (const std::string& s : a.stop) stop += (stop.empty() ? "" : ", ") + json(s).dump();
-  auto g = [](float v) {  // as given: 0.7, not the float's 0.699999988
+  auto g = [](float v) {  // as given (0.7, not the float's 0.699999988), whatever the locale
     char b[32];
-    std::snprintf(b, sizeof b, "%g", double(v));
-    return std::string(b);
+    const auto r = std::to_chars(b, b + sizeof b, v);
+    return std::string(b, r.ptr);
   };
-  return json{{"model", c.name + " (" + c.model_type + ", " + std::to_string(m.parameter_count()) + " parameters)"},
-              {"temperature", g(a.greedy ? 0.f : a.temperature)},
-              {"top_k", a.top_k},
-              {"top_p", g(a.top_p)},
-              {"min_p", g(a.min_p)},
-              {"repetition_penalty", g(a.repetition_penalty)},
-              {"presence_penalty", g(a.presence_penalty)},
-              {"frequency_penalty", g(a.frequency_penalty)},
-              {"seed", a.seed},
-              {"max_new_tokens", a.max_new_tokens},
-              {"stop", stop},
-              {"ignore_eos", a.ignore_eos},
-              {"logprobs", a.logprobs},
-              {"kv_policy", describe(make_kv_config(a.kv))},
-              {"kv_dtype", dtype_name(kv_dtype)},
-              {"compress_weight", a.offload.compress_weight}};
+  json id{{"model", c.name + " (" + c.model_type + ", " + std::to_string(m.parameter_count()) + " parameters)"},
+          {"greedy", a.greedy},  // overrides the lines' temperature, where --temperature is their default
+          {"repetition_penalty", g(a.repetition_penalty)},
+          {"ignore_eos", a.ignore_eos},
+          {"logprobs", a.logprobs},
+          {"kv_policy", describe(make_kv_config(a.kv))},
+          {"kv_dtype", dtype_name(kv_dtype)},
+          {"compress_weight", a.offload.compress_weight}};
+  if (!a.greedy) {  // what a greedy run draws with does not change what it picks
+    id["top_k"] = a.top_k;
+    id["min_p"] = g(a.min_p);
+    id["seed"] = a.seed;
+  }
+  if (format == Format::kFlexh2o) {  // a Batch line's body sets these itself (its own defaults)
+    std::string stop;
+    for (const std::string& s : a.stop) stop += (stop.empty() ? "" : ", ") + json(s).dump();
+    id["stop"] = stop;
+    id["max_new_tokens"] = a.max_new_tokens;
+    id["presence_penalty"] = g(a.presence_penalty);
+    id["frequency_penalty"] = g(a.frequency_penalty);
+    if (!a.greedy) id["temperature"] = g(a.temperature), id["top_p"] = g(a.top_p);
+  }
+  return id;
 }
 
 void check_resume_identity(const std::string& output, const json& identity) {

@@ -52,11 +52,13 @@ PriorResults read_prior_results(const std::string& path);
 // file as it was.
 OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResults& prior);
 
-// What decides a result besides its request line: the model, the sampling defaults lines get,
-// the stop and EOS rules, the KV policy and dtype, 4-bit weights (a flat object of strings and
-// numbers). Placement, batch shape, threads and device are not in it: they change how fast a
-// result comes, not what it is. `kv_dtype`: the run's (run_kv_dtype).
-nlohmann::json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype);
+// What decides a result besides its request line: the model, the sampling defaults lines get
+// (those a greedy run does not draw with, or that a Batch line's body sets itself, left out),
+// the stop and EOS rules, the KV policy and dtype, 4-bit weights (a flat object of strings,
+// numbers and booleans). Placement, batch shape, threads and device are not in it: they change
+// how fast a result comes, not what it is. `kv_dtype`: the run's (run_kv_dtype); `format`: the
+// input's.
+nlohmann::json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype, Format format);
 
 // --resume of a --output that records another run's identity (the extended attribute
 // user.flexh2o.run, which record_run_identity sets): throws Error naming each difference, as the

@@ -26,7 +26,10 @@ StopSignals& StopSignals::install() {
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGHUP);  // a closed terminal (ssh without nohup): stop as for SIGTERM, report written
+    // A closed terminal (ssh without nohup) stops the run as SIGTERM does, report written; under
+    // nohup SIGHUP is ignored and stays so (a blocked signal would be taken by sigwait even then).
+    struct sigaction hup {};
+    if (::sigaction(SIGHUP, nullptr, &hup) != 0 || hup.sa_handler != SIG_IGN) sigaddset(&set, SIGHUP);
     if (int rc = pthread_sigmask(SIG_BLOCK, &set, nullptr); rc != 0)
       FH_FAIL("cannot block SIGINT/SIGTERM/SIGHUP: ", std::strerror(rc));
     std::thread([set, s = self] {

@@ -1,9 +1,10 @@
-// SIGINT/SIGTERM/SIGHUP for the commands that poll Env::stop. Signal dispositions belong to the
-// process, so this is one process-wide object: install() blocks the three in the calling
-// thread (call it before any thread starts, so the engine's threads inherit the mask and never
-// see EINTR) and starts one detached thread that takes them with sigwait(). The first sets the
-// stop flag; a second, 100 ms or more after it, ends the process at once by the signal's default
-// action (sooner, it is the first delivered twice: timeout(1) signals the process and its group).
+// SIGINT/SIGTERM/SIGHUP (SIGHUP unless it is ignored: nohup) for the commands that poll
+// Env::stop. Signal dispositions belong to the process, so this is one process-wide object:
+// install() blocks them in the calling thread (call it before any thread starts, so the engine's
+// threads inherit the mask and never see EINTR) and starts one detached thread that takes them
+// with sigwait(). The first sets the stop flag; a second, 100 ms or more after it, ends the
+// process at once by the signal's default action (sooner, it is the first delivered twice:
+// timeout(1) signals the process and its group).
 #pragma once
 
 #include <atomic>

@@ -261,8 +261,8 @@ struct Planner {
     const bool disk = o.search.allow_disk;
     const std::string note = hw_of(s).overflow_note(model_of(b, s).memory(smallest_policy(disk), G));
     FH_FAIL("pipeline infeasible: no policy fits ", stage_name(b, s), " with ", G, " group", G > 1 ? "s" : "",
-            " in flight; its smallest run (batch 1, everything offloaded", disk ? "" : " to the host: no disk is allowed",
-            ")", note.empty() ? " fits, but no block shape of the search does" : " does not: " + note);
+            " in flight; its smallest run (batch 1, everything offloaded",
+            disk ? "" : " to the host: no disk is allowed", ")", note.empty() ? " fits, but no block shape of the search does" : " does not: " + note);
   }
 };
 

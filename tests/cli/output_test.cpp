@@ -510,6 +510,16 @@ TEST(CliOutput, ASecondRunWritingTheSameOutputIsRefused) {
             std::string::npos)
       << lone.err;
 
+  // The lock creates the output as the run would: through a dangling symlink, 0666 less the umask.
+  const fs::path target = tmp.path() / "target.jsonl", link = tmp.path() / "link.jsonl";
+  fs::create_symlink(target, link);
+  const std::string umask_run = "umask 002 && " + std::string(FLEXH2O_BINARY_DIR) + "/flexh2o " +
+                                run.substr(0, run.find(" -o ")) + " -o " + link.string() + " 2>/dev/null";
+  ASSERT_EQ(std::system(umask_run.c_str()), 0);
+  EXPECT_EQ(flexh2o::test::read_jsonl(target).size(), 2u);
+  EXPECT_EQ(fs::status(target).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::group_write |
+                fs::perms::others_read);
   // A model directory whose config.json is no JSON: the run fails after taking its lock.
   const fs::path fresh = tmp.path() / "fresh.jsonl", bad = tmp.path() / "bad-model";
   fs::create_directories(bad);

@@ -64,8 +64,10 @@ std::map<std::string, json> results_of(const fs::path& out) {
   return by_id;
 }
 
-// Starts flexh2o ARGS (split on spaces) with stdout and stdin on /dev/null, stderr to `err`.
-pid_t spawn(const std::string& args, const fs::path& err) {
+// Starts flexh2o ARGS (split on spaces) with stdout and stdin on /dev/null, stderr to `err`, and
+// the stop signals at their default (a suite run in the background or under nohup would pass its
+// ignored ones on), but `ignored` (0: none) ignored, as nohup leaves SIGHUP.
+pid_t spawn(const std::string& args, const fs::path& err, int ignored = 0) {
   std::vector<std::string> words{std::string(FLEXH2O_BINARY_DIR) + "/flexh2o"};
   std::istringstream ss(args);
   for (std::string w; ss >> w;) words.push_back(w);
@@ -78,6 +80,7 @@ pid_t spawn(const std::string& args, const fs::path& err) {
     dup2(null, 0);
     dup2(null, 1);
     dup2(e, 2);
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, sig == ignored ? SIG_IGN : SIG_DFL);
     execv(argv[0], argv.data());
     _exit(127);
   }
@@ -171,6 +174,15 @@ TEST_F(Resume, SigintOrSighupKeepsFinishedResultsAndResumeCompletesTheRun) {
     EXPECT_GE(report["generated_tokens"].get<int64_t>(), kept);
     resume_and_compare(out);
   }
+}
+
+// Under nohup (SIGHUP ignored) a closed terminal does not stop the run: it finishes, exit 0.
+TEST_F(Resume, UnderNohupSighupIsIgnored) {
+  const fs::path out = tmp_.path() / "out.jsonl", err = tmp_.path() / "err";
+  const int st = interrupt_after_first_result(spawn(gen_args(in_, out), err, SIGHUP), out, SIGHUP);
+  ASSERT_TRUE(WIFEXITED(st)) << read_text(err);
+  EXPECT_EQ(WEXITSTATUS(st), 0) << read_text(err);
+  EXPECT_EQ(results_of(out).size(), size_t(kRequests));
 }
 
 // One signal delivered twice at once (timeout(1) signals the process and then its group) is one
@@ -385,7 +397,10 @@ TEST_F(Resume, AnotherModelOrOtherSettingsAreRefused) {
   const std::string llama = model_dir("tiny-llama").string();
   for (const Case& c : {Case{"-m " + kOpt + " --temperature 0.5", "temperature 1 there, 0.5 in this run"},
                         Case{"-m " + llama, "model tiny-opt (opt, "},
-                        Case{"-m " + kOpt + " --kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1", "kv_policy full"}}) {
+                        // --greedy overrides the lines' own temperatures, which --temperature 0 does not
+                        Case{"-m " + kOpt + " --greedy", "greedy false there, true in this run"},
+                        Case{"-m " + kOpt + " --kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1",
+                             "kv_policy full"}}) {
     const RunResult r = flexh2o::test::run_flexh2o("generate " + c.flags + " -i " + in_.string() + tail + " --resume");
     EXPECT_EQ(r.code, 1) << c.flags << "\n" << r.err;
     EXPECT_NE(r.err.find("holds the results of a run with other settings (" ), std::string::npos) << r.err;

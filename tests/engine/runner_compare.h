@@ -114,8 +114,9 @@ inline void expect_same_logits(const Run& got, const Run& want, const std::strin
   EXPECT_EQ(got.tokens, want.tokens) << what;
 }
 
-// within_tolerance(got, want, atol, rtol) for every logit of every step (no NaN or infinity on
-// either side); returns the largest absolute difference. Runs without logits fail.
+// within_tolerance(got, want, atol, rtol) for every logit of every step, and logits are finite:
+// a NaN or an infinity on either side fails. Returns the largest absolute difference. Runs without
+// logits fail.
 inline double expect_close_logits(const Run& got, const Run& want, double atol, double rtol, const std::string& what) {
   double worst = 0;
   EXPECT_FALSE(want.logits.empty()) << what << ": no logits to compare";

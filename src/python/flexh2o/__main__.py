@@ -1,7 +1,7 @@
 """`python -m flexh2o ARGS...`: the flexh2o command line (every subcommand, the same flags,
 messages and exit codes as the binary), plus chat lines in `generate`: a chat body's
 "messages" are rendered with the model's chat template (flexh2o.LLM.apply_chat_template's
-rules). SIGINT/SIGTERM stop generate/tokenize cleanly, as in the binary. `python -m flexh2o serve` is
+rules). SIGINT/SIGTERM/SIGHUP stop generate/tokenize cleanly, as in the binary. `python -m flexh2o serve` is
 the OpenAI-compatible server (serve.py)."""
 
 import json
