@@ -241,7 +241,6 @@ void write_text_file(const NamedPath& where, std::string_view text) {
   f.commit();
 }
 
-
 OutputLock::OutputLock(const NamedPath& where) : path_(where.path) {
   struct stat st {};
   if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return;  // a FIFO, /dev/null: no lock
