@@ -259,10 +259,10 @@ struct Planner {
   [[noreturn]] void infeasible(const std::vector<int64_t>& b, int64_t s, int64_t G) {
     // The smallest run of that stage, everything offloaded, for the numbers in the message.
     const bool disk = o.search.allow_disk;
-    const std::string note = hw_of(s).overflow_note(model_of(b, s).memory(smallest_policy(disk), G));
     FH_FAIL("pipeline infeasible: no policy fits ", stage_name(b, s), " with ", G, " group", G > 1 ? "s" : "",
             " in flight; its smallest run (batch 1, everything offloaded",
-            disk ? "" : " to the host: no disk is allowed", ")", note.empty() ? " fits, but no block shape of the search does" : " does not: " + note);
+            disk ? "" : " to the host: no disk is allowed", ")",
+            smallest_run_verdict(hw_of(s), model_of(b, s).memory(smallest_policy(disk), G)));
   }
 };
 

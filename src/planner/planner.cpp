@@ -81,6 +81,11 @@ void for_each_block_shape(const SearchOptions& o, double min_gain,
   }
 }
 
+std::string smallest_run_verdict(const HardwareProfile& hw, const std::array<uint64_t, 3>& memory) {
+  const std::string note = hw.overflow_note(memory);
+  return note.empty() ? " fits, but no block shape of the search does" : " does not: " + note;
+}
+
 Policy smallest_policy(bool allow_disk) {
   Policy p;
   p.gpu_batch_size = p.num_gpu_batches = 1;
@@ -184,10 +189,9 @@ PlanResult search_policy(CostModel& cm, const SearchOptions& o) {
     Policy p = smallest_policy(o.allow_disk);
     p.compress_weight = cws.back();
     p.compress_cache = ccs.back();
-    const std::string note = hw.overflow_note(cm.memory(p, o.groups));
     FH_FAIL("infeasible: no policy of the search space fits ", cm.shape().config.name, " on ", hw.name,
             ": the smallest (batch 1, everything offloaded", o.allow_disk ? "" : " to the host: no disk is allowed",
-            ")", note.empty() ? " fits, but no block shape of the search does" : " does not: " + note,
+            ")", smallest_run_verdict(hw, cm.memory(p, o.groups)),
             o.allow_disk ? "" : "; homing data on disk needs an offload directory (--offload-dir)", "\n",
             cm.memory_breakdown(p));
   }

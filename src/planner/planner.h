@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "planner/cost_model.h"
@@ -47,6 +48,9 @@ void for_each_block_shape(const SearchOptions& o, double min_gain,
 // The smallest run a search can offer: batch 1, weights and KV offloaded (to disk, or to the
 // host when `allow_disk` is false), for the numbers of an "infeasible" message.
 Policy smallest_policy(bool allow_disk);
+// What an "infeasible" message says of that run's `memory` on `hw`: " does not: <overflow_note>",
+// or " fits, but no block shape of the search does".
+std::string smallest_run_verdict(const HardwareProfile& hw, const std::array<uint64_t, 3>& memory);
 
 // Searches. Throws flexh2o::Error when nothing fits, stating the shortfall (bytes the smallest
 // run needs vs the usable capacity of all tiers together, or of the tier that overflows).

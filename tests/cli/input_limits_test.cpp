@@ -555,7 +555,8 @@ TEST(InputLimits, APlanJsonRunsUnderTheKvPolicyItWasPlannedFor) {
   const fs::path text = tmp.path() / "t.txt", tasks = data_dir() / "tasks" / "bible_cloze.jsonl";
   std::ofstream(text) << "In the beginning God created the heaven and the earth.\n";
   for (const std::string cmd : {"generate -m " + kOpt + " --prompt hi -n 2",
-                                "eval-ppl -m " + kOpt + " " + text.string(), "eval-choice -m " + kOpt + " --limit 2 --tasks " + tasks.string()}) {
+                                "eval-ppl -m " + kOpt + " " + text.string(),
+                                "eval-choice -m " + kOpt + " --limit 2 --tasks " + tasks.string()}) {
     const std::string run = cmd + " --device cpu --policy " + plan.string();
     const RunResult full = flexh2o(run);
     EXPECT_EQ(full.code, 1) << cmd;
