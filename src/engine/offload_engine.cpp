@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <ostream>
@@ -49,6 +50,35 @@ void check_budgets(const std::array<std::unique_ptr<TierBudget>, 3>& budgets, co
       FH_FAIL(tier_name(Tier(t)), " budget ", human_bytes_beside(cap, bytes), " is too small for ", what, ": it needs ",
               at_least, human_bytes_beside(bytes, cap), needed_for, ":\n", need.breakdown(), remedy);
   }
+}
+
+bool within_budgets(const std::array<std::unique_ptr<TierBudget>, 3>& budgets, const MemoryPlan& need) {
+  for (int t = 0; t < 3; ++t) {
+    const uint64_t cap = budgets[size_t(t)]->capacity();
+    if (cap && need.bytes[size_t(t)] > cap) return false;
+  }
+  return true;
+}
+
+// What a refused batch may become: the most of its sequences (the longest first) that `fits`,
+// found by bisection (a batch's need grows with its sequences), said as the block flags that
+// make such a batch. "" when the whole batch fits.
+std::string batch_that_fits(std::vector<int64_t> lengths, const Policy& p,
+                            const std::function<bool(std::span<const int64_t>)>& fits) {
+  std::sort(lengths.begin(), lengths.end(), std::greater<>());
+  const auto first = [&](int64_t k) { return std::span<const int64_t>(lengths.data(), size_t(k)); };
+  if (fits(first(int64_t(lengths.size())))) return "";
+  if (!fits(first(1)))
+    return "not even one sequence of this length fits these budgets (the weights' homes and one sequence's cache "
+           "and activations): ";
+  int64_t lo = 1, hi = int64_t(lengths.size());  // fits(lo), !fits(hi)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(first(mid)) ? lo : hi) = mid;
+  }
+  const int64_t g = std::min(lo, p.gpu_batch_size), n = lo / g;
+  return detail::concat("at most ", lo, " of these ", lengths.size(), " sequences fit these budgets (e.g. ",
+                        "--gpu-batch-size ", g, " --num-gpu-batches ", n, ", a block of ", g * n, "): ");
 }
 
 // The dtype every weight has on `dev` (nullopt: each keeps its checkpoint dtype).
@@ -316,10 +346,15 @@ void OffloadEngine::budget_lengths(std::span<const int64_t> lengths) {
 void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const {
   FH_CHECK(!lengths.empty(), "a batch of no sequences");
   const MemoryPlan need = impl_->plan_batch(lengths, rows, capacity);
-  check_budgets(budgets_, need,
-                detail::concat("a batch of this run (", lengths.size(), " sequences, prompt ", rows, ", capacity ",
-                               capacity, ")"),
-                "", "", batch_fit_remedy(opts_.kv_policy != nullptr));
+  if (!within_budgets(budgets_, need)) {
+    const std::string fits = batch_that_fits({lengths.begin(), lengths.end()}, opts_.policy, [&](auto some) {
+      return within_budgets(budgets_, impl_->plan_batch(some, rows, capacity));
+    });
+    check_budgets(budgets_, need,
+                  detail::concat("a batch of this run (", lengths.size(), " sequences, prompt ", rows, ", capacity ",
+                                 capacity, ")"),
+                  "", "", fits + batch_fit_remedy(opts_.kv_policy != nullptr));
+  }
   // The filesystem under --offload-dir, too: its KV files are created at the batch's prefill.
   const uint64_t kv = store_ ? impl_->kv_disk_space(need, impl_->sizing(capacity).classes, int64_t(lengths.size())) : 0;
   if (kv && store_->read_only())

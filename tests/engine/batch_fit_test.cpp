@@ -336,5 +336,41 @@ TEST(BatchFit, SizesAreSaidInWholeUnits) {
   EXPECT_EQ(human_bytes(92364ull << 10), "90.2 MiB");
 }
 
+// A refused batch says how many of its sequences fit, and that number is the largest the check
+// accepts: K sequences pass check_batch, K + 1 are refused. Under a budget one sequence exceeds,
+// it says so instead of naming a batch.
+TEST(BatchFit, RefusalNamesTheLargestBatchThatFits) {
+  Model model = Model::load_dir(model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  const std::vector<int64_t> eight(8, 200);
+  for (const uint64_t host_mb : {5, 7, 9}) {
+    OffloadOptions o;
+    o.policy = test::policy_of("100 0 0 100 100 0", 3, 3);  // the KV cache on the host
+    o.host_mem = host_mb << 20;
+    OffloadEngine eng(model, dev, o);
+    const std::string refused = test::error_of([&] { eng.check_batch(eight, 200, 300); });
+    const size_t at = refused.find("at most ");
+    ASSERT_NE(at, std::string::npos) << refused;
+    const int64_t k = std::stoll(refused.substr(at + 8));
+    ASSERT_GE(k, 1) << refused;
+    ASSERT_LT(k, 8) << refused;
+    EXPECT_NE(refused.find(" of these 8 sequences fit these budgets (e.g. --gpu-batch-size "), std::string::npos);
+    const int64_t g = std::min<int64_t>(k, 3);
+    EXPECT_NE(refused.find(detail::concat("--gpu-batch-size ", g, " --num-gpu-batches ", k / g, ", a block of ",
+                                          g * (k / g), ")")),
+              std::string::npos)
+        << refused;
+    EXPECT_NO_THROW(eng.check_batch(std::vector<int64_t>(size_t(k), 200), 200, 300)) << k << " sequences";
+    EXPECT_THROW(eng.check_batch(std::vector<int64_t>(size_t(k + 1), 200), 200, 300), Error) << k + 1;
+  }
+  OffloadOptions o;
+  o.policy = test::policy_of("100 0 0 100 100 0", 3, 3);
+  o.host_mem = 256 << 10;
+  OffloadEngine eng(model, dev, o);
+  const std::string refused = test::error_of([&] { eng.check_batch(eight, 200, 300); });
+  EXPECT_NE(refused.find("not even one sequence of this length fits these budgets"), std::string::npos) << refused;
+  EXPECT_EQ(refused.find("at most "), std::string::npos) << refused;
+}
+
 }  // namespace
 }  // namespace flexh2o
