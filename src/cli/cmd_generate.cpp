@@ -112,8 +112,9 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     check_sampling_defaults(a);  // the flags, before the model loads
   });
   std::ostringstream defaults_note;  // said after the model's line
+  GenerationConfig gen_config;      // and its end-of-sequence ids
   if (const std::optional<std::filesystem::path> dir = model_dir(env, a.model)) {  // and its generation_config.json
-    apply_generation_config(a, *dir, defaults_note);
+    gen_config = apply_generation_config(a, *dir, defaults_note);
     check_sampling_defaults(a);
   }
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
@@ -121,7 +122,10 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     FH_FAIL("--stop needs the text: this model has no tokenizer (pass --tokenizer DIR)");
   const std::string device = select_device(a.device, *lm.model, std::cerr);
   const ModelConfig& cfg = lm.model->config();
-  const json identity = run_identity(a, *lm.model, run_kv_dtype(a.kv, a.offload.compress_cache, *lm.model), format);
+  const std::vector<int32_t> eos_ids =
+      end_of_sequence_ids(cfg, lm.tokenizer ? lm.tokenizer->eos_id() : std::nullopt, gen_config, defaults_note);
+  const json identity =
+      run_identity(a, *lm.model, run_kv_dtype(a.kv, a.offload.compress_cache, *lm.model), format, eos_ids);
   if (a.resume) check_resume_identity(a.output, identity);  // before the requests are read
   std::cerr << "flexh2o: model " << cfg.name << " (" << lm.source << "), " << lm.model->parameter_count() / 1e6
             << "M params, loaded in " << lm.load_seconds << " s\n" << lm.warning << defaults_note.str();
@@ -406,7 +410,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   go.batch_size = runner->max_batch();
   go.ignore_eos = a.ignore_eos;
   go.continuous = a.continuous;
-  go.eos_id = lm.tokenizer && lm.tokenizer->eos_id() ? lm.tokenizer->eos_id() : cfg.eos_id;
+  go.eos_ids = eos_ids;
   go.pad_id = cfg.pad_id.value_or(0);
   // A pipeline stops when any of its ranks is asked to (the driver hears of the stages').
   go.stop = stages ? &stages->driver->stop() : env.stop;

@@ -223,8 +223,8 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
     GenerateStats total;
     int64_t requests = 0;
     int64_t batch_size = 0, prompt_len = 0, gen_len = 0, plan = 0, batches = 0;
-    bool ignore_eos = false;  // rank 0's, with its end-of-sequence id: it decides, as for sampling
-    std::optional<int32_t> eos_id;
+    bool ignore_eos = false;  // rank 0's, with its end-of-sequence ids: it decides, as for sampling
+    std::vector<int32_t> eos_ids;
     if (std::optional<dist::Message> setup = from_root(kSetup)) {
       dist::Reader sr(setup->bytes, "the setup from " + c.describe(0));
       batch_size = sr.get<int64_t>();
@@ -234,7 +234,7 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       batches = sr.get<int64_t>();
       check_job_terms(sr.get_string(), job_terms(lm.model->config(), a), me);
       ignore_eos = sr.get<uint8_t>() != 0;
-      if (const int32_t e = sr.get<int32_t>(); e >= 0) eos_id = e;
+      eos_ids = sr.get_array<int32_t>();
     }
     if (batches > 0) {
       const std::string device = select_device(a.device, *lm.model, std::cerr);
@@ -246,7 +246,7 @@ int DataParallel::run_worker(const GenerateArgs& a, const Env& env) {
       GenerateOptions go;
       go.batch_size = rs.runner->max_batch();
       go.ignore_eos = ignore_eos;
-      go.eos_id = eos_id;
+      go.eos_ids = eos_ids;
       go.pad_id = cfg.pad_id.value_or(0);
       go.stop = &stop;
       uint64_t first = 0;
@@ -350,7 +350,7 @@ void DataParallel::generate(StepRunner& runner, const std::vector<GenerationRequ
                .put<int64_t>(mine)
                .put_string(job_terms(runner.config(), args_))
                .put<uint8_t>(go.ignore_eos)
-               .put<int32_t>(go.eos_id.value_or(-1))
+               .put_array<int32_t>(go.eos_ids)
                .take());
   }
   for (size_t b = 0; b < batches; ++b) {

@@ -124,7 +124,8 @@ namespace {
 constexpr const char* kIdentityAttr = "user.flexh2o.run";
 }  // namespace
 
-json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype, Format format) {
+json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype, Format format,
+                  std::span<const int32_t> eos_ids) {
   const ModelConfig& c = m.config();
   auto g = [](float v) {  // as given (0.7, not the float's 0.699999988), whatever the locale
     char b[32];
@@ -139,6 +140,11 @@ json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype, Format 
           {"kv_policy", describe(make_kv_config(a.kv))},
           {"kv_dtype", dtype_name(kv_dtype)},
           {"compress_weight", a.offload.compress_weight}};
+  if (!a.ignore_eos) {
+    std::string eos;
+    for (int32_t id : eos_ids) eos += (eos.empty() ? "" : ", ") + std::to_string(id);
+    id["eos_ids"] = eos;
+  }
   if (!a.greedy) {  // what a greedy run draws with does not change what it picks
     id["top_k"] = a.top_k;
     id["min_p"] = g(a.min_p);

@@ -7,6 +7,7 @@
 #include <iosfwd>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -57,8 +58,9 @@ OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResult
 // the stop and EOS rules, the KV policy and dtype, 4-bit weights (a flat object of strings,
 // numbers and booleans). Placement, batch shape, threads and device are not in it: they change
 // how fast a result comes, not what it is. `kv_dtype`: the run's (run_kv_dtype); `format`: the
-// input's.
-nlohmann::json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype, Format format);
+// input's; `eos_ids`: the run's (end_of_sequence_ids).
+nlohmann::json run_identity(const GenerateArgs& a, const Model& m, DType kv_dtype, Format format,
+                            std::span<const int32_t> eos_ids);
 
 // --resume of a --output that records another run's identity (the extended attribute
 // user.flexh2o.run, which record_run_identity sets): throws Error naming each difference, as the

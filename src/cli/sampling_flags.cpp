@@ -41,7 +41,8 @@ void add_sampling_flags(CLI::App& g, GenerateArgs& a) {
   g.add_option("--generation-config", a.generation_config,
                "auto: the model directory's generation_config.json sets the defaults of --temperature, --top-k, "
                "--top-p, --min-p and --repetition-penalty where it has them and the flag is not given (as vLLM "
-               "does; the run says which); none: the flags' own defaults")
+               "does; the run says which); none: the flags' own defaults. Either way every eos_token_id of "
+               "that file and of config.json ends a sequence, beside the tokenizer's EOS (as in transformers)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "none"}));
   g.add_option("--logprobs", a.logprobs,
@@ -103,12 +104,54 @@ GenerationConfig read_generation_config(const std::filesystem::path& model_dir, 
     }
     g.values.emplace_back(key, j[key].get<double>());
   }
+  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+    const nlohmann::json& e = j["eos_token_id"];
+    const bool list = e.is_array() && !e.empty();
+    for (size_t i = 0; i < (list ? e.size() : 1); ++i) {
+      const nlohmann::json& id = list ? e[i] : e;
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        FH_FAIL(file.string(), ": \"eos_token_id\" must be a token id or a non-empty list of them, got ", e.dump(),
+                "; fix it or pass ", turn_off);
+      g.eos_ids.push_back(id.get<int32_t>());
+    }
+  }
   return g;
 }
 
-void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model_dir, std::ostream& log) {
-  if (a.generation_config != "auto") return;
-  const GenerationConfig g = read_generation_config(model_dir, "--generation-config none");
+GenerationConfig read_generation_config(const std::string& mode, const std::filesystem::path& model_dir,
+                                        const std::string& turn_off) {
+  if (mode == "auto") return read_generation_config(model_dir, turn_off);
+  try {
+    GenerationConfig g = read_generation_config(model_dir, turn_off);
+    g.values.clear();
+    return g;
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+std::vector<int32_t> end_of_sequence_ids(const ModelConfig& c, std::optional<int32_t> tokenizer_eos,
+                                         const GenerationConfig& g, std::ostream& log) {
+  std::vector<int32_t> ids;
+  auto add = [&](int32_t id, const std::string& from) {
+    if (std::find(ids.begin(), ids.end(), id) != ids.end()) return;
+    if (id >= c.vocab_size) {
+      log << "flexh2o: warning: " << from << " names end-of-sequence id " << id << ", outside the model's "
+          << c.vocab_size << " ids: the model never samples it, so no sequence ends there\n";
+      return;
+    }
+    ids.push_back(id);
+  };
+  if (tokenizer_eos) add(*tokenizer_eos, "the tokenizer");
+  for (int32_t id : c.eos_ids) add(id, "config.json");
+  if (c.eos_ids.empty() && c.eos_id) add(*c.eos_id, "the model's config");
+  for (int32_t id : g.eos_ids) add(id, g.file.string());
+  return ids;
+}
+
+GenerationConfig apply_generation_config(GenerateArgs& a, const std::filesystem::path& model_dir,
+                                         std::ostream& log) {
+  GenerationConfig g = read_generation_config(a.generation_config, model_dir, "--generation-config none");
   std::ostringstream used;
   auto take = [&](const char* key, auto& field) {
     const std::optional<double> v = g.value(key);
@@ -124,6 +167,7 @@ void apply_generation_config(GenerateArgs& a, const std::filesystem::path& model
   if (used.tellp() > 0)
     log << "flexh2o: sampling defaults from " << g.file.string() << ": " << used.str()
         << " (flags and line fields override them; --generation-config none ignores the file)\n";
+  return g;
 }
 
 void check_sampling_defaults(const GenerateArgs& a) {

@@ -214,7 +214,7 @@ class BatchRun {
       ++st_.generated_tokens;
       if (decode_step) ++st_.decode_tokens;
       ++done_;
-      const bool eos = !opts_.ignore_eos && opts_.eos_id && tok == *opts_.eos_id;
+      const bool eos = !opts_.ignore_eos && std::ranges::find(opts_.eos_ids, tok) != opts_.eos_ids.end();
       const int64_t total_len = len_[bi] + int64_t(res.tokens.size());
       const bool length = int64_t(res.tokens.size()) >= r.max_new_tokens || total_len >= max_sequence_tokens(c_);
       // A stop string that the last allowed token completes is a stop, as vLLM checks stops first:

@@ -43,7 +43,7 @@ struct GenerationResult {
 
 struct GenerateOptions {
   int64_t batch_size = 8;              // sequences prefilled/decoded together (in-memory Forward)
-  std::optional<int32_t> eos_id;       // stop token; none = never stop early
+  std::vector<int32_t> eos_ids;        // the tokens that end a sequence; none = never stop early
   bool ignore_eos = false;             // generate exactly max_new_tokens
   int32_t pad_id = 0;                  // id placed in left padding (never attended)
   // Called after each decode step: (tokens generated so far, total to generate at most).

@@ -341,7 +341,8 @@ ModelConfig parse_object(const json& j, const std::string& source) {
     c.max_positions = positions;
   }
   c.bos_id = r.token_id("bos_token_id");
-  c.eos_id = r.token_id("eos_token_id");
+  c.eos_ids = r.token_ids("eos_token_id");
+  if (!c.eos_ids.empty()) c.eos_id = c.eos_ids[0];
   c.pad_id = r.token_id("pad_token_id");
   std::string dt = r.string_or("torch_dtype", r.string_or("dtype", "float16"));  // "dtype": transformers 5
   if (dt == "float32") c.dtype = DType::F32;

@@ -88,6 +88,9 @@ struct ModelConfig {
   // named language_model.model.* (or model.language_model.*); the vision tower is not read.
   bool in_multimodal = false;
   std::optional<int32_t> bos_id, eos_id, pad_id;
+  // Every id "eos_token_id" lists (eos_id is the first): LLaMA-3.1-Instruct ends a turn with
+  // another than it ends a text with.
+  std::vector<int32_t> eos_ids;
   DType dtype = DType::F16;  // torch_dtype: what dummy weights use
 
   // Parses `path` (a config.json). Throws naming the file and key on any problem.

@@ -138,6 +138,7 @@ PYBIND11_MODULE(_flexh2o, m) {
       .def_property_readonly("vocab_size", &python::Session::vocab_size)
       .def_property_readonly("max_length", &python::Session::max_length)
       .def_property_readonly("eos_id", &python::Session::eos_id)
+      .def_property_readonly("eos_ids", &python::Session::eos_ids)
       .def_property_readonly("bos_id", &python::Session::bos_id)
       .def_property_readonly("tokenizer_dir", &python::Session::tokenizer_dir)
       // ([(key, value)] in cli::kGenerationConfigKeys order, the file's path or "").

@@ -8,6 +8,7 @@
 #include <deque>
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "core/error.h"
@@ -100,8 +101,11 @@ Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
   if (!lm_.warning.empty()) cli::write_stderr(lm_.warning);
   device_ = cli::select_device(opts_.device, *lm_.model, std::cerr);
   cli::run_kv_dtype(kv_, off_.compress_cache, *lm_.model);
-  if (opts_.generation_config == "auto")
-    generation_config_ = cli::read_generation_config(lm_.dir, "generation_config=\"none\"");
+  generation_config_ = cli::read_generation_config(opts_.generation_config, lm_.dir, "generation_config=\"none\"");
+  std::ostringstream eos_note;
+  eos_ids_ = cli::end_of_sequence_ids(lm_.model->config(), lm_.tokenizer ? lm_.tokenizer->eos_id() : std::nullopt,
+                                      generation_config_, eos_note);
+  if (eos_note.tellp() > 0) cli::write_stderr(eos_note.str());
   if (!opts_.tokenizer.empty()) tokenizer_dir_ = opts_.tokenizer;
   else if (lm_.tokenizer) tokenizer_dir_ = lm_.source;  // the model directory
   cpu_ = std::make_unique<CpuDevice>(opts_.threads);
@@ -199,7 +203,7 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   go.batch_size = run.rs.runner->max_batch();
   go.ignore_eos = p.ignore_eos;
   go.continuous = p.continuous;
-  go.eos_id = eos_id();
+  go.eos_ids = eos_ids_;
   go.pad_id = cfg.pad_id.value_or(0);
   const cli::openai_batch::Decode decode = cli::openai_batch::decoder_of(lm_.tokenizer_or_null());
   cli::openai_batch::check_stop_strings(p.stop, "stop");
@@ -333,7 +337,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
       if (r && r->scores_prompts()) echoed.push_back(&*r);
     batch::score_echoed_prompts(*run.rs.runner, echoed);
     go.batch_size = run.rs.runner->max_batch();
-    go.eos_id = eos_id();
+    go.eos_ids = eos_ids_;
     go.pad_id = cfg.pad_id.value_or(0);
     go.stop = p.interrupt;
     go.continuous = p.continuous;

@@ -122,6 +122,9 @@ class Session {
   int64_t vocab_size() const;
   int64_t max_length() const;  // max_position_embeddings
   std::optional<int32_t> eos_id() const;
+  // The ids that end a sequence (cli::end_of_sequence_ids: the tokenizer's, config.json's and,
+  // with generation_config "auto", generation_config.json's).
+  const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   std::optional<int32_t> bos_id() const;
   // The directory holding the tokenizer files (tokenizer_config.json); empty for a preset
   // without tokenizer=.
@@ -181,6 +184,7 @@ class Session {
   std::string device_;
   std::string tokenizer_dir_;
   cli::GenerationConfig generation_config_;
+  std::vector<int32_t> eos_ids_;
   cli::LoadedModel lm_;
   std::unique_ptr<CpuDevice> cpu_;
   std::unique_ptr<Runner> runner_;

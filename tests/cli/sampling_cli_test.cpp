@@ -2,6 +2,7 @@
 // defaults a model's generation_config.json sets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -138,5 +139,61 @@ TEST(Cli, GreedyWithATemperatureAndBenchTopPWithoutOneAreRefused) {
     EXPECT_NE(r.err.find("shapes sampled decoding and --temperature is 0"), std::string::npos) << r.err;
     EXPECT_EQ(flexh2o(bench + " " + flag + " --temperature 0.8").code, 0) << flag;
   }
+}
+// Every end-of-sequence id of config.json and generation_config.json ends a sequence, as
+// transformers' generate() and vLLM stop (Gemma's instruct models list <end_of_turn> there, beside
+// the tokenizer's <eos>), under --generation-config none too (it drops sampling defaults, not the
+// model's ends); an id outside the vocabulary is said and ignored; a malformed one is refused
+// naming the file, unless --generation-config none.
+TEST(Cli, EveryListedEosIdEndsASequence) {
+  TempDir tmp;
+  const fs::path model = tmp.path() / "m", out = tmp.path() / "o.jsonl";
+  fs::copy(model_dir("tiny-llama"), model, fs::copy_options::recursive);
+  auto write_config = [&](const std::string& text) { std::ofstream(model / "generation_config.json") << text; };
+  const std::string run = "generate -m " + model.string() + " --prompt 'In the beginning God created' -n 12 "
+                          "--device cpu --greedy --overwrite -o " + out.string();
+  auto result = [&](const std::string& extra) {
+    RunResult r = flexh2o(run + extra);
+    EXPECT_EQ(r.code, 0) << r.err;
+    const std::vector<json> got = read_jsonl(out);
+    return got.size() == 1 ? got[0] : json();
+  };
+  const json full = result("");
+  ASSERT_EQ(full["finish_reason"], "length") << full;
+  const std::vector<int32_t> tokens = full["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(tokens.size(), 12u);
+  const int32_t end = tokens[4];
+  const size_t n = size_t(std::find(tokens.begin(), tokens.end(), end) - tokens.begin()) + 1;
+  const json cut_ids(std::vector<int32_t>(tokens.begin(), tokens.begin() + std::ptrdiff_t(n)));
+  write_config(R"({"eos_token_id": [2, )" + std::to_string(end) + "]}");
+  json cut = result("");
+  EXPECT_EQ(cut["token_ids"], cut_ids) << cut;
+  EXPECT_EQ(cut["finish_reason"], "eos") << cut;
+  EXPECT_EQ(result(" --generation-config none")["token_ids"], cut_ids);
+  EXPECT_EQ(result(" --ignore-eos")["token_ids"], full["token_ids"]);
+  fs::remove(model / "generation_config.json");
+  std::ifstream in(model / "config.json");
+  json config = json::parse(in);
+  in.close();
+  config["eos_token_id"] = {2, end};
+  std::ofstream(model / "config.json") << config.dump();
+  cut = result(" --generation-config none");
+  EXPECT_EQ(cut["token_ids"], cut_ids) << cut;
+  config["eos_token_id"] = 2;
+  std::ofstream(model / "config.json") << config.dump();
+  write_config(R"({"eos_token_id": [2, 4096]})");
+  RunResult outside = flexh2o(run);
+  EXPECT_EQ(outside.code, 0) << outside.err;
+  EXPECT_NE(outside.err.find("generation_config.json names end-of-sequence id 4096, outside the model's 4096 ids"),
+            std::string::npos)
+      << outside.err;
+  write_config(R"({"eos_token_id": [2, "x"]})");
+  RunResult bad = flexh2o(run);
+  EXPECT_EQ(bad.code, 1) << bad.err;
+  EXPECT_NE(bad.err.find("generation_config.json: \"eos_token_id\" must be a token id or a non-empty list of them, "
+                         "got [2,\"x\"]; fix it or pass --generation-config none"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_EQ(result(" --generation-config none")["token_ids"], full["token_ids"]);
 }
 }  // namespace

@@ -1,7 +1,7 @@
 // The generation driver's stop flag: set from a result callback (as a signal thread would set
 // it), the run ends at the next token-step boundary, finished requests keep exactly the tokens
 // of an uninterrupted run, and the rest are marked unfinished. And GenerateOptions::ends_at,
-// which ends one sequence early (stop strings) without changing any other.
+// which ends one sequence early (stop strings) without changing any other; and several EOS ids.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -99,6 +99,44 @@ TEST(GenerateEndsAt, EndsOneSequenceAtTheTokenItNames) {
   EXPECT_STREQ(finish_reason_name(FinishReason::kStopped), "stop");
   EXPECT_EQ(st.decode_steps, full_st.decode_steps - 6);  // request 4's batch stops after its prefill
   EXPECT_EQ(st.generated_tokens, full_st.generated_tokens - 4 - 6);
+}
+
+// Every id of GenerateOptions::eos_ids ends a sequence at its first occurrence (finish "eos",
+// the id kept as its last token), whichever place it has in the list; ignore_eos ignores them all.
+TEST(GenerateEos, AnyOfSeveralIdsEndsASequence) {
+  Model m = Model::load_dir(test::model_dir("tiny-opt"));
+  CpuDevice dev(2);
+  Forward fwd(m, dev);
+  std::vector<GenerationRequest> reqs(3);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt_ids = {2, int32_t(500 + 7 * i), int32_t(60 + i)};
+    reqs[i].max_new_tokens = 8;
+    reqs[i].sampling.temperature = 0.9f;
+    reqs[i].sampling.seed = 3 + i;
+  }
+  GenerateOptions o;
+  o.batch_size = 3;
+  o.ignore_eos = true;
+  const std::vector<GenerationResult> full = generate(fwd, reqs, o);
+  // Request 0 ends at its 3rd token, request 1 at its 5th (each id's first occurrence in it).
+  const int32_t a = full[0].tokens[2], b = full[1].tokens[4];
+  auto first = [](const std::vector<int32_t>& t, int32_t id) {
+    return size_t(std::find(t.begin(), t.end(), id) - t.begin());
+  };
+  o.eos_ids = {4095, a, b};  // 4095: an id none of them samples
+  for (const GenerationResult& r : full) ASSERT_EQ(first(r.tokens, 4095), r.tokens.size());
+  o.ignore_eos = false;
+  const std::vector<GenerationResult> cut = generate(fwd, reqs, o);
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    const size_t n = std::min({first(full[r].tokens, a), first(full[r].tokens, b), full[r].tokens.size() - 1}) + 1;
+    EXPECT_EQ(cut[r].tokens, std::vector<int32_t>(full[r].tokens.begin(), full[r].tokens.begin() + n)) << r;
+    const bool eos = n < full[r].tokens.size() || cut[r].tokens.back() == a || cut[r].tokens.back() == b;
+    EXPECT_EQ(cut[r].finish, eos ? FinishReason::kEos : FinishReason::kLength) << r;
+  }
+  EXPECT_LE(cut[0].tokens.size(), 3u);
+  EXPECT_LE(cut[1].tokens.size(), 5u);
+  EXPECT_EQ(cut[0].finish, FinishReason::kEos);
+  EXPECT_EQ(cut[1].finish, FinishReason::kEos);
 }
 
 }  // namespace

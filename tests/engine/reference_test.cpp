@@ -126,7 +126,7 @@ TEST_P(Reference, BatchWithLeftPaddingEqualsEachPromptAlone) {
   }
   GenerateOptions batched;
   batched.batch_size = 5;
-  batched.eos_id = model.config().eos_id;
+  batched.eos_ids = model.config().eos_ids;
   GenerateStats st;
   auto together = generate(fwd, reqs, batched, &st);
   EXPECT_EQ(st.batches, 1);

@@ -114,6 +114,12 @@ TEST(ConfigLimits, TokenIdsAndSizesAreRangeChecked) {
   EXPECT_HAS(with("eos_token_id", 4294967298ull),
              "c.json: \"eos_token_id\" must be an integer in [0, 2147483647], got 4294967298");
   EXPECT_HAS(with("bos_token_id", json::array({4294967298ull})), "got 4294967298");
+  EXPECT_HAS(with("eos_token_id", json::array({2, -1})), "c.json: \"eos_token_id\" must be an integer in");
+  json listed = json::parse(std::ifstream(kTinyOpt / "config.json"));
+  listed["eos_token_id"] = {2, 7, 2};  // LLaMA-3.1-Instruct lists three
+  const ModelConfig c = ModelConfig::from_json_text(listed.dump(), "c.json");
+  EXPECT_EQ(c.eos_id, 2);
+  EXPECT_EQ(c.eos_ids, (std::vector<int32_t>{2, 7, 2}));
   EXPECT_HAS(with("hidden_size", 256.5), "\"hidden_size\" must be an integer in [1, 1048576], got 256.5");
   EXPECT_HAS(with("vocab_size", 1e30), "\"vocab_size\" must be an integer");
   json llama = json::parse(std::ifstream(fs::path(FLEXH2O_TEST_DATA) / "tiny-llama" / "config.json"));

@@ -45,6 +45,26 @@ def test_the_file_sets_the_defaults_as_in_the_cli(model, tmp_path, capsys):
     assert greedy == flexh2o.LLM(str(TINY["opt"]), device="cpu").generate(PROMPT, max_new_tokens=8)
 
 
+def test_every_listed_eos_id_ends_a_sequence(tmp_path):
+    d = tmp_path / "tiny-opt"
+    shutil.copytree(TINY["opt"], d)
+    base = flexh2o.LLM(str(d), device="cpu")
+    ids = base.generate(PROMPT, max_new_tokens=10, temperature=0.0, ignore_eos=True)[0].token_ids
+    assert base.eos_id is not None and base.eos_id not in ids  # the greedy text runs to its length
+    end = ids[3]
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [base.eos_id, end]}))
+    llm = flexh2o.LLM(str(d), device="cpu")
+    assert llm.eos_ids == [base.eos_id, end] and llm.eos_id == base.eos_id
+    (cut,) = llm.generate(PROMPT, max_new_tokens=10, temperature=0.0)
+    assert cut.token_ids == ids[:ids.index(end) + 1] and cut.finish_reason == "eos"
+    # generation_config="none" drops the file's sampling defaults, not the model's ends (as vLLM).
+    none = flexh2o.LLM(str(d), device="cpu", generation_config="none")
+    assert none.eos_ids == [base.eos_id, end]
+    assert none.generate(PROMPT, max_new_tokens=10, temperature=0.0)[0].token_ids == cut.token_ids
+    (d / "generation_config.json").write_text('{"eos_token_id": "x"}')
+    assert flexh2o.LLM(str(d), device="cpu", generation_config="none").eos_ids == [base.eos_id]
+
+
 def test_arguments_override_the_file(model, tmp_path):
     llm = flexh2o.LLM(str(model), device="cpu")
     # Greedy, with the file's top_p and repetition penalty still applied, as the CLI's flag.

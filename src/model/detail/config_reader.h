@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/input_guard.h"
@@ -60,14 +61,21 @@ class Reader {
     if (!j_[key].is_string()) FH_FAIL(source_, ": \"", key, "\" must be a string, got ", json_excerpt(j_[key]));
     return j_[key].get<std::string>();
   }
+  // A token id, or the first of a list of them (LLaMA-3.1 and Gemma list several eos ids).
   std::optional<int32_t> token_id(const char* key) const {
-    if (!has(key)) return std::nullopt;
+    const std::vector<int32_t> ids = token_ids(key);
+    if (ids.empty()) return std::nullopt;
+    return ids[0];
+  }
+  // Every id of a token id or a non-empty list of them; none where the key is absent.
+  std::vector<int32_t> token_ids(const char* key) const {
+    if (!has(key)) return {};
     const json& v = j_[key];
-    if (v.is_array()) {  // LLaMA-3 lists several eos ids: take the first
-      if (v.empty()) FH_FAIL(source_, ": \"", key, "\" is an empty list, not a token id");
-      return int32_t(json_to_int(v[0], 0, kMaxIndex, name(key)));
-    }
-    return int32_t(json_to_int(v, 0, kMaxIndex, name(key)));
+    if (!v.is_array()) return {int32_t(json_to_int(v, 0, kMaxIndex, name(key)))};
+    if (v.empty()) FH_FAIL(source_, ": \"", key, "\" is an empty list, not a token id");
+    std::vector<int32_t> ids;
+    for (const json& id : v) ids.push_back(int32_t(json_to_int(id, 0, kMaxIndex, name(key))));
+    return ids;
   }
   const std::string& source() const { return source_; }
   const json& object() const { return j_; }

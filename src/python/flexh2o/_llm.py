@@ -9,7 +9,8 @@ loglikelihood_rolling / score run with the GIL released; calls on one LLM run on
 generation_config="auto" (the default) reads the model's generation_config.json as `flexh2o
 generate` does (the same C++ reader): its temperature, top_k, top_p, min_p and repetition_penalty
 become generate()'s defaults (LLM.generation_defaults; one line on stderr says which), and
-generate()'s arguments override them; generation_config="none" ignores the file."""
+generate()'s arguments override them; generation_config="none" ignores those values. Either way
+its eos_token_id ends sequences, beside config.json's and the tokenizer's (LLM.eos_ids)."""
 
 import json
 import sys
@@ -80,6 +81,8 @@ class LLM:
         self.vocab_size: int = self._s.vocab_size
         self.max_length: int = self._s.max_length
         self.eos_id: Optional[int] = self._s.eos_id
+        # Every id that ends a sequence: the tokenizer's, config.json's and generation_config.json's.
+        self.eos_ids: List[int] = list(self._s.eos_ids)
         self.bos_id: Optional[int] = self._s.bos_id
         values, file = self._s.generation_config
         # top_k cut to an int, as the CLI does.
