@@ -2,6 +2,7 @@
 // that run a model.
 #include "cli/run_setup.h"
 
+#include <chrono>
 #include <set>
 
 #include "cli/progress.h"
@@ -112,10 +113,13 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
     log << "flexh2o: " << c.name << ": " << rs.kv_config_note << "\n";
   }
   rs.kv_dtype = run_kv_dtype(kv, off.compress_cache, model);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since_t0 = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   rs.device = &open_device(device, model, cpu, rs.owned, cuda_index);
   if (device != "cuda" && !stage && !offload_requested(off)) {
     rs.compressed = compress_in_memory(off, model, fwd);
     rs.runner = std::make_unique<InMemoryRunner>(fwd, batch_size, rs.kv_policy.get(), rs.kv_dtype);
+    rs.setup_seconds = since_t0();
     return rs;
   }
   OffloadOptions oo = engine_options(off, batch_size);
@@ -144,6 +148,7 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
       << human_bytes(homed[0]) << " device, " << human_bytes(homed[1]) << " host, " << human_bytes(homed[2])
       << " disk\n";
   rs.runner = std::move(eng);
+  rs.setup_seconds = since_t0();
   return rs;
 }
 
@@ -204,6 +209,7 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
               {"compress_cache", rs.kv_dtype == DType::Q4},  // --compress-cache is --kv-dtype q4
               {"batch_size", rs.runner ? rs.runner->max_batch() : 0},
               {"load_seconds", lm.load_seconds},
+              {"setup_seconds", rs.setup_seconds},
               {"weight_bytes", held_weight_bytes(*lm.model, rs)},
               {"checkpoint_weight_bytes", lm.model->weight_bytes()},
               {"peak_rss_bytes", peak_rss_bytes()}};

@@ -31,6 +31,9 @@ struct RunSetup {
   std::unique_ptr<StepRunner> runner;
   OffloadEngine* offload = nullptr;     // the runner, when it is the offloading engine
   bool compress_weight = false;         // unplaced_run_setup(): the flags ask for 4-bit weights
+  // Seconds from the device's opening to a runner ready for its first step: the weights' copy to
+  // the CUDA device, the offload store written or checked, 4-bit compression, --policy auto.
+  double setup_seconds = 0;
   // A runner reused by another call (the Python API): the engine's report as that call began,
   // so run_report counts that call only (see offload_report_json). Unset: since construction.
   std::optional<OffloadReport> offload_since;

@@ -125,6 +125,9 @@ TEST(Progress, GenerateLogsRatesPerLinkAndTheReportHasThem) {
   const auto j = nlohmann::json::parse(test::read_text(report));
   // Reading and tokenizing the requests is timed (apart from the run's tokens/s).
   EXPECT_GT(j.at("input_seconds").get<double>(), 0) << j.dump();
+  // So is writing the store's weights, between the load and the first step.
+  EXPECT_GT(j.at("setup_seconds").get<double>(), 0) << j.dump();
+  EXPECT_GT(j.at("offload").at("placement_disk_io_bytes").at("written").get<double>(), 0) << j.dump();
   const auto& rates = j.at("offload").at("bytes_per_second");
   for (const char* link : {"disk_to_host", "host_to_device"}) {
     const double bytes = j["offload"]["bytes_moved"][link].get<double>(), wall = j["offload"]["schedule_wall_seconds"];
