@@ -153,7 +153,8 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
                     "requests or layers among the ranks); run flexh2o ", name, " without mpirun");
     // Commands that stop at a clean point on SIGINT/SIGTERM/SIGHUP; the others keep the default (die).
     if (opts.handle_signals &&
-        (name == "generate" || name == "bench" || name == "tokenize" || name == "detokenize")) {
+        (name == "generate" || name == "bench" || name == "tokenize" || name == "detokenize" || name == "eval-ppl" ||
+         name == "eval-choice")) {
       signals = &StopSignals::install();
       env.stop = &signals->stop();
       env.stop_signal = &signals->signal_flag();

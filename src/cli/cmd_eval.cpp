@@ -16,9 +16,9 @@
 //    as in generation. The engine evicts after prefill attention (H2O-FlexGen semantics), so a
 //    choice's FIRST token is scored with the full context and only later tokens see the capped
 //    cache (h2o_hf's lm-eval masking restricts attention inside the prompt too; stream the
-//    context, as eval-ppl does, for that). acc = argmax of the summed
-//    log-likelihood; acc_norm = argmax of the per-TOKEN mean (lm-eval divides by bytes); ties
-//    go to the lowest choice index (numpy argmax, as lm-eval).
+//    context, as eval-ppl does, for that). Requests are HFLM's (prepare_item). acc = argmax of
+//    the summed log-likelihood; acc_norm = argmax of the per-TOKEN mean (lm-eval divides by the
+//    choice's characters); ties go to the lowest choice index (numpy argmax, as lm-eval).
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -58,6 +58,16 @@ std::optional<int32_t> bos_of(const LoadedModel& lm) {
 
 std::string read_file(const std::string& path) { return read_input_file(path, "input file"); }
 
+// The engine flags an evaluation takes, as generate checks them, less what it has no use for: the
+// planner's --policy auto (an evaluation has no generation length to plan for) and so --hardware.
+void check_eval_engine_flags(const char* command, const OffloadArgs& off, const KvArgs& kv) {
+  check_engine_flags(off, kv);
+  if (off.policy_file == "auto") FH_FAIL(command, ": --policy auto is not supported; give --percent");
+  if (!off.hardware.empty())
+    FH_FAIL(command, ": --hardware ", off.hardware, " is the profile --policy auto plans for, which ", command,
+            " does not take; drop it");
+}
+
 json budget_json(const KvPolicy* policy, int64_t prompt_len) {
   if (!policy) return nullptr;
   const KvBudget b = policy->budget(prompt_len);
@@ -95,12 +105,11 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
 
 int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   check_can_write({"--trace", a.offload.trace});  // an output path: exit 1, not a flag's mistake
-  check_flags([&] { check_engine_flags(a.offload, a.kv); });  // flag errors before loading anything
+  check_flags([&] { check_eval_engine_flags("eval-ppl", a.offload, a.kv); });  // before loading anything
   KvPolicyConfig kv = make_kv_config(a.kv);
   const bool offload = offload_requested(a.offload);
   std::optional<OffloadOptions> oo;
   if (offload) oo = make_offload_options(a.offload);
-  if (offload && a.offload.policy_file == "auto") FH_FAIL("eval-ppl: --policy auto is not supported; give --percent");
   check_device_early(a.device);
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   std::cerr << lm.warning;
@@ -144,11 +153,12 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
     oo->kv_dtype = kv_dtype;
     std::unique_ptr<Device> owned;
     std::unique_ptr<OffloadEngine> placed =
-        place_engine(*lm.model, open_device(device, *lm.model, dev, owned), *oo, a.progress, env.stderr_is_tty);
+        place_engine(*lm.model, open_device(device, *lm.model, dev, owned), *oo, a.progress, env.stderr_is_tty,
+                     env.stop);
     OffloadEngine& engine = *placed;
     Progress progress("eval-ppl", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, &engine);
     r = streaming_perplexity(engine, ids, nullptr, [&](int64_t d, int64_t n) { progress.update(d, n); },
-                             logits_bytes);
+                             logits_bytes, env.stop);
     progress.finish();
     off_report = offload_report_json(engine);
     write_trace_file(a.offload, engine, std::cerr);
@@ -157,25 +167,29 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
     InMemoryRunner runner(fwd, 1, policy.get(), kv_dtype);
     Progress progress("eval-ppl", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty);
     r = streaming_perplexity(runner, ids, nullptr, [&](int64_t d, int64_t n) { progress.update(d, n); },
-                             logits_bytes);
+                             logits_bytes, env.stop);
     progress.finish();
   } else {
     compressed = compress_in_memory(a.offload, *lm.model, fwd);
-    r = perplexity(fwd, ids, 256, kv_dtype);
+    Progress progress("eval-ppl", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty);
+    r = perplexity(fwd, ids, 256, kv_dtype, [&](int64_t d, int64_t n) { progress.update(d, n); }, env.stop);
+    progress.finish();
   }
   json j{{"perplexity", r.perplexity}, {"mean_nll", r.mean_nll}, {"tokens", r.tokens},
          {"text_tokens", toks.size()}, {"kv_policy", describe(kv)},
          {"kv_budget", budget_json(policy.get(), 1)}, {"mode", stream ? "streaming" : "prefill"},
          {"kv_dtype", dtype_name(kv_dtype)}, {"device", device},
-         {"compress_weight", oo ? oo->policy.compress_weight : a.offload.compress_weight}};
+         {"compress_weight", oo ? oo->policy.compress_weight : a.offload.compress_weight},
+         {"interrupted", r.interrupted}};
   add_run_identity(j, lm, a.file, t0);
   if (offload) j["offload"] = off_report;
   if (a.json)
     std::cout << j.dump() << "\n";
   else
     std::cout << "perplexity " << r.perplexity << " over " << r.tokens << " tokens (mean NLL " << r.mean_nll
-              << ", " << describe(kv) << ", " << (stream ? "streaming" : "prefill") << ")\n";
-  return 0;
+              << ", " << describe(kv) << ", " << (stream ? "streaming" : "prefill")
+              << (r.interrupted ? detail::concat(", interrupted: the first ", r.tokens, " of ", scored) : "") << ")\n";
+  return r.interrupted ? kInterrupted : 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -244,6 +258,54 @@ std::vector<size_t> fewshot_indices(size_t item, size_t n, int64_t k, uint64_t s
   return out;
 }
 
+// An item as it is scored: each choice's context and continuation ids.
+struct PreparedItem {
+  std::vector<LoglikRequest> choices;
+  int64_t context_tokens = 0;  // before any cut
+  bool truncated = false;      // a choice's context was cut to fit the model's positions
+};
+
+// lm-eval's HFLM (0.4.x) request for each choice of `context` (few-shot examples and the item):
+// the context's trailing whitespace (str.rstrip's ASCII set) moves to the continuation; the
+// context gets `bos` in front unless its ids start with it (has_bos_prefix), an empty one
+// `prefix` alone; a continuation is encode(context + choice) past encode(context)'s length
+// (encoded alone after an empty context); a context + continuation longer than the model's
+// positions + 1 is cut from the left. Throws for a choice that encodes to no tokens or alone
+// outruns the positions.
+PreparedItem prepare_item(const Tokenizer& tok, const std::string& context, const std::vector<std::string>& choices,
+                          std::optional<int32_t> bos, std::optional<int32_t> prefix, const ModelConfig& c) {
+  const size_t keep = context.find_last_not_of(" \t\n\v\f\r\x1c\x1d\x1e\x1f");
+  const std::string ctx = keep == std::string::npos ? std::string() : context.substr(0, keep + 1);
+  const std::string moved = context.substr(ctx.size());
+  const std::vector<int32_t> ctx_enc = tok.encode(ctx, false);
+  std::vector<int32_t> ctx_ids;
+  if (ctx_enc.empty() && prefix)
+    ctx_ids.push_back(*prefix);
+  else if (!ctx_enc.empty() && bos && ctx_enc[0] != *bos)
+    ctx_ids.push_back(*bos);
+  ctx_ids.insert(ctx_ids.end(), ctx_enc.begin(), ctx_enc.end());
+  if (ctx_ids.empty()) FH_FAIL("empty context and no BOS or EOS token");
+  PreparedItem p;
+  p.context_tokens = int64_t(ctx_ids.size());
+  for (size_t k = 0; k < choices.size(); ++k) {
+    const std::vector<int32_t> whole = tok.encode(ctx + moved + choices[k], false);
+    LoglikRequest r;
+    if (whole.size() > ctx_enc.size())
+      r.continuation.assign(whole.begin() + std::ptrdiff_t(ctx_enc.size()), whole.end());
+    if (r.continuation.empty())
+      FH_FAIL("choice ", k, " ", nlohmann::json(choices[k]).dump(), " encodes to no tokens after the context");
+    const int64_t room = c.max_positions + 1 - int64_t(r.continuation.size());  // context ids that fit
+    if (room < 1)
+      FH_FAIL("choice ", k, " is ", r.continuation.size(), " tokens; the model reads at most ", c.max_positions,
+              " positions");
+    const size_t cut = size_t(std::max<int64_t>(0, int64_t(ctx_ids.size()) - room));
+    p.truncated = p.truncated || cut > 0;
+    r.context.assign(ctx_ids.begin() + std::ptrdiff_t(cut), ctx_ids.end());
+    p.choices.push_back(std::move(r));
+  }
+  return p;
+}
+
 }  // namespace
 
 void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
@@ -252,7 +314,9 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
       "Multiple-choice accuracy (lm-eval-harness style: the choice with the highest log-likelihood wins).\n"
       "--tasks is JSONL, one item a line: {\"context\": \"...\", \"choices\": [\" a\", \" b\", ...], \"label\": 0}.\n"
       "Each choice is appended to the context verbatim (put the separating space in the choice).\n"
-      "Few-shot examples are other items with their right answer, joined by blank lines.");
+      "Few-shot examples are other items with their right answer, joined by blank lines. Requests are\n"
+      "lm-eval's (HFLM): the context's trailing whitespace moves to the choice, a context already starting\n"
+      "with BOS gets no second one, and one too long for the model is cut from the left (the run says how many).");
   e->add_option("--model,-m", a.model, "Model directory or hub id")->required();
   e->add_option("--tokenizer", a.tokenizer, "Tokenizer directory (default: the model directory)");
   e->add_option("--tasks", a.tasks, "Task file (JSONL, see above)")->required();
@@ -261,7 +325,9 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
   e->add_option("--fewshot-seed", a.fewshot_seed, "Seed of the (deterministic) few-shot selection")
       ->capture_default_str();
   e->add_option("--limit", a.limit, "Evaluate only the first N items (0: all)")->capture_default_str();
-  e->add_option("--batch-size", a.batch_size, "Choices scored together (default: all choices of an item)")
+  e->add_option("--batch-size", a.batch_size,
+                "Choices scored together (default: all choices of an item); with offloading flags the block, "
+                "as --gpu-batch-size N")
       ->check(at_least(1));
   e->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
   add_threads_flag(e, a.threads);
@@ -274,10 +340,12 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
       "through the offloading engine (blocks of --gpu-batch-size x --num-gpu-batches sequences).");
 }
 
-int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
+int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
+  EvalChoiceArgs a = args;  // --batch-size may set the offloading engine's block
   check_can_write({"--trace", a.offload.trace});  // an output path: exit 1, not a flag's mistake
   check_flags([&] {  // flag errors before loading anything
-    check_engine_flags(a.offload, a.kv);
+    check_eval_engine_flags("eval-choice", a.offload, a.kv);
+    if (offload_requested(a.offload)) apply_batch_size_flag(a.batch_size > 0, a.batch_size, a.offload);
     if (a.num_fewshot < 0) FH_FAIL("--num-fewshot must be >= 0, got ", a.num_fewshot);
     if (a.limit < 0) FH_FAIL("--limit must be >= 0, got ", a.limit);
     if (a.batch_size < 0) FH_FAIL("--batch-size must be >= 0, got ", a.batch_size);
@@ -301,6 +369,28 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   const bool adds_bos = bos && with.size() > plain.size() && with[0] == *bos &&
                         std::equal(plain.begin(), plain.end(), with.begin() + 1);
   const std::optional<int32_t> prefix = bos ? bos : tok.eos_id();
+  // Every item is tokenized and checked before the first is scored: one that cannot be is
+  // refused (naming its line) before the weights are placed, not after the items before it.
+  const size_t n = a.limit > 0 ? std::min(items.size(), size_t(a.limit)) : items.size();
+  std::vector<PreparedItem> prepared;
+  int64_t truncated = 0;
+  for (size_t i = 0; i < n; ++i) {
+    std::string context;
+    for (size_t j : fewshot_indices(i, items.size(), a.num_fewshot, a.fewshot_seed))
+      context += items[j].context + items[j].choices[size_t(items[j].label)] + "\n\n";
+    context += items[i].context;
+    try {
+      prepared.push_back(prepare_item(tok, context, items[i].choices, adds_bos ? bos : std::nullopt, prefix,
+                                      lm.model->config()));
+    } catch (const Error& e) {
+      FH_FAIL(a.tasks, ":", items[i].line, ": ", e.what());
+    }
+    truncated += prepared.back().truncated;
+  }
+  if (truncated)
+    std::cerr << "flexh2o: eval-choice: " << truncated << " of " << n
+              << " items had their context cut from the left to fit the model's " << lm.model->config().max_positions
+              << " positions, as lm-eval cuts it\n";
   std::unique_ptr<KvPolicy> policy = kv.kind == KvPolicyKind::kFull ? nullptr : make_policy(kv);
   size_t max_choices = 0;
   for (const auto& t : items) max_choices = std::max(max_choices, t.choices.size());
@@ -313,14 +403,13 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   OffloadEngine* engine = nullptr;
   const int64_t batch = a.batch_size > 0 ? a.batch_size : int64_t(max_choices);
   if (offload_requested(a.offload) || device == "cuda") {
-    if (a.offload.policy_file == "auto") FH_FAIL("eval-choice: --policy auto is not supported; give --percent");
     check_plan_file(a.offload, kv, *lm.model, 1, 1, std::cerr);  // its KV policy and model, as in generate
     OffloadOptions o = make_offload_options(a.offload);
     if (!offload_requested(a.offload)) o.policy.gpu_batch_size = batch;  // everything resident on the GPU
     o.kv_policy = policy.get();
     o.kv_dtype = kv_dtype = run_kv_dtype(a.kv, o.policy.compress_cache, *lm.model);
     auto e = place_engine(*lm.model, open_device(device, *lm.model, dev, owned_device), o, a.progress,
-                          env.stderr_is_tty);
+                          env.stderr_is_tty, env.stop);
     engine = e.get();
     owned = std::move(e);
   } else {
@@ -329,56 +418,35 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   }
   StepRunner& runner = *owned;
 
-  const size_t n = a.limit > 0 ? std::min(items.size(), size_t(a.limit)) : items.size();
   int64_t correct = 0, correct_norm = 0, context_tokens = 0;
   double chance = 0;
   Progress progress("eval-choice", "items", parse_progress_mode(a.progress), env.stderr_is_tty, engine);
-  for (size_t i = 0; i < n; ++i) {
+  size_t done = 0;  // items scored: all of them unless a stop signal came first
+  for (; done < n && !(env.stop && env.stop->load(std::memory_order_relaxed)); ++done) {
+    const size_t i = done;
     progress.update(int64_t(i), int64_t(n));
-    const TaskItem& t = items[i];
-    std::string context;
-    for (size_t j : fewshot_indices(i, items.size(), a.num_fewshot, a.fewshot_seed))
-      context += items[j].context + items[j].choices[size_t(items[j].label)] + "\n\n";
-    context += t.context;
-    // lm-eval's _encode_pair: trailing spaces of the context move to the continuation; the
-    // continuation's tokens are those of encode(context + choice) after encode(context).
-    size_t keep = context.find_last_not_of(' ');
-    std::string ctx = keep == std::string::npos ? std::string() : context.substr(0, keep + 1);
-    const std::string moved = context.substr(ctx.size());
-    std::vector<int32_t> ctx_ids;
-    const std::vector<int32_t> ctx_enc = tok.encode(ctx, false);
-    if (adds_bos || (ctx_enc.empty() && prefix)) ctx_ids.push_back(adds_bos ? *bos : *prefix);
-    ctx_ids.insert(ctx_ids.end(), ctx_enc.begin(), ctx_enc.end());
-    if (ctx_ids.empty()) FH_FAIL(a.tasks, ":", t.line, ": empty context and no BOS or EOS token");
-    std::vector<std::vector<int32_t>> conts;
-    for (const auto& ch : t.choices) {
-      std::vector<int32_t> whole = tok.encode(ctx + moved + ch, false);
-      std::vector<int32_t> cont;
-      if (whole.size() > ctx_enc.size() && std::equal(ctx_enc.begin(), ctx_enc.end(), whole.begin()))
-        cont.assign(whole.begin() + std::ptrdiff_t(ctx_enc.size()), whole.end());
-      else
-        cont = tok.encode(moved + ch, false);  // the merge crossed the boundary
-      if (cont.empty()) FH_FAIL(a.tasks, ":", t.line, ": a choice encodes to no tokens");
-      conts.push_back(std::move(cont));
-    }
+    const PreparedItem& p = prepared[i];
     ChoiceResult r;
     try {
-      r = score_choices(runner, ctx_ids, conts);
+      r = score_choices(runner, p.choices);
     } catch (const Error& e) {
-      FH_FAIL(a.tasks, ":", t.line, ": ", e.what(), a.num_fewshot ? " (try a smaller --num-fewshot)" : "");
+      FH_FAIL(a.tasks, ":", items[i].line, ": ", e.what(), a.num_fewshot ? " (try a smaller --num-fewshot)" : "");
     }
-    correct += r.best == t.label;
-    correct_norm += r.best_norm == t.label;
-    chance += 1.0 / double(t.choices.size());
-    context_tokens += int64_t(ctx_ids.size());
+    correct += r.best == items[i].label;
+    correct_norm += r.best_norm == items[i].label;
+    chance += 1.0 / double(items[i].choices.size());
+    context_tokens += p.context_tokens;
   }
-  progress.update(int64_t(n), int64_t(n));
+  progress.update(int64_t(done), int64_t(n));
   progress.finish();
-  const double dn = double(n);
-  json j{{"acc", double(correct) / dn}, {"acc_norm", double(correct_norm) / dn}, {"count", n},
+  const double dn = double(done);  // 0 after a stop before the first item: NaN rates, null in JSON
+  json j{{"acc", double(correct) / dn}, {"acc_norm", double(correct_norm) / dn}, {"count", done},
+         {"items", n}, {"interrupted", done < n},
          {"correct", correct}, {"correct_norm", correct_norm}, {"chance", chance / dn},
          {"num_fewshot", a.num_fewshot}, {"mean_context_tokens", double(context_tokens) / dn},
-         {"kv_policy", describe(kv)}, {"acc_norm_unit", "token"}};
+         {"kv_policy", describe(kv)}, {"acc_norm_unit", "token"}, {"truncated_items", truncated},
+         {"kv_dtype", dtype_name(kv_dtype)}, {"device", device},
+         {"compress_weight", engine ? engine->options().policy.compress_weight : a.offload.compress_weight}};
   add_run_identity(j, lm, a.tasks, t0);
   if (engine) {
     j["offload"] = offload_report_json(*engine);
@@ -387,10 +455,10 @@ int run_eval_choice(const EvalChoiceArgs& a, const Env& env) {
   if (a.json)
     std::cout << j.dump() << "\n";
   else
-    std::cout << "acc " << j["acc"].get<double>() << " acc_norm " << j["acc_norm"].get<double>() << " over " << n
-              << " items (chance " << j["chance"].get<double>() << ", " << a.num_fewshot << "-shot, "
-              << describe(kv) << ")\n";
-  return 0;
+    std::cout << "acc " << double(correct) / dn << " acc_norm " << double(correct_norm) / dn << " over " << done
+              << " items (chance " << chance / dn << ", " << a.num_fewshot << "-shot, " << describe(kv)
+              << (done < n ? detail::concat(", interrupted: the first ", done, " of ", n) : "") << ")\n";
+  return done < n ? kInterrupted : 0;
 }
 
 }  // namespace flexh2o::cli

@@ -2,6 +2,7 @@
 #include "engine/evaluate.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 
@@ -25,16 +26,40 @@ TokenScore score_token(const float* row, int64_t vocab, int32_t target) {
   return {std::log(sum) + mx - row[target], mx_it - row == target};
 }
 
+// The most rows, at most `rows`, that a step reading `from` + them may have within the runner's
+// memory budgets (StepRunner::check_batch, found by bisection: a step's need grows with its
+// rows); 1 where none fits, so that the step's own refusal says why.
+int64_t rows_within_budgets(const StepRunner& runner, int64_t from, int64_t rows, int64_t capacity) {
+  auto fits = [&](int64_t r) {
+    const std::array<int64_t, 1> length{from + r};
+    try {
+      runner.check_batch(length, from + r, capacity);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  if (rows <= 1 || fits(rows)) return std::max<int64_t>(rows, 1);
+  int64_t lo = 1, hi = rows;  // !fits(hi)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 // Scores one sequence: logits of the rows of `fed` from `from` on, handed to on_row(j, row) for
 // each such row j (it predicts fed[j + 1], or the next token for the last row). With
-// can_step_rows(), the first step reads fed[0..from] and on as many rows as the logits budget
-// allows, later steps that many rows each while can_rewind(), else one. Without it, one row a step
-// after fed[0..from]. on_step(rows done) after each step.
+// can_step_rows(), the first step reads fed[0..from] and on as many rows as the logits budget and
+// the runner's memory budgets allow, later steps that many rows each while can_rewind(), else one.
+// Without it, one row a step after fed[0..from]. on_step(rows done) after each step: false stops
+// there.
 void score_sequence(StepRunner& runner, std::span<const int32_t> fed, int64_t from, uint64_t logits_bytes,
                     const std::function<void(int64_t, const float*)>& on_row,
-                    const std::function<void(int64_t)>& on_step) {
+                    const std::function<bool(int64_t)>& on_step) {
   const int64_t V = runner.config().vocab_size, n = int64_t(fed.size());
-  const int64_t chunk = runner.can_step_rows() ? scoring_rows(V, 1, logits_bytes) : 1;
+  const int64_t wanted = std::min(scoring_rows(V, 1, logits_bytes), n - from);
+  const int64_t chunk = runner.can_step_rows() ? rows_within_budgets(runner, from, wanted, n) : 1;
   runner.begin_batch(1, n);
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = int32_t(t);
@@ -47,7 +72,7 @@ void score_sequence(StepRunner& runner, std::span<const int32_t> fed, int64_t fr
     FH_CHECK(int64_t(logits.size()) >= rows * V, "runner returned ", logits.size(), " logits for ", rows, " rows");
     for (int64_t i = 0; i < rows; ++i) on_row(next + i, logits.data() + i * V);
     at = next = end;
-    if (on_step) on_step(next - from);
+    if (on_step && !on_step(next - from)) return;
   }
 }
 
@@ -61,7 +86,7 @@ int64_t scoring_rows(int64_t vocab, int64_t sequences, uint64_t logits_bytes) {
 PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_t> ids,
                                       std::vector<double>* token_nll,
                                       const std::function<void(int64_t, int64_t)>& on_progress,
-                                      uint64_t logits_bytes) {
+                                      uint64_t logits_bytes, const std::atomic<bool>* stop) {
   const ModelConfig& c = runner.config();
   const int64_t n = int64_t(ids.size()) - 1;
   if (n < 1) FH_FAIL("perplexity needs at least 2 tokens (BOS + 1), got ", ids.size());
@@ -71,21 +96,20 @@ PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_
   check_token_ids(ids, c, "text");
   if (token_nll) token_nll->assign(size_t(n), 0.0);
   double nll = 0;
+  int64_t scored = 0;
   score_sequence(
       runner, ids.first(size_t(n)), 0, logits_bytes,
       [&](int64_t t, const float* row) {
         const double l = score_token(row, c.vocab_size, ids[size_t(t + 1)]).nll;
         if (token_nll) (*token_nll)[size_t(t)] = l;
         nll += l;
+        ++scored;
       },
       [&](int64_t done) {
         if (on_progress) on_progress(done, n);
+        return !(stop && stop->load(std::memory_order_relaxed));
       });
-  PerplexityResult r;
-  r.tokens = n;
-  r.mean_nll = nll / double(n);
-  r.perplexity = std::exp(r.mean_nll);
-  return r;
+  return perplexity_of(nll, scored, n);
 }
 
 namespace {
@@ -221,7 +245,7 @@ void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& reques
       const int64_t from = int64_t(r.context.size()) - 1;
       score_sequence(
           runner, ids, from, logits_bytes,
-          [&](int64_t j, const float* row) { in_batch(0, size_t(j - from), row); }, {});
+          [&](int64_t j, const float* row) { in_batch(0, size_t(j - from), row); }, nullptr);
     }
     first = end;
   }
@@ -260,10 +284,14 @@ std::vector<std::vector<ScoredToken>> score_tokens(StepRunner& runner, const std
 
 ChoiceResult score_choices(StepRunner& runner, std::span<const int32_t> context,
                            const std::vector<std::vector<int32_t>>& choices) {
-  if (choices.empty()) FH_FAIL("multiple choice needs at least one choice");
   std::vector<LoglikRequest> reqs;
   reqs.reserve(choices.size());
   for (const auto& ch : choices) reqs.push_back({{context.begin(), context.end()}, ch});
+  return score_choices(runner, reqs);
+}
+
+ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>& reqs) {
+  if (reqs.empty()) FH_FAIL("multiple choice needs at least one choice");
   std::vector<LoglikResult> ll = loglikelihoods(runner, reqs);
   ChoiceResult r;
   for (size_t i = 0; i < ll.size(); ++i) {

@@ -32,11 +32,13 @@ int64_t scoring_rows(int64_t vocab, int64_t sequences, uint64_t logits_bytes = k
 // logits, accumulated in double. ids.size() must be in [2, max_positions + 1]; ids must lie
 // in the vocabulary. If `token_nll` is non-null it receives the n per-token NLLs (natural log).
 // `on_progress(done, n)` (optional) is called after each step. `logits_bytes`: the scoring budget
-// (0: one token a step, as with a KV policy).
+// (0: one token a step, as with a KV policy). Once `*stop` is set (a stop signal; optional) it
+// returns after the step under way, over the tokens scored so far (PerplexityResult::interrupted).
 PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_t> ids,
                                       std::vector<double>* token_nll = nullptr,
                                       const std::function<void(int64_t, int64_t)>& on_progress = {},
-                                      uint64_t logits_bytes = kScoringLogitsBytes);
+                                      uint64_t logits_bytes = kScoringLogitsBytes,
+                                      const std::atomic<bool>* stop = nullptr);
 
 // One log-likelihood query: log P(continuation | context). context is non-empty (BOS included
 // where the model expects it); continuation is non-empty; together <= max_positions tokens.
@@ -90,5 +92,8 @@ struct ChoiceResult {
 // choice's length in bytes; here the normalisation is per token (document it where reported).
 ChoiceResult score_choices(StepRunner& runner, std::span<const int32_t> context,
                            const std::vector<std::vector<int32_t>>& choices);
+// The same with a context of each choice's own (one cut to fit the model's positions: lm-eval
+// cuts each request's context from the left).
+ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>& choices);
 
 }  // namespace flexh2o

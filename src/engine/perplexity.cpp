@@ -9,7 +9,18 @@
 
 namespace flexh2o {
 
-PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t chunk, DType kv_dtype) {
+PerplexityResult perplexity_of(double nll, int64_t scored, int64_t n) {
+  PerplexityResult r;
+  r.tokens = scored;
+  r.interrupted = scored < n;
+  r.mean_nll = scored ? nll / double(scored) : std::nan("");
+  r.perplexity = std::exp(r.mean_nll);
+  return r;
+}
+
+PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t chunk, DType kv_dtype,
+                            const std::function<void(int64_t, int64_t)>& on_progress,
+                            const std::atomic<bool>* stop) {
   const ModelConfig& c = fwd.model().config();
   const int64_t n = int64_t(ids.size()) - 1;  // positions fed
   if (n < 1) FH_FAIL("perplexity needs at least 2 tokens, got ", ids.size());
@@ -36,12 +47,10 @@ PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t 
       FH_CHECK(target >= 0 && target < c.vocab_size, "token id ", target, " outside the vocabulary");
       nll += std::log(sum) + mx - row[target];
     }
+    if (on_progress) on_progress(start + T, n);
+    if (stop && stop->load(std::memory_order_relaxed)) return perplexity_of(nll, start + T, n);
   }
-  PerplexityResult r;
-  r.tokens = n;
-  r.mean_nll = nll / double(n);
-  r.perplexity = std::exp(r.mean_nll);
-  return r;
+  return perplexity_of(nll, n, n);
 }
 
 }  // namespace flexh2o

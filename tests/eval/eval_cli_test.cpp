@@ -216,4 +216,96 @@ TEST(EvalCliErrors, BadTaskLinesNameTheLine) {
   }
 }
 
+// Prefill-mode perplexity through the offloading engine reads as many rows a step as the device
+// budget fits: under a --gpu-mem that 1024 rows a step overrun, the same number as streaming, in
+// more than one step and fewer than a token a step.
+TEST(EvalCliBudget, PrefillReadsTheRowsTheDeviceBudgetFits) {
+  TempDir tmp;
+  const std::string model = model_dir("tiny-llama").string();
+  const std::string off = " --percent 0 0 0 0 0 100 --gpu-mem 12MiB --offload-dir " + (tmp.path() / "s").string() + " ";
+  const std::string base = "eval-ppl --model " + model + " --max-tokens 1024" + off;
+  json pre = run_json(base + eval_txt("tiny-llama"));
+  json st = run_json(base + "--streaming " + eval_txt("tiny-llama"));
+  ASSERT_TRUE(pre.contains("perplexity") && st.contains("perplexity")) << pre << st;
+  EXPECT_EQ(pre["mode"], "prefill");
+  EXPECT_NEAR(pre["perplexity"].get<double>(), st["perplexity"].get<double>(), 1e-9 * st["perplexity"].get<double>());
+  const int64_t steps = pre["offload"]["token_steps"];
+  EXPECT_GT(steps, 1);
+  EXPECT_LT(steps, 100);
+  EXPECT_EQ(st["offload"]["token_steps"], 1024);
+}
+
+// eval-ppl --progress draws its line in memory too (the prefill path read the text silently).
+TEST(EvalCliProgress, InMemoryPrefillDrawsProgress) {
+  RunResult r = flexh2o("eval-ppl --model " + kOpt + " --max-tokens 600 --progress always --device cpu " +
+                        eval_txt("tiny-opt"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("[eval-ppl] 600/600 tokens"), std::string::npos) << r.err;
+}
+
+// The engine flags an evaluation cannot use are refused as a wrong command line, before the model
+// loads (the model path here does not exist); --batch-size is the offloading block, as generate's -b.
+TEST(EvalCliErrors, EngineFlagsAreCheckedAsGenerateChecksThem) {
+  for (const char* cmd : {"eval-ppl --model /nonexistent/m x.txt", "eval-choice --model /nonexistent/m --tasks t"}) {
+    RunResult r = flexh2o(std::string(cmd) + " --policy auto");
+    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;
+    EXPECT_NE(r.err.find("--policy auto is not supported; give --percent"), std::string::npos) << r.err;
+    r = flexh2o(std::string(cmd) + " --percent 0 100 0 100 100 0 --hardware h200");
+    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;
+    EXPECT_NE(r.err.find("--hardware h200 is the profile --policy auto plans for"), std::string::npos) << r.err;
+  }
+  RunResult r = flexh2o("eval-choice --model /nonexistent/m --tasks t --batch-size 3 --gpu-batch-size 2");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--batch-size 3 contradicts --gpu-batch-size"), std::string::npos) << r.err;
+  const std::string base =
+      "eval-choice --model " + kOpt + " --tasks " + kTasks + " --limit 6 --percent 0 100 0 100 100 0";
+  json one = run_json(base + " --batch-size 1"), three = run_json(base + " --batch-size 3");
+  EXPECT_EQ(one["offload"]["policy"]["gpu_batch_size"], 1) << one;
+  EXPECT_EQ(three["offload"]["policy"]["gpu_batch_size"], 3) << three;
+  EXPECT_EQ(one["correct"], three["correct"]);
+  EXPECT_EQ(one["correct_norm"], three["correct_norm"]);
+}
+
+// eval-choice builds HFLM's requests: a context's trailing newline moves to the choices (the
+// same as writing it there), a context too long for the model is cut from the left and counted,
+// and an item that cannot be scored fails the run before any is scored, naming its line and choice.
+TEST(EvalCliChoice, RequestsAreLmEvalsAndEveryItemIsCheckedFirst) {
+  TempDir tmp;
+  auto write = [&](const std::string& name, const std::vector<std::string>& lines) {
+    const fs::path f = tmp.path() / name;
+    std::ofstream o(f);
+    for (const std::string& l : lines) o << l << "\n";
+    return f.string();
+  };
+  const std::string run = "eval-choice --model " + kOpt + " --tasks ";
+  const std::string moved =
+      write("a.jsonl", {R"({"context": "In the beginning God created the", "choices": ["\n heaven", "\n cheese"],)"
+                        R"( "label": 0})",
+                        R"({"context": "And God said, Let there be", "choices": ["\n light", "\n wet"], "label": 0})"});
+  const std::string newline =
+      write("b.jsonl", {R"({"context": "In the beginning God created the\n", "choices": [" heaven", " cheese"],)"
+                        R"( "label": 0})",
+                        R"({"context": "And God said, Let there be\n", "choices": [" light", " wet"], "label": 0})"});
+  json a = run_json(run + moved), b = run_json(run + newline);
+  a.erase("seconds"), a.erase("input"), b.erase("seconds"), b.erase("input");
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a["truncated_items"], 0);
+  std::string long_context;
+  for (int i = 0; i < 400; ++i) long_context += "and the earth was without form, ";
+  const std::string item =
+      R"({"context": ")" + long_context + R"(and God said", "choices": [" light", " cheese"], "label": 0})";
+  json cut = run_json(run + write("c.jsonl", {item, item}));
+  EXPECT_EQ(cut["truncated_items"], 2) << cut;
+  EXPECT_EQ(cut["count"], 2);
+  // BERT's normalizer drops a zero-width space: the last item's first choice is no tokens.
+  std::vector<std::string> lines(40, R"({"context": "The sky is", "choices": [" blue", " green"], "label": 0})");
+  lines.push_back(R"({"context": "The sky is", "choices": ["\u200b", " b"], "label": 0})");
+  RunResult r = flexh2o(run + write("d.jsonl", lines) + " --device cpu --progress always --tokenizer " +
+                        (flexh2o::test::data_dir() / "tokenizers/bert").string());
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("d.jsonl:41: choice 0 \"\u200b\" encodes to no tokens after the context"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("[eval-choice]"), std::string::npos) << "no item is scored first:\n" << r.err;
+}
+
 }  // namespace

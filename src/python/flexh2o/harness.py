@@ -8,14 +8,13 @@
 * BOS: every non-empty context gets the model's BOS id in front when its tokenizer adds BOS to
   text (``LLM.encode(text)``: OPT's and LLaMA's do, SmolLM2's does not), as HFLM does by default
   and as ``eval-choice`` does. A context whose text already starts with the BOS token gets no
-  second one (HFLM's ``has_bos_prefix``). ``add_bos_token=true`` / ``false`` in --model_args
-  forces BOS on / off, as HFLM's does.
+  second one (HFLM's ``has_bos_prefix``; eval-choice: whose ids start with BOS).
+  ``add_bos_token=true`` / ``false`` in --model_args forces BOS on / off, as HFLM's does.
 * Trailing whitespace of a context moves to the continuation. HFLM moves all of it
-  (``str.rstrip``: spaces, newlines, tabs, Unicode spaces); eval-choice moves only spaces. We
-  follow HFLM; the two agree on every context that does not end in a newline or tab.
+  (``str.rstrip``: spaces, newlines, tabs, Unicode spaces); so do we, and eval-choice moves the
+  ASCII ones (the two differ only on a context ending in a Unicode space).
 * The continuation's ids are ``encode(context + continuation)[len(encode(context)):]``, HFLM's
-  split. When a BPE merge crosses the boundary, eval-choice instead encodes the continuation on
-  its own; we follow HFLM, so that numbers compare with lm-eval's on Hugging Face models.
+  split, even when a BPE merge crosses the boundary; eval-choice's too.
 * Empty context: the context is ``[prefix]`` (BOS, else EOS, or --model_args prefix_token_id),
   and the continuation is encoded alone; if its first id is the prefix, that id is the context.
 * Too long: ``context + continuation`` is cut from the left to ``max_length + 1`` ids (the last
