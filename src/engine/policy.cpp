@@ -35,11 +35,11 @@ void Policy::validate() const {
   check_pair("weight", w_gpu_percent, w_cpu_percent);
   check_pair("KV cache", cache_gpu_percent, cache_cpu_percent);
   check_pair("activation", act_gpu_percent, act_cpu_percent);
-  const bool single = act_gpu_percent == 100 || act_cpu_percent == 100 || act_disk_percent() == 100;
-  if (!single)
-    FH_FAIL("activations must live on one tier (percent 100 0, 0 100 or 0 0), got ", act_gpu_percent, " ",
-            act_cpu_percent);
-  if (act_disk_percent() == 100) FH_FAIL("activations cannot be homed on disk; use the device or the host");
+  // FlexGen's disk home for activations (0 0) is not one this engine has: the last pair is 100 0 or 0 100.
+  if (act_gpu_percent != 100 && act_cpu_percent != 100)
+    FH_FAIL("activations must live on one tier, the device or the host (the last pair of --percent: 100 0 or 0 "
+            "100), got ", act_gpu_percent, " ", act_cpu_percent,
+            act_disk_percent() == 100 ? " (disk; activations cannot be homed there)" : "");
 }
 
 std::string Policy::str() const {

@@ -207,7 +207,8 @@ TEST(CliOutput, OverwriteKeepsTheOldResultsUntilTheRunStarts) {
     int code;  // 2: a wrong command line; 1: a path that cannot be written
   } cases[] = {
       {"--kv-policy h2o --heavy-ratio 2", "--heavy-ratio", 2},
-      {"--percent 100 0 100 0 0 0", "activations cannot be homed on disk", 2},
+      {"--percent 100 0 100 0 0 0", "the last pair of --percent: 100 0 or 0 100), got 0 0 (disk; activations", 2},
+      {"--percent 100 0 100 0 50 50", "activations must live on one tier, the device or the host", 2},
       {"--report " + nodir, "cannot write --report " + nodir + ": its directory", 1},
   };
   for (const Case& c : cases) {
@@ -430,7 +431,9 @@ TEST(CliOutput, ATraceFileIsNotEmptiedBeforeTheRun) {
                                    std::string()}) {
     RunResult r = flexh2o("generate -m " + kOpt + " -p hi -n 2 --trace " + trace.string() + extra);
     EXPECT_EQ(r.code, extra.empty() ? 2 : 1) << r.err;
-    if (extra.empty()) EXPECT_NE(r.err.find("--trace is the offloading engine's"), std::string::npos) << r.err;
+    if (extra.empty()) {
+      EXPECT_NE(r.err.find("--trace is the offloading engine's"), std::string::npos) << r.err;
+    }
     EXPECT_EQ(read_text(trace), "{\"keep\": 1}\n") << extra;
   }
   for (const char* flag : {"--overlap false", "--sep-layer false", "--io pread", "--trust-store"}) {
