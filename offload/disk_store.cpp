@@ -133,7 +133,15 @@ std::unique_ptr<DiskStore> DiskStore::open(const fs::path& dir, std::string iden
   FH_CHECK(!identity.empty() && identity.size() <= kStoreMaxString, "store identity must be 1..", kStoreMaxString,
            " bytes, got ", identity.size());
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  // A link to a directory yet to be made (offload -> /mnt/nvme/offload) is followed, as --output
+  // follows one to a file: the directory is made where it points.
+  fs::path made = dir;
+  for (int hops = 0; hops < 40 && fs::is_symlink(made, ec) && !fs::exists(made, ec); ++hops) {
+    const fs::path to = fs::read_symlink(made, ec);
+    if (ec) break;
+    made = to.is_absolute() ? to : made.parent_path() / to;
+  }
+  fs::create_directories(made, ec);
   if (ec || !fs::is_directory(dir))
     FH_FAIL("offload directory '", dir.string(), "' cannot be created: ",
             ec ? ec.message() : std::string("a non-directory is in the way"));

@@ -1,5 +1,6 @@
 // CUDA runtime probe (compiled by nvcc): device count, name, compute capability, memory.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include "kernels/cuda/cuda_probe.h"
 
@@ -14,6 +15,11 @@ CudaProbe probe_cuda() {
   if (e != cudaSuccess) {
     p.reason = std::string("CUDA runtime: ") + cudaGetErrorString(e);
     cudaGetLastError();  // clear the sticky error
+    // The runtime says "driver version is insufficient" when there is no driver at all.
+    if (e == cudaErrorInsufficientDriver) {
+      if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) dlclose(driver);
+      else p.reason = "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)";
+    }
     return p;
   }
   if (n == 0) {

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -43,6 +44,30 @@ std::optional<fs::path> preset_path(const Env& env, const std::string& name) {
   return std::nullopt;
 }
 
+namespace {
+
+// The directory of `spec`, which is no preset. A bare name that is no directory either (no '/':
+// no hub id) is most likely a preset mistyped, or one of a configs directory that was not found:
+// the error lists the presets there.
+fs::path local_or_hub_dir(const Env& env, const std::string& spec) {
+  std::error_code ec;
+  if (spec.empty() || spec.find('/') != std::string::npos || fs::exists(spec, ec))
+    return resolve_model_dir(spec, env.hub);
+  const fs::path models = env.configs_dir / "models";
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(models, ec))
+    if (e.path().extension() == ".json") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  std::string known;
+  for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+  FH_FAIL("no such model directory or preset: ", spec, " (",
+          names.empty() ? models.string() + " holds no presets: give --configs DIR before the command"
+                        : "presets in " + models.string() + ": " + known,
+          "; or a hub id like ORG/NAME[@REVISION])");
+}
+
+}  // namespace
+
 void check_workload_length(const ModelConfig& c, const std::string& model, int64_t prompt_len, int64_t gen_len) {
   if (prompt_len + gen_len > max_sequence_tokens(c))
     FH_FAIL("--prompt-len ", prompt_len, " + --gen-len ", gen_len, " is longer than a sequence of ", model,
@@ -59,14 +84,14 @@ ModelConfig resolve_config(const Env& env, const std::string& spec, std::string*
       return c;
     }
   }
-  fs::path dir = resolve_model_dir(spec, env.hub);
+  fs::path dir = local_or_hub_dir(env, spec);
   if (source) *source = dir.string();
   return ModelConfig::from_file(dir / "config.json");
 }
 
 std::optional<fs::path> model_dir(const Env& env, const std::string& spec) {
   if (!fs::is_directory(spec) && preset_path(env, spec)) return std::nullopt;
-  return resolve_model_dir(spec, env.hub);
+  return local_or_hub_dir(env, spec);
 }
 
 LoadedModel load_model(const Env& env, const std::string& spec, const std::string& tokenizer_dir,

@@ -271,8 +271,16 @@ HardwareProfile resolve_profile(const std::string& spec, const std::filesystem::
   if (fs::is_regular_file(spec)) return HardwareProfile::load(spec);
   const fs::path p = configs_dir / "hardware" / (spec + ".json");
   if (fs::is_regular_file(p)) return HardwareProfile::load(p);
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(configs_dir / "hardware", ec))
+    if (e.path().extension() == ".json") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  std::string known;
+  for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
   FH_FAIL("hardware profile \"", spec, "\" is neither a file nor a name in ", (configs_dir / "hardware").string(),
-          " (try t4-paper or h200, or run `flexh2o profile`)");
+          " (", names.empty() ? std::string("it holds no profiles: give --configs DIR before the command") : "names there: " + known,
+          "; or run `flexh2o profile` and give its file)");
 }
 
 }  // namespace flexh2o

@@ -1,12 +1,15 @@
 // The hardware profiler: small timed probes of every resource the cost model uses.
 #include "planner/profile.h"
 
+#include <signal.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -32,6 +35,26 @@ namespace flexh2o {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr const char* kProbeDirPrefix = "flexh2o-profile-";  // then the measuring process's id
+
+// The temporary directory's probe directory of this process. Those of processes that are gone (a
+// profile killed mid-probe leaves its 256 MiB of probe files) are removed first.
+std::filesystem::path temp_probe_dir() {
+  std::error_code ec;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec)
+    FH_FAIL("the temporary directory (TMPDIR, else /tmp) is unusable for the disk probe: ", ec.message(),
+            "; set TMPDIR to an existing directory, or give --offload-dir a directory on the disk to measure");
+  for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kProbeDirPrefix, 0) != 0) continue;
+    const std::string id = name.substr(std::strlen(kProbeDirPrefix));
+    if (id.empty() || id.size() > 9 || id.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(pid_t(std::stol(id)), 0) == -1 && errno == ESRCH) std::filesystem::remove_all(e.path(), ec);
+  }
+  return tmp / (kProbeDirPrefix + std::to_string(::getpid()));
+}
 
 // Seconds of the fastest call of f, repeated until min_seconds have passed and at least 3
 // calls were made (after one warm-up call). The fastest, not the mean: the machine may be
@@ -212,9 +235,7 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
   // FlexGen's alpha: MemAvailable is shared with every other process, and the plan's buffers are
   // not all a run holds (the mapped checkpoint's pages, allocator slack, the tokenizer).
   h.usable_fraction = 0.8;
-  const std::filesystem::path dir =
-      o.offload_dir.empty() ? std::filesystem::temp_directory_path() / ("flexh2o-profile-" + std::to_string(::getpid()))
-                            : o.offload_dir / "flexh2o-profile";
+  const std::filesystem::path dir = o.offload_dir.empty() ? temp_probe_dir() : o.offload_dir / "flexh2o-profile";
   if (std::error_code ec; !std::filesystem::create_directories(dir, ec) && ec)
     FH_FAIL("cannot create the disk probe's directory ", dir.string(), ": ", ec.message(),
             o.offload_dir.empty() ? "" : "; give --offload-dir a writable directory on the disk to measure");

@@ -489,5 +489,24 @@ TEST(DiskStoreOpen, UnwritableDirectoryIsNamed) {
   fs::remove_all(base);
 }
 
+// A link to a directory not made yet (offload -> the NVMe mount's folder) is followed and the
+// directory made there, through a relative link and a chain of two; before, "cannot be created:
+// File exists".
+TEST(DiskStoreOpen, DanglingLinkIsFollowed) {
+  auto io = make_io_backend(IoBackendChoice::kPread, nullptr);
+  const fs::path base = unique_dir(fs::path(FLEXH2O_BINARY_DIR) / "offload_test_tmp");
+  fs::create_directories(base);
+  fs::create_symlink(base / "nvme" / "offload", base / "abs");
+  fs::create_symlink("deep/store", base / "rel");
+  fs::create_symlink("rel", base / "chain");
+  for (const char* link : {"abs", "rel", "chain"}) {
+    auto store = DiskStore::open(base / link, "m", *io);
+    EXPECT_TRUE(fs::is_directory(base / link)) << link;
+  }
+  EXPECT_TRUE(fs::is_directory(base / "nvme" / "offload"));
+  EXPECT_TRUE(fs::is_directory(base / "deep" / "store"));
+  fs::remove_all(base);
+}
+
 }  // namespace
 }  // namespace flexh2o

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -103,6 +104,39 @@ TEST(PlannerProfile, KvPolicyRateRoundTripsAndDefaultsToFree) {
   EXPECT_EQ(free.host_kv_group, 0);
   EXPECT_EQ(free.host_kv_policy_row, 0);
   EXPECT_EQ(free.host_kv_threads, 1);
+}
+
+// The disk probe in the temporary directory: the probe directories of profiles that are gone
+// (killed mid-probe: 256 MiB of files) are removed, those of live processes kept, and its own
+// removed at the end; an unusable TMPDIR is named, with what to do.
+TEST(PlannerProfile, TempProbeDirsOfGoneProfilesAreRemoved) {
+  test::TempDir tmp;
+  const char* before = std::getenv("TMPDIR");
+  const std::string saved = before ? before : "";
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  waitpid(gone, nullptr, 0);
+  const auto stale = tmp.path() / ("flexh2o-profile-" + std::to_string(gone));
+  const auto live = tmp.path() / ("flexh2o-profile-" + std::to_string(getppid()));
+  const auto other = tmp.path() / "flexh2o-profile-notes";
+  for (const auto& d : {stale, live, other}) {
+    std::filesystem::create_directories(d);
+    std::ofstream(d / "probe.fhs") << "x";
+  }
+  setenv("TMPDIR", tmp.path().c_str(), 1);
+  CpuDevice dev(CpuDeviceOptions{});
+  (void)measure_profile(dev, test::quick_profile_options());
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(live / "probe.fhs"));
+  EXPECT_TRUE(std::filesystem::exists(other / "probe.fhs"));
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / ("flexh2o-profile-" + std::to_string(getpid()))));
+  setenv("TMPDIR", (tmp.path() / "missing").c_str(), 1);
+  const std::string msg = test::error_of([&] { (void)measure_profile(dev, test::quick_profile_options()); });
+  EXPECT_NE(msg.find("the temporary directory (TMPDIR, else /tmp) is unusable for the disk probe"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("give --offload-dir"), std::string::npos) << msg;
+  if (before) setenv("TMPDIR", saved.c_str(), 1);
+  else unsetenv("TMPDIR");
 }
 
 // The profiler times the engine's own decisions on one thread.

@@ -499,3 +499,15 @@ def test_lm_class_builds_the_llm_from_model_args(monkeypatch):
                      "recent_ratio": 0.1, "percent": [0, 100, 100, 0, 100, 0], "cpu_cache_compute": True,
                      "gpu_mem": "16GiB"}
     assert (lm.max_length, lm.adapter.chunk_size) == (24, 8)
+
+
+def test_the_lm_eval_command_without_lm_eval_says_how_to_install_it(monkeypatch, capsys):
+    # `pip install flexh2o` installs flexh2o-lm-eval without the optional lm-eval: a clear exit 2,
+    # not a traceback. (lm_eval.__main__ made unimportable whether or not lm-eval is here.)
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    monkeypatch.setitem(sys.modules, "lm_eval.__main__", None)
+    from flexh2o import lm_eval as command
+    with pytest.raises(SystemExit) as e:
+        command.main(["--help"])
+    assert e.value.code == 2
+    assert "pip install 'flexh2o[lm-eval]'" in capsys.readouterr().err

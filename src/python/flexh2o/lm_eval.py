@@ -8,7 +8,12 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> None:
-    from lm_eval.__main__ import cli_evaluate
+    try:
+        from lm_eval.__main__ import cli_evaluate
+    except ImportError as e:  # the optional extra: `pip install flexh2o` alone has no lm-eval
+        print(f"flexh2o-lm-eval: lm-evaluation-harness is not installed ({e}); install it with "
+              "`pip install 'flexh2o[lm-eval]'` (or `pip install 'lm-eval>=0.4.13,<0.5'`)", file=sys.stderr)
+        sys.exit(2)
 
     from flexh2o import lm_eval_model  # noqa: F401  (registers "flexh2o")
 
