@@ -566,7 +566,7 @@ TEST(Cli, AConfigsDirThatIsNotOneAndASeedPastUint64AreWrongCommandLines) {
   RunResult r = flexh2o("--configs /nonexistent info opt-30b");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--configs /nonexistent is not a directory"), std::string::npos) << r.err;
-  for (const std::string cmd :
+  for (const std::string& cmd :
        {"generate -m " + kOpt + " -p hi -n 1", "bench -m " + kOpt + " --prompt-len 4 --gen-len 1"}) {
     r = flexh2o(cmd + " --seed 18446744073709551616");
     EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;

@@ -58,7 +58,9 @@ TEST(LengthSortedOrder, GenerateGivesRequestOrderResultsWithLessPadding) {
   std::vector<size_t> reported;
   o.on_result = [&](size_t r, const GenerationResult& res) {
     reported.push_back(r);
-    if (r != 5) EXPECT_EQ(res.tokens, plain[r].tokens) << "request " << r;
+    if (r != 5) {
+      EXPECT_EQ(res.tokens, plain[r].tokens) << "request " << r;
+    }
   };
   o.ends_at = [&](size_t r, const GenerationResult& res) { return r == 5 && res.tokens.size() == 2; };
   const std::vector<GenerationResult> sorted = generate(runner, reqs, order, o, &sorted_st);

@@ -55,7 +55,7 @@ struct AttnData {
 };
 
 AttnData make(const AttnCase& c, int64_t d, bool scores, uint32_t seed) {
-  AttnData t{c, d, max_keys(c) + 5, {}, {}, {}, {}, {}};
+  AttnData t{c, d, max_keys(c) + 5, {}, {}, {}, {}, {}, {}};
   t.q = randn(size_t(c.B * c.tq * (c.H * d + 3)), seed);
   t.k = randn(size_t(c.B * c.KV * t.cap * d), seed + 1);
   t.v = randn(size_t(c.B * c.KV * t.cap * d), seed + 2);
