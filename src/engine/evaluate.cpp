@@ -28,18 +28,23 @@ TokenScore score_token(const float* row, int64_t vocab, int32_t target) {
 
 // The most rows, at most `rows`, that a step reading `from` + them may have within the runner's
 // memory budgets (StepRunner::check_batch, found by bisection: a step's need grows with its
-// rows); 1 where none fits, so that the step's own refusal says why.
+// rows). Asked after begin_batch(), which removes the last batch's KV files: the disk space is
+// then this batch's. Where one row does not fit either, check_batch's refusal is thrown as it is.
 int64_t rows_within_budgets(const StepRunner& runner, int64_t from, int64_t rows, int64_t capacity) {
-  auto fits = [&](int64_t r) {
+  auto check = [&](int64_t r) {
     const std::array<int64_t, 1> length{from + r};
+    runner.check_batch(length, from + r, capacity);
+  };
+  auto fits = [&](int64_t r) {
     try {
-      runner.check_batch(length, from + r, capacity);
+      check(r);
       return true;
     } catch (const Error&) {
       return false;
     }
   };
   if (rows <= 1 || fits(rows)) return std::max<int64_t>(rows, 1);
+  check(1);
   int64_t lo = 1, hi = rows;  // !fits(hi)
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
@@ -58,9 +63,9 @@ void score_sequence(StepRunner& runner, std::span<const int32_t> fed, int64_t fr
                     const std::function<void(int64_t, const float*)>& on_row,
                     const std::function<bool(int64_t)>& on_step) {
   const int64_t V = runner.config().vocab_size, n = int64_t(fed.size());
+  runner.begin_batch(1, n);
   const int64_t wanted = std::min(scoring_rows(V, 1, logits_bytes), n - from);
   const int64_t chunk = runner.can_step_rows() ? rows_within_budgets(runner, from, wanted, n) : 1;
-  runner.begin_batch(1, n);
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = int32_t(t);
   std::vector<float> logits;

@@ -60,25 +60,19 @@ bool within_budgets(const std::array<std::unique_ptr<TierBudget>, 3>& budgets, c
   return true;
 }
 
-// What a refused batch may become: the most of its sequences (the longest first) that `fits`,
-// found by bisection (a batch's need grows with its sequences), said as the block flags that
-// make such a batch. "" when the whole batch fits.
-std::string batch_that_fits(std::vector<int64_t> lengths, const Policy& p,
-                            const std::function<bool(std::span<const int64_t>)>& fits) {
+// The most of `lengths`'s sequences (the longest first) whose batch `fits`, found by bisection (a
+// batch's need grows with its sequences): 0 when not even one does.
+int64_t largest_fitting(std::vector<int64_t> lengths, const std::function<bool(std::span<const int64_t>)>& fits) {
   std::sort(lengths.begin(), lengths.end(), std::greater<>());
   const auto first = [&](int64_t k) { return std::span<const int64_t>(lengths.data(), size_t(k)); };
-  if (fits(first(int64_t(lengths.size())))) return "";
-  if (!fits(first(1)))
-    return "not even one sequence of this length fits these budgets (the weights' homes and one sequence's cache "
-           "and activations): ";
+  if (fits(first(int64_t(lengths.size())))) return int64_t(lengths.size());
+  if (!fits(first(1))) return 0;
   int64_t lo = 1, hi = int64_t(lengths.size());  // fits(lo), !fits(hi)
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
     (fits(first(mid)) ? lo : hi) = mid;
   }
-  const int64_t g = std::min(lo, p.gpu_batch_size), n = lo / g;
-  return detail::concat("at most ", lo, " of these ", lengths.size(), " sequences fit these budgets (e.g. ",
-                        "--gpu-batch-size ", g, " --num-gpu-batches ", n, ", a block of ", g * n, "): ");
+  return lo;
 }
 
 // The dtype every weight has on `dev` (nullopt: each keeps its checkpoint dtype).
@@ -347,13 +341,21 @@ void OffloadEngine::check_batch(std::span<const int64_t> lengths, int64_t rows, 
   FH_CHECK(!lengths.empty(), "a batch of no sequences");
   const MemoryPlan need = impl_->plan_batch(lengths, rows, capacity);
   if (!within_budgets(budgets_, need)) {
-    const std::string fits = batch_that_fits({lengths.begin(), lengths.end()}, opts_.policy, [&](auto some) {
+    const int64_t k = largest_fitting({lengths.begin(), lengths.end()}, [&](auto some) {
       return within_budgets(budgets_, impl_->plan_batch(some, rows, capacity));
     });
+    const int64_t g = std::min(k, opts_.policy.gpu_batch_size), n = k / std::max<int64_t>(g, 1);
+    const std::string remedy =
+        k == 0 ? std::string("not even one sequence of this length fits these budgets (the weights' homes and one "
+                             "sequence's cache and activations): move data to a lower tier, use a smaller KV budget "
+                             "or shorter sequences, or give the tiers more memory")
+               : detail::concat("at most ", k, " of these ", lengths.size(), " sequences fit these budgets (e.g. "
+                                "--gpu-batch-size ", g, " --num-gpu-batches ", n, ", a block of ", g * n,
+                                "): ", batch_fit_remedy(opts_.kv_policy != nullptr));
     check_budgets(budgets_, need,
                   detail::concat("a batch of this run (", lengths.size(), " sequences, prompt ", rows, ", capacity ",
                                  capacity, ")"),
-                  "", "", fits + batch_fit_remedy(opts_.kv_policy != nullptr));
+                  "", "", remedy);
   }
   // The filesystem under --offload-dir, too: its KV files are created at the batch's prefill.
   const uint64_t kv = store_ ? impl_->kv_disk_space(need, impl_->sizing(capacity).classes, int64_t(lengths.size())) : 0;

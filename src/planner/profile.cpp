@@ -39,7 +39,9 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kProbeDirPrefix = "flexh2o-profile-";  // then the measuring process's id
 
 // The temporary directory's probe directory of this process. Those of processes that are gone (a
-// profile killed mid-probe leaves its 256 MiB of probe files) are removed first.
+// profile killed mid-probe leaves its 256 MiB of probe files) and untouched for an hour are removed
+// first: the hour spares a live profile of another PID namespace (containers sharing /tmp), whose
+// pid means nothing here, as a probe takes seconds.
 std::filesystem::path temp_probe_dir() {
   std::error_code ec;
   const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
@@ -51,7 +53,10 @@ std::filesystem::path temp_probe_dir() {
     if (name.rfind(kProbeDirPrefix, 0) != 0) continue;
     const std::string id = name.substr(std::strlen(kProbeDirPrefix));
     if (id.empty() || id.size() > 9 || id.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (::kill(pid_t(std::stol(id)), 0) == -1 && errno == ESRCH) std::filesystem::remove_all(e.path(), ec);
+    if (::kill(pid_t(std::stol(id)), 0) == 0 || errno != ESRCH) continue;
+    const auto touched = std::filesystem::last_write_time(e.path(), ec);
+    if (!ec && std::filesystem::file_time_type::clock::now() - touched > std::chrono::hours(1))
+      std::filesystem::remove_all(e.path(), ec);
   }
   return tmp / (kProbeDirPrefix + std::to_string(::getpid()));
 }

@@ -122,8 +122,8 @@ class Session {
   int64_t vocab_size() const;
   int64_t max_length() const;  // max_position_embeddings
   std::optional<int32_t> eos_id() const;
-  // The ids that end a sequence (cli::end_of_sequence_ids: the tokenizer's, config.json's and,
-  // with generation_config "auto", generation_config.json's).
+  // The ids that end a sequence (cli::end_of_sequence_ids: the tokenizer's, config.json's and
+  // generation_config.json's, under "none" too).
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   std::optional<int32_t> bos_id() const;
   // The directory holding the tokenizer files (tokenizer_config.json); empty for a preset

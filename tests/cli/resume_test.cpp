@@ -64,27 +64,8 @@ std::map<std::string, json> results_of(const fs::path& out) {
   return by_id;
 }
 
-// Starts flexh2o ARGS (split on spaces) with stdout and stdin on /dev/null, stderr to `err`, and
-// the stop signals at their default (a suite run in the background or under nohup would pass its
-// ignored ones on), but `ignored` (0: none) ignored, as nohup leaves SIGHUP.
 pid_t spawn(const std::string& args, const fs::path& err, int ignored = 0) {
-  std::vector<std::string> words{std::string(FLEXH2O_BINARY_DIR) + "/flexh2o"};
-  std::istringstream ss(args);
-  for (std::string w; ss >> w;) words.push_back(w);
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(w.data());
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int null = open("/dev/null", O_RDWR), e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(null, 0);
-    dup2(null, 1);
-    dup2(e, 2);
-    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, sig == ignored ? SIG_IGN : SIG_DFL);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
+  return flexh2o::test::spawn_flexh2o(args, {}, err, ignored);
 }
 
 // Waits until `out` holds a complete line, then sends `sig` (`times` times back to back, the

@@ -107,26 +107,37 @@ TEST(PlannerProfile, KvPolicyRateRoundTripsAndDefaultsToFree) {
 }
 
 // The disk probe in the temporary directory: the probe directories of profiles that are gone
-// (killed mid-probe: 256 MiB of files) are removed, those of live processes kept, and its own
-// removed at the end; an unusable TMPDIR is named, with what to do.
+// (killed mid-probe: 256 MiB of files) and an hour old are removed, those of live processes or
+// touched lately (a process of another PID namespace) kept, and its own removed at the end; an
+// unusable TMPDIR is named, with what to do.
 TEST(PlannerProfile, TempProbeDirsOfGoneProfilesAreRemoved) {
   test::TempDir tmp;
-  const char* before = std::getenv("TMPDIR");
-  const std::string saved = before ? before : "";
+  struct RestoreTmpdir {  // whatever this test throws, the binary's later tests keep their TMPDIR
+    const char* before = std::getenv("TMPDIR");
+    std::string saved = before ? before : "";
+    ~RestoreTmpdir() {
+      if (before) setenv("TMPDIR", saved.c_str(), 1);
+      else unsetenv("TMPDIR");
+    }
+  } restore;
   const pid_t gone = fork();
   if (gone == 0) _exit(0);
   waitpid(gone, nullptr, 0);
   const auto stale = tmp.path() / ("flexh2o-profile-" + std::to_string(gone));
+  const auto recent = tmp.path() / ("flexh2o-profile-" + std::to_string(gone) + "0");  // no such pid, but new
   const auto live = tmp.path() / ("flexh2o-profile-" + std::to_string(getppid()));
   const auto other = tmp.path() / "flexh2o-profile-notes";
-  for (const auto& d : {stale, live, other}) {
+  for (const auto& d : {stale, recent, live, other}) {
     std::filesystem::create_directories(d);
     std::ofstream(d / "probe.fhs") << "x";
+    if (d != recent)
+      std::filesystem::last_write_time(d, std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
   }
   setenv("TMPDIR", tmp.path().c_str(), 1);
   CpuDevice dev(CpuDeviceOptions{});
   (void)measure_profile(dev, test::quick_profile_options());
   EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(recent / "probe.fhs"));
   EXPECT_TRUE(std::filesystem::exists(live / "probe.fhs"));
   EXPECT_TRUE(std::filesystem::exists(other / "probe.fhs"));
   EXPECT_FALSE(std::filesystem::exists(tmp.path() / ("flexh2o-profile-" + std::to_string(getpid()))));
@@ -135,8 +146,6 @@ TEST(PlannerProfile, TempProbeDirsOfGoneProfilesAreRemoved) {
   EXPECT_NE(msg.find("the temporary directory (TMPDIR, else /tmp) is unusable for the disk probe"), std::string::npos)
       << msg;
   EXPECT_NE(msg.find("give --offload-dir"), std::string::npos) << msg;
-  if (before) setenv("TMPDIR", saved.c_str(), 1);
-  else unsetenv("TMPDIR");
 }
 
 // The profiler times the engine's own decisions on one thread.

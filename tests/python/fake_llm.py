@@ -16,7 +16,8 @@ class Completion:
 
 
 class FakeLLM:
-    def __init__(self, max_length=16, bos=True, eos=True, script=(), report=None, adds_bos=True, suffix=()):
+    def __init__(self, max_length=16, bos=True, eos=True, script=(), report=None, adds_bos=True, suffix=(),
+                 more_eos=()):
         self.pieces = ["<s>", "</s>"]
         self.index = {"<s>": 0, "</s>": 1}
         self.max_length = max_length
@@ -24,6 +25,8 @@ class FakeLLM:
         self.adds_bos = adds_bos  # encode(text) puts BOS first (SmolLM2's tokenizer does not)
         self.suffix = list(suffix)  # ... and these ids last (add_eos_token)
         self.eos_id = 1 if eos else None
+        # LLM.eos_ids: the EOS and these pieces' ids (a model's other end ids: Gemma's <end_of_turn>)
+        self.eos_ids = ([1] if eos else []) + [self.id_of(piece) for piece in more_eos]
         self.name = "fake"
         self.script = list(script)  # generated pieces, the same for every prompt
         self.calls = []
@@ -94,15 +97,16 @@ class FakeLLM:
         for p in prompts:
             assert len(p) + max_new_tokens <= self.max_length, (len(p), max_new_tokens)
             ids = [self.id_of(piece) for piece in self.script][:max_new_tokens]
-            if self.eos_id in ids:
-                ids = ids[:ids.index(self.eos_id) + 1]
+            end = next((k for k, t in enumerate(ids) if t in self.eos_ids), None)
+            if end is not None:
+                ids = ids[:end + 1]
             # LLM.generate's stop: the sequence ends at the first token whose text holds one
             ends = [k for k in range(1, len(ids) + 1) if any(s in self.decode(ids[:k]) for s in stop)]
-            if ends and (self.eos_id not in ids or ends[0] <= ids.index(self.eos_id)):
+            if ends and (end is None or ends[0] <= end):
                 ids = ids[:ends[0]]
                 out.append(Completion(self.decode(ids), ids, "stop"))
                 continue
-            out.append(Completion(self.decode(ids), ids, "eos" if self.eos_id in ids else "length"))
+            out.append(Completion(self.decode(ids), ids, "eos" if end is not None else "length"))
         return out
 
     def apply_chat_template(self, messages, add_generation_prompt=True):

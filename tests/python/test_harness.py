@@ -401,6 +401,13 @@ def test_adapter_rolling_needs_a_prefix():
         HarnessAdapter(FakeLLM(bos=False, eos=False)).loglikelihood_rolling(["a"])
 
 
+def test_adapter_generate_until_drops_whichever_end_id_ended_the_answer():
+    # Gemma's instruct models end a turn with <end_of_turn>, not their tokenizer's EOS: the answer
+    # is the text before it (it kept "<eot>" while only the EOS's text was cut).
+    llm = FakeLLM(max_length=16, script=[" one", "<eot>", " two"], more_eos=("<eot>",))
+    assert HarnessAdapter(llm, max_gen_toks=6).generate_until([("a", {"until": ["\n"]})]) == [" one"]
+
+
 def test_adapter_generate_until_groups_cuts_and_restores_order():
     llm = FakeLLM(max_length=16, script=[" one", "\n", " two", "</s>", " three"])
     ad = HarnessAdapter(llm, max_gen_toks=6)

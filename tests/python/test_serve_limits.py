@@ -114,7 +114,7 @@ def test_unknown_flags_are_named_as_written():
     r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--generation-config", "none"])
     assert r.returncode == 2 and r.stderr == (
         "flexh2o serve: --generation-config is not taken: request fields not given take OpenAI's defaults; the "
-        "model's generation_config.json is not read\n"), r.stderr
+        "sampling values of the model's generation_config.json are not read (its eos_token_id is)\n"), r.stderr
     r = run_module(["serve", "-m", TINY["opt"], "--device", "cpu", "--port", "0", "--no-such-flag", "1"])
     assert r.returncode == 2 and r.stderr.endswith(
         "flexh2o serve: unknown flag --no-such-flag (serve's flags: --help; engine flags: `flexh2o generate "

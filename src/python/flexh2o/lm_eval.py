@@ -10,7 +10,9 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     try:
         from lm_eval.__main__ import cli_evaluate
-    except ImportError as e:  # the optional extra: `pip install flexh2o` alone has no lm-eval
+    except ModuleNotFoundError as e:  # the optional extra: `pip install flexh2o` alone has no lm-eval
+        if e.name not in ("lm_eval", "lm_eval.__main__"):
+            raise  # lm-eval is there, one of its own dependencies is not: its own error says which
         print(f"flexh2o-lm-eval: lm-evaluation-harness is not installed ({e}); install it with "
               "`pip install 'flexh2o[lm-eval]'` (or `pip install 'lm-eval>=0.4.13,<0.5'`)", file=sys.stderr)
         sys.exit(2)

@@ -148,6 +148,9 @@ class HarnessAdapter:
                 if len(done) != len(chunk):
                     raise RuntimeError(f"LLM.generate returned {len(done)} completions for {len(chunk)} prompts")
                 for i, c in zip(chunk, done):
-                    out[i] = h.cut_at_stops(self.llm.decode(list(c.token_ids)), spec.until + (self.eos_text,))
+                    # The id that ended the sequence (any of LLM.eos_ids: Gemma's <end_of_turn>, LLaMA-3.1's
+                    # three) is not text; an EOS drawn mid-text under ignore_eos is cut as the task's stops are.
+                    ids = list(c.token_ids)[:-1] if c.finish_reason == "eos" else list(c.token_ids)
+                    out[i] = h.cut_at_stops(self.llm.decode(ids), spec.until + (self.eos_text,))
                 progress(len(chunk))
         return out

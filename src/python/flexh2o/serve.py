@@ -330,8 +330,8 @@ def _not_engine_flag(rest):
                     "(OpenAI's default when it does not); serve's own sampling flags are --greedy, --top-k, --min-p, "
                     "--repetition-penalty, --ignore-eos and --seed")
         if name == "generation_config":
-            return (f"{spelled} is not taken: request fields not given take OpenAI's defaults; the model's "
-                    "generation_config.json is not read")
+            return (f"{spelled} is not taken: request fields not given take OpenAI's defaults; the sampling "
+                    "values of the model's generation_config.json are not read (its eos_token_id is)")
     return None
 
 
