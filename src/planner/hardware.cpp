@@ -279,7 +279,9 @@ HardwareProfile resolve_profile(const std::string& spec, const std::filesystem::
   std::string known;
   for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
   FH_FAIL("hardware profile \"", spec, "\" is neither a file nor a name in ", (configs_dir / "hardware").string(),
-          " (", names.empty() ? std::string("it holds no profiles: give --configs DIR before the command") : "names there: " + known,
+          " (",
+          names.empty() ? std::string("it holds no profiles: give --configs DIR before the command")
+                        : "names there: " + known,
           "; or run `flexh2o profile` and give its file)");
 }
 
