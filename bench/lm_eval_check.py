@@ -3,11 +3,10 @@
 # (lm-eval acc vs `eval-choice` acc; acc_norm explained below), perplexity (each document's
 # loglikelihood_rolling vs `eval-ppl --streaming`) and greedy generation (generate_until vs
 # `generate --greedy`). Run by bench/lm_eval_check.sh inside the lm-eval venv; prints a table.
-"""acc_norm: lm-eval divides each choice's log-likelihood by the choice's length in characters
-(acc_bytes: UTF-8 bytes), eval-choice by its number of tokens. So the check recomputes, from the
-per-choice log-likelihoods lm-eval logged (--log_samples), both lm-eval's acc (must equal
-lm-eval's reported acc) and the per-token acc_norm with the continuation token counts the
-adapter sent (must equal eval-choice's acc_norm); lm-eval's own acc_norm is reported beside."""
+"""acc_norm / acc_bytes: both tools divide each choice's log-likelihood by the choice's length in
+characters / UTF-8 bytes, so lm-eval's numbers must equal eval-choice's. eval-choice's
+acc_norm_token (per token) is recomputed from the per-choice log-likelihoods lm-eval logged
+(--log_samples) with the continuation token counts the adapter sent."""
 import argparse
 import glob
 import json
@@ -77,9 +76,12 @@ def check_choice(llm, adapter, binary, model, extra, results, samples, tmp):
             split_differs += whole[:len(ctx)] != ctx
     r = results["results"][CHOICE]
     row = {"lm-eval acc": r["acc,none"], "eval-choice acc": ec["acc"], "recomputed acc": acc / n,
-           "lm-eval acc_norm (chars)": r["acc_norm,none"], "acc_norm per token from lm-eval": tok_norm / n,
-           "eval-choice acc_norm (tokens)": ec["acc_norm"], "split differs": split_differs}
-    ok = r["acc,none"] == ec["acc"] == acc / n and tok_norm / n == ec["acc_norm"]
+           "lm-eval acc_norm": r["acc_norm,none"], "eval-choice acc_norm": ec["acc_norm"],
+           "lm-eval acc_bytes": r["acc_bytes,none"], "eval-choice acc_bytes": ec["acc_bytes"],
+           "acc_norm per token from lm-eval": tok_norm / n, "eval-choice acc_norm_token": ec["acc_norm_token"],
+           "split differs": split_differs}
+    ok = (r["acc,none"] == ec["acc"] == acc / n and r["acc_norm,none"] == ec["acc_norm"]
+          and r["acc_bytes,none"] == ec["acc_bytes"] and tok_norm / n == ec["acc_norm_token"])
     return row, ok
 
 

@@ -16,9 +16,12 @@
 //    as in generation. The engine evicts after prefill attention (H2O-FlexGen semantics), so a
 //    choice's FIRST token is scored with the full context and only later tokens see the capped
 //    cache (h2o_hf's lm-eval masking restricts attention inside the prompt too; stream the
-//    context, as eval-ppl does, for that). Requests are HFLM's (prepare_item). acc = argmax of
-//    the summed log-likelihood; acc_norm = argmax of the per-TOKEN mean (lm-eval divides by the
-//    choice's characters); ties go to the lowest choice index (numpy argmax, as lm-eval).
+//    context, as eval-ppl does, for that). Requests are HFLM's (prepare_item). Metrics are
+//    lm-eval's multiple_choice ones: acc = argmax of the summed log-likelihood, acc_norm of it
+//    over the choice's characters (code points, Python's len), acc_bytes over its UTF-8 bytes,
+//    the delimiter not counted; acc_norm_token divides by the choice's tokens instead. Ties go
+//    to the lowest choice index (numpy argmax, as lm-eval).
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -258,6 +261,42 @@ std::vector<size_t> fewshot_indices(size_t item, size_t n, int64_t k, uint64_t s
   return out;
 }
 
+// Whether a code point is whitespace to Python's str.isspace (so str.rstrip strips it).
+bool python_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f ||
+         cp == 0x3000;
+}
+
+// The length of `s` (UTF-8) once str.rstrip() took its trailing whitespace.
+size_t python_rstrip_size(const std::string& s) {
+  size_t end = s.size();
+  while (end > 0) {
+    size_t start = end - 1;
+    while (start > 0 && (uint8_t(s[start]) & 0xC0) == 0x80 && end - start < 4) --start;
+    const auto lead = uint8_t(s[start]);
+    const size_t len = end - start;
+    uint32_t cp = len == 1 ? lead : len == 2 ? lead & 0x1Fu : len == 3 ? lead & 0x0Fu : lead & 0x07u;
+    for (size_t i = start + 1; i < end; ++i) cp = (cp << 6) | (uint8_t(s[i]) & 0x3Fu);
+    if (!python_space(cp)) break;
+    end = start;
+  }
+  return end;
+}
+
+// Python's len() of UTF-8 text: its code points (the bytes that do not continue a sequence).
+double code_points(const std::string& s) {
+  return double(std::count_if(s.begin(), s.end(), [](char ch) { return (uint8_t(ch) & 0xC0) != 0x80; }));
+}
+
+// The first index of the largest loglik[i] / length[i] (numpy argmax, as lm-eval).
+int64_t best_per(const std::vector<double>& loglik, const std::vector<double>& length) {
+  int64_t best = 0;
+  for (size_t i = 1; i < loglik.size(); ++i)
+    if (loglik[i] / length[i] > loglik[size_t(best)] / length[size_t(best)]) best = int64_t(i);
+  return best;
+}
+
 // An item as it is scored: each choice's context and continuation ids.
 struct PreparedItem {
   std::vector<LoglikRequest> choices;
@@ -266,16 +305,17 @@ struct PreparedItem {
 };
 
 // lm-eval's HFLM (0.4.x) request for each choice of `context` (few-shot examples and the item):
-// the context's trailing whitespace (str.rstrip's ASCII set) moves to the continuation; the
-// context gets `bos` in front unless its ids start with it (has_bos_prefix), an empty one
-// `prefix` alone; a continuation is encode(context + choice) past encode(context)'s length
-// (encoded alone after an empty context); a context + continuation longer than the model's
-// positions + 1 is cut from the left. Throws for a choice that encodes to no tokens or alone
-// outruns the positions.
+// the context's trailing whitespace (str.rstrip's, Unicode spaces too) moves to the
+// continuation; the context gets `bos` in front unless its ids start with it (has_bos_prefix),
+// an empty one `prefix` alone; a continuation is encode(context + delimiter + choice) past
+// encode(context)'s length (encoded alone after an empty context, less a first id that is the
+// prefix: that is the context); a context + continuation longer than the model's positions + 1
+// is cut from the left. Throws for a choice that encodes to no tokens or alone outruns the
+// positions.
 PreparedItem prepare_item(const Tokenizer& tok, const std::string& context, const std::vector<std::string>& choices,
-                          std::optional<int32_t> bos, std::optional<int32_t> prefix, const ModelConfig& c) {
-  const size_t keep = context.find_last_not_of(" \t\n\v\f\r\x1c\x1d\x1e\x1f");
-  const std::string ctx = keep == std::string::npos ? std::string() : context.substr(0, keep + 1);
+                          const std::string& delimiter, std::optional<int32_t> bos, std::optional<int32_t> prefix,
+                          const ModelConfig& c) {
+  const std::string ctx = context.substr(0, python_rstrip_size(context));
   const std::string moved = context.substr(ctx.size());
   const std::vector<int32_t> ctx_enc = tok.encode(ctx, false);
   std::vector<int32_t> ctx_ids;
@@ -288,10 +328,12 @@ PreparedItem prepare_item(const Tokenizer& tok, const std::string& context, cons
   PreparedItem p;
   p.context_tokens = int64_t(ctx_ids.size());
   for (size_t k = 0; k < choices.size(); ++k) {
-    const std::vector<int32_t> whole = tok.encode(ctx + moved + choices[k], false);
+    const std::vector<int32_t> whole = tok.encode(ctx + moved + delimiter + choices[k], false);
     LoglikRequest r;
     if (whole.size() > ctx_enc.size())
       r.continuation.assign(whole.begin() + std::ptrdiff_t(ctx_enc.size()), whole.end());
+    if (context.empty() && !r.continuation.empty() && r.continuation[0] == ctx_ids[0])
+      r.continuation.erase(r.continuation.begin());  // its own first id is the prefix (lm-eval's LM.loglikelihood)
     if (r.continuation.empty())
       FH_FAIL("choice ", k, " ", nlohmann::json(choices[k]).dump(), " encodes to no tokens after the context");
     const int64_t room = c.max_positions + 1 - int64_t(r.continuation.size());  // context ids that fit
@@ -313,10 +355,13 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
       "eval-choice",
       "Multiple-choice accuracy (lm-eval-harness style: the choice with the highest log-likelihood wins).\n"
       "--tasks is JSONL, one item a line: {\"context\": \"...\", \"choices\": [\" a\", \" b\", ...], \"label\": 0}.\n"
-      "Each choice is appended to the context verbatim (put the separating space in the choice).\n"
+      "Each choice is appended to the context after --target-delimiter (default none: put the separating\n"
+      "space in the choice, or give --target-delimiter ' ' as lm-eval's tasks do).\n"
       "Few-shot examples are other items with their right answer, joined by blank lines. Requests are\n"
       "lm-eval's (HFLM): the context's trailing whitespace moves to the choice, a context already starting\n"
-      "with BOS gets no second one, and one too long for the model is cut from the left (the run says how many).");
+      "with BOS gets no second one, and one too long for the model is cut from the left (the run says how many).\n"
+      "Metrics are lm-eval's: acc (highest log-likelihood), acc_norm (per character of the choice) and\n"
+      "acc_bytes (per UTF-8 byte), the delimiter not counted; acc_norm_token (per token) besides.");
   e->add_option("--model,-m", a.model, "Model directory or hub id")->required();
   e->add_option("--tokenizer", a.tokenizer, "Tokenizer directory (default: the model directory)");
   e->add_option("--tasks", a.tasks, "Task file (JSONL, see above)")->required();
@@ -324,6 +369,8 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
       ->capture_default_str();
   e->add_option("--fewshot-seed", a.fewshot_seed, "Seed of the (deterministic) few-shot selection")
       ->capture_default_str();
+  e->add_option("--target-delimiter", a.target_delimiter,
+                "Text between the context and each choice (lm-eval's target_delimiter; not counted in acc_norm)");
   e->add_option("--limit", a.limit, "Evaluate only the first N items (0: all)")->capture_default_str();
   e->add_option("--batch-size", a.batch_size,
                 "Choices scored together (default: all choices of an item); with offloading flags the block, "
@@ -332,6 +379,9 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
   e->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
   add_threads_flag(e, a.threads);
   e->add_flag("--json", a.json, "Print one JSON object");
+  e->add_option("--log-samples", a.log_samples,
+                "Write a JSON line per item scored: its line in --tasks, label, predictions and each choice's "
+                "log-likelihood, is_greedy, tokens, chars and bytes (lm-eval's --log_samples)");
   add_progress_flag(*e, a.progress);
   add_kv_flags(e, a.kv);
   add_offload_flags(e, a.offload);
@@ -343,6 +393,9 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
 int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
   EvalChoiceArgs a = args;  // --batch-size may set the offloading engine's block
   check_can_write({"--trace", a.offload.trace});  // an output path: exit 1, not a flag's mistake
+  check_can_write({"--log-samples", a.log_samples});
+  check_outputs_are_not_inputs({{"--log-samples", a.log_samples}, {"--trace", a.offload.trace}},
+                               {{"--tasks", a.tasks}});
   check_flags([&] {  // flag errors before loading anything
     check_eval_engine_flags("eval-choice", a.offload, a.kv);
     if (offload_requested(a.offload)) apply_batch_size_flag(a.batch_size > 0, a.batch_size, a.offload);
@@ -377,11 +430,11 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
   for (size_t i = 0; i < n; ++i) {
     std::string context;
     for (size_t j : fewshot_indices(i, items.size(), a.num_fewshot, a.fewshot_seed))
-      context += items[j].context + items[j].choices[size_t(items[j].label)] + "\n\n";
+      context += items[j].context + a.target_delimiter + items[j].choices[size_t(items[j].label)] + "\n\n";
     context += items[i].context;
     try {
-      prepared.push_back(prepare_item(tok, context, items[i].choices, adds_bos ? bos : std::nullopt, prefix,
-                                      lm.model->config()));
+      prepared.push_back(prepare_item(tok, context, items[i].choices, a.target_delimiter,
+                                      adds_bos ? bos : std::nullopt, prefix, lm.model->config()));
     } catch (const Error& e) {
       FH_FAIL(a.tasks, ":", items[i].line, ": ", e.what());
     }
@@ -418,8 +471,9 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
   }
   StepRunner& runner = *owned;
 
-  int64_t correct = 0, correct_norm = 0, context_tokens = 0;
+  int64_t correct = 0, correct_norm = 0, correct_bytes = 0, correct_norm_token = 0, context_tokens = 0;
   double chance = 0;
+  std::string samples;  // --log-samples: a JSON line per item scored
   Progress progress("eval-choice", "items", parse_progress_mode(a.progress), env.stderr_is_tty, engine);
   size_t done = 0;  // items scored: all of them unless a stop signal came first
   for (; done < n && !(env.stop && env.stop->load(std::memory_order_relaxed)); ++done) {
@@ -432,19 +486,40 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
     } catch (const Error& e) {
       FH_FAIL(a.tasks, ":", items[i].line, ": ", e.what(), a.num_fewshot ? " (try a smaller --num-fewshot)" : "");
     }
+    std::vector<double> chars, bytes;
+    for (const std::string& ch : items[i].choices) {
+      chars.push_back(code_points(ch));
+      bytes.push_back(double(ch.size()));
+    }
     correct += r.best == items[i].label;
-    correct_norm += r.best_norm == items[i].label;
+    correct_norm += best_per(r.loglik, chars) == items[i].label;
+    correct_bytes += best_per(r.loglik, bytes) == items[i].label;
+    correct_norm_token += r.best_norm == items[i].label;
+    if (!a.log_samples.empty()) {
+      json choices = json::array();
+      for (size_t k = 0; k < r.loglik.size(); ++k)
+        choices.push_back({{"loglik", r.loglik[k]}, {"is_greedy", bool(r.greedy[k])}, {"tokens", r.tokens[k]},
+                           {"chars", int64_t(chars[k])}, {"bytes", int64_t(bytes[k])}});
+      samples += json{{"line", items[i].line}, {"label", items[i].label}, {"pred", r.best},
+                      {"pred_norm", best_per(r.loglik, chars)}, {"pred_bytes", best_per(r.loglik, bytes)},
+                      {"pred_norm_token", r.best_norm}, {"context_tokens", p.context_tokens},
+                      {"truncated", p.truncated}, {"choices", choices}}
+                     .dump() +
+                 "\n";
+    }
     chance += 1.0 / double(items[i].choices.size());
     context_tokens += p.context_tokens;
   }
   progress.update(int64_t(done), int64_t(n));
   progress.finish();
   const double dn = double(done);  // 0 after a stop before the first item: NaN rates, null in JSON
-  json j{{"acc", double(correct) / dn}, {"acc_norm", double(correct_norm) / dn}, {"count", done},
-         {"items", n}, {"interrupted", done < n},
-         {"correct", correct}, {"correct_norm", correct_norm}, {"chance", chance / dn},
+  json j{{"acc", double(correct) / dn}, {"acc_norm", double(correct_norm) / dn},
+         {"acc_bytes", double(correct_bytes) / dn}, {"acc_norm_token", double(correct_norm_token) / dn},
+         {"count", done}, {"items", n}, {"interrupted", done < n},
+         {"correct", correct}, {"correct_norm", correct_norm}, {"correct_bytes", correct_bytes},
+         {"correct_norm_token", correct_norm_token}, {"chance", chance / dn},
          {"num_fewshot", a.num_fewshot}, {"mean_context_tokens", double(context_tokens) / dn},
-         {"kv_policy", describe(kv)}, {"acc_norm_unit", "token"}, {"truncated_items", truncated},
+         {"kv_policy", describe(kv)}, {"target_delimiter", a.target_delimiter}, {"truncated_items", truncated},
          {"kv_dtype", dtype_name(kv_dtype)}, {"device", device},
          {"compress_weight", engine ? engine->options().policy.compress_weight : a.offload.compress_weight}};
   add_run_identity(j, lm, a.tasks, t0);
@@ -452,6 +527,7 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
     j["offload"] = offload_report_json(*engine);
     write_trace_file(a.offload, *engine, std::cerr);
   }
+  if (!a.log_samples.empty()) write_text_file({"--log-samples", a.log_samples}, samples);
   if (a.json)
     std::cout << j.dump() << "\n";
   else

@@ -11,8 +11,7 @@
   second one (HFLM's ``has_bos_prefix``; eval-choice: whose ids start with BOS).
   ``add_bos_token=true`` / ``false`` in --model_args forces BOS on / off, as HFLM's does.
 * Trailing whitespace of a context moves to the continuation. HFLM moves all of it
-  (``str.rstrip``: spaces, newlines, tabs, Unicode spaces); so do we, and eval-choice moves the
-  ASCII ones (the two differ only on a context ending in a Unicode space).
+  (``str.rstrip``: spaces, newlines, tabs, Unicode spaces); so do we and eval-choice.
 * The continuation's ids are ``encode(context + continuation)[len(encode(context)):]``, HFLM's
   split, even when a BPE merge crosses the boundary; eval-choice's too.
 * Empty context: the context is ``[prefix]`` (BOS, else EOS, or --model_args prefix_token_id),
@@ -34,8 +33,8 @@
   go through LLM.loglikelihood_rolling (with a KV policy one token per step, ratios being
   fractions of the tokens scored, as in eval-ppl; with the full cache many tokens a step, the
   same numbers); a last window with a longer context is a log-likelihood request.
-* acc_norm: lm-eval divides a choice's log-likelihood by its length in characters (acc_bytes: in
-  UTF-8 bytes); eval-choice divides by its number of tokens. acc is the same quantity in both.
+* acc, acc_norm (per character of the choice) and acc_bytes (per UTF-8 byte) are lm-eval's
+  numbers in both; eval-choice also reports acc_norm_token (per token).
 """
 from __future__ import annotations
 
