@@ -18,6 +18,7 @@
 #include "cli/run_setup.h"
 #include "core/error.h"
 #include "core/input_guard.h"
+#include "kernels/cpu/isa.h"
 
 namespace flexh2o::cli {
 namespace {
@@ -68,6 +69,16 @@ std::string out_of_memory_message(const std::string& command) {
          "--num-gpu-batches; offload more with --percent, or use a smaller model).";
 }
 
+const char* version() { return FLEXH2O_VERSION; }
+
+std::string version_text() {
+  return std::string("flexh2o ") + FLEXH2O_VERSION + " (" + FLEXH2O_BUILD_TYPE + " build)\n" +
+         "CPU kernels: " + cpu::cpu_isa_name() + " on this machine\n" +
+         (FLEXH2O_CUDA_VERSION[0] ? std::string("CUDA backend: built with CUDA ") + FLEXH2O_CUDA_VERSION +
+                                        " (a GPU is looked for when a command runs)"
+                                  : std::string("CUDA backend: not built (FLEXH2O_ENABLE_CUDA=OFF or no nvcc)"));
+}
+
 int run_main(int argc, const char* const* argv, const MainOptions& opts) {
   CLI::App app{
       "flexh2o: high-throughput batch generation for LLMs larger than your GPU\n"
@@ -81,7 +92,7 @@ int run_main(int argc, const char* const* argv, const MainOptions& opts) {
       "  flexh2o tokenize --tokenizer tests/data/tiny-opt < texts.jsonl\n",
       "flexh2o"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "flexh2o 0.1.0");
+  app.set_version_flag("--version", version_text());
   Env env;
   std::string configs;
   app.add_option("--configs", configs, "Directory with models/*.json presets (default: the installed configs/)");

@@ -37,6 +37,12 @@ struct MainOptions {
 // stopped a command that stops cleanly. Messages go to std::cout / std::cerr as the binary's.
 int run_main(int argc, const char* const* argv, const MainOptions& opts);
 
+// The release ("0.1.0": CMake's project version, the one the Python package reports too).
+const char* version();
+// What --version prints: the release, the build type, the CPU kernel variant this machine runs
+// and the CUDA toolkit compiled in (or that none is). Lines, no trailing newline.
+std::string version_text();
+
 // The sentence printed for std::bad_alloc while running `command` (the Python front end raises it).
 std::string out_of_memory_message(const std::string& command);
 

@@ -92,6 +92,7 @@ struct StopFlag {
 
 PYBIND11_MODULE(_flexh2o, m) {
   m.doc() = "flexh2o engine bindings (use the flexh2o package, not this module)";
+  m.attr("__version__") = cli::version();
   // Kept for the life of the process (never released: the translator may run until exit).
   static PyObject* error = py::exception<Error>(m, "Error", PyExc_RuntimeError).release().ptr();
   py::register_exception_translator([](std::exception_ptr p) {

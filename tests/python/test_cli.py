@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import DATA, TINY, run_binary, run_module
+from conftest import DATA, ROOT, TINY, run_binary, run_module
 
 
 @pytest.mark.parametrize("args", [
@@ -86,3 +86,23 @@ def test_sigint_stops_generate_cleanly(tmp_path):
     done = [json.loads(l) for l in out.read_text().splitlines()]
     assert 0 < len(done) < 64 and all(len(d["token_ids"]) == 500 for d in done)
     assert json.loads(rep.read_text())["interrupted"] is True
+
+
+def test_one_version_everywhere():
+    """CMakeLists.txt's project() version is the binary's --version, the package's __version__ and,
+    through pyproject.toml's regex, the wheel's."""
+    import tomllib
+
+    import flexh2o
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["scikit-build"]["metadata"]["version"]
+    assert meta["input"] == "CMakeLists.txt"
+    found = re.search(meta["regex"], (ROOT / "CMakeLists.txt").read_text())
+    assert found, "pyproject.toml's version regex finds nothing in CMakeLists.txt"
+    version = found.group("value")
+    assert flexh2o.__version__ == version
+    out = run_binary(["--version"])
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"flexh2o {version} (")
+    assert re.match(r"CPU kernels: (avx512|avx2|scalar) on this machine$", lines[1]), lines
+    assert lines[2].startswith("CUDA backend: "), lines
