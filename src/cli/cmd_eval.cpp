@@ -15,8 +15,9 @@
 //    the choices fed a token a step. Ratio flags are fractions of each item's context length,
 //    as in generation. The engine evicts after prefill attention (H2O-FlexGen semantics), so a
 //    choice's FIRST token is scored with the full context and only later tokens see the capped
-//    cache (h2o_hf's lm-eval masking restricts attention inside the prompt too; stream the
-//    context, as eval-ppl does, for that). Requests are HFLM's (prepare_item). Metrics are
+//    cache. --streaming reads each choice's sequence a token a step from its first id instead,
+//    ratios being fractions of all the tokens it reads, as h2o_hf's lm-eval masking restricts
+//    attention inside the prompt too. Requests are HFLM's (prepare_item). Metrics are
 //    lm-eval's multiple_choice ones: acc = argmax of the summed log-likelihood, acc_norm of it
 //    over the choice's characters (code points, Python's len), acc_bytes over its UTF-8 bytes,
 //    the delimiter not counted; acc_norm_token divides by the choice's tokens instead. Ties go
@@ -379,6 +380,10 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
   e->add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
   add_threads_flag(e, a.threads);
   e->add_flag("--json", a.json, "Print one JSON object");
+  e->add_flag("--streaming", a.streaming,
+              "Read each choice's sequence a token a step from its first token, so a KV policy holds inside "
+              "the context too, its ratios fractions of all the tokens read (H2O's lm-eval protocol); "
+              "default: the context is prefilled with full attention, ratios of its length");
   e->add_option("--log-samples", a.log_samples,
                 "Write a JSON line per item scored: its line in --tasks, label, predictions and each choice's "
                 "log-likelihood, is_greedy, tokens, chars and bytes (lm-eval's --log_samples)");
@@ -482,7 +487,7 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
     const PreparedItem& p = prepared[i];
     ChoiceResult r;
     try {
-      r = score_choices(runner, p.choices);
+      r = a.streaming ? score_choices_streamed(runner, p.choices) : score_choices(runner, p.choices);
     } catch (const Error& e) {
       FH_FAIL(a.tasks, ":", items[i].line, ": ", e.what(), a.num_fewshot ? " (try a smaller --num-fewshot)" : "");
     }
@@ -519,6 +524,7 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
          {"correct", correct}, {"correct_norm", correct_norm}, {"correct_bytes", correct_bytes},
          {"correct_norm_token", correct_norm_token}, {"chance", chance / dn},
          {"num_fewshot", a.num_fewshot}, {"mean_context_tokens", double(context_tokens) / dn},
+         {"mode", a.streaming ? "streaming" : "prefill"},
          {"kv_policy", describe(kv)}, {"target_delimiter", a.target_delimiter}, {"truncated_items", truncated},
          {"kv_dtype", dtype_name(kv_dtype)}, {"device", device},
          {"compress_weight", engine ? engine->options().policy.compress_weight : a.offload.compress_weight}};

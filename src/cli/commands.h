@@ -111,6 +111,7 @@ struct EvalChoiceArgs {
   std::string model, tokenizer, tasks, device = "auto", progress = "auto";
   std::string target_delimiter;  // between context and choice, as lm-eval's task option
   std::string log_samples;       // per-item JSONL output; empty: none
+  bool streaming = false;        // score_choices_streamed: a token a step from the first
   int64_t num_fewshot = 0, limit = 0, batch_size = 0;
   uint64_t fewshot_seed = 1234;
   int threads = 0;

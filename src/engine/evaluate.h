@@ -95,5 +95,10 @@ ChoiceResult score_choices(StepRunner& runner, std::span<const int32_t> context,
 // The same with a context of each choice's own (one cut to fit the model's positions: lm-eval
 // cuts each request's context from the left).
 ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>& choices);
+// The same with each choice read a token a step from its context's first id: a KV policy holds
+// inside the context too, its ratios shares of all the tokens the choice's sequence reads
+// (context + choice but its last token), as H2O's lm-eval code masks attention. The context's
+// own predictions are read, not summed.
+ChoiceResult score_choices_streamed(StepRunner& runner, const std::vector<LoglikRequest>& choices);
 
 }  // namespace flexh2o

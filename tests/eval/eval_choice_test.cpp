@@ -149,6 +149,30 @@ TEST(EvalChoiceRequests, AnEmptyContextsLeadingPrefixIdIsTheContext) {
   }
 }
 
+// --streaming: the full cache scores as the prefill does; under H2O the offloading engine scores
+// as memory does, and the budget inside the context changes the numbers.
+TEST(EvalChoiceStreaming, FullEqualsPrefillAndOffloadedEqualsInMemory) {
+  TempDir tmp;
+  const std::string tasks = (flexh2o::test::data_dir() / "tasks/bible_cloze.jsonl").string();
+  const std::string h2o = " --limit 6 --kv-dtype f32 --kv-policy h2o --heavy-ratio 0.1 --recent-ratio 0.1";
+  const Scored full = eval_choice(tmp, tasks, "--limit 6 --kv-dtype f32"),
+               full_streamed = eval_choice(tmp, tasks, "--limit 6 --kv-dtype f32 --streaming"),
+               prefilled = eval_choice(tmp, tasks, h2o), streamed = eval_choice(tmp, tasks, h2o + " --streaming"),
+               offloaded = eval_choice(tmp, tasks, h2o + " --streaming --percent 30 70 0 100 100 0 --gpu-batch-size 2");
+  EXPECT_EQ(streamed.summary["mode"], "streaming");
+  EXPECT_EQ(prefilled.summary["mode"], "prefill");
+  bool differs = false;
+  for (const Scored* s : {&full, &full_streamed, &prefilled, &streamed, &offloaded}) ASSERT_EQ(s->samples.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)
+    for (size_t k = 0; k < full.samples[i]["choices"].size(); ++k) {
+      auto ll = [&](const Scored& s) { return s.samples[i]["choices"][k]["loglik"].get<double>(); };
+      EXPECT_NEAR(ll(full_streamed), ll(full), 1e-6 * std::abs(ll(full))) << i << " " << k;
+      EXPECT_NEAR(ll(offloaded), ll(streamed), 1e-6 * std::abs(ll(streamed))) << i << " " << k;
+      differs = differs || std::abs(ll(streamed) - ll(prefilled)) > 1e-3;
+    }
+  EXPECT_TRUE(differs);
+}
+
 TEST(EvalChoiceErrors, LogSamplesMayNotBeTheTasks) {
   TempDir tmp;
   const std::string tasks =

@@ -1,7 +1,7 @@
 // engine/evaluate.h on the tiny models: streaming perplexity (full = prefill = HF reference;
 // a policy whose budget covers the text is bit-identical to full; a small budget changes
 // exactly the tokens past the budget), choice scoring (left padding, batching, agreement
-// with streaming perplexity), 4-bit compression's perplexity bound, and input errors.
+// with streaming perplexity, streamed choices), 4-bit compression's perplexity bound, and input errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -254,6 +254,56 @@ TEST_P(Eval, PaddedAndUnpaddedPromptsGiveTheSameChoiceScores) {
       EXPECT_LT(base.loglik[i], 0.0);
     }
   }
+}
+
+// Streamed choices are streaming perplexity's tokens: each choice's sequence read a token a step
+// from its first id, under budgets that are the ratios' shares of all the tokens it reads (a
+// different budget for each choice length), batched; only the choice's predictions summed.
+TEST_P(Eval, StreamedChoicesAreStreamingPerplexitysTokens) {
+  const auto& ids = m().ids;
+  const std::vector<int32_t> context(ids.begin(), ids.begin() + 40);
+  std::vector<std::vector<int32_t>> choices;
+  for (auto [start, len] : {std::pair<size_t, size_t>{40, 6}, {100, 1}, {200, 3}, {300, 11}})
+    choices.emplace_back(ids.begin() + std::ptrdiff_t(start), ids.begin() + std::ptrdiff_t(start + len));
+  std::vector<LoglikRequest> reqs;
+  for (const auto& ch : choices) reqs.push_back({context, ch});
+  for (const KvPolicyKind kind : {KvPolicyKind::kH2o, KvPolicyKind::kLocal}) {
+    KvPolicyConfig ratios;
+    ratios.kind = kind;
+    ratios.recent_ratio = 0.2;
+    if (kind == KvPolicyKind::kH2o) ratios.heavy_ratio = 0.2;
+    const std::unique_ptr<KvPolicy> policy = make_policy(ratios);
+    Forward fwd(m().model, dev());
+    InMemoryRunner batched(fwd, 4, policy.get(), DType::F32);
+    const ChoiceResult streamed = score_choices_streamed(batched, reqs);
+    InMemoryRunner prefill_runner(fwd, 4, policy.get(), DType::F32);
+    const ChoiceResult prefilled = score_choices(prefill_runner, reqs);
+    bool differs = false;
+    for (size_t k = 0; k < choices.size(); ++k) {
+      std::vector<int32_t> seq(context);
+      seq.insert(seq.end(), choices[k].begin(), choices[k].end());
+      const int64_t n = int64_t(seq.size()) - 1;  // the tokens the sequence reads
+      const auto budget = [&](double r) { return std::max<int64_t>(1, int64_t(r * double(n))); };
+      KvPolicyConfig absolute = cfg(kind, kind == KvPolicyKind::kH2o ? std::optional(budget(0.2)) : std::nullopt,
+                                    budget(0.2));
+      const std::unique_ptr<KvPolicy> one_policy = make_policy(absolute);
+      InMemoryRunner one(fwd, 1, one_policy.get(), DType::F32);
+      std::vector<double> nll;
+      streaming_perplexity(one, seq, &nll, {}, 0);
+      double want = 0;
+      for (size_t t = context.size() - 1; t < nll.size(); ++t) want -= nll[t];
+      EXPECT_NEAR(streamed.loglik[k], want, 1e-5 * std::abs(want)) << k << " " << make_policy(ratios)->name();
+      EXPECT_EQ(streamed.tokens[k], int64_t(choices[k].size()));
+      differs = differs || std::abs(streamed.loglik[k] - prefilled.loglik[k]) > 1e-3;
+    }
+    EXPECT_TRUE(differs) << "the budget inside the context changes some choice's score";
+  }
+  // The full cache: the same numbers as prefilled choices.
+  Forward fwd(m().model, dev());
+  InMemoryRunner full(fwd, 4);
+  const ChoiceResult a = score_choices_streamed(full, reqs), b = score_choices(full, reqs);
+  for (size_t k = 0; k < choices.size(); ++k)
+    EXPECT_NEAR(a.loglik[k], b.loglik[k], 1e-6 * std::abs(b.loglik[k])) << k;
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, Eval, ::testing::Values("tiny-opt", "tiny-llama"));
