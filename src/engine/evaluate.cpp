@@ -325,29 +325,34 @@ ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>&
   return choice_result(loglikelihoods(runner, reqs));
 }
 
-ChoiceResult score_choices_streamed(StepRunner& runner, const std::vector<LoglikRequest>& reqs) {
-  if (reqs.empty()) FH_FAIL("multiple choice needs at least one choice");
-  // Each choice is one request from its first id, the rest of its context then teacher-forced
-  // with the choice; the context's own predictions are not summed.
+std::vector<LoglikResult> loglikelihoods_streamed(StepRunner& runner, const std::vector<LoglikRequest>& requests) {
+  // Each request from its first id, the rest of its context then teacher-forced with the
+  // continuation; the context's own predictions are not summed.
   std::vector<LoglikRequest> fed;
-  std::vector<LoglikResult> ll(reqs.size());
-  for (size_t k = 0; k < reqs.size(); ++k) {
-    const LoglikRequest& r = reqs[k];
-    if (r.context.empty()) FH_FAIL("choice ", k, ": empty context (give at least BOS)");
+  std::vector<LoglikResult> out(requests.size());
+  for (size_t k = 0; k < requests.size(); ++k) {
+    const LoglikRequest& r = requests[k];
+    if (r.context.empty()) FH_FAIL("request ", k, ": empty context (give at least BOS)");
+    if (r.continuation.empty()) FH_FAIL("request ", k, ": empty continuation");
     LoglikRequest w{{r.context.front()}, {r.context.begin() + 1, r.context.end()}};
     w.continuation.insert(w.continuation.end(), r.continuation.begin(), r.continuation.end());
     fed.push_back(std::move(w));
-    ll[k].tokens = int64_t(r.continuation.size());
-    ll[k].greedy = true;
+    out[k].tokens = int64_t(r.continuation.size());
+    out[k].greedy = true;
   }
   const int64_t V = runner.config().vocab_size;
   score_requests(runner, fed, kScoringLogitsBytes, /*whole=*/true, [&](size_t k, size_t i, const float* row) {
-    if (i + 1 < reqs[k].context.size()) return;  // a context token
+    if (i + 1 < requests[k].context.size()) return;  // a context token
     const TokenScore s = score_token(row, V, fed[k].continuation[i]);
-    ll[k].loglik -= s.nll;
-    ll[k].greedy = ll[k].greedy && s.argmax;
+    out[k].loglik -= s.nll;
+    out[k].greedy = out[k].greedy && s.argmax;
   });
-  return choice_result(ll);
+  return out;
+}
+
+ChoiceResult score_choices_streamed(StepRunner& runner, const std::vector<LoglikRequest>& reqs) {
+  if (reqs.empty()) FH_FAIL("multiple choice needs at least one choice");
+  return choice_result(loglikelihoods_streamed(runner, reqs));
 }
 
 }  // namespace flexh2o

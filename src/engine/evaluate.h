@@ -63,6 +63,12 @@ struct LoglikResult {
 std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests,
                                          uint64_t logits_bytes = kScoringLogitsBytes);
 
+// loglikelihoods() with each request read a token a step from its context's first id: a KV policy
+// holds inside the context too, its ratios shares of all the tokens the request reads (context +
+// continuation but its last token), as H2O's lm-eval code masks attention. The context's own
+// predictions are computed, not summed. With the full cache: loglikelihoods()' numbers.
+std::vector<LoglikResult> loglikelihoods_streamed(StepRunner& runner, const std::vector<LoglikRequest>& requests);
+
 // Each continuation token's log-probability (the model's own, as token_logprob() gives it) and
 // with top > 0 the `top` most likely tokens at its position (top <= kMaxTopLogprobs): what an
 // OpenAI completion with "echo" reports for its prompt. Batched and checked as loglikelihoods(),
@@ -95,10 +101,7 @@ ChoiceResult score_choices(StepRunner& runner, std::span<const int32_t> context,
 // The same with a context of each choice's own (one cut to fit the model's positions: lm-eval
 // cuts each request's context from the left).
 ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>& choices);
-// The same with each choice read a token a step from its context's first id: a KV policy holds
-// inside the context too, its ratios shares of all the tokens the choice's sequence reads
-// (context + choice but its last token), as H2O's lm-eval code masks attention. The context's
-// own predictions are read, not summed.
+// The same with each choice scored by loglikelihoods_streamed().
 ChoiceResult score_choices_streamed(StepRunner& runner, const std::vector<LoglikRequest>& choices);
 
 }  // namespace flexh2o

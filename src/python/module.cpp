@@ -263,7 +263,7 @@ PYBIND11_MODULE(_flexh2o, m) {
           py::arg("render_chat") = py::none(), py::arg("stop") = nullptr, py::arg("stream") = false,
           py::arg("on_event") = py::none(), py::arg("continuous") = false, py::arg("more_lines") = py::none(),
           py::arg("model_name") = std::string(), py::arg("ignore_eos") = false)
-      .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"),
+      .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"), py::arg("streaming") = false,
            py::call_guard<py::gil_scoped_release>())
       .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),
            py::call_guard<py::gil_scoped_release>())

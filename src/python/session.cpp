@@ -360,7 +360,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
 }
 
 std::vector<std::pair<double, bool>> Session::loglikelihood(
-    const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests) {
+    const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests, bool streaming) {
   std::lock_guard<std::mutex> lk(mu_);
   if (requests.empty()) return {};
   std::vector<LoglikRequest> reqs;
@@ -368,14 +368,15 @@ std::vector<std::pair<double, bool>> Session::loglikelihood(
   int64_t ctx_tokens = 0, scored = 0;
   for (const auto& [ctx, cont] : requests) {
     reqs.push_back({ctx, cont});
-    w.prompt_len = std::max<int64_t>(w.prompt_len, int64_t(ctx.size()));
-    w.gen_len = std::max<int64_t>(w.gen_len, int64_t(cont.size()));
+    w.prompt_len = std::max<int64_t>(w.prompt_len, streaming ? 1 : int64_t(ctx.size()));
+    w.gen_len = std::max<int64_t>(w.gen_len, int64_t(cont.size() + (streaming && !ctx.empty() ? ctx.size() - 1 : 0)));
     ctx_tokens += int64_t(ctx.size());
     scored += int64_t(cont.size());
   }
   const auto t0 = std::chrono::steady_clock::now();
   Runner& run = runner_for(w);
-  const std::vector<LoglikResult> res = loglikelihoods(*run.rs.runner, reqs);
+  const std::vector<LoglikResult> res =
+      streaming ? loglikelihoods_streamed(*run.rs.runner, reqs) : loglikelihoods(*run.rs.runner, reqs);
   std::vector<std::pair<double, bool>> out;
   for (const LoglikResult& r : res) out.emplace_back(r.loglik, r.greedy);
   report_ = scoring_report(lm_, run.rs, *cpu_, device_, reqs.size(), ctx_tokens, scored, seconds_since(t0))

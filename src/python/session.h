@@ -148,9 +148,10 @@ class Session {
   // lines it brought follow (a deferred one's entry is "null"). Throws when the engine fails or
   // on Interrupted (the lines not yet answered through on_event are then not answered).
   std::vector<std::string> openai(const std::vector<std::string>& lines, const OpenAiParams& p);
-  // (log p(continuation | context) in nats, is_greedy) per request.
+  // (log p(continuation | context) in nats, is_greedy) per request; `streaming`: each read a
+  // token a step from its first id (loglikelihoods_streamed, evaluate.h).
   std::vector<std::pair<double, bool>> loglikelihood(
-      const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests);
+      const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests, bool streaming = false);
   // Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]) (with a KV policy one token a
   // step, else many; evaluate.h).
   std::vector<double> loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs);

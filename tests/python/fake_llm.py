@@ -30,6 +30,7 @@ class FakeLLM:
         self.name = "fake"
         self.script = list(script)  # generated pieces, the same for every prompt
         self.calls = []
+        self.streamed = []  # loglikelihood calls' streaming argument
         self.report = report  # what last_report becomes after each call
         self.last_report = None
 
@@ -69,9 +70,10 @@ class FakeLLM:
         ll = sum(self.token_logprob(ctx + cont[:i], t) for i, t in enumerate(cont))
         return ll, all(self.token_greedy(ctx + cont[:i], t) for i, t in enumerate(cont))
 
-    def loglikelihood(self, requests):
+    def loglikelihood(self, requests, streaming=False):
         reqs = [(list(c), list(x)) for c, x in requests]
         self.calls.append(("loglikelihood", reqs))
+        self.streamed.append(streaming)
         self.last_report = self.report
         for c, x in reqs:
             assert c and x and len(c) + len(x) - 1 <= self.max_length, (c, x)

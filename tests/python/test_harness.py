@@ -315,6 +315,18 @@ def test_adapter_loglikelihood_requests_and_order():
     assert sent == [q, cat, empty]
 
 
+def test_streaming_reaches_every_loglikelihood_call():
+    a = h.parse_model_args({"pretrained": "m", "streaming": "true", "kv_policy": "h2o"})
+    assert a.streaming is True and "streaming" not in a.llm_kwargs
+    assert h.parse_model_args({"pretrained": "m"}).streaming is False
+    with pytest.raises(RequestError, match="streaming must be true or false"):
+        h.parse_model_args({"pretrained": "m", "streaming": "maybe"})
+    llm = FakeLLM(max_length=16)
+    HarnessAdapter(llm).loglikelihood([("The cat", " sat")])
+    HarnessAdapter(llm, streaming=True).loglikelihood([("The cat", " sat")])
+    assert llm.streamed == [False, True]
+
+
 def test_adapter_loglikelihood_chunks_and_left_truncation():
     llm = FakeLLM(max_length=6)
     ad = HarnessAdapter(llm, chunk_size=2)

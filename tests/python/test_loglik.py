@@ -107,7 +107,33 @@ def test_choices_match_eval_choice(llms, model):
                     "--progress", "never"])
     assert r.returncode == 0, r.stderr
     want = json.loads(r.stdout)
-    assert (correct, correct_norm) == (want["correct"], want["correct_norm"])
+    assert (correct, correct_norm) == (want["correct"], want["correct_norm_token"])
+
+
+def test_streamed_loglikelihood_matches_eval_choice_streaming(tmp_path):
+    # streaming=True: each request a token a step, the H2O ratios shares of all its tokens, as
+    # `eval-choice --streaming` scores a choice; prefilled contexts give other numbers.
+    flags = {"kv_policy": "h2o", "heavy_ratio": 0.1, "recent_ratio": 0.1, "kv_dtype": "f32"}
+    llm = flexh2o.LLM(str(TINY["opt"]), device="cpu", **flags)
+    tasks = DATA / "tasks" / "bible_cloze.jsonl"
+    items = [json.loads(l) for l in tasks.read_text().splitlines()][:5]
+    samples = tmp_path / "samples.jsonl"
+    r = run_binary(["eval-choice", "-m", TINY["opt"], "--tasks", tasks, "--limit", 5, "--json", "--device", "cpu",
+                    "--progress", "never", "--streaming", "--log-samples", samples,
+                    *[x for k, v in flags.items() for x in ("--" + k.replace("_", "-"), v)]])
+    assert r.returncode == 0, r.stderr
+    logged = [json.loads(l) for l in samples.read_text().splitlines()]
+    differs = False
+    for it, s in zip(items, logged):
+        reqs = [encode_pair(llm, it["context"], ch) for ch in it["choices"]]
+        streamed = llm.loglikelihood(reqs, streaming=True)
+        prefilled = llm.loglikelihood(reqs)
+        for (ll, _), (pre, _), want in zip(streamed, prefilled, s["choices"]):
+            assert ll == pytest.approx(want["loglik"], rel=1e-9)
+            differs = differs or abs(ll - pre) > 1e-3
+    assert differs
+    with pytest.raises(TypeError, match="streaming must be a bool"):
+        llm.loglikelihood(reqs, streaming="yes")
 
 
 def test_rolling_of_one_token_is_zero(llms):

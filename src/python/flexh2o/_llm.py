@@ -143,15 +143,22 @@ class LLM:
                            [[(int(i), float(x)) for i, x in step] for step in top] if n_top > 0 else None)
                 for t, ids, reason, lp, top in out]
 
-    def loglikelihood(self, requests: Sequence[Tuple[Sequence[int], Sequence[int]]]) -> List[Tuple[float, bool]]:
+    def loglikelihood(self, requests: Sequence[Tuple[Sequence[int], Sequence[int]]],
+                      streaming: bool = False) -> List[Tuple[float, bool]]:
         """(sum of log p(continuation | context) in nats, whether every continuation token was
         the argmax) per (context ids, continuation ids). The context includes BOS if wanted.
-        Token ids, not text: encode text with llm.encode(...)."""
+        Token ids, not text: encode text with llm.encode(...). With a KV policy the context is
+        prefilled with full attention and its ratios are fractions of the context; streaming=True
+        reads each request a token a step from its first id instead, so the policy holds inside the
+        context too, its ratios fractions of all the tokens read (H2O's accuracy protocol). With the
+        full cache both give the same numbers."""
         reqs = [(_args.ids(f"request {i} context", c, self.vocab_size),
                  _args.ids(f"request {i} continuation", x, self.vocab_size))
                 for i, (c, x) in enumerate(_args.pairs(requests))]
+        if not isinstance(streaming, bool):
+            raise TypeError(f"streaming must be a bool, got {type(streaming).__name__}")
         self.last_report = None
-        out = self._s.loglikelihood(reqs)
+        out = self._s.loglikelihood(reqs, streaming)
         self._set_report()
         return [(float(ll), bool(g)) for ll, g in out]
 

@@ -29,10 +29,12 @@
   sampled text depends on the batching; greedy does not.
 * KV policies: a log-likelihood request's context is prefilled and the policy's ratios are
   fractions of that context, as in eval-choice (eviction follows the prefill's attention, so a
-  continuation's first token sees the whole context). Rolling windows whose context is one token
-  go through LLM.loglikelihood_rolling (with a KV policy one token per step, ratios being
-  fractions of the tokens scored, as in eval-ppl; with the full cache many tokens a step, the
-  same numbers); a last window with a longer context is a log-likelihood request.
+  continuation's first token sees the whole context). ``streaming=true`` in --model_args reads
+  each request a token a step instead, ratios of all its tokens, as ``eval-choice --streaming``.
+  Rolling windows whose context is one token go through LLM.loglikelihood_rolling (with a KV
+  policy one token per step, ratios being fractions of the tokens scored, as in eval-ppl; with
+  the full cache many tokens a step, the same numbers); a last window with a longer context is a
+  log-likelihood request.
 * acc, acc_norm (per character of the choice) and acc_bytes (per UTF-8 byte) are lm-eval's
   numbers in both; eval-choice also reports acc_norm_token (per token).
 """
@@ -345,6 +347,7 @@ class ModelArgs:
     prefix_token_id: int | None = None
     seed: int = 0
     chunk_size: int = 1024          # requests per LLM call (the LLM batches inside a call)
+    streaming: bool = False         # log-likelihoods read a token a step (LLM.loglikelihood)
 
 
 def parse_value(value: Any) -> Any:
@@ -438,7 +441,9 @@ def parse_model_args(args: dict[str, Any]) -> ModelArgs:
         out.seed = _as_int("seed", a["seed"])
     if a.get("chunk_size") is not None:
         out.chunk_size = _as_int("chunk_size", a["chunk_size"])
-    for key in ("max_length", "max_gen_toks", "add_bos_token", "prefix_token_id", "seed", "chunk_size"):
+    if a.get("streaming") is not None:
+        out.streaming = _parse_bool("streaming", a["streaming"])
+    for key in ("max_length", "max_gen_toks", "add_bos_token", "prefix_token_id", "seed", "chunk_size", "streaming"):
         a.pop(key, None)
     for key, value in a.items():
         if key in LIST_FLAGS:

@@ -21,12 +21,14 @@ class HarnessAdapter:
     llm: needs encode(text, add_special), decode(ids), loglikelihood(pairs),
     loglikelihood_rolling(ids_list), generate(prompt_ids, ...), max_length, bos_id, eos_id.
     chunk_size: requests handed to the LLM per call (it batches inside a call at its own block
-    size; between calls the progress bar moves)."""
+    size; between calls the progress bar moves). streaming: log-likelihood requests are read a
+    token a step from their first id (LLM.loglikelihood(..., streaming=True))."""
 
     def __init__(self, llm: Any, *, max_length: int | None = None, max_gen_toks: int = 256,
                  add_bos_token: bool | None = None, prefix_token_id: int | None = None, seed: int = 0,
-                 chunk_size: int = 1024):
+                 chunk_size: int = 1024, streaming: bool = False):
         self.llm = llm
+        self.streaming = streaming  # log-likelihoods a token a step (LLM.loglikelihood's streaming)
         model_max = int(llm.max_length)
         if max_length is not None and not 1 <= max_length <= model_max:
             raise h.RequestError(f"max_length {max_length} must be in [1, the model's {model_max}]")
@@ -74,7 +76,7 @@ class HarnessAdapter:
         distinct, which = h.loglik_schedule(requests)
         scored: list[tuple[float, bool]] = []
         for chunk in h.chunks(distinct, self.chunk_size):
-            res = self._call("loglikelihood", chunk)
+            res = self._call("loglikelihood", chunk, **({"streaming": True} if self.streaming else {}))
             if len(res) != len(chunk):
                 raise RuntimeError(f"LLM.loglikelihood returned {len(res)} results for {len(chunk)} requests")
             scored += [(float(ll), bool(greedy)) for ll, greedy in res]

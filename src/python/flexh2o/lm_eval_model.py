@@ -44,7 +44,7 @@ class FlexH2OLM(LM):
         self.flags = {k: v for k, v in args.llm_kwargs.items()}
         self.adapter = HarnessAdapter(llm, max_length=args.max_length, max_gen_toks=args.max_gen_toks,
                                       add_bos_token=args.add_bos_token, prefix_token_id=args.prefix_token_id,
-                                      seed=args.seed, chunk_size=args.chunk_size)
+                                      seed=args.seed, chunk_size=args.chunk_size, streaming=args.streaming)
 
     @property
     def max_length(self) -> int:
