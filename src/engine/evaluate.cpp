@@ -122,9 +122,14 @@ namespace {
 // Called with (request in the batch, continuation token, the logits row that predicts it).
 using OnToken = std::function<void(size_t, size_t, const float*)>;
 
+void throw_if_stopped(const std::atomic<bool>* stop) {
+  if (stop && stop->load(std::memory_order_relaxed)) throw ScoringStopped();
+}
+
 // A batch whose contexts are prefilled in one step, then teacher-forced a token a step. A KV
 // policy's ratios are shares of each context, or with `whole` of all the tokens the request reads.
-void batch_streamed(StepRunner& runner, std::span<const LoglikRequest> req, bool whole, const OnToken& on_token) {
+void batch_streamed(StepRunner& runner, std::span<const LoglikRequest> req, bool whole, const OnToken& on_token,
+                    const std::atomic<bool>* stop) {
   const ModelConfig& c = runner.config();
   const int64_t B = int64_t(req.size());
   int64_t S = 0, L = 0;
@@ -155,6 +160,7 @@ void batch_streamed(StepRunner& runner, std::span<const LoglikRequest> req, bool
   // Teacher forcing: step i feeds continuation token i-1 and scores token i.
   std::vector<int32_t> next(static_cast<size_t>(B)), next_pos(static_cast<size_t>(B));
   for (int64_t i = 1; i < L; ++i) {
+    throw_if_stopped(stop);
     for (int64_t b = 0; b < B; ++b) {
       const auto& r = req[size_t(b)];
       const int64_t j = std::min<int64_t>(i - 1, int64_t(r.continuation.size()) - 1);  // rides along when done
@@ -216,7 +222,7 @@ void check_requests(const ModelConfig& c, const std::vector<LoglikRequest>& requ
 // batches longest first (so that a batch pads little; lm-eval-harness orders its requests so too).
 // `whole`: see batch_streamed.
 void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& requests, uint64_t logits_bytes, bool whole,
-                    const OnToken& on_token) {
+                    const OnToken& on_token, const std::atomic<bool>* stop) {
   const ModelConfig& c = runner.config();
   const int64_t max_batch = runner.max_batch();
   FH_CHECK(max_batch > 0, "runner batch size must be positive, got ", max_batch);
@@ -228,6 +234,7 @@ void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& reques
   const bool rows = runner.can_step_rows();
   std::vector<LoglikRequest> batch;
   for (size_t first = 0; first < order.size();) {
+    throw_if_stopped(stop);
     // A batch: up to max_batch requests whose continuations' logits fit the scoring budget.
     size_t end = first + 1;
     int64_t L = int64_t(requests[order[first]].continuation.size());
@@ -240,7 +247,7 @@ void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& reques
     for (size_t k = first; k < end; ++k) batch.push_back(requests[order[k]]);
     const OnToken in_batch = [&](size_t b, size_t i, const float* row) { on_token(order[first + b], i, row); };
     if (!rows) {
-      batch_streamed(runner, batch, whole, in_batch);
+      batch_streamed(runner, batch, whole, in_batch, stop);
     } else if (L <= scoring_rows(c.vocab_size, int64_t(batch.size()), logits_bytes)) {
       batch_rows(runner, batch, in_batch);
     } else {  // one request whose continuation's logits exceed the budget: in chunks
@@ -250,7 +257,8 @@ void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& reques
       const int64_t from = int64_t(r.context.size()) - 1;
       score_sequence(
           runner, ids, from, logits_bytes,
-          [&](int64_t j, const float* row) { in_batch(0, size_t(j - from), row); }, nullptr);
+          [&](int64_t j, const float* row) { in_batch(0, size_t(j - from), row); },
+          [&](int64_t) { return throw_if_stopped(stop), true; });
     }
     first = end;
   }
@@ -259,7 +267,7 @@ void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& reques
 }  // namespace
 
 std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests,
-                                         uint64_t logits_bytes) {
+                                         uint64_t logits_bytes, const std::atomic<bool>* stop) {
   const int64_t V = runner.config().vocab_size;
   std::vector<LoglikResult> out(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -270,12 +278,12 @@ std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<L
     const TokenScore s = score_token(row, V, requests[r].continuation[i]);
     out[r].loglik -= s.nll;
     out[r].greedy = out[r].greedy && s.argmax;
-  });
+  }, stop);
   return out;
 }
 
 std::vector<std::vector<ScoredToken>> score_tokens(StepRunner& runner, const std::vector<LoglikRequest>& requests,
-                                                   int top, uint64_t logits_bytes) {
+                                                   int top, uint64_t logits_bytes, const std::atomic<bool>* stop) {
   FH_CHECK(top >= 0 && top <= kMaxTopLogprobs, "top alternatives must be in [0, ", kMaxTopLogprobs, "], got ", top);
   const int64_t V = runner.config().vocab_size;
   std::vector<std::vector<ScoredToken>> out(requests.size());
@@ -283,7 +291,7 @@ std::vector<std::vector<ScoredToken>> score_tokens(StepRunner& runner, const std
   score_requests(runner, requests, logits_bytes, /*whole=*/true, [&](size_t r, size_t i, const float* row) {
     ScoredToken& t = out[r][i];
     t.logprob = token_logprob(row, V, requests[r].continuation[i], top, &t.top);
-  });
+  }, stop);
   return out;
 }
 
@@ -325,7 +333,8 @@ ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>&
   return choice_result(loglikelihoods(runner, reqs));
 }
 
-std::vector<LoglikResult> loglikelihoods_streamed(StepRunner& runner, const std::vector<LoglikRequest>& requests) {
+std::vector<LoglikResult> loglikelihoods_streamed(StepRunner& runner, const std::vector<LoglikRequest>& requests,
+                                                  const std::atomic<bool>* stop) {
   // Each request from its first id, the rest of its context then teacher-forced with the
   // continuation; the context's own predictions are not summed.
   std::vector<LoglikRequest> fed;
@@ -346,7 +355,7 @@ std::vector<LoglikResult> loglikelihoods_streamed(StepRunner& runner, const std:
     const TokenScore s = score_token(row, V, fed[k].continuation[i]);
     out[k].loglik -= s.nll;
     out[k].greedy = out[k].greedy && s.argmax;
-  });
+  }, stop);
   return out;
 }
 

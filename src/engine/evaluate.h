@@ -5,11 +5,13 @@
 // Blocking; single-threaded driver (the runner may use threads inside a step). Ids in, numbers out.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/perplexity.h"
 #include "engine/runner.h"
 #include "engine/sampler.h"
@@ -40,6 +42,12 @@ PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_
                                       uint64_t logits_bytes = kScoringLogitsBytes,
                                       const std::atomic<bool>* stop = nullptr);
 
+// Thrown by loglikelihoods(), loglikelihoods_streamed() and score_tokens() once their `stop`
+// flag (optional; a stop signal) is set: they end at the next step, their results lost.
+struct ScoringStopped : Error {
+  ScoringStopped() : Error("scoring stopped") {}
+};
+
 // One log-likelihood query: log P(continuation | context). context is non-empty (BOS included
 // where the model expects it); continuation is non-empty; together <= max_positions tokens.
 struct LoglikRequest {
@@ -61,13 +69,15 @@ struct LoglikResult {
 // too long for that is scored in steps of scoring_rows() rows. Results in request order. Throws
 // flexh2o::Error on empty/too long requests or bad ids.
 std::vector<LoglikResult> loglikelihoods(StepRunner& runner, const std::vector<LoglikRequest>& requests,
-                                         uint64_t logits_bytes = kScoringLogitsBytes);
+                                         uint64_t logits_bytes = kScoringLogitsBytes,
+                                         const std::atomic<bool>* stop = nullptr);
 
 // loglikelihoods() with each request read a token a step from its context's first id: a KV policy
 // holds inside the context too, its ratios shares of all the tokens the request reads (context +
 // continuation but its last token), as H2O's lm-eval code masks attention. The context's own
 // predictions are computed, not summed. With the full cache: loglikelihoods()' numbers.
-std::vector<LoglikResult> loglikelihoods_streamed(StepRunner& runner, const std::vector<LoglikRequest>& requests);
+std::vector<LoglikResult> loglikelihoods_streamed(StepRunner& runner, const std::vector<LoglikRequest>& requests,
+                                                  const std::atomic<bool>* stop = nullptr);
 
 // Each continuation token's log-probability (the model's own, as token_logprob() gives it) and
 // with top > 0 the `top` most likely tokens at its position (top <= kMaxTopLogprobs): what an
@@ -80,7 +90,8 @@ struct ScoredToken {
   std::vector<TokenLogprob> top;
 };
 std::vector<std::vector<ScoredToken>> score_tokens(StepRunner& runner, const std::vector<LoglikRequest>& requests,
-                                                   int top, uint64_t logits_bytes = kScoringLogitsBytes);
+                                                   int top, uint64_t logits_bytes = kScoringLogitsBytes,
+                                                   const std::atomic<bool>* stop = nullptr);
 
 // Multiple choice (lm-eval-harness "multiple_choice" output type).
 struct ChoiceResult {

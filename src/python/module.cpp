@@ -263,11 +263,34 @@ PYBIND11_MODULE(_flexh2o, m) {
           py::arg("render_chat") = py::none(), py::arg("stop") = nullptr, py::arg("stream") = false,
           py::arg("on_event") = py::none(), py::arg("continuous") = false, py::arg("more_lines") = py::none(),
           py::arg("model_name") = std::string(), py::arg("ignore_eos") = false)
-      .def("loglikelihood", &python::Session::loglikelihood, py::arg("requests"), py::arg("streaming") = false,
-           py::call_guard<py::gil_scoped_release>())
-      .def("loglikelihood_rolling", &python::Session::loglikelihood_rolling, py::arg("seqs"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("score", &python::Session::score, py::arg("seqs"), py::arg("top"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "loglikelihood",
+          [](python::Session& s, const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests,
+             bool streaming) {
+            std::atomic<bool> interrupt{false};
+            std::vector<std::pair<double, bool>> out;
+            run_interruptible(interrupt, [&] { out = s.loglikelihood(requests, streaming, &interrupt); });
+            return out;
+          },
+          py::arg("requests"), py::arg("streaming") = false)
+      .def(
+          "loglikelihood_rolling",
+          [](python::Session& s, const std::vector<std::vector<int32_t>>& seqs) {
+            std::atomic<bool> interrupt{false};
+            std::vector<double> out;
+            run_interruptible(interrupt, [&] { out = s.loglikelihood_rolling(seqs, &interrupt); });
+            return out;
+          },
+          py::arg("seqs"))
+      .def(
+          "score",
+          [](python::Session& s, const std::vector<std::vector<int32_t>>& seqs, int top) {
+            std::atomic<bool> interrupt{false};
+            std::vector<python::Session::TokenScores> out;
+            run_interruptible(interrupt, [&] { out = s.score(seqs, top, &interrupt); });
+            return out;
+          },
+          py::arg("seqs"), py::arg("top"))
       .def("last_report", &python::Session::last_report);
 
   py::class_<StopFlag>(m, "StopFlag")

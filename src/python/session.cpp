@@ -158,13 +158,19 @@ std::unique_ptr<Session::Runner> Session::make_runner(const cli::KvArgs& kv, con
 }
 
 // Only --policy auto depends on the workload; its policy stays valid for any workload no larger.
+// A new one is planned for the largest of each measure seen, so that calls of two shapes in
+// turn plan (and place, and measure the machine) at most twice, not on every call.
 Session::Runner& Session::runner_for(const Workload& w) {
   const bool fits = w.prompt_len <= runner_workload_.prompt_len && w.gen_len <= runner_workload_.gen_len &&
                     w.requests <= runner_workload_.requests;
   if (!runner_ || (off_.policy_file == "auto" && !fits)) {
+    const Workload planned = !runner_ ? w
+                                      : Workload{std::max(w.prompt_len, runner_workload_.prompt_len),
+                                                 std::max(w.gen_len, runner_workload_.gen_len),
+                                                 std::max(w.requests, runner_workload_.requests)};
     runner_.reset();  // its memory (device memory on a GPU) is free before the new one is placed
-    runner_ = make_runner(kv_, w);
-    runner_workload_ = w;
+    runner_ = make_runner(kv_, planned);
+    runner_workload_ = planned;
   } else {
     runner_->rs.start_report();  // the report counts this call, not the runner's earlier ones
   }
@@ -360,7 +366,8 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
 }
 
 std::vector<std::pair<double, bool>> Session::loglikelihood(
-    const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests, bool streaming) {
+    const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests, bool streaming,
+    const std::atomic<bool>* interrupt) {
   std::lock_guard<std::mutex> lk(mu_);
   if (requests.empty()) return {};
   std::vector<LoglikRequest> reqs;
@@ -376,7 +383,8 @@ std::vector<std::pair<double, bool>> Session::loglikelihood(
   const auto t0 = std::chrono::steady_clock::now();
   Runner& run = runner_for(w);
   const std::vector<LoglikResult> res =
-      streaming ? loglikelihoods_streamed(*run.rs.runner, reqs) : loglikelihoods(*run.rs.runner, reqs);
+      streaming ? loglikelihoods_streamed(*run.rs.runner, reqs, interrupt)
+                : loglikelihoods(*run.rs.runner, reqs, kScoringLogitsBytes, interrupt);
   std::vector<std::pair<double, bool>> out;
   for (const LoglikResult& r : res) out.emplace_back(r.loglik, r.greedy);
   report_ = scoring_report(lm_, run.rs, *cpu_, device_, reqs.size(), ctx_tokens, scored, seconds_since(t0))
@@ -384,7 +392,8 @@ std::vector<std::pair<double, bool>> Session::loglikelihood(
   return out;
 }
 
-std::vector<Session::TokenScores> Session::score(const std::vector<std::vector<int32_t>>& seqs, int top) {
+std::vector<Session::TokenScores> Session::score(const std::vector<std::vector<int32_t>>& seqs, int top,
+                                                const std::atomic<bool>* interrupt) {
   if (top < 0 || top > kMaxTopLogprobs) FH_FAIL("top must be in [0, ", kMaxTopLogprobs, "], got ", top);
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<TokenScores> out(seqs.size());
@@ -407,7 +416,8 @@ std::vector<Session::TokenScores> Session::score(const std::vector<std::vector<i
   w.requests = int64_t(reqs.size());
   const auto t0 = std::chrono::steady_clock::now();
   Runner& run = runner_for(w);
-  const std::vector<std::vector<ScoredToken>> res = score_tokens(*run.rs.runner, reqs, top);
+  const std::vector<std::vector<ScoredToken>> res =
+      score_tokens(*run.rs.runner, reqs, top, kScoringLogitsBytes, interrupt);
   for (size_t k = 0; k < res.size(); ++k)
     for (const ScoredToken& t : res[k]) {
       std::vector<std::pair<int32_t, float>> alts;
@@ -419,55 +429,36 @@ std::vector<Session::TokenScores> Session::score(const std::vector<std::vector<i
   return out;
 }
 
-std::vector<double> Session::loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs) {
+std::vector<double> Session::loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs,
+                                                   const std::atomic<bool>* interrupt) {
   std::lock_guard<std::mutex> lk(mu_);
   if (seqs.empty()) return {};
+  const ModelConfig& c = lm_.model->config();
+  // Each sequence is a request from its first token, so a KV policy's ratios are fractions of
+  // the tokens scored, per sequence (as eval-ppl), on one runner.
+  std::vector<LoglikRequest> reqs;
+  std::vector<size_t> of;  // the sequence of each request (those of one token sum to 0)
   int64_t longest = 1, scored = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (seqs[i].empty()) FH_FAIL("sequence ", i, " is empty");
-    longest = std::max<int64_t>(longest, int64_t(seqs[i].size()) - 1);
-    scored += int64_t(seqs[i].size()) - 1;
+    const int64_t n = int64_t(seqs[i].size()) - 1;
+    if (n > c.max_positions)
+      FH_FAIL("sequence ", i, " is ", seqs[i].size(), " tokens; scoring it reads ", n, " of them, more than the model's ",
+              c.max_positions, " positions");
+    check_token_ids(seqs[i], c, detail::concat("sequence ", i, ":").c_str());
+    if (n == 0) continue;
+    reqs.push_back({{seqs[i].front()}, {seqs[i].begin() + 1, seqs[i].end()}});
+    of.push_back(i);
+    longest = std::max(longest, n);
+    scored += n;
   }
-  // Ratio budgets are fractions of the tokens scored, per sequence (as eval-ppl): such a
-  // policy needs a runner per sequence; otherwise one runner streams them all.
-  const KvPolicyConfig kvc = cli::make_kv_config(kv_);
-  const bool per_sequence = kvc.kind != KvPolicyKind::kFull && (kv_.heavy_ratio || kv_.recent_ratio);
+  std::vector<double> out(seqs.size(), 0.0);
+  if (reqs.empty()) return out;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<double> out;
-  Runner* last = nullptr;
-  std::unique_ptr<Runner> own;
-  Runner* shared = per_sequence ? nullptr : &runner_for({1, longest, 1});  // serves every sequence
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const auto& ids = seqs[i];
-    const int64_t n = int64_t(ids.size()) - 1;
-    Runner* run = nullptr;
-    if (per_sequence) {
-      const KvPolicyConfig b = cli::ratios_to_budgets(kvc, std::max<int64_t>(1, n));
-      cli::KvArgs kv = kv_;
-      if (kv.heavy_ratio) kv.heavy_ratio.reset(), kv.heavy_budget = b.heavy_budget;
-      if (kv.recent_ratio) kv.recent_ratio.reset(), kv.recent_budget = b.recent_budget;
-      own.reset();
-      own = make_runner(kv, {1, std::max<int64_t>(1, n), 1});
-      run = own.get();
-    } else {
-      run = shared;
-    }
-    last = run;
-    if (n == 0) {  // nothing to score: the empty sum
-      out.push_back(0.0);
-      continue;
-    }
-    std::vector<double> nll;
-    try {
-      streaming_perplexity(*run->rs.runner, ids, &nll);
-    } catch (const Error& e) {
-      FH_FAIL("sequence ", i, ": ", e.what());
-    }
-    double sum = 0;
-    for (double x : nll) sum -= x;
-    out.push_back(sum);
-  }
-  report_ = scoring_report(lm_, last->rs, *cpu_, device_, seqs.size(), int64_t(seqs.size()), scored, seconds_since(t0))
+  Runner& run = runner_for({1, longest, int64_t(reqs.size())});
+  const std::vector<LoglikResult> res = loglikelihoods_streamed(*run.rs.runner, reqs, interrupt);
+  for (size_t k = 0; k < res.size(); ++k) out[of[k]] = res[k].loglik;
+  report_ = scoring_report(lm_, run.rs, *cpu_, device_, seqs.size(), int64_t(seqs.size()), scored, seconds_since(t0))
                 .dump(2, ' ', false, json::error_handler_t::replace);
   return out;
 }

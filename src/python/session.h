@@ -149,16 +149,20 @@ class Session {
   // on Interrupted (the lines not yet answered through on_event are then not answered).
   std::vector<std::string> openai(const std::vector<std::string>& lines, const OpenAiParams& p);
   // (log p(continuation | context) in nats, is_greedy) per request; `streaming`: each read a
-  // token a step from its first id (loglikelihoods_streamed, evaluate.h).
+  // token a step from its first id (loglikelihoods_streamed, evaluate.h). The scoring calls
+  // throw ScoringStopped at the next step once `*interrupt` (optional) is set.
   std::vector<std::pair<double, bool>> loglikelihood(
-      const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests, bool streaming = false);
+      const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests, bool streaming = false,
+      const std::atomic<bool>* interrupt = nullptr);
   // Per sequence: sum over t >= 1 of log p(ids[t] | ids[:t]) (with a KV policy one token a
-  // step, else many; evaluate.h).
-  std::vector<double> loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs);
+  // step, its ratios fractions of the sequence's tokens scored, else many; evaluate.h).
+  std::vector<double> loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs,
+                                            const std::atomic<bool>* interrupt = nullptr);
   // Per sequence, for each token after the first: (log p(ids[t] | ids[:t]) in nats, the `top`
   // most likely tokens there as (id, log p), most likely first); what OpenAI's echo reports.
   using TokenScores = std::vector<std::pair<float, std::vector<std::pair<int32_t, float>>>>;
-  std::vector<TokenScores> score(const std::vector<std::vector<int32_t>>& seqs, int top);
+  std::vector<TokenScores> score(const std::vector<std::vector<int32_t>>& seqs, int top,
+                                 const std::atomic<bool>* interrupt = nullptr);
 
   // The JSON run report of the last successful call ("" before the first). Its offload counts
   // (bytes moved, queue times, token steps) are that call's; a call that built the runner also

@@ -92,8 +92,10 @@ def test_bad_requests(llms):
     with pytest.raises(flexh2o.Error, match=f"sequence 1 is {n} tokens; scoring it reads {n - 1} of them, more "
                                             f"than the model's {llm.max_length} positions"):
         llm.score([[2, 5], [2] * n])
-    with pytest.raises(flexh2o.Error, match=f"sequence 1: the text is {n} tokens; scoring it reads {n - 1}"):
+    with pytest.raises(flexh2o.Error, match=f"sequence 1 is {n} tokens; scoring it reads {n - 1} of them"):
         llm.loglikelihood_rolling([[2, 5], [2] * n])
+    with pytest.raises(flexh2o.Error, match=r"sequence 1: token id 99999 is outside the vocabulary"):
+        llm.loglikelihood_rolling([[2, 5], [2, 99999]])
     with pytest.raises(flexh2o.Error, match="device"):
         flexh2o.LLM(str(TINY["opt"]), device="tpu")
     assert llm.generate([], max_new_tokens=2) == []

@@ -204,6 +204,19 @@ def test_policy_auto_plans_once_per_fitting_workload(llms):
     assert ll == pytest.approx(want, abs=1e-9)
 
 
+def test_policy_auto_calls_of_two_shapes_in_turn_plan_twice(llms, capfd):
+    # Many short prompts, then two long ones, in turn: the second plan covers both shapes, so the
+    # engine is not planned and placed again on every call.
+    llm = flexh2o.LLM(str(TINY["opt"]), device="cpu", policy="auto", hardware="t4-paper", gpu_mem="64MiB")
+    short, long = [[2, 100 + i] for i in range(20)], [[2] + [100 + i for i in range(120)]] * 2
+    capfd.readouterr()
+    for _ in range(3):
+        assert llm.generate(short, max_new_tokens=4) == llms["opt"].generate(short, max_new_tokens=4)
+        assert llm.generate(long, max_new_tokens=4) == llms["opt"].generate(long, max_new_tokens=4)
+    plans = capfd.readouterr().err.count("--policy auto on t4-paper")
+    assert plans == 2, capfd.readouterr().err
+
+
 def test_stop_strings_end_sequences_early(llms):
     # The text is cut before the first stop string, the tokens end with the one that completed
     # it, and a sequence whose text never holds one runs its full length.

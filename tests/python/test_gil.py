@@ -88,3 +88,28 @@ def test_threads_share_one_llm():
     for t in threads:
         t.join()
     assert results == [want] * 4
+
+
+def test_each_thread_reads_its_own_last_report():
+    # Threads calling one LLM in turn: each thread's last_report is its own call's.
+    llm = flexh2o.LLM(str(TINY["opt"]), device="cpu")
+    wrong = []
+
+    def generating():
+        for _ in range(15):
+            llm.generate(["Grace be unto you"] * 3, max_new_tokens=4)
+            if llm.last_report.get("requests") != 3:
+                wrong.append(("generate", llm.last_report))
+
+    def scoring():
+        for _ in range(15):
+            llm.loglikelihood_rolling([[2, 5, 6, 7]] * 5)
+            if llm.last_report.get("scored_tokens") != 15:
+                wrong.append(("rolling", llm.last_report))
+
+    threads = [threading.Thread(target=f) for f in (generating, scoring, generating, scoring)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, wrong[:2]

@@ -1,4 +1,4 @@
-"""Ctrl-C inside LLM.generate: KeyboardInterrupt arrives within a token step (not when the
+"""Ctrl-C inside LLM.generate and the scoring calls: KeyboardInterrupt arrives within a step (not when the
 whole call would have ended), and the LLM is usable afterwards. Run in a child interpreter so
 that the signal cannot reach pytest."""
 
@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from conftest import TINY
 
@@ -43,3 +45,41 @@ def test_ctrl_c_interrupts_generate():
     # The uninterrupted call takes `full`; the interrupted one ends a token step after the signal.
     assert got["after_signal"] < 0.5 * got["full"], got
     assert got["again"] == 4
+
+
+SCORING_CHILD = r"""
+import json, os, signal, sys, threading, time
+import flexh2o
+llm = flexh2o.LLM(sys.argv[1], device="cpu", batch_size=4)
+method = sys.argv[2]
+seqs = [[1] + [100 + (i * 7 + t) % 500 for t in range(120)] for i in range(48)]
+call = {"loglikelihood": lambda: llm.loglikelihood([(s[:60], s[60:]) for s in seqs]),
+        "loglikelihood_rolling": lambda: llm.loglikelihood_rolling(seqs),
+        "score": lambda: llm.score(seqs)}[method]
+t0 = time.perf_counter(); want = call(); full = time.perf_counter() - t0
+sent = {}
+def interrupt():
+    sent["at"] = time.perf_counter()
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Timer(0.1 * full, interrupt).start()
+try:
+    call()
+    raised = False
+except KeyboardInterrupt:
+    raised = True
+after = time.perf_counter() - sent["at"]
+print(json.dumps({"full": full, "raised": raised, "after_signal": after, "again": call() == want}))
+"""
+
+
+@pytest.mark.parametrize("method", ["loglikelihood", "loglikelihood_rolling", "score"])
+def test_ctrl_c_interrupts_scoring(method):
+    # The scoring calls end at their next step too, not when the whole call would have ended.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", SCORING_CHILD, str(TINY["llama"]), method], capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["raised"], got
+    assert got["after_signal"] < 0.5 * got["full"], got
+    assert got["again"], got

@@ -153,3 +153,18 @@ def test_rolling_with_h2o_ratios_matches_eval_ppl(tmp_path):
     assert got == pytest.approx(-json.loads(r.stdout)["mean_nll"] * n, rel=1e-9)
     (full,) = flexh2o.LLM(str(TINY["llama"]), device="cpu").loglikelihood_rolling([ids])
     assert not math.isclose(got, full, rel_tol=1e-6)  # the policy changed the numbers
+
+
+def test_rolling_with_ratios_batches_sequences_of_any_length():
+    # One runner scores sequences of different lengths together, each under its own ratio
+    # budget (a share of its own tokens): the numbers of each alone, and one report for the call.
+    llm = flexh2o.LLM(str(TINY["llama"]), device="cpu", kv_policy="h2o", heavy_ratio=0.25, recent_ratio=0.25,
+                      percent=[0, 100, 100, 0, 100, 0])
+    ids = [llm.bos_id] + llm.encode(TEXT, add_special=False)[:60]
+    seqs = [ids[:61], ids[:26], ids[:11], ids[:1]]
+    alone = [llm.loglikelihood_rolling([s])[0] for s in seqs]
+    together = llm.loglikelihood_rolling(seqs)
+    assert together == pytest.approx(alone, rel=1e-6)
+    assert together[3] == 0.0
+    assert llm.last_report["scored_tokens"] == 60 + 25 + 10
+    assert llm.last_report["offload"]["token_steps"] >= 60

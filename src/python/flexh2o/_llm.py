@@ -14,6 +14,7 @@ its eos_token_id ends sequences, beside config.json's and the tokenizer's (LLM.e
 
 import json
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -76,7 +77,8 @@ class LLM:
                           _env.configs_dir(), stderr_is_tty=_env.stderr_is_tty(),
                           generation_config=_args.text("generation_config", generation_config), **_env.hub_env())
         self._chat = None
-        self.last_report = None
+        self._local = threading.local()  # each thread's last_report
+        self._call_lock = threading.Lock()  # a call and the reading of its report, together
         self.name: str = self._s.name
         self.vocab_size: int = self._s.vocab_size
         self.max_length: int = self._s.max_length
@@ -128,8 +130,7 @@ class LLM:
         sp = {k: v if v is not None else self.generation_defaults.get(k, _BUILTIN[k]) for k, v in given.items()}
         items = _args.prompts(prompts, self.vocab_size)
         num = _args.number
-        self.last_report = None
-        out = self._s.generate(items, _args.integer("max_new_tokens", max_new_tokens, 0, _args.INT64_MAX),
+        out = self._run("generate", items, _args.integer("max_new_tokens", max_new_tokens, 0, _args.INT64_MAX),
                                num("temperature", sp["temperature"]),
                                _args.integer("top_k", sp["top_k"], -1, _args.INT32_MAX),
                                num("top_p", sp["top_p"]), _args.seed(seed), bool(ignore_eos), _args.stops(stop),
@@ -138,7 +139,6 @@ class LLM:
                                presence_penalty=num("presence_penalty", presence_penalty),
                                frequency_penalty=num("frequency_penalty", frequency_penalty), logprobs=n_top,
                                logit_bias=_args.logit_bias(logit_bias, self.vocab_size), continuous=bool(continuous))
-        self._set_report()
         return [Completion(t.decode("utf-8", "replace"), list(ids), reason, list(lp) if n_top >= 0 else None,
                            [[(int(i), float(x)) for i, x in step] for step in top] if n_top > 0 else None)
                 for t, ids, reason, lp, top in out]
@@ -157,9 +157,7 @@ class LLM:
                 for i, (c, x) in enumerate(_args.pairs(requests))]
         if not isinstance(streaming, bool):
             raise TypeError(f"streaming must be a bool, got {type(streaming).__name__}")
-        self.last_report = None
-        out = self._s.loglikelihood(reqs, streaming)
-        self._set_report()
+        out = self._run("loglikelihood", reqs, streaming)
         return [(float(ll), bool(g)) for ll, g in out]
 
     def loglikelihood_rolling(self, ids: Sequence[Sequence[int]]) -> List[float]:
@@ -167,9 +165,7 @@ class LLM:
         token per step (so the policy holds at every step; ratio budgets are fractions of the
         tokens scored); with the full cache many tokens a step, which gives the same numbers."""
         seqs = [_args.ids(f"sequence {i}", s, self.vocab_size) for i, s in enumerate(_args.sequences("ids", ids))]
-        self.last_report = None
-        out = self._s.loglikelihood_rolling(seqs)
-        self._set_report()
+        out = self._run("loglikelihood_rolling", seqs)
         return list(out)
 
     def score(self, ids: Sequence[Sequence[int]], top: int = 0) -> List[List[Tuple[float, List[Tuple[int, float]]]]]:
@@ -179,9 +175,7 @@ class LLM:
         The model's own numbers, as loglikelihood_rolling computes them."""
         seqs = [_args.ids(f"sequence {i}", s, self.vocab_size) for i, s in enumerate(_args.sequences("ids", ids))]
         top = _args.integer("top", top, 0, _args.MAX_TOP_LOGPROBS)
-        self.last_report = None
-        out = self._s.score(seqs, top)
-        self._set_report()
+        out = self._run("score", seqs, top)
         return [[(float(lp), [(int(i), float(x)) for i, x in alts]) for lp, alts in s] for s in out]
 
     def chat(self, messages: Union[List[dict], List[List[dict]]], *, add_generation_prompt: bool = True,
@@ -239,9 +233,22 @@ class LLM:
         return self._chat.render(messages, add_generation_prompt=add_generation_prompt,
                                  continue_final_message=continue_final_message, **template_kwargs)
 
-    def _set_report(self):
-        text = self._s.last_report()
-        self.last_report = json.loads(text) if text else None
+    @property
+    def last_report(self) -> Optional[dict]:
+        """The run report of this thread's last generate / loglikelihood / loglikelihood_rolling /
+        score call on this LLM (None before one, or after one that raised): threads sharing an
+        LLM each read their own."""
+        return getattr(self._local, "report", None)
+
+    def _run(self, method: str, *args, **kwargs):
+        """self._s.<method>(...), its report kept as this thread's last_report (calls run one at a
+        time anyway: the session serializes them)."""
+        self._local.report = None
+        with self._call_lock:
+            out = getattr(self._s, method)(*args, **kwargs)
+            text = self._s.last_report()
+        self._local.report = json.loads(text) if text else None
+        return out
 
     def __repr__(self):
         return f"flexh2o.LLM({self.name!r})"
