@@ -420,8 +420,9 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
   return p;
 }
 
-nlohmann::json offload_report_json(const OffloadEngine& e, const OffloadReport* since) {
-  const OffloadReport r = since ? report_interval(e.report(), *since) : e.report();
+nlohmann::json offload_report_json(const OffloadEngine& e, const OffloadReport* since, bool placed_earlier) {
+  OffloadReport r = since ? report_interval(e.report(), *since) : e.report();
+  if (placed_earlier) r.placement_disk_read = r.placement_disk_written = r.weights_reused = r.weights_written = 0;
   nlohmann::json links, rates, busy, wait, peak;
   for (int l = 0; l < kNumLinks; ++l) {
     links[link_name(Link(l))] = r.bytes[size_t(l)];

@@ -106,8 +106,11 @@ void search_compression(bool weight, bool cache, bool allow, bool no, SearchOpti
 uint64_t parse_bytes(const std::string& text, const std::string& flag);
 // The engine's report; with `since` (an earlier report() of the same engine), its counts —
 // bytes and KV bytes moved, queue and wall times, token steps and the overlap efficiencies —
-// are those of the interval after it. Peaks, budgets and placement facts are run-long.
-nlohmann::json offload_report_json(const OffloadEngine& e, const OffloadReport* since = nullptr);
+// are those of the interval after it. Peaks, budgets and placement facts are run-long, but
+// with `placed_earlier` (a later call of a reused engine) the placement's counts are 0: weights
+// written and reused, placement_disk_io_bytes.
+nlohmann::json offload_report_json(const OffloadEngine& e, const OffloadReport* since = nullptr,
+                                   bool placed_earlier = false);
 // Writes --trace FILE (if given) from an engine built with it; throws when it cannot be written.
 void write_trace_file(const OffloadArgs& a, const OffloadEngine& e, std::ostream& log);
 

@@ -209,12 +209,14 @@ json run_report(const LoadedModel& lm, const RunSetup& rs, const GenerateStats& 
               {"compress_cache", rs.kv_dtype == DType::Q4},  // --compress-cache is --kv-dtype q4
               {"batch_size", rs.runner ? rs.runner->max_batch() : 0},
               {"load_seconds", lm.load_seconds},
-              {"setup_seconds", rs.setup_seconds},
+              {"setup_seconds", rs.later_call ? 0.0 : rs.setup_seconds},
               {"weight_bytes", held_weight_bytes(*lm.model, rs)},
               {"checkpoint_weight_bytes", lm.model->weight_bytes()},
               {"peak_rss_bytes", peak_rss_bytes()}};
   report.update(stats_json(st));
-  if (rs.offload) report["offload"] = offload_report_json(*rs.offload, rs.offload_since ? &*rs.offload_since : nullptr);
+  if (rs.offload)
+    report["offload"] =
+        offload_report_json(*rs.offload, rs.offload_since ? &*rs.offload_since : nullptr, rs.later_call);
   return report;
 }
 

@@ -172,7 +172,7 @@ Session::Runner& Session::runner_for(const Workload& w) {
     runner_ = make_runner(kv_, planned);
     runner_workload_ = planned;
   } else {
-    runner_->rs.start_report();  // the report counts this call, not the runner's earlier ones
+    runner_->rs.start_later_call();  // the report counts this call, not the runner's earlier ones
   }
   return *runner_;
 }

@@ -154,13 +154,21 @@ def test_batch_size_is_the_offloaded_block_unless_the_flags_set_it():
         flexh2o.LLM(str(TINY["opt"]), device="cpu", batch_size=0)
 
 
-def test_report_counts_each_call_of_a_reused_runner():
-    # The runner placed by the first call is reused: each report counts its own call only.
-    off = flexh2o.LLM(str(TINY["opt"]), device="cpu", percent=[0, 100, 100, 0, 100, 0], gpu_batch_size=2)
-    reps = []
+def test_report_counts_each_call_of_a_reused_runner(tmp_path):
+    # The runner placed by the first call is reused: each report counts its own call only, the
+    # setup and the weights' placement (onto disk here) in the first.
+    off = flexh2o.LLM(str(TINY["opt"]), device="cpu", percent=[0, 50, 100, 0, 100, 0], gpu_batch_size=2,
+                      offload_dir=str(tmp_path))
+    reps, whole = [], []
     for _ in range(3):
         off.generate(PROMPTS, max_new_tokens=5, ignore_eos=True)
         reps.append(off.last_report["offload"])
+        whole.append(off.last_report)
+    assert whole[0]["setup_seconds"] > 0 and reps[0]["weights_written"] > 0
+    assert reps[0]["placement_disk_io_bytes"]["written"] > 0
+    for later, rep in zip(whole[1:], reps[1:]):
+        assert later["setup_seconds"] == 0 and rep["weights_written"] == rep["weights_reused"] == 0
+        assert rep["placement_disk_io_bytes"] == {"read": 0, "written": 0}
     assert reps[1]["bytes_moved"] == reps[2]["bytes_moved"]
     assert reps[1]["token_steps"] == reps[2]["token_steps"] == reps[0]["token_steps"] > 0
     assert reps[1]["bytes_moved"]["host_to_device"] > 0
