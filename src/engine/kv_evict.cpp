@@ -51,11 +51,15 @@ void window_victims(const EvictArgs& a, int64_t b, int64_t h, const float* acc, 
 
 }  // namespace
 
-void check_window_budgets(const ModelConfig& c, std::span<const KvBudget> budgets, int64_t max_len) {
+void check_window_budgets(const ModelConfig& c, std::span<const KvBudget> budgets, int64_t max_len,
+                          std::span<const int64_t> lengths) {
   if (c.sliding_window == 0 || max_len <= c.sliding_window) return;
   for (size_t b = 0; b < budgets.size(); ++b)
     if (!budgets[b].unbounded && budgets[b].total() > c.sliding_window)
-      FH_FAIL("KV budget of ", budgets[b].total(), " tokens (sequence ", b, ") is more than the ", c.sliding_window,
+      FH_FAIL("KV budget of ", budgets[b].total(), " tokens (",
+              b < lengths.size() ? detail::concat("of a sequence of ", lengths[b], " prompt tokens")
+                                 : detail::concat("sequence ", b),
+              ") is more than the ", c.sliding_window,
               "-token sliding window of this model's sliding-window layers, and sequences may reach ", max_len,
               " tokens: those layers keep only their window, so the budget must fit it (a lower "
               "--heavy-ratio/--recent-ratio, absolute --heavy-budget/--recent-budget, or the full cache)");

@@ -79,8 +79,10 @@ int64_t kv_decision_parallelism(int64_t n_seq, int64_t kv_heads, int64_t slots);
 
 // Throws (naming the flags to change) if a sequence that may reach max_len tokens has a bounded
 // budget above the model's sliding window: its sliding-window layers could not keep that many
-// tokens while its other layers do. Called by the engines at each batch's prefill.
-void check_window_budgets(const ModelConfig& c, std::span<const KvBudget> budgets, int64_t max_len);
+// tokens while its other layers do. Called by the engines' check_batch and at each batch's
+// prefill. `lengths` (optional): what each budget is a share of (the prompt), named in the message.
+void check_window_budgets(const ModelConfig& c, std::span<const KvBudget> budgets, int64_t max_len,
+                          std::span<const int64_t> lengths = {});
 
 // The KV policy of a run whose sequences may reach max_len tokens: `kv` as asked, except that the
 // full cache of a model whose every layer slides (Mistral v0.1, Phi-3-mini, Qwen with

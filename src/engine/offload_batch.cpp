@@ -105,9 +105,9 @@ MemoryPlan OffloadEngine::Impl::plan_batch(std::span<const int64_t> lengths, int
   if (!rewindable(z)) rows = *std::max_element(lengths.begin(), lengths.end());
   auto length = [&](int64_t b) { return lengths[size_t(b)]; };
   // What the prefill would refuse first: a budget wider than a sliding window the sequences pass.
-  for (int i = 1; i < z.classes; ++i) check_window_budgets(c, class_budgets(z, i, B, length), cap);
+  for (int i = 1; i < z.classes; ++i) check_window_budgets(c, class_budgets(z, i, B, length), cap, lengths);
   const std::vector<KvBudget> budgets = class_budgets(z, 0, B, length);
-  check_window_budgets(c, budgets, cap);
+  check_window_budgets(c, budgets, cap, lengths);
   return plan_memory(c, WeightBytes::of(e.placement_), batch_policy(B), dims_of(z, B, rows, cap, 1, budgets),
                      {dev.kind(), kvdt, adt});
 }
@@ -211,9 +211,11 @@ void OffloadEngine::Impl::allocate_batch(const int32_t* real_rows) {
   auto length = [&](int64_t b) -> int64_t {
     return !budget_lengths.empty() ? budget_lengths[size_t(b)] : real_rows ? real_rows[b] : T;
   };
+  std::vector<int64_t> lengths;
+  for (int64_t b = 0; b < batch; ++b) lengths.push_back(length(b));
   for (int i = 0; i < n_classes; ++i) {
     kvc[size_t(i)].budgets = class_budgets({window, kv_policy, n_classes}, i, batch, length);
-    check_window_budgets(c, kvc[size_t(i)].budgets, capacity);
+    check_window_budgets(c, kvc[size_t(i)].budgets, capacity, lengths);
   }
   plan = plan_memory(c, WeightBytes::of(e.placement_), batch_policy(batch), dims(), {dev.kind(), kvdt, adt});
   if (!(dims() == spare_dims)) spare_host.clear();  // other sizes: free them before allocating

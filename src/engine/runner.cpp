@@ -47,6 +47,14 @@ InMemoryRunner::InMemoryRunner(Forward& fwd, int64_t max_batch, const KvPolicy* 
   if (fwd.model().config().sliding_window > 0) window_policy_ = make_policy(window_local_policy(fwd.model().config()));
 }
 
+void InMemoryRunner::check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const {
+  (void)rows;
+  if (!policy_) return;  // a window cap applies only to the full cache, its budgets the window's
+  std::vector<KvBudget> budgets;
+  for (const int64_t n : lengths) budgets.push_back(policy_->budget(n));
+  check_window_budgets(config(), budgets, capacity, lengths);
+}
+
 void InMemoryRunner::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                           std::vector<float>& logits) {
   step_rows(ids, positions, T, real_rows, 1, logits);
@@ -62,19 +70,21 @@ void InMemoryRunner::step_rows(const int32_t* ids, const int32_t* positions, int
     // A cap of a model whose other layers attend to everything: those keep every token.
     const bool mixed = window_ && count_sliding_layers(c) < c.n_layers;
     std::vector<KvBudget> budgets, window_budgets;
+    std::vector<int64_t> bases;
     int64_t cap = capacity_;
     if (policy) {
       int64_t need = T;
       for (int64_t b = 0; b < batch_; ++b) {
         const int64_t basis = !budget_lengths_.empty() ? budget_lengths_[size_t(b)] : real_rows ? real_rows[b] : T;
+        bases.push_back(basis);
         const KvBudget kb = policy->budget(basis);
         (mixed ? window_budgets : budgets).push_back(kb);
         if (mixed) budgets.push_back(KvBudget{.unbounded = true});
         need = mixed || kb.unbounded ? capacity_ : std::max(need, kb.total());
       }
       cap = std::min(capacity_, need);  // prompt during prefill, then at most the budget
-      check_window_budgets(c, budgets, capacity_);
-      check_window_budgets(c, window_budgets, capacity_);
+      check_window_budgets(c, budgets, capacity_, bases);
+      check_window_budgets(c, window_budgets, capacity_, bases);
     }
     const int64_t window_slots = window_ ? std::min(capacity_, std::max(T, window_)) : 0;
     cache_.emplace(c, batch_, cap, kv_dtype_, window_slots);

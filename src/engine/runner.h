@@ -100,6 +100,9 @@ class InMemoryRunner final : public StepRunner {
     budget_lengths_.clear();
   }
   void budget_lengths(std::span<const int64_t> lengths) override;
+  // Refuses a KV budget wider than a sliding window the batch's sequences pass
+  // (check_window_budgets), as the prefill would; memory is not budgeted here.
+  void check_batch(std::span<const int64_t> lengths, int64_t rows, int64_t capacity) const override;
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
             std::vector<float>& logits) override;
   size_t kv_bytes() const override { return cache_ ? cache_->bytes() : 0; }

@@ -340,23 +340,26 @@ TEST(Cli, OffloadingAndKvPolicyFlagsKeepTokensAndExplainMistakes) {
 }
 
 // A KV budget wider than a sliding window that the sequences pass is refused before anything
-// runs, naming both; one that fits the window runs (arch/mistral: window 20, 37-token prompt).
+// runs (in memory too, a batch a line: not after the lines before it), naming the prompt's
+// length; one that fits the window runs (arch/mistral: window 20, a 37-token prompt second).
 TEST(Cli, AKvBudgetWiderThanTheSlidingWindowIsRefusedUpFront) {
   TempDir tmp;
   const fs::path in = tmp.path() / "ids.jsonl", out = tmp.path() / "out.jsonl";
   {
     std::ofstream f(in);
-    f << R"({"prompt_ids": [)";
+    f << R"({"prompt_ids": [3, 4, 5]})" << "\n" << R"({"prompt_ids": [)";
     for (int i = 3; i < 40; ++i) f << (i > 3 ? "," : "") << i;
     f << "]}\n";
   }
   const std::string run = "generate -m " + model_dir("arch/mistral").string() + " --input " + in.string() +
-                          " --output " + out.string() + " -n 4 --kv-policy h2o --recent-budget 10 --heavy-budget ";
+                          " --output " + out.string() + " -n 4 -b 1 --kv-policy h2o --recent-budget 10 --heavy-budget ";
   RunResult wide = flexh2o(run + "15");
   EXPECT_EQ(wide.code, 1);
-  EXPECT_NE(wide.err.find("KV budget of 25 tokens (sequence 0) is more than the 20-token sliding window"),
+  EXPECT_NE(wide.err.find("KV budget of 25 tokens (of a sequence of 37 prompt tokens) is more than the 20-token "
+                          "sliding window"),
             std::string::npos)
       << wide.err;
+  EXPECT_EQ(flexh2o::test::read_text(out), "") << "no line ran before the refusal";
   RunResult fits = flexh2o(run + "10");
   ASSERT_EQ(fits.code, 0) << fits.err;
   std::ifstream f(out);

@@ -251,6 +251,15 @@ TEST(WindowBudgets, ABudgetAboveTheWindowIsRefusedOnlyWhenSequencesPassIt) {
               std::string::npos)
         << e.what();
   }
+  const std::vector<int64_t> prompt{9};
+  EXPECT_THROW(
+      try { check_window_budgets(c, over, 7, prompt); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("KV budget of 7 tokens (of a sequence of 9 prompt tokens)"),
+                  std::string::npos)
+            << e.what();
+        throw;
+      },
+      Error);
 }
 
 // The full cache becomes `local` at the window's width only where every layer slides and the
