@@ -285,6 +285,14 @@ size_t python_rstrip_size(const std::string& s) {
   return end;
 }
 
+// A KV policy's description, its ratios said of what they are shares of: with --streaming all
+// the tokens a choice's sequence reads, not its prompt.
+std::string budget_basis(std::string described, bool streaming) {
+  for (size_t at; streaming && (at = described.find("*prompt")) != std::string::npos;)
+    described.replace(at, 7, "*tokens_read");
+  return described;
+}
+
 // Python's len() of UTF-8 text: its code points (the bytes that do not continue a sequence).
 double code_points(const std::string& s) {
   return double(std::count_if(s.begin(), s.end(), [](char ch) { return (uint8_t(ch) & 0xC0) != 0x80; }));
@@ -525,7 +533,8 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
          {"correct_norm_token", correct_norm_token}, {"chance", chance / dn},
          {"num_fewshot", a.num_fewshot}, {"mean_context_tokens", double(context_tokens) / dn},
          {"mode", a.streaming ? "streaming" : "prefill"},
-         {"kv_policy", describe(kv)}, {"target_delimiter", a.target_delimiter}, {"truncated_items", truncated},
+         {"kv_policy", budget_basis(describe(kv), a.streaming)}, {"target_delimiter", a.target_delimiter},
+         {"truncated_items", truncated},
          {"kv_dtype", dtype_name(kv_dtype)}, {"device", device},
          {"compress_weight", engine ? engine->options().policy.compress_weight : a.offload.compress_weight}};
   add_run_identity(j, lm, a.tasks, t0);
@@ -538,8 +547,8 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
     std::cout << j.dump() << "\n";
   else
     std::cout << "acc " << double(correct) / dn << " acc_norm " << double(correct_norm) / dn << " over " << done
-              << " items (chance " << chance / dn << ", " << a.num_fewshot << "-shot, " << describe(kv)
-              << (done < n ? detail::concat(", interrupted: the first ", done, " of ", n) : "") << ")\n";
+              << " items (chance " << chance / dn << ", " << a.num_fewshot
+              << "-shot, " << budget_basis(describe(kv), a.streaming) << (done < n ? detail::concat(", interrupted: the first ", done, " of ", n) : "") << ")\n";
   return done < n ? kInterrupted : 0;
 }
 

@@ -40,13 +40,15 @@ struct RunSetup {
   void start_report() {
     if (offload) offload_since = offload->report();
   }
-  // A later call of a runner an earlier call set up (the Python API): start_report(), and its
-  // report counts no setup and no placement of the weights (setup_seconds, weights_written,
-  // placement_disk_io_bytes: 0), which the first call's report counted.
+  // A later call of a runner an earlier call set up (the Python API): start_report(), and once a
+  // report of this runner's was given (`reported`, set by its caller), its report counts no setup
+  // and no placement of the weights (setup_seconds, weights_written, placement_disk_io_bytes: 0),
+  // which that earlier report counted.
+  bool reported = false;
   bool later_call = false;
   void start_later_call() {
     start_report();
-    later_call = true;
+    later_call = reported;
   }
 };
 

@@ -335,6 +335,8 @@ ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>&
 
 std::vector<LoglikResult> loglikelihoods_streamed(StepRunner& runner, const std::vector<LoglikRequest>& requests,
                                                   const std::atomic<bool>* stop) {
+  // No KV policy: nothing to hold inside the context, so the context's rows need no logits.
+  if (runner.can_step_rows()) return loglikelihoods(runner, requests, kScoringLogitsBytes, stop);
   // Each request from its first id, the rest of its context then teacher-forced with the
   // continuation; the context's own predictions are not summed.
   std::vector<LoglikRequest> fed;

@@ -100,13 +100,13 @@ struct ChoiceResult {
   std::vector<int64_t> tokens;      // per choice: number of tokens
   std::vector<bool> greedy;         // per choice: lm-eval's is_greedy
   int64_t best = -1;                // argmax of loglik       (acc);      ties -> lowest index
-  int64_t best_norm = -1;           // argmax of loglik_norm  (acc_norm); ties -> lowest index
+  int64_t best_norm = -1;           // argmax of loglik_norm (acc_norm_token); ties -> lowest index
 };
 
 // Scores every choice as a continuation of `context`: the choices run as a batch of sequences
 // that share the context (one prefill of the context per batch of runner.max_batch() choices),
-// each choice teacher-forced one token per step. Note: lm-eval's acc_norm divides by the
-// choice's length in bytes; here the normalisation is per token (document it where reported).
+// each choice teacher-forced one token per step. The normalisation here is per token; lm-eval's
+// acc_norm divides by the choice's characters, which only the caller has (cli eval-choice).
 ChoiceResult score_choices(StepRunner& runner, std::span<const int32_t> context,
                            const std::vector<std::vector<int32_t>>& choices);
 // The same with a context of each choice's own (one cut to fit the model's positions: lm-eval

@@ -291,7 +291,7 @@ PYBIND11_MODULE(_flexh2o, m) {
             return out;
           },
           py::arg("seqs"), py::arg("top"))
-      .def("last_report", &python::Session::last_report);
+      .def("last_report", &python::Session::last_report, py::call_guard<py::gil_scoped_release>());
 
   py::class_<StopFlag>(m, "StopFlag")
       .def(py::init<>())

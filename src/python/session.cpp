@@ -144,6 +144,11 @@ std::string Session::decode(const std::vector<int32_t>& ids) const {
   return t.decode(ids);
 }
 
+void Session::keep_report(cli::RunSetup& rs, const json& report) {
+  report_ = report.dump(2, ' ', false, json::error_handler_t::replace);
+  rs.reported = true;
+}
+
 std::string Session::last_report() const {
   std::lock_guard<std::mutex> lk(mu_);
   return report_;
@@ -169,8 +174,14 @@ Session::Runner& Session::runner_for(const Workload& w) {
                                                  std::max(w.gen_len, runner_workload_.gen_len),
                                                  std::max(w.requests, runner_workload_.requests)};
     runner_.reset();  // its memory (device memory on a GPU) is free before the new one is placed
-    runner_ = make_runner(kv_, planned);
-    runner_workload_ = planned;
+    try {
+      runner_ = make_runner(kv_, planned);
+      runner_workload_ = planned;
+    } catch (const Error&) {
+      if (planned == w) throw;
+      runner_ = make_runner(kv_, w);  // the shapes together fit no plan: this call's alone
+      runner_workload_ = w;
+    }
   } else {
     runner_->rs.start_later_call();  // the report counts this call, not the runner's earlier ones
   }
@@ -179,6 +190,7 @@ Session::Runner& Session::runner_for(const Workload& w) {
 
 std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, const GenerateParams& p) {
   std::lock_guard<std::mutex> lk(mu_);
+  report_.clear();  // a call that fails or runs nothing leaves no earlier call's report
   const ModelConfig& cfg = lm_.model->config();
   std::vector<GenerationRequest> reqs;
   Workload w{1, std::max<int64_t>(1, p.max_new_tokens), int64_t(prompts.size())};
@@ -234,7 +246,7 @@ std::vector<Completion> Session::generate(const std::vector<Prompt>& prompts, co
   report["requests"] = reqs.size();
   report["finished_requests"] = res.size();
   report["interrupted"] = st.interrupted;
-  report_ = report.dump(2, ' ', false, json::error_handler_t::replace);
+  keep_report(run.rs, report);
   return out;
 }
 
@@ -253,6 +265,7 @@ void Session::prepare(int64_t prompt_len, int64_t gen_len, int64_t requests) {
 std::vector<std::string> Session::openai(const std::vector<std::string>& lines, const OpenAiParams& p) {
   namespace batch = cli::openai_batch;
   std::lock_guard<std::mutex> lk(mu_);
+  report_.clear();  // a call that fails or runs nothing leaves no earlier call's report
   const ModelConfig& cfg = lm_.model->config();
   batch::Hooks hooks = batch::make_hooks(lm_.tokenizer_or_null(), p.render_chat);
   hooks.score_prompts = true;  // echoed prompts' log-probabilities: scored before the call generates
@@ -358,7 +371,7 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
     report["requests"] = n_lines;
     report["finished_requests"] = res.size();
     report["cancelled_requests"] = live.cancelled();
-    report_ = report.dump(2, ' ', false, json::error_handler_t::replace);
+    keep_report(run.rs, report);
   }
   std::vector<std::string> text;
   for (size_t i = 0; i < n_lines; ++i) text.push_back(live.line(i).dump(-1, ' ', false, json::error_handler_t::replace));
@@ -369,6 +382,7 @@ std::vector<std::pair<double, bool>> Session::loglikelihood(
     const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests, bool streaming,
     const std::atomic<bool>* interrupt) {
   std::lock_guard<std::mutex> lk(mu_);
+  report_.clear();  // a call that fails or runs nothing leaves no earlier call's report
   if (requests.empty()) return {};
   std::vector<LoglikRequest> reqs;
   Workload w{1, 1, int64_t(requests.size())};
@@ -387,8 +401,8 @@ std::vector<std::pair<double, bool>> Session::loglikelihood(
                 : loglikelihoods(*run.rs.runner, reqs, kScoringLogitsBytes, interrupt);
   std::vector<std::pair<double, bool>> out;
   for (const LoglikResult& r : res) out.emplace_back(r.loglik, r.greedy);
-  report_ = scoring_report(lm_, run.rs, *cpu_, device_, reqs.size(), ctx_tokens, scored, seconds_since(t0))
-                .dump(2, ' ', false, json::error_handler_t::replace);
+  keep_report(run.rs,
+              scoring_report(lm_, run.rs, *cpu_, device_, reqs.size(), ctx_tokens, scored, seconds_since(t0)));
   return out;
 }
 
@@ -396,6 +410,7 @@ std::vector<Session::TokenScores> Session::score(const std::vector<std::vector<i
                                                 const std::atomic<bool>* interrupt) {
   if (top < 0 || top > kMaxTopLogprobs) FH_FAIL("top must be in [0, ", kMaxTopLogprobs, "], got ", top);
   std::lock_guard<std::mutex> lk(mu_);
+  report_.clear();  // a call that fails or runs nothing leaves no earlier call's report
   std::vector<TokenScores> out(seqs.size());
   std::vector<LoglikRequest> reqs;
   std::vector<size_t> of;  // the sequence of each request (those of one token have nothing to score)
@@ -424,14 +439,15 @@ std::vector<Session::TokenScores> Session::score(const std::vector<std::vector<i
       for (const TokenLogprob& a : t.top) alts.emplace_back(a.id, a.logprob);
       out[of[k]].emplace_back(t.logprob, std::move(alts));
     }
-  report_ = scoring_report(lm_, run.rs, *cpu_, device_, reqs.size(), int64_t(reqs.size()), scored, seconds_since(t0))
-                .dump(2, ' ', false, json::error_handler_t::replace);
+  keep_report(run.rs, scoring_report(lm_, run.rs, *cpu_, device_, reqs.size(), int64_t(reqs.size()), scored,
+                                     seconds_since(t0)));
   return out;
 }
 
 std::vector<double> Session::loglikelihood_rolling(const std::vector<std::vector<int32_t>>& seqs,
                                                    const std::atomic<bool>* interrupt) {
   std::lock_guard<std::mutex> lk(mu_);
+  report_.clear();  // a call that fails or runs nothing leaves no earlier call's report
   if (seqs.empty()) return {};
   const ModelConfig& c = lm_.model->config();
   // Each sequence is a request from its first token, so a KV policy's ratios are fractions of
@@ -458,8 +474,8 @@ std::vector<double> Session::loglikelihood_rolling(const std::vector<std::vector
   Runner& run = runner_for({1, longest, int64_t(reqs.size())});
   const std::vector<LoglikResult> res = loglikelihoods_streamed(*run.rs.runner, reqs, interrupt);
   for (size_t k = 0; k < res.size(); ++k) out[of[k]] = res[k].loglik;
-  report_ = scoring_report(lm_, run.rs, *cpu_, device_, seqs.size(), int64_t(seqs.size()), scored, seconds_since(t0))
-                .dump(2, ' ', false, json::error_handler_t::replace);
+  keep_report(run.rs, scoring_report(lm_, run.rs, *cpu_, device_, seqs.size(), int64_t(seqs.size()), scored,
+                                     seconds_since(t0)));
   return out;
 }
 

@@ -177,6 +177,8 @@ class Session {
   };
   // The runner for a workload, built when needed; a reused one starts a new report interval.
   Runner& runner_for(const Workload& w);
+  // Keeps a call's report for last_report(); the runner's later calls count no placement.
+  void keep_report(cli::RunSetup& rs, const nlohmann::json& report);
   std::unique_ptr<Runner> make_runner(const cli::KvArgs& kv, const Workload& w);
   const Tokenizer& tokenizer() const;
   // continuous=True that ran static batches (a KV policy, a window cap): said once per session.

@@ -107,7 +107,15 @@ def test_each_thread_reads_its_own_last_report():
             if llm.last_report.get("scored_tokens") != 15:
                 wrong.append(("rolling", llm.last_report))
 
-    threads = [threading.Thread(target=f) for f in (generating, scoring, generating, scoring)]
+    def guarded(f):
+        def run():
+            try:
+                f()
+            except Exception as e:  # a thread's failure fails the test, not only a warning
+                wrong.append(("raised", repr(e)))
+        return run
+
+    threads = [threading.Thread(target=guarded(f)) for f in (generating, scoring, generating, scoring)]
     for t in threads:
         t.start()
     for t in threads:

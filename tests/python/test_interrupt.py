@@ -81,5 +81,5 @@ def test_ctrl_c_interrupts_scoring(method):
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["raised"], got
-    assert got["after_signal"] < 0.5 * got["full"], got
+    assert got["after_signal"] < 0.5 * got["full"] + 0.1, got  # + the signal's 50 ms poll
     assert got["again"], got

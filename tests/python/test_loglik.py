@@ -137,7 +137,11 @@ def test_streamed_loglikelihood_matches_eval_choice_streaming(tmp_path):
 
 
 def test_rolling_of_one_token_is_zero(llms):
-    assert llms["opt"].loglikelihood_rolling([[2]]) == [0.0]
+    llm = llms["opt"]
+    llm.generate([[2, 5]], max_new_tokens=2)
+    assert llm.loglikelihood_rolling([[2]]) == [0.0]
+    assert llm.last_report is None  # nothing ran: not the generate call's report
+    assert llm.loglikelihood([]) == [] and llm.last_report is None
 
 
 def test_rolling_with_h2o_ratios_matches_eval_ppl(tmp_path):

@@ -236,8 +236,8 @@ class LLM:
     @property
     def last_report(self) -> Optional[dict]:
         """The run report of this thread's last generate / loglikelihood / loglikelihood_rolling /
-        score call on this LLM (None before one, or after one that raised): threads sharing an
-        LLM each read their own."""
+        score call on this LLM (None before one, or after one that raised or had nothing to run):
+        threads sharing an LLM each read their own."""
         return getattr(self._local, "report", None)
 
     def _run(self, method: str, *args, **kwargs):

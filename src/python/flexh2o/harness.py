@@ -327,7 +327,8 @@ def merge_report(totals: dict[str, Any], report: dict[str, Any] | None) -> dict[
 
 # Our own options; everything else goes to flexh2o.LLM as a flag (it raises TypeError on unknown).
 ADAPTER_ARGS = ("pretrained", "tokenizer", "device", "flexh2o_device", "batch_size", "max_batch_size",
-                "threads", "max_length", "max_gen_toks", "add_bos_token", "prefix_token_id", "seed", "chunk_size")
+                "threads", "max_length", "max_gen_toks", "add_bos_token", "prefix_token_id", "seed", "chunk_size",
+                "streaming")
 LIST_FLAGS = ("percent",)
 BOOL_FLAGS = ("cpu_cache_compute", "overlap", "sep_layer", "pin_weight", "verify_store", "trust_store",
               "compress_weight", "compress_cache", "allow_compress", "no_compress")  # "1"/"yes"/"on" accepted too
