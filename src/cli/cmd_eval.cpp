@@ -547,8 +547,9 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
     std::cout << j.dump() << "\n";
   else
     std::cout << "acc " << double(correct) / dn << " acc_norm " << double(correct_norm) / dn << " over " << done
-              << " items (chance " << chance / dn << ", " << a.num_fewshot
-              << "-shot, " << budget_basis(describe(kv), a.streaming) << (done < n ? detail::concat(", interrupted: the first ", done, " of ", n) : "") << ")\n";
+              << " items (chance " << chance / dn << ", " << a.num_fewshot << "-shot, "
+              << budget_basis(describe(kv), a.streaming)
+              << (done < n ? detail::concat(", interrupted: the first ", done, " of ", n) : "") << ")\n";
   return done < n ? kInterrupted : 0;
 }
 

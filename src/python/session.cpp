@@ -459,8 +459,8 @@ std::vector<double> Session::loglikelihood_rolling(const std::vector<std::vector
     if (seqs[i].empty()) FH_FAIL("sequence ", i, " is empty");
     const int64_t n = int64_t(seqs[i].size()) - 1;
     if (n > c.max_positions)
-      FH_FAIL("sequence ", i, " is ", seqs[i].size(), " tokens; scoring it reads ", n, " of them, more than the model's ",
-              c.max_positions, " positions");
+      FH_FAIL("sequence ", i, " is ", seqs[i].size(), " tokens; scoring it reads ", n,
+              " of them, more than the model's ", c.max_positions, " positions");
     check_token_ids(seqs[i], c, detail::concat("sequence ", i, ":").c_str());
     if (n == 0) continue;
     reqs.push_back({{seqs[i].front()}, {seqs[i].begin() + 1, seqs[i].end()}});

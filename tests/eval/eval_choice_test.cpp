@@ -105,15 +105,15 @@ TEST(EvalChoiceMetrics, AreLmEvalsPerCharacterAndPerByte) {
 // the context, a Unicode one included, or the same at the front of each choice.
 TEST(EvalChoiceRequests, DelimiterAndTrailingWhitespaceAreLmEvals) {
   TempDir tmp;
-  const std::string spaced = write_tasks(
-      tmp, "a.jsonl", {R"({"context": "In the beginning God created the", "choices": [" heaven", " cheese"], "label": 0})"});
-  const std::string bare = write_tasks(
-      tmp, "b.jsonl", {R"({"context": "In the beginning God created the", "choices": ["heaven", "cheese"], "label": 0})"});
-  const std::string nbsp_context = write_tasks(
-      tmp, "c.jsonl", {R"({"context": "In the beginning God created the\u00a0", "choices": ["heaven", "cheese"], "label": 0})"});
-  const std::string nbsp_choice = write_tasks(
-      tmp, "d.jsonl",
-      {R"({"context": "In the beginning God created the", "choices": ["\u00a0heaven", "\u00a0cheese"], "label": 0})"});
+  const std::string ctx = R"("context": "In the beginning God created the)";
+  const std::string spaced =
+      write_tasks(tmp, "a.jsonl", {"{" + ctx + R"(", "choices": [" heaven", " cheese"], "label": 0})"});
+  const std::string bare =
+      write_tasks(tmp, "b.jsonl", {"{" + ctx + R"(", "choices": ["heaven", "cheese"], "label": 0})"});
+  const std::string nbsp_context =
+      write_tasks(tmp, "c.jsonl", {"{" + ctx + R"(\u00a0", "choices": ["heaven", "cheese"], "label": 0})"});
+  const std::string nbsp_choice =
+      write_tasks(tmp, "d.jsonl", {"{" + ctx + R"(", "choices": ["\u00a0heaven", "\u00a0cheese"], "label": 0})"});
   const Scored a = eval_choice(tmp, spaced), b = eval_choice(tmp, bare, "--target-delimiter ' '");
   const Scored c = eval_choice(tmp, nbsp_context), d = eval_choice(tmp, nbsp_choice);
   for (const Scored* r : {&a, &b, &c, &d}) ASSERT_EQ(r->samples.size(), 1u);
