@@ -504,9 +504,10 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
       chars.push_back(code_points(ch));
       bytes.push_back(double(ch.size()));
     }
+    const int64_t pred_norm = best_per(r.loglik, chars), pred_bytes = best_per(r.loglik, bytes);
     correct += r.best == items[i].label;
-    correct_norm += best_per(r.loglik, chars) == items[i].label;
-    correct_bytes += best_per(r.loglik, bytes) == items[i].label;
+    correct_norm += pred_norm == items[i].label;
+    correct_bytes += pred_bytes == items[i].label;
     correct_norm_token += r.best_norm == items[i].label;
     if (!a.log_samples.empty()) {
       json choices = json::array();
@@ -514,7 +515,7 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
         choices.push_back({{"loglik", r.loglik[k]}, {"is_greedy", bool(r.greedy[k])}, {"tokens", r.tokens[k]},
                            {"chars", int64_t(chars[k])}, {"bytes", int64_t(bytes[k])}});
       samples += json{{"line", items[i].line}, {"label", items[i].label}, {"pred", r.best},
-                      {"pred_norm", best_per(r.loglik, chars)}, {"pred_bytes", best_per(r.loglik, bytes)},
+                      {"pred_norm", pred_norm}, {"pred_bytes", pred_bytes},
                       {"pred_norm_token", r.best_norm}, {"context_tokens", p.context_tokens},
                       {"truncated", p.truncated}, {"choices", choices}}
                      .dump() +

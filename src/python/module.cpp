@@ -74,6 +74,16 @@ void run_interruptible(std::atomic<bool>& interrupt, F fn) {
   if (failure) std::rethrow_exception(failure);
 }
 
+// fn(&interrupt) under run_interruptible, its result returned: a call that ends at its next step
+// once Ctrl-C sets `interrupt`.
+template <class F>
+auto call_interruptible(F fn) {
+  std::atomic<bool> interrupt{false};
+  decltype(fn(&interrupt)) out;
+  run_interruptible(interrupt, [&] { out = fn(&interrupt); });
+  return out;
+}
+
 // A Python exception as one message, "TypeError: can only concatenate ..." (flexh2o.Error, whose
 // messages are ours: the message alone), without the "At:" stack error_already_set::what() appends.
 std::string message_of(const py::error_already_set& e, PyObject* flexh2o_error) {
@@ -267,28 +277,20 @@ PYBIND11_MODULE(_flexh2o, m) {
           "loglikelihood",
           [](python::Session& s, const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests,
              bool streaming) {
-            std::atomic<bool> interrupt{false};
-            std::vector<std::pair<double, bool>> out;
-            run_interruptible(interrupt, [&] { out = s.loglikelihood(requests, streaming, &interrupt); });
-            return out;
+            return call_interruptible(
+                [&](const std::atomic<bool>* i) { return s.loglikelihood(requests, streaming, i); });
           },
           py::arg("requests"), py::arg("streaming") = false)
       .def(
           "loglikelihood_rolling",
           [](python::Session& s, const std::vector<std::vector<int32_t>>& seqs) {
-            std::atomic<bool> interrupt{false};
-            std::vector<double> out;
-            run_interruptible(interrupt, [&] { out = s.loglikelihood_rolling(seqs, &interrupt); });
-            return out;
+            return call_interruptible([&](const std::atomic<bool>* i) { return s.loglikelihood_rolling(seqs, i); });
           },
           py::arg("seqs"))
       .def(
           "score",
           [](python::Session& s, const std::vector<std::vector<int32_t>>& seqs, int top) {
-            std::atomic<bool> interrupt{false};
-            std::vector<python::Session::TokenScores> out;
-            run_interruptible(interrupt, [&] { out = s.score(seqs, top, &interrupt); });
-            return out;
+            return call_interruptible([&](const std::atomic<bool>* i) { return s.score(seqs, top, i); });
           },
           py::arg("seqs"), py::arg("top"))
       .def("last_report", &python::Session::last_report, py::call_guard<py::gil_scoped_release>());
