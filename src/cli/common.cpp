@@ -103,10 +103,14 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
     ModelConfig c = resolve_config(env, spec);
     // Made in RAM whatever the placement: more than there is would end in the OOM killer.
     const uint64_t need = Model::dummy_bytes(c);
-    if (const std::optional<uint64_t> avail = available_host_memory(); avail && need > *avail)
+    const HostMemory host = read_host_memory();
+    if (const std::optional<uint64_t> avail = host.available(); avail && need > *avail)
       FH_FAIL("preset ", spec, ": its dummy weights take ", human_bytes(need),
               " of host memory (they are made in RAM whatever the placement), and ", human_bytes(*avail),
-              " is available; use a smaller preset or a machine with more memory");
+              " is available",
+              host.cgroup_room == avail ? " within this process's memory cgroup (limit " + human_bytes(*host.cgroup_limit) + ")"
+                                        : std::string(),
+              "; use a smaller preset or a machine with more memory");
     Progress made = startup_progress("dummy weights", progress, env.stderr_is_tty);
     lm.model = std::make_unique<Model>(
         Model::dummy(c, dummy_seed, [&](uint64_t done, uint64_t total) { made.update(int64_t(done), int64_t(total)); }));

@@ -40,6 +40,8 @@ void check_flags(F&& f) {
   }
 }
 
+struct MeasuredProfile;  // offload_flags.h
+
 struct Env {
   HubEnv hub;
   std::filesystem::path configs_dir;  // holds models/*.json presets
@@ -55,6 +57,9 @@ struct Env {
   // parallel (dp_generate.h). False: MPI is never started.
   bool mpi = false;
   int mpi_ranks = 0;  // the job's ranks where the launcher says (OMPI_COMM_WORLD_SIZE, PMI_SIZE); 0: unknown
+  // Where --policy auto keeps this machine measured across the runs a host program makes (a
+  // Python Session), owned by that program; null: each plan measures it (a CLI run plans once).
+  std::optional<MeasuredProfile>* measured_profile = nullptr;
 };
 
 struct LoadedModel {

@@ -15,6 +15,7 @@
 
 #include "cli/output_file.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "core/input_guard.h"
 #include "planner/planner.h"
 #include "planner/profile.h"
@@ -338,7 +339,8 @@ std::optional<uint64_t> offload_dir_room(const std::filesystem::path& dir) {
 }  // namespace
 
 HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& configs_dir, CpuDevice& cpu,
-                             DeviceKind kind, const std::string& device_name, std::ostream& log) {
+                             DeviceKind kind, const std::string& device_name, std::ostream& log,
+                             std::optional<MeasuredProfile>* measured) {
   HardwareProfile hw;
   if (!a.hardware.empty()) {
     hw = resolve_profile(a.hardware, configs_dir);
@@ -346,14 +348,35 @@ HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& 
     if (device_name.find("H200") == std::string::npos)
       FH_FAIL("--policy auto on ", device_name, ": give --hardware PROFILE (configs/hardware has t4-paper and h200)");
     hw = resolve_profile("h200", configs_dir);
+  } else if (measured && *measured && (*measured)->offload_dir == a.offload_dir) {
+    log << "flexh2o: --policy auto: this machine's rates as measured for an earlier plan, its memory as of now\n";
+    hw = (*measured)->profile;
+    set_measured_memory(hw);
   } else {
     log << "flexh2o: --policy auto: measuring this machine (give --hardware to skip)\n";
     ProfileOptions po;
     po.offload_dir = a.offload_dir;
     hw = measure_profile(cpu, po);
+    if (measured) *measured = MeasuredProfile{hw, a.offload_dir};
   }
   hw.device = kind;
   cap_profile_memory(a.gpu_mem, a.cpu_mem, a.disk_mem, hw);
+  // A profile's host memory is its machine's, and a container's limit is not in /proc/meminfo:
+  // without --cpu-mem this run's host tier is what this process can still take.
+  const HostMemory host = read_host_memory();
+  if (host.cgroup_room && (!host.mem_available || *host.cgroup_room < *host.mem_available))
+    log << "flexh2o: --policy auto: this process's memory cgroup (limit " << human_bytes(*host.cgroup_limit)
+        << ") leaves " << human_bytes(*host.cgroup_room) << " of host memory"
+        << (host.mem_available ? ", less than the machine's " + human_bytes(*host.mem_available) + " available" : "")
+        << "\n";
+  const bool was_measured = a.hardware.empty() && kind != DeviceKind::kCuda;  // set_measured_memory read it
+  if (const std::optional<uint64_t> avail = host.available();
+      !was_measured && a.cpu_mem.empty() && avail && double(*avail) < hw.host_memory) {
+    log << "flexh2o: --policy auto: the host tier is the " << human_bytes(*avail)
+        << " this process can take now, less than the profile's (give --cpu-mem to set it)\n";
+    hw.host_memory = double(*avail);
+    if (hw.shared_memory && a.gpu_mem.empty()) hw.device_memory = std::min(hw.device_memory, hw.host_memory);
+  }
   // A profile's disk is its machine's; this run's is what --offload-dir has room for.
   if (const std::optional<uint64_t> room = a.offload_dir.empty() || !a.disk_mem.empty()
                                                ? std::nullopt
@@ -399,9 +422,10 @@ void search_compression(bool weight, bool cache, bool allow, bool no, SearchOpti
 
 Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
                         int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
-                        int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log) {
+                        int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log,
+                        std::optional<MeasuredProfile>* measured) {
   const SearchOptions so = auto_search(a, requests);
-  const HardwareProfile hw = auto_profile(a, configs_dir, cpu, dev.kind(), dev.name(), log);
+  const HardwareProfile hw = auto_profile(a, configs_dir, cpu, dev.kind(), dev.name(), log, measured);
   Workload w;
   w.prompt_len = prompt_len;
   w.gen_len = gen_len;

@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,18 +79,31 @@ nlohmann::json plan_model_shape(const ModelConfig& c);
 // (the engine's budgets still decide what fits). A bare policy file carries none of these.
 void check_plan_file(const OffloadArgs& a, const KvPolicyConfig& running, const Model& m, int64_t prompt_len,
                      int64_t gen_len, std::ostream& log);
+// This machine as measured for one plan, kept by a host program that plans again (a Python
+// Session): measuring takes seconds, and the rates do not change between calls.
+struct MeasuredProfile {
+  HardwareProfile profile;
+  std::filesystem::path offload_dir;  // where its disk was measured; another is measured again
+};
+
 // --policy auto: the planner's best policy for this model and workload on the --hardware
 // profile (this machine, measured, when none is given), with --gpu-mem / --cpu-mem /
 // --disk-mem overriding the profile's capacities. Prints the choice and its prediction.
 // The profile: --hardware, else this machine measured (CPU device), else on a GPU the shipped
-// profile of that GPU (configs/hardware/h200.json on an H200).
+// profile of that GPU (configs/hardware/h200.json on an H200). Without --cpu-mem, the host
+// tier is at most what this process can take now (MemAvailable within its memory cgroup: a
+// container's limit), and a memory cgroup that bounds it is named on `log`. `measured`
+// (nullable) keeps the measured machine between calls: one it holds for the same offload
+// directory is reused with its memory read again, else the machine is measured and kept there.
 Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesystem::path& configs_dir,
                         int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
-                        int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log);
+                        int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log,
+                        std::optional<MeasuredProfile>* measured = nullptr);
 // Its parts, which the pipeline's planning shares: the profile (as above, for a device of
 // `kind` named `device_name`) and the search options (refusing the flags auto chooses).
 HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& configs_dir, CpuDevice& cpu,
-                             DeviceKind kind, const std::string& device_name, std::ostream& log);
+                             DeviceKind kind, const std::string& device_name, std::ostream& log,
+                             std::optional<MeasuredProfile>* measured = nullptr);
 SearchOptions auto_search(const OffloadArgs& a, int64_t requests);
 // --gpu-mem / --cpu-mem / --disk-mem (empty: not given) as the profile's tier capacities, as
 // --policy auto and plan take them; on a shared-memory profile both --gpu-mem and --cpu-mem

@@ -131,7 +131,7 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
     if (rs.kv_policy) kvc = rs.kv_config;
     oo.policy = plan_auto_policy(off, model, env.configs_dir, std::max<int64_t>(1, prompt_len),
                                  std::max<int64_t>(1, gen_len), kvc, rs.kv_dtype, std::max<int64_t>(1, requests), cpu,
-                                 *rs.device, log);
+                                 *rs.device, log, env.measured_profile);
     oo.policy.compress_weight = oo.policy.compress_weight || off.compress_weight;  // asked for: kept
     oo.policy.compress_cache = oo.policy.compress_cache || off.compress_cache;
   }

@@ -230,12 +230,16 @@ double kv_prefill_row(double min_seconds, int64_t prompt) {
 
 }  // namespace
 
+void set_measured_memory(HardwareProfile& h) {
+  if (const std::optional<uint64_t> avail = available_host_memory()) h.device_memory = h.host_memory = double(*avail);
+}
+
 HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
   HardwareProfile h;
   h.name = "measured";
   h.source = "measured by `flexh2o profile` on this machine's CPU device (device and host tiers share RAM; "
              "host<->device = memcpy between buffers; disk through DiskStore)";
-  if (const std::optional<uint64_t> avail = available_host_memory()) h.device_memory = h.host_memory = double(*avail);
+  set_measured_memory(h);
   h.shared_memory = true;  // the CPU device's tiers are both this RAM
   // FlexGen's alpha: MemAvailable is shared with every other process, and the plan's buffers are
   // not all a run holds (the mapped checkpoint's pages, allocator slack, the tokenizer).

@@ -29,4 +29,9 @@ struct ProfileOptions {
 
 HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& opts = {});
 
+// A measured profile's memory: both tiers (the CPU device's share RAM) set to what this process
+// can take now (available_host_memory(): MemAvailable within its memory cgroup). measure_profile
+// does this; a profile measured earlier and reused takes it again, since memory changes.
+void set_measured_memory(HardwareProfile& h);
+
 }  // namespace flexh2o

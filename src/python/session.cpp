@@ -84,6 +84,7 @@ json scoring_report(const cli::LoadedModel& lm, const cli::RunSetup& rs, const C
 }  // namespace
 
 Session::Session(SessionOptions opts) : opts_(std::move(opts)) {
+  opts_.env.measured_profile = &measured_profile_;  // a Session is neither copied nor moved (mu_)
   parse_flags(opts_.flags, off_, kv_);
   off_.progress = "auto";  // a "[place weights]" line on a terminal when placing takes a while
   const bool batch_given = opts_.batch_size != 0;
@@ -164,7 +165,7 @@ std::unique_ptr<Session::Runner> Session::make_runner(const cli::KvArgs& kv, con
 
 // Only --policy auto depends on the workload; its policy stays valid for any workload no larger.
 // A new one is planned for the largest of each measure seen, so that calls of two shapes in
-// turn plan (and place, and measure the machine) at most twice, not on every call.
+// turn plan (and place) at most twice, not on every call; the machine is measured once (measured_profile_).
 Session::Runner& Session::runner_for(const Workload& w) {
   const bool fits = w.prompt_len <= runner_workload_.prompt_len && w.gen_len <= runner_workload_.gen_len &&
                     w.requests <= runner_workload_.requests;

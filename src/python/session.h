@@ -196,6 +196,7 @@ class Session {
   std::unique_ptr<CpuDevice> cpu_;
   std::unique_ptr<Runner> runner_;
   Workload runner_workload_;
+  std::optional<cli::MeasuredProfile> measured_profile_;  // --policy auto's, for the plans after the first
   std::string report_;
   bool static_noted_ = false;
 };

@@ -226,6 +226,20 @@ def test_policy_auto_calls_of_two_shapes_in_turn_plan_twice(llms, capfd):
     assert err.count("--policy auto on t4-paper") == 2, err
 
 
+def test_policy_auto_measures_the_machine_once_per_llm(llms, capfd, tmp_path):
+    # Without --hardware the machine is measured (seconds); a second plan for a larger shape
+    # reuses its rates and reads its memory again.
+    llm = flexh2o.LLM(str(TINY["opt"]), device="cpu", policy="auto", offload_dir=str(tmp_path))
+    capfd.readouterr()
+    short, long = [[2, 100]], [[2] + [100 + i for i in range(120)]] * 3
+    assert llm.generate(short, max_new_tokens=2) == llms["opt"].generate(short, max_new_tokens=2)
+    assert llm.generate(long, max_new_tokens=2) == llms["opt"].generate(long, max_new_tokens=2)
+    err = capfd.readouterr().err
+    assert err.count("--policy auto on measured") == 2, err
+    assert err.count("measuring this machine") == 1, err
+    assert err.count("this machine's rates as measured for an earlier plan, its memory as of now") == 1, err
+
+
 def test_stop_strings_end_sequences_early(llms):
     # The text is cut before the first stop string, the tokens end with the one that completed
     # it, and a sequence whose text never holds one runs its full length.

@@ -1,0 +1,71 @@
+// The host memory a run plans with, through the program: --policy auto inside a memory cgroup
+// (a container's limit, which /proc/meminfo does not show) plans within it and says so, a preset
+// too large for the cgroup is refused naming it, and a given profile's host memory is capped at
+// what this machine has.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "cli_run.h"
+#include "core/host_memory.h"
+#include "memory_cgroup.h"
+
+namespace {
+namespace fs = std::filesystem;
+using flexh2o::test::model_dir;
+using flexh2o::test::RunResult;
+using flexh2o::test::TempDir;
+constexpr uint64_t kMiB = uint64_t(1) << 20;
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+// The measured profile of a run in a 1 GiB cgroup (the probes take about 0.6 GiB at their
+// peak) has the cgroup's room, not the machine's MemAvailable, and the run says so.
+TEST(HostMemoryCli, PolicyAutoInAMemoryCgroupPlansWithinIt) {
+  std::string why;
+  const auto cg = flexh2o::test::MemoryCgroup::make(1024 * kMiB, &why);
+  if (!cg) GTEST_SKIP() << why;
+  TempDir tmp;
+  const RunResult r = flexh2o::test::run_flexh2o(
+      "generate -m " + model_dir("tiny-opt").string() + " --prompt hi -n 2 --device cpu --policy auto --offload-dir " +
+          (tmp.path() / "off").string(),
+      cg->prefix());
+  ASSERT_EQ(r.code, 0) << r.err;
+  // "... (limit 1 GiB) leaves 812 MiB of host memory, less than the machine's 22.3 GiB available"
+  const std::regex line(R"(this process's memory cgroup \(limit 1 GiB\) leaves ([0-9.]+) MiB of host memory)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, line)) << r.err;
+  EXPECT_GT(std::stod(m[1]), 0);
+  EXPECT_LT(std::stod(m[1]), 1024);
+}
+
+// Dummy weights are made in RAM: a preset larger than the cgroup's room is refused before any is
+// made (it was killed by the kernel's OOM killer), and the message names the cgroup's limit.
+TEST(HostMemoryCli, APresetLargerThanTheCgroupIsRefusedNamingIt) {
+  std::string why;
+  const auto cg = flexh2o::test::MemoryCgroup::make(512 * kMiB, &why);
+  if (!cg) GTEST_SKIP() << why;
+  const RunResult r =
+      flexh2o::test::run_flexh2o("bench -m opt-1.3b --device cpu --prompt-len 8 --gen-len 2", cg->prefix());
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_HAS(r.err, "preset opt-1.3b: its dummy weights take 2.45 GiB");
+  EXPECT_HAS(r.err, "within this process's memory cgroup (limit 512 MiB)");
+}
+
+// A given profile (h200: 137.4 GB of host memory) plans the host tier with what this process can
+// take now unless --cpu-mem says otherwise.
+TEST(HostMemoryCli, AGivenProfilesHostMemoryIsCappedAtWhatThisMachineHas) {
+  const std::optional<uint64_t> avail = flexh2o::available_host_memory();
+  if (!avail || double(*avail) >= 137.4e9) GTEST_SKIP() << "this machine has as much host memory as the h200 profile";
+  const std::string run = "generate -m " + model_dir("tiny-opt").string() +
+                          " --prompt hi -n 1 --device cpu --policy auto --hardware h200 --gpu-mem 8MiB";
+  const RunResult capped = flexh2o::test::run_flexh2o(run);
+  ASSERT_EQ(capped.code, 0) << capped.err;
+  EXPECT_HAS(capped.err, "--policy auto: the host tier is the ");
+  EXPECT_HAS(capped.err, "this process can take now, less than the profile's (give --cpu-mem to set it)");
+  const RunResult given = flexh2o::test::run_flexh2o(run + " --cpu-mem 200GiB");
+  ASSERT_EQ(given.code, 0) << given.err;
+  EXPECT_EQ(given.err.find("the host tier is the"), std::string::npos) << given.err;
+}
+
+}  // namespace
