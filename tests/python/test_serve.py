@@ -150,6 +150,23 @@ def opt_server():
 AUTH = {"Authorization": "Bearer sesame"}
 
 
+def test_the_servers_engine_calls_take_the_llms_call_lock(opt_server):
+    # A thread calling the LLM directly holds its call lock over its call and the reading of its
+    # report: a request waits for it, so neither reads the other's report.
+    llm = opt_server.server.llm
+    out = {}
+    with llm._call_lock:
+        t = threading.Thread(target=lambda: out.update(r=opt_server.request(
+            "POST", "/v1/completions", {"prompt": "x", "max_tokens": 1}, headers=AUTH)))
+        t.start()
+        t.join(timeout=1.0)
+        assert t.is_alive() and not out  # waiting for the lock
+    t.join(timeout=60)
+    assert out["r"][0] == 200, out
+    got = llm.generate(["In the beginning"], max_new_tokens=2)
+    assert llm.last_report["requests"] == 1 and len(got) == 1
+
+
 def test_models_and_health(opt_server):
     assert opt_server.request("GET", "/health") == (200, {"status": "ok"})
     status, body = opt_server.request("GET", "/v1/models", headers=AUTH)
@@ -373,6 +390,7 @@ class FakeLLM:
         self.name = "fake"
         self._s = self
         self.openai = openai
+        self._call_lock = threading.Lock()
 
     def prepare(self, *args):
         pass

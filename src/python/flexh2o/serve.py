@@ -213,11 +213,15 @@ class Server:
 
             more = (lambda: self._more_lines(taken)) if self.continuous else None
             try:
-                out = self.llm._s.openai([p.line for p in taken], seed=seed, max_tokens_cap=self.max_new_tokens,
-                                         plan_prompt_len=self.max_prompt_len, plan_gen_len=self.max_new_tokens,
-                                         plan_requests=self.max_batch_requests, render_chat=self._render_chat,
-                                         stop=self._stop, stream=True, on_event=on_event, continuous=self.continuous,
-                                         more_lines=more, model_name=self.model_name, **self.sampling)
+                # Under the LLM's call lock, as its own calls: a thread that also calls this LLM
+                # directly reads its own call's report, never the server's.
+                with self.llm._call_lock:
+                    out = self.llm._s.openai([p.line for p in taken], seed=seed, max_tokens_cap=self.max_new_tokens,
+                                             plan_prompt_len=self.max_prompt_len, plan_gen_len=self.max_new_tokens,
+                                             plan_requests=self.max_batch_requests, render_chat=self._render_chat,
+                                             stop=self._stop, stream=True, on_event=on_event,
+                                             continuous=self.continuous, more_lines=more, model_name=self.model_name,
+                                             **self.sampling)
             except Exception as e:  # noqa: BLE001 - every client still waiting gets the reason
                 out = None
                 if self._stop.is_set():
