@@ -28,6 +28,7 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/output_file.h"
@@ -60,7 +61,22 @@ std::optional<int32_t> bos_of(const LoadedModel& lm) {
   return bos ? bos : lm.model->config().bos_id;
 }
 
-std::string read_file(const std::string& path) { return read_input_file(path, "input file"); }
+// "-" is standard input, as generate's --input, read to its end (at most kMaxInputFileBytes).
+std::string read_file(const std::string& path) {
+  if (path != "-") return read_input_file(path, "input file");
+  std::string out;
+  std::vector<char> buf(size_t(1) << 16);
+  while (std::cin.read(buf.data(), std::streamsize(buf.size())) || std::cin.gcount() > 0) {
+    out.append(buf.data(), size_t(std::cin.gcount()));
+    if (out.size() > kMaxInputFileBytes)
+      FH_FAIL("standard input holds more than the ", kMaxInputFileBytes, " bytes a text to score may have");
+  }
+  if (std::cin.bad()) FH_FAIL("cannot read standard input");
+  return out;
+}
+
+// A file's name in messages: "-" is standard input.
+std::string input_name(const std::string& path) { return path == "-" ? std::string("standard input") : path; }
 
 // The engine flags an evaluation takes, as generate checks them, less what it has no use for: the
 // planner's --policy auto (an evaluation has no generation length to plan for) and so --hardware.
@@ -100,7 +116,7 @@ void register_eval_ppl(CLI::App& app, EvalPplArgs& a) {
   add_progress_flag(*e, a.progress);
   add_kv_flags(e, a.kv, "the tokens scored");
   add_offload_flags(e, a.offload);
-  e->add_option("file", a.file, "UTF-8 text file")->required();
+  e->add_option("file", a.file, "UTF-8 text file (- for standard input)")->required();
   e->footer(
       "Offloading flags (--percent, --offload-dir, --gpu-mem, ...) or --device cuda run the evaluation through the\n"
       "offloading engine (on the CPU device: the same numbers as in memory, for models that do not fit). With the\n"
@@ -126,7 +142,7 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   std::vector<int32_t> ids;
   if (auto bos = bos_of(lm)) ids.push_back(*bos);
   const int64_t n = std::min<int64_t>({a.max_tokens, int64_t(toks.size()), c.max_positions});
-  if (n < 1 || (ids.empty() && n < 2)) FH_FAIL(a.file, ": no tokens to score");
+  if (n < 1 || (ids.empty() && n < 2)) FH_FAIL(input_name(a.file), ": no tokens to score");
   if (n < std::min<int64_t>(a.max_tokens, int64_t(toks.size())))
     std::cerr << "flexh2o: eval-ppl: scoring the text's first " << n << " of " << toks.size()
               << " tokens: the model has " << c.max_positions << " positions\n";
@@ -209,13 +225,18 @@ struct TaskItem {
 };
 
 std::vector<TaskItem> read_tasks(const std::string& path) {
-  check_regular_file(path, "--tasks file").throw_if_error();  // before a blocking open
-  std::ifstream in(path);
-  if (!in) FH_FAIL("cannot read --tasks ", path);
+  std::ifstream file;
+  if (path != "-") {
+    check_regular_file(path, "--tasks file").throw_if_error();  // before a blocking open
+    file.open(path);
+    if (!file) FH_FAIL("cannot read --tasks ", path);
+  }
+  std::istream& in = path == "-" ? std::cin : file;
+  const std::string name = input_name(path);
   std::vector<TaskItem> items;
   std::string err;
   auto bad = [&](int64_t line, const std::string& msg) {
-    if (err.empty()) err = path + ":" + std::to_string(line) + ": " + msg;
+    if (err.empty()) err = name + ":" + std::to_string(line) + ": " + msg;
   };
   for_each_jsonl(
       in,
@@ -240,7 +261,7 @@ std::vector<TaskItem> read_tasks(const std::string& path) {
       },
       bad);
   if (!err.empty()) FH_FAIL(err);
-  if (items.empty()) FH_FAIL(path, ": no task items");
+  if (items.empty()) FH_FAIL(name, ": no task items");
   return items;
 }
 
@@ -373,7 +394,7 @@ void register_eval_choice(CLI::App& app, EvalChoiceArgs& a) {
       "acc_bytes (per UTF-8 byte), the delimiter not counted; acc_norm_token (per token) besides.");
   e->add_option("--model,-m", a.model, "Model directory or hub id")->required();
   e->add_option("--tokenizer", a.tokenizer, "Tokenizer directory (default: the model directory)");
-  e->add_option("--tasks", a.tasks, "Task file (JSONL, see above)")->required();
+  e->add_option("--tasks", a.tasks, "Task file (JSONL, see above; - for standard input)")->required();
   e->add_option("--num-fewshot", a.num_fewshot, "Solved examples prepended to each item (other items of the file)")
       ->capture_default_str();
   e->add_option("--fewshot-seed", a.fewshot_seed, "Seed of the (deterministic) few-shot selection")
@@ -419,7 +440,7 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
   const KvPolicyConfig kv = make_kv_config(a.kv);
   std::vector<TaskItem> items = read_tasks(a.tasks);
   if (a.num_fewshot >= int64_t(items.size()))
-    FH_FAIL("--num-fewshot ", a.num_fewshot, " needs more items than the ", items.size(), " in ", a.tasks);
+    FH_FAIL("--num-fewshot ", a.num_fewshot, " needs more items than the ", items.size(), " in ", input_name(a.tasks));
   check_device_early(a.device);
   LoadedModel lm = load_model(env, a.model, a.tokenizer, 0, a.progress);
   std::cerr << lm.warning;
@@ -449,7 +470,7 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
       prepared.push_back(prepare_item(tok, context, items[i].choices, a.target_delimiter,
                                       adds_bos ? bos : std::nullopt, prefix, lm.model->config()));
     } catch (const Error& e) {
-      FH_FAIL(a.tasks, ":", items[i].line, ": ", e.what());
+      FH_FAIL(input_name(a.tasks), ":", items[i].line, ": ", e.what());
     }
     truncated += prepared.back().truncated;
   }
@@ -497,7 +518,8 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
     try {
       r = a.streaming ? score_choices_streamed(runner, p.choices) : score_choices(runner, p.choices);
     } catch (const Error& e) {
-      FH_FAIL(a.tasks, ":", items[i].line, ": ", e.what(), a.num_fewshot ? " (try a smaller --num-fewshot)" : "");
+      FH_FAIL(input_name(a.tasks), ":", items[i].line, ": ", e.what(),
+              a.num_fewshot ? " (try a smaller --num-fewshot)" : "");
     }
     std::vector<double> chars, bytes;
     for (const std::string& ch : items[i].choices) {

@@ -1,6 +1,7 @@
 // read_standard_input: `generate -i -` keeps standard input to read it twice; an over-long line is
 // kept only as far as the cap (it held the whole line, twice over, read a byte at a time: a
 // 300 MB line took 50 s and 650 MB), and a reader with the same cap refuses it as the same line.
+// The evaluations read "-" as standard input too, with the file's results and its errors.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -64,6 +65,39 @@ TEST(StandardInput, AnOverLongLineIsKeptOnlyToTheCapAndRefusedAsThatLine) {
     for (std::string l; std::getline(lines, l);) bound += std::min(l.size(), kCap + 1) + 1;
     EXPECT_LE(kept.size(), bound) << text.substr(0, 100);
   }
+}
+
+// flexh2o ARGS with standard input redirected from `in` (run_flexh2o gives it /dev/null).
+flexh2o::test::RunResult run_with_stdin(const std::string& args, const fs::path& in) {
+  return flexh2o::test::run_flexh2o(args, "sh -c 'exec \"$0\" \"$@\" <\"" + in.string() + "\"'");
+}
+
+// eval-choice --tasks - and eval-ppl - give what the file gives; an error names standard input.
+TEST(StandardInput, TheEvaluationsReadDashAsStandardInput) {
+  const std::string m = " -m " + flexh2o::test::model_dir("tiny-opt").string();
+  const fs::path tasks = flexh2o::test::data_dir() / "tasks/bible_cloze.jsonl";
+  const auto file = flexh2o::test::run_flexh2o("eval-choice" + m + " --tasks " + tasks.string());
+  ASSERT_EQ(file.code, 0) << file.err;
+  const auto piped = run_with_stdin("eval-choice" + m + " --tasks -", tasks);
+  ASSERT_EQ(piped.code, 0) << piped.err;
+  EXPECT_EQ(piped.out, file.out);
+  TempDir tmp;
+  const fs::path bad = tmp.path() / "bad.jsonl", text = tmp.path() / "t.txt";
+  std::ofstream(bad) << R"({"context": "a", "choices": [" b", " c"], "label": 0})" "\n" R"({"context": "a"})" "\n";
+  const auto refused = run_with_stdin("eval-choice" + m + " --tasks -", bad);
+  EXPECT_EQ(refused.code, 1);
+  EXPECT_NE(refused.err.find("standard input:2: \"choices\" must be an array"), std::string::npos) << refused.err;
+
+  std::ofstream(text) << "In the beginning God created the heaven and the earth.";
+  const auto ppl_file = flexh2o::test::run_flexh2o("eval-ppl" + m + " " + text.string());
+  ASSERT_EQ(ppl_file.code, 0) << ppl_file.err;
+  const auto ppl_piped = run_with_stdin("eval-ppl" + m + " -", text);
+  ASSERT_EQ(ppl_piped.code, 0) << ppl_piped.err;
+  EXPECT_EQ(ppl_piped.out, ppl_file.out);
+  std::ofstream(text, std::ios::trunc).flush();
+  const auto empty = run_with_stdin("eval-ppl" + m + " -", text);
+  EXPECT_EQ(empty.code, 1);
+  EXPECT_NE(empty.err.find("standard input: no tokens to score"), std::string::npos) << empty.err;
 }
 
 }  // namespace
