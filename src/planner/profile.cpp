@@ -228,18 +228,32 @@ double kv_prefill_row(double min_seconds, int64_t prompt) {
       [] {});
 }
 
+// The probes within a quarter of `room` bytes (at least 8 MiB): each of the two copy buffers and
+// the two disk buffers half of it, the GEMV matrix all of it.
+ProfileOptions fit_probes(ProfileOptions o, double room) {
+  if (!(room > 0)) return o;
+  const size_t budget = std::max(size_t(room / 4), size_t(8) << 20), half = budget / 2;
+  o.copy_bytes = std::min(o.copy_bytes, half);
+  o.disk_bytes = std::max(std::min(o.disk_bytes, half) / o.kv_chunk_bytes, size_t(16)) * o.kv_chunk_bytes;
+  o.max_probe_bytes = o.max_probe_bytes ? std::min(o.max_probe_bytes, budget) : budget;
+  return o;
+}
+
 }  // namespace
 
 void set_measured_memory(HardwareProfile& h) {
   if (const std::optional<uint64_t> avail = available_host_memory()) h.device_memory = h.host_memory = double(*avail);
 }
 
-HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
+HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& asked) {
   HardwareProfile h;
   h.name = "measured";
   h.source = "measured by `flexh2o profile` on this machine's CPU device (device and host tiers share RAM; "
              "host<->device = memcpy between buffers; disk through DiskStore)";
   set_measured_memory(h);
+  const ProfileOptions o = asked.fit_memory ? fit_probes(asked, h.host_memory) : asked;
+  if (o.max_probe_bytes && o.max_probe_bytes < (size_t(1) << 30))
+    h.source += detail::concat("; probes fitted to ", o.max_probe_bytes >> 20, " MiB, a quarter of the memory at hand");
   h.shared_memory = true;  // the CPU device's tiers are both this RAM
   // FlexGen's alpha: MemAvailable is shared with every other process, and the plan's buffers are
   // not all a run holds (the mapped checkpoint's pages, allocator slack, the tokenizer).
@@ -347,7 +361,8 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& o) {
     const long llc = o.past_last_cache ? ::sysconf(_SC_LEVEL3_CACHE_SIZE) : 0;
     auto rows_for = [&](int64_t row_bytes) {
       const int64_t past = llc > 0 ? std::min(2 * int64_t(llc), int64_t(1) << 30) / row_bytes + 1 : 0;
-      return std::max(o.weight_read_rows, past);
+      const int64_t rows = std::max(o.weight_read_rows, past);
+      return o.max_probe_bytes ? std::clamp<int64_t>(int64_t(o.max_probe_bytes) / row_bytes, 1, rows) : rows;
     };
     auto tile = [](auto& v, int64_t block) {  // v[block, end) repeats v[0, block)
       for (size_t i = size_t(block); i < v.size(); i += size_t(block))

@@ -25,6 +25,11 @@ struct ProfileOptions {
   bool past_last_cache = true;          // more rows where the last-level cache would hold them (2x it, at most 1 GiB)
   int64_t gemm_dim = 1024;              // K = N of the GEMM probe (f16 weights)
   double min_seconds = 0.15;            // repeat each probe at least this long
+  size_t max_probe_bytes = 0;           // the GEMV probe matrix at most this (0: no cap)
+  // Each probe within a quarter of the memory the process can take (the GEMV matrix; the two
+  // disk buffers and the two copy buffers, half each), so that a small container is measured
+  // rather than killed; smaller probes may overstate rates. false: the sizes above as given.
+  bool fit_memory = true;
 };
 
 HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& opts = {});

@@ -19,8 +19,8 @@ constexpr uint64_t kMiB = uint64_t(1) << 20;
 
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
-// The measured profile of a run in a 1 GiB cgroup (the probes take about 0.6 GiB at their
-// peak) has the cgroup's room, not the machine's MemAvailable, and the run says so.
+// The measured profile of a run in a 1 GiB cgroup has the cgroup's room, not the machine's
+// MemAvailable, and the run says so.
 TEST(HostMemoryCli, PolicyAutoInAMemoryCgroupPlansWithinIt) {
   std::string why;
   const auto cg = flexh2o::test::MemoryCgroup::make(1024 * kMiB, &why);
@@ -37,6 +37,23 @@ TEST(HostMemoryCli, PolicyAutoInAMemoryCgroupPlansWithinIt) {
   ASSERT_TRUE(std::regex_search(r.err, m, line)) << r.err;
   EXPECT_GT(std::stod(m[1]), 0);
   EXPECT_LT(std::stod(m[1]), 1024);
+}
+
+// `profile` (and so --policy auto's measuring) in a 384 MiB cgroup: its probes fit a quarter of
+// the room, where their 2 x 128 MiB disk buffers and a GEMV matrix of twice the last-level cache
+// (512 MiB on a VM that reports 256 MiB of L3) got it killed in a 512 MiB one.
+TEST(HostMemoryCli, ProfileInASmallCgroupFitsItsProbes) {
+  std::string why;
+  const auto cg = flexh2o::test::MemoryCgroup::make(384 * kMiB, &why);
+  if (!cg) GTEST_SKIP() << why;
+  TempDir tmp;
+  const RunResult r = flexh2o::test::run_flexh2o("profile --offload-dir " + tmp.path().string(), cg->prefix());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::regex fitted(R"(probes fitted to ([0-9]+) MiB, a quarter of the memory at hand)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, fitted)) << r.out;
+  EXPECT_LE(std::stoi(m[1]), 96);
+  EXPECT_GE(std::stoi(m[1]), 8);
 }
 
 // Dummy weights are made in RAM: a preset larger than the cgroup's room is refused before any is
