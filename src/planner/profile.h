@@ -6,7 +6,8 @@
 // policy's decisions (host_kv_policy: decode and prefill rates on one thread, what a grouped
 // query head adds, and what all the device's threads gain over one).
 // Blocking; takes a few seconds; writes and removes a scratch store under offload_dir; its GEMV
-// probe holds twice the last-level cache (at most 1 GiB) of memory while it runs.
+// probe holds twice the last-level cache (at most 1 GiB, and with fit_memory at most a quarter of
+// the memory the process can take) while it runs.
 #pragma once
 
 #include <filesystem>
