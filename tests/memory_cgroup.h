@@ -3,7 +3,11 @@
 // cgroup hierarchy (root); where that is missing, make() says why and the test skips.
 #pragma once
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <filesystem>
 #include <fstream>
@@ -26,6 +30,7 @@ class MemoryCgroup {
     }
     static int made = 0;
     const fs::path home = h.cgroup_dir;
+    sweep(home);
     const fs::path dir = home / ("flexh2o-test-" + std::to_string(::getpid()) + "-" + std::to_string(made++));
     std::error_code ec;
     if (!fs::create_directory(dir, ec)) {
@@ -53,6 +58,18 @@ class MemoryCgroup {
     std::ofstream(home_ / "cgroup.procs") << 0 << std::flush;
     std::error_code ec;
     std::filesystem::remove(dir_, ec);
+  }
+
+  // Removes the cgroups of earlier test processes that died before removing theirs (a crash, a
+  // timeout): "flexh2o-test-PID-N" whose PID is gone. A cgroup still holding a process stays.
+  static void sweep(const std::filesystem::path& home) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(home, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!name.starts_with("flexh2o-test-")) continue;
+      const long pid = std::strtol(name.c_str() + 13, nullptr, 10);
+      if (pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH) std::filesystem::remove(e.path(), ec);
+    }
   }
 
   const std::filesystem::path& dir() const { return dir_; }

@@ -22,6 +22,8 @@
 //    over the choice's characters (code points, Python's len), acc_bytes over its UTF-8 bytes,
 //    the delimiter not counted; acc_norm_token divides by the choice's tokens instead. Ties go
 //    to the lowest choice index (numpy argmax, as lm-eval).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -63,16 +65,7 @@ std::optional<int32_t> bos_of(const LoadedModel& lm) {
 
 // "-" is standard input, as generate's --input, read to its end (at most kMaxInputFileBytes).
 std::string read_file(const std::string& path) {
-  if (path != "-") return read_input_file(path, "input file");
-  std::string out;
-  std::vector<char> buf(size_t(1) << 16);
-  while (std::cin.read(buf.data(), std::streamsize(buf.size())) || std::cin.gcount() > 0) {
-    out.append(buf.data(), size_t(std::cin.gcount()));
-    if (out.size() > kMaxInputFileBytes)
-      FH_FAIL("standard input holds more than the ", kMaxInputFileBytes, " bytes a text to score may have");
-  }
-  if (std::cin.bad()) FH_FAIL("cannot read standard input");
-  return out;
+  return path == "-" ? read_input_fd(STDIN_FILENO, "standard input") : read_input_file(path, "input file");
 }
 
 // A file's name in messages: "-" is standard input.

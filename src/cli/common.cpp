@@ -108,8 +108,9 @@ LoadedModel load_model(const Env& env, const std::string& spec, const std::strin
       FH_FAIL("preset ", spec, ": its dummy weights take ", human_bytes(need),
               " of host memory (they are made in RAM whatever the placement), and ", human_bytes(*avail),
               " is available",
-              host.cgroup_room == avail ? " within this process's memory cgroup (limit " + human_bytes(*host.cgroup_limit) + ")"
-                                        : std::string(),
+              host.cgroup_binds() ? " within this process's memory cgroups (tightest limit " +
+                                        human_bytes(*host.cgroup_limit) + ")"
+                                  : std::string(),
               "; use a smaller preset or a machine with more memory");
     Progress made = startup_progress("dummy weights", progress, env.stderr_is_tty);
     lm.model = std::make_unique<Model>(

@@ -58,7 +58,9 @@ struct Env {
   bool mpi = false;
   int mpi_ranks = 0;  // the job's ranks where the launcher says (OMPI_COMM_WORLD_SIZE, PMI_SIZE); 0: unknown
   // Where --policy auto keeps this machine measured across the runs a host program makes (a
-  // Python Session), owned by that program; null: each plan measures it (a CLI run plans once).
+  // Python Session, which owns it, outlives every run, and runs them one at a time under its
+  // lock: it is read and written without one of its own); null: each plan measures it (a CLI
+  // run plans once).
   std::optional<MeasuredProfile>* measured_profile = nullptr;
 };
 

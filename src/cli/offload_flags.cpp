@@ -342,6 +342,7 @@ HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& 
                              DeviceKind kind, const std::string& device_name, std::ostream& log,
                              std::optional<MeasuredProfile>* measured) {
   HardwareProfile hw;
+  bool measured_here = false;  // this machine's memory as of now is the profile's already
   if (!a.hardware.empty()) {
     hw = resolve_profile(a.hardware, configs_dir);
   } else if (kind == DeviceKind::kCuda) {
@@ -352,30 +353,37 @@ HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& 
     log << "flexh2o: --policy auto: this machine's rates as measured for an earlier plan, its memory as of now\n";
     hw = (*measured)->profile;
     set_measured_memory(hw);
+    measured_here = true;
   } else {
     log << "flexh2o: --policy auto: measuring this machine (give --hardware to skip)\n";
     ProfileOptions po;
     po.offload_dir = a.offload_dir;
     hw = measure_profile(cpu, po);
     if (measured) *measured = MeasuredProfile{hw, a.offload_dir};
+    measured_here = true;
   }
   hw.device = kind;
   cap_profile_memory(a.gpu_mem, a.cpu_mem, a.disk_mem, hw);
   // A profile's host memory is its machine's, and a container's limit is not in /proc/meminfo:
   // without --cpu-mem this run's host tier is what this process can still take.
-  const HostMemory host = read_host_memory();
-  if (host.cgroup_room && (!host.mem_available || *host.cgroup_room < *host.mem_available))
-    log << "flexh2o: --policy auto: this process's memory cgroup (limit " << human_bytes(*host.cgroup_limit)
-        << ") leaves " << human_bytes(*host.cgroup_room) << " of host memory"
-        << (host.mem_available ? ", less than the machine's " + human_bytes(*host.mem_available) + " available" : "")
-        << "\n";
-  const bool was_measured = a.hardware.empty() && kind != DeviceKind::kCuda;  // set_measured_memory read it
-  if (const std::optional<uint64_t> avail = host.available();
-      !was_measured && a.cpu_mem.empty() && avail && double(*avail) < hw.host_memory) {
-    log << "flexh2o: --policy auto: the host tier is the " << human_bytes(*avail)
-        << " this process can take now, less than the profile's (give --cpu-mem to set it)\n";
-    hw.host_memory = double(*avail);
-    if (hw.shared_memory && a.gpu_mem.empty()) hw.device_memory = std::min(hw.device_memory, hw.host_memory);
+  if (a.cpu_mem.empty()) {
+    const HostMemory host = read_host_memory();
+    std::string within;
+    if (host.cgroup_binds())
+      within = detail::concat(" within this process's memory cgroups (tightest limit ", human_bytes(*host.cgroup_limit),
+                              host.mem_available ? "; the machine has " + human_bytes(*host.mem_available) + " available"
+                                                 : std::string(),
+                              ")");
+    if (measured_here) {
+      if (!within.empty())
+        log << "flexh2o: --policy auto: the host tier is the " << human_bytes(uint64_t(hw.host_memory)) << " measured"
+            << within << "\n";
+    } else if (const std::optional<uint64_t> avail = host.available(); avail && double(*avail) < hw.host_memory) {
+      log << "flexh2o: --policy auto: the host tier is the " << human_bytes(*avail) << " this process can take now"
+          << within << ", less than the profile's (give --cpu-mem to set it)\n";
+      hw.host_memory = double(*avail);
+      if (hw.shared_memory && a.gpu_mem.empty()) hw.device_memory = std::min(hw.device_memory, hw.host_memory);
+    }
   }
   // A profile's disk is its machine's; this run's is what --offload-dir has room for.
   if (const std::optional<uint64_t> room = a.offload_dir.empty() || !a.disk_mem.empty()

@@ -75,25 +75,46 @@ struct CgroupMount {
   std::string root, point;  // the hierarchy's directory mounted, and where
 };
 
-// The memory controller's mount: a v1 "cgroup" mount whose super options name memory when
-// `v1`, else the "cgroup2" mount.
-std::optional<CgroupMount> find_mount(const fs::path& mountinfo, bool v1) {
+// The path of `path` (a cgroup path of /proc/self/cgroup) under a mount of `root` (the
+// hierarchy's directory mounted): "" for the root itself; nullopt when the mount does not hold it.
+std::optional<std::string> under_root(const std::string& path, const std::string& root) {
+  if (root == "/") return path;
+  if (path == root) return std::string();
+  if (path.starts_with(root) && path[root.size()] == '/') return path.substr(root.size());
+  return std::nullopt;
+}
+
+// The memory controller's mount that shows the cgroup `path`: a v1 "cgroup" mount whose super
+// options name memory when `v1`, else a "cgroup2" mount; of those whose root holds the path and
+// that no later mount at the same point hides (a container may mount the host's hierarchy over
+// its own), the last listed.
+std::optional<CgroupMount> find_mount(const fs::path& mountinfo, bool v1, const std::string& path) {
   std::ifstream f(mountinfo);
   std::string line;
+  std::vector<std::pair<CgroupMount, bool>> mounts;  // every mount in order; whether it may show the path
   while (std::getline(f, line)) {
     const size_t dash = line.find(" - ");
     if (dash == std::string::npos) continue;
     std::istringstream pre(line.substr(0, dash)), post(line.substr(dash + 3));
     std::string id, parent, dev, root, point, fstype, source, super;
-    if (!(pre >> id >> parent >> dev >> root >> point) || !(post >> fstype >> source >> super)) continue;
-    if (v1) {
-      if (fstype != "cgroup") continue;
+    if (!(pre >> id >> parent >> dev >> root >> point)) continue;
+    post >> fstype >> source >> super;
+    bool fits = false;
+    if (v1 && fstype == "cgroup") {
       const std::vector<std::string> opts = split(super, ',');
-      if (std::find(opts.begin(), opts.end(), "memory") == opts.end()) continue;
-    } else if (fstype != "cgroup2") {
-      continue;
+      fits = std::find(opts.begin(), opts.end(), "memory") != opts.end();
+    } else if (!v1) {
+      fits = fstype == "cgroup2";
     }
-    return CgroupMount{unescape_octal(root), unescape_octal(point)};
+    CgroupMount m{unescape_octal(root), unescape_octal(point)};
+    fits = fits && under_root(path, m.root).has_value();
+    mounts.emplace_back(std::move(m), fits);
+  }
+  for (size_t i = mounts.size(); i-- > 0;) {
+    if (!mounts[i].second) continue;
+    const bool hidden = std::any_of(mounts.begin() + long(i) + 1, mounts.end(),
+                                    [&](const auto& later) { return later.first.point == mounts[i].first.point; });
+    if (!hidden) return mounts[i].first;
   }
   return std::nullopt;
 }
@@ -122,18 +143,12 @@ std::optional<std::pair<fs::path, bool>> memory_cgroup_dir(const HostMemoryFiles
   // On a hybrid machine the memory controller is on v1 when v1 lists it; else on v2.
   const bool v1 = have_v1;
   if (!have_v1 && !have_v2) return std::nullopt;
-  const std::optional<CgroupMount> m = find_mount(files.mountinfo, v1);
-  if (!m) return std::nullopt;
   const std::string& path = v1 ? v1_path : v2_path;
-  std::string rel;
-  if (m->root == "/") {
-    rel = path;
-  } else if (path == m->root || (path.starts_with(m->root) && path[m->root.size()] == '/')) {
-    rel = path.substr(m->root.size());
-  } else {
-    return std::nullopt;  // another namespace's path: the mount does not show our cgroup
-  }
-  if (rel.find("..") != std::string::npos) return std::nullopt;  // would leave the mount; a cgroup path has none
+  const std::optional<CgroupMount> m = find_mount(files.mountinfo, v1, path);
+  if (!m) return std::nullopt;  // no mount shows it (another namespace's path)
+  const std::string rel = *under_root(path, m->root);
+  for (const fs::path& part : fs::path(rel))
+    if (part == "..") return std::nullopt;  // would leave the mount; a cgroup path has none
   const fs::path point = files.root / fs::path(m->point).relative_path();
   *mount_dir = point.lexically_normal();
   if (!mount_dir->has_filename()) *mount_dir = mount_dir->parent_path();
@@ -142,7 +157,22 @@ std::optional<std::pair<fs::path, bool>> memory_cgroup_dir(const HostMemoryFiles
   return std::make_pair(dir, v1);
 }
 
+// A level's limit: v1's memory.limit_in_bytes; v2's memory.max, or memory.high where lower (past
+// it the kernel throttles and reclaims hard: systemd's MemoryHigh, Kubernetes' memory QoS).
+std::optional<uint64_t> limit_of(const fs::path& level, bool v1) {
+  auto read = [&](const char* file) {
+    const std::optional<uint64_t> v = parse_u64(first_word(level / file));
+    return v && *v < kUnlimited ? v : std::nullopt;
+  };
+  if (v1) return read("memory.limit_in_bytes");
+  const std::optional<uint64_t> max = read("memory.max"), high = read("memory.high");
+  if (max && high) return std::min(*max, *high);
+  return max ? max : high;
+}
+
 }  // namespace
+
+bool HostMemory::cgroup_binds() const { return cgroup_room && (!mem_available || *cgroup_room < *mem_available); }
 
 std::optional<uint64_t> HostMemory::available() const {
   if (mem_available && cgroup_room) return std::min(*mem_available, *cgroup_room);
@@ -161,8 +191,7 @@ HostMemory read_host_memory(const HostMemoryFiles& files) {
   h.cgroup_dir = dir.string();
   // From the process's cgroup up to the mount's root: each level's limit holds the levels below.
   for (fs::path level = dir;; level = level.parent_path()) {
-    const std::string word = first_word(level / (v1 ? "memory.limit_in_bytes" : "memory.max"));
-    if (const std::optional<uint64_t> limit = parse_u64(word); limit && *limit < kUnlimited) {
+    if (const std::optional<uint64_t> limit = limit_of(level, v1)) {
       uint64_t used = parse_u64(first_word(level / (v1 ? "memory.usage_in_bytes" : "memory.current"))).value_or(0);
       std::optional<uint64_t> inactive = keyed_value(level / "memory.stat", v1 ? "total_inactive_file" : "inactive_file");
       if (v1 && !inactive) inactive = keyed_value(level / "memory.stat", "inactive_file");

@@ -23,16 +23,20 @@ struct HostMemoryFiles {
 // controller, no limit set: every limit of the chain is "max" or v1's unlimited sentinel).
 struct HostMemory {
   std::optional<uint64_t> mem_available;  // MemAvailable: free memory plus page cache the kernel can drop
-  // The tightest memory limit of the process's cgroup and its ancestors (cgroup v2 memory.max,
-  // v1 memory.limit_in_bytes), and what that level leaves: its limit less its usage, where usage
-  // does not count inactive file pages (reclaimable, as `docker stats` reckons it). The room is
-  // the least over the levels, so it may come from another level than the limit.
+  // The tightest memory limit of the process's cgroup and its ancestors (v2: memory.max, or
+  // memory.high where lower; v1: memory.limit_in_bytes), and the least room a level leaves: its
+  // limit less its usage, where usage does not count inactive file pages (reclaimable, as
+  // `docker stats` reckons it; a level whose usage cannot be read counts as empty). The room may
+  // come from another level than the limit. Swap is not counted.
   std::optional<uint64_t> cgroup_limit;
   std::optional<uint64_t> cgroup_room;
   std::string cgroup_dir;  // the cgroup directory read (for messages); empty without one
 
   // The smaller of mem_available and cgroup_room; nullopt when neither is known.
   std::optional<uint64_t> available() const;
+  // The cgroup, not the machine, sets available(): its room is known and less than MemAvailable
+  // (or MemAvailable is unknown).
+  bool cgroup_binds() const;
 };
 
 // Reads the files each call; thread-safe. Never throws for a malformed or missing file: what

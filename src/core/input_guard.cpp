@@ -13,6 +13,7 @@
 #include <cstring>
 #include <istream>
 #include <streambuf>
+#include <vector>
 
 namespace flexh2o {
 
@@ -91,6 +92,23 @@ std::string read_input_file(const std::filesystem::path& path, std::string_view 
   }
   out.resize(got);
   return out;
+}
+
+std::string read_input_fd(int fd, std::string_view what, size_t max_bytes) {
+  std::string out;
+  std::vector<char> buf(size_t(64) << 10);
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      FH_FAIL("cannot read ", what, ": ", std::strerror(e), ".");
+    }
+    if (n == 0) return out;
+    if (out.size() + size_t(n) > max_bytes)
+      FH_FAIL(what, " holds more than the ", max_bytes, " bytes an input of this kind may have.");
+    out.append(buf.data(), size_t(n));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

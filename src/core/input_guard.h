@@ -40,6 +40,10 @@ inline constexpr size_t kMaxInputFileBytes = size_t(1) << 30;
 // cannot block either.
 std::string read_input_file(const std::filesystem::path& path, std::string_view what,
                             size_t max_bytes = kMaxInputFileBytes);
+// Reads an open descriptor (a pipe, a terminal, standard input) to its end. Throws Error naming
+// `what` on a read error (a closed descriptor, a directory) or past `max_bytes`. Blocks until the
+// writer closes; the caller keeps the descriptor.
+std::string read_input_fd(int fd, std::string_view what, size_t max_bytes = kMaxInputFileBytes);
 
 // Splits a stream into lines without ever holding more than max_line_bytes of one line: an
 // over-long line is reported as kTooLong as soon as the cap is crossed, and the next call resumes

@@ -252,8 +252,7 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& asked) {
              "host<->device = memcpy between buffers; disk through DiskStore)";
   set_measured_memory(h);
   const ProfileOptions o = asked.fit_memory ? fit_probes(asked, h.host_memory) : asked;
-  if (o.max_probe_bytes && o.max_probe_bytes < (size_t(1) << 30))
-    h.source += detail::concat("; probes fitted to ", o.max_probe_bytes >> 20, " MiB, a quarter of the memory at hand");
+  bool fitted = o.copy_bytes < asked.copy_bytes || o.disk_bytes < asked.disk_bytes;  // and the GEMV's, below
   h.shared_memory = true;  // the CPU device's tiers are both this RAM
   // FlexGen's alpha: MemAvailable is shared with every other process, and the plan's buffers are
   // not all a run holds (the mapped checkpoint's pages, allocator slack, the tokenizer).
@@ -359,16 +358,20 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& asked) {
     // probe overstates it several times: 19 to 55 GB/s from run to run for 96 MB on a VM that
     // reports a 260 MiB L3). Rows past the first block repeat it (the values do not matter).
     const long llc = o.past_last_cache ? ::sysconf(_SC_LEVEL3_CACHE_SIZE) : 0;
-    auto rows_for = [&](int64_t row_bytes) {
+    // Rows of `row_bytes` for a probe matrix, beside `held` bytes of probe data, within max_probe_bytes.
+    auto rows_for = [&](int64_t row_bytes, int64_t held) {
       const int64_t past = llc > 0 ? std::min(2 * int64_t(llc), int64_t(1) << 30) / row_bytes + 1 : 0;
       const int64_t rows = std::max(o.weight_read_rows, past);
-      return o.max_probe_bytes ? std::clamp<int64_t>(int64_t(o.max_probe_bytes) / row_bytes, 1, rows) : rows;
+      if (!o.max_probe_bytes) return rows;
+      const int64_t fit = std::max<int64_t>(int64_t(o.max_probe_bytes) - held, 0) / row_bytes;
+      fitted = fitted || fit < rows;
+      return std::clamp<int64_t>(fit, 1, rows);
     };
     auto tile = [](auto& v, int64_t block) {  // v[block, end) repeats v[0, block)
       for (size_t i = size_t(block); i < v.size(); i += size_t(block))
         std::memcpy(v.data() + i, v.data(), std::min(size_t(block), v.size() - i) * sizeof(v[0]));
     };
-    const int64_t NB = rows_for(2 * K), B0 = std::min(NB, o.weight_read_rows);
+    const int64_t NB = rows_for(2 * K, 0), B0 = std::min(NB, o.weight_read_rows);
     std::vector<uint16_t> wb(size_t(NB * K));
     for (int64_t i = 0; i < B0 * K; ++i) wb[size_t(i)] = f32_to_f16(u(rng));
     tile(wb, B0 * K);
@@ -390,7 +393,7 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& asked) {
     // q4_bytes / dequant, so the rate is what remains of the measured time after those two
     // (floored: a decode that hides entirely behind the stream still gets a finite, large rate).
     // The host is the same CPU.
-    const int64_t qrow = int64_t(q4::tensor_bytes(1, K)), NQ = rows_for(qrow);
+    const int64_t qrow = int64_t(q4::tensor_bytes(1, K)), NQ = rows_for(qrow, B0 * qrow);
     std::vector<uint8_t> q0(size_t(B0 * qrow));
     q4::encode_rows_f16(wb.data(), K, B0, K, q0.data(), "profile probe");
     std::vector<uint16_t>().swap(wb);  // freed before the Q4 matrix exists
@@ -514,6 +517,9 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& asked) {
     const double tn = threads > 1 ? kv_policy_row(o.min_seconds, 512, threads).first : t1;
     h.host_kv_threads = std::clamp(t1 / tn, 1.0, double(threads));
   }
+  if (fitted)
+    h.source += detail::concat("; probes made smaller to fit the memory at hand (each at most ", o.max_probe_bytes >> 20,
+                               " MiB), so rates may be overstated");
   return h;
 }
 

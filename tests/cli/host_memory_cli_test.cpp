@@ -31,17 +31,25 @@ TEST(HostMemoryCli, PolicyAutoInAMemoryCgroupPlansWithinIt) {
           (tmp.path() / "off").string(),
       cg->prefix());
   ASSERT_EQ(r.code, 0) << r.err;
-  // "... (limit 1 GiB) leaves 812 MiB of host memory, less than the machine's 22.3 GiB available"
-  const std::regex line(R"(this process's memory cgroup \(limit 1 GiB\) leaves ([0-9.]+) MiB of host memory)");
+  // "the host tier is the 812 MiB measured within this process's memory cgroups (tightest limit 1 GiB; ..."
+  const std::regex line(R"(the host tier is the ([0-9.]+) MiB measured within this process's memory cgroups )"
+                        R"(\(tightest limit 1 GiB; the machine has )");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.err, m, line)) << r.err;
   EXPECT_GT(std::stod(m[1]), 0);
   EXPECT_LT(std::stod(m[1]), 1024);
+  // --cpu-mem sets the host tier: the cgroup is not what bounds it then.
+  const RunResult given = flexh2o::test::run_flexh2o(
+      "generate -m " + model_dir("tiny-opt").string() + " --prompt hi -n 2 --device cpu --policy auto --offload-dir " +
+          (tmp.path() / "off").string() + " --cpu-mem 256MiB",
+      cg->prefix());
+  ASSERT_EQ(given.code, 0) << given.err;
+  EXPECT_EQ(given.err.find("memory cgroups"), std::string::npos) << given.err;
 }
 
-// `profile` (and so --policy auto's measuring) in a 384 MiB cgroup: its probes fit a quarter of
-// the room, where their 2 x 128 MiB disk buffers and a GEMV matrix of twice the last-level cache
-// (512 MiB on a VM that reports 256 MiB of L3) got it killed in a 512 MiB one.
+// `profile` (and so --policy auto's measuring) in a 384 MiB cgroup fits its probes to a quarter
+// of the room; unfitted, two 128 MiB disk buffers and a GEMV matrix of twice the last-level cache
+// (512 MiB on a VM that reports 256 MiB of L3) are more than a 512 MiB cgroup holds.
 TEST(HostMemoryCli, ProfileInASmallCgroupFitsItsProbes) {
   std::string why;
   const auto cg = flexh2o::test::MemoryCgroup::make(384 * kMiB, &why);
@@ -49,7 +57,7 @@ TEST(HostMemoryCli, ProfileInASmallCgroupFitsItsProbes) {
   TempDir tmp;
   const RunResult r = flexh2o::test::run_flexh2o("profile --offload-dir " + tmp.path().string(), cg->prefix());
   ASSERT_EQ(r.code, 0) << r.err;
-  const std::regex fitted(R"(probes fitted to ([0-9]+) MiB, a quarter of the memory at hand)");
+  const std::regex fitted(R"(probes made smaller to fit the memory at hand \(each at most ([0-9]+) MiB\))");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.out, m, fitted)) << r.out;
   EXPECT_LE(std::stoi(m[1]), 96);
@@ -57,7 +65,7 @@ TEST(HostMemoryCli, ProfileInASmallCgroupFitsItsProbes) {
 }
 
 // Dummy weights are made in RAM: a preset larger than the cgroup's room is refused before any is
-// made (it was killed by the kernel's OOM killer), and the message names the cgroup's limit.
+// made (not left to the kernel's OOM killer), and the message names the cgroup's limit.
 TEST(HostMemoryCli, APresetLargerThanTheCgroupIsRefusedNamingIt) {
   std::string why;
   const auto cg = flexh2o::test::MemoryCgroup::make(512 * kMiB, &why);
@@ -66,7 +74,7 @@ TEST(HostMemoryCli, APresetLargerThanTheCgroupIsRefusedNamingIt) {
       flexh2o::test::run_flexh2o("bench -m opt-1.3b --device cpu --prompt-len 8 --gen-len 2", cg->prefix());
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_HAS(r.err, "preset opt-1.3b: its dummy weights take 2.45 GiB");
-  EXPECT_HAS(r.err, "within this process's memory cgroup (limit 512 MiB)");
+  EXPECT_HAS(r.err, "within this process's memory cgroups (tightest limit 512 MiB)");
 }
 
 // A given profile (h200: 137.4 GB of host memory) plans the host tier with what this process can

@@ -98,6 +98,13 @@ TEST(StandardInput, TheEvaluationsReadDashAsStandardInput) {
   const auto empty = run_with_stdin("eval-ppl" + m + " -", text);
   EXPECT_EQ(empty.code, 1);
   EXPECT_NE(empty.err.find("standard input: no tokens to score"), std::string::npos) << empty.err;
+  // A standard input that cannot be read is an error of its own, not an empty text.
+  const auto closed = flexh2o::test::run_flexh2o("eval-ppl" + m + " -", "sh -c 'exec \"$0\" \"$@\" <&-'");
+  EXPECT_EQ(closed.code, 1);
+  EXPECT_NE(closed.err.find("cannot read standard input: Bad file descriptor"), std::string::npos) << closed.err;
+  const auto dir = run_with_stdin("eval-ppl" + m + " -", tmp.path());
+  EXPECT_EQ(dir.code, 1);
+  EXPECT_NE(dir.err.find("cannot read standard input: Is a directory"), std::string::npos) << dir.err;
 }
 
 }  // namespace
