@@ -247,7 +247,7 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   batch::IdMaker ids{std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32)};
   // A Batch line's result: its choices (cut at stop strings) and usage.
   auto batch_line = [&](const GenerateItem& it) {
-    if (!it.error.empty()) return batch::error_line(it.id, {it.error, it.error_param}, ids);
+    if (!it.error.empty()) return batch::error_line(it.id, {it.error, it.error_param, it.error_code}, ids);
     std::vector<const GenerationResult*> results;
     for (size_t k = 0; k < it.reqs.size(); ++k) results.push_back(&*ready[it.first_req + k]);
     json line = batch::result_line(*it.batch, results, decode, batch::token_text_of(lm.tokenizer_or_null()),

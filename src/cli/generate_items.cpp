@@ -122,6 +122,7 @@ GenerateItem make_batch_item(const nlohmann::ordered_json& j, int64_t line, size
   if (p.error) {
     it.error = p.error->message;
     it.error_param = p.error->param;
+    it.error_code = p.error->code;
     return it;
   }
   batch::RunDefaults d;
@@ -133,8 +134,10 @@ GenerateItem make_batch_item(const nlohmann::ordered_json& j, int64_t line, size
   try {
     it.reqs = batch::expand_request(*p.request, d, lm.model->config());
     it.batch = std::make_unique<batch::Request>(std::move(*p.request));
-  } catch (const Error& e) {
-    it.error = e.what();
+  } catch (const batch::RefusedRequest& e) {
+    it.error = e.error.message;
+    it.error_param = e.error.param;
+    it.error_code = e.error.code;
   }
   return it;
 }

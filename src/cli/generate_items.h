@@ -27,6 +27,7 @@ struct GenerateItem {
   std::string error;
   bool unread = false;  // the line could not be read (not JSON, too long): its id is its index
   std::optional<std::string> error_param;  // Batch lines: the field at fault
+  std::optional<std::string> error_code;   // Batch lines: OpenAI's code (openai_batch::RequestError)
   std::unique_ptr<openai_batch::Request> batch;  // a pointer: most runs hold only flexh2o lines, millions
   std::vector<std::string> stop;  // a flexh2o line's (or --stop's) stop strings; Batch lines: batch->stop
   size_t first_req = 0, results = 0;  // where its requests sit in the run; how many finished

@@ -412,17 +412,22 @@ json success_line(const Request& r, const std::vector<Choice>& choices, int64_t 
 std::vector<GenerationRequest> expand_request(const Request& r, const RunDefaults& d, const ModelConfig& c) {
   // 2^64 / golden ratio: odd, so no two choices of a line share a seed.
   constexpr uint64_t kChoiceSeedStride = 0x9E3779B97F4A7C15ull;
+  auto refuse = [](std::string param, std::optional<std::string> code, auto&&... parts) {
+    throw RefusedRequest(RequestError{detail::concat(parts...), std::move(param), std::move(code)});
+  };
+  const std::string prompt_param = r.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
   if (d.max_tokens_cap > 0 && r.max_tokens && *r.max_tokens > d.max_tokens_cap)
-    FH_FAIL("max_tokens ", *r.max_tokens, " is more than this server's limit of ", d.max_tokens_cap,
-            " (--max-new-tokens)");
+    refuse("max_tokens", std::nullopt, "max_tokens ", *r.max_tokens, " is more than this server's limit of ",
+           d.max_tokens_cap, " (--max-new-tokens)");
   // As OpenAI and vLLM: a prompt and max_tokens longer than the context are refused, not cut (a
   // prompt longer than the positions by itself gets validate_request's message).
   for (const auto& prompt : r.prompts)
     if (const int64_t p = int64_t(prompt.size());
         r.max_tokens && p <= c.max_positions && p + *r.max_tokens > max_sequence_tokens(c))
-      FH_FAIL("a sequence of this model reaches at most ", max_sequence_tokens(c), " tokens (", c.max_positions,
-              " positions, the last token drawn from the last one); the prompt of ", p, " tokens leaves room for ",
-              max_sequence_tokens(c) - p, " more, and max_tokens asks ", *r.max_tokens);
+      refuse("max_tokens", "context_length_exceeded", "a sequence of this model reaches at most ",
+             max_sequence_tokens(c), " tokens (", c.max_positions,
+             " positions, the last token drawn from the last one); the prompt of ", p, " tokens leaves room for ",
+             max_sequence_tokens(c) - p, " more, and max_tokens asks ", *r.max_tokens);
   const uint64_t base = r.seed ? uint64_t(*r.seed) : d.seed;
   std::vector<GenerationRequest> out;
   for (const auto& prompt : r.prompts)
@@ -442,7 +447,15 @@ std::vector<GenerationRequest> expand_request(const Request& r, const RunDefault
       g.sampling.frequency_penalty = r.frequency_penalty;
       g.sampling.seed = base + uint64_t(k) * kChoiceSeedStride;
       g.top_logprobs = r.logprobs;
-      validate_request(g, c);
+      try {
+        validate_request(g, c);
+      } catch (const Error& e) {  // what parse_body cannot see: the prompt's ids or length, logit_bias's ids
+        const bool too_long = int64_t(g.prompt_ids.size()) > c.max_positions;
+        const bool prompt_ids = std::any_of(g.prompt_ids.begin(), g.prompt_ids.end(),
+                                            [&](int32_t id) { return id < 0 || id >= c.vocab_size; });
+        refuse(too_long || prompt_ids || r.logit_bias.empty() ? prompt_param : "logit_bias",
+               too_long ? std::optional<std::string>("context_length_exceeded") : std::nullopt, e.what());
+      }
       out.push_back(std::move(g));
     }
   return out;
@@ -550,8 +563,9 @@ std::vector<int32_t> chat_prompt_ids(const nlohmann::ordered_json& body, const H
 }
 
 json error_line(const json& custom_id, const RequestError& e, IdMaker& ids) {
-  json err{{"message", e.message}, {"type", "invalid_request_error"}, {"code", nullptr}};
+  json err{{"message", e.message}, {"type", "invalid_request_error"}};
   err["param"] = e.param ? json(*e.param) : json();
+  err["code"] = e.code ? json(*e.code) : json();
   return json{{"id", ids.next("batch_req_")},
               {"custom_id", custom_id},
               {"response", {{"status_code", 400}, {"request_id", ids.next("")}, {"body", {{"error", err}}}}},

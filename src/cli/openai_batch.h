@@ -62,6 +62,16 @@ struct Request {
 struct RequestError {
   std::string message;
   std::optional<std::string> param;  // the field at fault ("body.n" is written "n", as OpenAI does)
+  // OpenAI's machine-readable code where it has one: "context_length_exceeded" (clients such as
+  // LangChain map it to a context-overflow error); null otherwise.
+  std::optional<std::string> code = std::nullopt;
+};
+
+// What expand_request throws for a request it refuses: the message, and the error's param/code.
+class RefusedRequest : public Error {
+ public:
+  explicit RefusedRequest(RequestError e) : Error(e.message), error(std::move(e)) {}
+  RequestError error;
 };
 
 struct Parsed {
@@ -117,7 +127,9 @@ struct RunDefaults {
 
 // A valid request's engine requests: one per prompt and choice, prompt-major. Choice k draws
 // from (body seed, else defaults.seed) + k * an odd constant, so choice 0 uses the base seed.
-// Throws Error (validate_request's, or the cap's) when one cannot run on `c`.
+// Throws RefusedRequest (validate_request's message, or the cap's, with the field at fault;
+// "context_length_exceeded" where the prompt, or the prompt and max_tokens, pass the context)
+// when one cannot run on `c`.
 std::vector<GenerationRequest> expand_request(const Request& r, const RunDefaults& defaults, const ModelConfig& c);
 
 // Fills r.prompt_scores when r.scores_prompts() (score_tokens() of every prompt's tokens after its
@@ -220,7 +232,7 @@ nlohmann::json result_line(const Request& r, std::span<const GenerationResult* c
                            const TokenText& piece, const std::string& model_name, int64_t created, IdMaker& ids);
 
 // The output line of a request that could not run: response.status_code 400 and
-// response.body.error {message, type: "invalid_request_error", param, code: null}, as OpenAI
+// response.body.error {message, type: "invalid_request_error", param, code}, as OpenAI
 // writes per-request failures (the top-level "error" is only for expired/cancelled batches).
 nlohmann::json error_line(const nlohmann::json& custom_id, const RequestError& e, IdMaker& ids);
 

@@ -298,8 +298,8 @@ std::vector<std::string> Session::openai(const std::vector<std::string>& lines, 
       std::vector<GenerationRequest> mine = batch::expand_request(*parsed.request, d, cfg);
       requests[i] = std::move(parsed.request);
       return mine;
-    } catch (const Error& e) {
-      live.fail(i, batch::error_line(parsed.custom_id, {e.what(), std::nullopt}, ids));
+    } catch (const batch::RefusedRequest& e) {
+      live.fail(i, batch::error_line(parsed.custom_id, e.error, ids));
       return std::vector<GenerationRequest>();
     }
   };

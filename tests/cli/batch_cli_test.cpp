@@ -212,6 +212,7 @@ TEST(BatchCli, BadLinesGetOpenAiErrorLinesInOrderAndExitOne) {
     json custom_id;
     std::string needle;
     json param;
+    json code = nullptr;
   } want[] = {
       {"get", "\"method\" must be \"POST\", got \"GET\"", "method"},
       {"url", "\"url\" \"/v1/embeddings\" is not served", "url"},
@@ -221,7 +222,7 @@ TEST(BatchCli, BadLinesGetOpenAiErrorLinesInOrderAndExitOne) {
       {nullptr, "invalid JSON", nullptr},
       {"chat", "the flexh2o binary cannot render chat templates", "messages"},
       {7, "\"custom_id\" must be a non-empty string, got 7", "custom_id"},
-      {"long", "longer than the model's max_position_embeddings", nullptr},
+      {"long", "longer than the model's max_position_embeddings", "prompt", "context_length_exceeded"},
   };
   EXPECT_EQ(got[0]["response"]["status_code"], 200);
   for (size_t i = 0; i < std::size(want); ++i) {
@@ -234,7 +235,7 @@ TEST(BatchCli, BadLinesGetOpenAiErrorLinesInOrderAndExitOne) {
     EXPECT_NE(e["message"].get<std::string>().find(want[i].needle), std::string::npos);
     EXPECT_EQ(e["type"], "invalid_request_error");
     EXPECT_EQ(e["param"], want[i].param);
-    EXPECT_TRUE(e["code"].is_null());
+    EXPECT_EQ(e["code"], want[i].code);
   }
   EXPECT_NE(r.err.find("in.jsonl:2: \"method\" must be \"POST\""), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("in.jsonl:8: the flexh2o binary cannot render chat templates"), std::string::npos) << r.err;

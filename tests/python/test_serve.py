@@ -174,6 +174,11 @@ def test_models_and_health(opt_server):
     assert opt_server.request("GET", "/health") == (200, {"status": "ok"})
     status, body = opt_server.request("GET", "/v1/models", headers=AUTH)
     assert status == 200 and [m["id"] for m in body["data"]] == ["tiny-served"]
+    assert body["data"][0]["max_model_len"] == opt_server.server.llm.max_length == 1024
+    # The client's models.retrieve(id): the card of the served model; another id is 404, as OpenAI.
+    assert opt_server.request("GET", "/v1/models/tiny-served", headers=AUTH) == (200, body["data"][0])
+    status, answer = opt_server.request("GET", "/v1/models/gpt-4o", headers=AUTH)
+    assert status == 404 and answer["error"]["code"] == "model_not_found", answer
     # An answer to a request without "model" names the served model, as /v1/models lists it.
     status, body = opt_server.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1}, headers=AUTH)
     assert status == 200 and body["model"] == "tiny-served", body
@@ -182,7 +187,9 @@ def test_models_and_health(opt_server):
 @pytest.mark.parametrize("body, param, words", [
     ({"model": "m", "prompt": "x", "echo": "yes"}, "echo", "must be a boolean"),
     ({"model": "m", "prompt": "x", "stream": "yes"}, "stream", "must be a boolean"),
-    ({"model": "m", "prompt": "x", "max_tokens": 21}, None, "more than this server's limit of 20"),
+    ({"model": "m", "prompt": "x", "max_tokens": 21}, "max_tokens", "more than this server's limit of 20"),
+    ({"model": "m", "prompt": [[2, 99999]], "max_tokens": 1}, "prompt", "prompt"),
+    ({"model": "m", "prompt": "x", "max_tokens": 1, "logit_bias": {"99999": 5}}, "logit_bias", "99999"),
     ({"model": "m", "prompt": "x", "best_of": 3}, "best_of", "best_of"),
     ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "messages", "no chat template"),
     ({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}, "messages", "is not one of system"),
@@ -198,7 +205,19 @@ def test_bad_bodies_get_openai_errors(opt_server, body, param, words):
     assert status == 400, answer
     err = answer["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param and words in err["message"], err
+    assert err["code"] is None, err
     assert "Traceback" not in err["message"] and "At:" not in err["message"]
+
+
+def test_a_prompt_past_the_context_is_context_length_exceeded(opt_server):
+    # OpenAI's code, which clients (LangChain's ContextOverflowError) act on: the prompt alone
+    # (param: the prompt), or the prompt and max_tokens (param: max_tokens).
+    n = opt_server.server.llm.max_length
+    for body, param in (({"prompt": [[2] * (n + 1)], "max_tokens": 1}, "prompt"),
+                        ({"prompt": [[2] * (n - 4)], "max_tokens": 10}, "max_tokens")):
+        status, answer = opt_server.request("POST", "/v1/completions", {"model": "m", **body}, headers=AUTH)
+        assert status == 400, answer
+        assert answer["error"]["code"] == "context_length_exceeded" and answer["error"]["param"] == param, answer
 
 
 def test_bad_requests_get_their_status(opt_server):

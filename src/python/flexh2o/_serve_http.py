@@ -7,6 +7,7 @@ import json
 import queue
 import re
 import socket
+import urllib.parse
 from http.server import BaseHTTPRequestHandler
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
@@ -16,8 +17,8 @@ READ_TIMEOUT = 60.0  # seconds a client may take to send a request (headers and 
 CLIENT_POLL_S = 0.05  # how often a handler waiting for a plain answer looks whether its client left
 
 
-def error_body(message, type_="invalid_request_error", param=None):
-    return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+def error_body(message, type_="invalid_request_error", param=None, code=None):
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def _too_deep(value, limit=MAX_DEPTH):
@@ -85,8 +86,15 @@ def _handler_for(server):
                 self._send(200, {"status": "ok"})
             elif path == "/v1/models":
                 if self._authorized():
-                    self._send(200, {"object": "list", "data": [{"id": server.model_name, "object": "model",
-                                                                 "created": server.created, "owned_by": "flexh2o"}]})
+                    self._send(200, {"object": "list", "data": [server.model_card()]})
+            elif path.startswith("/v1/models/"):  # the client's models.retrieve(id)
+                if self._authorized():
+                    name = urllib.parse.unquote(path[len("/v1/models/"):])
+                    if name == server.model_name:
+                        self._send(200, server.model_card())
+                    else:
+                        self._send(404, error_body(f"The model '{name}' does not exist (this server serves "
+                                                   f"'{server.model_name}')", param="model", code="model_not_found"))
             else:
                 self._send(404, error_body(f"no such endpoint: GET {path}"))
 

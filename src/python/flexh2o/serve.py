@@ -172,6 +172,14 @@ class Server:
             del self._queue[:len(taken)]
             return taken
 
+    def model_card(self):
+        """The served model as /v1/models lists it; max_model_len as vLLM gives it (the model's
+        positions), which clients read to size their requests."""
+        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "flexh2o"}
+        if getattr(self.llm, "max_length", None):
+            card["max_model_len"] = self.llm.max_length
+        return card
+
     def _render_chat(self, body_text):
         body = json.loads(body_text)
         return self.llm._render_body(body)
