@@ -27,7 +27,7 @@ void validate_request(const GenerationRequest& r, const ModelConfig& c) {
   if (r.prompt_ids.empty()) FH_FAIL("empty prompt: give at least one token");
   check_token_ids(r.prompt_ids, c, "prompt");
   if (int64_t(r.prompt_ids.size()) > c.max_positions)
-    FH_FAIL("prompt is ", r.prompt_ids.size(), " tokens, longer than the model's max_position_embeddings (",
+    FH_FAIL("prompt is too long: ", r.prompt_ids.size(), " tokens, longer than the model's max_position_embeddings (",
             c.max_positions, ")");
   if (r.max_new_tokens < 0) FH_FAIL("max_new_tokens must be >= 0, got ", r.max_new_tokens);
   if (r.top_logprobs < -1 || r.top_logprobs > kMaxTopLogprobs)

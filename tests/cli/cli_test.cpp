@@ -77,7 +77,7 @@ TEST(Cli, BadLinesAreReportedWithLineNumbersOthersStillRun) {
   // The parser's words without its "[json.exception.parse_error.101]" tag.
   EXPECT_NE(r.err.find("in.jsonl:2: invalid JSON: parse error at line 1, column "), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("[json.exception"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("in.jsonl:4: prompt is 1100 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("in.jsonl:4: prompt is too long: 1100 tokens"), std::string::npos) << r.err;
   auto lines = read_jsonl(out);
   ASSERT_EQ(lines.size(), 5u);
   EXPECT_EQ(lines[0]["id"], "ok1");
