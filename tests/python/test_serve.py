@@ -4,6 +4,7 @@ engine calls, and every bad request gets OpenAI's error shape with the right sta
 is tested in test_serve_stream.py."""
 
 import http.client
+import io
 import json
 import os
 import signal
@@ -207,6 +208,18 @@ def test_bad_bodies_get_openai_errors(opt_server, body, param, words):
     assert err["type"] == "invalid_request_error" and err["param"] == param and words in err["message"], err
     assert err["code"] is None, err
     assert "Traceback" not in err["message"] and "At:" not in err["message"]
+
+
+def test_the_log_counts_refused_requests():
+    log = io.StringIO()
+    srv = Running(flexh2o.LLM(str(TINY["opt"]), device="cpu"), max_new_tokens=4, log=log)
+    try:
+        assert srv.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 9})[0] == 400
+        assert srv.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
+    finally:
+        srv.stop()
+    lines = [l for l in log.getvalue().splitlines() if "request(s)" in l]
+    assert len(lines) == 2 and "; 1 refused" in lines[0] and "refused" not in lines[1], lines
 
 
 def test_a_prompt_past_the_context_is_context_length_exceeded(opt_server):

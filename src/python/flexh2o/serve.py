@@ -257,9 +257,10 @@ class Server:
             self.batches += 1
             dt = time.monotonic() - t0
             left = sum(p.gone for p in taken)  # requests whose client left before its answer
+            refused = sum(1 for p in taken if p.done.is_set() and 400 <= p.status < 500)
             print(f"flexh2o serve: {ran} request(s), {tokens} tokens in {dt:.2f} s "
-                  f"({tokens / dt if dt > 0 else 0:.1f} tok/s)" + (f"; {left} of them lost their client" if left else ""),
-                  file=self.log, flush=True)
+                  f"({tokens / dt if dt > 0 else 0:.1f} tok/s)" + (f"; {refused} refused" if refused else "")
+                  + (f"; {left} of them lost their client" if left else ""), file=self.log, flush=True)
         with self._cv:  # closing: whatever still waits
             for p in self._queue:
                 p.answer(503, error_body("the server is shutting down", "server_error"))
