@@ -80,7 +80,9 @@ class MemoryCgroup {
     return bool(procs);
   }
   // A run_flexh2o() prefix that runs the program inside: a shell joins, then execs it.
-  std::string prefix() const { return "sh -c 'echo 0 > \"" + (dir_ / "cgroup.procs").string() + "\" && exec \"$0\" \"$@\"'"; }
+  std::string prefix() const {
+    return "sh -c 'echo 0 > \"" + (dir_ / "cgroup.procs").string() + "\" && exec \"$0\" \"$@\"'";
+  }
 
  private:
   MemoryCgroup(std::filesystem::path home, std::filesystem::path dir) : home_(std::move(home)), dir_(std::move(dir)) {}

@@ -370,10 +370,10 @@ HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& 
     const HostMemory host = read_host_memory();
     std::string within;
     if (host.cgroup_binds())
-      within = detail::concat(" within this process's memory cgroups (tightest limit ", human_bytes(*host.cgroup_limit),
-                              host.mem_available ? "; the machine has " + human_bytes(*host.mem_available) + " available"
-                                                 : std::string(),
-                              ")");
+      within = detail::concat(
+          " within this process's memory cgroups (tightest limit ", human_bytes(*host.cgroup_limit),
+          host.mem_available ? "; the machine has " + human_bytes(*host.mem_available) + " available" : std::string(),
+          ")");
     if (measured_here) {
       if (!within.empty())
         log << "flexh2o: --policy auto: the host tier is the " << human_bytes(uint64_t(hw.host_memory)) << " measured"

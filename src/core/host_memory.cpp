@@ -193,8 +193,9 @@ HostMemory read_host_memory(const HostMemoryFiles& files) {
   for (fs::path level = dir;; level = level.parent_path()) {
     if (const std::optional<uint64_t> limit = limit_of(level, v1)) {
       uint64_t used = parse_u64(first_word(level / (v1 ? "memory.usage_in_bytes" : "memory.current"))).value_or(0);
-      std::optional<uint64_t> inactive = keyed_value(level / "memory.stat", v1 ? "total_inactive_file" : "inactive_file");
-      if (v1 && !inactive) inactive = keyed_value(level / "memory.stat", "inactive_file");
+      const fs::path stat = level / "memory.stat";
+      std::optional<uint64_t> inactive = keyed_value(stat, v1 ? "total_inactive_file" : "inactive_file");
+      if (v1 && !inactive) inactive = keyed_value(stat, "inactive_file");
       used -= std::min(used, inactive.value_or(0));
       const uint64_t room = *limit - std::min(*limit, used);
       h.cgroup_limit = std::min(h.cgroup_limit.value_or(*limit), *limit);

@@ -29,18 +29,30 @@ bool fits(const CostModel& cm, const Policy& p, int tier, int64_t groups) {
   return cm.hardware().charged(tier, cm.memory(p, groups)) <= cm.hardware().usable(tier);  // one tier of fits()
 }
 
-// Highest-tier weight split that fits (device share, then host share); false if none.
+// Highest-tier weight split that fits (device share, then host share); false if none. Where the
+// device and the host share RAM (the CPU device), a lower device share leaves the host more room,
+// so a device share whose rest fits no host share is passed over rather than ending the search.
 bool place_weights_greedy(const CostModel& cm, Policy& p, int step, bool allow_disk, int64_t groups) {
+  bool passed_over = false;
   for (int wg = 100; wg >= 0; wg -= step) {
     p.w_gpu_percent = wg;
     p.w_cpu_percent = 100 - wg;
     if (!fits(cm, p, 0, groups)) continue;
-    for (int wc = 100 - wg; wc >= 0; wc -= step) {
+    // After a share passed over, the host's two ends (the rest all on it, or all on disk) are
+    // tried before every share between them: most device shares fit neither, and the search
+    // calls this for every block shape.
+    auto host_fits_at = [&](int wc) {
       p.w_cpu_percent = wc;
-      if (!allow_disk && wg + wc < 100) return false;
-      if (fits(cm, p, 1, groups)) return fits(cm, p, 2, groups);
+      return fits(cm, p, 1, groups);
+    };
+    if (passed_over && !host_fits_at(100 - wg) && (!allow_disk || !host_fits_at(0))) continue;
+    for (int wc = 100 - wg; wc >= 0; wc -= step) {
+      if (!allow_disk && wg + wc < 100) break;
+      if (host_fits_at(wc)) return fits(cm, p, 2, groups);
     }
-    return false;  // host cannot hold even the rest with all of it on disk
+    // Separate memories: a lower device share only adds to what the host holds.
+    if (!cm.hardware().shared_memory) return false;
+    passed_over = true;
   }
   return false;
 }

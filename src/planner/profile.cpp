@@ -518,8 +518,8 @@ HardwareProfile measure_profile(CpuDevice& dev, const ProfileOptions& asked) {
     h.host_kv_threads = std::clamp(t1 / tn, 1.0, double(threads));
   }
   if (fitted)
-    h.source += detail::concat("; probes made smaller to fit the memory at hand (each at most ", o.max_probe_bytes >> 20,
-                               " MiB), so rates may be overstated");
+    h.source += detail::concat("; probes made smaller to fit the memory at hand (each at most ",
+                               o.max_probe_bytes >> 20, " MiB), so rates may be overstated");
   return h;
 }
 
