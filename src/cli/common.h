@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/host_memory.h"
 #include "core/input_guard.h"
 #include "loader/hub.h"
 #include "model/weights.h"
@@ -79,6 +80,10 @@ struct LoadedModel {
 // "flexh2o: warning: ..." naming the checkpoint's tensors that no weight of the config reads
 // (Model::unused_tensors()), a few of them by name; empty when there are none.
 std::string unused_tensors_warning(const Model& m);
+
+// " within this process's memory cgroups (tightest limit L; the machine has M available)" where
+// the cgroups, not the machine, set `h.available()` (HostMemory::cgroup_binds); else empty.
+std::string memory_cgroup_note(const HostMemory& h);
 
 // Writes `text` to stderr in one write(2), after what std::cerr holds: an mpirun job merges its
 // ranks' stderr, and a line written in pieces can be cut by another rank's line.

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/common.h"
 #include "cli/output_file.h"
 #include "core/error.h"
 #include "core/host_memory.h"
@@ -368,12 +369,7 @@ HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& 
   // without --cpu-mem this run's host tier is what this process can still take.
   if (a.cpu_mem.empty()) {
     const HostMemory host = read_host_memory();
-    std::string within;
-    if (host.cgroup_binds())
-      within = detail::concat(
-          " within this process's memory cgroups (tightest limit ", human_bytes(*host.cgroup_limit),
-          host.mem_available ? "; the machine has " + human_bytes(*host.mem_available) + " available" : std::string(),
-          ")");
+    const std::string within = memory_cgroup_note(host);
     if (measured_here) {
       if (!within.empty())
         log << "flexh2o: --policy auto: the host tier is the " << human_bytes(uint64_t(hw.host_memory)) << " measured"
@@ -395,6 +391,21 @@ HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& 
     hw.disk_memory = double(*room);
   }
   return hw;
+}
+
+std::string budgets_beyond_memory(const OffloadArgs& a, DeviceKind kind) {
+  uint64_t ram = 0;
+  std::string flags;
+  if (!a.cpu_mem.empty()) ram += parse_bytes(a.cpu_mem, "--cpu-mem"), flags = "--cpu-mem " + a.cpu_mem;
+  if (kind == DeviceKind::kCpu && !a.gpu_mem.empty())
+    ram += parse_bytes(a.gpu_mem, "--gpu-mem"), flags += (flags.empty() ? "" : " with ") + ("--gpu-mem " + a.gpu_mem);
+  const HostMemory host = read_host_memory();
+  const std::optional<uint64_t> avail = host.available();
+  if (ram == 0 || !avail || ram <= *avail) return {};
+  return detail::concat("flexh2o: warning: the RAM budgets given (", flags, ") come to ", human_bytes_beside(ram, *avail),
+                        ", more than the ", human_bytes_beside(*avail, ram), " this process can take now",
+                        memory_cgroup_note(host), ": the budget checks let through what the kernel may end with its "
+                        "OOM killer; give budgets within it\n");
 }
 
 void cap_profile_memory(const std::string& gpu_mem, const std::string& cpu_mem, const std::string& disk_mem,

@@ -99,6 +99,11 @@ Policy plan_auto_policy(const OffloadArgs& a, const Model& m, const std::filesys
                         int64_t prompt_len, int64_t gen_len, const std::optional<KvPolicyConfig>& kv, DType kv_dtype,
                         int64_t requests, CpuDevice& cpu, const Device& dev, std::ostream& log,
                         std::optional<MeasuredProfile>* measured = nullptr);
+// A warning line (empty: none) when the budgets given for RAM (--cpu-mem; on the CPU device
+// --gpu-mem too, its memory being the same RAM) add up to more than this process can take now
+// (available_host_memory: a container's limit included): the budget checks then pass what the
+// kernel's OOM killer ends. Reads /proc and the cgroup files.
+std::string budgets_beyond_memory(const OffloadArgs& a, DeviceKind kind);
 // Its parts, which the pipeline's planning shares: the profile (as above, for a device of
 // `kind` named `device_name`) and the search options (refusing the flags auto chooses).
 HardwareProfile auto_profile(const OffloadArgs& a, const std::filesystem::path& configs_dir, CpuDevice& cpu,

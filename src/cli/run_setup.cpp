@@ -123,6 +123,7 @@ RunSetup make_run_setup(const OffloadArgs& off, const KvArgs& kv, int64_t batch_
     return rs;
   }
   OffloadOptions oo = engine_options(off, batch_size);
+  log << budgets_beyond_memory(off, device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu);
   rs.kv_dtype = run_kv_dtype(kv, oo.policy.compress_cache, model);
   if (stage && stage->policy) {
     oo.policy = *stage->policy;

@@ -157,6 +157,19 @@ std::optional<std::pair<fs::path, bool>> memory_cgroup_dir(const HostMemoryFiles
   return std::make_pair(dir, v1);
 }
 
+// The page cache a level's usage holds (its active and inactive file pages; shmem is not among
+// them), which the kernel reclaims before it kills: MemAvailable counts it as available too. v1's
+// hierarchical totals where present.
+uint64_t file_pages(const fs::path& stat, bool v1) {
+  uint64_t n = 0;
+  for (const char* key : {"active_file", "inactive_file"}) {
+    std::optional<uint64_t> v = v1 ? keyed_value(stat, std::string("total_") + key) : std::nullopt;
+    if (!v) v = keyed_value(stat, key);
+    n += v.value_or(0);
+  }
+  return n;
+}
+
 // A level's limit: v1's memory.limit_in_bytes; v2's memory.max, or memory.high where lower (past
 // it the kernel throttles and reclaims hard: systemd's MemoryHigh, Kubernetes' memory QoS).
 std::optional<uint64_t> limit_of(const fs::path& level, bool v1) {
@@ -193,10 +206,7 @@ HostMemory read_host_memory(const HostMemoryFiles& files) {
   for (fs::path level = dir;; level = level.parent_path()) {
     if (const std::optional<uint64_t> limit = limit_of(level, v1)) {
       uint64_t used = parse_u64(first_word(level / (v1 ? "memory.usage_in_bytes" : "memory.current"))).value_or(0);
-      const fs::path stat = level / "memory.stat";
-      std::optional<uint64_t> inactive = keyed_value(stat, v1 ? "total_inactive_file" : "inactive_file");
-      if (v1 && !inactive) inactive = keyed_value(stat, "inactive_file");
-      used -= std::min(used, inactive.value_or(0));
+      used -= std::min(used, file_pages(level / "memory.stat", v1));
       const uint64_t room = *limit - std::min(*limit, used);
       h.cgroup_limit = std::min(h.cgroup_limit.value_or(*limit), *limit);
       h.cgroup_room = std::min(h.cgroup_room.value_or(room), room);

@@ -25,9 +25,10 @@ struct HostMemory {
   std::optional<uint64_t> mem_available;  // MemAvailable: free memory plus page cache the kernel can drop
   // The tightest memory limit of the process's cgroup and its ancestors (v2: memory.max, or
   // memory.high where lower; v1: memory.limit_in_bytes), and the least room a level leaves: its
-  // limit less its usage, where usage does not count inactive file pages (reclaimable, as
-  // `docker stats` reckons it; a level whose usage cannot be read counts as empty). The room may
-  // come from another level than the limit. Swap is not counted.
+  // limit less its usage, where usage does not count the page cache (active and inactive file
+  // pages, which the kernel reclaims first, as MemAvailable counts them; a level whose usage
+  // cannot be read counts as empty). The room may come from another level than the limit. Swap
+  // is not counted.
   std::optional<uint64_t> cgroup_limit;
   std::optional<uint64_t> cgroup_room;
   std::string cgroup_dir;  // the cgroup directory read (for messages); empty without one

@@ -2,6 +2,10 @@
 // generation / scoring through the CLI's runner construction (session.h).
 #include "python/session.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -175,6 +179,10 @@ Session::Runner& Session::runner_for(const Workload& w) {
                                                  std::max(w.gen_len, runner_workload_.gen_len),
                                                  std::max(w.requests, runner_workload_.requests)};
     runner_.reset();  // its memory (device memory on a GPU) is free before the new one is placed
+#ifdef __GLIBC__
+    // ... and given back: freed heap stays the process's, and the plan reads what it can take.
+    ::malloc_trim(0);
+#endif
     try {
       runner_ = make_runner(kv_, planned);
       runner_workload_ = planned;

@@ -74,7 +74,25 @@ TEST(HostMemoryCli, APresetLargerThanTheCgroupIsRefusedNamingIt) {
       flexh2o::test::run_flexh2o("bench -m opt-1.3b --device cpu --prompt-len 8 --gen-len 2", cg->prefix());
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_HAS(r.err, "preset opt-1.3b: its dummy weights take 2.45 GiB");
-  EXPECT_HAS(r.err, "within this process's memory cgroups (tightest limit 512 MiB)");
+  EXPECT_HAS(r.err, "within this process's memory cgroups (tightest limit 512 MiB; the machine has ");
+}
+
+// Budgets given for RAM beyond what the cgroup leaves pass the budget checks, so the run says
+// so first: --cpu-mem, and on the CPU device --gpu-mem with it (the same RAM).
+TEST(HostMemoryCli, RamBudgetsBeyondTheCgroupAreWarnedOf) {
+  std::string why;
+  const auto cg = flexh2o::test::MemoryCgroup::make(512 * kMiB, &why);
+  if (!cg) GTEST_SKIP() << why;
+  const std::string run = "generate -m " + model_dir("tiny-opt").string() +
+                          " --prompt hi -n 1 --device cpu --percent 100 0 100 0 100 0 ";
+  const RunResult over = flexh2o::test::run_flexh2o(run + "--cpu-mem 400MiB --gpu-mem 200MiB", cg->prefix());
+  ASSERT_EQ(over.code, 0) << over.err;
+  EXPECT_HAS(over.err, "warning: the RAM budgets given (--cpu-mem 400MiB with --gpu-mem 200MiB) come to 600 MiB, "
+                       "more than the ");
+  EXPECT_HAS(over.err, "within this process's memory cgroups (tightest limit 512 MiB");
+  const RunResult within = flexh2o::test::run_flexh2o(run + "--cpu-mem 100MiB --gpu-mem 100MiB", cg->prefix());
+  ASSERT_EQ(within.code, 0) << within.err;
+  EXPECT_EQ(within.err.find("RAM budgets"), std::string::npos) << within.err;
 }
 
 // A given profile (h200: 137.4 GB of host memory) plans the host tier with what this process can

@@ -52,18 +52,19 @@ TEST_F(FakeHost, NoCgroupFilesLeaveMemAvailable) {
   EXPECT_EQ(h.available(), 20 * kGiB);
 }
 
-TEST_F(FakeHost, V2AncestorLimitBoundsAndInactiveFilePagesDoNotCount) {
+TEST_F(FakeHost, V2AncestorLimitBoundsAndThePageCacheDoesNotCount) {
   v2("/jobs/run7");
   write("sys/fs/cgroup/jobs/run7/memory.max", "max\n");
   write("sys/fs/cgroup/jobs/run7/memory.current", std::to_string(kGiB) + "\n");
   write("sys/fs/cgroup/jobs/memory.max", std::to_string(2 * kGiB) + "\n");
   write("sys/fs/cgroup/jobs/memory.current", std::to_string(1536 * kMiB) + "\n");
-  write("sys/fs/cgroup/jobs/memory.stat", "anon 100\nfile 900\ninactive_file " + std::to_string(512 * kMiB) + "\n");
+  write("sys/fs/cgroup/jobs/memory.stat", "anon 100\nfile 900\nshmem 7\nactive_file " + std::to_string(200 * kMiB) +
+                                             "\ninactive_file " + std::to_string(312 * kMiB) + "\n");
   const HostMemory h = read_host_memory(files_);
   EXPECT_EQ(h.cgroup_dir, (root_ / "sys/fs/cgroup/jobs/run7").string());
   ASSERT_TRUE(h.cgroup_limit && h.cgroup_room);
   EXPECT_EQ(*h.cgroup_limit, 2 * kGiB);
-  EXPECT_EQ(*h.cgroup_room, kGiB);  // 2 GiB less (1.5 GiB used less 0.5 GiB inactive file pages)
+  EXPECT_EQ(*h.cgroup_room, kGiB);  // 2 GiB less (1.5 GiB used less 0.5 GiB of active and inactive file pages)
   EXPECT_EQ(h.available(), kGiB);
 }
 
@@ -92,7 +93,7 @@ TEST_F(FakeHost, TheMemAvailableBoundsAGenerousLimit) {
   EXPECT_EQ(read_host_memory(files_).available(), 20 * kGiB);
 }
 
-TEST_F(FakeHost, V1UnlimitedSentinelIsNoLimitAndTotalInactiveFileIsRead) {
+TEST_F(FakeHost, V1UnlimitedSentinelIsNoLimitAndHierarchicalTotalsAreRead) {
   write("proc/cgroup", "9:name=systemd:/\n5:devices:/\n4:memory:/process_api/abc\n0::/\n");
   write("proc/mountinfo", "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
                           "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"
@@ -102,7 +103,8 @@ TEST_F(FakeHost, V1UnlimitedSentinelIsNoLimitAndTotalInactiveFileIsRead) {
   write("sys/fs/cgroup/memory/process_api/abc/memory.limit_in_bytes", std::to_string(3 * kGiB) + "\n");
   write("sys/fs/cgroup/memory/process_api/abc/memory.usage_in_bytes", std::to_string(2 * kGiB) + "\n");
   write("sys/fs/cgroup/memory/process_api/abc/memory.stat",
-        "cache 5\ninactive_file 7\ntotal_inactive_file " + std::to_string(kGiB) + "\n");
+        "cache 5\nactive_file 3\ninactive_file 7\ntotal_active_file " + std::to_string(256 * kMiB) +
+            "\ntotal_inactive_file " + std::to_string(768 * kMiB) + "\n");
   const HostMemory h = read_host_memory(files_);
   EXPECT_EQ(h.cgroup_dir, (root_ / "sys/fs/cgroup/memory/process_api/abc").string());
   EXPECT_EQ(h.cgroup_limit, 3 * kGiB);
