@@ -23,9 +23,9 @@ HardwareProfile shared_ram(double device_gb, double ram_gb) {
 }
 
 // OPT-1.3B (2.63 GB of f16 weights) in 1.5 GB of RAM: part of the weights on the device, the
-// rest on disk. A device budget of 2 or 8 GB (the case found: `--gpu-mem 2G` in a 1.5 GiB
-// container) used to stop the search at the first device share the device budget held, whose
-// rest no host share could take beside it in the RAM: "infeasible".
+// rest on disk. With a device budget of 2 or 8 GB (`--gpu-mem 2G` in a 1.5 GiB container) the
+// first device share that budget holds leaves no host share room beside it in the RAM: the
+// search must go on to lower shares rather than call the model infeasible.
 TEST(PlannerSharedMemory, ALargerDeviceBudgetStillFindsTheSplitThatFitsTheRam) {
   ModelConfig c = ModelConfig::from_file(std::filesystem::path(FLEXH2O_SOURCE_CONFIGS) / "models" / "opt-1.3b.json");
   c.name = "opt-1.3b";
