@@ -412,10 +412,22 @@ json success_line(const Request& r, const std::vector<Choice>& choices, int64_t 
 std::vector<GenerationRequest> expand_request(const Request& r, const RunDefaults& d, const ModelConfig& c) {
   // 2^64 / golden ratio: odd, so no two choices of a line share a seed.
   constexpr uint64_t kChoiceSeedStride = 0x9E3779B97F4A7C15ull;
-  auto refuse = [](std::string param, std::optional<std::string> code, auto&&... parts) {
+  auto refuse = [](std::optional<std::string> param, std::optional<std::string> code, auto&&... parts) {
     throw RefusedRequest(RequestError{detail::concat(parts...), std::move(param), std::move(code)});
   };
-  const std::string prompt_param = r.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  // The prompts' ids and lengths, which parse_body cannot see: validate_request's checks of them.
+  for (const auto& prompt : r.prompts) {
+    GenerationRequest bare;
+    bare.prompt_ids = prompt;
+    try {
+      validate_request(bare, c);
+    } catch (const Error& e) {
+      refuse(r.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt",
+             int64_t(prompt.size()) > c.max_positions ? std::optional<std::string>("context_length_exceeded")
+                                                      : std::nullopt,
+             e.what());
+    }
+  }
   if (d.max_tokens_cap > 0 && r.max_tokens && *r.max_tokens > d.max_tokens_cap)
     refuse("max_tokens", std::nullopt, "max_tokens ", *r.max_tokens, " is more than this server's limit of ",
            d.max_tokens_cap, " (--max-new-tokens)");
@@ -449,12 +461,8 @@ std::vector<GenerationRequest> expand_request(const Request& r, const RunDefault
       g.top_logprobs = r.logprobs;
       try {
         validate_request(g, c);
-      } catch (const Error& e) {  // what parse_body cannot see: the prompt's ids or length, logit_bias's ids
-        const bool too_long = int64_t(g.prompt_ids.size()) > c.max_positions;
-        const bool prompt_ids = std::any_of(g.prompt_ids.begin(), g.prompt_ids.end(),
-                                            [&](int32_t id) { return id < 0 || id >= c.vocab_size; });
-        refuse(too_long || prompt_ids || r.logit_bias.empty() ? prompt_param : "logit_bias",
-               too_long ? std::optional<std::string>("context_length_exceeded") : std::nullopt, e.what());
+      } catch (const Error& e) {  // the prompt passed above: logit_bias's ids, which parse_body cannot check
+        refuse(r.logit_bias.empty() ? std::nullopt : std::optional<std::string>("logit_bias"), std::nullopt, e.what());
       }
       out.push_back(std::move(g));
     }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -110,12 +111,9 @@ std::optional<CgroupMount> find_mount(const fs::path& mountinfo, bool v1, const 
     fits = fits && under_root(path, m.root).has_value();
     mounts.emplace_back(std::move(m), fits);
   }
-  for (size_t i = mounts.size(); i-- > 0;) {
-    if (!mounts[i].second) continue;
-    const bool hidden = std::any_of(mounts.begin() + long(i) + 1, mounts.end(),
-                                    [&](const auto& later) { return later.first.point == mounts[i].first.point; });
-    if (!hidden) return mounts[i].first;
-  }
+  std::set<std::string> hidden;  // points a later mount covers
+  for (auto it = mounts.rbegin(); it != mounts.rend(); ++it)
+    if (hidden.insert(it->first.point).second && it->second) return it->first;
   return std::nullopt;
 }
 

@@ -33,6 +33,10 @@ bool fits(const CostModel& cm, const Policy& p, int tier, int64_t groups) {
 // device and the host share RAM (the CPU device), a lower device share leaves the host more room,
 // so a device share whose rest fits no host share is passed over rather than ending the search.
 bool place_weights_greedy(const CostModel& cm, Policy& p, int step, bool allow_disk, int64_t groups) {
+  auto host_fits_at = [&](int wc) {
+    p.w_cpu_percent = wc;
+    return fits(cm, p, 1, groups);
+  };
   bool passed_over = false;
   for (int wg = 100; wg >= 0; wg -= step) {
     p.w_gpu_percent = wg;
@@ -41,10 +45,6 @@ bool place_weights_greedy(const CostModel& cm, Policy& p, int step, bool allow_d
     // After a share passed over, the host's two ends (the rest all on it, or all on disk) are
     // tried before every share between them: most device shares fit neither, and the search
     // calls this for every block shape.
-    auto host_fits_at = [&](int wc) {
-      p.w_cpu_percent = wc;
-      return fits(cm, p, 1, groups);
-    };
     if (passed_over && !host_fits_at(100 - wg) && (!allow_disk || !host_fits_at(0))) continue;
     for (int wc = 100 - wg; wc >= 0; wc -= step) {
       if (!allow_disk && wg + wc < 100) break;
