@@ -114,8 +114,8 @@ int run_bench(const BenchArgs& a, const Env& env) {
   go.pad_id = c.pad_id.value_or(0);
   Progress progress("bench", "tokens", parse_progress_mode(a.progress), env.stderr_is_tty, rs.offload);
   go.on_progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
-  // SIGINT/SIGTERM/SIGHUP (timeout(1) at a time cap) stop at the next token step: the report then holds
-  // the tokens and seconds so far, a measurement of the part that ran.
+  // SIGINT/SIGTERM/SIGHUP (timeout(1) at a time cap) stop within the token step under way: the report
+  // then holds the tokens and seconds so far, a measurement of the part that ran.
   go.stop = env.stop;
   double warmup_s = 0;
   if (a.warmup && !(go.stop && go.stop->load())) {

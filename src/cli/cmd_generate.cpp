@@ -1,7 +1,7 @@
 // `flexh2o generate`: one --prompt or a JSONL file of prompts (flexh2o's lines, or an OpenAI Batch
 // file: openai_batch.h) -> JSONL results (in the same format) + run report.
 // Results are appended to --output as they finish and fsync'd after each batch, so a run that
-// is interrupted (SIGINT/SIGTERM/SIGHUP: it stops at a token step and keeps what finished) or killed
+// is interrupted (SIGINT/SIGTERM/SIGHUP: it stops within a token step and keeps what finished) or killed
 // is finished by `--resume`, which skips every request whose id already has a complete line.
 #include <sys/stat.h>
 #include <unistd.h>

@@ -327,6 +327,20 @@ class BatchRun {
   std::vector<bool> finished_;
 };
 
+// Runs `step` (a StepRunner step of a generation driver, under StepStopScope): true when it ran
+// to its end; false when a stop ended it (StepStopped): the run is then interrupted.
+template <class F>
+bool ran_whole(GenerateStats& st, StepTimer& t, bool prefill, F&& step) {
+  try {
+    step();
+    return true;
+  } catch (const StepStopped&) {
+    st.interrupted = true;
+    (prefill ? st.prefill_seconds : st.decode_seconds) += t.seconds();
+    return false;
+  }
+}
+
 template <class B>
 void run_batch(StepRunner& run, B& b, GenerateStats& st, const GenerateOptions& opts, bool last_batch) {
   run.begin_batch(b.batch(), b.capacity());
@@ -336,7 +350,8 @@ void run_batch(StepRunner& run, B& b, GenerateStats& st, const GenerateOptions& 
   while (more) {
     const bool prefill = b.prefill();
     run.expect_more_steps(b.more_after_next() || !last_batch);
-    run.step(b.ids(), b.positions(), b.T(), b.real_rows(), logits);
+    if (!ran_whole(st, t, prefill, [&] { run.step(b.ids(), b.positions(), b.T(), b.real_rows(), logits); }))
+      return;
     if (prefill) {
       st.prefill_seconds += t.seconds();
       st.peak_kv_bytes = std::max(st.peak_kv_bytes, run.kv_bytes());

@@ -102,18 +102,22 @@ PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_
   if (token_nll) token_nll->assign(size_t(n), 0.0);
   double nll = 0;
   int64_t scored = 0;
-  score_sequence(
-      runner, ids.first(size_t(n)), 0, logits_bytes,
-      [&](int64_t t, const float* row) {
-        const double l = score_token(row, c.vocab_size, ids[size_t(t + 1)]).nll;
-        if (token_nll) (*token_nll)[size_t(t)] = l;
-        nll += l;
-        ++scored;
-      },
-      [&](int64_t done) {
-        if (on_progress) on_progress(done, n);
-        return !(stop && stop->load(std::memory_order_relaxed));
-      });
+  StepStopScope stop_steps(runner, stop);
+  try {
+    score_sequence(
+        runner, ids.first(size_t(n)), 0, logits_bytes,
+        [&](int64_t t, const float* row) {
+          const double l = score_token(row, c.vocab_size, ids[size_t(t + 1)]).nll;
+          if (token_nll) (*token_nll)[size_t(t)] = l;
+          nll += l;
+          ++scored;
+        },
+        [&](int64_t done) {
+          if (on_progress) on_progress(done, n);
+          return !(stop && stop->load(std::memory_order_relaxed));
+        });
+  } catch (const StepStopped&) {  // over the tokens scored before the step that stopped
+  }
   return perplexity_of(nll, scored, n);
 }
 
@@ -221,8 +225,8 @@ void check_requests(const ModelConfig& c, const std::vector<LoglikRequest>& requ
 // Runs every continuation token of `requests` (checked) past on_token(request, token, row), in
 // batches longest first (so that a batch pads little; lm-eval-harness orders its requests so too).
 // `whole`: see batch_streamed.
-void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& requests, uint64_t logits_bytes, bool whole,
-                    const OnToken& on_token, const std::atomic<bool>* stop) {
+void score_batches(StepRunner& runner, const std::vector<LoglikRequest>& requests, uint64_t logits_bytes, bool whole,
+                   const OnToken& on_token, const std::atomic<bool>* stop) {
   const ModelConfig& c = runner.config();
   const int64_t max_batch = runner.max_batch();
   FH_CHECK(max_batch > 0, "runner batch size must be positive, got ", max_batch);
@@ -261,6 +265,17 @@ void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& reques
           [&](int64_t) { return throw_if_stopped(stop), true; });
     }
     first = end;
+  }
+}
+
+// score_batches, whose steps a stop also ends midway (a long batch's prefill).
+void score_requests(StepRunner& runner, const std::vector<LoglikRequest>& requests, uint64_t logits_bytes, bool whole,
+                    const OnToken& on_token, const std::atomic<bool>* stop) {
+  StepStopScope stop_steps(runner, stop);
+  try {
+    score_batches(runner, requests, logits_bytes, whole, on_token, stop);
+  } catch (const StepStopped&) {
+    throw ScoringStopped();
   }
 }
 

@@ -35,7 +35,8 @@ int64_t scoring_rows(int64_t vocab, int64_t sequences, uint64_t logits_bytes = k
 // in the vocabulary. If `token_nll` is non-null it receives the n per-token NLLs (natural log).
 // `on_progress(done, n)` (optional) is called after each step. `logits_bytes`: the scoring budget
 // (0: one token a step, as with a KV policy). Once `*stop` is set (a stop signal; optional) it
-// returns after the step under way, over the tokens scored so far (PerplexityResult::interrupted).
+// ends the step under way (StepRunner::stop_steps_on()) and returns over the tokens scored before
+// it (PerplexityResult::interrupted).
 PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_t> ids,
                                       std::vector<double>* token_nll = nullptr,
                                       const std::function<void(int64_t, int64_t)>& on_progress = {},
@@ -43,7 +44,8 @@ PerplexityResult streaming_perplexity(StepRunner& runner, std::span<const int32_
                                       const std::atomic<bool>* stop = nullptr);
 
 // Thrown by loglikelihoods(), loglikelihoods_streamed() and score_tokens() once their `stop`
-// flag (optional; a stop signal) is set: they end at the next step, their results lost.
+// flag (optional; a stop signal) is set: they end the step under way (StepRunner::stop_steps_on()),
+// their results lost.
 struct ScoringStopped : Error {
   ScoringStopped() : Error("scoring stopped") {}
 };

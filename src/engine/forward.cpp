@@ -8,7 +8,8 @@
 namespace flexh2o {
 
 void Forward::step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
-                   KvCache& cache, LogitsRows rows, std::vector<float>& logits, const KvPolicy* policy) {
+                   KvCache& cache, LogitsRows rows, std::vector<float>& logits, const KvPolicy* policy,
+                   const std::atomic<bool>* stop) {
   const ModelConfig& c = model_.config();
   const ModelWeights& w = *weights_;
   const int64_t B = cache.batch(), M = B * T;
@@ -41,6 +42,7 @@ void Forward::step(const int32_t* ids, const int32_t* positions, int64_t T, cons
     const bool evict = policy && cache.has_policy();
     const bool prefill = std::all_of(cache.lengths().begin(), cache.lengths().end(), [](int32_t n) { return n == 0; });
     for (int i = 0; i < c.n_layers; ++i) {
+      if (stop && stop->load(std::memory_order_relaxed)) throw StepStopped();
       const int k = cache.layer_class(i);
       KvSegment seg = cache.segment(i);
       seg.window = c.attention_window(i);

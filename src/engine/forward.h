@@ -5,8 +5,11 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <vector>
+
+#include "core/error.h"
 
 #include "engine/cpu_device.h"
 #include "engine/kv_cache.h"
@@ -26,6 +29,13 @@ struct LogitsRows {
 inline const LogitsRows LogitsRows::kLast{false, 1};
 inline const LogitsRows LogitsRows::kAll{true, 0};
 
+// Thrown by a step that a stop flag ended before its last layer (Forward::step's `stop`,
+// StepRunner::stop_steps_on()): the step's cache is left unusable (a new cache, or
+// StepRunner::begin_batch(), before the next step); nothing else is.
+struct StepStopped : Error {
+  StepStopped() : Error("step stopped") {}
+};
+
 class Forward {
  public:
   // `model` and `dev` must outlive the Forward.
@@ -38,9 +48,11 @@ class Forward {
   // real_rows[b] rows are tokens (null: all T). Appends their K/V after each sequence's
   // cached tokens. Logits of the rows `rows` names (1 <= rows.last <= T).
   // With `policy` (and cache.enable_policy() done), each layer's cache is cut back to the
-  // sequence's budget right after its attention (see kv_evict.h).
+  // sequence's budget right after its attention (see kv_evict.h). Once `*stop` is set (optional;
+  // a stop signal), it throws StepStopped before the next layer.
   void step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, KvCache& cache,
-            LogitsRows rows, std::vector<float>& logits, const KvPolicy* policy = nullptr);
+            LogitsRows rows, std::vector<float>& logits, const KvPolicy* policy = nullptr,
+            const std::atomic<bool>* stop = nullptr);
 
   const Model& model() const { return model_; }
   CpuDevice& device() { return dev_; }

@@ -33,6 +33,7 @@ class ForwardingRunner : public StepRunner {
                  std::vector<float>& logits) override {
     inner_.step_rows(ids, positions, T, real_rows, rows, logits);
   }
+  void stop_steps_on(const std::atomic<bool>* stop) override { inner_.stop_steps_on(stop); }
 
  protected:
   StepRunner& inner() { return inner_; }

@@ -103,6 +103,7 @@ std::vector<GenerationResult> generate(StepRunner& runner, const std::vector<Gen
   check_batches(runner, requests, opts);
   GenerateStats st;
   PublishStats publish{st, stats};
+  StepStopScope stop_steps(runner, opts.stop);  // a stop ends a long step (a prefill) midway
   if (opts.continuous) return generate_continuous(runner, requests, opts, st, total);
   for (size_t first = 0; first < requests.size() && !st.interrupted; first += size_t(batch)) {
     if (stop_requested(opts)) {

@@ -1,7 +1,7 @@
 // Batch generation: requests are cut into batches, left-padded, prefilled together, then
 // decoded step by step until every sequence stops (EOS or its max_new_tokens). Results come
 // back in request order. Blocking; progress is reported through a callback, and a stop flag
-// ends the run early at a token-step boundary (no signals here: the caller sets the flag).
+// ends the run early, within the step under way (no signals here: the caller sets the flag).
 #pragma once
 
 #include <atomic>
@@ -56,9 +56,10 @@ struct GenerateOptions {
   std::function<bool(size_t, const GenerationResult&)> ends_at;
   // Called once per finished request index with its result (streaming output).
   std::function<void(size_t, const GenerationResult&)> on_result;
-  // Polled before each batch and after each token step; once true, generate() returns without
-  // another step: finished requests are complete (on_result was called), the others have
-  // finished == false and GenerateStats::interrupted is set. Null: never stops early.
+  // Polled before each batch and after each token step, and by a StepRunner's step under way
+  // (StepRunner::stop_steps_on(): between layers or schedule units); once true, generate()
+  // returns without another step: finished requests are complete (on_result was called), the
+  // others have finished == false and GenerateStats::interrupted is set. Null: never stops early.
   const std::atomic<bool>* stop = nullptr;
   // Continuous batching (generate(StepRunner&) only): a slot whose sequence ends takes the next
   // request, in a refill step once a quarter of the batch's slots are free, instead of idling

@@ -59,7 +59,8 @@ size_t run_continuous(StepRunner& run, Reqs& reqs, size_t next, const GenerateOp
     StepTimer t(st);
     const bool prompts = b.prefill();
     run.expect_more_steps(b.more_after_next() || (can && next < reqs.size()));
-    run.step(b.ids(), b.positions(), b.T(), b.real_rows(), logits);
+    if (!ran_whole(st, t, prompts, [&] { run.step(b.ids(), b.positions(), b.T(), b.real_rows(), logits); }))
+      break;
     (prompts ? st.prefill_seconds : st.decode_seconds) += t.seconds();
     t.start();
     if (first) {

@@ -407,18 +407,19 @@ void OffloadEngine::step_rows(const int32_t* ids, const int32_t* positions, int6
                               int64_t rows, std::vector<float>& logits) {
   FH_CHECK(model_.stage_range().whole(), "step() runs a whole model; a pipeline stage runs step_stage()");
   FH_CHECK(rows == 1 || can_step_rows(), "logits of ", rows, " rows a step need a runner without a KV policy");
-  run_step(ids, positions, T, real_rows, rows, {}, nullptr, logits);
+  run_step(ids, positions, T, real_rows, rows, {}, nullptr, logits, stop_);
 }
 
 void OffloadEngine::step_stage(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                                std::span<const std::byte> hidden_in, std::vector<std::byte>* hidden_out,
                                std::vector<float>& logits) {
-  run_step(ids, positions, T, real_rows, 1, hidden_in, hidden_out, logits);
+  run_step(ids, positions, T, real_rows, 1, hidden_in, hidden_out, logits, nullptr);
 }
 
 void OffloadEngine::run_step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                              int64_t logit_rows, std::span<const std::byte> hidden_in,
-                             std::vector<std::byte>* hidden_out, std::vector<float>& logits) {
+                             std::vector<std::byte>* hidden_out, std::vector<float>& logits,
+                             const std::atomic<bool>* stop) {
   Impl& m = *impl_;
   m.step_logit_rows = logit_rows;
   FH_CHECK(m.hidden_in == !hidden_in.empty(), m.hidden_in ? "this stage needs the previous stage's hidden rows"
@@ -456,8 +457,11 @@ void OffloadEngine::run_step(const int32_t* ids, const int32_t* positions, int64
   // Set once the schedule has run; a failed step leaves slot 1 in an unknown state.
   first_layer_loaded_ = false;
   const double t0 = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
-  QueueTimes t = run_schedule(dev_, schedule_, opts_.policy.overlap, [&](const Step& s) { m.run(s); }, opts_.trace,
-                              idle_);
+  auto action = [&](const Step& s) {
+    if (stop && stop->load(std::memory_order_relaxed)) throw StepStopped();
+    m.run(s);
+  };
+  QueueTimes t = run_schedule(dev_, schedule_, opts_.policy.overlap, action, opts_.trace, idle_);
   for (const StepSpan& sp : t.spans)
     trace_.push_back({schedule_.label(sp.step) + (m.prefill ? " prefill" : ""),
                       schedule_.steps[size_t(sp.step)].queue, t0 + sp.start, t0 + sp.end});

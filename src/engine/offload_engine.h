@@ -158,6 +158,9 @@ class OffloadEngine final : public StepRunner {
   bool can_step_rows() const override;
   void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t rows,
                  std::vector<float>& logits) override;
+  // step() and step_rows() end at the next schedule step (a unit's load, compute or store) once
+  // `*stop` is set; a stage's step (step_stage()) always runs to its end, as its peers wait for it.
+  void stop_steps_on(const std::atomic<bool>* stop) override { stop_ = stop; }
 
   // ---- pipeline stages and groups
   // One step of a pipeline stage (the model is a Model::stage() view): stages after the first
@@ -200,9 +203,11 @@ class OffloadEngine final : public StepRunner {
 
  private:
   void open_store(IoBackend& io);  // offload_store.cpp
-  // step_stage() returning logits of each sequence's last `logit_rows` rows (step_rows()).
+  // step_stage() returning logits of each sequence's last `logit_rows` rows (step_rows()); with
+  // `stop` (null: none) set, it throws StepStopped at the next schedule step.
   void run_step(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t logit_rows,
-                std::span<const std::byte> hidden_in, std::vector<std::byte>* hidden_out, std::vector<float>& logits);
+                std::span<const std::byte> hidden_in, std::vector<std::byte>* hidden_out, std::vector<float>& logits,
+                const std::atomic<bool>* stop);
   const Model& model_;
   Device& dev_;
   OffloadOptions opts_;
@@ -228,6 +233,7 @@ class OffloadEngine final : public StepRunner {
   TransferCounters counters_;
   size_t kv_bytes_ = 0;
   bool more_steps_ = true, first_layer_loaded_ = false;
+  const std::atomic<bool>* stop_ = nullptr;  // stop_steps_on()
   size_t reused_ = 0, written_ = 0;
   uint64_t placed_read_ = 0, placed_written_ = 0;  // the store's I/O at the end of construction
 };

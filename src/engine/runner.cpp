@@ -91,7 +91,7 @@ void InMemoryRunner::step_rows(const int32_t* ids, const int32_t* positions, int
     if (policy) cache_->enable_policy(c, std::move(budgets), std::move(window_budgets));
   }
   fwd_.step(ids, positions, T, real_rows, *cache_, LogitsRows::last_rows(rows), logits,
-            window_ ? window_policy_.get() : policy_);
+            window_ ? window_policy_.get() : policy_, stop_);
 }
 
 }  // namespace flexh2o

@@ -3,6 +3,7 @@
 // engine both implement it, so one driver (generate.h) serves every placement.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -76,6 +77,23 @@ class StepRunner {
   // can_step_rows().
   virtual void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows,
                          int64_t rows, std::vector<float>& logits);
+  // Once `*stop` is set (a stop signal; borrowed, null: none), a step under way ends early by
+  // throwing StepStopped: between two layers or schedule units, so that a stop waits for one of
+  // those and not for a whole step (a large batch's prefill takes minutes). The batch is then
+  // over: begin_batch() before the next step. A runner whose steps cannot end early ignores it.
+  virtual void stop_steps_on(const std::atomic<bool>* stop) { (void)stop; }
+};
+
+// Sets runner.stop_steps_on(stop) for its lifetime, none again after it.
+class StepStopScope {
+ public:
+  StepStopScope(StepRunner& runner, const std::atomic<bool>* stop) : runner_(runner) { runner_.stop_steps_on(stop); }
+  ~StepStopScope() { runner_.stop_steps_on(nullptr); }
+  StepStopScope(const StepStopScope&) = delete;
+  StepStopScope& operator=(const StepStopScope&) = delete;
+
+ private:
+  StepRunner& runner_;
 };
 
 // Everything resident on the CPU: Forward + KvCache (the reference the offloading engine is
@@ -114,6 +132,7 @@ class InMemoryRunner final : public StepRunner {
   bool can_step_rows() const override { return policy_ == nullptr; }
   void step_rows(const int32_t* ids, const int32_t* positions, int64_t T, const int32_t* real_rows, int64_t rows,
                  std::vector<float>& logits) override;
+  void stop_steps_on(const std::atomic<bool>* stop) override { stop_ = stop; }  // between layers
   // The current batch's window cap (full_cache_window()), 0: none.
   int64_t window_cap() const { return window_; }
 
@@ -127,6 +146,7 @@ class InMemoryRunner final : public StepRunner {
   int64_t batch_ = 0, capacity_ = 0, window_ = 0;
   std::vector<int64_t> budget_lengths_;  // budget_lengths() of this batch; empty: prefill rows
   std::optional<KvCache> cache_;
+  const std::atomic<bool>* stop_ = nullptr;
 };
 
 }  // namespace flexh2o

@@ -66,7 +66,7 @@ void run_interruptible(std::atomic<bool>& interrupt, F fn) {
   bool signalled = false;
   while (!wait(std::chrono::milliseconds(50)))
     if (!signalled && PyErr_CheckSignals() != 0) {
-      signalled = true;  // the exception is pending; let fn reach its step boundary
+      signalled = true;  // the exception is pending; fn ends within its step under way
       interrupt = true;
     }
   worker.join();
@@ -74,8 +74,8 @@ void run_interruptible(std::atomic<bool>& interrupt, F fn) {
   if (failure) std::rethrow_exception(failure);
 }
 
-// fn(&interrupt) under run_interruptible, its result returned: a call that ends at its next step
-// once Ctrl-C sets `interrupt`.
+// fn(&interrupt) under run_interruptible, its result returned: a call that ends within its step
+// under way once Ctrl-C sets `interrupt`.
 template <class F>
 auto call_interruptible(F fn) {
   std::atomic<bool> interrupt{false};
@@ -92,7 +92,7 @@ std::string message_of(const py::error_already_set& e, PyObject* flexh2o_error) 
   return std::string(py::str(e.type().attr("__name__"))) + ": " + text;
 }
 
-// A flag another Python thread sets to end a Session.openai call at its next token step (a
+// A flag another Python thread sets to end a Session.openai call within its step under way (a
 // server's engine thread runs the call; only the main thread sees signals).
 struct StopFlag {
   std::atomic<bool> set{false};

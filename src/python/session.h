@@ -60,7 +60,7 @@ struct GenerateParams {
   // A sequence ends once its text holds one of these (finish_reason "stop"); its text is cut
   // before the first, as OpenAI's completions do; token_ids keep the tokens that made it.
   std::vector<std::string> stop;
-  // Once true, generation ends at the next token step and generate() throws Interrupted.
+  // Once true, generation ends within the step under way and generate() throws Interrupted.
   const std::atomic<bool>* interrupt = nullptr;
   float min_p = 0.f, repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;  // sampler.h
   int logprobs = -1;  // GenerationRequest::top_logprobs
@@ -79,7 +79,7 @@ struct OpenAiParams {
   std::string model_name;
   // A chat body -> prompt text (the model's template); null: chat lines get a 400 error.
   std::function<std::string(const nlohmann::ordered_json& body)> render_chat;
-  // Once true, generation ends at the next token step and openai() throws Interrupted.
+  // Once true, generation ends within the step under way and openai() throws Interrupted.
   const std::atomic<bool>* interrupt = nullptr;
   // "stream": true is honoured (a server); else refused as in Batch files.
   bool stream = false;
@@ -150,7 +150,7 @@ class Session {
   std::vector<std::string> openai(const std::vector<std::string>& lines, const OpenAiParams& p);
   // (log p(continuation | context) in nats, is_greedy) per request; `streaming`: each read a
   // token a step from its first id (loglikelihoods_streamed, evaluate.h). The scoring calls
-  // throw ScoringStopped at the next step once `*interrupt` (optional) is set.
+  // throw ScoringStopped within the step under way once `*interrupt` (optional) is set.
   std::vector<std::pair<double, bool>> loglikelihood(
       const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests, bool streaming = false,
       const std::atomic<bool>* interrupt = nullptr);

@@ -117,7 +117,7 @@ class Server:
         self._httpd.serve_forever(poll_interval=0.2)
 
     def close(self):
-        """Stops accepting requests, ends the running engine call at its next token step and
+        """Stops accepting requests, ends the running engine call within its step under way and
         answers every waiting request 503. Call from another thread than serve_forever's, or
         after it returned."""
         with self._cv:
@@ -454,7 +454,7 @@ def main(argv=None):
     try:
         server.serve_forever()
     except KeyboardInterrupt:
-        print("flexh2o serve: stopping (the running batch ends at its next token step; a second Ctrl-C "
+        print("flexh2o serve: stopping (the running batch ends within its step under way; a second Ctrl-C "
               "ends the process at once)", file=sys.stderr, flush=True)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
