@@ -323,8 +323,9 @@ Request parse_body(const nlohmann::ordered_json& obody, Endpoint ep, const Hooks
     completion_prompts(body, h, r);
   } else {
     std::optional<int64_t> a, b;
-    if (given(body, "max_completion_tokens")) a = int_param(body, "max_completion_tokens", 0, kMaxTokens);
-    if (given(body, "max_tokens")) b = int_param(body, "max_tokens", 0, kMaxTokens);
+    // At least 1, as OpenAI and vLLM take them: a chat has no echo that 0 tokens could serve.
+    if (given(body, "max_completion_tokens")) a = int_param(body, "max_completion_tokens", 1, kMaxTokens);
+    if (given(body, "max_tokens")) b = int_param(body, "max_tokens", 1, kMaxTokens);
     if (a && b && *a != *b)
       bad("max_tokens", "\"max_tokens\" (", *b, ") and \"max_completion_tokens\" (", *a, ") disagree; give one");
     r.max_tokens = a ? a : b;

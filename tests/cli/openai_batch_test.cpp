@@ -192,6 +192,8 @@ TEST(OpenAiBatch, BadTypesAndRangesNameTheField) {
                  "messages");
   expect_refused(chat({{"max_tokens", 4}, {"max_completion_tokens", 5}}),
                  "\"max_tokens\" (4) and \"max_completion_tokens\" (5) disagree", "max_tokens");
+  expect_refused(chat({{"max_tokens", 0}}), "\"max_tokens\" must be", "max_tokens");
+  expect_refused(chat({{"max_completion_tokens", 0}}), "\"max_completion_tokens\" must be", "max_completion_tokens");
   // A text prompt needs a tokenizer (a preset model has none).
   expect_refused(completion(), "this model has no tokenizer", "prompt", Hooks{});
   EXPECT_TRUE(parse_input_line(completion({{"prompt", {2, 44, 81}}}), Hooks{}).request);
