@@ -355,8 +355,8 @@ TEST(Cli, AKvBudgetWiderThanTheSlidingWindowIsRefusedUpFront) {
                           " --output " + out.string() + " -n 4 -b 1 --kv-policy h2o --recent-budget 10 --heavy-budget ";
   RunResult wide = flexh2o(run + "15");
   EXPECT_EQ(wide.code, 1);
-  EXPECT_NE(wide.err.find("KV budget of 25 tokens (of a sequence of 37 prompt tokens) is more than the 20-token "
-                          "sliding window"),
+  EXPECT_NE(wide.err.find("KV budget of 25 tokens (of a sequence whose budget is taken of 37 tokens) is more "
+                          "than the 20-token sliding window"),
             std::string::npos)
       << wide.err;
   EXPECT_EQ(flexh2o::test::read_text(out), "") << "no line ran before the refusal";
