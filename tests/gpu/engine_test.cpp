@@ -7,7 +7,7 @@
 // placement (compression moves logits by more than f16 rounding; the CPU device's offloaded
 // compressed run is itself checked against the in-memory compressed run in tests/engine). And
 // continuous batching on the GPU against static batches; scoring many rows a step against one
-// token a step.
+// token a step; a stop mid-step.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +19,7 @@
 #include "engine/offload_engine.h"
 #include "engine/policy_of.h"
 #include "engine/runner_compare.h"
+#include "engine/step_stop.h"
 #include "gpu/cuda_device.h"
 #include "gpu/skip_without_gpu.h"
 
@@ -215,6 +216,30 @@ TEST_F(GpuScoreRows, LoglikelihoodsAndPerplexityWithinF16ToleranceOfOneTokenASte
       ASSERT_TRUE(std::isfinite(g[t])) << percent << " token " << t;
       EXPECT_NEAR(g[t], w[t], 0.05 + 0.02 * std::abs(w[t])) << percent << " token " << t;
     }
+  }
+}
+
+// A stop flag set inside a prefill on the CUDA device (host and device queues, the KV on the GPU
+// and on the host): the step ends within a layer, the device's queues are drained, and the
+// engine's next batch gives a fresh engine's logits (a left-over slot or stream state would give
+// another layer's weights or KV: far more than rounding).
+class GpuStepStop : public test::SkipWithoutGpu<> {};
+
+TEST_F(GpuStepStop, AStopEndsAPrefillWithinALayerAndLeavesTheEngineUsable) {
+  for (const char* percent : {"100 0 100 0 100 0", "0 100 50 50 100 0"}) {
+    Model model = Model::load_dir(model_dir("tiny-opt"));
+    std::atomic<bool> stop{false};
+    test::StoppingPolicy policy(stop);
+    OffloadOptions o;
+    o.policy = test::policy_of(percent, 2, 2);
+    o.kv_policy = &policy;
+    auto dev = gpu::make_cuda_device({});
+    OffloadEngine run(model, *dev, o), fresh(model, *dev, o);
+    test::expect_stops_within_a_layer(run, fresh, policy, stop, percent,
+                                      [](const test::Run& got, const test::Run& want, const std::string& what) {
+                                        test::expect_close_logits(got, want, 1e-3, 1e-3, what);
+                                        EXPECT_EQ(got.tokens, want.tokens) << what;
+                                      });
   }
 }
 
