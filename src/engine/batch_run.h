@@ -182,6 +182,9 @@ class BatchRun {
   bool consume(const std::vector<float>& logits) {
     const bool decode_step = !prefill();  // as the drivers time it
     if (step_no_++ > 0 && decode_step) ++st_.decode_steps;  // refill steps are timed as prefill
+    // Prompt tokens count once their step ran: a stop midway (StepStopped) prefilled none.
+    st_.prompt_tokens += std::exchange(step_prompt_tokens_, 0);
+    st_.padded_prompt_tokens += std::exchange(step_padded_tokens_, 0);
     T_ = 1;
     wide_ = false;
     ids_.assign(size_t(B_), opts_.pad_id);
@@ -295,9 +298,9 @@ class BatchRun {
         pos[size_t(b * T + pad + t)] = int32_t(t);
       }
       len_[size_t(b)] = int64_t(p.size());
-      st_.prompt_tokens += int64_t(p.size());
+      step_prompt_tokens_ += int64_t(p.size());
     }
-    st_.padded_prompt_tokens += B_ * T;
+    step_padded_tokens_ = B_ * T;
     ids_ = std::move(ids);
     pos_ = std::move(pos);
     T_ = T;
@@ -323,6 +326,7 @@ class BatchRun {
   const int64_t& total_;  // grows as a continuous run takes more requests
   std::vector<int32_t> ids_, pos_, real_rows_;
   std::vector<int64_t> len_, ended_;  // each slot's prompt length; slots ended since take_ended()
+  int64_t step_prompt_tokens_ = 0, step_padded_tokens_ = 0;  // of the next step's prompts (consume() counts)
   std::vector<Sampler> samplers_;
   std::vector<bool> finished_;
 };

@@ -343,9 +343,10 @@ ChoiceResult choice_result(const std::vector<LoglikResult>& ll) {
 
 }  // namespace
 
-ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>& reqs) {
+ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>& reqs,
+                           const std::atomic<bool>* stop) {
   if (reqs.empty()) FH_FAIL("multiple choice needs at least one choice");
-  return choice_result(loglikelihoods(runner, reqs));
+  return choice_result(loglikelihoods(runner, reqs, kScoringLogitsBytes, stop));
 }
 
 std::vector<LoglikResult> loglikelihoods_streamed(StepRunner& runner, const std::vector<LoglikRequest>& requests,
@@ -376,9 +377,10 @@ std::vector<LoglikResult> loglikelihoods_streamed(StepRunner& runner, const std:
   return out;
 }
 
-ChoiceResult score_choices_streamed(StepRunner& runner, const std::vector<LoglikRequest>& reqs) {
+ChoiceResult score_choices_streamed(StepRunner& runner, const std::vector<LoglikRequest>& reqs,
+                                    const std::atomic<bool>* stop) {
   if (reqs.empty()) FH_FAIL("multiple choice needs at least one choice");
-  return choice_result(loglikelihoods_streamed(runner, reqs));
+  return choice_result(loglikelihoods_streamed(runner, reqs, stop));
 }
 
 }  // namespace flexh2o

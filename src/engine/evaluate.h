@@ -112,9 +112,12 @@ struct ChoiceResult {
 ChoiceResult score_choices(StepRunner& runner, std::span<const int32_t> context,
                            const std::vector<std::vector<int32_t>>& choices);
 // The same with a context of each choice's own (one cut to fit the model's positions: lm-eval
-// cuts each request's context from the left).
-ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>& choices);
+// cuts each request's context from the left). Once `*stop` is set (optional) it throws
+// ScoringStopped, as loglikelihoods() does.
+ChoiceResult score_choices(StepRunner& runner, const std::vector<LoglikRequest>& choices,
+                           const std::atomic<bool>* stop = nullptr);
 // The same with each choice scored by loglikelihoods_streamed().
-ChoiceResult score_choices_streamed(StepRunner& runner, const std::vector<LoglikRequest>& choices);
+ChoiceResult score_choices_streamed(StepRunner& runner, const std::vector<LoglikRequest>& choices,
+                                    const std::atomic<bool>* stop = nullptr);
 
 }  // namespace flexh2o

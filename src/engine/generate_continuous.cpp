@@ -55,6 +55,7 @@ size_t run_continuous(StepRunner& run, Reqs& reqs, size_t next, const GenerateOp
   cap = b.capacity();
   std::vector<float> logits;
   bool more = true, can = false;
+  st.continuous = run.rewinds(b.capacity());  // what the first step confirms (a stop may end it)
   for (bool first = true; more; first = false) {
     StepTimer t(st);
     const bool prompts = b.prefill();

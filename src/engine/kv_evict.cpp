@@ -57,7 +57,7 @@ void check_window_budgets(const ModelConfig& c, std::span<const KvBudget> budget
   for (size_t b = 0; b < budgets.size(); ++b)
     if (!budgets[b].unbounded && budgets[b].total() > c.sliding_window)
       FH_FAIL("KV budget of ", budgets[b].total(), " tokens (",
-              b < lengths.size() ? detail::concat("of a sequence whose budget is taken of ", lengths[b], " tokens")
+              b < lengths.size() ? detail::concat("of a sequence whose budget's basis is ", lengths[b], " tokens")
                                  : detail::concat("sequence ", b),
               ") is more than the ", c.sliding_window,
               "-token sliding window of this model's sliding-window layers, and sequences may reach ", max_len,

@@ -37,7 +37,11 @@ PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t 
     const int64_t T = std::min(chunk, n - start);
     pos.resize(size_t(T));
     for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(start + t);
-    fwd.step(ids.data() + start, pos.data(), T, nullptr, cache, LogitsRows::kAll, logits);
+    try {
+      fwd.step(ids.data() + start, pos.data(), T, nullptr, cache, LogitsRows::kAll, logits, nullptr, stop);
+    } catch (const StepStopped&) {  // over the chunks scored before
+      return perplexity_of(nll, start, n);
+    }
     for (int64_t t = 0; t < T; ++t) {
       const float* row = logits.data() + t * c.vocab_size;
       const float mx = *std::max_element(row, row + c.vocab_size);

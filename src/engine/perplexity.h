@@ -23,7 +23,8 @@ PerplexityResult perplexity_of(double nll, int64_t scored, int64_t n);
 
 // ids include BOS where the model expects one; ids.size() must be in [2, max_positions + 1].
 // The KV cache holds `kv_dtype`. `on_progress(done, n)` (optional) is called after each chunk;
-// once `*stop` is set (optional) it returns after the chunk under way, as streaming_perplexity.
+// once `*stop` is set (optional) it ends the chunk under way at its next layer and returns over
+// the chunks before (PerplexityResult::interrupted), as streaming_perplexity.
 PerplexityResult perplexity(Forward& fwd, std::span<const int32_t> ids, int64_t chunk = 256,
                             DType kv_dtype = DType::F16,
                             const std::function<void(int64_t, int64_t)>& on_progress = {},

@@ -81,10 +81,13 @@ class StepRunner {
   // throwing StepStopped: between two layers or schedule units, so that a stop waits for one of
   // those and not for a whole step (a large batch's prefill takes minutes). The batch is then
   // over: begin_batch() before the next step. A runner whose steps cannot end early ignores it.
+  // Call it between steps, on the thread that steps (a step's threads read the pointer); the
+  // flag itself may be set from any thread.
   virtual void stop_steps_on(const std::atomic<bool>* stop) { (void)stop; }
 };
 
-// Sets runner.stop_steps_on(stop) for its lifetime, none again after it.
+// Sets runner.stop_steps_on(stop) for its lifetime, none again after it (so scopes do not nest:
+// the drivers that run steps hold one each, their callers none).
 class StepStopScope {
  public:
   StepStopScope(StepRunner& runner, const std::atomic<bool>* stop) : runner_(runner) { runner_.stop_steps_on(stop); }

@@ -40,8 +40,8 @@ HubEnv hub_env(const std::optional<std::string>& hub_cache, const std::optional<
 
 // Runs fn() on a worker thread while the calling thread, with the GIL released, wakes every
 // 50 ms to let Python run its signal handlers (it can only while it holds the GIL). When one
-// raises (Ctrl-C: KeyboardInterrupt), `interrupt` is set, fn is waited for (it ends at its next
-// token step) and the Python exception propagates. An exception from fn is rethrown here.
+// raises (Ctrl-C: KeyboardInterrupt), `interrupt` is set, fn is waited for (it ends within its
+// step under way) and the Python exception propagates. An exception from fn is rethrown here.
 template <class F>
 void run_interruptible(std::atomic<bool>& interrupt, F fn) {
   std::mutex mu;

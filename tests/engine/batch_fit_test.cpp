@@ -319,7 +319,7 @@ TEST(BatchFit, ABudgetPastTheSlidingWindowInALaterBatchIsFoundFirst) {
   go.on_result = [&](size_t, const GenerationResult&) { ++results; };
   const std::string refused =
       test::error_of([&] { generate(eng, requests({{10, 30}, {10, 30}, {60, 30}, {60, 30}}, 5), go); });
-  EXPECT_NE(refused.find("KV budget of 48 tokens (of a sequence whose budget is taken of 60 tokens) is more than "
+  EXPECT_NE(refused.find("KV budget of 48 tokens (of a sequence whose budget's basis is 60 tokens) is more than "
                          "the 20-token"),
             std::string::npos)
       << refused;

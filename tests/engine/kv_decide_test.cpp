@@ -254,7 +254,7 @@ TEST(WindowBudgets, ABudgetAboveTheWindowIsRefusedOnlyWhenSequencesPassIt) {
   const std::vector<int64_t> prompt{9};
   EXPECT_THROW(
       try { check_window_budgets(c, over, 7, prompt); } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("KV budget of 7 tokens (of a sequence whose budget is taken of 9 tokens)"),
+        EXPECT_NE(std::string(e.what()).find("KV budget of 7 tokens (of a sequence whose budget's basis is 9 tokens)"),
                   std::string::npos)
             << e.what();
         throw;

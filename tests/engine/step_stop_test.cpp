@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 
 #include "engine/evaluate.h"
 #include "engine/generate.h"
 #include "engine/offload_engine.h"
+#include "engine/perplexity.h"
 #include "runner_compare.h"
 #include "step_stop.h"
 #include "test_util.h"
@@ -95,6 +97,10 @@ TEST(StepStop, GenerationEndsInTheStepUnderWay) {
       EXPECT_EQ(run.steps, at + 1) << what;
       EXPECT_TRUE(st.interrupted) << what;
       EXPECT_EQ(st.generated_tokens, 2 * at) << what;  // the batch's 2 sequences, a token each step before
+      // A prefill stopped midway prefilled no prompt token (a rate over them would be inflated).
+      EXPECT_EQ(st.prompt_tokens, at == 0 ? 0 : 16) << what;  // 2 prompts of 8 tokens
+      EXPECT_EQ(st.padded_prompt_tokens, at == 0 ? 0 : 16) << what;
+      EXPECT_EQ(st.continuous, continuous) << what;  // known before the first step ends
       for (size_t i = 0; i < out.size(); ++i) {
         EXPECT_FALSE(out[i].finished) << what << " request " << i;
         EXPECT_EQ(out[i].tokens.size(), i < 2 ? size_t(at) : 0u) << what << " request " << i;
@@ -121,6 +127,13 @@ TEST(StepStop, ScoringEndsInTheStepUnderWay) {
     EXPECT_THROW(loglikelihoods(run, lr, kScoringLogitsBytes, &stop), ScoringStopped);
     EXPECT_EQ(run.stopped, 1);
   }
+  for (bool streamed : {false, true}) {  // eval-choice's item: its choices' steps
+    InMemoryRunner inner(fwd, 4);
+    std::atomic<bool> stop{false};
+    StopDuring run(inner, stop, 0);
+    EXPECT_THROW(streamed ? score_choices_streamed(run, lr, &stop) : score_choices(run, lr, &stop), ScoringStopped);
+    EXPECT_EQ(run.stopped, 1) << streamed;
+  }
   // Perplexity a token a step: stopped in its 4th step, it is the mean of the 3 tokens before.
   const std::vector<int32_t> ids = stop_requests()[0].prompt_ids;
   InMemoryRunner whole_run(fwd, 1);
@@ -136,6 +149,19 @@ TEST(StepStop, ScoringEndsInTheStepUnderWay) {
   ASSERT_EQ(cut.tokens, 3);
   const double want = (nll[0] + nll[1] + nll[2]) / 3;
   EXPECT_NEAR(cut.mean_nll, want, 1e-12 * std::abs(want));
+  // Stopped in its first step, nothing is scored: no mean, and it says so.
+  InMemoryRunner first_inner(fwd, 1);
+  std::atomic<bool> first_stop{false};
+  StopDuring first(first_inner, first_stop, 0);
+  const PerplexityResult none = streaming_perplexity(first, ids, nullptr, {}, 0, &first_stop);
+  EXPECT_TRUE(none.interrupted);
+  EXPECT_EQ(none.tokens, 0);
+  EXPECT_TRUE(std::isnan(none.mean_nll));
+  // The in-memory perplexity's chunk ends at its next layer too (a chunk of 256 is one step).
+  std::atomic<bool> set{true};
+  const PerplexityResult chunk = perplexity(fwd, ids, 256, DType::F16, {}, &set);
+  EXPECT_TRUE(chunk.interrupted);
+  EXPECT_EQ(chunk.tokens, 0);
 }
 
 }  // namespace

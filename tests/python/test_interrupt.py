@@ -42,7 +42,7 @@ def test_ctrl_c_interrupts_generate():
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["raised"], got
-    # The uninterrupted call takes `full`; the interrupted one ends a token step after the signal.
+    # The uninterrupted call takes `full`; the interrupted one ends within the step under way.
     assert got["after_signal"] < 0.5 * got["full"], got
     assert got["again"] == 4
 
@@ -74,7 +74,7 @@ print(json.dumps({"full": full, "raised": raised, "after_signal": after, "again"
 
 @pytest.mark.parametrize("method", ["loglikelihood", "loglikelihood_rolling", "score"])
 def test_ctrl_c_interrupts_scoring(method):
-    # The scoring calls end at their next step too, not when the whole call would have ended.
+    # The scoring calls end within their step under way too, not when the whole call would have ended.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, "-c", SCORING_CHILD, str(TINY["llama"]), method], capture_output=True,
                        text=True, stdin=subprocess.DEVNULL, env=env, timeout=300)
