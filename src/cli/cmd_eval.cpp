@@ -198,6 +198,8 @@ int run_eval_ppl(const EvalPplArgs& a, const Env& env) {
   if (offload) j["offload"] = off_report;
   if (a.json)
     std::cout << j.dump() << "\n";
+  else if (r.tokens == 0)  // a stop in the first step: no mean to print
+    std::cout << "no perplexity: stopped before the first token was scored (interrupted)\n";
   else
     std::cout << "perplexity " << r.perplexity << " over " << r.tokens << " tokens (mean NLL " << r.mean_nll
               << ", " << describe(kv) << ", " << (stream ? "streaming" : "prefill")
@@ -425,7 +427,8 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
                                {{"--tasks", a.tasks}});
   check_flags([&] {  // flag errors before loading anything
     check_eval_engine_flags("eval-choice", a.offload, a.kv);
-    if (offload_requested(a.offload)) apply_batch_size_flag(a.batch_size > 0, a.batch_size, a.offload);
+    if (offload_requested(a.offload))
+      apply_batch_size_flag(a.batch_size > 0, a.batch_size, a.offload, /*refuse=*/true, "--batch-size");
     if (a.num_fewshot < 0) FH_FAIL("--num-fewshot must be >= 0, got ", a.num_fewshot);
     if (a.limit < 0) FH_FAIL("--limit must be >= 0, got ", a.limit);
     if (a.batch_size < 0) FH_FAIL("--batch-size must be >= 0, got ", a.batch_size);
@@ -509,7 +512,10 @@ int run_eval_choice(const EvalChoiceArgs& args, const Env& env) {
     const PreparedItem& p = prepared[i];
     ChoiceResult r;
     try {
-      r = a.streaming ? score_choices_streamed(runner, p.choices) : score_choices(runner, p.choices);
+      r = a.streaming ? score_choices_streamed(runner, p.choices, env.stop)
+                      : score_choices(runner, p.choices, env.stop);
+    } catch (const ScoringStopped&) {  // within the item's step under way: the items before count
+      break;
     } catch (const Error& e) {
       FH_FAIL(input_name(a.tasks), ":", items[i].line, ": ", e.what(),
               a.num_fewshot ? " (try a smaller --num-fewshot)" : "");

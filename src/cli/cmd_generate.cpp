@@ -101,7 +101,8 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   std::optional<OutputFile> out_file;
   std::optional<OutputLock> out_lock;  // held to the end: no second run writes --output meanwhile
   if (!a.output.empty()) out_lock.emplace(NamedPath{"--output", a.output});
-  const OutputFile::Mode out_mode = a.output.empty() ? OutputFile::Mode::kAppend : check_results(a, format, prior);
+  const OutputFile::Mode out_mode =
+      a.output.empty() ? OutputFile::Mode::kAppend : check_results(a, format, prior, env.stop);
   check_can_write({"--report", a.report});
   check_can_write({"--trace", a.offload.trace});  // an output path: exit 1, not a flag's mistake
   check_device_early(a.device);  // --device cuda without a GPU: not the command line's fault
@@ -148,14 +149,21 @@ int run_generate(const GenerateArgs& args, const Env& env) {
       const std::streamoff at = in.tellg();
       reading.update(std::min<int64_t>(at < 0 ? input_bytes : at, input_bytes - 1), input_bytes);
     };
+    auto stopped = [&](int64_t line) {  // a million lines take seconds to read and tokenize
+      if (env.stop && env.stop->load(std::memory_order_relaxed))
+        throw PlacementStopped(detail::concat("stopped while reading the input (line ", line, "); --output is as it "
+                                              "was"));
+    };
     for_each_jsonl(
         in,
         [&](int64_t line, const nlohmann::ordered_json& j) {
+          stopped(line);
           items.push_back(is_batch ? make_batch_item(j, line, items.size(), a, lm)
                                    : make_item(j, line, items.size(), a, lm));
           read_so_far();
         },
         [&](int64_t line, const std::string& msg) {
+          stopped(line);
           GenerateItem it;
           it.line = line;
           it.id = is_batch ? json() : json(items.size());  // a Batch line's custom_id is unknown
@@ -345,6 +353,17 @@ int run_generate(const GenerateArgs& args, const Env& env) {
   }
   std::optional<PipelineDriverSetup> stages;  // rank 0 of a pipeline: its stage and the driver
   RunSetup own;
+  auto report_nothing_ran = [&](const std::exception& e) {  // --report of a run stopped or failed before it began
+    const bool stopped = dynamic_cast<const PlacementStopped*>(&e) != nullptr;
+    try {
+      if (!a.report.empty()) {
+        json report = report_with(unplaced_run_setup(a.offload, a.kv, *lm.model), GenerateStats{}, stopped);
+        report[stopped ? "interrupted_while" : "error"] = printable_utf8(e.what());
+        write_json_file(a.report, report, "--report");
+      }
+    } catch (const std::exception&) {  // the stop or the failure is the cause, not the report
+    }
+  };
   // The engine runs request order[j] as its j-th (length-sorted batches); the callbacks below
   // get j and map it back, so everything else stays in request order. A batch that does not fit
   // the budgets is found before the weights are placed (minutes of I/O offloaded) and before
@@ -378,17 +397,17 @@ int run_generate(const GenerateArgs& args, const Env& env) {
     } catch (const std::exception& e) {
       // Stopped, or failed (a disk that fills while the store is written, a batch the budgets
       // refuse): a harness that always reads --report learns that nothing ran, and why.
-      const bool stopped = dynamic_cast<const PlacementStopped*>(&e) != nullptr;
-      try {
-        if (!a.report.empty()) {
-          json report = report_with(unplaced_run_setup(a.offload, a.kv, *lm.model), GenerateStats{}, stopped);
-          report[stopped ? "interrupted_while" : "error"] = printable_utf8(e.what());
-          write_json_file(a.report, report, "--report");
-        }
-      } catch (const std::exception&) {  // the stop or the failure is the cause, not the report
-      }
+      report_nothing_ran(e);
       throw;
     }
+  }
+  // A stop that came while the model loaded (a preset's dummy weights take seconds) or the run was
+  // set up in memory (no placement to stop): nothing ran, so --output stays as it was, under
+  // --overwrite too.
+  if (!stages && !dp && env.stop && env.stop->load()) {
+    const PlacementStopped e("stopped before the run began; --output is as it was");
+    report_nothing_ran(e);
+    throw e;
   }
   RunSetup& rs = stages ? stages->rs : own;
   StepRunner* runner = rs.runner.get();

@@ -111,11 +111,12 @@ void register_generate(CLI::App& app, GenerateArgs& a) {
       "`python -m flexh2o generate ...` (the same flags) renders it (its text is tokenized without adding BOS).\n\n"
       "Exit code: 0 when every request has a result, 1 when any line failed (its \"error\" is in the output) or on "
       "an error, 2 when the command line is wrong (a flag's value out of range, flags that contradict). "
-      "SIGINT/SIGTERM/SIGHUP (SIGHUP unless ignored, as under nohup) stop within the token step under way (at "
-      "its next layer or offloaded unit; a large batch's prefill is one step): finished results are kept, the "
-      "report says \"interrupted\": true, the exit code is 128 + the signal (130, 143, 129), and --resume "
-      "finishes the run. A second signal (100 ms or more after the first: timeout(1) sends one twice) ends it at "
-      "once (--resume still works).");
+      "SIGINT/SIGTERM/SIGHUP (SIGHUP unless ignored, as under nohup; SIGINT even where a script's background "
+      "job came with it ignored) stop within the token step under way (at its next layer or offloaded unit; a "
+      "large batch's prefill is one step; under mpirun at the next step): finished results are kept, the report "
+      "says \"interrupted\": true, the exit code is 128 + the signal (130, 143, 129), and --resume finishes the "
+      "run. A second signal (100 ms or more after the first: timeout(1) sends one twice) ends it at once, "
+      "without a report (--resume still works).");
 }
 
 }  // namespace flexh2o::cli

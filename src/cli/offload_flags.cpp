@@ -90,11 +90,12 @@ void add_offload_flags(CLI::App* app, OffloadArgs& a) {
       ->group(g);
 }
 
-void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArgs& a, bool refuse) {
+void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArgs& a, bool refuse,
+                           std::string_view flag) {
   if (!batch_size_given || !offload_requested(a)) return;
   if (a.gpu_batch_size || a.num_gpu_batches || !a.policy_file.empty()) {
     if (!refuse) return;
-    FH_FAIL("-b/--batch-size ", batch_size, " contradicts ",
+    FH_FAIL(flag, " ", batch_size, " contradicts ",
             !a.policy_file.empty() ? "--policy" : "--gpu-batch-size / --num-gpu-batches",
             ", which set the batch (a block of --gpu-batch-size x --num-gpu-batches sequences) when offloading; "
             "give one or the other");

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/cpu_device.h"
@@ -63,8 +64,9 @@ void check_hardware_flag(const OffloadArgs& a, bool balances_stages);
 // -b with offloading flags: the block is then -b sequences (--gpu-batch-size B, one micro-batch),
 // unless --gpu-batch-size, --num-gpu-batches or --policy set it: then a conflict, refused where
 // `refuse` (the CLI) and the flags' block otherwise (the Python LLM, whose batch_size lm-eval
-// always passes).
-void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArgs& a, bool refuse = true);
+// always passes). `flag` names the batch flag in that refusal (eval-choice has no -b).
+void apply_batch_size_flag(bool batch_size_given, int64_t batch_size, OffloadArgs& a, bool refuse = true,
+                           std::string_view flag = "-b/--batch-size");
 // Policy from --policy FILE (if given) overridden by explicit flags; budgets; directory.
 // kv_dtype is left to the caller (run_kv_dtype); policy.compress_* are set by the flags or the file.
 // With --policy auto the policy fields are left at their defaults (see plan_auto_policy).

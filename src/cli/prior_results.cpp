@@ -14,6 +14,7 @@
 
 #include "cli/kv_flags.h"
 #include "cli/openai_batch.h"
+#include "cli/run_setup.h"
 #include "core/error.h"
 #include "core/input_guard.h"
 
@@ -49,7 +50,7 @@ std::optional<std::string> resume_key(const json& id) {
 }
 
 
-PriorResults read_prior_results(const std::string& path) {
+PriorResults read_prior_results(const std::string& path, const std::atomic<bool>* stop) {
   PriorResults prior;
   std::ifstream in(path, std::ios::binary);
   if (!in) FH_FAIL("--resume: cannot read --output ", path);
@@ -59,6 +60,9 @@ PriorResults read_prior_results(const std::string& path) {
   uint64_t complete_bytes = 0;
   for (LineReader::Result r; (r = reader.next(line)) != LineReader::Result::kEnd;) {
     const int64_t lineno = reader.line_number();
+    if (stop && stop->load(std::memory_order_relaxed))  // a million results take seconds to scan
+      throw PlacementStopped(detail::concat("stopped while reading --output's results for --resume (line ", lineno,
+                                            "); it is as it was"));
     if (r == LineReader::Result::kTooLong)
       FH_FAIL("--resume: ", path, ":", lineno, " is longer than ", kMaxLineBytes, " bytes: not a result line");
     if (complete_bytes + line.size() + 1 > size) break;  // no newline: a partial last line
@@ -100,14 +104,15 @@ PriorResults read_prior_results(const std::string& path) {
   return prior;
 }
 
-OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResults& prior) {
+OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResults& prior,
+                               const std::atomic<bool>* stop) {
   struct stat st {};
   const bool exists = ::stat(a.output.c_str(), &st) == 0;
   const bool holds_results = exists && S_ISREG(st.st_mode) && st.st_size > 0;
   if (a.resume && exists && !S_ISREG(st.st_mode))
     FH_FAIL("--resume needs --output to be a regular file; ", a.output, " is not");
   if (a.resume) {
-    if (holds_results) prior = read_prior_results(a.output);
+    if (holds_results) prior = read_prior_results(a.output, stop);
     if (prior.format && *prior.format != format)
       FH_FAIL("--resume: --output ", a.output, " holds the results of ", format_name(*prior.format), " but --input ",
               a.input.empty() ? std::string("(--prompt)") : a.input, " is ", format_name(format),

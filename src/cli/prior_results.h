@@ -3,6 +3,7 @@
 // files and flags, run before any output is opened; errors throw flexh2o::Error.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <iosfwd>
 #include <map>
@@ -45,13 +46,15 @@ struct PriorResults {
 // killed while writing it) is cut off (the file is truncated, said on stderr). Any other line,
 // or a file that mixes the two formats, means the file is not flexh2o's results: refused before
 // anything is changed.
-PriorResults read_prior_results(const std::string& path);
+// Once `*stop` is set (a stop signal; optional) it throws PlacementStopped, the file unchanged.
+PriorResults read_prior_results(const std::string& path, const std::atomic<bool>* stop = nullptr);
 
 // Checks --output for this run's results (see register_generate's help for the rules) and how
 // it is to be opened; with --resume, fills `prior`. It is opened once the run is set up, so that
 // a run refused before then (a bad flag, a placement that does not fit) leaves an --overwrite'd
 // file as it was.
-OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResults& prior);
+OutputFile::Mode check_results(const GenerateArgs& a, Format format, PriorResults& prior,
+                               const std::atomic<bool>* stop = nullptr);
 
 // What decides a result besides its request line: the model, the sampling defaults lines get
 // (those a greedy run does not draw with, or that a Batch line's body sets itself, left out),

@@ -92,7 +92,8 @@ struct StageRun {
 // Once `*stop` is set (a stop signal) it throws PlacementStopped at the next weight placed, or
 // while it waits for another run's lock on the offload directory: writing a large store to disk
 // takes minutes, and the files already written stay for the next run. Null: placing is not
-// stopped.
+// stopped. (Thrown too by a stop before any step ran: while the input is read or --output's
+// results are scanned for --resume, or the model loads.)
 struct PlacementStopped : Error {
   using Error::Error;
 };

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -24,6 +25,8 @@ StopSignals& StopSignals::install() {
   std::call_once(once, [] {
     sigset_t set;
     sigemptyset(&set);
+    // SIGINT even where it came ignored (a script's `cmd &`), so that `kill -INT` stops such a
+    // run, as `serve` takes it too.
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     // A closed terminal (ssh without nohup) stops the run as SIGTERM does, report written; under
@@ -43,6 +46,11 @@ StopSignals& StopSignals::install() {
       do {
         if (sigwait(&set, &sig) != 0) return;
       } while (std::chrono::steady_clock::now() - first < kSameSignal);
+      // Said, as the process ends without its report: what a run wrote stays, and how to go on.
+      static constexpr char kSaid[] =
+          "flexh2o: a second stop signal: ending at once, without a report; the results written so far stay "
+          "(generate --resume finishes the run)\n";
+      (void)!::write(STDERR_FILENO, kSaid, sizeof kSaid - 1);
       ::signal(sig, SIG_DFL);
       sigset_t one;
       sigemptyset(&one);

@@ -355,7 +355,7 @@ TEST(Cli, AKvBudgetWiderThanTheSlidingWindowIsRefusedUpFront) {
                           " --output " + out.string() + " -n 4 -b 1 --kv-policy h2o --recent-budget 10 --heavy-budget ";
   RunResult wide = flexh2o(run + "15");
   EXPECT_EQ(wide.code, 1);
-  EXPECT_NE(wide.err.find("KV budget of 25 tokens (of a sequence whose budget is taken of 37 tokens) is more "
+  EXPECT_NE(wide.err.find("KV budget of 25 tokens (of a sequence whose budget's basis is 37 tokens) is more "
                           "than the 20-token sliding window"),
             std::string::npos)
       << wide.err;

@@ -257,6 +257,7 @@ TEST(EvalCliErrors, EngineFlagsAreCheckedAsGenerateChecksThem) {
   RunResult r = flexh2o("eval-choice --model /nonexistent/m --tasks t --batch-size 3 --gpu-batch-size 2");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--batch-size 3 contradicts --gpu-batch-size"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("-b/"), std::string::npos) << "eval-choice has no -b: " << r.err;
   const std::string base =
       "eval-choice --model " + kOpt + " --tasks " + kTasks + " --limit 6 --percent 0 100 0 100 100 0";
   json one = run_json(base + " --batch-size 1"), three = run_json(base + " --batch-size 3");
