@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "core/error.h"
-
 #include "engine/cpu_device.h"
 #include "engine/kv_cache.h"
 #include "engine/layer_compute.h"

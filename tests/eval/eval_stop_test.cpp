@@ -1,6 +1,6 @@
-// eval-ppl and eval-choice stopped by a signal (Ctrl-C, a job's SIGTERM): the run ends at the
-// next step or item with the result over what it scored, marked "interrupted", and exits 128 +
-// the signal, as generate does; before, the default action ended it with nothing printed.
+// eval-ppl and eval-choice stopped by a signal (Ctrl-C, a job's SIGTERM): the run ends within the
+// step under way with the result over what it scored, marked "interrupted", and exits 128 + the
+// signal, as generate does; before, the default action ended it with nothing printed.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
